@@ -1,0 +1,338 @@
+"""torch.distributed's group-creation decisions (``distributed_c10d.py``), release-dependent, as pure functions.
+
+Why pure: the engine executes rendezvous, memory and time; this module only answers what torch would decide
+for a call on one rank — which name the group gets, whether the rank is a member, whether the communicator is
+split from the default group or bootstrapped fresh, whether a non-member must join a NOCOLOR split, which
+device the group binds, and which error the user gets. Every rule cites the 2.15.0 source it mirrors
+(line numbers of ``torch/distributed/distributed_c10d.py`` in the 2.15.0 wheel).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from simnccl.backends import Comm, lifecycle
+from simnccl.ops import PgOptions
+from simnccl.release import (
+    MISMATCHED_BOUND_DEVICE,
+    NCCL2_NO_CUDA,
+    NO_SPLIT_PARENT,
+    BackendConfig,
+    DeviceBackend,
+    Impl,
+    Release,
+    resolve_backend,
+)
+
+NON_GROUP_MEMBER = -100  # GroupMember.NON_GROUP_MEMBER
+
+
+class TorchError(Exception):
+    """An exception real torch raises on this rank: its Python type name and its exact message."""
+
+    def __init__(self, type_name: str, message: str) -> None:
+        super().__init__(f"{type_name}: {message}")
+        self.type_name = type_name
+        self.message = message
+
+
+@dataclass(slots=True)
+class Group:
+    """One rank's ``ProcessGroup``: name, members (global ranks in group-rank order), binding, backends."""
+
+    name: str
+    desc: str
+    ranks: tuple[int, ...]
+    rank_in_group: int
+    backend: BackendConfig
+    bound_device: int | None
+    timeout_s: float
+    options: PgOptions
+    comms: dict[str, Comm] = field(default_factory=dict)
+    destroyed: bool = False
+
+    @property
+    def size(self) -> int:
+        return len(self.ranks)
+
+    def comm_for(self, device_type: str) -> Comm | None:
+        return self.comms.get(device_type)
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessContext:
+    """What torch can see of its process: ranks, the node's GPU count, and its environment."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    device_count: int
+    env: Mapping[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class CommPlan:
+    """How one device type's backend of a new group comes to exist on a member rank."""
+
+    pair: DeviceBackend
+    eager: bool
+    split_from: Comm | None
+    shared: bool
+    device: int | None
+    lazy_init: bool
+
+
+@dataclass(frozen=True, slots=True)
+class GroupPlan:
+    """torch's decision for one ``init_process_group``/``new_group``/``split_group`` call on one rank."""
+
+    name: str
+    desc: str
+    ranks: tuple[int, ...]
+    member: bool
+    backend: BackendConfig
+    bound_device: int | None
+    timeout_s: float
+    options: PgOptions
+    comms: tuple[CommPlan, ...] = ()
+    nocolor_split_on: Comm | None = None
+    counter_advance: int = 1
+
+
+def group_name_for(counter: int, ranks: tuple[int, ...] | list[int], use_local_synchronization: bool) -> str:
+    """``_process_group_name`` (l.6758): the counter as a string, or sha1 of ``ranks_counter`` (l.6728)."""
+    if use_local_synchronization:
+        unique = "_".join(["_".join(map(str, ranks)), str(counter)])
+        return hashlib.sha1(unique.encode("utf-8"), usedforsecurity=False).hexdigest()
+    return str(counter)
+
+
+def nccl_device_fallback(ctx: ProcessContext, env: Mapping[str, str]) -> int:
+    """``_nccl2_device`` (l.820-849): LOCAL_RANK % count when LOCAL_RANK is set, else global rank % count."""
+    if ctx.device_count == 0:
+        raise TorchError("RuntimeError", NCCL2_NO_CUDA)
+    if "LOCAL_RANK" in env:
+        return ctx.local_rank % ctx.device_count
+    return ctx.rank % ctx.device_count
+
+
+def _check_gpus(pair: DeviceBackend, ctx: ProcessContext) -> None:
+    """The no-CUDA errors each implementation raises at construction (§D.1)."""
+    if ctx.device_count > 0:
+        return
+    if pair.impl in (Impl.NCCL2, Impl.NCCL_LAZY):
+        raise TorchError("RuntimeError", NCCL2_NO_CUDA)
+    if pair.impl is Impl.LEGACY:
+        raise TorchError("ValueError", "ProcessGroupNCCL is only supported with GPUs, no GPUs found!")
+
+
+def _validate_device_id(device_id: int | str | None, ctx: ProcessContext) -> int | None:
+    """``init_process_group`` device_id checks (l.2455-2789); returns the cuda index or None."""
+    if device_id is None:
+        return None
+    if isinstance(device_id, str):
+        if device_id.startswith("cpu"):
+            return None
+        if not device_id.startswith("cuda:"):
+            raise TorchError("ValueError", "Please use a device_id with index.")
+        device_id = int(device_id.split(":", 1)[1])
+    if device_id < 0 or device_id >= ctx.device_count:
+        raise TorchError(
+            "ValueError",
+            f"device_id cuda:{device_id} is out of range. Please use a device index less than the number of "
+            f"accelerators available: {ctx.device_count}.",
+        )
+    return device_id
+
+
+def _binds_device(pair: DeviceBackend | None) -> bool:
+    """nccl2 and nccl-lazy write their device back to ``bound_device_id`` (§B.2); legacy and gloo don't."""
+    return pair is not None and pair.impl in (Impl.NCCL2, Impl.NCCL_LAZY)
+
+
+def plan_init(
+    release: Release, ctx: ProcessContext, backend: str | None, device_id: int | str | None, timeout_s: float | None,
+    options: PgOptions,
+) -> GroupPlan:
+    """``init_process_group``: the default group "0", every rank a member, no split source."""
+    config = resolve_backend(release, backend, ctx.env)
+    bound = _validate_device_id(device_id, ctx)
+    cuda = config.accelerator
+    if cuda is not None:
+        _check_gpus(cuda, ctx)
+        if bound is None and _binds_device(cuda):
+            bound = nccl_device_fallback(ctx, ctx.env)
+    _check_lazy_init_supported(release, options)
+    timeout = timeout_s if timeout_s is not None else release.default_timeout_s(config.requested)
+    comms = tuple(
+        _fresh_comm_plan(release, pair, bound, options, ctx) for pair in _distinct_backends(config)
+    )
+    return GroupPlan(
+        name="0", desc="default_pg", ranks=tuple(range(ctx.world_size)), member=True, backend=config,
+        bound_device=bound, timeout_s=timeout, options=options, comms=comms,
+    )
+
+
+def _check_lazy_init_supported(release: Release, options: PgOptions) -> None:
+    if options.lazy_init and not release.lazy_init_option:
+        raise TorchError("AttributeError", "'Options' object has no attribute 'lazy_init'")
+
+
+def _distinct_backends(config: BackendConfig) -> list[DeviceBackend]:
+    """One backend object per distinct name: gloo serves cpu and cuda with one object."""
+    seen: dict[str, DeviceBackend] = {}
+    for pair in config.pairs:
+        if pair.name not in seen or pair.device_type == "cuda":
+            seen[pair.name] = pair
+    return list(seen.values())
+
+
+def _fresh_comm_plan(
+    release: Release, pair: DeviceBackend, bound: int | None, options: PgOptions, ctx: ProcessContext
+) -> CommPlan:
+    """A communicator bootstrapped by the members over the store (no split source).
+
+    ``device`` None means unbound: legacy then binds the device of the first collective's tensor.
+    """
+    eager = lifecycle(pair.impl).eager_at_creation(release, bound=bound is not None, lazy_init=options.lazy_init)
+    return CommPlan(pair=pair, eager=eager, split_from=None, shared=False, device=bound,
+                    lazy_init=options.lazy_init)
+
+
+def split_source(release: Release, world: Group, requested: BackendConfig, options: PgOptions) -> Comm | None:
+    """``_get_split_source`` (l.2790) gated by l.2934ff: bound default pg, splittable, same backend name."""
+    if world.bound_device is None or options.lazy_init:
+        return None
+    parent_pair = world.backend.for_device("cuda")
+    if parent_pair is None:
+        return None
+    parent = world.comm_for(parent_pair.device_type)
+    if parent is None or not lifecycle(parent.impl).supports_splitting(parent):
+        return None
+    if release.split_source_matches_name:
+        wanted = requested.for_device("cuda")
+        if wanted is None or wanted.name != parent_pair.name:
+            return None
+    return parent
+
+
+def plan_new_group(
+    release: Release,
+    ctx: ProcessContext,
+    world: Group,
+    counter: int,
+    ranks: tuple[int, ...] | None,
+    backend: str | None,
+    options: PgOptions,
+    use_local_synchronization: bool,
+    group_desc: str | None,
+    device_id: int | None,
+    timeout_s: float | None,
+) -> GroupPlan:
+    """``new_group`` → ``_new_group_with_tag`` (l.7150-7300) → ``_new_process_group_helper`` (l.2934)."""
+    if device_id is not None and device_id != world.bound_device:
+        raise TorchError("AssertionError", MISMATCHED_BOUND_DEVICE)
+    requested = backend if backend else world.backend.requested
+    config = resolve_backend(release, requested, ctx.env)
+    _check_lazy_init_supported(release, options)
+    timeout = timeout_s if timeout_s is not None else release.default_timeout_s(config.requested)
+    if ranks is None:
+        members = tuple(range(ctx.world_size))
+    else:
+        members = tuple(sorted(ranks))
+        if len(set(members)) != len(members):
+            raise TorchError("ValueError", f"ranks list must not contain duplicate entries, got {list(members)}")
+        if len(members) > ctx.world_size:
+            raise TorchError(
+                "ValueError",
+                "the new group's world size should be less or equal to the world size set by init_process_group",
+            )
+        for r in members:
+            if r < 0 or r >= ctx.world_size:
+                raise TorchError(
+                    "ValueError",
+                    f"Rank {r} is out of range. Valid ranks are 0 to {ctx.world_size - 1} "
+                    f"(world_size={ctx.world_size})",
+                )
+    member = ctx.rank in members
+    if use_local_synchronization and not member:
+        # l.7206: returns before _process_group_name, so the counter does not advance on non-members.
+        return GroupPlan(name="", desc=group_desc or "undefined", ranks=members, member=False, backend=config,
+                         bound_device=None, timeout_s=timeout, options=options, counter_advance=0)
+    name = group_name_for(counter, members, use_local_synchronization)
+    desc = group_desc or "undefined"
+    parent = split_source(release, world, config, options)
+    if not member:
+        return GroupPlan(name=name, desc=desc, ranks=members, member=False, backend=config, bound_device=None,
+                         timeout_s=timeout, options=options, nocolor_split_on=parent)
+    bound = world.bound_device
+    comms: list[CommPlan] = []
+    for pair in _distinct_backends(config):
+        if pair.impl.is_nccl:
+            _check_gpus(pair, ctx)
+        if parent is not None and pair.device_type == "cuda":
+            child_impl = Impl.NCCL2 if parent.impl is Impl.NCCL_LAZY else parent.impl
+            shared = _split_share_requested(ctx.env, options)
+            comms.append(CommPlan(pair=DeviceBackend(pair.device_type, pair.name, child_impl), eager=True,
+                                  split_from=parent, shared=shared, device=bound, lazy_init=False))
+        else:
+            comms.append(_fresh_comm_plan(release, pair, bound, options, ctx))
+    device = bound
+    if device is None and any(_binds_device(c.pair) for c in comms):
+        device = nccl_device_fallback(ctx, ctx.env)
+        comms = [
+            CommPlan(c.pair, c.eager, c.split_from, c.shared, device if _binds_device(c.pair) else c.device,
+                     c.lazy_init)
+            for c in comms
+        ]
+    return GroupPlan(name=name, desc=desc, ranks=members, member=True, backend=config, bound_device=device,
+                     timeout_s=timeout, options=options, comms=tuple(comms))
+
+
+def _split_share_requested(env: Mapping[str, str], options: PgOptions) -> bool:
+    if options.split_share is not None:
+        return options.split_share
+    return env.get("NCCL_COMM_SPLIT_SHARE_RESOURCES") == "1"
+
+
+def plan_split_group(
+    release: Release,
+    ctx: ProcessContext,
+    parent: Group,
+    split_ranks: tuple[tuple[int, ...], ...],
+    options: PgOptions,
+    group_desc: str | None,
+    timeout_s: float | None,
+) -> GroupPlan:
+    """``split_group`` (l.6783-7043): every parent rank calls it; the parent backend must support splitting."""
+    if not split_ranks:
+        raise TorchError("ValueError", "split_ranks cannot be None or empty")
+    for split in split_ranks:
+        if not split:
+            raise TorchError("ValueError", "the split group cannot be empty")
+        if len(set(split)) != len(split):
+            raise TorchError("ValueError", "the split group cannot have duplicate ranks")
+    _check_lazy_init_supported(release, options)
+    pair = parent.backend.for_device("cuda") or parent.backend.pairs[0]
+    parent_comm = parent.comm_for(pair.device_type)
+    if parent_comm is None or not lifecycle(parent_comm.impl).supports_splitting(parent_comm):
+        raise TorchError("RuntimeError", NO_SPLIT_PARENT)
+    my_parent_rank = parent.rank_in_group
+    mine = next((s for s in split_ranks if my_parent_rank in s), None)
+    timeout = timeout_s if timeout_s is not None else parent.timeout_s
+    flat = [r for s in split_ranks for r in s]
+    name = hashlib.sha1("_".join(map(str, flat)).encode(), usedforsecurity=False).hexdigest()
+    desc = group_desc or "undefined"
+    if mine is None:
+        return GroupPlan(name=name, desc=desc, ranks=(), member=False, backend=parent.backend, bound_device=None,
+                         timeout_s=timeout, options=options, nocolor_split_on=parent_comm, counter_advance=0)
+    members = tuple(parent.ranks[r] for r in mine)
+    child_impl = Impl.NCCL2 if parent_comm.impl is Impl.NCCL_LAZY else parent_comm.impl
+    comm = CommPlan(pair=DeviceBackend(pair.device_type, pair.name, child_impl), eager=True,
+                    split_from=parent_comm, shared=_split_share_requested(ctx.env, options),
+                    device=parent.bound_device, lazy_init=False)
+    return GroupPlan(name=name, desc=desc, ranks=members, member=True, backend=parent.backend,
+                     bound_device=parent.bound_device, timeout_s=timeout, options=options, comms=(comm,),
+                     counter_advance=0)

@@ -1,0 +1,921 @@
+"""The simpy engine: one process per rank runs its Program; meetings match ranks; a verdict always comes.
+
+Why this shape: every behaviour that can hang (bootstrap, split, collective, send/recv) is a meeting keyed the
+way torch/NCCL match it, so a hang is simply a meeting that can't complete, and the report falls out of the
+registry: who is waiting where, for whom. The engine is the only simpy user (DESIGN rule 3).
+
+Cost (DESIGN rule 8): a non-member ``new_group`` is O(1). Under a bound parent it is a NOCOLOR split the rank
+joins without blocking ("run-ahead"): it records its arrival and keeps going until it next does something
+observable, when it waits for its last pending split. Only members pay per-member work, so a startup's cost
+grows with memberships, not with calls x world.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable, Generator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import simpy
+
+from simnccl.backends import Charge, Comm, CommState, lifecycle
+from simnccl.c10d import (
+    NON_GROUP_MEMBER,
+    CommPlan,
+    Group,
+    GroupPlan,
+    ProcessContext,
+    TorchError,
+    plan_init,
+    plan_new_group,
+    plan_split_group,
+)
+from simnccl.cluster import Cluster, Device
+from simnccl.meetings import Arrival, Meeting, MeetingRegistry
+from simnccl.memory import (
+    DeviceLedger,
+    Owner,
+    SimulatedOOM,
+    vllm_check_message,
+    vllm_requested_bytes,
+)
+from simnccl.ops import (
+    WORLD,
+    Alloc,
+    Checkpoint,
+    Collective,
+    Compute,
+    DestroyProcessGroup,
+    InitProcessGroup,
+    MemoryCheck,
+    NewGroup,
+    Op,
+    PointToPoint,
+    Program,
+    Send,
+    SetDevice,
+    SplitGroup,
+)
+from simnccl.profiles import CommCosts, Profile
+from simnccl.release import CUDAMALLOCASYNC_TRACKER, Impl, Release
+
+Waiting = Generator[simpy.Event, Any, None]
+
+
+class EngineGuardError(RuntimeError):
+    """A runaway simulation: too many ops or too much wall time. Never a silent hang of the harness."""
+
+
+class WorkloadFailure(Exception):
+    """The workload's own check failed on this rank (vLLM's startup memory check)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    max_ops: int = 200_000_000
+    wall_s: float = 900.0
+    max_sim_time_s: float = 30 * 24 * 3600.0
+
+
+@dataclass(frozen=True, slots=True)
+class SimConfig:
+    """Everything one run needs; a scenario variant expands into one of these."""
+
+    cluster: Cluster
+    release: Release
+    profile: Profile
+    programs: Sequence[Program]
+    env: Mapping[str, str] = field(default_factory=dict)
+    launcher: str = "torchrun"
+    seed: int = 0
+    limits: Limits = Limits()
+
+
+@dataclass(slots=True)
+class Block:
+    op: Op
+    pc: int
+    handle: str
+    meeting: Meeting
+    since_s: float
+
+
+@dataclass(slots=True)
+class RankRuntime:
+    """One process: its program counter, groups, handles, device and status."""
+
+    rank: int
+    program: Program
+    ctx: ProcessContext
+    node: int
+    pc: int = 0
+    status: str = "running"
+    current_device: int | None = None
+    contexts: set[int] = field(default_factory=set)
+    world: Group | None = None
+    handles: dict[str, Group | int] = field(default_factory=dict)
+    counter: int = 1
+    groups: list[Group] = field(default_factory=list)
+    block: Block | None = None
+    pending: list[tuple[Meeting, int]] = field(default_factory=list)
+    error: TorchError | None = None
+    error_op: str = ""
+    error_kind: str = ""
+    nccl_devices: set[int] = field(default_factory=set)
+    warnings: list[str] = field(default_factory=list)
+    finished_at: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    device: str
+    used_bytes: int
+    free_bytes: int
+    time_s: float
+    rank: int
+
+
+@dataclass(slots=True)
+class GroupRecord:
+    """One group as the world sees it: its members and what each member's communicators cost."""
+
+    name: str
+    desc: str
+    ranks: tuple[int, ...]
+    impl: str
+    via_split: bool
+    members: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class RunOutcome:
+    verdict: str
+    ranks: list[RankRuntime]
+    ledgers: dict[str, DeviceLedger]
+    checkpoints: dict[str, dict[str, Snapshot]]
+    groups: dict[tuple[str, tuple[int, ...]], GroupRecord]
+    hangs: list[dict[str, Any]]
+    errors: list[dict[str, Any]]
+    event_count: int
+    trace_hash: str
+    end_time_s: float
+    ops_executed: int
+    trace: list[tuple[Any, ...]]
+
+
+class Engine:
+    """Runs a SimConfig to a verdict."""
+
+    def __init__(self, config: SimConfig, keep_trace: bool = False) -> None:
+        self.config = config
+        self.cluster: Cluster = config.cluster
+        self.release: Release = config.release
+        self.profile: Profile = config.profile
+        self.costs: CommCosts = config.profile.costs_for_env(config.env)
+        self.env = simpy.Environment()
+        self.meetings = MeetingRegistry()
+        self.ledgers: dict[str, DeviceLedger] = {
+            d.key: DeviceLedger(d.key, self.cluster.gpu.total_bytes) for d in self.cluster.devices()
+        }
+        self.checkpoints: dict[str, dict[str, Snapshot]] = {}
+        self.group_records: dict[tuple[str, tuple[int, ...]], GroupRecord] = {}
+        self._hasher = hashlib.blake2b(digest_size=16)
+        self._event_count = 0
+        self._keep_trace = keep_trace
+        self._trace: list[tuple[Any, ...]] = []
+        self._next_comm_id = 1
+        self._ops = 0
+        self._wall_start = 0.0
+        self._pair_attempts: dict[tuple[str, int, int, int], int] = {}
+        self._meeting_ids: dict[int, int] = {}
+        self._split_results: dict[int, dict[tuple[int, ...], int | Meeting]] = {}
+        self._comm_members: dict[int, tuple[int, ...]] = {}
+        self.ranks = [self._make_rank(r) for r in range(self.cluster.world_size)]
+        self._dispatch: dict[type, Callable[[RankRuntime, Any], Waiting | None]] = {
+            SetDevice: self._op_set_device,
+            InitProcessGroup: self._op_init,
+            NewGroup: self._op_new_group,
+            SplitGroup: self._op_split_group,
+            DestroyProcessGroup: self._op_destroy,
+            Compute: self._op_compute,
+            Alloc: self._op_alloc,
+            MemoryCheck: self._op_memory_check,
+            Checkpoint: self._op_checkpoint,
+        }
+
+    # ------------------------------------------------------------------ setup and run
+
+    def _make_rank(self, rank: int) -> RankRuntime:
+        programs = self.config.programs
+        if len(programs) != self.cluster.world_size:
+            raise ValueError(f"{len(programs)} programs for a world of {self.cluster.world_size} ranks")
+        env = dict(self.config.env)
+        local = self.cluster.local_rank(rank)
+        if self.config.launcher == "torchrun":
+            env.update(LOCAL_RANK=str(local), RANK=str(rank), WORLD_SIZE=str(self.cluster.world_size))
+        ctx = ProcessContext(rank=rank, world_size=self.cluster.world_size, local_rank=local,
+                             device_count=self.cluster.device_count, env=env)
+        return RankRuntime(rank=rank, program=programs[rank], ctx=ctx, node=self.cluster.node_of(rank))
+
+    def run(self) -> RunOutcome:
+        self._wall_start = time.monotonic()
+        for rt in self.ranks:
+            self.env.process(self._rank_process(rt))
+        self.env.run(until=self.config.limits.max_sim_time_s)
+        return self._outcome()
+
+    def _record(self, *event: Any) -> None:
+        self._event_count += 1
+        self._hasher.update(repr(event).encode())
+        if self._keep_trace:
+            self._trace.append(event)
+
+    def _guard(self) -> None:
+        self._ops += 1
+        if self._ops & 0xFFFF == 0:
+            limits = self.config.limits
+            if self._ops > limits.max_ops:
+                raise EngineGuardError(f"simulation exceeded {limits.max_ops} ops; a runaway program?")
+            elapsed = time.monotonic() - self._wall_start
+            if elapsed > limits.wall_s:
+                raise EngineGuardError(
+                    f"simulation exceeded its wall-clock guard of {limits.wall_s:.0f} s after {self._ops} ops"
+                )
+
+    def _rank_process(self, rt: RankRuntime) -> Waiting:
+        ops = rt.program.ops
+        dispatch = self._dispatch
+        try:
+            while rt.pc < len(ops):
+                self._guard()
+                op = ops[rt.pc]
+                handler = dispatch.get(type(op))
+                if handler is None:
+                    handler = self._op_collective if isinstance(op, Collective) else self._op_p2p
+                work = handler(rt, op)
+                if work is not None:
+                    yield from work
+                rt.pc += 1
+            yield from self._settle(rt)
+            rt.status = "done"
+            rt.finished_at = self.env.now
+            self._record(self.env.now, rt.rank, "done")
+        except _ProcessAbort as err:
+            self._fail(rt, "abort", err)
+        except TorchError as err:
+            self._fail(rt, "error", err)
+        except SimulatedOOM as err:
+            self._fail(rt, "oom", TorchError("torch.OutOfMemoryError", str(err)))
+        except WorkloadFailure as err:
+            self._fail(rt, "check", TorchError("ValueError", str(err)))
+
+    def _fail(self, rt: RankRuntime, kind: str, err: TorchError) -> None:
+        rt.status = "aborted" if kind == "abort" else "error"
+        rt.error = err
+        rt.error_kind = kind
+        rt.error_op = rt.program.ops[rt.pc].describe() if rt.pc < len(rt.program.ops) else "<end>"
+        rt.block = None
+        rt.finished_at = self.env.now
+        self._record(self.env.now, rt.rank, "error", kind, err.type_name, err.message)
+
+    # ------------------------------------------------------------------ meetings
+
+    def _open(self, key: tuple[Any, ...], kind: str, group: str, seq: int, expected: tuple[int, ...]) -> Meeting:
+        meeting = self.meetings.get(key)
+        if meeting is None:
+            meeting = self.meetings.open(key, kind, group, seq, expected)
+            meeting.result = self.env.event()
+        return meeting
+
+    def _arrive(self, meeting: Meeting, rt: RankRuntime, payload: Any, op: Op, *,
+                duration: Callable[[Meeting], float], run_ahead: bool = False) -> None:
+        """Record an arrival; check it agrees with the first; complete the meeting when everyone is here."""
+        after = None
+        if run_ahead and rt.pending:
+            after = rt.pending[-1][0]
+        meeting.arrivals[rt.rank] = Arrival(rt.rank, self.env.now, payload, op.describe(), after)
+        if meeting.problem is None:
+            first = next(iter(meeting.arrivals.values()))
+            problem = self._disagreement(meeting, first, meeting.arrivals[rt.rank])
+            if problem:
+                meeting.problem = problem
+        if meeting.problem is None and len(meeting.arrivals) == len(meeting.expected):
+            self._complete(meeting, duration(meeting))
+
+    def _disagreement(self, meeting: Meeting, first: Arrival, this: Arrival) -> str | None:
+        """Why two arrivals at one key can't be the same operation (what torch/NCCL would trip on)."""
+        if first is this:
+            return None
+        if meeting.kind == "bootstrap":
+            if first.payload != this.payload:
+                return (f"store key collision under group name {meeting.group!r}: rank {first.rank} bootstraps "
+                        f"ranks {list(first.payload)}, rank {this.rank} bootstraps ranks {list(this.payload)}")
+            return None
+        a, b = first.payload, this.payload
+        if a[0] != b[0]:
+            return (f"operation mismatch at sequence number {meeting.seq} of group {meeting.group!r}: "
+                    f"rank {first.rank} issued {first.op}, rank {this.rank} issued {this.op}")
+        if a[0] != "split" and a[1:] != b[1:]:
+            return (f"size mismatch at sequence number {meeting.seq} of group {meeting.group!r}: "
+                    f"rank {first.rank} {a[0]} of {a[1]} bytes ({a[2]}), rank {this.rank} {b[1]} bytes ({b[2]})")
+        return None
+
+    def _complete(self, meeting: Meeting, duration_s: float) -> None:
+        done_at = max(self.env.now, meeting.ready_time()) + duration_s
+        meeting.completed_at = done_at
+        self._record(done_at, "meet", meeting.kind, meeting.key, len(meeting.expected))
+        event = meeting.result
+        delay = done_at - self.env.now
+        self.env.timeout(delay).callbacks.append(lambda _ev: event.succeed())
+
+    def _wait(self, rt: RankRuntime, meeting: Meeting, op: Op) -> Waiting:
+        if meeting.complete and meeting.completed_at <= self.env.now:
+            return
+        rt.status = "blocked"
+        rt.block = Block(op, rt.pc, _handle_of(op), meeting, self.env.now)
+        yield meeting.result
+        rt.status = "running"
+        rt.block = None
+
+    def _settle(self, rt: RankRuntime) -> Waiting:
+        """Wait for this rank's run-ahead NOCOLOR splits before it does anything observable."""
+        if not rt.pending:
+            return
+        last, pc = rt.pending[-1]
+        if not (last.complete and last.completed_at <= self.env.now):
+            # Report the earliest split that is not complete: that is where the rank really is.
+            first_open = next(((m, p) for m, p in rt.pending if not m.complete), (last, pc))
+            rt.status = "blocked"
+            op = rt.program.ops[first_open[1]]
+            rt.block = Block(op, first_open[1], _handle_of(op), first_open[0], self.env.now)
+            yield last.result
+            while not all(m.complete for m, _ in rt.pending):  # pragma: no cover - completion is ordered
+                yield next(m for m, _ in rt.pending if not m.complete).result
+            rt.status = "running"
+            rt.block = None
+        rt.pending.clear()
+
+    # ------------------------------------------------------------------ durations
+
+    def _bootstrap_s(self, meeting: Meeting) -> float:
+        return self.profile.timing.comm_init_s
+
+    def _split_s(self, meeting: Meeting) -> float:
+        return self.profile.timing.split_s
+
+    def _collective_s(self, meeting: Meeting) -> float:
+        timing = self.profile.timing
+        size = next(iter(meeting.arrivals.values())).payload[1]
+        n = len(meeting.expected)
+        if n <= 1:
+            return timing.collective_latency_s
+        bus_bytes = 2 * (n - 1) / n * size
+        return timing.collective_latency_s + bus_bytes / (timing.bus_bandwidth_gbps * 1e9)
+
+    def _p2p_s(self, meeting: Meeting) -> float:
+        timing = self.profile.timing
+        size = next(iter(meeting.arrivals.values())).payload[1]
+        return timing.p2p_latency_s + size / (timing.bus_bandwidth_gbps * 1e9)
+
+    # ------------------------------------------------------------------ devices and memory
+
+    def _device(self, rt: RankRuntime, index: int) -> Device:
+        return self.cluster.device(rt.node, index)
+
+    def _touch(self, rt: RankRuntime, index: int, op: Op) -> DeviceLedger:
+        """Use a device from this process: the first touch creates its CUDA context."""
+        device = self._device(rt, index)
+        ledger = self.ledgers[device.key]
+        if index not in rt.contexts:
+            rt.contexts.add(index)
+            ledger.allocate(Owner("cuda_context", rt.rank), self.cluster.gpu.cuda_context_bytes,
+                            time_s=self.env.now, op=op.describe())
+            self._record(self.env.now, rt.rank, "context", device.key)
+        return ledger
+
+    def _charge(self, rt: RankRuntime, comm: Comm, charges: list[Charge], op: Op, group: Group | None) -> None:
+        if comm.device is None or not charges:
+            return
+        ledger = self._touch(rt, comm.device, op)
+        if comm.device not in rt.nccl_devices and lifecycle(comm.impl).allocates_gpu_memory:
+            rt.nccl_devices.add(comm.device)
+            charges = [Charge("process-first-comm", self._bytes(self.costs.process_first_comm_mib)), *charges]
+        for charge in charges:
+            if charge.num_bytes == 0:
+                continue
+            ledger.allocate(Owner("comm", rt.rank, comm.group, charge.phase), charge.num_bytes,
+                            time_s=self.env.now, op=op.describe(), nccl=True)
+            self._record(self.env.now, rt.rank, "alloc", ledger.device, comm.group, charge.phase, charge.num_bytes)
+            if group is not None:
+                record = self._group_record(group, comm)
+                member = record.members.setdefault(rt.rank, {"device": ledger.device, "bytes": 0, "phases": {}})
+                member["bytes"] += charge.num_bytes
+                member["phases"].setdefault(charge.phase, self.env.now)
+
+    @staticmethod
+    def _bytes(mib: float) -> int:
+        return round(mib * 1024 * 1024)
+
+    def _group_record(self, group: Group, comm: Comm) -> GroupRecord:
+        key = (group.name, group.ranks)
+        record = self.group_records.get(key)
+        if record is None:
+            record = GroupRecord(group.name, group.desc, group.ranks, comm.impl.value, comm.via_split)
+            self.group_records[key] = record
+        return record
+
+    def _tensor_device_type(self) -> str:
+        return "cuda" if self.cluster.device_count > 0 else "cpu"
+
+    # ------------------------------------------------------------------ local ops
+
+    def _op_set_device(self, rt: RankRuntime, op: SetDevice) -> Waiting:
+        yield from self._settle(rt)
+        index = rt.ctx.local_rank if op.device is None else op.device
+        if index < 0 or index >= self.cluster.device_count:
+            raise TorchError("torch.AcceleratorError", "CUDA error: invalid device ordinal")
+        rt.current_device = index
+        self._touch(rt, index, op)
+
+    def _op_compute(self, rt: RankRuntime, op: Compute) -> Waiting:
+        yield from self._settle(rt)
+        if op.seconds > 0:
+            yield self.env.timeout(op.seconds)
+
+    def _current_device(self, rt: RankRuntime) -> int:
+        return 0 if rt.current_device is None else rt.current_device
+
+    def _op_alloc(self, rt: RankRuntime, op: Alloc) -> Waiting:
+        yield from self._settle(rt)
+        ledger = self._touch(rt, self._current_device(rt), op)
+        ledger.allocate(Owner("torch", rt.rank, phase=op.tag), self._bytes(op.mib), time_s=self.env.now,
+                        op=op.describe())
+        self._record(self.env.now, rt.rank, "torch-alloc", ledger.device, op.mib)
+
+    def _op_memory_check(self, rt: RankRuntime, op: MemoryCheck) -> Waiting:
+        yield from self._settle(rt)
+        index = self._current_device(rt)
+        ledger = self._touch(rt, index, op)
+        free, total = ledger.mem_get_info()
+        requested = vllm_requested_bytes(total, op.gpu_memory_utilization)
+        self._record(self.env.now, rt.rank, "memory_check", ledger.device, free, requested)
+        if free < requested:
+            raise WorkloadFailure(
+                vllm_check_message(f"cuda:{index}", free, total, op.gpu_memory_utilization, requested)
+            )
+
+    def _op_checkpoint(self, rt: RankRuntime, op: Checkpoint) -> Waiting:
+        yield from self._settle(rt)
+        index = rt.current_device
+        if index is None and rt.world is not None:
+            index = rt.world.bound_device
+        self._record(self.env.now, rt.rank, "checkpoint", op.label)
+        per_device = self.checkpoints.setdefault(op.label, {})
+        if index is None:
+            return
+        ledger = self.ledgers[self._device(rt, index).key]
+        per_device[ledger.device] = Snapshot(ledger.device, ledger.used_bytes, ledger.free_bytes, self.env.now,
+                                             rt.rank)
+
+    # ------------------------------------------------------------------ group creation
+
+    def _op_init(self, rt: RankRuntime, op: InitProcessGroup) -> Waiting:
+        yield from self._settle(rt)
+        if rt.world is not None:
+            raise TorchError("ValueError", "trying to initialize the default process group twice!")
+        plan = plan_init(self.release, rt.ctx, op.backend, op.device_id, op.timeout_s, op.pg_options)
+        group = self._group_from_plan(rt, plan)
+        rt.world = group
+        rt.handles[WORLD] = group
+        self._record(self.env.now, rt.rank, "init", plan.backend.requested, plan.bound_device)
+        yield from self._create_comms(rt, group, plan, op)
+
+    def _op_new_group(self, rt: RankRuntime, op: NewGroup) -> Waiting | None:
+        world = self._require_world(rt, op)
+        plan = plan_new_group(
+            self.release, rt.ctx, world, rt.counter, op.ranks or None, op.backend, op.pg_options,
+            op.use_local_synchronization, op.group_desc, op.device_id, op.timeout_s,
+        )
+        rt.counter += plan.counter_advance
+        if not plan.member:
+            if op.bind:
+                # Frameworks keep a group only where they are members (``if rank in ranks: _TP = g``), so a
+                # non-member result never overwrites a handle; an unbound one becomes NON_GROUP_MEMBER.
+                rt.handles.setdefault(op.bind, NON_GROUP_MEMBER)
+            if plan.nocolor_split_on is not None:
+                return self._nocolor_split(rt, plan.nocolor_split_on, op)
+            return None
+        return self._create_member_group(rt, plan, op)
+
+    def _op_split_group(self, rt: RankRuntime, op: SplitGroup) -> Waiting | None:
+        self._require_world(rt, op)
+        parent = self._resolve(rt, op.parent, op)
+        if not isinstance(parent, Group):
+            raise TorchError("RuntimeError", f"split_group: this rank is not a member of the parent {op.parent!r}")
+        plan = plan_split_group(self.release, rt.ctx, parent, op.split_ranks, op.pg_options, op.group_desc,
+                                op.timeout_s)
+        if not plan.member:
+            if op.bind:
+                # Frameworks keep a group only where they are members (``if rank in ranks: _TP = g``), so a
+                # non-member result never overwrites a handle; an unbound one becomes NON_GROUP_MEMBER.
+                rt.handles.setdefault(op.bind, NON_GROUP_MEMBER)
+            if plan.nocolor_split_on is not None:
+                return self._nocolor_split(rt, plan.nocolor_split_on, op)
+            return None
+        return self._create_member_group(rt, plan, op)
+
+    def _create_member_group(self, rt: RankRuntime, plan: GroupPlan, op: NewGroup | SplitGroup) -> Waiting:
+        yield from self._settle(rt)
+        group = self._group_from_plan(rt, plan)
+        if op.bind:
+            rt.handles[op.bind] = group
+        self._record(self.env.now, rt.rank, op.name, plan.name, plan.ranks)
+        yield from self._create_comms(rt, group, plan, op)
+
+    def _require_world(self, rt: RankRuntime, op: Op) -> Group:
+        if rt.world is None:
+            raise TorchError(
+                "ValueError",
+                "Default process group has not been initialized, please make sure to call init_process_group.",
+            )
+        return rt.world
+
+    def _group_from_plan(self, rt: RankRuntime, plan: GroupPlan) -> Group:
+        group = Group(
+            name=plan.name, desc=plan.desc, ranks=plan.ranks, rank_in_group=plan.ranks.index(rt.rank),
+            backend=plan.backend, bound_device=plan.bound_device, timeout_s=plan.timeout_s, options=plan.options,
+        )
+        rt.groups.append(group)
+        return group
+
+    def _create_comms(self, rt: RankRuntime, group: Group, plan: GroupPlan, op: Op) -> Waiting:
+        for comm_plan in plan.comms:
+            comm = Comm(impl=comm_plan.pair.impl, group=group.name, size=group.size, device=comm_plan.device,
+                        lazy_init=comm_plan.lazy_init, via_split=comm_plan.split_from is not None,
+                        shared=comm_plan.shared)
+            for pair in plan.backend.pairs:
+                if pair.name == comm_plan.pair.name:
+                    group.comms[pair.device_type] = comm
+            self._group_record(group, comm)
+            if comm_plan.split_from is not None:
+                yield from self._member_split(rt, group, comm, comm_plan, op)
+            elif comm_plan.eager:
+                yield from self._init_comm(rt, group, comm, op)
+
+    def _abort_if_cudamallocasync(self, rt: RankRuntime, comm: Comm) -> None:
+        """2.15 defect (#203322): every nccl2 communicator registers an allocator hook cudaMallocAsync rejects."""
+        if comm.impl not in (Impl.NCCL2, Impl.NCCL_LAZY) or not self.release.cudamallocasync_aborts:
+            return
+        conf = rt.ctx.env.get("PYTORCH_CUDA_ALLOC_CONF", "")
+        if "backend:cudaMallocAsync" in conf.replace(" ", ""):
+            raise _ProcessAbort(
+                "terminate called after throwing an instance of 'c10::Error'\n  what():  "
+                + CUDAMALLOCASYNC_TRACKER
+            )
+
+    def _init_comm(self, rt: RankRuntime, group: Group, comm: Comm, op: Op) -> Waiting:
+        """Bootstrap a communicator over the store: a members-only meeting keyed by the group's name."""
+        life = lifecycle(comm.impl)
+        if comm.device is None and comm.impl.is_nccl:
+            comm.device = self._current_device(rt)
+        if comm.device is not None and comm.impl.is_nccl:
+            self._touch(rt, comm.device, op)
+        if life.communicates and group.size > 1:
+            key = ("bootstrap", group.name, comm.impl.is_nccl)
+            meeting = self._open(key, "bootstrap", group.name, 0, group.ranks)
+            if rt.rank in meeting.arrivals or meeting.complete:
+                meeting = self._collision(meeting, rt, group, op)
+            self._arrive(meeting, rt, group.ranks, op, duration=self._bootstrap_s)
+            yield from self._wait(rt, meeting, op)
+            comm.comm_id = self._comm_id_for(meeting)
+        else:
+            comm.comm_id = self._new_comm_id()
+        self._comm_members[comm.comm_id] = group.ranks
+        self._abort_if_cudamallocasync(rt, comm)
+        comm.state = CommState.READY
+        self._charge(rt, comm, life.init_charges(self.costs, comm, rt.ctx.env), op, group)
+
+    def _collision(self, meeting: Meeting, rt: RankRuntime, group: Group, op: Op) -> Meeting:
+        """A second bootstrap under a name already used: a meeting that can never complete, explained."""
+        first = next(iter(meeting.arrivals.values()))
+        stuck = self._open(("collision", *meeting.key, rt.rank), "bootstrap", group.name, 0, group.ranks)
+        stuck.problem = (
+            f"store key collision under group name {group.name!r}: ranks {list(meeting.arrivals)} already "
+            f"bootstrapped ranks {list(first.payload)} under that name; rank {rt.rank} waits for a peer "
+            f"that will never come"
+        )
+        return stuck
+
+    def _new_comm_id(self) -> int:
+        comm_id = self._next_comm_id
+        self._next_comm_id += 1
+        return comm_id
+
+    def _comm_id_for(self, meeting: Meeting) -> int:
+        """The identity every member of a completed bootstrap shares (its ncclUniqueId)."""
+        cid = self._meeting_ids.get(id(meeting))
+        if cid is None:
+            cid = self._new_comm_id()
+            self._meeting_ids[id(meeting)] = cid
+        return cid
+
+    # ------------------------------------------------------------------ splits
+
+    def _split_meeting(self, parent: Comm) -> Meeting:
+        """The next op in the parent communicator's sequence: splits and collectives share it, as in NCCL."""
+        parent.seq += 1
+        assert parent.comm_id is not None
+        members = self._comm_members[parent.comm_id]
+        return self._open(("coll", parent.comm_id, parent.seq), "split", parent.group, parent.seq, members)
+
+    def _nocolor_split(self, rt: RankRuntime, parent: Comm, op: Op) -> Waiting | None:
+        """A non-member's ``perform_nocolor_split``: joins the parent's split without waiting (run-ahead).
+
+        Run-ahead is limited to consecutive splits of one parent, so a pending split always completes before
+        a later one on the same parent, and the rank's real position is its earliest incomplete split.
+        """
+        if rt.pending and rt.pending[-1][0].key[1] != parent.comm_id:
+            return self._settled_nocolor_split(rt, parent, op)
+        meeting = self._split_meeting(parent)
+        self._arrive(meeting, rt, ("split", None), op, duration=self._split_s, run_ahead=True)
+        if not (meeting.complete and meeting.completed_at <= self.env.now):
+            rt.pending.append((meeting, rt.pc))
+        return None
+
+    def _settled_nocolor_split(self, rt: RankRuntime, parent: Comm, op: Op) -> Waiting:
+        yield from self._settle(rt)
+        self._nocolor_split(rt, parent, op)
+
+    def _member_split(self, rt: RankRuntime, group: Group, comm: Comm, plan: CommPlan, op: Op) -> Waiting:
+        parent = plan.split_from
+        assert parent is not None
+        if not lifecycle(parent.impl).communicates:
+            comm.comm_id = self._new_comm_id()
+            comm.state = CommState.READY
+            return
+        meeting = self._split_meeting(parent)
+        self._arrive(meeting, rt, ("split", group.ranks), op, duration=self._split_s)
+        yield from self._wait(rt, meeting, op)
+        colors = self._split_colors(meeting)
+        child = colors.get(group.ranks)
+        if isinstance(child, Meeting):
+            yield from self._wait(rt, child, op)  # never completes: an incomplete color
+        assert isinstance(child, int)
+        comm.comm_id = child
+        self._comm_members[child] = group.ranks
+        self._abort_if_cudamallocasync(rt, comm)
+        comm.state = CommState.READY
+        self._charge(rt, comm, lifecycle(comm.impl).init_charges(self.costs, comm, rt.ctx.env), op, group)
+
+    def _split_colors(self, meeting: Meeting) -> dict[tuple[int, ...], int | Meeting]:
+        """Assign child communicators per color once; an incomplete color becomes a stuck meeting."""
+        colors = self._split_results.get(id(meeting))
+        if colors is not None:
+            return colors
+        colors = {}
+        presenters: dict[tuple[int, ...], list[int]] = {}
+        for rank in sorted(meeting.arrivals):
+            color = meeting.arrivals[rank].payload[1]
+            if color is not None:
+                presenters.setdefault(color, []).append(rank)
+        for color, ranks in presenters.items():
+            if tuple(sorted(ranks)) == tuple(sorted(color)):
+                colors[color] = self._new_comm_id()
+            else:
+                stuck = self._open(("color", *meeting.key, color), "split-color", meeting.group, meeting.seq, color)
+                for r in ranks:
+                    stuck.arrivals[r] = meeting.arrivals[r]
+                elsewhere = [
+                    f"rank {r} issued {meeting.arrivals[r].op}" for r in color if r in meeting.arrivals and r not in ranks
+                ]
+                stuck.problem = (
+                    f"split {meeting.seq} of the parent communicator: ranks {ranks} asked for group {list(color)} "
+                    f"but " + ("; ".join(elsewhere) or "its other members were not in this split")
+                )
+                colors[color] = stuck
+        self._split_results[id(meeting)] = colors
+        return colors
+
+    # ------------------------------------------------------------------ collectives and p2p
+
+    def _resolve(self, rt: RankRuntime, handle: str, op: Op) -> Group | int:
+        try:
+            target = rt.handles[handle]
+        except KeyError:
+            raise TorchError("NameError", f"group handle {handle!r} was never bound on rank {rt.rank}") from None
+        if isinstance(target, Group) and target.destroyed:
+            raise TorchError("ValueError", "Invalid process group specified")
+        return target
+
+    def _usable_comm(self, rt: RankRuntime, group: Group, op: Op) -> Comm:
+        device_type = self._tensor_device_type()
+        comm = group.comm_for(device_type)
+        if comm is None:
+            raise TorchError("RuntimeError", f"No backend type associated with device type {device_type}")
+        if device_type == "cuda" and comm.impl.is_nccl:
+            current = self._current_device(rt)
+            if comm.device is not None and comm.device != current:
+                if comm.impl is Impl.LEGACY:
+                    raise TorchError("ValueError",
+                                     f"Tensor found on device cuda:{current} but backend constrained to "
+                                     f"cuda:{comm.device}")
+                raise TorchError("RuntimeError",
+                                 f"ProcessGroupNCCL is bound to device cuda:{comm.device} but an operation was "
+                                 f"issued on cuda:{current}")
+        return comm
+
+    def _op_collective(self, rt: RankRuntime, op: Collective) -> Waiting:
+        yield from self._settle(rt)
+        target = self._resolve(rt, op.group, op)
+        if not isinstance(target, Group):
+            rt.warnings.append(f"Running {op.name} on global rank {rt.rank} which does not belong to the given group.")
+            return
+        comm = self._usable_comm(rt, target, op)
+        life = lifecycle(comm.impl)
+        if not comm.ready:
+            yield from self._init_comm(rt, target, comm, op)
+        if not life.communicates:
+            return
+        if comm.impl.is_nccl:
+            self._touch(rt, comm.device, op)
+        if not comm.connected:
+            comm.connected = True
+            self._charge(rt, comm, life.first_collective_charges(self.costs, comm, rt.ctx.env), op, target)
+        comm.seq += 1
+        members = self._comm_members.setdefault(comm.comm_id, target.ranks)
+        meeting = self._open(("coll", comm.comm_id, comm.seq), "collective", target.name, comm.seq, members)
+        self._arrive(meeting, rt, (op.name, op.size_bytes, op.dtype), op, duration=self._collective_s)
+        yield from self._wait(rt, meeting, op)
+        self._record(self.env.now, rt.rank, op.name, target.name, comm.seq)
+
+    def _op_p2p(self, rt: RankRuntime, op: PointToPoint) -> Waiting:
+        yield from self._settle(rt)
+        target = self._resolve(rt, op.group, op)
+        if not isinstance(target, Group):
+            rt.warnings.append(f"Running {op.name} on global rank {rt.rank} which does not belong to the given group.")
+            return
+        if op.peer not in target.ranks or op.peer == rt.rank:
+            raise TorchError("ValueError", f"Invalid peer rank {op.peer} for {op.name} in group {target.name!r}")
+        comm = self._usable_comm(rt, target, op)
+        life = lifecycle(comm.impl)
+        if not life.communicates:
+            return
+        src, dst = (rt.rank, op.peer) if isinstance(op, Send) else (op.peer, rt.rank)
+        if life.p2p_uses_pair_comm(comm, bound=target.bound_device is not None):
+            channel = yield from self._pair_comm(rt, target, comm, op)
+        else:
+            if not comm.ready:
+                yield from self._init_comm(rt, target, comm, op)
+            if not comm.connected:
+                comm.connected = True
+                self._charge(rt, comm, life.first_collective_charges(self.costs, comm, rt.ctx.env), op, target)
+            channel = comm.comm_id
+        n = comm.p2p_seq.get((src, dst), 0) + 1
+        comm.p2p_seq[(src, dst)] = n
+        meeting = self._open(("p2p", channel, src, dst, n), "p2p", target.name, n, (src, dst))
+        self._arrive(meeting, rt, (op.name, op.size_bytes, op.dtype), op, duration=self._p2p_s)
+        yield from self._wait(rt, meeting, op)
+        self._record(self.env.now, rt.rank, op.name, target.name, src, dst, n)
+
+    def _pair_comm(self, rt: RankRuntime, group: Group, comm: Comm, op: PointToPoint) -> Generator[Any, Any, int]:
+        """A lazily created 2-rank communicator for one peer: a rendezvous with that peer, then its memory."""
+        peer = op.peer
+        existing = comm.pair_comms.get(peer)
+        if existing is not None:
+            return existing
+        lo, hi = sorted((rt.rank, peer))
+        attempt = self._pair_attempts.get((group.name, lo, hi, rt.rank), 0)
+        self._pair_attempts[(group.name, lo, hi, rt.rank)] = attempt + 1
+        if comm.device is None:
+            comm.device = self._current_device(rt)
+        key = ("pair", group.name, lo, hi, attempt)
+        meeting = self._open(key, "bootstrap", f"{group.name}/p2p-{lo}-{hi}-{attempt}", 0, (lo, hi))
+        self._arrive(meeting, rt, (lo, hi), op, duration=self._bootstrap_s)
+        yield from self._wait(rt, meeting, op)
+        pair_id = self._comm_id_for(meeting)
+        comm.pair_comms[peer] = pair_id
+        pair = Comm(impl=comm.impl, group=f"{group.name}/p2p-{lo}-{hi}", size=2, device=comm.device,
+                    state=CommState.READY, comm_id=pair_id)
+        self._charge(rt, pair, lifecycle(comm.impl).pair_charges(self.costs), op, group)
+        return pair_id
+
+    # ------------------------------------------------------------------ teardown
+
+    def _op_destroy(self, rt: RankRuntime, op: DestroyProcessGroup) -> Waiting:
+        yield from self._settle(rt)
+        if op.group == WORLD:
+            groups = list(rt.groups)
+            rt.world = None
+            rt.handles.clear()
+            rt.counter = 1
+        else:
+            target = self._resolve(rt, op.group, op)
+            if not isinstance(target, Group):
+                return
+            groups = [target]
+        for group in sorted(groups, key=lambda g: g.name, reverse=True):
+            group.destroyed = True
+            for comm in {id(c): c for c in group.comms.values()}.values():
+                comm.state = CommState.DESTROYED
+                if comm.device is not None:
+                    ledger = self.ledgers[self._device(rt, comm.device).key]
+                    for owner in [o for o in ledger.by_owner if o.rank == rt.rank and o.kind == "comm"
+                                  and (o.group == comm.group or o.group.startswith(comm.group + "/p2p-"))]:
+                        ledger.release_owner(owner, time_s=self.env.now, op=op.describe())
+        self._record(self.env.now, rt.rank, "destroy", op.group)
+
+    # ------------------------------------------------------------------ outcome
+
+    def _outcome(self) -> RunOutcome:
+        hangs: list[dict[str, Any]] = []
+        errors: list[dict[str, Any]] = []
+        by_rank = {rt.rank: rt for rt in self.ranks}
+        for rt in self.ranks:
+            if rt.status in ("error", "aborted") and rt.error is not None:
+                errors.append({"rank": rt.rank, "kind": rt.error_kind, "type": rt.error.type_name,
+                               "message": rt.error.message, "op": rt.error_op, "time_s": rt.finished_at})
+        for rt in self.ranks:
+            if rt.status in ("done", "error", "aborted"):
+                continue
+            hangs.append(self._hang_entry(rt, by_rank))
+        if any(e["kind"] in ("error", "abort") for e in errors):
+            verdict = "error"
+        elif errors:
+            verdict = "fail"
+        elif hangs:
+            verdict = "hang"
+        else:
+            verdict = "pass"
+        self._record("verdict", verdict)
+        return RunOutcome(
+            verdict=verdict, ranks=self.ranks, ledgers=self.ledgers, checkpoints=self.checkpoints,
+            groups=self.group_records, hangs=hangs, errors=errors, event_count=self._event_count,
+            trace_hash=self._hasher.hexdigest(), end_time_s=self.env.now, ops_executed=self._ops,
+            trace=self._trace,
+        )
+
+    def _hang_entry(self, rt: RankRuntime, by_rank: dict[int, RankRuntime]) -> dict[str, Any]:
+        block = rt.block
+        if block is None:  # pragma: no cover - a running rank at the end means the sim-time cap was hit
+            return {"rank": rt.rank, "op": "<running>", "group": "", "seq": 0, "waiting_for": [],
+                    "since_s": self.env.now, "explanation": "still running when the simulated-time cap was hit"}
+        meeting = block.meeting
+        missing = list(meeting.missing())
+        explanations = []
+        if meeting.problem:
+            explanations.append(meeting.problem)
+        for r in missing:
+            other = by_rank[r]
+            explanations.append(f"rank {r} {self._whereabouts(other)}")
+        timeout_s, watchdog = self._timeout_for(rt, meeting)
+        return {
+            "rank": rt.rank,
+            "op": block.op.describe(),
+            "op_index": block.pc,
+            "group": meeting.group or (block.handle or ""),
+            "handle": block.handle,
+            "kind": meeting.kind,
+            "seq": meeting.seq,
+            "waiting_for": missing,
+            "since_s": block.since_s,
+            "timeout_s": timeout_s,
+            "detected_at_s": None if timeout_s is None else block.since_s + timeout_s,
+            "watchdog": watchdog,
+            "explanation": "; ".join(explanations),
+        }
+
+    def _whereabouts(self, rt: RankRuntime) -> str:
+        if rt.status == "done":
+            return "finished its program without joining"
+        if rt.status in ("error", "aborted") and rt.error is not None:
+            return f"died: {rt.error.type_name}: {rt.error.message.splitlines()[0]}"
+        if rt.block is not None:
+            m = rt.block.meeting
+            where = f"group {m.group!r}" if m.group else "its parent communicator"
+            return f"is blocked in {rt.block.op.describe()} ({m.kind} {m.seq} on {where})"
+        return "is still running"
+
+    def _timeout_for(self, rt: RankRuntime, meeting: Meeting) -> tuple[float | None, str]:
+        group = rt.world
+        for g in rt.groups:
+            if g.name == meeting.group:
+                group = g
+        timeout = group.timeout_s if group is not None else None
+        if meeting.kind in ("split", "split-color"):
+            return None, "ncclCommSplit blocks on the host with no timeout; only the job's own timeout ends it"
+        if meeting.kind == "bootstrap":
+            return timeout, "the store wait for the NCCL unique id times out after the group's timeout"
+        return timeout, "the watchdog aborts the collective after the group's timeout"
+
+
+def _handle_of(op: Op) -> str:
+    """The program's name for the group an op concerns: the handle it binds or the one it uses."""
+    return getattr(op, "bind", None) or getattr(op, "group", None) or ""
+
+
+class _ProcessAbort(TorchError):
+    def __init__(self, message: str) -> None:
+        super().__init__("SIGABRT", message)
+

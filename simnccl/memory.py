@@ -1,0 +1,156 @@
+"""Per-device GPU memory ledger: owner-tagged allocations, ``mem_get_info``-like free/total, a timeline.
+
+Why owner tags: the question users bring is not "how full is the GPU" but "who filled it" — the CUDA context,
+torch's caching allocator, or which communicator of which group in which lifecycle phase. NCCL's buffers never
+show in ``torch.cuda.memory_allocated()``; like ``cudaMemGetInfo`` the ledger counts every process on the
+device, so one rank's communicators eat another rank's startup margin when they share a GPU.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from simnccl.ops import MIB
+
+
+@dataclass(frozen=True, slots=True)
+class Owner:
+    """Who holds an allocation: a kind (cuda_context, torch, comm), the rank, and for comms the group/phase."""
+
+    kind: str
+    rank: int
+    group: str = ""
+    phase: str = ""
+
+    def label(self) -> str:
+        parts = [self.kind, f"rank{self.rank}"]
+        if self.group:
+            parts.append(f"group {self.group}")
+        if self.phase:
+            parts.append(self.phase)
+        return " ".join(parts)
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryEvent:
+    time_s: float
+    device: str
+    owner: Owner
+    delta_bytes: int
+    used_bytes: int
+    op: str
+
+
+class SimulatedOOM(RuntimeError):
+    """The CUDA out-of-memory error a real process would get, raised at the op that caused it."""
+
+    def __init__(self, message: str, device: str, requested_bytes: int, free_bytes: int) -> None:
+        super().__init__(message)
+        self.device = device
+        self.requested_bytes = requested_bytes
+        self.free_bytes = free_bytes
+
+
+def to_mib(num_bytes: int | float) -> float:
+    return num_bytes / MIB
+
+
+def mib_to_bytes(mib: float) -> int:
+    return round(mib * MIB)
+
+
+@dataclass(slots=True)
+class DeviceLedger:
+    """One GPU's memory: what each owner holds, the running total, the peak and every change."""
+
+    device: str
+    total_bytes: int
+    used_bytes: int = 0
+    peak_bytes: int = 0
+    by_owner: dict[Owner, int] = field(default_factory=dict)
+    peak_by_owner_kind: dict[str, int] = field(default_factory=dict)
+    timeline: list[MemoryEvent] = field(default_factory=list)
+
+    @property
+    def free_bytes(self) -> int:
+        return self.total_bytes - self.used_bytes
+
+    def mem_get_info(self) -> tuple[int, int]:
+        """(free, total) as ``torch.cuda.mem_get_info`` reports it: every process on the device counts."""
+        return self.free_bytes, self.total_bytes
+
+    def allocate(self, owner: Owner, num_bytes: int, *, time_s: float, op: str, nccl: bool = False) -> None:
+        """Charge ``num_bytes`` to ``owner``; raise the error the allocator (or NCCL) would raise if it can't."""
+        if num_bytes < 0:
+            raise ValueError(f"negative allocation {num_bytes} for {owner.label()}")
+        if num_bytes == 0:
+            return
+        if num_bytes > self.free_bytes:
+            raise SimulatedOOM(
+                oom_message(self.device, num_bytes, self.free_bytes, self.total_bytes, nccl=nccl),
+                self.device,
+                num_bytes,
+                self.free_bytes,
+            )
+        self._apply(owner, num_bytes, time_s, op)
+
+    def release_owner(self, owner: Owner, *, time_s: float, op: str) -> int:
+        """Free everything ``owner`` holds (communicator destroyed, process exited); returns bytes freed."""
+        held = self.by_owner.get(owner, 0)
+        if held:
+            self._apply(owner, -held, time_s, op)
+        return held
+
+    def _apply(self, owner: Owner, delta: int, time_s: float, op: str) -> None:
+        held = self.by_owner.get(owner, 0) + delta
+        if held:
+            self.by_owner[owner] = held
+        else:
+            self.by_owner.pop(owner, None)
+        self.used_bytes += delta
+        if self.used_bytes > self.peak_bytes:
+            self.peak_bytes = self.used_bytes
+            self.peak_by_owner_kind = self.used_by_kind()
+        self.timeline.append(MemoryEvent(time_s, self.device, owner, delta, self.used_bytes, op))
+
+    def used_by_kind(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for owner, held in self.by_owner.items():
+            out[owner.kind] = out.get(owner.kind, 0) + held
+        return dict(sorted(out.items()))
+
+    def used_by_group(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for owner, held in self.by_owner.items():
+            if owner.kind == "comm":
+                out[owner.group] = out.get(owner.group, 0) + held
+        return out
+
+
+def oom_message(device: str, requested: int, free: int, total: int, *, nccl: bool) -> str:
+    """The text a user sees: NCCL's failed cudaMalloc for communicator buffers, torch's OOM otherwise."""
+    if nccl:
+        return (
+            f"NCCL error: unhandled cuda error (run with NCCL_DEBUG=INFO for details), "
+            f"Failed to CUDA calloc {requested} bytes on {device} (free {to_mib(free):.0f} MiB)"
+        )
+    return (
+        f"CUDA out of memory. Tried to allocate {to_mib(requested):.2f} MiB. GPU {device} has a total capacity "
+        f"of {total / 1024**3:.2f} GiB of which {to_mib(free):.2f} MiB is free."
+    )
+
+
+def vllm_requested_bytes(total_bytes: int, utilization: float) -> int:
+    """vLLM's ``requested_memory = ceil(total * gpu_memory_utilization)``."""
+    return math.ceil(total_bytes * utilization)
+
+
+def vllm_check_message(device: str, free: int, total: int, utilization: float, requested: int) -> str:
+    """vLLM's startup-check failure, in the shape quoted by pytorch#175666."""
+    gib = 1024**3
+    return (
+        f"Free memory on device {device} ({free / gib:.2f}/{total / gib:.2f} GiB) on startup is less than "
+        f"desired GPU memory utilization ({utilization}, {requested / gib:.2f} GiB). Decrease GPU memory "
+        f"utilization or reduce GPU memory used by other processes."
+    )

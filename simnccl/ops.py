@@ -1,0 +1,254 @@
+"""The program vocabulary: one frozen dataclass per torch.distributed call a startup makes.
+
+Why data and not code: a rank's program must be generated (hypothesis), shrunk, serialised, diffed,
+shared between ranks (DESIGN rule 8: identical programs are one object) and replayed on real torch by the
+real tier. So an op holds only what torch would receive as arguments, spelled as torch spells them.
+
+Groups are referred to by *handle*: a name the program binds when it creates a group (like the Python
+variable a framework assigns ``new_group(...)`` to). ``"world"`` is the default group. A rank that is not a
+member of a group it created still gets the handle bound, to ``NON_GROUP_MEMBER``, exactly as torch returns
+``GroupMember.NON_GROUP_MEMBER``; a collective on such a handle is a no-op with torch's warning.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar
+
+WORLD = "world"
+
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Op:
+    """Base of every op. ``name`` is the torch.distributed function this op mirrors."""
+
+    name: ClassVar[str] = "op"
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"op": self.name}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value != f.default:
+                out[f.name] = _plain(value)
+        return out
+
+    def describe(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self.to_dict().items() if k != "op")
+        return f"{self.name}({args})"
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class PgOptions:
+    """The subset of ``ProcessGroupNCCL.Options`` that changes communicator lifecycle or memory."""
+
+    lazy_init: bool = False
+    split_share: bool | None = None
+    is_high_priority_stream: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) != f.default}
+
+
+NO_OPTIONS = PgOptions()
+
+
+@dataclass(frozen=True, slots=True)
+class SetDevice(Op):
+    """``torch.cuda.set_device(index)``; ``None`` means the process's LOCAL_RANK. Creates the CUDA context."""
+
+    name: ClassVar[str] = "set_device"
+    device: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class InitProcessGroup(Op):
+    """``init_process_group(backend, device_id=..., timeout=..., pg_options=...)``."""
+
+    name: ClassVar[str] = "init_process_group"
+    backend: str | None = "nccl"
+    device_id: int | str | None = None
+    timeout_s: float | None = None
+    pg_options: PgOptions = NO_OPTIONS
+
+
+@dataclass(frozen=True, slots=True)
+class NewGroup(Op):
+    """``new_group(ranks, backend=..., pg_options=..., use_local_synchronization=..., group_desc=...)``.
+
+    ``bind`` is the handle the program stores the result under; ``purpose`` is a free tag (tp, pp, dp …)
+    that policies may use and reports print.
+    """
+
+    name: ClassVar[str] = "new_group"
+    ranks: tuple[int, ...] = ()
+    bind: str | None = None
+    backend: str | None = None
+    pg_options: PgOptions = NO_OPTIONS
+    use_local_synchronization: bool = False
+    group_desc: str | None = None
+    device_id: int | None = None
+    timeout_s: float | None = None
+    purpose: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SplitGroup(Op):
+    """``split_group(parent_pg, split_ranks, pg_options=..., group_desc=...)``; split_ranks are parent ranks."""
+
+    name: ClassVar[str] = "split_group"
+    split_ranks: tuple[tuple[int, ...], ...] = ()
+    parent: str = WORLD
+    bind: str | None = None
+    pg_options: PgOptions = NO_OPTIONS
+    group_desc: str | None = None
+    timeout_s: float | None = None
+    purpose: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Collective(Op):
+    """A collective on a group handle, with the bytes of its input tensor (what torch checks for size)."""
+
+    name: ClassVar[str] = "collective"
+    group: str = WORLD
+    size_bytes: int = 4 * MIB
+    dtype: str = "Float"
+
+
+@dataclass(frozen=True, slots=True)
+class AllReduce(Collective):
+    name: ClassVar[str] = "all_reduce"
+
+
+@dataclass(frozen=True, slots=True)
+class Broadcast(Collective):
+    name: ClassVar[str] = "broadcast"
+    src: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class AllGather(Collective):
+    name: ClassVar[str] = "all_gather"
+
+
+@dataclass(frozen=True, slots=True)
+class ReduceScatter(Collective):
+    name: ClassVar[str] = "reduce_scatter"
+
+
+@dataclass(frozen=True, slots=True)
+class AllToAll(Collective):
+    name: ClassVar[str] = "all_to_all"
+
+
+@dataclass(frozen=True, slots=True)
+class Barrier(Collective):
+    name: ClassVar[str] = "barrier"
+    size_bytes: int = 4
+
+
+@dataclass(frozen=True, slots=True)
+class PointToPoint(Op):
+    """An unbatched ``send``/``recv``; ``peer`` is a global rank, as in torch."""
+
+    name: ClassVar[str] = "p2p"
+    peer: int = 0
+    group: str = WORLD
+    size_bytes: int = 4 * MIB
+    dtype: str = "Float"
+
+
+@dataclass(frozen=True, slots=True)
+class Send(PointToPoint):
+    name: ClassVar[str] = "send"
+
+
+@dataclass(frozen=True, slots=True)
+class Recv(PointToPoint):
+    name: ClassVar[str] = "recv"
+
+
+@dataclass(frozen=True, slots=True)
+class DestroyProcessGroup(Op):
+    """``destroy_process_group(group)``; the world handle tears down every group, as torch does."""
+
+    name: ClassVar[str] = "destroy_process_group"
+    group: str = WORLD
+
+
+@dataclass(frozen=True, slots=True)
+class Compute(Op):
+    """Local work that only advances this rank's clock."""
+
+    name: ClassVar[str] = "compute"
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Alloc(Op):
+    """A torch caching-allocator allocation on the current device (model weights, buffers)."""
+
+    name: ClassVar[str] = "alloc"
+    mib: float = 0.0
+    tag: str = "tensor"
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryCheck(Op):
+    """vLLM's startup check: ``requested = ceil(total * utilization)``; fails when free < requested."""
+
+    name: ClassVar[str] = "memory_check"
+    gpu_memory_utilization: float = 0.9
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint(Op):
+    """A named measurement point: the device's used/free memory as the rank passes it."""
+
+    name: ClassVar[str] = "checkpoint"
+    label: str = ""
+
+
+OP_TYPES: dict[str, type[Op]] = {
+    cls.name: cls
+    for cls in (
+        SetDevice,
+        InitProcessGroup,
+        NewGroup,
+        SplitGroup,
+        AllReduce,
+        Broadcast,
+        AllGather,
+        ReduceScatter,
+        AllToAll,
+        Barrier,
+        Send,
+        Recv,
+        DestroyProcessGroup,
+        Compute,
+        Alloc,
+        MemoryCheck,
+        Checkpoint,
+    )
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Program:
+    """One rank's ops, in order. Identical programs are one object shared by many ranks."""
+
+    ops: tuple[Op, ...] = field(default_factory=tuple)
+
+    def __len__(self) -> int:
+        return len(self.ops)
+
+    def to_list(self) -> list[dict[str, Any]]:
+        return [op.to_dict() for op in self.ops]
