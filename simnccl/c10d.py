@@ -157,7 +157,7 @@ def plan_init(
     options: PgOptions,
 ) -> GroupPlan:
     """``init_process_group``: the default group "0", every rank a member, no split source."""
-    config = resolve_backend(release, backend, ctx.env)
+    config = resolve_backend(release, backend, ctx.env, has_cuda=ctx.device_count > 0)
     bound = _validate_device_id(device_id, ctx)
     cuda = config.accelerator
     if cuda is not None:
@@ -235,7 +235,7 @@ def plan_new_group(
     if device_id is not None and device_id != world.bound_device:
         raise TorchError("AssertionError", MISMATCHED_BOUND_DEVICE)
     requested = backend if backend else world.backend.requested
-    config = resolve_backend(release, requested, ctx.env)
+    config = resolve_backend(release, requested, ctx.env, has_cuda=ctx.device_count > 0)
     _check_lazy_init_supported(release, options)
     timeout = timeout_s if timeout_s is not None else release.default_timeout_s(config.requested)
     if ranks is None:
@@ -256,6 +256,9 @@ def plan_new_group(
                     f"Rank {r} is out of range. Valid ranks are 0 to {ctx.world_size - 1} "
                     f"(world_size={ctx.world_size})",
                 )
+    if not members:
+        # l.2985/3027: an empty list reaches the helper as "the default group" after drawing a name.
+        raise TorchError("AssertionError", "Group rank must be specified for group members")
     member = ctx.rank in members
     if use_local_synchronization and not member:
         # l.7206: returns before _process_group_name, so the counter does not advance on non-members.
@@ -300,39 +303,46 @@ def _split_share_requested(env: Mapping[str, str], options: PgOptions) -> bool:
 def plan_split_group(
     release: Release,
     ctx: ProcessContext,
+    counter: int,
     parent: Group,
     split_ranks: tuple[tuple[int, ...], ...],
     options: PgOptions,
     group_desc: str | None,
     timeout_s: float | None,
 ) -> GroupPlan:
-    """``split_group`` (l.6783-7043): every parent rank calls it; the parent backend must support splitting."""
+    """``split_group`` (l.6783-7043): every parent rank calls it; the parent backend must support splitting.
+
+    Each rank validates the splits only up to its own (l.6972-6983); the name is the hashed name of its own
+    split in the given order (l.6989; ``split_ranks[0]`` for a rank in none), and every rank advances the
+    counter. A rank in no split still calls the backend's ``split``, which for NCCL is a NOCOLOR split.
+    """
     if not split_ranks:
         raise TorchError("ValueError", "split_ranks cannot be None or empty")
-    for split in split_ranks:
-        if not split:
-            raise TorchError("ValueError", "the split group cannot be empty")
-        if len(set(split)) != len(split):
-            raise TorchError("ValueError", "the split group cannot have duplicate ranks")
-    _check_lazy_init_supported(release, options)
     pair = parent.backend.for_device("cuda") or parent.backend.pairs[0]
     parent_comm = parent.comm_for(pair.device_type)
     if parent_comm is None or not lifecycle(parent_comm.impl).supports_splitting(parent_comm):
         raise TorchError("RuntimeError", NO_SPLIT_PARENT)
     my_parent_rank = parent.rank_in_group
-    mine = next((s for s in split_ranks if my_parent_rank in s), None)
+    mine = None
+    for split in split_ranks:
+        if not split:
+            raise TorchError("ValueError", "the split group cannot be empty")
+        if len(set(split)) != len(split):
+            raise TorchError("ValueError", "the split group cannot have duplicate ranks")
+        if my_parent_rank in split:
+            mine = split
+            break
+    _check_lazy_init_supported(release, options)
     timeout = timeout_s if timeout_s is not None else parent.timeout_s
-    flat = [r for s in split_ranks for r in s]
-    name = hashlib.sha1("_".join(map(str, flat)).encode(), usedforsecurity=False).hexdigest()
+    name = group_name_for(counter, mine if mine is not None else split_ranks[0], True)
     desc = group_desc or "undefined"
     if mine is None:
         return GroupPlan(name=name, desc=desc, ranks=(), member=False, backend=parent.backend, bound_device=None,
-                         timeout_s=timeout, options=options, nocolor_split_on=parent_comm, counter_advance=0)
+                         timeout_s=timeout, options=options, nocolor_split_on=parent_comm)
     members = tuple(parent.ranks[r] for r in mine)
     child_impl = Impl.NCCL2 if parent_comm.impl is Impl.NCCL_LAZY else parent_comm.impl
     comm = CommPlan(pair=DeviceBackend(pair.device_type, pair.name, child_impl), eager=True,
                     split_from=parent_comm, shared=_split_share_requested(ctx.env, options),
                     device=parent.bound_device, lazy_init=False)
     return GroupPlan(name=name, desc=desc, ranks=members, member=True, backend=parent.backend,
-                     bound_device=parent.bound_device, timeout_s=timeout, options=options, comms=(comm,),
-                     counter_advance=0)
+                     bound_device=parent.bound_device, timeout_s=timeout, options=options, comms=(comm,))

@@ -58,7 +58,9 @@ def _number(where: str, value: Any, *, positive: bool) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ClusterError(f"{where}: expected a number of MiB, got {value!r}")
     if value < 0 or (positive and value == 0):
-        raise ClusterError(f"{where}: expected a {'positive' if positive else 'non-negative'} number, got {value!r}")
+        raise ClusterError(
+            f"{where}: expected a {'positive' if positive else 'non-negative'} number, got {value!r}"
+        )
     return float(value)
 
 
@@ -74,7 +76,9 @@ def _parse_kind(file: str, key: str, table: Any) -> GpuKind:
         raise ClusterError(f"{where}: expected a table of {', '.join(_KIND_FIELDS)}, got {table!r}")
     unknown = sorted(set(table) - set(_KIND_FIELDS))
     if unknown:
-        raise ClusterError(f"{where}: unknown key(s) {', '.join(unknown)}; expected {', '.join(_KIND_FIELDS)}")
+        raise ClusterError(
+            f"{where}: unknown key(s) {', '.join(unknown)}; expected {', '.join(_KIND_FIELDS)}"
+        )
     missing = [name for name in _KIND_FIELDS if name not in table]
     if missing:
         raise ClusterError(f"{where}: missing key(s) {', '.join(missing)}")
@@ -161,7 +165,7 @@ class Cluster:
 
     Ranks are laid out node-major, as torchrun does: rank r lives on node ``r // ranks_per_node`` with local
     rank ``r % ranks_per_node``. ``ranks_per_node`` may differ from ``gpus_per_node`` (several processes per
-    GPU, or a CPU-only host with ``gpus_per_node=0``); which GPU a rank uses is the program's choice, not ours.
+    GPU, or a CPU-only host with ``gpus_per_node=0``); which GPU a rank uses is the program's choice.
     """
 
     gpu: GpuKind

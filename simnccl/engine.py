@@ -495,7 +495,7 @@ class Engine:
     def _op_new_group(self, rt: RankRuntime, op: NewGroup) -> Waiting | None:
         world = self._require_world(rt, op)
         plan = plan_new_group(
-            self.release, rt.ctx, world, rt.counter, op.ranks or None, op.backend, op.pg_options,
+            self.release, rt.ctx, world, rt.counter, op.ranks, op.backend, op.pg_options,
             op.use_local_synchronization, op.group_desc, op.device_id, op.timeout_s,
         )
         rt.counter += plan.counter_advance
@@ -514,8 +514,9 @@ class Engine:
         parent = self._resolve(rt, op.parent, op)
         if not isinstance(parent, Group):
             raise TorchError("RuntimeError", f"split_group: this rank is not a member of the parent {op.parent!r}")
-        plan = plan_split_group(self.release, rt.ctx, parent, op.split_ranks, op.pg_options, op.group_desc,
-                                op.timeout_s)
+        plan = plan_split_group(self.release, rt.ctx, rt.counter, parent, op.split_ranks, op.pg_options,
+                                op.group_desc, op.timeout_s)
+        rt.counter += plan.counter_advance
         if not plan.member:
             if op.bind:
                 # Frameworks keep a group only where they are members (``if rank in ranks: _TP = g``), so a

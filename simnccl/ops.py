@@ -40,6 +40,8 @@ class Op:
 
 
 def _plain(value: Any) -> Any:
+    if isinstance(value, PgOptions):
+        return value.to_dict()
     if isinstance(value, tuple):
         return [_plain(v) for v in value]
     return value
@@ -88,7 +90,7 @@ class NewGroup(Op):
     """
 
     name: ClassVar[str] = "new_group"
-    ranks: tuple[int, ...] = ()
+    ranks: tuple[int, ...] | None = None
     bind: str | None = None
     backend: str | None = None
     pg_options: PgOptions = NO_OPTIONS

@@ -215,7 +215,9 @@ class BackendConfig:
         return self.for_device("cuda")
 
 
-def resolve_backend(release: Release, requested: str | None, env: Mapping[str, str]) -> BackendConfig:
+def resolve_backend(
+    release: Release, requested: str | None, env: Mapping[str, str], *, has_cuda: bool = True
+) -> BackendConfig:
     """Parse a backend string the way torch's ``BackendConfig`` does (single names and ``dev:name`` lists).
 
     ``None`` is torch's "undefined": only the *available* accelerator's default backend, i.e. ``cuda:nccl`` on
@@ -225,7 +227,8 @@ def resolve_backend(release: Release, requested: str | None, env: Mapping[str, s
     text = "undefined" if requested is None else requested
     lowered = text.lower()
     if lowered == "undefined":
-        pairs = [("cuda", DEFAULT_DEVICE_BACKEND["cuda"])]  # probed: tests/test_torch_probes.py
+        device = "cuda" if has_cuda else "cpu"
+        pairs = [(device, DEFAULT_DEVICE_BACKEND[device])]  # probed: tests/test_torch_probes.py
     elif ":" not in lowered:
         if lowered not in DEVICE_CAPABILITY:
             raise ReleaseError(

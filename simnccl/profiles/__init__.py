@@ -53,9 +53,10 @@ class CommCosts:
     ``default_nchannels``. ``first_collective_mib``: connection buffers NCCL allocates at the communicator's
     first collective (NCCL_RUNTIME_CONNECT=1, the default). ``split_shared_*``: the same two steps for a split
     child under NCCL_COMM_SPLIT_SHARE_RESOURCES=1 / ``config.split_share``. ``p2p_pair_mib``: a 2-rank pair
-    communicator created lazily for an unbatched send/recv, init and connect together. ``single_rank_init_mib``:
-    a 1-rank communicator. ``process_first_comm_mib``: a one-time per-process NCCL overhead, charged with the
-    process's first communicator. ``init_mib_at_max_nchannels``: measured init figures at NCCL_MAX_NCHANNELS=n.
+    communicator created lazily for an unbatched send/recv, init and connect together.
+    ``single_rank_init_mib``: a 1-rank communicator. ``process_first_comm_mib``: a one-time per-process NCCL
+    overhead, charged with the process's first communicator. ``init_mib_at_max_nchannels``: measured init
+    figures at NCCL_MAX_NCHANNELS=n.
     """
 
     init_mib: float
@@ -208,7 +209,10 @@ def _parse_timing(r: _Reader, value: Any) -> Timing:
     table = r.table("timing", value, _TIMING_KEYS, _TIMING_KEYS)
     # Bandwidth divides message sizes: zero would mean an infinite collective.
     return Timing(
-        **{name: r.number(f"timing.{name}", table[name], positive=name == "bus_bandwidth_gbps") for name in _TIMING_KEYS}
+        **{
+            name: r.number(f"timing.{name}", table[name], positive=name == "bus_bandwidth_gbps")
+            for name in _TIMING_KEYS
+        }
     )
 
 
@@ -295,7 +299,9 @@ def _load_builtin() -> dict[str, Profile]:
         stem = resource.name.removesuffix(".toml")
         if profile.name != stem:
             # get_profile(name) must find the file a reader would open.
-            raise ProfileError(f"{profile.path}: name: expected {stem!r} (the file name), got {profile.name!r}")
+            raise ProfileError(
+                f"{profile.path}: name: expected {stem!r} (the file name), got {profile.name!r}"
+            )
         profiles[profile.name] = profile
     return profiles
 
@@ -339,5 +345,5 @@ def get_profile(name_or_path: str | os.PathLike[str]) -> Profile:
     if text.endswith(".toml") or os.sep in text:
         return load_profile(text)
     raise ProfileError(
-        f"unknown profile {text!r}; expected a built-in name ({', '.join(profiles)}) or a path to a .toml file"
+        f"unknown profile {text!r}; expected a built-in name ({', '.join(profiles)}) or a .toml file path"
     )

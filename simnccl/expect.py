@@ -1,0 +1,69 @@
+"""Checking a scenario's ``[[expect]]`` tables against a variant's result.
+
+Each check says what it compared and by how much it missed, because a CI log line "expectation failed" is
+useless; "n0:cuda:1 at after_new_groups: 2103.4 MiB above after_init, expected 2080 ± 1%" is a diagnosis.
+"""
+
+from __future__ import annotations
+
+from simnccl.result import ExpectationResult, VariantResult
+from simnccl.scenario import Expectation
+
+DEFAULT_TOLERANCE_PCT = 1.0
+
+
+def check(expectation: Expectation, variant: VariantResult) -> list[ExpectationResult]:
+    results: list[ExpectationResult] = []
+    key = expectation.key
+    if expectation.verdict is not None:
+        ok = variant.verdict == expectation.verdict
+        results.append(ExpectationResult(key, ok, f"verdict {variant.verdict!r}, expected {expectation.verdict!r}"))
+    if expectation.used_mib is not None:
+        results.extend(_check_memory(expectation, variant))
+    if expectation.error_contains is not None:
+        texts = [f"{e['type']}: {e['message']}" for e in variant.outcome.errors]
+        texts += [h["explanation"] for h in variant.outcome.hangs]
+        ok = any(expectation.error_contains in t for t in texts)
+        shown = texts[0].splitlines()[0] if texts else "no error or hang"
+        results.append(ExpectationResult(
+            key, ok, f"error text {'contains' if ok else 'lacks'} {expectation.error_contains!r} (first: {shown})"
+        ))
+    if expectation.hang_ranks is not None:
+        hung = sorted(h["rank"] for h in variant.outcome.hangs)
+        ok = hung == sorted(expectation.hang_ranks)
+        results.append(ExpectationResult(key, ok, f"hung ranks {hung}, expected {sorted(expectation.hang_ranks)}"))
+    return results
+
+
+def _check_memory(expectation: Expectation, variant: VariantResult) -> list[ExpectationResult]:
+    key = expectation.key
+    assert expectation.checkpoint is not None and expectation.used_mib is not None
+    at = variant.checkpoint_used_mib(expectation.checkpoint)
+    if at is None:
+        return [ExpectationResult(key, False, f"checkpoint {expectation.checkpoint!r} was never reached")]
+    base: dict[str, float] | None = None
+    if expectation.baseline is not None:
+        base = variant.checkpoint_used_mib(expectation.baseline)
+        if base is None:
+            return [ExpectationResult(key, False, f"baseline checkpoint {expectation.baseline!r} was never reached")]
+    devices = list(expectation.devices) or sorted(at)
+    results = []
+    for device in devices:
+        if device not in at:
+            results.append(ExpectationResult(key, False, f"{device} has no measurement at {expectation.checkpoint!r}"))
+            continue
+        value = at[device] - (base.get(device, 0.0) if base is not None else 0.0)
+        expected = expectation.used_mib
+        if expectation.tolerance_mib is not None:
+            allowed = expectation.tolerance_mib
+            tol_text = f"± {allowed:g} MiB"
+        else:
+            pct = expectation.tolerance_pct if expectation.tolerance_pct is not None else DEFAULT_TOLERANCE_PCT
+            allowed = abs(expected) * pct / 100
+            tol_text = f"± {pct:g}%"
+        ok = abs(value - expected) <= allowed + 1e-9
+        what = f"above {expectation.baseline!r}" if base is not None else "used"
+        results.append(ExpectationResult(
+            key, ok, f"{device} at {expectation.checkpoint!r}: {value:.1f} MiB {what}, expected {expected:g} {tol_text}"
+        ))
+    return results

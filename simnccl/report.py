@@ -1,0 +1,66 @@
+"""Human-readable output: one table per variant (memory per device at each checkpoint), verdicts, hangs.
+
+rich renders it; the same content is in the JSON, so nothing here is the only place a fact appears.
+"""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from simnccl.memory import to_mib
+from simnccl.result import ScenarioResult, VariantResult
+
+VERDICT_STYLE = {"pass": "green", "fail": "red", "hang": "yellow", "error": "red"}
+
+
+def print_result(result: ScenarioResult, console: Console | None = None) -> None:
+    console = console or Console()
+    console.print(f"[bold]{result.scenario}[/bold]  ({result.source})  seed={result.seed}  "
+                  f"trace={result.trace_hash[:16]}")
+    for variant in result.variants:
+        _print_variant(console, variant)
+    summary = "all expectations hold" if result.ok else "EXPECTATIONS FAILED"
+    console.print(Text(summary, style="green" if result.ok else "bold red"))
+
+
+def _print_variant(console: Console, variant: VariantResult) -> None:
+    outcome = variant.outcome
+    style = VERDICT_STYLE.get(outcome.verdict, "")
+    env = " ".join(f"{k}={v}" for k, v in sorted(variant.env.items())) or "(default env)"
+    title = Text.assemble(
+        (f"{variant.name}", "bold"), f"  torch {variant.torch_version}  {env}  profile {variant.profile}  → ",
+        (outcome.verdict.upper(), style),
+    )
+    table = Table(title=title, title_justify="left", show_lines=False)
+    table.add_column("checkpoint")
+    devices = sorted({d for snaps in outcome.checkpoints.values() for d in snaps})
+    for device in devices:
+        table.add_column(f"{device} used MiB", justify="right")
+        table.add_column("Δ", justify="right")
+    previous: dict[str, float] = {}
+    for label, snaps in outcome.checkpoints.items():
+        row = [label]
+        for device in devices:
+            snap = snaps.get(device)
+            if snap is None:
+                row += ["-", ""]
+                continue
+            used = to_mib(snap.used_bytes)
+            delta = used - previous[device] if device in previous else None
+            row += [f"{used:,.1f}", "" if delta is None else f"{delta:+,.1f}"]
+            previous[device] = used
+        table.add_row(*row)
+    console.print(table)
+    for hang in outcome.hangs:
+        console.print(Text(
+            f"  hang: rank {hang['rank']} in {hang['op']} ({hang['kind']} {hang['seq']} on group "
+            f"{hang['group']!r}), waiting for {hang['waiting_for']}: {hang['explanation']}", style="yellow",
+        ))
+    for error in outcome.errors:
+        first = error["message"].splitlines()[-1] if error["message"] else ""
+        console.print(Text(f"  {error['kind']}: rank {error['rank']} in {error['op']}: {error['type']}: {first}",
+                           style="red"))
+    for e in variant.expectations:
+        console.print(Text(f"  {'ok  ' if e.ok else 'FAIL'} {e.key}: {e.message}", style="" if e.ok else "red"))

@@ -1,0 +1,156 @@
+"""The result of running a scenario: one record per variant, and its documented JSON form.
+
+Other tools script against the JSON, so its shape is a contract (``SCHEMA_VERSION``; see README "Result
+JSON"). Top level: ``schema``, ``scenario``, ``source``, ``seed``, ``trace_hash`` (over every variant),
+``ok`` (every expectation held) and ``variants``. Each variant: ``name``, ``verdict``
+(pass | fail | hang | error), ``release``, ``torch_version``, ``profile``, ``env``, ``policy``,
+``checkpoints`` (``[{"name", "devices": [{"device", "used_mib", "free_mib", "time_s"}]}]``),
+``devices`` (peak and owner attribution per device), ``groups``, ``hangs``
+(``[{"rank", "op", "group", "seq", "waiting_for", ...}]``), ``errors``, ``expectations``, ``event_count``,
+``trace_hash``, ``end_time_s``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from simnccl.engine import RunOutcome
+from simnccl.memory import to_mib
+
+SCHEMA_VERSION = 1
+
+
+@dataclass(slots=True)
+class ExpectationResult:
+    key: str
+    ok: bool
+    message: str
+
+
+@dataclass(slots=True)
+class VariantResult:
+    name: str
+    description: str
+    release: str
+    torch_version: str
+    profile: str
+    env: dict[str, str]
+    policy: str
+    outcome: RunOutcome
+    expectations: list[ExpectationResult] = field(default_factory=list)
+
+    @property
+    def verdict(self) -> str:
+        return self.outcome.verdict
+
+    @property
+    def ok(self) -> bool:
+        return all(e.ok for e in self.expectations)
+
+    def checkpoint_used_mib(self, checkpoint: str) -> dict[str, float] | None:
+        snaps = self.outcome.checkpoints.get(checkpoint)
+        if snaps is None:
+            return None
+        return {device: to_mib(s.used_bytes) for device, s in sorted(snaps.items())}
+
+    def to_dict(self) -> dict[str, Any]:
+        outcome = self.outcome
+        return {
+            "name": self.name,
+            "description": self.description,
+            "verdict": outcome.verdict,
+            "ok": self.ok,
+            "release": self.release,
+            "torch_version": self.torch_version,
+            "profile": self.profile,
+            "policy": self.policy,
+            "env": dict(sorted(self.env.items())),
+            "checkpoints": [
+                {
+                    "name": label,
+                    "devices": [
+                        {"device": device, "used_mib": _r(to_mib(s.used_bytes)), "free_mib": _r(to_mib(s.free_bytes)),
+                         "time_s": _r(s.time_s)}
+                        for device, s in sorted(snaps.items())
+                    ],
+                }
+                for label, snaps in outcome.checkpoints.items()
+            ],
+            "devices": [
+                {
+                    "device": ledger.device,
+                    "total_mib": _r(to_mib(ledger.total_bytes)),
+                    "used_mib": _r(to_mib(ledger.used_bytes)),
+                    "peak_mib": _r(to_mib(ledger.peak_bytes)),
+                    "peak_by_owner_mib": {k: _r(to_mib(v)) for k, v in ledger.peak_by_owner_kind.items()},
+                    "end_by_group_mib": {k: _r(to_mib(v)) for k, v in sorted(ledger.used_by_group().items())},
+                }
+                for ledger in outcome.ledgers.values()
+                if ledger.timeline
+            ],
+            "groups": [
+                {
+                    "name": record.name,
+                    "desc": record.desc,
+                    "ranks": list(record.ranks),
+                    "implementation": record.impl,
+                    "via_split": record.via_split,
+                    "members": [
+                        {
+                            "rank": rank,
+                            "device": info["device"],
+                            "mib": _r(to_mib(info["bytes"])),
+                            "allocated_at_s": {phase: _r(t) for phase, t in info["phases"].items()},
+                        }
+                        for rank, info in sorted(record.members.items())
+                    ],
+                }
+                for record in outcome.groups.values()
+            ],
+            "hangs": outcome.hangs,
+            "errors": outcome.errors,
+            "expectations": [{"key": e.key, "ok": e.ok, "message": e.message} for e in self.expectations],
+            "event_count": outcome.event_count,
+            "trace_hash": outcome.trace_hash,
+            "end_time_s": _r(outcome.end_time_s),
+        }
+
+
+@dataclass(slots=True)
+class ScenarioResult:
+    scenario: str
+    source: str
+    seed: int
+    variants: list[VariantResult]
+
+    @property
+    def ok(self) -> bool:
+        return all(v.ok for v in self.variants)
+
+    @property
+    def trace_hash(self) -> str:
+        digest = hashlib.blake2b(digest_size=16)
+        for v in self.variants:
+            digest.update(f"{v.name}:{v.outcome.trace_hash};".encode())
+        return digest.hexdigest()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA_VERSION,
+            "scenario": self.scenario,
+            "source": self.source,
+            "seed": self.seed,
+            "trace_hash": self.trace_hash,
+            "ok": self.ok,
+            "variants": [v.to_dict() for v in self.variants],
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, default=str)
+
+
+def _r(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)

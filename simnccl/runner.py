@@ -1,0 +1,49 @@
+"""Run a scenario: every variant (or one) through the engine, then its expectations.
+
+Why a separate module: the CLI, the tests and the real tier's ``compare`` all need "scenario in, result
+out" without the CLI's printing or exit codes.
+"""
+
+from __future__ import annotations
+
+from simnccl.engine import Engine, Limits, SimConfig
+from simnccl.expect import check
+from simnccl.release import get_release
+from simnccl.result import ScenarioResult, VariantResult
+from simnccl.scenario import Scenario, Variant
+
+
+def config_for(scenario: Scenario, variant: Variant, limits: Limits | None = None) -> SimConfig:
+    return SimConfig(
+        cluster=scenario.cluster,
+        release=get_release(variant.release),
+        profile=variant.profile,
+        programs=scenario.programs,
+        env=variant.env,
+        launcher=scenario.launcher,
+        seed=scenario.seed,
+        limits=limits or Limits(),
+    )
+
+
+def run_variant(scenario: Scenario, variant: Variant, *, keep_trace: bool = False,
+                limits: Limits | None = None) -> VariantResult:
+    outcome = Engine(config_for(scenario, variant, limits), keep_trace=keep_trace).run()
+    result = VariantResult(
+        name=variant.name, description=variant.description, release=variant.release,
+        torch_version=get_release(variant.release).version, profile=variant.profile.name, env=dict(variant.env),
+        policy=variant.policy, outcome=outcome,
+    )
+    for expectation in scenario.expectations:
+        if variant.name in expectation.variants:
+            result.expectations.extend(check(expectation, result))
+    return result
+
+
+def run_scenario(scenario: Scenario, variants: list[str] | None = None, *, keep_trace: bool = False,
+                 limits: Limits | None = None) -> ScenarioResult:
+    chosen = [scenario.variant(n) for n in variants] if variants else list(scenario.variants)
+    return ScenarioResult(
+        scenario=scenario.name, source=scenario.source, seed=scenario.seed,
+        variants=[run_variant(scenario, v, keep_trace=keep_trace, limits=limits) for v in chosen],
+    )
