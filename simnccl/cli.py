@@ -40,8 +40,9 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     paths = [Path(p) for p in args.scenarios] or [builtin_scenario_dir() / DEFAULT_SCENARIO]
-    console = Console(stderr=False)
-    err = Console(stderr=True)
+    # Tables are wider than 80 columns; when output is captured (CI logs) don't wrap them.
+    console = Console(stderr=False, width=None if sys.stdout.isatty() else 160)
+    err = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
     results = []
     try:
         scenarios = [load_scenario(p) for p in paths]
