@@ -432,6 +432,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--sizes", default=None, help="comma-separated world sizes (default 512,4096,16384)")
     parser.add_argument("--budget", action="append", default=[], metavar="W=S",
                         help="wall budget in seconds for size W (repeatable)")
+    parser.add_argument("--dims", default=None, metavar="TP,CP,PP,EP",
+                        help="parallel sizes (default 8,2,4,8); small ones make tiny worlds possible")
     parser.add_argument("--mem-cap-gib", type=float, default=DEFAULT_MEM_CAP_GIB,
                         help="RSS cap per run; a run past it is reported as over budget")
     args = parser.parse_args(argv)
@@ -444,6 +446,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         w, _, s = item.partition("=")
         budgets[int(w)] = float(s)
     mem_cap = int(args.mem_cap_gib * 2**30)
+    dims = Dims()
+    if args.dims:
+        tp, cp, pp, ep = (int(x) for x in args.dims.split(","))
+        dims = Dims(tp=tp, cp=cp, pp=pp, ep=ep)
 
     print(f"simnccl engine benchmark: {GPU}, torch {RELEASE}, python {sys.version.split()[0]}, "
           f"simpy {simpy.__version__}", flush=True)
@@ -451,7 +457,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     results: dict[int, SizeResult] = {}
     for world in sizes:
         print(f"W={world}: running (budget {budgets.get(world, 300.0):g} s) ...", flush=True)
-        results[world] = run_size(world, budgets.get(world, 300.0), mem_cap)
+        results[world] = run_size(world, budgets.get(world, 300.0), mem_cap, dims)
     w512 = results.get(512)
     ratio = w512.ops_per_s / baseline.events_per_s if w512 is not None and w512.finished else math.nan
     print_table(baseline, list(results.values()), ratio)

@@ -301,6 +301,8 @@ class Engine:
             problem = self._disagreement(meeting, first, meeting.arrivals[rt.rank])
             if problem:
                 meeting.problem = problem
+                if meeting.abort_on_mismatch:
+                    self._abort_meeting(meeting, problem)
         if meeting.problem is None and len(meeting.arrivals) == len(meeting.expected):
             self._complete(meeting, duration(meeting))
 
@@ -322,6 +324,15 @@ class Engine:
                     f"rank {first.rank} {a[0]} of {a[1]} bytes ({a[2]}), rank {this.rank} {b[1]} bytes ({b[2]})")
         return None
 
+    def _abort_meeting(self, meeting: Meeting, problem: str) -> None:
+        """gloo enforces sizes: a mismatched collective aborts every process already in it, and later ones."""
+        meeting.fatal = (
+            "terminate called after throwing an instance of 'gloo::EnforceNotMet'\n  what():  Received data size "
+            f"doesn't match expected size. Is there a distributed collective mismatch in your code? ({problem})"
+        )
+        self._record(self.env.now, "abort-meeting", meeting.key)
+        meeting.result.succeed()
+
     def _complete(self, meeting: Meeting, duration_s: float) -> None:
         done_at = max(self.env.now, meeting.ready_time()) + duration_s
         meeting.completed_at = done_at
@@ -331,13 +342,14 @@ class Engine:
         self.env.timeout(delay).callbacks.append(lambda _ev: event.succeed())
 
     def _wait(self, rt: RankRuntime, meeting: Meeting, op: Op) -> Waiting:
-        if meeting.complete and meeting.completed_at <= self.env.now:
-            return
-        rt.status = "blocked"
-        rt.block = Block(op, rt.pc, _handle_of(op), meeting, self.env.now)
-        yield meeting.result
-        rt.status = "running"
-        rt.block = None
+        if not (meeting.complete and meeting.completed_at <= self.env.now) and meeting.fatal is None:
+            rt.status = "blocked"
+            rt.block = Block(op, rt.pc, _handle_of(op), meeting, self.env.now)
+            yield meeting.result
+            rt.status = "running"
+            rt.block = None
+        if meeting.fatal is not None:
+            raise _ProcessAbort(meeting.fatal)
 
     def _settle(self, rt: RankRuntime) -> Waiting:
         """Wait for this rank's run-ahead NOCOLOR splits before it does anything observable."""
@@ -747,6 +759,7 @@ class Engine:
         comm.seq += 1
         members = self._comm_members.setdefault(comm.comm_id, target.ranks)
         meeting = self._open(("coll", comm.comm_id, comm.seq), "collective", target.name, comm.seq, members)
+        meeting.abort_on_mismatch = comm.impl is Impl.GLOO
         self._arrive(meeting, rt, (op.name, op.size_bytes, op.dtype), op, duration=self._collective_s)
         yield from self._wait(rt, meeting, op)
         self._record(self.env.now, rt.rank, op.name, target.name, comm.seq)

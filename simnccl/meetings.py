@@ -33,6 +33,8 @@ class Meeting:
     expected: tuple[int, ...]
     arrivals: dict[int, Arrival] = field(default_factory=dict)
     problem: str | None = None
+    fatal: str | None = None  # a mismatch the backend turns into a process abort (gloo), not a hang
+    abort_on_mismatch: bool = False
     completed_at: float | None = None
     result: Any = None
     waiters: list[Any] = field(default_factory=list)

@@ -156,8 +156,10 @@ def test_measured_figure_applies_only_at_its_own_cap() -> None:
     profile = get_profile("rtx3060-sglang35538")
     comm = profile.comm
     at_one = profile.costs_for_env({"NCCL_MAX_NCHANNELS": "1"})
-    # The measured value replaces init only; the rest still scale by 1/default.
-    assert at_one.single_rank_init_mib == pytest.approx(comm.single_rank_init_mib / comm.default_nchannels)
+    # The measured value (taken on single-rank groups) replaces both init figures; the rest scale by 1/default.
+    assert at_one.init_mib == pytest.approx(10.0)
+    assert at_one.single_rank_init_mib == pytest.approx(10.0)
+    assert at_one.first_collective_mib == pytest.approx(comm.first_collective_mib / comm.default_nchannels)
     at_two = profile.costs_for_env({"NCCL_MAX_NCHANNELS": "2"})
     assert at_two.init_mib == pytest.approx(comm.init_mib * 2 / comm.default_nchannels)
 

@@ -116,7 +116,8 @@ class Profile:
     def costs_for_env(self, env: Mapping[str, str]) -> CommCosts:
         """The costs in effect under ``env``'s NCCL_MAX_NCHANNELS (memory is linear in the channel count).
 
-        A measured figure at exactly that cap replaces ``init_mib``; everything else scales by
+        A measured figure at exactly that cap replaces ``init_mib`` and ``single_rank_init_mib`` (the figures
+        published so far were measured on single-rank groups, sglang#35538); everything else scales by
         ``min(n, default_nchannels) / default_nchannels`` (a cap above the default changes nothing).
         """
         raw = env.get(MAX_NCHANNELS_ENV)
@@ -135,6 +136,7 @@ class Profile:
         measured = self.comm.init_mib_at_max_nchannels.get(requested)
         if measured is not None:
             scaled["init_mib"] = measured
+            scaled["single_rank_init_mib"] = measured
         return replace(self.comm, default_nchannels=effective, **scaled)
 
 

@@ -1,0 +1,110 @@
+"""The engine benchmark's program builder, checks and output format, at a tiny world (no timing assertions)."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+from simnccl.engine import Engine
+from simnccl.ops import AllReduce, Checkpoint, InitProcessGroup, NewGroup, SetDevice
+
+_PATH = Path(__file__).resolve().parent.parent / "benchmarks" / "engine.py"
+
+
+def _load_benchmark():
+    spec = importlib.util.spec_from_file_location("simnccl_benchmark_engine", _PATH)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses resolve annotations through sys.modules
+    spec.loader.exec_module(module)
+    return module
+
+
+bench = _load_benchmark()
+WORLD = 32
+DIMS = bench.Dims(tp=2, cp=2, pp=2, ep=2, optimizer_instances=2)  # dp=4, expert-dp=8
+
+
+@pytest.fixture(scope="module")
+def startup():
+    return bench.build_startup(WORLD, DIMS)
+
+
+def test_program_is_one_shared_object_with_every_call(startup) -> None:
+    ops = startup.program.ops
+    assert isinstance(ops[0], SetDevice) and isinstance(ops[1], InitProcessGroup)
+    new_groups = [op for op in ops if isinstance(op, NewGroup)]
+    assert len(new_groups) == startup.new_group_calls
+    assert startup.new_group_calls == sum(len(p.groups) for p in startup.partitions)
+    assert [op.group for op in ops if isinstance(op, AllReduce)] == ["tp", "dp"]
+    assert isinstance(ops[-1], Checkpoint)
+    config = bench.make_config(startup, wall_s=60.0)
+    assert all(p is startup.program for p in config.programs)
+
+
+def test_each_rank_is_a_member_of_one_group_per_covering_partition(startup) -> None:
+    new_groups = [op for op in startup.program.ops if isinstance(op, NewGroup)]
+    stage = {r: r // (WORLD // DIMS.pp) for r in range(WORLD)}
+    for rank in range(WORLD):
+        counted = sum(rank in op.ranks for op in new_groups)
+        assert counted == startup.memberships[rank]
+        # One group of every partition, except embedding (first and last stage) and position embedding (first).
+        expected = len(startup.partitions) - 2
+        expected += stage[rank] in (0, DIMS.pp - 1)
+        expected += stage[rank] == 0
+        assert counted == expected
+        singles = sum(rank in op.ranks for op in new_groups if len(op.ranks) == 1)
+        assert singles == startup.singleton_memberships[rank]
+    for part in startup.partitions:
+        if part.bind in ("embedding", "position_embedding"):
+            continue
+        covered = sorted(r for g in part.groups for r in g)
+        assert covered == list(range(WORLD)), part.bind
+
+
+def test_default_layout_at_512_matches_the_brief() -> None:
+    big = bench.build_startup(512)
+    assert big.new_group_calls == 2765
+    assert 20 <= min(big.memberships) <= max(big.memberships) <= 22
+
+
+def test_engine_run_passes_and_memory_matches(startup) -> None:
+    config = bench.make_config(startup, wall_s=60.0)
+    outcome = Engine(config).run()
+    assert outcome.verdict == "pass"
+    assert bench.check_outcome(startup, config, outcome) == []
+    assert outcome.ops_executed == WORLD * len(startup.program)
+
+
+def test_check_outcome_catches_a_wrong_expectation(startup) -> None:
+    config = bench.make_config(startup, wall_s=60.0)
+    outcome = Engine(config).run()
+    wrong = bench.Startup(startup.world, startup.program, startup.partitions, startup.new_group_calls,
+                          tuple(m + 1 for m in startup.memberships), startup.singleton_memberships)
+    assert bench.check_outcome(wrong, config, outcome)
+
+
+def test_last_line_round_trips() -> None:
+    ok = bench.SizeResult(512, 300.0, "ok", wall_s=1.25)
+    over = bench.SizeResult(4096, 120.0, "budget")
+    line = bench.last_line(0.5, {512: ok, 4096: over})
+    assert line == "ratio=0.5000 w512_s=1.250 w4096_s=>120 w16384_s=nan"
+    parsed = bench.parse_last_line(line)
+    assert parsed["ratio"] == 0.5 and parsed["w512_s"] == 1.25 and parsed["w4096_s"] == ">120"
+    assert math.isnan(parsed["w16384_s"])
+    with pytest.raises(ValueError):
+        bench.parse_last_line("ratio=1 w512_s=2")
+
+
+def test_main_prints_a_parsable_last_line(capsys) -> None:
+    rc = bench.main(["--quick", "--sizes", "32", "--dims", "2,2,2,2", "--budget", "32=60"])
+    out = capsys.readouterr().out.strip().splitlines()
+    assert rc == 0
+    assert any(line.split()[:1] == ["32"] and line.rstrip().endswith("ok") for line in out)
+    parsed = bench.parse_last_line(out[-1])
+    assert set(parsed) == {"ratio", "w512_s", "w4096_s", "w16384_s"}
+    assert all(math.isnan(v) for v in parsed.values())  # W=512 and the big sizes were not run
