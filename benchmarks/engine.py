@@ -8,8 +8,8 @@ What is measured, all in ONE process (so that the ratio cancels out the machine)
    throughput is ``simpy_events_per_s = P * N / wall``. It is the floor of what any simpy engine can do per
    scheduled event on this machine and interpreter.
 2. **The simnccl engine** on a synthetic Megatron-style startup at world size W (W/8 nodes of 8 H100-80GB,
-   torch 2.15, the built-in h100-80gb profile). Every rank issues EVERY ``new_group`` call of every partition —
-   tp (8, contiguous), cp, dp, pp (strided), dp-cp, tp-cp, tp-pp, tp-dp-cp, tp-dp, the distributed optimizer's
+   torch 2.15, the built-in h100-80gb profile). Every rank issues EVERY ``new_group`` call of every
+   partition — tp (8, contiguous), cp, dp, pp (strided), dp-cp, tp-cp, tp-pp, tp-dp-cp, tp-dp, the optimizer's
    intra/inter dp split, embedding pairs, position-embedding singletons, ep, expert-tp (singletons with
    etp=1), tp-ep, tp-ep-pp, expert-dp, plus duplicates (a second tp, a cp-a2a that equals cp), an all-ranks
    group and a singleton per rank. The program is built once and the same ``Program`` object is given to every
@@ -18,10 +18,11 @@ What is measured, all in ONE process (so that the ratio cancels out the machine)
 
 Figures (per size):
 
-* ``ops/s`` = ``outcome.ops_executed / wall`` — program ops executed over all ranks per wall second, member or
-  not (a non-member ``new_group`` counts as one op). ``wall`` covers ``Engine(...)`` plus ``run()``; building the
-  shared program is timed separately.
-* ``memberships/s`` = (sum over ranks of the groups the rank is a member of, excluding the default group) / wall.
+* ``ops/s`` = ``outcome.ops_executed / wall`` — program ops executed over all ranks per wall second, member
+  or not (a non-member ``new_group`` counts as one op). ``wall`` covers ``Engine(...)`` plus ``run()``;
+  building the shared program is timed separately.
+* ``memberships/s`` = (sum over ranks of the groups the rank is a member of, not counting the default
+  group) / wall.
 * ``events`` = ``outcome.event_count`` (the engine's recorded trace events; reported, not used in the ratio).
 
 **Ratio** (``ratio=`` on the last line): ``engine ops/s at W=512 / raw simpy events/s``. 1.0 would mean an op
@@ -39,7 +40,8 @@ The LAST line is exactly::
     ratio=<r> w512_s=<s> w4096_s=<s> w16384_s=<s>
 
 ``<s>`` is the wall seconds of a finished run (3 decimals); ``>B`` means the size hit its budget of B seconds
-(wall or memory guard) and did not finish; ``nan`` means the size was not attempted (``--quick``, ``--sizes``).
+(wall or memory guard) and did not finish; ``nan`` means the size was not attempted (``--quick``,
+``--sizes``).
 ``ratio`` is ``nan`` unless W=512 finished.
 """
 
@@ -101,7 +103,9 @@ class Dims:
         if world % dense or world % (self.ep * self.pp) or world % GPUS_PER_NODE:
             raise ValueError(f"world {world} is not divisible by tp*cp*pp={dense}, ep*pp and {GPUS_PER_NODE}")
         if self.dp(world) % self.optimizer_instances:
-            raise ValueError(f"dp={self.dp(world)} is not divisible by {self.optimizer_instances} optimizer instances")
+            raise ValueError(
+                f"dp={self.dp(world)} is not divisible by {self.optimizer_instances} optimizer instances"
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,12 +240,16 @@ def check_outcome(startup: Startup, config: SimConfig, outcome: RunOutcome) -> l
     for rt in outcome.ranks:
         joined = len(rt.groups) - 1  # rt.groups holds the default group too
         if joined != startup.memberships[rt.rank]:
-            problems.append(f"rank {rt.rank} joined {joined} groups, builder expects {startup.memberships[rt.rank]}")
+            problems.append(
+                f"rank {rt.rank} joined {joined} groups, builder expects {startup.memberships[rt.rank]}"
+            )
         device = config.cluster.device(config.cluster.node_of(rt.rank), config.cluster.local_rank(rt.rank))
         ledger = outcome.ledgers[device.key]
         want = context + expected_comm_bytes(startup, config.profile, rt.rank)
         if ledger.used_bytes != want:
-            problems.append(f"rank {rt.rank} on {device.key}: {ledger.used_bytes} bytes used, expected {want}")
+            problems.append(
+                f"rank {rt.rank} on {device.key}: {ledger.used_bytes} bytes used, expected {want}"
+            )
         if len(problems) > 10:
             problems.append("... (stopped after 10)")
             break
@@ -408,19 +416,25 @@ def _fmt(x: float, spec: str) -> str:
 
 
 def print_table(baseline: Baseline, results: list[SizeResult], ratio: float) -> None:
-    print(f"raw simpy: {baseline.processes} processes x {baseline.events_each} timeout(0) = "
-          f"{baseline.events:,} events in {baseline.wall_s:.3f} s -> {baseline.events_per_s:,.0f} events/s")
-    header = (f"{'W':>6} {'calls/rank':>10} {'memberships':>11} {'ops':>12} {'events':>10} {'build_s':>8} "
-              f"{'wall_s':>9} {'ops/s':>10} {'member/s':>9} {'ops/s:simpy':>11}  status")
+    print(
+        f"raw simpy: {baseline.processes} processes x {baseline.events_each} timeout(0) = "
+        f"{baseline.events:,} events in {baseline.wall_s:.3f} s -> {baseline.events_per_s:,.0f} events/s"
+    )
+    header = (
+        f"{'W':>6} {'calls/rank':>10} {'memberships':>11} {'ops':>12} {'events':>10} {'build_s':>8} "
+        f"{'wall_s':>9} {'ops/s':>10} {'member/s':>9} {'ops/s:simpy':>11}  status"
+    )
     print(header)
     print("-" * len(header))
     for r in results:
         rel = r.ops_per_s / baseline.events_per_s
         wall = _fmt(r.wall_s, ".3f") if r.finished else f">{r.budget_s:g}"
-        print(f"{r.world:>6} {r.calls_per_rank:>10,} {r.memberships:>11,} {r.ops:>12,} {r.events:>10,} "
-              f"{r.build_s:>8.3f} {wall:>9} {_fmt(r.ops_per_s, ',.0f'):>10} "
-              f"{_fmt(r.memberships_per_s, ',.0f'):>9} {_fmt(rel, '.4f'):>11}  {r.status}"
-              + (f" ({r.note})" if r.note else ""))
+        print(
+            f"{r.world:>6} {r.calls_per_rank:>10,} {r.memberships:>11,} {r.ops:>12,} {r.events:>10,} "
+            f"{r.build_s:>8.3f} {wall:>9} {_fmt(r.ops_per_s, ',.0f'):>10} "
+            f"{_fmt(r.memberships_per_s, ',.0f'):>9} {_fmt(rel, '.4f'):>11}  {r.status}"
+            + (f" ({r.note})" if r.note else "")
+        )
         for p in r.problems:
             print(f"       FAIL: {p}")
     print(f"ratio = engine ops/s at W=512 / raw simpy events/s = {_fmt(ratio, '.4f')}")
@@ -430,12 +444,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="W=512 only, small baseline")
     parser.add_argument("--sizes", default=None, help="comma-separated world sizes (default 512,4096,16384)")
-    parser.add_argument("--budget", action="append", default=[], metavar="W=S",
-                        help="wall budget in seconds for size W (repeatable)")
-    parser.add_argument("--dims", default=None, metavar="TP,CP,PP,EP",
-                        help="parallel sizes (default 8,2,4,8); small ones make tiny worlds possible")
-    parser.add_argument("--mem-cap-gib", type=float, default=DEFAULT_MEM_CAP_GIB,
-                        help="RSS cap per run; a run past it is reported as over budget")
+    parser.add_argument(
+        "--budget",
+        action="append",
+        default=[],
+        metavar="W=S",
+        help="wall budget in seconds for size W (repeatable)",
+    )
+    parser.add_argument(
+        "--dims",
+        default=None,
+        metavar="TP,CP,PP,EP",
+        help="parallel sizes (default 8,2,4,8); small ones make tiny worlds possible",
+    )
+    parser.add_argument(
+        "--mem-cap-gib",
+        type=float,
+        default=DEFAULT_MEM_CAP_GIB,
+        help="RSS cap per run; a run past it is reported as over budget",
+    )
     args = parser.parse_args(argv)
 
     sizes = [512] if args.quick else list(REPORTED_SIZES)
@@ -451,8 +478,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         tp, cp, pp, ep = (int(x) for x in args.dims.split(","))
         dims = Dims(tp=tp, cp=cp, pp=pp, ep=ep)
 
-    print(f"simnccl engine benchmark: {GPU}, torch {RELEASE}, python {sys.version.split()[0]}, "
-          f"simpy {simpy.__version__}", flush=True)
+    print(
+        f"simnccl engine benchmark: {GPU}, torch {RELEASE}, python {sys.version.split()[0]}, "
+        f"simpy {simpy.__version__}",
+        flush=True,
+    )
     baseline = run_baseline(512, 200 if args.quick else 2000)
     results: dict[int, SizeResult] = {}
     for world in sizes:

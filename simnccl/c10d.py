@@ -147,9 +147,9 @@ def _validate_device_id(device_id: int | str | None, ctx: ProcessContext) -> int
     return device_id
 
 
-def _binds_device(pair: DeviceBackend | None) -> bool:
-    """nccl2 and nccl-lazy write their device back to ``bound_device_id`` (§B.2); legacy and gloo don't."""
-    return pair is not None and pair.impl in (Impl.NCCL2, Impl.NCCL_LAZY)
+def _binds_device(release: Release, pair: DeviceBackend | None) -> bool:
+    """2.15's nccl2 and nccl-lazy write their device back to ``bound_device_id`` (§B.2); legacy, gloo don't."""
+    return release.nccl2_device_fallback and pair is not None and pair.impl in (Impl.NCCL2, Impl.NCCL_LAZY)
 
 
 def plan_init(
@@ -162,7 +162,7 @@ def plan_init(
     cuda = config.accelerator
     if cuda is not None:
         _check_gpus(cuda, ctx)
-        if bound is None and _binds_device(cuda):
+        if bound is None and _binds_device(release, cuda):
             bound = nccl_device_fallback(ctx, ctx.env)
     _check_lazy_init_supported(release, options)
     timeout = timeout_s if timeout_s is not None else release.default_timeout_s(config.requested)
@@ -283,10 +283,10 @@ def plan_new_group(
         else:
             comms.append(_fresh_comm_plan(release, pair, bound, options, ctx))
     device = bound
-    if device is None and any(_binds_device(c.pair) for c in comms):
+    if device is None and any(_binds_device(release, c.pair) for c in comms):
         device = nccl_device_fallback(ctx, ctx.env)
         comms = [
-            CommPlan(c.pair, c.eager, c.split_from, c.shared, device if _binds_device(c.pair) else c.device,
+            CommPlan(c.pair, c.eager, c.split_from, c.shared, device if _binds_device(release, c.pair) else c.device,
                      c.lazy_init)
             for c in comms
         ]

@@ -789,7 +789,7 @@ class Engine:
         n = comm.p2p_seq.get((src, dst), 0) + 1
         comm.p2p_seq[(src, dst)] = n
         meeting = self._open(("p2p", channel, src, dst, n), "p2p", target.name, n, (src, dst))
-        self._arrive(meeting, rt, (op.name, op.size_bytes, op.dtype), op, duration=self._p2p_s)
+        self._arrive(meeting, rt, ("p2p", op.size_bytes, op.dtype), op, duration=self._p2p_s)
         yield from self._wait(rt, meeting, op)
         self._record(self.env.now, rt.rank, op.name, target.name, src, dst, n)
 

@@ -162,7 +162,7 @@ class PointToPoint(Op):
     """An unbatched ``send``/``recv``; ``peer`` is a global rank, as in torch."""
 
     name: ClassVar[str] = "p2p"
-    peer: int = 0
+    peer: int = -1  # required: -1 is "not given" and is rejected, so describe() always shows the peer
     group: str = WORLD
     size_bytes: int = 4 * MIB
     dtype: str = "Float"

@@ -70,6 +70,8 @@ class ReleaseError(ValueError):
 class Release:
     """Everything that differs between the torch builds simnccl models.
 
+    ``nccl2_device_fallback``: 2.15's ``_nccl2_device`` picks a device when none is given and writes it back
+    to ``bound_device_id`` (so every nccl2 group is bound); 2.14's nccl2 bound only with ``device_id``.
     ``nccl_env_rule`` is the pair (value, implementation): ``"nccl"`` resolves to that implementation only
     when ``TORCH_DIST_USE_NCCL2`` equals the value *exactly*; otherwise to the other NCCL implementation.
     """
@@ -79,6 +81,7 @@ class Release:
     nccl_env_value: str
     nccl_env_selects: Impl
     nccl2_eager: bool
+    nccl2_device_fallback: bool
     lazy_init_option: bool
     split_source_matches_name: bool
     nccl_timeout_names: tuple[str, ...]
@@ -126,6 +129,7 @@ _R215 = dict(
     nccl_env_value="0",
     nccl_env_selects=Impl.LEGACY,
     nccl2_eager=True,
+    nccl2_device_fallback=True,
     lazy_init_option=True,
     split_source_matches_name=True,
     nccl_timeout_names=NCCL_FAMILY_NAMES,
@@ -142,6 +146,7 @@ RELEASES: dict[str, Release] = {
             nccl_env_value="1",
             nccl_env_selects=Impl.NCCL2,
             nccl2_eager=False,
+            nccl2_device_fallback=False,
             lazy_init_option=False,
             split_source_matches_name=False,
             nccl_timeout_names=("nccl",),

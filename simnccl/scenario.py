@@ -25,7 +25,7 @@ from typing import Any
 
 from simnccl.cluster import Cluster, ClusterError, get_gpu_kind
 from simnccl.ops import MIB, OP_TYPES, Collective, NewGroup, Op, PgOptions, PointToPoint, Program, SplitGroup
-from simnccl.profiles import Profile, ProfileError, find_profile, get_profile
+from simnccl.profiles import MAX_NCHANNELS_ENV, Profile, ProfileError, find_profile, get_profile
 from simnccl.release import KNOWN_BACKEND_NAMES, RELEASES, ReleaseError, resolve_backend
 
 POLICIES = ("torch-default",)
@@ -170,6 +170,8 @@ def load_scenario(path: str | Path) -> Scenario:
         raise ScenarioError(source, "", "no such file") from None
     except OSError as err:
         raise ScenarioError(source, "", f"cannot read: {err.strerror}") from None
+    except UnicodeDecodeError as err:
+        raise ScenarioError(source, "", f"not UTF-8 text (TOML files are UTF-8): {err}") from None
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as err:
@@ -196,6 +198,7 @@ def parse_scenario(data: Mapping[str, Any], source: str, base_dir: Path | None =
     profile_ref = torch.get("profile", str, None)
     torch.finish()
     base_profile = _profile(source, "torch.profile", profile_ref, cluster.gpu.key, release, base_dir)
+    _check_env(source, "torch.env", base_profile, base_env)
 
     workload = _Reader(source, "workload", top.get("workload", dict))
     programs = _programs(workload, cluster.world_size)
@@ -209,13 +212,15 @@ def parse_scenario(data: Mapping[str, Any], source: str, base_dir: Path | None =
         if any(v.name == v_name for v in variants):
             raise reader.error("name", f"duplicate variant name {v_name!r}")
         v_release = _release(reader, "release", release)
-        env = {**base_env, **reader.env("env")}
+        own_env = reader.env("env")
+        env = {**base_env, **own_env}
         v_profile_ref = reader.get("profile", str, None)
         if v_profile_ref is None and v_release == release:
             v_profile = base_profile
         else:
             v_profile = _profile(source, f"variants[{i}].profile", v_profile_ref or profile_ref, cluster.gpu.key,
                                  v_release, base_dir)
+        _check_env(source, f"variants[{i}].env", v_profile, own_env)
         variants.append(Variant(v_name, reader.get("description", str, ""), v_release, v_profile, env,
                                 _policy(reader, "policy", policy)))
         reader.finish()
@@ -269,6 +274,14 @@ def _profile(source: str, key: str, ref: str | None, gpu: str, release: str, bas
     if profile.gpu != gpu:
         raise ScenarioError(source, key, f"profile {profile.name!r} is for GPU {profile.gpu!r}, cluster has {gpu!r}")
     return profile
+
+
+def _check_env(source: str, key: str, profile: Profile, env: Mapping[str, str]) -> None:
+    """Validate env values the engine parses (NCCL_MAX_NCHANNELS) here: bad input is never a traceback."""
+    try:
+        profile.costs_for_env(env)
+    except ProfileError as err:
+        raise ScenarioError(source, f"{key}.{MAX_NCHANNELS_ENV}", str(err)) from None
 
 
 # ---------------------------------------------------------------------------------------------- workload

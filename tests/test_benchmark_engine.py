@@ -1,4 +1,4 @@
-"""The engine benchmark's program builder, checks and output format, at a tiny world (no timing assertions)."""
+"""The engine benchmark's program builder, checks and output format at a tiny world (no timing asserts)."""
 
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ def test_each_rank_is_a_member_of_one_group_per_covering_partition(startup) -> N
     for rank in range(WORLD):
         counted = sum(rank in op.ranks for op in new_groups)
         assert counted == startup.memberships[rank]
-        # One group of every partition, except embedding (first and last stage) and position embedding (first).
+        # One group per partition, but embedding (first and last stage) and position embedding (first).
         expected = len(startup.partitions) - 2
         expected += stage[rank] in (0, DIMS.pp - 1)
         expected += stage[rank] == 0
@@ -83,8 +83,14 @@ def test_engine_run_passes_and_memory_matches(startup) -> None:
 def test_check_outcome_catches_a_wrong_expectation(startup) -> None:
     config = bench.make_config(startup, wall_s=60.0)
     outcome = Engine(config).run()
-    wrong = bench.Startup(startup.world, startup.program, startup.partitions, startup.new_group_calls,
-                          tuple(m + 1 for m in startup.memberships), startup.singleton_memberships)
+    wrong = bench.Startup(
+        startup.world,
+        startup.program,
+        startup.partitions,
+        startup.new_group_calls,
+        tuple(m + 1 for m in startup.memberships),
+        startup.singleton_memberships,
+    )
     assert bench.check_outcome(wrong, config, outcome)
 
 

@@ -1,0 +1,49 @@
+"""Simulate a program in one call: the entry point for unit tests and for users' own pytest suites.
+
+Why: a scenario file is the right form for CI artifacts, but a test wants "these ops, on this cluster, this
+release" in one line, with the profile picked the same way the CLI picks it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from simnccl.cluster import Cluster, get_gpu_kind
+from simnccl.engine import Engine, Limits, RunOutcome, SimConfig
+from simnccl.ops import Op, Program
+from simnccl.profiles import find_profile, get_profile
+from simnccl.release import get_release
+
+
+def simulate(
+    program: Sequence[Op] | Sequence[Sequence[Op]],
+    *,
+    gpu: str = "h100-80gb",
+    nodes: int = 1,
+    gpus_per_node: int = 2,
+    ranks_per_node: int | None = None,
+    release: str = "2.15",
+    env: Mapping[str, str] | None = None,
+    launcher: str = "torchrun",
+    profile: str | None = None,
+    keep_trace: bool = False,
+    limits: Limits | None = None,
+) -> RunOutcome:
+    """Run ``program`` (one op list for every rank, or one list per rank) and return the outcome."""
+    cluster = Cluster(get_gpu_kind(gpu), nodes, gpus_per_node, ranks_per_node)
+    if program and not isinstance(program[0], Op):
+        per_rank = [Program(tuple(ops)) for ops in program]  # type: ignore[arg-type]
+        if len(per_rank) != cluster.world_size:
+            raise ValueError(f"{len(per_rank)} programs for a world of {cluster.world_size}")
+    else:
+        shared = Program(tuple(program))  # type: ignore[arg-type]
+        per_rank = [shared] * cluster.world_size
+    chosen = get_profile(profile) if profile else find_profile(gpu, release)
+    config = SimConfig(cluster=cluster, release=get_release(release), profile=chosen, programs=per_rank,
+                       env=dict(env or {}), launcher=launcher, limits=limits or Limits())
+    return Engine(config, keep_trace=keep_trace).run()
+
+
+def used_mib(outcome: RunOutcome, checkpoint: str) -> dict[str, float]:
+    """Used MiB per device at a checkpoint."""
+    return {device: s.used_bytes / 2**20 for device, s in sorted(outcome.checkpoints[checkpoint].items())}
