@@ -153,7 +153,11 @@ def _binds_device(release: Release, pair: DeviceBackend | None) -> bool:
 
 
 def plan_init(
-    release: Release, ctx: ProcessContext, backend: str | None, device_id: int | str | None, timeout_s: float | None,
+    release: Release,
+    ctx: ProcessContext,
+    backend: str | None,
+    device_id: int | str | None,
+    timeout_s: float | None,
     options: PgOptions,
 ) -> GroupPlan:
     """``init_process_group``: the default group "0", every rank a member, no split source."""
@@ -166,12 +170,17 @@ def plan_init(
             bound = nccl_device_fallback(ctx, ctx.env)
     _check_lazy_init_supported(release, options)
     timeout = timeout_s if timeout_s is not None else release.default_timeout_s(config.requested)
-    comms = tuple(
-        _fresh_comm_plan(release, pair, bound, options, ctx) for pair in _distinct_backends(config)
-    )
+    comms = tuple(_fresh_comm_plan(release, pair, bound, options, ctx) for pair in _distinct_backends(config))
     return GroupPlan(
-        name="0", desc="default_pg", ranks=tuple(range(ctx.world_size)), member=True, backend=config,
-        bound_device=bound, timeout_s=timeout, options=options, comms=comms,
+        name="0",
+        desc="default_pg",
+        ranks=tuple(range(ctx.world_size)),
+        member=True,
+        backend=config,
+        bound_device=bound,
+        timeout_s=timeout,
+        options=options,
+        comms=comms,
     )
 
 
@@ -196,9 +205,12 @@ def _fresh_comm_plan(
 
     ``device`` None means unbound: legacy then binds the device of the first collective's tensor.
     """
-    eager = lifecycle(pair.impl).eager_at_creation(release, bound=bound is not None, lazy_init=options.lazy_init)
-    return CommPlan(pair=pair, eager=eager, split_from=None, shared=False, device=bound,
-                    lazy_init=options.lazy_init)
+    eager = lifecycle(pair.impl).eager_at_creation(
+        release, bound=bound is not None, lazy_init=options.lazy_init
+    )
+    return CommPlan(
+        pair=pair, eager=eager, split_from=None, shared=False, device=bound, lazy_init=options.lazy_init
+    )
 
 
 def split_source(release: Release, world: Group, requested: BackendConfig, options: PgOptions) -> Comm | None:
@@ -243,7 +255,9 @@ def plan_new_group(
     else:
         members = tuple(sorted(ranks))
         if len(set(members)) != len(members):
-            raise TorchError("ValueError", f"ranks list must not contain duplicate entries, got {list(members)}")
+            raise TorchError(
+                "ValueError", f"ranks list must not contain duplicate entries, got {list(members)}"
+            )
         if len(members) > ctx.world_size:
             raise TorchError(
                 "ValueError",
@@ -262,14 +276,32 @@ def plan_new_group(
     member = ctx.rank in members
     if use_local_synchronization and not member:
         # l.7206: returns before _process_group_name, so the counter does not advance on non-members.
-        return GroupPlan(name="", desc=group_desc or "undefined", ranks=members, member=False, backend=config,
-                         bound_device=None, timeout_s=timeout, options=options, counter_advance=0)
+        return GroupPlan(
+            name="",
+            desc=group_desc or "undefined",
+            ranks=members,
+            member=False,
+            backend=config,
+            bound_device=None,
+            timeout_s=timeout,
+            options=options,
+            counter_advance=0,
+        )
     name = group_name_for(counter, members, use_local_synchronization)
     desc = group_desc or "undefined"
     parent = split_source(release, world, config, options)
     if not member:
-        return GroupPlan(name=name, desc=desc, ranks=members, member=False, backend=config, bound_device=None,
-                         timeout_s=timeout, options=options, nocolor_split_on=parent)
+        return GroupPlan(
+            name=name,
+            desc=desc,
+            ranks=members,
+            member=False,
+            backend=config,
+            bound_device=None,
+            timeout_s=timeout,
+            options=options,
+            nocolor_split_on=parent,
+        )
     bound = world.bound_device
     comms: list[CommPlan] = []
     for pair in _distinct_backends(config):
@@ -278,20 +310,43 @@ def plan_new_group(
         if parent is not None and pair.device_type == "cuda":
             child_impl = Impl.NCCL2 if parent.impl is Impl.NCCL_LAZY else parent.impl
             shared = _split_share_requested(ctx.env, options)
-            comms.append(CommPlan(pair=DeviceBackend(pair.device_type, pair.name, child_impl), eager=True,
-                                  split_from=parent, shared=shared, device=bound, lazy_init=False))
+            comms.append(
+                CommPlan(
+                    pair=DeviceBackend(pair.device_type, pair.name, child_impl),
+                    eager=True,
+                    split_from=parent,
+                    shared=shared,
+                    device=bound,
+                    lazy_init=False,
+                )
+            )
         else:
             comms.append(_fresh_comm_plan(release, pair, bound, options, ctx))
     device = bound
     if device is None and any(_binds_device(release, c.pair) for c in comms):
         device = nccl_device_fallback(ctx, ctx.env)
         comms = [
-            CommPlan(c.pair, c.eager, c.split_from, c.shared, device if _binds_device(release, c.pair) else c.device,
-                     c.lazy_init)
+            CommPlan(
+                c.pair,
+                c.eager,
+                c.split_from,
+                c.shared,
+                device if _binds_device(release, c.pair) else c.device,
+                c.lazy_init,
+            )
             for c in comms
         ]
-    return GroupPlan(name=name, desc=desc, ranks=members, member=True, backend=config, bound_device=device,
-                     timeout_s=timeout, options=options, comms=tuple(comms))
+    return GroupPlan(
+        name=name,
+        desc=desc,
+        ranks=members,
+        member=True,
+        backend=config,
+        bound_device=device,
+        timeout_s=timeout,
+        options=options,
+        comms=tuple(comms),
+    )
 
 
 def _split_share_requested(env: Mapping[str, str], options: PgOptions) -> bool:
@@ -337,12 +392,35 @@ def plan_split_group(
     name = group_name_for(counter, mine if mine is not None else split_ranks[0], True)
     desc = group_desc or "undefined"
     if mine is None:
-        return GroupPlan(name=name, desc=desc, ranks=(), member=False, backend=parent.backend, bound_device=None,
-                         timeout_s=timeout, options=options, nocolor_split_on=parent_comm)
+        return GroupPlan(
+            name=name,
+            desc=desc,
+            ranks=(),
+            member=False,
+            backend=parent.backend,
+            bound_device=None,
+            timeout_s=timeout,
+            options=options,
+            nocolor_split_on=parent_comm,
+        )
     members = tuple(parent.ranks[r] for r in mine)
     child_impl = Impl.NCCL2 if parent_comm.impl is Impl.NCCL_LAZY else parent_comm.impl
-    comm = CommPlan(pair=DeviceBackend(pair.device_type, pair.name, child_impl), eager=True,
-                    split_from=parent_comm, shared=_split_share_requested(ctx.env, options),
-                    device=parent.bound_device, lazy_init=False)
-    return GroupPlan(name=name, desc=desc, ranks=members, member=True, backend=parent.backend,
-                     bound_device=parent.bound_device, timeout_s=timeout, options=options, comms=(comm,))
+    comm = CommPlan(
+        pair=DeviceBackend(pair.device_type, pair.name, child_impl),
+        eager=True,
+        split_from=parent_comm,
+        shared=_split_share_requested(ctx.env, options),
+        device=parent.bound_device,
+        lazy_init=False,
+    )
+    return GroupPlan(
+        name=name,
+        desc=desc,
+        ranks=members,
+        member=True,
+        backend=parent.backend,
+        bound_device=parent.bound_device,
+        timeout_s=timeout,
+        options=options,
+        comms=(comm,),
+    )

@@ -215,8 +215,13 @@ class Engine:
         local = self.cluster.local_rank(rank)
         if self.config.launcher == "torchrun":
             env.update(LOCAL_RANK=str(local), RANK=str(rank), WORLD_SIZE=str(self.cluster.world_size))
-        ctx = ProcessContext(rank=rank, world_size=self.cluster.world_size, local_rank=local,
-                             device_count=self.cluster.device_count, env=env)
+        ctx = ProcessContext(
+            rank=rank,
+            world_size=self.cluster.world_size,
+            local_rank=local,
+            device_count=self.cluster.device_count,
+            env=env,
+        )
         return RankRuntime(rank=rank, program=programs[rank], ctx=ctx, node=self.cluster.node_of(rank))
 
     def run(self) -> RunOutcome:
@@ -282,15 +287,25 @@ class Engine:
 
     # ------------------------------------------------------------------ meetings
 
-    def _open(self, key: tuple[Any, ...], kind: str, group: str, seq: int, expected: tuple[int, ...]) -> Meeting:
+    def _open(
+        self, key: tuple[Any, ...], kind: str, group: str, seq: int, expected: tuple[int, ...]
+    ) -> Meeting:
         meeting = self.meetings.get(key)
         if meeting is None:
             meeting = self.meetings.open(key, kind, group, seq, expected)
             meeting.result = self.env.event()
         return meeting
 
-    def _arrive(self, meeting: Meeting, rt: RankRuntime, payload: Any, op: Op, *,
-                duration: Callable[[Meeting], float], run_ahead: bool = False) -> None:
+    def _arrive(
+        self,
+        meeting: Meeting,
+        rt: RankRuntime,
+        payload: Any,
+        op: Op,
+        *,
+        duration: Callable[[Meeting], float],
+        run_ahead: bool = False,
+    ) -> None:
         """Record an arrival; check it agrees with the first; complete the meeting when everyone is here."""
         after = None
         if run_ahead and rt.pending:
@@ -312,16 +327,22 @@ class Engine:
             return None
         if meeting.kind == "bootstrap":
             if first.payload != this.payload:
-                return (f"store key collision under group name {meeting.group!r}: rank {first.rank} bootstraps "
-                        f"ranks {list(first.payload)}, rank {this.rank} bootstraps ranks {list(this.payload)}")
+                return (
+                    f"store key collision under group name {meeting.group!r}: rank {first.rank} bootstraps "
+                    f"ranks {list(first.payload)}, rank {this.rank} bootstraps ranks {list(this.payload)}"
+                )
             return None
         a, b = first.payload, this.payload
         if a[0] != b[0]:
-            return (f"operation mismatch at sequence number {meeting.seq} of group {meeting.group!r}: "
-                    f"rank {first.rank} issued {first.op}, rank {this.rank} issued {this.op}")
+            return (
+                f"operation mismatch at sequence number {meeting.seq} of group {meeting.group!r}: "
+                f"rank {first.rank} issued {first.op}, rank {this.rank} issued {this.op}"
+            )
         if a[0] != "split" and a[1:] != b[1:]:
-            return (f"size mismatch at sequence number {meeting.seq} of group {meeting.group!r}: "
-                    f"rank {first.rank} {a[0]} of {a[1]} bytes ({a[2]}), rank {this.rank} {b[1]} bytes ({b[2]})")
+            return (
+                f"size mismatch at sequence number {meeting.seq} of group {meeting.group!r}: "
+                f"rank {first.rank} {a[0]} of {a[1]} bytes ({a[2]}), rank {this.rank} {b[1]} bytes ({b[2]})"
+            )
         return None
 
     def _abort_meeting(self, meeting: Meeting, problem: str) -> None:
@@ -402,12 +423,18 @@ class Engine:
         ledger = self.ledgers[device.key]
         if index not in rt.contexts:
             rt.contexts.add(index)
-            ledger.allocate(Owner("cuda_context", rt.rank), self.cluster.gpu.cuda_context_bytes,
-                            time_s=self.env.now, op=op.describe())
+            ledger.allocate(
+                Owner("cuda_context", rt.rank),
+                self.cluster.gpu.cuda_context_bytes,
+                time_s=self.env.now,
+                op=op.describe(),
+            )
             self._record(self.env.now, rt.rank, "context", device.key)
         return ledger
 
-    def _charge(self, rt: RankRuntime, comm: Comm, charges: list[Charge], op: Op, group: Group | None) -> None:
+    def _charge(
+        self, rt: RankRuntime, comm: Comm, charges: list[Charge], op: Op, group: Group | None
+    ) -> None:
         if comm.device is None or not charges:
             return
         ledger = self._touch(rt, comm.device, op)
@@ -417,12 +444,21 @@ class Engine:
         for charge in charges:
             if charge.num_bytes == 0:
                 continue
-            ledger.allocate(Owner("comm", rt.rank, comm.group, charge.phase), charge.num_bytes,
-                            time_s=self.env.now, op=op.describe(), nccl=True)
-            self._record(self.env.now, rt.rank, "alloc", ledger.device, comm.group, charge.phase, charge.num_bytes)
+            ledger.allocate(
+                Owner("comm", rt.rank, comm.group, charge.phase),
+                charge.num_bytes,
+                time_s=self.env.now,
+                op=op.describe(),
+                nccl=True,
+            )
+            self._record(
+                self.env.now, rt.rank, "alloc", ledger.device, comm.group, charge.phase, charge.num_bytes
+            )
             if group is not None:
                 record = self._group_record(group, comm)
-                member = record.members.setdefault(rt.rank, {"device": ledger.device, "bytes": 0, "phases": {}})
+                member = record.members.setdefault(
+                    rt.rank, {"device": ledger.device, "bytes": 0, "phases": {}}
+                )
                 member["bytes"] += charge.num_bytes
                 member["phases"].setdefault(charge.phase, self.env.now)
 
@@ -462,8 +498,9 @@ class Engine:
     def _op_alloc(self, rt: RankRuntime, op: Alloc) -> Waiting:
         yield from self._settle(rt)
         ledger = self._touch(rt, self._current_device(rt), op)
-        ledger.allocate(Owner("torch", rt.rank, phase=op.tag), self._bytes(op.mib), time_s=self.env.now,
-                        op=op.describe())
+        ledger.allocate(
+            Owner("torch", rt.rank, phase=op.tag), self._bytes(op.mib), time_s=self.env.now, op=op.describe()
+        )
         self._record(self.env.now, rt.rank, "torch-alloc", ledger.device, op.mib)
 
     def _op_memory_check(self, rt: RankRuntime, op: MemoryCheck) -> Waiting:
@@ -488,8 +525,9 @@ class Engine:
         if index is None:
             return
         ledger = self.ledgers[self._device(rt, index).key]
-        per_device[ledger.device] = Snapshot(ledger.device, ledger.used_bytes, ledger.free_bytes, self.env.now,
-                                             rt.rank)
+        per_device[ledger.device] = Snapshot(
+            ledger.device, ledger.used_bytes, ledger.free_bytes, self.env.now, rt.rank
+        )
 
     # ------------------------------------------------------------------ group creation
 
@@ -507,8 +545,17 @@ class Engine:
     def _op_new_group(self, rt: RankRuntime, op: NewGroup) -> Waiting | None:
         world = self._require_world(rt, op)
         plan = plan_new_group(
-            self.release, rt.ctx, world, rt.counter, op.ranks, op.backend, op.pg_options,
-            op.use_local_synchronization, op.group_desc, op.device_id, op.timeout_s,
+            self.release,
+            rt.ctx,
+            world,
+            rt.counter,
+            op.ranks,
+            op.backend,
+            op.pg_options,
+            op.use_local_synchronization,
+            op.group_desc,
+            op.device_id,
+            op.timeout_s,
         )
         rt.counter += plan.counter_advance
         if not plan.member:
@@ -525,9 +572,19 @@ class Engine:
         self._require_world(rt, op)
         parent = self._resolve(rt, op.parent, op)
         if not isinstance(parent, Group):
-            raise TorchError("RuntimeError", f"split_group: this rank is not a member of the parent {op.parent!r}")
-        plan = plan_split_group(self.release, rt.ctx, rt.counter, parent, op.split_ranks, op.pg_options,
-                                op.group_desc, op.timeout_s)
+            raise TorchError(
+                "RuntimeError", f"split_group: this rank is not a member of the parent {op.parent!r}"
+            )
+        plan = plan_split_group(
+            self.release,
+            rt.ctx,
+            rt.counter,
+            parent,
+            op.split_ranks,
+            op.pg_options,
+            op.group_desc,
+            op.timeout_s,
+        )
         rt.counter += plan.counter_advance
         if not plan.member:
             if op.bind:
@@ -557,17 +614,29 @@ class Engine:
 
     def _group_from_plan(self, rt: RankRuntime, plan: GroupPlan) -> Group:
         group = Group(
-            name=plan.name, desc=plan.desc, ranks=plan.ranks, rank_in_group=plan.ranks.index(rt.rank),
-            backend=plan.backend, bound_device=plan.bound_device, timeout_s=plan.timeout_s, options=plan.options,
+            name=plan.name,
+            desc=plan.desc,
+            ranks=plan.ranks,
+            rank_in_group=plan.ranks.index(rt.rank),
+            backend=plan.backend,
+            bound_device=plan.bound_device,
+            timeout_s=plan.timeout_s,
+            options=plan.options,
         )
         rt.groups.append(group)
         return group
 
     def _create_comms(self, rt: RankRuntime, group: Group, plan: GroupPlan, op: Op) -> Waiting:
         for comm_plan in plan.comms:
-            comm = Comm(impl=comm_plan.pair.impl, group=group.name, size=group.size, device=comm_plan.device,
-                        lazy_init=comm_plan.lazy_init, via_split=comm_plan.split_from is not None,
-                        shared=comm_plan.shared)
+            comm = Comm(
+                impl=comm_plan.pair.impl,
+                group=group.name,
+                size=group.size,
+                device=comm_plan.device,
+                lazy_init=comm_plan.lazy_init,
+                via_split=comm_plan.split_from is not None,
+                shared=comm_plan.shared,
+            )
             for pair in plan.backend.pairs:
                 if pair.name == comm_plan.pair.name:
                     group.comms[pair.device_type] = comm
@@ -697,11 +766,15 @@ class Engine:
             if tuple(sorted(ranks)) == tuple(sorted(color)):
                 colors[color] = self._new_comm_id()
             else:
-                stuck = self._open(("color", *meeting.key, color), "split-color", meeting.group, meeting.seq, color)
+                stuck = self._open(
+                    ("color", *meeting.key, color), "split-color", meeting.group, meeting.seq, color
+                )
                 for r in ranks:
                     stuck.arrivals[r] = meeting.arrivals[r]
                 elsewhere = [
-                    f"rank {r} issued {meeting.arrivals[r].op}" for r in color if r in meeting.arrivals and r not in ranks
+                    f"rank {r} issued {meeting.arrivals[r].op}"
+                    for r in color
+                    if r in meeting.arrivals and r not in ranks
                 ]
                 stuck.problem = (
                     f"split {meeting.seq} of the parent communicator: ranks {ranks} asked for group {list(color)} "
@@ -717,7 +790,9 @@ class Engine:
         try:
             target = rt.handles[handle]
         except KeyError:
-            raise TorchError("NameError", f"group handle {handle!r} was never bound on rank {rt.rank}") from None
+            raise TorchError(
+                "NameError", f"group handle {handle!r} was never bound on rank {rt.rank}"
+            ) from None
         if isinstance(target, Group) and target.destroyed:
             raise TorchError("ValueError", "Invalid process group specified")
         return target
@@ -731,19 +806,25 @@ class Engine:
             current = self._current_device(rt)
             if comm.device is not None and comm.device != current:
                 if comm.impl is Impl.LEGACY:
-                    raise TorchError("ValueError",
-                                     f"Tensor found on device cuda:{current} but backend constrained to "
-                                     f"cuda:{comm.device}")
-                raise TorchError("RuntimeError",
-                                 f"ProcessGroupNCCL is bound to device cuda:{comm.device} but an operation was "
-                                 f"issued on cuda:{current}")
+                    raise TorchError(
+                        "ValueError",
+                        f"Tensor found on device cuda:{current} but backend constrained to "
+                        f"cuda:{comm.device}",
+                    )
+                raise TorchError(
+                    "RuntimeError",
+                    f"ProcessGroupNCCL is bound to device cuda:{comm.device} but an operation was "
+                    f"issued on cuda:{current}",
+                )
         return comm
 
     def _op_collective(self, rt: RankRuntime, op: Collective) -> Waiting:
         yield from self._settle(rt)
         target = self._resolve(rt, op.group, op)
         if not isinstance(target, Group):
-            rt.warnings.append(f"Running {op.name} on global rank {rt.rank} which does not belong to the given group.")
+            rt.warnings.append(
+                f"Running {op.name} on global rank {rt.rank} which does not belong to the given group."
+            )
             return
         comm = self._usable_comm(rt, target, op)
         life = lifecycle(comm.impl)
@@ -768,10 +849,14 @@ class Engine:
         yield from self._settle(rt)
         target = self._resolve(rt, op.group, op)
         if not isinstance(target, Group):
-            rt.warnings.append(f"Running {op.name} on global rank {rt.rank} which does not belong to the given group.")
+            rt.warnings.append(
+                f"Running {op.name} on global rank {rt.rank} which does not belong to the given group."
+            )
             return
         if op.peer not in target.ranks or op.peer == rt.rank:
-            raise TorchError("ValueError", f"Invalid peer rank {op.peer} for {op.name} in group {target.name!r}")
+            raise TorchError(
+                "ValueError", f"Invalid peer rank {op.peer} for {op.name} in group {target.name!r}"
+            )
         comm = self._usable_comm(rt, target, op)
         life = lifecycle(comm.impl)
         if not life.communicates:
@@ -784,7 +869,9 @@ class Engine:
                 yield from self._init_comm(rt, target, comm, op)
             if not comm.connected:
                 comm.connected = True
-                self._charge(rt, comm, life.first_collective_charges(self.costs, comm, rt.ctx.env), op, target)
+                self._charge(
+                    rt, comm, life.first_collective_charges(self.costs, comm, rt.ctx.env), op, target
+                )
             channel = comm.comm_id
         n = comm.p2p_seq.get((src, dst), 0) + 1
         comm.p2p_seq[(src, dst)] = n
@@ -793,7 +880,9 @@ class Engine:
         yield from self._wait(rt, meeting, op)
         self._record(self.env.now, rt.rank, op.name, target.name, src, dst, n)
 
-    def _pair_comm(self, rt: RankRuntime, group: Group, comm: Comm, op: PointToPoint) -> Generator[Any, Any, int]:
+    def _pair_comm(
+        self, rt: RankRuntime, group: Group, comm: Comm, op: PointToPoint
+    ) -> Generator[Any, Any, int]:
         """A lazily created 2-rank communicator for one peer: a rendezvous with that peer, then its memory."""
         peer = op.peer
         existing = comm.pair_comms.get(peer)
@@ -810,8 +899,14 @@ class Engine:
         yield from self._wait(rt, meeting, op)
         pair_id = self._comm_id_for(meeting)
         comm.pair_comms[peer] = pair_id
-        pair = Comm(impl=comm.impl, group=f"{group.name}/p2p-{lo}-{hi}", size=2, device=comm.device,
-                    state=CommState.READY, comm_id=pair_id)
+        pair = Comm(
+            impl=comm.impl,
+            group=f"{group.name}/p2p-{lo}-{hi}",
+            size=2,
+            device=comm.device,
+            state=CommState.READY,
+            comm_id=pair_id,
+        )
         self._charge(rt, pair, lifecycle(comm.impl).pair_charges(self.costs), op, group)
         return pair_id
 
@@ -835,8 +930,13 @@ class Engine:
                 comm.state = CommState.DESTROYED
                 if comm.device is not None:
                     ledger = self.ledgers[self._device(rt, comm.device).key]
-                    for owner in [o for o in ledger.by_owner if o.rank == rt.rank and o.kind == "comm"
-                                  and (o.group == comm.group or o.group.startswith(comm.group + "/p2p-"))]:
+                    for owner in [
+                        o
+                        for o in ledger.by_owner
+                        if o.rank == rt.rank
+                        and o.kind == "comm"
+                        and (o.group == comm.group or o.group.startswith(comm.group + "/p2p-"))
+                    ]:
                         ledger.release_owner(owner, time_s=self.env.now, op=op.describe())
         self._record(self.env.now, rt.rank, "destroy", op.group)
 
@@ -848,8 +948,16 @@ class Engine:
         by_rank = {rt.rank: rt for rt in self.ranks}
         for rt in self.ranks:
             if rt.status in ("error", "aborted") and rt.error is not None:
-                errors.append({"rank": rt.rank, "kind": rt.error_kind, "type": rt.error.type_name,
-                               "message": rt.error.message, "op": rt.error_op, "time_s": rt.finished_at})
+                errors.append(
+                    {
+                        "rank": rt.rank,
+                        "kind": rt.error_kind,
+                        "type": rt.error.type_name,
+                        "message": rt.error.message,
+                        "op": rt.error_op,
+                        "time_s": rt.finished_at,
+                    }
+                )
         for rt in self.ranks:
             if rt.status in ("done", "error", "aborted"):
                 continue
@@ -864,17 +972,32 @@ class Engine:
             verdict = "pass"
         self._record("verdict", verdict)
         return RunOutcome(
-            verdict=verdict, ranks=self.ranks, ledgers=self.ledgers, checkpoints=self.checkpoints,
-            groups=self.group_records, hangs=hangs, errors=errors, event_count=self._event_count,
-            trace_hash=self._hasher.hexdigest(), end_time_s=self.env.now, ops_executed=self._ops,
+            verdict=verdict,
+            ranks=self.ranks,
+            ledgers=self.ledgers,
+            checkpoints=self.checkpoints,
+            groups=self.group_records,
+            hangs=hangs,
+            errors=errors,
+            event_count=self._event_count,
+            trace_hash=self._hasher.hexdigest(),
+            end_time_s=self.env.now,
+            ops_executed=self._ops,
             trace=self._trace,
         )
 
     def _hang_entry(self, rt: RankRuntime, by_rank: dict[int, RankRuntime]) -> dict[str, Any]:
         block = rt.block
         if block is None:  # pragma: no cover - a running rank at the end means the sim-time cap was hit
-            return {"rank": rt.rank, "op": "<running>", "group": "", "seq": 0, "waiting_for": [],
-                    "since_s": self.env.now, "explanation": "still running when the simulated-time cap was hit"}
+            return {
+                "rank": rt.rank,
+                "op": "<running>",
+                "group": "",
+                "seq": 0,
+                "waiting_for": [],
+                "since_s": self.env.now,
+                "explanation": "still running when the simulated-time cap was hit",
+            }
         meeting = block.meeting
         missing = list(meeting.missing())
         explanations = []
@@ -918,7 +1041,10 @@ class Engine:
                 group = g
         timeout = group.timeout_s if group is not None else None
         if meeting.kind in ("split", "split-color"):
-            return None, "ncclCommSplit blocks on the host with no timeout; only the job's own timeout ends it"
+            return (
+                None,
+                "ncclCommSplit blocks on the host with no timeout; only the job's own timeout ends it",
+            )
         if meeting.kind == "bootstrap":
             return timeout, "the store wait for the NCCL unique id times out after the group's timeout"
         return timeout, "the watchdog aborts the collective after the group's timeout"
@@ -932,4 +1058,3 @@ def _handle_of(op: Op) -> str:
 class _ProcessAbort(TorchError):
     def __init__(self, message: str) -> None:
         super().__init__("SIGABRT", message)
-

@@ -251,7 +251,9 @@ def resolve_backend(
             if any(device == seen for seen, _ in pairs):
                 raise ReleaseError(f"duplicate device type {device!r} in backend string {text!r}")
             if device not in ("cpu", "cuda"):
-                raise ReleaseError(f"device type {device!r} in {text!r} is not modelled; expected cpu or cuda")
+                raise ReleaseError(
+                    f"device type {device!r} in {text!r} is not modelled; expected cpu or cuda"
+                )
             pairs.append((device, name))
     return BackendConfig(
         requested=lowered,

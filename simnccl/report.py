@@ -17,8 +17,10 @@ VERDICT_STYLE = {"pass": "green", "fail": "red", "hang": "yellow", "error": "red
 
 def print_result(result: ScenarioResult, console: Console | None = None) -> None:
     console = console or Console()
-    console.print(f"[bold]{result.scenario}[/bold]  ({result.source})  seed={result.seed}  "
-                  f"trace={result.trace_hash[:16]}")
+    console.print(
+        f"[bold]{result.scenario}[/bold]  ({result.source})  seed={result.seed}  "
+        f"trace={result.trace_hash[:16]}"
+    )
     for variant in result.variants:
         _print_variant(console, variant)
     summary = "all expectations hold" if result.ok else "EXPECTATIONS FAILED"
@@ -30,7 +32,8 @@ def _print_variant(console: Console, variant: VariantResult) -> None:
     style = VERDICT_STYLE.get(outcome.verdict, "")
     env = " ".join(f"{k}={v}" for k, v in sorted(variant.env.items())) or "(default env)"
     title = Text.assemble(
-        (f"{variant.name}", "bold"), f"  torch {variant.torch_version}  {env}  profile {variant.profile}  → ",
+        (f"{variant.name}", "bold"),
+        f"  torch {variant.torch_version}  {env}  profile {variant.profile}  → ",
         (outcome.verdict.upper(), style),
     )
     table = Table(title=title, title_justify="left", show_lines=False)
@@ -54,13 +57,22 @@ def _print_variant(console: Console, variant: VariantResult) -> None:
         table.add_row(*row)
     console.print(table)
     for hang in outcome.hangs:
-        console.print(Text(
-            f"  hang: rank {hang['rank']} in {hang['op']} ({hang['kind']} {hang['seq']} on group "
-            f"{hang['group']!r}), waiting for {hang['waiting_for']}: {hang['explanation']}", style="yellow",
-        ))
+        console.print(
+            Text(
+                f"  hang: rank {hang['rank']} in {hang['op']} ({hang['kind']} {hang['seq']} on group "
+                f"{hang['group']!r}), waiting for {hang['waiting_for']}: {hang['explanation']}",
+                style="yellow",
+            )
+        )
     for error in outcome.errors:
         first = error["message"].splitlines()[-1] if error["message"] else ""
-        console.print(Text(f"  {error['kind']}: rank {error['rank']} in {error['op']}: {error['type']}: {first}",
-                           style="red"))
+        console.print(
+            Text(
+                f"  {error['kind']}: rank {error['rank']} in {error['op']}: {error['type']}: {first}",
+                style="red",
+            )
+        )
     for e in variant.expectations:
-        console.print(Text(f"  {'ok  ' if e.ok else 'FAIL'} {e.key}: {e.message}", style="" if e.ok else "red"))
+        console.print(
+            Text(f"  {'ok  ' if e.ok else 'FAIL'} {e.key}: {e.message}", style="" if e.ok else "red")
+        )

@@ -26,13 +26,19 @@ def config_for(scenario: Scenario, variant: Variant, limits: Limits | None = Non
     )
 
 
-def run_variant(scenario: Scenario, variant: Variant, *, keep_trace: bool = False,
-                limits: Limits | None = None) -> VariantResult:
+def run_variant(
+    scenario: Scenario, variant: Variant, *, keep_trace: bool = False, limits: Limits | None = None
+) -> VariantResult:
     outcome = Engine(config_for(scenario, variant, limits), keep_trace=keep_trace).run()
     result = VariantResult(
-        name=variant.name, description=variant.description, release=variant.release,
-        torch_version=get_release(variant.release).version, profile=variant.profile.name, env=dict(variant.env),
-        policy=variant.policy, outcome=outcome,
+        name=variant.name,
+        description=variant.description,
+        release=variant.release,
+        torch_version=get_release(variant.release).version,
+        profile=variant.profile.name,
+        env=dict(variant.env),
+        policy=variant.policy,
+        outcome=outcome,
     )
     for expectation in scenario.expectations:
         if variant.name in expectation.variants:
@@ -40,10 +46,17 @@ def run_variant(scenario: Scenario, variant: Variant, *, keep_trace: bool = Fals
     return result
 
 
-def run_scenario(scenario: Scenario, variants: list[str] | None = None, *, keep_trace: bool = False,
-                 limits: Limits | None = None) -> ScenarioResult:
+def run_scenario(
+    scenario: Scenario,
+    variants: list[str] | None = None,
+    *,
+    keep_trace: bool = False,
+    limits: Limits | None = None,
+) -> ScenarioResult:
     chosen = [scenario.variant(n) for n in variants] if variants else list(scenario.variants)
     return ScenarioResult(
-        scenario=scenario.name, source=scenario.source, seed=scenario.seed,
+        scenario=scenario.name,
+        source=scenario.source,
+        seed=scenario.seed,
         variants=[run_variant(scenario, v, keep_trace=keep_trace, limits=limits) for v in chosen],
     )

@@ -41,8 +41,14 @@ def comm_mib(outcome, rank: int = 0) -> float:
 
 
 def test_nccl2_charges_every_group_at_creation_and_legacy_at_first_use() -> None:
-    program = [*START, Checkpoint(label="a"), *[NewGroup(ranks=(0, 1), bind=f"g{i}") for i in range(3)],
-               Checkpoint(label="b"), *[AllReduce(group=f"g{i}") for i in range(3)], Checkpoint(label="c")]
+    program = [
+        *START,
+        Checkpoint(label="a"),
+        *[NewGroup(ranks=(0, 1), bind=f"g{i}") for i in range(3)],
+        Checkpoint(label="b"),
+        *[AllReduce(group=f"g{i}") for i in range(3)],
+        Checkpoint(label="c"),
+    ]
     c = costs()
     nccl2 = simulate(program)
     legacy = simulate(program, env=LEGACY)
@@ -93,8 +99,16 @@ def test_2_14_nccl2_opt_in_is_lazy_without_device_id() -> None:
 
 
 def test_destroy_process_group_frees_communicator_memory() -> None:
-    program = [*START, NewGroup(ranks=(0, 1), bind="g"), AllReduce(group="g"), Checkpoint(label="a"),
-               DestroyProcessGroup(group="g"), Checkpoint(label="b"), DestroyProcessGroup(), Checkpoint(label="c")]
+    program = [
+        *START,
+        NewGroup(ranks=(0, 1), bind="g"),
+        AllReduce(group="g"),
+        Checkpoint(label="a"),
+        DestroyProcessGroup(group="g"),
+        Checkpoint(label="b"),
+        DestroyProcessGroup(),
+        Checkpoint(label="c"),
+    ]
     out = simulate(program)
     c = costs()
     freed = used_mib(out, "a")["n0:cuda:0"] - used_mib(out, "b")["n0:cuda:0"]
@@ -104,8 +118,11 @@ def test_destroy_process_group_frees_communicator_memory() -> None:
 
 
 def test_single_rank_groups_use_the_single_rank_cost_and_first_comm_overhead() -> None:
-    out = simulate([*START, Checkpoint(label="a"), NewGroup(ranks=(0,), bind="s"), Checkpoint(label="b")],
-                   gpu="rtx3060-12gb", gpus_per_node=1)
+    out = simulate(
+        [*START, Checkpoint(label="a"), NewGroup(ranks=(0,), bind="s"), Checkpoint(label="b")],
+        gpu="rtx3060-12gb",
+        gpus_per_node=1,
+    )
     c = costs("rtx3060-12gb")
     at_a = used_mib(out, "a")["n0:cuda:0"]
     assert at_a == pytest.approx(114 + c.process_first_comm_mib + c.single_rank_init_mib, abs=0.01)
@@ -116,20 +133,38 @@ def test_single_rank_groups_use_the_single_rank_cost_and_first_comm_overhead() -
 
 
 def test_nccl_lazy_creates_a_pair_communicator_at_the_first_send_recv() -> None:
-    program = [[SetDevice(), InitProcessGroup(backend="nccl-lazy"), Checkpoint(label="a"), Send(peer=1),
-                Send(peer=1), Checkpoint(label="b")],
-               [SetDevice(), InitProcessGroup(backend="nccl-lazy"), Checkpoint(label="a"), Recv(peer=0),
-                Recv(peer=0), Checkpoint(label="b")]]
+    program = [
+        [
+            SetDevice(),
+            InitProcessGroup(backend="nccl-lazy"),
+            Checkpoint(label="a"),
+            Send(peer=1),
+            Send(peer=1),
+            Checkpoint(label="b"),
+        ],
+        [
+            SetDevice(),
+            InitProcessGroup(backend="nccl-lazy"),
+            Checkpoint(label="a"),
+            Recv(peer=0),
+            Recv(peer=0),
+            Checkpoint(label="b"),
+        ],
+    ]
     out = simulate(program)
     assert out.verdict == "pass"
     c = costs()
     for device in ("n0:cuda:0", "n0:cuda:1"):
-        assert used_mib(out, "b")[device] - used_mib(out, "a")[device] == pytest.approx(c.p2p_pair_mib, abs=0.01)
+        assert used_mib(out, "b")[device] - used_mib(out, "a")[device] == pytest.approx(
+            c.p2p_pair_mib, abs=0.01
+        )
 
 
 def test_nccl_lazy_first_send_is_a_rendezvous_with_the_peer() -> None:
-    program = [[SetDevice(), InitProcessGroup(backend="nccl-lazy"), Send(peer=1)],
-               [SetDevice(), InitProcessGroup(backend="nccl-lazy"), Compute(seconds=1.0)]]
+    program = [
+        [SetDevice(), InitProcessGroup(backend="nccl-lazy"), Send(peer=1)],
+        [SetDevice(), InitProcessGroup(backend="nccl-lazy"), Compute(seconds=1.0)],
+    ]
     out = simulate(program)
     assert out.verdict == "hang"
     (hang,) = out.hangs
@@ -138,30 +173,42 @@ def test_nccl_lazy_first_send_is_a_rendezvous_with_the_peer() -> None:
 
 
 def test_nccl2_send_recv_ride_the_group_communicator() -> None:
-    program = [[*START, Checkpoint(label="a"), Send(peer=1), Checkpoint(label="b")],
-               [*START, Checkpoint(label="a"), Recv(peer=0), Checkpoint(label="b")]]
+    program = [
+        [*START, Checkpoint(label="a"), Send(peer=1), Checkpoint(label="b")],
+        [*START, Checkpoint(label="a"), Recv(peer=0), Checkpoint(label="b")],
+    ]
     out = simulate(program)
     c = costs()
     assert out.verdict == "pass"
     assert used_mib(out, "b")["n0:cuda:0"] - used_mib(out, "a")["n0:cuda:0"] == pytest.approx(
-        c.first_collective_mib, abs=0.01)
+        c.first_collective_mib, abs=0.01
+    )
 
 
 def test_legacy_unbound_p2p_creates_a_pair_comm_but_bound_does_not() -> None:
     def program(device_id):
         init = InitProcessGroup(backend="nccl", device_id=device_id)
-        return [[SetDevice(), init, Checkpoint(label="a"), Send(peer=1), Checkpoint(label="b")],
-                [SetDevice(), InitProcessGroup(backend="nccl", device_id=1 if device_id is not None else None),
-                 Checkpoint(label="a"), Recv(peer=0), Checkpoint(label="b")]]
+        return [
+            [SetDevice(), init, Checkpoint(label="a"), Send(peer=1), Checkpoint(label="b")],
+            [
+                SetDevice(),
+                InitProcessGroup(backend="nccl", device_id=1 if device_id is not None else None),
+                Checkpoint(label="a"),
+                Recv(peer=0),
+                Checkpoint(label="b"),
+            ],
+        ]
 
     c = costs()
     lazy = simulate(program(None), env=LEGACY)
     bound = simulate(program(0), env=LEGACY)
     assert lazy.verdict == bound.verdict == "pass"
     assert used_mib(lazy, "b")["n0:cuda:0"] - used_mib(lazy, "a")["n0:cuda:0"] == pytest.approx(
-        c.p2p_pair_mib, abs=0.01)
+        c.p2p_pair_mib, abs=0.01
+    )
     assert used_mib(bound, "b")["n0:cuda:0"] - used_mib(bound, "a")["n0:cuda:0"] == pytest.approx(
-        c.first_collective_mib, abs=0.01)
+        c.first_collective_mib, abs=0.01
+    )
 
 
 # ------------------------------------------------------------------------------------------- hangs
@@ -198,8 +245,10 @@ def test_non_members_run_ahead_but_observable_ops_wait_for_the_split() -> None:
 
 def test_size_mismatch_hangs_nccl_and_aborts_gloo() -> None:
     def program(backend):
-        return [[SetDevice(), InitProcessGroup(backend=backend), AllReduce(size_bytes=1024)],
-                [SetDevice(), InitProcessGroup(backend=backend), AllReduce(size_bytes=2048)]]
+        return [
+            [SetDevice(), InitProcessGroup(backend=backend), AllReduce(size_bytes=1024)],
+            [SetDevice(), InitProcessGroup(backend=backend), AllReduce(size_bytes=2048)],
+        ]
 
     nccl = simulate(program("nccl"))
     assert nccl.verdict == "hang"
@@ -231,14 +280,20 @@ def test_lazy_init_first_op_is_a_rendezvous_of_all_members() -> None:
 
 def test_lazy_init_new_group_takes_no_split_so_non_members_may_skip_it() -> None:
     lazy = NewGroup(ranks=(0, 1), bind="g", pg_options=PgOptions(lazy_init=True))
-    out = simulate([[*START, lazy, AllReduce(group="g")], [*START, lazy, AllReduce(group="g")],
-                    [*START], [*START]], gpus_per_node=4)
+    out = simulate(
+        [[*START, lazy, AllReduce(group="g")], [*START, lazy, AllReduce(group="g")], [*START], [*START]],
+        gpus_per_node=4,
+    )
     assert out.verdict == "pass"
 
 
 def test_fake_backend_never_hangs() -> None:
-    out = simulate([[SetDevice(), InitProcessGroup(backend="fake"), AllReduce()],
-                    [SetDevice(), InitProcessGroup(backend="fake")]])
+    out = simulate(
+        [
+            [SetDevice(), InitProcessGroup(backend="fake"), AllReduce()],
+            [SetDevice(), InitProcessGroup(backend="fake")],
+        ]
+    )
     assert out.verdict == "pass"
     assert out.ledgers["n0:cuda:0"].used_by_kind().get("comm", 0) == 0
 
@@ -267,7 +322,9 @@ def test_group_bound_to_another_device_errors_with_torchs_text() -> None:
     assert out.verdict == "error"
     (error,) = out.errors
     assert error["rank"] == 1
-    assert error["message"] == "ProcessGroupNCCL is bound to device cuda:1 but an operation was issued on cuda:0"
+    assert (
+        error["message"] == "ProcessGroupNCCL is bound to device cuda:1 but an operation was issued on cuda:0"
+    )
 
 
 @pytest.mark.parametrize(
@@ -300,15 +357,23 @@ def test_cudamallocasync_aborts_nccl2_groups_only() -> None:
 
 
 def test_split_group_on_an_uninitialised_lazy_parent_is_refused() -> None:
-    lazy_world = [SetDevice(), InitProcessGroup(backend="nccl", pg_options=PgOptions(lazy_init=True)),
-                  SplitGroup(split_ranks=((0,), (1,)), bind="s")]
+    lazy_world = [
+        SetDevice(),
+        InitProcessGroup(backend="nccl", pg_options=PgOptions(lazy_init=True)),
+        SplitGroup(split_ranks=((0,), (1,)), bind="s"),
+    ]
     out = simulate(lazy_world)
     assert out.verdict == "error"
     assert out.errors[0]["message"] == NO_SPLIT_PARENT
 
 
 def test_split_group_members_split_and_the_rank_in_no_split_joins_with_nocolor() -> None:
-    program = [*START, Checkpoint(label="a"), SplitGroup(split_ranks=((0, 1),), bind="s"), Checkpoint(label="b")]
+    program = [
+        *START,
+        Checkpoint(label="a"),
+        SplitGroup(split_ranks=((0, 1),), bind="s"),
+        Checkpoint(label="b"),
+    ]
     out = simulate(program, gpus_per_node=4)
     assert out.verdict == "pass"
     mib = {d: used_mib(out, "b")[d] - used_mib(out, "a")[d] for d in used_mib(out, "a")}
@@ -330,8 +395,13 @@ def test_device_fallback_uses_local_rank_under_torchrun_and_global_rank_otherwis
 
 
 def test_local_synchronization_non_members_do_not_advance_the_group_counter() -> None:
-    program = [*START, NewGroup(ranks=(0, 1), bind="l", use_local_synchronization=True, pg_options=PgOptions(
-        lazy_init=True)), NewGroup(ranks=(0, 1, 2), bind="n", backend="gloo")]
+    program = [
+        *START,
+        NewGroup(
+            ranks=(0, 1), bind="l", use_local_synchronization=True, pg_options=PgOptions(lazy_init=True)
+        ),
+        NewGroup(ranks=(0, 1, 2), bind="n", backend="gloo"),
+    ]
     out = simulate(program, gpus_per_node=4, env=LEGACY)
     names = {rt.rank: rt.handles["n"].name for rt in out.ranks if not isinstance(rt.handles["n"], int)}
     assert names == {0: "2", 1: "2", 2: "1"}

@@ -39,8 +39,15 @@ def simulate(
         shared = Program(tuple(program))  # type: ignore[arg-type]
         per_rank = [shared] * cluster.world_size
     chosen = get_profile(profile) if profile else find_profile(gpu, release)
-    config = SimConfig(cluster=cluster, release=get_release(release), profile=chosen, programs=per_rank,
-                       env=dict(env or {}), launcher=launcher, limits=limits or Limits())
+    config = SimConfig(
+        cluster=cluster,
+        release=get_release(release),
+        profile=chosen,
+        programs=per_rank,
+        env=dict(env or {}),
+        launcher=launcher,
+        limits=limits or Limits(),
+    )
     return Engine(config, keep_trace=keep_trace).run()
 
 
