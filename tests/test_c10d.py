@@ -1,0 +1,175 @@
+"""The c10d decision model as pure functions: names, membership, split sources, device binding, errors."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+
+from simnccl.backends import Comm, CommState
+from simnccl.c10d import (
+    Group,
+    ProcessContext,
+    TorchError,
+    group_name_for,
+    nccl_device_fallback,
+    plan_init,
+    plan_new_group,
+    plan_split_group,
+    split_source,
+)
+from simnccl.ops import PgOptions
+from simnccl.release import MISMATCHED_BOUND_DEVICE, Impl, get_release, resolve_backend
+
+R215 = get_release("2.15")
+R214 = get_release("2.14")
+NO_OPTS = PgOptions()
+
+
+def ctx(rank: int = 0, world: int = 4, local: int | None = None, gpus: int = 4, env=None) -> ProcessContext:
+    env = {"LOCAL_RANK": str(rank if local is None else local)} if env is None else env
+    return ProcessContext(
+        rank=rank, world_size=world, local_rank=rank if local is None else local, device_count=gpus, env=env
+    )
+
+
+def world_group(release=R215, backend: str = "nccl", c: ProcessContext | None = None, options=NO_OPTS) -> Group:
+    c = c or ctx()
+    plan = plan_init(release, c, backend, None, None, options)
+    group = Group(plan.name, plan.desc, plan.ranks, c.rank, plan.backend, plan.bound_device, plan.timeout_s, options)
+    for comm_plan in plan.comms:
+        comm = Comm(comm_plan.pair.impl, "0", len(plan.ranks), comm_plan.device, lazy_init=options.lazy_init)
+        if comm_plan.eager:
+            comm.state = CommState.READY
+            comm.comm_id = 1
+        group.comms[comm_plan.pair.device_type] = comm
+    return group
+
+
+def new_group(
+    world: Group,
+    ranks,
+    c=None,
+    release=R215,
+    backend=None,
+    options=NO_OPTS,
+    local_sync=False,
+    counter: int = 1,
+    device_id=None,
+):
+    return plan_new_group(
+        release, c or ctx(), world, counter, ranks, backend, options, local_sync, None, device_id, None
+    )
+
+
+def test_group_names_are_the_counter_or_a_sha1_of_ranks_and_counter() -> None:
+    assert group_name_for(3, (0, 1), False) == "3"
+    expected = hashlib.sha1(b"0_1_3").hexdigest()
+    assert group_name_for(3, (0, 1), True) == expected
+
+
+def test_2_15_world_is_bound_by_the_nccl2_fallback_so_new_group_splits() -> None:
+    world = world_group()
+    assert world.bound_device == 0
+    member = new_group(world, (0, 1))
+    assert member.member and member.comms[0].split_from is world.comms["cuda"]
+    outsider = new_group(world, (2, 3))
+    assert not outsider.member and outsider.nocolor_split_on is world.comms["cuda"]
+
+
+def test_legacy_world_is_unbound_so_new_group_bootstraps_fresh_and_lazily() -> None:
+    world = world_group(c=ctx(env={"LOCAL_RANK": "0", "TORCH_DIST_USE_NCCL2": "0"}))
+    assert world.bound_device is None
+    plan = new_group(world, (0, 1), c=ctx(env={"TORCH_DIST_USE_NCCL2": "0"}))
+    (comm,) = plan.comms
+    assert comm.pair.impl is Impl.LEGACY and comm.split_from is None and not comm.eager
+    assert new_group(world, (2, 3), c=ctx(env={"TORCH_DIST_USE_NCCL2": "0"})).nocolor_split_on is None
+
+
+def test_split_source_requires_the_same_backend_name_on_2_15_but_not_2_14() -> None:
+    world = world_group()
+    assert split_source(R215, world, resolve_backend(R215, "nccl2", {}), NO_OPTS) is None
+    assert split_source(R215, world, resolve_backend(R215, "nccl", {}), NO_OPTS) is world.comms["cuda"]
+    assert split_source(R215, world, resolve_backend(R215, "nccl", {}), PgOptions(lazy_init=True)) is None
+    # A different name creates a fresh communicator, and non-members then issue no NOCOLOR split.
+    fresh = new_group(world, (0, 1), backend="nccl-lazy")
+    assert fresh.comms[0].split_from is None and fresh.comms[0].eager
+    assert new_group(world, (2, 3), backend="nccl-lazy").nocolor_split_on is None
+
+
+def test_a_lazy_init_default_group_is_no_split_source_until_used() -> None:
+    world = world_group(options=PgOptions(lazy_init=True))
+    assert world.comms["cuda"].state is CommState.UNINITIALIZED
+    assert split_source(R215, world, world.backend, NO_OPTS) is None
+
+
+def test_nccl_lazy_split_children_are_plain_nccl2() -> None:
+    world = world_group(backend="nccl-lazy")
+    (comm,) = new_group(world, (0, 1)).comms
+    assert comm.split_from is not None and comm.pair.impl is Impl.NCCL2
+
+
+def test_local_synchronization_non_members_return_early_without_a_name() -> None:
+    world = world_group()
+    plan = new_group(world, (2, 3), local_sync=True, counter=5)
+    assert not plan.member and plan.counter_advance == 0 and plan.nocolor_split_on is None
+    member = new_group(world, (0, 1), local_sync=True, counter=5)
+    assert member.name == group_name_for(5, (0, 1), True) and member.counter_advance == 1
+
+
+@pytest.mark.parametrize(
+    ("ranks", "type_name", "text"),
+    [
+        ((0, 0), "ValueError", "ranks list must not contain duplicate entries, got [0, 0]"),
+        ((0, 7), "ValueError", "Rank 7 is out of range. Valid ranks are 0 to 3 (world_size=4)"),
+        ((0, 1, 2, 3, 4), "ValueError", "the new group's world size should be less or equal"),
+        ((), "AssertionError", "Group rank must be specified for group members"),
+    ],
+)
+def test_new_group_rank_errors_use_torchs_texts(ranks, type_name, text) -> None:
+    with pytest.raises(TorchError) as err:
+        new_group(world_group(), ranks)
+    assert err.value.type_name == type_name and text in err.value.message
+
+
+def test_device_id_mismatch_with_the_default_group_is_torchs_assertion() -> None:
+    with pytest.raises(TorchError, match="Mismatched bound device") as err:
+        new_group(world_group(), (0, 1), device_id=3)
+    assert err.value.message == MISMATCHED_BOUND_DEVICE
+
+
+def test_device_fallback_prefers_local_rank() -> None:
+    assert nccl_device_fallback(ctx(rank=6, local=2, gpus=4), {"LOCAL_RANK": "2"}) == 2
+    assert nccl_device_fallback(ctx(rank=6, local=2, gpus=4), {}) == 2  # 6 % 4
+    assert nccl_device_fallback(ctx(rank=5, local=1, gpus=8), {}) == 5
+
+
+def test_device_id_out_of_range_message() -> None:
+    with pytest.raises(TorchError) as err:
+        plan_init(R215, ctx(gpus=2), "nccl", 3, None, NO_OPTS)
+    assert err.value.message == (
+        "device_id cuda:3 is out of range. Please use a device index less than the number of accelerators available: 2."
+    )
+
+
+def test_lazy_init_is_unknown_before_2_15() -> None:
+    with pytest.raises(TorchError, match="lazy_init"):
+        plan_init(R214, ctx(), "nccl", None, None, PgOptions(lazy_init=True))
+
+
+def test_2_15_default_timeouts_follow_the_backend_name() -> None:
+    assert plan_init(R215, ctx(), "nccl-lazy", None, None, NO_OPTS).timeout_s == 600
+    assert plan_init(R214, ctx(), "nccl-lazy", None, None, NO_OPTS).timeout_s == 1800
+    assert plan_init(R215, ctx(), "gloo", None, None, NO_OPTS).timeout_s == 1800
+
+
+def test_split_group_names_hash_the_own_split_and_non_members_join_with_nocolor() -> None:
+    world = world_group()
+    mine = plan_split_group(R215, ctx(rank=0), 4, world, ((1, 0), (2,)), NO_OPTS, None, None)
+    assert mine.member and mine.ranks == (1, 0) and mine.name == group_name_for(4, (1, 0), True)
+    world3 = world_group(c=ctx(rank=3))
+    outsider = plan_split_group(R215, ctx(rank=3), 4, world3, ((1, 0), (2,)), NO_OPTS, None, None)
+    assert not outsider.member and outsider.nocolor_split_on is world3.comms["cuda"]
+    assert outsider.name == group_name_for(4, (1, 0), True)  # a rank in no split names split_ranks[0]
+    with pytest.raises(TorchError, match="cannot have duplicate ranks"):
+        plan_split_group(R215, ctx(rank=0), 4, world, ((1, 1, 0),), NO_OPTS, None, None)
