@@ -50,7 +50,7 @@ def test_bad_backend_strings_are_rejected(bad) -> None:
 
 
 def test_unknown_release_lists_the_known_ones() -> None:
-    with pytest.raises(ReleaseError, match="2.14, 2.15"):
+    with pytest.raises(ReleaseError, match=r"2\.14, 2\.15"):
         get_release("3.0")
     assert {"2.14", "2.15", "2.15-dev", "2.16-dev"} <= set(RELEASES)
 
