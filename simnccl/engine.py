@@ -187,6 +187,9 @@ class Engine:
         self._trace: list[tuple[Any, ...]] = []
         self._next_comm_id = 1
         self._ops = 0
+        self._clock: float | None = None  # set while a cohort applies a block at a simulated time ahead of now
+        self._shared_program = self._common_program(config.programs)
+        self._cohorts: dict[int, Cohort] = {}
         self._wall_start = 0.0
         self._pair_attempts: dict[tuple[str, int, int, int], int] = {}
         self._meeting_ids: dict[int, int] = {}
@@ -231,6 +234,15 @@ class Engine:
         self.env.run(until=self.config.limits.max_sim_time_s)
         return self._outcome()
 
+    @staticmethod
+    def _common_program(programs: Sequence[Program]) -> Program | None:
+        """The one Program object every rank runs, if there is one: the precondition for cohorts."""
+        first = programs[0] if programs else None
+        return first if first is not None and all(p is first for p in programs) else None
+
+    def _now(self) -> float:
+        return self.env.now if self._clock is None else self._clock
+
     def _record(self, *event: Any) -> None:
         self._event_count += 1
         self._hasher.update(repr(event).encode())
@@ -256,6 +268,9 @@ class Engine:
             while rt.pc < len(ops):
                 self._guard()
                 op = ops[rt.pc]
+                if rt.program is self._shared_program and _starts_block(op):
+                    yield from self._cohort(rt)
+                    continue
                 handler = dispatch.get(type(op))
                 if handler is None:
                     handler = self._op_collective if isinstance(op, Collective) else self._op_p2p
@@ -282,14 +297,12 @@ class Engine:
         rt.error_kind = kind
         rt.error_op = rt.program.ops[rt.pc].describe() if rt.pc < len(rt.program.ops) else "<end>"
         rt.block = None
-        rt.finished_at = self.env.now
-        self._record(self.env.now, rt.rank, "error", kind, err.type_name, err.message)
+        rt.finished_at = self._now()
+        self._record(self._now(), rt.rank, "error", kind, err.type_name, err.message)
 
     # ------------------------------------------------------------------ meetings
 
-    def _open(
-        self, key: tuple[Any, ...], kind: str, group: str, seq: int, expected: tuple[int, ...]
-    ) -> Meeting:
+    def _open(self, key: tuple[Any, ...], kind: str, group: str, seq: int, expected: tuple[int, ...]) -> Meeting:
         meeting = self.meetings.get(key)
         if meeting is None:
             meeting = self.meetings.open(key, kind, group, seq, expected)
@@ -426,15 +439,13 @@ class Engine:
             ledger.allocate(
                 Owner("cuda_context", rt.rank),
                 self.cluster.gpu.cuda_context_bytes,
-                time_s=self.env.now,
+                time_s=self._now(),
                 op=op.describe(),
             )
-            self._record(self.env.now, rt.rank, "context", device.key)
+            self._record(self._now(), rt.rank, "context", device.key)
         return ledger
 
-    def _charge(
-        self, rt: RankRuntime, comm: Comm, charges: list[Charge], op: Op, group: Group | None
-    ) -> None:
+    def _charge(self, rt: RankRuntime, comm: Comm, charges: list[Charge], op: Op, group: Group | None) -> None:
         if comm.device is None or not charges:
             return
         ledger = self._touch(rt, comm.device, op)
@@ -447,20 +458,16 @@ class Engine:
             ledger.allocate(
                 Owner("comm", rt.rank, comm.group, charge.phase),
                 charge.num_bytes,
-                time_s=self.env.now,
+                time_s=self._now(),
                 op=op.describe(),
                 nccl=True,
             )
-            self._record(
-                self.env.now, rt.rank, "alloc", ledger.device, comm.group, charge.phase, charge.num_bytes
-            )
+            self._record(self._now(), rt.rank, "alloc", ledger.device, comm.group, charge.phase, charge.num_bytes)
             if group is not None:
                 record = self._group_record(group, comm)
-                member = record.members.setdefault(
-                    rt.rank, {"device": ledger.device, "bytes": 0, "phases": {}}
-                )
+                member = record.members.setdefault(rt.rank, {"device": ledger.device, "bytes": 0, "phases": {}})
                 member["bytes"] += charge.num_bytes
-                member["phases"].setdefault(charge.phase, self.env.now)
+                member["phases"].setdefault(charge.phase, self._now())
 
     @staticmethod
     def _bytes(mib: float) -> int:
@@ -525,9 +532,7 @@ class Engine:
         if index is None:
             return
         ledger = self.ledgers[self._device(rt, index).key]
-        per_device[ledger.device] = Snapshot(
-            ledger.device, ledger.used_bytes, ledger.free_bytes, self.env.now, rt.rank
-        )
+        per_device[ledger.device] = Snapshot(ledger.device, ledger.used_bytes, ledger.free_bytes, self.env.now, rt.rank)
 
     # ------------------------------------------------------------------ group creation
 
@@ -572,9 +577,7 @@ class Engine:
         self._require_world(rt, op)
         parent = self._resolve(rt, op.parent, op)
         if not isinstance(parent, Group):
-            raise TorchError(
-                "RuntimeError", f"split_group: this rank is not a member of the parent {op.parent!r}"
-            )
+            raise TorchError("RuntimeError", f"split_group: this rank is not a member of the parent {op.parent!r}")
         plan = plan_split_group(
             self.release,
             rt.ctx,
@@ -653,8 +656,7 @@ class Engine:
         conf = rt.ctx.env.get("PYTORCH_CUDA_ALLOC_CONF", "")
         if "backend:cudaMallocAsync" in conf.replace(" ", ""):
             raise _ProcessAbort(
-                "terminate called after throwing an instance of 'c10::Error'\n  what():  "
-                + CUDAMALLOCASYNC_TRACKER
+                "terminate called after throwing an instance of 'c10::Error'\n  what():  " + CUDAMALLOCASYNC_TRACKER
             )
 
     def _init_comm(self, rt: RankRuntime, group: Group, comm: Comm, op: Op) -> Waiting:
@@ -766,9 +768,7 @@ class Engine:
             if tuple(sorted(ranks)) == tuple(sorted(color)):
                 colors[color] = self._new_comm_id()
             else:
-                stuck = self._open(
-                    ("color", *meeting.key, color), "split-color", meeting.group, meeting.seq, color
-                )
+                stuck = self._open(("color", *meeting.key, color), "split-color", meeting.group, meeting.seq, color)
                 for r in ranks:
                     stuck.arrivals[r] = meeting.arrivals[r]
                 elsewhere = [
@@ -790,9 +790,7 @@ class Engine:
         try:
             target = rt.handles[handle]
         except KeyError:
-            raise TorchError(
-                "NameError", f"group handle {handle!r} was never bound on rank {rt.rank}"
-            ) from None
+            raise TorchError("NameError", f"group handle {handle!r} was never bound on rank {rt.rank}") from None
         if isinstance(target, Group) and target.destroyed:
             raise TorchError("ValueError", "Invalid process group specified")
         return target
@@ -808,8 +806,7 @@ class Engine:
                 if comm.impl is Impl.LEGACY:
                     raise TorchError(
                         "ValueError",
-                        f"Tensor found on device cuda:{current} but backend constrained to "
-                        f"cuda:{comm.device}",
+                        f"Tensor found on device cuda:{current} but backend constrained to cuda:{comm.device}",
                     )
                 raise TorchError(
                     "RuntimeError",
@@ -822,9 +819,7 @@ class Engine:
         yield from self._settle(rt)
         target = self._resolve(rt, op.group, op)
         if not isinstance(target, Group):
-            rt.warnings.append(
-                f"Running {op.name} on global rank {rt.rank} which does not belong to the given group."
-            )
+            rt.warnings.append(f"Running {op.name} on global rank {rt.rank} which does not belong to the given group.")
             return
         comm = self._usable_comm(rt, target, op)
         life = lifecycle(comm.impl)
@@ -849,14 +844,10 @@ class Engine:
         yield from self._settle(rt)
         target = self._resolve(rt, op.group, op)
         if not isinstance(target, Group):
-            rt.warnings.append(
-                f"Running {op.name} on global rank {rt.rank} which does not belong to the given group."
-            )
+            rt.warnings.append(f"Running {op.name} on global rank {rt.rank} which does not belong to the given group.")
             return
         if op.peer not in target.ranks or op.peer == rt.rank:
-            raise TorchError(
-                "ValueError", f"Invalid peer rank {op.peer} for {op.name} in group {target.name!r}"
-            )
+            raise TorchError("ValueError", f"Invalid peer rank {op.peer} for {op.name} in group {target.name!r}")
         comm = self._usable_comm(rt, target, op)
         life = lifecycle(comm.impl)
         if not life.communicates:
@@ -869,9 +860,7 @@ class Engine:
                 yield from self._init_comm(rt, target, comm, op)
             if not comm.connected:
                 comm.connected = True
-                self._charge(
-                    rt, comm, life.first_collective_charges(self.costs, comm, rt.ctx.env), op, target
-                )
+                self._charge(rt, comm, life.first_collective_charges(self.costs, comm, rt.ctx.env), op, target)
             channel = comm.comm_id
         n = comm.p2p_seq.get((src, dst), 0) + 1
         comm.p2p_seq[(src, dst)] = n
@@ -880,9 +869,7 @@ class Engine:
         yield from self._wait(rt, meeting, op)
         self._record(self.env.now, rt.rank, op.name, target.name, src, dst, n)
 
-    def _pair_comm(
-        self, rt: RankRuntime, group: Group, comm: Comm, op: PointToPoint
-    ) -> Generator[Any, Any, int]:
+    def _pair_comm(self, rt: RankRuntime, group: Group, comm: Comm, op: PointToPoint) -> Generator[Any, Any, int]:
         """A lazily created 2-rank communicator for one peer: a rendezvous with that peer, then its memory."""
         peer = op.peer
         existing = comm.pair_comms.get(peer)
@@ -939,6 +926,224 @@ class Engine:
                     ]:
                         ledger.release_owner(owner, time_s=self.env.now, op=op.describe())
         self._record(self.env.now, rt.rank, "destroy", op.group)
+
+    # ------------------------------------------------------------------ cohorts (DESIGN rule 8)
+
+    def _cohort(self, rt: RankRuntime) -> Waiting:
+        """Run a block of world-wide group-creation calls for every rank at once.
+
+        Precondition (checked): every rank runs this same Program object and arrives at the same pc with the
+        same group counter and nothing pending. Then each ``new_group``/``split_group`` of the block is, for
+        every rank, either a split of the bound default group (members split, everyone else NOCOLOR, all
+        leave together after ``split_s``) or a purely local lazy creation. The block is applied in one pass:
+        per-member work for members, a constant for everyone else — the same outcome as running each rank
+        through each call, without calls x world work. Anything else (a fresh eager bootstrap, an error in
+        planning, a rank that is not eligible) ends the block, and ranks continue one by one from there.
+        """
+        yield from self._settle(rt)
+        start = rt.pc
+        cohort = self._cohorts.get(start)
+        if cohort is None:
+            world_seq = rt.world.comm_for("cuda").seq if rt.world and rt.world.comm_for("cuda") else 0
+            meeting = self.meetings.open(("cohort", start), "split", "0", world_seq + 1, self._all_ranks)
+            meeting.result = self.env.event()
+            cohort = Cohort(start=start, counter=rt.counter, meeting=meeting)
+            self._cohorts[start] = cohort
+        if cohort.broken or not self._cohort_eligible(rt, cohort):
+            self._break_cohort(cohort)
+            yield from self._one_call(rt)
+            return
+        op = rt.program.ops[start]
+        cohort.meeting.arrivals[rt.rank] = Arrival(rt.rank, self.env.now, ("split", None), op)
+        if len(cohort.meeting.arrivals) == len(self._all_ranks):
+            self._apply_block(cohort)
+        yield from self._wait(rt, cohort.meeting, op)
+        if cohort.broken:
+            yield from self._one_call(rt)
+            return
+        self._resume_from_block(rt, cohort)
+
+    def _one_call(self, rt: RankRuntime) -> Waiting:
+        """The ordinary path for the op at pc, used when a cohort can't take it."""
+        op = rt.program.ops[rt.pc]
+        handler = self._op_new_group if isinstance(op, NewGroup) else self._op_split_group
+        work = handler(rt, op)
+        if work is not None:
+            yield from work
+        rt.pc += 1
+
+    def _cohort_eligible(self, rt: RankRuntime, cohort: Cohort) -> bool:
+        world = rt.world
+        if world is None or rt.pending or rt.counter != cohort.counter:
+            return False
+        parent = world.comm_for("cuda")
+        return parent is None or parent.ready
+
+    def _break_cohort(self, cohort: Cohort) -> None:
+        if cohort.broken:
+            return
+        cohort.broken = True
+        if not cohort.meeting.complete:
+            cohort.meeting.completed_at = self.env.now
+            cohort.meeting.result.succeed()
+
+    @property
+    def _all_ranks(self) -> tuple[int, ...]:
+        return tuple(range(self.cluster.world_size))
+
+    def _apply_block(self, cohort: Cohort) -> None:
+        """The leader's pass over the block: plan once per op, act per member, advance time per split."""
+        program = self._shared_program
+        assert program is not None
+        ops = program.ops
+        ranks = self.ranks
+        clock = self.env.now
+        counter = cohort.counter
+        pc = cohort.start
+        executed = splits = 0
+        binds: set[str] = set()
+        failed = False
+        while pc < len(ops) and _starts_block(ops[pc]) and not failed:
+            op = ops[pc]
+            plans = self._block_plans(op, counter)
+            if plans is None:
+                break
+            is_split = any(
+                p.nocolor_split_on is not None or any(c.split_from is not None for c in p.comms) for p in plans.values()
+            )
+            if is_split:
+                clock += self.profile.timing.split_s
+            self._clock = clock
+            child_id = self._new_comm_id() if is_split else None
+            for rank, plan in plans.items():
+                if not plan.member:
+                    continue
+                rt = ranks[rank]
+                rt.pc = pc
+                try:
+                    self._apply_member_plan(rt, plan, op, child_id)
+                except (TorchError, SimulatedOOM) as err:
+                    cohort.failures[rank] = (pc, err)  # re-raised in that rank's own process
+                    failed = True
+            self._clock = None
+            self._record(clock, "cohort", pc, op.name, len(plans))
+            if getattr(op, "bind", None):
+                binds.add(op.bind)
+            counter += 1
+            executed += 1
+            splits += int(is_split)
+            pc += 1
+        self._ops += executed * len(ranks)
+        cohort.end = pc
+        cohort.executed = executed
+        cohort.splits = splits
+        cohort.binds = tuple(sorted(binds))
+        if executed == 0:
+            self._break_cohort(cohort)
+            return
+        cohort.meeting.completed_at = clock
+        self._record(clock, "meet", "cohort", cohort.meeting.key, executed)
+        event = cohort.meeting.result
+        self.env.timeout(clock - self.env.now).callbacks.append(lambda _ev: event.succeed())
+
+    def _block_plans(self, op: Op, counter: int) -> dict[int, GroupPlan] | None:
+        """Every rank's plan that matters for this op, or None when the op can't be taken as a block.
+
+        For ``new_group`` non-members are uniform (a NOCOLOR split, or nothing), so only members are planned;
+        ``split_group`` (rare) is planned for every rank since each validates its own split.
+        """
+        ranks = self.ranks
+        try:
+            if isinstance(op, NewGroup):
+                probe = self._plan_new_group(ranks[0], op, counter)
+                members = probe.ranks
+                plans = {0: probe}
+                for rank in members:
+                    if rank != 0:
+                        plans[rank] = self._plan_new_group(ranks[rank], op, counter)
+            else:
+                assert isinstance(op, SplitGroup)
+                if op.parent != WORLD:
+                    return None
+                plans = {}
+                for rt in ranks:
+                    assert rt.world is not None
+                    plans[rt.rank] = plan_split_group(
+                        self.release,
+                        rt.ctx,
+                        counter,
+                        rt.world,
+                        op.split_ranks,
+                        op.pg_options,
+                        op.group_desc,
+                        op.timeout_s,
+                    )
+        except TorchError:
+            return None
+        for plan in plans.values():
+            if any(c.eager and c.split_from is None for c in plan.comms):
+                return None  # a fresh bootstrap: members-only meeting, not a world-wide step
+        return plans
+
+    def _plan_new_group(self, rt: RankRuntime, op: NewGroup, counter: int) -> GroupPlan:
+        assert rt.world is not None
+        return plan_new_group(
+            self.release,
+            rt.ctx,
+            rt.world,
+            counter,
+            op.ranks,
+            op.backend,
+            op.pg_options,
+            op.use_local_synchronization,
+            op.group_desc,
+            op.device_id,
+            op.timeout_s,
+        )
+
+    def _apply_member_plan(
+        self, rt: RankRuntime, plan: GroupPlan, op: NewGroup | SplitGroup, child_id: int | None
+    ) -> None:
+        group = self._group_from_plan(rt, plan)
+        if op.bind:
+            rt.handles[op.bind] = group
+        self._record(self._now(), rt.rank, op.name, plan.name, plan.ranks)
+        for comm_plan in plan.comms:
+            comm = Comm(
+                impl=comm_plan.pair.impl,
+                group=group.name,
+                size=group.size,
+                device=comm_plan.device,
+                lazy_init=comm_plan.lazy_init,
+                via_split=comm_plan.split_from is not None,
+                shared=comm_plan.shared,
+            )
+            for pair in plan.backend.pairs:
+                if pair.name == comm_plan.pair.name:
+                    group.comms[pair.device_type] = comm
+            self._group_record(group, comm)
+            if comm_plan.split_from is None:
+                continue  # lazy: created at first use
+            assert child_id is not None
+            comm.comm_id = child_id
+            self._comm_members[child_id] = group.ranks
+            self._abort_if_cudamallocasync(rt, comm)
+            comm.state = CommState.READY
+            self._charge(rt, comm, lifecycle(comm.impl).init_charges(self.costs, comm, rt.ctx.env), op, group)
+
+    def _resume_from_block(self, rt: RankRuntime, cohort: Cohort) -> None:
+        """Bring one rank's own state to the end of the block (counter, parent sequence, handles)."""
+        rt.counter = cohort.counter + cohort.executed
+        parent = rt.world.comm_for("cuda") if rt.world is not None else None
+        if parent is not None:
+            parent.seq += cohort.splits
+        for bind in cohort.binds:
+            rt.handles.setdefault(bind, NON_GROUP_MEMBER)
+        failure = cohort.failures.get(rt.rank)
+        if failure is not None:
+            rt.pc, err = failure
+            raise err
+        rt.pc = cohort.end
 
     # ------------------------------------------------------------------ outcome
 
@@ -1048,6 +1253,28 @@ class Engine:
         if meeting.kind == "bootstrap":
             return timeout, "the store wait for the NCCL unique id times out after the group's timeout"
         return timeout, "the watchdog aborts the collective after the group's timeout"
+
+
+@dataclass(slots=True, eq=False)
+class Cohort:
+    """All ranks taking one block of group-creation calls together (see ``Engine._cohort``)."""
+
+    start: int
+    counter: int
+    meeting: Meeting
+    broken: bool = False
+    end: int = 0
+    executed: int = 0
+    splits: int = 0
+    binds: tuple[str, ...] = ()
+    failures: dict[int, tuple[int, TorchError | SimulatedOOM]] = field(default_factory=dict)
+
+
+def _starts_block(op: Op) -> bool:
+    """Ops a cohort may take: world-wide group creation (local synchronization is members-only)."""
+    if isinstance(op, NewGroup):
+        return not op.use_local_synchronization
+    return isinstance(op, SplitGroup) and op.parent == WORLD
 
 
 def _handle_of(op: Op) -> str:

@@ -155,9 +155,7 @@ def test_nccl_lazy_creates_a_pair_communicator_at_the_first_send_recv() -> None:
     assert out.verdict == "pass"
     c = costs()
     for device in ("n0:cuda:0", "n0:cuda:1"):
-        assert used_mib(out, "b")[device] - used_mib(out, "a")[device] == pytest.approx(
-            c.p2p_pair_mib, abs=0.01
-        )
+        assert used_mib(out, "b")[device] - used_mib(out, "a")[device] == pytest.approx(c.p2p_pair_mib, abs=0.01)
 
 
 def test_nccl_lazy_first_send_is_a_rendezvous_with_the_peer() -> None:
@@ -322,9 +320,7 @@ def test_group_bound_to_another_device_errors_with_torchs_text() -> None:
     assert out.verdict == "error"
     (error,) = out.errors
     assert error["rank"] == 1
-    assert (
-        error["message"] == "ProcessGroupNCCL is bound to device cuda:1 but an operation was issued on cuda:0"
-    )
+    assert error["message"] == "ProcessGroupNCCL is bound to device cuda:1 but an operation was issued on cuda:0"
 
 
 @pytest.mark.parametrize(
@@ -397,9 +393,7 @@ def test_device_fallback_uses_local_rank_under_torchrun_and_global_rank_otherwis
 def test_local_synchronization_non_members_do_not_advance_the_group_counter() -> None:
     program = [
         *START,
-        NewGroup(
-            ranks=(0, 1), bind="l", use_local_synchronization=True, pg_options=PgOptions(lazy_init=True)
-        ),
+        NewGroup(ranks=(0, 1), bind="l", use_local_synchronization=True, pg_options=PgOptions(lazy_init=True)),
         NewGroup(ranks=(0, 1, 2), bind="n", backend="gloo"),
     ]
     out = simulate(program, gpus_per_node=4, env=LEGACY)
@@ -423,3 +417,91 @@ def test_runaway_simulation_is_stopped_by_the_guard() -> None:
     program = [*START, *[Compute(seconds=0.0)] * 70_000]
     with pytest.raises(EngineGuardError, match="exceeded 1000 ops"):
         simulate(program, gpus_per_node=1, limits=Limits(max_ops=1000))
+
+
+# ------------------------------------------------------------------------------------------- cohorts
+
+
+def _observable(outcome):
+    checkpoints = {
+        label: {d: (s.used_bytes, round(s.time_s, 9)) for d, s in snaps.items()}
+        for label, snaps in outcome.checkpoints.items()
+    }
+    errors = sorted((e["rank"], e["kind"], e["op"], e["message"]) for e in outcome.errors)
+    hangs = sorted((h["rank"], h["op"], tuple(h["waiting_for"])) for h in outcome.hangs)
+    groups = {
+        (name, ranks): {r: m["bytes"] for r, m in rec.members.items()} for (name, ranks), rec in outcome.groups.items()
+    }
+    return outcome.verdict, checkpoints, errors, hangs, groups
+
+
+COHORT_CASES = {
+    "199957": (
+        [
+            *START,
+            Checkpoint(label="a"),
+            *[NewGroup(ranks=(0, 1), bind=f"g{i}") for i in range(9)],
+            Checkpoint(label="b"),
+            AllReduce(),
+            *[AllReduce(group=f"g{i}") for i in range(9)],
+            Checkpoint(label="c"),
+        ],
+        {},
+        2,
+    ),
+    "legacy": (
+        [
+            *START,
+            *[NewGroup(ranks=(i % 4, (i + 1) % 4), bind="p") for i in range(6)],
+            AllReduce(group="p"),
+            Checkpoint(label="x"),
+        ],
+        LEGACY,
+        4,
+    ),
+    "mixed-gloo-twins": (
+        [
+            *START,
+            NewGroup(ranks=(0, 1), bind="t"),
+            NewGroup(ranks=(0, 1), backend="gloo", bind="tc"),
+            NewGroup(ranks=(2, 3), bind="t"),
+            NewGroup(ranks=(2, 3), backend="gloo", bind="tc"),
+            AllReduce(group="t"),
+            Checkpoint(label="x"),
+        ],
+        {},
+        4,
+    ),
+    "split-group": (
+        [
+            *START,
+            SplitGroup(split_ranks=((0, 1), (2, 3)), bind="s"),
+            AllReduce(group="s"),
+            NewGroup(ranks=(1, 2), bind="m"),
+            Checkpoint(label="x"),
+        ],
+        {},
+        4,
+    ),
+    "shared": (
+        [*START, *[NewGroup(ranks=(0, 1, 2, 3), bind=f"w{i}") for i in range(3)], Checkpoint(label="x")],
+        {"NCCL_COMM_SPLIT_SHARE_RESOURCES": "1"},
+        4,
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(COHORT_CASES))
+def test_cohort_path_and_rank_by_rank_path_agree(case) -> None:
+    program, env, gpus = COHORT_CASES[case]
+    shared = simulate(program, env=env, gpus_per_node=gpus)  # one Program object: cohorts
+    separate = simulate([list(program) for _ in range(gpus)], env=env, gpus_per_node=gpus)  # rank by rank
+    assert _observable(shared) == _observable(separate)
+
+
+def test_cohort_path_and_rank_by_rank_path_agree_on_oom() -> None:
+    program = [*START, *[NewGroup(ranks=(0, 1), bind=f"s{i}") for i in range(400)], Checkpoint(label="x")]
+    shared = simulate(program, gpu="rtx3060-12gb", gpus_per_node=2)
+    separate = simulate([list(program), list(program)], gpu="rtx3060-12gb", gpus_per_node=2)
+    assert shared.verdict == "fail"
+    assert _observable(shared) == _observable(separate)
