@@ -1033,7 +1033,7 @@ class Engine:
             executed += 1
             splits += int(is_split)
             pc += 1
-        self._ops += executed * len(ranks)
+        self._ops += max(executed - 1, 0) * len(ranks)  # each rank's guard already counted the block's first op
         cohort.end = pc
         cohort.executed = executed
         cohort.splits = splits

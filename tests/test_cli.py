@@ -30,8 +30,9 @@ def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]
 
 
 def _subprocess(*argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "simnccl.cli", "run", *argv], capture_output=True, text=True,
-                          timeout=120, cwd=REPO)
+    return subprocess.run(
+        [sys.executable, "-m", "simnccl.cli", "run", *argv], capture_output=True, text=True, timeout=120, cwd=REPO
+    )
 
 
 # ---------------------------------------------------------------------------------------------- default run
@@ -108,8 +109,9 @@ def test_json_matches_documented_schema(capsys: pytest.CaptureFixture[str]) -> N
 
 
 def test_json_hangs_schema(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = _run(capsys, str(REPO / "scenarios" / "creation-order-hang.toml"), "--json",
-                        "--variant", "torch-2.15-default")
+    code, out, _ = _run(
+        capsys, str(REPO / "scenarios" / "creation-order-hang.toml"), "--json", "--variant", "torch-2.15-default"
+    )
     assert code == EXIT_OK
     variant = json.loads(out)["variants"][0]
     _check_variant_schema(variant)
@@ -119,8 +121,9 @@ def test_json_hangs_schema(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_json_for_two_scenarios_is_a_list(capsys: pytest.CaptureFixture[str]) -> None:
     scenarios = REPO / "scenarios"
-    code, out, _ = _run(capsys, str(scenarios / "pytorch-199957.toml"), str(scenarios / "local-sync-split-hang.toml"),
-                        "--json")
+    code, out, _ = _run(
+        capsys, str(scenarios / "pytorch-199957.toml"), str(scenarios / "local-sync-split-hang.toml"), "--json"
+    )
     assert code == EXIT_OK
     payload = json.loads(out)
     assert [p["scenario"] for p in payload] == ["pytorch-199957", "local-sync-split-hang"]
@@ -161,13 +164,19 @@ def test_unknown_variant_exits_2_naming_it(capsys: pytest.CaptureFixture[str]) -
 BAD_INPUTS = {
     "malformed": ("[scenario\n", "malformed TOML"),
     "unknown-key": (TINY.replace("gpus_per_node = 2", "gpus_per_node = 2\nspeed = 1"), "cluster.speed: unknown key"),
-    "wrong-type": (TINY.replace("gpus_per_node = 2", 'gpus_per_node = "two"'),
-                   "cluster.gpus_per_node: expected an integer"),
+    "wrong-type": (
+        TINY.replace("gpus_per_node = 2", 'gpus_per_node = "two"'),
+        "cluster.gpus_per_node: expected an integer",
+    ),
     "gpu-kind": (TINY.replace('gpu = "h100-96gb"', 'gpu = "tpu-v5"'), "cluster.gpu: unknown GPU kind 'tpu-v5'"),
-    "backend": (TINY.replace('backend = "nccl"', 'backend = "mpi"'),
-                "workload.steps[1].backend: unknown backend name 'mpi'"),
-    "nchannels": (TINY.replace('release = "2.15"', 'release = "2.15"\nenv = { NCCL_MAX_NCHANNELS = "x" }'),
-                  "torch.env.NCCL_MAX_NCHANNELS"),
+    "backend": (
+        TINY.replace('backend = "nccl"', 'backend = "mpi"'),
+        "workload.steps[1].backend: unknown backend name 'mpi'",
+    ),
+    "nchannels": (
+        TINY.replace('release = "2.15"', 'release = "2.15"\nenv = { NCCL_MAX_NCHANNELS = "x" }'),
+        "torch.env.NCCL_MAX_NCHANNELS",
+    ),
 }
 
 

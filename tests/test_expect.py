@@ -18,8 +18,13 @@ TOTAL = 80_000 * MIB
 DEV0, DEV1 = "n0:cuda:0", "n0:cuda:1"
 
 
-def _variant(checkpoints: dict[str, dict[str, float]] | None = None, *, verdict: str = "pass",
-             hangs: list[dict[str, Any]] | None = None, errors: list[dict[str, Any]] | None = None) -> VariantResult:
+def _variant(
+    checkpoints: dict[str, dict[str, float]] | None = None,
+    *,
+    verdict: str = "pass",
+    hangs: list[dict[str, Any]] | None = None,
+    errors: list[dict[str, Any]] | None = None,
+) -> VariantResult:
     """A VariantResult whose checkpoints are ``{label: {device: used MiB}}``."""
     snaps = {
         label: {
@@ -29,11 +34,29 @@ def _variant(checkpoints: dict[str, dict[str, float]] | None = None, *, verdict:
         for label, per_device in (checkpoints or {}).items()
     }
     outcome = RunOutcome(
-        verdict=verdict, ranks=[], ledgers={}, checkpoints=snaps, groups={}, hangs=hangs or [],
-        errors=errors or [], event_count=0, trace_hash="0", end_time_s=0.0, ops_executed=0, trace=[],
+        verdict=verdict,
+        ranks=[],
+        ledgers={},
+        checkpoints=snaps,
+        groups={},
+        hangs=hangs or [],
+        errors=errors or [],
+        event_count=0,
+        trace_hash="0",
+        end_time_s=0.0,
+        ops_executed=0,
+        trace=[],
     )
-    return VariantResult(name="v", description="", release="2.15", torch_version="2.15.0", profile="p", env={},
-                         policy="torch-default", outcome=outcome)
+    return VariantResult(
+        name="v",
+        description="",
+        release="2.15",
+        torch_version="2.15.0",
+        profile="p",
+        env={},
+        policy="torch-default",
+        outcome=outcome,
+    )
 
 
 def _exp(**kwargs: Any) -> Expectation:
@@ -61,7 +84,8 @@ def test_tolerance_pct_boundaries(measured: float, ok: bool) -> None:
 
 
 @pytest.mark.parametrize(
-    ("measured", "ok"), [(1005.0, True), (995.0, True), (1005.01, False), (994.99, False)],
+    ("measured", "ok"),
+    [(1005.0, True), (995.0, True), (1005.01, False), (994.99, False)],
 )
 def test_tolerance_mib_boundaries(measured: float, ok: bool) -> None:
     variant = _variant({"c": {DEV0: measured}})
@@ -73,9 +97,7 @@ def test_tolerance_mib_boundaries(measured: float, ok: bool) -> None:
 
 def test_zero_tolerance_mib_is_exact() -> None:
     assert _oks(check(_exp(checkpoint="c", used_mib=0.0, tolerance_mib=0.0), _variant({"c": {DEV0: 0.0}}))) == [True]
-    assert _oks(check(_exp(checkpoint="c", used_mib=0.0, tolerance_mib=0.0), _variant({"c": {DEV0: 0.01}}))) == [
-        False
-    ]
+    assert _oks(check(_exp(checkpoint="c", used_mib=0.0, tolerance_mib=0.0), _variant({"c": {DEV0: 0.01}}))) == [False]
 
 
 def test_default_tolerance_is_one_percent() -> None:
@@ -197,7 +219,9 @@ def test_one_expectation_reports_each_assertion() -> None:
 
 
 def test_expectations_apply_only_to_their_variants(write_scenario) -> None:
-    text = TINY + """
+    text = (
+        TINY
+        + """
 [[variants]]
 name = "nccl2"
 
@@ -214,6 +238,7 @@ checkpoint = "after_init"
 used_mib = 1
 tolerance_mib = 0
 """
+    )
     result = run_scenario(load_scenario(write_scenario(text)))
     nccl2, legacy = result.variants
     assert [e.key for e in nccl2.expectations] == ["expect[0]"]

@@ -113,7 +113,9 @@ def test_rank_and_i_templates_combine_with_on_ranks(write_scenario) -> None:
 
 
 def test_variants_inherit_and_override_env(write_scenario) -> None:
-    text = TINY.replace('release = "2.15"', 'release = "2.15"\nenv = { A = "1", B = "base" }') + """
+    text = (
+        TINY.replace('release = "2.15"', 'release = "2.15"\nenv = { A = "1", B = "base" }')
+        + """
 [[variants]]
 name = "inherits"
 
@@ -121,6 +123,7 @@ name = "inherits"
 name = "overrides"
 env = { B = "variant", C = "new" }
 """
+    )
     scenario = _load(write_scenario, text)
     inherits, overrides = scenario.variants
     assert dict(inherits.env) == {"A": "1", "B": "base"}
@@ -130,7 +133,9 @@ env = { B = "variant", C = "new" }
 
 
 def test_variant_with_another_release_picks_that_releases_profile(write_scenario) -> None:
-    text = TINY + """
+    text = (
+        TINY
+        + """
 [[variants]]
 name = "new"
 
@@ -138,6 +143,7 @@ name = "new"
 name = "old"
 release = "2.14"
 """
+    )
     scenario = _load(write_scenario, text)
     new, old = scenario.variants
     assert new.release == "2.15"
@@ -150,7 +156,9 @@ release = "2.14"
 
 
 def test_expectations_are_parsed(write_scenario) -> None:
-    text = TINY + """
+    text = (
+        TINY
+        + """
 [[variants]]
 name = "a"
 
@@ -166,6 +174,7 @@ tolerance_mib = 5
 [[expect]]
 verdict = "pass"
 """
+    )
     scenario = _load(write_scenario, text)
     first, second = scenario.expectations
     assert first.variants == ("b",)
@@ -223,7 +232,7 @@ def test_missing_table(write_scenario) -> None:
 
 
 def test_unknown_top_level_key(write_scenario) -> None:
-    _assert_error(write_scenario(TINY + '\n[extra]\nx = 1\n'), "extra", "unknown key", "expected one of", "cluster")
+    _assert_error(write_scenario(TINY + "\n[extra]\nx = 1\n"), "extra", "unknown key", "expected one of", "cluster")
 
 
 def test_unknown_key_in_cluster(write_scenario) -> None:
@@ -253,8 +262,7 @@ def test_unknown_gpu_kind(write_scenario) -> None:
 
 def test_unknown_release(write_scenario) -> None:
     text = TINY.replace('release = "2.15"', 'release = "3.0"')
-    _assert_error(write_scenario(text), "torch.release", r"unknown torch release '3\.0'", "expected one of",
-                  r"2\.14")
+    _assert_error(write_scenario(text), "torch.release", r"unknown torch release '3\.0'", "expected one of", r"2\.14")
 
 
 def test_unknown_release_in_variant(write_scenario) -> None:
@@ -269,10 +277,15 @@ def test_unknown_launcher(write_scenario) -> None:
 
 @pytest.mark.parametrize("op", ["new_group", "init_process_group"])
 def test_unknown_backend_name_in_step(write_scenario, op: str) -> None:
-    extra = ', ranks = [0, 1]' if op == "new_group" else ""
+    extra = ", ranks = [0, 1]" if op == "new_group" else ""
     steps = f'{{ op = "set_device" }},\n{{ op = "{op}", backend = "ncl"{extra} }}'
-    _assert_error(write_scenario(_with_steps(steps)), "workload.steps[1].backend", "unknown backend name 'ncl'",
-                  "expected one of", "nccl")
+    _assert_error(
+        write_scenario(_with_steps(steps)),
+        "workload.steps[1].backend",
+        "unknown backend name 'ncl'",
+        "expected one of",
+        "nccl",
+    )
 
 
 def test_unknown_backend_in_device_list(write_scenario) -> None:
@@ -282,8 +295,13 @@ def test_unknown_backend_in_device_list(write_scenario) -> None:
 
 def test_unknown_op(write_scenario) -> None:
     steps = '{ op = "set_device" },\n{ op = "all_reduse" }'
-    _assert_error(write_scenario(_with_steps(steps)), "workload.steps[1].op", "unknown op 'all_reduse'",
-                  "expected one of", "all_reduce")
+    _assert_error(
+        write_scenario(_with_steps(steps)),
+        "workload.steps[1].op",
+        "unknown op 'all_reduse'",
+        "expected one of",
+        "all_reduce",
+    )
 
 
 def test_missing_op(write_scenario) -> None:
@@ -293,8 +311,14 @@ def test_missing_op(write_scenario) -> None:
 
 def test_unknown_field_for_op(write_scenario) -> None:
     steps = '{ op = "set_device" },\n{ op = "init_process_group" },\n{ op = "all_reduce", groop = "world" }'
-    _assert_error(write_scenario(_with_steps(steps)), "workload.steps[2].groop",
-                  "unknown field for op 'all_reduce'", "expected one of", "group", "size_mib")
+    _assert_error(
+        write_scenario(_with_steps(steps)),
+        "workload.steps[2].groop",
+        "unknown field for op 'all_reduce'",
+        "expected one of",
+        "group",
+        "size_mib",
+    )
 
 
 def test_unknown_field_for_op_with_rank_template(write_scenario) -> None:
@@ -315,14 +339,16 @@ def test_negative_size_mib(write_scenario) -> None:
 @pytest.mark.parametrize("repeat", [-1, 0])
 def test_non_positive_repeat(write_scenario, repeat: int) -> None:
     steps = f'{{ op = "set_device" }},\n{{ op = "barrier", repeat = {repeat} }}'
-    _assert_error(write_scenario(_with_steps(steps)), "workload.steps[1].repeat", "expected an integer >= 1",
-                  f"got {repeat}")
+    _assert_error(
+        write_scenario(_with_steps(steps)), "workload.steps[1].repeat", "expected an integer >= 1", f"got {repeat}"
+    )
 
 
 def test_on_ranks_outside_world(write_scenario) -> None:
     steps = '{ op = "set_device" },\n{ op = "barrier", on_ranks = [1, 2] }'
-    _assert_error(write_scenario(_with_steps(steps)), "workload.steps[1].on_ranks", r"ranks \[2\]",
-                  "outside the world of 2")
+    _assert_error(
+        write_scenario(_with_steps(steps)), "workload.steps[1].on_ranks", r"ranks \[2\]", "outside the world of 2"
+    )
 
 
 def test_on_ranks_not_integers(write_scenario) -> None:
@@ -377,8 +403,9 @@ def test_expect_referencing_unknown_variant(write_scenario) -> None:
 
 def test_expect_that_asserts_nothing(write_scenario) -> None:
     text = TINY + '\n[[expect]]\nverdict = "pass"\n\n[[expect]]\ncheckpoint = "after_init"\ntolerance_pct = 2\n'
-    _assert_error(write_scenario(text), "expect[1]", "asserts nothing",
-                  "expected used_mib, verdict, error_contains or hang_ranks")
+    _assert_error(
+        write_scenario(text), "expect[1]", "asserts nothing", "expected used_mib, verdict, error_contains or hang_ranks"
+    )
 
 
 def test_expect_unknown_verdict(write_scenario) -> None:
@@ -387,7 +414,7 @@ def test_expect_unknown_verdict(write_scenario) -> None:
 
 
 def test_expect_used_mib_without_checkpoint(write_scenario) -> None:
-    text = TINY + '\n[[expect]]\nused_mib = 10\n'
+    text = TINY + "\n[[expect]]\nused_mib = 10\n"
     _assert_error(write_scenario(text), "expect[0].used_mib", "needs a checkpoint")
 
 
