@@ -190,6 +190,7 @@ class Engine:
         self._clock: float | None = None  # set while a cohort applies a block at a simulated time ahead of now
         self._shared_program = self._common_program(config.programs)
         self._cohorts: dict[int, Cohort] = {}
+        self._devices: dict[tuple[int, int], Device] = {}
         self._wall_start = 0.0
         self._pair_attempts: dict[tuple[str, int, int, int], int] = {}
         self._meeting_ids: dict[int, int] = {}
@@ -428,7 +429,11 @@ class Engine:
     # ------------------------------------------------------------------ devices and memory
 
     def _device(self, rt: RankRuntime, index: int) -> Device:
-        return self.cluster.device(rt.node, index)
+        key = (rt.node, index)
+        device = self._devices.get(key)
+        if device is None:
+            device = self._devices[key] = self.cluster.device(rt.node, index)
+        return device
 
     def _touch(self, rt: RankRuntime, index: int, op: Op) -> DeviceLedger:
         """Use a device from this process: the first touch creates its CUDA context."""
@@ -440,7 +445,7 @@ class Engine:
                 Owner("cuda_context", rt.rank),
                 self.cluster.gpu.cuda_context_bytes,
                 time_s=self._now(),
-                op=op.describe(),
+                op=op,
             )
             self._record(self._now(), rt.rank, "context", device.key)
         return ledger
@@ -459,7 +464,7 @@ class Engine:
                 Owner("comm", rt.rank, comm.group, charge.phase),
                 charge.num_bytes,
                 time_s=self._now(),
-                op=op.describe(),
+                op=op,
                 nccl=True,
             )
             self._record(self._now(), rt.rank, "alloc", ledger.device, comm.group, charge.phase, charge.num_bytes)
@@ -506,7 +511,7 @@ class Engine:
         yield from self._settle(rt)
         ledger = self._touch(rt, self._current_device(rt), op)
         ledger.allocate(
-            Owner("torch", rt.rank, phase=op.tag), self._bytes(op.mib), time_s=self.env.now, op=op.describe()
+            Owner("torch", rt.rank, phase=op.tag), self._bytes(op.mib), time_s=self.env.now, op=op
         )
         self._record(self.env.now, rt.rank, "torch-alloc", ledger.device, op.mib)
 
@@ -924,7 +929,7 @@ class Engine:
                         and o.kind == "comm"
                         and (o.group == comm.group or o.group.startswith(comm.group + "/p2p-"))
                     ]:
-                        ledger.release_owner(owner, time_s=self.env.now, op=op.describe())
+                        ledger.release_owner(owner, time_s=self.env.now, op=op)
         self._record(self.env.now, rt.rank, "destroy", op.group)
 
     # ------------------------------------------------------------------ cohorts (DESIGN rule 8)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 from simnccl.ops import MIB
 
@@ -39,7 +40,7 @@ class MemoryEvent:
     owner: Owner
     delta_bytes: int
     used_bytes: int
-    op: str
+    op: Any  # the Op (described on demand: describing every allocation is measurable at scale)
 
 
 class SimulatedOOM(RuntimeError):
@@ -69,6 +70,7 @@ class DeviceLedger:
     used_bytes: int = 0
     peak_bytes: int = 0
     by_owner: dict[Owner, int] = field(default_factory=dict)
+    by_kind: dict[str, int] = field(default_factory=dict)
     peak_by_owner_kind: dict[str, int] = field(default_factory=dict)
     timeline: list[MemoryEvent] = field(default_factory=list)
 
@@ -80,7 +82,7 @@ class DeviceLedger:
         """(free, total) as ``torch.cuda.mem_get_info`` reports it: every process on the device counts."""
         return self.free_bytes, self.total_bytes
 
-    def allocate(self, owner: Owner, num_bytes: int, *, time_s: float, op: str, nccl: bool = False) -> None:
+    def allocate(self, owner: Owner, num_bytes: int, *, time_s: float, op: Any, nccl: bool = False) -> None:
         """Charge ``num_bytes`` to ``owner``; raise the error the allocator (or NCCL) would raise if it can't."""
         if num_bytes < 0:
             raise ValueError(f"negative allocation {num_bytes} for {owner.label()}")
@@ -95,30 +97,28 @@ class DeviceLedger:
             )
         self._apply(owner, num_bytes, time_s, op)
 
-    def release_owner(self, owner: Owner, *, time_s: float, op: str) -> int:
+    def release_owner(self, owner: Owner, *, time_s: float, op: Any) -> int:
         """Free everything ``owner`` holds (communicator destroyed, process exited); returns bytes freed."""
         held = self.by_owner.get(owner, 0)
         if held:
             self._apply(owner, -held, time_s, op)
         return held
 
-    def _apply(self, owner: Owner, delta: int, time_s: float, op: str) -> None:
+    def _apply(self, owner: Owner, delta: int, time_s: float, op: Any) -> None:
         held = self.by_owner.get(owner, 0) + delta
         if held:
             self.by_owner[owner] = held
         else:
             self.by_owner.pop(owner, None)
         self.used_bytes += delta
+        self.by_kind[owner.kind] = self.by_kind.get(owner.kind, 0) + delta
         if self.used_bytes > self.peak_bytes:
             self.peak_bytes = self.used_bytes
-            self.peak_by_owner_kind = self.used_by_kind()
+            self.peak_by_owner_kind = {kind: held for kind, held in sorted(self.by_kind.items()) if held}
         self.timeline.append(MemoryEvent(time_s, self.device, owner, delta, self.used_bytes, op))
 
     def used_by_kind(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for owner, held in self.by_owner.items():
-            out[owner.kind] = out.get(owner.kind, 0) + held
-        return dict(sorted(out.items()))
+        return {kind: held for kind, held in sorted(self.by_kind.items()) if held}
 
     def used_by_group(self) -> dict[str, int]:
         out: dict[str, int] = {}

@@ -8,6 +8,7 @@ probed against the installed torch by ``tests/test_torch_probes.py``.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -223,12 +224,23 @@ class BackendConfig:
 def resolve_backend(
     release: Release, requested: str | None, env: Mapping[str, str], *, has_cuda: bool = True
 ) -> BackendConfig:
-    """Parse a backend string the way torch's ``BackendConfig`` does (single names and ``dev:name`` lists).
+    """Parse a backend string the way torch's ``BackendConfig`` does; see ``_resolve``.
+
+    Only TORCH_DIST_USE_NCCL2 of ``env`` matters, so answers are cached on it: a startup resolves the same
+    few strings thousands of times.
+    """
+    return _resolve(release, requested, env.get("TORCH_DIST_USE_NCCL2"), has_cuda)
+
+
+@functools.lru_cache(maxsize=256)
+def _resolve(release: Release, requested: str | None, use_nccl2: str | None, has_cuda: bool) -> BackendConfig:
+    """Single names and ``dev:name`` lists.
 
     ``None`` is torch's "undefined": only the *available* accelerator's default backend, i.e. ``cuda:nccl`` on
     the CUDA host simnccl models (torch 2.15 ``BackendConfig.__init__``, distributed_c10d.py l.1056-1069; a
     CUDA-less host gets ``cpu:gloo``). There is no cpu pair: pass ``"cpu:gloo,cuda:nccl"`` for both.
     """
+    env = {} if use_nccl2 is None else {"TORCH_DIST_USE_NCCL2": use_nccl2}
     text = "undefined" if requested is None else requested
     lowered = text.lower()
     if lowered == "undefined":

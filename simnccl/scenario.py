@@ -26,7 +26,7 @@ from typing import Any
 from simnccl.cluster import Cluster, ClusterError, get_gpu_kind
 from simnccl.ops import MIB, OP_TYPES, Collective, NewGroup, Op, PgOptions, PointToPoint, Program, SplitGroup
 from simnccl.profiles import MAX_NCHANNELS_ENV, Profile, ProfileError, find_profile, get_profile
-from simnccl.release import KNOWN_BACKEND_NAMES, RELEASES, ReleaseError, resolve_backend
+from simnccl.release import RELEASES, ReleaseError, resolve_backend
 
 POLICIES = ("torch-default",)
 LAUNCHERS = ("torchrun", "spawn")
@@ -132,8 +132,11 @@ class _Reader:
         value = self.get(name, dict, {}, what="a table of strings")
         for k, v in value.items():
             if not isinstance(v, str):
-                raise ScenarioError(self.source, f"{self.key(name)}.{k}",
-                                    f"expected a string (environment values are strings), got {_kind(v)} {v!r}")
+                raise ScenarioError(
+                    self.source,
+                    f"{self.key(name)}.{k}",
+                    f"expected a string (environment values are strings), got {_kind(v)} {v!r}",
+                )
         return dict(value)
 
     def finish(self) -> None:
@@ -147,14 +150,19 @@ def _as_tuple(kind: type | tuple[type, ...]) -> tuple[type, ...]:
 
 
 def _type_name(kind: type | tuple[type, ...]) -> str:
-    names = {int: "an integer", float: "a number", str: "a string", bool: "a boolean", list: "a list",
-             dict: "a table"}
+    names = {int: "an integer", float: "a number", str: "a string", bool: "a boolean", list: "a list", dict: "a table"}
     return " or ".join(names.get(k, k.__name__) for k in _as_tuple(kind))
 
 
 def _kind(value: Any) -> str:
-    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "a list",
-            dict: "a table"}.get(type(value), type(value).__name__)
+    return {
+        bool: "a boolean",
+        int: "an integer",
+        float: "a number",
+        str: "a string",
+        list: "a list",
+        dict: "a table",
+    }.get(type(value), type(value).__name__)
 
 
 # ---------------------------------------------------------------------------------------------- loading
@@ -218,19 +226,22 @@ def parse_scenario(data: Mapping[str, Any], source: str, base_dir: Path | None =
         if v_profile_ref is None and v_release == release:
             v_profile = base_profile
         else:
-            v_profile = _profile(source, f"variants[{i}].profile", v_profile_ref or profile_ref, cluster.gpu.key,
-                                 v_release, base_dir)
+            v_profile = _profile(
+                source, f"variants[{i}].profile", v_profile_ref or profile_ref, cluster.gpu.key, v_release, base_dir
+            )
         _check_env(source, f"variants[{i}].env", v_profile, own_env)
-        variants.append(Variant(v_name, reader.get("description", str, ""), v_release, v_profile, env,
-                                _policy(reader, "policy", policy)))
+        variants.append(
+            Variant(
+                v_name, reader.get("description", str, ""), v_release, v_profile, env, _policy(reader, "policy", policy)
+            )
+        )
         reader.finish()
     if not variants:
         variants.append(Variant("default", "", release, base_profile, base_env, policy))
 
     expectations = _expectations(top, source, [v.name for v in variants])
     top.finish()
-    return Scenario(name, description, source, seed, cluster, launcher, programs, tuple(variants),
-                    tuple(expectations))
+    return Scenario(name, description, source, seed, cluster, launcher, programs, tuple(variants), tuple(expectations))
 
 
 def _policy(reader: _Reader, key: str, default: str) -> str:
@@ -273,6 +284,13 @@ def _profile(source: str, key: str, ref: str | None, gpu: str, release: str, bas
         raise ScenarioError(source, key, str(err)) from None
     if profile.gpu != gpu:
         raise ScenarioError(source, key, f"profile {profile.name!r} is for GPU {profile.gpu!r}, cluster has {gpu!r}")
+    if release not in profile.releases:
+        raise ScenarioError(
+            source,
+            key,
+            f"profile {profile.name!r} does not cover torch release {release!r} "
+            f"(it covers {', '.join(profile.releases)}); name a profile for that release or omit it",
+        )
     return profile
 
 
@@ -293,8 +311,11 @@ def _programs(workload: _Reader, world_size: int) -> tuple[Program, ...]:
     if "generator" in workload.table:
         generator = workload.get("generator", str)
         workload.get("args", dict, {})
-        raise workload.error("generator", f"unknown workload generator {generator!r}; no generators are "
-                             "installed yet (framework generators land with the workloads issue); use steps")
+        raise workload.error(
+            "generator",
+            f"unknown workload generator {generator!r}; no generators are "
+            "installed yet (framework generators land with the workloads issue); use steps",
+        )
     steps = workload.get("steps", list, what="a list of step tables")
     if not steps:
         raise workload.error("steps", "expected at least one step")
@@ -320,6 +341,8 @@ def _expand_step(reader: _Reader, world_size: int, per_rank: list[list[Op]]) -> 
         raise reader.error("repeat", f"expected an integer >= 1, got {repeat}")
     on_ranks = reader.int_list("on_ranks", None)
     if on_ranks is not None:
+        if not on_ranks:
+            raise reader.error("on_ranks", "expected at least one rank (omit the key for every rank)")
         bad = [r for r in on_ranks if r < 0 or r >= world_size]
         if bad:
             raise reader.error("on_ranks", f"ranks {bad} are outside the world of {world_size}")
@@ -345,8 +368,9 @@ def _fill(value: Any, i: int, rank: int | None) -> Any:
     return value
 
 
-def _build_op(reader: _Reader, op_type: type[Op], raw: Mapping[str, Any], i: int, rank: int | None,
-              world_size: int) -> Op:
+def _build_op(
+    reader: _Reader, op_type: type[Op], raw: Mapping[str, Any], i: int, rank: int | None, world_size: int
+) -> Op:
     allowed = {f.name: f for f in fields(op_type)}
     kwargs: dict[str, Any] = {}
     options: dict[str, Any] = {}
@@ -383,9 +407,15 @@ def _build_op(reader: _Reader, op_type: type[Op], raw: Mapping[str, Any], i: int
         try:
             resolve_backend(RELEASES["2.15"], kwargs["backend"], {})
         except ReleaseError as err:
-            raise reader.error("backend", f"{err} (known names: {', '.join(KNOWN_BACKEND_NAMES)})") from None
+            raise reader.error("backend", str(err)) from None
     if op_type is SplitGroup and "split_ranks" not in kwargs:
         raise reader.error("split_ranks", "missing; expected a list of lists of parent ranks")
+    if issubclass(op_type, PointToPoint):
+        peer = kwargs.get("peer")
+        if peer is None:
+            raise reader.error("peer", "missing; expected the global rank of the other side")
+        if not 0 <= peer < world_size:
+            raise reader.error("peer", f"expected a rank in 0..{world_size - 1}, got {peer}")
     return op_type(**kwargs)
 
 
@@ -458,8 +488,19 @@ def _expectations(top: _Reader, source: str, variant_names: Sequence[str]) -> li
         if exp.baseline is not None and exp.used_mib is None:
             raise reader.error("baseline", "only meaningful with used_mib")
         if all(v is None for v in (exp.used_mib, exp.verdict, exp.error_contains, exp.hang_ranks)):
-            raise ScenarioError(source, f"expect[{i}]",
-                                "asserts nothing; expected used_mib, verdict, error_contains or hang_ranks")
+            raise ScenarioError(
+                source, f"expect[{i}]", "asserts nothing; expected used_mib, verdict, error_contains or hang_ranks"
+            )
+        for tol in ("tolerance_pct", "tolerance_mib"):
+            value = getattr(exp, tol)
+            if value is not None and value < 0:
+                raise reader.error(tol, f"expected a non-negative number, got {value:g}")
+            if value is not None and exp.used_mib is None:
+                raise reader.error(tol, "only meaningful with used_mib")
+        if not all(isinstance(d, str) for d in exp.devices):
+            raise reader.error(
+                "devices", f"expected a list of device keys such as 'n0:cuda:0', got {list(exp.devices)}"
+            )
         out.append(exp)
     return out
 

@@ -437,3 +437,28 @@ def test_unknown_policy(write_scenario, where: str) -> None:
 def test_unknown_workload_generator(write_scenario) -> None:
     text = TINY.split("[workload]")[0] + '[workload]\ngenerator = "megatron"\nargs = { tp = 2 }\n'
     _assert_error(write_scenario(text), "workload.generator", "unknown workload generator 'megatron'", "use steps")
+
+
+@pytest.mark.parametrize(
+    ("extra", "key", "fragment"),
+    [
+        ('checkpoint = "a"\nused_mib = 1\ntolerance_pct = -1\n', "tolerance_pct", "non-negative"),
+        ('verdict = "pass"\ntolerance_mib = 3\n', "tolerance_mib", "only meaningful with used_mib"),
+        ('checkpoint = "a"\nused_mib = 1\ndevices = [0]\n', "devices", "device keys"),
+    ],
+)
+def test_expect_tolerance_and_devices_are_checked(write_scenario, extra, key, fragment) -> None:
+    text = TINY + "\n[[expect]]\n" + extra
+    _assert_error(write_scenario(text), f"expect[0].{key}", fragment)
+
+
+def test_empty_on_ranks_and_missing_peer_are_errors(write_scenario) -> None:
+    empty = TINY.replace('{ op = "set_device" }', '{ op = "set_device", on_ranks = [] }')
+    _assert_error(write_scenario(empty), "workload.steps[0].on_ranks", "at least one rank")
+    nopeer = TINY.replace('{ op = "set_device" }', '{ op = "send", group = "world" }')
+    _assert_error(write_scenario(nopeer), "workload.steps[0].peer", "missing")
+
+
+def test_named_profile_must_cover_the_release(write_scenario) -> None:
+    text = TINY.replace("[workload]", 'profile = "h100-96gb-torch2.14"\n\n[workload]')
+    _assert_error(write_scenario(text), "torch.profile", "does not cover torch release")
