@@ -99,6 +99,7 @@ class GroupPlan:
     comms: tuple[CommPlan, ...] = ()
     nocolor_split_on: Comm | None = None
     counter_advance: int = 1
+    rank_in_group: int = -1
 
 
 def group_name_for(counter: int, ranks: tuple[int, ...] | list[int], use_local_synchronization: bool) -> str:
@@ -181,6 +182,7 @@ def plan_init(
         timeout_s=timeout,
         options=options,
         comms=comms,
+        rank_in_group=ctx.rank,
     )
 
 
@@ -205,12 +207,8 @@ def _fresh_comm_plan(
 
     ``device`` None means unbound: legacy then binds the device of the first collective's tensor.
     """
-    eager = lifecycle(pair.impl).eager_at_creation(
-        release, bound=bound is not None, lazy_init=options.lazy_init
-    )
-    return CommPlan(
-        pair=pair, eager=eager, split_from=None, shared=False, device=bound, lazy_init=options.lazy_init
-    )
+    eager = lifecycle(pair.impl).eager_at_creation(release, bound=bound is not None, lazy_init=options.lazy_init)
+    return CommPlan(pair=pair, eager=eager, split_from=None, shared=False, device=bound, lazy_init=options.lazy_init)
 
 
 def split_source(release: Release, world: Group, requested: BackendConfig, options: PgOptions) -> Comm | None:
@@ -230,12 +228,46 @@ def split_source(release: Release, world: Group, requested: BackendConfig, optio
     return parent
 
 
+@dataclass(frozen=True, slots=True, eq=False)
+class Members:
+    """A validated, sorted rank list and each rank's group rank: computed once per call site, shared by all
+    ranks (a group's member tuple is one object, not one copy per member)."""
+
+    ranks: tuple[int, ...]
+    index: dict[int, int]
+
+
+def validate_ranks(ranks: tuple[int, ...] | None, world_size: int) -> Members:
+    """``_new_group_with_tag``'s checks on ``ranks`` (l.7193-7237) with torch's texts."""
+    if ranks is None:
+        members = tuple(range(world_size))
+    else:
+        members = tuple(sorted(ranks))
+        if len(set(members)) != len(members):
+            raise TorchError("ValueError", f"ranks list must not contain duplicate entries, got {list(members)}")
+        if len(members) > world_size:
+            raise TorchError(
+                "ValueError",
+                "the new group's world size should be less or equal to the world size set by init_process_group",
+            )
+        for r in members:
+            if r < 0 or r >= world_size:
+                raise TorchError(
+                    "ValueError",
+                    f"Rank {r} is out of range. Valid ranks are 0 to {world_size - 1} (world_size={world_size})",
+                )
+    if not members:
+        # l.2985/3027: an empty list reaches the helper as "the default group" after drawing a name.
+        raise TorchError("AssertionError", "Group rank must be specified for group members")
+    return Members(members, {r: i for i, r in enumerate(members)})
+
+
 def plan_new_group(
     release: Release,
     ctx: ProcessContext,
     world: Group,
     counter: int,
-    ranks: tuple[int, ...] | None,
+    ranks: tuple[int, ...] | Members | None,
     backend: str | None,
     options: PgOptions,
     use_local_synchronization: bool,
@@ -250,30 +282,10 @@ def plan_new_group(
     config = resolve_backend(release, requested, ctx.env, has_cuda=ctx.device_count > 0)
     _check_lazy_init_supported(release, options)
     timeout = timeout_s if timeout_s is not None else release.default_timeout_s(config.requested)
-    if ranks is None:
-        members = tuple(range(ctx.world_size))
-    else:
-        members = tuple(sorted(ranks))
-        if len(set(members)) != len(members):
-            raise TorchError(
-                "ValueError", f"ranks list must not contain duplicate entries, got {list(members)}"
-            )
-        if len(members) > ctx.world_size:
-            raise TorchError(
-                "ValueError",
-                "the new group's world size should be less or equal to the world size set by init_process_group",
-            )
-        for r in members:
-            if r < 0 or r >= ctx.world_size:
-                raise TorchError(
-                    "ValueError",
-                    f"Rank {r} is out of range. Valid ranks are 0 to {ctx.world_size - 1} "
-                    f"(world_size={ctx.world_size})",
-                )
-    if not members:
-        # l.2985/3027: an empty list reaches the helper as "the default group" after drawing a name.
-        raise TorchError("AssertionError", "Group rank must be specified for group members")
-    member = ctx.rank in members
+    group = ranks if isinstance(ranks, Members) else validate_ranks(ranks, ctx.world_size)
+    members = group.ranks
+    rank_in_group = group.index.get(ctx.rank)
+    member = rank_in_group is not None
     if use_local_synchronization and not member:
         # l.7206: returns before _process_group_name, so the counter does not advance on non-members.
         return GroupPlan(
@@ -346,6 +358,7 @@ def plan_new_group(
         timeout_s=timeout,
         options=options,
         comms=tuple(comms),
+        rank_in_group=rank_in_group,
     )
 
 
@@ -423,4 +436,5 @@ def plan_split_group(
         timeout_s=timeout,
         options=options,
         comms=(comm,),
+        rank_in_group=mine.index(my_parent_rank),
     )

@@ -26,11 +26,13 @@ from simnccl.c10d import (
     CommPlan,
     Group,
     GroupPlan,
+    Members,
     ProcessContext,
     TorchError,
     plan_init,
     plan_new_group,
     plan_split_group,
+    validate_ranks,
 )
 from simnccl.cluster import Cluster, Device
 from simnccl.meetings import Arrival, Meeting, MeetingRegistry
@@ -191,6 +193,7 @@ class Engine:
         self._shared_program = self._common_program(config.programs)
         self._cohorts: dict[int, Cohort] = {}
         self._devices: dict[tuple[int, int], Device] = {}
+        self._members_cache: dict[int, Members] = {}
         self._wall_start = 0.0
         self._pair_attempts: dict[tuple[str, int, int, int], int] = {}
         self._meeting_ids: dict[int, int] = {}
@@ -510,9 +513,7 @@ class Engine:
     def _op_alloc(self, rt: RankRuntime, op: Alloc) -> Waiting:
         yield from self._settle(rt)
         ledger = self._touch(rt, self._current_device(rt), op)
-        ledger.allocate(
-            Owner("torch", rt.rank, phase=op.tag), self._bytes(op.mib), time_s=self.env.now, op=op
-        )
+        ledger.allocate(Owner("torch", rt.rank, phase=op.tag), self._bytes(op.mib), time_s=self.env.now, op=op)
         self._record(self.env.now, rt.rank, "torch-alloc", ledger.device, op.mib)
 
     def _op_memory_check(self, rt: RankRuntime, op: MemoryCheck) -> Waiting:
@@ -552,6 +553,18 @@ class Engine:
         self._record(self.env.now, rt.rank, "init", plan.backend.requested, plan.bound_device)
         yield from self._create_comms(rt, group, plan, op)
 
+    def _members(self, op: NewGroup) -> Members | tuple[int, ...] | None:
+        """The op's validated members, once per op object (all ranks share it); invalid lists stay raw so
+        each rank raises torch's error itself."""
+        cached = self._members_cache.get(id(op))
+        if cached is None:
+            try:
+                cached = validate_ranks(op.ranks, self.cluster.world_size)
+            except TorchError:
+                return op.ranks
+            self._members_cache[id(op)] = cached
+        return cached
+
     def _op_new_group(self, rt: RankRuntime, op: NewGroup) -> Waiting | None:
         world = self._require_world(rt, op)
         plan = plan_new_group(
@@ -559,7 +572,7 @@ class Engine:
             rt.ctx,
             world,
             rt.counter,
-            op.ranks,
+            self._members(op),
             op.backend,
             op.pg_options,
             op.use_local_synchronization,
@@ -625,7 +638,7 @@ class Engine:
             name=plan.name,
             desc=plan.desc,
             ranks=plan.ranks,
-            rank_in_group=plan.ranks.index(rt.rank),
+            rank_in_group=plan.rank_in_group,
             backend=plan.backend,
             bound_device=plan.bound_device,
             timeout_s=plan.timeout_s,
@@ -1097,7 +1110,7 @@ class Engine:
             rt.ctx,
             rt.world,
             counter,
-            op.ranks,
+            self._members(op),
             op.backend,
             op.pg_options,
             op.use_local_synchronization,
