@@ -12,6 +12,7 @@ grows with memberships, not with calls x world.
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import time
 from collections.abc import Callable, Generator, Mapping, Sequence
@@ -182,7 +183,7 @@ class Engine:
             d.key: DeviceLedger(d.key, self.cluster.gpu.total_bytes) for d in self.cluster.devices()
         }
         self.checkpoints: dict[str, dict[str, Snapshot]] = {}
-        self.group_records: dict[tuple[str, tuple[int, ...]], GroupRecord] = {}
+        self.group_records: dict[tuple[str, _RanksKey], GroupRecord] = {}
         self._hasher = hashlib.blake2b(digest_size=16)
         self._event_count = 0
         self._keep_trace = keep_trace
@@ -194,6 +195,7 @@ class Engine:
         self._cohorts: dict[int, Cohort] = {}
         self._devices: dict[tuple[int, int], Device] = {}
         self._members_cache: dict[int, Members] = {}
+        self._ranks_keys: dict[int, _RanksKey] = {}
         self._wall_start = 0.0
         self._pair_attempts: dict[tuple[str, int, int, int], int] = {}
         self._meeting_ids: dict[int, int] = {}
@@ -232,11 +234,20 @@ class Engine:
         return RankRuntime(rank=rank, program=programs[rank], ctx=ctx, node=self.cluster.node_of(rank))
 
     def run(self) -> RunOutcome:
+        """Run to a verdict. The cyclic GC is paused meanwhile: a large startup allocates millions of
+        long-lived objects, and repeated full collections over them made run time grow faster than the
+        work (measured: benchmarks/engine.py); nothing the engine builds needs cycle collection to finish."""
         self._wall_start = time.monotonic()
-        for rt in self.ranks:
-            self.env.process(self._rank_process(rt))
-        self.env.run(until=self.config.limits.max_sim_time_s)
-        return self._outcome()
+        gc_was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            for rt in self.ranks:
+                self.env.process(self._rank_process(rt))
+            self.env.run(until=self.config.limits.max_sim_time_s)
+            return self._outcome()
+        finally:
+            if gc_was_enabled:
+                gc.enable()
 
     @staticmethod
     def _common_program(programs: Sequence[Program]) -> Program | None:
@@ -482,12 +493,20 @@ class Engine:
         return round(mib * 1024 * 1024)
 
     def _group_record(self, group: Group, comm: Comm) -> GroupRecord:
-        key = (group.name, group.ranks)
+        key = (group.name, self._ranks_key(group.ranks))
         record = self.group_records.get(key)
         if record is None:
             record = GroupRecord(group.name, group.desc, group.ranks, comm.impl.value, comm.via_split)
             self.group_records[key] = record
         return record
+
+    def _ranks_key(self, ranks: tuple[int, ...]) -> _RanksKey:
+        """A member tuple as a dict key with its hash computed once per tuple object: every member of a
+        group looks its record up, and rehashing a 16k-rank tuple per member is quadratic."""
+        entry = self._ranks_keys.get(id(ranks))
+        if entry is None or entry.ranks is not ranks:
+            entry = self._ranks_keys[id(ranks)] = _RanksKey(ranks)
+        return entry
 
     def _tensor_device_type(self) -> str:
         return "cuda" if self.cluster.device_count > 0 else "cpu"
@@ -622,7 +641,7 @@ class Engine:
         group = self._group_from_plan(rt, plan)
         if op.bind:
             rt.handles[op.bind] = group
-        self._record(self.env.now, rt.rank, op.name, plan.name, plan.ranks)
+        self._record(self.env.now, rt.rank, op.name, plan.name, _ranks_digest(plan.ranks))
         yield from self._create_comms(rt, group, plan, op)
 
     def _require_world(self, rt: RankRuntime, op: Op) -> Group:
@@ -1125,7 +1144,7 @@ class Engine:
         group = self._group_from_plan(rt, plan)
         if op.bind:
             rt.handles[op.bind] = group
-        self._record(self._now(), rt.rank, op.name, plan.name, plan.ranks)
+        self._record(self._now(), rt.rank, op.name, plan.name, _ranks_digest(plan.ranks))
         for comm_plan in plan.comms:
             comm = Comm(
                 impl=comm_plan.pair.impl,
@@ -1199,7 +1218,7 @@ class Engine:
             ranks=self.ranks,
             ledgers=self.ledgers,
             checkpoints=self.checkpoints,
-            groups=self.group_records,
+            groups={(name, key.ranks): record for (name, key), record in self.group_records.items()},
             hangs=hangs,
             errors=errors,
             event_count=self._event_count,
@@ -1293,6 +1312,28 @@ def _starts_block(op: Op) -> bool:
     if isinstance(op, NewGroup):
         return not op.use_local_synchronization
     return isinstance(op, SplitGroup) and op.parent == WORLD
+
+
+class _RanksKey:
+    """Wraps a member tuple with its hash computed once (tuples don't cache theirs)."""
+
+    __slots__ = ("_hash", "ranks")
+
+    def __init__(self, ranks: tuple[int, ...]) -> None:
+        self.ranks = ranks
+        self._hash = hash(ranks)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _RanksKey) and (self.ranks is other.ranks or self.ranks == other.ranks)
+
+
+def _ranks_digest(ranks: tuple[int, ...]) -> tuple[int, int, int]:
+    """A cheap, deterministic stand-in for a member list in the trace (repr of a 16k-rank tuple per member
+    would make tracing quadratic); the group's name is recorded beside it."""
+    return len(ranks), ranks[0], ranks[-1]
 
 
 def _handle_of(op: Op) -> str:
