@@ -9,6 +9,7 @@ device the group binds, and which error the user gets. Every rule cites the 2.15
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -110,6 +111,12 @@ def group_name_for(counter: int, ranks: tuple[int, ...] | list[int], use_local_s
     return str(counter)
 
 
+@functools.lru_cache(maxsize=8)
+def world_ranks(world_size: int) -> tuple[int, ...]:
+    """The default group's members: one shared tuple for every rank (W copies of W ranks is W² memory)."""
+    return tuple(range(world_size))
+
+
 def nccl_device_fallback(ctx: ProcessContext, env: Mapping[str, str]) -> int:
     """``_nccl2_device`` (l.820-849): LOCAL_RANK % count when LOCAL_RANK is set, else global rank % count."""
     if ctx.device_count == 0:
@@ -175,7 +182,7 @@ def plan_init(
     return GroupPlan(
         name="0",
         desc="default_pg",
-        ranks=tuple(range(ctx.world_size)),
+        ranks=world_ranks(ctx.world_size),
         member=True,
         backend=config,
         bound_device=bound,
@@ -240,7 +247,7 @@ class Members:
 def validate_ranks(ranks: tuple[int, ...] | None, world_size: int) -> Members:
     """``_new_group_with_tag``'s checks on ``ranks`` (l.7193-7237) with torch's texts."""
     if ranks is None:
-        members = tuple(range(world_size))
+        members = world_ranks(world_size)
     else:
         members = tuple(sorted(ranks))
         if len(set(members)) != len(members):

@@ -354,7 +354,7 @@ class Engine:
         if first is this:
             return None
         if meeting.kind == "bootstrap":
-            if first.payload != this.payload:
+            if first.payload is not this.payload and first.payload != this.payload:
                 return (
                     f"store key collision under group name {meeting.group!r}: rank {first.rank} bootstraps "
                     f"ranks {list(first.payload)}, rank {this.rank} bootstraps ranks {list(this.payload)}"

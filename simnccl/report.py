@@ -12,14 +12,14 @@ from rich.text import Text
 from simnccl.memory import to_mib
 from simnccl.result import ScenarioResult, VariantResult
 
+MAX_GROUP_ROWS = 24
 VERDICT_STYLE = {"pass": "green", "fail": "red", "hang": "yellow", "error": "red"}
 
 
 def print_result(result: ScenarioResult, console: Console | None = None) -> None:
     console = console or Console()
     console.print(
-        f"[bold]{result.scenario}[/bold]  ({result.source})  seed={result.seed}  "
-        f"trace={result.trace_hash[:16]}"
+        f"[bold]{result.scenario}[/bold]  ({result.source})  seed={result.seed}  trace={result.trace_hash[:16]}"
     )
     for variant in result.variants:
         _print_variant(console, variant)
@@ -56,6 +56,8 @@ def _print_variant(console: Console, variant: VariantResult) -> None:
             previous[device] = used
         table.add_row(*row)
     console.print(table)
+    if 0 < len(outcome.groups) <= MAX_GROUP_ROWS:
+        console.print(_groups_table(variant))
     for hang in outcome.hangs:
         console.print(
             Text(
@@ -73,6 +75,26 @@ def _print_variant(console: Console, variant: VariantResult) -> None:
             )
         )
     for e in variant.expectations:
-        console.print(
-            Text(f"  {'ok  ' if e.ok else 'FAIL'} {e.key}: {e.message}", style="" if e.ok else "red")
+        console.print(Text(f"  {'ok  ' if e.ok else 'FAIL'} {e.key}: {e.message}", style="" if e.ok else "red"))
+
+
+def _groups_table(variant: VariantResult) -> Table:
+    """Which groups hold GPU memory, on which ranks, since when (small runs only; the JSON has all)."""
+    table = Table(title="groups", title_justify="left")
+    for column in ("name", "desc", "ranks", "implementation", "split", "MiB per member", "allocated at (s)"):
+        table.add_column(column)
+    for record in variant.outcome.groups.values():
+        members = sorted(record.members.items())
+        mib = sorted({round(to_mib(info["bytes"]), 1) for _, info in members})
+        first = min((t for _, info in members for t in info["phases"].values()), default=None)
+        ranks = ",".join(map(str, record.ranks)) if len(record.ranks) <= 8 else f"{len(record.ranks)} ranks"
+        table.add_row(
+            record.name[:12],
+            record.desc,
+            ranks,
+            record.impl,
+            "yes" if record.via_split else "no",
+            "/".join(f"{m:g}" for m in mib) or "0",
+            "-" if first is None else f"{first:.3f}",
         )
+    return table

@@ -5,7 +5,7 @@ JSON"). Top level: ``schema``, ``scenario``, ``source``, ``seed``, ``trace_hash`
 ``ok`` (every expectation held) and ``variants``. Each variant: ``name``, ``verdict``
 (pass | fail | hang | error), ``release``, ``torch_version``, ``profile``, ``env``, ``policy``,
 ``checkpoints`` (``[{"name", "devices": [{"device", "used_mib", "free_mib", "time_s"}]}]``),
-``devices`` (peak and owner attribution per device), ``groups``, ``hangs``
+``devices`` (peak and owner attribution per device, and the full allocation ``timeline``), ``groups``, ``hangs``
 (``[{"rank", "op", "group", "seq", "waiting_for", ...}]``), ``errors``, ``expectations``, ``event_count``,
 ``trace_hash``, ``end_time_s``.
 """
@@ -72,8 +72,12 @@ class VariantResult:
                 {
                     "name": label,
                     "devices": [
-                        {"device": device, "used_mib": _r(to_mib(s.used_bytes)), "free_mib": _r(to_mib(s.free_bytes)),
-                         "time_s": _r(s.time_s)}
+                        {
+                            "device": device,
+                            "used_mib": _r(to_mib(s.used_bytes)),
+                            "free_mib": _r(to_mib(s.free_bytes)),
+                            "time_s": _r(s.time_s),
+                        }
                         for device, s in sorted(snaps.items())
                     ],
                 }
@@ -87,6 +91,19 @@ class VariantResult:
                     "peak_mib": _r(to_mib(ledger.peak_bytes)),
                     "peak_by_owner_mib": {k: _r(to_mib(v)) for k, v in ledger.peak_by_owner_kind.items()},
                     "end_by_group_mib": {k: _r(to_mib(v)) for k, v in sorted(ledger.used_by_group().items())},
+                    "timeline": [
+                        {
+                            "time_s": _r(e.time_s),
+                            "rank": e.owner.rank,
+                            "owner": e.owner.kind,
+                            "group": e.owner.group,
+                            "phase": e.owner.phase,
+                            "op": e.op.name if hasattr(e.op, "name") else str(e.op),
+                            "delta_mib": _r(to_mib(e.delta_bytes)),
+                            "used_mib": _r(to_mib(e.used_bytes)),
+                        }
+                        for e in ledger.timeline
+                    ],
                 }
                 for ledger in outcome.ledgers.values()
                 if ledger.timeline
