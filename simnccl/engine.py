@@ -77,6 +77,9 @@ class WorkloadFailure(Exception):
 
 @dataclass(frozen=True, slots=True)
 class Limits:
+    """Guards that turn a runaway simulation into an error: engine work units (an op run by one rank, or a
+    member handled in a cohort block), wall seconds, simulated seconds."""
+
     max_ops: int = 200_000_000
     wall_s: float = 900.0
     max_sim_time_s: float = 30 * 24 * 3600.0
@@ -189,7 +192,8 @@ class Engine:
         self._keep_trace = keep_trace
         self._trace: list[tuple[Any, ...]] = []
         self._next_comm_id = 1
-        self._ops = 0
+        self._ops = 0  # rank-ops simulated (a block of k calls taken by a cohort counts k per rank)
+        self._work = 0  # engine work units, what the max_ops guard bounds
         self._clock: float | None = None  # set while a cohort applies a block at a simulated time ahead of now
         self._shared_program = self._common_program(config.programs)
         self._cohorts: dict[int, Cohort] = {}
@@ -266,15 +270,19 @@ class Engine:
 
     def _guard(self) -> None:
         self._ops += 1
-        if self._ops & 0xFFFF == 0:
-            limits = self.config.limits
-            if self._ops > limits.max_ops:
-                raise EngineGuardError(f"simulation exceeded {limits.max_ops} ops; a runaway program?")
-            elapsed = time.monotonic() - self._wall_start
-            if elapsed > limits.wall_s:
-                raise EngineGuardError(
-                    f"simulation exceeded its wall-clock guard of {limits.wall_s:.0f} s after {self._ops} ops"
-                )
+        self._work += 1
+        if self._work & 0xFFFF == 0:
+            self._check_limits()
+
+    def _check_limits(self) -> None:
+        limits = self.config.limits
+        if self._work > limits.max_ops:
+            raise EngineGuardError(f"simulation exceeded {limits.max_ops} ops; a runaway program?")
+        elapsed = time.monotonic() - self._wall_start
+        if elapsed > limits.wall_s:
+            raise EngineGuardError(
+                f"simulation exceeded its wall-clock guard of {limits.wall_s:.0f} s after {self._work} ops"
+            )
 
     def _rank_process(self, rt: RankRuntime) -> Waiting:
         ops = rt.program.ops
@@ -1064,6 +1072,8 @@ class Engine:
                     failed = True
             self._clock = None
             self._record(clock, "cohort", pc, op.name, len(plans))
+            self._work += len(plans) + 1
+            self._check_limits()
             if getattr(op, "bind", None):
                 binds.add(op.bind)
             counter += 1
