@@ -11,12 +11,14 @@ Schema (every table but ``[[variants]]`` and ``[[expect]]`` required unless mark
     [torch]      release, profile? (built-in name or path relative to the file), launcher? (torchrun|spawn), env?
     [workload]   steps = [{op = "...", repeat?, on_ranks?, <op fields>}, ...]  |  generator = "...", args?
     [[variants]] name, description?, env?, release?, profile?, policy?
+    [matrix]     release? = [...], policy? = [...], env? = {VAR = [...]}   (cartesian product, added to variants)
     [[expect]]   variants?, checkpoint?, baseline?, used_mib?, tolerance_pct?, tolerance_mib?, devices?,
                  verdict?, error_contains?, hang_ranks?
 """
 
 from __future__ import annotations
 
+import itertools
 import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
@@ -236,12 +238,70 @@ def parse_scenario(data: Mapping[str, Any], source: str, base_dir: Path | None =
             )
         )
         reader.finish()
+    if "matrix" in top.table:
+        for variant in _matrix(
+            _Reader(source, "matrix", top.get("matrix", dict)),
+            release,
+            policy,
+            base_env,
+            profile_ref,
+            cluster,
+            base_dir,
+        ):
+            if any(v.name == variant.name for v in variants):
+                raise ScenarioError(source, "matrix", f"variant {variant.name!r} is also defined in [[variants]]")
+            variants.append(variant)
     if not variants:
         variants.append(Variant("default", "", release, base_profile, base_env, policy))
 
     expectations = _expectations(top, source, [v.name for v in variants])
     top.finish()
     return Scenario(name, description, source, seed, cluster, launcher, programs, tuple(variants), tuple(expectations))
+
+
+def _matrix(
+    reader: _Reader,
+    release: str,
+    policy: str,
+    base_env: Mapping[str, str],
+    profile_ref: str | None,
+    cluster: Cluster,
+    base_dir: Path | None,
+) -> list[Variant]:
+    """``[matrix]``: the cartesian product of ``release``, ``policy`` and each ``env`` variable's values.
+
+    Variants are named ``axis=value,...`` over the axes with more than one value, in the order written.
+    """
+    axes: list[tuple[str, list[str]]] = []
+    for key in ("release", "policy"):
+        values = reader.get(key, list, [release if key == "release" else policy], what="a list of strings")
+        if not values or not all(isinstance(v, str) for v in values):
+            raise reader.error(key, f"expected a non-empty list of strings, got {values!r}")
+        for value in values:
+            if key == "release" and value not in RELEASES:
+                raise reader.error(key, f"unknown torch release {value!r}; expected one of {', '.join(RELEASES)}")
+            if key == "policy" and value not in POLICIES:
+                raise reader.error(key, f"unknown policy {value!r}; expected one of {', '.join(POLICIES)}")
+        axes.append((key, values))
+    env_axes = reader.get("env", dict, {}, what="a table of environment variables to lists of strings")
+    for var, values in env_axes.items():
+        if not isinstance(values, list) or not values or not all(isinstance(v, str) for v in values):
+            raise ScenarioError(
+                reader.source, f"matrix.env.{var}", f"expected a non-empty list of strings, got {values!r}"
+            )
+        axes.append((var, values))
+    reader.finish()
+    named = [name for name, values in axes if len(values) > 1]
+    out = []
+    for combo in itertools.product(*(values for _, values in axes)):
+        chosen = dict(zip((name for name, _ in axes), combo, strict=True))
+        env = {**base_env, **{k: v for k, v in chosen.items() if k not in ("release", "policy")}}
+        v_release = chosen["release"]
+        profile = _profile(reader.source, "matrix.release", profile_ref, cluster.gpu.key, v_release, base_dir)
+        _check_env(reader.source, "matrix.env", profile, env)
+        name = ",".join(f"{k}={chosen[k]}" for k in named) or "matrix"
+        out.append(Variant(name, "", v_release, profile, env, chosen["policy"]))
+    return out
 
 
 def _policy(reader: _Reader, key: str, default: str) -> str:

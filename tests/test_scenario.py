@@ -462,3 +462,21 @@ def test_empty_on_ranks_and_missing_peer_are_errors(write_scenario) -> None:
 def test_named_profile_must_cover_the_release(write_scenario) -> None:
     text = TINY.replace("[workload]", 'profile = "h100-96gb-torch2.14"\n\n[workload]')
     _assert_error(write_scenario(text), "torch.profile", "does not cover torch release")
+
+
+def test_matrix_expands_to_the_cartesian_product(write_scenario) -> None:
+    text = TINY + '\n[matrix]\nrelease = ["2.14", "2.15"]\nenv = { TORCH_DIST_USE_NCCL2 = ["0", "1"] }\n'
+    scenario = load_scenario(write_scenario(text))
+    assert [v.name for v in scenario.variants] == [
+        "release=2.14,TORCH_DIST_USE_NCCL2=0",
+        "release=2.14,TORCH_DIST_USE_NCCL2=1",
+        "release=2.15,TORCH_DIST_USE_NCCL2=0",
+        "release=2.15,TORCH_DIST_USE_NCCL2=1",
+    ]
+    assert scenario.variants[1].env["TORCH_DIST_USE_NCCL2"] == "1"
+    assert scenario.variants[0].release == "2.14" and "2.14" in scenario.variants[0].profile.releases
+
+
+def test_matrix_values_are_checked(write_scenario) -> None:
+    _assert_error(write_scenario(TINY + '\n[matrix]\nrelease = ["2.99"]\n'), "matrix.release", "unknown torch release")
+    _assert_error(write_scenario(TINY + '\n[matrix]\nenv = { X = "1" }\n'), "matrix.env.X", "list of strings")
