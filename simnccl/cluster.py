@@ -58,9 +58,7 @@ def _number(where: str, value: Any, *, positive: bool) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ClusterError(f"{where}: expected a number of MiB, got {value!r}")
     if value < 0 or (positive and value == 0):
-        raise ClusterError(
-            f"{where}: expected a {'positive' if positive else 'non-negative'} number, got {value!r}"
-        )
+        raise ClusterError(f"{where}: expected a {'positive' if positive else 'non-negative'} number, got {value!r}")
     return float(value)
 
 
@@ -76,9 +74,7 @@ def _parse_kind(file: str, key: str, table: Any) -> GpuKind:
         raise ClusterError(f"{where}: expected a table of {', '.join(_KIND_FIELDS)}, got {table!r}")
     unknown = sorted(set(table) - set(_KIND_FIELDS))
     if unknown:
-        raise ClusterError(
-            f"{where}: unknown key(s) {', '.join(unknown)}; expected {', '.join(_KIND_FIELDS)}"
-        )
+        raise ClusterError(f"{where}: unknown key(s) {', '.join(unknown)}; expected {', '.join(_KIND_FIELDS)}")
     missing = [name for name in _KIND_FIELDS if name not in table]
     if missing:
         raise ClusterError(f"{where}: missing key(s) {', '.join(missing)}")

@@ -16,7 +16,7 @@ import gc
 import hashlib
 import time
 from collections.abc import Callable, Generator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import simpy
@@ -61,7 +61,8 @@ from simnccl.ops import (
     SetDevice,
     SplitGroup,
 )
-from simnccl.profiles import CommCosts, Profile
+from simnccl.policy import BasePolicy, GroupDecision, GroupRequest, History, InitPlan, InitRequest, Policy, decide_group
+from simnccl.profiles import MAX_NCHANNELS_ENV, CommCosts, Profile
 from simnccl.release import CUDAMALLOCASYNC_TRACKER, Impl, Release
 
 Waiting = Generator[simpy.Event, Any, None]
@@ -97,6 +98,7 @@ class SimConfig:
     launcher: str = "torchrun"
     seed: int = 0
     limits: Limits = Limits()
+    policy: Policy | None = None
 
 
 @dataclass(slots=True)
@@ -130,6 +132,8 @@ class RankRuntime:
     error_op: str = ""
     error_kind: str = ""
     nccl_devices: set[int] = field(default_factory=set)
+    history: History = field(default_factory=History)
+    history_shared: bool = False
     warnings: list[str] = field(default_factory=list)
     finished_at: float | None = None
 
@@ -179,7 +183,11 @@ class Engine:
         self.cluster: Cluster = config.cluster
         self.release: Release = config.release
         self.profile: Profile = config.profile
-        self.costs: CommCosts = config.profile.costs_for_env(config.env)
+        self._costs_by_channels: dict[str | None, CommCosts] = {}
+        self.policy: Policy = config.policy if config.policy is not None else BasePolicy()
+        self._policy_active = type(self.policy) is not BasePolicy
+        self._decisions: dict[tuple[int, tuple[int, ...]], tuple[int, GroupDecision]] = {}
+        self.explanations: list[dict[str, Any]] = []
         self.env = simpy.Environment()
         self.meetings = MeetingRegistry()
         self.ledgers: dict[str, DeviceLedger] = {
@@ -198,7 +206,7 @@ class Engine:
         self._shared_program = self._common_program(config.programs)
         self._cohorts: dict[int, Cohort] = {}
         self._devices: dict[tuple[int, int], Device] = {}
-        self._members_cache: dict[int, Members] = {}
+        self._members_cache: dict[int, tuple[tuple[int, ...] | None, Members]] = {}
         self._ranks_keys: dict[int, _RanksKey] = {}
         self._wall_start = 0.0
         self._pair_attempts: dict[tuple[str, int, int, int], int] = {}
@@ -206,6 +214,10 @@ class Engine:
         self._split_results: dict[int, dict[tuple[int, ...], int | Meeting]] = {}
         self._comm_members: dict[int, tuple[int, ...]] = {}
         self.ranks = [self._make_rank(r) for r in range(self.cluster.world_size)]
+        shared_history = History()  # every rank has seen the same calls until one diverges (copy-on-write)
+        for rt in self.ranks:
+            rt.history = shared_history
+            rt.history_shared = True
         self._dispatch: dict[type, Callable[[RankRuntime, Any], Waiting | None]] = {
             SetDevice: self._op_set_device,
             InitProcessGroup: self._op_init,
@@ -478,7 +490,7 @@ class Engine:
         ledger = self._touch(rt, comm.device, op)
         if comm.device not in rt.nccl_devices and lifecycle(comm.impl).allocates_gpu_memory:
             rt.nccl_devices.add(comm.device)
-            charges = [Charge("process-first-comm", self._bytes(self.costs.process_first_comm_mib)), *charges]
+            charges = [Charge("process-first-comm", self._bytes(self._costs(rt).process_first_comm_mib)), *charges]
         for charge in charges:
             if charge.num_bytes == 0:
                 continue
@@ -573,6 +585,8 @@ class Engine:
         yield from self._settle(rt)
         if rt.world is not None:
             raise TorchError("ValueError", "trying to initialize the default process group twice!")
+        if self._policy_active:
+            op = self._policy_init(rt, op)
         plan = plan_init(self.release, rt.ctx, op.backend, op.device_id, op.timeout_s, op.pg_options)
         group = self._group_from_plan(rt, plan)
         rt.world = group
@@ -581,19 +595,24 @@ class Engine:
         yield from self._create_comms(rt, group, plan, op)
 
     def _members(self, op: NewGroup) -> Members | tuple[int, ...] | None:
-        """The op's validated members, once per op object (all ranks share it); invalid lists stay raw so
-        each rank raises torch's error itself."""
-        cached = self._members_cache.get(id(op))
-        if cached is None:
+        """The op's validated members, once per rank-list object (all ranks, and a policy's rewritten op,
+        share it); invalid lists stay raw so each rank raises torch's error itself."""
+        entry = self._members_cache.get(id(op.ranks))
+        if entry is None or entry[0] is not op.ranks:  # keyed by the tuple object, kept alive by the entry
             try:
-                cached = validate_ranks(op.ranks, self.cluster.world_size)
+                members = validate_ranks(op.ranks, self.cluster.world_size)
             except TorchError:
                 return op.ranks
-            self._members_cache[id(op)] = cached
-        return cached
+            entry = self._members_cache[id(op.ranks)] = (op.ranks, members)
+        return entry[1]
 
     def _op_new_group(self, rt: RankRuntime, op: NewGroup) -> Waiting | None:
         world = self._require_world(rt, op)
+        if self._policy_active:
+            decided = self._policy_group(rt, op)
+            if decided is None:
+                return None  # reused an identical group: no torch call at all
+            op = decided
         plan = plan_new_group(
             self.release,
             rt.ctx,
@@ -724,7 +743,7 @@ class Engine:
         self._comm_members[comm.comm_id] = group.ranks
         self._abort_if_cudamallocasync(rt, comm)
         comm.state = CommState.READY
-        self._charge(rt, comm, life.init_charges(self.costs, comm, rt.ctx.env), op, group)
+        self._charge(rt, comm, life.init_charges(self._costs(rt), comm, rt.ctx.env), op, group)
 
     def _collision(self, meeting: Meeting, rt: RankRuntime, group: Group, op: Op) -> Meeting:
         """A second bootstrap under a name already used: a meeting that can never complete, explained."""
@@ -796,7 +815,7 @@ class Engine:
         self._comm_members[child] = group.ranks
         self._abort_if_cudamallocasync(rt, comm)
         comm.state = CommState.READY
-        self._charge(rt, comm, lifecycle(comm.impl).init_charges(self.costs, comm, rt.ctx.env), op, group)
+        self._charge(rt, comm, lifecycle(comm.impl).init_charges(self._costs(rt), comm, rt.ctx.env), op, group)
 
     def _split_colors(self, meeting: Meeting) -> dict[tuple[int, ...], int | Meeting]:
         """Assign child communicators per color once; an incomplete color becomes a stuck meeting."""
@@ -876,7 +895,7 @@ class Engine:
             self._touch(rt, comm.device, op)
         if not comm.connected:
             comm.connected = True
-            self._charge(rt, comm, life.first_collective_charges(self.costs, comm, rt.ctx.env), op, target)
+            self._charge(rt, comm, life.first_collective_charges(self._costs(rt), comm, rt.ctx.env), op, target)
         comm.seq += 1
         members = self._comm_members.setdefault(comm.comm_id, target.ranks)
         meeting = self._open(("coll", comm.comm_id, comm.seq), "collective", target.name, comm.seq, members)
@@ -905,7 +924,7 @@ class Engine:
                 yield from self._init_comm(rt, target, comm, op)
             if not comm.connected:
                 comm.connected = True
-                self._charge(rt, comm, life.first_collective_charges(self.costs, comm, rt.ctx.env), op, target)
+                self._charge(rt, comm, life.first_collective_charges(self._costs(rt), comm, rt.ctx.env), op, target)
             channel = comm.comm_id
         n = comm.p2p_seq.get((src, dst), 0) + 1
         comm.p2p_seq[(src, dst)] = n
@@ -939,7 +958,7 @@ class Engine:
             state=CommState.READY,
             comm_id=pair_id,
         )
-        self._charge(rt, pair, lifecycle(comm.impl).pair_charges(self.costs), op, group)
+        self._charge(rt, pair, lifecycle(comm.impl).pair_charges(self._costs(rt)), op, group)
         return pair_id
 
     # ------------------------------------------------------------------ teardown
@@ -972,6 +991,114 @@ class Engine:
                         ledger.release_owner(owner, time_s=self.env.now, op=op)
         self._record(self.env.now, rt.rank, "destroy", op.group)
 
+    # ------------------------------------------------------------------ policies
+
+    def _costs(self, rt: RankRuntime) -> CommCosts:
+        """Profile costs under this process's environment (a policy may set NCCL_MAX_NCHANNELS)."""
+        channels = rt.ctx.env.get(MAX_NCHANNELS_ENV)
+        costs = self._costs_by_channels.get(channels)
+        if costs is None:
+            costs = self._costs_by_channels[channels] = self.profile.costs_for_env(rt.ctx.env)
+        return costs
+
+    def _policy_init(self, rt: RankRuntime, op: InitProcessGroup) -> InitProcessGroup:
+        plan = self.policy.on_init(
+            InitRequest(
+                rt.rank, rt.ctx.world_size, self.release.key, rt.ctx.env, op.backend, op.device_id, op.pg_options
+            )
+        )
+        if plan.env:
+            rt.ctx = replace(rt.ctx, env={**rt.ctx.env, **plan.env})
+        if rt.rank == 0:
+            self.explanations.append(
+                {
+                    "call": "init_process_group",
+                    "ranks": "all",
+                    "plan": _init_text(plan),
+                    "explanation": plan.explanation or "as requested",
+                }
+            )
+        return replace(op, backend=plan.backend, device_id=plan.device_id, pg_options=plan.pg_options)
+
+    def _group_request(self, rt: RankRuntime, op: NewGroup, members: tuple[int, ...]) -> GroupRequest:
+        return GroupRequest(
+            kind="new_group",
+            ranks=members,
+            rank=rt.rank,
+            world_size=rt.ctx.world_size,
+            release=self.release.key,
+            env=rt.ctx.env,
+            backend=op.backend,
+            pg_options=op.pg_options,
+            use_local_synchronization=op.use_local_synchronization,
+            purpose=op.purpose,
+            traffic=op.traffic,
+            history=rt.history,
+        )
+
+    def _policy_group(self, rt: RankRuntime, op: NewGroup) -> NewGroup | None:
+        """Ask the policy; check members agree; return the op torch really receives (None: reuse)."""
+        members = self._members(op)
+        if not isinstance(members, Members):
+            return op  # invalid ranks: torch raises before any policy could matter
+        if op.use_local_synchronization and rt.rank not in members.index:
+            return op  # returns before anything a policy could change (l.7206)
+        request = self._group_request(rt, op, members.ranks)
+        decision = decide_group(self.policy, request)
+        self._check_consistent(rt, request, decision)
+        self._own_history(rt).record(request, decision)
+        return self._effective_op(rt, op, members, decision)
+
+    def _own_history(self, rt: RankRuntime) -> History:
+        if rt.history_shared:
+            rt.history = rt.history.copy()
+            rt.history_shared = False
+        return rt.history
+
+    def _check_consistent(self, rt: RankRuntime, request: GroupRequest, decision: GroupDecision) -> None:
+        """Every caller of one group-creation call must reach the same plan, or real torch hangs or crashes."""
+        key = (request.history.calls, request.ranks)
+        seen = self._decisions.get(key)
+        if seen is None:
+            self._decisions[key] = (rt.rank, decision)
+            if request.member and request.ranks[0] == rt.rank:
+                self.explanations.append(
+                    {
+                        "call": f"new_group #{request.history.calls + 1}",
+                        "ranks": list(request.ranks),
+                        "plan": decision.describe(),
+                        "explanation": decision.explanation,
+                    }
+                )
+            return
+        other, first = seen
+        if first.key() != decision.key():
+            raise TorchError(
+                "PolicyInconsistency",
+                f"policy {self.policy.name!r} planned differently for group {list(request.ranks)} "
+                f"(group-creation call #{request.history.calls + 1}): rank {other}: {first.describe()} "
+                f"({first.explanation}); rank {rt.rank}: {decision.describe()} ({decision.explanation})",
+            )
+
+    def _effective_op(
+        self, rt: RankRuntime, op: NewGroup, members: Members, decision: GroupDecision
+    ) -> NewGroup | None:
+        if decision.reuse is not None:
+            if rt.rank in members.index and op.bind:
+                existing = next((g for g in rt.groups if g.ranks == members.ranks and not g.destroyed), None)
+                if existing is not None:
+                    rt.handles[op.bind] = existing
+            elif op.bind:
+                rt.handles.setdefault(op.bind, NON_GROUP_MEMBER)
+            return None
+        return replace(
+            op,
+            backend=decision.backend,
+            pg_options=decision.pg_options,
+            use_local_synchronization=decision.use_local_synchronization,
+            device_id=decision.device_id if decision.device_id is not None else op.device_id,
+        )
+
     # ------------------------------------------------------------------ cohorts (DESIGN rule 8)
 
     def _cohort(self, rt: RankRuntime) -> Waiting:
@@ -992,7 +1119,7 @@ class Engine:
             world_seq = rt.world.comm_for("cuda").seq if rt.world and rt.world.comm_for("cuda") else 0
             meeting = self.meetings.open(("cohort", start), "split", "0", world_seq + 1, self._all_ranks)
             meeting.result = self.env.event()
-            cohort = Cohort(start=start, counter=rt.counter, meeting=meeting)
+            cohort = Cohort(start=start, counter=rt.counter, meeting=meeting, history=rt.history)
             self._cohorts[start] = cohort
         if cohort.broken or not self._cohort_eligible(rt, cohort):
             self._break_cohort(cohort)
@@ -1020,6 +1147,8 @@ class Engine:
     def _cohort_eligible(self, rt: RankRuntime, cohort: Cohort) -> bool:
         world = rt.world
         if world is None or rt.pending or rt.counter != cohort.counter:
+            return False
+        if self._policy_active and (rt.history is not cohort.history or not self.policy.rank_independent):
             return False
         parent = world.comm_for("cuda")
         return parent is None or parent.ready
@@ -1050,6 +1179,16 @@ class Engine:
         failed = False
         while pc < len(ops) and _starts_block(ops[pc]) and not failed:
             op = ops[pc]
+            if self._policy_active and isinstance(op, NewGroup):
+                effective = self._block_policy(cohort, op)
+                if effective is None:  # reused by every caller: no torch call, no counter, no split
+                    self._block_reuse(op)
+                    if op.bind:
+                        binds.add(op.bind)
+                    executed += 1
+                    pc += 1
+                    continue
+                op = effective
             plans = self._block_plans(op, counter)
             if plans is None:
                 break
@@ -1082,6 +1221,7 @@ class Engine:
             pc += 1
         self._ops += max(executed - 1, 0) * len(ranks)  # each rank's guard already counted the block's first op
         cohort.end = pc
+        cohort.counter_end = counter
         cohort.executed = executed
         cohort.splits = splits
         cohort.binds = tuple(sorted(binds))
@@ -1092,6 +1232,32 @@ class Engine:
         self._record(clock, "meet", "cohort", cohort.meeting.key, executed)
         event = cohort.meeting.result
         self.env.timeout(clock - self.env.now).callbacks.append(lambda _ev: event.succeed())
+
+    def _block_policy(self, cohort: Cohort, op: NewGroup) -> NewGroup | None:
+        """A rank-independent policy decides once for the whole block, on the history all ranks share."""
+        members = self._members(op)
+        if not isinstance(members, Members):
+            return op
+        assert cohort.history is not None
+        rt = self.ranks[members.ranks[0]]
+        request = self._group_request(rt, op, members.ranks)
+        decision = decide_group(self.policy, request)
+        self._check_consistent(rt, request, decision)
+        cohort.history.record(request, decision)
+        if decision.reuse is not None:
+            return None
+        return self._effective_op(rt, op, members, decision)
+
+    def _block_reuse(self, op: NewGroup) -> None:
+        members = self._members(op)
+        assert isinstance(members, Members)
+        if not op.bind:
+            return
+        for rank in members.ranks:
+            rt = self.ranks[rank]
+            existing = next((g for g in rt.groups if g.ranks == members.ranks and not g.destroyed), None)
+            if existing is not None:
+                rt.handles[op.bind] = existing
 
     def _block_plans(self, op: Op, counter: int) -> dict[int, GroupPlan] | None:
         """Every rank's plan that matters for this op, or None when the op can't be taken as a block.
@@ -1176,11 +1342,11 @@ class Engine:
             self._comm_members[child_id] = group.ranks
             self._abort_if_cudamallocasync(rt, comm)
             comm.state = CommState.READY
-            self._charge(rt, comm, lifecycle(comm.impl).init_charges(self.costs, comm, rt.ctx.env), op, group)
+            self._charge(rt, comm, lifecycle(comm.impl).init_charges(self._costs(rt), comm, rt.ctx.env), op, group)
 
     def _resume_from_block(self, rt: RankRuntime, cohort: Cohort) -> None:
         """Bring one rank's own state to the end of the block (counter, parent sequence, handles)."""
-        rt.counter = cohort.counter + cohort.executed
+        rt.counter = cohort.counter_end
         parent = rt.world.comm_for("cuda") if rt.world is not None else None
         if parent is not None:
             parent.seq += cohort.splits
@@ -1315,6 +1481,8 @@ class Cohort:
     splits: int = 0
     binds: tuple[str, ...] = ()
     failures: dict[int, tuple[int, TorchError | SimulatedOOM]] = field(default_factory=dict)
+    history: History | None = None
+    counter_end: int = 0
 
 
 def _starts_block(op: Op) -> bool:
@@ -1344,6 +1512,14 @@ def _ranks_digest(ranks: tuple[int, ...]) -> tuple[int, int, int]:
     """A cheap, deterministic stand-in for a member list in the trace (repr of a 16k-rank tuple per member
     would make tracing quadratic); the group's name is recorded beside it."""
     return len(ranks), ranks[0], ranks[-1]
+
+
+def _init_text(plan: InitPlan) -> str:
+    parts = [f"backend={plan.backend or '<default>'}"]
+    if plan.pg_options.to_dict():
+        parts.append(f"pg_options={plan.pg_options.to_dict()}")
+    parts += [f"{k}={v}" for k, v in sorted(plan.env.items())]
+    return ", ".join(parts)
 
 
 def _handle_of(op: Op) -> str:

@@ -25,9 +25,11 @@ def check(expectation: Expectation, variant: VariantResult) -> list[ExpectationR
         texts += [h["explanation"] for h in variant.outcome.hangs]
         ok = any(expectation.error_contains in t for t in texts)
         shown = texts[0].splitlines()[0] if texts else "no error or hang"
-        results.append(ExpectationResult(
-            key, ok, f"error text {'contains' if ok else 'lacks'} {expectation.error_contains!r} (first: {shown})"
-        ))
+        results.append(
+            ExpectationResult(
+                key, ok, f"error text {'contains' if ok else 'lacks'} {expectation.error_contains!r} (first: {shown})"
+            )
+        )
     if expectation.hang_ranks is not None:
         hung = sorted(h["rank"] for h in variant.outcome.hangs)
         ok = hung == sorted(expectation.hang_ranks)
@@ -63,7 +65,11 @@ def _check_memory(expectation: Expectation, variant: VariantResult) -> list[Expe
             tol_text = f"± {pct:g}%"
         ok = abs(value - expected) <= allowed + 1e-9
         what = f"above {expectation.baseline!r}" if base is not None else "used"
-        results.append(ExpectationResult(
-            key, ok, f"{device} at {expectation.checkpoint!r}: {value:.1f} MiB {what}, expected {expected:g} {tol_text}"
-        ))
+        results.append(
+            ExpectationResult(
+                key,
+                ok,
+                f"{device} at {expectation.checkpoint!r}: {value:.1f} MiB {what}, expected {expected:g} {tol_text}",
+            )
+        )
     return results

@@ -69,9 +69,7 @@ class MeetingRegistry:
     def get(self, key: tuple[Any, ...]) -> Meeting | None:
         return self._by_key.get(key)
 
-    def open(
-        self, key: tuple[Any, ...], kind: str, group: str, seq: int, expected: tuple[int, ...]
-    ) -> Meeting:
+    def open(self, key: tuple[Any, ...], kind: str, group: str, seq: int, expected: tuple[int, ...]) -> Meeting:
         meeting = self._by_key.get(key)
         if meeting is None:
             meeting = Meeting(key=key, kind=kind, group=group, seq=seq, expected=expected)

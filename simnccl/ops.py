@@ -99,6 +99,7 @@ class NewGroup(Op):
     device_id: int | None = None
     timeout_s: float | None = None
     purpose: str | None = None
+    traffic: str | None = None  # "collectives" | "p2p" | "none": what the program will do on it (for policies)
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +114,7 @@ class SplitGroup(Op):
     group_desc: str | None = None
     timeout_s: float | None = None
     purpose: str | None = None
+    traffic: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

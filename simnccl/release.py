@@ -263,9 +263,7 @@ def _resolve(release: Release, requested: str | None, use_nccl2: str | None, has
             if any(device == seen for seen, _ in pairs):
                 raise ReleaseError(f"duplicate device type {device!r} in backend string {text!r}")
             if device not in ("cpu", "cuda"):
-                raise ReleaseError(
-                    f"device type {device!r} in {text!r} is not modelled; expected cpu or cuda"
-                )
+                raise ReleaseError(f"device type {device!r} in {text!r} is not modelled; expected cpu or cuda")
             pairs.append((device, name))
     return BackendConfig(
         requested=lowered,

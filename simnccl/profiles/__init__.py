@@ -159,8 +159,7 @@ class _Reader:
         if unknown:
             where = f"{key}." if key else ""
             raise ProfileError(
-                f"{self.path}: unknown key(s) {', '.join(where + u for u in unknown)}; "
-                f"expected {', '.join(allowed)}"
+                f"{self.path}: unknown key(s) {', '.join(where + u for u in unknown)}; expected {', '.join(allowed)}"
             )
         missing = [name for name in required if name not in value]
         if missing:
@@ -301,9 +300,7 @@ def _load_builtin() -> dict[str, Profile]:
         stem = resource.name.removesuffix(".toml")
         if profile.name != stem:
             # get_profile(name) must find the file a reader would open.
-            raise ProfileError(
-                f"{profile.path}: name: expected {stem!r} (the file name), got {profile.name!r}"
-            )
+            raise ProfileError(f"{profile.path}: name: expected {stem!r} (the file name), got {profile.name!r}")
         profiles[profile.name] = profile
     return profiles
 
@@ -333,9 +330,7 @@ def find_profile(gpu: str, release: str) -> Profile:
             "Name a profile file explicitly, or calibrate one with the real tier."
         )
     names = ", ".join(p.name for p in matches)
-    raise ProfileError(
-        f"several built-in profiles cover GPU kind {gpu!r} on release {release!r}: {names}; name one"
-    )
+    raise ProfileError(f"several built-in profiles cover GPU kind {gpu!r} on release {release!r}: {names}; name one")
 
 
 def get_profile(name_or_path: str | os.PathLike[str]) -> Profile:

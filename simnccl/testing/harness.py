@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from simnccl.cluster import Cluster, get_gpu_kind
 from simnccl.engine import Engine, Limits, RunOutcome, SimConfig
 from simnccl.ops import Op, Program
+from simnccl.policy import Policy, get_policy
 from simnccl.profiles import find_profile, get_profile
 from simnccl.release import get_release
 
@@ -28,6 +29,7 @@ def simulate(
     profile: str | None = None,
     keep_trace: bool = False,
     limits: Limits | None = None,
+    policy: str | Policy | None = None,
 ) -> RunOutcome:
     """Run ``program`` (one op list for every rank, or one list per rank) and return the outcome."""
     cluster = Cluster(get_gpu_kind(gpu), nodes, gpus_per_node, ranks_per_node)
@@ -47,6 +49,7 @@ def simulate(
         env=dict(env or {}),
         launcher=launcher,
         limits=limits or Limits(),
+        policy=get_policy(policy) if isinstance(policy, str) else policy,
     )
     return Engine(config, keep_trace=keep_trace).run()
 
