@@ -34,6 +34,7 @@ from simnccl.c10d import (
     plan_new_group,
     plan_split_group,
     validate_ranks,
+    world_ranks,
 )
 from simnccl.cluster import Cluster, Device
 from simnccl.meetings import Arrival, Meeting, MeetingRegistry
@@ -214,6 +215,7 @@ class Engine:
         self._split_results: dict[int, dict[tuple[int, ...], int | Meeting]] = {}
         self._comm_members: dict[int, tuple[int, ...]] = {}
         self.ranks = [self._make_rank(r) for r in range(self.cluster.world_size)]
+        self._world_ranks = world_ranks(self.cluster.world_size)
         shared_history = History()  # every rank has seen the same calls until one diverges (copy-on-write)
         for rt in self.ranks:
             rt.history = shared_history
@@ -358,7 +360,7 @@ class Engine:
         after = None
         if run_ahead and rt.pending:
             after = rt.pending[-1][0]
-        meeting.arrivals[rt.rank] = Arrival(rt.rank, self.env.now, payload, op.describe(), after)
+        meeting.arrivals[rt.rank] = Arrival(rt.rank, self.env.now, payload, op, after)
         if meeting.problem is None:
             first = next(iter(meeting.arrivals.values()))
             problem = self._disagreement(meeting, first, meeting.arrivals[rt.rank])
@@ -384,7 +386,7 @@ class Engine:
         if a[0] != b[0]:
             return (
                 f"operation mismatch at sequence number {meeting.seq} of group {meeting.group!r}: "
-                f"rank {first.rank} issued {first.op}, rank {this.rank} issued {this.op}"
+                f"rank {first.rank} issued {first.op.describe()}, rank {this.rank} issued {this.op.describe()}"
             )
         if a[0] != "split" and a[1:] != b[1:]:
             return (
@@ -836,7 +838,7 @@ class Engine:
                 for r in ranks:
                     stuck.arrivals[r] = meeting.arrivals[r]
                 elsewhere = [
-                    f"rank {r} issued {meeting.arrivals[r].op}"
+                    f"rank {r} issued {meeting.arrivals[r].op.describe()}"
                     for r in color
                     if r in meeting.arrivals and r not in ranks
                 ]
@@ -1117,7 +1119,7 @@ class Engine:
         cohort = self._cohorts.get(start)
         if cohort is None:
             world_seq = rt.world.comm_for("cuda").seq if rt.world and rt.world.comm_for("cuda") else 0
-            meeting = self.meetings.open(("cohort", start), "split", "0", world_seq + 1, self._all_ranks)
+            meeting = self.meetings.open(("cohort", start), "split", "0", world_seq + 1, self._world_ranks)
             meeting.result = self.env.event()
             cohort = Cohort(start=start, counter=rt.counter, meeting=meeting, history=rt.history)
             self._cohorts[start] = cohort
@@ -1127,7 +1129,7 @@ class Engine:
             return
         op = rt.program.ops[start]
         cohort.meeting.arrivals[rt.rank] = Arrival(rt.rank, self.env.now, ("split", None), op)
-        if len(cohort.meeting.arrivals) == len(self._all_ranks):
+        if len(cohort.meeting.arrivals) == len(self._world_ranks):
             self._apply_block(cohort)
         yield from self._wait(rt, cohort.meeting, op)
         if cohort.broken:
@@ -1160,10 +1162,6 @@ class Engine:
         if not cohort.meeting.complete:
             cohort.meeting.completed_at = self.env.now
             cohort.meeting.result.succeed()
-
-    @property
-    def _all_ranks(self) -> tuple[int, ...]:
-        return tuple(range(self.cluster.world_size))
 
     def _apply_block(self, cohort: Cohort) -> None:
         """The leader's pass over the block: plan once per op, act per member, advance time per split."""

@@ -18,7 +18,7 @@ class Arrival:
     rank: int
     time_s: float
     payload: Any
-    op: str
+    op: Any  # the Op; described only when a report needs it (describing every arrival is measurable)
     after: Meeting | None = None  # a run-ahead arrival: really arrives when this meeting completes
 
 
