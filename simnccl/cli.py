@@ -34,6 +34,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("scenarios", nargs="*", help=f"scenario files (default: the built-in {DEFAULT_SCENARIO})")
     run.add_argument("--variant", action="append", help="run only this variant (repeatable)")
     run.add_argument("--json", action="store_true", help="print the result as JSON (schema in README)")
+    run.add_argument("--explain", action="store_true", help="print each policy decision and its reason")
     return parser
 
 
@@ -63,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write(json.dumps(payload[0] if len(payload) == 1 else payload, indent=2, default=str) + "\n")
     else:
         for result in results:
-            print_result(result, console)
+            print_result(result, console, explain=args.explain)
     return EXIT_OK if all(r.ok for r in results) else EXIT_EXPECTATIONS
 
 

@@ -56,6 +56,7 @@ from simnccl.ops import (
     MemoryCheck,
     NewGroup,
     Op,
+    PgOptions,
     PointToPoint,
     Program,
     Send,
@@ -1082,12 +1083,24 @@ class Engine:
                 f"({first.explanation}); rank {rt.rank}: {decision.describe()} ({decision.explanation})",
             )
 
+    def _identical_group(
+        self, rt: RankRuntime, ranks: tuple[int, ...], backend: str | None, options: PgOptions
+    ) -> Group | None:
+        """The group this rank created earlier with the same ranks, backend name and options (dedupe's key)."""
+        assert rt.world is not None
+        name = (backend or rt.world.backend.requested).lower()
+        for group in rt.groups:
+            same = group.ranks == ranks and group.backend.requested == name and group.options == options
+            if same and not group.destroyed:
+                return group
+        return None
+
     def _effective_op(
         self, rt: RankRuntime, op: NewGroup, members: Members, decision: GroupDecision
     ) -> NewGroup | None:
         if decision.reuse is not None:
             if rt.rank in members.index and op.bind:
-                existing = next((g for g in rt.groups if g.ranks == members.ranks and not g.destroyed), None)
+                existing = self._identical_group(rt, members.ranks, decision.backend, decision.pg_options)
                 if existing is not None:
                     rt.handles[op.bind] = existing
             elif op.bind:
@@ -1178,9 +1191,9 @@ class Engine:
         while pc < len(ops) and _starts_block(ops[pc]) and not failed:
             op = ops[pc]
             if self._policy_active and isinstance(op, NewGroup):
-                effective = self._block_policy(cohort, op)
+                effective, decision = self._block_policy(cohort, op)
                 if effective is None:  # reused by every caller: no torch call, no counter, no split
-                    self._block_reuse(op)
+                    self._block_reuse(op, decision)
                     if op.bind:
                         binds.add(op.bind)
                     executed += 1
@@ -1231,11 +1244,11 @@ class Engine:
         event = cohort.meeting.result
         self.env.timeout(clock - self.env.now).callbacks.append(lambda _ev: event.succeed())
 
-    def _block_policy(self, cohort: Cohort, op: NewGroup) -> NewGroup | None:
+    def _block_policy(self, cohort: Cohort, op: NewGroup) -> tuple[NewGroup | None, GroupDecision]:
         """A rank-independent policy decides once for the whole block, on the history all ranks share."""
         members = self._members(op)
         if not isinstance(members, Members):
-            return op
+            return op, unchanged_decision(op)
         assert cohort.history is not None
         rt = self.ranks[members.ranks[0]]
         request = self._group_request(rt, op, members.ranks)
@@ -1243,17 +1256,17 @@ class Engine:
         self._check_consistent(rt, request, decision)
         cohort.history.record(request, decision)
         if decision.reuse is not None:
-            return None
-        return self._effective_op(rt, op, members, decision)
+            return None, decision
+        return self._effective_op(rt, op, members, decision), decision
 
-    def _block_reuse(self, op: NewGroup) -> None:
+    def _block_reuse(self, op: NewGroup, decision: GroupDecision) -> None:
         members = self._members(op)
         assert isinstance(members, Members)
         if not op.bind:
             return
         for rank in members.ranks:
             rt = self.ranks[rank]
-            existing = next((g for g in rt.groups if g.ranks == members.ranks and not g.destroyed), None)
+            existing = self._identical_group(rt, members.ranks, decision.backend, decision.pg_options)
             if existing is not None:
                 rt.handles[op.bind] = existing
 
@@ -1510,6 +1523,10 @@ def _ranks_digest(ranks: tuple[int, ...]) -> tuple[int, int, int]:
     """A cheap, deterministic stand-in for a member list in the trace (repr of a 16k-rank tuple per member
     would make tracing quadratic); the group's name is recorded beside it."""
     return len(ranks), ranks[0], ranks[-1]
+
+
+def unchanged_decision(op: NewGroup) -> GroupDecision:
+    return GroupDecision(op.backend, op.pg_options, op.use_local_synchronization, explanation="as requested")
 
 
 def _init_text(plan: InitPlan) -> str:

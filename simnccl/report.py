@@ -16,13 +16,15 @@ MAX_GROUP_ROWS = 24
 VERDICT_STYLE = {"pass": "green", "fail": "red", "hang": "yellow", "error": "red"}
 
 
-def print_result(result: ScenarioResult, console: Console | None = None) -> None:
+def print_result(result: ScenarioResult, console: Console | None = None, *, explain: bool = False) -> None:
     console = console or Console()
     console.print(
         f"[bold]{result.scenario}[/bold]  ({result.source})  seed={result.seed}  trace={result.trace_hash[:16]}"
     )
     for variant in result.variants:
         _print_variant(console, variant)
+        if explain:
+            _print_decisions(console, variant)
     summary = "all expectations hold" if result.ok else "EXPECTATIONS FAILED"
     console.print(Text(summary, style="green" if result.ok else "bold red"))
 
@@ -31,6 +33,8 @@ def _print_variant(console: Console, variant: VariantResult) -> None:
     outcome = variant.outcome
     style = VERDICT_STYLE.get(outcome.verdict, "")
     env = " ".join(f"{k}={v}" for k, v in sorted(variant.env.items())) or "(default env)"
+    if variant.policy != "torch-default":
+        env += f"  policy {variant.policy}"
     title = Text.assemble(
         (f"{variant.name}", "bold"),
         f"  torch {variant.torch_version}  {env}  profile {variant.profile}  → ",
@@ -98,3 +102,17 @@ def _groups_table(variant: VariantResult) -> Table:
             "-" if first is None else f"{first:.3f}",
         )
     return table
+
+
+def _print_decisions(console: Console, variant: VariantResult) -> None:
+    """``--explain``: every decision the policy took, with its one-line reason."""
+    if not variant.explanations:
+        console.print(f"  policy {variant.policy}: no decisions (torch's defaults apply unchanged)")
+        return
+    table = Table(title=f"policy {variant.policy}: decisions", title_justify="left")
+    for column in ("call", "ranks", "plan", "why"):
+        table.add_column(column)
+    for d in variant.explanations:
+        ranks = d["ranks"] if isinstance(d["ranks"], str) else ",".join(map(str, d["ranks"]))
+        table.add_row(d["call"], ranks, d["plan"], d["explanation"])
+    console.print(table)

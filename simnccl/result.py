@@ -7,7 +7,8 @@ JSON"). Top level: ``schema``, ``scenario``, ``source``, ``seed``, ``trace_hash`
 ``checkpoints`` (``[{"name", "devices": [{"device", "used_mib", "free_mib", "time_s"}]}]``),
 ``devices`` (peak and owner attribution per device, and the full allocation ``timeline``), ``groups``, ``hangs``
 (``[{"rank", "op", "group", "seq", "waiting_for", ...}]``), ``errors``, ``expectations``, ``event_count``,
-``trace_hash``, ``end_time_s``.
+``trace_hash``, ``end_time_s``, ``decisions`` (the policy's plan and one-line explanation per
+group-creation call, as seen by the group's first member; only for a policy other than torch-default).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ class VariantResult:
     policy: str
     outcome: RunOutcome
     expectations: list[ExpectationResult] = field(default_factory=list)
+    explanations: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def verdict(self) -> str:
@@ -130,6 +132,7 @@ class VariantResult:
             "hangs": outcome.hangs,
             "errors": outcome.errors,
             "expectations": [{"key": e.key, "ok": e.ok, "message": e.message} for e in self.expectations],
+            "decisions": self.explanations,
             "event_count": outcome.event_count,
             "trace_hash": outcome.trace_hash,
             "end_time_s": _r(outcome.end_time_s),

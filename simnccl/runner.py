@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from simnccl.engine import Engine, Limits, SimConfig
 from simnccl.expect import check
+from simnccl.policy import get_policy
 from simnccl.release import get_release
 from simnccl.result import ScenarioResult, VariantResult
 from simnccl.scenario import Scenario, Variant
@@ -23,13 +24,15 @@ def config_for(scenario: Scenario, variant: Variant, limits: Limits | None = Non
         launcher=scenario.launcher,
         seed=scenario.seed,
         limits=limits or Limits(),
+        policy=get_policy(variant.policy),
     )
 
 
 def run_variant(
     scenario: Scenario, variant: Variant, *, keep_trace: bool = False, limits: Limits | None = None
 ) -> VariantResult:
-    outcome = Engine(config_for(scenario, variant, limits), keep_trace=keep_trace).run()
+    engine = Engine(config_for(scenario, variant, limits), keep_trace=keep_trace)
+    outcome = engine.run()
     result = VariantResult(
         name=variant.name,
         description=variant.description,
@@ -39,6 +42,7 @@ def run_variant(
         env=dict(variant.env),
         policy=variant.policy,
         outcome=outcome,
+        explanations=engine.explanations,
     )
     for expectation in scenario.expectations:
         if variant.name in expectation.variants:

@@ -27,10 +27,10 @@ from typing import Any
 
 from simnccl.cluster import Cluster, ClusterError, get_gpu_kind
 from simnccl.ops import MIB, OP_TYPES, Collective, NewGroup, Op, PgOptions, PointToPoint, Program, SplitGroup
+from simnccl.policy import PolicyError, get_policy
 from simnccl.profiles import MAX_NCHANNELS_ENV, Profile, ProfileError, find_profile, get_profile
 from simnccl.release import RELEASES, ReleaseError, resolve_backend
 
-POLICIES = ("torch-default",)
 LAUNCHERS = ("torchrun", "spawn")
 VERDICTS = ("pass", "fail", "hang", "error")
 
@@ -280,8 +280,8 @@ def _matrix(
         for value in values:
             if key == "release" and value not in RELEASES:
                 raise reader.error(key, f"unknown torch release {value!r}; expected one of {', '.join(RELEASES)}")
-            if key == "policy" and value not in POLICIES:
-                raise reader.error(key, f"unknown policy {value!r}; expected one of {', '.join(POLICIES)}")
+            if key == "policy":
+                _check_policy(reader, key, value)
         axes.append((key, values))
     env_axes = reader.get("env", dict, {}, what="a table of environment variables to lists of strings")
     for var, values in env_axes.items():
@@ -304,10 +304,16 @@ def _matrix(
     return out
 
 
+def _check_policy(reader: _Reader, key: str, spec: str) -> None:
+    try:
+        get_policy(spec)
+    except PolicyError as err:
+        raise reader.error(key, str(err)) from None
+
+
 def _policy(reader: _Reader, key: str, default: str) -> str:
     value = reader.get(key, str, default)
-    if value not in POLICIES:
-        raise reader.error(key, f"unknown policy {value!r}; expected one of {', '.join(POLICIES)}")
+    _check_policy(reader, key, value)
     return value
 
 

@@ -1,0 +1,188 @@
+"""Policies: pure decisions with explanations, composition, and the simulator's consistency check."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import dataclass, replace
+
+import pytest
+
+from simnccl.ops import AllReduce, Checkpoint, InitProcessGroup, NewGroup, PgOptions, SetDevice
+from simnccl.policy import (
+    BUILTIN,
+    BasePolicy,
+    BudgetPolicy,
+    GroupDecision,
+    GroupRequest,
+    History,
+    InitRequest,
+    PolicyError,
+    decide_group,
+    get_policy,
+)
+from simnccl.testing import simulate, used_mib
+
+START = [SetDevice(), InitProcessGroup(backend="nccl")]
+
+
+def request(ranks=(0, 1), rank=0, release="2.15", history=None, **kw) -> GroupRequest:
+    fields = dict(
+        kind="new_group",
+        ranks=tuple(ranks),
+        rank=rank,
+        world_size=4,
+        release=release,
+        env={},
+        backend=None,
+        pg_options=PgOptions(),
+        use_local_synchronization=False,
+        purpose=None,
+        traffic=None,
+        history=history or History(),
+    )
+    fields.update(kw)
+    return GroupRequest(**fields)
+
+
+def test_every_builtin_has_a_doc_and_decides_with_an_explanation() -> None:
+    for name in BUILTIN:
+        policy = get_policy(name)
+        assert policy.doc and policy.name == name
+        decision = decide_group(policy, request(ranks=(0,)))
+        assert decision.explanation
+
+
+def test_torch_default_changes_nothing() -> None:
+    decision = decide_group(get_policy("torch-default"), request())
+    assert decision.key() == (None, PgOptions(), False, None, None)
+
+
+def test_lazy_single_rank_only_touches_single_rank_nccl_groups() -> None:
+    policy = get_policy("lazy-single-rank")
+    assert decide_group(policy, request(ranks=(2,))).pg_options.lazy_init
+    assert not decide_group(policy, request(ranks=(0, 1))).pg_options.lazy_init
+    assert not decide_group(policy, request(ranks=(2,), backend="gloo")).pg_options.lazy_init
+    assert not decide_group(policy, request(ranks=(2,), release="2.14")).pg_options.lazy_init
+
+
+def test_nccl_lazy_p2p_uses_traffic_then_purpose() -> None:
+    policy = get_policy("nccl-lazy-p2p")
+    assert decide_group(policy, request(traffic="p2p")).backend == "nccl-lazy"
+    assert decide_group(policy, request(purpose="pp")).backend == "nccl-lazy"
+    assert decide_group(policy, request(purpose="pp", traffic="collectives")).backend is None
+
+
+def test_dedupe_reuses_only_an_identical_earlier_group() -> None:
+    policy = get_policy("dedupe")
+    history = History()
+    first = request(history=history)
+    history.record(first, decide_group(policy, first))
+    assert decide_group(policy, request(history=history)).reuse == (0, 1)
+    assert decide_group(policy, request(history=history, backend="gloo")).reuse is None
+    assert decide_group(policy, request(ranks=(1, 2), history=history)).reuse is None
+
+
+def test_budget_turns_lazy_once_any_member_would_exceed_it() -> None:
+    policy = BudgetPolicy(max_mib_per_device=500, per_group_mib=200)
+    history = History()
+    lazies = []
+    for ranks in [(0, 1), (1, 2), (1, 3), (2, 3)]:
+        req = request(ranks=ranks, history=history)
+        decision = decide_group(policy, req)
+        history.record(req, decision)
+        lazies.append(decision.pg_options.lazy_init)
+    # rank 1 holds two eager groups after the second call; [1, 3] would be its third (600 > 500), and a lazy
+    # group is not counted, so [2, 3] is still eager.
+    assert lazies == [False, False, True, False]
+    assert "would exceed" in decide_group(policy, request(ranks=(0, 1), history=history)).explanation
+
+
+def test_composition_applies_left_to_right_and_merges_init_env() -> None:
+    policy = get_policy("dedupe+lazy-single-rank")
+    assert policy.name == "dedupe+lazy-single-rank" and policy.rank_independent
+    plan = get_policy("legacy+share-resources").on_init(InitRequest(0, 2, "2.15", {}, "nccl", None))
+    assert dict(plan.env) == {"TORCH_DIST_USE_NCCL2": "0", "NCCL_COMM_SPLIT_SHARE_RESOURCES": "1"}
+    assert "TORCH_DIST_USE_NCCL2=0" in plan.explanation
+
+
+@pytest.mark.parametrize("spec", ["nope", "legacy+nope", "budget()", "budget(x)", ""])
+def test_unknown_policy_specs_are_errors(spec) -> None:
+    with pytest.raises(PolicyError):
+        get_policy(spec)
+
+
+def test_budget_spec_parses_both_figures() -> None:
+    policy = get_policy("budget(400,388)")
+    assert isinstance(policy, BudgetPolicy) and policy.max_mib_per_device == 400 and policy.per_group_mib == 388
+
+
+def test_importing_the_policy_module_does_not_import_torch() -> None:
+    code = "import sys, simnccl.policy; assert 'torch' not in sys.modules"
+    assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
+
+
+# ------------------------------------------------------------------------------------------- in the simulator
+
+
+def test_lazy_init_policy_makes_unused_groups_free() -> None:
+    program = [
+        *START,
+        Checkpoint(label="a"),
+        *[NewGroup(ranks=(0, 1), bind=f"g{i}") for i in range(5)],
+        Checkpoint(label="b"),
+    ]
+    default = simulate(program)
+    lazy = simulate(program, policy="lazy-init")
+    assert used_mib(lazy, "b") == used_mib(lazy, "a")
+    assert used_mib(default, "b")["n0:cuda:0"] > used_mib(default, "a")["n0:cuda:0"]
+
+
+def test_budget_policy_keeps_every_device_within_its_budget() -> None:
+    program = [
+        *START,
+        Checkpoint(label="a"),
+        *[NewGroup(ranks=(i % 4, (i + 1) % 4), bind=f"g{i}") for i in range(12)],
+        Checkpoint(label="b"),
+    ]
+    out = simulate(program, gpus_per_node=4, policy="budget(700,231.1111)")
+    assert out.verdict == "pass"
+    for device, after in used_mib(out, "b").items():
+        assert after - used_mib(out, "a")[device] <= 700 + 1e-6
+
+
+@dataclass(frozen=True)
+class RankDependent(BasePolicy):
+    """A broken user policy: decides from the calling rank, so members disagree."""
+
+    name: str = "rank-dependent"
+    rank_independent: bool = False
+
+    def on_group(self, request: GroupRequest, decision: GroupDecision) -> GroupDecision:
+        if request.rank % 2:
+            return replace(decision, pg_options=PgOptions(lazy_init=True), explanation="odd ranks go lazy")
+        return decision
+
+
+def test_members_that_plan_differently_are_reported_with_both_plans() -> None:
+    program = [*START, NewGroup(ranks=(0, 1), bind="g"), AllReduce(group="g")]
+    out = simulate(program, policy=RankDependent())
+    assert out.verdict == "error"
+    (error,) = [e for e in out.errors if e["type"] == "PolicyInconsistency"]
+    assert error["rank"] == 1
+    assert "rank 0: backend=<default>" in error["message"]
+    assert "rank 1: backend=<default>, pg_options={'lazy_init': True} (odd ranks go lazy)" in error["message"]
+
+
+def test_dedupe_binds_the_identical_group_of_the_same_backend() -> None:
+    program = [
+        *START,
+        NewGroup(ranks=(0, 1), bind="a"),
+        NewGroup(ranks=(0, 1), backend="gloo", bind="b"),
+        NewGroup(ranks=(0, 1), backend="gloo", bind="c"),
+        AllReduce(group="c"),
+    ]
+    out = simulate(program, policy="dedupe")
+    assert out.verdict == "pass"
+    handles = out.ranks[0].handles
+    assert handles["c"] is handles["b"] and handles["b"] is not handles["a"]
