@@ -37,6 +37,7 @@ from simnccl.c10d import (
     world_ranks,
 )
 from simnccl.cluster import Cluster, Device
+from simnccl.flight_recorder import RECORDING_IMPLS, Entry, FlightRecorder, buffer_size, numel
 from simnccl.meetings import Arrival, Meeting, MeetingRegistry
 from simnccl.memory import (
     DeviceLedger,
@@ -66,6 +67,7 @@ from simnccl.ops import (
 from simnccl.policy import BasePolicy, GroupDecision, GroupRequest, History, InitPlan, InitRequest, Policy, decide_group
 from simnccl.profiles import MAX_NCHANNELS_ENV, CommCosts, Profile
 from simnccl.release import CUDAMALLOCASYNC_TRACKER, Impl, Release
+from simnccl.watchdog import TimeoutAction, on_timeout
 
 Waiting = Generator[simpy.Event, Any, None]
 
@@ -136,6 +138,10 @@ class RankRuntime:
     nccl_devices: set[int] = field(default_factory=set)
     history: History = field(default_factory=History)
     history_shared: bool = False
+    fr: FlightRecorder | None = None
+    timed_out: bool = False
+    unhealthy: bool = False
+    timeout_hang: dict[str, Any] | None = None
     warnings: list[str] = field(default_factory=list)
     finished_at: float | None = None
 
@@ -208,6 +214,8 @@ class Engine:
         self._shared_program = self._common_program(config.programs)
         self._cohorts: dict[int, Cohort] = {}
         self._devices: dict[tuple[int, int], Device] = {}
+        self._procs: dict[int, simpy.Process] = {}
+        self.fr_dumps: dict[int, dict[str, Any]] = {}
         self._members_cache: dict[int, tuple[tuple[int, ...] | None, Members]] = {}
         self._ranks_keys: dict[int, _RanksKey] = {}
         self._wall_start = 0.0
@@ -250,7 +258,13 @@ class Engine:
             device_count=self.cluster.device_count,
             env=env,
         )
-        return RankRuntime(rank=rank, program=programs[rank], ctx=ctx, node=self.cluster.node_of(rank))
+        return RankRuntime(
+            rank=rank,
+            program=programs[rank],
+            ctx=ctx,
+            node=self.cluster.node_of(rank),
+            fr=FlightRecorder(rank, capacity=buffer_size(env)),
+        )
 
     def run(self) -> RunOutcome:
         """Run to a verdict. The cyclic GC is paused meanwhile: a large startup allocates millions of
@@ -261,8 +275,8 @@ class Engine:
         gc.disable()
         try:
             for rt in self.ranks:
-                self.env.process(self._rank_process(rt))
-            self.env.run(until=self.config.limits.max_sim_time_s)
+                self._procs[rt.rank] = self.env.process(self._rank_process(rt))
+            self._run_with_watchdogs()
             return self._outcome()
         finally:
             if gc_was_enabled:
@@ -320,6 +334,12 @@ class Engine:
             rt.status = "done"
             rt.finished_at = self.env.now
             self._record(self.env.now, rt.rank, "done")
+        except simpy.Interrupt as interrupt:
+            action: TimeoutAction = interrupt.cause
+            rt.status = "blocked"
+            if action.wait_s > 0:
+                yield self.env.timeout(action.wait_s)
+            self._fail(rt, "timeout", TorchError(action.error_type, action.message), abort=action.outcome == "abort")
         except _ProcessAbort as err:
             self._fail(rt, "abort", err)
         except TorchError as err:
@@ -329,8 +349,8 @@ class Engine:
         except WorkloadFailure as err:
             self._fail(rt, "check", TorchError("ValueError", str(err)))
 
-    def _fail(self, rt: RankRuntime, kind: str, err: TorchError) -> None:
-        rt.status = "aborted" if kind == "abort" else "error"
+    def _fail(self, rt: RankRuntime, kind: str, err: TorchError, *, abort: bool = False) -> None:
+        rt.status = "aborted" if kind == "abort" or abort else "error"
         rt.error = err
         rt.error_kind = kind
         rt.error_op = rt.program.ops[rt.pc].describe() if rt.pc < len(rt.program.ops) else "<end>"
@@ -694,6 +714,8 @@ class Engine:
             options=plan.options,
         )
         rt.groups.append(group)
+        if rt.fr is not None:
+            rt.fr.group(plan.name, plan.desc, plan.ranks)
         return group
 
     def _create_comms(self, rt: RankRuntime, group: Group, plan: GroupPlan, op: Op) -> Waiting:
@@ -900,12 +922,32 @@ class Engine:
             comm.connected = True
             self._charge(rt, comm, life.first_collective_charges(self._costs(rt), comm, rt.ctx.env), op, target)
         comm.seq += 1
+        entry = self._fr_record(rt, target, comm, op.name, op.size_bytes, op.dtype, p2p=False)
         members = self._comm_members.setdefault(comm.comm_id, target.ranks)
         meeting = self._open(("coll", comm.comm_id, comm.seq), "collective", target.name, comm.seq, members)
         meeting.abort_on_mismatch = comm.impl is Impl.GLOO
         self._arrive(meeting, rt, (op.name, op.size_bytes, op.dtype), op, duration=self._collective_s)
         yield from self._wait(rt, meeting, op)
+        FlightRecorder.complete(entry, self.env.now)
         self._record(self.env.now, rt.rank, op.name, target.name, comm.seq)
+
+    def _fr_record(
+        self, rt: RankRuntime, group: Group, comm: Comm, op: str, size_bytes: int, dtype: str, *, p2p: bool
+    ) -> Entry | None:
+        """What the flight recorder (hook or native) records at issue; fake records nothing (§E.1)."""
+        if rt.fr is None or comm.impl not in RECORDING_IMPLS:
+            return None
+        trace = rt.fr.group(group.name, group.desc, group.ranks)
+        return rt.fr.record(
+            trace,
+            comm.impl.cpp_name,
+            op,
+            numel=numel(size_bytes, dtype),
+            dtype=dtype,
+            p2p=p2p,
+            time_s=self.env.now,
+            timeout_s=group.timeout_s,
+        )
 
     def _op_p2p(self, rt: RankRuntime, op: PointToPoint) -> Waiting:
         yield from self._settle(rt)
@@ -931,9 +973,12 @@ class Engine:
             channel = comm.comm_id
         n = comm.p2p_seq.get((src, dst), 0) + 1
         comm.p2p_seq[(src, dst)] = n
+        label = f"send {src}->{dst}" if isinstance(op, Send) else f"recv {dst}<-{src}"
+        entry = self._fr_record(rt, target, comm, label, op.size_bytes, op.dtype, p2p=True)
         meeting = self._open(("p2p", channel, src, dst, n), "p2p", target.name, n, (src, dst))
         self._arrive(meeting, rt, ("p2p", op.size_bytes, op.dtype), op, duration=self._p2p_s)
         yield from self._wait(rt, meeting, op)
+        FlightRecorder.complete(entry, self.env.now)
         self._record(self.env.now, rt.rank, op.name, target.name, src, dst, n)
 
     def _pair_comm(self, rt: RankRuntime, group: Group, comm: Comm, op: PointToPoint) -> Generator[Any, Any, int]:
@@ -1369,6 +1414,85 @@ class Engine:
             raise err
         rt.pc = cohort.end
 
+    # ------------------------------------------------------------------ watchdogs (simulated time)
+
+    def _run_with_watchdogs(self) -> None:
+        """Run until nothing can happen; then let the earliest pending timeout fire, and go on.
+
+        No timer events exist while ranks make progress: only when the simulation stalls does the clock jump
+        to the next deadline (a blocked collective's group timeout, a store wait's), where the modelled
+        watchdog acts. A stall with no deadline left (e.g. inside ncclCommSplit) ends the run as a hang.
+        """
+        while True:
+            self.env.run()
+            due = self._due_timeouts()
+            if not due:
+                return
+            deadline = due[0][0]
+            if deadline > self.env.now:
+                self.env.run(until=deadline)
+            for at, rt, action in due:
+                if at <= deadline:
+                    self._fire(rt, action, at)
+
+    def _due_timeouts(self) -> list[tuple[float, RankRuntime, TimeoutAction]]:
+        due = []
+        for rt in self.ranks:
+            if rt.status != "blocked" or rt.timed_out or rt.block is None:
+                continue
+            block = rt.block
+            group = self._group_named(rt, block.meeting.group)
+            if group is None:
+                continue
+            comm = group.comm_for(self._tensor_device_type())
+            if comm is None:
+                continue
+            op = block.op
+            action = on_timeout(
+                comm.impl,
+                block.meeting.kind,
+                rt.ctx.env,
+                rank=rt.rank,
+                seq=block.meeting.seq,
+                op_name=op.name,
+                numel=numel(getattr(op, "size_bytes", 4), getattr(op, "dtype", "Float")),
+                timeout_s=group.timeout_s,
+            )
+            if action is not None:
+                due.append((block.since_s + group.timeout_s, rt, action))
+        due.sort(key=lambda item: (item[0], item[1].rank))
+        return due
+
+    def _group_named(self, rt: RankRuntime, name: str) -> Group | None:
+        for group in reversed(rt.groups):
+            if group.name == name:
+                return group
+        return None
+
+    def _fire(self, rt: RankRuntime, action: TimeoutAction, at: float) -> None:
+        rt.timed_out = True
+        rt.unhealthy = rt.unhealthy or action.unhealthy
+        entry = self._hang_entry(rt, {r.rank: r for r in self.ranks})
+        entry["detected_at_s"] = at + action.wait_s
+        entry["timeout_s"] = at - entry["since_s"]
+        entry["watchdog"] = action.message.splitlines()[0] if action.message else entry["watchdog"]
+        rt.timeout_hang = entry
+        self._record(at, rt.rank, "timeout", action.outcome, entry["kind"], entry["seq"])
+        if action.dump:
+            self._dump_all(at)
+        if action.outcome in ("abort", "raise"):
+            self._procs[rt.rank].interrupt(action)
+
+    def _dump_all(self, at: float) -> None:
+        """The abort hook dumps on this rank and signals the others through the store: every live process
+        writes its ``TORCH_FR_DUMP_TEMP_FILE<rank>``. A dead process writes nothing."""
+        for rt in self.ranks:
+            if rt.rank in self.fr_dumps or rt.fr is None or not rt.fr.enabled:
+                continue
+            if rt.status in ("running", "blocked"):
+                self.fr_dumps[rt.rank] = rt.fr.dump()
+                self._record(at, rt.rank, "fr-dump", len(rt.fr.entries))
+
     # ------------------------------------------------------------------ outcome
 
     def _outcome(self) -> RunOutcome:
@@ -1388,12 +1512,13 @@ class Engine:
                     }
                 )
         for rt in self.ranks:
-            if rt.status in ("done", "error", "aborted"):
-                continue
-            hangs.append(self._hang_entry(rt, by_rank))
+            if rt.timeout_hang is not None:
+                hangs.append(rt.timeout_hang)
+            elif rt.status not in ("done", "error", "aborted"):
+                hangs.append(self._hang_entry(rt, by_rank))
         if any(e["kind"] in ("error", "abort") for e in errors):
             verdict = "error"
-        elif errors:
+        elif any(e["kind"] in ("oom", "check") for e in errors):
             verdict = "fail"
         elif hangs:
             verdict = "hang"
