@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import gc
 import hashlib
+import math
 import time
 from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -66,7 +67,7 @@ from simnccl.ops import (
 )
 from simnccl.policy import BasePolicy, GroupDecision, GroupRequest, History, InitPlan, InitRequest, Policy, decide_group
 from simnccl.profiles import MAX_NCHANNELS_ENV, CommCosts, Profile
-from simnccl.release import CUDAMALLOCASYNC_TRACKER, Impl, Release
+from simnccl.release import CUDAMALLOCASYNC_TRACKER, DEFAULT_PG_NCCL_TIMEOUT_S, Impl, Release
 from simnccl.watchdog import TimeoutAction, on_timeout
 
 Waiting = Generator[simpy.Event, Any, None]
@@ -181,6 +182,7 @@ class RunOutcome:
     end_time_s: float
     ops_executed: int
     trace: list[tuple[Any, ...]]
+    fr_dumps: dict[int, dict[str, Any]] = field(default_factory=dict)
 
 
 class Engine:
@@ -215,6 +217,7 @@ class Engine:
         self._cohorts: dict[int, Cohort] = {}
         self._devices: dict[tuple[int, int], Device] = {}
         self._procs: dict[int, simpy.Process] = {}
+        self._min_timeout_s = DEFAULT_PG_NCCL_TIMEOUT_S
         self.fr_dumps: dict[int, dict[str, Any]] = {}
         self._members_cache: dict[int, tuple[tuple[int, ...] | None, Members]] = {}
         self._ranks_keys: dict[int, _RanksKey] = {}
@@ -714,6 +717,7 @@ class Engine:
             options=plan.options,
         )
         rt.groups.append(group)
+        self._min_timeout_s = min(self._min_timeout_s, plan.timeout_s)
         if rt.fr is not None:
             rt.fr.group(plan.name, plan.desc, plan.ranks)
         return group
@@ -1417,23 +1421,29 @@ class Engine:
     # ------------------------------------------------------------------ watchdogs (simulated time)
 
     def _run_with_watchdogs(self) -> None:
-        """Run until nothing can happen; then let the earliest pending timeout fire, and go on.
+        """Run to the end, letting each blocked wait's timeout fire at its simulated deadline.
 
-        No timer events exist while ranks make progress: only when the simulation stalls does the clock jump
-        to the next deadline (a blocked collective's group timeout, a store wait's), where the modelled
-        watchdog acts. A stall with no deadline left (e.g. inside ncclCommSplit) ends the run as a hang.
+        No timer events are created: the run advances in steps no longer than the shortest group timeout, so
+        a wait that starts inside a step cannot be due before the step ends; after each step the due
+        watchdogs act. When nothing is scheduled the clock jumps straight to the next deadline; a stall with
+        no deadline left (e.g. inside ncclCommSplit) ends the run as a hang.
         """
         while True:
-            self.env.run()
             due = self._due_timeouts()
-            if not due:
-                return
-            deadline = due[0][0]
-            if deadline > self.env.now:
-                self.env.run(until=deadline)
             for at, rt, action in due:
-                if at <= deadline:
+                if at <= self.env.now:
                     self._fire(rt, action, at)
+            due = [d for d in due if d[0] > self.env.now]
+            next_deadline = due[0][0] if due else math.inf
+            env = self.env
+            if env.peek() == math.inf and next_deadline == math.inf:
+                return
+            step_end = min(next_deadline, env.now + self._min_timeout_s)
+            if env.peek() > step_end:
+                env.timeout(step_end - env.now)  # nothing happens before then: move the clock to the step end
+            step = env.step
+            while env.peek() <= step_end:
+                step()
 
     def _due_timeouts(self) -> list[tuple[float, RankRuntime, TimeoutAction]]:
         due = []
@@ -1538,6 +1548,7 @@ class Engine:
             end_time_s=self.env.now,
             ops_executed=self._ops,
             trace=self._trace,
+            fr_dumps=self.fr_dumps,
         )
 
     def _hang_entry(self, rt: RankRuntime, by_rank: dict[int, RankRuntime]) -> dict[str, Any]:

@@ -146,8 +146,18 @@ class FlightRecorder:
             trace = self.groups[name] = GroupTrace(len(self.groups), name, desc, ranks)
         return trace
 
-    def record(self, trace: GroupTrace, backend_name: str, op: str, *, numel: int, dtype: str, p2p: bool,
-               time_s: float, timeout_s: float) -> Entry | None:
+    def record(
+        self,
+        trace: GroupTrace,
+        backend_name: str,
+        op: str,
+        *,
+        numel: int,
+        dtype: str,
+        p2p: bool,
+        time_s: float,
+        timeout_s: float,
+    ) -> Entry | None:
         """Record an op as the hook does at issue: collective or p2p sequence number, op id, state scheduled."""
         if not self.enabled:
             return None
@@ -156,10 +166,19 @@ class FlightRecorder:
         else:
             trace.collective_seq_id += 1
         entry = Entry(
-            record_id=self.next_record_id, pg_id=trace.pg_id, process_group=(trace.name, trace.desc),
-            collective_seq_id=trace.collective_seq_id, p2p_seq_id=trace.p2p_seq_id, op_id=trace.op_id,
-            profiling_name=f"{backend_name}:{op}", time_created_ns=_ns(time_s), input_sizes=[[numel]],
-            output_sizes=[[numel]], dtype=dtype, timeout_ms=round(timeout_s * 1000), is_p2p=p2p,
+            record_id=self.next_record_id,
+            pg_id=trace.pg_id,
+            process_group=(trace.name, trace.desc),
+            collective_seq_id=trace.collective_seq_id,
+            p2p_seq_id=trace.p2p_seq_id,
+            op_id=trace.op_id,
+            profiling_name=f"{backend_name}:{op}",
+            time_created_ns=_ns(time_s),
+            input_sizes=[[numel]],
+            output_sizes=[[numel]],
+            dtype=dtype,
+            timeout_ms=round(timeout_s * 1000),
+            is_p2p=p2p,
         )
         trace.op_id += 1
         self.next_record_id += 1

@@ -63,21 +63,38 @@ def on_timeout(
     if kind in ("split", "split-color"):
         return None
     if kind == "bootstrap":
-        return TimeoutAction("raise", False, 0.0, "torch.distributed.DistStoreError",
-                             f"Timed out after {timeout_s:g} seconds waiting for the NCCL unique id in the store "
-                             "(the group's other members never arrived)", False)
+        return TimeoutAction(
+            "raise",
+            False,
+            0.0,
+            "torch.distributed.DistStoreError",
+            f"Timed out after {timeout_s:g} seconds waiting for the NCCL unique id in the store "
+            "(the group's other members never arrived)",
+            False,
+        )
     if impl is Impl.GLOO:
-        return TimeoutAction("raise", False, 0.0, "RuntimeError",
-                             f"[gloo] Timed out waiting {ms}ms for {op_name} to complete", False)
+        return TimeoutAction(
+            "raise", False, 0.0, "RuntimeError", f"[gloo] Timed out waiting {ms}ms for {op_name} to complete", False
+        )
     if not impl.is_nccl:
         return None
-    work = (f"WorkNCCL(SeqNum={seq}, OpType={OP_TYPES.get(op_name, op_name.upper())}, NumelIn={numel}, "
-            f"NumelOut={numel}, Timeout(ms)={ms})")
-    timeout_text = f"[Rank {rank}] Watchdog caught collective operation timeout: {work} ran for {ms} milliseconds " \
-                   "before timing out."
+    work = (
+        f"WorkNCCL(SeqNum={seq}, OpType={OP_TYPES.get(op_name, op_name.upper())}, NumelIn={numel}, "
+        f"NumelOut={numel}, Timeout(ms)={ms})"
+    )
+    timeout_text = (
+        f"[Rank {rank}] Watchdog caught collective operation timeout: {work} ran for {ms} milliseconds "
+        "before timing out."
+    )
     if env.get("TORCH_NCCL_BLOCKING_WAIT", "0").strip().lower() in ("1", "true"):
-        return TimeoutAction("raise", False, 0.0, "torch.distributed.DistBackendError",
-                             f"{timeout_text} timed out in blocking wait.", True)
+        return TimeoutAction(
+            "raise",
+            False,
+            0.0,
+            "torch.distributed.DistBackendError",
+            f"{timeout_text} timed out in blocking wait.",
+            True,
+        )
     dump = dump_on_timeout(env)
     wait_s = dump_wait_ms(env) / 1000 if dump else 0.0
     mode = async_error_handling(env)
@@ -86,7 +103,10 @@ def on_timeout(
     if mode == 2:
         return TimeoutAction("raise", dump, wait_s, "torch.distributed.DistBackendError", timeout_text, True)
     return TimeoutAction(
-        "abort", dump, wait_s, "SIGABRT",
+        "abort",
+        dump,
+        wait_s,
+        "SIGABRT",
         f"{timeout_text}\nWaiting {round(wait_s * 1000)} ms for health check and flight recorder dump before "
         f"aborting\nAborting process on rank {rank} due to timeout - timeout watchdog detected operation timeout",
         True,

@@ -1,0 +1,654 @@
+"""Apply a simnccl policy to real ``torch.distributed`` in this process.
+
+``simnccl.policy.apply`` imports this module lazily, so ``import simnccl`` never imports torch; this module
+imports torch at module level.
+
+Usage::
+
+    from simnccl.policy import apply
+
+    with apply("dedupe+lazy-single-rank") as applied:   # installed here, uninstalled on exit
+        dist.init_process_group("nccl", device_id=local_device)
+        tp = dist.new_group(tp_ranks, purpose="tp")
+        pp = dist.new_group(pp_ranks, purpose="pp", traffic="p2p")
+    print(applied.decisions)
+
+``install(policy)`` / ``uninstall(applied)`` (or ``applied.uninstall()``) do the same without a ``with``
+block; ``apply`` *is* ``install`` plus context-manager exit, so ``applied = apply(...)`` alone also installs.
+One policy at a time per process: installing while one is installed raises ``ApplyError``.
+
+What is routed, and how (the same semantics as the simulator, ``simnccl.engine`` ``_policy_init``,
+``_policy_group``, ``_effective_op``):
+
+* ``init_process_group``: an ``InitRequest`` (release from ``torch.__version__``, env = ``os.environ``, the
+  caller's backend / device_id / pg_options); the plan's env knobs are set in ``os.environ`` *before* the
+  original runs (``TORCH_DIST_USE_NCCL2`` is read once, at the first use of ``"nccl"`` in the process), and
+  restored on uninstall; torch receives the plan's backend, device_id and pg_options.
+* ``new_group``: a ``GroupRequest`` (ranks sorted as torch sorts them, this rank, world size, the
+  process's ``History``), ``decide_group``, ``History.record``; then either the earlier identical group is
+  returned without calling torch (``reuse``), or the original runs with exactly the decision's backend,
+  pg_options, use_local_synchronization and device_id, the caller's other arguments untouched. Invalid rank
+  lists and non-members of a ``use_local_synchronization`` group go straight to torch (torch raises, or
+  returns ``NON_GROUP_MEMBER``, before anything a policy could change) and are not recorded.
+* ``split_group``: the policy decides each split of the call in order (every parent rank sees every split,
+  so every rank's history stays identical), all are recorded, and the caller gets its own split's decision
+  (``split_ranks[0]``'s when it is in none, as torch does). ``split_group`` is collective over the parent
+  and keeps the parent's backend, so: a changed backend, ``use_local_synchronization`` or ``device_id`` is
+  not expressible there and is reverted (the explanation says so); ``reuse`` returns earlier groups only
+  when *every* split of the call is reused, otherwise the reused splits are created anew.
+
+Extra keyword arguments of the wrapped ``new_group`` / ``split_group`` (stripped before torch sees them):
+``purpose=`` (free tag: ``"tp"``, ``"pp"``, ``"dp"`` …; ``nccl-lazy-p2p`` treats ``pp``/``pipeline``/``p2p``/
+``embedding`` as point-to-point) and ``traffic=`` (``"collectives"``, ``"p2p"`` or ``"none"``: what the caller
+will do on the group). Both become ``GroupRequest.purpose`` / ``.traffic``.
+
+pg_options: the policy speaks ``simnccl.ops.PgOptions`` (``lazy_init``, ``split_share``,
+``is_high_priority_stream``). When the decision equals what the caller asked for, the caller's own object is
+passed through untouched; otherwise, for an NCCL-family backend (``nccl``, ``nccl2``, ``nccl-lazy``,
+``nccl-legacy``, or a device string with such a leg) a fresh ``ProcessGroupNCCL.Options`` is built (other
+fields copied from the caller's Options, if any); a non-NCCL backend has no such fields: the caller's object
+is passed through untouched, or none at all when the policy changed the backend (to ``fake``, ``gloo``).
+
+The request's backend is the backend torch will really use: the caller's, else the default group's
+(``"undefined"`` resolved through ``BackendConfig`` when it names one backend). A device string such as
+``"cpu:gloo,cuda:nccl"`` stays as is, which built-in policies leave alone.
+
+Not checked here (the simulator checks it): that all members reach the same plan. A policy whose members
+disagree hangs or crashes real torch.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import re
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed import distributed_c10d as c10d
+
+from simnccl.ops import NO_OPTIONS, PgOptions
+from simnccl.policy import (
+    NCCL_NAMES,
+    TRAFFIC_KINDS,
+    GroupDecision,
+    GroupRequest,
+    History,
+    InitPlan,
+    InitRequest,
+    Policy,
+    decide_group,
+    get_policy,
+)
+
+__all__ = [
+    "PATCHED_FUNCTIONS",
+    "Applied",
+    "AppliedCall",
+    "ApplyError",
+    "apply",
+    "current",
+    "install",
+    "release_key",
+    "uninstall",
+]
+
+PATCHED_FUNCTIONS = ("init_process_group", "new_group", "split_group")
+# Modules whose attribute is the original function (callers use all of them; device_mesh binds the names
+# at import, which happens inside ``import torch.distributed``).
+PATCHED_MODULES = ("torch.distributed", "torch.distributed.distributed_c10d", "torch.distributed.device_mesh")
+EXTRA_KWARGS = ("purpose", "traffic")
+NCCL_CONFIG_UNDEF_INT = -2147483648  # NCCL_CONFIG_UNDEF_INT: ncclConfig_t field left to NCCL / its env var
+
+_LOCK = threading.Lock()
+_INSTALLED: Applied | None = None
+
+
+class ApplyError(RuntimeError):
+    """The policy cannot be applied (unknown torch release, already installed, a plan torch can't express)."""
+
+
+def release_key(version: str | None = None) -> str:
+    """The simnccl release key of a torch version string: ``2.14.x`` → ``"2.14"``, ``2.15.x`` (incl. dev and
+    alpha builds) → ``"2.15"``, ``2.16.x`` → ``"2.16-dev"``."""
+    text = torch.__version__ if version is None else version
+    match = re.match(r"^(\d+)\.(\d+)", str(text))
+    key = {(2, 14): "2.14", (2, 15): "2.15", (2, 16): "2.16-dev"}.get(
+        (int(match.group(1)), int(match.group(2))) if match else (-1, -1)
+    )
+    if key is None:
+        raise ApplyError(f"torch {text} is not a release simnccl models; expected 2.14.x, 2.15.x or 2.16.x")
+    return key
+
+
+@dataclass(frozen=True, slots=True)
+class AppliedCall:
+    """One routed call: what the policy decided, and whether torch was called at all."""
+
+    kind: str  # "init_process_group" | "new_group" | "split_group"
+    ranks: tuple[int, ...] | None  # None for init
+    decision: GroupDecision | InitPlan
+    torch_called: bool
+
+
+@dataclass(eq=False)
+class Applied:
+    """An installed policy: the process's ``History``, the decisions made, what was patched and set."""
+
+    policy: Policy
+    release: str
+    history: History = field(default_factory=History)
+    decisions: list[AppliedCall] = field(default_factory=list)
+    # env knob -> the value before this installation first set it (None: it was unset)
+    env_set: dict[str, str | None] = field(default_factory=dict)
+    active: bool = False
+    originals: dict[tuple[str, str], Callable[..., Any]] = field(default_factory=dict)
+    wrappers: dict[str, Callable[..., Any]] = field(default_factory=dict)
+    # (ranks, backend or "", PgOptions) -> the group torch returned (or NON_GROUP_MEMBER), first one kept
+    groups: dict[tuple[tuple[int, ...], str, PgOptions], Any] = field(default_factory=dict)
+    _env_values: dict[str, str] = field(default_factory=dict)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def __enter__(self) -> Applied:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.uninstall()
+
+    def uninstall(self) -> None:
+        """Restore the original functions and the environment; idempotent."""
+        global _INSTALLED
+        with _LOCK:
+            if not self.active:
+                return
+            self.active = False
+            for (module_name, attr), original in self.originals.items():
+                module = _module(module_name)
+                # Restore only where our wrapper is still in place: a later patch on top stays (our wrapper,
+                # now inactive, passes straight through to the original).
+                if module is not None and getattr(module, attr, None) is self.wrappers[attr]:
+                    setattr(module, attr, original)
+            for name, before in self.env_set.items():
+                if os.environ.get(name) != self._env_values[name]:
+                    continue  # changed by someone else since: leave it
+                if before is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = before
+            if _INSTALLED is self:
+                _INSTALLED = None
+
+    def original(self, name: str) -> Callable[..., Any]:
+        return self.originals[("torch.distributed.distributed_c10d", name)]
+
+    # ------------------------------------------------------------------ init_process_group
+
+    def init_process_group(self, *args: Any, **kwargs: Any) -> None:
+        original = self.original("init_process_group")
+        if not self.active:
+            return original(*args, **kwargs)
+        bound = _SIGNATURES["init_process_group"].bind(*args, **kwargs)
+        given = bound.arguments
+        backend = given.get("backend")
+        device_id = given.get("device_id")
+        caller_options = given.get("pg_options")
+        request = InitRequest(
+            rank=_int_or(given.get("rank", -1), os.environ.get("RANK")),
+            world_size=_int_or(given.get("world_size", -1), os.environ.get("WORLD_SIZE")),
+            release=self.release,
+            env=os.environ,
+            backend=None if backend is None else str(backend),
+            device_id=_device_key(device_id),
+            pg_options=_modelled(caller_options),
+        )
+        plan = self.policy.on_init(request)
+        for name, value in plan.env.items():
+            if name not in self.env_set:
+                self.env_set[name] = os.environ.get(name)
+            os.environ[name] = value
+            self._env_values[name] = value
+        if plan.backend != request.backend:
+            given["backend"] = plan.backend
+        if plan.device_id != request.device_id:
+            given["device_id"] = _init_device(plan.device_id)
+        if plan.backend == "fake":
+            _register_fake()
+        target = _init_backend_name(given.get("backend"), given.get("device_id"))
+        given["pg_options"] = _options_for(
+            target,
+            plan.pg_options,
+            request.pg_options,
+            caller_options,
+            backend_changed=plan.backend != request.backend,
+        )
+        self.decisions.append(AppliedCall("init_process_group", None, plan, True))
+        return original(*bound.args, **bound.kwargs)
+
+    # ------------------------------------------------------------------ new_group
+
+    def new_group(self, *args: Any, purpose: str | None = None, traffic: str | None = None, **kwargs: Any) -> Any:
+        original = self.original("new_group")
+        if not self.active:
+            return original(*args, **kwargs)
+        _check_traffic(traffic)
+        if not dist.is_initialized():
+            return original(*args, **kwargs)  # torch raises its own error
+        bound = _SIGNATURES["new_group"].bind(*args, **kwargs)
+        given = bound.arguments
+        rank = dist.get_rank()
+        world_size = dist.get_world_size()
+        members = _members(given.get("ranks"), world_size, given.get("sort_ranks", True))
+        if members is None:
+            return original(*args, **kwargs)  # invalid ranks: torch raises before a policy could matter
+        local_sync = bool(given.get("use_local_synchronization", False))
+        if local_sync and rank not in members:
+            return original(*args, **kwargs)  # returns NON_GROUP_MEMBER before anything a policy changes
+        caller_backend = given.get("backend")
+        default_backend = str(c10d._world.pg_map[c10d._get_default_group()][0])
+        request_backend = _resolved(str(c10d.Backend(caller_backend)) if caller_backend else default_backend)
+        caller_options = given.get("pg_options")
+        request = GroupRequest(
+            kind="new_group",
+            ranks=members,
+            rank=rank,
+            world_size=world_size,
+            release=self.release,
+            env=os.environ,
+            backend=request_backend,
+            pg_options=_modelled(caller_options),
+            use_local_synchronization=local_sync,
+            purpose=purpose,
+            traffic=traffic,
+            history=self.history,
+        )
+        decision = decide_group(self.policy, request)
+        self.history.record(request, decision)
+        if decision.reuse is not None:
+            self.decisions.append(AppliedCall("new_group", members, decision, False))
+            return self._reused(decision, rank)
+        backend_changed = decision.backend != request.backend
+        if backend_changed:
+            given["backend"] = decision.backend
+        if decision.backend == "fake":
+            _register_fake()
+        given["pg_options"] = _options_for(
+            decision.backend or request_backend,
+            decision.pg_options,
+            request.pg_options,
+            caller_options,
+            backend_changed=backend_changed,
+        )
+        if decision.use_local_synchronization != local_sync:
+            given["use_local_synchronization"] = decision.use_local_synchronization
+        if decision.device_id is not None:
+            given["device_id"] = _group_device(decision.device_id)
+        self.decisions.append(AppliedCall("new_group", members, decision, True))
+        group = original(*bound.args, **bound.kwargs)
+        self.groups.setdefault(_group_key(members, decision), group)
+        return group
+
+    def _reused(self, decision: GroupDecision, rank: int) -> Any:
+        ranks = decision.reuse
+        assert ranks is not None
+        if rank not in ranks:
+            return dist.GroupMember.NON_GROUP_MEMBER
+        group = self.groups.get(_group_key(ranks, decision))
+        if not _live(group):
+            # As the simulator does: the first live group this process created with those ranks.
+            group = next((g for (r, _, _), g in self.groups.items() if r == ranks and _live(g)), None)
+        if group is None:
+            raise ApplyError(
+                f"policy {self.policy.name!r} reuses group {list(ranks)} ({decision.explanation}), but this process "
+                "holds no live group with those ranks created under this policy (destroyed, or created before "
+                "the policy was installed)"
+            )
+        return group
+
+    # ------------------------------------------------------------------ split_group
+
+    def split_group(self, *args: Any, purpose: str | None = None, traffic: str | None = None, **kwargs: Any) -> Any:
+        original = self.original("split_group")
+        if not self.active:
+            return original(*args, **kwargs)
+        _check_traffic(traffic)
+        if not dist.is_initialized():
+            return original(*args, **kwargs)
+        bound = _SIGNATURES["split_group"].bind(*args, **kwargs)
+        given = bound.arguments
+        default_pg = c10d._get_default_group()
+        parent = given.get("parent_pg") or default_pg
+        splits = _global_splits(parent, given.get("split_ranks"), default_pg.size())
+        if splits is None:
+            return original(*args, **kwargs)  # torch raises its own error
+        rank = dist.get_rank()
+        own = next((i for i, split in enumerate(splits) if rank in split), None)
+        caller_backend = given.get("backend")
+        parent_backend = str(c10d._world.pg_map[parent][0])
+        request_backend = _resolved(str(c10d.Backend(caller_backend)) if caller_backend else parent_backend)
+        caller_options = given.get("pg_options")
+        requested = _modelled(caller_options)
+        requests = [
+            GroupRequest(
+                kind="split_group",
+                ranks=split,
+                rank=rank,
+                world_size=dist.get_world_size(),
+                release=self.release,
+                env=os.environ,
+                backend=request_backend,
+                pg_options=requested,
+                use_local_synchronization=False,
+                purpose=purpose,
+                traffic=traffic,
+                history=self.history,
+            )
+            for split in splits
+        ]
+        decisions = [_splittable(decide_group(self.policy, r), r) for r in requests]
+        all_reused = all(d.reuse is not None for d in decisions)
+        if not all_reused:
+            decisions = [
+                _because(
+                    d, "split_group is collective over the parent and other splits create groups: created", reuse=None
+                )
+                if d.reuse is not None
+                else d
+                for d in decisions
+            ]
+        for r, d in zip(requests, decisions, strict=True):
+            self.history.record(r, d)
+        mine = decisions[0 if own is None else own]
+        ranks = splits[0 if own is None else own]
+        if all_reused:
+            self.decisions.append(AppliedCall("split_group", ranks, mine, False))
+            return self._reused(mine, rank)
+        given["pg_options"] = _options_for(
+            request_backend, mine.pg_options, requested, caller_options, backend_changed=False
+        )
+        self.decisions.append(AppliedCall("split_group", ranks, mine, True))
+        group = original(*bound.args, **bound.kwargs)
+        if own is not None:
+            self.groups.setdefault(_group_key(ranks, mine), group)
+        return group
+
+
+# ---------------------------------------------------------------------------------------------------------
+# install / uninstall
+
+
+def install(policy: Policy | str, *, release: str | None = None) -> Applied:
+    """Route ``init_process_group``, ``new_group`` and ``split_group`` through ``policy`` in this process.
+
+    ``release`` overrides the simnccl release key derived from ``torch.__version__``. Raises ``ApplyError``
+    when a policy is already installed.
+    """
+    global _INSTALLED
+    if not dist.is_available():
+        raise ApplyError("torch.distributed is not available in this torch build")
+    resolved = get_policy(policy) if isinstance(policy, str) else policy
+    key = release_key() if release is None else release
+    with _LOCK:
+        if _INSTALLED is not None:
+            raise ApplyError(
+                f"policy {_INSTALLED.policy.name!r} is already installed in this process; uninstall it first "
+                f"(applied.uninstall()) before installing {resolved.name!r}"
+            )
+        applied = Applied(policy=resolved, release=key)
+        applied.wrappers = {name: _wrapper(applied, name) for name in PATCHED_FUNCTIONS}
+        for name in PATCHED_FUNCTIONS:
+            original = getattr(c10d, name)
+            for module_name in PATCHED_MODULES:
+                module = _module(module_name)
+                if module is not None and getattr(module, name, None) is original:
+                    applied.originals[(module_name, name)] = original
+                    setattr(module, name, applied.wrappers[name])
+            applied.originals.setdefault(("torch.distributed.distributed_c10d", name), original)
+        applied.active = True
+        _INSTALLED = applied
+    return applied
+
+
+def uninstall(applied: Applied | None = None) -> None:
+    """Uninstall ``applied`` (default: the installed one, if any). Idempotent."""
+    target = applied if applied is not None else _INSTALLED
+    if target is not None:
+        target.uninstall()
+
+
+def apply(policy: Policy | str, *, release: str | None = None) -> Applied:
+    """``install(policy)``, returned as a context manager that uninstalls on exit."""
+    return install(policy, release=release)
+
+
+def current() -> Applied | None:
+    """The installed policy of this process, if any."""
+    return _INSTALLED
+
+
+def _wrapper(applied: Applied, name: str) -> Callable[..., Any]:
+    method = getattr(applied, name)
+    original = getattr(c10d, name)
+
+    def routed(*args: Any, **kwargs: Any) -> Any:
+        return method(*args, **kwargs)
+
+    routed.__name__ = name
+    routed.__qualname__ = name
+    routed.__doc__ = f"simnccl policy {applied.policy.name!r} routing of torch.distributed.{name}.\n\n" + (
+        original.__doc__ or ""
+    )
+    routed.__wrapped__ = original  # type: ignore[attr-defined]
+    return routed
+
+
+def _module(name: str) -> Any:
+    return sys.modules.get(name)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# helpers: requests
+
+
+_SIGNATURES = {name: inspect.signature(getattr(c10d, name)) for name in PATCHED_FUNCTIONS}
+
+
+def _check_traffic(traffic: str | None) -> None:
+    if traffic is not None and traffic not in TRAFFIC_KINDS:
+        raise ValueError(f"traffic={traffic!r}: expected one of {', '.join(TRAFFIC_KINDS)} (or None)")
+
+
+def _int_or(value: Any, fallback: str | None) -> int:
+    if isinstance(value, int) and value >= 0:
+        return value
+    try:
+        return int(fallback) if fallback is not None else -1
+    except ValueError:
+        return -1
+
+
+def _device_key(device_id: Any) -> int | str | None:
+    """A torch device as the policy sees it: an int stays an int, a ``torch.device`` becomes ``"cuda:0"``."""
+    if device_id is None or isinstance(device_id, int):
+        return device_id
+    return str(device_id)
+
+
+def _init_device(device_id: int | str | None) -> Any:
+    if device_id is None or isinstance(device_id, int):
+        return device_id
+    return torch.device(device_id)
+
+
+def _group_device(index: int) -> torch.device:
+    """``new_group`` takes a ``torch.device``; an index is on the default group's device type."""
+    bound = c10d._get_default_group().bound_device_id
+    if bound is not None:
+        return torch.device(bound.type, index)
+    accelerator = torch.accelerator.current_accelerator()
+    return torch.device(accelerator.type if accelerator is not None else "cpu", index)
+
+
+def _members(ranks: Sequence[int] | None, world_size: int, sort_ranks: bool) -> tuple[int, ...] | None:
+    """The group's global ranks as torch orders them, or None where torch will raise."""
+    if ranks is None:
+        return tuple(range(world_size))
+    try:
+        members = [int(r.__index__()) for r in ranks]
+    except (TypeError, AttributeError):
+        return None
+    if sort_ranks:
+        members.sort()
+    if not members or len(set(members)) != len(members) or len(members) > world_size:
+        return None
+    if any(r < 0 or r >= world_size for r in members):
+        return None
+    return tuple(members)
+
+
+def _global_splits(parent: Any, split_ranks: Any, world_size: int) -> list[tuple[int, ...]] | None:
+    """Every split of a ``split_group`` call in global ranks (order kept), or None where torch will raise."""
+    if not split_ranks:
+        return None
+    to_group = c10d._world.pg_group_ranks.get(parent)
+    if to_group is None or dist.get_rank() not in to_group:
+        return None
+    to_global = {group_rank: global_rank for global_rank, group_rank in to_group.items()}
+    splits: list[tuple[int, ...]] = []
+    for split in split_ranks:
+        try:
+            ranks = tuple(to_global[int(r.__index__())] for r in split)
+        except (TypeError, AttributeError, KeyError):
+            return None
+        if not ranks or len(ranks) > world_size or len(set(ranks)) != len(ranks):
+            return None
+        splits.append(ranks)
+    return splits
+
+
+def _resolved(backend: str) -> str:
+    """``"undefined"`` is what BackendConfig makes of it when that is one backend; anything else as given."""
+    if backend != c10d.Backend.UNDEFINED:
+        return backend
+    names = set(c10d.BackendConfig(c10d.Backend(backend)).get_device_backend_map().values())
+    return str(next(iter(names))) if len(names) == 1 else backend
+
+
+def _init_backend_name(backend: Any, device_id: Any) -> str:
+    """The backend ``init_process_group`` will build, as far as pg_options are concerned."""
+    if backend:
+        return _resolved(str(c10d.Backend(str(backend))))
+    if device_id is not None:
+        accelerator = torch.accelerator.current_accelerator()
+        if isinstance(device_id, int):
+            device_type = accelerator.type if accelerator is not None else "cpu"
+        else:
+            device_type = torch.device(device_id).type
+        return str(c10d.Backend.default_device_backend_map.get(device_type, c10d.Backend.UNDEFINED))
+    return _resolved(c10d.Backend.UNDEFINED)
+
+
+def _nccl_family(backend: str | None) -> bool:
+    if not backend:
+        return False
+    if ":" not in backend:
+        return backend in NCCL_NAMES
+    return any(pair.partition(":")[2] in NCCL_NAMES for pair in backend.split(","))
+
+
+def _group_key(ranks: tuple[int, ...], decision: GroupDecision) -> tuple[tuple[int, ...], str, PgOptions]:
+    return (ranks, decision.backend or "", decision.pg_options)
+
+
+def _live(group: Any) -> bool:
+    return group is not None and group in c10d._world.pg_map
+
+
+def _because(decision: GroupDecision, text: str, **changes: Any) -> GroupDecision:
+    explanation = f"{decision.explanation}; {text}" if decision.explanation else text
+    return replace(decision, explanation=explanation, **changes)
+
+
+def _splittable(decision: GroupDecision, request: GroupRequest) -> GroupDecision:
+    """What of a decision ``split_group`` can express: the parent's backend, no local sync, no device."""
+    if decision.backend not in (None, request.backend):
+        decision = _because(
+            decision,
+            f"split_group keeps the parent's backend: {decision.backend} not applied",
+            backend=request.backend,
+        )
+    if decision.use_local_synchronization:
+        decision = _because(decision, "split_group has no use_local_synchronization", use_local_synchronization=False)
+    if decision.device_id is not None:
+        decision = _because(decision, "split_group inherits the parent's device", device_id=None)
+    return decision
+
+
+# ---------------------------------------------------------------------------------------------------------
+# helpers: pg_options
+
+
+def _modelled(options: Any) -> PgOptions:
+    """The ``PgOptions`` view of a caller's pg_options object (None: the defaults)."""
+    if options is None:
+        return NO_OPTIONS
+    if isinstance(options, PgOptions):
+        return options
+    split_share: bool | None = None
+    config = getattr(options, "config", None)
+    raw = getattr(config, "split_share", NCCL_CONFIG_UNDEF_INT)
+    if isinstance(raw, int) and raw != NCCL_CONFIG_UNDEF_INT:
+        split_share = bool(raw)
+    return PgOptions(
+        lazy_init=bool(getattr(options, "lazy_init", False)),
+        split_share=split_share,
+        is_high_priority_stream=bool(getattr(options, "is_high_priority_stream", False)),
+    )
+
+
+_COPIED_FIELDS = ("_timeout", "config", "enable_reconfigure", "use_pg_for_symm_mem_rendezvous")
+
+
+def _nccl_options(options: PgOptions, base: Any) -> Any:
+    """A fresh ``ProcessGroupNCCL.Options`` with the plan's fields (others copied from the caller's)."""
+    nccl_options = dist.ProcessGroupNCCL.Options()
+    if isinstance(base, dist.ProcessGroupNCCL.Options):
+        for name in _COPIED_FIELDS:
+            try:
+                setattr(nccl_options, name, getattr(base, name))
+            except (AttributeError, TypeError):  # a field this build lacks
+                continue
+    nccl_options.lazy_init = options.lazy_init
+    nccl_options.is_high_priority_stream = options.is_high_priority_stream
+    nccl_options.config.split_share = NCCL_CONFIG_UNDEF_INT if options.split_share is None else int(options.split_share)
+    return nccl_options
+
+
+def _options_for(
+    backend: str | None,
+    decided: PgOptions,
+    requested: PgOptions,
+    caller_options: Any,
+    *,
+    backend_changed: bool,
+) -> Any:
+    """The pg_options object torch receives for a decision on ``backend``."""
+    if _nccl_family(backend):
+        if decided == requested:
+            return caller_options  # untouched (torch judges a foreign options object itself)
+        if decided == NO_OPTIONS and caller_options is None:
+            return None
+        return _nccl_options(decided, caller_options)
+    # gloo, fake, ...: PgOptions are ProcessGroupNCCL.Options fields, which these backends don't have (lazy-init
+    # asks for lazy_init on any default group). The caller's own object stays; a policy-chosen backend gets none.
+    return None if backend_changed else caller_options
+
+
+def _register_fake() -> None:
+    """torch registers the ``fake`` backend only when its testing module is imported (reference §F.1)."""
+    import torch.testing._internal.distributed.fake_pg  # noqa: F401

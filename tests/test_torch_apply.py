@@ -1,0 +1,407 @@
+"""``simnccl.torch_apply`` on real torch 2.15 (CPU): torch receives exactly what the policy planned.
+
+Every check runs real torch in fresh interpreters (``tests/probes/torch_apply_worker.py``) with
+``CUDA_VISIBLE_DEVICES=""``, a FileStore, a 20 s c10d timeout and a wall-clock limit; all worker processes are
+started together when the module's first test asks for results, and every one is reaped at module teardown.
+
+1. ``record`` (3 ranks): a recording Python backend (registered with ``Backend.register_backend(...,
+   extended_api=True, devices=["cpu"])`` under ``nccl``/``nccl-lazy`` as stand-ins for NCCL, and under
+   ``simrec``) on a world bound to ``cpu:0``, one startup per built-in policy. Per call: torch's creator got
+   the decision's backend and ``backend_options``; members got ``split_from`` and called ``split()`` exactly
+   when torch's rules say (same backend name, bound parent, no lazy_init); non-members made a NOCOLOR split
+   exactly then; reused groups made no torch call at all; ``fake`` groups never touched the recorder.
+2. ``gloo`` (2 ranks): ``apply("legacy")`` sets ``TORCH_DIST_USE_NCCL2=0`` before ``init_process_group`` runs
+   and uninstall restores ``os.environ``; ``apply("dedupe")`` returns the very same group objects and
+   collectives on them work.
+3. ``solo`` (1 rank): ``import simnccl`` / ``simnccl.policy`` import no torch until ``apply``; install and
+   uninstall restore the exact function objects; installing twice is refused; ``release_key``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch")
+
+pytestmark = pytest.mark.torch
+
+WORKER = Path(__file__).parent / "probes" / "torch_apply_worker.py"
+DEADLINE_S = 150.0  # for all workers together (they take ~15 s on 2 cores)
+RECORD_WORLD = 3
+GLOO_WORLD = 2
+NCCL_OPTIONS_DEFAULT = {"nccl": True, "lazy_init": False, "is_high_priority_stream": False, "split_share": -2147483648}
+
+_SCRUB_PREFIXES = ("TORCH_DIST", "TORCH_NCCL", "TORCH_FR_", "NCCL_", "MASTER_")
+_SCRUB_NAMES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK")
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(_SCRUB_PREFIXES) and k not in _SCRUB_NAMES}
+    env.update(CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **extra)
+    return env
+
+
+class _Workers:
+    """Every worker process of this module, started at once; results read on demand; all reaped on close."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.deadline = time.monotonic() + DEADLINE_S
+        self.procs: dict[str, subprocess.Popen[str]] = {}
+        self.results: dict[str, dict[str, Any]] = {}
+        for mode, world in (("record", RECORD_WORLD), ("gloo", GLOO_WORLD)):
+            folder = workdir / mode
+            folder.mkdir()
+            for rank in range(world):
+                # gloo rank 1 starts with TORCH_DIST_USE_NCCL2=1, to see uninstall put a previous value back.
+                extra = {"TORCH_DIST_USE_NCCL2": "1"} if (mode, rank) == ("gloo", 1) else {}
+                self._start(f"{mode}{rank}", [mode, str(folder), str(rank), str(world)], _env(**extra), workdir)
+        (workdir / "solo").mkdir()
+        self._start("solo", ["solo", str(workdir / "solo")], _env(), workdir)
+
+    def _start(self, key: str, args: list[str], env: dict[str, str], cwd: Path) -> None:
+        self.procs[key] = subprocess.Popen(
+            [sys.executable, str(WORKER), *args],
+            env=env,
+            cwd=cwd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
+    def get(self, key: str) -> dict[str, Any]:
+        if key not in self.results:
+            proc = self.procs[key]
+            try:
+                out, err = proc.communicate(timeout=max(1.0, self.deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                self.close()
+                out, err = proc.communicate()
+                pytest.fail(f"worker {key} timed out after {DEADLINE_S:.0f} s\n{err[-3000:]}")
+            lines = [line for line in out.splitlines() if line.startswith("PROBE_JSON: ")]
+            if proc.returncode != 0 or not lines:
+                pytest.fail(f"worker {key} failed (rc={proc.returncode})\n{err[-4000:]}")
+            self.results[key] = json.loads(lines[-1].removeprefix("PROBE_JSON: "))
+        return self.results[key]
+
+    def close(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.kill()
+            proc.communicate()
+
+
+@pytest.fixture(scope="module")
+def workers(tmp_path_factory: pytest.TempPathFactory):
+    w = _Workers(tmp_path_factory.mktemp("torch-apply"))
+    try:
+        yield w
+    finally:
+        w.close()
+
+
+@pytest.fixture(scope="module")
+def record(workers: _Workers) -> list[dict[str, Any]]:
+    """Per rank: {scenario label: {"spec", "backend", "calls": [...], "facts": {...}}}."""
+    return [workers.get(f"record{r}")["scenarios"] for r in range(RECORD_WORLD)]
+
+
+@pytest.fixture(scope="module")
+def gloo(workers: _Workers) -> list[dict[str, Any]]:
+    return [workers.get(f"gloo{r}") for r in range(GLOO_WORLD)]
+
+
+@pytest.fixture(scope="module")
+def solo(workers: _Workers) -> dict[str, Any]:
+    return workers.get("solo")
+
+
+SCENARIOS = ("torch-default", "lazy-init", "dedupe", "skip-single-rank", "budget", "nccl-lazy-p2p", "lazy-init-simrec")
+
+
+def _call(record: list[dict[str, Any]], scenario: str, rank: int, label: str) -> dict[str, Any]:
+    calls = [c for c in record[rank][scenario]["calls"] if c["label"] == label]
+    assert len(calls) == 1, (scenario, rank, label)
+    return calls[0]
+
+
+def _labels(record: list[dict[str, Any]], scenario: str) -> list[str]:
+    return [c["label"] for c in record[0][scenario]["calls"]]
+
+
+def _decision(call: dict[str, Any]) -> dict[str, Any]:
+    assert len(call["decisions"]) == 1, call
+    return call["decisions"][0]
+
+
+def _seen_options(options: dict[str, Any]) -> dict[str, Any] | None:
+    """What the creator receives for a decision's PgOptions on an NCCL-family name (no options: None)."""
+    if not options:
+        return None
+    return {**NCCL_OPTIONS_DEFAULT, **options}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# 1. the recording backend
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_init_receives_the_plan(record: list[dict[str, Any]], scenario: str) -> None:
+    for rank in range(RECORD_WORLD):
+        call = _call(record, scenario, rank, "init")
+        plan = _decision(call)
+        backend = record[rank][scenario]["backend"]
+        assert plan["kind"] == "init_process_group" and plan["backend"] == backend and plan["env"] == {}
+        lazy = plan["options"].get("lazy_init", False)
+        assert lazy == scenario.startswith("lazy-init")
+        # NCCL-family: a ProcessGroupNCCL.Options with lazy_init; simrec has no such options, gets none.
+        options = _seen_options(plan["options"]) if backend == "nccl" else None
+        expected = [["create", backend, [0, 1, 2], False, options]]
+        if not (lazy and backend == "nccl"):  # torch connects a bound group unless it can't split yet
+            expected.append(["eager_connect", "0", "cpu:0"])
+        assert call["events"] == expected
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_new_group_receives_the_decision(record: list[dict[str, Any]], scenario: str) -> None:
+    """Each new_group call, on every rank, did in torch exactly what torch's rules make of the decision."""
+    world_backend = record[0][scenario]["backend"]
+    world_lazy = _decision(_call(record, scenario, 0, "init"))["options"].get("lazy_init", False)
+    world_lazy = world_lazy and world_backend == "nccl"
+    checked = 0
+    for label in _labels(record, scenario):
+        for rank in range(RECORD_WORLD):
+            call = _call(record, scenario, rank, label)
+            if not call["decisions"] or call["decisions"][0]["kind"] != "new_group":
+                continue
+            decision = _decision(call)
+            ranks, member = decision["ranks"], rank in decision["ranks"]
+            backend, options = decision["backend"], decision["options"]
+            if decision["reuse"] is not None:
+                assert not decision["torch_called"] and call["events"] == [], call
+                continue
+            assert decision["torch_called"]
+            if backend == "fake":  # torch's FakeProcessGroup: nothing reaches the recorder, nobody splits
+                assert call["events"] == []
+                assert call["result"] == ({"backend": "fake", "size": 1, "rank": 0} if member else "NON_GROUP_MEMBER")
+                continue
+            seen = _seen_options(options) if backend in ("nccl", "nccl-lazy") else None
+            # torch splits when the bound parent supports it, the name matches and the child is not lazy_init
+            split = backend == world_backend and not world_lazy and not options.get("lazy_init", False)
+            if member:
+                expected = [["create", backend, list(ranks), split, seen]]
+                if split:
+                    expected.append(["split", "0", list(ranks), seen, True])
+                if split or not options.get("lazy_init", False):  # a bound group that can split is connected
+                    expected.append(["eager_connect", "0>split" if split else "<its name>", "cpu:0"])
+                events = [e if e[0] != "eager_connect" or split else [e[0], "<its name>", e[2]] for e in call["events"]]
+                assert events == expected, (scenario, label, rank)
+                assert call["result"] == {"backend": backend, "size": len(ranks), "rank": ranks.index(rank)}
+            else:
+                assert call["events"] == ([["nocolor_split", "0", "cpu:0"]] if split else []), (scenario, label, rank)
+                assert call["result"] == "NON_GROUP_MEMBER"
+            checked += 1
+    assert checked >= 2 * RECORD_WORLD
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_split_group_receives_the_decision(record: list[dict[str, Any]], scenario: str) -> None:
+    for rank in range(RECORD_WORLD):
+        call = _call(record, scenario, rank, "split")
+        decision = _decision(call)
+        own = [0, 1] if rank < 2 else [2]
+        assert decision["kind"] == "split_group" and decision["ranks"] == own and decision["torch_called"]
+        # torch hands the split the caller's pg_options, else the parent's own Backend.Options
+        options = call["events"][0][3]
+        assert options["lazy_init"] == decision["options"].get("lazy_init", False)
+        assert options["nccl"] == bool(decision["options"])
+        assert call["events"] == [["split", "0", own, options, True]]
+        assert call["result"] == {
+            "backend": record[rank][scenario]["backend"],
+            "size": len(own),
+            "rank": own.index(rank),
+        }
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_members_agree(record: list[dict[str, Any]], scenario: str) -> None:
+    """Built-in policies are rank-independent: every rank reached the same decision for each group."""
+    for label in _labels(record, scenario):
+        keys = set()
+        for rank in range(RECORD_WORLD):
+            for d in _call(record, scenario, rank, label)["decisions"]:
+                if d["kind"] == "new_group":
+                    keys.add(json.dumps([d["backend"], d["options"], d["use_local_synchronization"], d["reuse"]]))
+        assert len(keys) <= 1, (scenario, label, keys)
+
+
+def test_torch_default_changes_nothing(record: list[dict[str, Any]]) -> None:
+    for rank in range(RECORD_WORLD):
+        for call in record[rank]["torch-default"]["calls"]:
+            for d in call["decisions"]:
+                assert d["backend"] == "nccl" and d["options"] == {} and d["torch_called"]
+                assert d.get("reuse") is None
+    # g01 and its duplicate are two torch groups, each a split of the world
+    assert _call(record, "torch-default", 0, "g01-again")["events"][1][0] == "split"
+    assert _call(record, "torch-default", 2, "g01-again")["events"] == [["nocolor_split", "0", "cpu:0"]]
+
+
+def test_lazy_init_never_splits(record: list[dict[str, Any]]) -> None:
+    for rank in range(RECORD_WORLD):
+        calls = record[rank]["lazy-init"]["calls"]
+        new_groups = [c for c in calls if c["decisions"] and c["decisions"][0]["kind"] == "new_group"]
+        assert new_groups and all(_decision(c)["options"] == {"lazy_init": True} for c in new_groups)
+        kinds = {e[0] for c in new_groups for e in c["events"]}
+        assert kinds <= {"create"}, kinds  # no split(), no NOCOLOR split, no eager connect
+        assert all(e[3] is False for c in new_groups for e in c["events"])  # no split_from
+        # A lazy_init world can't be split from before its first op (reference §B.5): torch says so.
+        early = _call(record, "lazy-init", rank, "split-before-use")
+        assert early["result"] == {
+            "error": "No backend for the parent process group or its backend does not support splitting"
+        }
+        assert _call(record, "lazy-init", rank, "world-all-reduce")["events"] == [["lazy_init_on_first_use", "0"]]
+
+
+def test_lazy_init_leaves_other_backends_alone(record: list[dict[str, Any]]) -> None:
+    """``simrec`` is not NCCL-family: the plan's lazy_init has no torch spelling there, subgroups split."""
+    for rank in range(RECORD_WORLD):
+        init = _call(record, "lazy-init-simrec", rank, "init")
+        assert _decision(init)["options"] == {"lazy_init": True}
+        assert init["events"][0] == ["create", "simrec", [0, 1, 2], False, None]
+        g01 = _call(record, "lazy-init-simrec", rank, "g01")
+        assert _decision(g01)["options"] == {}
+        assert g01["events"][0] == (
+            ["create", "simrec", [0, 1], True, None] if rank < 2 else ["nocolor_split", "0", "cpu:0"]
+        )
+
+
+def test_dedupe_reuses_without_torch(record: list[dict[str, Any]]) -> None:
+    for rank in range(RECORD_WORLD):
+        again = _call(record, "dedupe", rank, "g01-again")
+        decision = _decision(again)
+        assert decision["reuse"] == [0, 1] and not decision["torch_called"] and again["events"] == []
+        assert record[rank]["dedupe"]["facts"]["g01_again_is_g01"]
+        assert again["result"] == ({"backend": "nccl", "size": 2, "rank": rank} if rank < 2 else "NON_GROUP_MEMBER")
+        # split_group [[0, 1], [2]]: [0, 1] exists already, [2] does not; the split is collective over the
+        # world, so nobody can skip it: [0, 1] is created anew, and says why.
+        split = _decision(_call(record, "dedupe", rank, "split"))
+        assert split["reuse"] is None and split["torch_called"]
+        if rank < 2:
+            assert "created" in split["explanation"] and "reused" in split["explanation"]
+
+
+def test_skip_single_rank_makes_a_fake_group(record: list[dict[str, Any]]) -> None:
+    for rank in range(RECORD_WORLD):
+        g0 = _call(record, "skip-single-rank", rank, "g0")
+        assert _decision(g0)["backend"] == "fake" and g0["events"] == []
+        assert g0["result"] == ({"backend": "fake", "size": 1, "rank": 0} if rank == 0 else "NON_GROUP_MEMBER")
+        assert record[rank]["skip-single-rank"]["facts"]["all_reduce"] == [1.0, 1.0]  # rank 0's ran on g0 too
+        # multi-rank groups are untouched
+        assert _decision(_call(record, "skip-single-rank", rank, "g12-pp"))["backend"] == "nccl"
+
+
+def test_budget_turns_lazy_when_the_budget_is_spent(record: list[dict[str, Any]]) -> None:
+    """budget(500,200): two eager groups per device fit; the third for any member is lazy_init."""
+    expected = {"g01": False, "g01-again": False, "g0": True, "g12-pp": True}
+    for rank in range(RECORD_WORLD):
+        for label, lazy in expected.items():
+            assert _decision(_call(record, "budget", rank, label))["options"].get("lazy_init", False) is lazy
+        # split_group [[0, 1], [2]]: ranks 0 and 1 are at 2 eager groups, rank 2 at 0
+        split = _decision(_call(record, "budget", rank, "split"))
+        assert split["options"].get("lazy_init", False) is (rank < 2)
+
+
+def test_nccl_lazy_p2p_uses_a_fresh_nccl_lazy_group(record: list[dict[str, Any]]) -> None:
+    for rank in range(RECORD_WORLD):
+        pp = _call(record, "nccl-lazy-p2p", rank, "g12-pp")
+        assert _decision(pp)["backend"] == "nccl-lazy"
+        if rank == 0:
+            assert pp["events"] == []  # a different backend name: no NOCOLOR split of the world
+        else:
+            assert pp["events"][0] == ["create", "nccl-lazy", [1, 2], False, None]
+        # purpose-less groups stay on nccl
+        assert _decision(_call(record, "nccl-lazy-p2p", rank, "g01"))["backend"] == "nccl"
+
+
+def test_wrappers_installed_during_each_scenario(record: list[dict[str, Any]]) -> None:
+    assert all(record[r][s]["facts"]["installed_during"] for r in range(RECORD_WORLD) for s in SCENARIOS)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# 2. gloo
+
+
+def test_legacy_sets_the_env_before_init_and_restores_it(gloo: list[dict[str, Any]]) -> None:
+    for rank, facts in enumerate(gloo):
+        before = None if rank == 0 else "1"
+        assert facts["env_before"] == before
+        assert facts["env_seen_by_init"] == {"TORCH_DIST_USE_NCCL2": "0", "backend": "gloo"}
+        assert facts["env_during"] == "0"
+        assert facts["env_set"] == {"TORCH_DIST_USE_NCCL2": before}
+        assert facts["nccl_creator"] == "_create_nccl_process_group"  # "nccl" resolved to legacy
+        assert facts["env_after"] == ("<unset>" if before is None else before)
+        assert facts["init_restored"]  # the very function object that was there before install
+        assert facts["legacy_all_reduce"] == [3.0, 3.0]
+
+
+def test_dedupe_on_gloo_returns_the_same_objects(gloo: list[dict[str, Any]]) -> None:
+    for rank, facts in enumerate(gloo):
+        assert facts["same_object"] and facts["split_same_object"]
+        assert facts["split_size"] == 1
+        # new_group([0]) is identical to rank 0's split [0]: that group comes back, no torch call
+        assert facts["solo"] == ("split group" if rank == 0 else "NON_GROUP_MEMBER")
+        # init, new_group, its duplicate, split_group, its duplicate, new_group([0])
+        assert facts["torch_called"] == [True, True, False, True, False, False]
+        assert facts["all_reduce"] == [3.0, 3.0, 3.0]
+        assert facts["all_gather"] == [0.0, 1.0]
+        assert facts["split_all_reduce"] == 10.0 + rank
+
+
+# ---------------------------------------------------------------------------------------------------------
+# 3-4. imports, install / uninstall
+
+
+def test_simnccl_imports_torch_only_on_apply(solo: dict[str, Any]) -> None:
+    assert solo["torch_after_import"] is False
+    assert solo["torch_after_apply"] is True
+    assert solo["applied_type"] == "Applied"
+
+
+def test_install_uninstall_restore_the_exact_functions(solo: dict[str, Any]) -> None:
+    names = solo["before"]
+    assert len(names) == 9 and all(names.values())  # 3 functions x torch.distributed, c10d, device_mesh
+    assert not any(solo["during_is_original"].values())
+    assert solo["during_one_wrapper_per_name"]
+    for key in ("after", "after_second_uninstall", "after_exception"):
+        assert solo[key] == names, key
+    assert solo["current_is_applied"] and solo["current_after"]
+
+
+def test_installing_twice_is_refused(solo: dict[str, Any]) -> None:
+    assert "already installed" in solo["nested"] and "'dedupe'" in solo["nested"]
+
+
+def test_stale_wrapper_passes_through(solo: dict[str, Any]) -> None:
+    assert solo["stale_wrapper"] == [{"backend": "gloo", "size": 1, "rank": 0}, 0]
+
+
+def test_world_of_one(solo: dict[str, Any]) -> None:
+    assert solo["world1_dedupe_same"] and solo["world1_all_reduce"] == 1.0
+    assert [d["torch_called"] for d in solo["world1_decisions"]] == [True, False]
+    assert solo["bad_traffic"].startswith("traffic='bogus'")
+
+
+def test_release_key(solo: dict[str, Any]) -> None:
+    keys = solo["release_keys"]
+    assert keys["2.14.1"] == "2.14"
+    assert keys["2.15.0+cu132"] == keys["2.15.0a0+git1234"] == keys["2.15.0.dev20260101"] == "2.15"
+    assert keys["2.16.0.dev20260301"] == "2.16-dev"
+    assert keys["2.13.0"].startswith("ApplyError")
+    assert solo["release_here"][1] == "2.15"
