@@ -65,7 +65,17 @@ from simnccl.ops import (
     SetDevice,
     SplitGroup,
 )
-from simnccl.policy import BasePolicy, GroupDecision, GroupRequest, History, InitPlan, InitRequest, Policy, decide_group
+from simnccl.policy import (
+    BasePolicy,
+    GroupDecision,
+    GroupRequest,
+    History,
+    InitPlan,
+    InitRequest,
+    Policy,
+    decide_group,
+    decide_split,
+)
 from simnccl.profiles import MAX_NCHANNELS_ENV, CommCosts, Profile
 from simnccl.release import CUDAMALLOCASYNC_TRACKER, DEFAULT_PG_NCCL_TIMEOUT_S, Impl, Release
 from simnccl.watchdog import TimeoutAction, on_timeout
@@ -668,6 +678,11 @@ class Engine:
         parent = self._resolve(rt, op.parent, op)
         if not isinstance(parent, Group):
             raise TorchError("RuntimeError", f"split_group: this rank is not a member of the parent {op.parent!r}")
+        if self._policy_active:
+            decided = self._policy_split(rt, op, parent)
+            if decided is None:
+                return None  # every split of the call reused an identical group: no torch call
+            op = decided
         plan = plan_split_group(
             self.release,
             rt.ctx,
@@ -1072,17 +1087,21 @@ class Engine:
             )
         return replace(op, backend=plan.backend, device_id=plan.device_id, pg_options=plan.pg_options)
 
-    def _group_request(self, rt: RankRuntime, op: NewGroup, members: tuple[int, ...]) -> GroupRequest:
+    def _group_request(
+        self, rt: RankRuntime, op: NewGroup | SplitGroup, members: tuple[int, ...], backend: str | None = None
+    ) -> GroupRequest:
+        """What the process knows; the backend is named as torch resolves it (the default group's if none)."""
+        assert rt.world is not None
         return GroupRequest(
-            kind="new_group",
+            kind=op.name,
             ranks=members,
             rank=rt.rank,
             world_size=rt.ctx.world_size,
             release=self.release.key,
             env=rt.ctx.env,
-            backend=op.backend,
+            backend=backend or getattr(op, "backend", None) or rt.world.backend.requested,
             pg_options=op.pg_options,
-            use_local_synchronization=op.use_local_synchronization,
+            use_local_synchronization=getattr(op, "use_local_synchronization", False),
             purpose=op.purpose,
             traffic=op.traffic,
             history=rt.history,
@@ -1100,6 +1119,31 @@ class Engine:
         self._check_consistent(rt, request, decision)
         self._own_history(rt).record(request, decision)
         return self._effective_op(rt, op, members, decision)
+
+    def _policy_split(self, rt: RankRuntime, op: SplitGroup, parent: Group) -> SplitGroup | None:
+        """``decide_split`` for every split of the call (all recorded, as ``apply`` does); this rank applies
+        its own split's decision (or the first split's, when it is in none)."""
+        splits = [tuple(parent.ranks[r] for r in split if 0 <= r < parent.size) for split in op.split_ranks]
+        if not splits or any(len(s) != len(raw) or not s for s, raw in zip(splits, op.split_ranks, strict=True)):
+            return op  # invalid: torch raises its own error
+        parent_backend = parent.backend.requested
+        requests = [self._group_request(rt, op, split, parent_backend) for split in splits]
+        decisions = decide_split(self.policy, requests)
+        own = next((i for i, split in enumerate(splits) if rt.rank in split), 0)
+        self._check_consistent(rt, requests[own], decisions[own])
+        history = self._own_history(rt)
+        for request, decision in zip(requests, decisions, strict=True):
+            history.record(request, decision)
+        mine = decisions[own]
+        if mine.reuse is not None:
+            if op.bind and rt.rank in splits[own]:
+                existing = self._identical_group(rt, splits[own], parent_backend, mine.pg_options)
+                if existing is not None:
+                    rt.handles[op.bind] = existing
+            elif op.bind:
+                rt.handles.setdefault(op.bind, NON_GROUP_MEMBER)
+            return None
+        return replace(op, pg_options=mine.pg_options)
 
     def _own_history(self, rt: RankRuntime) -> History:
         if rt.history_shared:
@@ -1336,8 +1380,8 @@ class Engine:
                         plans[rank] = self._plan_new_group(ranks[rank], op, counter)
             else:
                 assert isinstance(op, SplitGroup)
-                if op.parent != WORLD:
-                    return None
+                if op.parent != WORLD or self._policy_active:
+                    return None  # policies decide splits per call on each rank's own history
                 plans = {}
                 for rt in ranks:
                     assert rt.world is not None

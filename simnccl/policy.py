@@ -118,7 +118,8 @@ class GroupRequest:
 
     @property
     def effective_backend(self) -> str:
-        """The backend name torch will use: the request's, else the default group's (``nccl`` assumed)."""
+        """The backend name torch will use. Callers fill ``backend`` with the default group's name when the
+        program passed none (as torch does); ``nccl`` is assumed only if they could not."""
         return self.backend or "nccl"
 
 
@@ -218,6 +219,8 @@ class LazyInitPolicy(BasePolicy):
     def on_init(self, request: InitRequest) -> InitPlan:
         if not _lazy_supported(request.release):
             return InitPlan(request.backend, request.device_id, request.pg_options, {}, "2.14 has no lazy_init")
+        if request.backend is not None and "nccl" not in request.backend:
+            return InitPlan(request.backend, request.device_id, request.pg_options, {}, "not an NCCL backend")
         options = replace(request.pg_options, lazy_init=True)
         return InitPlan(request.backend, request.device_id, options, {}, "lazy_init on the default group")
 
@@ -371,6 +374,39 @@ def decide_group(policy: Policy, request: GroupRequest) -> GroupDecision:
     if not decision.explanation:
         decision = replace(decision, explanation="as requested")
     return decision
+
+
+def decide_split(policy: Policy, requests: list[GroupRequest]) -> list[GroupDecision]:
+    """Decisions for every split of one ``split_group`` call (all are recorded, so histories stay equal).
+
+    ``split_group`` can express less than ``new_group``: the child keeps the parent's backend, has no
+    ``use_local_synchronization`` and inherits the parent's device; and it is collective over the parent,
+    so a split can be reused only if every split of the call is.
+    """
+    decisions = []
+    for request in requests:
+        decision = decide_group(policy, request)
+        if decision.backend not in (None, request.backend):
+            decision = _because(
+                decision,
+                f"split_group keeps the parent's backend: {decision.backend} not applied",
+                backend=request.backend,
+            )
+        if decision.use_local_synchronization:
+            decision = _because(
+                decision, "split_group has no use_local_synchronization", use_local_synchronization=False
+            )
+        if decision.device_id is not None:
+            decision = _because(decision, "split_group inherits the parent's device", device_id=None)
+        decisions.append(decision)
+    if not all(d.reuse is not None for d in decisions):
+        decisions = [
+            _because(d, "split_group is collective over the parent and other splits create groups: created", reuse=None)
+            if d.reuse is not None
+            else d
+            for d in decisions
+        ]
+    return decisions
 
 
 BUILTIN: dict[str, Callable[[], Policy]] = {

@@ -65,7 +65,7 @@ import re
 import sys
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -83,6 +83,7 @@ from simnccl.policy import (
     InitRequest,
     Policy,
     decide_group,
+    decide_split,
     get_policy,
 )
 
@@ -350,17 +351,8 @@ class Applied:
             )
             for split in splits
         ]
-        decisions = [_splittable(decide_group(self.policy, r), r) for r in requests]
+        decisions = decide_split(self.policy, requests)
         all_reused = all(d.reuse is not None for d in decisions)
-        if not all_reused:
-            decisions = [
-                _because(
-                    d, "split_group is collective over the parent and other splits create groups: created", reuse=None
-                )
-                if d.reuse is not None
-                else d
-                for d in decisions
-            ]
         for r, d in zip(requests, decisions, strict=True):
             self.history.record(r, d)
         mine = decisions[0 if own is None else own]
@@ -567,26 +559,6 @@ def _group_key(ranks: tuple[int, ...], decision: GroupDecision) -> tuple[tuple[i
 
 def _live(group: Any) -> bool:
     return group is not None and group in c10d._world.pg_map
-
-
-def _because(decision: GroupDecision, text: str, **changes: Any) -> GroupDecision:
-    explanation = f"{decision.explanation}; {text}" if decision.explanation else text
-    return replace(decision, explanation=explanation, **changes)
-
-
-def _splittable(decision: GroupDecision, request: GroupRequest) -> GroupDecision:
-    """What of a decision ``split_group`` can express: the parent's backend, no local sync, no device."""
-    if decision.backend not in (None, request.backend):
-        decision = _because(
-            decision,
-            f"split_group keeps the parent's backend: {decision.backend} not applied",
-            backend=request.backend,
-        )
-    if decision.use_local_synchronization:
-        decision = _because(decision, "split_group has no use_local_synchronization", use_local_synchronization=False)
-    if decision.device_id is not None:
-        decision = _because(decision, "split_group inherits the parent's device", device_id=None)
-    return decision
 
 
 # ---------------------------------------------------------------------------------------------------------

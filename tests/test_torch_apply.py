@@ -160,7 +160,8 @@ def test_init_receives_the_plan(record: list[dict[str, Any]], scenario: str) -> 
         backend = record[rank][scenario]["backend"]
         assert plan["kind"] == "init_process_group" and plan["backend"] == backend and plan["env"] == {}
         lazy = plan["options"].get("lazy_init", False)
-        assert lazy == scenario.startswith("lazy-init")
+        # lazy-init asks for lazy_init only where it means something: on an NCCL-family default group
+        assert lazy == (scenario.startswith("lazy-init") and backend == "nccl")
         # NCCL-family: a ProcessGroupNCCL.Options with lazy_init; simrec has no such options, gets none.
         options = _seen_options(plan["options"]) if backend == "nccl" else None
         expected = [["create", backend, [0, 1, 2], False, options]]
@@ -270,10 +271,12 @@ def test_lazy_init_never_splits(record: list[dict[str, Any]]) -> None:
 
 
 def test_lazy_init_leaves_other_backends_alone(record: list[dict[str, Any]]) -> None:
-    """``simrec`` is not NCCL-family: the plan's lazy_init has no torch spelling there, subgroups split."""
+    """``simrec`` is not NCCL-family: lazy-init leaves its default group alone (the plan says why), and
+    subgroups split from it as usual."""
     for rank in range(RECORD_WORLD):
         init = _call(record, "lazy-init-simrec", rank, "init")
-        assert _decision(init)["options"] == {"lazy_init": True}
+        assert _decision(init)["options"] == {}
+        assert "not an NCCL backend" in _decision(init)["explanation"]
         assert init["events"][0] == ["create", "simrec", [0, 1, 2], False, None]
         g01 = _call(record, "lazy-init-simrec", rank, "g01")
         assert _decision(g01)["options"] == {}
