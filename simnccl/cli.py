@@ -1,4 +1,4 @@
-"""``simnccl run [SCENARIO ...] [--variant NAME] [--json]``.
+"""``simnccl run [SCENARIO ...] [--variant NAME] [--json]`` and ``simnccl cost --workload NAME [knobs]``.
 
 Exit codes are a contract for CI: 0 when every expectation holds, 1 when one doesn't, 2 on bad input
 (an unreadable or invalid scenario, an unknown variant) — never a traceback for bad input.
@@ -13,13 +13,20 @@ from pathlib import Path
 
 from rich.console import Console
 
+from simnccl import cost
 from simnccl.engine import EngineGuardError
+from simnccl.explain import explain as explain_variant
+from simnccl.flight_recorder import write_dumps
 from simnccl.report import print_result
 from simnccl.runner import run_scenario
 from simnccl.scenario import ScenarioError, load_scenario
 
 DEFAULT_SCENARIO = "pytorch-199957.toml"
 EXIT_OK, EXIT_EXPECTATIONS, EXIT_BAD_INPUT = 0, 1, 2
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
 
 
 def builtin_scenario_dir() -> Path:
@@ -35,11 +42,27 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--variant", action="append", help="run only this variant (repeatable)")
     run.add_argument("--json", action="store_true", help="print the result as JSON (schema in README)")
     run.add_argument("--explain", action="store_true", help="print each policy decision and its reason")
+    run.add_argument("--fr-dir", help="write each variant's flight-recorder dumps to FR_DIR/<variant>/rank_<r>")
+    explain = sub.add_parser("explain", help="the hangs and failures of a run, in plain language")
+    explain.add_argument("scenarios", nargs="*", help=f"scenario files (default: the built-in {DEFAULT_SCENARIO})")
+    explain.add_argument("--variant", action="append", help="only this variant (repeatable)")
+    cost_parser = sub.add_parser(
+        "cost",
+        help="per-rank startup cost of a framework config on torch's default, legacy and each policy",
+        description="Framework knobs follow as --name value (e.g. --tp 8 --pp 4 --dp 16); see simnccl.cost.",
+        allow_abbrev=False,
+    )
+    cost.add_arguments(cost_parser)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args, extra = parser.parse_known_args(argv)
+    if args.command == "cost":
+        return cost.run(args, extra)  # the framework knobs are the workload generator's to parse
+    if extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     paths = [Path(p) for p in args.scenarios] or [builtin_scenario_dir() / DEFAULT_SCENARIO]
     # Tables are wider than 80 columns; when output is captured (CI logs) don't wrap them.
     console = Console(stderr=False, width=None if sys.stdout.isatty() else 160)
@@ -52,6 +75,9 @@ def main(argv: list[str] | None = None) -> int:
                 for name in args.variant:
                     scenario.variant(name)
         for scenario in scenarios:
+            if scenario.faults.faults or scenario.faults.seed is not None:
+                # The schedule is the run's identity: print it before anything runs (testing-practices §1).
+                err.print(f"{scenario.name}: {scenario.faults.describe()}", highlight=False)
             results.append(run_scenario(scenario, args.variant))
     except ScenarioError as error:
         err.print(f"[red]error:[/red] {error}", highlight=False)
@@ -59,6 +85,18 @@ def main(argv: list[str] | None = None) -> int:
     except EngineGuardError as error:
         err.print(f"[red]simulation stopped:[/red] {error}", highlight=False)
         return EXIT_EXPECTATIONS
+    if args.command == "explain":
+        for result in results:
+            for variant in result.variants:
+                console.print(explain_variant(variant), highlight=False)
+        return EXIT_OK
+    if args.fr_dir:
+        for result in results:
+            for variant in result.variants:
+                if variant.outcome.fr_dumps:
+                    folder = Path(args.fr_dir) / _safe(f"{result.scenario}-{variant.name}")
+                    write_dumps(variant.outcome.fr_dumps, folder)
+                    err.print(f"flight-recorder dumps: {folder}", highlight=False)
     if args.json:
         payload = [r.to_dict() for r in results]
         sys.stdout.write(json.dumps(payload[0] if len(payload) == 1 else payload, indent=2, default=str) + "\n")

@@ -38,12 +38,14 @@ from simnccl.c10d import (
     world_ranks,
 )
 from simnccl.cluster import Cluster, Device
+from simnccl.faults import NO_FAULTS, Fault, FaultSchedule, apply_to_programs, validate
 from simnccl.flight_recorder import RECORDING_IMPLS, Entry, FlightRecorder, buffer_size, numel
 from simnccl.meetings import Arrival, Meeting, MeetingRegistry
 from simnccl.memory import (
     DeviceLedger,
     Owner,
     SimulatedOOM,
+    oom_message,
     vllm_check_message,
     vllm_requested_bytes,
 )
@@ -78,7 +80,7 @@ from simnccl.policy import (
 )
 from simnccl.profiles import MAX_NCHANNELS_ENV, CommCosts, Profile
 from simnccl.release import CUDAMALLOCASYNC_TRACKER, DEFAULT_PG_NCCL_TIMEOUT_S, Impl, Release
-from simnccl.watchdog import TimeoutAction, on_timeout
+from simnccl.watchdog import TimeoutAction, on_async_error, on_timeout
 
 Waiting = Generator[simpy.Event, Any, None]
 
@@ -114,6 +116,7 @@ class SimConfig:
     seed: int = 0
     limits: Limits = Limits()
     policy: Policy | None = None
+    faults: FaultSchedule = NO_FAULTS
 
 
 @dataclass(slots=True)
@@ -223,7 +226,7 @@ class Engine:
         self._ops = 0  # rank-ops simulated (a block of k calls taken by a cohort counts k per rank)
         self._work = 0  # engine work units, what the max_ops guard bounds
         self._clock: float | None = None  # set while a cohort applies a block at a simulated time ahead of now
-        self._shared_program = self._common_program(config.programs)
+        self._shared_program: Program | None = None  # set once the fault schedule has rewritten programs
         self._cohorts: dict[int, Cohort] = {}
         self._devices: dict[tuple[int, int], Device] = {}
         self._procs: dict[int, simpy.Process] = {}
@@ -236,7 +239,16 @@ class Engine:
         self._meeting_ids: dict[int, int] = {}
         self._split_results: dict[int, dict[tuple[int, ...], int | Meeting]] = {}
         self._comm_members: dict[int, tuple[int, ...]] = {}
+        self.faults = config.faults
+        self._programs = apply_to_programs(config.faults, config.programs)
+        # Cohorts need every rank on one Program object and no runtime fault that could stop one rank mid-block.
+        self._shared_program = None if config.faults.runtime() else self._common_program(self._programs)
+        self._op_faults: dict[tuple[int, int], Fault] = {}
+        self._slow: dict[int, float] = {}
+        self._oom_at_init: set[int] = set()
+        self._store_timeout: set[tuple[int, int | None]] = set()  # (rank, op index or None: the next bootstrap)
         self.ranks = [self._make_rank(r) for r in range(self.cluster.world_size)]
+        self._arm_faults()
         self._world_ranks = world_ranks(self.cluster.world_size)
         shared_history = History()  # every rank has seen the same calls until one diverges (copy-on-write)
         for rt in self.ranks:
@@ -257,7 +269,7 @@ class Engine:
     # ------------------------------------------------------------------ setup and run
 
     def _make_rank(self, rank: int) -> RankRuntime:
-        programs = self.config.programs
+        programs = self._programs
         if len(programs) != self.cluster.world_size:
             raise ValueError(f"{len(programs)} programs for a world of {self.cluster.world_size} ranks")
         env = dict(self.config.env)
@@ -289,6 +301,9 @@ class Engine:
         try:
             for rt in self.ranks:
                 self._procs[rt.rank] = self.env.process(self._rank_process(rt))
+            for fault in self.faults.runtime():
+                if fault.at_s is not None:
+                    self.env.process(self._timed_fault(fault))
             self._run_with_watchdogs()
             return self._outcome()
         finally:
@@ -333,6 +348,10 @@ class Engine:
             while rt.pc < len(ops):
                 self._guard()
                 op = ops[rt.pc]
+                if self._op_faults:
+                    fault = self._op_faults.get((rt.rank, rt.pc))
+                    if fault is not None:
+                        yield from self._inject(rt, fault)
                 if rt.program is self._shared_program and _starts_block(op):
                     yield from self._cohort(rt)
                     continue
@@ -348,11 +367,20 @@ class Engine:
             rt.finished_at = self.env.now
             self._record(self.env.now, rt.rank, "done")
         except simpy.Interrupt as interrupt:
+            if isinstance(interrupt.cause, _Crash):
+                if interrupt.cause.stall:
+                    yield from self._stall(rt, interrupt.cause.fault)
+                self._fail(rt, "crash", interrupt.cause, abort=True)
+                return
             action: TimeoutAction = interrupt.cause
             rt.status = "blocked"
             if action.wait_s > 0:
                 yield self.env.timeout(action.wait_s)
             self._fail(rt, "timeout", TorchError(action.error_type, action.message), abort=action.outcome == "abort")
+        except _Crash as err:
+            self._fail(rt, "crash", err, abort=True)
+        except _AsyncError as err:
+            self._fail(rt, "timeout" if err.action.outcome != "abort" else "abort", err, abort=True)
         except _ProcessAbort as err:
             self._fail(rt, "abort", err)
         except TorchError as err:
@@ -527,6 +555,16 @@ class Engine:
         if comm.device not in rt.nccl_devices and lifecycle(comm.impl).allocates_gpu_memory:
             rt.nccl_devices.add(comm.device)
             charges = [Charge("process-first-comm", self._bytes(self._costs(rt).process_first_comm_mib)), *charges]
+        if rt.rank in self._oom_at_init and any(c.phase == "init" for c in charges):
+            self._oom_at_init.discard(rt.rank)
+            ledger = self.ledgers[self._device(rt, comm.device).key]
+            raise SimulatedOOM(
+                oom_message(ledger.device, self._bytes(self._costs(rt).init_mib), 0, ledger.total_bytes, nccl=True)
+                + " (injected fault: oom-at-init)",
+                ledger.device,
+                self._bytes(self._costs(rt).init_mib),
+                0,
+            )
         for charge in charges:
             if charge.num_bytes == 0:
                 continue
@@ -580,7 +618,7 @@ class Engine:
     def _op_compute(self, rt: RankRuntime, op: Compute) -> Waiting:
         yield from self._settle(rt)
         if op.seconds > 0:
-            yield self.env.timeout(op.seconds)
+            yield self.env.timeout(op.seconds * self._slow.get(rt.rank, 1.0))
 
     def _current_device(self, rt: RankRuntime) -> int:
         return 0 if rt.current_device is None else rt.current_device
@@ -779,6 +817,11 @@ class Engine:
             meeting = self._open(key, "bootstrap", group.name, 0, group.ranks)
             if rt.rank in meeting.arrivals or meeting.complete:
                 meeting = self._collision(meeting, rt, group, op)
+            armed = (rt.rank, rt.pc) if (rt.rank, rt.pc) in self._store_timeout else (rt.rank, None)
+            if armed in self._store_timeout:
+                self._store_timeout.discard(armed)
+                meeting = self._open(("store-fault", rt.rank, group.name), "bootstrap", group.name, 0, group.ranks)
+                meeting.problem = "injected fault: store-timeout — this rank's store never returns the unique id"
             self._arrive(meeting, rt, group.ranks, op, duration=self._bootstrap_s)
             yield from self._wait(rt, meeting, op)
             comm.comm_id = self._comm_id_for(meeting)
@@ -1462,6 +1505,79 @@ class Engine:
             raise err
         rt.pc = cohort.end
 
+    # ------------------------------------------------------------------ faults
+
+    def _arm_faults(self) -> None:
+        for fault in self.faults.runtime():
+            validate(fault, self._programs)
+            if fault.kind == "straggler":
+                self._slow[fault.rank] = fault.factor
+            elif fault.kind == "oom-at-init":
+                self._oom_at_init.add(fault.rank)
+            elif fault.kind == "store-timeout":
+                self._store_timeout.add((fault.rank, fault.at_op))
+            elif fault.at_op is not None:
+                self._op_faults[(fault.rank, fault.at_op)] = fault
+
+    def _timed_fault(self, fault: Fault) -> Waiting:
+        assert fault.at_s is not None
+        yield self.env.timeout(fault.at_s)
+        rt = self.ranks[fault.rank]
+        if rt.status in ("done", "error", "aborted"):
+            return
+        self._record(self.env.now, rt.rank, "fault", fault.kind)
+        if fault.kind in ("crash", "gpu-crash"):
+            for victim in self._victims(rt, fault):
+                self._procs[victim.rank].interrupt(_Crash(fault))
+        elif fault.kind == "nccl-error":
+            action = on_async_error(rt.ctx.env, rank=rt.rank)
+            if action.dump:
+                self._dump_all(self.env.now)
+            if action.outcome != "hang":
+                self._procs[rt.rank].interrupt(action)
+        elif fault.kind == "stall":
+            self._procs[rt.rank].interrupt(_Crash(fault, stall=True))
+
+    def _victims(self, rt: RankRuntime, fault: Fault) -> list[RankRuntime]:
+        """A GPU crash takes down every live process using that GPU."""
+        if fault.kind != "gpu-crash":
+            return [rt]
+        device = rt.current_device if rt.current_device is not None else rt.ctx.local_rank
+        return [
+            other
+            for other in self.ranks
+            if other.node == rt.node
+            and device in other.contexts | {other.current_device}
+            and other.status not in ("done", "error", "aborted")
+        ] or [rt]
+
+    def _inject(self, rt: RankRuntime, fault: Fault) -> Waiting:
+        """An op-indexed fault, before the op runs."""
+        self._record(self.env.now, rt.rank, "fault", fault.kind, rt.pc)
+        if fault.kind in ("crash", "gpu-crash"):
+            for victim in self._victims(rt, fault):
+                if victim is not rt:
+                    self._procs[victim.rank].interrupt(_Crash(fault))
+            raise _Crash(fault)
+        if fault.kind == "stall":
+            yield from self._stall(rt, fault)
+        if fault.kind == "nccl-error":
+            action = on_async_error(rt.ctx.env, rank=rt.rank)
+            if action.dump:
+                self._dump_all(self.env.now)
+            if action.outcome == "hang":
+                return
+            if action.wait_s:
+                yield self.env.timeout(action.wait_s)
+            raise _AsyncError(action)
+
+    def _stall(self, rt: RankRuntime, fault: Fault) -> Waiting:
+        """The rank stops issuing ops but stays alive (it still answers a flight-recorder dump)."""
+        op = rt.program.ops[min(rt.pc, len(rt.program.ops) - 1)]
+        meeting = self._open(("stall", rt.rank), "stall", "", 0, ())
+        meeting.problem = f"injected fault: {fault.describe()} — the rank stopped issuing ops"
+        yield from self._wait(rt, meeting, op)
+
     # ------------------------------------------------------------------ watchdogs (simulated time)
 
     def _run_with_watchdogs(self) -> None:
@@ -1637,6 +1753,8 @@ class Engine:
             return "finished its program without joining"
         if rt.status in ("error", "aborted") and rt.error is not None:
             return f"died: {rt.error.type_name}: {rt.error.message.splitlines()[0]}"
+        if rt.block is not None and rt.block.meeting.kind == "stall":
+            return f"is stalled before {rt.block.op.describe()} (injected fault)"
         if rt.block is not None:
             m = rt.block.meeting
             where = f"group {m.group!r}" if m.group else "its parent communicator"
@@ -1649,6 +1767,8 @@ class Engine:
             if g.name == meeting.group:
                 group = g
         timeout = group.timeout_s if group is not None else None
+        if meeting.kind == "stall":
+            return None, "a stalled process issues nothing that could time out"
         if meeting.kind in ("split", "split-color"):
             return (
                 None,
@@ -1720,6 +1840,21 @@ def _init_text(plan: InitPlan) -> str:
 def _handle_of(op: Op) -> str:
     """The program's name for the group an op concerns: the handle it binds or the one it uses."""
     return getattr(op, "bind", None) or getattr(op, "group", None) or ""
+
+
+class _Crash(TorchError):
+    """An injected process death (or, with ``stall``, a process that stops issuing ops)."""
+
+    def __init__(self, fault: Fault, stall: bool = False) -> None:
+        super().__init__("Crash", f"injected fault: {fault.describe()}")
+        self.fault = fault
+        self.stall = stall
+
+
+class _AsyncError(TorchError):
+    def __init__(self, action: TimeoutAction) -> None:
+        super().__init__(action.error_type or "DistBackendError", action.message)
+        self.action = action
 
 
 class _ProcessAbort(TorchError):

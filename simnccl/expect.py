@@ -30,6 +30,16 @@ def check(expectation: Expectation, variant: VariantResult) -> list[ExpectationR
                 key, ok, f"error text {'contains' if ok else 'lacks'} {expectation.error_contains!r} (first: {shown})"
             )
         )
+    if expectation.detected_at_s is not None:
+        times = [h["detected_at_s"] for h in variant.outcome.hangs if h.get("detected_at_s") is not None]
+        first = min(times) if times else None
+        ok = first is not None and abs(first - expectation.detected_at_s) <= expectation.tolerance_s
+        shown = "never detected" if first is None else f"detected at {first:.6f} s"
+        results.append(
+            ExpectationResult(
+                key, ok, f"hang {shown}, expected {expectation.detected_at_s:g} s ± {expectation.tolerance_s:g}"
+            )
+        )
     if expectation.hang_ranks is not None:
         hung = sorted(h["rank"] for h in variant.outcome.hangs)
         ok = hung == sorted(expectation.hang_ranks)

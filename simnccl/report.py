@@ -40,7 +40,8 @@ def _print_variant(console: Console, variant: VariantResult) -> None:
         f"  torch {variant.torch_version}  {env}  profile {variant.profile}  → ",
         (outcome.verdict.upper(), style),
     )
-    table = Table(title=title, title_justify="left", show_lines=False)
+    console.print(title)
+    table = Table(show_lines=False)
     table.add_column("checkpoint")
     devices = sorted({d for snaps in outcome.checkpoints.values() for d in snaps})
     for device in devices:

@@ -25,6 +25,7 @@ def config_for(scenario: Scenario, variant: Variant, limits: Limits | None = Non
         seed=scenario.seed,
         limits=limits or Limits(),
         policy=get_policy(variant.policy),
+        faults=scenario.faults,
     )
 
 

@@ -13,7 +13,8 @@ Schema (every table but ``[[variants]]`` and ``[[expect]]`` required unless mark
     [[variants]] name, description?, env?, release?, profile?, policy?
     [matrix]     release? = [...], policy? = [...], env? = {VAR = [...]}   (cartesian product, added to variants)
     [[expect]]   variants?, checkpoint?, baseline?, used_mib?, tolerance_pct?, tolerance_mib?, devices?,
-                 verdict?, error_contains?, hang_ranks?
+                 verdict?, error_contains?, hang_ranks?, detected_at_s?, tolerance_s?
+    [faults]     inject? = [{kind, rank, at_op?, at_s?, factor?}], seed?, classes?, max_faults?
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from simnccl.cluster import Cluster, ClusterError, get_gpu_kind
+from simnccl.faults import NO_FAULTS, Fault, FaultError, FaultSchedule, generate, validate
 from simnccl.ops import MIB, OP_TYPES, Collective, NewGroup, Op, PgOptions, PointToPoint, Program, SplitGroup
 from simnccl.policy import PolicyError, get_policy
 from simnccl.profiles import MAX_NCHANNELS_ENV, Profile, ProfileError, find_profile, get_profile
@@ -66,6 +68,8 @@ class Expectation:
     verdict: str | None = None
     error_contains: str | None = None
     hang_ranks: tuple[int, ...] | None = None
+    detected_at_s: float | None = None
+    tolerance_s: float = 1e-6
     key: str = ""
 
 
@@ -80,6 +84,7 @@ class Scenario:
     programs: tuple[Program, ...]
     variants: tuple[Variant, ...]
     expectations: tuple[Expectation, ...] = field(default_factory=tuple)
+    faults: FaultSchedule = NO_FAULTS
 
     def variant(self, name: str) -> Variant:
         for v in self.variants:
@@ -255,8 +260,46 @@ def parse_scenario(data: Mapping[str, Any], source: str, base_dir: Path | None =
         variants.append(Variant("default", "", release, base_profile, base_env, policy))
 
     expectations = _expectations(top, source, [v.name for v in variants])
+    faults = _faults(top, source, programs) if "faults" in top.table else NO_FAULTS
     top.finish()
-    return Scenario(name, description, source, seed, cluster, launcher, programs, tuple(variants), tuple(expectations))
+    return Scenario(
+        name, description, source, seed, cluster, launcher, programs, tuple(variants), tuple(expectations), faults
+    )
+
+
+def _faults(top: _Reader, source: str, programs: tuple[Program, ...]) -> FaultSchedule:
+    """``[faults]``: ``inject = [{kind, rank, at_op?, at_s?, factor?}, ...]`` and/or a generated swarm
+    schedule (``seed``, ``classes?``, ``max_faults?``). Op indexes count the rank's expanded steps from 0."""
+    reader = _Reader(source, "faults", top.get("faults", dict))
+    injected: list[Fault] = []
+    for i, raw in enumerate(reader.get("inject", list, [], what="a list of fault tables")):
+        item = _Reader(source, f"faults.inject[{i}]", raw)
+        fault = Fault(
+            kind=item.get("kind", str),
+            rank=item.get("rank", int),
+            at_op=item.get("at_op", int, None),
+            at_s=_num(item.get("at_s", (int, float), None)),
+            factor=float(item.get("factor", (int, float), 1.0)),
+        )
+        item.finish()
+        try:
+            validate(fault, programs)
+        except FaultError as err:
+            raise ScenarioError(source, f"faults.inject[{i}]", str(err)) from None
+        injected.append(fault)
+    seed = reader.get("seed", int, None)
+    classes = reader.get("classes", list, None, what="a list of fault classes")
+    max_faults = reader.get("max_faults", int, 2)
+    reader.finish()
+    if seed is None:
+        if classes is not None:
+            raise reader.error("classes", "only meaningful with a seed (a generated schedule)")
+        return FaultSchedule(None, tuple(sorted({f.kind for f in injected})), tuple(injected))
+    try:
+        generated = generate(seed, programs, classes=classes, max_faults=max_faults)
+    except FaultError as err:
+        raise reader.error("classes", str(err)) from None
+    return FaultSchedule(seed, generated.classes, tuple(injected) + generated.faults)
 
 
 def _matrix(
@@ -375,13 +418,22 @@ _OPTION_FIELDS = {f.name for f in fields(PgOptions)}
 
 def _programs(workload: _Reader, world_size: int) -> tuple[Program, ...]:
     if "generator" in workload.table:
+        # A framework startup (simnccl.workloads): the framework's own knobs in, every rank's Program out,
+        # on the cluster's world; bad knobs are reported as workload.args.<key>.
+        from simnccl.workloads import GENERATORS, WorkloadError
+
         generator = workload.get("generator", str)
-        workload.get("args", dict, {})
-        raise workload.error(
-            "generator",
-            f"unknown workload generator {generator!r}; no generators are "
-            "installed yet (framework generators land with the workloads issue); use steps",
-        )
+        args = workload.get("args", dict, {}, what="a table of the generator's arguments")
+        chosen = GENERATORS.get(generator)
+        if chosen is None:
+            raise workload.error(
+                "generator", f"unknown workload generator {generator!r}; expected one of {', '.join(GENERATORS)}"
+            )
+        try:
+            return chosen(args, world_size)
+        except WorkloadError as err:
+            key = f"args.{err.key}" if err.key else "args"
+            raise workload.error(key, f"{err.message} (generator {generator!r}, world of {world_size} ranks)") from None
     steps = workload.get("steps", list, what="a list of step tables")
     if not steps:
         raise workload.error("steps", "expected at least one step")
@@ -544,6 +596,8 @@ def _expectations(top: _Reader, source: str, variant_names: Sequence[str]) -> li
             verdict=reader.get("verdict", str, None),
             error_contains=reader.get("error_contains", str, None),
             hang_ranks=reader.int_list("hang_ranks", None),
+            detected_at_s=_num(reader.get("detected_at_s", number, None)),
+            tolerance_s=float(reader.get("tolerance_s", number, 1e-6)),
             key=f"expect[{i}]",
         )
         reader.finish()
@@ -553,7 +607,7 @@ def _expectations(top: _Reader, source: str, variant_names: Sequence[str]) -> li
             raise reader.error("used_mib", "needs a checkpoint to measure at")
         if exp.baseline is not None and exp.used_mib is None:
             raise reader.error("baseline", "only meaningful with used_mib")
-        if all(v is None for v in (exp.used_mib, exp.verdict, exp.error_contains, exp.hang_ranks)):
+        if all(v is None for v in (exp.used_mib, exp.verdict, exp.error_contains, exp.hang_ranks, exp.detected_at_s)):
             raise ScenarioError(
                 source, f"expect[{i}]", "asserts nothing; expected used_mib, verdict, error_contains or hang_ranks"
             )

@@ -111,3 +111,26 @@ def on_timeout(
         f"aborting\nAborting process on rank {rank} due to timeout - timeout watchdog detected operation timeout",
         True,
     )
+
+
+def on_async_error(env: Mapping[str, str], *, rank: int) -> TimeoutAction:
+    """An NCCL async error on a communicator (a peer died, a network error): the watchdog's error path."""
+    text = (
+        f"[Rank {rank}] NCCL Async Error: ncclRemoteError: A call failed possibly due to a network error or a "
+        "remote process exiting prematurely."
+    )
+    dump = dump_on_timeout(env)
+    wait_s = dump_wait_ms(env) / 1000 if dump else 0.0
+    mode = async_error_handling(env)
+    if mode == 0:
+        return TimeoutAction("hang", dump, wait_s, "", text, True)
+    if mode == 2:
+        return TimeoutAction("raise", dump, wait_s, "torch.distributed.DistBackendError", text, True)
+    return TimeoutAction(
+        "abort",
+        dump,
+        wait_s,
+        "SIGABRT",
+        f"{text}\nAborting process on rank {rank} due to error - nccl hit async error",
+        True,
+    )

@@ -170,8 +170,8 @@ def test_members_that_plan_differently_are_reported_with_both_plans() -> None:
     assert out.verdict == "error"
     (error,) = [e for e in out.errors if e["type"] == "PolicyInconsistency"]
     assert error["rank"] == 1
-    assert "rank 0: backend=<default>" in error["message"]
-    assert "rank 1: backend=<default>, pg_options={'lazy_init': True} (odd ranks go lazy)" in error["message"]
+    assert "rank 0: backend=nccl (as requested)" in error["message"]
+    assert "rank 1: backend=nccl, pg_options={'lazy_init': True} (odd ranks go lazy)" in error["message"]
 
 
 def test_dedupe_binds_the_identical_group_of_the_same_backend() -> None:

@@ -1,0 +1,135 @@
+"""Faults as data: a schedule generated from one seed, printed in full before the run, replayed exactly.
+
+Why data (testing-practices §1-3): a fault run is only useful if it can be replayed bit for bit, so the seed
+is the whole identity of the schedule, every random choice comes from one ``random.Random(seed)``, and the
+expanded schedule is printed first. Swarm testing: each generated schedule switches whole fault classes on
+or off, instead of always mixing everything.
+
+Two kinds of fault: those that *rewrite a rank's program* (``skip`` a collective, a size ``mismatch``) and
+those the engine *injects while running* (``crash``/``gpu-crash`` at an op or a time, ``stall``,
+``straggler``, ``oom-at-init``, ``store-timeout``, ``nccl-error``). The cudaMallocAsync abort is the
+``PYTORCH_CUDA_ALLOC_CONF`` environment, not a fault: it is the 2.15 defect itself.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from simnccl.ops import Collective, Compute, NewGroup, Program
+
+PROGRAM_FAULTS = ("skip", "mismatch")
+RUNTIME_FAULTS = ("crash", "gpu-crash", "stall", "straggler", "oom-at-init", "store-timeout", "nccl-error")
+FAULT_KINDS = PROGRAM_FAULTS + RUNTIME_FAULTS
+
+
+class FaultError(ValueError):
+    """A malformed fault (unknown kind, a rank or op index that does not exist)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Fault:
+    """One fault. ``at_op`` is an index into the rank's program; ``at_s`` a simulated time."""
+
+    kind: str
+    rank: int
+    at_op: int | None = None
+    at_s: float | None = None
+    factor: float = 1.0
+
+    def describe(self) -> str:
+        where = []
+        if self.at_op is not None:
+            where.append(f"at op {self.at_op}")
+        if self.at_s is not None:
+            where.append(f"at t={self.at_s:g}s")
+        if self.kind == "straggler":
+            where.append(f"x{self.factor:g} slower")
+        return f"{self.kind} rank {self.rank}" + (f" {' '.join(where)}" if where else "")
+
+
+@dataclass(frozen=True, slots=True)
+class FaultSchedule:
+    seed: int | None
+    classes: tuple[str, ...]
+    faults: tuple[Fault, ...]
+
+    def describe(self) -> str:
+        head = f"fault schedule seed={self.seed} classes={','.join(self.classes) or '-'}"
+        return "\n".join([head, *(f"  {i}: {f.describe()}" for i, f in enumerate(self.faults))])
+
+    def runtime(self) -> tuple[Fault, ...]:
+        return tuple(f for f in self.faults if f.kind in RUNTIME_FAULTS)
+
+
+NO_FAULTS = FaultSchedule(None, (), ())
+
+
+def validate(fault: Fault, programs: Sequence[Program]) -> None:
+    if fault.kind not in FAULT_KINDS:
+        raise FaultError(f"unknown fault kind {fault.kind!r}; expected one of {', '.join(FAULT_KINDS)}")
+    if not 0 <= fault.rank < len(programs):
+        raise FaultError(f"fault {fault.describe()}: rank {fault.rank} outside the world of {len(programs)}")
+    ops = programs[fault.rank].ops
+    if fault.at_op is not None and not 0 <= fault.at_op < len(ops):
+        raise FaultError(f"fault {fault.describe()}: rank {fault.rank}'s program has {len(ops)} ops")
+    if fault.kind in PROGRAM_FAULTS and (fault.at_op is None or not isinstance(ops[fault.at_op], Collective)):
+        raise FaultError(f"fault {fault.describe()}: needs at_op pointing at a collective of that rank")
+    if fault.kind == "straggler" and fault.factor < 1:
+        raise FaultError(f"fault {fault.describe()}: a straggler's factor must be >= 1")
+    if fault.kind in ("crash", "gpu-crash", "stall", "nccl-error") and fault.at_op is None and fault.at_s is None:
+        raise FaultError(f"fault {fault.describe()}: needs at_op or at_s")
+
+
+def apply_to_programs(schedule: FaultSchedule, programs: Sequence[Program]) -> list[Program]:
+    """Rewrite the programs of the ranks a program fault hits (only those get their own copy)."""
+    out = list(programs)
+    for fault in schedule.faults:
+        validate(fault, programs)
+        if fault.kind not in PROGRAM_FAULTS:
+            continue
+        assert fault.at_op is not None
+        ops = list(out[fault.rank].ops)
+        target = ops[fault.at_op]
+        if fault.kind == "skip":
+            ops[fault.at_op] = Compute(seconds=0.0)  # keeps later op indexes stable
+        else:
+            assert isinstance(target, Collective)
+            ops[fault.at_op] = replace(target, size_bytes=target.size_bytes * 2)
+        out[fault.rank] = Program(tuple(ops))
+    return out
+
+
+def generate(
+    seed: int,
+    programs: Sequence[Program],
+    *,
+    classes: Sequence[str] | None = None,
+    max_faults: int = 2,
+) -> FaultSchedule:
+    """A swarm schedule: pick enabled classes (each on with probability 1/2 unless given), then faults."""
+    rng = random.Random(seed)
+    pool = list(classes) if classes is not None else [k for k in FAULT_KINDS if rng.random() < 0.5]
+    for kind in pool:
+        if kind not in FAULT_KINDS:
+            raise FaultError(f"unknown fault class {kind!r}; expected one of {', '.join(FAULT_KINDS)}")
+    faults: list[Fault] = []
+    world = len(programs)
+    for _ in range(rng.randint(0, max_faults) if pool else 0):
+        kind = rng.choice(pool)
+        rank = rng.randrange(world)
+        ops = programs[rank].ops
+        collectives = [i for i, op in enumerate(ops) if isinstance(op, Collective)]
+        if kind in PROGRAM_FAULTS:
+            if not collectives:
+                continue
+            faults.append(Fault(kind, rank, at_op=rng.choice(collectives)))
+        elif kind == "straggler":
+            faults.append(Fault(kind, rank, factor=round(rng.uniform(1.5, 10.0), 2)))
+        elif kind in ("oom-at-init", "store-timeout"):
+            faults.append(Fault(kind, rank))
+        else:
+            candidates = [i for i, op in enumerate(ops) if isinstance(op, (Collective, NewGroup))] or [0]
+            faults.append(Fault(kind, rank, at_op=rng.choice(candidates)))
+    return FaultSchedule(seed, tuple(sorted(pool)), tuple(faults))
