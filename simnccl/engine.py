@@ -1686,7 +1686,7 @@ class Engine:
                 hangs.append(rt.timeout_hang)
             elif rt.status not in ("done", "error", "aborted"):
                 hangs.append(self._hang_entry(rt, by_rank))
-        if any(e["kind"] in ("error", "abort") for e in errors):
+        if any(e["kind"] in ("error", "abort", "crash") for e in errors):
             verdict = "error"
         elif any(e["kind"] in ("oom", "check") for e in errors):
             verdict = "fail"

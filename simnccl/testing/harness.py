@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 
 from simnccl.cluster import Cluster, get_gpu_kind
 from simnccl.engine import Engine, Limits, RunOutcome, SimConfig
+from simnccl.faults import NO_FAULTS, FaultSchedule
 from simnccl.ops import Op, Program
 from simnccl.policy import Policy, get_policy
 from simnccl.profiles import find_profile, get_profile
@@ -30,6 +31,7 @@ def simulate(
     keep_trace: bool = False,
     limits: Limits | None = None,
     policy: str | Policy | None = None,
+    faults: FaultSchedule | None = None,
 ) -> RunOutcome:
     """Run ``program`` (one op list for every rank, or one list per rank) and return the outcome."""
     cluster = Cluster(get_gpu_kind(gpu), nodes, gpus_per_node, ranks_per_node)
@@ -50,6 +52,7 @@ def simulate(
         launcher=launcher,
         limits=limits or Limits(),
         policy=get_policy(policy) if isinstance(policy, str) else policy,
+        faults=faults or NO_FAULTS,
     )
     return Engine(config, keep_trace=keep_trace).run()
 
