@@ -85,6 +85,7 @@ class Scenario:
     variants: tuple[Variant, ...]
     expectations: tuple[Expectation, ...] = field(default_factory=tuple)
     faults: FaultSchedule = NO_FAULTS
+    recovery: Mapping[str, Any] | None = None  # raw [recovery] table, validated by simnccl.recovery
 
     def variant(self, name: str) -> Variant:
         for v in self.variants:
@@ -261,9 +262,20 @@ def parse_scenario(data: Mapping[str, Any], source: str, base_dir: Path | None =
 
     expectations = _expectations(top, source, [v.name for v in variants])
     faults = _faults(top, source, programs) if "faults" in top.table else NO_FAULTS
+    recovery = top.get("recovery", dict, None, what="a table ([recovery])")
     top.finish()
     return Scenario(
-        name, description, source, seed, cluster, launcher, programs, tuple(variants), tuple(expectations), faults
+        name,
+        description,
+        source,
+        seed,
+        cluster,
+        launcher,
+        programs,
+        tuple(variants),
+        tuple(expectations),
+        faults,
+        recovery,
     )
 
 
