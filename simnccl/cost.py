@@ -1,0 +1,396 @@
+"""``simnccl cost``: what a framework's startup costs per rank, on torch's default, legacy and every policy.
+
+    simnccl cost --workload megatron --tp 8 --pp 4 --dp 16 --gpu h100-80gb --release 2.15 [--policy P ...]
+
+Every number comes from simulating the startup (the workload generator's Programs through the engine), one
+run per column, never from a formula: the columns are torch's default on the release, the legacy rollback
+(``TORCH_DIST_USE_NCCL2=0``) and each built-in policy (or the ``--policy`` specs given). Rows, per rank and
+summarised as ``typical [min-max]`` over ranks (typical = the most common value):
+
+* ``new_group calls``: group-creation calls the rank's program makes (``new_group`` and ``split_group``);
+* ``groups held``: process groups the rank ends up a member of (the default group not counted);
+* ``singleton groups`` / ``duplicate groups``: of those, the 1-rank ones, and the ones whose rank set and
+  backend repeat a group the rank already held (the default group included);
+* ``NCCL comms at startup``: communicators that allocated GPU memory on the rank (fresh, split or pair);
+* ``NCCL MiB / device`` and ``used MiB / device``: the communicators' memory, and everything on the device
+  (CUDA context included) at the startup checkpoint.
+
+Framework knobs are the generator's own (``--tp 8``, ``--gloo false``, ``--hierarchical-cp 2,2``; a boolean
+may be given bare, ``--moe``, or negated, ``--no-gloo``); an unknown flag is bad input (exit 2). The world
+is the one the knobs pin down (tp*pp*dp ...), else ``--world``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+from simnccl.cluster import Cluster, ClusterError, get_gpu_kind
+from simnccl.engine import Engine, EngineGuardError, RunOutcome, SimConfig
+from simnccl.ops import NewGroup, Program, SplitGroup
+from simnccl.policy import BUILTIN, PolicyError, get_policy
+from simnccl.profiles import ProfileError, find_profile
+from simnccl.release import RELEASES, get_release
+from simnccl.workloads import GENERATORS, Generator, WorkloadError
+from simnccl.workloads._common import BOOL
+
+EXIT_OK, EXIT_BAD_INPUT = 0, 2
+LEGACY_ENV = {"TORCH_DIST_USE_NCCL2": "0"}
+CHECKPOINTS = ("startup", "before_memory_check")
+DEFAULT_POLICIES = tuple(name for name in BUILTIN if name not in ("torch-default", "legacy"))
+
+ROWS = (
+    ("calls", "new_group calls"),
+    ("groups", "groups held"),
+    ("singletons", "singleton groups"),
+    ("duplicates", "duplicate groups"),
+    ("comms", "NCCL comms at startup"),
+    ("nccl_mib", "NCCL MiB / device"),
+    ("used_mib", "used MiB / device"),
+)
+
+
+class CostError(ValueError):
+    """Bad input to ``simnccl cost``."""
+
+
+@dataclass(frozen=True, slots=True)
+class Column:
+    name: str
+    env: dict[str, str]
+    policy: str | None
+
+
+@dataclass(slots=True)
+class ColumnResult:
+    column: Column
+    verdict: str
+    per_rank: dict[str, list[float]]
+    wall_s: float
+    checkpoint: str | None
+    error: str = ""
+    summary: dict[str, tuple[float, float, float]] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "column": self.column.name,
+            "env": dict(self.column.env),
+            "policy": self.column.policy or "torch-default",
+            "verdict": self.verdict,
+            "error": self.error,
+            "checkpoint": self.checkpoint,
+            "wall_s": round(self.wall_s, 3),
+            "summary": {k: {"typical": t, "min": lo, "max": hi} for k, (t, lo, hi) in self.summary.items()},
+        }
+
+
+# ---------------------------------------------------------------------------------------------- arguments
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--workload", required=True, choices=sorted(GENERATORS), help="the framework generator")
+    parser.add_argument("--gpu", default="h100-80gb", help="GPU kind (default h100-80gb)")
+    parser.add_argument("--release", default="2.15", help="torch release (default 2.15)")
+    parser.add_argument("--gpus-per-node", type=int, default=8, help="GPUs (= ranks) per node (default 8)")
+    parser.add_argument("--world", type=int, default=None, help="world size, when the knobs don't pin it down")
+    parser.add_argument(
+        "--policy",
+        action="append",
+        help="policy columns (repeatable; default: every built-in policy); torch-default and legacy always show",
+    )
+    parser.add_argument("--json", action="store_true", help="print the columns as JSON")
+    parser.add_argument(
+        "--jobs", type=int, default=1, help="simulate up to N columns in parallel processes (default 1)"
+    )
+
+
+def parse_knobs(generator: Generator, extra: Sequence[str]) -> dict[str, object]:
+    """``--tp 8 --no-gloo --moe`` -> {"tp": 8, "gloo": False, "moe": True}, typed by the generator's params."""
+    knobs: dict[str, object] = {}
+    items = list(extra)
+    i = 0
+    while i < len(items):
+        token = items[i]
+        if not token.startswith("--") or len(token) < 3:
+            raise CostError(f"unexpected argument {token!r}; framework knobs are given as --name value")
+        text = token[2:]
+        value_text = None
+        if "=" in text:
+            text, value_text = text.split("=", 1)
+        name = text.replace("-", "_")
+        param = generator.param(name)
+        negated = False
+        if param is None and name.startswith("no_"):
+            param = generator.param(name[3:])
+            negated = param is not None and param.kind == BOOL and value_text is None
+            if not negated:
+                param = None
+        if param is None:
+            known = " ".join(f"--{p.name.replace('_', '-')}" for p in generator.params)
+            raise CostError(f"unknown option {token} for workload {generator.name!r}; its knobs are: {known}")
+        if negated:
+            knobs[param.name] = False
+            i += 1
+            continue
+        if value_text is None:
+            following = items[i + 1] if i + 1 < len(items) else None
+            if param.kind == BOOL and (following is None or following.startswith("--")):
+                knobs[param.name] = True
+                i += 1
+                continue
+            if following is None:
+                raise CostError(f"option {token} needs a value")
+            value_text = following
+            i += 1
+        try:
+            knobs[param.name] = param.parse_text(value_text)
+        except WorkloadError as err:
+            raise CostError(f"--{param.name.replace('_', '-')}: {err.message}") from None
+        i += 1
+    return knobs
+
+
+def columns_for(policies: Sequence[str] | None) -> list[Column]:
+    chosen = list(policies) if policies else list(DEFAULT_POLICIES)
+    out = [Column("torch-default", {}, None), Column("legacy", dict(LEGACY_ENV), None)]
+    for spec in chosen:
+        if spec == "torch-default":
+            continue
+        try:
+            get_policy(spec)
+        except PolicyError as err:
+            raise CostError(f"--policy: {err}") from None
+        out.append(Column(spec, {}, spec))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- measuring
+
+
+def _calls(program: Program) -> int:
+    return sum(1 for op in program.ops if isinstance(op, NewGroup | SplitGroup))
+
+
+def measure(outcome: RunOutcome, programs: Sequence[Program]) -> tuple[dict[str, list[float]], str | None]:
+    """Per-rank figures from a finished run (and the checkpoint the MiB rows are read at)."""
+    calls_by_program: dict[int, int] = {}
+    per_rank: dict[str, list[float]] = {key: [] for key, _ in ROWS}
+    checkpoint = next((c for c in CHECKPOINTS if c in outcome.checkpoints), None)
+    snaps = outcome.checkpoints.get(checkpoint, {}) if checkpoint else {}
+    comm_bytes: dict[int, int] = {}
+    comm_count: dict[int, set[str]] = {}
+    for ledger in outcome.ledgers.values():
+        for owner, held in ledger.by_owner.items():
+            if owner.kind != "comm":
+                continue
+            comm_bytes[owner.rank] = comm_bytes.get(owner.rank, 0) + held
+            if owner.phase in ("init", "p2p-pair"):
+                comm_count.setdefault(owner.rank, set()).add(owner.group)
+    for rt in outcome.ranks:
+        program = programs[rt.rank]
+        calls = calls_by_program.get(id(program))
+        if calls is None:
+            calls = calls_by_program[id(program)] = _calls(program)
+        seen: set[tuple[tuple[int, ...], str]] = set()
+        groups = singletons = duplicates = 0
+        for group in rt.groups:
+            key = (group.ranks, group.backend.requested)
+            if key in seen:
+                duplicates += 1
+            seen.add(key)
+            if group is rt.world:
+                continue
+            groups += 1
+            singletons += group.size == 1
+        device = None
+        if rt.current_device is not None:
+            device = f"n{rt.node}:cuda:{rt.current_device}"
+        snap = snaps.get(device) if device else None
+        if snap is not None:
+            used = snap.used_bytes / 2**20
+        elif device is not None and device in outcome.ledgers:
+            used = outcome.ledgers[device].used_bytes / 2**20
+        else:
+            used = 0.0
+        per_rank["calls"].append(calls)
+        per_rank["groups"].append(groups)
+        per_rank["singletons"].append(singletons)
+        per_rank["duplicates"].append(duplicates)
+        per_rank["comms"].append(len(comm_count.get(rt.rank, ())))
+        per_rank["nccl_mib"].append(comm_bytes.get(rt.rank, 0) / 2**20)
+        per_rank["used_mib"].append(used)
+    return per_rank, checkpoint
+
+
+def summarise(values: Sequence[float]) -> tuple[float, float, float]:
+    """(typical, min, max): typical is the most common value (the smaller one on a tie)."""
+    rounded = [round(v, 1) for v in values]
+    counts = Counter(rounded)
+    top = max(counts.values())
+    typical = min(v for v, n in counts.items() if n == top)
+    return typical, min(rounded), max(rounded)
+
+
+def run_column(programs: tuple[Program, ...], cluster: Cluster, release: str, column: Column) -> ColumnResult:
+    profile = find_profile(cluster.gpu.key, release)
+    config = SimConfig(
+        cluster=cluster,
+        release=get_release(release),
+        profile=profile,
+        programs=programs,
+        env=dict(column.env),
+        policy=get_policy(column.policy) if column.policy else None,
+    )
+    start = time.monotonic()
+    try:
+        outcome = Engine(config).run()
+    except EngineGuardError as err:
+        return ColumnResult(column, "error", {}, time.monotonic() - start, None, f"simulation stopped: {err}")
+    wall = time.monotonic() - start
+    per_rank, checkpoint = measure(outcome, programs)
+    error = ""
+    if outcome.errors:
+        first = outcome.errors[0]
+        error = f"rank {first['rank']}: {first['type']}: {first['message'].splitlines()[0]}"
+    elif outcome.hangs:
+        first = outcome.hangs[0]
+        error = f"rank {first['rank']} hangs in {first['op']}"
+    result = ColumnResult(column, outcome.verdict, per_rank, wall, checkpoint, error)
+    result.summary = {key: summarise(values) for key, values in per_rank.items() if values}
+    return result
+
+
+# ---------------------------------------------------------------------------------------------- output
+
+
+def _cell(summary: tuple[float, float, float] | None) -> str:
+    if summary is None:
+        return "-"
+    typical, lo, hi = summary
+
+    def fmt(v: float) -> str:
+        return f"{v:,.0f}" if float(v).is_integer() else f"{v:,.1f}"
+
+    return fmt(typical) if lo == hi else f"{fmt(typical)} [{fmt(lo)}-{fmt(hi)}]"
+
+
+def render(title: str, results: Sequence[ColumnResult]) -> str:
+    header = ["per rank", *(r.column.name for r in results)]
+    rows = [header]
+    for key, label in ROWS:
+        rows.append([label, *(_cell(r.summary.get(key)) for r in results)])
+    rows.append(["verdict", *(r.verdict for r in results)])
+    rows.append(["sim wall s", *(f"{r.wall_s:.2f}" for r in results)])
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    lines = [title]
+    for n, row in enumerate(rows):
+        cells = [row[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(row[1:], widths[1:], strict=True)]
+        lines.append("  ".join(cells).rstrip())
+        if n == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    notes = [f"{r.column.name}: {r.error}" for r in results if r.error]
+    checkpoints = sorted({r.checkpoint for r in results if r.checkpoint})
+    lines.append("")
+    lines.append(
+        "cells: typical [min-max] over ranks; MiB at checkpoint "
+        + (", ".join(repr(c) for c in checkpoints) or "(none: end of run)")
+        + "; legacy = TORCH_DIST_USE_NCCL2=0 (the same as policy 'legacy')"
+    )
+    lines += [f"  {n}" for n in notes]
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------- entry
+
+
+def _cluster(gpu: str, world: int, gpus_per_node: int) -> Cluster:
+    if gpus_per_node < 1:
+        raise CostError(f"--gpus-per-node: expected a positive integer, got {gpus_per_node}")
+    per_node = min(gpus_per_node, world)
+    if world % per_node:
+        raise CostError(f"a world of {world} ranks is not whole nodes of {gpus_per_node} GPUs (--gpus-per-node)")
+    try:
+        return Cluster(get_gpu_kind(gpu), world // per_node, per_node)
+    except ClusterError as err:
+        raise CostError(f"--gpu: {err}") from None
+
+
+def _run_columns(
+    programs: tuple[Program, ...], cluster: Cluster, release: str, columns: Sequence[Column], jobs: int
+) -> list[ColumnResult]:
+    """One simulation per column; with ``jobs > 1`` in worker processes (results in column order)."""
+    if jobs == 1 or len(columns) == 1:
+        return [run_column(programs, cluster, release, column) for column in columns]
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(max_workers=min(jobs, len(columns))) as pool:
+        futures = [pool.submit(run_column, programs, cluster, release, column) for column in columns]
+        return [f.result() for f in futures]
+
+
+def run(args: argparse.Namespace, extra: Sequence[str], out: TextIO | None = None) -> int:
+    out = out or sys.stdout
+    try:
+        generator = GENERATORS[args.workload]
+        knobs = parse_knobs(generator, extra)
+        if args.release not in RELEASES:
+            raise CostError(f"--release: unknown torch release {args.release!r}; expected one of {', '.join(RELEASES)}")
+        try:
+            natural = generator.world_for(knobs)
+        except WorkloadError as err:
+            raise CostError(f"--{err.key.replace('_', '-')}: {err.message}" if err.key else err.message) from None
+        world = args.world if args.world is not None else natural
+        if world is None:
+            raise CostError(
+                f"the {generator.name} knobs given do not pin the world size down; add --world N "
+                "(or the data-parallel knob)"
+            )
+        if world < 1:
+            raise CostError(f"--world: expected a positive integer, got {world}")
+        if args.world is not None and natural is not None and natural != args.world:
+            raise CostError(f"--world {args.world} does not match the {natural} ranks the knobs imply")
+        if "local_world_size" in {p.name for p in generator.params} and "local_world_size" not in knobs:
+            knobs["local_world_size"] = min(args.gpus_per_node, world)
+        cluster = _cluster(args.gpu, world, args.gpus_per_node)
+        try:
+            find_profile(cluster.gpu.key, args.release)
+        except ProfileError as err:
+            raise CostError(f"--gpu/--release: {err}") from None
+        try:
+            programs = generator(knobs, world)
+        except WorkloadError as err:
+            flag = f"--{err.key.replace('_', '-')}" if err.key else "arguments"
+            raise CostError(f"{flag}: {err.message}") from None
+        columns = columns_for(args.policy)
+    except CostError as err:
+        sys.stderr.write(f"error: {err}\n")
+        return EXIT_BAD_INPUT
+    if args.jobs < 1:
+        sys.stderr.write(f"error: --jobs: expected a positive integer, got {args.jobs}\n")
+        return EXIT_BAD_INPUT
+    results = _run_columns(programs, cluster, args.release, columns, args.jobs)
+    shown = " ".join(f"{k}={v}" for k, v in sorted(knobs.items()))
+    title = (
+        f"simnccl cost: {generator.framework} ({shown}) on {world} x {cluster.gpu.key} "
+        f"({cluster.nodes} node{'s' if cluster.nodes > 1 else ''} x {cluster.gpus_per_node}), torch "
+        f"{get_release(args.release).version}; {len({id(p) for p in programs})} distinct program(s)"
+    )
+    if args.json:
+        payload = {
+            "workload": generator.name,
+            "knobs": {k: list(v) if isinstance(v, tuple) else v for k, v in knobs.items()},
+            "world": world,
+            "gpu": cluster.gpu.key,
+            "release": args.release,
+            "columns": [r.to_dict() for r in results],
+        }
+        out.write(json.dumps(payload, indent=2) + "\n")
+    else:
+        out.write(render(title, results))
+    return EXIT_OK

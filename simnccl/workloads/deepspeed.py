@@ -1,0 +1,270 @@
+"""DeepSpeed startup: ``deepspeed.init_distributed`` on an eager ``device_id`` world, then the engine.
+
+Follows deepspeedai/DeepSpeed as ../shared/reference/framework-startup.md §5 describes it at edaa722
+(2026-08-22), read in ``deepspeed/comm/torch.py``, ``deepspeed/utils/groups.py`` (42b542a),
+``deepspeed/runtime/engine.py`` (``_configure_distributed_model``), ``deepspeed/runtime/pipe/module.py``,
+``deepspeed/runtime/pipe/topology.py`` (``ProcessTopology``, ``PipelineParallelGrid``) and
+``deepspeed/runtime/pipe/engine.py``:
+
+1. ``set_device(LOCAL_RANK)``; ``init_process_group(backend="nccl", timeout=30 min,
+   device_id=cuda:LOCAL_RANK)`` (torch >= 2.3): the world is eager and bound, so every later ``new_group``
+   is an ``ncclCommSplit`` over the whole world with a NOCOLOR split on non-members. Programs differ per
+   local rank (the ``device_id``) and, with a pipeline, per stage (the warm-up send/recv).
+2. Pipeline (``pp > 1``): ``PipelineModule`` creates ``world_group = new_group(range(W))`` (a duplicate of the
+   default group), then ``PipelineParallelGrid`` over ``PipeDataParallelTopology(pp, dp)`` (axes pipe, data;
+   ``PipeModelDataParallelTopology`` with ``mp > 1``): one model group per data index, the dp groups, the
+   pipe groups, and the slice groups (W singletons when mp == 1); tied-embedding groups (first and last
+   stage per data index) with ``tied_embeddings``.
+3. The engine's ``_configure_distributed_model``: MoE expert and expert-data groups
+   (``_create_expert_and_data_parallel``, legacy ordering, ``ep > 1``), the quantized-gradient local
+   all-to-all groups (``zero_quantized_gradients``), then the data-parallel group: the grid's with a
+   pipeline, else ``_clone_world_group()`` — another ``new_group(range(W))``. Then ``_broadcast_model`` (a
+   broadcast on the data-parallel group) unless ``zero_init`` (ZeRO-3's ``zero.Init``).
+4. ZeRO-3 with ``zero_hpz_partition_size > 1``: ``_create_zero_param_parallel_group`` (contiguous blocks),
+   when the optimizer is configured (after step 3).
+5. ``PipelineEngine``: an ``all_reduce`` of the parameter counts on the model group, then the warm-up
+   "send a 0" to the next stage / receive from the previous one, on the default group, by stage parity.
+
+Not modelled: the 1-bit / compressed communication backends' ``world_group``, MiCS, sequence parallelism,
+the ``mp_size > 1`` expert ordering, and ``deepspeed.comm`` timers.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+from simnccl.ops import AllReduce, Broadcast, Checkpoint, InitProcessGroup, NewGroup, Op, Recv, Send, SetDevice
+from simnccl.workloads._common import BOOL, INT, Config, Generator, Param, WorkloadError, programs_by_key
+
+Ranks = tuple[int, ...]
+
+DEFAULT_PG_TIMEOUT_S = 30 * 60.0
+
+PARAMS = (
+    Param("dp", INT, None, "data-parallel size (default: world / (pp*mp))", minimum=1),
+    Param("pp", INT, 1, "pipeline stages (PipelineModule num_stages); 1 = no pipeline engine", minimum=1),
+    Param("mp", INT, 1, "model (tensor-slicing) parallel size of the pipeline topology", minimum=1),
+    Param("zero_stage", INT, 2, "zero_optimization.stage", minimum=0, choices=(0, 1, 2, 3)),
+    Param("zero_init", BOOL, False, "ZeRO-3 zero.Init: the engine skips _broadcast_model"),
+    Param("zero_hpz_partition_size", INT, 1, "ZeRO++ hpZ secondary partition size (stage 3)", minimum=1),
+    Param("zero_quantized_gradients", BOOL, False, "ZeRO++ qgZ: the local all-to-all groups"),
+    Param("ep", INT, 1, "MoE expert-parallel size (deepspeed.moe.layer.MoE ep_size)", minimum=1),
+    Param("tied_embeddings", BOOL, False, "pipeline TiedLayerSpec on the first and last stage"),
+    Param("device_id", BOOL, True, "pass device_id to init_process_group (DeepSpeed does on torch >= 2.3)"),
+    Param("local_world_size", INT, 8, "processes per node (LOCAL_RANK = rank % local_world_size)", minimum=1),
+)
+
+
+def _sizes(config: Config, world_size: int) -> tuple[int, int, int]:
+    pp, mp = config["pp"], config["mp"]
+    if world_size % (pp * mp):
+        raise WorkloadError("pp", f"the world of {world_size} ranks is not divisible by pp*mp = {pp * mp}")
+    dp = config["dp"] if config["dp"] is not None else world_size // (pp * mp)
+    if dp * pp * mp != world_size:
+        raise WorkloadError(
+            "dp", f"pp*mp*dp = {pp * mp * dp} does not match the world of {world_size} ranks (pp={pp}, mp={mp})"
+        )
+    return pp, mp, dp
+
+
+def natural_world(config: Config) -> int | None:
+    return None if config["dp"] is None else config["dp"] * config["pp"] * config["mp"]
+
+
+def check(config: Config, world_size: int) -> None:
+    pp, mp, _ = _sizes(config, world_size)
+    if mp > 1 and pp == 1:
+        raise WorkloadError("mp", "mp applies to the pipeline topology; set pp > 1 (or leave mp at 1)")
+    ep = config["ep"]
+    if ep > 1:
+        if mp > 1:
+            raise WorkloadError("ep", "MoE with mp > 1 (the TP-strided expert ordering) is not modelled")
+        stride = world_size // pp
+        if stride % ep:
+            raise WorkloadError("ep", f"ep ({ep}) must divide the ranks per pipeline stage ({stride})")
+    hpz = config["zero_hpz_partition_size"]
+    if hpz > 1:
+        if config["zero_stage"] != 3:
+            raise WorkloadError("zero_hpz_partition_size", "hpZ needs zero_stage 3")
+        if world_size % min(hpz, world_size):
+            raise WorkloadError("zero_hpz_partition_size", f"the world of {world_size} is not divisible by {hpz}")
+    if config["zero_init"] and config["zero_stage"] != 3:
+        raise WorkloadError("zero_init", "zero.Init is a ZeRO stage 3 feature")
+    if config["tied_embeddings"] and pp == 1:
+        raise WorkloadError("tied_embeddings", "tied layers across stages need pp > 1")
+    if config["zero_quantized_gradients"]:
+        local = config["local_world_size"]
+        if world_size > local and world_size % local:
+            raise WorkloadError("zero_quantized_gradients", f"the world of {world_size} is not whole nodes of {local}")
+
+
+class Topology:
+    """``ProcessTopology``: row-major coordinates over named axes."""
+
+    def __init__(self, axes: tuple[str, ...], dims: tuple[int, ...]) -> None:
+        self.axes = axes
+        self.dims = dims
+        self.mapping = {coord: rank for rank, coord in enumerate(itertools.product(*(range(d) for d in dims)))}
+        self.coords = list(self.mapping)  # rank -> coordinate (row-major enumeration)
+
+    def coord(self, rank: int) -> tuple[int, ...]:
+        return self.coords[rank]
+
+    def axis_list(self, axis: str, idx: int) -> list[int]:
+        a = self.axes.index(axis)
+        return [r for c, r in self.mapping.items() if c[a] == idx]
+
+    def comm_lists(self, axis: str) -> list[Ranks]:
+        """``get_axis_comm_lists``: all combinations of the other axes (row-major), then along ``axis``."""
+        a = self.axes.index(axis)
+        other = [i for i in range(len(self.axes)) if i != a]
+        out = []
+        for fixed in itertools.product(*(range(self.dims[i]) for i in other)):
+            coord = [0] * len(self.axes)
+            for i, v in zip(other, fixed, strict=True):
+                coord[i] = v
+            group = []
+            for k in range(self.dims[a]):
+                coord[a] = k
+                group.append(self.mapping[tuple(coord)])
+            out.append(tuple(group))
+        return out
+
+
+def topology(config: Config, world_size: int) -> Topology:
+    pp, mp, dp = _sizes(config, world_size)
+    if mp > 1:
+        return Topology(("pipe", "data", "model"), (pp, dp, mp))
+    return Topology(("pipe", "data"), (pp, dp))
+
+
+def pipeline_groups(config: Config, world_size: int) -> list[tuple[str, list[Ranks]]]:
+    """(bind, groups) of PipelineModule + PipelineParallelGrid, in creation order."""
+    pp, mp, dp = _sizes(config, world_size)
+    topo = topology(config, world_size)
+    out = [("pipe_world", [tuple(range(world_size))])]
+    out.append(("model", [tuple(sorted(topo.axis_list("data", d))) for d in range(dp)]))
+    out.append(("data_parallel", topo.comm_lists("data")))
+    out.append(("pipe", topo.comm_lists("pipe")))
+    if mp == 1:
+        out.append(("slice", [(r,) for r in range(world_size)]))
+    else:
+        out.append(("slice", topo.comm_lists("model")))
+    if config["tied_embeddings"]:
+        tied = []
+        for d in range(dp):
+            for m in range(mp):
+                stages = (0, pp - 1)
+                ranks = []
+                for s in stages:
+                    coord = (s, d, m) if mp > 1 else (s, d)
+                    ranks.append(topo.mapping[coord])
+                tied.append(tuple(ranks))
+        out.append(("tied_embedding", tied))
+    return out
+
+
+def expert_groups(config: Config, world_size: int) -> list[tuple[str, list[Ranks]]]:
+    """``_create_expert_and_data_parallel`` (mp_size <= 1, expert-then-data ordering)."""
+    ep, pp = config["ep"], config["pp"]
+    stride = world_size // pp
+    edp = []
+    for start in range(0, world_size, stride):
+        for i in range(ep):
+            edp.append(tuple(range(start + i, start + stride, ep)))
+    eps = [tuple(range(i * ep, (i + 1) * ep)) for i in range(world_size // ep)]
+    return [("expert_data_parallel", edp), ("expert_parallel", eps)]
+
+
+def all_to_all_groups(config: Config, world_size: int) -> list[Ranks]:
+    """``_get_local_all_to_all_group`` with ``device_count()`` = local_world_size."""
+    per_node = config["local_world_size"]
+    num_local = world_size // per_node
+    if num_local == 0:
+        return [tuple(range(world_size))]
+    if num_local == 1:
+        return [tuple(range(per_node))]
+    groups = [tuple(j + per_node * i for j in range(per_node)) for i in range(num_local)]
+    groups += [tuple(i + j * per_node for j in range(num_local)) for i in range(per_node)]
+    return groups
+
+
+def _new_groups(bind: str, groups: list[Ranks], purpose: str) -> list[Op]:
+    return [NewGroup(ranks=g, bind=bind, purpose=purpose, traffic="collectives") for g in groups]
+
+
+def shared_ops(config: Config, world_size: int) -> list[Op]:
+    """Every group-creation call and collective, identical on every rank (the warm-up p2p comes after)."""
+    ops: list[Op] = []
+    pipeline = config["pp"] > 1
+    if pipeline:
+        for bind, groups in pipeline_groups(config, world_size):
+            ops += _new_groups(bind, groups, bind)
+    if config["ep"] > 1:
+        for bind, groups in expert_groups(config, world_size):
+            ops += _new_groups(bind, groups, bind)
+    if config["zero_quantized_gradients"]:
+        ops += _new_groups("local_all_to_all", all_to_all_groups(config, world_size), "zero_all_to_all")
+    if not pipeline:
+        ops += _new_groups("data_parallel", [tuple(range(world_size))], "dp")  # _clone_world_group()
+    if not config["zero_init"]:
+        ops.append(Broadcast(group="data_parallel"))  # _broadcast_model
+    hpz = config["zero_hpz_partition_size"]
+    if hpz > 1:
+        size = min(hpz, world_size)
+        ops += _new_groups(
+            "zero_param_intra", [tuple(range(i, i + size)) for i in range(0, world_size, size)], "zero_hpz"
+        )
+    if pipeline:
+        ops.append(AllReduce(group="model", size_bytes=16))  # the parameter-count all_reduce
+    return ops
+
+
+def warmup_ops(config: Config, world_size: int, rank: int, topo: Topology | None = None) -> list[Op]:
+    """PipelineEngine's "send a 0" between adjacent stages, on the default group, by stage parity."""
+    if config["pp"] == 1:
+        return []
+    topo = topo or topology(config, world_size)
+    coord = topo.coord(rank)
+    stage = coord[0]
+    last = config["pp"] - 1
+
+    def at(s: int) -> int:
+        return topo.mapping[(s, *coord[1:])]
+
+    send = [Send(peer=at(stage + 1), size_bytes=4)] if stage != last else []
+    recv = [Recv(peer=at(stage - 1), size_bytes=4)] if stage != 0 else []
+    return send + recv if stage % 2 == 0 else recv + send
+
+
+def build(config: Config, world_size: int):
+    shared = shared_ops(config, world_size)
+    local = config["local_world_size"]
+    use_device = config["device_id"]
+    pipeline = config["pp"] > 1
+    topo = topology(config, world_size) if pipeline else None
+
+    def key(rank: int):
+        device = rank % local if use_device else None
+        return (device, rank if pipeline else None)
+
+    def ops_for(k) -> list[Op]:
+        device, rank = k
+        init = InitProcessGroup(backend="nccl", device_id=device, timeout_s=DEFAULT_PG_TIMEOUT_S)
+        warm = warmup_ops(config, world_size, rank, topo) if rank is not None else []
+        return [SetDevice(), init, Checkpoint("after_init"), *shared, *warm, Checkpoint("startup")]
+
+    return programs_by_key(world_size, key, ops_for)
+
+
+GENERATOR = Generator(
+    name="deepspeed",
+    framework="DeepSpeed",
+    source="deepspeedai/DeepSpeed @ edaa722 (2026-08-22): deepspeed/comm/torch.py, deepspeed/utils/groups.py, "
+    "deepspeed/runtime/engine.py, deepspeed/runtime/pipe/{module,topology,engine}.py",
+    params=PARAMS,
+    build=build,
+    natural_world=natural_world,
+    check=check,
+    doc="ZeRO data parallel on an eager device_id world (world clone + broadcast), or the pipeline grid",
+)

@@ -1,0 +1,494 @@
+"""Megatron-Core startup: ``initialize_model_parallel`` on every rank, in Megatron's own order.
+
+Follows ``megatron/core/parallel_state.py`` of NVIDIA/Megatron-LM (read at 00caa53, the newest copy in the
+public index, which has hierarchical/hybrid CP, the all-gather group and the distributed-optimizer
+instances), with the 2026-08-22 additions (d98e8a6) that ../shared/reference/framework-startup.md §3
+describes: the GTP weight-rematerialisation groups (W singletons first, and W expert singletons before the
+expert groups, when ``gtp_remat`` is 1). ``megatron/training/initialize.py`` sets the device and calls
+``init_process_group(backend, world_size, rank, timeout)`` with no ``device_id``.
+
+* ``create_group`` is ``torch.distributed.new_group(ranks, timeout, backend, pg_options,
+  use_local_synchronization=False, group_desc)`` and **every rank calls it for every group**, so the call
+  list is rank-independent: all ranks share one Program (DESIGN rule 8).
+* Rank groups come from ``RankGenerator`` (order ``tp-cp-ep-dp-pp``; missing tokens appended) through
+  ``generate_masked_orthogonal_rank_groups``, re-implemented here (``masked_orthogonal_groups``); the expert
+  generator has ``cp=1`` and the expert sizes.
+* ``pg_options = get_nccl_options(name, nccl_comm_cfgs)``: a ``ProcessGroupNCCL.Options`` for names in
+  ``nccl_comm_cfgs`` (``high_priority_stream_groups`` add ``is_high_priority_stream``), else None. Only
+  ``is_high_priority_stream`` is modelled (``PgOptions``); ``cga_cluster_size``/``max_ctas``/``min_ctas``/
+  ``net_name`` are accepted and validated but change nothing in the simulation (documented gap).
+* Gloo twins (``create_gloo_process_groups``, default on): DP-with-CP, DP, expert-DP, the intra-partial
+  DP groups and the hierarchical expert-DP levels, created right after their NCCL group, with no options.
+* SHARP (``use_sharp``): ``NCCL_COLLNET_ENABLE`` is not modelled, the forced ``barrier`` on the DP-with-CP
+  group is (it is the one collective of the startup and materialises that communicator on lazy backends).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from simnccl.ops import NO_OPTIONS, Barrier, Checkpoint, InitProcessGroup, NewGroup, Op, PgOptions, SetDevice
+from simnccl.workloads._common import (
+    BOOL,
+    INT,
+    INT_LIST,
+    STR,
+    STR_LIST,
+    TABLE,
+    Config,
+    Generator,
+    Param,
+    WorkloadError,
+    same_for_all,
+)
+
+Ranks = tuple[int, ...]
+
+DEFAULT_ORDER = "tp-cp-ep-dp-pp"
+ORDER_TOKENS = ("tp", "pp", "dp", "ep", "cp")
+NCCL_CFG_NAMES = (
+    "dp",
+    "dp_cp",
+    "intra_dp_cp",
+    "cp",
+    "hcp",
+    "mp",
+    "tp",
+    "pp",
+    "embd",
+    "pos_embd",
+    "tp_dp_cp",
+    "tp_dp",
+    "tp_cp",
+    "ep",
+    "ep_tp",
+    "tp_ep_mp",
+    "tp_ep_pp",
+    "ep_dp",
+    "intra_ep_dp",
+    "inter_ep_dp",
+    "intra_dist_opt_instance",
+    "gtp_remat",
+)
+NCCL_CFG_KEYS = ("is_high_priority_stream", "cga_cluster_size", "max_ctas", "min_ctas", "net_name")
+
+PARAMS = (
+    Param("tp", INT, 1, "tensor_model_parallel_size", minimum=1),
+    Param("pp", INT, 1, "pipeline_model_parallel_size", minimum=1),
+    Param("cp", INT, 1, "context_parallel_size", minimum=1),
+    Param("dp", INT, None, "data-parallel size; Megatron derives it as world / (tp*pp*cp) (checked if given)", 1),
+    Param("ep", INT, 1, "expert_model_parallel_size", minimum=1),
+    Param("etp", INT, None, "expert_tensor_parallel_size (default: tp)", minimum=1),
+    Param("order", STR, DEFAULT_ORDER, "RankGenerator order"),
+    Param("hierarchical_cp", INT_LIST, None, "hierarchical_context_parallel_sizes (product must equal cp)", 1),
+    Param("hybrid_cp", BOOL, False, "hybrid_context_parallel: HYBRID_DP_CP groups of every power of 2"),
+    Param("num_distributed_optimizer_instances", INT, 1, "distributed-optimizer instances", minimum=1),
+    Param("gloo", BOOL, True, "create_gloo_process_groups"),
+    Param("all_gather_group", BOOL, False, "create_all_gather_group: a second DP-with-CP NCCL group"),
+    Param("use_sharp", BOOL, False, "SHARP on the dp group: a barrier on DP-with-CP right after it is created"),
+    Param("pipeline_comm_backend", STR, None, "pipeline_model_parallel_comm_backend", choices=(None, "nccl")),
+    Param("nccl_comm_cfgs", TABLE, None, "per-group NCCL options (the --nccl-communicator-config-path YAML)"),
+    Param("high_priority_stream_groups", STR_LIST, None, "group names whose options get is_high_priority_stream"),
+    Param("gtp_remat_groups", BOOL, True, "d98e8a6's GTP weight-remat groups (W singletons at gtp_remat=1)"),
+    Param("distributed_timeout_minutes", INT, 10, "--distributed-timeout-minutes (Megatron's default 10)", 1),
+    Param("backend", STR, "nccl", "--distributed-backend", choices=("nccl",)),
+)
+
+
+# ---------------------------------------------------------------------------------------------- rank arithmetic
+
+
+def _prefix_product(values: Sequence[int]) -> list[int]:
+    out = [1]
+    for v in values:
+        out.append(out[-1] * v)
+    return out
+
+
+def _decompose(index: int, shape: Sequence[int]) -> list[int]:
+    stride = _prefix_product(shape)
+    return [(index // d) % s for s, d in zip(shape, stride, strict=False)]
+
+
+def masked_orthogonal_groups(world_size: int, sizes: Sequence[int], mask: Sequence[bool]) -> list[Ranks]:
+    """``generate_masked_orthogonal_rank_groups``: global_rank = sum(idx[i] * stride[i]) over the order."""
+    masked_shape = [s for s, m in zip(sizes, mask, strict=True) if m]
+    unmasked_shape = [s for s, m in zip(sizes, mask, strict=True) if not m]
+    global_stride = _prefix_product(sizes)
+    masked_stride = [d for d, m in zip(global_stride, mask, strict=False) if m]
+    unmasked_stride = [d for d, m in zip(global_stride, mask, strict=False) if not m]
+    group_size = _prefix_product(masked_shape)[-1]
+    groups = []
+    for group_index in range(world_size // group_size):
+        base = sum(i * d for i, d in zip(_decompose(group_index, unmasked_shape), unmasked_stride, strict=True))
+        ranks = tuple(
+            base + sum(i * d for i, d in zip(_decompose(r, masked_shape), masked_stride, strict=True))
+            for r in range(group_size)
+        )
+        groups.append(ranks)
+    return groups
+
+
+class RankGenerator:
+    """Megatron's ``RankGenerator``: names to sizes, the order string, ``get_ranks("tp-dp")``."""
+
+    def __init__(self, tp: int, ep: int, dp: int, pp: int, cp: int, order: str) -> None:
+        if ep != 1 and cp != 1:
+            raise WorkloadError("cp", "both ep and cp > 1 in one rank generator (Megatron asserts against it)")
+        sizes = {"tp": tp, "pp": pp, "dp": dp, "ep": ep, "cp": cp}
+        tokens = order.lower().split("-")
+        for name, size in sizes.items():
+            if name not in tokens:
+                if size != 1:
+                    raise WorkloadError("order", f"the size of {name} is {size}, but the order {order!r} omits it")
+                tokens.append(name)
+        self.tokens = tokens
+        self.sizes = [sizes[t] for t in tokens]
+        self.world_size = tp * ep * dp * pp * cp
+        self._cache: dict[str, list[Ranks]] = {}
+
+    def get_ranks(self, token: str) -> list[Ranks]:
+        groups = self._cache.get(token)
+        if groups is None:
+            wanted = token.split("-")
+            mask = [t in wanted for t in self.tokens]
+            groups = self._cache[token] = masked_orthogonal_groups(self.world_size, self.sizes, mask)
+        return groups
+
+
+def _check_order(order: str) -> None:
+    tokens = order.lower().split("-")
+    bad = [t for t in tokens if t not in ORDER_TOKENS]
+    if bad or len(set(tokens)) != len(tokens):
+        raise WorkloadError(
+            "order", f"expected distinct tokens from {', '.join(ORDER_TOKENS)} joined by '-', got {order!r}"
+        )
+
+
+# ---------------------------------------------------------------------------------------------- sizes
+
+
+def _dp(config: Config, world_size: int) -> int:
+    model = config["tp"] * config["pp"] * config["cp"]
+    if world_size % model:
+        raise WorkloadError("tp", f"world_size ({world_size}) is not divisible by tp*pp*cp = {model}")
+    dp = world_size // model
+    if config["dp"] is not None and config["dp"] != dp:
+        raise WorkloadError(
+            "dp",
+            f"tp*pp*cp*dp = {model * config['dp']} does not match the world of {world_size} ranks "
+            f"(tp={config['tp']}, pp={config['pp']}, cp={config['cp']}, dp={config['dp']})",
+        )
+    return dp
+
+
+def natural_world(config: Config) -> int | None:
+    if config["dp"] is None:
+        return None
+    return config["tp"] * config["pp"] * config["cp"] * config["dp"]
+
+
+def check(config: Config, world_size: int) -> None:
+    _check_order(config["order"])
+    dp = _dp(config, world_size)
+    tp, pp, cp, ep = config["tp"], config["pp"], config["cp"], config["ep"]
+    etp = config["etp"] if config["etp"] is not None else tp
+    expert_model = etp * ep * pp
+    if world_size % expert_model:
+        raise WorkloadError(
+            "ep",
+            f"world_size ({world_size}) is not divisible by expert_tensor_model_pipeline size etp*ep*pp = "
+            f"{expert_model}",
+        )
+    edp = world_size // expert_model
+    instances = config["num_distributed_optimizer_instances"]
+    if (dp * cp) % instances:
+        raise WorkloadError(
+            "num_distributed_optimizer_instances", f"dp*cp = {dp * cp} is not divisible by {instances} instances"
+        )
+    if edp % instances:
+        raise WorkloadError(
+            "num_distributed_optimizer_instances", f"expert dp = {edp} is not divisible by {instances} instances"
+        )
+    hcp = config["hierarchical_cp"]
+    if hcp is not None:
+        product = 1
+        for s in hcp:
+            product *= s
+        if product != cp:
+            raise WorkloadError("hierarchical_cp", f"the product of {list(hcp)} is {product}, expected cp = {cp}")
+    if config["hybrid_cp"] and (dp * cp) % 2:
+        raise WorkloadError("hybrid_cp", f"hybrid context parallel needs an even dp*cp, got {dp * cp}")
+    order = config["order"]
+    if not (order.endswith("pp") or pp == 1 or edp == dp):
+        raise WorkloadError(
+            "order", "when pp is not last in the order, the attention and MoE data-parallel sizes must match"
+        )
+    decoder = RankGenerator(tp, 1, dp, pp, cp, order)
+    expert = RankGenerator(etp, ep, edp, pp, 1, order)
+    if decoder.get_ranks("pp") != expert.get_ranks("pp"):
+        raise WorkloadError("order", "pipeline groups differ between the dense and the expert rank generators")
+    cfgs = config["nccl_comm_cfgs"] or {}
+    for name, table in cfgs.items():
+        if name not in NCCL_CFG_NAMES:
+            raise WorkloadError(
+                f"nccl_comm_cfgs.{name}", f"unknown process-group name; expected one of {', '.join(NCCL_CFG_NAMES)}"
+            )
+        if not isinstance(table, dict):
+            raise WorkloadError(f"nccl_comm_cfgs.{name}", f"expected a table of NCCL options, got {table!r}")
+        for key, value in table.items():
+            if key not in NCCL_CFG_KEYS:
+                raise WorkloadError(
+                    f"nccl_comm_cfgs.{name}.{key}", f"unknown NCCL option; expected one of {', '.join(NCCL_CFG_KEYS)}"
+                )
+            if key == "is_high_priority_stream" and not isinstance(value, bool):
+                raise WorkloadError(f"nccl_comm_cfgs.{name}.{key}", f"expected a boolean, got {value!r}")
+    for name in config["high_priority_stream_groups"] or ():
+        if name not in NCCL_CFG_NAMES:
+            raise WorkloadError(
+                "high_priority_stream_groups",
+                f"unknown group name {name!r}; expected one of {', '.join(NCCL_CFG_NAMES)}",
+            )
+
+
+# ---------------------------------------------------------------------------------------------- the program
+
+
+def _nccl_options(config: Config) -> dict[str, PgOptions]:
+    """``get_nccl_options`` for every configured name (the ones not configured get None)."""
+    cfgs = {name: dict(table) for name, table in (config["nccl_comm_cfgs"] or {}).items()}
+    for name in config["high_priority_stream_groups"] or ():
+        cfgs.setdefault(name, {})["is_high_priority_stream"] = True
+    return {
+        name: PgOptions(is_high_priority_stream=bool(table.get("is_high_priority_stream", False)))
+        for name, table in cfgs.items()
+    }
+
+
+class _Ops:
+    """Appends ``create_group`` calls; one instance per startup, shared by every rank."""
+
+    def __init__(self, config: Config) -> None:
+        self.ops: list[Op] = []
+        self.options = _nccl_options(config)
+        self.timeout_s = config["distributed_timeout_minutes"] * 60.0
+
+    def create(
+        self,
+        ranks: Sequence[int],
+        desc: str,
+        bind: str,
+        *,
+        cfg: str | None,
+        purpose: str,
+        traffic: str = "collectives",
+        backend: str | None = None,
+        timeout: bool = True,
+    ) -> None:
+        options = self.options.get(cfg, NO_OPTIONS) if cfg is not None and backend != "gloo" else NO_OPTIONS
+        self.ops.append(
+            NewGroup(
+                ranks=tuple(ranks),
+                bind=bind,
+                backend=backend,
+                pg_options=options,
+                group_desc=desc,
+                timeout_s=self.timeout_s if timeout else None,
+                purpose=purpose,
+                traffic=traffic if backend != "gloo" else "collectives",
+            )
+        )
+
+
+def _hierarchical(ranks: Ranks, sizes: Sequence[int]) -> list[list[Ranks]]:
+    """``create_hierarchical_groups``: einops ``(l s u) -> (l u) s`` per level, u = prod(sizes[:level])."""
+    levels = []
+    for level, s in enumerate(sizes):
+        u = 1
+        for v in sizes[:level]:
+            u *= v
+        lo = len(ranks) // (s * u)
+        groups = []
+        for li in range(lo):
+            for ui in range(u):
+                groups.append(tuple(ranks[li * s * u + si * u + ui] for si in range(s)))
+        levels.append(groups)
+    return levels
+
+
+def startup_ops(config: Config, world_size: int) -> list[Op]:
+    """Every call of Megatron's startup, in order (the same list on every rank)."""
+    tp, pp, cp, ep = config["tp"], config["pp"], config["cp"], config["ep"]
+    etp = config["etp"] if config["etp"] is not None else tp
+    dp = _dp(config, world_size)
+    edp = world_size // (etp * ep * pp)
+    instances = config["num_distributed_optimizer_instances"]
+    gloo = config["gloo"]
+    decoder = RankGenerator(tp, 1, dp, pp, cp, config["order"])
+    expert = RankGenerator(etp, ep, edp, pp, 1, config["order"])
+    b = _Ops(config)
+    b.ops += [SetDevice(), InitProcessGroup(backend=config["backend"]), Checkpoint("after_init")]
+
+    if config["gtp_remat_groups"]:  # gtp_remat = 1: one singleton per rank, before everything else
+        for r in range(world_size):
+            b.create((r,), "GTP_WEIGHT_REMAT_GROUP", "gtp_remat", cfg="gtp_remat", purpose="gtp_remat")
+
+    intra = (dp * cp) // instances
+    for ranks in decoder.get_ranks("dp-cp"):
+        b.create(ranks, "DATA_PARALLEL_GROUP_WITH_CP", "dp_cp", cfg="dp_cp", purpose="dp")
+        if config["all_gather_group"]:
+            b.create(ranks, "DATA_PARALLEL_GROUP_WITH_CP_AG", "dp_cp_ag", cfg="dp_cp", purpose="dp")
+        if gloo:
+            b.create(ranks, "DATA_PARALLEL_GROUP_WITH_CP_GLOO", "dp_cp_gloo", cfg=None, purpose="dp", backend="gloo")
+        if instances > 1:
+            for i in range(instances):
+                part = ranks[i * intra : (i + 1) * intra]
+                b.create(
+                    part, "INTRA_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP", "intra_dp_cp", cfg="intra_dp_cp", purpose="dp"
+                )
+                if gloo:
+                    b.create(
+                        part,
+                        "INTRA_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP_GLOO",
+                        "intra_dp_cp_gloo",
+                        cfg=None,
+                        purpose="dp",
+                        backend="gloo",
+                    )
+    if config["use_sharp"]:
+        b.ops.append(Barrier(group="dp_cp"))
+
+    if config["hybrid_cp"]:
+        for ranks in decoder.get_ranks("dp-cp"):
+            size = 2
+            while size < len(ranks):  # [2**i for i in range(int(log2(len)))][1:]
+                for i in range(0, len(ranks), size):
+                    b.create(
+                        ranks[i : i + size],
+                        f"HYBRID_DP_CP_GROUP_{size}",
+                        f"hybrid_dp_cp_{size}",
+                        cfg="dp_cp",
+                        purpose="dp",
+                        timeout=False,
+                    )
+                size *= 2
+
+    for ranks in decoder.get_ranks("dp"):
+        b.create(ranks, "DATA_PARALLEL_GROUP", "dp", cfg="dp", purpose="dp")
+        if gloo:
+            b.create(ranks, "DATA_PARALLEL_GROUP_GLOO", "dp_gloo", cfg=None, purpose="dp", backend="gloo")
+
+    hcp = config["hierarchical_cp"]
+    for ranks in decoder.get_ranks("cp"):
+        b.create(ranks, "CONTEXT_PARALLEL_GROUP", "cp", cfg="cp", purpose="cp", traffic="p2p")
+        if hcp:
+            for level, groups in enumerate(_hierarchical(ranks, hcp)):
+                for sub in groups:
+                    b.create(
+                        sub,
+                        f"HIERARCHICAL_CONTEXT_PARALLEL_GROUP_L{level}",
+                        f"hcp_l{level}",
+                        cfg="hcp",
+                        purpose="cp",
+                        traffic="p2p",
+                    )
+
+    for ranks in decoder.get_ranks("tp-pp"):
+        b.create(ranks, "MODEL_PARALLEL_GROUP", "mp", cfg="mp", purpose="mp")
+    for ranks in decoder.get_ranks("tp"):
+        b.create(ranks, "TENSOR_MODEL_PARALLEL_GROUP", "tp", cfg="tp", purpose="tp")
+
+    pp_backend = config["pipeline_comm_backend"]
+    for ranks in decoder.get_ranks("pp"):
+        b.create(
+            ranks, "PIPELINE_MODEL_PARALLEL_GROUP", "pp", cfg="pp", purpose="pp", traffic="p2p", backend=pp_backend
+        )
+        embedding = (ranks[0],) if len(ranks) == 1 else (ranks[0], ranks[-1])
+        b.create(embedding, "EMBEDDING_GROUP", "embd", cfg="embd", purpose="embedding")
+        b.create((ranks[0],), "POSITION_EMBEDDING_GROUP", "pos_embd", cfg="pos_embd", purpose="position_embedding")
+
+    for ranks in decoder.get_ranks("tp-dp-cp"):
+        b.create(ranks, "TENSOR_AND_DATA_PARALLEL_GROUP_WITH_CP", "tp_dp_cp", cfg="tp_dp_cp", purpose="tp_dp_cp")
+    for ranks in decoder.get_ranks("tp-dp"):
+        b.create(ranks, "TENSOR_AND_DATA_PARALLEL_GROUP", "tp_dp", cfg="tp_dp", purpose="tp_dp")
+    for ranks in decoder.get_ranks("tp-cp"):
+        b.create(ranks, "TENSOR_AND_CONTEXT_PARALLEL_GROUP", "tp_cp", cfg="tp_cp", purpose="tp_cp")
+
+    if config["gtp_remat_groups"]:  # expert gtp_remat = 1: W singletons again
+        for r in range(world_size):
+            b.create((r,), "EXPERT_GTP_WEIGHT_REMAT_GROUP", "expert_gtp_remat", cfg="gtp_remat", purpose="gtp_remat")
+
+    for ranks in expert.get_ranks("ep"):
+        b.create(ranks, "EXPERT_MODEL_PARALLEL_GROUP", "ep", cfg="ep", purpose="ep")
+    for ranks in expert.get_ranks("tp"):
+        b.create(ranks, "EXPERT_TENSOR_PARALLEL_GROUP", "etp", cfg="ep_tp", purpose="etp")
+    for ranks in expert.get_ranks("tp-ep"):
+        b.create(ranks, "EXPERT_TENSOR_AND_MODEL_PARALLEL_GROUP", "tp_ep", cfg="tp_ep_mp", purpose="tp_ep")
+    for ranks in expert.get_ranks("tp-ep-pp"):
+        b.create(ranks, "EXPERT_TENSOR_MODEL_PIPELINE_PARALLEL_GROUP", "tp_ep_pp", cfg="tp_ep_pp", purpose="tp_ep_pp")
+
+    intra_edp = edp // instances
+    for ranks in expert.get_ranks("dp"):
+        b.create(ranks, "EXPERT_DATA_PARALLEL_GROUP", "edp", cfg="ep_dp", purpose="edp")
+        if gloo:
+            b.create(
+                ranks,
+                "EXPERT_DATA_PARALLEL_GROUP_GLOO",
+                "edp_gloo",
+                cfg=None,
+                purpose="edp",
+                backend="gloo",
+                timeout=False,
+            )
+        if instances > 1:
+            cfg_names = ("intra_ep_dp", "inter_ep_dp")
+            for level, groups in enumerate(_hierarchical(ranks, (intra_edp, instances))):
+                for sub in groups:
+                    b.create(
+                        sub,
+                        f"HIERARCHICAL_EXPERT_DATA_PARALLEL_GROUP_L{level}",
+                        f"edp_l{level}",
+                        cfg=cfg_names[level],
+                        purpose="edp",
+                    )
+                    if gloo:
+                        b.create(
+                            sub,
+                            f"HIERARCHICAL_EXPERT_DATA_PARALLEL_GROUP_GLOO_L{level}",
+                            f"edp_gloo_l{level}",
+                            cfg=None,
+                            purpose="edp",
+                            backend="gloo",
+                        )
+
+    batch: list[int] = []
+    for index, ranks in enumerate(expert.get_ranks("tp-ep-pp"), start=1):
+        batch.extend(ranks)
+        if index % intra_edp == 0:
+            b.create(
+                batch,
+                "INTRA_DISTRIBUTED_OPTIMIZER_INSTANCE_GROUP",
+                "intra_dist_opt",
+                cfg="intra_dist_opt_instance",
+                purpose="dp",
+            )
+            batch = []
+
+    b.ops.append(Checkpoint("startup"))
+    return b.ops
+
+
+def build(config: Config, world_size: int):
+    return same_for_all(world_size, startup_ops(config, world_size))
+
+
+GENERATOR = Generator(
+    name="megatron",
+    framework="Megatron-Core",
+    source="NVIDIA/Megatron-LM megatron/core/parallel_state.py @ 00caa53 (+ d98e8a6 GTP groups, 2026-08-22)",
+    params=PARAMS,
+    build=build,
+    natural_world=natural_world,
+    check=check,
+    doc="initialize_model_parallel: every rank creates every group (NCCL + gloo twins), in Megatron's order",
+)

@@ -1,0 +1,168 @@
+"""``simnccl cost``: per-rank startup cost tables for each framework, computed by simulation; bad input exits 2."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from simnccl import cost
+from simnccl.cli import main
+from simnccl.workloads import GENERATORS
+
+
+def cost_json(capsys, *argv: str) -> dict:
+    assert main(["cost", *argv, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def column(payload: dict, name: str) -> dict:
+    (found,) = [c for c in payload["columns"] if c["column"] == name]
+    return found
+
+
+def typical(col: dict, row: str) -> float:
+    return col["summary"][row]["typical"]
+
+
+def test_megatron_table_side_by_side(capsys) -> None:
+    assert (
+        main(
+            [
+                "cost",
+                "--workload",
+                "megatron",
+                "--tp",
+                "8",
+                "--pp",
+                "2",
+                "--dp",
+                "2",
+                "--gpu",
+                "h100-80gb",
+                "--release",
+                "2.15",
+                "--policy",
+                "dedupe",
+            ]
+        )
+        == 0
+    )
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert lines[0].startswith("simnccl cost: Megatron-Core (dp=2 pp=2 tp=8) on 32 x h100-80gb (4 nodes x 8)")
+    header = lines[1].split()
+    assert header[-3:] == ["torch-default", "legacy", "dedupe"]
+    rows = {line[:21].strip(): line[21:].split() for line in lines[3:12]}
+    assert rows["new_group calls"] == ["297", "297", "297"]
+    # 18 NCCL groups + the default group; first-stage ranks add the position-embedding singleton
+    assert rows["NCCL comms at startup"] == ["19", "[19-20]", "0", "8"]
+    assert rows["used MiB / device"] == ["4,783.1", "[4,783.1-5,014.2]", "392", "2,240.9"]
+    assert rows["verdict"] == ["pass", "pass", "pass"]
+    assert "MiB at checkpoint 'startup'" in out
+
+
+def test_megatron_json_rows_from_the_simulation(capsys) -> None:
+    payload = cost_json(capsys, "--workload", "megatron", "--tp", "4", "--policy", "skip-single-rank", "--world", "8")
+    assert payload["world"] == 8 and payload["knobs"]["tp"] == 4
+    default, legacy, skip = payload["columns"]
+    assert [default["column"], legacy["column"], skip["column"]] == ["torch-default", "legacy", "skip-single-rank"]
+    assert legacy["env"] == {"TORCH_DIST_USE_NCCL2": "0"}
+    assert typical(default, "calls") == 95
+    assert typical(default, "groups") == 22 and typical(default, "singletons") == 7
+    assert typical(default, "duplicates") == 18
+    assert typical(default, "comms") == 20 and typical(legacy, "comms") == 0
+    assert typical(skip, "comms") == 13  # the 7 singletons are fake
+    assert typical(default, "used_mib") == pytest.approx(392 + 20 * 231.1111, abs=0.1)
+
+
+def test_every_framework_has_a_cost_table(capsys) -> None:
+    cases = {
+        "vllm": (["--tp", "8"], 7, "before_memory_check"),
+        "sglang": (["--tp", "8"], 8, "startup"),
+        "megatron": (["--tp", "8", "--dp", "1"], 20, "startup"),
+        "torchtitan": (["--tp", "2", "--world", "8"], 8, "startup"),
+        "deepspeed": (["--world", "8"], 2, "startup"),
+    }
+    assert sorted(cases) == sorted(GENERATORS)
+    for name, (knobs, comms, checkpoint) in cases.items():
+        payload = cost_json(capsys, "--workload", name, *knobs, "--policy", "dedupe")
+        default = column(payload, "torch-default")
+        assert default["verdict"] == "pass", name
+        assert default["checkpoint"] == checkpoint, name
+        assert typical(default, "comms") == comms, name
+        assert column(payload, "dedupe")["summary"]["comms"]["max"] <= comms, name
+
+
+def test_boolean_knobs_and_lists(capsys) -> None:
+    base = cost_json(
+        capsys, "--workload", "vllm", "--dp", "8", "--tp", "1", "--moe", "--enable-eplb", "--policy", "torch-default"
+    )
+    assert [c["column"] for c in base["columns"]] == ["torch-default", "legacy"]
+    assert typical(column(base, "torch-default"), "comms") == 9  # default + world, tp, dcp, pcp, pp, dp, ep, eplb
+    no_gloo = cost_json(
+        capsys,
+        "--workload",
+        "megatron",
+        "--tp",
+        "2",
+        "--cp",
+        "4",
+        "--hierarchical-cp",
+        "2,2",
+        "--no-gloo",
+        "--world",
+        "8",
+        "--policy",
+        "torch-default",
+    )
+    assert no_gloo["knobs"]["gloo"] is False and no_gloo["knobs"]["hierarchical_cp"] == [2, 2]
+    # 21 groups, no gloo twins: GTP, DP-CP, DP, CP, HCP L0, HCP L1, MP, TP, PP, EMB, POS, TP-DP-CP, TP-DP, TP-CP,
+    # expert GTP, EP, ETP, TP-EP, TP-EP-PP, expert DP, INTRA
+    assert typical(column(no_gloo, "torch-default"), "groups") == 21
+    assert typical(column(no_gloo, "torch-default"), "comms") == 22
+
+
+@pytest.mark.parametrize(
+    ("argv", "text"),
+    [
+        (["--workload", "megatron", "--tp", "8", "--frobnicate", "3"], "unknown option --frobnicate"),
+        (["--workload", "megatron", "--tp", "8"], "add --world"),
+        (["--workload", "megatron", "--tp", "eight", "--dp", "1"], "--tp: expected an integer"),
+        (["--workload", "megatron", "--tp", "8", "--dp", "2", "--pp", "3", "--world", "16"], "does not match"),
+        (["--workload", "megatron", "--tp", "3", "--world", "8"], "--tp: world_size (8) is not divisible"),
+        (["--workload", "vllm", "--tp", "8", "--policy", "fastest"], "--policy: unknown policy 'fastest'"),
+        (["--workload", "vllm", "--tp", "8", "--release", "3.0"], "unknown torch release '3.0'"),
+        (["--workload", "vllm", "--tp", "8", "--gpu", "tpu"], "--gpu"),
+        (["--workload", "vllm", "--tp", "12"], "not whole nodes of 8"),
+        (["--workload", "vllm", "--tp"], "needs a value"),
+        (["--workload", "vllm", "stray"], "unexpected argument 'stray'"),
+    ],
+)
+def test_bad_input_exits_2_with_a_message(capsys, argv: list[str], text: str) -> None:
+    assert main(["cost", *argv]) == cost.EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert text in err, err
+
+
+def test_unknown_workload_and_other_commands_keep_argparse_errors(capsys) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["cost", "--workload", "jax"])
+    assert info.value.code == 2
+    with pytest.raises(SystemExit) as info:
+        main(["run", "--tp", "8"])
+    assert info.value.code == 2
+    assert "unrecognized arguments: --tp" in capsys.readouterr().err
+
+
+def test_parallel_columns_match_serial(capsys) -> None:
+    argv = ["--workload", "sglang", "--tp", "8", "--policy", "dedupe", "--policy", "lazy-init"]
+    serial = cost_json(capsys, *argv)
+    parallel = cost_json(capsys, *argv, "--jobs", "2")
+    strip = [{k: v for k, v in c.items() if k != "wall_s"} for c in serial["columns"]]
+    assert strip == [{k: v for k, v in c.items() if k != "wall_s"} for c in parallel["columns"]]
+
+
+def test_summarise_is_typical_min_max() -> None:
+    assert cost.summarise([21, 21, 22, 20, 21]) == (21, 20, 22)
+    assert cost.summarise([1, 2]) == (1, 1, 2)  # a tie takes the smaller value
