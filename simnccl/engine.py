@@ -1272,6 +1272,10 @@ class Engine:
             meeting.result = self.env.event()
             cohort = Cohort(start=start, counter=rt.counter, meeting=meeting, history=rt.history)
             self._cohorts[start] = cohort
+            if not self._opens_with_world_split(rt, rt.program.ops[start]):
+                # Waiting for every rank is only right when the first call is itself world-wide (a split of
+                # the bound default group); a local or members-only creation must not synchronise anyone.
+                cohort.broken = True
         if cohort.broken or not self._cohort_eligible(rt, cohort):
             self._break_cohort(cohort)
             yield from self._one_call(rt)
@@ -1286,6 +1290,28 @@ class Engine:
             return
         self._resume_from_block(rt, cohort)
 
+    def _opens_with_world_split(self, rt: RankRuntime, op: Op) -> bool:
+        """Whether this call is, for this rank, a split of the default group (which every rank joins)."""
+        if rt.world is None or rt.pending:
+            return False
+        if isinstance(op, SplitGroup):
+            parent = rt.world.comm_for("cuda")
+            return parent is not None and parent.ready and lifecycle(parent.impl).communicates
+        assert isinstance(op, NewGroup)
+        if self._policy_active:
+            members = self._members(op)
+            if not isinstance(members, Members):
+                return False
+            decision = decide_group(self.policy, self._group_request(rt, op, members.ranks))
+            if decision.reuse is not None:
+                return False
+            op = self._effective_op(rt, op, members, decision) or op
+        try:
+            plan = self._plan_new_group(rt, op, rt.counter)
+        except TorchError:
+            return False
+        return plan.nocolor_split_on is not None or any(c.split_from is not None for c in plan.comms)
+
     def _one_call(self, rt: RankRuntime) -> Waiting:
         """The ordinary path for the op at pc, used when a cohort can't take it."""
         op = rt.program.ops[rt.pc]
@@ -1299,10 +1325,15 @@ class Engine:
         world = rt.world
         if world is None or rt.pending or rt.counter != cohort.counter:
             return False
-        if self._policy_active and (rt.history is not cohort.history or not self.policy.rank_independent):
-            return False
-        parent = world.comm_for("cuda")
-        return parent is None or parent.ready
+        if self._policy_active:
+            history = cohort.history
+            assert history is not None
+            same = rt.history is history or (rt.history.calls == history.calls and rt.history.digest == history.digest)
+            if not same or not self.policy.rank_independent:
+                return False
+        # A lazy (unbound) default group is fine: its new_groups are local lazy creations, which a block takes;
+        # _block_plans stops the block at anything it cannot take (an eager fresh bootstrap).
+        return True
 
     def _break_cohort(self, cohort: Cohort) -> None:
         if cohort.broken:
@@ -1326,9 +1357,12 @@ class Engine:
         failed = False
         while pc < len(ops) and _starts_block(ops[pc]) and not failed:
             op = ops[pc]
+            decided: tuple[GroupRequest, GroupDecision] | None = None
             if self._policy_active and isinstance(op, NewGroup):
-                effective, decision = self._block_policy(cohort, op)
+                effective, decision, request = self._block_policy(cohort, op)
                 if effective is None:  # reused by every caller: no torch call, no counter, no split
+                    assert cohort.history is not None and request is not None
+                    cohort.history.record(request, decision)
                     self._block_reuse(op, decision)
                     if op.bind:
                         binds.add(op.bind)
@@ -1336,9 +1370,13 @@ class Engine:
                     pc += 1
                     continue
                 op = effective
+                decided = (request, decision) if request is not None else None
             plans = self._block_plans(op, counter)
             if plans is None:
-                break
+                break  # nothing recorded: the ranks decide this call again, one by one
+            if decided is not None:
+                assert cohort.history is not None
+                cohort.history.record(*decided)
             is_split = any(
                 p.nocolor_split_on is not None or any(c.split_from is not None for c in p.comms) for p in plans.values()
             )
@@ -1380,20 +1418,20 @@ class Engine:
         event = cohort.meeting.result
         self.env.timeout(clock - self.env.now).callbacks.append(lambda _ev: event.succeed())
 
-    def _block_policy(self, cohort: Cohort, op: NewGroup) -> tuple[NewGroup | None, GroupDecision]:
-        """A rank-independent policy decides once for the whole block, on the history all ranks share."""
+    def _block_policy(self, cohort: Cohort, op: NewGroup) -> tuple[NewGroup | None, GroupDecision, GroupRequest | None]:
+        """A rank-independent policy decides once for the whole block, on the history all ranks share.
+        Recording is the caller's, once it knows the block takes the op."""
         members = self._members(op)
         if not isinstance(members, Members):
-            return op, unchanged_decision(op)
-        assert cohort.history is not None
+            return op, unchanged_decision(op), None
         rt = self.ranks[members.ranks[0]]
-        request = self._group_request(rt, op, members.ranks)
+        assert cohort.history is not None
+        request = replace(self._group_request(rt, op, members.ranks), history=cohort.history)
         decision = decide_group(self.policy, request)
         self._check_consistent(rt, request, decision)
-        cohort.history.record(request, decision)
         if decision.reuse is not None:
-            return None, decision
-        return self._effective_op(rt, op, members, decision), decision
+            return None, decision, request
+        return self._effective_op(rt, op, members, decision), decision, request
 
     def _block_reuse(self, op: NewGroup, decision: GroupDecision) -> None:
         members = self._members(op)
@@ -1492,8 +1530,11 @@ class Engine:
             self._charge(rt, comm, lifecycle(comm.impl).init_charges(self._costs(rt), comm, rt.ctx.env), op, group)
 
     def _resume_from_block(self, rt: RankRuntime, cohort: Cohort) -> None:
-        """Bring one rank's own state to the end of the block (counter, parent sequence, handles)."""
+        """Bring one rank's own state to the end of the block (counter, parent sequence, handles, history)."""
         rt.counter = cohort.counter_end
+        if cohort.history is not None:
+            rt.history = cohort.history  # equal content (checked on arrival): share one object again,
+            rt.history_shared = True  # copied on this rank's next own record (the owner's too)
         parent = rt.world.comm_for("cuda") if rt.world is not None else None
         if parent is not None:
             parent.seq += cohort.splits

@@ -69,10 +69,12 @@ class History:
     calls: int = 0
     eager_by_rank: dict[int, int] = field(default_factory=dict)
     created: dict[tuple[tuple[int, ...], str, PgOptions], int] = field(default_factory=dict)
+    digest: int = 0  # a running hash of every recorded call: equal histories compare in O(1)
 
     def record(self, request: GroupRequest, decision: GroupDecision) -> None:
         """Add one call (made by this process, member or not) and what was decided for it."""
         self.calls += 1
+        self.digest = hash((self.digest, request.kind, request.ranks, request.backend, decision.key()))
         if decision.reuse is not None:
             return
         key = (request.ranks, decision.backend or "", decision.pg_options)
@@ -82,7 +84,7 @@ class History:
                 self.eager_by_rank[r] = self.eager_by_rank.get(r, 0) + 1
 
     def copy(self) -> History:
-        return History(self.calls, dict(self.eager_by_rank), dict(self.created))
+        return History(self.calls, dict(self.eager_by_rank), dict(self.created), self.digest)
 
 
 def creates_eager_nccl(request: GroupRequest, decision: GroupDecision) -> bool:

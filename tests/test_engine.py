@@ -508,3 +508,17 @@ def test_cohort_path_and_rank_by_rank_path_agree_on_oom() -> None:
     separate = simulate([list(program), list(program)], gpu="rtx3060-12gb", gpus_per_node=2)
     assert shared.verdict == "fail"
     assert _observable(shared) == _observable(separate)
+
+
+@pytest.mark.parametrize("policy", ["torch-default", "legacy", "lazy-init", "dedupe", "skip-single-rank", "budget(700)"])
+def test_cohort_and_rank_by_rank_agree_on_a_megatron_startup_under_policies(policy) -> None:
+    """gloo twins break blocks and policies keep per-rank histories: the fast path must still agree."""
+    from simnccl.workloads import GENERATORS
+
+    programs = GENERATORS["megatron"]({"tp": 2, "pp": 2}, 16)
+    shared = simulate([p.ops for p in programs], nodes=2, gpus_per_node=8, policy=policy)
+    separate = simulate([list(p.ops) for p in programs], nodes=2, gpus_per_node=8, policy=policy)
+    assert shared.verdict == "pass"
+    assert _observable(shared) == _observable(separate)
+    handles = {r: sorted(rt.handles) for r, rt in enumerate(shared.ranks)}
+    assert all("dp_gloo" in names for names in handles.values())  # gloo twins exist under every policy

@@ -435,8 +435,8 @@ def test_unknown_policy(write_scenario, where: str) -> None:
 
 
 def test_unknown_workload_generator(write_scenario) -> None:
-    text = TINY.split("[workload]")[0] + '[workload]\ngenerator = "megatron"\nargs = { tp = 2 }\n'
-    _assert_error(write_scenario(text), "workload.generator", "unknown workload generator 'megatron'", "use steps")
+    text = TINY.split("[workload]")[0] + '[workload]\ngenerator = "jax"\nargs = { tp = 2 }\n'
+    _assert_error(write_scenario(text), "workload.generator", "unknown workload generator 'jax'", "megatron")
 
 
 @pytest.mark.parametrize(

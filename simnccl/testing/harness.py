@@ -36,7 +36,10 @@ def simulate(
     """Run ``program`` (one op list for every rank, or one list per rank) and return the outcome."""
     cluster = Cluster(get_gpu_kind(gpu), nodes, gpus_per_node, ranks_per_node)
     if program and not isinstance(program[0], Op):
-        per_rank = [Program(tuple(ops)) for ops in program]  # type: ignore[arg-type]
+        # The same op list object for several ranks becomes one shared Program (DESIGN rule 8: the engine's
+        # fast path needs it); equal but distinct lists stay distinct, which forces the rank-by-rank path.
+        shared_by_id: dict[int, Program] = {}
+        per_rank = [shared_by_id.setdefault(id(ops), Program(tuple(ops))) for ops in program]  # type: ignore[arg-type]
         if len(per_rank) != cluster.world_size:
             raise ValueError(f"{len(per_rank)} programs for a world of {cluster.world_size}")
     else:
