@@ -6,6 +6,7 @@ useless; "n0:cuda:1 at after_new_groups: 2103.4 MiB above after_init, expected 2
 
 from __future__ import annotations
 
+from simnccl.memory import to_mib
 from simnccl.result import ExpectationResult, VariantResult
 from simnccl.scenario import Expectation
 
@@ -40,10 +41,62 @@ def check(expectation: Expectation, variant: VariantResult) -> list[ExpectationR
                 key, ok, f"hang {shown}, expected {expectation.detected_at_s:g} s ± {expectation.tolerance_s:g}"
             )
         )
+    results.extend(_check_recovery(expectation, variant))
     if expectation.hang_ranks is not None:
         hung = sorted(h["rank"] for h in variant.outcome.hangs)
         ok = hung == sorted(expectation.hang_ranks)
         results.append(ExpectationResult(key, ok, f"hung ranks {hung}, expected {sorted(expectation.hang_ranks)}"))
+    return results
+
+
+def _check_recovery(expectation: Expectation, variant: VariantResult) -> list[ExpectationResult]:
+    """Recovery runs (simnccl.recovery): committed and lost steps, replacements, when the fault was acted on."""
+    key = expectation.key
+    wanted = (
+        expectation.committed_steps,
+        expectation.lost_steps,
+        expectation.replacement_devices,
+        expectation.fault_detected_at_s,
+    )
+    if all(v is None for v in wanted):
+        return []
+    report = getattr(variant.outcome, "recovery", None)
+    if report is None:
+        return [ExpectationResult(key, False, "not a recovery run (the scenario has no [recovery] table)")]
+    results = []
+    if expectation.committed_steps is not None:
+        ok = report.committed_steps == expectation.committed_steps
+        got = f"{report.committed_steps}/{report.steps} steps committed"
+        results.append(ExpectationResult(key, ok, f"{got}, expected {expectation.committed_steps}"))
+    if expectation.lost_steps is not None:
+        ok = report.lost_steps == expectation.lost_steps
+        results.append(
+            ExpectationResult(key, ok, f"{report.lost_steps} steps lost and re-done, expected {expectation.lost_steps}")
+        )
+    if expectation.replacement_devices is not None:
+        got = list(report.replacement_devices)
+        held = []
+        for device in got:  # the replacement's communicators must be charged to its own device
+            ledger = variant.outcome.ledgers.get(device)
+            comm = sum(b for o, b in ledger.by_owner.items() if o.kind == "comm") if ledger is not None else 0
+            ranks = sorted({o.rank for o in ledger.by_owner if o.kind == "comm"}) if ledger is not None else []
+            held.append((device, comm, ranks))
+        ok = got == list(expectation.replacement_devices) and all(comm > 0 for _, comm, _ in held)
+        shown = ", ".join(f"{d} holds {to_mib(c):.1f} MiB of communicators of ranks {r}" for d, c, r in held)
+        results.append(
+            ExpectationResult(
+                key, ok, f"replacements {got} ({shown or 'none'}), expected {list(expectation.replacement_devices)}"
+            )
+        )
+    if expectation.fault_detected_at_s is not None:
+        at = report.fault_detected_at_s
+        ok = at is not None and abs(at - expectation.fault_detected_at_s) <= expectation.tolerance_s
+        shown = "no fault acted on" if at is None else f"fault acted on at {at:.6f} s"
+        results.append(
+            ExpectationResult(
+                key, ok, f"{shown}, expected {expectation.fault_detected_at_s:g} s ± {expectation.tolerance_s:g}"
+            )
+        )
     return results
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from simnccl.engine import Engine, Limits, SimConfig
 from simnccl.expect import check
 from simnccl.policy import get_policy
+from simnccl.recovery import run_recovery
 from simnccl.release import get_release
 from simnccl.result import ScenarioResult, VariantResult
 from simnccl.scenario import Scenario, Variant
@@ -32,8 +33,12 @@ def config_for(scenario: Scenario, variant: Variant, limits: Limits | None = Non
 def run_variant(
     scenario: Scenario, variant: Variant, *, keep_trace: bool = False, limits: Limits | None = None
 ) -> VariantResult:
-    engine = Engine(config_for(scenario, variant, limits), keep_trace=keep_trace)
-    outcome = engine.run()
+    config = config_for(scenario, variant, limits)
+    if scenario.recovery is not None:  # a training loop run segment by segment by the recovery orchestrator
+        outcome, explanations = run_recovery(scenario, config, keep_trace=keep_trace)
+    else:
+        engine = Engine(config, keep_trace=keep_trace)
+        outcome, explanations = engine.run(), engine.explanations
     result = VariantResult(
         name=variant.name,
         description=variant.description,
@@ -43,7 +48,7 @@ def run_variant(
         env=dict(variant.env),
         policy=variant.policy,
         outcome=outcome,
-        explanations=engine.explanations,
+        explanations=explanations,
     )
     for expectation in scenario.expectations:
         if variant.name in expectation.variants:

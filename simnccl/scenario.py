@@ -13,7 +13,8 @@ Schema (every table but ``[[variants]]`` and ``[[expect]]`` required unless mark
     [[variants]] name, description?, env?, release?, profile?, policy?
     [matrix]     release? = [...], policy? = [...], env? = {VAR = [...]}   (cartesian product, added to variants)
     [[expect]]   variants?, checkpoint?, baseline?, used_mib?, tolerance_pct?, tolerance_mib?, devices?,
-                 verdict?, error_contains?, hang_ranks?, detected_at_s?, tolerance_s?
+                 verdict?, error_contains?, hang_ranks?, detected_at_s?, tolerance_s?,
+                 committed_steps?, lost_steps?, replacement_devices?, fault_detected_at_s? (recovery runs)
     [faults]     inject? = [{kind, rank, at_op?, at_s?, factor?}], seed?, classes?, max_faults?
 """
 
@@ -71,6 +72,10 @@ class Expectation:
     detected_at_s: float | None = None
     tolerance_s: float = 1e-6
     key: str = ""
+    committed_steps: int | None = None  # recovery runs (simnccl.recovery)
+    lost_steps: int | None = None
+    replacement_devices: tuple[str, ...] | None = None
+    fault_detected_at_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -611,6 +616,10 @@ def _expectations(top: _Reader, source: str, variant_names: Sequence[str]) -> li
             detected_at_s=_num(reader.get("detected_at_s", number, None)),
             tolerance_s=float(reader.get("tolerance_s", number, 1e-6)),
             key=f"expect[{i}]",
+            committed_steps=reader.get("committed_steps", int, None),
+            lost_steps=reader.get("lost_steps", int, None),
+            replacement_devices=_str_tuple(reader, "replacement_devices"),
+            fault_detected_at_s=_num(reader.get("fault_detected_at_s", number, None)),
         )
         reader.finish()
         if exp.verdict is not None and exp.verdict not in VERDICTS:
@@ -619,7 +628,9 @@ def _expectations(top: _Reader, source: str, variant_names: Sequence[str]) -> li
             raise reader.error("used_mib", "needs a checkpoint to measure at")
         if exp.baseline is not None and exp.used_mib is None:
             raise reader.error("baseline", "only meaningful with used_mib")
-        if all(v is None for v in (exp.used_mib, exp.verdict, exp.error_contains, exp.hang_ranks, exp.detected_at_s)):
+        asserted = (exp.used_mib, exp.verdict, exp.error_contains, exp.hang_ranks, exp.detected_at_s)
+        asserted += (exp.committed_steps, exp.lost_steps, exp.replacement_devices, exp.fault_detected_at_s)
+        if all(v is None for v in asserted):
             raise ScenarioError(
                 source, f"expect[{i}]", "asserts nothing; expected used_mib, verdict, error_contains or hang_ranks"
             )
@@ -635,6 +646,13 @@ def _expectations(top: _Reader, source: str, variant_names: Sequence[str]) -> li
             )
         out.append(exp)
     return out
+
+
+def _str_tuple(reader: _Reader, key: str) -> tuple[str, ...] | None:
+    value = reader.get(key, list, None, what="a list of device keys such as 'n0:cuda:6'")
+    if value is not None and not all(isinstance(v, str) for v in value):
+        raise reader.error(key, f"expected a list of device keys such as 'n0:cuda:6', got {value!r}")
+    return None if value is None else tuple(value)
 
 
 def _num(value: int | float | None) -> float | None:

@@ -510,7 +510,9 @@ def test_cohort_path_and_rank_by_rank_path_agree_on_oom() -> None:
     assert _observable(shared) == _observable(separate)
 
 
-@pytest.mark.parametrize("policy", ["torch-default", "legacy", "lazy-init", "dedupe", "skip-single-rank", "budget(700)"])
+@pytest.mark.parametrize(
+    "policy", ["torch-default", "legacy", "lazy-init", "dedupe", "skip-single-rank", "budget(700)"]
+)
 def test_cohort_and_rank_by_rank_agree_on_a_megatron_startup_under_policies(policy) -> None:
     """gloo twins break blocks and policies keep per-rank histories: the fast path must still agree."""
     from simnccl.workloads import GENERATORS

@@ -139,9 +139,7 @@ def test_cap_scales_every_cost_linearly() -> None:
     assert costs.init_mib == pytest.approx(comm.init_mib * factor)
     assert costs.first_collective_mib == pytest.approx(comm.first_collective_mib * factor)
     assert costs.split_shared_init_mib == pytest.approx(comm.split_shared_init_mib * factor)
-    assert costs.split_shared_first_collective_mib == pytest.approx(
-        comm.split_shared_first_collective_mib * factor
-    )
+    assert costs.split_shared_first_collective_mib == pytest.approx(comm.split_shared_first_collective_mib * factor)
     assert costs.p2p_pair_mib == pytest.approx(comm.p2p_pair_mib * factor)
     assert costs.single_rank_init_mib == pytest.approx(comm.single_rank_init_mib * factor)
     assert costs.default_nchannels == 4
@@ -315,9 +313,7 @@ def test_unknown_gpu_or_release_in_find_profile() -> None:
         find_profile("h100-96gb", "2.17")
 
 
-def test_find_profile_without_a_match_lists_what_exists(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
+def test_find_profile_without_a_match_lists_what_exists(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     only = load_profile(_write(tmp_path, VALID))
     monkeypatch.setattr(profiles_module, "_load_builtin", lambda: {only.name: only})
     with pytest.raises(ProfileError) as err:
@@ -325,9 +321,7 @@ def test_find_profile_without_a_match_lists_what_exists(
     assert "test-profile (2.15)" in str(err.value)
 
 
-def test_find_profile_with_several_matches_asks_to_name_one(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
+def test_find_profile_with_several_matches_asks_to_name_one(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     first = load_profile(_write(tmp_path, VALID))
     second = dataclasses.replace(first, name="twin")
     monkeypatch.setattr(profiles_module, "_load_builtin", lambda: {"test-profile": first, "twin": second})

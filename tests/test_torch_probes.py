@@ -116,15 +116,11 @@ class _Probes:
         for case, value in ENV_CASES.items():
             store_dir = workdir / f"env-{case}"
             store_dir.mkdir()
-            args = (
-                ["full", str(store_dir), json.dumps(spec)] if value is None else ["resolve", str(store_dir)]
-            )
+            args = ["full", str(store_dir), json.dumps(spec)] if value is None else ["resolve", str(store_dir)]
             self._start(f"env-{case}", args, _probe_env(value), workdir)
         store_file = workdir / "groups-store"
         for rank in range(WORLD):
-            self._start(
-                f"rank{rank}", ["groups", str(store_file), str(rank), str(WORLD)], _probe_env(None), workdir
-            )
+            self._start(f"rank{rank}", ["groups", str(store_file), str(rank), str(WORLD)], _probe_env(None), workdir)
 
     def _start(self, key: str, args: list[str], env: dict[str, str], cwd: Path) -> None:
         self.procs[key] = subprocess.Popen(
@@ -335,9 +331,7 @@ def test_member_group_names(ranks: list[dict]) -> None:
     members = _member_steps(ranks)
     assert members
     for rank, step in members:
-        expected = _torch_group_name(
-            step["count_before"], _named_ranks(step), step["use_local_synchronization"]
-        )
+        expected = _torch_group_name(step["count_before"], _named_ranks(step), step["use_local_synchronization"])
         assert step["result"] == step["name_via_helper"] == expected, (rank, step)
         assert step["count_after"] == step["count_before"] + 1, (rank, step)
 
@@ -356,9 +350,7 @@ def test_non_members(ranks: list[dict]) -> None:
 
 def test_local_synchronization_desynchronises_the_counter(ranks: list[dict]) -> None:
     """After a local-sync group that excludes some ranks, ranks disagree on the next name."""
-    after = {
-        r: {s["key"]: s for s in facts["steps"]}["local1"]["count_after"] for r, facts in enumerate(ranks)
-    }
+    after = {r: {s["key"]: s for s in facts["steps"]}["local1"]["count_after"] for r, facts in enumerate(ranks)}
     assert after == {0: 5, 1: 6}
 
 
