@@ -1754,6 +1754,11 @@ class Engine:
 
     def _hang_entry(self, rt: RankRuntime, by_rank: dict[int, RankRuntime]) -> dict[str, Any]:
         block = rt.block
+        stuck = next(((m, pc) for m, pc in rt.pending if not m.complete), None)
+        if block is not None and stuck is not None and stuck[0] is not block.meeting:
+            # Run-ahead splits that completed after the rank started waiting: it is really in the first open one.
+            op = rt.program.ops[stuck[1]]
+            block = Block(op, stuck[1], _handle_of(op), stuck[0], block.since_s)
         if block is None:  # pragma: no cover - a running rank at the end means the sim-time cap was hit
             return {
                 "rank": rt.rank,
