@@ -6,7 +6,8 @@ JSON"). Top level: ``schema``, ``scenario``, ``source``, ``seed``, ``trace_hash`
 (pass | fail | hang | error), ``release``, ``torch_version``, ``profile``, ``env``, ``policy``,
 ``checkpoints`` (``[{"name", "devices": [{"device", "used_mib", "free_mib", "time_s"}]}]``),
 ``devices`` (peak and owner attribution per device, and the full allocation ``timeline``), ``groups``, ``hangs``
-(``[{"rank", "op", "group", "seq", "waiting_for", ...}]``), ``errors``, ``expectations``, ``event_count``,
+(``[{"rank", "op", "group", "seq", "waiting_for", ...}]``), ``unhealthy_ranks`` (the sticky health-check mark a
+watchdog abort leaves), ``errors``, ``expectations``, ``event_count``,
 ``trace_hash``, ``end_time_s``, ``decisions`` (the policy's plan and one-line explanation per
 group-creation call, as seen by the group's first member; only for a policy other than torch-default).
 """
@@ -130,6 +131,7 @@ class VariantResult:
                 for record in outcome.groups.values()
             ],
             "hangs": outcome.hangs,
+            "unhealthy_ranks": [rt.rank for rt in outcome.ranks if rt.unhealthy],
             "errors": outcome.errors,
             "expectations": [{"key": e.key, "ok": e.ok, "message": e.message} for e in self.expectations],
             "decisions": self.explanations,
