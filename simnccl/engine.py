@@ -1630,6 +1630,9 @@ class Engine:
         no deadline left (e.g. inside ncclCommSplit) ends the run as a hang.
         """
         while True:
+            self._work += 1  # an iteration that made no progress must still reach the wall-clock guard
+            if self._work & 0x3FF == 0:
+                self._check_limits()
             due = self._due_timeouts()
             for at, rt, action in due:
                 if at <= self.env.now:
@@ -1641,7 +1644,11 @@ class Engine:
                 return
             step_end = min(next_deadline, env.now + self._min_timeout_s)
             if env.peek() > step_end:
-                env.timeout(step_end - env.now)  # nothing happens before then: move the clock to the step end
+                # Nothing happens before then: move the clock to the step end. simpy places the event at
+                # ``now + delay``, which rounding can put one ulp past ``step_end``; step to where it really
+                # landed, or the loop would never reach it and schedule another one forever.
+                env.timeout(step_end - env.now)
+                step_end = max(step_end, env.peek())
             step = env.step
             while env.peek() <= step_end:
                 step()

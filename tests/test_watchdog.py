@@ -84,3 +84,19 @@ def test_on_timeout_is_a_pure_decision() -> None:
     assert "WorkNCCL(SeqNum=7, OpType=ALLREDUCE, NumelIn=8, NumelOut=8, Timeout(ms)=600000)" in action.message
     assert on_timeout(Impl.NCCL2, "split", {}, rank=0, seq=1, op_name="x", numel=1, timeout_s=1) is None
     assert on_timeout(Impl.FAKE, "collective", {}, rank=0, seq=1, op_name="x", numel=1, timeout_s=1) is None
+
+
+def test_a_deadline_that_float_rounding_puts_past_the_step_still_fires() -> None:
+    """Regression: simpy places ``timeout(deadline - now)`` at ``now + (deadline - now)``, which for this
+    generated case lands one ulp past the deadline; the watchdog loop used to reschedule forever."""
+    from pathlib import Path
+
+    from simnccl.engine import Limits
+    from simnccl.testing.replay import SimCase
+
+    case = SimCase.load(Path(__file__).parent / "cases" / "watchdog-deadline-rounding.json")
+    out = case.run(limits=Limits(wall_s=20.0))
+    assert out.verdict == "hang"
+    mismatched = {h["rank"]: h for h in out.hangs if "size mismatch" in h["explanation"]}
+    assert sorted(mismatched) == [5, 7]
+    assert all(h["detected_at_s"] == pytest.approx(h["since_s"] + 615.0) for h in out.hangs)

@@ -9,17 +9,49 @@ imports neither hypothesis nor pytest, so the replay works from a plain install.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import signal
 import sys
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from simnccl.engine import RunOutcome
+from simnccl.engine import Limits, RunOutcome
 from simnccl.ops import NO_OPTIONS, OP_TYPES, Op, PgOptions
 
 SCHEMA = "simnccl-case/1"
+
+# A generated case is small (<= 16 ranks, tens of ops) and simulates in milliseconds: one that runs for 30
+# seconds is a runaway engine, and must end as an error, not stall a test session (DESIGN rule 7). The
+# engine's own guard is passed too; the alarm also catches loops that never reach the engine's check.
+CASE_WALL_S = 30.0
+CASE_LIMITS = Limits(wall_s=CASE_WALL_S)
+
+
+class CaseTimeout(RuntimeError):
+    """A case ran past ``CASE_WALL_S`` of wall time: an engine that no longer makes progress."""
+
+
+@contextlib.contextmanager
+def _alarm(seconds: float, what: str) -> Iterator[None]:
+    """Raise CaseTimeout after ``seconds`` (main thread on POSIX only; elsewhere a no-op)."""
+    if not hasattr(signal, "setitimer") or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def fire(signum: int, frame: Any) -> None:
+        raise CaseTimeout(f"{what}: still simulating after {seconds:g} s of wall time (a runaway engine loop)")
+
+    previous = signal.signal(signal.SIGALRM, fire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 @dataclass(frozen=True)
@@ -68,23 +100,27 @@ class SimCase:
             values["env"] = tuple(sorted(values["env"].items()))
         return SimCase(**values)
 
-    def run(self, *, policy: str | None | object = ..., keep_trace: bool = False) -> RunOutcome:
+    def run(
+        self, *, policy: str | object | None = ..., keep_trace: bool = False, limits: Limits | None = None
+    ) -> RunOutcome:
         """Simulate through ``simnccl.testing.simulate``; ``policy`` overrides the case's own."""
         from simnccl.testing import harness
 
         chosen = self.policy if policy is ... else policy
         program: Any = list(self.programs[0]) if self.shared else [list(p) for p in self.programs]
-        _count_simulation()
-        return harness.simulate(
-            program,
-            gpu=self.gpu,
-            nodes=self.nodes,
-            gpus_per_node=self.gpus_per_node,
-            release=self.release,
-            env=self.env_dict,
-            policy=chosen,  # type: ignore[arg-type]
-            keep_trace=keep_trace,
-        )
+        _count_simulation(self, chosen)
+        with _alarm(CASE_WALL_S, f"a {self.world_size}-rank case under policy {chosen!r}"):
+            return harness.simulate(
+                program,
+                gpu=self.gpu,
+                nodes=self.nodes,
+                gpus_per_node=self.gpus_per_node,
+                release=self.release,
+                env=self.env_dict,
+                policy=chosen,  # type: ignore[arg-type]
+                keep_trace=keep_trace,
+                limits=limits or CASE_LIMITS,
+            )
 
     # ------------------------------------------------------------------ serialisation
 
@@ -207,14 +243,39 @@ def share_identical(programs: Sequence[Sequence[Op]]) -> tuple[tuple[Op, ...], .
 # ---------------------------------------------------------------------- counters (read by the pytest plugin)
 
 COUNTS = {"programs": 0, "simulations": 0}
+_LAST: list[object] = [None, None]  # the last case simulated, and the policy it ran under
 
 
-def count_program(n: int = 1) -> None:
-    COUNTS["programs"] += n
-
-
-def _count_simulation() -> None:
+def _count_simulation(case: SimCase, policy: object) -> None:
+    """Count simulations, and distinct cases simulated (a case run under several policies counts once)."""
     COUNTS["simulations"] += 1
+    if _LAST[0] is not case:
+        COUNTS["programs"] += 1
+    _LAST[0], _LAST[1] = case, policy
+
+
+def last_case() -> SimCase | None:
+    """The case most recently simulated, with the policy it ran under (the plugin dumps it on failure)."""
+    case, policy = _LAST
+    if not isinstance(case, SimCase):
+        return None
+    return case if policy == case.policy else case.with_(policy=policy)
+
+
+PLUGIN_STATE = {"registered": False}
+
+
+def plugin_registered() -> bool:
+    """Whether pytest registered ``simnccl.testing.plugin`` in this process (its ``pytest_configure`` ran).
+
+    Test modules ask this, without importing the plugin, to decide whether to name it in ``pytest_plugins``:
+    once it is loaded by ``-p`` or the ``pytest11`` entry point, naming it again would register it twice.
+    """
+    return PLUGIN_STATE["registered"]
+
+
+def reset_last_case() -> None:
+    _LAST[0] = _LAST[1] = None
 
 
 # ---------------------------------------------------------------------- command line
