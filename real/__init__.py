@@ -1,5 +1,15 @@
-"""The verification tier: simnccl's Programs and policies on real torch.distributed (imports torch).
+"""The verification tier: simnccl's Programs and policies on real torch.distributed.
 
-Nothing here is imported by ``simnccl``; the driver, launcher, measurement and calibration land with the
-verification-tier issue.
+* ``real.driver``   runs one rank's Program with real torch.distributed calls, group creation routed through
+                    ``simnccl.policy.apply`` (imports ``simnccl.ops`` and ``simnccl.policy`` only, never the engine);
+* ``real.launch``   N rank processes (forked from a zygote that imported torch once, or under torchrun), a
+                    wall-clock timeout and stall detection, every child killed and reaped, a verdict per run;
+* ``real.lanes``    CPU lane (NCCL names -> gloo, declared) and GPU lane (one rank per visible GPU);
+* ``real.measure``  per-op measurement and the simulator's Result JSON shape for real runs;
+* ``real.compare``  simulator vs real, per variant: verdicts and stuck ranks (CPU), memory per checkpoint (GPU);
+* ``real.differential``  generated programs on real gloo and in the simulator;
+* ``real.calibrate``     the GPU calibration suite that writes a simnccl profile.
+
+``python -m real run|compare|diff|calibrate|gpu-scenarios``; ``real/gpu_check.sh`` for a GPU machine.
+Nothing in ``simnccl`` imports this package.
 """

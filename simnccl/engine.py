@@ -22,7 +22,7 @@ from typing import Any
 
 import simpy
 
-from simnccl.backends import Charge, Comm, CommState, lifecycle
+from simnccl.backends import Charge, Comm, CommState, lifecycle, runtime_connect
 from simnccl.c10d import (
     NON_GROUP_MEMBER,
     CommPlan,
@@ -1148,6 +1148,7 @@ class Engine:
             purpose=op.purpose,
             traffic=op.traffic,
             history=rt.history,
+            eager_group_mib=self._costs(rt).eager_group_mib(connect_at_init=not runtime_connect(rt.ctx.env)),
         )
 
     def _policy_group(self, rt: RankRuntime, op: NewGroup) -> NewGroup | None:

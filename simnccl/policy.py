@@ -113,6 +113,9 @@ class GroupRequest:
     purpose: str | None
     traffic: str | None
     history: History
+    # What one eagerly created communicator costs this process's device at creation, in MiB, from the simnccl
+    # profile of its GPU kind and torch release (``CommCosts.eager_group_mib``); None where nobody said.
+    eager_group_mib: float | None = None
 
     @property
     def member(self) -> bool:
@@ -317,21 +320,32 @@ class BudgetPolicy(BasePolicy):
     name: str = "budget"
     doc: str = "eager while a modelled per-device budget allows, lazy_init after"
     max_mib_per_device: float = 2048.0
-    per_group_mib: float = 231.1  # pytorch#199957: 2080 MiB / 9 groups on H100, torch 2.15 dev
+    # MiB one eager group costs; None: the request's ``eager_group_mib`` (the profile of the process's GPU kind).
+    per_group_mib: float | None = None
+
+    def group_mib(self, request: GroupRequest) -> float:
+        """The price of one eager group: the explicit figure, else the profile's for this device."""
+        per = self.per_group_mib if self.per_group_mib is not None else request.eager_group_mib
+        if per is None:
+            raise PolicyError(
+                f"budget({self.max_mib_per_device:g}) needs the cost of one eager communicator on this device: "
+                f"give it as budget({self.max_mib_per_device:g},MiB), or tell apply() the GPU kind "
+                "(apply(policy, gpu='h100-80gb')) so it is read from that kind's profile"
+            )
+        return per
 
     def on_group(self, request: GroupRequest, decision: GroupDecision) -> GroupDecision:
         if not _lazy_supported(request.release) or not _is_nccl(decision, request) or decision.reuse is not None:
             return decision
         if decision.pg_options.lazy_init:
             return decision
+        per = self.group_mib(request)
         worst = max((request.history.eager_by_rank.get(r, 0) for r in request.ranks), default=0)
-        if (worst + 1) * self.per_group_mib <= self.max_mib_per_device:
-            return _because(
-                decision, f"budget: eager ({worst + 1} x {self.per_group_mib:g} MiB <= {self.max_mib_per_device:g} MiB)"
-            )
+        if (worst + 1) * per <= self.max_mib_per_device:
+            return _because(decision, f"budget: eager ({worst + 1} x {per:g} MiB <= {self.max_mib_per_device:g} MiB)")
         return _because(
             decision,
-            f"budget: {worst + 1} x {self.per_group_mib:g} MiB would exceed {self.max_mib_per_device:g} MiB: lazy_init",
+            f"budget: {worst + 1} x {per:g} MiB would exceed {self.max_mib_per_device:g} MiB: lazy_init",
             pg_options=replace(decision.pg_options, lazy_init=True),
         )
 
@@ -448,12 +462,13 @@ def get_policy(spec: str) -> Policy:
     return parts[0] if len(parts) == 1 else ComposedPolicy(tuple(parts))
 
 
-def apply(policy: Policy | str):
+def apply(policy: Policy | str, *, release: str | None = None, gpu: str | None = None):
     """Route ``torch.distributed`` group creation through ``policy`` in this process (real torch).
 
     A context manager (``with apply("legacy"): ...``); ``simnccl.torch_apply`` also offers ``install``/
-    ``uninstall``. Imported lazily so that importing simnccl never imports torch.
+    ``uninstall``. ``gpu`` (a simnccl GPU kind) lets cost-aware policies such as ``budget(X)`` price a group
+    from that kind's profile. Imported lazily so that importing simnccl never imports torch.
     """
     from simnccl.torch_apply import apply as _apply
 
-    return _apply(get_policy(policy) if isinstance(policy, str) else policy)
+    return _apply(get_policy(policy) if isinstance(policy, str) else policy, release=release, gpu=gpu)

@@ -72,6 +72,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
+from simnccl.backends.base import runtime_connect
 from simnccl.ops import NO_OPTIONS, PgOptions
 from simnccl.policy import (
     NCCL_NAMES,
@@ -86,6 +87,7 @@ from simnccl.policy import (
     decide_split,
     get_policy,
 )
+from simnccl.profiles import find_profile
 
 __all__ = [
     "PATCHED_FUNCTIONS",
@@ -143,6 +145,7 @@ class Applied:
 
     policy: Policy
     release: str
+    gpu: str | None = None  # simnccl GPU kind: its profile prices an eager group for cost-aware policies
     history: History = field(default_factory=History)
     decisions: list[AppliedCall] = field(default_factory=list)
     # env knob -> the value before this installation first set it (None: it was unset)
@@ -184,6 +187,13 @@ class Applied:
                     os.environ[name] = before
             if _INSTALLED is self:
                 _INSTALLED = None
+
+    def eager_group_mib(self) -> float | None:
+        """One eager communicator's cost on this process's device, from the GPU kind's profile (None: no kind)."""
+        if self.gpu is None:
+            return None
+        costs = find_profile(self.gpu, self.release).costs_for_env(os.environ)
+        return costs.eager_group_mib(connect_at_init=not runtime_connect(os.environ))
 
     def original(self, name: str) -> Callable[..., Any]:
         return self.originals[("torch.distributed.distributed_c10d", name)]
@@ -267,6 +277,7 @@ class Applied:
             purpose=purpose,
             traffic=traffic,
             history=self.history,
+            eager_group_mib=self.eager_group_mib(),
         )
         decision = decide_group(self.policy, request)
         self.history.record(request, decision)
@@ -334,6 +345,7 @@ class Applied:
         request_backend = _resolved(str(c10d.Backend(caller_backend)) if caller_backend else parent_backend)
         caller_options = given.get("pg_options")
         requested = _modelled(caller_options)
+        per_group = self.eager_group_mib()
         requests = [
             GroupRequest(
                 kind="split_group",
@@ -348,6 +360,7 @@ class Applied:
                 purpose=purpose,
                 traffic=traffic,
                 history=self.history,
+                eager_group_mib=per_group,
             )
             for split in splits
         ]
@@ -374,11 +387,12 @@ class Applied:
 # install / uninstall
 
 
-def install(policy: Policy | str, *, release: str | None = None) -> Applied:
+def install(policy: Policy | str, *, release: str | None = None, gpu: str | None = None) -> Applied:
     """Route ``init_process_group``, ``new_group`` and ``split_group`` through ``policy`` in this process.
 
-    ``release`` overrides the simnccl release key derived from ``torch.__version__``. Raises ``ApplyError``
-    when a policy is already installed.
+    ``release`` overrides the simnccl release key derived from ``torch.__version__``; ``gpu`` names the simnccl
+    GPU kind whose profile prices an eager group (``budget(X)``). Raises ``ApplyError`` when a policy is already
+    installed, or when no profile models ``gpu`` on this release.
     """
     global _INSTALLED
     if not dist.is_available():
@@ -391,7 +405,12 @@ def install(policy: Policy | str, *, release: str | None = None) -> Applied:
                 f"policy {_INSTALLED.policy.name!r} is already installed in this process; uninstall it first "
                 f"(applied.uninstall()) before installing {resolved.name!r}"
             )
-        applied = Applied(policy=resolved, release=key)
+        if gpu is not None:
+            try:
+                find_profile(gpu, key)
+            except ValueError as err:
+                raise ApplyError(f"apply(gpu={gpu!r}): {err}") from None
+        applied = Applied(policy=resolved, release=key, gpu=gpu)
         applied.wrappers = {name: _wrapper(applied, name) for name in PATCHED_FUNCTIONS}
         for name in PATCHED_FUNCTIONS:
             original = getattr(c10d, name)
@@ -413,9 +432,9 @@ def uninstall(applied: Applied | None = None) -> None:
         target.uninstall()
 
 
-def apply(policy: Policy | str, *, release: str | None = None) -> Applied:
+def apply(policy: Policy | str, *, release: str | None = None, gpu: str | None = None) -> Applied:
     """``install(policy)``, returned as a context manager that uninstalls on exit."""
-    return install(policy, release=release)
+    return install(policy, release=release, gpu=gpu)
 
 
 def current() -> Applied | None:

@@ -49,8 +49,22 @@ def test_every_builtin_has_a_doc_and_decides_with_an_explanation() -> None:
     for name in BUILTIN:
         policy = get_policy(name)
         assert policy.doc and policy.name == name
-        decision = decide_group(policy, request(ranks=(0,)))
+        decision = decide_group(policy, request(ranks=(0,), eager_group_mib=231.1))
         assert decision.explanation
+
+
+def test_budget_prices_a_group_from_the_request_unless_given() -> None:
+    """budget(X) reads the device's profile figure from the request; budget(X,per) overrides it; with neither
+    it refuses with a message that says how to give one (never a silently assumed H100 figure)."""
+    history = History()
+    policy = get_policy("budget(500)")
+    assert not decide_group(policy, request(history=history, eager_group_mib=200.0)).pg_options.lazy_init
+    rtx = decide_group(policy, request(history=history, eager_group_mib=388.0))
+    assert not rtx.pg_options.lazy_init and "1 x 388 MiB" in rtx.explanation
+    explicit = decide_group(get_policy("budget(500,600)"), request(history=history, eager_group_mib=100.0))
+    assert explicit.pg_options.lazy_init and "600 MiB" in explicit.explanation
+    with pytest.raises(PolicyError, match=r"budget\(500,MiB\).*gpu="):
+        decide_group(policy, request(history=history))
 
 
 def test_torch_default_changes_nothing() -> None:

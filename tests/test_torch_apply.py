@@ -408,3 +408,11 @@ def test_release_key(solo: dict[str, Any]) -> None:
     assert keys["2.16.0.dev20260301"] == "2.16-dev"
     assert keys["2.13.0"].startswith("ApplyError")
     assert solo["release_here"][1] == "2.15"
+
+
+def test_apply_gpu_prices_budget_groups_from_the_profile(solo: dict[str, Any]) -> None:
+    from simnccl.testing.invariants import eager_group_bytes
+
+    assert solo["budget_priced_mib"] == pytest.approx(eager_group_bytes("rtx3060-12gb", "2.15", {}) / 2**20, abs=1e-3)
+    assert solo["budget_unpriced_mib"] is None
+    assert solo["unknown_gpu"].startswith("apply(gpu='tpu-v9')") and "tpu-v9" in solo["unknown_gpu"]

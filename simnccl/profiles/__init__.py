@@ -69,6 +69,17 @@ class CommCosts:
     default_nchannels: int
     init_mib_at_max_nchannels: dict[int, float] = field(default_factory=dict, hash=False)
 
+    def eager_group_mib(self, *, connect_at_init: bool) -> float:
+        """The most one eagerly created group charges a member at creation (what a memory budget prices).
+
+        The largest of a fresh, a single-rank and a shared-split init; with NCCL_RUNTIME_CONNECT=0
+        (``connect_at_init``) the connection buffers come at init too, so the largest connect charge is added.
+        """
+        init = max(self.init_mib, self.single_rank_init_mib, self.split_shared_init_mib)
+        if not connect_at_init:
+            return init
+        return init + max(self.first_collective_mib, self.split_shared_first_collective_mib)
+
 
 # The MiB costs that scale with the channel count (everything but the channel fields themselves).
 _SCALED_COSTS = tuple(

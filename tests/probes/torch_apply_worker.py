@@ -358,6 +358,17 @@ def solo(workdir: str) -> dict[str, Any]:
             keys[version] = f"ApplyError: {err}"
     out["release_keys"] = keys
     out["release_here"] = [torch.__version__, release_key()]
+
+    # gpu= prices an eager group for budget(X) from that kind's profile; an unknown kind is refused up front.
+    with apply("budget(300)", gpu="rtx3060-12gb") as priced:
+        out["budget_priced_mib"] = priced.eager_group_mib()
+    with apply("budget(300)") as unpriced:
+        out["budget_unpriced_mib"] = unpriced.eager_group_mib()
+    try:
+        install("budget(300)", gpu="tpu-v9")
+        out["unknown_gpu"] = "no error"
+    except ApplyError as err:
+        out["unknown_gpu"] = str(err)
     return out
 
 

@@ -1,0 +1,142 @@
+"""The zygote: one process that imports torch once and forks rank processes on request.
+
+Why: importing torch costs ~3 s of CPU; a world of 4 ranks spawned fresh on a 2-core CI runner costs ~7 s before
+the first op, and the differential test runs dozens of worlds. Forking from a process that has imported torch
+(but never touched CUDA or created a process group — the same rule ``multiprocessing``'s forkserver relies on)
+starts a rank in milliseconds.
+
+Protocol (JSON lines): stdin ``{"cmd": "spawn", "tag": ..., "spec": {...}, "log": path}`` | ``{"cmd": "exit"}``;
+stdout ``{"ready": pid}``, ``{"spawned": pid, "tag": ...}``, ``{"exited": pid, "code": n}`` (negative: signal).
+
+No process is left behind: every rank gets its own process group (the launcher kills it with ``killpg``) and
+``PR_SET_PDEATHSIG=SIGKILL`` (it dies with the zygote); the zygote has ``PR_SET_PDEATHSIG`` on the launcher, kills
+and reaps its children when its stdin closes, and reaps every child that exits (``waitpid``), so no zombie
+outlives a run either.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import select
+import signal
+import sys
+import traceback
+
+PR_SET_PDEATHSIG = 1
+
+
+def set_pdeathsig(sig: int = signal.SIGKILL) -> None:
+    """Die with the parent (Linux); a no-op where prctl is unavailable."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+    except (OSError, AttributeError):  # pragma: no cover - non-Linux
+        pass
+
+
+def _emit(out: int, record: dict) -> None:
+    data = (json.dumps(record) + "\n").encode()
+    try:
+        while data:
+            written = os.write(out, data)
+            data = data[written:]
+    except OSError:  # the launcher is gone; PDEATHSIG takes us and our children down
+        pass
+
+
+def _child(spec_json: str, log: str, parent: int) -> None:
+    """In the forked child: own process group, die with the zygote, logs to a file, run the rank."""
+    code = 70
+    try:
+        os.setpgid(0, 0)
+        set_pdeathsig(signal.SIGKILL)
+        if os.getppid() != parent:  # the zygote died between fork and prctl
+            os._exit(75)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
+        os.close(null)
+        from real.driver import RankSpec, child_main
+
+        code = child_main(RankSpec.from_json(spec_json))
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+def main() -> int:
+    set_pdeathsig(signal.SIGKILL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher decides when we stop
+    out = os.dup(1)
+    os.dup2(2, 1)  # stray prints (torch warnings) must not corrupt the protocol
+    # The expensive part, done once: torch, torch.distributed, the policy routing and the driver.
+    import torch
+    import torch.distributed  # noqa: F401
+
+    import real.driver  # noqa: F401
+    import simnccl.torch_apply  # noqa: F401
+
+    me = os.getpid()
+    children: set[int] = set()
+    _emit(out, {"ready": me})
+    buffer = b""
+    running = True
+    while running or children:
+        if running:
+            readable, _, _ = select.select([0], [], [], 0.02)
+            if readable:
+                chunk = os.read(0, 1 << 16)
+                if not chunk:
+                    running = False
+                buffer += chunk
+                while b"\n" in buffer:
+                    line, buffer = buffer.split(b"\n", 1)
+                    if not line.strip():
+                        continue
+                    cmd = json.loads(line)
+                    if cmd.get("cmd") == "exit":
+                        running = False
+                    elif cmd.get("cmd") == "spawn":
+                        pid = os.fork()
+                        if pid == 0:
+                            os.close(out)
+                            _child(json.dumps(cmd["spec"]), cmd["log"], me)
+                        children.add(pid)
+                        _emit(out, {"spawned": pid, "tag": cmd.get("tag")})
+            if not running:
+                for pid in sorted(children):  # stopping: nothing of ours survives us
+                    try:
+                        os.killpg(pid, signal.SIGKILL)
+                    except (ProcessLookupError, PermissionError):
+                        with contextlib.suppress(ProcessLookupError):
+                            os.kill(pid, signal.SIGKILL)
+        else:
+            select.select([], [], [], 0.02)
+        while children:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                children.clear()
+                break
+            if pid == 0:
+                break
+            children.discard(pid)
+            _emit(out, {"exited": pid, "code": os.waitstatus_to_exitcode(status)})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,441 @@
+"""Differential testing on the CPU lane: small generated programs on real gloo and in the simulator.
+
+Each case is a world of 2–4 ranks, at most 12 ops per rank, built from one global step order (so the unmutated
+program is valid SPMD and must pass): ``init_process_group("gloo")``, group families created by every rank in
+the same order (``new_group`` per part; members bind the handle), members-only ``use_local_synchronization``
+groups, ``split_group`` of the world, collectives on the world or a family handle (sometimes also issued by
+non-members, which torch turns into a warning), send/recv pairs, and a final ``destroy_process_group``. Not every
+unmutated program passes: a members-only ``use_local_synchronization`` group advances the group counter on its
+members only (torch 2.15 ``_process_group_name``), so a later world-wide ``new_group`` gets different names on
+members and non-members — a real hang both sides must find.
+
+About half the cases are then broken in one known way on one rank (the *mutation classes*):
+
+* ``skip-collective``: the rank leaves out one of its collectives;
+* ``swap-collectives``: the rank issues two adjacent collectives on *different* groups in the opposite order
+  (each group's own order is unchanged, so nothing mismatches — ranks wait on each other);
+* ``skip-new-group``: the rank leaves out one ``new_group`` call (its later group names shift);
+* ``swap-creation``: the rank creates two adjacent groups in the opposite order (the creation-order bug);
+* ``skip-recv``: the receiving rank of a send/recv pair leaves out its ``recv``.
+
+Both sides must agree on the ranks that did not finish (hang/no-hang per rank); ``classify`` sorts each case
+into: ``agree`` (verdict and blocked/stuck ranks), ``racy`` (a store-key collision: real gloo connects whichever
+colliding peer comes first, so only pass/no-pass is compared), ``known-gap`` (a difference explained by a
+documented simulator gap, ``real.compare.KNOWN_GAPS``) and ``disagree``. A case is identified by
+``(seed, index)``; ``describe`` prints it as a replayable program and ``python -m real diff --seed S --only I``
+runs it again.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from real.programs import share_identical
+from simnccl.ops import (
+    WORLD,
+    AllGather,
+    AllReduce,
+    AllToAll,
+    Barrier,
+    Broadcast,
+    Collective,
+    DestroyProcessGroup,
+    InitProcessGroup,
+    NewGroup,
+    Op,
+    Program,
+    Recv,
+    ReduceScatter,
+    Send,
+    SplitGroup,
+)
+
+MAX_OPS = 12
+SIZE_BYTES = 96  # 24 floats: divisible by every group size up to 4, so no rank rounds differently
+MUTATIONS = ("skip-collective", "swap-collectives", "skip-new-group", "swap-creation", "skip-recv")
+COLLECTIVE_KINDS: dict[str, type[Collective]] = {
+    "all_reduce": AllReduce,
+    "broadcast": Broadcast,
+    "all_gather": AllGather,
+    "reduce_scatter": ReduceScatter,
+    "all_to_all": AllToAll,
+    "barrier": Barrier,
+}
+
+
+@dataclass(frozen=True)
+class Case:
+    seed: int
+    index: int
+    world_size: int
+    programs: tuple[Program, ...]
+    steps: tuple[str, ...]
+    mutation: str | None = None
+    mutated_rank: int | None = None
+    mutation_detail: str = ""
+
+    @property
+    def name(self) -> str:
+        return f"seed{self.seed}-case{self.index}"
+
+    def describe(self) -> str:
+        lines = [
+            f"case {self.name}: {self.world_size} ranks, steps: {', '.join(self.steps)}",
+            f"  mutation: {self.mutation or 'none'}"
+            + (f" on rank {self.mutated_rank} ({self.mutation_detail})" if self.mutation else ""),
+        ]
+        for rank, program in enumerate(self.programs):
+            lines.append(f"  rank {rank}:")
+            for i, op in enumerate(program.ops):
+                lines.append(f"    #{i} {op.describe()}")
+        lines.append(f"  replay: python -m real diff --seed {self.seed} --only {self.index}")
+        return "\n".join(lines)
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "seed": self.seed,
+                "index": self.index,
+                "mutation": self.mutation,
+                "mutated_rank": self.mutated_rank,
+                "programs": [p.to_list() for p in self.programs],
+            }
+        )
+
+
+def _partitions(rng: random.Random, n: int) -> list[tuple[tuple[int, ...], ...]]:
+    ranks = list(range(n))
+    options = [tuple((r,) for r in ranks), (tuple(ranks),)]
+    if n >= 2:
+        half = n // 2
+        options.append((tuple(ranks[:half]), tuple(ranks[half:])))
+    if n == 4:
+        options.append(((0, 2), (1, 3)))
+        options.append(((0, 1), (2, 3)))
+    if n == 3:
+        options.append(((0, 2), (1,)))
+    return options
+
+
+def generate(seed: int, index: int, mutate: bool | None = None) -> Case:
+    """One case, a pure function of ``(seed, index)``."""
+    rng = random.Random(seed * 100_003 + index)
+    n = rng.choice((2, 3, 4, 4))
+    per_rank: list[list[Op]] = [[InitProcessGroup(backend="gloo")] for _ in range(n)]
+    steps = ["init"]
+    # handle -> (parts, members issue only?) ; parts: tuples of global ranks
+    handles: dict[str, tuple[tuple[int, ...], ...]] = {WORLD: (tuple(range(n)),)}
+    counter = 0
+
+    def room(cost: dict[int, int]) -> bool:
+        return all(len(per_rank[r]) + c <= MAX_OPS - 1 for r, c in cost.items())
+
+    for _ in range(rng.randint(3, 9)):
+        kind = rng.choices(
+            ("family", "local", "split", "collective", "p2p"),
+            weights=(3, 1, 1, 6, 2),
+        )[0]
+        if kind == "family":
+            parts = rng.choice(_partitions(rng, n))
+            if not room(dict.fromkeys(range(n), len(parts))):
+                continue
+            counter += 1
+            handle = f"g{counter}"
+            for part in parts:
+                op = NewGroup(ranks=part, bind=handle)
+                for r in range(n):
+                    per_rank[r].append(op)
+            handles[handle] = parts
+            steps.append(f"family {handle}={[list(p) for p in parts]}")
+        elif kind == "local":
+            size = rng.randint(1, n)
+            members = tuple(sorted(rng.sample(range(n), size)))
+            if not room(dict.fromkeys(members, 1)):
+                continue
+            counter += 1
+            handle = f"l{counter}"
+            op = NewGroup(ranks=members, bind=handle, use_local_synchronization=True)
+            for r in members:
+                per_rank[r].append(op)
+            handles[handle] = (members,)
+            steps.append(f"local {handle}={list(members)}")
+        elif kind == "split":
+            parts = rng.choice(_partitions(rng, n))
+            if not room(dict.fromkeys(range(n), 1)):
+                continue
+            counter += 1
+            handle = f"s{counter}"
+            op = SplitGroup(split_ranks=parts, bind=handle)
+            for r in range(n):
+                per_rank[r].append(op)
+            handles[handle] = parts
+            steps.append(f"split {handle}={[list(p) for p in parts]}")
+        elif kind == "collective":
+            handle = rng.choice(sorted(handles))
+            parts = handles[handle]
+            name = rng.choice(sorted(COLLECTIVE_KINDS))
+            members = sorted(r for p in parts for r in p)
+            issuers = members if rng.random() < 0.7 else list(range(n))
+            if not room(dict.fromkeys(issuers, 1)):
+                continue
+            for r in issuers:
+                part = next((p for p in parts if r in p), None)
+                if name == "broadcast":
+                    op: Op = Broadcast(group=handle, size_bytes=SIZE_BYTES, src=part[0] if part else 0)
+                else:
+                    op = COLLECTIVE_KINDS[name](group=handle, size_bytes=SIZE_BYTES)
+                per_rank[r].append(op)
+            steps.append(f"{name}({handle})" + ("" if issuers == members else " incl. non-members"))
+        else:
+            if n < 2:
+                continue
+            src, dst = rng.sample(range(n), 2)
+            if not room({src: 1, dst: 1}):
+                continue
+            per_rank[src].append(Send(peer=dst, size_bytes=SIZE_BYTES))
+            per_rank[dst].append(Recv(peer=src, size_bytes=SIZE_BYTES))
+            steps.append(f"send {src}->{dst}")
+    if rng.random() < 0.3:
+        for r in range(n):
+            per_rank[r].append(DestroyProcessGroup())
+        steps.append("destroy")
+    case = Case(seed, index, n, share_identical([Program(tuple(ops)) for ops in per_rank]), tuple(steps))
+    if mutate is None:
+        mutate = rng.random() < 0.55
+    if mutate:
+        order = list(MUTATIONS)
+        rng.shuffle(order)
+        for mutation in order:
+            mutated = _MUTATORS[mutation](case, rng)
+            if mutated is not None:
+                return mutated
+    return case
+
+
+def _with(case: Case, rank: int, ops: list[Op], mutation: str, detail: str) -> Case:
+    programs = list(case.programs)
+    programs[rank] = Program(tuple(ops))
+    return Case(
+        case.seed,
+        case.index,
+        case.world_size,
+        share_identical(programs),
+        case.steps,
+        mutation,
+        rank,
+        detail,
+    )
+
+
+def _pick(rng: random.Random, case: Case, predicate: Callable[[list[Op], int], bool]) -> tuple[int, int] | None:
+    spots = [(r, i) for r, p in enumerate(case.programs) for i in range(len(p.ops)) if predicate(list(p.ops), i)]
+    return rng.choice(spots) if spots else None
+
+
+def _skip_collective(case: Case, rng: random.Random) -> Case | None:
+    spot = _pick(rng, case, lambda ops, i: isinstance(ops[i], Collective))
+    if spot is None:
+        return None
+    r, i = spot
+    ops = list(case.programs[r].ops)
+    removed = ops.pop(i)
+    return _with(case, r, ops, "skip-collective", f"left out #{i} {removed.describe()}")
+
+
+def _swap_collectives(case: Case, rng: random.Random) -> Case | None:
+    def ok(ops: list[Op], i: int) -> bool:
+        return (
+            i + 1 < len(ops)
+            and isinstance(ops[i], Collective)
+            and isinstance(ops[i + 1], Collective)
+            and ops[i].group != ops[i + 1].group  # type: ignore[attr-defined]
+        )
+
+    spot = _pick(rng, case, ok)
+    if spot is None:
+        return None
+    r, i = spot
+    ops = list(case.programs[r].ops)
+    ops[i], ops[i + 1] = ops[i + 1], ops[i]
+    return _with(case, r, ops, "swap-collectives", f"swapped #{i} and #{i + 1}")
+
+
+def _skip_new_group(case: Case, rng: random.Random) -> Case | None:
+    spot = _pick(rng, case, lambda ops, i: isinstance(ops[i], NewGroup) and not ops[i].use_local_synchronization)
+    if spot is None:
+        return None
+    r, i = spot
+    ops = list(case.programs[r].ops)
+    removed = ops.pop(i)
+    return _with(case, r, ops, "skip-new-group", f"left out #{i} {removed.describe()}")
+
+
+def _swap_creation(case: Case, rng: random.Random) -> Case | None:
+    def ok(ops: list[Op], i: int) -> bool:
+        return (
+            i + 1 < len(ops)
+            and isinstance(ops[i], NewGroup)
+            and isinstance(ops[i + 1], NewGroup)
+            and not ops[i].use_local_synchronization
+            and not ops[i + 1].use_local_synchronization  # type: ignore[attr-defined]
+            and ops[i].ranks != ops[i + 1].ranks  # type: ignore[attr-defined]
+        )
+
+    spot = _pick(rng, case, ok)
+    if spot is None:
+        return None
+    r, i = spot
+    ops = list(case.programs[r].ops)
+    ops[i], ops[i + 1] = ops[i + 1], ops[i]
+    return _with(case, r, ops, "swap-creation", f"swapped #{i} and #{i + 1}")
+
+
+def _skip_recv(case: Case, rng: random.Random) -> Case | None:
+    spot = _pick(rng, case, lambda ops, i: isinstance(ops[i], Recv))
+    if spot is None:
+        return None
+    r, i = spot
+    ops = list(case.programs[r].ops)
+    removed = ops.pop(i)
+    return _with(case, r, ops, "skip-recv", f"left out #{i} {removed.describe()}")
+
+
+_MUTATORS: dict[str, Callable[[Case, random.Random], Case | None]] = {
+    "skip-collective": _skip_collective,
+    "swap-collectives": _swap_collectives,
+    "skip-new-group": _skip_new_group,
+    "swap-creation": _swap_creation,
+    "skip-recv": _skip_recv,
+}
+
+
+def cases(seed: int, count: int, mutations: Sequence[str] = MUTATIONS) -> list[Case]:
+    """``count`` cases of ``seed`` whose mutation (if any) is in ``mutations``."""
+    out: list[Case] = []
+    index = 0
+    while len(out) < count and index < count * 20:
+        case = generate(seed, index)
+        if case.mutation is None or case.mutation in mutations:
+            out.append(case)
+        index += 1
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- running
+
+
+def simulate_case(case: Case) -> dict[str, Any]:
+    """The simulator's Result-shaped dict for a case, with gloo semantics on a CPU-less-agnostic cluster."""
+    from real.launch import installed_release
+    from simnccl.cluster import Cluster, get_gpu_kind
+    from simnccl.engine import Engine, SimConfig
+    from simnccl.policy import BasePolicy
+    from simnccl.profiles import find_profile
+    from simnccl.release import get_release
+    from simnccl.result import VariantResult
+
+    release_key = installed_release() or "2.15"
+    gpu = get_gpu_kind("h100-80gb")
+    config = SimConfig(
+        cluster=Cluster(gpu, 1, case.world_size, None),
+        release=get_release(release_key),
+        profile=find_profile("h100-80gb", release_key),
+        programs=case.programs,
+        launcher="spawn",
+        policy=BasePolicy(),
+    )
+    engine = Engine(config)
+    outcome = engine.run()
+    return VariantResult(
+        name=case.name,
+        description="",
+        release=release_key,
+        torch_version=get_release(release_key).version,
+        profile=config.profile.name,
+        env={},
+        policy="torch-default",
+        outcome=outcome,
+    ).to_dict()
+
+
+@dataclass
+class CaseResult:
+    case: Case
+    comparison: Any  # real.compare.VariantComparison
+
+    @property
+    def agree(self) -> bool:
+        return bool(self.comparison.agree)
+
+    def describe(self) -> str:
+        from real.compare import render_comparison
+
+        report = {
+            "scenario": self.case.name,
+            "source": "generated",
+            "lane": "cpu",
+            "ok": self.agree,
+            "variants": [self.comparison.to_dict(full=True)],
+        }
+        return self.case.describe() + "\n" + render_comparison(report)
+
+
+def classify(result: CaseResult) -> str:
+    """``agree`` | ``racy`` | ``known-gap`` | ``disagree`` (see the module docstring)."""
+    c = result.comparison
+    if c.agree and not c.racy:
+        return "agree"
+    if c.racy:
+        return "racy" if c.finished_agree else "disagree"
+    if c.known_gap is not None:
+        return "known-gap"
+    return "disagree"
+
+
+def summary(results: Sequence[CaseResult]) -> str:
+    counts: dict[str, int] = {}
+    for r in results:
+        counts[classify(r)] = counts.get(classify(r), 0) + 1
+    gaps: dict[str, int] = {}
+    for r in results:
+        if classify(r) == "known-gap":
+            gap = str(r.comparison.known_gap)
+            gaps[gap] = gaps.get(gap, 0) + 1
+    parts = [f"{k} {counts[k]}" for k in ("agree", "racy", "known-gap", "disagree") if k in counts]
+    text = f"{len(results)} cases: " + ", ".join(parts)
+    if gaps:
+        text += " (known gaps: " + ", ".join(f"{k} x{v}" for k, v in sorted(gaps.items())) + ")"
+    return text
+
+
+def run_cases(
+    case_list: Sequence[Case],
+    *,
+    launcher: Any = None,
+    settings: Any = None,
+    parallel: int = 3,
+) -> list[CaseResult]:
+    """Each case on real gloo and in the simulator; worlds run ``parallel`` at a time (hung ranks idle)."""
+    from real.compare import compare_variant
+    from real.launch import Launcher, RunSettings
+
+    settings = settings or RunSettings.for_lane("cpu", stall_s=5.0, timeout_s=30.0)
+    own = launcher is None
+    launcher = launcher or Launcher()
+
+    def one(case: Case) -> CaseResult:
+        real = launcher.run_programs(case.programs, settings, name=case.name, release="")
+        sim = simulate_case(case)
+        return CaseResult(case, compare_variant(case.name, "cpu", sim, real, case.world_size, 0.0))
+
+    try:
+        with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
+            return list(pool.map(one, case_list))
+    finally:
+        if own:
+            launcher.close()

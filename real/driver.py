@@ -1,0 +1,603 @@
+"""Run one rank's Program with real torch.distributed calls.
+
+Imports ``simnccl.ops`` and ``simnccl.policy`` only (never the simulator engine): group creation goes through
+``simnccl.policy.apply(policy)`` — the code path users run in production — for the whole program.
+
+Per op the driver writes a progress record *before* starting it (so a launcher that must kill a hung rank knows
+where it was) and one after it (outcome, wall times, measurement). What each op does:
+
+* ``set_device``: ``torch.cuda.set_device`` (GPU lane); skipped on the CPU lane.
+* ``init_process_group``: over the launcher's store (FileStore/TCPStore, or torchrun's env:// store), with the
+  run's torch timeout when one is set (CPU lane: short, so a hang ends as a gloo/store timeout).
+* ``new_group`` / ``split_group``: handles are bound only on members, like the simulator: a member's result
+  overwrites the handle; a non-member's ``NON_GROUP_MEMBER`` never overwrites an existing one.
+  ``purpose``/``traffic`` go to the policy through ``apply``.
+* collectives: tensors of ``size_bytes`` of ``dtype`` (rounded up to a multiple of the group size where torch
+  needs it); ``all_gather`` is ``all_gather_into_tensor``, ``reduce_scatter`` is ``reduce_scatter_tensor``,
+  ``all_to_all`` is ``all_to_all_single``; on a ``NON_GROUP_MEMBER`` handle nothing is called (torch only warns).
+* ``send``/``recv``: unbatched, ``peer`` is a global rank.
+* ``destroy_process_group``: the world handle tears everything down and clears the handles.
+* ``compute``: sleeps ``seconds * compute_scale`` capped at ``compute_cap_s`` (defaults: CPU lane 0, i.e.
+  skipped; GPU lane 0.01, capped at 2 s) — recorded in the op's detail.
+* ``alloc``: ``torch.empty`` of that many MiB on the current device (GPU lane); skipped on the CPU lane.
+* ``memory_check``: vLLM's startup check against ``mem_get_info`` (GPU lane); skipped on the CPU lane, recorded.
+* ``checkpoint``: a measurement under the checkpoint's label.
+
+After its program a rank *parks*: it reports ``final`` and keeps its process (and sockets) alive until the
+launcher releases it, so a peer still waiting on it stays blocked — a hang, as in the simulator — instead of
+failing with "connection reset by peer".
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import os
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from real.lanes import lane_policy
+from real.measure import Measurer, classify
+from real.programs import program_from_list
+from simnccl.ops import (
+    WORLD,
+    AllGather,
+    Alloc,
+    AllReduce,
+    AllToAll,
+    Barrier,
+    Broadcast,
+    Checkpoint,
+    Collective,
+    Compute,
+    DestroyProcessGroup,
+    InitProcessGroup,
+    MemoryCheck,
+    NewGroup,
+    Op,
+    PgOptions,
+    PointToPoint,
+    Program,
+    ReduceScatter,
+    Send,
+    SetDevice,
+    SplitGroup,
+)
+from simnccl.policy import apply as apply_policy
+
+NON_MEMBER = "NON_GROUP_MEMBER"
+
+DTYPES = {
+    "Float": "float32",
+    "Half": "float16",
+    "BFloat16": "bfloat16",
+    "Double": "float64",
+    "Int": "int32",
+    "Long": "int64",
+    "Short": "int16",
+    "Char": "int8",
+    "Byte": "uint8",
+    "Bool": "bool",
+}
+
+
+class CheckFailure(Exception):
+    """The workload's own check failed on this rank (vLLM's startup memory check)."""
+
+
+@dataclass
+class RankSpec:
+    """Everything a rank process needs, JSON-able (it crosses a pipe to the zygote)."""
+
+    rank: int
+    world_size: int
+    program: list[dict[str, Any]]
+    lane: str = "cpu"
+    policy: str = "torch-default"
+    env: dict[str, str] = field(default_factory=dict)
+    local_rank: int = 0
+    local_world_size: int = 1
+    node: int = 0
+    set_launcher_env: bool = True
+    store: dict[str, Any] = field(default_factory=dict)
+    torch_timeout_s: float | None = None
+    init_timeout_s: float | None = None
+    compute_scale: float = 0.0
+    compute_cap_s: float = 2.0
+    progress: str = ""
+    release_file: str = ""
+    park_max_s: float = 600.0
+
+    def to_json(self) -> str:
+        return json.dumps(self.__dict__)
+
+    @classmethod
+    def from_json(cls, text: str) -> RankSpec:
+        return cls(**json.loads(text))
+
+
+class Progress:
+    """Append-only JSON lines, flushed per record: survives the process being killed mid-op."""
+
+    def __init__(self, path: str, extra: Callable[[dict[str, Any]], None] | None = None) -> None:
+        self._file = open(path, "a", encoding="utf-8", buffering=1) if path else None  # noqa: SIM115
+        self._extra = extra
+
+    def write(self, record: dict[str, Any]) -> None:
+        line = json.dumps(record, default=str)
+        if self._file is not None:
+            self._file.write(line + "\n")
+            self._file.flush()
+        if self._extra is not None:
+            self._extra(record)
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+
+
+class Driver:
+    """One rank's interpreter of a Program over real torch.distributed."""
+
+    def __init__(self, spec: RankSpec, program: Program, progress: Progress) -> None:
+        import torch
+        import torch.distributed as dist
+
+        self.torch = torch
+        self.dist = dist
+        self.spec = spec
+        self.program = program
+        self.progress = progress
+        self.gpu = spec.lane == "gpu"
+        self.measurer = Measurer(self.gpu, spec.node)
+        self.handles: dict[str, Any] = {}
+        self.seq: dict[int, int] = {}
+        self.p2p_seq: dict[tuple[int, int, int], int] = {}
+        self.allocations: list[Any] = []
+        self.notes: list[str] = []
+        self.applied: Any = None
+        self.store: Any = None
+
+    # ------------------------------------------------------------------ helpers
+
+    def _timeout(self, op_timeout_s: float | None, init: bool = False) -> datetime.timedelta | None:
+        """The run's torch timeout when it sets one (CPU lane), else the op's own (None: torch's default)."""
+        seconds = self.spec.torch_timeout_s if self.spec.torch_timeout_s is not None else op_timeout_s
+        if init and self.spec.init_timeout_s is not None and seconds is not None:
+            seconds = max(seconds, self.spec.init_timeout_s)
+        return None if seconds is None else datetime.timedelta(seconds=seconds)
+
+    def _device(self) -> Any:
+        if self.gpu:
+            return self.torch.device("cuda", self.torch.cuda.current_device())
+        return self.torch.device("cpu")
+
+    def _group(self, handle: str) -> Any:
+        """The torch group for a handle: None for the world, NON_MEMBER, or a ProcessGroup."""
+        if handle == WORLD:
+            if WORLD not in self.handles:
+                raise ValueError("Default process group has not been initialized (no init_process_group ran)")
+            return None
+        if handle not in self.handles:
+            raise NameError(f"group handle {handle!r} was never bound on rank {self.spec.rank}")
+        return self.handles[handle]
+
+    def _group_info(self, handle: str) -> dict[str, Any]:
+        """Name, members and next sequence number of the group behind a handle (for progress and hang reports)."""
+        try:
+            group = self._group(handle)
+        except (ValueError, NameError):
+            return {"handle": handle}
+        if group is NON_MEMBER:
+            return {"handle": handle, "group": NON_MEMBER}
+        pg = group if group is not None else self.dist.distributed_c10d._get_default_group()
+        try:
+            name = pg.group_name
+        except Exception:
+            name = ""
+        return {
+            "handle": handle,
+            "group": name,
+            "members": list(self.dist.get_process_group_ranks(pg)),
+            "seq": self.seq.get(id(pg), 0) + 1,
+        }
+
+    def _tensor(self, size_bytes: int, dtype_name: str, multiple: int = 1) -> Any:
+        torch = self.torch
+        dtype = getattr(torch, DTYPES.get(dtype_name, "float32"))
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        numel = max(1, math.ceil(size_bytes / itemsize))
+        numel = math.ceil(numel / multiple) * multiple
+        return torch.ones(numel, dtype=dtype, device=self._device())
+
+    def _nccl_options(self, options: PgOptions, backend: str | None) -> Any:
+        """torch's ProcessGroupNCCL.Options for a PgOptions (GPU lane, NCCL-family backends only)."""
+        if not self.gpu or options == PgOptions():
+            return None
+        dist = self.dist
+        result = dist.ProcessGroupNCCL.Options()
+        result.lazy_init = options.lazy_init
+        result.is_high_priority_stream = options.is_high_priority_stream
+        if options.split_share is not None:
+            result.config.split_share = int(options.split_share)
+        return result
+
+    # ------------------------------------------------------------------ ops
+
+    def op_set_device(self, op: SetDevice) -> str:
+        if not self.gpu:
+            return "skipped: CPU lane"
+        index = self.spec.local_rank if op.device is None else op.device
+        self.measurer.note_baseline(index)
+        self.torch.cuda.set_device(index)
+        # Create the primary context now (the simulator charges it here) without touching the caching allocator.
+        self.torch.cuda.synchronize(index)
+        return f"cuda:{index}"
+
+    def op_init(self, op: InitProcessGroup) -> str:
+        dist = self.dist
+        kwargs: dict[str, Any] = {"store": self.store, "rank": self.spec.rank, "world_size": self.spec.world_size}
+        timeout = self._timeout(op.timeout_s, init=True)
+        if timeout is not None:
+            kwargs["timeout"] = timeout
+        if op.device_id is not None:
+            kwargs["device_id"] = (
+                self.torch.device("cuda", op.device_id)
+                if isinstance(op.device_id, int)
+                else self.torch.device(op.device_id)
+            )
+            if kwargs["device_id"].type == "cuda":
+                self.measurer.note_baseline(kwargs["device_id"].index)
+        options = self._nccl_options(op.pg_options, op.backend)
+        if options is not None:
+            kwargs["pg_options"] = options
+        dist.init_process_group(op.backend, **kwargs)
+        self.handles = {WORLD: None}
+        return f"backend={dist.get_backend()}"
+
+    def _bind(self, bind: str | None, group: Any, member: bool) -> None:
+        if not bind:
+            return
+        if member:
+            self.handles[bind] = group
+        else:
+            self.handles.setdefault(bind, NON_MEMBER)
+
+    def op_new_group(self, op: NewGroup) -> str:
+        dist = self.dist
+        if WORLD not in self.handles:
+            raise ValueError(
+                "Default process group has not been initialized, please make sure to call init_process_group."
+            )
+        kwargs: dict[str, Any] = {
+            "ranks": None if op.ranks is None else list(op.ranks),
+            "use_local_synchronization": op.use_local_synchronization,
+        }
+        if op.backend is not None:
+            kwargs["backend"] = op.backend
+        timeout = self._timeout(op.timeout_s)
+        if timeout is not None:
+            kwargs["timeout"] = timeout
+        if op.group_desc is not None:
+            kwargs["group_desc"] = op.group_desc
+        if op.device_id is not None:
+            kwargs["device_id"] = self.torch.device("cuda", op.device_id)
+        options = self._nccl_options(op.pg_options, op.backend)
+        if options is not None:
+            kwargs["pg_options"] = options
+        if self.applied is not None:
+            kwargs["purpose"] = op.purpose
+            kwargs["traffic"] = op.traffic
+        group = dist.new_group(**kwargs)
+        member = group is not dist.GroupMember.NON_GROUP_MEMBER and group is not None
+        self._bind(op.bind, group if member else NON_MEMBER, member)
+        if not member:
+            return "non-member: NON_GROUP_MEMBER"
+        return f"group {group.group_name} ranks {dist.get_process_group_ranks(group)}"
+
+    def op_split_group(self, op: SplitGroup) -> str:
+        dist = self.dist
+        parent = self._group(op.parent)
+        if parent is NON_MEMBER:
+            raise RuntimeError(f"split_group: this rank is not a member of the parent {op.parent!r}")
+        kwargs: dict[str, Any] = {"parent_pg": parent, "split_ranks": [list(s) for s in op.split_ranks]}
+        timeout = self._timeout(op.timeout_s)
+        if timeout is not None:
+            kwargs["timeout"] = timeout
+        if op.group_desc is not None:
+            kwargs["group_desc"] = op.group_desc
+        options = self._nccl_options(op.pg_options, None)
+        if options is not None:
+            kwargs["pg_options"] = options
+        if self.applied is not None:
+            kwargs["purpose"] = op.purpose
+            kwargs["traffic"] = op.traffic
+        group = dist.split_group(**kwargs)
+        member = group is not None and group is not dist.GroupMember.NON_GROUP_MEMBER
+        self._bind(op.bind, group if member else NON_MEMBER, member)
+        if not member:
+            return "non-member"
+        return f"group {group.group_name} ranks {dist.get_process_group_ranks(group)}"
+
+    def op_collective(self, op: Collective) -> str:
+        dist = self.dist
+        group = self._group(op.group)
+        if group is NON_MEMBER:
+            return f"not a member of {op.group!r}: torch warns and returns (no call)"
+        pg = group if group is not None else dist.distributed_c10d._get_default_group()
+        size = dist.get_world_size(pg)
+        self.seq[id(pg)] = self.seq.get(id(pg), 0) + 1
+        if isinstance(op, Barrier):
+            dist.barrier(group=group)
+        elif isinstance(op, AllReduce):
+            dist.all_reduce(self._tensor(op.size_bytes, op.dtype), group=group)
+        elif isinstance(op, Broadcast):
+            dist.broadcast(self._tensor(op.size_bytes, op.dtype), src=op.src, group=group)
+        elif isinstance(op, AllGather):
+            t = self._tensor(op.size_bytes, op.dtype)
+            out = self.torch.empty(t.numel() * size, dtype=t.dtype, device=t.device)
+            dist.all_gather_into_tensor(out, t, group=group)
+        elif isinstance(op, ReduceScatter):
+            t = self._tensor(op.size_bytes, op.dtype, multiple=size)
+            out = self.torch.empty(t.numel() // size, dtype=t.dtype, device=t.device)
+            dist.reduce_scatter_tensor(out, t, group=group)
+        elif isinstance(op, AllToAll):
+            t = self._tensor(op.size_bytes, op.dtype, multiple=size)
+            dist.all_to_all_single(self.torch.empty_like(t), t, group=group)
+        else:  # pragma: no cover - every Collective subclass is handled above
+            raise TypeError(f"unknown collective {op.name}")
+        return f"seq {self.seq[id(pg)]} on {size} ranks"
+
+    def op_p2p(self, op: PointToPoint) -> str:
+        dist = self.dist
+        group = self._group(op.group)
+        if group is NON_MEMBER:
+            return f"not a member of {op.group!r}: torch warns and returns (no call)"
+        t = self._tensor(op.size_bytes, op.dtype)
+        if isinstance(op, Send):
+            dist.send(t, dst=op.peer, group=group)
+        else:
+            dist.recv(t, src=op.peer, group=group)
+        return f"{op.name} {t.numel() * t.element_size()} bytes, peer {op.peer}"
+
+    def op_destroy(self, op: DestroyProcessGroup) -> str:
+        dist = self.dist
+        if op.group == WORLD:
+            dist.destroy_process_group()
+            self.handles.clear()
+            self.seq.clear()
+            return "destroyed every group"
+        group = self._group(op.group)
+        if group is NON_MEMBER:
+            return "non-member: nothing to destroy"
+        dist.destroy_process_group(group)
+        return f"destroyed {op.group!r}"
+
+    def op_compute(self, op: Compute) -> str:
+        seconds = min(op.seconds * self.spec.compute_scale, self.spec.compute_cap_s)
+        if seconds > 0:
+            time.sleep(seconds)
+            return f"slept {seconds:.3f}s (scale {self.spec.compute_scale}, cap {self.spec.compute_cap_s}s)"
+        return "skipped (compute_scale 0)" if op.seconds > 0 else "no-op"
+
+    def op_alloc(self, op: Alloc) -> str:
+        if not self.gpu:
+            return "skipped: CPU lane"
+        self.allocations.append(
+            self.torch.empty(int(op.mib * 1024 * 1024), dtype=self.torch.uint8, device=self._device())
+        )
+        return f"{op.mib} MiB ({op.tag})"
+
+    def op_memory_check(self, op: MemoryCheck) -> str:
+        if not self.gpu:
+            return "skipped: CPU lane (no device memory to check)"
+        torch = self.torch
+        index = torch.cuda.current_device()
+        torch.cuda.synchronize(index)
+        free, total = torch.cuda.mem_get_info(index)
+        requested = math.ceil(total * op.gpu_memory_utilization)
+        if free < requested:
+            gib = 1024**3
+            raise CheckFailure(
+                f"Free memory on device cuda:{index} ({free / gib:.2f}/{total / gib:.2f} GiB) on startup is less than "
+                f"desired GPU memory utilization ({op.gpu_memory_utilization}, {requested / gib:.2f} GiB). Decrease "
+                "GPU memory utilization or reduce GPU memory used by other processes."
+            )
+        return f"free {free / 2**20:.0f} MiB >= requested {requested / 2**20:.0f} MiB"
+
+    def op_checkpoint(self, op: Checkpoint) -> str:
+        return f"checkpoint {op.label!r}"
+
+    # ------------------------------------------------------------------ the loop
+
+    def dispatch(self, op: Op) -> str:
+        table: dict[type, Callable[[Any], str]] = {
+            SetDevice: self.op_set_device,
+            InitProcessGroup: self.op_init,
+            NewGroup: self.op_new_group,
+            SplitGroup: self.op_split_group,
+            DestroyProcessGroup: self.op_destroy,
+            Compute: self.op_compute,
+            Alloc: self.op_alloc,
+            MemoryCheck: self.op_memory_check,
+            Checkpoint: self.op_checkpoint,
+        }
+        handler = table.get(type(op))
+        if handler is not None:
+            return handler(op)
+        if isinstance(op, Collective):
+            return self.op_collective(op)
+        if isinstance(op, PointToPoint):
+            return self.op_p2p(op)
+        raise TypeError(f"the driver has no rule for op {op.name!r}")
+
+    def _start_record(self, index: int, op: Op) -> dict[str, Any]:
+        record: dict[str, Any] = {"e": "start", "i": index, "name": op.name, "op": op.describe(), "t": time.time()}
+        if isinstance(op, (Collective, PointToPoint)):
+            record.update(self._group_info(op.group))
+            if isinstance(op, PointToPoint):
+                src, dst = (self.spec.rank, op.peer) if isinstance(op, Send) else (op.peer, self.spec.rank)
+                record["members"] = [src, dst]
+        elif isinstance(op, NewGroup):
+            record.update(
+                handle=op.bind or "",
+                members=list(op.ranks) if op.ranks is not None else list(range(self.spec.world_size)),
+            )
+        elif isinstance(op, InitProcessGroup):
+            record.update(handle=WORLD, group="0", members=list(range(self.spec.world_size)))
+        elif isinstance(op, SplitGroup):
+            record.update(handle=op.bind or "", parent=op.parent)
+        if isinstance(op, (InitProcessGroup, NewGroup, SplitGroup)):
+            timeout = self._timeout(op.timeout_s, init=isinstance(op, InitProcessGroup))
+            record["timeout_s"] = None if timeout is None else timeout.total_seconds()
+        elif self.spec.torch_timeout_s is not None:
+            record["timeout_s"] = self.spec.torch_timeout_s
+        return record
+
+    def run(self) -> dict[str, Any]:
+        """Run the program; return the final record (``status`` done/error)."""
+        final: dict[str, Any] = {"e": "final", "status": "done"}
+        index = -1
+        op: Op | None = None
+        try:
+            policy = lane_policy(self.spec.policy, self.spec.lane)
+            with apply_policy(policy) as applied:
+                self.applied = applied
+                for index, op in enumerate(self.program.ops):
+                    self.progress.write(self._start_record(index, op))
+                    detail = self.dispatch(op)
+                    end: dict[str, Any] = {"e": "end", "i": index, "outcome": "ok", "detail": detail}
+                    end["measure"] = self.measurer.measure()
+                    end["t"] = time.time()
+                    if isinstance(op, Checkpoint):
+                        end["label"] = op.label
+                    self.progress.write(end)
+                final["decisions"] = [_decision_text(call) for call in applied.decisions]
+        except BaseException as exc:
+            kind = "check" if isinstance(exc, CheckFailure) else classify(exc)
+            self.progress.write(
+                {
+                    "e": "end",
+                    "i": index,
+                    "outcome": kind,
+                    "detail": f"{type(exc).__name__}: {str(exc)[:2000]}",
+                    "t": time.time(),
+                }
+            )
+            final.update(
+                status="error",
+                kind=kind,
+                type=_qualified(exc),
+                message=str(exc)[:2000],
+                op=op.describe() if op is not None else "",
+                traceback=traceback.format_exc()[-4000:],
+            )
+            if self.applied is not None:
+                final["decisions"] = [_decision_text(call) for call in self.applied.decisions]
+        final["notes"] = self.notes + self.measurer.notes
+        final["t"] = time.time()
+        return final
+
+
+def _qualified(exc: BaseException) -> str:
+    cls = type(exc)
+    module = cls.__module__
+    return cls.__name__ if module in ("builtins", "real.driver") else f"{module}.{cls.__name__}"
+
+
+def _decision_text(call: Any) -> dict[str, Any]:
+    decision = call.decision
+    describe = getattr(decision, "describe", None)
+    return {
+        "call": call.kind,
+        "ranks": None if call.ranks is None else list(call.ranks),
+        "plan": describe() if callable(describe) else repr(decision),
+        "explanation": getattr(decision, "explanation", "") or "as requested",
+        "torch_called": call.torch_called,
+    }
+
+
+# ---------------------------------------------------------------------------------------------- entry points
+
+
+def make_store(spec: RankSpec) -> Any:
+    """The rendezvous store: a FileStore (local launcher), a TCPStore, or torchrun's env:// store."""
+    import torch.distributed as dist
+
+    kind = spec.store.get("kind", "file")
+    timeout = datetime.timedelta(seconds=spec.store.get("timeout_s", 60.0))
+    prefix = spec.store.get("prefix", "real")
+    if kind == "file":
+        store = dist.FileStore(spec.store["path"], spec.world_size)
+        store.set_timeout(timeout)
+    elif kind == "tcp":
+        store = dist.TCPStore(
+            spec.store["host"],
+            int(spec.store["port"]),
+            spec.world_size,
+            is_master=spec.rank == 0,
+            timeout=timeout,
+            wait_for_workers=False,
+        )
+    elif kind == "env":
+        store, _, _ = next(dist.rendezvous("env://", spec.rank, spec.world_size, timeout=timeout))
+    else:
+        raise ValueError(f"unknown store kind {kind!r}")
+    return dist.PrefixStore(prefix, store)
+
+
+def prepare_env(spec: RankSpec) -> None:
+    """The process environment the rank runs under: the variant's env, plus what a launcher sets."""
+    os.environ.update(spec.env)
+    os.environ["RANK"] = str(spec.rank)
+    os.environ["WORLD_SIZE"] = str(spec.world_size)
+    if spec.set_launcher_env:  # torchrun sets these; a plain spawn launcher does not (nccl2's device fallback)
+        os.environ["LOCAL_RANK"] = str(spec.local_rank)
+        os.environ["LOCAL_WORLD_SIZE"] = str(spec.local_world_size)
+
+
+def park(spec: RankSpec) -> None:
+    """Keep the process (and its sockets) alive until released, so peers waiting on it stay blocked."""
+    deadline = time.monotonic() + spec.park_max_s
+    while time.monotonic() < deadline:
+        if spec.release_file and os.path.exists(spec.release_file):
+            return
+        time.sleep(0.02)
+
+
+def child_main(spec: RankSpec, extra: Callable[[dict[str, Any]], None] | None = None) -> int:
+    """A rank process's whole life: env, store, program, final record, park. Returns the exit code."""
+    prepare_env(spec)
+    progress = Progress(spec.progress, extra)
+    progress.write({"e": "hello", "rank": spec.rank, "pid": os.getpid(), "t": time.time()})
+    program = program_from_list(spec.program)
+    try:
+        import torch  # noqa: F401
+    except ImportError as err:  # pragma: no cover - the launcher checks first
+        progress.write({"e": "final", "status": "error", "kind": "error", "type": "ImportError", "message": str(err)})
+        return 2
+    driver = Driver(spec, program, progress)
+    try:
+        driver.store = make_store(spec)
+    except BaseException as exc:
+        final = {
+            "e": "final",
+            "status": "error",
+            "kind": classify(exc),
+            "type": _qualified(exc),
+            "message": f"store rendezvous failed: {exc}"[:2000],
+            "op": "<store>",
+            "t": time.time(),
+        }
+        progress.write(final)
+        park(spec)
+        return 1
+    final = driver.run()
+    progress.write(final)
+    park(spec)
+    progress.close()
+    return 0 if final["status"] == "done" else 1

@@ -1,0 +1,709 @@
+"""Launch N rank processes for a scenario variant, watch them, and end every run with a verdict.
+
+Local mode (``python -m real run SCENARIO``): a zygote (``real._zygote``) that imported torch once forks the
+ranks; they rendezvous over a FileStore in the run folder. Each rank writes a progress record *before* every op
+(``rank<N>.jsonl``), so when the run has to be stopped the report says where each rank was.
+
+A run ends when every rank has reported its final record (done or failed; a rank that finished parks, keeping its
+sockets open, so peers that still wait on it stay blocked as in the simulator), or when nothing has progressed for
+``stall_s`` (a hang: on the CPU lane each op also carries a short torch timeout, so most hangs end as a gloo/store
+timeout in the op first), or at the wall-clock ``timeout_s``. Then every rank still running is killed with its
+process group (``killpg``), the parked ones are released, and all are reaped; ``run_programs`` checks that no rank
+pid remains.
+
+torchrun mode (``torchrun --nproc-per-node N -m real run SCENARIO``, detected by ``RANK``/``WORLD_SIZE`` in the
+environment): this process is one rank; the ranks coordinate over torchrun's store, a watchdog thread ends a rank
+that passes the timeout (torchrun then stops the others), and rank 0 prints the report.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from real.lanes import check_gpu_lane, comparability, cpu_programs, cpu_substitutions
+from real.measure import build_variant_result
+from real.programs import programs_to_lists
+from simnccl.ops import Program
+from simnccl.scenario import Scenario, Variant
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SCHEMA_VERSION = 1
+
+
+class LaunchError(RuntimeError):
+    """The launcher itself failed (zygote did not start, a rank pid survived)."""
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """How a real run is executed and when it is declared over."""
+
+    lane: str = "cpu"
+    timeout_s: float = 60.0  # the whole run, wall clock
+    # Passed to init_process_group/new_group/split_group (None: the op's own). The CPU default is a safety net
+    # beyond the run's timeout: hangs are detected by the stall detector, which stops every rank at once. A short
+    # torch timeout also works (the op fails with a gloo timeout, reported as a hang) but gloo then closes the
+    # rank's sockets, and peers still waiting on it fail with "connection closed by peer" — a cascade that blurs
+    # which ranks were really stuck.
+    torch_timeout_s: float | None = 90.0
+    # init_process_group's, when it must be longer than torch_timeout_s (the default group's timeout is also
+    # its collectives' timeout, so a longer one slows hang detection on the world group)
+    init_timeout_s: float | None = None
+    stall_s: float = 5.0  # no progress from any rank for this long: a hang
+    compute_scale: float = 0.0
+    compute_cap_s: float = 2.0
+    release_grace_s: float = 3.0
+    startup_s: float = 60.0  # a rank that has not started its first op yet is not stalled before this
+    keep_dir: bool = False
+    max_ranks: int = 16
+
+    @classmethod
+    def for_lane(cls, lane: str, **overrides: Any) -> RunSettings:
+        if lane == "gpu":
+            base = cls(
+                lane="gpu",
+                timeout_s=300.0,
+                torch_timeout_s=None,
+                init_timeout_s=None,
+                stall_s=120.0,
+                compute_scale=0.01,
+            )
+        else:
+            base = cls(lane="cpu")
+        return replace(base, **{k: v for k, v in overrides.items() if v is not None})
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+# ---------------------------------------------------------------------------------------------- the zygote
+
+
+class Zygote:
+    """The launcher's side of ``real._zygote``: start it, spawn ranks, learn exits, stop it."""
+
+    def __init__(self, log_dir: Path, start_timeout_s: float = 120.0) -> None:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
+        env.setdefault("PYTHONWARNINGS", "ignore")
+        self.log_path = log_dir / "zygote.log"
+        self._log = open(self.log_path, "ab")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "real._zygote"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            env=env,
+            start_new_session=True,
+        )
+        self._lock = threading.Condition()
+        self._write_lock = threading.Lock()
+        self.exited: dict[int, tuple[int, float]] = {}
+        self._spawned: dict[str, int] = {}
+        self.ready = False
+        self._reader = threading.Thread(target=self._read, name="zygote-reader", daemon=True)
+        self._reader.start()
+        deadline = time.monotonic() + start_timeout_s
+        with self._lock:
+            while not self.ready:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    self.close()
+                    raise LaunchError(f"the rank zygote did not start; see {self.log_path}:\n{self.log_tail()}")
+                self._lock.wait(0.1)
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for raw in self.proc.stdout:
+            try:
+                msg = json.loads(raw)
+            except ValueError:
+                continue
+            with self._lock:
+                if "ready" in msg:
+                    self.ready = True
+                elif "spawned" in msg:
+                    self._spawned[str(msg["tag"])] = int(msg["spawned"])
+                elif "exited" in msg:
+                    self.exited[int(msg["exited"])] = (int(msg["code"]), time.time())
+                self._lock.notify_all()
+        with self._lock:
+            self._lock.notify_all()
+
+    def log_tail(self, n: int = 4000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-n:]
+        except OSError:
+            return ""
+
+    def spawn(self, spec: Mapping[str, Any], log: Path, tag: str, timeout_s: float = 30.0) -> int:
+        assert self.proc.stdin is not None
+        line = json.dumps({"cmd": "spawn", "tag": tag, "spec": dict(spec), "log": str(log)}) + "\n"
+        with self._write_lock:
+            self.proc.stdin.write(line.encode())
+            self.proc.stdin.flush()
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            while tag not in self._spawned:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise LaunchError(f"the zygote did not spawn rank {tag}:\n{self.log_tail()}")
+                self._lock.wait(0.05)
+            return self._spawned.pop(tag)
+
+    def exit_of(self, pid: int) -> tuple[int, float] | None:
+        with self._lock:
+            return self.exited.get(pid)
+
+    def wait_exits(self, pids: Sequence[int], timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            while not all(p in self.exited for p in pids):
+                if time.monotonic() > deadline or self.proc.poll() is not None:
+                    return all(p in self.exited for p in pids)
+                self._lock.wait(0.05)
+        return True
+
+    def close(self) -> None:
+        """Stop the zygote: it kills and reaps whatever rank is left, then exits."""
+        with contextlib.suppress(OSError, ValueError):
+            if self.proc.stdin is not None:
+                self.proc.stdin.write(b'{"cmd": "exit"}\n')
+                self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+        self._reader.join(timeout=5)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+        self._log.close()
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL a rank's process group (it made itself a group leader), and the pid itself."""
+    for kill in (lambda: os.killpg(pid, signal.SIGKILL), lambda: os.kill(pid, signal.SIGKILL)):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            kill()
+
+
+def pid_alive(pid: int) -> bool:
+    """True while ``pid`` exists and is not a zombie (checked through /proc, psutil-free)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+        return state != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+# ---------------------------------------------------------------------------------------------- one run
+
+
+@dataclass
+class _RankWatch:
+    rank: int
+    progress: Path
+    log: Path
+    pid: int = 0
+    offset: int = 0
+    partial: str = ""
+    ops: dict[int, dict[str, Any]] = field(default_factory=dict)
+    current: dict[str, Any] | None = None
+    final: dict[str, Any] | None = None
+    killed: bool = False
+    last_change: float = 0.0
+
+    def poll(self) -> bool:
+        """Read new progress records; True when something new arrived."""
+        try:
+            with open(self.progress, encoding="utf-8") as f:
+                f.seek(self.offset)
+                chunk = f.read()
+                self.offset = f.tell()
+        except FileNotFoundError:
+            return False
+        if not chunk:
+            return False
+        text = self.partial + chunk
+        lines = text.split("\n")
+        self.partial = lines.pop()
+        for line in lines:
+            if not line.strip():
+                continue
+            record = json.loads(line)
+            self._apply(record)
+        self.last_change = time.time()
+        return True
+
+    def _apply(self, record: dict[str, Any]) -> None:
+        event = record.get("e")
+        if event == "start":
+            entry = {k: v for k, v in record.items() if k != "e"}
+            entry["start"] = entry.pop("t")
+            self.ops[record["i"]] = entry
+            self.current = record
+        elif event == "end":
+            entry = self.ops.setdefault(record["i"], {"i": record["i"]})
+            entry["end"] = record.get("t")
+            for key in ("outcome", "detail", "measure", "label"):
+                if key in record:
+                    entry[key] = record[key]
+            if record.get("outcome") == "ok":
+                self.current = None
+        elif event == "final":
+            self.final = record
+
+    def log_tail(self) -> str:
+        try:
+            return self.log.read_text(errors="replace")[-4000:]
+        except OSError:
+            return ""
+
+
+class Launcher:
+    """Runs worlds of rank processes locally; reuse one for many runs (the zygote starts once)."""
+
+    def __init__(self, work_dir: str | Path | None = None) -> None:
+        self._own_dir = work_dir is None
+        self.work_dir = Path(tempfile.mkdtemp(prefix="real-")) if work_dir is None else Path(work_dir)
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        self._zygote: Zygote | None = None
+        self._runs = 0
+        self._keep = False  # a run asked to keep its files: the work folder survives close()
+        self._lock = threading.Lock()
+        self.all_pids: list[int] = []
+
+    def __enter__(self) -> Launcher:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def zygote(self) -> Zygote:
+        if self._zygote is None or self._zygote.proc.poll() is not None:
+            self._zygote = Zygote(self.work_dir)
+        return self._zygote
+
+    @property
+    def zygote_pid(self) -> int | None:
+        return None if self._zygote is None else self._zygote.proc.pid
+
+    def close(self) -> None:
+        if self._zygote is not None:
+            self._zygote.close()
+            self._zygote = None
+        if self._own_dir and not self._keep:
+            shutil.rmtree(self.work_dir, ignore_errors=True)
+
+    def run_programs(
+        self,
+        programs: Sequence[Program],
+        settings: RunSettings,
+        *,
+        policy: str = "torch-default",
+        env: Mapping[str, str] | None = None,
+        set_launcher_env: bool = True,
+        name: str = "run",
+        description: str = "",
+        release: str = "",
+        substitutions: Sequence[str] = (),
+        notes: Sequence[str] = (),
+    ) -> dict[str, Any]:
+        """Run one world (one rank per program) to a verdict; the Result-shaped dict of it."""
+        world = len(programs)
+        if world > settings.max_ranks:
+            raise LaunchError(f"{world} ranks exceed this launcher's limit of {settings.max_ranks} local processes")
+        if settings.lane == "gpu":
+            check_gpu_lane(world)
+        with self._lock:
+            self._runs += 1
+            number = self._runs
+            zygote = self.zygote
+        run_dir = self.work_dir / f"run{number:04d}"
+        run_dir.mkdir(parents=True, exist_ok=True)
+        release_file = run_dir / "release"
+        lists = programs_to_lists(programs)
+        watches = [_RankWatch(r, run_dir / f"rank{r}.jsonl", run_dir / f"rank{r}.log") for r in range(world)]
+        started = time.time()
+        for rank, watch in enumerate(watches):
+            spec = {
+                "rank": rank,
+                "world_size": world,
+                "program": lists[rank],
+                "lane": settings.lane,
+                "policy": policy,
+                "env": dict(env or {}),
+                "local_rank": rank,
+                "local_world_size": world,
+                "node": 0,
+                "set_launcher_env": set_launcher_env,
+                "store": {"kind": "file", "path": str(run_dir / "store"), "timeout_s": settings.timeout_s},
+                "torch_timeout_s": settings.torch_timeout_s,
+                "init_timeout_s": settings.init_timeout_s,
+                "compute_scale": settings.compute_scale,
+                "compute_cap_s": settings.compute_cap_s,
+                "progress": str(watch.progress),
+                "release_file": str(release_file),
+                "park_max_s": settings.timeout_s + 30.0,
+            }
+            watch.pid = zygote.spawn(spec, watch.log, tag=f"{number}:{rank}")
+            watch.last_change = time.time()
+            self.all_pids.append(watch.pid)
+        reason = self._watch(watches, zygote, settings, started)
+        self._finish(watches, zygote, settings, release_file)
+        states = []
+        for watch in watches:
+            watch.poll()
+            exit_info = zygote.exit_of(watch.pid)
+            states.append(
+                {
+                    "rank": watch.rank,
+                    "pid": watch.pid,
+                    "ops": [watch.ops[i] for i in sorted(watch.ops)],
+                    "current": watch.current,
+                    "final": watch.final,
+                    "killed": watch.killed,
+                    "exit_code": None if exit_info is None else exit_info[0],
+                    "exit_t": time.time() if exit_info is None else exit_info[1],
+                    "log_tail": watch.log_tail() if watch.final is None or watch.final.get("status") != "done" else "",
+                }
+            )
+        result = build_variant_result(
+            name=name,
+            description=description,
+            lane=settings.lane,
+            policy=policy,
+            env=dict(env or {}),
+            release=release,
+            torch_version=_torch_version(),
+            rank_states=states,
+            reason=reason,
+            started_at=started,
+            substitutions=substitutions,
+            notes=notes,
+            settings=settings.to_dict(),
+        )
+        result["wall_s"] = round(time.time() - started, 3)
+        if settings.keep_dir:
+            self._keep = True
+            result["run_dir"] = str(run_dir)
+        else:
+            shutil.rmtree(run_dir, ignore_errors=True)
+        return result
+
+    def _watch(self, watches: list[_RankWatch], zygote: Zygote, settings: RunSettings, started: float) -> str:
+        deadline = started + settings.timeout_s
+        while True:
+            now = time.time()
+            for watch in watches:
+                watch.poll()
+            if all(w.final is not None or zygote.exit_of(w.pid) is not None for w in watches):
+                return "finished"
+            last = max(max(w.last_change for w in watches), max((e[1] for e in _exits(zygote, watches)), default=0))
+            starting = any(not w.ops and w.final is None for w in watches) and now - started < settings.startup_s
+            if now - last > settings.stall_s and not starting:
+                return f"no progress for {settings.stall_s:g}s"
+            if now > deadline:
+                return f"wall-clock timeout of {settings.timeout_s:g}s"
+            time.sleep(0.02)
+
+    def _finish(self, watches: list[_RankWatch], zygote: Zygote, settings: RunSettings, release_file: Path) -> None:
+        """Kill what still runs, release what parked, reap all; no rank pid may survive."""
+        for watch in watches:
+            if watch.final is None and zygote.exit_of(watch.pid) is None:
+                watch.poll()
+                if watch.final is None:
+                    watch.killed = True
+                    kill_tree(watch.pid)
+        release_file.touch()
+        pids = [w.pid for w in watches]
+        if not zygote.wait_exits(pids, settings.release_grace_s):
+            for watch in watches:
+                if zygote.exit_of(watch.pid) is None:
+                    kill_tree(watch.pid)
+            zygote.wait_exits(pids, 10.0)
+        survivors = [p for p in pids if pid_alive(p)]
+        if survivors:
+            for pid in survivors:
+                kill_tree(pid)
+            time.sleep(0.2)
+            survivors = [p for p in pids if pid_alive(p)]
+            if survivors:
+                raise LaunchError(f"rank processes {survivors} survived SIGKILL")
+
+
+def _exits(zygote: Zygote, watches: list[_RankWatch]) -> list[tuple[int, float]]:
+    return [e for e in (zygote.exit_of(w.pid) for w in watches) if e is not None]
+
+
+def _torch_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("torch")
+    except Exception:  # pragma: no cover
+        return "unknown"
+
+
+def installed_release() -> str | None:
+    """The simnccl release key of the installed torch (without importing torch)."""
+    text = _torch_version()
+    parts = text.split(".")
+    try:
+        key = (int(parts[0]), int(parts[1]))
+    except (ValueError, IndexError):
+        return None
+    return {(2, 14): "2.14", (2, 15): "2.15", (2, 16): "2.16-dev"}.get(key)
+
+
+# ---------------------------------------------------------------------------------------------- scenarios
+
+
+def lane_programs(scenario: Scenario, lane: str) -> tuple[tuple[Program, ...], list[str], list[str]]:
+    """(programs, substitutions, notes) a lane runs for a scenario."""
+    notes: list[str] = []
+    faults = getattr(scenario, "faults", None)
+    if faults is not None and getattr(faults, "faults", None):
+        notes.append("faults: the scenario's [faults] are not injected on the real lanes (simulated only)")
+    if lane == "cpu":
+        return (
+            cpu_programs(scenario.programs),
+            cpu_substitutions(scenario.programs),
+            notes + comparability(scenario.programs),
+        )
+    return tuple(scenario.programs), [], notes
+
+
+def variant_notes(variant: Variant) -> list[str]:
+    installed = installed_release()
+    if installed is not None and variant.release != installed:
+        return [f"variant release {variant.release}: the real run uses the installed torch {_torch_version()}"]
+    return []
+
+
+def run_scenario_real(
+    scenario: Scenario,
+    settings: RunSettings,
+    variants: Sequence[str] | None = None,
+    launcher: Launcher | None = None,
+) -> dict[str, Any]:
+    """Every chosen variant of a scenario on real torch; the ScenarioResult-shaped dict."""
+    chosen = [scenario.variant(n) for n in variants] if variants else list(scenario.variants)
+    programs, substitutions, notes = lane_programs(scenario, settings.lane)
+    own = launcher is None
+    launcher = launcher or Launcher()
+    try:
+        results = [
+            launcher.run_programs(
+                programs,
+                settings,
+                policy=variant.policy,
+                env=variant.env,
+                set_launcher_env=scenario.launcher == "torchrun",
+                name=variant.name,
+                description=variant.description,
+                release=variant.release,
+                substitutions=substitutions,
+                notes=notes + variant_notes(variant),
+            )
+            for variant in chosen
+        ]
+    finally:
+        if own:
+            launcher.close()
+    return {
+        "schema": SCHEMA_VERSION,
+        "scenario": scenario.name,
+        "source": scenario.source,
+        "seed": scenario.seed,
+        "lane": settings.lane,
+        "ok": True,
+        "variants": results,
+    }
+
+
+# ---------------------------------------------------------------------------------------------- torchrun mode
+
+
+def under_torchrun(env: Mapping[str, str] | None = None) -> bool:
+    env = os.environ if env is None else env
+    return "RANK" in env and "WORLD_SIZE" in env and "MASTER_ADDR" in env
+
+
+def torchrun_main(scenario: Scenario, variant: Variant, settings: RunSettings, out: Path | None) -> int:
+    """This process is one rank of a torchrun world. Rank 0 prints (and writes) the report."""
+    import datetime
+
+    import torch.distributed as dist
+
+    from real.driver import Driver, Progress, RankSpec, prepare_env
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    programs, substitutions, notes = lane_programs(scenario, settings.lane)
+    if world != len(programs):
+        print(f"real: torchrun world of {world} but the scenario has {len(programs)} ranks", file=sys.stderr)
+        return 2
+    if settings.lane == "gpu":
+        check_gpu_lane(int(os.environ.get("LOCAL_WORLD_SIZE", world)))
+    started = time.time()
+    base, _, _ = next(dist.rendezvous("env://", rank, world, timeout=datetime.timedelta(seconds=settings.timeout_s)))
+    control = dist.PrefixStore("real/control", base)
+    spec = RankSpec(
+        rank=rank,
+        world_size=world,
+        program=programs[rank].to_list(),
+        lane=settings.lane,
+        policy=variant.policy,
+        env=dict(variant.env),
+        local_rank=local_rank,
+        local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", world)),
+        node=int(os.environ.get("GROUP_RANK", "0")),
+        set_launcher_env=False,  # torchrun has set them
+        torch_timeout_s=settings.torch_timeout_s,
+        init_timeout_s=settings.init_timeout_s,
+        compute_scale=settings.compute_scale,
+        compute_cap_s=settings.compute_cap_s,
+    )
+    prepare_env(spec)
+    watch = _RankWatch(rank, Path(os.devnull), Path(os.devnull), pid=os.getpid())
+    lock = threading.Lock()
+
+    def publish(record: dict[str, Any]) -> None:
+        with lock:
+            watch._apply(record)
+
+    def snapshot(killed: bool) -> str:
+        with lock:
+            return json.dumps(
+                {
+                    "rank": rank,
+                    "pid": os.getpid(),
+                    "ops": [watch.ops[i] for i in sorted(watch.ops)],
+                    "current": watch.current,
+                    "final": watch.final,
+                    "killed": killed,
+                    "exit_code": None,
+                    "exit_t": time.time(),
+                },
+                default=str,
+            )
+
+    def watchdog() -> None:
+        deadline = started + settings.timeout_s
+        while time.time() < deadline:
+            if watch.final is not None:
+                return
+            time.sleep(0.1)
+        with contextlib.suppress(Exception):
+            control.set(f"state/{rank}", snapshot(True))
+        if rank == 0:
+            with contextlib.suppress(Exception):
+                _torchrun_report(control, world, scenario, variant, settings, started, substitutions, notes, out)
+        else:  # let rank 0 read our state before torchrun stops the world on our exit
+            control_wait(control, ["report"], 10.0)
+        sys.stdout.flush()
+        os._exit(124)
+
+    threading.Thread(target=watchdog, name="real-watchdog", daemon=True).start()
+    progress = Progress("", extra=publish)
+    driver = Driver(spec, programs[rank], progress)
+    driver.store = dist.PrefixStore("real/run", base)
+    final = driver.run()
+    progress.write(final)
+    control.set(f"state/{rank}", snapshot(False))
+    control.add("finals", 1)
+    code = 0
+    if rank == 0:
+        code = _torchrun_report(control, world, scenario, variant, settings, started, substitutions, notes, out)
+    else:
+        spec.park_max_s = max(0.0, started + settings.timeout_s - time.time())
+        control_wait(control, ["report"], spec.park_max_s)
+    return code
+
+
+def control_wait(store: Any, keys: list[str], timeout_s: float) -> bool:
+    import datetime
+
+    try:
+        store.wait(keys, datetime.timedelta(seconds=max(timeout_s, 0.1)))
+        return True
+    except Exception:
+        return False
+
+
+def _torchrun_report(
+    control: Any,
+    world: int,
+    scenario: Scenario,
+    variant: Variant,
+    settings: RunSettings,
+    started: float,
+    substitutions: list[str],
+    notes: list[str],
+    out: Path | None,
+) -> int:
+    deadline = started + settings.timeout_s
+    while time.time() < deadline:
+        if int(control.add("finals", 0)) >= world:
+            break
+        time.sleep(0.1)
+    states = []
+    for r in range(world):
+        if control_wait(control, [f"state/{r}"], 3.0):
+            states.append(json.loads(control.get(f"state/{r}")))
+        else:
+            states.append({"rank": r, "ops": [], "current": None, "final": None, "killed": True, "exit_code": None})
+    reason = "finished" if all(s.get("final") for s in states) else f"wall-clock timeout of {settings.timeout_s:g}s"
+    result = build_variant_result(
+        name=variant.name,
+        description=variant.description,
+        lane=settings.lane,
+        policy=variant.policy,
+        env=dict(variant.env),
+        release=variant.release,
+        torch_version=_torch_version(),
+        rank_states=states,
+        reason=reason,
+        started_at=started,
+        substitutions=substitutions,
+        notes=[*notes, "launched by torchrun"],
+        settings=settings.to_dict(),
+    )
+    report = {
+        "schema": SCHEMA_VERSION,
+        "scenario": scenario.name,
+        "source": scenario.source,
+        "seed": scenario.seed,
+        "lane": settings.lane,
+        "ok": True,
+        "variants": [result],
+    }
+    from real.report import render_run
+
+    print(render_run(report))
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(report, indent=2, default=str))
+    control.set("report", "1")
+    return 0 if result["verdict"] == "pass" else 1

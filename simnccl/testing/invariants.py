@@ -1,0 +1,305 @@
+"""Invariant checkers: one function per property, each returning a ``Verdict`` with a human explanation.
+
+Why a verdict and not an assert: the same checks run in hypothesis properties, in the stateful test after
+every step, and in users' own suites; a ``Verdict`` says *what* broke in words a failure report can print
+(torchft style), and ``assert verdict, verdict.explanation`` is all a test needs.
+
+Every checker can fail: ``tests/test_invariants.py`` feeds each one an outcome that breaks it.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from simnccl.backends.base import runtime_connect
+from simnccl.c10d import NON_GROUP_MEMBER, Group
+from simnccl.engine import RunOutcome
+from simnccl.memory import mib_to_bytes
+from simnccl.ops import WORLD, Collective, NewGroup, Op, PointToPoint
+from simnccl.profiles import find_profile
+
+MIB = 2**20
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    ok: bool
+    explanation: str
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+
+def _ok(text: str) -> Verdict:
+    return Verdict(True, text)
+
+
+def _fail(text: str) -> Verdict:
+    return Verdict(False, text)
+
+
+def _hang_text(h: Mapping[str, Any]) -> str:
+    return f"rank {h['rank']} hangs in {h['op']} (op #{h.get('op_index')}) waiting for {h['waiting_for']}: " + str(
+        h["explanation"]
+    )
+
+
+def _error_text(e: Mapping[str, Any]) -> str:
+    return f"rank {e['rank']} {e['kind']} in {e['op']}: {e['type']}: {str(e['message']).splitlines()[0]}"
+
+
+# ---------------------------------------------------------------------- liveness
+
+
+def passes(outcome: RunOutcome) -> Verdict:
+    """A valid program runs to completion on every rank: verdict ``pass``, no hang, no error."""
+    if outcome.verdict == "pass" and not outcome.hangs and not outcome.errors:
+        return _ok("every rank finished its program")
+    lines = [f"verdict {outcome.verdict!r}"]
+    lines += [_hang_text(h) for h in outcome.hangs[:4]]
+    lines += [_error_text(e) for e in outcome.errors[:4]]
+    return _fail("; ".join(lines))
+
+
+def blamed_ranks(outcome: RunOutcome) -> set[int]:
+    """The ranks a report points at, where a person would look first.
+
+    * a rank that failed on its own (an error that is not the watchdog's verdict on a hang: the rank has no
+      hang entry) — e.g. the NameError of a rank that never bound the handle;
+    * the ranks a hung rank is ``waiting_for`` (the stragglers, not the ranks that are ahead);
+    * ``rank N`` named by a hang explanation (a size or split mismatch names the rank that disagreed), or
+      the subject ``ranks [...]`` of a clause ("ranks [1, 3] already bootstrapped ... under that name").
+
+    Watchdog timeouts are symptoms: every hung rank gets one, so counting them would blame everybody.
+    """
+    hung = {h["rank"] for h in outcome.hangs}
+    timed_out = {e["rank"] for e in outcome.errors if e["rank"] in hung or e["kind"] == "timeout"}
+    named: set[int] = {e["rank"] for e in outcome.errors if e["rank"] not in timed_out}
+    for h in outcome.hangs:
+        named.update(h["waiting_for"])
+        for clause in str(h["explanation"]).split("; "):
+            died = _DIED.match(clause)
+            if died and int(died.group(1)) in timed_out:
+                continue  # "rank N died: <watchdog timeout>" is a symptom of the same hang
+            named.update(int(r) for r in _RANK.findall(clause))
+            for listed in _RANKS_SUBJECT.findall(clause):
+                named.update(int(r) for r in listed.split(",") if r.strip())
+    return named
+
+
+_RANK = re.compile(r"\brank (\d+)\b")
+_DIED = re.compile(r"^rank (\d+) died: ")
+_RANKS_SUBJECT = re.compile(r"(?:^|: )ranks \[([0-9, ]+)\]")  # "...: ranks [1, 3] already bootstrapped ..."
+
+
+def names_culprit(outcome: RunOutcome, culprits: Iterable[int]) -> Verdict:
+    """A broken program does not pass, and the report blames a culprit (see ``blamed_ranks``)."""
+    blamed = tuple(culprits)
+    if outcome.verdict == "pass":
+        return _fail(f"the defect went unnoticed: verdict 'pass' (culprits {list(blamed)})")
+    hit = sorted(blamed_ranks(outcome) & set(blamed))
+    if hit:
+        return _ok(f"verdict {outcome.verdict!r} names culprit rank(s) {hit}")
+    details = "; ".join([_hang_text(h) for h in outcome.hangs[:3]] + [_error_text(e) for e in outcome.errors[:3]])
+    return _fail(f"verdict {outcome.verdict!r} but no culprit of {list(blamed)} is named: {details}")
+
+
+# ---------------------------------------------------------------------- memory
+
+
+def within_capacity(outcome: RunOutcome) -> Verdict:
+    """No device's peak use ever exceeds its capacity, and no device ends with negative or over-full use."""
+    bad = []
+    for device, ledger in sorted(outcome.ledgers.items()):
+        if ledger.peak_bytes > ledger.total_bytes:
+            bad.append(
+                f"{device}: peak {ledger.peak_bytes / MIB:.1f} MiB > capacity {ledger.total_bytes / MIB:.1f} MiB"
+            )
+        if not 0 <= ledger.used_bytes <= ledger.peak_bytes:
+            bad.append(f"{device}: used {ledger.used_bytes} B outside [0, peak {ledger.peak_bytes} B]")
+    if bad:
+        return _fail("; ".join(bad))
+    return _ok(f"{len(outcome.ledgers)} device(s) within capacity")
+
+
+def eager_group_bytes(gpu: str, release: str, env: Mapping[str, str]) -> int:
+    """The most one eagerly created group can charge a member at creation, on this profile and env
+    (``CommCosts.eager_group_mib``, the figure ``budget(X)`` prices a group at)."""
+    costs = find_profile(gpu, release).costs_for_env(env)
+    return mib_to_bytes(costs.eager_group_mib(connect_at_init=not runtime_connect(env)))
+
+
+def within_budget(
+    outcome: RunOutcome,
+    *,
+    budget_mib: float,
+    per_group_mib: float,
+    group_bytes: int,
+    before: str = "init",
+    after: str = "groups",
+) -> Verdict:
+    """What ``budget(X, per)`` promises, stated exactly.
+
+    BudgetPolicy makes a ``new_group`` eager only while every member's count of eager NCCL groups created by
+    ``new_group`` stays within ``floor(X / per)``; the rest get ``lazy_init``. Eager groups are the only ones
+    that allocate at creation, each at most ``group_bytes`` per member (``eager_group_bytes``). So between the
+    checkpoint ``before`` (after ``init_process_group``: CUDA context + world communicator) and ``after``
+    (after group creation, before any use) every device may grow by at most::
+
+        floor(X / per) * group_bytes
+
+    which is ``<= X`` MiB exactly when ``per`` is at least the profile's per-group cost: the promise
+    "context + world + X" holds only for a per-group estimate calibrated to the GPU.
+    """
+    allowed_groups = math.floor(budget_mib / per_group_mib + 1e-9)
+    allowed = allowed_groups * group_bytes
+    start = outcome.checkpoints.get(before, {})
+    end = outcome.checkpoints.get(after, {})
+    if not end:
+        return _fail(f"no checkpoint {after!r} was reached (verdict {outcome.verdict!r})")
+    bad = []
+    for device, snap in sorted(end.items()):
+        base = start.get(device)
+        if base is None:
+            bad.append(f"{device}: no {before!r} checkpoint")
+            continue
+        grown = snap.used_bytes - base.used_bytes
+        if grown > allowed:
+            bad.append(
+                f"{device}: grew {grown / MIB:.1f} MiB between {before!r} and {after!r} > {allowed_groups} eager "
+                f"group(s) x {group_bytes / MIB:.1f} MiB = {allowed / MIB:.1f} MiB (budget {budget_mib:g} MiB at "
+                f"{per_group_mib:g} MiB per group)"
+            )
+    if bad:
+        return _fail("; ".join(bad))
+    return _ok(f"every device grew by at most {allowed_groups} x {group_bytes / MIB:.1f} MiB")
+
+
+def _used_handles(programs: Sequence[Sequence[Op]], rank: int) -> set[str]:
+    return {op.group for op in programs[rank] if isinstance(op, Collective | PointToPoint)}
+
+
+def lazy_unused_allocate_nothing(outcome: RunOutcome, programs: Sequence[Sequence[Op]]) -> Verdict:
+    """Under ``lazy-init``, a group that never communicates allocates nothing on any member.
+
+    A group is unused on a rank when no handle the rank uses (in a collective or send/recv) is bound to it
+    on that rank (a dedupe policy may bind two handles to one group); the default group counts too, since
+    ``lazy-init`` makes it lazy as well. Checked against the ledgers' whole
+    timelines, so an allocation that was freed again still counts.
+    """
+    unused: dict[int, dict[str, Group]] = {}
+    for rt in outcome.ranks:
+        used = {id(rt.handles[h]) for h in _used_handles(programs, rt.rank) if h in rt.handles}
+        for group in rt.groups:
+            if id(group) in used:
+                continue
+            unused.setdefault(rt.rank, {})[group.name] = group
+    bad = []
+    for ledger in outcome.ledgers.values():
+        for event in ledger.timeline:
+            owner = event.owner
+            groups = unused.get(owner.rank, {})
+            name = owner.group.split("/p2p-")[0]
+            if owner.kind == "comm" and name in groups and event.delta_bytes > 0:
+                bad.append(
+                    f"rank {owner.rank} allocated {event.delta_bytes / MIB:.1f} MiB ({owner.phase}) for unused group "
+                    f"{name!r} ranks {list(groups[name].ranks)} on {ledger.device}"
+                )
+    for record in outcome.groups.values():
+        for rank, member in record.members.items():
+            if record.name in unused.get(rank, {}) and member.get("bytes", 0) > 0:
+                bad.append(f"groups table: rank {rank} holds {member['bytes']} B for unused group {record.name!r}")
+    if bad:
+        return _fail("; ".join(sorted(set(bad))[:6]))
+    count = sum(len(g) for g in unused.values())
+    return _ok(f"{count} unused (rank, group) pair(s) allocated nothing")
+
+
+def final_used_bytes(outcome: RunOutcome) -> dict[str, int]:
+    return {device: ledger.used_bytes for device, ledger in sorted(outcome.ledgers.items())}
+
+
+def same_final_memory(eager: RunOutcome, lazy: RunOutcome) -> Verdict:
+    """pytorch#199957's property: once every group has communicated, creating communicators eagerly or
+    lazily ends at the same memory on every device (laziness moves the cost, it doesn't remove it)."""
+    a, b = final_used_bytes(eager), final_used_bytes(lazy)
+    diff = {d: (a.get(d, 0), b.get(d, 0)) for d in sorted(set(a) | set(b)) if a.get(d, 0) != b.get(d, 0)}
+    if diff:
+        text = "; ".join(f"{d}: eager {x / MIB:.1f} MiB vs lazy {y / MIB:.1f} MiB" for d, (x, y) in diff.items())
+        return _fail(f"final memory differs: {text}")
+    return _ok(f"{len(a)} device(s) end at the same memory")
+
+
+def membership(outcome: RunOutcome) -> dict[int, dict[str, tuple[int, ...] | int]]:
+    """Per rank: each bound handle's member ranks, or NON_GROUP_MEMBER (-100)."""
+    out: dict[int, dict[str, tuple[int, ...] | int]] = {}
+    for rt in outcome.ranks:
+        handles: dict[str, tuple[int, ...] | int] = {}
+        for handle, target in sorted(rt.handles.items()):
+            handles[handle] = target.ranks if isinstance(target, Group) else int(target)
+        out[rt.rank] = handles
+    return out
+
+
+def same_membership(
+    reference: RunOutcome,
+    other: RunOutcome,
+    *,
+    handles: Iterable[str] | None = None,
+    names: tuple[str, str] = ("reference", "other"),
+) -> Verdict:
+    """Two runs of one program (e.g. under two policies) bind every handle to the same members on every rank
+    (a dedupe policy's reuse binds an identical group, so it passes too)."""
+    a, b = membership(reference), membership(other)
+    wanted = set(handles) if handles is not None else None
+    bad = []
+    for rank in sorted(set(a) | set(b)):
+        ha, hb = a.get(rank, {}), b.get(rank, {})
+        keys = sorted(set(ha) | set(hb)) if wanted is None else sorted(wanted)
+        for key in keys:
+            if ha.get(key) != hb.get(key):
+                bad.append(
+                    f"rank {rank} handle {key!r}: {names[0]} {_members(ha.get(key))}, "
+                    f"{names[1]} {_members(hb.get(key))}"
+                )
+    if bad:
+        return _fail("; ".join(bad[:6]))
+    return _ok(f"{len(a)} rank(s) agree on every handle")
+
+
+def _members(value: object) -> str:
+    if value is None:
+        return "unbound"
+    if value == NON_GROUP_MEMBER:
+        return "NON_GROUP_MEMBER"
+    return str(list(value))  # type: ignore[call-overload]
+
+
+def deterministic(first: RunOutcome, second: RunOutcome) -> Verdict:
+    """The same case simulated twice gives the same event trace (hash), verdict and final memory."""
+    bad = []
+    if first.trace_hash != second.trace_hash:
+        bad.append(
+            f"trace hash {first.trace_hash} != {second.trace_hash} ({first.event_count} vs {second.event_count} events)"
+        )
+    if first.verdict != second.verdict:
+        bad.append(f"verdict {first.verdict!r} != {second.verdict!r}")
+    if final_used_bytes(first) != final_used_bytes(second):
+        bad.append("final memory differs")
+    if bad:
+        return _fail("; ".join(bad))
+    return _ok(f"trace hash {first.trace_hash} reproduced")
+
+
+def handles_created(programs: Sequence[Sequence[Op]]) -> list[str]:
+    """Every handle a program binds with new_group, in order, plus the world."""
+    seen = [WORLD]
+    for program in programs:
+        for op in program:
+            if isinstance(op, NewGroup) and op.bind and op.bind not in seen:
+                seen.append(op.bind)
+    return seen

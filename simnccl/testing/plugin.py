@@ -1,0 +1,272 @@
+"""simnccl's pytest plugin: fixtures, markers, hypothesis profiles, replayable failures, a program count.
+
+Load it with ``-p simnccl.testing.plugin`` or through the ``pytest11`` entry point::
+
+    [project.entry-points.pytest11]
+    simnccl = "simnccl.testing.plugin"
+
+What it gives a suite:
+
+* fixtures ``simnccl_cluster`` (a ``Cluster`` factory), ``simnccl_simulate`` (``simnccl.testing.simulate``),
+  ``simnccl_scenario`` (load and run a scenario file), ``simnccl_seed`` (the ``--simnccl-seed`` value);
+* markers ``gpu``, ``real``, ``slow``, ``property``;
+* hypothesis profiles ``ci`` (derandomized: the same examples every run), ``dev`` (few), ``thorough`` (many),
+  chosen by ``SIMNCCL_HYPOTHESIS_PROFILE`` (default ``ci``) unless ``--hypothesis-profile`` names one;
+  ``--simnccl-seed N`` turns derandomization off and seeds every hypothesis test with ``N``;
+* on a failing test that simulated something, the last simulated case (hypothesis replays the shrunk
+  example last) as a Python snippet, dumped as JSON, with the one command that replays it;
+* a count of generated programs simulated, summed over xdist workers, printed at the end of the session;
+  ``--simnccl-min-programs N`` fails the session when fewer were simulated (so "N programs" is checked).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from simnccl.testing import replay
+
+try:  # hypothesis is a test extra: without it the plugin still gives fixtures, markers and replay dumps
+    from hypothesis import settings
+
+    from simnccl.testing.hypothesis_profiles import PROFILE_ENV, PROFILES, load_profile, register_profiles
+except ImportError:  # pragma: no cover - exercised only in an environment without hypothesis
+    settings = None  # type: ignore[assignment]
+    PROFILE_ENV, PROFILES = "SIMNCCL_HYPOTHESIS_PROFILE", {}
+    load_profile = register_profiles = None  # type: ignore[assignment]
+
+__all__ = ["PROFILES", "PROFILE_ENV", "is_registered", "load_profile", "register_profiles"]
+
+MARKERS = {
+    "gpu": "needs a CUDA device",
+    "real": "runs real torch.distributed processes",
+    "slow": "long-running",
+    "property": "hypothesis property tests (sized by the SIMNCCL_HYPOTHESIS_PROFILE profile)",
+}
+
+_state: dict[str, Any] = {"worker_counts": [], "shortfall": None}
+
+
+def is_registered() -> bool:
+    """Whether pytest has registered this plugin (see ``simnccl.testing.replay.plugin_registered``)."""
+    return replay.plugin_registered()
+
+
+def active_profile() -> str:
+    return settings.get_current_profile_name() if settings is not None else "(hypothesis not installed)"
+
+
+# ---------------------------------------------------------------------- pytest hooks
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("simnccl")
+    group.addoption(
+        "--simnccl-seed",
+        type=int,
+        default=None,
+        help="seed every hypothesis test with this integer (turns the ci profile's derandomization off)",
+    )
+    group.addoption(
+        "--simnccl-min-programs",
+        type=int,
+        default=int(os.environ.get("SIMNCCL_MIN_PROGRAMS", "0")),
+        help="fail the session if fewer generated programs were simulated (env SIMNCCL_MIN_PROGRAMS)",
+    )
+
+
+def _option(config: pytest.Config, name: str) -> Any:
+    try:
+        return config.getoption(name)
+    except ValueError:  # registered after the command line was parsed (pytest_plugins in a test module)
+        return None
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    replay.PLUGIN_STATE["registered"] = True
+    for name, text in MARKERS.items():
+        config.addinivalue_line("markers", f"{name}: {text}")
+    if settings is None:
+        return
+    # Registered always; loaded only when asked for, so a session that merely has simnccl installed keeps its
+    # own hypothesis settings (importing simnccl.testing.strategies loads ``ci`` if nothing else was loaded).
+    register_profiles()
+    if os.environ.get(PROFILE_ENV) and settings.get_current_profile_name() == "default":
+        load_profile()
+    seed = _option(config, "simnccl_seed")
+    if seed is not None:
+        from hypothesis import core
+
+        base = settings.get_current_profile_name()
+        settings.register_profile(f"{base}-seed-{seed}", parent=settings.get_profile(base), derandomize=False)
+        settings.load_profile(f"{base}-seed-{seed}")
+        core.global_force_seed = seed  # what hypothesis' own --hypothesis-seed sets
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    seed = _option(config, "simnccl_seed")
+    return f"simnccl: hypothesis profile {active_profile()!r}" + (f", seed {seed}" if seed is not None else "")
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    replay.reset_last_case()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    outcome = yield
+    report: pytest.TestReport = outcome.get_result()
+    if report.when != "call" or not report.failed:
+        return
+    case = replay.last_case()
+    if case is None:
+        return
+    path = _failure_path(item)
+    try:
+        case.dump(path)
+        command = f"python -m simnccl.testing.replay {path}"
+    except OSError as err:  # pragma: no cover - a read-only tree still gets the snippet
+        command = f"(could not write {path}: {err})"
+    report.sections.append(
+        (
+            "simnccl: minimal failing case (the last one simulated; hypothesis replays the shrunk example last)",
+            f"{case.snippet()}\n\n# replay: {command}\n",
+        )
+    )
+
+
+def _failure_path(item: pytest.Item) -> Path:
+    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", item.nodeid)[-150:]
+    cache = getattr(item.config, "cache", None)
+    base = cache.mkdir("simnccl-failures") if cache is not None else Path(".simnccl-failures")
+    return Path(base) / f"{safe}.json"
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    config = session.config
+    workeroutput = getattr(config, "workeroutput", None)
+    if workeroutput is not None:  # an xdist worker: hand the counts to the controller
+        workeroutput["simnccl_counts"] = dict(replay.COUNTS)
+        workeroutput["simnccl_profile"] = active_profile()
+        return
+    minimum = _option(config, "simnccl_min_programs") or 0
+    programs = _totals()["programs"]
+    if minimum and programs < minimum and session.testscollected:
+        _state["shortfall"] = f"simnccl: only {programs} generated programs simulated, fewer than {minimum}"
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    output = getattr(node, "workeroutput", {})
+    counts = output.get("simnccl_counts")
+    if counts:
+        _state["worker_counts"].append(counts)
+    if output.get("simnccl_profile"):
+        _state.setdefault("worker_profiles", set()).add(output["simnccl_profile"])
+
+
+def _totals() -> dict[str, int]:
+    total = dict(replay.COUNTS)
+    for counts in _state["worker_counts"]:
+        for key, value in counts.items():
+            total[key] = total.get(key, 0) + value
+    return total
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    if getattr(config, "workeroutput", None) is not None:
+        return
+    total = _totals()
+    if total["simulations"]:
+        # Under xdist the tests ran in the workers: their profile is the one that sized the examples.
+        profiles = sorted(_state.get("worker_profiles", ())) or [active_profile()]
+        terminalreporter.write_line(
+            f"simnccl: {total['programs']} generated programs simulated ({total['simulations']} simulations), "
+            f"hypothesis profile {', '.join(map(repr, profiles))}"
+        )
+    if _state["shortfall"]:
+        terminalreporter.write_line(_state["shortfall"], red=True)
+
+
+# ---------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture
+def simnccl_seed(request: pytest.FixtureRequest) -> int | None:
+    """The ``--simnccl-seed`` value, or None (derandomized ``ci`` runs, or a random seed)."""
+    return _option(request.config, "simnccl_seed")
+
+
+@pytest.fixture
+def simnccl_cluster() -> Callable[..., Any]:
+    """``simnccl_cluster(gpu="h100-80gb", nodes=1, gpus_per_node=2, ranks_per_node=None)`` -> Cluster."""
+    from simnccl.cluster import Cluster, get_gpu_kind
+
+    def make(
+        gpu: str = "h100-80gb", nodes: int = 1, gpus_per_node: int = 2, ranks_per_node: int | None = None
+    ) -> Cluster:
+        return Cluster(get_gpu_kind(gpu), nodes, gpus_per_node, ranks_per_node)
+
+    return make
+
+
+@pytest.fixture
+def simnccl_simulate() -> Callable[..., Any]:
+    """``simnccl.testing.simulate``; a failing test's report then shows the case and how to replay it."""
+    from simnccl.ops import Op
+    from simnccl.testing.harness import simulate
+
+    def run(program: Any, **kwargs: Any) -> Any:
+        case = _as_case(program, kwargs, Op)
+        if case is not None:
+            return case.run(keep_trace=kwargs.get("keep_trace", False), limits=kwargs.get("limits"))
+        return simulate(program, **kwargs)
+
+    return run
+
+
+_CASE_KWARGS = {"gpu", "nodes", "gpus_per_node", "release", "env", "policy", "keep_trace", "limits"}
+
+
+def _as_case(program: Any, kwargs: dict[str, Any], op_type: type) -> replay.SimCase | None:
+    """The call as a SimCase when it is one (string policy, default launcher and profile), else None."""
+    if set(kwargs) - _CASE_KWARGS or not isinstance(kwargs.get("policy"), str | None):
+        return None
+    if not program:
+        return None
+    nodes, per_node = kwargs.get("nodes", 1), kwargs.get("gpus_per_node", 2)
+    if isinstance(program[0], op_type):
+        shared = tuple(program)
+        programs = (shared,) * (nodes * per_node)
+    else:
+        programs = replay.share_identical(program)
+        if len(programs) != nodes * per_node:
+            return None
+    return replay.SimCase(
+        programs=programs,
+        gpu=kwargs.get("gpu", "h100-80gb"),
+        nodes=nodes,
+        gpus_per_node=per_node,
+        release=kwargs.get("release", "2.15"),
+        env=tuple(sorted((kwargs.get("env") or {}).items())),
+        policy=kwargs.get("policy"),
+    )
+
+
+@pytest.fixture
+def simnccl_scenario() -> Callable[..., Any]:
+    """``simnccl_scenario(path, variants=None, **run_options)`` -> ScenarioResult (load, validate, run)."""
+    from simnccl.runner import run_scenario
+    from simnccl.scenario import load_scenario
+
+    def run(path: str | os.PathLike[str], variants: list[str] | None = None, **options: Any) -> Any:
+        return run_scenario(load_scenario(path), variants, **options)
+
+    return run

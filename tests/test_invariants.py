@@ -1,0 +1,184 @@
+"""Every invariant checker passes on a good outcome and FAILS on a bad one (a check that can't fail is no check).
+
+Also pins the facts the generators rely on: why valid programs warm a group up with a collective before a
+send/recv (lazy communicators are a rendezvous of every member), and what ``budget(X)`` really bounds.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from simnccl.ops import (
+    AllReduce,
+    Barrier,
+    Checkpoint,
+    InitProcessGroup,
+    NewGroup,
+    Recv,
+    Send,
+    SetDevice,
+)
+from simnccl.testing import invariants as inv
+from simnccl.testing.replay import SimCase, plugin_registered, share_identical
+from simnccl.testing.strategies import CHECKPOINT_GROUPS, CHECKPOINT_INIT
+
+if not plugin_registered():  # not yet loaded by -p or the pytest11 entry point
+    pytest_plugins = ["simnccl.testing.plugin"]
+
+pytestmark = pytest.mark.property  # run with the property suite (pytest -m property), though cheap
+
+START = [SetDevice(), InitProcessGroup(backend="nccl"), Checkpoint(label=CHECKPOINT_INIT)]
+
+
+def case(programs, **kwargs) -> SimCase:  # type: ignore[no-untyped-def]
+    """One program for every rank, or one per rank; ``gpus_per_node`` defaults to the rank count."""
+    if programs and not isinstance(programs[0], list | tuple):
+        programs = [programs] * kwargs.pop("world", 2)
+    kwargs.setdefault("gpus_per_node", len(programs))
+    return SimCase(programs=share_identical(programs), **kwargs)
+
+
+def groups(n: int, ranks: tuple[int, ...] = (0, 1)) -> list[NewGroup]:
+    return [NewGroup(ranks=ranks, bind=f"g{i}") for i in range(n)]
+
+
+def test_verdict_is_truthy_only_when_ok() -> None:
+    assert inv.Verdict(True, "fine")
+    assert not inv.Verdict(False, "broken")
+
+
+# ------------------------------------------------------------------------------------------ liveness
+
+
+def test_passes_accepts_a_finished_program_and_rejects_a_hang() -> None:
+    good = case([*START, *groups(1), AllReduce(group="g0")]).run()
+    assert inv.passes(good)
+    hang = case([[*START, *groups(1), AllReduce(group="g0")], [*START, *groups(1)]]).run()
+    verdict = inv.passes(hang)
+    assert not verdict
+    assert "rank 0" in verdict.explanation and "[1]" in verdict.explanation
+
+
+def test_names_culprit_needs_a_detection_and_the_right_rank() -> None:
+    program = [*START, NewGroup(ranks=(0, 1), bind="g"), AllReduce(group="g")]
+    skipped = [*START, NewGroup(ranks=(0, 1), bind="g")]
+    out = case([program, skipped, program]).run()  # rank 1 skips the collective; rank 2 is not in g
+    assert out.verdict != "pass"
+    assert inv.names_culprit(out, [1])
+    assert not inv.names_culprit(out, [2]), "an innocent bystander must not count as named"
+    assert not inv.names_culprit(case(program).run(), [0]), "a passing run names nobody"
+
+
+def test_watchdog_timeouts_blame_nobody_by_themselves() -> None:
+    """Every hung rank gets a watchdog timeout error; those are symptoms, not culprits."""
+    program = [*START, NewGroup(ranks=(0, 1), bind="g"), AllReduce(group="g")]
+    out = case([program, [*START, NewGroup(ranks=(0, 1), bind="g")]]).run()
+    timed_out = {e["rank"] for e in out.errors if e["kind"] == "timeout"}
+    assert 0 in timed_out
+    assert 0 not in inv.blamed_ranks(out)
+    assert 1 in inv.blamed_ranks(out)
+
+
+def test_a_send_recv_first_use_of_a_lazy_group_hangs() -> None:
+    """Why valid programs warm a group up with a collective (``first_use_is_collective``): under
+    ``lazy-init`` a communicator is created at its first op, a rendezvous of every member (§B.5), so a
+    send/recv between two of four members waits for two members that never come."""
+    family = [NewGroup(ranks=(0, 1, 2, 3), bind="pp", purpose="pp")]
+    p0 = [*START, *family, Send(peer=1, group="pp")]
+    p1 = [*START, *family, Recv(peer=0, group="pp")]
+    idle = [*START, *family]
+    p2p_first = case([p0, p1, idle, idle])
+    assert inv.passes(p2p_first.run(policy="torch-default"))  # eager (2.15): the communicator exists
+    lazy = p2p_first.run(policy="lazy-init")
+    assert not inv.passes(lazy)
+    assert inv.names_culprit(lazy, [2, 3])
+    warm = Barrier(group="pp")
+    warmed = case([[*p0[:-1], warm, p0[-1]], [*p1[:-1], warm, p1[-1]], [*idle, warm], [*idle, warm]])
+    assert inv.passes(warmed.run(policy="lazy-init"))
+
+
+# ------------------------------------------------------------------------------------------ memory
+
+
+def test_within_capacity_rejects_a_peak_over_the_device() -> None:
+    out = case([*START, *groups(2)]).run()
+    assert inv.within_capacity(out)
+    ledger = next(iter(out.ledgers.values()))
+    ledger.peak_bytes = ledger.total_bytes + 1
+    verdict = inv.within_capacity(out)
+    assert not verdict and ledger.device in verdict.explanation
+
+
+def test_within_budget_bounds_eager_groups_at_creation() -> None:
+    program = [*START, *groups(4), Checkpoint(label=CHECKPOINT_GROUPS)]
+    group_bytes = inv.eager_group_bytes("h100-80gb", "2.15", {})
+    budgeted = case(program).run(policy="budget(500)")
+    assert inv.within_budget(budgeted, budget_mib=500, per_group_mib=231.1, group_bytes=group_bytes)
+    unbounded = case(program).run(policy="torch-default")  # 4 eager groups > floor(500 / 231.1) = 2
+    verdict = inv.within_budget(unbounded, budget_mib=500, per_group_mib=231.1, group_bytes=group_bytes)
+    assert not verdict and "2 eager group(s)" in verdict.explanation
+    assert not inv.within_budget(unbounded, budget_mib=500, per_group_mib=231.1, group_bytes=group_bytes, after="x")
+
+
+def test_budget_x_keeps_creation_within_x_mib_on_every_gpu() -> None:
+    program = [*START, *groups(4), Checkpoint(label=CHECKPOINT_GROUPS)]
+    out = case(program, gpu="rtx3060-12gb").run(policy="budget(500)")
+    for device, snap in out.checkpoints[CHECKPOINT_GROUPS].items():
+        grown = snap.used_bytes - out.checkpoints[CHECKPOINT_INIT][device].used_bytes
+        assert grown <= 500 * 2**20
+
+
+def test_eager_group_bytes_adds_connect_buffers_without_runtime_connect() -> None:
+    plain = inv.eager_group_bytes("h100-80gb", "2.15", {})
+    connected = inv.eager_group_bytes("h100-80gb", "2.15", {"NCCL_RUNTIME_CONNECT": "0"})
+    assert connected > plain > 0
+
+
+def test_lazy_unused_allocate_nothing_catches_an_eager_unused_group() -> None:
+    program = [*START, *groups(2), AllReduce(group="g0")]  # g1 never communicates
+    lazy = case(program).run(policy="lazy-init")
+    assert inv.lazy_unused_allocate_nothing(lazy, case(program).programs)
+    eager = case(program).run(policy="torch-default")
+    verdict = inv.lazy_unused_allocate_nothing(eager, case(program).programs)
+    assert not verdict and "unused group '2'" in verdict.explanation
+
+
+def test_lazy_unused_allocate_nothing_counts_the_default_group() -> None:
+    program = [*START, *groups(1), AllReduce(group="g0")]
+    eager_world = case(program).run(policy="torch-default")  # the world communicator is eager, never used
+    verdict = inv.lazy_unused_allocate_nothing(eager_world, case(program).programs)
+    assert not verdict and "'0'" in verdict.explanation
+
+
+def test_same_final_memory_needs_every_group_used() -> None:
+    used = [*START, *groups(2), AllReduce(group="g0"), AllReduce(group="g1"), AllReduce()]
+    c = case(used)
+    assert inv.same_final_memory(c.run(policy="torch-default"), c.run(policy="lazy-init"))
+    unused = case([*START, *groups(2), AllReduce(group="g0"), AllReduce()])
+    verdict = inv.same_final_memory(unused.run(policy="torch-default"), unused.run(policy="lazy-init"))
+    assert not verdict and "eager" in verdict.explanation
+
+
+def test_same_membership_compares_every_handle_on_every_rank() -> None:
+    a = case([*START, NewGroup(ranks=(0, 1), bind="g"), NewGroup(ranks=(2, 3), bind="g")], world=4).run()
+    b = case([*START, NewGroup(ranks=(0, 2), bind="g"), NewGroup(ranks=(1, 3), bind="g")], world=4).run()
+    assert inv.same_membership(a, a)
+    verdict = inv.same_membership(a, b)
+    assert not verdict and "handle 'g'" in verdict.explanation
+    assert inv.membership(a)[0]["g"] == (0, 1)
+    partial = case([*START, NewGroup(ranks=(0, 1), bind="g")], world=4).run()
+    assert inv.membership(partial)[2]["g"] == -100  # NON_GROUP_MEMBER
+
+
+def test_dedupe_binds_a_duplicate_handle_to_identical_members() -> None:
+    program = [*START, NewGroup(ranks=(0, 1), bind="a"), NewGroup(ranks=(0, 1), bind="b"), AllReduce(group="b")]
+    c = case(program)
+    assert inv.same_membership(c.run(policy="torch-default"), c.run(policy="dedupe"))
+
+
+def test_deterministic_compares_trace_hashes() -> None:
+    c = case([*START, *groups(2), AllReduce(group="g1")])
+    assert inv.deterministic(c.run(), c.run())
+    other = case([*START, *groups(2), AllReduce(group="g0")])
+    verdict = inv.deterministic(c.run(), other.run())
+    assert not verdict and "trace hash" in verdict.explanation

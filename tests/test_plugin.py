@@ -1,0 +1,284 @@
+"""The pytest plugin, exercised in fresh pytest processes (pytester): markers, fixtures, options, profiles,
+the replayable failure report, the program count summed over xdist workers, and the replay command."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from simnccl.ops import AllReduce, InitProcessGroup, NewGroup, PgOptions, SetDevice, SplitGroup
+from simnccl.testing import replay
+from simnccl.testing.replay import SimCase, plugin_registered, share_identical
+
+# Name the plugin only when -p or the pytest11 entry point has not loaded it already.
+pytest_plugins = ["pytester"] if plugin_registered() else ["simnccl.testing.plugin", "pytester"]
+
+pytestmark = pytest.mark.property  # run with the property suite (pytest -m property)
+
+
+def _entry_point_installed() -> bool:
+    from importlib.metadata import entry_points
+
+    return any(ep.value == "simnccl.testing.plugin" for ep in entry_points(group="pytest11"))
+
+
+ENTRY_POINT = _entry_point_installed()
+# Installed (pip install -e .), the pytest11 entry point loads the plugin into every session under the name
+# "simnccl", and "-p simnccl" names that same plugin; from a bare source tree only the module path works.
+PLUGIN = ("-p", "simnccl") if ENTRY_POINT else ("-p", "simnccl.testing.plugin")
+
+
+def run(pytester: pytest.Pytester, *args: str, plugin: bool = True) -> pytest.RunResult:
+    return pytester.runpytest_subprocess(*(PLUGIN if plugin else ()), *args)
+
+
+def test_markers_are_registered(pytester: pytest.Pytester) -> None:
+    result = run(pytester, "--markers")
+    for marker in ("gpu", "real", "slow", "property"):
+        result.stdout.fnmatch_lines([f"@pytest.mark.{marker}:*"])
+
+
+def test_fixtures_simulate_clusters_and_scenarios(pytester: pytest.Pytester) -> None:
+    pytester.makefile(
+        ".toml",
+        tiny=textwrap.dedent(
+            """\
+            [scenario]
+            name = "tiny"
+            [cluster]
+            gpu = "h100-96gb"
+            gpus_per_node = 2
+            [torch]
+            release = "2.15"
+            [workload]
+            steps = [{ op = "set_device" }, { op = "init_process_group", backend = "nccl" }]
+            """
+        ),
+    )
+    pytester.makepyfile(
+        textwrap.dedent(
+            """\
+            import pytest
+            from simnccl.ops import AllReduce, InitProcessGroup, SetDevice
+
+            @pytest.mark.property
+            def test_fixtures(simnccl_cluster, simnccl_simulate, simnccl_scenario, simnccl_seed):
+                assert simnccl_cluster("l4", nodes=2, gpus_per_node=4).world_size == 8
+                out = simnccl_simulate([SetDevice(), InitProcessGroup(), AllReduce()], gpus_per_node=4)
+                assert out.verdict == "pass" and len(out.ranks) == 4
+                result = simnccl_scenario("tiny.toml")
+                assert [v.outcome.verdict for v in result.variants] == ["pass"]
+                assert simnccl_seed is None
+            """
+        )
+    )
+    run(pytester, "--strict-markers").assert_outcomes(passed=1)
+
+
+def test_simnccl_seed_seeds_hypothesis(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        textwrap.dedent(
+            """\
+            from hypothesis import core, given, settings, strategies as st
+
+            def test_seed(simnccl_seed):
+                assert simnccl_seed == 1234
+                assert core.global_force_seed == 1234
+                assert settings.default.derandomize is False
+
+            @given(st.integers())
+            def test_runs(x):
+                pass
+            """
+        )
+    )
+    run(pytester, "--simnccl-seed", "1234").assert_outcomes(passed=2)
+
+
+@pytest.mark.parametrize(
+    ("env", "profile", "examples", "derandomize"), [(None, "ci", 100, True), ("dev", "dev", 25, False)]
+)
+def test_profile_is_chosen_by_environment(
+    pytester: pytest.Pytester,
+    monkeypatch: pytest.MonkeyPatch,
+    env: str | None,
+    profile: str,
+    examples: int,
+    derandomize: bool,
+) -> None:
+    if env is None:
+        monkeypatch.delenv("SIMNCCL_HYPOTHESIS_PROFILE", raising=False)
+    else:
+        monkeypatch.setenv("SIMNCCL_HYPOTHESIS_PROFILE", env)
+    pytester.makepyfile(
+        textwrap.dedent(
+            f"""\
+            from hypothesis import settings
+            import simnccl.testing.strategies  # a suite that uses simnccl's strategies gets ``ci`` by default
+
+            def test_profile():
+                assert settings.get_current_profile_name() == {profile!r}
+                assert settings.default.max_examples == {examples}
+                assert settings.default.derandomize is {derandomize}
+                assert settings.default.deadline is None
+            """
+        )
+    )
+    result = run(pytester)
+    result.assert_outcomes(passed=1)
+    if env is not None:  # loaded at configure (the header says so); else when the module imports the strategies
+        result.stdout.fnmatch_lines([f"simnccl: hypothesis profile '{profile}'*"])
+
+
+def test_hypothesis_profile_option_wins(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        "from hypothesis import settings\n"
+        "def test_profile():\n"
+        "    assert settings.get_current_profile_name() == 'thorough'\n"
+    )
+    run(pytester, "--hypothesis-profile", "thorough").assert_outcomes(passed=1)
+
+
+FAILING = textwrap.dedent(
+    """\
+    import pytest
+    from hypothesis import given
+    from simnccl.testing.strategies import cases
+
+    @pytest.mark.property
+    @given(cases(policy="torch-default"))
+    def test_valid_programs_hang(case):
+        assert case.run().verdict == "hang"  # false: valid programs pass
+    """
+)
+
+
+def test_failure_prints_the_shrunk_case_and_the_replay_command(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(FAILING)
+    result = run(pytester)
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*simnccl: minimal failing case*",
+            "from simnccl.ops import *",
+            "out = simulate(*",
+            "# replay: python -m simnccl.testing.replay *.json",
+        ]
+    )
+    line = next(x for x in result.outlines if x.startswith("# replay: python -m simnccl.testing.replay "))
+    path = Path(line.split()[-1])
+    case = SimCase.load(path)
+    # Shrunk: one rank, the smallest program the generator makes (set_device, init, three checkpoints).
+    assert case.world_size == 1
+    assert len(case.programs[0]) == 5
+    assert replay.main([str(path)]) == 0  # it passes: the property, not the program, was wrong
+
+
+def test_program_count_is_summed_over_xdist_workers(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        textwrap.dedent(
+            """\
+            import pytest
+            from simnccl.ops import InitProcessGroup, SetDevice
+            from simnccl.testing.replay import SimCase
+
+            @pytest.mark.parametrize("n", range(4))
+            def test_five_programs(n):
+                for _ in range(5):
+                    case = SimCase(programs=((SetDevice(), InitProcessGroup()),) * 2)
+                    case.run()
+                    case.run(policy="lazy-init")  # the same program again: one program, two simulations
+            """
+        )
+    )
+    result = run(pytester, "-n", "2")
+    result.assert_outcomes(passed=4)
+    result.stdout.fnmatch_lines(["simnccl: 20 generated programs simulated (40 simulations)*"])
+    short = run(pytester, "-n", "2", "--simnccl-min-programs", "21")
+    assert short.ret == pytest.ExitCode.TESTS_FAILED
+    short.stdout.fnmatch_lines(["simnccl: only 20 generated programs simulated, fewer than 21"])
+
+
+def test_test_modules_register_the_plugin_once(pytester: pytest.Pytester) -> None:
+    """The guard test modules use: name the plugin in pytest_plugins only when -p/the entry point didn't."""
+    body = textwrap.dedent(
+        """\
+        from simnccl.testing.replay import plugin_registered
+        if not plugin_registered():
+            pytest_plugins = ["simnccl.testing.plugin"]
+
+        def test_fixture(simnccl_cluster):
+            assert simnccl_cluster().world_size == 2
+        """
+    )
+    pytester.makepyfile(test_a=body, test_b=body)
+    run(pytester, plugin=True).assert_outcomes(passed=2)
+    run(pytester, plugin=False).assert_outcomes(passed=2)
+    if ENTRY_POINT:  # and naming the module path on top of the entry point is refused by pytest, not by us
+        result = pytester.runpytest_subprocess("-p", "no:simnccl", "-p", "simnccl.testing.plugin")
+        result.assert_outcomes(passed=2)
+
+
+@pytest.mark.skipif(not ENTRY_POINT, reason="simnccl is not installed: no pytest11 entry point")
+def test_entry_point_loads_the_plugin_without_touching_hypothesis_settings(pytester: pytest.Pytester) -> None:
+    """Installed, the plugin is in every session (markers, fixtures); a suite that never imports simnccl's
+    strategies and sets no SIMNCCL_HYPOTHESIS_PROFILE keeps hypothesis' own default profile."""
+    pytester.makepyfile(
+        textwrap.dedent(
+            """\
+            from hypothesis import settings
+
+            def test_untouched(simnccl_cluster):
+                assert simnccl_cluster().world_size == 2
+                assert settings.get_current_profile_name() == "default"
+                assert "ci" in settings._profiles  # registered, not loaded
+            """
+        )
+    )
+    monkey = pytest.MonkeyPatch()
+    monkey.delenv("SIMNCCL_HYPOTHESIS_PROFILE", raising=False)
+    try:
+        result = pytester.runpytest_subprocess()
+    finally:
+        monkey.undo()
+    result.assert_outcomes(passed=1)
+    pytester.runpytest_subprocess("--markers").stdout.fnmatch_lines(["@pytest.mark.real:*"])
+
+
+# ------------------------------------------------------------------------------------------ replay
+
+
+def test_case_json_round_trip_keeps_ops_and_sharing(tmp_path: Path) -> None:
+    programs = share_identical(
+        [
+            [SetDevice(), InitProcessGroup(pg_options=PgOptions(lazy_init=True)), NewGroup(ranks=(0, 1), bind="g")],
+            [SetDevice(), InitProcessGroup(pg_options=PgOptions(lazy_init=True)), NewGroup(ranks=(0, 1), bind="g")],
+            [SetDevice(), SplitGroup(split_ranks=((0, 1), (2,)), bind="s"), AllReduce(group="s", size_bytes=8)],
+        ]
+    )
+    case = SimCase(programs=programs, gpus_per_node=3, release="2.16-dev", env=(("X", "1"),), policy="dedupe")
+    loaded = SimCase.load(case.dump(tmp_path / "case.json"))
+    assert loaded == case
+    assert loaded.programs[0] is loaded.programs[1] and loaded.programs[2] is not loaded.programs[0]
+    data = json.loads((tmp_path / "case.json").read_text())
+    assert data["rank_program"] == [0, 0, 1]
+    namespace: dict[str, object] = {}
+    exec(case.snippet().replace("print(", "_ = ("), namespace)  # the snippet is runnable Python
+    assert namespace["out"].verdict == case.run().verdict  # type: ignore[attr-defined]
+
+
+def test_replay_command_reports_a_hang(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    start = [SetDevice(), InitProcessGroup()]
+    hang = SimCase(programs=share_identical([[*start, AllReduce()], start]))
+    path = hang.dump(tmp_path / "hang.json")
+    assert replay.main([str(path)]) == 1
+    out = capsys.readouterr().out
+    assert "verdict: hang" in out and "waiting for [1]" in out
+    assert replay.main([str(path), "--snippet"]) == 0
+    assert "simulate([p0, p1]" in capsys.readouterr().out
+    assert replay.main([str(path), "--policy", "lazy-init"]) == 1
+    with pytest.raises(ValueError, match="not a simnccl case"):
+        SimCase.from_json({"schema": "other"})

@@ -1,0 +1,315 @@
+"""Property tests: generated valid programs keep every invariant under every policy; mutants are found.
+
+Sized by the hypothesis profile (``SIMNCCL_HYPOTHESIS_PROFILE``: ``ci`` by default, derandomized). The
+session's ``simnccl: N generated programs simulated`` line counts them (summed over xdist workers when the
+plugin is loaded with ``-p simnccl.testing.plugin`` or its entry point); ``--simnccl-min-programs 2000``
+makes the count a check.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, assume, find, given, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from simnccl.ops import WORLD, Checkpoint, Collective, NewGroup, PointToPoint
+from simnccl.policy import BUILTIN
+from simnccl.testing import invariants as inv
+from simnccl.testing import mutations
+from simnccl.testing.replay import CaseTimeout, SimCase, plugin_registered
+from simnccl.testing.strategies import (
+    COLLECTIVES,
+    FAMILY_KINDS,
+    PURPOSE,
+    SIZES_BYTES,
+    Family,
+    Layout,
+    Use,
+    cases,
+    clusters,
+    draw_mesh_shape,
+    envs,
+    family_parts,
+    first_use_is_collective,
+    mutants,
+    policies,
+    releases,
+)
+
+if not plugin_registered():  # not yet loaded by -p or the pytest11 entry point
+    pytest_plugins = ["simnccl.testing.plugin"]
+
+pytestmark = pytest.mark.property
+
+MAX_OPS = 30
+# A handful of compositions next to the built-ins: each part refines the decision of the ones before it.
+COMPOSITIONS = ("dedupe+lazy-single-rank", "skip-single-rank+budget(500)", "nccl-lazy-p2p+lazy-init", "legacy+dedupe")
+SPLIT_SHARE_OFF = envs(("TORCH_DIST_USE_NCCL2", "NCCL_RUNTIME_CONNECT"))
+
+
+def _builtin_spec(name: str) -> str:
+    return "budget(1024)" if name == "budget" else name
+
+
+# ------------------------------------------------------------------------------------------ valid programs
+
+
+@given(cases())
+def test_generated_programs_are_valid_spmd_programs(case: SimCase) -> None:
+    """The generator's own contract: at most 30 ops per rank, identical programs shared, every rank issues
+    the same group-creation calls in the same order, every used handle is bound first."""
+    assert case.ops_per_rank() <= MAX_OPS
+    distinct = {id(p) for p in case.programs}
+    assert len(distinct) == len(set(case.programs)), "equal programs must be one shared object"
+    creation = [[op for op in p if isinstance(op, NewGroup)] for p in case.programs]
+    assert all(c == creation[0] for c in creation)
+    for program in case.programs:
+        bound = {WORLD}
+        for op in program:
+            if isinstance(op, NewGroup):
+                bound.add(op.bind)
+            elif isinstance(op, Collective | PointToPoint):
+                assert op.group in bound
+    assert sum(isinstance(op, Checkpoint) and op.label == "groups" for op in case.programs[0]) == 1
+
+
+@given(cases(policy=policies()))
+def test_valid_program_passes_under_any_policy(case: SimCase) -> None:
+    out = case.run()
+    assert (v := inv.passes(out)), v.explanation
+    assert (v := inv.within_capacity(out)), v.explanation
+
+
+@pytest.mark.parametrize("policy", [*BUILTIN, *COMPOSITIONS])
+@given(data=st.data())
+def test_valid_program_passes_under_each_policy(policy: str, data: st.DataObject) -> None:
+    case = data.draw(cases(policy=_builtin_spec(policy)))
+    out = case.run()
+    assert (v := inv.passes(out)), v.explanation
+    assert (v := inv.within_capacity(out)), v.explanation
+
+
+@given(cases(policy=st.none()), st.sampled_from(tuple(BUILTIN)), st.sampled_from(tuple(BUILTIN)))
+def test_same_membership_under_every_policy(case: SimCase, first: str, second: str) -> None:
+    """Policies change how a group is made, never who is in it: every rank binds every handle to the same
+    members (or NON_GROUP_MEMBER) under torch's defaults and under any policy or composition of two."""
+    reference = case.run()
+    assert (v := inv.passes(reference)), v.explanation
+    specs = [_builtin_spec(first)]
+    if first != second:
+        specs.append(f"{_builtin_spec(first)}+{_builtin_spec(second)}")
+    for spec in specs:
+        other = case.run(policy=spec)
+        assert (v := inv.passes(other)), f"{spec}: {v.explanation}"
+        assert (v := inv.same_membership(reference, other, names=("torch-default", spec))), v.explanation
+
+
+@given(cases(policy=st.none(), use_all=True, env=SPLIT_SHARE_OFF))
+def test_eager_and_lazy_end_at_the_same_memory(case: SimCase) -> None:
+    """pytorch#199957: once every group has done a collective, eager creation (torch 2.15's default) and
+    ``lazy-init`` end at the same memory on every device. (Not with NCCL_COMM_SPLIT_SHARE_RESOURCES=1: eager
+    groups are split children that share the parent's buffers, lazy ones bootstrap fresh — by design.)"""
+    eager = case.run(policy="torch-default")
+    lazy = case.run(policy="lazy-init")
+    assert (v := inv.passes(eager)), v.explanation
+    assert (v := inv.passes(lazy)), v.explanation
+    assert (v := inv.same_final_memory(eager, lazy)), v.explanation
+
+
+@given(cases(policy=st.just("lazy-init")))
+def test_lazy_init_group_that_never_communicates_allocates_nothing(case: SimCase) -> None:
+    out = case.run()
+    assert (v := inv.passes(out)), v.explanation
+    assert (v := inv.lazy_unused_allocate_nothing(out, case.programs)), v.explanation
+
+
+@given(
+    cases(policy=st.none()),
+    st.sampled_from((0, 100, 231.1111, 500, 1024, 2048)),
+    st.sampled_from(("", "dedupe+", "skip-single-rank+", "lazy-single-rank+", "share-resources+", "nccl-lazy-p2p+")),
+    st.booleans(),
+)
+def test_budget_bounds_memory_at_group_creation(
+    case: SimCase, budget_mib: float, prefix: str, calibrated: bool
+) -> None:
+    """``budget(X, per)``: between init and the end of group creation each device grows by at most
+    floor(X / per) eager groups x the profile's largest per-group charge — so by at most X MiB when ``per``
+    is calibrated to the profile (``calibrated``), the bound ``context + world + X`` holds."""
+    group_bytes = inv.eager_group_bytes(case.gpu, case.release, case.env_dict)
+    if calibrated:  # budget(X): the policy prices a group from the profile of the case's GPU kind
+        spec, per_group_mib = f"{prefix}budget({budget_mib})", group_bytes / 2**20
+    else:  # budget(X, per): a user's own figure, here #199957's H100 average whatever the GPU
+        spec, per_group_mib = f"{prefix}budget({budget_mib},231.1)", 231.1
+    out = case.run(policy=spec)
+    assert (v := inv.passes(out)), v.explanation
+    assert (v := inv.within_budget(out, budget_mib=budget_mib, per_group_mib=per_group_mib, group_bytes=group_bytes)), (
+        v.explanation
+    )
+    if calibrated:
+        for device, snap in out.checkpoints["groups"].items():
+            grown = snap.used_bytes - out.checkpoints["init"][device].used_bytes
+            assert grown <= budget_mib * 2**20 + 1, f"{device}: grew {grown / 2**20:.1f} MiB > budget {budget_mib} MiB"
+
+
+@given(cases())
+def test_same_case_gives_the_same_trace_hash(case: SimCase) -> None:
+    first, second = case.run(), case.run()
+    assert (v := inv.deterministic(first, second)), v.explanation
+
+
+# ------------------------------------------------------------------------------------------ stateful growth
+
+
+class GrowingProgram(RuleBasedStateMachine):
+    """Grows one SPMD program step by step — a group family, a collective on a bound handle, a send/recv
+    pair — and simulates it after every step under the drawn policy, checking the invariants each time."""
+
+    handles = Bundle("handles")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.steps: list[Family | Use] = []
+        self.families: dict[str, Family] = {}
+        self.initialized: set[str] = set()
+        self.world = 1
+        self.shape = (1, 1, 1)
+        self.dirty = False
+        self.case: SimCase | None = None
+
+    @initialize(
+        target=handles,
+        cluster=clusters(),
+        release=releases(),
+        env=envs(),
+        policy=policies(),
+        data=st.data(),
+    )
+    def start(self, cluster, release, env, policy, data):  # type: ignore[no-untyped-def]
+        self.cluster, self.release, self.env, self.policy = cluster, release, env, policy
+        self.world = cluster.world_size
+        self.shape = draw_mesh_shape(data.draw, self.world)
+        self.dirty = True
+        return WORLD
+
+    def _ops(self) -> int:
+        return max(len(p) for p in Layout(self.world, tuple(self.steps)).render())
+
+    @precondition(lambda self: self._ops() + 8 <= MAX_OPS)
+    @rule(
+        target=handles,
+        kind=st.sampled_from([k for k in FAMILY_KINDS if k != "duplicate"]),
+        colors=st.lists(st.integers(0, 3), min_size=8, max_size=8),
+    )
+    def add_family(self, kind: str, colors: list[int]) -> str:
+        handle = f"{PURPOSE[kind]}{len(self.families)}"
+        family = Family(handle, family_parts(kind, self.world, self.shape, colors), PURPOSE[kind])
+        return self._add(family)
+
+    @precondition(lambda self: self._ops() + 8 <= MAX_OPS)
+    @rule(target=handles, source=handles)
+    def add_duplicate(self, source: str) -> str:
+        parts = self.families[source].parts if source in self.families else (tuple(range(self.world)),)
+        purpose = self.families[source].purpose if source in self.families else "world"
+        return self._add(Family(f"{purpose}{len(self.families)}", parts, purpose))
+
+    def _add(self, family: Family) -> str:
+        self.families[family.handle] = family
+        self.steps.append(family)
+        self.dirty = True
+        return family.handle
+
+    @precondition(lambda self: self._ops() < MAX_OPS)
+    @rule(
+        handle=handles,
+        kind=st.sampled_from([k for k in COLLECTIVES if k != "broadcast"]),
+        size=st.sampled_from(SIZES_BYTES),
+    )
+    def add_collective(self, handle: str, kind: str, size: int) -> None:
+        self.steps += first_use_is_collective(self.steps, self.initialized, Use(kind, handle, size))
+        self.dirty = True
+
+    @precondition(lambda self: self.world > 1 and self._ops() + 1 < MAX_OPS)
+    @rule(handle=handles, data=st.data())
+    def add_p2p(self, handle: str, data: st.DataObject) -> None:
+        parts = self.families[handle].parts if handle in self.families else (tuple(range(self.world)),)
+        multi = [p for p in parts if len(p) > 1]
+        assume(multi)
+        part = data.draw(st.sampled_from(multi), label="part")
+        src, dst = data.draw(st.permutations(part), label="order")[:2]
+        size = data.draw(st.sampled_from(SIZES_BYTES), label="size")
+        self.steps += first_use_is_collective(self.steps, self.initialized, Use("p2p", handle, size, src, dst))
+        self.dirty = True
+
+    @invariant()
+    def keeps_invariants(self) -> None:
+        if not self.dirty:
+            return
+        self.dirty = False
+        self.case = SimCase(
+            programs=Layout(self.world, tuple(self.steps)).render(),
+            gpu=self.cluster.gpu,
+            nodes=self.cluster.nodes,
+            gpus_per_node=self.cluster.gpus_per_node,
+            release=self.release,
+            env=tuple(sorted(self.env.items())),
+            policy=self.policy,
+        )
+        out = self.case.run()
+        assert (v := inv.passes(out)), v.explanation
+        assert (v := inv.within_capacity(out)), v.explanation
+        if self.policy == "lazy-init":
+            assert (v := inv.lazy_unused_allocate_nothing(out, self.case.programs)), v.explanation
+
+
+GrowingProgram.TestCase.settings = settings(stateful_step_count=10)
+TestGrowingProgram = GrowingProgram.TestCase
+
+
+# ------------------------------------------------------------------------------------------ mutants
+
+
+@pytest.mark.parametrize("kind", mutations.KINDS)
+@given(data=st.data())
+def test_mutant_is_found_and_names_its_culprit(kind: str, data: st.DataObject) -> None:
+    case, mutation = data.draw(mutants(kind))
+    out = case.run()
+    assert out.verdict in ("hang", "error"), f"{mutation.describe()}: verdict {out.verdict!r}"
+    assert (v := inv.names_culprit(out, mutation.culprits)), f"{mutation.describe()}: {v.explanation}"
+
+
+# Each mutant class shrinks to a program of a few ops per rank (checkpoints aside): set_device, init, the
+# group(s) involved, and the collective(s) that expose the defect, on two ranks (three for member_only and
+# reorder_new_groups, which need a second group to swap or to mix members and non-members).
+SHRUNK_OPS_PER_RANK = {
+    "skip_new_group": 5,
+    "reorder_new_groups": 8,
+    "member_only": 8,
+    "size_mismatch": 5,
+    "skip_collective": 5,
+}
+
+
+@pytest.mark.parametrize("kind", mutations.KINDS)
+def test_mutant_shrinks_to_a_few_ops(kind: str) -> None:
+    """Hypothesis shrinks a found mutant to a minimal program, still found, still blaming the culprit."""
+    runaway: list[str] = []
+
+    def found(example: tuple[SimCase, mutations.Mutation]) -> bool:
+        case, mutation = example
+        try:
+            return bool(inv.names_culprit(case.run(), mutation.culprits))
+        except CaseTimeout as err:  # find() would drop it as "another bug" while shrinking: keep it
+            runaway.append(f"{err}\n{case.snippet()}")
+            return False
+
+    case, mutation = find(
+        mutants(kind, policy="torch-default", release="2.15", env={}),
+        found,
+        settings=settings(database=None, derandomize=True, max_examples=200, suppress_health_check=list(HealthCheck)),
+    )
+    assert not runaway, runaway[0]
+    ops = [sum(not isinstance(op, Checkpoint) for op in p) for p in case.programs]
+    assert max(ops) <= SHRUNK_OPS_PER_RANK[kind], f"{mutation.describe()}: {ops} ops per rank\n{case.snippet()}"
+    assert case.world_size <= 3, case.snippet()
+    assert inv.names_culprit(case.run(), mutation.culprits)

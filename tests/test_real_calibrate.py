@@ -1,0 +1,93 @@
+"""Calibration arithmetic without a GPU: synthetic measurements made by the simulator itself must round-trip.
+
+The suite's programs are simulated with a built-in profile; the checkpoints are fed to ``derive`` as if measured;
+the profile written from them must parse, carry provenance, and reproduce the suite in the simulator within 1%.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+from real.calibrate import derive, profile_toml, reproduce, suite, write_gpu_scenarios
+from simnccl.cluster import Cluster, get_gpu_kind
+from simnccl.engine import Engine, SimConfig
+from simnccl.ops import MIB
+from simnccl.profiles import find_profile, parse_profile
+from simnccl.release import get_release
+from simnccl.scenario import load_scenario
+
+pytestmark = pytest.mark.real
+
+
+def _synthetic(profile, world: int) -> dict:
+    results = {}
+    for run in suite(world):
+        outcome = Engine(
+            SimConfig(
+                cluster=Cluster(get_gpu_kind(profile.gpu), 1, world, None),
+                release=get_release("2.15"),
+                profile=profile,
+                programs=run.programs,
+                env=dict(run.env),
+                launcher="torchrun",
+            )
+        ).run()
+        checkpoints = [
+            {
+                "name": label,
+                "devices": [
+                    {"device": key, "rank": snap.rank, "used_mib": snap.used_bytes / MIB}
+                    for key, snap in sorted(snaps.items())
+                    if key.endswith(":0")
+                ],
+            }
+            for label, snaps in outcome.checkpoints.items()
+        ]
+        results[run.name] = {"verdict": outcome.verdict, "checkpoints": checkpoints, "ranks": []}
+    return results
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_profile_from_simulated_measurements_round_trips(world: int, tmp_path: Path) -> None:
+    base = find_profile("h200-141gb", "2.15")
+    results = _synthetic(base, world)
+    assert all(r["verdict"] == "pass" for r in results.values())
+    values, why, notes = derive(results, world)
+    text = profile_toml(
+        name="h200-test",
+        gpu="h200-141gb",
+        releases=["2.15"],
+        provenance={"torch": "2.15.0", "nccl": "2.30.7", "gpu_name": "NVIDIA H200", "world": world},
+        values=values,
+        why=why,
+        base=base,
+        notes=notes,
+    )
+    path = tmp_path / "h200-test.toml"
+    path.write_text(text)
+    profile = parse_profile(text, str(path))
+    assert profile.nccl_version == "2.30.7" and "NVIDIA H200" in profile.source
+    assert profile.comm.first_collective_mib == pytest.approx(base.comm.first_collective_mib, rel=1e-3)
+    if world == 1:
+        assert profile.comm.single_rank_init_mib == pytest.approx(base.comm.single_rank_init_mib, rel=1e-3)
+        assert any("2 GPUs" in n for n in notes)
+    else:
+        assert profile.comm.init_mib == pytest.approx(base.comm.init_mib, rel=1e-3)
+        assert profile.comm.p2p_pair_mib == pytest.approx(base.comm.p2p_pair_mib, rel=1e-3)
+    rows = reproduce(profile, suite(world), results)
+    checked = [r for r in rows if r["run"] in ("nccl", "split-share", "p2p")]
+    assert checked and all(r["within"] for r in checked), rows
+    assert "carried over from profile" in profile.derivation["default_nchannels"]
+
+
+def test_gpu_check_scenarios_load(tmp_path: Path) -> None:
+    profile = Path(find_profile("h200-141gb", "2.15").path)
+    for world in (1, 2):
+        (path,) = write_gpu_scenarios(tmp_path / str(world), "h200-141gb", profile, world, "2.15")
+        scenario = load_scenario(path)
+        assert len(scenario.programs) == world
+        assert {v.name for v in scenario.variants} >= {"nccl2-default", "legacy", "lazy-init", "lazy-single-rank"}

@@ -1,0 +1,350 @@
+"""The real tier on the CPU lane: gloo processes, the simulator with gloo semantics, and no process left behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+from real.compare import compare_variant
+from real.lanes import NO_CUDA, CpuLanePolicy, LaneError, check_gpu_lane, cpu_programs, cpu_substitutions
+from real.launch import Launcher, RunSettings, pid_alive
+from real.report import rank_outcomes
+from simnccl.ops import (
+    AllGather,
+    Alloc,
+    AllReduce,
+    AllToAll,
+    Barrier,
+    Broadcast,
+    Checkpoint,
+    Compute,
+    DestroyProcessGroup,
+    InitProcessGroup,
+    MemoryCheck,
+    NewGroup,
+    PgOptions,
+    Program,
+    Recv,
+    ReduceScatter,
+    Send,
+    SetDevice,
+    SplitGroup,
+)
+from simnccl.policy import get_policy
+
+pytestmark = pytest.mark.real
+
+REPO = Path(__file__).resolve().parent.parent
+PYTHON = sys.executable
+FAST = RunSettings.for_lane("cpu", torch_timeout_s=3.0, stall_s=5.0, timeout_s=40.0)
+
+
+def marked_processes(mark: str) -> list[int]:
+    """Pids of live processes whose environment carries ``mark`` (everything a launch started inherits it)."""
+    found = []
+    needle = f"REAL_TEST_MARK={mark}".encode()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if needle in f.read().split(b"\0") and pid_alive(int(entry)):
+                    found.append(int(entry))
+        except OSError:
+            continue
+    return found
+
+
+def run_cli(*args: str, timeout: float = 240) -> tuple[subprocess.CompletedProcess, str]:
+    mark = uuid.uuid4().hex
+    env = dict(os.environ, REAL_TEST_MARK=mark, PYTHONPATH=str(REPO))
+    done = subprocess.run(
+        [PYTHON, "-m", "real", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout
+    )
+    return done, mark
+
+
+@pytest.fixture(scope="module")
+def launcher():
+    with Launcher() as shared:
+        yield shared
+    time.sleep(0.1)
+    assert not [p for p in shared.all_pids if pid_alive(p)], "a rank process outlived its launcher"
+
+
+# ---------------------------------------------------------------------------------------------- the lane rewrite
+
+
+def test_cpu_programs_substitute_gloo_and_drop_nccl_only_parts() -> None:
+    program = Program(
+        (
+            SetDevice(),
+            InitProcessGroup(backend="cpu:gloo,cuda:nccl", device_id=0, pg_options=PgOptions(lazy_init=True)),
+            NewGroup(ranks=(0, 1), bind="a", backend="nccl-lazy", pg_options=PgOptions(split_share=True)),
+            NewGroup(ranks=(0, 1), bind="b"),
+            SplitGroup(split_ranks=((0,), (1,)), bind="s", pg_options=PgOptions(lazy_init=True)),
+            Alloc(mib=10),
+            MemoryCheck(),
+            AllReduce(group="a"),
+        )
+    )
+    rewritten = cpu_programs([program, program])
+    assert rewritten[0] is rewritten[1], "identical programs stay one shared object"
+    ops = rewritten[0].ops
+    assert len(ops) == len(program.ops), "op indices are the scenario's"
+    assert isinstance(ops[0], Compute) and isinstance(ops[5], Compute) and isinstance(ops[6], Compute)
+    assert ops[1] == InitProcessGroup(backend="gloo")
+    assert ops[2] == NewGroup(ranks=(0, 1), bind="a", backend="gloo")
+    assert ops[3] == NewGroup(ranks=(0, 1), bind="b"), "None keeps meaning: the default group's backend"
+    assert ops[4] == SplitGroup(split_ranks=((0,), (1,)), bind="s")
+    assert ops[7] == program.ops[7]
+    text = "\n".join(cpu_substitutions([program]))
+    assert "cpu:gloo,cuda:nccl -> gloo" in text and "nccl-lazy -> gloo" in text and "device_id" in text
+
+
+def test_cpu_lane_policy_keeps_decisions_on_gloo() -> None:
+    from simnccl.policy import GroupRequest, History, InitRequest, decide_group
+
+    policy = CpuLanePolicy(get_policy("lazy-init+nccl-lazy-p2p"))
+    plan = policy.on_init(InitRequest(0, 2, "2.15", {}, "gloo", None))
+    assert plan.backend == "gloo" and plan.pg_options == PgOptions()
+    request = GroupRequest("new_group", (0, 1), 0, 2, "2.15", {}, "nccl", PgOptions(), False, "pp", None, History())
+    decision = decide_group(policy, request)
+    assert decision.backend == "gloo" and decision.pg_options == PgOptions()
+
+
+def test_gpu_lane_refuses_clearly() -> None:
+    with pytest.raises(LaneError, match="no CUDA device: the GPU lane needs one"):
+        check_gpu_lane(1, gpus=0)
+    with pytest.raises(LaneError, match="4 ranks but 1 visible GPU"):
+        check_gpu_lane(4, gpus=1)
+
+
+@pytest.mark.skipif(bool(os.environ.get("CUDA_VISIBLE_DEVICES")), reason="checks the no-CUDA path")
+def test_cli_gpu_lane_and_calibrate_refuse_without_cuda(tmp_path: Path) -> None:
+    from real.lanes import visible_gpus
+
+    if visible_gpus():
+        pytest.skip("this machine has a CUDA device")
+    done, _ = run_cli("run", "scenarios/creation-order-hang.toml", "--lane", "gpu", timeout=60)
+    assert done.returncode == 2 and NO_CUDA in done.stderr
+    done, _ = run_cli("calibrate", "--out", str(tmp_path / "p.toml"), timeout=60)
+    assert done.returncode == 2 and NO_CUDA in done.stderr
+    assert not (tmp_path / "p.toml").exists()
+
+
+# ---------------------------------------------------------------------------------------------- acceptance
+
+
+def test_compare_creation_order_hang_agrees_and_leaves_no_process(tmp_path: Path) -> None:
+    out = tmp_path / "compare.json"
+    done, mark = run_cli("compare", "scenarios/creation-order-hang.toml", "--json", str(out))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "ALL AGREE" in done.stdout
+    report = json.loads(out.read_text())
+    assert report["lane"] == "cpu" and "init_process_group: backend nccl -> gloo" in report["substitutions"]
+    for variant in report["variants"]:
+        assert variant["agree"], variant["reasons"]
+        assert variant["sim_verdict"] == variant["real_verdict"] == "hang"
+        sim_stuck = [h["rank"] for h in variant["sim"]["hangs"]]
+        real_stuck = [h["rank"] for h in variant["real"]["hangs"]]
+        assert sim_stuck == real_stuck == [0, 1, 2, 3]
+        for rank in variant["real"]["ranks"]:
+            assert not pid_alive(rank["pid"]), f"rank {rank['rank']} (pid {rank['pid']}) survived"
+    assert marked_processes(mark) == [], "a process started by the run is still alive"
+
+
+# ---------------------------------------------------------------------------------------------- passing runs
+
+
+def _pass_program(rank: int) -> Program:
+    ops = [
+        SetDevice(),
+        InitProcessGroup(backend="nccl"),
+        NewGroup(ranks=(0, 1), bind="tp", purpose="tp"),
+        NewGroup(ranks=(2,), bind="tp", purpose="tp"),
+        NewGroup(ranks=(0, 2), bind="pair"),
+        AllReduce(group="tp", size_bytes=1000),
+        Broadcast(size_bytes=256, src=0),
+        AllGather(group="tp", size_bytes=64),
+        ReduceScatter(size_bytes=96),
+        AllToAll(size_bytes=96),
+        AllReduce(group="pair", size_bytes=64),  # rank 1 is not a member: torch warns, nothing runs
+        SplitGroup(split_ranks=((0, 1), (2,)), bind="split"),
+        Barrier(group="split"),
+        Compute(seconds=5.0),
+        Checkpoint(label="end"),
+    ]
+    if rank == 0:
+        ops.append(Send(peer=2, size_bytes=128))
+    elif rank == 2:
+        ops.append(Recv(peer=0, size_bytes=128))
+    ops.append(DestroyProcessGroup())
+    return Program(tuple(ops))
+
+
+def test_a_program_that_completes_passes_on_both(launcher: Launcher) -> None:
+    programs = cpu_programs([_pass_program(r) for r in range(3)])
+    real = launcher.run_programs(programs, FAST, name="pass")
+    assert real["verdict"] == "pass", json.dumps(real["errors"] + real["hangs"], indent=1)
+    assert real["end_reason"] == "finished"
+    rank1 = real["ranks"][1]
+    by_name = {op["op"]: op for op in rank1["ops"]}
+    assert all(op["outcome"] == "ok" and op["end"] >= op["start"] for op in rank1["ops"])
+    assert "not a member" in by_name["all_reduce(group='pair', size_bytes=64)"]["detail"]
+    assert "skipped" in rank1["ops"][13]["detail"], "compute is skipped on the CPU lane by default, and says so"
+    assert [c["name"] for c in real["checkpoints"]] == ["end"] and real["checkpoints"][0]["devices"] == []
+    assert {r["status"] for r in real["ranks"]} == {"done"} and all(r["exit_code"] == 0 for r in real["ranks"])
+    sim = _simulate(programs)
+    assert sim["verdict"] == "pass"
+    assert compare_variant("pass", "cpu", sim, real, 3, 0.0).agree
+
+
+def _simulate(programs) -> dict:
+    from real.differential import Case, simulate_case
+
+    return simulate_case(Case(0, 0, len(programs), tuple(programs), ()))
+
+
+def test_policy_is_routed_through_apply_on_the_cpu_lane(launcher: Launcher) -> None:
+    """dedupe: the second identical new_group is answered from the first, without a torch call."""
+    program = Program(
+        (
+            InitProcessGroup(backend="gloo"),
+            NewGroup(ranks=(0, 1), bind="a"),
+            NewGroup(ranks=(0, 1), bind="b"),
+            AllReduce(group="a", size_bytes=64),
+            AllReduce(group="b", size_bytes=64),
+        )
+    )
+    real = launcher.run_programs([program, program], FAST, policy="dedupe", name="dedupe")
+    assert real["verdict"] == "pass"
+    calls = [d for d in real["decisions"] if d["call"] == "new_group"]
+    assert [d["torch_called"] for d in calls] == [True, False]
+    assert "reuse" in calls[1]["plan"]
+    group_of = [op["detail"] for op in real["ranks"][0]["ops"] if op["name"] == "new_group"]
+    assert group_of[0] == group_of[1], "both handles are the same torch group"
+
+
+# ---------------------------------------------------------------------------------------------- failing runs
+
+
+def test_timeout_kills_reaps_and_reports_last_ops(launcher: Launcher) -> None:
+    programs = [
+        Program((InitProcessGroup(backend="gloo"), AllReduce(size_bytes=64), Checkpoint(label="never"))),
+        Program((InitProcessGroup(backend="gloo"), Compute(seconds=120.0), AllReduce(size_bytes=64))),
+    ]
+    settings = RunSettings.for_lane(
+        "cpu", timeout_s=6.0, stall_s=100.0, torch_timeout_s=100.0, compute_scale=1.0, compute_cap_s=120.0
+    )
+    started = time.monotonic()
+    real = launcher.run_programs(programs, settings, name="timeout")
+    assert time.monotonic() - started < 30
+    assert real["verdict"] == "hang"
+    assert real["end_reason"] == "wall-clock timeout of 6s"
+    hangs = {h["rank"]: h for h in real["hangs"]}
+    assert hangs[0]["op"] == "all_reduce(size_bytes=64)" and hangs[0]["op_index"] == 1
+    assert hangs[0]["waiting_for"] == [1]
+    assert hangs[1]["op"] == "compute(seconds=120.0)" and hangs[1]["op_index"] == 1
+    assert all("killed by the launcher" in h["watchdog"] for h in hangs.values())
+    for rank in real["ranks"]:
+        assert rank["killed"] and rank["exit_code"] == -9
+        assert not pid_alive(rank["pid"])
+
+
+def test_torch_timeout_ends_a_missing_collective_as_a_hang(launcher: Launcher) -> None:
+    programs = [
+        Program((InitProcessGroup(backend="gloo"), AllReduce(size_bytes=64))),
+        Program((InitProcessGroup(backend="gloo"),)),
+    ]
+    real = launcher.run_programs(programs, FAST, name="missing")
+    assert real["verdict"] == "hang" and real["end_reason"] == "finished"
+    (hang,) = real["hangs"]
+    assert hang["rank"] == 0 and hang["waiting_for"] == [1] and hang["watchdog"].startswith("torch/gloo timeout")
+    sim = _simulate(cpu_programs(programs))
+    assert [r for r, o in rank_outcomes(sim, 2).items() if o["status"] == "hang"] == [0]
+    assert compare_variant("missing", "cpu", sim, real, 2, 0.0).agree
+
+
+def test_gloo_size_overflow_aborts_and_is_an_error_on_both(launcher: Launcher) -> None:
+    programs = [
+        Program((InitProcessGroup(backend="gloo"), AllReduce(size_bytes=16))),
+        Program((InitProcessGroup(backend="gloo"), AllReduce(size_bytes=32))),
+    ]
+    real = launcher.run_programs(programs, FAST, name="abort")
+    assert real["verdict"] == "error"
+    kinds = {e["rank"]: e["kind"] for e in real["errors"]}
+    assert "abort" in kinds.values(), real["errors"]
+    aborted = next(e for e in real["errors"] if e["kind"] == "abort")
+    assert "EnforceNotMet" in aborted["log_tail"] and "signal 6" in aborted["message"]
+    sim = _simulate(cpu_programs(programs))
+    assert sim["verdict"] == "error"
+    comparison = compare_variant("abort", "cpu", sim, real, 2, 0.0)
+    assert comparison.blocked_agree
+
+
+# ---------------------------------------------------------------------------------------------- torchrun
+
+
+def test_run_under_torchrun(tmp_path: Path) -> None:
+    torchrun = Path(PYTHON).with_name("torchrun")
+    if not torchrun.exists():
+        pytest.skip("torchrun not installed next to this interpreter")
+    scenario = tmp_path / "two.toml"
+    scenario.write_text(
+        """
+[scenario]
+name = "two"
+[cluster]
+gpu = "h100-80gb"
+gpus_per_node = 2
+[torch]
+release = "2.15"
+[workload]
+steps = [
+  { op = "set_device" },
+  { op = "init_process_group", backend = "nccl" },
+  { op = "new_group", ranks = [0, 1], bind = "tp" },
+  { op = "all_reduce", group = "tp", size_mib = 1 },
+  { op = "checkpoint", name = "end" },
+]
+""",
+        encoding="utf-8",
+    )
+    mark = uuid.uuid4().hex
+    out = tmp_path / "report.json"
+    env = dict(os.environ, REAL_TEST_MARK=mark, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    done = subprocess.run(
+        [
+            str(torchrun),
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "-m",
+            "real",
+            "run",
+            str(scenario),
+            "--json",
+            str(out),
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = json.loads(out.read_text())
+    (variant,) = report["variants"]
+    assert variant["verdict"] == "pass" and "launched by torchrun" in variant["notes"]
+    assert len(variant["ranks"]) == 2 and all(r["status"] == "done" for r in variant["ranks"])
+    assert marked_processes(mark) == []
