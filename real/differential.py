@@ -20,8 +20,10 @@ About half the cases are then broken in one known way on one rank (the *mutation
 
 Both sides must agree on the ranks that did not finish (hang/no-hang per rank); ``classify`` sorts each case
 into: ``agree`` (verdict and blocked/stuck ranks), ``racy`` (a store-key collision: real gloo connects whichever
-colliding peer comes first, so only pass/no-pass is compared), ``known-gap`` (a difference explained by a
-documented simulator gap, ``real.compare.KNOWN_GAPS``) and ``disagree``. A case is identified by
+colliding peer comes first, so only pass/no-pass is compared — and not even that when the collision is with a
+one-rank group's key, where the order of two store writes decides whether the bootstrap succeeds),
+``known-gap`` (a difference explained by a documented simulator gap, ``real.compare.KNOWN_GAPS``) and
+``disagree``. A case is identified by
 ``(seed, index)``; ``describe`` prints it as a replayable program and ``python -m real diff --seed S --only I``
 runs it again.
 """
@@ -391,7 +393,7 @@ def classify(result: CaseResult) -> str:
     if c.agree and not c.racy:
         return "agree"
     if c.racy:
-        return "racy" if c.finished_agree else "disagree"
+        return "racy" if c.finished_agree or c.verdict_racy else "disagree"
     if c.known_gap is not None:
         return "known-gap"
     return "disagree"

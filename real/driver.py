@@ -23,6 +23,10 @@ where it was) and one after it (outcome, wall times, measurement). What each op 
 * ``memory_check``: vLLM's startup check against ``mem_get_info`` (GPU lane); skipped on the CPU lane, recorded.
 * ``checkpoint``: a measurement under the checkpoint's label.
 
+Every group a rank creates stays referenced until the process ends (``Driver.kept``): ``destroy_process_group``
+then closes the default group's gloo sockets only (a peer waiting on this rank there fails with "Connection
+closed by peer", as the simulator models), never a subgroup's.
+
 After its program a rank *parks*: it reports ``final`` and keeps its process (and sockets) alive until the
 launcher releases it, so a peer still waiting on it stays blocked — a hang, as in the simulator — instead of
 failing with "connection reset by peer".
@@ -155,6 +159,10 @@ class Driver:
         self.gpu = spec.lane == "gpu"
         self.measurer = Measurer(self.gpu, spec.node)
         self.handles: dict[str, Any] = {}
+        # Every group this rank created, alive until the process ends, as frameworks keep theirs in module
+        # globals: a ProcessGroupGloo closes its sockets only when freed (gloo has no shutdown), so without this
+        # whether a peer waiting on a destroyed subgroup fails or waits would hang on Python reference counts.
+        self.kept: list[Any] = []
         self.seq: dict[int, int] = {}
         self.p2p_seq: dict[tuple[int, int, int], int] = {}
         self.allocations: list[Any] = []
@@ -260,6 +268,8 @@ class Driver:
         return f"backend={dist.get_backend()}"
 
     def _bind(self, bind: str | None, group: Any, member: bool) -> None:
+        if member:
+            self.kept.append(group)
         if not bind:
             return
         if member:

@@ -194,9 +194,14 @@ class Zygote:
 
 def kill_tree(pid: int) -> None:
     """SIGKILL a rank's process group (it made itself a group leader), and the pid itself."""
-    for kill in (lambda: os.killpg(pid, signal.SIGKILL), lambda: os.kill(pid, signal.SIGKILL)):
+    signal_tree(pid, signal.SIGKILL)
+
+
+def signal_tree(pid: int, signum: signal.Signals) -> None:
+    """Send ``signum`` to a rank's process group and to the pid itself (gone already: nothing to do)."""
+    for send in (lambda: os.killpg(pid, signum), lambda: os.kill(pid, signum)):
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            kill()
+            send()
 
 
 def pid_alive(pid: int) -> bool:
@@ -428,13 +433,23 @@ class Launcher:
             time.sleep(0.02)
 
     def _finish(self, watches: list[_RankWatch], zygote: Zygote, settings: RunSettings, release_file: Path) -> None:
-        """Kill what still runs, release what parked, reap all; no rank pid may survive."""
-        for watch in watches:
-            if watch.final is None and zygote.exit_of(watch.pid) is None:
-                watch.poll()
-                if watch.final is None:
-                    watch.killed = True
-                    kill_tree(watch.pid)
+        """Kill what still runs, release what parked, reap all; no rank pid may survive.
+
+        Every rank still running is frozen (SIGSTOP) before any is killed: a killed rank's gloo sockets close,
+        and a peer still waiting on it would fail with "Connection closed by peer" and report an error the run
+        never had (on a loaded machine the next kill came late enough for it to write that record). A frozen rank
+        that had already written its final record is let go on; the others are killed where they stood.
+        """
+        running = [w for w in watches if w.final is None and zygote.exit_of(w.pid) is None]
+        for watch in running:
+            signal_tree(watch.pid, signal.SIGSTOP)
+        for watch in running:
+            watch.poll()
+            if watch.final is None:
+                watch.killed = True
+                kill_tree(watch.pid)
+            else:
+                signal_tree(watch.pid, signal.SIGCONT)
         release_file.touch()
         pids = [w.pid for w in watches]
         if not zygote.wait_exits(pids, settings.release_grace_s):

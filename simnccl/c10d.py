@@ -369,6 +369,26 @@ def plan_new_group(
     )
 
 
+def outsider_key(ctx: ProcessContext, world: Group) -> tuple[object, ...]:
+    """Everything ``plan_new_group`` reads, on a rank *outside* the new group (no local synchronization),
+    besides the call's own arguments and the counter (which only names the group).
+
+    Why it exists: most of a large startup's calls are made by outsiders, and their plan is the same on every
+    rank with an equal key, so the engine plans one outsider per key and reuses the answer (DESIGN rule 8).
+    Keep it in step with ``plan_new_group``, ``resolve_backend`` (only TORCH_DIST_USE_NCCL2 of the env) and
+    ``split_source`` (the default group's backend, binding and cuda communicator's lifecycle state).
+    """
+    parent = world.comm_for("cuda")
+    return (
+        ctx.world_size,
+        ctx.device_count,
+        ctx.env.get("TORCH_DIST_USE_NCCL2"),
+        world.backend,
+        world.bound_device,
+        None if parent is None else (parent.impl, parent.state),
+    )
+
+
 def _split_share_requested(env: Mapping[str, str], options: PgOptions) -> bool:
     if options.split_share is not None:
         return options.split_share
@@ -390,6 +410,10 @@ def plan_split_group(
     Each rank validates the splits only up to its own (l.6972-6983); the name is the hashed name of its own
     split in the given order (l.6989; ``split_ranks[0]`` for a rank in none), and every rank advances the
     counter. A rank in no split still calls the backend's ``split``, which for NCCL is a NOCOLOR split.
+
+    gloo (``ProcessGroupGloo::split``) is no collective on the parent: a member connects a fresh full mesh over
+    the store prefixed with the hashed name (so members meet only if their counters agree), and a non-member
+    returns ``NON_GROUP_MEMBER`` without communicating.
     """
     if not split_ranks:
         raise TorchError("ValueError", "split_ranks cannot be None or empty")
@@ -411,6 +435,7 @@ def plan_split_group(
     timeout = timeout_s if timeout_s is not None else parent.timeout_s
     name = group_name_for(counter, mine if mine is not None else split_ranks[0], True)
     desc = group_desc or "undefined"
+    collective = lifecycle(parent_comm.impl).split_is_collective
     if mine is None:
         return GroupPlan(
             name=name,
@@ -421,14 +446,14 @@ def plan_split_group(
             bound_device=None,
             timeout_s=timeout,
             options=options,
-            nocolor_split_on=parent_comm,
+            nocolor_split_on=parent_comm if collective else None,
         )
     members = tuple(parent.ranks[r] for r in mine)
     child_impl = Impl.NCCL2 if parent_comm.impl is Impl.NCCL_LAZY else parent_comm.impl
     comm = CommPlan(
         pair=DeviceBackend(pair.device_type, pair.name, child_impl),
         eager=True,
-        split_from=parent_comm,
+        split_from=parent_comm if collective else None,
         shared=_split_share_requested(ctx.env, options),
         device=parent.bound_device,
         lazy_init=False,

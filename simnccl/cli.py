@@ -53,10 +53,22 @@ def _parser() -> argparse.ArgumentParser:
         allow_abbrev=False,
     )
     cost.add_arguments(cost_parser)
+    sub.add_parser(
+        "capture",
+        add_help=False,
+        help="run unmodified torch code per simulated rank and record its Programs (imports torch; "
+        "see python -m simnccl.capture --help)",
+    )
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    raw = sys.argv[1:] if argv is None else argv
+    if raw[:1] == ["capture"]:
+        # simnccl.capture imports torch: only here, never on the import path of ``simnccl`` or this module.
+        from simnccl.capture import main as capture_main
+
+        return capture_main(raw[1:])
     parser = _parser()
     args, extra = parser.parse_known_args(argv)
     if args.command == "cost":

@@ -7,7 +7,11 @@ registry: who is waiting where, for whom. The engine is the only simpy user (DES
 Cost (DESIGN rule 8): a non-member ``new_group`` is O(1). Under a bound parent it is a NOCOLOR split the rank
 joins without blocking ("run-ahead"): it records its arrival and keeps going until it next does something
 observable, when it waits for its last pending split. Only members pay per-member work, so a startup's cost
-grows with memberships, not with calls x world.
+grows with memberships, not with calls x world. Where the call needs no split at all (a lazy or unbound default
+group, a backend other than the default group's), the outsider fast path (``_outsider_calls``) takes a rank's
+run of such calls in place: the outsider plan is computed once per kind of rank and call, and a rank-independent
+policy decides once per shared history state (``_HistoryNode``); each rank only moves its counter, handles and
+history forward. Same trace, same outcome (tests/test_outsiders.py), about a microsecond per call.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from typing import Any
 import simpy
 
 from simnccl.backends import Charge, Comm, CommState, lifecycle, runtime_connect
+from simnccl.backends.gloo import PEER_CLOSED, SINGLETON_RACE, broadcast_needs, direct_peers, wire_mismatch
 from simnccl.c10d import (
     NON_GROUP_MEMBER,
     CommPlan,
@@ -31,6 +36,7 @@ from simnccl.c10d import (
     Members,
     ProcessContext,
     TorchError,
+    outsider_key,
     plan_init,
     plan_new_group,
     plan_split_group,
@@ -52,6 +58,7 @@ from simnccl.memory import (
 from simnccl.ops import (
     WORLD,
     Alloc,
+    Broadcast,
     Checkpoint,
     Collective,
     Compute,
@@ -80,7 +87,7 @@ from simnccl.policy import (
 )
 from simnccl.profiles import MAX_NCHANNELS_ENV, CommCosts, Profile
 from simnccl.release import CUDAMALLOCASYNC_TRACKER, DEFAULT_PG_NCCL_TIMEOUT_S, Impl, Release
-from simnccl.watchdog import TimeoutAction, on_async_error, on_timeout
+from simnccl.watchdog import MonitorAction, TimeoutAction, on_async_error, on_dump_signal, on_timeout, on_watchdog_stuck
 
 Waiting = Generator[simpy.Event, Any, None]
 
@@ -152,6 +159,12 @@ class RankRuntime:
     nccl_devices: set[int] = field(default_factory=set)
     history: History = field(default_factory=History)
     history_shared: bool = False
+    # Calls taken on shared decisions (``Engine._outsider_calls``) and not yet recorded in ``history``: the
+    # rank's real history is ``history`` + these; ``hnode`` is the shared state it is in (None: not tracked).
+    history_tail: list[_Step] = field(default_factory=list)
+    hnode: _HistoryNode | None = None
+    policy_class: tuple[Any, ...] | None = None  # (ctx, world, class) cache for Engine._policy_class
+    outsider_verdicts: tuple[Any, ...] | None = None  # cache for Engine._outsider_verdicts
     fr: FlightRecorder | None = None
     timed_out: bool = False
     unhealthy: bool = False
@@ -196,12 +209,15 @@ class RunOutcome:
     ops_executed: int
     trace: list[tuple[Any, ...]]
     fr_dumps: dict[int, dict[str, Any]] = field(default_factory=dict)
+    slowdowns: list[dict[str, Any]] = field(default_factory=list)  # what each straggler fault cost, see _slowdowns
 
 
 class Engine:
     """Runs a SimConfig to a verdict."""
 
-    def __init__(self, config: SimConfig, keep_trace: bool = False) -> None:
+    def __init__(self, config: SimConfig, keep_trace: bool = False, fast_path: bool = True) -> None:
+        """``fast_path=False`` runs every call through the ordinary per-rank path (``_outsider_calls`` off):
+        the same outcome and trace, slower; kept so tests can check the two agree."""
         self.config = config
         self.cluster: Cluster = config.cluster
         self.release: Release = config.release
@@ -210,6 +226,17 @@ class Engine:
         self.policy: Policy = config.policy if config.policy is not None else BasePolicy()
         self._policy_active = type(self.policy) is not BasePolicy
         self._decisions: dict[tuple[int, tuple[int, ...]], tuple[int, GroupDecision]] = {}
+        self._fast = fast_path
+        # Decisions shared between ranks with equal histories: only a policy that promises rank independence.
+        self._shared_steps = fast_path and self._policy_active and bool(getattr(self.policy, "rank_independent", False))
+        self._hnodes: dict[tuple[Any, int, int], _HistoryNode] = {}
+        self._classes: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+        # Outsider plans: per outsider_key, id(op torch receives) -> counter advance (None: not a plain call).
+        self._outsiders: dict[tuple[object, ...], dict[int, int | None]] = {}
+        self._outsider_ops: list[NewGroup] = []  # the ops those ids name, kept alive for the run
+        self._outsider_tables: dict[int, tuple[Program, list[_OutsiderEntry | None]]] = {}
+        self._canonical_ops: dict[NewGroup, NewGroup] = {}  # one op object per value (programs keep theirs alive)
+        self._op_keys: dict[int, int] = {}  # id(program's op) -> id(its canonical op)
         self.explanations: list[dict[str, Any]] = []
         self.env = simpy.Environment()
         self.meetings = MeetingRegistry()
@@ -239,12 +266,22 @@ class Engine:
         self._meeting_ids: dict[int, int] = {}
         self._split_results: dict[int, dict[tuple[int, ...], int | Meeting]] = {}
         self._comm_members: dict[int, tuple[int, ...]] = {}
+        self._gloo_used = False  # set once a gloo communicator exists: the peer-closed model costs nothing else
+        self._gloo_closed: dict[int, set[int]] = {}  # gloo comm id -> ranks whose sockets on it are closed
+        self._peer_lost: set[int] = set()  # ranks interrupted with "Connection closed by peer", not yet failed
+        self._tree_waits: dict[int, dict[int, simpy.Event]] = {}  # id(gloo broadcast) -> member -> its release
+        self._tree_released: dict[int, set[int]] = {}  # id(gloo broadcast) -> members already released
         self.faults = config.faults
         self._programs = apply_to_programs(config.faults, config.programs)
         # Cohorts need every rank on one Program object and no runtime fault that could stop one rank mid-block.
         self._shared_program = None if config.faults.runtime() else self._common_program(self._programs)
         self._op_faults: dict[tuple[int, int], Fault] = {}
         self._slow: dict[int, float] = {}
+        self._slow_extra_s: dict[int, float] = {}  # rank straggler -> local seconds it added
+        self._slow_links: list[_SlowLink] = []
+        self._monitor_start: dict[int, float] = {}  # rank -> when its default group (and its watchdog) was made
+        self._stuck: dict[int, MonitorAction | None] = {}  # watchdog-stuck ranks -> what their monitor does
+        self._monitor_action: dict[int, MonitorAction] = {}  # rank -> the heartbeat-monitor action now pending
         self._oom_at_init: set[int] = set()
         self._store_timeout: set[tuple[int, int | None]] = set()  # (rank, op index or None: the next bootstrap)
         self.ranks = [self._make_rank(r) for r in range(self.cluster.world_size)]
@@ -344,8 +381,11 @@ class Engine:
     def _rank_process(self, rt: RankRuntime) -> Waiting:
         ops = rt.program.ops
         dispatch = self._dispatch
+        fast = self._fast
         try:
             while rt.pc < len(ops):
+                if fast and type(ops[rt.pc]) is NewGroup and self._outsider_calls(rt):
+                    continue
                 self._guard()
                 op = ops[rt.pc]
                 if self._op_faults:
@@ -367,22 +407,31 @@ class Engine:
             rt.finished_at = self.env.now
             self._record(self.env.now, rt.rank, "done")
         except simpy.Interrupt as interrupt:
-            if isinstance(interrupt.cause, _Crash):
-                if interrupt.cause.stall:
-                    yield from self._stall(rt, interrupt.cause.fault)
-                self._fail(rt, "crash", interrupt.cause, abort=True)
+            cause = interrupt.cause
+            while True:  # a later crash or heartbeat-monitor kill may cut a stall or a dump wait short
+                try:
+                    if isinstance(cause, _Crash) and cause.stall:
+                        yield from self._stall(rt, cause.fault)
+                    elif not isinstance(cause, _Crash):
+                        rt.status = "blocked"
+                        if cause.wait_s > 0:
+                            yield self.env.timeout(cause.wait_s)
+                    break
+                except simpy.Interrupt as again:
+                    cause = again.cause
+            if isinstance(cause, _Crash):
+                self._fail(rt, "crash", cause, abort=True)
                 return
-            action: TimeoutAction = interrupt.cause
-            rt.status = "blocked"
-            if action.wait_s > 0:
-                yield self.env.timeout(action.wait_s)
-            self._fail(rt, "timeout", TorchError(action.error_type, action.message), abort=action.outcome == "abort")
+            action: TimeoutAction = cause
+            self._fail(rt, action.kind, TorchError(action.error_type, action.message), abort=action.outcome == "abort")
         except _Crash as err:
             self._fail(rt, "crash", err, abort=True)
         except _AsyncError as err:
             self._fail(rt, "timeout" if err.action.outcome != "abort" else "abort", err, abort=True)
         except _ProcessAbort as err:
             self._fail(rt, "abort", err)
+        except _PeerLost as err:
+            self._fail(rt, "peer-lost", err)
         except TorchError as err:
             self._fail(rt, "error", err)
         except SimulatedOOM as err:
@@ -398,6 +447,9 @@ class Engine:
         rt.block = None
         rt.finished_at = self._now()
         self._record(self._now(), rt.rank, "error", kind, err.type_name, err.message)
+        if rt.status == "aborted" and self._gloo_used:
+            # A dead process's sockets close: gloo peers waiting on it fail (a Python error keeps them open).
+            self._close_gloo(rt, [c for g in rt.groups for c in g.comms.values()])
 
     # ------------------------------------------------------------------ meetings
 
@@ -428,7 +480,7 @@ class Engine:
             problem = self._disagreement(meeting, first, meeting.arrivals[rt.rank])
             if problem:
                 meeting.problem = problem
-                if meeting.abort_on_mismatch:
+                if meeting.abort_on_mismatch and problem.startswith("size mismatch"):
                     self._abort_meeting(meeting, problem)
         if meeting.problem is None and len(meeting.arrivals) == len(meeting.expected):
             self._complete(meeting, duration(meeting))
@@ -445,7 +497,18 @@ class Engine:
                 )
             return None
         a, b = first.payload, this.payload
-        if a[0] != b[0]:
+        if meeting.abort_on_mismatch:  # gloo: what the wire does, not what the user meant (backends/gloo.py)
+            how = wire_mismatch(a, b)
+            if how is None:
+                return None
+            if how == "hang":
+                return (
+                    f"gloo collective mismatch at tag {meeting.seq} of group {meeting.group!r}: rank {first.rank} "
+                    f"issued {first.op.describe()}, rank {this.rank} issued {this.op.describe()} — different gloo "
+                    "algorithms send on different slots, so neither receives the other's messages: both wait "
+                    "until the timeout"
+                )
+        if a[0] != b[0] and not meeting.abort_on_mismatch:
             return (
                 f"operation mismatch at sequence number {meeting.seq} of group {meeting.group!r}: "
                 f"rank {first.rank} issued {first.op.describe()}, rank {this.rank} issued {this.op.describe()}"
@@ -465,6 +528,8 @@ class Engine:
         )
         self._record(self.env.now, "abort-meeting", meeting.key)
         meeting.result.succeed()
+        for event in self._tree_waits.get(id(meeting), {}).values():  # gloo broadcast members wait on their own
+            _fire_once(event)
 
     def _complete(self, meeting: Meeting, duration_s: float) -> None:
         done_at = max(self.env.now, meeting.ready_time()) + duration_s
@@ -474,11 +539,16 @@ class Engine:
         delay = done_at - self.env.now
         self.env.timeout(delay).callbacks.append(lambda _ev: event.succeed())
 
-    def _wait(self, rt: RankRuntime, meeting: Meeting, op: Op) -> Waiting:
+    def _wait(self, rt: RankRuntime, meeting: Meeting, op: Op, own: simpy.Event | None = None) -> Waiting:
+        """Block until the meeting completes (or ``own``, this rank's release from it, fires)."""
+        if self._gloo_closed and not meeting.complete and meeting.fatal is None:
+            peer = self._closed_peer(rt.rank, meeting)
+            if peer is not None:
+                raise _PeerLost(peer)
         if not (meeting.complete and meeting.completed_at <= self.env.now) and meeting.fatal is None:
             rt.status = "blocked"
             rt.block = Block(op, rt.pc, _handle_of(op), meeting, self.env.now)
-            yield meeting.result
+            yield meeting.result if own is None else own
             rt.status = "running"
             rt.block = None
         if meeting.fatal is not None:
@@ -517,12 +587,58 @@ class Engine:
         if n <= 1:
             return timing.collective_latency_s
         bus_bytes = 2 * (n - 1) / n * size
-        return timing.collective_latency_s + bus_bytes / (timing.bus_bandwidth_gbps * 1e9)
+        seconds = timing.collective_latency_s + bus_bytes / (timing.bus_bandwidth_gbps * 1e9)
+        return self._over_links(meeting, seconds) if self._slow_links else seconds
 
     def _p2p_s(self, meeting: Meeting) -> float:
         timing = self.profile.timing
         size = next(iter(meeting.arrivals.values())).payload[1]
-        return timing.p2p_latency_s + size / (timing.bus_bandwidth_gbps * 1e9)
+        seconds = timing.p2p_latency_s + size / (timing.bus_bandwidth_gbps * 1e9)
+        return self._over_links(meeting, seconds) if self._slow_links else seconds
+
+    def _over_links(self, meeting: Meeting, seconds: float) -> float:
+        """A communicator with a member on each end of a slowed link runs at that link's pace: the slowest
+        such link sets the factor (a ring or tree is as fast as its slowest hop). The extra time is charged to
+        that link so ``explain`` can name it."""
+        worst: _SlowLink | None = None
+        for link in self._slow_links:
+            if (worst is None or link.fault.factor > worst.fault.factor) and self._spans(link, meeting.expected):
+                worst = link
+        if worst is None:
+            return seconds
+        worst.ops += 1
+        worst.extra_s += seconds * (worst.fault.factor - 1.0)
+        if meeting.group and meeting.group not in worst.groups:
+            worst.groups.append(meeting.group)
+        self._record(self.env.now, "slow-link", worst.name, meeting.key)
+        return seconds * worst.fault.factor
+
+    def _spans(self, link: _SlowLink, members: tuple[int, ...]) -> bool:
+        """Whether ``members`` put one rank on each end of ``link`` (nodes, or GPUs of one node)."""
+        ends = [False, False]
+        for r in members:
+            end = self._link_end(link, r)
+            if end is not None:
+                ends[end] = True
+                if ends[0] and ends[1]:
+                    return True
+        return False
+
+    def _link_end(self, link: _SlowLink, rank: int) -> int | None:
+        node = self.ranks[rank].node
+        if link.nodes[0] != link.nodes[1]:
+            return 0 if node == link.nodes[0] else 1 if node == link.nodes[1] else None
+        if node != link.nodes[0]:
+            return None
+        device = self._rank_device(rank)
+        devices = self._rank_device(link.fault.rank), self._rank_device(link.fault.peer or 0)
+        if devices[0] == devices[1]:
+            return None  # both ends on one GPU: there is no wire between them to slow
+        return 0 if device == devices[0] else 1 if device == devices[1] else None
+
+    def _rank_device(self, rank: int) -> int:
+        rt = self.ranks[rank]
+        return rt.ctx.local_rank if rt.current_device is None else rt.current_device
 
     # ------------------------------------------------------------------ devices and memory
 
@@ -618,7 +734,10 @@ class Engine:
     def _op_compute(self, rt: RankRuntime, op: Compute) -> Waiting:
         yield from self._settle(rt)
         if op.seconds > 0:
-            yield self.env.timeout(op.seconds * self._slow.get(rt.rank, 1.0))
+            factor = self._slow.get(rt.rank, 1.0)
+            if factor != 1.0:
+                self._slow_extra_s[rt.rank] = self._slow_extra_s.get(rt.rank, 0.0) + op.seconds * (factor - 1.0)
+            yield self.env.timeout(op.seconds * factor)
 
     def _current_device(self, rt: RankRuntime) -> int:
         return 0 if rt.current_device is None else rt.current_device
@@ -665,6 +784,7 @@ class Engine:
         group = self._group_from_plan(rt, plan)
         rt.world = group
         rt.handles[WORLD] = group
+        self._monitor_start[rt.rank] = self.env.now  # the default group's watchdog (and heartbeat monitor) start
         self._record(self.env.now, rt.rank, "init", plan.backend.requested, plan.bound_device)
         yield from self._create_comms(rt, group, plan, op)
 
@@ -808,6 +928,8 @@ class Engine:
     def _init_comm(self, rt: RankRuntime, group: Group, comm: Comm, op: Op) -> Waiting:
         """Bootstrap a communicator over the store: a members-only meeting keyed by the group's name."""
         life = lifecycle(comm.impl)
+        if comm.impl is Impl.GLOO:
+            self._gloo_used = True
         if comm.device is None and comm.impl.is_nccl:
             comm.device = self._current_device(rt)
         if comm.device is not None and comm.impl.is_nccl:
@@ -826,11 +948,34 @@ class Engine:
             yield from self._wait(rt, meeting, op)
             comm.comm_id = self._comm_id_for(meeting)
         else:
+            if comm.impl is Impl.GLOO:
+                self._gloo_singleton(rt, group, op)
             comm.comm_id = self._new_comm_id()
         self._comm_members[comm.comm_id] = group.ranks
         self._abort_if_cudamallocasync(rt, comm)
         comm.state = CommState.READY
         self._charge(rt, comm, life.init_charges(self._costs(rt), comm, rt.ctx.env), op, group)
+
+    def _gloo_singleton(self, rt: RankRuntime, group: Group, op: Op) -> None:
+        """A one-rank ProcessGroupGloo still writes its address under the group's store prefix (measured: a
+        ``new_group([0])`` adds one store key), though it waits for nobody. Under a name another group bootstraps
+        with (diverged counters) the keys collide: record it, so both sides report the store-key race."""
+        key = ("bootstrap", group.name, False)
+        meeting = self.meetings.get(key)
+        if meeting is None:
+            meeting = self._open(key, "bootstrap", group.name, 0, group.ranks)
+            meeting.arrivals[rt.rank] = Arrival(rt.rank, self.env.now, group.ranks, op)
+            meeting.completed_at = self.env.now  # a later bootstrapper under this name collides with it
+            meeting.result.succeed()
+            return
+        if not meeting.complete and meeting.problem is None and meeting.arrivals:
+            first = next(iter(meeting.arrivals.values()))
+            meeting.problem = (
+                f"store key collision under group name {group.name!r}: ranks {list(meeting.arrivals)} bootstrap "
+                f"ranks {list(first.payload)}, rank {rt.rank} wrote its one-rank group's key under that name; "
+                f"{SINGLETON_RACE}"
+            )
+            self._record(self.env.now, rt.rank, "collision", group.name)
 
     def _collision(self, meeting: Meeting, rt: RankRuntime, group: Group, op: Op) -> Meeting:
         """A second bootstrap under a name already used: a meeting that can never complete, explained."""
@@ -841,6 +986,8 @@ class Engine:
             f"bootstrapped ranks {list(first.payload)} under that name; rank {rt.rank} waits for a peer "
             f"that will never come"
         )
+        if len(first.payload) == 1:
+            stuck.problem += f"; {SINGLETON_RACE}"
         return stuck
 
     def _new_comm_id(self) -> int:
@@ -989,9 +1136,52 @@ class Engine:
         meeting = self._open(("coll", comm.comm_id, comm.seq), "collective", target.name, comm.seq, members)
         meeting.abort_on_mismatch = comm.impl is Impl.GLOO
         self._arrive(meeting, rt, (op.name, op.size_bytes, op.dtype), op, duration=self._collective_s)
-        yield from self._wait(rt, meeting, op)
+        if meeting.abort_on_mismatch and isinstance(op, Broadcast) and len(members) > 2:
+            yield from self._wait_tree(rt, meeting, op)
+        else:
+            yield from self._wait(rt, meeting, op)
         FlightRecorder.complete(entry, self.env.now)
         self._record(self.env.now, rt.rank, op.name, target.name, comm.seq)
+
+    def _wait_tree(self, rt: RankRuntime, meeting: Meeting, op: Broadcast) -> Waiting:
+        """A gloo broadcast is a binomial tree of sends and recvs, not one rendezvous: a member leaves as soon
+        as its ancestors and children have joined (``broadcast_needs``), so the root and subtrees that do not
+        depend on a missing rank complete, and only the ranks that wait on it hang. Each member waits on its own
+        event; the meeting completing (everyone in) releases the rest at its end."""
+        waits = self._tree_waits.setdefault(id(meeting), {})
+        waits[rt.rank] = self.env.event()
+        if meeting.problem is None:
+            if meeting.complete:
+                assert meeting.completed_at is not None
+                release_at = meeting.completed_at
+                ready = [r for r in sorted(waits) if r not in self._tree_released.setdefault(id(meeting), set())]
+            else:
+                release_at = self.env.now + self._collective_s(meeting)
+                ready = self._tree_ready(meeting, waits)
+            for rank in ready:
+                self._tree_released[id(meeting)].add(rank)
+                if not meeting.complete:
+                    self._record(self.env.now, rank, "tree-release", meeting.key)
+                event = waits[rank]
+                self.env.timeout(release_at - self.env.now).callbacks.append(lambda _ev, e=event: _fire_once(e))
+        yield from self._wait(rt, meeting, op, waits[rt.rank])
+
+    def _tree_ready(self, meeting: Meeting, waits: Mapping[int, simpy.Event]) -> list[int]:
+        """Members in the broadcast, not yet released, whose tree neighbours (``broadcast_needs``) are all in.
+        O(members x log members) per arrival, and only while the broadcast is incomplete."""
+        released = self._tree_released.setdefault(id(meeting), set())
+        expected = meeting.expected
+        position = {r: i for i, r in enumerate(expected)}
+        src = getattr(next(iter(meeting.arrivals.values())).op, "src", 0)
+        root = position.get(src, 0)
+        ready = []
+        for rank in sorted(waits):
+            if rank in released:
+                continue
+            needs = broadcast_needs(position[rank], len(expected), root)
+            if all(expected[i] in meeting.arrivals for i in needs):
+                ready.append(rank)
+        return ready
 
     def _fr_record(
         self, rt: RankRuntime, group: Group, comm: Comm, op: str, size_bytes: int, dtype: str, *, p2p: bool
@@ -1077,6 +1267,11 @@ class Engine:
         yield from self._settle(rt)
         if op.group == WORLD:
             groups = list(rt.groups)
+            if self._gloo_used and rt.world is not None:
+                # gloo has no shutdown: a ProcessGroupGloo closes its sockets when freed. torch drops its last
+                # reference to the default group here; subgroups live on in the program's handles (frameworks
+                # keep them in globals, and so does real.driver), so peers waiting on those keep waiting.
+                self._close_gloo(rt, list(rt.world.comms.values()))
             rt.world = None
             rt.handles.clear()
             rt.counter = 1
@@ -1100,6 +1295,50 @@ class Engine:
                     ]:
                         ledger.release_owner(owner, time_s=self.env.now, op=op)
         self._record(self.env.now, rt.rank, "destroy", op.group)
+
+    def _close_gloo(self, rt: RankRuntime, comms: Sequence[Comm]) -> None:
+        """``rt`` closes its sockets on these gloo communicators (destroyed, or the process died): each member
+        blocked in an operation that talks to ``rt`` directly fails at once with 'Connection closed by peer';
+        members whose algorithm only waits on ``rt`` through others keep waiting (``backends/gloo.py``)."""
+        for comm in comms:
+            if comm.impl is not Impl.GLOO or comm.comm_id is None:
+                continue
+            closed = self._gloo_closed.setdefault(comm.comm_id, set())
+            if rt.rank in closed:
+                continue
+            closed.add(rt.rank)  # not traced: only what it does to a waiting peer is (a closed idle socket is not)
+            for member in self._comm_members.get(comm.comm_id, ()):
+                other = self.ranks[member]
+                if other is rt or other.status != "blocked" or other.block is None or other.timed_out:
+                    continue
+                if member in self._peer_lost:
+                    continue
+                peer = self._closed_peer(member, other.block.meeting)
+                if peer is not None:
+                    self._peer_lost.add(member)
+                    self._record(self._now(), member, "peer-closed", peer, comm.group)
+                    message = PEER_CLOSED.format(peer=peer)
+                    cause = TimeoutAction("raise", False, 0.0, "RuntimeError", message, False, kind="peer-lost")
+                    self._procs[member].interrupt(cause)
+
+    def _closed_peer(self, rank: int, meeting: Meeting) -> int | None:
+        """A peer ``rank``'s part of this gloo operation reads or writes directly that has closed its sockets
+        and is not in the operation itself (None: none, or not a gloo collective/send/recv)."""
+        if meeting.kind not in ("collective", "p2p") or meeting.key[0] not in ("coll", "p2p"):
+            return None
+        closed = self._gloo_closed.get(meeting.key[1])
+        arrival = meeting.arrivals.get(rank)
+        if not closed or arrival is None:
+            return None
+        expected = meeting.expected
+        if meeting.kind == "p2p":
+            peers: Sequence[int] = [r for r in expected if r != rank]
+        else:
+            op = arrival.op
+            src = getattr(op, "src", None)
+            root = expected.index(src) if src in expected else 0
+            peers = [expected[i] for i in direct_peers(op.name, expected.index(rank), len(expected), root)]
+        return next((p for p in peers if p in closed and p not in meeting.arrivals), None)
 
     # ------------------------------------------------------------------ policies
 
@@ -1131,9 +1370,15 @@ class Engine:
         return replace(op, backend=plan.backend, device_id=plan.device_id, pg_options=plan.pg_options)
 
     def _group_request(
-        self, rt: RankRuntime, op: NewGroup | SplitGroup, members: tuple[int, ...], backend: str | None = None
+        self,
+        rt: RankRuntime,
+        op: NewGroup | SplitGroup,
+        members: tuple[int, ...],
+        backend: str | None = None,
+        history: History | None = None,
     ) -> GroupRequest:
-        """What the process knows; the backend is named as torch resolves it (the default group's if none)."""
+        """What the process knows; the backend is named as torch resolves it (the default group's if none).
+        ``history`` stands in for the rank's own (a cohort decides on the history its ranks share)."""
         assert rt.world is not None
         return GroupRequest(
             kind=op.name,
@@ -1147,7 +1392,7 @@ class Engine:
             use_local_synchronization=getattr(op, "use_local_synchronization", False),
             purpose=op.purpose,
             traffic=op.traffic,
-            history=rt.history,
+            history=history if history is not None else self._history(rt),
             eager_group_mib=self._costs(rt).eager_group_mib(connect_at_init=not runtime_connect(rt.ctx.env)),
         )
 
@@ -1158,11 +1403,25 @@ class Engine:
             return op  # invalid ranks: torch raises before any policy could matter
         if op.use_local_synchronization and rt.rank not in members.index:
             return op  # returns before anything a policy could change (l.7206)
+        node = self._hnode(rt) if self._shared_steps else None
+        op_key = self._op_key(rt.program, op) if node is not None else 0
+        step = node.steps.get(op_key) if node is not None else None
+        if step is not None:
+            # Decided (and checked: the step's first caller ran _check_consistent) on an equal history.
+            rt.history_tail.append(step)
+            rt.hnode = step.after
+            return self._effective_op(rt, op, members, step.decision, step.effective)
         request = self._group_request(rt, op, members.ranks)
         decision = decide_group(self.policy, request)
         self._check_consistent(rt, request, decision)
-        self._own_history(rt).record(request, decision)
-        return self._effective_op(rt, op, members, decision)
+        history = self._own_history(rt)
+        history.record(request, decision)
+        effective = None if decision.reuse is not None else _rewritten(op, decision)
+        if node is not None:
+            after = self._hnode(rt)
+            after.snapshot = history
+            node.steps[op_key] = _Step(op, request, decision, effective, after)
+        return self._effective_op(rt, op, members, decision, effective)
 
     def _policy_split(self, rt: RankRuntime, op: SplitGroup, parent: Group) -> SplitGroup | None:
         """``decide_split`` for every split of the call (all recorded, as ``apply`` does); this rank applies
@@ -1190,9 +1449,12 @@ class Engine:
         return replace(op, pg_options=mine.pg_options)
 
     def _own_history(self, rt: RankRuntime) -> History:
+        """The rank's history, its own to record into (its shared state, if tracked, is left behind)."""
+        self._history(rt)
         if rt.history_shared:
             rt.history = rt.history.copy()
             rt.history_shared = False
+        rt.hnode = None
         return rt.history
 
     def _check_consistent(self, rt: RankRuntime, request: GroupRequest, decision: GroupDecision) -> None:
@@ -1233,8 +1495,15 @@ class Engine:
         return None
 
     def _effective_op(
-        self, rt: RankRuntime, op: NewGroup, members: Members, decision: GroupDecision
+        self,
+        rt: RankRuntime,
+        op: NewGroup,
+        members: Members,
+        decision: GroupDecision,
+        rewritten: NewGroup | None = None,
     ) -> NewGroup | None:
+        """The op torch receives (None: reuse, with the handle bound here); ``rewritten`` is
+        ``_rewritten(op, decision)`` when the caller has it already."""
         if decision.reuse is not None:
             if rt.rank in members.index and op.bind:
                 existing = self._identical_group(rt, members.ranks, decision.backend, decision.pg_options)
@@ -1243,13 +1512,222 @@ class Engine:
             elif op.bind:
                 rt.handles.setdefault(op.bind, NON_GROUP_MEMBER)
             return None
-        return replace(
-            op,
-            backend=decision.backend,
-            pg_options=decision.pg_options,
-            use_local_synchronization=decision.use_local_synchronization,
-            device_id=decision.device_id if decision.device_id is not None else op.device_id,
-        )
+        return rewritten if rewritten is not None else _rewritten(op, decision)
+
+    # ------------------------------------------------------------------ outsiders (DESIGN rule 8)
+
+    def _outsider_calls(self, rt: RankRuntime) -> bool:
+        """Take, in place, the run of ``new_group`` calls at ``rt.pc`` this rank makes as an outsider that
+        needs nothing: not a member, no NOCOLOR split, no error, no injected fault, no cohort waiting for it.
+
+        Why: a large startup is mostly such calls (Megatron TP8·PP4·DP16: ~2,900 per rank, ~20 of them
+        memberships), and where the default group is lazy or unbound (legacy, lazy-init) or the group's backend
+        is not the default group's (gloo twins, a policy's fake singletons) no cohort can take them. Their whole
+        effect is the group counter, a NON_GROUP_MEMBER handle and, under a policy, one history record, so they
+        are applied here without planning: the outsider plan once per ``outsider_key`` and call, the policy's
+        decision once per shared history state and call (``_HistoryNode``), the record appended to the rank's
+        ``history_tail``. The ordinary path records no trace event and never waits for such a call, so the trace
+        and the order in which ranks run are unchanged. Each call taken counts for the guard as it would there.
+        Returns whether any call was taken.
+        """
+        world = rt.world
+        policy = self._policy_active
+        if world is None or rt.pending or (policy and not self._shared_steps):
+            return False
+        table = self._outsider_table(rt.program)
+        rank = rt.rank
+        pc = start = rt.pc
+        cohorts = self._cohorts if rt.program is self._shared_program else None
+        op_faults = self._op_faults
+        node = None
+        verdicts: dict[int, int | None] | None = None
+        keep = self._outsider_ops
+        setdefault = rt.handles.setdefault
+        append = rt.history_tail.append
+        work = self._work
+        taken = counter = 0
+        end = len(table)
+        while pc < end:
+            entry = table[pc]
+            if entry is None or (op_faults and (rank, pc) in op_faults):
+                break
+            op_id, index, bind, op = entry
+            if rank in index:
+                break
+            if cohorts is not None:
+                cohort = cohorts.get(pc)
+                if cohort is None or not cohort.broken:
+                    break  # the first rank here decides whether a block starts; a live cohort is joined
+            step = None
+            effective_id = op_id
+            if policy:
+                if node is None:
+                    node = self._hnode(rt)
+                step = node.steps.get(op_id)
+                if step is None:
+                    break  # nobody decided this call on this history yet: the ordinary path decides it
+                effective_id = step.effective_id
+            advance = 0
+            if effective_id:  # 0: the policy reuses an identical group, no torch call at all
+                if verdicts is None:
+                    verdicts = self._outsider_verdicts(rt, world)
+                advance = verdicts.get(effective_id, -1)
+                if advance == -1:
+                    effective = op if step is None else step.effective
+                    assert effective is not None
+                    advance = verdicts[effective_id] = self._outsider_advance(rt, world, effective)
+                    keep.append(effective)  # ids stay valid while the verdict is kept
+                if advance is None:
+                    break
+            taken += 1
+            work += 1
+            if work & 0xFFFF == 0:  # the guard's check, at the same count as on the ordinary path
+                self._work, self._ops, rt.pc, rt.counter = work, self._ops + taken, pc, rt.counter + counter
+                taken = counter = 0
+                self._check_limits()
+            if step is not None:
+                append(step)
+                node = step.after
+            counter += advance
+            if bind:
+                setdefault(bind, NON_GROUP_MEMBER)
+            pc += 1
+        self._work = work
+        self._ops += taken
+        rt.counter += counter
+        rt.pc = pc
+        if node is not None:
+            rt.hnode = node
+        return pc > start
+
+    def _outsider_table(self, program: Program) -> list[_OutsiderEntry | None]:
+        """Per op of a program: (key, member index, bind, op) where a rank outside the group might take it as
+        an outsider call (a world-wide ``new_group`` with a valid rank list), else None. Built once per Program.
+
+        The key is the id of one canonical op per value: generators share op objects between ranks, but
+        programs built per rank (captured ones) have equal, distinct ops, and decisions and outsider plans must
+        be shared between those too (else every rank would decide, and leave a step, on its own)."""
+        cached = self._outsider_tables.get(id(program))
+        if cached is not None and cached[0] is program:
+            return cached[1]
+        table: list[_OutsiderEntry | None] = []
+        canonical = self._canonical_ops
+        keys = self._op_keys
+        for op in program.ops:
+            entry = None
+            if type(op) is NewGroup:
+                same = canonical.setdefault(op, op)
+                keys[id(op)] = id(same)
+                members = self._members(op)
+                if not op.use_local_synchronization and isinstance(members, Members):
+                    entry = (id(same), members.index, op.bind, same)
+            table.append(entry)
+        self._outsider_tables[id(program)] = (program, table)
+        return table
+
+    def _op_key(self, program: Program, op: NewGroup) -> int:
+        """The shared key of one of ``program``'s ``new_group`` ops (see ``_outsider_table``)."""
+        key = self._op_keys.get(id(op))
+        if key is None:
+            self._outsider_table(program)
+            key = self._op_keys[id(op)]
+        return key
+
+    def _outsider_verdicts(self, rt: RankRuntime, world: Group) -> dict[int, int | None]:
+        """The outsider plans shared by every rank with this rank's ``outsider_key``; remembered per rank for
+        as long as its context, default group and that group's cuda communicator (and its state) stay the same."""
+        parent = world.comm_for("cuda")
+        state = None if parent is None else parent.state
+        cached = rt.outsider_verdicts
+        if cached is not None and cached[:4] == (rt.ctx, world, parent, state):  # compared by identity first
+            return cached[4]
+        verdicts = self._outsiders.setdefault(outsider_key(rt.ctx, world), {})
+        rt.outsider_verdicts = (rt.ctx, world, parent, state, verdicts)
+        return verdicts
+
+    def _outsider_advance(self, rt: RankRuntime, world: Group, op: NewGroup) -> int | None:
+        """How far an outsider's plain call advances the counter; None when it is not plain (it raises, or
+        joins a NOCOLOR split): the ordinary path then runs it on every rank."""
+        try:
+            plan = plan_new_group(
+                self.release,
+                rt.ctx,
+                world,
+                rt.counter,
+                self._members(op),
+                op.backend,
+                op.pg_options,
+                op.use_local_synchronization,
+                op.group_desc,
+                op.device_id,
+                op.timeout_s,
+            )
+        except (TorchError, ValueError):
+            return None
+        if plan.member or plan.nocolor_split_on is not None:
+            return None
+        return plan.counter_advance
+
+    def _policy_class(self, rt: RankRuntime) -> tuple[Any, ...]:
+        """What a rank-independent policy may decide on besides the call and the history: the environment
+        (less the rank's own LOCAL_RANK and RANK) and the default group's backend name. Ranks of one class
+        with equal histories share decisions; one canonical tuple per class, so nodes compare by identity."""
+        cached = rt.policy_class
+        if cached is not None and cached[0] is rt.ctx and cached[1] is rt.world:
+            return cached[2]
+        env = tuple(sorted((k, v) for k, v in rt.ctx.env.items() if k not in _RANK_ENV))
+        cls = (rt.world.backend.requested if rt.world is not None else None, env)
+        cls = self._classes.setdefault(cls, cls)
+        rt.policy_class = (rt.ctx, rt.world, cls)
+        return cls
+
+    def _hnode(self, rt: RankRuntime) -> _HistoryNode:
+        """The shared state this rank's history is in (found by class, call count and digest)."""
+        cls = self._policy_class(rt)
+        node = rt.hnode
+        if node is not None and node.cls is cls:
+            return node
+        history = self._history(rt)
+        key = (cls, history.calls, history.digest)
+        node = self._hnodes.get(key)
+        if node is None:
+            node = self._hnodes[key] = _HistoryNode(cls, history.calls, history.digest, snapshot=history)
+        rt.hnode = node
+        return node
+
+    def _history(self, rt: RankRuntime) -> History:
+        """The rank's real history: its pending tail of shared records applied (or, for a long tail, a copy of
+        a history known to be in the same state: the rank that first decided there)."""
+        tail = rt.history_tail
+        if tail:
+            target = tail[-1].after
+            snap = target.snapshot
+            if (
+                len(tail) > _REPLAY_MAX
+                and snap is not None
+                and snap.calls == target.calls
+                and snap.digest == target.digest
+            ):
+                rt.history = snap.copy()
+            else:
+                history = rt.history.copy() if rt.history_shared else rt.history
+                for step in tail:
+                    history.record(step.request, step.decision)
+                rt.history = history
+            rt.history_shared = False
+            tail.clear()
+        return rt.history
+
+    def history_of(self, rank: int) -> History:
+        """The group-creation history ``rank`` has recorded so far (what its policy decides on)."""
+        return self._history(self.ranks[rank])
+
+    def _history_state(self, rt: RankRuntime) -> tuple[int, int]:
+        """(calls, digest) of the rank's real history, without applying its tail."""
+        if rt.history_tail:
+            node = rt.history_tail[-1].after
+            return node.calls, node.digest
+        return rt.history.calls, rt.history.digest
 
     # ------------------------------------------------------------------ cohorts (DESIGN rule 8)
 
@@ -1271,7 +1749,7 @@ class Engine:
             world_seq = rt.world.comm_for("cuda").seq if rt.world and rt.world.comm_for("cuda") else 0
             meeting = self.meetings.open(("cohort", start), "split", "0", world_seq + 1, self._world_ranks)
             meeting.result = self.env.event()
-            cohort = Cohort(start=start, counter=rt.counter, meeting=meeting, history=rt.history)
+            cohort = Cohort(start=start, counter=rt.counter, meeting=meeting, history=self._history(rt))
             self._cohorts[start] = cohort
             if not self._opens_with_world_split(rt, rt.program.ops[start]):
                 # Waiting for every rank is only right when the first call is itself world-wide (a split of
@@ -1297,7 +1775,10 @@ class Engine:
             return False
         if isinstance(op, SplitGroup):
             parent = rt.world.comm_for("cuda")
-            return parent is not None and parent.ready and lifecycle(parent.impl).communicates
+            if parent is None or not parent.ready:
+                return False
+            life = lifecycle(parent.impl)
+            return life.communicates and life.split_is_collective  # gloo's split is a members-only bootstrap
         assert isinstance(op, NewGroup)
         if self._policy_active:
             members = self._members(op)
@@ -1329,7 +1810,10 @@ class Engine:
         if self._policy_active:
             history = cohort.history
             assert history is not None
-            same = rt.history is history or (rt.history.calls == history.calls and rt.history.digest == history.digest)
+            calls, digest = self._history_state(rt)
+            same = (rt.history is history and not rt.history_tail) or (
+                calls == history.calls and digest == history.digest
+            )
             if not same or not self.policy.rank_independent:
                 return False
         # A lazy (unbound) default group is fine: its new_groups are local lazy creations, which a block takes;
@@ -1427,7 +1911,7 @@ class Engine:
             return op, unchanged_decision(op), None
         rt = self.ranks[members.ranks[0]]
         assert cohort.history is not None
-        request = replace(self._group_request(rt, op, members.ranks), history=cohort.history)
+        request = self._group_request(rt, op, members.ranks, history=cohort.history)
         decision = decide_group(self.policy, request)
         self._check_consistent(rt, request, decision)
         if decision.reuse is not None:
@@ -1536,6 +2020,8 @@ class Engine:
         if cohort.history is not None:
             rt.history = cohort.history  # equal content (checked on arrival): share one object again,
             rt.history_shared = True  # copied on this rank's next own record (the owner's too)
+            rt.history_tail.clear()  # already in that content
+            rt.hnode = None
         parent = rt.world.comm_for("cuda") if rt.world is not None else None
         if parent is not None:
             parent.seq += cohort.splits
@@ -1554,6 +2040,10 @@ class Engine:
             validate(fault, self._programs)
             if fault.kind == "straggler":
                 self._slow[fault.rank] = fault.factor
+            elif fault.kind == "link-straggler":
+                assert fault.peer is not None
+                nodes = (self.cluster.node_of(fault.rank), self.cluster.node_of(fault.peer))
+                self._slow_links.append(_SlowLink(fault, nodes))
             elif fault.kind == "oom-at-init":
                 self._oom_at_init.add(fault.rank)
             elif fault.kind == "store-timeout":
@@ -1577,7 +2067,7 @@ class Engine:
                 self._dump_all(self.env.now)
             if action.outcome != "hang":
                 self._procs[rt.rank].interrupt(action)
-        elif fault.kind == "stall":
+        elif fault.kind in ("stall", "watchdog-stuck"):
             self._procs[rt.rank].interrupt(_Crash(fault, stall=True))
 
     def _victims(self, rt: RankRuntime, fault: Fault) -> list[RankRuntime]:
@@ -1601,7 +2091,7 @@ class Engine:
                 if victim is not rt:
                     self._procs[victim.rank].interrupt(_Crash(fault))
             raise _Crash(fault)
-        if fault.kind == "stall":
+        if fault.kind in ("stall", "watchdog-stuck"):
             yield from self._stall(rt, fault)
         if fault.kind == "nccl-error":
             action = on_async_error(rt.ctx.env, rank=rt.rank)
@@ -1614,11 +2104,73 @@ class Engine:
             raise _AsyncError(action)
 
     def _stall(self, rt: RankRuntime, fault: Fault) -> Waiting:
-        """The rank stops issuing ops but stays alive (it still answers a flight-recorder dump)."""
+        """The rank stops issuing ops but stays alive (it still answers a flight-recorder dump). A
+        ``watchdog-stuck`` rank is stuck in a CUDA/NCCL call with its watchdog thread: its own collective
+        timeouts never fire, and only legacy's heartbeat monitor can end it (``simnccl.watchdog``)."""
         op = rt.program.ops[min(rt.pc, len(rt.program.ops) - 1)]
         meeting = self._open(("stall", rt.rank), "stall", "", 0, ())
-        meeting.problem = f"injected fault: {fault.describe()} — the rank stopped issuing ops"
+        if fault.kind == "watchdog-stuck":
+            meeting.problem = (
+                f"injected fault: {fault.describe()} — the process and its NCCL watchdog thread are stuck in a "
+                "CUDA/NCCL call"
+            )
+            self._arm_monitor(rt, fault)
+        else:
+            meeting.problem = f"injected fault: {fault.describe()} — the rank stopped issuing ops"
         yield from self._wait(rt, meeting, op)
+
+    def _arm_monitor(self, rt: RankRuntime, fault: Fault) -> None:
+        """Start the stuck rank's heartbeat monitor clock, if its default group has one (legacy only)."""
+        if rt.rank in self._stuck:
+            return
+        impl = self._world_impl(rt)
+        action = None
+        if impl is not None:
+            start_s = self._monitor_start[rt.rank]
+            action = on_watchdog_stuck(impl, rt.ctx.env, rank=rt.rank, monitor_start_s=start_s, stuck_at_s=self.env.now)
+        self._stuck[rt.rank] = action
+        self._record(self.env.now, rt.rank, "watchdog-stuck", None if action is None else action.detected_at_s)
+        if action is not None:
+            self._monitor_action[rt.rank] = action
+            self.env.process(self._monitor(rt, action))
+
+    def _world_impl(self, rt: RankRuntime) -> Impl | None:
+        """The implementation behind this rank's live default group (whose watchdog the monitor watches)."""
+        if rt.world is None or rt.world.destroyed or rt.rank not in self._monitor_start:
+            return None
+        comm = rt.world.comm_for(self._tensor_device_type())
+        return None if comm is None else comm.impl
+
+    def _monitor(self, rt: RankRuntime, action: MonitorAction) -> Waiting:
+        """Legacy's heartbeat monitor acting on its process: detect, dump, wait a heartbeat, terminate. A dump
+        signal may replace a later pending action with an earlier one; only the one pending acts."""
+        yield self.env.timeout(max(action.detected_at_s - self.env.now, 0.0))
+        if self._monitor_action.get(rt.rank) is not action or rt.status in ("done", "error", "aborted"):
+            return
+        if rt.status == "blocked" and rt.timeout_hang is None:  # a running process is not hung (yet)
+            entry = self._hang_entry(rt, {r.rank: r for r in self.ranks})
+            entry["detected_at_s"] = action.terminate_at_s
+            entry["timeout_s"] = action.heartbeat_timeout_s
+            entry["watchdog"] = action.message.splitlines()[0]
+            entry["explanation"] += f"; heartbeat monitor: {action.message.splitlines()[-1]}"
+            entry["monitor"] = {
+                "reason": action.reason,
+                "detected_at_s": action.detected_at_s,
+                "terminate_at_s": action.terminate_at_s,
+                "heartbeat_timeout_s": action.heartbeat_timeout_s,
+            }
+            rt.timeout_hang = entry
+        self._record(self.env.now, rt.rank, "heartbeat", action.reason)
+        if action.dump and rt.fr is not None and rt.fr.enabled and rt.rank not in self.fr_dumps:
+            self.fr_dumps[rt.rank] = rt.fr.dump()  # this process only: the monitor signals nobody
+            self._record(self.env.now, rt.rank, "fr-dump", len(rt.fr.entries))
+        if action.terminate_at_s is None:
+            return
+        yield self.env.timeout(max(action.terminate_at_s - self.env.now, 0.0))
+        if self._monitor_action.get(rt.rank) is action and rt.status not in ("done", "error", "aborted"):
+            self._procs[rt.rank].interrupt(
+                TimeoutAction("abort", False, 0.0, "SIGABRT", action.message, False, kind="heartbeat")
+            )
 
     # ------------------------------------------------------------------ watchdogs (simulated time)
 
@@ -1657,7 +2209,7 @@ class Engine:
     def _due_timeouts(self) -> list[tuple[float, RankRuntime, TimeoutAction]]:
         due = []
         for rt in self.ranks:
-            if rt.status != "blocked" or rt.timed_out or rt.block is None:
+            if rt.status != "blocked" or rt.timed_out or rt.block is None or rt.rank in self._peer_lost:
                 continue
             block = rt.block
             group = self._group_named(rt, block.meeting.group)
@@ -1706,11 +2258,28 @@ class Engine:
         """The abort hook dumps on this rank and signals the others through the store: every live process
         writes its ``TORCH_FR_DUMP_TEMP_FILE<rank>``. A dead process writes nothing."""
         for rt in self.ranks:
+            self._signal_monitor(rt, at)
             if rt.rank in self.fr_dumps or rt.fr is None or not rt.fr.enabled:
                 continue
             if rt.status in ("running", "blocked"):
                 self.fr_dumps[rt.rank] = rt.fr.dump()
                 self._record(at, rt.rank, "fr-dump", len(rt.fr.entries))
+
+    def _signal_monitor(self, rt: RankRuntime, at: float) -> None:
+        """Legacy's monitor on the default group polls the store's dump key every second: once any rank's
+        watchdog timed out (and set it), every live legacy process dumps, waits one heartbeat timeout and is
+        terminated (torch's "collective timeout or exception" path) — a stalled or stuck process included,
+        unless something ended it before."""
+        impl = self._world_impl(rt) if rt.status in ("running", "blocked") else None
+        if impl is not Impl.LEGACY:
+            return
+        source = rt.rank if rt.timed_out else min((r.rank for r in self.ranks if r.timed_out), default=-1)
+        start_s = self._monitor_start[rt.rank]
+        action = on_dump_signal(impl, rt.ctx.env, rank=rt.rank, monitor_start_s=start_s, signal_at_s=at, src=source)
+        current = self._monitor_action.get(rt.rank)
+        if action is not None and (current is None or action.detected_at_s < current.detected_at_s):
+            self._monitor_action[rt.rank] = action
+            self.env.process(self._monitor(rt, action))
 
     # ------------------------------------------------------------------ outcome
 
@@ -1735,7 +2304,7 @@ class Engine:
                 hangs.append(rt.timeout_hang)
             elif rt.status not in ("done", "error", "aborted"):
                 hangs.append(self._hang_entry(rt, by_rank))
-        if any(e["kind"] in ("error", "abort", "crash") for e in errors):
+        if any(e["kind"] in ("error", "abort", "crash", "peer-lost") for e in errors):
             verdict = "error"
         elif any(e["kind"] in ("oom", "check") for e in errors):
             verdict = "fail"
@@ -1758,7 +2327,34 @@ class Engine:
             ops_executed=self._ops,
             trace=self._trace,
             fr_dumps=self.fr_dumps,
+            slowdowns=self._slowdowns(),
         )
+
+    def _slowdowns(self) -> list[dict[str, Any]]:
+        """What each straggler fault cost, so reports name the slow rank or link rather than those who waited."""
+        out: list[dict[str, Any]] = []
+        for rank, factor in sorted(self._slow.items()):
+            out.append(
+                {
+                    "kind": "straggler",
+                    "rank": rank,
+                    "factor": factor,
+                    "extra_s": self._slow_extra_s.get(rank, 0.0),
+                }
+            )
+        for link in self._slow_links:
+            out.append(
+                {
+                    "kind": "link-straggler",
+                    "link": link.name,
+                    "ranks": [link.fault.rank, link.fault.peer],
+                    "factor": link.fault.factor,
+                    "ops": link.ops,
+                    "extra_s": link.extra_s,
+                    "groups": list(link.groups),
+                }
+            )
+        return out
 
     def _hang_entry(self, rt: RankRuntime, by_rank: dict[int, RankRuntime]) -> dict[str, Any]:
         block = rt.block
@@ -1782,6 +2378,12 @@ class Engine:
         explanations = []
         if meeting.problem:
             explanations.append(meeting.problem)
+        if not missing and meeting.completed_at is not None and meeting.completed_at > self.env.now:
+            slow = [link.name for link in self._slow_links if self._spans(link, meeting.expected)]
+            explanations.append(
+                f"every member arrived; the operation itself runs until t={meeting.completed_at:.3f} s"
+                + (f" over the slowed link {', '.join(slow)}" if slow else "")
+            )
         for r in missing:
             other = by_rank[r]
             explanations.append(f"rank {r} {self._whereabouts(other)}")
@@ -1808,6 +2410,8 @@ class Engine:
         if rt.status in ("error", "aborted") and rt.error is not None:
             return f"died: {rt.error.type_name}: {rt.error.message.splitlines()[0]}"
         if rt.block is not None and rt.block.meeting.kind == "stall":
+            if rt.rank in self._stuck:
+                return f"is stuck in a CUDA/NCCL call with its watchdog, before {rt.block.op.describe()}"
             return f"is stalled before {rt.block.op.describe()} (injected fault)"
         if rt.block is not None:
             m = rt.block.meeting
@@ -1822,6 +2426,11 @@ class Engine:
                 group = g
         timeout = group.timeout_s if group is not None else None
         if meeting.kind == "stall":
+            if rt.rank in self._stuck:
+                return None, (
+                    "its watchdog thread is stuck too, and no heartbeat monitor watches it "
+                    "(only legacy ProcessGroupNCCL has one, unless TORCH_NCCL_BLOCKING_WAIT=1)"
+                )
             return None, "a stalled process issues nothing that could time out"
         if meeting.kind in ("split", "split-color"):
             return (
@@ -1831,6 +2440,25 @@ class Engine:
         if meeting.kind == "bootstrap":
             return timeout, "the store wait for the NCCL unique id times out after the group's timeout"
         return timeout, "the watchdog aborts the collective after the group's timeout"
+
+
+@dataclass(slots=True, eq=False)
+class _SlowLink:
+    """A ``link-straggler`` fault armed on the cluster: its two nodes (equal: the link joins two GPUs of one
+    node), and what it has cost so far."""
+
+    fault: Fault
+    nodes: tuple[int, int]
+    ops: int = 0
+    extra_s: float = 0.0
+    groups: list[str] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        a, b = self.fault.rank, self.fault.peer
+        if self.nodes[0] != self.nodes[1]:
+            return f"between node {self.nodes[0]} and node {self.nodes[1]} (ranks {a} and {b})"
+        return f"between the GPUs of ranks {a} and {b} on node {self.nodes[0]}"
 
 
 @dataclass(slots=True, eq=False)
@@ -1879,6 +2507,51 @@ def _ranks_digest(ranks: tuple[int, ...]) -> tuple[int, int, int]:
     return len(ranks), ranks[0], ranks[-1]
 
 
+@dataclass(slots=True, eq=False)
+class _HistoryNode:
+    """A state of group-creation history that ranks share (their class, call count and digest), with the calls
+    already decided from it. ``snapshot`` is a History last seen in this state (checked before use: its owner
+    records into it in place)."""
+
+    cls: tuple[Any, ...]
+    calls: int
+    digest: int
+    steps: dict[int, _Step] = field(default_factory=dict)  # id(op) -> the call decided from this state
+    snapshot: History | None = None
+
+
+@dataclass(slots=True, eq=False)
+class _Step:
+    """One call decided once for every rank in a state: the deciding rank's request (what ``History.record``
+    needs, equal on every rank of the class), the decision, the op torch receives (None: reuse), the next state."""
+
+    op: NewGroup
+    request: GroupRequest
+    decision: GroupDecision
+    effective: NewGroup | None
+    after: _HistoryNode
+    effective_id: int = 0  # id(effective), 0 for None: the outsider loop's key
+
+    def __post_init__(self) -> None:
+        self.effective_id = 0 if self.effective is None else id(self.effective)
+
+
+_OutsiderEntry = tuple[int, dict[int, int], str | None, NewGroup]  # (op key, member index, bind, canonical op)
+_RANK_ENV = frozenset(("LOCAL_RANK", "RANK"))  # the launcher's per-rank variables; not a policy's business
+_REPLAY_MAX = 16  # a longer tail is cheaper to materialise by copying a snapshot than by replaying its records
+
+
+def _rewritten(op: NewGroup, decision: GroupDecision) -> NewGroup:
+    """The op with a (non-reuse) policy decision applied: what torch receives."""
+    return replace(
+        op,
+        backend=decision.backend,
+        pg_options=decision.pg_options,
+        use_local_synchronization=decision.use_local_synchronization,
+        device_id=decision.device_id if decision.device_id is not None else op.device_id,
+    )
+
+
 def unchanged_decision(op: NewGroup) -> GroupDecision:
     return GroupDecision(op.backend, op.pg_options, op.use_local_synchronization, explanation="as requested")
 
@@ -1889,6 +2562,12 @@ def _init_text(plan: InitPlan) -> str:
         parts.append(f"pg_options={plan.pg_options.to_dict()}")
     parts += [f"{k}={v}" for k, v in sorted(plan.env.items())]
     return ", ".join(parts)
+
+
+def _fire_once(event: simpy.Event) -> None:
+    """Succeed an event unless something (an abort) already did."""
+    if not event.triggered:
+        event.succeed()
 
 
 def _handle_of(op: Op) -> str:
@@ -1914,3 +2593,10 @@ class _AsyncError(TorchError):
 class _ProcessAbort(TorchError):
     def __init__(self, message: str) -> None:
         super().__init__("SIGABRT", message)
+
+
+class _PeerLost(TorchError):
+    """A gloo operation towards a peer whose sockets are closed (it destroyed its groups, or died)."""
+
+    def __init__(self, peer: int) -> None:
+        super().__init__("RuntimeError", PEER_CLOSED.format(peer=peer))

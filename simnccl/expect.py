@@ -41,6 +41,22 @@ def check(expectation: Expectation, variant: VariantResult) -> list[ExpectationR
                 key, ok, f"hang {shown}, expected {expectation.detected_at_s:g} s ± {expectation.tolerance_s:g}"
             )
         )
+    if expectation.error_at_s is not None:
+        errors = [e["time_s"] for e in variant.outcome.errors if e.get("time_s") is not None]
+        first = min(errors) if errors else None
+        ok = first is not None and abs(first - expectation.error_at_s) <= expectation.tolerance_s
+        shown = "no rank failed" if first is None else f"first failure at {first:.6f} s"
+        results.append(
+            ExpectationResult(key, ok, f"{shown}, expected {expectation.error_at_s:g} s ± {expectation.tolerance_s:g}")
+        )
+    if expectation.fr_dump_ranks is not None:
+        dumped = sorted(variant.outcome.fr_dumps)
+        ok = dumped == sorted(expectation.fr_dump_ranks)
+        results.append(
+            ExpectationResult(
+                key, ok, f"flight-recorder dumps from ranks {dumped}, expected {sorted(expectation.fr_dump_ranks)}"
+            )
+        )
     results.extend(_check_recovery(expectation, variant))
     if expectation.hang_ranks is not None:
         hung = sorted(h["rank"] for h in variant.outcome.hangs)

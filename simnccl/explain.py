@@ -3,6 +3,9 @@
 Why: users ask for explanations, not verdicts, and for the ranks that are *behind* rather than the ones that
 wait (testing-practices, "Hang diagnosis in the field"). The hang entries already hold who waits where for
 whom; this module groups them by the operation they are stuck in and tells the story once per operation.
+Stragglers that slowed a run without hanging it (a slow rank, a slow link) come first, with what they cost,
+because "everything was slow" is otherwise blamed on the ranks that waited for them. A process that only
+legacy's heartbeat monitor could end is told with the monitor's own timeline.
 """
 
 from __future__ import annotations
@@ -22,13 +25,53 @@ def _ranks(ranks: list[int] | tuple[int, ...]) -> str:
     return "ranks " + ", ".join(map(str, ranks))
 
 
+def _slowdown(item: dict[str, Any]) -> str:
+    factor = f"{item['factor']:g}x"
+    if item["kind"] == "straggler":
+        return (
+            f"Rank {item['rank']} is a straggler: its local work ran {factor} slower, {item['extra_s']:.3f} s extra "
+            "in all; the ranks that waited for it at the next collective are not at fault."
+        )
+    if not item["ops"]:
+        return f"The link {item['link']} was slowed {factor}, but no collective or send/recv crossed it."
+    groups = ", ".join(repr(g) for g in item["groups"])
+    return (
+        f"The link {item['link']} is the straggler: it ran {factor} slower, and the {item['ops']} collective or "
+        f"point-to-point operation{'s' if item['ops'] != 1 else ''} whose communicator spans it (group"
+        f"{'s' if len(item['groups']) != 1 else ''} {groups}) took {item['extra_s']:.3f} s longer in all; every "
+        "rank's own work was on time."
+    )
+
+
+def _monitor(hang: dict[str, Any]) -> str:
+    monitor = hang["monitor"]
+    heartbeat = f"{monitor['heartbeat_timeout_s']:g} s"
+    if monitor["reason"] == "watchdog hang":
+        seen = f"legacy's heartbeat monitor saw no watchdog heartbeat at t={monitor['detected_at_s']:.3f} s"
+    else:
+        at = f"t={monitor['detected_at_s']:.3f} s"
+        seen = f"legacy's heartbeat monitor saw another rank's dump signal in the store at {at}"
+    if monitor["terminate_at_s"] is None:
+        return (
+            f" {seen[0].upper()}{seen[1:]}, dumped the flight recorder and only logged that it would have "
+            "terminated the process (TORCH_NCCL_ENABLE_MONITORING=0): nothing ends it."
+        )
+    return (
+        f" {seen[0].upper()}{seen[1:]} (TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC={heartbeat}), dumped the flight "
+        f"recorder, waited another {heartbeat} and terminated the process at t={monitor['terminate_at_s']:.3f} s."
+    )
+
+
 def explain(variant: VariantResult) -> str:
     outcome = variant.outcome
+    slow = [_slowdown(item) for item in getattr(outcome, "slowdowns", [])]
     if outcome.verdict == "pass":
+        if slow:
+            return f"{variant.name}: every rank finished its program, but more slowly than it could: " + " ".join(slow)
         return f"{variant.name}: every rank finished its program; nothing to explain."
-    paragraphs: list[str] = []
+    paragraphs: list[str] = list(slow)
     for error in outcome.errors:
-        if error["kind"] == "timeout":
+        if error["kind"] in ("timeout", "heartbeat"):
             continue
         first = error["message"].splitlines()[0] if error["message"] else ""
         paragraphs.append(
@@ -52,9 +95,11 @@ def explain(variant: VariantResult) -> str:
         text += "."
         reason = hangs[0].get("explanation")
         if reason:
-            text += f" Why: {reason}."
+            text += f" Why: {reason.rstrip('.')}."
         detected = [h["detected_at_s"] for h in hangs if h.get("detected_at_s") is not None]
-        if detected:
+        if hangs[0].get("monitor"):
+            text += _monitor(hangs[0])
+        elif detected:
             timeout = hangs[0].get("timeout_s") or 0.0
             extra = min(detected) - since - timeout
             text += f" Detected at t={min(detected):.3f} s (timeout {timeout:g} s"

@@ -7,12 +7,22 @@ or off, instead of always mixing everything.
 
 Two kinds of fault: those that *rewrite a rank's program* (``skip`` a collective, a size ``mismatch``) and
 those the engine *injects while running* (``crash``/``gpu-crash`` at an op or a time, ``stall``,
-``straggler``, ``oom-at-init``, ``store-timeout``, ``nccl-error``). The cudaMallocAsync abort is the
-``PYTORCH_CUDA_ALLOC_CONF`` environment, not a fault: it is the 2.15 defect itself.
+``straggler``, ``oom-at-init``, ``store-timeout``, ``nccl-error``, ``link-straggler``, ``watchdog-stuck``).
+The cudaMallocAsync abort is the ``PYTORCH_CUDA_ALLOC_CONF`` environment, not a fault: it is the 2.15 defect
+itself.
+
+Stragglers come in two kinds because they are found in different places: a ``straggler`` *rank* runs its own
+local work ``factor`` times slower (the others wait for it at the next collective), a ``link-straggler``
+slows the wire between two ranks' endpoints — their two nodes when the ranks sit on different nodes, their two
+GPUs when they share a node — so every collective or point-to-point whose communicator has a member on each
+end takes ``factor`` times longer, while every rank's local work stays on time. ``watchdog-stuck`` is a
+process whose NCCL watchdog thread (and main thread) blocks inside a CUDA/NCCL call — a hung
+``cudaEventQuery`` or ``ncclCommAbort``: only legacy's heartbeat monitor notices (see ``simnccl.watchdog``).
 """
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -20,7 +30,20 @@ from dataclasses import dataclass, replace
 from simnccl.ops import Collective, Compute, NewGroup, Program
 
 PROGRAM_FAULTS = ("skip", "mismatch")
-RUNTIME_FAULTS = ("crash", "gpu-crash", "stall", "straggler", "oom-at-init", "store-timeout", "nccl-error")
+RUNTIME_FAULTS = (
+    "crash",
+    "gpu-crash",
+    "stall",
+    "straggler",
+    "oom-at-init",
+    "store-timeout",
+    "nccl-error",
+    "link-straggler",
+    "watchdog-stuck",
+)
+# Faults that need a time or an op to happen at; the others hold from the start (stragglers) or arm on the
+# rank's next communicator (oom-at-init, store-timeout).
+TIMED_FAULTS = ("crash", "gpu-crash", "stall", "nccl-error", "watchdog-stuck")
 FAULT_KINDS = PROGRAM_FAULTS + RUNTIME_FAULTS
 
 
@@ -30,13 +53,16 @@ class FaultError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class Fault:
-    """One fault. ``at_op`` is an index into the rank's program; ``at_s`` a simulated time."""
+    """One fault. ``at_op`` is an index into the rank's program; ``at_s`` a simulated time; ``peer`` the
+    other end of a ``link-straggler``'s link (a rank: the link is between the two ranks' nodes, or between
+    their GPUs when both sit on one node)."""
 
     kind: str
     rank: int
     at_op: int | None = None
     at_s: float | None = None
     factor: float = 1.0
+    peer: int | None = None
 
     def describe(self) -> str:
         where = []
@@ -44,9 +70,10 @@ class Fault:
             where.append(f"at op {self.at_op}")
         if self.at_s is not None:
             where.append(f"at t={self.at_s:g}s")
-        if self.kind == "straggler":
+        if self.kind in ("straggler", "link-straggler"):
             where.append(f"x{self.factor:g} slower")
-        return f"{self.kind} rank {self.rank}" + (f" {' '.join(where)}" if where else "")
+        who = f"rank {self.rank}" if self.peer is None else f"link rank {self.rank}<->rank {self.peer}"
+        return f"{self.kind} {who}" + (f" {' '.join(where)}" if where else "")
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,10 +103,21 @@ def validate(fault: Fault, programs: Sequence[Program]) -> None:
         raise FaultError(f"fault {fault.describe()}: rank {fault.rank}'s program has {len(ops)} ops")
     if fault.kind in PROGRAM_FAULTS and (fault.at_op is None or not isinstance(ops[fault.at_op], Collective)):
         raise FaultError(f"fault {fault.describe()}: needs at_op pointing at a collective of that rank")
-    if fault.kind == "straggler" and fault.factor < 1:
-        raise FaultError(f"fault {fault.describe()}: a straggler's factor must be >= 1")
-    if fault.kind in ("crash", "gpu-crash", "stall", "nccl-error") and fault.at_op is None and fault.at_s is None:
+    if fault.kind in ("straggler", "link-straggler") and not (fault.factor >= 1 and math.isfinite(fault.factor)):
+        raise FaultError(f"fault {fault.describe()}: a straggler's factor must be a finite number >= 1")
+    if fault.kind in ("straggler", "link-straggler") and (fault.at_op is not None or fault.at_s is not None):
+        raise FaultError(f"fault {fault.describe()}: a straggler is slow from the start; at_op/at_s are not supported")
+    if fault.kind in TIMED_FAULTS and fault.at_op is None and fault.at_s is None:
         raise FaultError(f"fault {fault.describe()}: needs at_op or at_s")
+    if fault.at_s is not None and not fault.at_s >= 0:
+        raise FaultError(f"fault {fault.describe()}: at_s must be a time >= 0")
+    if fault.kind == "link-straggler":
+        if fault.peer is None or not 0 <= fault.peer < len(programs) or fault.peer == fault.rank:
+            raise FaultError(
+                f"fault {fault.describe()}: a link-straggler needs peer, another rank of the world of {len(programs)}"
+            )
+    elif fault.peer is not None:
+        raise FaultError(f"fault {fault.describe()}: peer is only meaningful for a link-straggler")
 
 
 def apply_to_programs(schedule: FaultSchedule, programs: Sequence[Program]) -> list[Program]:
@@ -127,6 +165,11 @@ def generate(
             faults.append(Fault(kind, rank, at_op=rng.choice(collectives)))
         elif kind == "straggler":
             faults.append(Fault(kind, rank, factor=round(rng.uniform(1.5, 10.0), 2)))
+        elif kind == "link-straggler":
+            if world < 2:
+                continue
+            peer = rng.choice([r for r in range(world) if r != rank])
+            faults.append(Fault(kind, rank, factor=round(rng.uniform(1.5, 10.0), 2), peer=peer))
         elif kind in ("oom-at-init", "store-timeout"):
             faults.append(Fault(kind, rank))
         else:

@@ -402,7 +402,7 @@ def _failures(
     fatal = None
     for error in sorted(outcome.errors, key=lambda e: e["rank"]):
         first = error["message"].splitlines()[0] if error["message"] else error["type"]
-        if error["kind"] == "crash":
+        if error["kind"] in ("crash", "heartbeat"):  # dead either way: legacy's heartbeat monitor aborted it
             at = offset_s + error["time_s"] + cfg.monitor_interval_s
             found[error["rank"]] = (
                 error["rank"],

@@ -6,8 +6,12 @@ JSON"). Top level: ``schema``, ``scenario``, ``source``, ``seed``, ``trace_hash`
 (pass | fail | hang | error), ``release``, ``torch_version``, ``profile``, ``env``, ``policy``,
 ``checkpoints`` (``[{"name", "devices": [{"device", "used_mib", "free_mib", "time_s"}]}]``),
 ``devices`` (peak and owner attribution per device, and the full allocation ``timeline``), ``groups``, ``hangs``
-(``[{"rank", "op", "group", "seq", "waiting_for", ...}]``), ``unhealthy_ranks`` (the sticky health-check mark a
-watchdog abort leaves), ``errors``, ``expectations``, ``event_count``,
+(``[{"rank", "op", "group", "seq", "waiting_for", ...}]``; a process legacy's heartbeat monitor acted on also
+has ``monitor``: ``{"reason", "detected_at_s", "terminate_at_s", "heartbeat_timeout_s"}``), ``unhealthy_ranks``
+(the sticky health-check mark a watchdog abort leaves), ``errors`` (``kind`` "heartbeat" when the monitor ended
+the process), ``slowdowns`` (what each straggler fault cost: ``{"kind": "straggler", "rank", "factor",
+"extra_s"}`` or ``{"kind": "link-straggler", "link", "ranks", "factor", "ops", "extra_s", "groups"}``),
+``expectations``, ``event_count``,
 ``trace_hash``, ``end_time_s``, ``decisions`` (the policy's plan and one-line explanation per
 group-creation call, as seen by the group's first member; only for a policy other than torch-default).
 """
@@ -133,6 +137,7 @@ class VariantResult:
             "hangs": outcome.hangs,
             "unhealthy_ranks": [rt.rank for rt in outcome.ranks if rt.unhealthy],
             "errors": outcome.errors,
+            "slowdowns": outcome.slowdowns,
             "expectations": [{"key": e.key, "ok": e.ok, "message": e.message} for e in self.expectations],
             "decisions": self.explanations,
             "event_count": outcome.event_count,

@@ -13,9 +13,9 @@ Schema (every table but ``[[variants]]`` and ``[[expect]]`` required unless mark
     [[variants]] name, description?, env?, release?, profile?, policy?
     [matrix]     release? = [...], policy? = [...], env? = {VAR = [...]}   (cartesian product, added to variants)
     [[expect]]   variants?, checkpoint?, baseline?, used_mib?, tolerance_pct?, tolerance_mib?, devices?,
-                 verdict?, error_contains?, hang_ranks?, detected_at_s?, tolerance_s?,
+                 verdict?, error_contains?, hang_ranks?, detected_at_s?, tolerance_s?, error_at_s?, fr_dump_ranks?,
                  committed_steps?, lost_steps?, replacement_devices?, fault_detected_at_s? (recovery runs)
-    [faults]     inject? = [{kind, rank, at_op?, at_s?, factor?}], seed?, classes?, max_faults?
+    [faults]     inject? = [{kind, rank, at_op?, at_s?, factor?, peer?}], seed?, classes?, max_faults?
 """
 
 from __future__ import annotations
@@ -76,6 +76,8 @@ class Expectation:
     lost_steps: int | None = None
     replacement_devices: tuple[str, ...] | None = None
     fault_detected_at_s: float | None = None
+    error_at_s: float | None = None  # when the first rank failed (an abort at init has no hang to detect)
+    fr_dump_ranks: tuple[int, ...] | None = None  # ranks that wrote a flight-recorder dump; () asserts none did
 
 
 @dataclass(frozen=True, slots=True)
@@ -285,7 +287,7 @@ def parse_scenario(data: Mapping[str, Any], source: str, base_dir: Path | None =
 
 
 def _faults(top: _Reader, source: str, programs: tuple[Program, ...]) -> FaultSchedule:
-    """``[faults]``: ``inject = [{kind, rank, at_op?, at_s?, factor?}, ...]`` and/or a generated swarm
+    """``[faults]``: ``inject = [{kind, rank, at_op?, at_s?, factor?, peer?}, ...]`` and/or a generated swarm
     schedule (``seed``, ``classes?``, ``max_faults?``). Op indexes count the rank's expanded steps from 0."""
     reader = _Reader(source, "faults", top.get("faults", dict))
     injected: list[Fault] = []
@@ -297,6 +299,7 @@ def _faults(top: _Reader, source: str, programs: tuple[Program, ...]) -> FaultSc
             at_op=item.get("at_op", int, None),
             at_s=_num(item.get("at_s", (int, float), None)),
             factor=float(item.get("factor", (int, float), 1.0)),
+            peer=item.get("peer", int, None),
         )
         item.finish()
         try:
@@ -620,6 +623,8 @@ def _expectations(top: _Reader, source: str, variant_names: Sequence[str]) -> li
             lost_steps=reader.get("lost_steps", int, None),
             replacement_devices=_str_tuple(reader, "replacement_devices"),
             fault_detected_at_s=_num(reader.get("fault_detected_at_s", number, None)),
+            error_at_s=_num(reader.get("error_at_s", number, None)),
+            fr_dump_ranks=reader.int_list("fr_dump_ranks", None),
         )
         reader.finish()
         if exp.verdict is not None and exp.verdict not in VERDICTS:
@@ -630,6 +635,7 @@ def _expectations(top: _Reader, source: str, variant_names: Sequence[str]) -> li
             raise reader.error("baseline", "only meaningful with used_mib")
         asserted = (exp.used_mib, exp.verdict, exp.error_contains, exp.hang_ranks, exp.detected_at_s)
         asserted += (exp.committed_steps, exp.lost_steps, exp.replacement_devices, exp.fault_detected_at_s)
+        asserted += (exp.error_at_s, exp.fr_dump_ranks)
         if all(v is None for v in asserted):
             raise ScenarioError(
                 source, f"expect[{i}]", "asserts nothing; expected used_mib, verdict, error_contains or hang_ranks"

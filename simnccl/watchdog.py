@@ -8,10 +8,32 @@ marked unhealthy) under "Waiting <n> ms for health check and flight recorder dum
 raises). ``TORCH_NCCL_BLOCKING_WAIT=1`` makes ``wait()`` itself raise at the timeout. gloo's wait raises at
 its timeout. A store wait (the unique-id exchange of a bootstrap) raises ``DistStoreError``. A blocking
 ``ncclCommSplit`` has no timeout at all.
+
+The heartbeat monitor (``on_watchdog_stuck``, ``on_dump_signal``) watches the watchdog itself. Only legacy
+``ProcessGroupNCCL`` has one: the 2.15 wheel's ``ProcessGroupNCCL.hpp`` declares ``HeartbeatMonitor`` and
+``TORCH_NCCL_ENABLE_MONITORING`` / ``TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC``, and ``libtorch_cuda.so`` holds its
+texts; ``nccl2/ProcessGroupNCCL.hpp`` declares only ``timeoutWatchdog`` and reads neither variable, so a stuck
+nccl2 (or nccl-lazy) watchdog is noticed by nobody: the process stays hung (reference §D.3 documents the
+monitor for legacy only). The monitor's loop, as in torch's source (main branch; the 2.15 strings match):
+it wakes every ``TORCH_NCCL_COORD_CHECK_MILSEC`` (1000 ms) on the default group (uid 0, which also polls the
+store for other ranks' dump signal), every heartbeat timeout elsewhere; every ``TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC``
+(480 s by default, a main-branch value the reference could not check against the 2.15 binary) it compares the
+watchdog's heartbeat counter with the last one seen. The first check always sees a change (the counter starts
+at 1, the monitor's copy at 0), so a watchdog stuck at ``t`` is caught at the first check that follows a check
+at or after ``t``: between one and two heartbeat timeouts later. Then the default group's monitor dumps the
+flight recorder (bounded by ``TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC``; charged in full, as every simulated dump
+is), sleeps one more heartbeat timeout "to verify there is indeed a watchdog hang", and terminates the process
+(``std::abort``): "Terminating the process after attempting to dump debug info, due to ProcessGroupNCCL
+watchdog hang." With ``TORCH_NCCL_ENABLE_MONITORING=0`` it only logs that it would have. With
+``TORCH_NCCL_BLOCKING_WAIT=1`` legacy creates no watchdog thread, hence no monitor. The same monitor also
+polls the store's dump key every second: once any rank's watchdog timed out and set it, every live legacy
+process dumps, sleeps one heartbeat timeout and is terminated ("... due to collective timeout or exception."),
+which is what finally ends a stalled legacy rank that nothing else would (2.15's nccl2 leaves it hung).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -32,7 +54,9 @@ OP_TYPES = {
 
 @dataclass(frozen=True, slots=True)
 class TimeoutAction:
-    """``outcome``: "abort" (the process dies), "raise" (the call raises), "hang" (nothing happens)."""
+    """``outcome``: "abort" (the process dies), "raise" (the call raises), "hang" (nothing happens).
+    ``kind`` names what acted in the result's errors: the collective ``timeout`` watchdog or the
+    ``heartbeat`` monitor."""
 
     outcome: str
     dump: bool
@@ -40,6 +64,7 @@ class TimeoutAction:
     error_type: str
     message: str
     unhealthy: bool
+    kind: str = "timeout"
 
 
 def async_error_handling(env: Mapping[str, str]) -> int:
@@ -134,3 +159,119 @@ def on_async_error(env: Mapping[str, str], *, rank: int) -> TimeoutAction:
         f"{text}\nAborting process on rank {rank} due to error - nccl hit async error",
         True,
     )
+
+
+DEFAULT_HEARTBEAT_TIMEOUT_S = 480  # TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC, main-branch default (reference §D.3 [I])
+DEFAULT_COORD_CHECK_MS = 1000  # TORCH_NCCL_COORD_CHECK_MILSEC
+HEARTBEAT_STUCK_TEXT = (
+    "ProcessGroupNCCL's watchdog got stuck for {seconds} seconds without making progress in monitoring enqueued "
+    "collectives. This typically indicates a NCCL/CUDA API (e.g., CudaEventDestroy) hang blocking the watchdog, "
+    "and could be triggered by another thread holding the GIL inside a CUDA api (for example, CudaEventDestroy), "
+    "or other deadlock-prone behaviors.If you suspect the watchdog is not actually stuck and a longer timeout would "
+    "help, you can either increase the timeout (TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC) to a larger value or disable the "
+    "heartbeat monitor (TORCH_NCCL_ENABLE_MONITORING=0).If either of aforementioned helps, feel free to file an "
+    "issue to PyTorch about the short timeout or false positive abort; otherwise, please attempt to debug the hang. "
+)
+SIGNAL_TEXT = (
+    "Received a dump signal due to a collective timeout from  rank {src} and we will try our best to dump the "
+    "debug info. This is most likely caused by incorrect usages of collectives, e.g., wrong sizes used across "
+    "ranks, the order of collectives is not same for all ranks or the scheduled collective, for some reason, "
+    "didn't run."
+)
+
+
+@dataclass(frozen=True, slots=True)
+class MonitorAction:
+    """What legacy's heartbeat monitor does: when it saw the problem, whether it dumps, when (if ever) it
+    terminates the process, and torch's log text. ``terminate_at_s`` is None when monitoring is disabled."""
+
+    reason: str  # "watchdog hang" | "dump signal"
+    detected_at_s: float
+    dump: bool
+    terminate_at_s: float | None
+    heartbeat_timeout_s: float
+    message: str
+
+
+def _env_int(env: Mapping[str, str], name: str, default: int) -> int:
+    value = env.get(name, "").strip()
+    try:
+        return int(value) if value else default
+    except ValueError:
+        return default
+
+
+def _env_bool(env: Mapping[str, str], name: str, default: bool) -> bool:
+    value = env.get(name, "").strip().lower()
+    return default if not value else value not in ("0", "false", "no", "off")
+
+
+def heartbeat_monitor(impl: Impl, env: Mapping[str, str]) -> tuple[bool, int] | None:
+    """``(enabled, heartbeat timeout s)`` for a process whose default group runs ``impl``; None: no monitor."""
+    if impl is not Impl.LEGACY or _env_bool(env, "TORCH_NCCL_BLOCKING_WAIT", False):
+        return None
+    timeout = _env_int(env, "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC", DEFAULT_HEARTBEAT_TIMEOUT_S)
+    return _env_bool(env, "TORCH_NCCL_ENABLE_MONITORING", True), max(timeout, 1)
+
+
+def _poll_ms(env: Mapping[str, str], heartbeat_s: int) -> int:
+    """The default group's monitor wakes every coord-check interval when it dumps, else every heartbeat."""
+    if not dump_on_timeout(env):
+        return heartbeat_s * 1000
+    return max(_env_int(env, "TORCH_NCCL_COORD_CHECK_MILSEC", DEFAULT_COORD_CHECK_MS), 1)
+
+
+def _finish(
+    reason: str, impl: Impl, env: Mapping[str, str], rank: int, detected_at_s: float, head: str
+) -> MonitorAction:
+    monitor = heartbeat_monitor(impl, env)
+    assert monitor is not None
+    enabled, heartbeat_s = monitor
+    dump = dump_on_timeout(env)
+    after_dump = detected_at_s + (dump_wait_ms(env) / 1000 if dump else 0.0)
+    exit_reason = "ProcessGroupNCCL watchdog hang" if reason == "watchdog hang" else "collective timeout or exception"
+    if enabled:
+        tail = f"Terminating the process after attempting to dump debug info, due to {exit_reason}."
+    else:
+        tail = (
+            "ProcessGroupNCCL monitor thread is disabled, but would have terminated the processafter attempting "
+            f"to dump debug info, due to {exit_reason}."
+        )
+    return MonitorAction(
+        reason,
+        detected_at_s,
+        dump,
+        after_dump + heartbeat_s if enabled else None,
+        float(heartbeat_s),
+        f"[Rank {rank}] {head}\n[Rank {rank}] {tail}",
+    )
+
+
+def on_watchdog_stuck(
+    impl: Impl, env: Mapping[str, str], *, rank: int, monitor_start_s: float, stuck_at_s: float
+) -> MonitorAction | None:
+    """A watchdog that stopped beating at ``stuck_at_s``, under the default group's monitor started at
+    ``monitor_start_s`` (the group's construction); None when no monitor watches it (nccl2, blocking wait)."""
+    monitor = heartbeat_monitor(impl, env)
+    if monitor is None:
+        return None
+    _, heartbeat_s = monitor
+    poll_s = _poll_ms(env, heartbeat_s) / 1000
+    period = poll_s * math.ceil(heartbeat_s / poll_s)  # checks fall on the first wake-up a heartbeat apart
+    last_seen = max(1, math.ceil(max(stuck_at_s - monitor_start_s, 0.0) / period))
+    detected = monitor_start_s + period * (last_seen + 1)
+    return _finish("watchdog hang", impl, env, rank, detected, HEARTBEAT_STUCK_TEXT.format(seconds=heartbeat_s))
+
+
+def on_dump_signal(
+    impl: Impl, env: Mapping[str, str], *, rank: int, monitor_start_s: float, signal_at_s: float, src: int
+) -> MonitorAction | None:
+    """Another rank's watchdog timed out and set the store's dump key at ``signal_at_s``: the default group's
+    monitor sees it at its next coord-check wake-up, dumps, waits a heartbeat timeout and ends the process.
+    Only reached when dumps on timeout are on (otherwise nobody signals and nobody polls)."""
+    monitor = heartbeat_monitor(impl, env)
+    if monitor is None or not dump_on_timeout(env):
+        return None
+    poll_s = _poll_ms(env, monitor[1]) / 1000
+    seen = monitor_start_s + poll_s * math.ceil(max(signal_at_s - monitor_start_s, 0.0) / poll_s)
+    return _finish("dump signal", impl, env, rank, seen, SIGNAL_TEXT.format(src=src))

@@ -12,7 +12,7 @@ from simnccl.expect import DEFAULT_TOLERANCE_PCT, check
 from simnccl.ops import MIB
 from simnccl.result import VariantResult
 from simnccl.runner import run_scenario
-from simnccl.scenario import Expectation, load_scenario
+from simnccl.scenario import Expectation, ScenarioError, load_scenario
 
 TOTAL = 80_000 * MIB
 DEV0, DEV1 = "n0:cuda:0", "n0:cuda:1"
@@ -249,3 +249,43 @@ tolerance_mib = 0
     failing = [e.message for e in legacy.expectations if not e.ok]
     assert len(failing) == 2
     assert all("at 'after_init'" in m and "expected 1 ± 0 MiB" in m for m in failing)
+
+
+# ---------------------------------------------------------------------------------------------- failure time, dumps
+
+
+def _error(rank: int, time_s: float) -> dict[str, Any]:
+    return {"rank": rank, "kind": "abort", "type": "SIGABRT", "message": "boom", "op": "x", "time_s": time_s}
+
+
+def test_error_at_s_pins_the_first_failure_within_tolerance() -> None:
+    variant = _variant(verdict="error", errors=[_error(1, 0.5), _error(0, 0.25)])
+    assert _oks(check(_exp(error_at_s=0.25), variant)) == [True]
+    assert _oks(check(_exp(error_at_s=0.2500009, tolerance_s=1e-6), variant)) == [True]
+    (late,) = check(_exp(error_at_s=0.26, tolerance_s=0.001), variant)
+    assert not late.ok and late.message == "first failure at 0.250000 s, expected 0.26 s ± 0.001"
+
+
+def test_error_at_s_without_any_failure() -> None:
+    (result,) = check(_exp(error_at_s=1.0), _variant())
+    assert not result.ok and result.message.startswith("no rank failed")
+
+
+def test_fr_dump_ranks_empty_asserts_no_dump() -> None:
+    quiet = _variant(verdict="error")
+    assert _oks(check(_exp(fr_dump_ranks=()), quiet)) == [True]
+    dumped = _variant(verdict="hang")
+    dumped.outcome.fr_dumps = {2: {}, 0: {}}
+    assert _oks(check(_exp(fr_dump_ranks=(0, 2)), dumped)) == [True]
+    (result,) = check(_exp(fr_dump_ranks=()), dumped)
+    assert not result.ok and result.message == "flight-recorder dumps from ranks [0, 2], expected []"
+
+
+def test_new_keys_parse_and_count_as_assertions(write_scenario) -> None:
+    text = TINY + "\n[[expect]]\nfr_dump_ranks = []\n\n[[expect]]\nerror_at_s = 0.25\ntolerance_s = 0.01\n"
+    first, second = load_scenario(write_scenario(text)).expectations
+    assert first.fr_dump_ranks == () and second.error_at_s == 0.25 and second.tolerance_s == 0.01
+    with pytest.raises(ScenarioError, match=r"expect\[0\]\.fr_dump_ranks: expected a list of integers"):
+        load_scenario(write_scenario(TINY + "\n[[expect]]\nfr_dump_ranks = ['0']\n"))
+    with pytest.raises(ScenarioError, match=r"expect\[0\]\.error_at_s: expected an integer or a number"):
+        load_scenario(write_scenario(TINY + "\n[[expect]]\nerror_at_s = 'soon'\n"))

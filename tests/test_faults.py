@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import pytest
+from conftest import TINY
 
+from simnccl.explain import explain
 from simnccl.faults import FAULT_KINDS, Fault, FaultError, FaultSchedule, apply_to_programs, generate
-from simnccl.ops import Alloc, AllReduce, Compute, InitProcessGroup, NewGroup, Program, SetDevice
+from simnccl.ops import Alloc, AllReduce, Compute, InitProcessGroup, NewGroup, Program, Recv, Send, SetDevice
+from simnccl.result import VariantResult
+from simnccl.scenario import ScenarioError, load_scenario
 from simnccl.testing import simulate
 
 START = [SetDevice(), InitProcessGroup(backend="nccl")]
@@ -121,3 +125,126 @@ def test_nccl_error_aborts_after_the_dump_wait() -> None:
 def test_malformed_faults_are_rejected(fault) -> None:
     with pytest.raises(FaultError):
         apply_to_programs(FaultSchedule(None, (), (fault,)), PROGRAMS)
+
+
+# ---------------------------------------------------------------------------------------------- link stragglers
+
+# Two nodes of two GPUs: groups a (ranks 0, 1: node 0) and b (ranks 2, 3: node 1) stay inside a node; the
+# world group spans both. 1 GiB all-reduces make the wire time dominate the latency.
+GIB = 1 << 30
+LINKS = [
+    *START,
+    NewGroup(ranks=(0, 1), bind="a"),
+    NewGroup(ranks=(2, 3), bind="b"),
+    AllReduce(group="a", size_bytes=GIB),
+    AllReduce(group="b", size_bytes=GIB),
+    AllReduce(size_bytes=GIB),
+]
+
+
+def run_links(*faults: Fault, program=LINKS, **kwargs):
+    return simulate(program, nodes=2, gpus_per_node=2, faults=FaultSchedule(None, (), tuple(faults)), **kwargs)
+
+
+def test_a_slow_inter_node_link_slows_only_the_groups_that_span_it() -> None:
+    fast = run_links()
+    slow = run_links(Fault("link-straggler", 0, factor=4.0, peer=2))
+    assert slow.verdict == fast.verdict == "pass"
+    (link,) = slow.slowdowns
+    assert link["link"] == "between node 0 and node 1 (ranks 0 and 2)"
+    assert link["ops"] == 1 and link["groups"] == ["0"]  # the world all-reduce; a and b stay inside a node
+    assert link["extra_s"] > 0.01
+    assert slow.end_time_s == pytest.approx(fast.end_time_s + link["extra_s"], abs=1e-9)
+
+
+def test_a_slow_gpu_link_inside_a_node_slows_the_groups_with_both_gpus() -> None:
+    slow = run_links(Fault("link-straggler", 1, factor=3.0, peer=0))
+    (link,) = slow.slowdowns
+    assert link["link"] == "between the GPUs of ranks 1 and 0 on node 0"
+    assert link["ops"] == 2 and sorted(link["groups"]) == ["0", "1"]  # group a and the world, not b
+
+
+def test_a_slow_link_slows_point_to_point_across_it() -> None:
+    program = [[*START, Send(peer=2, size_bytes=GIB)], [*START], [*START, Recv(peer=0, size_bytes=GIB)], [*START]]
+    fast = run_links(program=program)
+    slow = run_links(Fault("link-straggler", 0, factor=5.0, peer=3), program=program)
+    (link,) = slow.slowdowns
+    assert link["ops"] == 1 and slow.end_time_s == pytest.approx(fast.end_time_s + link["extra_s"], abs=1e-9)
+    same_node = run_links(Fault("link-straggler", 2, factor=5.0, peer=3), program=program)  # a link on node 1 only
+    assert same_node.slowdowns[0]["ops"] == 0 and same_node.end_time_s == pytest.approx(fast.end_time_s)
+
+
+def test_explain_names_the_slow_link_not_the_ranks_that_waited() -> None:
+    slow = run_links(Fault("link-straggler", 0, factor=4.0, peer=2))
+    text = explain(VariantResult("v", "", "2.15", "2.15.0", "p", {}, "torch-default", slow))
+    assert "The link between node 0 and node 1 (ranks 0 and 2) is the straggler: it ran 4x slower" in text
+    assert "every rank's own work was on time" in text
+
+
+def test_explain_names_a_rank_straggler_in_a_passing_run() -> None:
+    slow = run(Fault("straggler", 1, factor=4.0))
+    text = explain(VariantResult("v", "", "2.15", "2.15.0", "p", {}, "torch-default", slow))
+    assert "Rank 1 is a straggler: its local work ran 4x slower, 3.000 s extra" in text
+
+
+def test_a_link_slow_enough_times_the_collective_out_and_the_hang_says_why() -> None:
+    out = run_links(Fault("link-straggler", 0, factor=1e6, peer=2))
+    assert out.verdict == "hang"
+    hang = next(h for h in out.hangs if h["rank"] == 0)
+    assert hang["waiting_for"] == [] and hang["detected_at_s"] == pytest.approx(hang["since_s"] + 615)
+    assert "every member arrived; the operation itself runs until" in hang["explanation"]
+    assert "over the slowed link between node 0 and node 1" in hang["explanation"]
+
+
+def test_link_stragglers_are_generated_printed_and_replayed() -> None:
+    programs = [Program(tuple(LINKS))] * 4
+    schedules = [generate(seed, programs, classes=["link-straggler"], max_faults=2) for seed in range(20)]
+    faults = [f for s in schedules for f in s.faults]
+    assert faults and all(f.kind == "link-straggler" and f.peer not in (None, f.rank) for f in faults)
+    assert all(1.5 <= f.factor <= 10 for f in faults)
+    schedule = next(s for s in schedules if s.faults)
+    assert f"link-straggler link rank {schedule.faults[0].rank}<->rank {schedule.faults[0].peer} x" in (
+        schedule.describe()
+    )
+    seed = next(i for i, s in enumerate(schedules) if s.faults)
+    again = generate(seed, programs, classes=["link-straggler"], max_faults=2)
+    assert again == schedules[seed]
+    runs = [simulate(LINKS, nodes=2, gpus_per_node=2, faults=again) for _ in range(2)]
+    assert runs[0].trace_hash == runs[1].trace_hash
+    assert "link-straggler" in FAULT_KINDS and any(
+        "link-straggler" in generate(seed, programs).classes for seed in range(20)
+    )
+
+
+@pytest.mark.parametrize(
+    ("fault", "text"),
+    [
+        (Fault("link-straggler", 0, factor=2.0), "needs peer"),
+        (Fault("link-straggler", 0, factor=2.0, peer=0), "needs peer"),
+        (Fault("link-straggler", 0, factor=2.0, peer=4), "needs peer"),
+        (Fault("link-straggler", 0, factor=float("inf"), peer=1), "finite number >= 1"),
+        (Fault("link-straggler", 0, factor=float("nan"), peer=1), "finite number >= 1"),
+        (Fault("straggler", 0, factor=2.0, peer=1), "only meaningful for a link-straggler"),
+        (Fault("watchdog-stuck", 0), "needs at_op or at_s"),
+        (Fault("crash", 0, at_s=-1.0), "at_s must be a time >= 0"),
+    ],
+)
+def test_malformed_link_and_stuck_faults_say_why(fault: Fault, text: str) -> None:
+    with pytest.raises(FaultError, match=text):
+        apply_to_programs(FaultSchedule(None, (), (fault,)), PROGRAMS)
+
+
+def test_a_scenario_names_the_link_by_peer(write_scenario) -> None:
+    fault_table = "\n[faults]\ninject = [{ kind = 'link-straggler', rank = 0, peer = 1, factor = 2.5 }]\n"
+    scenario = load_scenario(write_scenario(TINY + fault_table))
+    assert scenario.faults.faults == (Fault("link-straggler", 0, factor=2.5, peer=1),)
+    bad = "\n[faults]\ninject = [{ kind = 'link-straggler', rank = 0, peer = 0, factor = 2.5 }]\n"
+    with pytest.raises(ScenarioError, match=r"faults\.inject\[0\]: .*needs peer"):
+        load_scenario(write_scenario(TINY + bad))
+
+
+def test_a_straggler_at_a_time_is_rejected_not_ignored() -> None:
+    with pytest.raises(FaultError, match="slow from the start"):
+        apply_to_programs(
+            FaultSchedule(None, (), (Fault("link-straggler", 0, at_s=3.0, factor=2.0, peer=1),)), PROGRAMS
+        )

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import pytest
 
+from simnccl.explain import explain
 from simnccl.faults import Fault, FaultSchedule
-from simnccl.ops import AllReduce, InitProcessGroup, NewGroup, SetDevice
+from simnccl.ops import AllReduce, Compute, InitProcessGroup, NewGroup, SetDevice
 from simnccl.release import Impl
+from simnccl.result import VariantResult
 from simnccl.testing import simulate
-from simnccl.watchdog import on_timeout
+from simnccl.watchdog import on_timeout, on_watchdog_stuck
 
 PROGRAM = [SetDevice(), InitProcessGroup(backend="nccl"), AllReduce(), AllReduce()]
 STALL = FaultSchedule(None, (), (Fault("stall", 1, at_op=3),))
@@ -100,3 +102,123 @@ def test_a_deadline_that_float_rounding_puts_past_the_step_still_fires() -> None
     mismatched = {h["rank"]: h for h in out.hangs if "size mismatch" in h["explanation"]}
     assert sorted(mismatched) == [5, 7]
     assert all(h["detected_at_s"] == pytest.approx(h["since_s"] + 615.0) for h in out.hangs)
+
+
+# ---------------------------------------------------------------------------------------------- heartbeat monitor
+
+LEGACY = {"TORCH_DIST_USE_NCCL2": "0"}
+# Rank 1's process and watchdog get stuck in a CUDA/NCCL call after the last collective, while rank 0 finishes:
+# nothing else times out, so only the heartbeat monitor can end rank 1.
+ALONE = [SetDevice(), InitProcessGroup(backend="nccl"), AllReduce(size_bytes=32), Compute(seconds=5.0)]
+STUCK = FaultSchedule(None, (), (Fault("watchdog-stuck", 1, at_op=3),))
+
+
+def stuck(env=None, program=ALONE, release="2.15"):
+    return simulate(program, env=env, faults=STUCK, release=release)
+
+
+def test_monitor_timeline_is_one_to_two_heartbeats_then_dump_then_one_more() -> None:
+    first = on_watchdog_stuck(Impl.LEGACY, {}, rank=1, monitor_start_s=0.0, stuck_at_s=0.25)
+    assert first is not None and (first.detected_at_s, first.terminate_at_s) == (960.0, 960.0 + 15 + 480)
+    later = on_watchdog_stuck(Impl.LEGACY, {}, rank=1, monitor_start_s=2.0, stuck_at_s=500.0)
+    assert later is not None and later.detected_at_s == 2.0 + 3 * 480  # the check at 962 s still saw a beat
+    assert later.heartbeat_timeout_s == 480.0 and later.dump
+    assert "ProcessGroupNCCL's watchdog got stuck for 480 seconds without making progress" in later.message
+    assert later.message.endswith(
+        "Terminating the process after attempting to dump debug info, due to ProcessGroupNCCL watchdog hang."
+    )
+
+
+@pytest.mark.parametrize(
+    ("env", "detected", "terminate"),
+    [
+        ({"TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC": "60"}, 120.0, 120.0 + 15 + 60),
+        ({"TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC": "2000"}, 960.0, 960.0 + 2 + 480),
+        ({"TORCH_NCCL_DUMP_ON_TIMEOUT": "0"}, 960.0, 960.0 + 480),  # no dump, polls every heartbeat
+        ({"TORCH_NCCL_ENABLE_MONITORING": "0"}, 960.0, None),  # logs that it would have terminated
+    ],
+)
+def test_monitor_knobs(env, detected, terminate) -> None:
+    action = on_watchdog_stuck(Impl.LEGACY, env, rank=0, monitor_start_s=0.0, stuck_at_s=1.0)
+    assert action is not None and (action.detected_at_s, action.terminate_at_s) == (detected, terminate)
+    assert action.dump == (env.get("TORCH_NCCL_DUMP_ON_TIMEOUT") != "0")
+
+
+@pytest.mark.parametrize("impl", [Impl.NCCL2, Impl.NCCL_LAZY, Impl.GLOO])
+def test_only_legacy_has_a_heartbeat_monitor(impl) -> None:
+    assert on_watchdog_stuck(impl, {}, rank=0, monitor_start_s=0.0, stuck_at_s=1.0) is None
+
+
+def test_blocking_wait_creates_no_watchdog_hence_no_monitor() -> None:
+    env = {"TORCH_NCCL_BLOCKING_WAIT": "1"}
+    assert on_watchdog_stuck(Impl.LEGACY, env, rank=0, monitor_start_s=0.0, stuck_at_s=1.0) is None
+
+
+@pytest.mark.parametrize(("env", "release"), [(LEGACY, "2.15"), (None, "2.14")])
+def test_legacy_heartbeat_monitor_terminates_a_stuck_process(env, release) -> None:
+    out = stuck(env, release=release)
+    assert out.verdict == "hang"
+    (error,) = out.errors
+    assert error["rank"] == 1 and error["kind"] == "heartbeat" and error["type"] == "SIGABRT"
+    assert error["time_s"] == pytest.approx(960 + 15 + 480)  # the default group was made at t=0 (lazy)
+    assert "ProcessGroupNCCL's watchdog got stuck for 480 seconds" in error["message"]
+    (hang,) = out.hangs
+    assert hang["rank"] == 1 and hang["detected_at_s"] == pytest.approx(1455.0)
+    assert hang["monitor"]["detected_at_s"] == pytest.approx(960.0) and hang["timeout_s"] == 480.0
+    assert set(out.fr_dumps) == {1}  # the monitor dumps its own process and signals nobody
+    assert out.ranks[1].status == "aborted" and not out.ranks[1].unhealthy
+
+
+def test_nccl2_has_no_monitor_so_a_stuck_process_stays_hung() -> None:
+    out = stuck()
+    assert out.verdict == "hang" and not out.errors and not out.fr_dumps
+    (hang,) = out.hangs
+    assert hang["detected_at_s"] is None and "no heartbeat monitor watches it" in hang["watchdog"]
+
+
+def test_monitoring_disabled_dumps_but_never_terminates() -> None:
+    out = stuck({**LEGACY, "TORCH_NCCL_ENABLE_MONITORING": "0"})
+    assert out.verdict == "hang" and not out.errors and set(out.fr_dumps) == {1}
+    (hang,) = out.hangs
+    assert hang["detected_at_s"] is None and hang["monitor"]["detected_at_s"] == pytest.approx(960.0)
+
+
+def test_another_ranks_timeout_signal_ends_the_stuck_process_sooner() -> None:
+    program = [SetDevice(), InitProcessGroup(backend="nccl"), AllReduce(size_bytes=32), AllReduce(size_bytes=32)]
+    out = stuck(LEGACY, program=program)
+    times = {e["rank"]: (e["kind"], e["time_s"]) for e in out.errors}
+    assert times[0] == ("timeout", pytest.approx(0.25002 + 600 + 15, abs=1e-4))
+    # rank 0's watchdog sets the store's dump key at 600.25 s; rank 1's monitor polls it every second
+    assert times[1] == ("heartbeat", pytest.approx(601 + 15 + 480))
+    error = next(e for e in out.errors if e["rank"] == 1)
+    assert "Received a dump signal due to a collective timeout from  rank 0" in error["message"]
+    assert "due to collective timeout or exception." in error["message"]
+
+
+def test_a_stuck_rank_at_a_time_can_still_crash_without_upsetting_the_harness() -> None:
+    faults = FaultSchedule(None, (), (Fault("watchdog-stuck", 1, at_s=0.1), Fault("crash", 1, at_s=50.0)))
+    out = simulate(PROGRAM, env=LEGACY, faults=faults)
+    crash = next(e for e in out.errors if e["rank"] == 1)
+    assert crash["kind"] == "crash" and crash["time_s"] == pytest.approx(50.0)
+
+
+def test_explain_tells_the_monitors_timeline() -> None:
+    text = explain(VariantResult("v", "", "2.15", "2.15.0", "p", {}, "torch-default", stuck(LEGACY)))
+    assert "Legacy's heartbeat monitor saw no watchdog heartbeat at t=960.000 s" in text
+    assert "terminated the process at t=1455.000 s" in text
+
+
+def test_legacy_ends_a_merely_stalled_rank_one_heartbeat_after_the_dump_signal() -> None:
+    out = run(LEGACY)  # rank 1 stalls (its watchdog is fine); rank 0 times out and sets the store's dump key
+    times = {e["rank"]: (e["kind"], e["time_s"]) for e in out.errors}
+    assert times[0] == ("timeout", pytest.approx(0.25002 + 600 + 15, abs=1e-4))
+    assert times[1] == ("heartbeat", pytest.approx(601 + 15 + 480))  # next 1 s poll, dump, one heartbeat
+    stalled = next(h for h in out.hangs if h["rank"] == 1)
+    assert stalled["monitor"]["reason"] == "dump signal" and stalled["detected_at_s"] == pytest.approx(1096.0)
+    text = explain(VariantResult("v", "", "2.15", "2.15.0", "p", {}, "torch-default", out))
+    assert "Legacy's heartbeat monitor saw another rank's dump signal in the store at t=601.000 s" in text
+
+
+def test_nccl2_leaves_a_stalled_rank_alone() -> None:
+    out = run()
+    assert [e["rank"] for e in out.errors] == [0] and out.ranks[1].status == "blocked"

@@ -76,6 +76,9 @@ class Lifecycle:
     impl: Impl
     allocates_gpu_memory = True
     communicates = True
+    # Whether ``split_group`` is an operation of the parent communicator that every parent rank joins
+    # (ncclCommSplit, non-members with NOCOLOR) or, as for gloo, a fresh members-only bootstrap.
+    split_is_collective = True
 
     def eager_at_creation(self, release: Release, *, bound: bool, lazy_init: bool) -> bool:
         raise NotImplementedError

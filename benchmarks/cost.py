@@ -1,0 +1,117 @@
+"""``simnccl cost`` speed on Megatron TP8·PP4·DP16 (512 ranks): wall seconds per column, all in one process.
+
+Run: ``python benchmarks/cost.py [--tp 8 --pp 4 --dp 16] [--policy P ...] [--slow-path]``.
+
+Why: issue 6 asks that ``simnccl cost --workload megatron --tp 8 --pp 4 --dp 16`` finish in seconds for every
+policy. Each column is one simulation of the whole startup (~2,900 ``new_group`` calls on each of 512 ranks);
+most of those calls are made by ranks outside the group, which the engine takes on its outsider fast path
+(``Engine._outsider_calls``) or in cohorts. This script times exactly what the command simulates: the columns
+of ``simnccl.cost.columns_for`` (torch's default, the legacy env and every built-in policy, or ``--policy``),
+on the programs the Megatron generator builds once, each column in a fresh ``Engine``. ``--slow-path`` runs
+the engine with ``fast_path=False`` (the ordinary per-rank path) for comparison; ``--check`` runs both and
+exits 1 unless every column's trace hash agrees.
+
+Each column must end with verdict "pass" (exit 1 otherwise). Wall time covers ``Engine(...)`` plus ``run()``;
+building the programs is timed separately. The LAST line is exactly::
+
+    megatron512_total_s=<x> worst_policy=<name> worst_s=<y>
+
+(``megatron512`` is the label for the default sizes; other sizes print ``megatron<world>``.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from simnccl.cluster import Cluster, get_gpu_kind
+from simnccl.cost import Column, columns_for
+from simnccl.engine import Engine, SimConfig
+from simnccl.ops import Program
+from simnccl.policy import get_policy
+from simnccl.profiles import find_profile
+from simnccl.release import get_release
+from simnccl.workloads import GENERATORS
+
+GPU = "h100-80gb"
+RELEASE = "2.15"
+GPUS_PER_NODE = 8
+
+
+@dataclass(frozen=True, slots=True)
+class Timing:
+    column: str
+    verdict: str
+    wall_s: float
+    trace_hash: str
+    ops: int
+
+
+def build_programs(tp: int, pp: int, dp: int) -> tuple[Program, ...]:
+    """The Megatron generator's startup for tp x pp x dp ranks (all other knobs at Megatron's defaults)."""
+    world = tp * pp * dp
+    return tuple(GENERATORS["megatron"]({"tp": tp, "pp": pp, "dp": dp}, world))
+
+
+def time_column(programs: Sequence[Program], column: Column, *, fast_path: bool = True) -> Timing:
+    """One column as ``simnccl cost`` runs it (``run_column``'s config), timed around the engine only."""
+    world = len(programs)
+    per_node = min(GPUS_PER_NODE, world)
+    cluster = Cluster(get_gpu_kind(GPU), world // per_node, per_node)
+    config = SimConfig(
+        cluster=cluster,
+        release=get_release(RELEASE),
+        profile=find_profile(cluster.gpu.key, RELEASE),
+        programs=programs,
+        env=dict(column.env),
+        policy=get_policy(column.policy) if column.policy else None,
+    )
+    gc.collect()  # start each column from the same heap
+    start = time.perf_counter()
+    outcome = Engine(config, fast_path=fast_path).run()
+    wall = time.perf_counter() - start
+    return Timing(column.name, outcome.verdict, wall, outcome.trace_hash, outcome.ops_executed)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tp", type=int, default=8)
+    parser.add_argument("--pp", type=int, default=4)
+    parser.add_argument("--dp", type=int, default=16)
+    parser.add_argument("--policy", action="append", help="policy columns (default: every built-in policy)")
+    parser.add_argument("--slow-path", action="store_true", help="time the engine with fast_path=False")
+    parser.add_argument("--check", action="store_true", help="also run the slow path; trace hashes must agree")
+    args = parser.parse_args(argv)
+
+    start = time.perf_counter()
+    programs = build_programs(args.tp, args.pp, args.dp)
+    world = len(programs)
+    print(f"megatron tp={args.tp} pp={args.pp} dp={args.dp}: {world} ranks, {len(programs[0])} ops per rank")
+    print(f"programs built in {time.perf_counter() - start:.2f} s")
+    timings = []
+    failed = False
+    for column in columns_for(args.policy):
+        timing = time_column(programs, column, fast_path=not args.slow_path)
+        timings.append(timing)
+        line = f"{timing.column:>18}  {timing.wall_s:7.2f} s  {timing.verdict}  ops={timing.ops}  {timing.trace_hash}"
+        if args.check:
+            other = time_column(programs, column, fast_path=args.slow_path)
+            same = other.trace_hash == timing.trace_hash and other.verdict == timing.verdict
+            line += f"  other path {other.wall_s:.2f} s {'same' if same else 'DIFFERENT'}"
+            failed |= not same
+        failed |= timing.verdict != "pass"
+        print(line, flush=True)
+    total = sum(t.wall_s for t in timings)
+    worst = max(timings, key=lambda t: t.wall_s)
+    if failed:
+        print("FAILED: a column did not pass, or the two paths disagree", file=sys.stderr)
+    print(f"megatron{world}_total_s={total:.3f} worst_policy={worst.column} worst_s={worst.wall_s:.3f}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,136 @@
+"""Startups written in plain torch, to be captured by ``simnccl.capture`` (not collected by pytest).
+
+Each function is what a framework does at startup, rewritten with nothing but ``torch.distributed`` calls, so
+the capture sees real torch 2.15 behaviour (DeviceMesh's own branches, new_group's own sorting):
+
+* ``torchtitan_build_mesh``: torchtitan's ``init_distributed`` + ``ParallelDims.build_mesh`` at b5bcd76
+  (../shared/reference/framework-startup.md §4): the world mesh, then the dataloading / loss / dense_fsdp /
+  dense_fwdbwd / sparse unflattens, ``backend_override="fake"`` for degree-1 dims (except fsdp/dp_shard, and
+  efsdp when ep > 1).
+* ``device_mesh_2d`` / ``device_mesh_3d``: a bare ``init_device_mesh``.
+* ``vllm_group_coordinators``: vLLM's ``init_distributed_environment`` + ``initialize_model_parallel`` default
+  path: every GroupCoordinator creates, for every rank list of its family and on every rank, a
+  ``new_group(ranks, backend="nccl")`` then a ``new_group(ranks, backend="gloo")``; the rank lists come from
+  ``torch.arange(W).reshape(-1, DP, PP, PCP, TP)`` exactly as vLLM computes them.
+
+Run as a script (``python -m simnccl.capture --world 8 tests/capture_examples.py torchtitan --tp 4``), each
+reads its sizes from the command line and the world from the environment, as under torchrun.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+
+def _local_rank() -> int:
+    return int(os.environ.get("LOCAL_RANK", "0"))
+
+
+def torchtitan_build_mesh(
+    *,
+    dp_replicate: int = 1,
+    dp_shard: int = -1,
+    cp: int = 1,
+    tp: int = 1,
+    pp: int = 1,
+    ep: int = 1,
+    device_id: bool = False,
+) -> None:
+    """torchtitan ``init_distributed`` then ``ParallelDims.build_mesh`` (spmd_types meshes)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    torch.cuda.set_device(_local_rank())
+    device = torch.device("cuda", _local_rank()) if device_id else None
+    dist.init_process_group(backend="nccl", timeout=timedelta(seconds=300), device_id=device)
+    world = dist.get_world_size()
+    if dp_shard == -1:
+        dp_shard = world // (dp_replicate * cp * tp * pp)
+    batch = dp_replicate * dp_shard
+    efsdp = dp_shard * cp * tp // ep
+
+    def fake_dims(names: tuple[str, ...], sizes: tuple[int, ...]) -> dict[str, str]:
+        def real(name: str, degree: int) -> bool:
+            if name in ("fsdp", "dp_shard"):
+                return True
+            if name == "efsdp":
+                return ep > 1
+            return degree > 1
+
+        return {n: "fake" for n, s in zip(names, sizes, strict=True) if not real(n, s)}
+
+    def unflatten(mesh, names: tuple[str, ...], sizes: tuple[int, ...]):
+        return mesh._unflatten(0, sizes, names, backend_override=fake_dims(names, sizes))
+
+    world_mesh = init_device_mesh("cuda", (world,), mesh_dim_names=("world",))
+    dataloading = unflatten(world_mesh, ("pp", "batch", "cp", "tp"), (pp, batch, cp, tp))
+    dataloading["batch", "cp"]._flatten("loss_mesh")
+    unflatten(world_mesh, ("pp", "dp_replicate", "dp_shard", "cp", "tp"), (pp, dp_replicate, dp_shard, cp, tp))
+    unflatten(world_mesh, ("pp", "dp", "cp", "tp"), (pp, batch, cp, tp))
+    unflatten(world_mesh, ("pp", "dp_replicate", "efsdp", "ep"), (pp, dp_replicate, efsdp, ep))
+
+
+def device_mesh_2d(dp: int = 2, tp: int = 4) -> None:
+    """``init_device_mesh("cuda", (dp, tp), ("dp", "tp"))`` after an init without device_id."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    torch.cuda.set_device(_local_rank())
+    dist.init_process_group(backend="nccl")
+    mesh = init_device_mesh("cuda", (dp, tp), mesh_dim_names=("dp", "tp"))
+    dist.all_reduce(torch.ones(1024), group=mesh.get_group("tp"))
+
+
+def device_mesh_3d(pp: int = 2, dp: int = 2, tp: int = 2) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    torch.cuda.set_device(_local_rank())
+    dist.init_process_group(backend="nccl")
+    init_device_mesh("cuda", (pp, dp, tp), mesh_dim_names=("pp", "dp", "tp"))
+
+
+def vllm_group_coordinators(tp: int = 1, pp: int = 1, dcp: int = 1, pcp: int = 1, moe: bool = False) -> None:
+    """vLLM's default-path GroupCoordinators: an NCCL + gloo ``new_group`` twin per rank list, every rank."""
+    torch.cuda.set_device(_local_rank())
+    dist.init_process_group(backend="nccl")
+    world = dist.get_world_size()
+
+    def coordinator(group_ranks: list[list[int]]) -> None:
+        for ranks in group_ranks:
+            dist.new_group(ranks, backend="nccl")
+            dist.new_group(ranks, backend="gloo")
+
+    dp = world // (tp * pp * pcp)
+    all_ranks = torch.arange(world).reshape(-1, dp, pp, pcp, tp)
+    coordinator([list(range(world))])  # _WORLD
+    coordinator([r.tolist() for r in all_ranks.view(-1, tp).unbind(0)])  # tp
+    coordinator([r.tolist() for r in all_ranks.reshape(-1, dcp).unbind(0)])  # dcp
+    coordinator([r.tolist() for r in all_ranks.transpose(3, 4).reshape(-1, pcp).unbind(0)])  # pcp
+    coordinator([r.tolist() for r in all_ranks.transpose(2, 4).reshape(-1, pp).unbind(0)])  # pp
+    coordinator([r.tolist() for r in all_ranks.transpose(1, 4).reshape(-1, dp).unbind(0)])  # dp
+    if moe:
+        coordinator([r.tolist() for r in all_ranks.transpose(1, 2).reshape(-1, dp * pcp * tp).unbind(0)])  # ep
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("startup", choices=("torchtitan", "mesh2d", "mesh3d", "vllm"))
+    for knob in ("tp", "pp", "dp", "cp", "dp-shard"):
+        parser.add_argument(f"--{knob}", type=int, default=None)
+    args = parser.parse_args()
+    given = {k: v for k, v in vars(args).items() if k != "startup" and v is not None}
+    if args.startup == "torchtitan":
+        torchtitan_build_mesh(**given)
+    elif args.startup == "mesh2d":
+        device_mesh_2d(**given)
+    elif args.startup == "mesh3d":
+        device_mesh_3d(**given)
+    else:
+        vllm_group_coordinators(**given)
+
+
+if __name__ == "__main__":
+    main()

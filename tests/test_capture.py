@@ -1,0 +1,445 @@
+"""``simnccl.capture`` on real torch 2.15 (CPU): unmodified torch code in, the framework generators' Programs out.
+
+The startups under capture are plain torch (``tests/capture_examples.py``): torchtitan's ``build_mesh`` written
+with DeviceMesh's own ``_unflatten``/``_flatten``, bare ``init_device_mesh`` meshes, and vLLM's GroupCoordinator
+loop. Real torch is ground truth: each capture is compared with the generator, op for op, after one
+normalisation: ``bind``/``purpose``/``traffic`` are simnccl annotations (the name of the variable a framework
+stores a group in, and what it is for), not torch arguments, so capture cannot see them; handles are compared up
+to renaming (first appearance order), which checks that the same calls bind and use the same groups.
+
+Each capture forks one child per rank from this worker (torch imported once), so a world of 8 takes well under
+a second once torch's lazy imports are paid.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch")
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import capture_examples as examples
+
+from simnccl import capture as cap
+from simnccl.ops import (
+    AllGather,
+    AllReduce,
+    AllToAll,
+    Barrier,
+    Broadcast,
+    Checkpoint,
+    InitProcessGroup,
+    NewGroup,
+    Op,
+    PgOptions,
+    Recv,
+    ReduceScatter,
+    Send,
+    SetDevice,
+    SplitGroup,
+)
+from simnccl.scenario import load_scenario
+from simnccl.testing import simulate
+from simnccl.workloads import generate, torchtitan
+
+pytestmark = pytest.mark.torch
+
+EXAMPLES = Path(__file__).parent / "capture_examples.py"
+_LOCAL_RANK_BEFORE = os.environ.get("LOCAL_RANK")
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+
+
+def normalised(ops: tuple[Op, ...]) -> list[Op]:
+    """Drop simnccl's annotations and rename handles by first appearance (see the module docstring)."""
+    names: dict[str, str] = {"world": "world"}
+
+    def rename(handle: str | None) -> str | None:
+        if handle is None:
+            return None
+        return names.setdefault(handle, f"h{len(names)}")
+
+    out = []
+    for op in ops:
+        changes: dict[str, Any] = {}
+        for field in ("bind", "group", "parent"):
+            if hasattr(op, field):
+                changes[field] = rename(getattr(op, field))
+        for field in ("purpose", "traffic"):
+            if hasattr(op, field):
+                changes[field] = None
+        out.append(dataclasses.replace(op, **changes))
+    return out
+
+
+def groups_of(outcome: Any) -> dict[Any, Any]:
+    return {
+        key: (rec.desc, rec.impl, rec.via_split, {r: m.get("bytes") for r, m in sorted(rec.members.items())})
+        for key, rec in outcome.groups.items()
+    }
+
+
+def memory_of(outcome: Any) -> dict[str, Any]:
+    ledgers = {d: (ledger.used_bytes, ledger.peak_bytes) for d, ledger in sorted(outcome.ledgers.items())}
+    points = {
+        label: {d: s.used_bytes for d, s in sorted(snaps.items())} for label, snaps in outcome.checkpoints.items()
+    }
+    return {"ledgers": ledgers, "checkpoints": points}
+
+
+def replay_generator(programs: tuple[Any, ...], gpus_per_node: int, env: dict[str, str] | None = None) -> Any:
+    nodes = len(programs) // gpus_per_node
+    return simulate([p.ops for p in programs], gpu="h100-80gb", nodes=nodes, gpus_per_node=gpus_per_node, env=env or {})
+
+
+# ---------------------------------------------------------------------------------------------- DeviceMesh
+
+
+TITAN_CASES = {
+    # name: (capture env, torchtitan_build_mesh kwargs, generator args). On 2.15 the nccl2 default group is
+    # bound even without device_id, so real DeviceMesh takes split_group: the generator's split_group branch.
+    "fsdp2-tp4-2.15": ({}, {"tp": 4}, {"tp": 4, "split_group": True}),
+    "fsdp2-tp4-legacy": ({"TORCH_DIST_USE_NCCL2": "0"}, {"tp": 4}, {"tp": 4}),
+    "fsdp2-tp4-device-id": ({}, {"tp": 4, "device_id": True}, {"tp": 4, "device_id": True}),
+}
+
+
+@pytest.mark.parametrize("case", list(TITAN_CASES))
+def test_torchtitan_build_mesh_capture_equals_the_generator(case: str) -> None:
+    """ACCEPTANCE: a 2-D (dp_shard 2 x tp 4) DeviceMesh build on 8 simulated ranks equals the torchtitan
+    generator op for op, and replayed in the simulator reproduces its groups and per-device memory exactly."""
+    env, kwargs, args = TITAN_CASES[case]
+    target = functools.partial(examples.torchtitan_build_mesh, **kwargs)
+    run = cap.capture(target, 8, env=env, final_checkpoint="startup")
+    generated = generate("torchtitan", args, 8)
+    assert len(set(map(id, run.programs))) == len(set(map(id, generated)))  # same sharing between ranks
+    for rank in range(8):
+        assert normalised(run.programs[rank].ops) == normalised(generated[rank].ops), f"rank {rank}"
+
+    captured = run.simulate(gpu="h100-80gb")
+    expected = replay_generator(generated, 8, env)
+    assert captured.verdict == expected.verdict == "pass"
+    assert groups_of(captured) == groups_of(expected)
+    assert memory_of(captured) == memory_of(expected)
+    assert len(captured.groups) > 20  # the duplicates DeviceMesh creates are all there
+
+    if case == "fsdp2-tp4-2.15":
+        # Documented in workloads/torchtitan.py: the generator's default (a new_group loop, what 2.14/legacy
+        # do) prices the same memberships as the split_group branch real 2.15 takes; only names differ.
+        loop = replay_generator(generate("torchtitan", {"tp": 4}, 8), 8)
+        assert memory_of(captured) == memory_of(loop)
+        assert sorted(k[1] for k in captured.groups) == sorted(k[1] for k in loop.groups)
+        assert groups_of(captured) != groups_of(loop)
+
+
+def test_init_device_mesh_2d_groups_and_collective() -> None:
+    run = cap.capture(examples.device_mesh_2d, 8)
+    ops = run.programs[5].ops
+    splits = [op for op in ops if isinstance(op, SplitGroup)]
+    assert [s.split_ranks for s in splits] == [
+        tuple(torchtitan.mesh_groups((2, 4), (0,))),
+        tuple(torchtitan.mesh_groups((2, 4), (1,))),
+    ]
+    assert [s.group_desc for s in splits] == ["mesh_dp", "mesh_tp"]
+    (reduce,) = [op for op in ops if isinstance(op, AllReduce)]
+    assert reduce == AllReduce(group=splits[1].bind, size_bytes=1024 * 4, dtype="Float")
+    assert ops[:3] == (SetDevice(), InitProcessGroup(backend="nccl"), Checkpoint("after_init"))
+    assert run.programs[0] is run.programs[7]  # rank-independent calls: one shared Program
+    outcome = run.simulate(gpu="h100-80gb")
+    assert outcome.verdict == "pass"
+    assert sorted(k[1] for k in outcome.groups) == sorted(
+        [tuple(range(8)), *torchtitan.mesh_groups((2, 4), (0,)), *torchtitan.mesh_groups((2, 4), (1,))]
+    )
+
+
+def test_init_device_mesh_3d_legacy_loops_new_group_in_mesh_order() -> None:
+    run = cap.capture(examples.device_mesh_3d, 8, env={"TORCH_DIST_USE_NCCL2": "0"})
+    new_groups = [op for op in run.programs[0].ops if isinstance(op, NewGroup)]
+    expected = [
+        (ranks, f"mesh_{name}")
+        for dim, name in enumerate(("pp", "dp", "tp"))
+        for ranks in torchtitan.mesh_groups((2, 2, 2), (dim,))
+    ]
+    assert [(g.ranks, g.group_desc) for g in new_groups] == expected
+    assert len({g.bind for g in new_groups}) == 3  # one handle per dim: every rank is in one group of each
+    assert run.simulate(gpu="h100-80gb", env={"TORCH_DIST_USE_NCCL2": "0"}).verdict == "pass"
+
+
+def test_fork_and_inline_modes_capture_the_same_programs() -> None:
+    target = functools.partial(examples.torchtitan_build_mesh, tp=2)
+    forked = cap.capture(target, 4, mode="fork")
+    inline = cap.capture(target, 4, mode="inline")
+    assert [p.ops for p in forked.programs] == [p.ops for p in inline.programs]
+    assert not dist.is_initialized()  # inline mode leaves no process group behind
+    assert "LOCAL_RANK" not in os.environ or os.environ["LOCAL_RANK"] == _LOCAL_RANK_BEFORE
+
+
+def test_a_larger_world_is_a_recapture_and_still_equals_the_generator() -> None:
+    target = functools.partial(examples.torchtitan_build_mesh, tp=4)
+    runs = cap.capture_scaled(target, [8, 16], final_checkpoint="startup")
+    for world, run in runs.items():
+        generated = generate("torchtitan", {"tp": 4, "split_group": True}, world)
+        assert normalised(run.programs[-1].ops) == normalised(generated[-1].ops)
+    big = runs[16]
+    assert (big.nodes, big.gpus_per_node) == (2, 8)
+    captured = big.simulate(gpu="h100-80gb")
+    expected = replay_generator(generate("torchtitan", {"tp": 4, "split_group": True}, 16), 8)
+    assert memory_of(captured) == memory_of(expected)
+
+
+# ---------------------------------------------------------------------------------------------- vLLM
+
+
+@pytest.mark.parametrize(
+    ("knobs", "world"),
+    [({"tp": 8}, 8), ({"tp": 2, "pp": 2}, 8), ({"tp": 2, "pp": 2, "dcp": 2, "moe": True}, 8)],
+    ids=["tp8", "tp2-pp2-dp2", "tp2-pp2-dcp2-moe"],
+)
+def test_vllm_group_coordinator_loop_equals_the_vllm_generators_group_list(knobs: dict[str, Any], world: int) -> None:
+    run = cap.capture(functools.partial(examples.vllm_group_coordinators, **knobs), world)
+    generated = generate("vllm", knobs, world)
+
+    def group_list(ops: tuple[Op, ...]) -> list[tuple[Any, ...]]:
+        return [
+            (op.ranks, op.backend, op.use_local_synchronization, op.group_desc, op.pg_options)
+            for op in ops
+            if isinstance(op, NewGroup)
+        ]
+
+    assert group_list(run.programs[0].ops) == group_list(generated[0].ops)
+    assert len(set(map(id, run.programs))) == 1  # every rank makes every call: one Program
+    # a non-member's calls are recorded too: rank 0 is not in the second TP group, yet calls new_group for it
+    calls = [c for c in run.calls[0] if c.name == "new_group"]
+    assert len(calls) == len(group_list(generated[0].ops))
+
+
+# ---------------------------------------------------------------------------------------------- the call vocabulary
+
+
+def _traffic() -> None:
+    """Every kind of collective and p2p the stand-in records, on the world and on subgroups."""
+    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    options = dist.ProcessGroupNCCL.Options()
+    options.lazy_init = True
+    options.is_high_priority_stream = True
+    dist.init_process_group("nccl", device_id=torch.device("cuda", int(os.environ["LOCAL_RANK"])))
+    rank = dist.get_rank()
+    pair = dist.new_group([2, 3], pg_options=options, group_desc="pair", timeout=__import__("datetime").timedelta(9))
+    cpu = dist.new_group([0, 1, 2, 3], backend="gloo", use_local_synchronization=True)
+    x = torch.ones(8, dtype=torch.bfloat16)
+    dist.broadcast(x, src=0)
+    out = [torch.empty(8, dtype=torch.bfloat16) for _ in range(4)]
+    dist.all_gather(out, x)
+    dist.all_gather_into_tensor(torch.empty(32, dtype=torch.bfloat16), x)
+    dist.reduce_scatter_tensor(torch.empty(2, dtype=torch.bfloat16), x)
+    dist.all_to_all_single(torch.empty(8, dtype=torch.bfloat16), x)
+    if rank in (2, 3):
+        peer = 5 - rank
+        (dist.send if rank == 2 else dist.recv)(torch.zeros(16, dtype=torch.int64), peer, group=pair)
+    gathered = [torch.empty(2, dtype=torch.int32) for _ in range(4)]
+    dist.all_gather(gathered, torch.tensor([rank, 7], dtype=torch.int32), group=cpu)
+    assert gathered[0].tolist() == [rank, 7]  # no communication: every slot holds this rank's own input
+    cap.checkpoint("traffic")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def traffic() -> cap.CapturedRun:
+    return cap.capture(_traffic, 4, gpus_per_node=4, final_checkpoint=None)
+
+
+def test_collectives_and_p2p_record_kind_group_bytes_dtype_and_peer(traffic: cap.CapturedRun) -> None:
+    ops = traffic.programs[2].ops
+    kinds = [type(op) for op in ops]
+    assert kinds[:4] == [SetDevice, InitProcessGroup, Checkpoint, NewGroup]
+    assert ops[1] == InitProcessGroup(backend="nccl", device_id=2)
+    pair = ops[3]
+    assert pair == NewGroup(
+        ranks=(2, 3),
+        bind=pair.bind,
+        pg_options=PgOptions(lazy_init=True, is_high_priority_stream=True),
+        group_desc="pair",
+        timeout_s=9 * 86400.0,
+    )
+    cpu = ops[4]
+    assert (cpu.backend, cpu.use_local_synchronization, cpu.ranks) == ("gloo", True, (0, 1, 2, 3))
+    traffic_ops = [op for op in ops if not isinstance(op, (SetDevice, InitProcessGroup, NewGroup, Checkpoint))]
+    assert traffic_ops[:5] == [
+        Broadcast(size_bytes=16, dtype="BFloat16", src=0),
+        AllGather(size_bytes=16, dtype="BFloat16"),
+        AllGather(size_bytes=16, dtype="BFloat16"),
+        ReduceScatter(size_bytes=16, dtype="BFloat16"),
+        AllToAll(size_bytes=16, dtype="BFloat16"),
+    ]
+    assert traffic_ops[5] == Send(peer=3, group=pair.bind, size_bytes=128, dtype="Long")
+    assert Recv(peer=2, group=pair.bind, size_bytes=128, dtype="Long") in traffic.programs[3].ops
+    assert AllGather(group=cpu.bind, size_bytes=8, dtype="Int") in traffic_ops[6:]
+    assert Checkpoint("traffic") in ops
+    assert isinstance(traffic_ops[-2], Barrier) and traffic_ops[-1].name == "destroy_process_group"
+
+
+def test_non_members_record_the_call_and_calls_keep_their_arguments(traffic: cap.CapturedRun) -> None:
+    rank0 = traffic.programs[0].ops
+    assert any(isinstance(op, NewGroup) and op.ranks == (2, 3) for op in rank0)  # not a member, still recorded
+    assert not any(isinstance(op, (Send, Recv)) for op in rank0)
+    init = next(c for c in traffic.calls[2] if c.name == "init_process_group")
+    assert init.args["device_id"] == "cuda:2" and init.handle == "world"
+    new_group = next(c for c in traffic.calls[2] if c.name == "new_group")
+    assert new_group.args["pg_options"] == {"lazy_init": True, "is_high_priority_stream": True}
+    json.dumps(traffic.to_json())  # calls are plain data
+
+
+def test_replay_of_the_traffic_capture(traffic: cap.CapturedRun) -> None:
+    outcome = traffic.simulate(gpu="h100-80gb")
+    assert outcome.verdict == "pass", outcome.errors or outcome.hangs
+    assert "traffic" in outcome.checkpoints
+
+
+# ---------------------------------------------------------------------------------------------- files and CLI
+
+
+def test_scenario_toml_round_trips_to_the_same_programs(tmp_path: Path, traffic: cap.CapturedRun) -> None:
+    path = tmp_path / "captured.toml"
+    path.write_text(traffic.to_scenario_toml("traffic", gpu="h100-80gb"), encoding="utf-8")
+    scenario = load_scenario(path)
+    assert [p.ops for p in scenario.programs] == [p.ops for p in traffic.programs]
+    assert scenario.cluster.world_size == 4
+
+
+def test_cli_captures_a_script_simulates_and_writes_files(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    toml, data = tmp_path / "mesh.toml", tmp_path / "mesh.json"
+    argv = ["--world", "8", "--simulate", "--toml", str(toml), "--json", str(data), str(EXAMPLES), "mesh2d"]
+    assert cap.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "captured 8 ranks" in out and "2 split_group" in out and "simulated: verdict pass" in out
+    assert len(load_scenario(toml).programs) == 8
+    assert json.loads(data.read_text())["programs"][0]["ranks"] == list(range(8))
+
+
+def test_cli_runs_a_module_with_its_own_arguments(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    (tmp_path / "capmod.py").write_text(
+        "import sys, torch.distributed as dist\n"
+        "if __name__ == '__main__':\n"
+        "    dist.init_process_group('nccl')\n"
+        "    for _ in range(int(sys.argv[2])):\n"
+        "        dist.new_group([0])\n"
+        "    sys.exit(0)  # a normal end: the calls are kept\n",
+        encoding="utf-8",
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert cap.main(["--world", "2", "-m", "capmod", "--groups", "3"]) == 0
+    assert "3 new_group" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--world", "2", "-m", "no_such_module_xyz"], "no module named 'no_such_module_xyz'"),
+        (["--world", "2", "missing_script.py"], "no such script 'missing_script.py'"),
+        (["--world", "0", str(EXAMPLES), "mesh2d"], "world_size: expected an integer >= 1, got 0"),
+        (["--world", "2", "--release", "3.0", str(EXAMPLES), "mesh2d"], "unknown torch release '3.0'"),
+    ],
+)
+def test_cli_bad_input_is_a_clear_message_not_a_traceback(argv: list[str], message: str, capsys) -> None:
+    assert cap.main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback (most recent call last)" not in err
+
+
+def test_cli_code_that_raises_names_the_rank_and_the_error(tmp_path: Path, capsys) -> None:
+    script = tmp_path / "boom.py"
+    script.write_text(
+        "import torch.distributed as dist\ndist.init_process_group('nccl')\n"
+        "if dist.get_rank() == 1:\n    raise ValueError('tp must divide the world')\n",
+        encoding="utf-8",
+    )
+    assert cap.main(["--world", "2", str(script)]) == 2
+    err = capsys.readouterr().err
+    assert "rank 1: the captured code raised ValueError: tp must divide the world" in err
+
+
+# ---------------------------------------------------------------------------------------------- errors and limits
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"world_size": 0}, "world_size: expected an integer >= 1, got 0"),
+        ({"world_size": True}, "world_size: expected an integer >= 1"),
+        ({"world_size": 2, "gpus_per_node": 0}, "gpus_per_node: expected an integer >= 1"),
+        ({"world_size": 2, "mode": "threads"}, "mode: expected one of fork, inline"),
+        ({"world_size": 2, "device_type": "xpu"}, "device_type: expected 'cuda' or 'cpu'"),
+    ],
+)
+def test_bad_arguments_raise_capture_error(kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(cap.CaptureError, match=message.replace("(", r"\(")):
+        cap.capture(examples.device_mesh_2d, **kwargs)
+
+
+def test_not_a_callable() -> None:
+    with pytest.raises(cap.CaptureError, match="expected a callable"):
+        cap.capture("examples.device_mesh_2d", 2)  # type: ignore[arg-type]
+
+
+def _hangs() -> None:
+    dist.init_process_group("nccl")
+    time.sleep(60)
+
+
+def test_a_rank_that_never_finishes_is_killed_and_reaped() -> None:
+    started = time.monotonic()
+    with pytest.raises(cap.CaptureError, match=r"rank \d: no result within 1 s"):
+        cap.capture(_hangs, 2, timeout_s=1)
+    assert time.monotonic() - started < 15
+    with pytest.raises(ChildProcessError):
+        os.waitpid(-1, os.WNOHANG)  # no child left behind, not even a zombie
+
+
+def test_inline_mode_reports_the_failing_rank() -> None:
+    def fails() -> None:
+        dist.init_process_group("nccl")
+        if dist.get_rank() == 1:
+            raise RuntimeError("boom")
+
+    with pytest.raises(cap.CaptureError, match="rank 1: the captured code raised RuntimeError: boom"):
+        cap.capture(fails, 2, mode="inline")
+    assert not dist.is_initialized()
+
+
+def test_backend_argument_initialises_the_world_for_the_target() -> None:
+    run = cap.capture(lambda: dist.new_group([0, 1], backend="gloo"), 2, backend="gloo", mode="inline")
+    assert [type(op) for op in run.programs[0].ops] == [InitProcessGroup, Checkpoint, NewGroup, Checkpoint]
+    assert run.programs[0].ops[0] == InitProcessGroup(backend="gloo")
+
+
+def test_simnccl_cli_forwards_capture(capsys: pytest.CaptureFixture) -> None:
+    from simnccl.cli import main
+
+    assert main(["capture", "--world", "2", str(EXAMPLES), "mesh2d", "--dp", "1", "--tp", "2"]) == 0
+    assert "captured 2 ranks" in capsys.readouterr().out
+
+
+def test_a_nonzero_exit_status_is_a_failure() -> None:
+    def exits() -> None:
+        dist.init_process_group("nccl")
+        sys.exit(3)
+
+    with pytest.raises(cap.CaptureError, match="rank 0: the captured code exited with status 3"):
+        cap.capture(exits, 2, mode="inline")
+    with pytest.raises(cap.CaptureError, match=r"rank \d: the captured code exited with status 3"):
+        cap.capture(exits, 2)

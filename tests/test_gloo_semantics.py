@@ -1,0 +1,272 @@
+"""gloo semantics where they differ from NCCL's, pinned against what real torch 2.15.0 gloo does.
+
+Every simulator test names the real figure it reproduces (measured with 2-4 CPU processes over a FileStore, torch
+timeout 4 s; see ``simnccl/backends/gloo.py``). The ``real`` tests at the end run the same programs on real gloo
+through the differential harness and check that both sides agree, plus the real error text.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from simnccl.backends.gloo import broadcast_needs, direct_peers, wire_mismatch
+from simnccl.engine import RunOutcome
+from simnccl.ops import (
+    AllGather,
+    AllReduce,
+    AllToAll,
+    Barrier,
+    Broadcast,
+    DestroyProcessGroup,
+    InitProcessGroup,
+    NewGroup,
+    Op,
+    Recv,
+    ReduceScatter,
+    Send,
+    SplitGroup,
+)
+from simnccl.testing import simulate
+
+GLOO = InitProcessGroup(backend="gloo")
+SIZE = 96
+
+
+def run(programs: list[list[Op]]) -> RunOutcome:
+    return simulate(programs, gpus_per_node=0, ranks_per_node=len(programs))
+
+
+def status(out: RunOutcome, rank: int) -> str:
+    """hang (a wait that ended, if at all, in the gloo timeout) | the error kind of ``rank`` | done."""
+    if any(h["rank"] == rank for h in out.hangs):
+        return "hang"
+    return next((e["kind"] for e in out.errors if e["rank"] == rank), "done")
+
+
+# ------------------------------------------------------------------------------------------- closed peers
+
+
+def test_a_peer_that_destroys_its_groups_fails_a_pending_send_at_once() -> None:
+    # real (seed2-case39): rank 1's second send fails "[.../tcp/pair.cc:561] Connection closed by peer" when
+    # rank 0, which left out that recv, runs destroy_process_group; nothing hangs.
+    out = run(
+        [
+            [GLOO, Recv(peer=1, size_bytes=SIZE), DestroyProcessGroup()],
+            [GLOO, Send(peer=0, size_bytes=SIZE), Send(peer=0, size_bytes=SIZE), DestroyProcessGroup()],
+        ]
+    )
+    assert out.verdict == "error"
+    assert [status(out, r) for r in (0, 1)] == ["done", "peer-lost"]
+    assert "Connection closed by peer" in out.errors[0]["message"]
+    assert out.errors[0]["type"] == "RuntimeError"
+
+
+def test_an_operation_posted_after_the_peer_closed_fails_at_once() -> None:
+    # real: rank 1 destroys first, rank 0 all_reduces a second later -> Connection closed by peer at once
+    out = run(
+        [
+            [GLOO, Barrier(size_bytes=0), AllReduce(size_bytes=SIZE)],
+            [GLOO, Barrier(size_bytes=0), DestroyProcessGroup()],
+        ]
+    )
+    assert [status(out, r) for r in (0, 1)] == ["peer-lost", "done"]
+
+
+def test_only_ring_neighbours_of_the_closed_rank_fail_the_rest_keep_waiting() -> None:
+    # real, 4 ranks, rank 3 destroys while 0-2 all_reduce: ranks 0 and 2 "Connection closed by peer", rank 1
+    # "Timed out waiting 4000ms for recv operation to complete" (a hang)
+    ring = [GLOO, AllReduce(size_bytes=SIZE)]
+    out = run([ring, ring, ring, [GLOO, DestroyProcessGroup()]])
+    assert [status(out, r) for r in range(4)] == ["peer-lost", "hang", "peer-lost", "done"]
+
+
+def test_broadcast_fails_the_closed_root_s_children_only() -> None:
+    # real, 4 ranks, the root (0) destroys: ranks 1 and 2 (its tree children) fail, rank 3 (1's child) times out
+    bcast = [GLOO, Broadcast(size_bytes=SIZE, src=0)]
+    out = run([[GLOO, DestroyProcessGroup()], bcast, bcast, bcast])
+    assert [status(out, r) for r in range(4)] == ["done", "peer-lost", "peer-lost", "hang"]
+
+
+def test_broadcast_fails_the_parent_of_a_closed_leaf_and_the_rest_of_the_tree_completes() -> None:
+    # real, 4 ranks, rank 2 destroys instead of joining a broadcast from 0: rank 0 (its parent) fails
+    # "Connection closed by peer", ranks 1 and 3 complete
+    bcast = [GLOO, Broadcast(size_bytes=SIZE, src=0)]
+    out = run([bcast, bcast, [GLOO, DestroyProcessGroup()], bcast])
+    assert [status(out, r) for r in range(4)] == ["peer-lost", "done", "done", "done"]
+
+
+def test_a_partial_broadcast_completes_where_the_tree_does_not_need_the_missing_rank() -> None:
+    # real (seed3-case17): 4 ranks, rank 2 skips a broadcast from 0: the root hangs in its send to 2, rank 1 and
+    # its child 3 complete; rank 1 then hangs in a recv from the root
+    bcast = Broadcast(size_bytes=SIZE, src=0)
+    out = run(
+        [
+            [GLOO, bcast, Send(peer=1, size_bytes=SIZE)],
+            [GLOO, bcast, Recv(peer=0, size_bytes=SIZE)],
+            [GLOO],
+            [GLOO, bcast],
+        ]
+    )
+    assert [status(out, r) for r in range(4)] == ["hang", "hang", "done", "done"]
+    assert next(h for h in out.hangs if h["rank"] == 1)["op"].startswith("recv")
+
+
+@pytest.mark.parametrize("ranks", [2, 3, 4])
+def test_a_full_gloo_broadcast_still_completes_together(ranks: int) -> None:
+    out = run([[GLOO, Broadcast(size_bytes=SIZE, src=ranks - 1), AllReduce(size_bytes=SIZE)]] * ranks)
+    assert out.verdict == "pass"
+    assert len({round(rt.finished_at, 9) for rt in out.ranks}) == 1
+
+
+def test_broadcast_needs_is_the_parent_chain_and_the_children() -> None:
+    assert [broadcast_needs(i, 4) for i in range(4)] == [(1, 2), (0, 3), (0,), (0, 1)]
+    assert broadcast_needs(3, 4, root=3) == (0, 1)  # the root's children: virtual ranks 1 and 2
+
+
+def test_a_peer_that_failed_with_an_exception_keeps_its_sockets_open() -> None:
+    # real, 3 ranks: rank 1 destroys; rank 0 (recv from 1) fails Connection closed by peer; rank 2, receiving from
+    # rank 0, times out ("Timed out waiting 4000ms for recv operation"): rank 0 is alive, its sockets open
+    out = run(
+        [
+            [GLOO, Recv(peer=1, size_bytes=SIZE), Send(peer=2, size_bytes=SIZE)],
+            [GLOO, DestroyProcessGroup()],
+            [GLOO, Recv(peer=0, size_bytes=SIZE)],
+        ]
+    )
+    assert [status(out, r) for r in range(3)] == ["peer-lost", "done", "hang"]
+
+
+def test_destroy_closes_the_default_group_only_subgroups_live_on_in_their_handles() -> None:
+    # real (seed3-case47, driver keeping its groups as frameworks do): rank 2 destroys every group while rank 3
+    # waits on it in a reduce_scatter of their split group: gloo has no shutdown, the split's ProcessGroupGloo
+    # is still referenced, its sockets stay open: rank 3 hangs
+    split = SplitGroup(split_ranks=((0, 1),), bind="s")
+    out = run([[GLOO, split, ReduceScatter(group="s", size_bytes=SIZE)], [GLOO, split, DestroyProcessGroup()]])
+    assert [status(out, r) for r in (0, 1)] == ["hang", "done"]
+
+
+def test_an_aborted_process_closes_its_sockets_too() -> None:
+    # a size mismatch aborts ranks 0 and 1 (gloo::EnforceNotMet, SIGABRT); rank 2 waits on rank 0 on the world
+    # group and fails as its peer's sockets close (real: "Read error ...: Connection reset by peer")
+    pair = NewGroup(ranks=(0, 1), bind="g")
+    out = run(
+        [
+            [GLOO, pair, AllReduce(group="g", size_bytes=SIZE), Send(peer=2, size_bytes=SIZE)],
+            [GLOO, pair, AllReduce(group="g", size_bytes=2 * SIZE)],
+            [GLOO, pair, Recv(peer=0, size_bytes=SIZE)],
+        ]
+    )
+    assert [status(out, r) for r in range(3)] == ["abort", "abort", "peer-lost"]
+
+
+def test_direct_peers_follow_gloo_s_algorithms() -> None:
+    assert [direct_peers("all_reduce", i, 4) for i in range(4)] == [(1, 3), (0, 2), (1, 3), (0, 2)]
+    assert [direct_peers("broadcast", i, 4) for i in range(4)] == [(1, 2), (0, 3), (0,), (1,)]
+    assert direct_peers("broadcast", 0, 4, root=2) == (2,)  # virtual rank 2 under root 2: child of the root
+    assert direct_peers("barrier", 1, 4) == direct_peers("all_to_all", 1, 4) == (0, 2, 3)
+    assert direct_peers("all_reduce", 0, 1) == ()
+
+
+# ------------------------------------------------------------------------------------------- mismatches
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "verdict"),
+    [
+        # real: both ranks "Timed out waiting 4000ms for recv/send operation to complete" (different slots)
+        (AllReduce(size_bytes=SIZE), Broadcast(size_bytes=SIZE), "hang"),
+        (AllReduce(size_bytes=SIZE), AllGather(size_bytes=SIZE), "hang"),
+        (AllReduce(size_bytes=SIZE), Barrier(size_bytes=SIZE), "hang"),
+        (AllReduce(size_bytes=SIZE), AllToAll(size_bytes=SIZE), "hang"),
+        (Broadcast(size_bytes=SIZE), Barrier(size_bytes=SIZE), "hang"),
+        (AllGather(size_bytes=SIZE), ReduceScatter(size_bytes=SIZE), "hang"),
+        # real: both complete (torch's gloo reduce_scatter is an allreduce)
+        (AllReduce(size_bytes=SIZE), ReduceScatter(size_bytes=SIZE), "pass"),
+        # real: "[enforce fail at .../tcp/pair.cc:464] op.preamble.length <= op.nbytes. 48 vs 24. Received data
+        # size doesn't match expected size" (SIGABRT) on the smaller rank; the other: Connection reset by peer
+        (AllReduce(size_bytes=SIZE), AllReduce(size_bytes=2 * SIZE), "error"),
+    ],
+)
+def test_gloo_collective_mismatches_end_as_real_gloo_does(a: Op, b: Op, verdict: str) -> None:
+    out = run([[GLOO, a], [GLOO, b]])
+    assert out.verdict == verdict
+    if verdict == "hang":
+        assert "different gloo algorithms" in out.hangs[0]["explanation"]
+
+
+def test_wire_mismatch_rules() -> None:
+    assert wire_mismatch(("all_reduce", 96, "Float"), ("reduce_scatter", 96, "Float")) is None
+    assert wire_mismatch(("barrier", 96, "Float"), ("barrier", 8, "Float")) is None  # a barrier carries no data
+    assert wire_mismatch(("all_reduce", 96, "Float"), ("broadcast", 96, "Float")) == "hang"
+    assert wire_mismatch(("broadcast", 96, "Float"), ("broadcast", 192, "Float")) == "abort"
+
+
+# ------------------------------------------------------------------------------------------- split_group
+
+
+def test_gloo_split_is_a_members_only_bootstrap() -> None:
+    # real: ranks 0 and 1 split [[0, 1]] and all_reduce on it while rank 2 never calls split_group: all done
+    split = SplitGroup(split_ranks=((0, 1),), bind="s")
+    out = run(
+        [
+            [GLOO, split, AllReduce(group="s", size_bytes=SIZE)],
+            [GLOO, split, AllReduce(group="s", size_bytes=SIZE)],
+            [GLOO],
+        ]
+    )
+    assert out.verdict == "pass"
+
+
+def test_gloo_split_non_member_does_not_wait_and_the_split_takes_no_parent_tag() -> None:
+    # real: a non-member's split_group returns NON_GROUP_MEMBER at once (0.00 s while members wait 1 s for a
+    # late member); the split is no operation on the parent, so world collectives after it still line up
+    split = SplitGroup(split_ranks=((0, 1),), bind="s")
+    member = [GLOO, split, AllReduce(size_bytes=SIZE)]
+    out = run([member, member, [GLOO, AllReduce(size_bytes=SIZE), split]])
+    assert out.verdict == "pass"
+
+
+def test_gloo_split_in_a_shared_program_does_not_synchronise_non_members() -> None:
+    # every rank runs one Program object (the engine's cohort fast path): the non-member must still leave at once
+    program = [GLOO, SplitGroup(split_ranks=((0, 1),), bind="s")]
+    out = run([program, program, program])
+    assert out.verdict == "pass"
+    finished = {rt.rank: rt.finished_at for rt in out.ranks}
+    assert finished[2] < finished[0] == finished[1]
+
+
+def test_gloo_split_members_with_diverged_counters_never_meet() -> None:
+    # the name hashes the group counter: a rank that skipped a new_group bootstraps under another name
+    split = SplitGroup(split_ranks=((0, 1),), bind="s")
+    family = NewGroup(ranks=(0, 1), bind="g")
+    out = run([[GLOO, family, split], [GLOO, split]])
+    assert out.verdict == "hang"
+    assert {h["kind"] for h in out.hangs} == {"bootstrap"}
+
+
+# ------------------------------------------------------------------------------------------- one-rank groups
+
+
+def test_a_one_rank_group_s_key_colliding_with_a_real_group_is_a_verdict_race() -> None:
+    # seed2-case27: rank 1 creates [1] under the name ranks 0 and 2 give [0, 2] (swapped creation order); a
+    # one-rank gloo group still writes its key (measured: new_group([0]) adds one store key). Real runs of this
+    # program hung once and passed twice: the order of the two writes decides.
+    from real.compare import compare_variant
+    from real.differential import Case, CaseResult, classify, simulate_case
+    from real.programs import share_identical
+    from simnccl.ops import Program
+
+    pair, single = NewGroup(ranks=(0, 2), bind="g"), NewGroup(ranks=(1,), bind="g")
+    programs = [[GLOO, pair, single, Barrier(group="g")], [GLOO, single, pair, Barrier(group="g")]]
+    programs.append(programs[0])
+    out = run(programs)
+    assert out.verdict == "hang"
+    assert any("one-rank group's key" in h["explanation"] for h in out.hangs)
+    case = Case(0, 0, 3, share_identical([Program(tuple(p)) for p in programs]), ("singleton",))
+    sim = simulate_case(case)
+    for real_verdict in ("pass", "hang"):
+        real = {"verdict": real_verdict, "hangs": [], "errors": []}
+        if real_verdict == "hang":
+            real["hangs"] = [{"rank": 0, "op": "new_group", "kind": "bootstrap"}]
+        comparison = compare_variant("singleton", "cpu", sim, real, 3, 0.0)
+        assert classify(CaseResult(case, comparison)) == "racy"

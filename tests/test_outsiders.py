@@ -1,0 +1,189 @@
+"""The engine's outsider fast path (``Engine._outsider_calls``) against the ordinary per-rank path.
+
+Why: the fast path takes the calls a rank makes outside a group without planning them, and shares policy
+decisions between ranks with equal histories. It must change nothing but speed: the same event trace (hash and
+count), ledgers, checkpoints, groups, handles, counters, policy explanations and per-rank histories. Small
+generated Megatron startups cover the lazy default group (legacy, lazy-init), fake singletons, gloo twins,
+reuse (dedupe), history-priced decisions (budget), 2.14, shared and per-rank Programs, faults and the op guard.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+import pytest
+
+from simnccl.cluster import Cluster, get_gpu_kind
+from simnccl.engine import Engine, EngineGuardError, Limits, RunOutcome, SimConfig
+from simnccl.faults import NO_FAULTS, Fault, FaultSchedule
+from simnccl.ops import Program
+from simnccl.policy import BasePolicy, GroupDecision, GroupRequest, get_policy
+from simnccl.profiles import find_profile
+from simnccl.release import get_release
+from simnccl.workloads import GENERATORS
+
+POLICIES = (
+    None,
+    "legacy",
+    "lazy-init",
+    "lazy-single-rank",
+    "skip-single-rank",
+    "nccl-lazy-p2p",
+    "share-resources",
+    "dedupe",
+    "budget(700)",
+    "dedupe+lazy-single-rank",
+)
+
+
+@dataclass(frozen=True)
+class RankSkewedPolicy(BasePolicy):
+    """A user policy that looks at the calling rank (so it may not share decisions): lazy on odd ranks' calls
+    for singletons only, which every member still agrees on (a singleton has one member)."""
+
+    name: str = "rank-skewed"
+    rank_independent: bool = False
+
+    def on_group(self, request: GroupRequest, decision: GroupDecision) -> GroupDecision:
+        if len(request.ranks) == 1 and request.rank % 2:
+            return GroupDecision("fake", decision.pg_options, decision.use_local_synchronization)
+        return decision
+
+
+def _engine(
+    knobs: dict[str, Any],
+    world: int,
+    *,
+    policy: Any = None,
+    env: dict[str, str] | None = None,
+    release: str = "2.15",
+    per_rank_programs: bool = False,
+    faults: FaultSchedule = NO_FAULTS,
+    limits: Limits | None = None,
+    fast_path: bool,
+) -> Engine:
+    programs = GENERATORS["megatron"](knobs, world)
+    if per_rank_programs:  # equal programs and ops, but distinct objects (as capture builds them): no cohorts
+        programs = tuple(Program(tuple(replace(op) for op in p.ops)) for p in programs)
+    per_node = min(8, world)
+    cluster = Cluster(get_gpu_kind("h100-80gb"), world // per_node, per_node)
+    config = SimConfig(
+        cluster=cluster,
+        release=get_release(release),
+        profile=find_profile(cluster.gpu.key, release),
+        programs=programs,
+        env=dict(env or {}),
+        policy=get_policy(policy) if isinstance(policy, str) else policy,
+        faults=faults,
+        limits=limits or Limits(),
+    )
+    return Engine(config, keep_trace=True, fast_path=fast_path)
+
+
+def _facts(engine: Engine, outcome: RunOutcome) -> dict[str, Any]:
+    """Everything a run is observed by, in comparable form."""
+    ledgers = {
+        key: (ledger.used_bytes, sorted((repr(owner), held) for owner, held in ledger.by_owner.items()))
+        for key, ledger in outcome.ledgers.items()
+    }
+    checkpoints = {
+        label: {d: (s.used_bytes, s.time_s, s.rank) for d, s in snaps.items()}
+        for label, snaps in outcome.checkpoints.items()
+    }
+    groups = {
+        key: (rec.desc, rec.impl, rec.via_split, {r: (m["bytes"], m["phases"]) for r, m in rec.members.items()})
+        for key, rec in outcome.groups.items()
+    }
+    ranks = []
+    for rt in outcome.ranks:
+        history = engine.history_of(rt.rank)
+        ranks.append(
+            (
+                rt.status,
+                rt.pc,
+                rt.counter,
+                sorted((h, g if isinstance(g, int) else g.name) for h, g in rt.handles.items()),
+                [(g.name, g.ranks, g.backend.requested, g.options) for g in rt.groups],
+                (history.calls, history.digest, history.created, history.eager_by_rank),
+            )
+        )
+    return {
+        "verdict": outcome.verdict,
+        "trace_hash": outcome.trace_hash,
+        "trace": outcome.trace,
+        "events": outcome.event_count,
+        "ops": outcome.ops_executed,
+        "end": outcome.end_time_s,
+        "errors": outcome.errors,
+        "hangs": outcome.hangs,
+        "ledgers": ledgers,
+        "checkpoints": checkpoints,
+        "groups": groups,
+        "ranks": ranks,
+        "explanations": engine.explanations,
+    }
+
+
+def _both(knobs: dict[str, Any], world: int, **kwargs: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    results = []
+    for fast_path in (True, False):
+        engine = _engine(knobs, world, fast_path=fast_path, **kwargs)
+        results.append(_facts(engine, engine.run()))
+        if not fast_path:
+            assert not any(engine._outsiders.values())  # no outsider plan shared: the ordinary path only
+        elif getattr(engine.policy, "rank_independent", False):
+            assert any(engine._outsiders.values())  # the fast path really ran
+    return results[0], results[1]
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_fast_path_changes_nothing_on_a_megatron_startup(policy) -> None:
+    fast, slow = _both({"tp": 2, "pp": 2, "dp": 8}, 32, policy=policy)
+    assert fast["verdict"] == "pass"
+    assert fast == slow
+
+
+@pytest.mark.parametrize("policy", [None, "lazy-init", "skip-single-rank", "dedupe", "budget(700)"])
+def test_fast_path_changes_nothing_under_the_legacy_env_and_on_2_14(policy) -> None:
+    knobs = {"tp": 2, "pp": 2, "dp": 4, "num_distributed_optimizer_instances": 2, "use_sharp": True}
+    assert (
+        _both(knobs, 16, policy=policy, env={"TORCH_DIST_USE_NCCL2": "0"})[0]
+        == _both(knobs, 16, policy=policy, env={"TORCH_DIST_USE_NCCL2": "0"})[1]
+    )
+    fast, slow = _both(knobs, 16, policy=policy, release="2.14")
+    assert fast == slow
+
+
+@pytest.mark.parametrize("policy", [None, "lazy-init", "dedupe", RankSkewedPolicy()])
+def test_fast_path_changes_nothing_with_one_program_per_rank(policy) -> None:
+    fast, slow = _both({"tp": 2, "pp": 2, "dp": 4, "gloo": False}, 16, policy=policy, per_rank_programs=True)
+    assert fast == slow
+
+
+def test_equal_ops_of_distinct_programs_share_decisions() -> None:
+    """Per-rank programs with equal ops decide each call once per history state, not once per rank."""
+    engine = _engine({"tp": 2, "pp": 2, "dp": 4}, 16, policy="lazy-init", per_rank_programs=True, fast_path=True)
+    assert engine.run().verdict == "pass"
+    assert max(len(node.steps) for node in engine._hnodes.values()) == 1
+
+
+@pytest.mark.parametrize("policy", [None, "lazy-init", "skip-single-rank"])
+def test_fast_path_changes_nothing_under_faults(policy) -> None:
+    faults = FaultSchedule(None, (), (Fault("crash", 5, at_op=40), Fault("stall", 9, at_op=3)))
+    fast, slow = _both({"tp": 2, "pp": 2, "dp": 4}, 16, policy=policy, faults=faults)
+    assert fast["verdict"] != "pass"
+    assert fast == slow
+
+
+def test_fast_path_stops_at_the_same_op_guard() -> None:
+    """The guard checks every 65,536 work units: 128 ranks x 1,057 ops reach that check, where 60,000 stops them."""
+    messages = []
+    for fast_path in (True, False):
+        engine = _engine(
+            {"tp": 2, "pp": 2, "dp": 32}, 128, policy="lazy-init", limits=Limits(max_ops=60_000), fast_path=fast_path
+        )
+        with pytest.raises(EngineGuardError) as err:
+            engine.run()
+        messages.append((str(err.value), engine._work, engine._ops))
+    assert messages[0] == messages[1]

@@ -1,0 +1,106 @@
+"""The gloo behaviours ``tests/test_gloo_semantics.py`` pins in the simulator, checked on real torch gloo.
+
+Each probe is a small program run on real gloo (CPU processes, through the differential harness) and in the
+simulator; both must agree on the verdict and on which ranks did not finish, and the real run must show the
+measured figure (the error kind and text). All probes run in one launcher, in parallel, with a short stall
+detector, so the file takes a few seconds; every rank process is reaped.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("torch")
+
+from real.differential import Case, CaseResult, classify, run_cases
+from real.launch import Launcher, RunSettings, pid_alive
+from real.programs import share_identical
+from simnccl.ops import (
+    AllReduce,
+    Broadcast,
+    DestroyProcessGroup,
+    InitProcessGroup,
+    Op,
+    Program,
+    Recv,
+    ReduceScatter,
+    Send,
+    SplitGroup,
+)
+
+pytestmark = pytest.mark.real
+
+GLOO = InitProcessGroup(backend="gloo")
+SIZE = 96
+BCAST = Broadcast(size_bytes=SIZE, src=0)
+SPLIT = SplitGroup(split_ranks=((0, 1),), bind="s")
+
+PROBES: dict[str, list[list[Op]]] = {
+    # a peer that destroys its groups closes its sockets: the pending send fails at once
+    "peer-closed": [
+        [GLOO, Recv(peer=1, size_bytes=SIZE), DestroyProcessGroup()],
+        [GLOO, Send(peer=0, size_bytes=SIZE), Send(peer=0, size_bytes=SIZE), DestroyProcessGroup()],
+    ],
+    # torch's gloo reduce_scatter is an allreduce: the two complete together
+    "allreduce-vs-reduce-scatter": [
+        [GLOO, AllReduce(size_bytes=SIZE)],
+        [GLOO, ReduceScatter(size_bytes=SIZE)],
+    ],
+    # different algorithms, different slots: both wait (a hang, not an abort)
+    "allreduce-vs-broadcast": [
+        [GLOO, AllReduce(size_bytes=SIZE)],
+        [GLOO, BCAST],
+    ],
+    # split_group is a members-only bootstrap: rank 2 never calls it
+    "split-members-only": [
+        [GLOO, SPLIT, AllReduce(group="s", size_bytes=SIZE)],
+        [GLOO, SPLIT, AllReduce(group="s", size_bytes=SIZE)],
+        [GLOO],
+    ],
+    # a broadcast tree missing rank 2: the root hangs, ranks 1 and 3 complete
+    "partial-broadcast": [
+        [GLOO, BCAST],
+        [GLOO, BCAST],
+        [GLOO],
+        [GLOO, BCAST],
+    ],
+}
+
+
+@pytest.fixture(scope="module")
+def results() -> dict[str, CaseResult]:
+    chosen = [
+        Case(0, i, len(programs), share_identical([Program(tuple(p)) for p in programs]), (name,))
+        for i, (name, programs) in enumerate(PROBES.items())
+    ]
+    settings = RunSettings.for_lane("cpu", stall_s=2.5, timeout_s=30.0)
+    with Launcher() as launcher:
+        done = run_cases(chosen, launcher=launcher, settings=settings, parallel=len(chosen))
+    assert not [p for p in launcher.all_pids if pid_alive(p)], "a rank process outlived the run"
+    return {r.case.steps[0]: r for r in done}
+
+
+def _real(result: CaseResult) -> dict:
+    return result.comparison.real
+
+
+@pytest.mark.parametrize("name", sorted(PROBES))
+def test_simulator_and_real_gloo_agree(results: dict[str, CaseResult], name: str) -> None:
+    result = results[name]
+    assert classify(result) == "agree", result.describe()
+
+
+def test_real_peer_closed_text(results: dict[str, CaseResult]) -> None:
+    errors = _real(results["peer-closed"])["errors"]
+    assert [(e["rank"], e["kind"]) for e in errors] == [(1, "peer-lost")]
+    # the socket closes with unread data sometimes, and then the text is "Read error ...: Connection reset by peer"
+    assert "Connection closed by peer" in errors[0]["message"] or "Connection reset by peer" in errors[0]["message"]
+
+
+def test_real_mismatch_outcomes(results: dict[str, CaseResult]) -> None:
+    assert _real(results["allreduce-vs-reduce-scatter"])["verdict"] == "pass"
+    assert _real(results["allreduce-vs-broadcast"])["verdict"] == "hang"
+    assert _real(results["split-members-only"])["verdict"] == "pass"
+    partial = _real(results["partial-broadcast"])
+    assert partial["verdict"] == "hang"
+    assert [h["rank"] for h in partial["hangs"]] == [0]
