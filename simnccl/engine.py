@@ -801,25 +801,13 @@ class Engine:
         return entry[1]
 
     def _op_new_group(self, rt: RankRuntime, op: NewGroup) -> Waiting | None:
-        world = self._require_world(rt, op)
+        self._require_world(rt, op)
         if self._policy_active:
             decided = self._policy_group(rt, op)
             if decided is None:
                 return None  # reused an identical group: no torch call at all
             op = decided
-        plan = plan_new_group(
-            self.release,
-            rt.ctx,
-            world,
-            rt.counter,
-            self._members(op),
-            op.backend,
-            op.pg_options,
-            op.use_local_synchronization,
-            op.group_desc,
-            op.device_id,
-            op.timeout_s,
-        )
+        plan = self._plan_new_group(rt, op, rt.counter)
         rt.counter += plan.counter_advance
         if not plan.member:
             if op.bind:
@@ -1649,19 +1637,7 @@ class Engine:
         """How far an outsider's plain call advances the counter; None when it is not plain (it raises, or
         joins a NOCOLOR split): the ordinary path then runs it on every rank."""
         try:
-            plan = plan_new_group(
-                self.release,
-                rt.ctx,
-                world,
-                rt.counter,
-                self._members(op),
-                op.backend,
-                op.pg_options,
-                op.use_local_synchronization,
-                op.group_desc,
-                op.device_id,
-                op.timeout_s,
-            )
+            plan = self._plan_new_group(rt, op, rt.counter)
         except (TorchError, ValueError):
             return None
         if plan.member or plan.nocolor_split_on is not None:

@@ -35,6 +35,33 @@ def run(pytester: pytest.Pytester, *args: str, plugin: bool = True) -> pytest.Ru
     return pytester.runpytest_subprocess(*(PLUGIN if plugin else ()), *args)
 
 
+# The variables by which hypothesis decides it runs on a CI machine (and then loads its own ``ci`` profile).
+CI_VARIABLES = (
+    "CI",
+    "__TOX_ENVIRONMENT_VARIABLE_ORIGINAL_CI",
+    "TF_BUILD",
+    "BUILDKITE",
+    "CIRCLECI",
+    "CIRRUS_CI",
+    "CODEBUILD_BUILD_ID",
+    "GITHUB_ACTIONS",
+    "GITLAB_CI",
+    "HEROKU_TEST_RUN_ID",
+    "TEAMCITY_VERSION",
+)
+
+
+@pytest.fixture(params=[False, True], ids=["laptop", "ci-machine"])
+def ci_machine(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
+    """Run the test as on a laptop and as on a CI machine (``CI=true``), where hypothesis loads its own ``ci``
+    profile at import: simnccl's profiles must behave the same on both."""
+    for name in CI_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    if request.param:
+        monkeypatch.setenv("CI", "true")
+    return bool(request.param)
+
+
 def test_markers_are_registered(pytester: pytest.Pytester) -> None:
     result = run(pytester, "--markers")
     for marker in ("gpu", "real", "slow", "property"):
@@ -99,11 +126,12 @@ def test_simnccl_seed_seeds_hypothesis(pytester: pytest.Pytester) -> None:
 
 
 @pytest.mark.parametrize(
-    ("env", "profile", "examples", "derandomize"), [(None, "ci", 100, True), ("dev", "dev", 25, False)]
+    ("env", "profile", "examples", "derandomize"), [(None, "simnccl-ci", 100, True), ("dev", "simnccl-dev", 25, False)]
 )
 def test_profile_is_chosen_by_environment(
     pytester: pytest.Pytester,
     monkeypatch: pytest.MonkeyPatch,
+    ci_machine: bool,
     env: str | None,
     profile: str,
     examples: int,
@@ -133,13 +161,13 @@ def test_profile_is_chosen_by_environment(
         result.stdout.fnmatch_lines([f"simnccl: hypothesis profile '{profile}'*"])
 
 
-def test_hypothesis_profile_option_wins(pytester: pytest.Pytester) -> None:
+def test_hypothesis_profile_option_wins(pytester: pytest.Pytester, ci_machine: bool) -> None:
     pytester.makepyfile(
         "from hypothesis import settings\n"
         "def test_profile():\n"
-        "    assert settings.get_current_profile_name() == 'thorough'\n"
+        "    assert settings.get_current_profile_name() == 'simnccl-thorough'\n"
     )
-    run(pytester, "--hypothesis-profile", "thorough").assert_outcomes(passed=1)
+    run(pytester, "--hypothesis-profile", "simnccl-thorough").assert_outcomes(passed=1)
 
 
 FAILING = textwrap.dedent(
@@ -223,7 +251,9 @@ def test_test_modules_register_the_plugin_once(pytester: pytest.Pytester) -> Non
 
 
 @pytest.mark.skipif(not ENTRY_POINT, reason="simnccl is not installed: no pytest11 entry point")
-def test_entry_point_loads_the_plugin_without_touching_hypothesis_settings(pytester: pytest.Pytester) -> None:
+def test_entry_point_loads_the_plugin_without_touching_hypothesis_settings(
+    pytester: pytest.Pytester, ci_machine: bool
+) -> None:
     """Installed, the plugin is in every session (markers, fixtures); a suite that never imports simnccl's
     strategies and sets no SIMNCCL_HYPOTHESIS_PROFILE keeps hypothesis' own default profile."""
     pytester.makepyfile(
@@ -233,10 +263,11 @@ def test_entry_point_loads_the_plugin_without_touching_hypothesis_settings(pytes
 
             def test_untouched(simnccl_cluster):
                 assert simnccl_cluster().world_size == 2
-                assert settings.get_current_profile_name() == "default"
-                assert "ci" in settings._profiles  # registered, not loaded
+                # hypothesis' own choice: its built-in ``ci`` on a CI machine, else ``default``
+                assert settings.get_current_profile_name() == {expected!r}
+                assert "simnccl-ci" in settings._profiles  # registered, not loaded
             """
-        )
+        ).format(expected="ci" if ci_machine else "default")
     )
     monkey = pytest.MonkeyPatch()
     monkey.delenv("SIMNCCL_HYPOTHESIS_PROFILE", raising=False)

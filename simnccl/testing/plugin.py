@@ -11,7 +11,8 @@ What it gives a suite:
   ``simnccl_scenario`` (load and run a scenario file), ``simnccl_seed`` (the ``--simnccl-seed`` value);
 * markers ``gpu``, ``real``, ``slow``, ``property``;
 * hypothesis profiles ``ci`` (derandomized: the same examples every run), ``dev`` (few), ``thorough`` (many),
-  chosen by ``SIMNCCL_HYPOTHESIS_PROFILE`` (default ``ci``) unless ``--hypothesis-profile`` names one;
+  registered as ``simnccl-ci`` etc. (hypothesis has a ``ci`` of its own), chosen by
+  ``SIMNCCL_HYPOTHESIS_PROFILE`` (default ``ci``) unless ``--hypothesis-profile`` names one;
   ``--simnccl-seed N`` turns derandomization off and seeds every hypothesis test with ``N``;
 * on a failing test that simulated something, the last simulated case (hypothesis replays the shrunk
   example last) as a Python snippet, dumped as JSON, with the one command that replays it;
@@ -34,11 +35,17 @@ from simnccl.testing import replay
 try:  # hypothesis is a test extra: without it the plugin still gives fixtures, markers and replay dumps
     from hypothesis import settings
 
-    from simnccl.testing.hypothesis_profiles import PROFILE_ENV, PROFILES, load_profile, register_profiles
+    from simnccl.testing.hypothesis_profiles import (
+        PROFILE_ENV,
+        PROFILES,
+        load_profile,
+        register_profiles,
+        untouched,
+    )
 except ImportError:  # pragma: no cover - exercised only in an environment without hypothesis
     settings = None  # type: ignore[assignment]
     PROFILE_ENV, PROFILES = "SIMNCCL_HYPOTHESIS_PROFILE", {}
-    load_profile = register_profiles = None  # type: ignore[assignment]
+    load_profile = register_profiles = untouched = None  # type: ignore[assignment]
 
 __all__ = ["PROFILES", "PROFILE_ENV", "is_registered", "load_profile", "register_profiles"]
 
@@ -97,7 +104,7 @@ def pytest_configure(config: pytest.Config) -> None:
     # Registered always; loaded only when asked for, so a session that merely has simnccl installed keeps its
     # own hypothesis settings (importing simnccl.testing.strategies loads ``ci`` if nothing else was loaded).
     register_profiles()
-    if os.environ.get(PROFILE_ENV) and settings.get_current_profile_name() == "default":
+    if os.environ.get(PROFILE_ENV) and untouched():
         load_profile()
     seed = _option(config, "simnccl_seed")
     if seed is not None:

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from hypothesis import reject, settings
+from hypothesis import reject
 from hypothesis import strategies as st
 
 from simnccl.cluster import gpu_kinds
@@ -42,7 +42,7 @@ from simnccl.ops import (
 )
 from simnccl.policy import BUILTIN
 from simnccl.release import RELEASES
-from simnccl.testing.hypothesis_profiles import load_profile, register_profiles
+from simnccl.testing.hypothesis_profiles import load_profile, register_profiles, untouched
 from simnccl.testing.replay import SimCase, share_identical
 
 ENV_KNOBS: dict[str, tuple[str, ...]] = {
@@ -79,7 +79,7 @@ T = TypeVar("T")
 # these strategies — unless a profile is loaded already (hypothesis' ``--hypothesis-profile``, or the plugin
 # honouring $SIMNCCL_HYPOTHESIS_PROFILE).
 register_profiles()
-if settings.get_current_profile_name() == "default":
+if untouched():
     load_profile()
 
 
