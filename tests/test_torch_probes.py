@@ -399,18 +399,9 @@ def test_destroy_resets_counter_only_for_world(ranks: list[dict]) -> None:
         assert facts["destroy"] == {"subgroup_count_delta": 0, "count_after_world": 0}
 
 
-def _model_group_name_for():
-    try:
-        from simnccl.c10d import group_name_for
-    except ImportError:
-        return None
-    return group_name_for
-
-
-@pytest.mark.xfail(_model_group_name_for() is None, reason="c10d model pending", strict=False)
 def test_group_names_match_model(ranks: list[dict]) -> None:
-    group_name_for = _model_group_name_for()
-    assert group_name_for is not None, "c10d model pending"
+    from simnccl.c10d import group_name_for
+
     for rank, step in _member_steps(ranks):
         got = group_name_for(step["count_before"], _named_ranks(step), step["use_local_synchronization"])
         assert got == step["result"], (rank, step)
