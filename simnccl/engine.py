@@ -43,7 +43,7 @@ from simnccl.c10d import (
     validate_ranks,
     world_ranks,
 )
-from simnccl.cluster import Cluster, Device
+from simnccl.cluster import Cluster
 from simnccl.faults import NO_FAULTS, Fault, FaultSchedule, apply_to_programs, validate
 from simnccl.flight_recorder import RECORDING_IMPLS, Entry, FlightRecorder, buffer_size, numel
 from simnccl.meetings import Arrival, Meeting, MeetingRegistry
@@ -222,6 +222,7 @@ class Engine:
         self.cluster: Cluster = config.cluster
         self.release: Release = config.release
         self.profile: Profile = config.profile
+        self._device_type = "cuda" if self.cluster.device_count > 0 else "cpu"  # where tensors live (fixed)
         self._costs_by_channels: dict[str | None, CommCosts] = {}
         self.policy: Policy = config.policy if config.policy is not None else BasePolicy()
         self._policy_active = type(self.policy) is not BasePolicy
@@ -255,7 +256,7 @@ class Engine:
         self._clock: float | None = None  # set while a cohort applies a block at a simulated time ahead of now
         self._shared_program: Program | None = None  # set once the fault schedule has rewritten programs
         self._cohorts: dict[int, Cohort] = {}
-        self._devices: dict[tuple[int, int], Device] = {}
+        self._device_ledgers: dict[tuple[int, int], DeviceLedger] = {}  # (node, index) -> its ledger
         self._procs: dict[int, simpy.Process] = {}
         self._min_timeout_s = DEFAULT_PG_NCCL_TIMEOUT_S
         self.fr_dumps: dict[int, dict[str, Any]] = {}
@@ -402,7 +403,8 @@ class Engine:
                 if work is not None:
                     yield from work
                 rt.pc += 1
-            yield from self._settle(rt)
+            if rt.pending:
+                yield from self._settle(rt)
             rt.status = "done"
             rt.finished_at = self.env.now
             self._record(self.env.now, rt.rank, "done")
@@ -555,7 +557,8 @@ class Engine:
             raise _ProcessAbort(meeting.fatal)
 
     def _settle(self, rt: RankRuntime) -> Waiting:
-        """Wait for this rank's run-ahead NOCOLOR splits before it does anything observable."""
+        """Wait for this rank's run-ahead NOCOLOR splits before it does anything observable. Callers test
+        ``rt.pending`` first: with nothing run ahead (most ops) that saves creating a generator."""
         if not rt.pending:
             return
         last, pc = rt.pending[-1]
@@ -642,17 +645,17 @@ class Engine:
 
     # ------------------------------------------------------------------ devices and memory
 
-    def _device(self, rt: RankRuntime, index: int) -> Device:
+    def _ledger(self, rt: RankRuntime, index: int) -> DeviceLedger:
+        """The ledger of device ``index`` on this rank's node (validated by the cluster on first use)."""
         key = (rt.node, index)
-        device = self._devices.get(key)
-        if device is None:
-            device = self._devices[key] = self.cluster.device(rt.node, index)
-        return device
+        ledger = self._device_ledgers.get(key)
+        if ledger is None:
+            ledger = self._device_ledgers[key] = self.ledgers[self.cluster.device(rt.node, index).key]
+        return ledger
 
     def _touch(self, rt: RankRuntime, index: int, op: Op) -> DeviceLedger:
         """Use a device from this process: the first touch creates its CUDA context."""
-        device = self._device(rt, index)
-        ledger = self.ledgers[device.key]
+        ledger = self._ledger(rt, index)
         if index not in rt.contexts:
             rt.contexts.add(index)
             ledger.allocate(
@@ -661,7 +664,7 @@ class Engine:
                 time_s=self._now(),
                 op=op,
             )
-            self._record(self._now(), rt.rank, "context", device.key)
+            self._record(self._now(), rt.rank, "context", ledger.device)
         return ledger
 
     def _charge(self, rt: RankRuntime, comm: Comm, charges: list[Charge], op: Op, group: Group | None) -> None:
@@ -673,7 +676,7 @@ class Engine:
             charges = [Charge("process-first-comm", self._bytes(self._costs(rt).process_first_comm_mib)), *charges]
         if rt.rank in self._oom_at_init and any(c.phase == "init" for c in charges):
             self._oom_at_init.discard(rt.rank)
-            ledger = self.ledgers[self._device(rt, comm.device).key]
+            ledger = self._ledger(rt, comm.device)
             raise SimulatedOOM(
                 oom_message(ledger.device, self._bytes(self._costs(rt).init_mib), 0, ledger.total_bytes, nccl=True)
                 + " (injected fault: oom-at-init)",
@@ -681,22 +684,25 @@ class Engine:
                 self._bytes(self._costs(rt).init_mib),
                 0,
             )
+        now = self._now()  # no simulated time passes while charging
+        member: dict[str, Any] | None = None
         for charge in charges:
             if charge.num_bytes == 0:
                 continue
             ledger.allocate(
                 Owner("comm", rt.rank, comm.group, charge.phase),
                 charge.num_bytes,
-                time_s=self._now(),
+                time_s=now,
                 op=op,
                 nccl=True,
             )
-            self._record(self._now(), rt.rank, "alloc", ledger.device, comm.group, charge.phase, charge.num_bytes)
+            self._record(now, rt.rank, "alloc", ledger.device, comm.group, charge.phase, charge.num_bytes)
             if group is not None:
-                record = self._group_record(group, comm)
-                member = record.members.setdefault(rt.rank, {"device": ledger.device, "bytes": 0, "phases": {}})
+                if member is None:  # looked up at the first real charge, as the record is created only then
+                    record = self._group_record(group, comm)
+                    member = record.members.setdefault(rt.rank, {"device": ledger.device, "bytes": 0, "phases": {}})
                 member["bytes"] += charge.num_bytes
-                member["phases"].setdefault(charge.phase, self._now())
+                member["phases"].setdefault(charge.phase, now)
 
     @staticmethod
     def _bytes(mib: float) -> int:
@@ -719,12 +725,13 @@ class Engine:
         return entry
 
     def _tensor_device_type(self) -> str:
-        return "cuda" if self.cluster.device_count > 0 else "cpu"
+        return self._device_type
 
     # ------------------------------------------------------------------ local ops
 
     def _op_set_device(self, rt: RankRuntime, op: SetDevice) -> Waiting:
-        yield from self._settle(rt)
+        if rt.pending:
+            yield from self._settle(rt)
         index = rt.ctx.local_rank if op.device is None else op.device
         if index < 0 or index >= self.cluster.device_count:
             raise TorchError("torch.AcceleratorError", "CUDA error: invalid device ordinal")
@@ -732,7 +739,8 @@ class Engine:
         self._touch(rt, index, op)
 
     def _op_compute(self, rt: RankRuntime, op: Compute) -> Waiting:
-        yield from self._settle(rt)
+        if rt.pending:
+            yield from self._settle(rt)
         if op.seconds > 0:
             factor = self._slow.get(rt.rank, 1.0)
             if factor != 1.0:
@@ -743,13 +751,15 @@ class Engine:
         return 0 if rt.current_device is None else rt.current_device
 
     def _op_alloc(self, rt: RankRuntime, op: Alloc) -> Waiting:
-        yield from self._settle(rt)
+        if rt.pending:
+            yield from self._settle(rt)
         ledger = self._touch(rt, self._current_device(rt), op)
         ledger.allocate(Owner("torch", rt.rank, phase=op.tag), self._bytes(op.mib), time_s=self.env.now, op=op)
         self._record(self.env.now, rt.rank, "torch-alloc", ledger.device, op.mib)
 
     def _op_memory_check(self, rt: RankRuntime, op: MemoryCheck) -> Waiting:
-        yield from self._settle(rt)
+        if rt.pending:
+            yield from self._settle(rt)
         index = self._current_device(rt)
         ledger = self._touch(rt, index, op)
         free, total = ledger.mem_get_info()
@@ -761,7 +771,8 @@ class Engine:
             )
 
     def _op_checkpoint(self, rt: RankRuntime, op: Checkpoint) -> Waiting:
-        yield from self._settle(rt)
+        if rt.pending:
+            yield from self._settle(rt)
         index = rt.current_device
         if index is None and rt.world is not None:
             index = rt.world.bound_device
@@ -769,13 +780,14 @@ class Engine:
         per_device = self.checkpoints.setdefault(op.label, {})
         if index is None:
             return
-        ledger = self.ledgers[self._device(rt, index).key]
+        ledger = self._ledger(rt, index)
         per_device[ledger.device] = Snapshot(ledger.device, ledger.used_bytes, ledger.free_bytes, self.env.now, rt.rank)
 
     # ------------------------------------------------------------------ group creation
 
     def _op_init(self, rt: RankRuntime, op: InitProcessGroup) -> Waiting:
-        yield from self._settle(rt)
+        if rt.pending:
+            yield from self._settle(rt)
         if rt.world is not None:
             raise TorchError("ValueError", "trying to initialize the default process group twice!")
         if self._policy_active:
@@ -851,7 +863,8 @@ class Engine:
         return self._create_member_group(rt, plan, op)
 
     def _create_member_group(self, rt: RankRuntime, plan: GroupPlan, op: NewGroup | SplitGroup) -> Waiting:
-        yield from self._settle(rt)
+        if rt.pending:
+            yield from self._settle(rt)
         group = self._group_from_plan(rt, plan)
         if op.bind:
             rt.handles[op.bind] = group
@@ -1015,7 +1028,8 @@ class Engine:
         return None
 
     def _settled_nocolor_split(self, rt: RankRuntime, parent: Comm, op: Op) -> Waiting:
-        yield from self._settle(rt)
+        if rt.pending:
+            yield from self._settle(rt)
         self._nocolor_split(rt, parent, op)
 
     def _member_split(self, rt: RankRuntime, group: Group, comm: Comm, plan: CommPlan, op: Op) -> Waiting:
@@ -1082,7 +1096,7 @@ class Engine:
         return target
 
     def _usable_comm(self, rt: RankRuntime, group: Group, op: Op) -> Comm:
-        device_type = self._tensor_device_type()
+        device_type = self._device_type
         comm = group.comm_for(device_type)
         if comm is None:
             raise TorchError("RuntimeError", f"No backend type associated with device type {device_type}")
@@ -1102,7 +1116,8 @@ class Engine:
         return comm
 
     def _op_collective(self, rt: RankRuntime, op: Collective) -> Waiting:
-        yield from self._settle(rt)
+        if rt.pending:
+            yield from self._settle(rt)
         target = self._resolve(rt, op.group, op)
         if not isinstance(target, Group):
             rt.warnings.append(f"Running {op.name} on global rank {rt.rank} which does not belong to the given group.")
@@ -1190,7 +1205,8 @@ class Engine:
         )
 
     def _op_p2p(self, rt: RankRuntime, op: PointToPoint) -> Waiting:
-        yield from self._settle(rt)
+        if rt.pending:
+            yield from self._settle(rt)
         target = self._resolve(rt, op.group, op)
         if not isinstance(target, Group):
             rt.warnings.append(f"Running {op.name} on global rank {rt.rank} which does not belong to the given group.")
@@ -1252,7 +1268,8 @@ class Engine:
     # ------------------------------------------------------------------ teardown
 
     def _op_destroy(self, rt: RankRuntime, op: DestroyProcessGroup) -> Waiting:
-        yield from self._settle(rt)
+        if rt.pending:
+            yield from self._settle(rt)
         if op.group == WORLD:
             groups = list(rt.groups)
             if self._gloo_used and rt.world is not None:
@@ -1273,7 +1290,7 @@ class Engine:
             for comm in {id(c): c for c in group.comms.values()}.values():
                 comm.state = CommState.DESTROYED
                 if comm.device is not None:
-                    ledger = self.ledgers[self._device(rt, comm.device).key]
+                    ledger = self._ledger(rt, comm.device)
                     for owner in [
                         o
                         for o in ledger.by_owner
@@ -1355,6 +1372,8 @@ class Engine:
                     "explanation": plan.explanation or "as requested",
                 }
             )
+        if plan.backend is op.backend and plan.device_id is op.device_id and plan.pg_options is op.pg_options:
+            return op  # the plan passes every argument through: a copy would be equal to the op
         return replace(op, backend=plan.backend, device_id=plan.device_id, pg_options=plan.pg_options)
 
     def _group_request(
@@ -1718,7 +1737,8 @@ class Engine:
         through each call, without calls x world work. Anything else (a fresh eager bootstrap, an error in
         planning, a rank that is not eligible) ends the block, and ranks continue one by one from there.
         """
-        yield from self._settle(rt)
+        if rt.pending:
+            yield from self._settle(rt)
         start = rt.pc
         cohort = self._cohorts.get(start)
         if cohort is None:

@@ -30,10 +30,10 @@ class Impl(StrEnum):
     @property
     def cpp_name(self) -> str:
         """What ``pg._get_backend(dev).name()`` returns (the C++ ``getBackendName()``)."""
-        return {"nccl2": "nccl2", "legacy": "nccl", "nccl-lazy": "nccl-lazy", "gloo": "gloo", "fake": "fake"}[
-            self.value
-        ]
+        return _CPP_NAMES[self.value]
 
+
+_CPP_NAMES = {"nccl2": "nccl2", "legacy": "nccl", "nccl-lazy": "nccl-lazy", "gloo": "gloo", "fake": "fake"}
 
 NCCL_FAMILY_NAMES = ("nccl", "nccl2", "nccl-legacy", "nccl-lazy")
 KNOWN_BACKEND_NAMES = (*NCCL_FAMILY_NAMES, "gloo", "fake")
