@@ -40,6 +40,7 @@ from simnccl.c10d import (
     plan_init,
     plan_new_group,
     plan_split_group,
+    split_source,
     validate_ranks,
     world_ranks,
 )
@@ -56,6 +57,7 @@ from simnccl.memory import (
     vllm_requested_bytes,
 )
 from simnccl.ops import (
+    NO_OPTIONS,
     WORLD,
     Alloc,
     Broadcast,
@@ -276,6 +278,8 @@ class Engine:
         self._programs = apply_to_programs(config.faults, config.programs)
         # Cohorts need every rank on one Program object and no runtime fault that could stop one rank mid-block.
         self._shared_program = None if config.faults.runtime() else self._common_program(self._programs)
+        # Per op of the shared program, whether a cohort may take it (ops are immutable: decided once).
+        self._block_starts = tuple(map(_starts_block, self._shared_program.ops)) if self._shared_program else ()
         self._op_faults: dict[tuple[int, int], Fault] = {}
         self._slow: dict[int, float] = {}
         self._slow_extra_s: dict[int, float] = {}  # rank straggler -> local seconds it added
@@ -383,6 +387,7 @@ class Engine:
         ops = rt.program.ops
         dispatch = self._dispatch
         fast = self._fast
+        block_starts = self._block_starts if rt.program is self._shared_program else None
         try:
             while rt.pc < len(ops):
                 if fast and type(ops[rt.pc]) is NewGroup and self._outsider_calls(rt):
@@ -393,7 +398,7 @@ class Engine:
                     fault = self._op_faults.get((rt.rank, rt.pc))
                     if fault is not None:
                         yield from self._inject(rt, fault)
-                if rt.program is self._shared_program and _starts_block(op):
+                if block_starts is not None and block_starts[rt.pc]:
                     yield from self._cohort(rt)
                     continue
                 handler = dispatch.get(type(op))
@@ -1776,6 +1781,10 @@ class Engine:
             life = lifecycle(parent.impl)
             return life.communicates and life.split_is_collective  # gloo's split is a members-only bootstrap
         assert isinstance(op, NewGroup)
+        if split_source(self.release, rt.world, rt.world.backend, NO_OPTIONS) is None:
+            # The default group can't be split by any call (unbound, lazy, not ready): nothing this call could
+            # decide or plan makes it a split, so skip deciding and planning it twice (the call runs next).
+            return False
         if self._policy_active:
             members = self._members(op)
             if not isinstance(members, Members):

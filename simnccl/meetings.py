@@ -37,7 +37,6 @@ class Meeting:
     abort_on_mismatch: bool = False
     completed_at: float | None = None
     result: Any = None
-    waiters: list[Any] = field(default_factory=list)
 
     @property
     def complete(self) -> bool:

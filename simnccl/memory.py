@@ -105,17 +105,19 @@ class DeviceLedger:
         return held
 
     def _apply(self, owner: Owner, delta: int, time_s: float, op: Any) -> None:
-        held = self.by_owner.get(owner, 0) + delta
+        by_owner = self.by_owner
+        held = by_owner.get(owner, 0) + delta
         if held:
-            self.by_owner[owner] = held
+            by_owner[owner] = held
         else:
-            self.by_owner.pop(owner, None)
-        self.used_bytes += delta
-        self.by_kind[owner.kind] = self.by_kind.get(owner.kind, 0) + delta
-        if self.used_bytes > self.peak_bytes:
-            self.peak_bytes = self.used_bytes
-            self.peak_by_owner_kind = {kind: held for kind, held in sorted(self.by_kind.items()) if held}
-        self.timeline.append(MemoryEvent(time_s, self.device, owner, delta, self.used_bytes, op))
+            by_owner.pop(owner, None)
+        used = self.used_bytes = self.used_bytes + delta
+        by_kind = self.by_kind
+        by_kind[owner.kind] = by_kind.get(owner.kind, 0) + delta
+        if used > self.peak_bytes:
+            self.peak_bytes = used
+            self.peak_by_owner_kind = {kind: held for kind, held in sorted(by_kind.items()) if held}
+        self.timeline.append(MemoryEvent(time_s, self.device, owner, delta, used, op))
 
     def used_by_kind(self) -> dict[str, int]:
         return {kind: held for kind, held in sorted(self.by_kind.items()) if held}
