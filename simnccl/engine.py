@@ -481,10 +481,10 @@ class Engine:
         after = None
         if run_ahead and rt.pending:
             after = rt.pending[-1][0]
-        meeting.arrivals[rt.rank] = Arrival(rt.rank, self.env.now, payload, op, after)
+        arrival = meeting.arrivals[rt.rank] = Arrival(rt.rank, self.env.now, payload, op, after)
         if meeting.problem is None:
             first = next(iter(meeting.arrivals.values()))
-            problem = self._disagreement(meeting, first, meeting.arrivals[rt.rank])
+            problem = None if first is arrival else self._disagreement(meeting, first, arrival)
             if problem:
                 meeting.problem = problem
                 if meeting.abort_on_mismatch and problem.startswith("size mismatch"):
@@ -552,9 +552,10 @@ class Engine:
             peer = self._closed_peer(rt.rank, meeting)
             if peer is not None:
                 raise _PeerLost(peer)
-        if not (meeting.complete and meeting.completed_at <= self.env.now) and meeting.fatal is None:
+        now = self.env.now
+        if not (meeting.complete and meeting.completed_at <= now) and meeting.fatal is None:
             rt.status = "blocked"
-            rt.block = Block(op, rt.pc, _handle_of(op), meeting, self.env.now)
+            rt.block = Block(op, rt.pc, _handle_of(op), meeting, now)
             yield meeting.result if own is None else own
             rt.status = "running"
             rt.block = None

@@ -371,9 +371,8 @@ class ComposedPolicy:
     def on_init(self, request: InitRequest) -> InitPlan:
         plan = InitPlan(request.backend, request.device_id, request.pg_options, {}, "")
         for part in self.parts:
-            step = part.on_init(
-                replace(request, backend=plan.backend, device_id=plan.device_id, pg_options=plan.pg_options)
-            )
+            request = _with_plan(request, plan)
+            step = part.on_init(request)
             explanation = "; ".join(t for t in (plan.explanation, step.explanation) if t)
             plan = InitPlan(step.backend, step.device_id, step.pg_options, {**plan.env, **step.env}, explanation)
         return plan
@@ -382,6 +381,18 @@ class ComposedPolicy:
         for part in self.parts:
             decision = part.on_group(request, decision)
         return decision
+
+
+def _with_plan(request: InitRequest, plan: InitPlan) -> InitRequest:
+    """The request the next part of a composed policy sees: the plan's arguments so far (the request itself
+    where the plan passed them through, which most parts do)."""
+    if (
+        plan.backend is request.backend
+        and plan.device_id is request.device_id
+        and plan.pg_options is request.pg_options
+    ):
+        return request
+    return replace(request, backend=plan.backend, device_id=plan.device_id, pg_options=plan.pg_options)
 
 
 def decide_group(policy: Policy, request: GroupRequest) -> GroupDecision:
