@@ -248,6 +248,7 @@ class Engine:
         }
         self.checkpoints: dict[str, dict[str, Snapshot]] = {}
         self.group_records: dict[tuple[str, _RanksKey], GroupRecord] = {}
+        self._record_of_group: dict[int, tuple[Group, GroupRecord]] = {}  # id(group) -> (group, its record)
         self._hasher = hashlib.blake2b(digest_size=16)
         self._event_count = 0
         self._keep_trace = keep_trace
@@ -715,11 +716,16 @@ class Engine:
         return round(mib * 1024 * 1024)
 
     def _group_record(self, group: Group, comm: Comm) -> GroupRecord:
+        cached = self._record_of_group.get(id(group))
+        if cached is not None and cached[0] is group:
+            return cached[1]
         key = (group.name, self._ranks_key(group.ranks))
         record = self.group_records.get(key)
         if record is None:
             record = GroupRecord(group.name, group.desc, group.ranks, comm.impl.value, comm.via_split)
             self.group_records[key] = record
+        # A group's name and members never change and records are never replaced: remember its record.
+        self._record_of_group[id(group)] = (group, record)
         return record
 
     def _ranks_key(self, ranks: tuple[int, ...]) -> _RanksKey:
