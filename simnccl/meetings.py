@@ -50,9 +50,11 @@ class Meeting:
         latest = 0.0
         for arrival in self.arrivals.values():
             t = arrival.time_s
-            if arrival.after is not None and arrival.after.completed_at is not None:
-                t = max(t, arrival.after.completed_at)
-            latest = max(latest, t)
+            after = arrival.after
+            if after is not None and after.completed_at is not None and after.completed_at > t:
+                t = after.completed_at
+            if t > latest:
+                latest = t
         return latest
 
 
