@@ -20,7 +20,7 @@ import gc
 import hashlib
 import math
 import time
-from collections.abc import Callable, Generator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -413,8 +413,7 @@ class Engine:
                 if work is not None:
                     yield from work
                 rt.pc += 1
-            if rt.pending:
-                yield from self._settle(rt)
+            yield from self._settle(rt)
             rt.status = "done"
             rt.finished_at = self.env.now
             self._record(self.env.now, rt.rank, "done")
@@ -567,11 +566,12 @@ class Engine:
         if meeting.fatal is not None:
             raise _ProcessAbort(meeting.fatal)
 
-    def _settle(self, rt: RankRuntime) -> Waiting:
-        """Wait for this rank's run-ahead NOCOLOR splits before it does anything observable. Callers test
-        ``rt.pending`` first: with nothing run ahead (most ops) that saves creating a generator."""
-        if not rt.pending:
-            return
+    def _settle(self, rt: RankRuntime) -> Iterable[simpy.Event]:
+        """Wait for this rank's run-ahead NOCOLOR splits before it does anything observable (``yield from``
+        it). With nothing run ahead, as for most ops, it is an empty tuple: no generator is created per op."""
+        return self._settle_pending(rt) if rt.pending else ()
+
+    def _settle_pending(self, rt: RankRuntime) -> Waiting:
         last, pc = rt.pending[-1]
         if not (last.complete and last.completed_at <= self.env.now):
             # Report the earliest split that is not complete: that is where the rank really is.
@@ -740,14 +740,10 @@ class Engine:
             entry = self._ranks_keys[id(ranks)] = _RanksKey(ranks)
         return entry
 
-    def _tensor_device_type(self) -> str:
-        return self._device_type
-
     # ------------------------------------------------------------------ local ops
 
     def _op_set_device(self, rt: RankRuntime, op: SetDevice) -> Waiting:
-        if rt.pending:
-            yield from self._settle(rt)
+        yield from self._settle(rt)
         index = rt.ctx.local_rank if op.device is None else op.device
         if index < 0 or index >= self.cluster.device_count:
             raise TorchError("torch.AcceleratorError", "CUDA error: invalid device ordinal")
@@ -755,8 +751,7 @@ class Engine:
         self._touch(rt, index, op)
 
     def _op_compute(self, rt: RankRuntime, op: Compute) -> Waiting:
-        if rt.pending:
-            yield from self._settle(rt)
+        yield from self._settle(rt)
         if op.seconds > 0:
             factor = self._slow.get(rt.rank, 1.0)
             if factor != 1.0:
@@ -767,15 +762,13 @@ class Engine:
         return 0 if rt.current_device is None else rt.current_device
 
     def _op_alloc(self, rt: RankRuntime, op: Alloc) -> Waiting:
-        if rt.pending:
-            yield from self._settle(rt)
+        yield from self._settle(rt)
         ledger = self._touch(rt, self._current_device(rt), op)
         ledger.allocate(Owner("torch", rt.rank, phase=op.tag), self._bytes(op.mib), time_s=self.env.now, op=op)
         self._record(self.env.now, rt.rank, "torch-alloc", ledger.device, op.mib)
 
     def _op_memory_check(self, rt: RankRuntime, op: MemoryCheck) -> Waiting:
-        if rt.pending:
-            yield from self._settle(rt)
+        yield from self._settle(rt)
         index = self._current_device(rt)
         ledger = self._touch(rt, index, op)
         free, total = ledger.mem_get_info()
@@ -787,8 +780,7 @@ class Engine:
             )
 
     def _op_checkpoint(self, rt: RankRuntime, op: Checkpoint) -> Waiting:
-        if rt.pending:
-            yield from self._settle(rt)
+        yield from self._settle(rt)
         index = rt.current_device
         if index is None and rt.world is not None:
             index = rt.world.bound_device
@@ -802,8 +794,7 @@ class Engine:
     # ------------------------------------------------------------------ group creation
 
     def _op_init(self, rt: RankRuntime, op: InitProcessGroup) -> Waiting:
-        if rt.pending:
-            yield from self._settle(rt)
+        yield from self._settle(rt)
         if rt.world is not None:
             raise TorchError("ValueError", "trying to initialize the default process group twice!")
         if self._policy_active:
@@ -879,8 +870,7 @@ class Engine:
         return self._create_member_group(rt, plan, op)
 
     def _create_member_group(self, rt: RankRuntime, plan: GroupPlan, op: NewGroup | SplitGroup) -> Waiting:
-        if rt.pending:
-            yield from self._settle(rt)
+        yield from self._settle(rt)
         group = self._group_from_plan(rt, plan)
         if op.bind:
             rt.handles[op.bind] = group
@@ -1044,8 +1034,7 @@ class Engine:
         return None
 
     def _settled_nocolor_split(self, rt: RankRuntime, parent: Comm, op: Op) -> Waiting:
-        if rt.pending:
-            yield from self._settle(rt)
+        yield from self._settle(rt)
         self._nocolor_split(rt, parent, op)
 
     def _member_split(self, rt: RankRuntime, group: Group, comm: Comm, plan: CommPlan, op: Op) -> Waiting:
@@ -1132,8 +1121,7 @@ class Engine:
         return comm
 
     def _op_collective(self, rt: RankRuntime, op: Collective) -> Waiting:
-        if rt.pending:
-            yield from self._settle(rt)
+        yield from self._settle(rt)
         target = self._resolve(rt, op.group, op)
         if not isinstance(target, Group):
             rt.warnings.append(f"Running {op.name} on global rank {rt.rank} which does not belong to the given group.")
@@ -1221,8 +1209,7 @@ class Engine:
         )
 
     def _op_p2p(self, rt: RankRuntime, op: PointToPoint) -> Waiting:
-        if rt.pending:
-            yield from self._settle(rt)
+        yield from self._settle(rt)
         target = self._resolve(rt, op.group, op)
         if not isinstance(target, Group):
             rt.warnings.append(f"Running {op.name} on global rank {rt.rank} which does not belong to the given group.")
@@ -1284,8 +1271,7 @@ class Engine:
     # ------------------------------------------------------------------ teardown
 
     def _op_destroy(self, rt: RankRuntime, op: DestroyProcessGroup) -> Waiting:
-        if rt.pending:
-            yield from self._settle(rt)
+        yield from self._settle(rt)
         if op.group == WORLD:
             groups = list(rt.groups)
             if self._gloo_used and rt.world is not None:
@@ -1753,8 +1739,7 @@ class Engine:
         through each call, without calls x world work. Anything else (a fresh eager bootstrap, an error in
         planning, a rank that is not eligible) ends the block, and ranks continue one by one from there.
         """
-        if rt.pending:
-            yield from self._settle(rt)
+        yield from self._settle(rt)
         start = rt.pc
         cohort = self._cohorts.get(start)
         if cohort is None:
@@ -2154,7 +2139,7 @@ class Engine:
         """The implementation behind this rank's live default group (whose watchdog the monitor watches)."""
         if rt.world is None or rt.world.destroyed or rt.rank not in self._monitor_start:
             return None
-        comm = rt.world.comm_for(self._tensor_device_type())
+        comm = rt.world.comm_for(self._device_type)
         return None if comm is None else comm.impl
 
     def _monitor(self, rt: RankRuntime, action: MonitorAction) -> Waiting:
@@ -2231,7 +2216,7 @@ class Engine:
             group = self._group_named(rt, block.meeting.group)
             if group is None:
                 continue
-            comm = group.comm_for(self._tensor_device_type())
+            comm = group.comm_for(self._device_type)
             if comm is None:
                 continue
             op = block.op
