@@ -6,6 +6,8 @@ useless; "n0:cuda:1 at after_new_groups: 2103.4 MiB above after_init, expected 2
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from simnccl.memory import to_mib
 from simnccl.result import ExpectationResult, VariantResult
 from simnccl.scenario import Expectation
@@ -33,36 +35,33 @@ def check(expectation: Expectation, variant: VariantResult) -> list[ExpectationR
         )
     if expectation.detected_at_s is not None:
         times = [h["detected_at_s"] for h in variant.outcome.hangs if h.get("detected_at_s") is not None]
-        first = min(times) if times else None
-        ok = first is not None and abs(first - expectation.detected_at_s) <= expectation.tolerance_s
-        shown = "never detected" if first is None else f"detected at {first:.6f} s"
-        results.append(
-            ExpectationResult(
-                key, ok, f"hang {shown}, expected {expectation.detected_at_s:g} s ± {expectation.tolerance_s:g}"
-            )
-        )
+        at = min(times) if times else None
+        results.append(_at_time(expectation, at, expectation.detected_at_s, "hang detected at", "hang never detected"))
     if expectation.error_at_s is not None:
-        errors = [e["time_s"] for e in variant.outcome.errors if e.get("time_s") is not None]
-        first = min(errors) if errors else None
-        ok = first is not None and abs(first - expectation.error_at_s) <= expectation.tolerance_s
-        shown = "no rank failed" if first is None else f"first failure at {first:.6f} s"
-        results.append(
-            ExpectationResult(key, ok, f"{shown}, expected {expectation.error_at_s:g} s ± {expectation.tolerance_s:g}")
-        )
+        times = [e["time_s"] for e in variant.outcome.errors if e.get("time_s") is not None]
+        at = min(times) if times else None
+        results.append(_at_time(expectation, at, expectation.error_at_s, "first failure at", "no rank failed"))
     if expectation.fr_dump_ranks is not None:
-        dumped = sorted(variant.outcome.fr_dumps)
-        ok = dumped == sorted(expectation.fr_dump_ranks)
-        results.append(
-            ExpectationResult(
-                key, ok, f"flight-recorder dumps from ranks {dumped}, expected {sorted(expectation.fr_dump_ranks)}"
-            )
-        )
+        dumped = variant.outcome.fr_dumps
+        results.append(_same_ranks(key, dumped, expectation.fr_dump_ranks, "flight-recorder dumps from ranks"))
     results.extend(_check_recovery(expectation, variant))
     if expectation.hang_ranks is not None:
-        hung = sorted(h["rank"] for h in variant.outcome.hangs)
-        ok = hung == sorted(expectation.hang_ranks)
-        results.append(ExpectationResult(key, ok, f"hung ranks {hung}, expected {sorted(expectation.hang_ranks)}"))
+        hung = [h["rank"] for h in variant.outcome.hangs]
+        results.append(_same_ranks(key, hung, expectation.hang_ranks, "hung ranks"))
     return results
+
+
+def _at_time(expectation: Expectation, at: float | None, want: float, seen: str, unseen: str) -> ExpectationResult:
+    """``at`` (None: it never happened) within the expectation's ``tolerance_s`` of ``want``."""
+    ok = at is not None and abs(at - want) <= expectation.tolerance_s
+    shown = unseen if at is None else f"{seen} {at:.6f} s"
+    return ExpectationResult(expectation.key, ok, f"{shown}, expected {want:g} s ± {expectation.tolerance_s:g}")
+
+
+def _same_ranks(key: str, got: Iterable[int], want: Iterable[int], what: str) -> ExpectationResult:
+    """The same set of ranks, in any order (shown sorted)."""
+    got_sorted, want_sorted = sorted(got), sorted(want)
+    return ExpectationResult(key, got_sorted == want_sorted, f"{what} {got_sorted}, expected {want_sorted}")
 
 
 def _check_recovery(expectation: Expectation, variant: VariantResult) -> list[ExpectationResult]:
@@ -106,13 +105,8 @@ def _check_recovery(expectation: Expectation, variant: VariantResult) -> list[Ex
         )
     if expectation.fault_detected_at_s is not None:
         at = report.fault_detected_at_s
-        ok = at is not None and abs(at - expectation.fault_detected_at_s) <= expectation.tolerance_s
-        shown = "no fault acted on" if at is None else f"fault acted on at {at:.6f} s"
-        results.append(
-            ExpectationResult(
-                key, ok, f"{shown}, expected {expectation.fault_detected_at_s:g} s ± {expectation.tolerance_s:g}"
-            )
-        )
+        want = expectation.fault_detected_at_s
+        results.append(_at_time(expectation, at, want, "fault acted on at", "no fault acted on"))
     return results
 
 
