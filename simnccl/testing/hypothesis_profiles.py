@@ -70,5 +70,6 @@ def load_profile(name: str | None = None) -> str:
     chosen = name or os.environ.get(PROFILE_ENV) or DEFAULT_PROFILE
     if chosen not in PROFILES:
         raise ValueError(f"{PROFILE_ENV}={chosen!r}: expected one of {', '.join(PROFILES)}")
-    settings.load_profile(registered_name(chosen))
-    return registered_name(chosen)
+    registered = registered_name(chosen)
+    settings.load_profile(registered)
+    return registered
