@@ -67,6 +67,17 @@ class TimeoutAction:
     kind: str = "timeout"
 
 
+def blocking_wait(env: Mapping[str, str]) -> bool:
+    """Whether ``TORCH_NCCL_BLOCKING_WAIT`` is on ("1" or "true"): one rule for both the timeout path and the
+    heartbeat monitor, so they never disagree on whether a watchdog exists."""
+    return env.get("TORCH_NCCL_BLOCKING_WAIT", "0").strip().lower() in ("1", "true")
+
+
+def dump_wait_s(env: Mapping[str, str], dump: bool) -> float:
+    """Seconds a dump holds the process before it acts (``TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC``); 0 without one."""
+    return dump_wait_ms(env) / 1000 if dump else 0.0
+
+
 def async_error_handling(env: Mapping[str, str]) -> int:
     value = env.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3").strip()
     return int(value) if value in ("0", "1", "2", "3") else 3
@@ -111,7 +122,7 @@ def on_timeout(
         f"[Rank {rank}] Watchdog caught collective operation timeout: {work} ran for {ms} milliseconds "
         "before timing out."
     )
-    if env.get("TORCH_NCCL_BLOCKING_WAIT", "0").strip().lower() in ("1", "true"):
+    if blocking_wait(env):
         return TimeoutAction(
             "raise",
             False,
@@ -121,7 +132,7 @@ def on_timeout(
             True,
         )
     dump = dump_on_timeout(env)
-    wait_s = dump_wait_ms(env) / 1000 if dump else 0.0
+    wait_s = dump_wait_s(env, dump)
     mode = async_error_handling(env)
     if mode == 0:
         return TimeoutAction("hang", dump, wait_s, "", timeout_text, True)
@@ -145,7 +156,7 @@ def on_async_error(env: Mapping[str, str], *, rank: int) -> TimeoutAction:
         "remote process exiting prematurely."
     )
     dump = dump_on_timeout(env)
-    wait_s = dump_wait_ms(env) / 1000 if dump else 0.0
+    wait_s = dump_wait_s(env, dump)
     mode = async_error_handling(env)
     if mode == 0:
         return TimeoutAction("hang", dump, wait_s, "", text, True)
@@ -208,7 +219,7 @@ def _env_bool(env: Mapping[str, str], name: str, default: bool) -> bool:
 
 def heartbeat_monitor(impl: Impl, env: Mapping[str, str]) -> tuple[bool, int] | None:
     """``(enabled, heartbeat timeout s)`` for a process whose default group runs ``impl``; None: no monitor."""
-    if impl is not Impl.LEGACY or _env_bool(env, "TORCH_NCCL_BLOCKING_WAIT", False):
+    if impl is not Impl.LEGACY or blocking_wait(env):
         return None
     timeout = _env_int(env, "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC", DEFAULT_HEARTBEAT_TIMEOUT_S)
     return _env_bool(env, "TORCH_NCCL_ENABLE_MONITORING", True), max(timeout, 1)
@@ -222,13 +233,17 @@ def _poll_ms(env: Mapping[str, str], heartbeat_s: int) -> int:
 
 
 def _finish(
-    reason: str, impl: Impl, env: Mapping[str, str], rank: int, detected_at_s: float, head: str
+    reason: str,
+    monitor: tuple[bool, int],
+    dump: bool,
+    env: Mapping[str, str],
+    rank: int,
+    detected_at_s: float,
+    head: str,
 ) -> MonitorAction:
-    monitor = heartbeat_monitor(impl, env)
-    assert monitor is not None
+    """The monitor's action once it saw the problem; ``monitor`` and ``dump`` as the caller already computed."""
     enabled, heartbeat_s = monitor
-    dump = dump_on_timeout(env)
-    after_dump = detected_at_s + (dump_wait_ms(env) / 1000 if dump else 0.0)
+    after_dump = detected_at_s + dump_wait_s(env, dump)
     exit_reason = "ProcessGroupNCCL watchdog hang" if reason == "watchdog hang" else "collective timeout or exception"
     if enabled:
         tail = f"Terminating the process after attempting to dump debug info, due to {exit_reason}."
@@ -260,7 +275,8 @@ def on_watchdog_stuck(
     period = poll_s * math.ceil(heartbeat_s / poll_s)  # checks fall on the first wake-up a heartbeat apart
     last_seen = max(1, math.ceil(max(stuck_at_s - monitor_start_s, 0.0) / period))
     detected = monitor_start_s + period * (last_seen + 1)
-    return _finish("watchdog hang", impl, env, rank, detected, HEARTBEAT_STUCK_TEXT.format(seconds=heartbeat_s))
+    head = HEARTBEAT_STUCK_TEXT.format(seconds=heartbeat_s)
+    return _finish("watchdog hang", monitor, dump_on_timeout(env), env, rank, detected, head)
 
 
 def on_dump_signal(
@@ -270,8 +286,9 @@ def on_dump_signal(
     monitor sees it at its next coord-check wake-up, dumps, waits a heartbeat timeout and ends the process.
     Only reached when dumps on timeout are on (otherwise nobody signals and nobody polls)."""
     monitor = heartbeat_monitor(impl, env)
-    if monitor is None or not dump_on_timeout(env):
+    dump = dump_on_timeout(env)
+    if monitor is None or not dump:
         return None
     poll_s = _poll_ms(env, monitor[1]) / 1000
     seen = monitor_start_s + poll_s * math.ceil(max(signal_at_s - monitor_start_s, 0.0) / poll_s)
-    return _finish("dump signal", impl, env, rank, seen, SIGNAL_TEXT.format(src=src))
+    return _finish("dump signal", monitor, dump, env, rank, seen, SIGNAL_TEXT.format(src=src))

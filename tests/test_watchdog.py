@@ -10,7 +10,7 @@ from simnccl.ops import AllReduce, Compute, InitProcessGroup, NewGroup, SetDevic
 from simnccl.release import Impl
 from simnccl.result import VariantResult
 from simnccl.testing import simulate
-from simnccl.watchdog import on_timeout, on_watchdog_stuck
+from simnccl.watchdog import blocking_wait, heartbeat_monitor, on_timeout, on_watchdog_stuck
 
 PROGRAM = [SetDevice(), InitProcessGroup(backend="nccl"), AllReduce(), AllReduce()]
 STALL = FaultSchedule(None, (), (Fault("stall", 1, at_op=3),))
@@ -152,6 +152,18 @@ def test_only_legacy_has_a_heartbeat_monitor(impl) -> None:
 def test_blocking_wait_creates_no_watchdog_hence_no_monitor() -> None:
     env = {"TORCH_NCCL_BLOCKING_WAIT": "1"}
     assert on_watchdog_stuck(Impl.LEGACY, env, rank=0, monitor_start_s=0.0, stuck_at_s=1.0) is None
+
+
+@pytest.mark.parametrize(
+    ("value", "on"), [("1", True), ("true", True), (" TRUE ", True), ("0", False), ("false", False), ("yes", False)]
+)
+def test_blocking_wait_is_read_one_way_by_the_timeout_and_the_monitor(value, on) -> None:
+    """The timeout path and the heartbeat monitor must agree on whether legacy runs a watchdog."""
+    env = {"TORCH_NCCL_BLOCKING_WAIT": value}
+    assert blocking_wait(env) is on
+    assert (heartbeat_monitor(Impl.LEGACY, env) is None) is on
+    action = on_timeout(Impl.LEGACY, "collective", env, rank=0, seq=1, op_name="all_reduce", numel=1, timeout_s=1)
+    assert action is not None and ("blocking wait" in action.message) is on
 
 
 @pytest.mark.parametrize(("env", "release"), [(LEGACY, "2.15"), (None, "2.14")])
