@@ -20,6 +20,7 @@ from typing import Any
 from real.lanes import lane_policy
 from real.launch import Launcher, RunSettings, installed_release, lane_programs, variant_notes
 from real.report import describe_outcome, rank_outcomes
+from simnccl.backends.gloo import SINGLETON_RACE
 from simnccl.ops import Program
 from simnccl.scenario import Scenario, Variant
 
@@ -111,8 +112,8 @@ def stuck(outcomes: Mapping[int, Mapping[str, Any]]) -> list[int]:
 
 RACE_TEXTS = ("store key collision",)
 # A collision with a one-rank gloo group's key: even whether the colliding bootstrap succeeds is decided by the
-# order of two store writes (simnccl.backends.gloo.SINGLETON_RACE), so not even pass/no-pass is comparable.
-VERDICT_RACE_TEXTS = ("one-rank group's key",)
+# order of two store writes, so not even pass/no-pass is comparable. The engine appends SINGLETON_RACE whole.
+VERDICT_RACE_TEXTS = (SINGLETON_RACE,)
 
 
 def _texts(sim: Mapping[str, Any]) -> list[str]:
@@ -121,15 +122,20 @@ def _texts(sim: Mapping[str, Any]) -> list[str]:
     ]
 
 
+def _mentions(sim: Mapping[str, Any], needles: Sequence[str]) -> bool:
+    """Whether any hang explanation or error message of the simulator's result contains one of ``needles``."""
+    return any(t in text for text in _texts(sim) for t in needles)
+
+
 def racy(sim: Mapping[str, Any]) -> bool:
     """Whether the simulator found two groups bootstrapping under one store name: real gloo then connects
     whichever peers come first, so which of the colliding ranks finish is decided by timing."""
-    return any(t in text for text in _texts(sim) for t in RACE_TEXTS)
+    return _mentions(sim, RACE_TEXTS)
 
 
 def verdict_racy(sim: Mapping[str, Any]) -> bool:
     """Whether the collision is with a one-rank gloo group's key: then the verdict itself is decided by timing."""
-    return any(t in text for text in _texts(sim) for t in VERDICT_RACE_TEXTS)
+    return _mentions(sim, VERDICT_RACE_TEXTS)
 
 
 def known_gap(sim: Mapping[str, Any], real: Mapping[str, Any]) -> str | None:

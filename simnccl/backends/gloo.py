@@ -91,15 +91,22 @@ def direct_peers(op_name: str, index: int, size: int, root: int = 0) -> tuple[in
         return tuple(sorted({(index - 1) % size, (index + 1) % size} - {index}))
     if family == "broadcast":
         v = (index - root) % size
-        peers = set()
+        peers = set(_tree_children(v, size))
         if v:
             peers.add(v - (1 << (v.bit_length() - 1)))
-        bit = 1 << v.bit_length() if v else 1
-        while v + bit < size:
-            peers.add(v + bit)
-            bit <<= 1
         return tuple(sorted((p + root) % size for p in peers))
     return tuple(r for r in range(size) if r != index)
+
+
+def _tree_children(v: int, size: int) -> list[int]:
+    """Virtual rank ``v``'s children in gloo's binomial broadcast tree of ``size``: ``v + 2^k`` for every bit
+    above ``v``'s highest set bit (every bit for the root), shared by ``direct_peers`` and ``broadcast_needs``."""
+    children = []
+    bit = 1 << v.bit_length() if v else 1
+    while v + bit < size:
+        children.append(v + bit)
+        bit <<= 1
+    return children
 
 
 def broadcast_needs(index: int, size: int, root: int = 0) -> tuple[int, ...]:
@@ -108,15 +115,11 @@ def broadcast_needs(index: int, size: int, root: int = 0) -> tuple[int, ...]:
     receiver has posted its recv). Measured, 4 ranks, root 0, rank 2 never joins: the root hangs (its send to 2),
     rank 1 receives and completes, rank 3 (1's child) completes."""
     v = (index - root) % size
-    needs = set()
+    needs = set(_tree_children(v, size))
     u = v
     while u:
         u -= 1 << (u.bit_length() - 1)
         needs.add(u)
-    bit = 1 << v.bit_length() if v else 1
-    while v + bit < size:
-        needs.add(v + bit)
-        bit <<= 1
     return tuple(sorted((n + root) % size for n in needs))
 
 
