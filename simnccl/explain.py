@@ -64,7 +64,7 @@ def _monitor(hang: dict[str, Any]) -> str:
 
 def explain(variant: VariantResult) -> str:
     outcome = variant.outcome
-    slow = [_slowdown(item) for item in getattr(outcome, "slowdowns", [])]
+    slow = [_slowdown(item) for item in outcome.slowdowns]
     if outcome.verdict == "pass":
         if slow:
             return f"{variant.name}: every rank finished its program, but more slowly than it could: " + " ".join(slow)

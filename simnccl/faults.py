@@ -44,6 +44,8 @@ RUNTIME_FAULTS = (
 # Faults that need a time or an op to happen at; the others hold from the start (stragglers) or arm on the
 # rank's next communicator (oom-at-init, store-timeout).
 TIMED_FAULTS = ("crash", "gpu-crash", "stall", "nccl-error", "watchdog-stuck")
+# Faults that slow a rank or a link by ``factor`` for the whole run.
+STRAGGLER_FAULTS = ("straggler", "link-straggler")
 FAULT_KINDS = PROGRAM_FAULTS + RUNTIME_FAULTS
 
 
@@ -70,7 +72,7 @@ class Fault:
             where.append(f"at op {self.at_op}")
         if self.at_s is not None:
             where.append(f"at t={self.at_s:g}s")
-        if self.kind in ("straggler", "link-straggler"):
+        if self.kind in STRAGGLER_FAULTS:
             where.append(f"x{self.factor:g} slower")
         who = f"rank {self.rank}" if self.peer is None else f"link rank {self.rank}<->rank {self.peer}"
         return f"{self.kind} {who}" + (f" {' '.join(where)}" if where else "")
@@ -103,10 +105,13 @@ def validate(fault: Fault, programs: Sequence[Program]) -> None:
         raise FaultError(f"fault {fault.describe()}: rank {fault.rank}'s program has {len(ops)} ops")
     if fault.kind in PROGRAM_FAULTS and (fault.at_op is None or not isinstance(ops[fault.at_op], Collective)):
         raise FaultError(f"fault {fault.describe()}: needs at_op pointing at a collective of that rank")
-    if fault.kind in ("straggler", "link-straggler") and not (fault.factor >= 1 and math.isfinite(fault.factor)):
-        raise FaultError(f"fault {fault.describe()}: a straggler's factor must be a finite number >= 1")
-    if fault.kind in ("straggler", "link-straggler") and (fault.at_op is not None or fault.at_s is not None):
-        raise FaultError(f"fault {fault.describe()}: a straggler is slow from the start; at_op/at_s are not supported")
+    if fault.kind in STRAGGLER_FAULTS:
+        if not (fault.factor >= 1 and math.isfinite(fault.factor)):
+            raise FaultError(f"fault {fault.describe()}: a straggler's factor must be a finite number >= 1")
+        if fault.at_op is not None or fault.at_s is not None:
+            raise FaultError(
+                f"fault {fault.describe()}: a straggler is slow from the start; at_op/at_s are not supported"
+            )
     if fault.kind in TIMED_FAULTS and fault.at_op is None and fault.at_s is None:
         raise FaultError(f"fault {fault.describe()}: needs at_op or at_s")
     if fault.at_s is not None and not fault.at_s >= 0:
