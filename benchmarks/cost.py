@@ -28,13 +28,9 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from simnccl.cluster import Cluster, get_gpu_kind
-from simnccl.cost import Column, columns_for
-from simnccl.engine import Engine, SimConfig
+from simnccl.cost import Column, build_cluster, column_config, columns_for
+from simnccl.engine import Engine
 from simnccl.ops import Program
-from simnccl.policy import get_policy
-from simnccl.profiles import find_profile
-from simnccl.release import get_release
 from simnccl.workloads import GENERATORS
 
 GPU = "h100-80gb"
@@ -58,18 +54,9 @@ def build_programs(tp: int, pp: int, dp: int) -> tuple[Program, ...]:
 
 
 def time_column(programs: Sequence[Program], column: Column, *, fast_path: bool = True) -> Timing:
-    """One column as ``simnccl cost`` runs it (``run_column``'s config), timed around the engine only."""
-    world = len(programs)
-    per_node = min(GPUS_PER_NODE, world)
-    cluster = Cluster(get_gpu_kind(GPU), world // per_node, per_node)
-    config = SimConfig(
-        cluster=cluster,
-        release=get_release(RELEASE),
-        profile=find_profile(cluster.gpu.key, RELEASE),
-        programs=programs,
-        env=dict(column.env),
-        policy=get_policy(column.policy) if column.policy else None,
-    )
+    """One column as ``simnccl cost`` runs it (``column_config``, the command's own), timed around the engine only."""
+    cluster = build_cluster(GPU, len(programs), GPUS_PER_NODE)
+    config = column_config(tuple(programs), cluster, RELEASE, column)
     gc.collect()  # start each column from the same heap
     start = time.perf_counter()
     outcome = Engine(config, fast_path=fast_path).run()

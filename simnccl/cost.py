@@ -237,16 +237,20 @@ def summarise(values: Sequence[float]) -> tuple[float, float, float]:
     return typical, min(rounded), max(rounded)
 
 
-def run_column(programs: tuple[Program, ...], cluster: Cluster, release: str, column: Column) -> ColumnResult:
-    profile = find_profile(cluster.gpu.key, release)
-    config = SimConfig(
+def column_config(programs: tuple[Program, ...], cluster: Cluster, release: str, column: Column) -> SimConfig:
+    """The simulation one column runs; shared with ``benchmarks/cost.py`` so it times exactly this."""
+    return SimConfig(
         cluster=cluster,
         release=get_release(release),
-        profile=profile,
+        profile=find_profile(cluster.gpu.key, release),
         programs=programs,
         env=dict(column.env),
         policy=get_policy(column.policy) if column.policy else None,
     )
+
+
+def run_column(programs: tuple[Program, ...], cluster: Cluster, release: str, column: Column) -> ColumnResult:
+    config = column_config(programs, cluster, release, column)
     start = time.monotonic()
     try:
         outcome = Engine(config).run()
@@ -309,7 +313,8 @@ def render(title: str, results: Sequence[ColumnResult]) -> str:
 # ---------------------------------------------------------------------------------------------- entry
 
 
-def _cluster(gpu: str, world: int, gpus_per_node: int) -> Cluster:
+def build_cluster(gpu: str, world: int, gpus_per_node: int) -> Cluster:
+    """Whole nodes of ``gpus_per_node`` GPUs (one node when the world is smaller); public for the benchmark."""
     if gpus_per_node < 1:
         raise CostError(f"--gpus-per-node: expected a positive integer, got {gpus_per_node}")
     per_node = min(gpus_per_node, world)
@@ -357,7 +362,7 @@ def run(args: argparse.Namespace, extra: Sequence[str], out: TextIO | None = Non
             raise CostError(f"--world {args.world} does not match the {natural} ranks the knobs imply")
         if "local_world_size" in {p.name for p in generator.params} and "local_world_size" not in knobs:
             knobs["local_world_size"] = min(args.gpus_per_node, world)
-        cluster = _cluster(args.gpu, world, args.gpus_per_node)
+        cluster = build_cluster(args.gpu, world, args.gpus_per_node)
         try:
             find_profile(cluster.gpu.key, args.release)
         except ProfileError as err:
