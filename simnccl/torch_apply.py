@@ -97,6 +97,7 @@ __all__ = [
     "apply",
     "current",
     "install",
+    "modelled_options",
     "release_key",
     "uninstall",
 ]
@@ -216,7 +217,7 @@ class Applied:
             env=os.environ,
             backend=None if backend is None else str(backend),
             device_id=_device_key(device_id),
-            pg_options=_modelled(caller_options),
+            pg_options=modelled_options(caller_options),
         )
         plan = self.policy.on_init(request)
         for name, value in plan.env.items():
@@ -272,7 +273,7 @@ class Applied:
             release=self.release,
             env=os.environ,
             backend=request_backend,
-            pg_options=_modelled(caller_options),
+            pg_options=modelled_options(caller_options),
             use_local_synchronization=local_sync,
             purpose=purpose,
             traffic=traffic,
@@ -344,7 +345,7 @@ class Applied:
         parent_backend = str(c10d._world.pg_map[parent][0])
         request_backend = _resolved(str(c10d.Backend(caller_backend)) if caller_backend else parent_backend)
         caller_options = given.get("pg_options")
-        requested = _modelled(caller_options)
+        requested = modelled_options(caller_options)
         per_group = self.eager_group_mib()
         requests = [
             GroupRequest(
@@ -584,8 +585,11 @@ def _live(group: Any) -> bool:
 # helpers: pg_options
 
 
-def _modelled(options: Any) -> PgOptions:
-    """The ``PgOptions`` view of a caller's pg_options object (None: the defaults)."""
+def modelled_options(options: Any) -> PgOptions:
+    """The ``PgOptions`` view of a caller's pg_options object (None: the defaults).
+
+    Public because ``simnccl.capture`` records pg_options with it: one reading of torch's Options for both.
+    """
     if options is None:
         return NO_OPTIONS
     if isinstance(options, PgOptions):
