@@ -35,8 +35,9 @@ How each piece works, and why it is done that way (torch 2.15.0, CPU only):
 * **Recording.** A non-member's ``new_group`` never reaches any backend, yet every rank's call must be
   recorded, so ``init_process_group``/``new_group``/``split_group``/``destroy_process_group`` are wrapped
   wherever a loaded module holds them (DeviceMesh and user modules bind them at import; ``sys.setprofile``
-  would need no patching but made a first DeviceMesh build 20x slower). Collectives are recorded by the
-  backend itself, so functional collectives are seen too.
+  would need no patching but made a first DeviceMesh build 20x slower), once per capture, by wrappers that
+  record into the running rank's recorder (a module one rank imports records every rank). Collectives are
+  recorded by the backend itself, so functional collectives are seen too.
 * **One rank at a time.** torch's world (``_World``) is process-global, and real code keeps rank state in
   module globals and reads ``LOCAL_RANK`` from ``os.environ``. torch 2.15's ``multi_threaded_pg``
   (``_install_threaded_pg``: a thread-local ``_World``) swaps the world per thread, but not the environment,
@@ -75,10 +76,9 @@ import runpy
 import select
 import signal
 import sys
-import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -90,6 +90,7 @@ from torch._C._distributed_c10d import Backend as C10dBackend
 from torch._C._distributed_c10d import _create_work_from_future
 from torch.distributed import distributed_c10d as c10d
 
+from simnccl.c10d import ProcessContext, _binds_device, nccl_device_fallback
 from simnccl.ops import (
     NO_OPTIONS,
     WORLD,
@@ -111,10 +112,9 @@ from simnccl.ops import (
     SetDevice,
     SplitGroup,
 )
-from simnccl.release import Impl, ReleaseError, get_release
+from simnccl.release import KNOWN_BACKEND_NAMES, DeviceBackend, ReleaseError, get_release
+from simnccl.torch_apply import modelled_options
 
-STAND_IN_NAMES = ("nccl", "nccl2", "nccl-legacy", "nccl-lazy", "gloo", "fake")
-NCCL_CONFIG_UNDEF_INT = -2147483648  # ncclConfig_t field left to NCCL
 DEFAULT_TIMEOUT_S = 120.0
 MASTER_PORT = "29500"
 MODES = ("fork", "inline")
@@ -354,19 +354,14 @@ def _device(device: Any) -> int | str | None:
 
 
 def _options(pg_options: Any) -> PgOptions:
-    """The lifecycle-relevant subset of a ``ProcessGroupNCCL.Options``; other options objects carry none."""
+    """The lifecycle-relevant subset of a ``ProcessGroupNCCL.Options``; other options objects carry none.
+
+    The fields are read as ``simnccl.torch_apply`` reads them (one reading for both directions of the torch
+    boundary); ``is_high_priority_stream`` marks an object with NCCL fields (gloo's Options has none of them).
+    """
     if pg_options is None or not hasattr(pg_options, "is_high_priority_stream"):
         return NO_OPTIONS
-    split_share: bool | None = None
-    config = getattr(pg_options, "config", None)
-    raw = getattr(config, "split_share", NCCL_CONFIG_UNDEF_INT)
-    if raw != NCCL_CONFIG_UNDEF_INT:
-        split_share = bool(raw)
-    return PgOptions(
-        lazy_init=bool(getattr(pg_options, "lazy_init", False)),
-        split_share=split_share,
-        is_high_priority_stream=bool(pg_options.is_high_priority_stream),
-    )
+    return modelled_options(pg_options)
 
 
 def _backend_name(backend: Any) -> str | None:
@@ -653,26 +648,30 @@ def _check_bound(recorder: _Recorder, handle: str, call: str) -> None:
             recorder.notes.append(note)
 
 
-def _creator(name: str, release_key: str, env: Mapping[str, str], gpus_per_node: int) -> Callable[..., Any]:
-    """torch's extended-API creator for ``name``: binds the device where the emulated release would."""
+def _creator(
+    name: str, release_key: str, env: Mapping[str, str], world_size: int, gpus_per_node: int
+) -> Callable[..., Any]:
+    """torch's extended-API creator for ``name``: binds the device where the emulated release would.
+
+    Whether and where are the simulator's own rules (``simnccl.c10d``), so capture and simulation cannot drift.
+    """
     release = get_release(release_key)
     impl = release.impl_for_name(name, env)
+    binds = _binds_device(release, DeviceBackend("cuda", name, impl))  # fixed per name: decided once
 
     def create(opts: Any, backend_options: Any) -> StandInBackend:
         pg = opts.process_group
-        nccl2_like = impl in (Impl.NCCL2, Impl.NCCL_LAZY) and release.nccl2_device_fallback
         if pg is not None:
             bound = pg.bound_device_id
             if bound is not None and bound.type != "cpu":
                 pg.bound_device_id = torch.device("cpu", 0 if bound.index is None else bound.index)
-            elif bound is None and nccl2_like and not opts.enable_reconfigure:
-                # torch 2.15 _nccl2_device: LOCAL_RANK % count, else the global rank % count, written back.
-                if "LOCAL_RANK" in os.environ:
-                    index = int(os.environ["LOCAL_RANK"]) % gpus_per_node
-                else:
-                    ranks = list(opts.global_ranks_in_group)
-                    index = (ranks[opts.group_rank] if ranks else opts.group_rank) % gpus_per_node
-                pg.bound_device_id = torch.device("cpu", index)
+            elif bound is None and binds and not opts.enable_reconfigure:
+                # torch 2.15 _nccl2_device, written back; the rank is this rank's (the creator runs on it).
+                ranks = list(opts.global_ranks_in_group)
+                rank = ranks[opts.group_rank] if ranks else opts.group_rank
+                local = int(os.environ["LOCAL_RANK"]) if "LOCAL_RANK" in os.environ else rank % gpus_per_node
+                ctx = ProcessContext(rank, world_size, local, gpus_per_node, os.environ)
+                pg.bound_device_id = torch.device("cpu", nccl_device_fallback(ctx, os.environ))
         return StandInBackend(
             opts.group_rank, opts.group_size, impl.cpp_name, list(opts.global_ranks_in_group), opts.timeout
         )
@@ -684,148 +683,153 @@ def _creator(name: str, release_key: str, env: Mapping[str, str], gpus_per_node:
 
 
 RECORDED_FUNCTIONS = ("init_process_group", "new_group", "split_group", "destroy_process_group")
+# Read once, at import: binding each call's arguments is per call, inspecting torch's signatures need not be.
+_SIGNATURES = {name: inspect.signature(getattr(c10d, name)) for name in RECORDED_FUNCTIONS}
+
+# Recorded calls in progress (process-wide, like the recorder): a call torch makes from inside a recorded call
+# (``init_device_mesh`` calling ``new_group``) is torch's, not the user's, and passes through unrecorded.
+_DEPTH = 0
 
 
-def _holders() -> list[tuple[Any, str]]:
-    """Every (module, attribute) of a loaded module that holds one of the recorded torch functions (~70 ms)."""
-    originals = {id(getattr(c10d, name)) for name in RECORDED_FUNCTIONS}
+def _holders(values: Iterable[Any]) -> list[tuple[Any, str, Any]]:
+    """Every (module, attribute, value) of a loaded module whose value is one of ``values`` (~25-70 ms)."""
+    wanted = {id(value) for value in values}  # the values are alive (the caller holds them): ids are unique
     out = []
     for module in list(sys.modules.values()):
         namespace = getattr(module, "__dict__", None)
         if isinstance(namespace, dict):
-            out.extend((module, attr) for attr, value in list(namespace.items()) if id(value) in originals)
+            out.extend((module, attr, value) for attr, value in list(namespace.items()) if id(value) in wanted)
     return out
 
 
-# Set by the capturing process before it forks ranks, so each child patches without scanning sys.modules again.
-_HOLDERS: list[tuple[Any, str]] | None = None
+@contextlib.contextmanager
+def _intercepted() -> Iterator[None]:
+    """Torch's group-lifecycle functions swapped for recording wrappers wherever a loaded module holds them.
 
-
-class _Interceptor:
-    """Wraps torch's group-lifecycle functions wherever a module holds them; records entry, binds the result.
-
-    Every module attribute that *is* one of torch's functions is swapped for a recording wrapper (DeviceMesh
-    and user modules bind ``new_group``/``split_group`` at import, so patching ``torch.distributed`` alone
-    would miss them). A call torch makes from inside another recorded call is torch's, not the user's, and is
-    passed through unrecorded. (``sys.setprofile`` would see every call without patching, but costs ~20x on
-    torch's lazy imports of a first DeviceMesh build; wrapping costs nothing.)
+    Every module attribute that *is* one of torch's functions is swapped (DeviceMesh and user modules bind
+    ``new_group``/``split_group`` at import, so patching ``torch.distributed`` alone would miss them; a module
+    imported later binds the wrapper from wherever it imports it). ``capture()`` does this once, before ranks
+    run inline or fork: the wrappers record into whichever rank's recorder is active (``_ACTIVE``) and pass
+    straight through when none is, so a module that one inline rank imports (binding a wrapper) records every
+    later rank's calls too. On exit torch's functions are back everywhere, in modules imported meanwhile too.
+    (``sys.setprofile`` would see every call without patching, but costs ~20x on torch's lazy imports of a
+    first DeviceMesh build; wrapping costs nothing.)
     """
-
-    def __init__(self, recorder: _Recorder) -> None:
-        self.recorder = recorder
-        self.depth = 0
-        self.originals = {name: getattr(c10d, name) for name in RECORDED_FUNCTIONS}
-        self.signatures = {name: inspect.signature(fn) for name, fn in self.originals.items()}
-        self.patched: list[tuple[Any, str, Any]] = []
-
-    def install(self) -> None:
-        wrappers = {id(fn): (fn, self._wrapper(name, fn)) for name, fn in self.originals.items()}
-        for module, attr in _HOLDERS if _HOLDERS is not None else _holders():
-            value = getattr(module, attr, None)
-            hit = wrappers.get(id(value))
-            if hit is not None and hit[0] is value:
-                self.patched.append((module, attr, value))
-                setattr(module, attr, hit[1])
-
-    def uninstall(self) -> None:
-        for module, attr, value in reversed(self.patched):
+    originals = {name: getattr(c10d, name) for name in RECORDED_FUNCTIONS}
+    wrappers = {name: _wrapper(name, fn) for name, fn in originals.items()}
+    wrapper_of = {id(originals[name]): wrappers[name] for name in RECORDED_FUNCTIONS}
+    original_of = {id(wrappers[name]): originals[name] for name in RECORDED_FUNCTIONS}
+    patched = _holders(originals.values())
+    try:
+        for module, attr, value in patched:
+            setattr(module, attr, wrapper_of[id(value)])
+        yield
+    finally:
+        for module, attr, value in reversed(patched):
             setattr(module, attr, value)
-        self.patched.clear()
+        for module, attr, wrapper in _holders(wrappers.values()):
+            setattr(module, attr, original_of[id(wrapper)])
 
-    def _wrapper(self, name: str, original: Callable[..., Any]) -> Callable[..., Any]:
-        signature = self.signatures[name]
 
-        def recorded(*args: Any, **kwargs: Any) -> Any:
-            if self.depth:
-                return original(*args, **kwargs)
+def _wrapper(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+    """A stand-in for torch's ``name`` that records entry into the active recorder and binds the result."""
+    signature = _SIGNATURES[name]
+
+    def recorded(*args: Any, **kwargs: Any) -> Any:
+        global _DEPTH
+        recorder = _ACTIVE
+        if recorder is None or _DEPTH:
+            return original(*args, **kwargs)
+        try:
+            bound = signature.bind(*args, **kwargs)
+        except TypeError:
+            return original(*args, **kwargs)  # torch raises its own error for bad arguments
+        bound.apply_defaults()
+        _DEPTH += 1
+        try:
             try:
-                bound = signature.bind(*args, **kwargs)
-            except TypeError:
-                return original(*args, **kwargs)  # torch raises its own error for bad arguments
-            bound.apply_defaults()
-            self.depth += 1
-            try:
-                try:
-                    handle = self._enter(name, bound.arguments)
-                except (TypeError, ValueError) as err:  # arguments torch will reject itself, just below
-                    handle = None
-                    self.recorder.notes.append(f"{name}: arguments not recorded ({err})")
-                result = original(*args, **kwargs)
-            finally:
-                self.depth -= 1
-            self._leave(name, handle, result)
-            return result
+                handle = _enter(recorder, name, bound.arguments)
+            except (TypeError, ValueError) as err:  # arguments torch will reject itself, just below
+                handle = None
+                recorder.notes.append(f"{name}: arguments not recorded ({err})")
+            result = original(*args, **kwargs)
+        finally:
+            _DEPTH -= 1
+        _leave(recorder, name, handle, result)
+        return result
 
-        recorded.__wrapped__ = original  # type: ignore[attr-defined]
-        recorded.__name__ = name
-        recorded.__doc__ = original.__doc__
-        return recorded
+    recorded.__wrapped__ = original  # type: ignore[attr-defined]
+    recorded.__name__ = name
+    recorded.__doc__ = original.__doc__
+    return recorded
 
-    def _enter(self, name: str, args: Mapping[str, Any]) -> str | None:
-        rec = self.recorder
-        if name == "init_process_group":
-            op = InitProcessGroup(
-                backend=_backend_name(args.get("backend")),
-                device_id=_device(args.get("device_id")),
-                timeout_s=_seconds(args.get("timeout")),
-                pg_options=_options(args.get("pg_options")),
-            )
-            keys = ("backend", "init_method", "timeout", "device_id", "pg_options")
-            rec.add(op, name, _call_args(args, keys), WORLD)
-            return WORLD
-        world_size = dist.get_world_size() if dist.is_initialized() else 0
-        if name == "new_group":
-            raw = args.get("ranks")
-            ranks = None if raw is None else [int(r) for r in raw]
-            if ranks is not None and args.get("sort_ranks", True):
-                ranks = sorted(ranks)
-            backend = _backend_name(args.get("backend"))
-            desc = args.get("group_desc")
-            handle = rec.family(desc or backend or "group", ranks, world_size)
-            op = NewGroup(
-                ranks=None if ranks is None else tuple(ranks),
-                bind=handle,
-                backend=backend,
-                pg_options=_options(args.get("pg_options")),
-                use_local_synchronization=bool(args.get("use_local_synchronization", False)),
-                group_desc=desc,
-                device_id=_device(args.get("device_id")),  # type: ignore[arg-type]
-                timeout_s=_seconds(args.get("timeout")),
-            )
-            keys = ("ranks", "timeout", "backend", "pg_options", "use_local_synchronization", "group_desc")
-            rec.add(op, name, _call_args(args, (*keys, "device_id", "sort_ranks")), handle)
-            return handle
-        if name == "split_group":
-            split = tuple(tuple(int(r) for r in s) for s in args.get("split_ranks") or ())
-            desc = args.get("group_desc")
-            handle = rec.family(desc or "split", None, world_size)
-            rec.families.pop(desc or "split", None)  # one split_group call is one family
-            if args.get("backend") is not None:
-                rec.notes.append(f"split_group(backend={args['backend']!r}): not expressible in a Program; dropped")
-            op = SplitGroup(
-                split_ranks=split,
-                parent=rec.handle_of(args.get("parent_pg")),
-                bind=handle,
-                pg_options=_options(args.get("pg_options")),
-                group_desc=desc,
-                timeout_s=_seconds(args.get("timeout")),
-            )
-            keys = ("parent_pg", "split_ranks", "timeout", "pg_options", "group_desc", "backend")
-            rec.add(op, name, _call_args(args, keys), handle)
-            return handle
-        group = args.get("group")
-        handle = rec.handle_of(group)
-        rec.add(DestroyProcessGroup(group=handle), name, {"group": handle}, handle)
-        return None
 
-    def _leave(self, name: str, handle: str | None, result: Any) -> None:
-        rec = self.recorder
-        if name == "init_process_group" and dist.is_initialized():
-            rec.bind(c10d._get_default_group(), WORLD)
-            if rec.checkpoints:
-                rec.ops.append(Checkpoint("after_init"))
-        elif handle is not None and isinstance(result, c10d.ProcessGroup):
-            rec.bind(result, handle)
+def _enter(rec: _Recorder, name: str, args: Mapping[str, Any]) -> str | None:
+    """Record the call, before torch runs it; returns the handle its group will be bound to."""
+    if name == "init_process_group":
+        op = InitProcessGroup(
+            backend=_backend_name(args.get("backend")),
+            device_id=_device(args.get("device_id")),
+            timeout_s=_seconds(args.get("timeout")),
+            pg_options=_options(args.get("pg_options")),
+        )
+        keys = ("backend", "init_method", "timeout", "device_id", "pg_options")
+        rec.add(op, name, _call_args(args, keys), WORLD)
+        return WORLD
+    world_size = dist.get_world_size() if dist.is_initialized() else 0
+    if name == "new_group":
+        raw = args.get("ranks")
+        ranks = None if raw is None else [int(r) for r in raw]
+        if ranks is not None and args.get("sort_ranks", True):
+            ranks = sorted(ranks)
+        backend = _backend_name(args.get("backend"))
+        desc = args.get("group_desc")
+        handle = rec.family(desc or backend or "group", ranks, world_size)
+        op = NewGroup(
+            ranks=None if ranks is None else tuple(ranks),
+            bind=handle,
+            backend=backend,
+            pg_options=_options(args.get("pg_options")),
+            use_local_synchronization=bool(args.get("use_local_synchronization", False)),
+            group_desc=desc,
+            device_id=_device(args.get("device_id")),  # type: ignore[arg-type]
+            timeout_s=_seconds(args.get("timeout")),
+        )
+        keys = ("ranks", "timeout", "backend", "pg_options", "use_local_synchronization", "group_desc")
+        rec.add(op, name, _call_args(args, (*keys, "device_id", "sort_ranks")), handle)
+        return handle
+    if name == "split_group":
+        split = tuple(tuple(int(r) for r in s) for s in args.get("split_ranks") or ())
+        desc = args.get("group_desc")
+        handle = rec.family(desc or "split", None, world_size)
+        rec.families.pop(desc or "split", None)  # one split_group call is one family
+        if args.get("backend") is not None:
+            rec.notes.append(f"split_group(backend={args['backend']!r}): not expressible in a Program; dropped")
+        op = SplitGroup(
+            split_ranks=split,
+            parent=rec.handle_of(args.get("parent_pg")),
+            bind=handle,
+            pg_options=_options(args.get("pg_options")),
+            group_desc=desc,
+            timeout_s=_seconds(args.get("timeout")),
+        )
+        keys = ("parent_pg", "split_ranks", "timeout", "pg_options", "group_desc", "backend")
+        rec.add(op, name, _call_args(args, keys), handle)
+        return handle
+    group = args.get("group")
+    handle = rec.handle_of(group)
+    rec.add(DestroyProcessGroup(group=handle), name, {"group": handle}, handle)
+    return None
+
+
+def _leave(rec: _Recorder, name: str, handle: str | None, result: Any) -> None:
+    """Bind the group torch returned (or the default group it created) to its handle."""
+    if name == "init_process_group" and dist.is_initialized():
+        rec.bind(c10d._get_default_group(), WORLD)
+        if rec.checkpoints:
+            rec.ops.append(Checkpoint("after_init"))
+    elif handle is not None and isinstance(result, c10d.ProcessGroup):
+        rec.bind(result, handle)
 
 
 def _call_args(args: Mapping[str, Any], keys: Sequence[str]) -> dict[str, Any]:
@@ -876,18 +880,25 @@ def _fake_rendezvous(url: str, *args: Any, **kwargs: Any) -> Iterator[tuple[Any,
     query = {k: v[0] for k, v in parse_qs(urlparse(url).query).items()}
     rank = int(query.get("rank", os.environ.get("RANK", "0")))
     world = int(query.get("world_size", os.environ.get("WORLD_SIZE", "1")))
-    yield dist.FakeStore() if hasattr(dist, "FakeStore") else _fake_store(), rank, world
+    yield _fake_store(), rank, world
 
 
 def _fake_store() -> Any:
+    """torch's no-op store; torch 2.15 exports it from its testing module only (not as ``dist.FakeStore``)."""
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     return FakeStore()
 
 
 @contextlib.contextmanager
-def _installed(recorder: _Recorder, release: str, env: Mapping[str, str], gpus_per_node: int, cuda: bool):
-    """Stand-in backends, fake CUDA, peerless rendezvous and the call wrappers, for one rank; all undone on exit."""
+def _installed(
+    recorder: _Recorder, release: str, env: Mapping[str, str], world_size: int, gpus_per_node: int, cuda: bool
+) -> Iterator[None]:
+    """Stand-in backends, fake CUDA, peerless rendezvous and the active recorder, for one rank; undone on exit.
+
+    The call wrappers are not installed here but once per ``capture()`` (``_intercepted``): they record into
+    whichever recorder this makes active.
+    """
     global _ACTIVE
     import torch.testing._internal.distributed.fake_pg  # noqa: F401 - registers "fake" first, so ours wins
 
@@ -906,12 +917,11 @@ def _installed(recorder: _Recorder, release: str, env: Mapping[str, str], gpus_p
     patches = fake_cuda.patches() if cuda else []
     originals = [(obj, attr, getattr(obj, attr)) for obj, attr, _ in patches]
     types = {"nccl": c10d.ProcessGroup.BackendType.NCCL, "gloo": c10d.ProcessGroup.BackendType.GLOO}
-    interceptor = _Interceptor(recorder)
     try:
-        for name in STAND_IN_NAMES:
+        for name in KNOWN_BACKEND_NAMES:  # every name the emulated releases know, so every one is a stand-in
             c10d.Backend.register_backend(
                 name,
-                _creator(name, release, env, gpus_per_node),
+                _creator(name, release, env, world_size, gpus_per_node),
                 extended_api=True,
                 devices=["cpu", "cuda"],
                 _backend_type=types.get(name),
@@ -921,10 +931,8 @@ def _installed(recorder: _Recorder, release: str, env: Mapping[str, str], gpus_p
         for obj, attr, value in patches:
             setattr(obj, attr, value)
         _ACTIVE = recorder
-        interceptor.install()
         yield
     finally:
-        interceptor.uninstall()
         _ACTIVE = None
         for obj, attr, value in originals:
             setattr(obj, attr, value)
@@ -978,7 +986,7 @@ def _run_rank(spec: _Spec, rank: int) -> RankCapture:
     saved_hook = sys.excepthook  # init_process_group installs a "[rankN]" excepthook; keep the process's own
     os.environ.update(spec.rank_env(rank))
     try:
-        with _installed(recorder, spec.release, spec.env, spec.gpus_per_node, spec.cuda):
+        with _installed(recorder, spec.release, spec.env, spec.world_size, spec.gpus_per_node, spec.cuda):
             if spec.init_backend is not None:
                 dist.init_process_group(backend=spec.init_backend)
             try:
@@ -1101,10 +1109,11 @@ def _warnings_silenced() -> Iterator[None]:
 
 
 def _run_forked(spec: _Spec, jobs: int, log_dir: str) -> list[RankCapture]:
-    """Every rank in its own forked child, at most ``jobs`` at a time, each under ``spec.timeout_s``."""
-    global _HOLDERS
+    """Every rank in its own forked child, at most ``jobs`` at a time, each under ``spec.timeout_s``.
+
+    Runs inside ``_intercepted()``: the children inherit the wrapped functions, and scan nothing themselves.
+    """
     _warm_up()
-    _HOLDERS = _holders()
     results: dict[int, RankCapture] = {}
     pending = list(range(spec.world_size))
     running: dict[int, tuple[int, int, float, bytearray, str]] = {}  # fd -> (rank, pid, deadline, data, log)
@@ -1119,7 +1128,7 @@ def _run_forked(spec: _Spec, jobs: int, log_dir: str) -> list[RankCapture]:
             wait_s = max(0.0, min(entry[2] for entry in running.values()) - now)
             ready, _, _ = select.select(list(running), [], [], min(wait_s, 1.0))
             for fd in ready:
-                rank, pid, deadline, data, log = running[fd]
+                rank, pid, _, data, log = running[fd]
                 chunk = os.read(fd, 1 << 20)
                 if chunk:
                     data.extend(chunk)
@@ -1141,7 +1150,6 @@ def _run_forked(spec: _Spec, jobs: int, log_dir: str) -> list[RankCapture]:
                         f"that never comes: a peer, a store, or input); killed{_log_tail(log)}"
                     )
     finally:
-        _HOLDERS = None
         for fd, (_, pid, _, _, _) in running.items():
             os.close(fd)
             _reap(pid)
@@ -1149,27 +1157,23 @@ def _run_forked(spec: _Spec, jobs: int, log_dir: str) -> list[RankCapture]:
 
 
 class _Alarm(BaseException):
-    """Raised in the main thread when an inline rank overruns its timeout."""
+    """Raised in the main thread when an inline rank overruns its timeout.
+
+    A BaseException, so the captured code's own ``except Exception`` cannot swallow it and run on.
+    """
 
 
 @contextlib.contextmanager
 def _deadline(seconds: float, rank: int) -> Iterator[None]:
-    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
-        yield  # no way to interrupt a rank off the main thread: it runs to completion
-        return
+    """Interrupt the rank after ``seconds`` (main thread on POSIX; elsewhere it runs to completion)."""
+    # Imported here: simnccl.testing pulls in the simulator, which only inline capture and simulate() need.
+    from simnccl.testing.replay import _alarm
 
-    def fire(signum: int, frame: Any) -> None:
-        raise _Alarm()
-
-    previous = signal.signal(signal.SIGALRM, fire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
     try:
-        yield
+        with _alarm(seconds, f"rank {rank}", _Alarm):
+            yield
     except _Alarm:
         raise CaptureError(f"rank {rank}: no result within {seconds:g} s; interrupted") from None
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 def _run_inline(spec: _Spec) -> list[RankCapture]:
@@ -1251,13 +1255,14 @@ def capture(
         timeout_s=float(timeout_s),
     )
     started = time.monotonic()
-    if chosen == "fork":
-        import tempfile
+    with _intercepted():  # once, for every rank and either mode (see _intercepted)
+        if chosen == "fork":
+            import tempfile
 
-        with tempfile.TemporaryDirectory(prefix="simnccl-capture-") as log_dir:
-            ranks = _run_forked(spec, max(1, jobs or os.cpu_count() or 1), log_dir)
-    else:
-        ranks = _run_inline(spec)
+            with tempfile.TemporaryDirectory(prefix="simnccl-capture-") as log_dir:
+                ranks = _run_forked(spec, max(1, jobs or os.cpu_count() or 1), log_dir)
+        else:
+            ranks = _run_inline(spec)
     return _assemble(spec, ranks, chosen, time.monotonic() - started)
 
 
@@ -1267,8 +1272,11 @@ def capture_scaled(target: Callable[[], Any], world_sizes: Sequence[int], **kwar
 
 
 def _assemble(spec: _Spec, ranks: Sequence[RankCapture], mode: str, wall_s: float) -> CapturedRun:
-    shared: dict[tuple[Op, ...], Program] = {}
-    programs = tuple(shared.setdefault(r.ops, Program(r.ops)) for r in ranks)
+    """The run: ranks with identical ops share one Program object (DESIGN rule 8), as in a generated case."""
+    from simnccl.testing.replay import share_identical  # see _deadline: the simulator, imported when needed
+
+    shared: dict[int, Program] = {}
+    programs = tuple(shared.setdefault(id(ops), Program(ops)) for ops in share_identical([r.ops for r in ranks]))
     notes: list[str] = []
     for r in ranks:
         for note in r.notes:

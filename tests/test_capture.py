@@ -443,3 +443,58 @@ def test_a_nonzero_exit_status_is_a_failure() -> None:
         cap.capture(exits, 2, mode="inline")
     with pytest.raises(cap.CaptureError, match=r"rank \d: the captured code exited with status 3"):
         cap.capture(exits, 2)
+
+
+_BINDS_AT_IMPORT = '''
+"""Binds torch's group functions at import, as DeviceMesh and user modules do."""
+from torch.distributed import init_process_group, new_group
+
+
+def run():
+    init_process_group("nccl")
+    new_group([0, 1], backend="gloo")
+'''
+
+
+def test_inline_ranks_record_calls_of_a_module_first_imported_by_an_earlier_rank(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Rank 0 imports the module while capturing, so the module binds whatever torch.distributed holds then; every
+    # later rank must still record through it (the module is imported once per process, not once per rank).
+    name = "capture_binds_at_import"
+    (tmp_path / f"{name}.py").write_text(_BINDS_AT_IMPORT)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, name, raising=False)
+
+    def target() -> None:
+        __import__(name).run()
+
+    try:
+        run = cap.capture(target, 2, mode="inline")
+    finally:
+        module = sys.modules.pop(name, None)
+    for calls in run.calls:
+        assert [c.name for c in calls] == ["init_process_group", "new_group"]
+    assert len(run.programs) == 2 and run.programs[0] is run.programs[1]
+    assert [type(op) for op in run.programs[0].ops] == [InitProcessGroup, Checkpoint, NewGroup, Checkpoint]
+    assert not run.notes
+    # Once the capture is over, that module holds torch's own function again, as every other module does.
+    assert module.new_group is dist.distributed_c10d.new_group is dist.new_group
+
+
+def test_an_inline_rank_past_its_timeout_is_interrupted_even_through_except_exception() -> None:
+    swallowed: list[BaseException] = []
+
+    def swallows() -> None:
+        while True:
+            try:
+                time.sleep(0.05)
+            except Exception as err:  # user code that swallows errors must not swallow the capture's timeout
+                swallowed.append(err)
+
+    started = time.monotonic()
+    with pytest.raises(cap.CaptureError, match=r"rank 0: no result within 1 s; interrupted"):
+        cap.capture(swallows, 2, mode="inline", timeout_s=1)
+    assert time.monotonic() - started < 15
+    assert not swallowed
+    assert not dist.is_initialized()

@@ -14,7 +14,7 @@ import json
 import signal
 import sys
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -36,13 +36,19 @@ class CaseTimeout(RuntimeError):
 
 
 @contextlib.contextmanager
-def _alarm(seconds: float, what: str) -> Iterator[None]:
-    """Raise CaseTimeout after ``seconds`` (main thread on POSIX only; elsewhere a no-op)."""
+def _alarm(seconds: float, what: str, error: Callable[[], BaseException] | None = None) -> Iterator[None]:
+    """Raise ``error()`` after ``seconds`` (main thread on POSIX only; elsewhere a no-op).
+
+    ``error``: the exception class or factory to raise (``simnccl.capture`` raises a BaseException there, which
+    the captured code cannot swallow); None raises CaseTimeout naming ``what``.
+    """
     if not hasattr(signal, "setitimer") or threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def fire(signum: int, frame: Any) -> None:
+        if error is not None:
+            raise error()
         raise CaseTimeout(f"{what}: still simulating after {seconds:g} s of wall time (a runaway engine loop)")
 
     previous = signal.signal(signal.SIGALRM, fire)
