@@ -16,7 +16,7 @@ REPORT="$OUT/report.txt"
 : > "$REPORT"
 say() { echo "$*" | tee -a "$REPORT"; }
 
-GPUS=$("$PY" -c "from real.lanes import visible_gpus; print(visible_gpus())" 2>/dev/null || echo 0)
+GPUS=$("$PY" -c "from simnccl.real.lanes import visible_gpus; print(visible_gpus())" 2>/dev/null || echo 0)
 if [ "$GPUS" = "0" ]; then
   say "gpu_check: no CUDA device: the GPU lane needs one; nothing to check (the gpu tests skip on this machine)"
   exit 0
@@ -26,7 +26,7 @@ STATUS=0
 START=$(date +%s)
 
 say "== calibrate"
-if timeout 420 "$PY" -m real calibrate --out "$OUT/profile.toml" --json "$OUT/calibration.json" 2>&1 | tee -a "$REPORT"; then
+if timeout 420 "$PY" -m simnccl.real calibrate --out "$OUT/profile.toml" --json "$OUT/calibration.json" 2>&1 | tee -a "$REPORT"; then
   say "calibrate: ok"
 else
   say "calibrate: FAILED or not reproduced within 1% (see above)"; STATUS=1
@@ -42,13 +42,13 @@ for s in scenarios/*.toml; do
   else SCEN+=("$s"); fi
 done
 if [ -f "$OUT/profile.toml" ]; then
-  while IFS= read -r p; do SCEN+=("$p"); done < <("$PY" -m real gpu-scenarios --out "$OUT/scenarios" --profile "$OUT/profile.toml")
+  while IFS= read -r p; do SCEN+=("$p"); done < <("$PY" -m simnccl.real gpu-scenarios --out "$OUT/scenarios" --profile "$OUT/profile.toml")
 fi
 
 for s in "${SCEN[@]}"; do
   name=$(basename "$s" .toml)
   say "== compare $s"
-  timeout 300 "$PY" -m real compare "$s" --lane gpu --json "$OUT/compare-$name.json" 2>&1 | tee -a "$REPORT"
+  timeout 300 "$PY" -m simnccl.real compare "$s" --lane gpu --json "$OUT/compare-$name.json" 2>&1 | tee -a "$REPORT"
   rc=${PIPESTATUS[0]}
   if [ "$rc" -ne 0 ]; then say "compare $name: exit $rc"; STATUS=1; fi
 done

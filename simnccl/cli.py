@@ -30,8 +30,8 @@ def _safe(name: str) -> str:
 
 
 def builtin_scenario_dir() -> Path:
-    """The repository's ``scenarios/`` folder (simnccl is installed editable from its checkout)."""
-    return Path(__file__).resolve().parent.parent / "scenarios"
+    """The shipped scenarios: package data (``simnccl/scenarios``), so a wheel install has them too."""
+    return Path(__file__).resolve().parent / "scenarios"
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from real.calibrate import derive, profile_toml, reproduce, suite, write_gpu_scenarios
+from simnccl.real.calibrate import derive, profile_toml, reproduce, suite, write_gpu_scenarios
 from simnccl.cluster import Cluster, get_gpu_kind
 from simnccl.engine import Engine, SimConfig
 from simnccl.ops import MIB

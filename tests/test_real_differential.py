@@ -1,9 +1,9 @@
 """Differential test on the CPU lane: >= 50 generated programs on real gloo and in the simulator (gloo semantics).
 
 Each case must agree on which ranks did not finish (hang/no-hang per rank), except where the difference is a
-documented simulator gap (``real.compare.KNOWN_GAPS``) or a store-key collision whose real outcome is decided by
+documented simulator gap (``simnccl.real.compare.KNOWN_GAPS``) or a store-key collision whose real outcome is decided by
 connection order (then only pass/no-pass is compared). A failure prints the case as a replayable program and the
-``python -m real diff --seed S --only I`` command that runs it again.
+``python -m simnccl.real diff --seed S --only I`` command that runs it again.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import pytest
 
 pytest.importorskip("torch")
 
-from real.differential import MUTATIONS, cases, classify, run_cases, summary
-from real.launch import Launcher, pid_alive
+from simnccl.real.differential import MUTATIONS, cases, classify, run_cases, summary
+from simnccl.real.launch import Launcher, pid_alive
 
 pytestmark = pytest.mark.real
 

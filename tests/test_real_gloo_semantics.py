@@ -12,9 +12,9 @@ import pytest
 
 pytest.importorskip("torch")
 
-from real.differential import Case, CaseResult, classify, run_cases
-from real.launch import Launcher, RunSettings, pid_alive
-from real.programs import share_identical
+from simnccl.real.differential import Case, CaseResult, classify, run_cases
+from simnccl.real.launch import Launcher, RunSettings, pid_alive
+from simnccl.real.programs import share_identical
 from simnccl.ops import (
     AllReduce,
     Broadcast,

@@ -6,14 +6,14 @@ import pytest
 
 pytest.importorskip("torch")
 
-from real.lanes import NO_CUDA, LaneError, check_gpu_lane, visible_gpus
+from simnccl.real.lanes import NO_CUDA, LaneError, check_gpu_lane, visible_gpus
 
 GPUS = visible_gpus()
 pytestmark = [pytest.mark.gpu, pytest.mark.real, pytest.mark.skipif(GPUS == 0, reason=NO_CUDA)]
 
 
 def test_single_rank_nccl2_group_memory_is_measured() -> None:
-    from real.launch import Launcher, RunSettings
+    from simnccl.real.launch import Launcher, RunSettings
     from simnccl.ops import AllReduce, Checkpoint, InitProcessGroup, NewGroup, Program, SetDevice
 
     program = Program(

@@ -14,10 +14,10 @@ import pytest
 
 pytest.importorskip("torch")
 
-from real.compare import compare_variant
-from real.lanes import NO_CUDA, CpuLanePolicy, LaneError, check_gpu_lane, cpu_programs, cpu_substitutions
-from real.launch import Launcher, RunSettings, pid_alive
-from real.report import rank_outcomes
+from simnccl.real.compare import compare_variant
+from simnccl.real.lanes import NO_CUDA, CpuLanePolicy, LaneError, check_gpu_lane, cpu_programs, cpu_substitutions
+from simnccl.real.launch import Launcher, RunSettings, pid_alive
+from simnccl.real.report import rank_outcomes
 from simnccl.ops import (
     AllGather,
     Alloc,
@@ -131,7 +131,7 @@ def test_gpu_lane_refuses_clearly() -> None:
 
 @pytest.mark.skipif(bool(os.environ.get("CUDA_VISIBLE_DEVICES")), reason="checks the no-CUDA path")
 def test_cli_gpu_lane_and_calibrate_refuse_without_cuda(tmp_path: Path) -> None:
-    from real.lanes import visible_gpus
+    from simnccl.real.lanes import visible_gpus
 
     if visible_gpus():
         pytest.skip("this machine has a CUDA device")
@@ -210,7 +210,7 @@ def test_a_program_that_completes_passes_on_both(launcher: Launcher) -> None:
 
 
 def _simulate(programs) -> dict:
-    from real.differential import Case, simulate_case
+    from simnccl.real.differential import Case, simulate_case
 
     return simulate_case(Case(0, 0, len(programs), tuple(programs), ()))
 

@@ -22,7 +22,7 @@ FileStore (pinned in the simulator by ``tests/test_gloo_semantics.py``, on real 
   [addr]:port`` (or, when unread data was pending, as after an abort: ``Read error ...: Connection reset by
   peer``). ``destroy_process_group()``
   frees the default group (torch holds its only reference); a subgroup lives on while the program holds it
-  (frameworks keep theirs in globals; so does ``real.driver``), and a peer waiting on it keeps waiting (seed3-
+  (frameworks keep theirs in globals; so does ``simnccl.real.driver``), and a peer waiting on it keeps waiting (seed3-
   case47). Only peers the algorithm talks to directly fail (``direct_peers``); a rank that is merely idle or
   failed with a Python exception keeps its sockets open. A gloo timeout also closes the rank's pair, not
   modelled: the simulator reports a timeout as the hang it ends.

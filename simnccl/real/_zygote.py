@@ -64,7 +64,7 @@ def _child(spec_json: str, log: str, parent: int) -> None:
         os.dup2(fd, 2)
         os.close(fd)
         os.close(null)
-        from real.driver import RankSpec, child_main
+        from simnccl.real.driver import RankSpec, child_main
 
         code = child_main(RankSpec.from_json(spec_json))
     except BaseException:
@@ -86,7 +86,7 @@ def main() -> int:
     import torch
     import torch.distributed  # noqa: F401
 
-    import real.driver  # noqa: F401
+    import simnccl.real.driver  # noqa: F401
     import simnccl.torch_apply  # noqa: F401
 
     me = os.getpid()

@@ -1,4 +1,4 @@
-"""Plain-text rendering of real runs (``python -m real run``): verdict, where each rank ended, checkpoints."""
+"""Plain-text rendering of real runs (``python -m simnccl.real run``): verdict, where each rank ended, checkpoints."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Launch N rank processes for a scenario variant, watch them, and end every run with a verdict.
 
-Local mode (``python -m real run SCENARIO``): a zygote (``real._zygote``) that imported torch once forks the
+Local mode (``python -m simnccl.real run SCENARIO``): a zygote (``simnccl.real._zygote``) that imported torch once forks the
 ranks; they rendezvous over a FileStore in the run folder. Each rank writes a progress record *before* every op
 (``rank<N>.jsonl``), so when the run has to be stopped the report says where each rank was.
 
@@ -11,7 +11,7 @@ timeout in the op first), or at the wall-clock ``timeout_s``. Then every rank st
 process group (``killpg``), the parked ones are released, and all are reaped; ``run_programs`` checks that no rank
 pid remains.
 
-torchrun mode (``torchrun --nproc-per-node N -m real run SCENARIO``, detected by ``RANK``/``WORLD_SIZE`` in the
+torchrun mode (``torchrun --nproc-per-node N -m simnccl.real run SCENARIO``, detected by ``RANK``/``WORLD_SIZE`` in the
 environment): this process is one rank; the ranks coordinate over torchrun's store, a watchdog thread ends a rank
 that passes the timeout (torchrun then stops the others), and rank 0 prints the report.
 """
@@ -33,9 +33,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from real.lanes import check_gpu_lane, comparability, cpu_programs, cpu_substitutions
-from real.measure import build_variant_result
-from real.programs import programs_to_lists
+from simnccl.real.lanes import check_gpu_lane, comparability, cpu_programs, cpu_substitutions
+from simnccl.real.measure import build_variant_result
+from simnccl.real.programs import programs_to_lists
 from simnccl.ops import Program
 from simnccl.scenario import Scenario, Variant
 
@@ -93,7 +93,7 @@ class RunSettings:
 
 
 class Zygote:
-    """The launcher's side of ``real._zygote``: start it, spawn ranks, learn exits, stop it."""
+    """The launcher's side of ``simnccl.real._zygote``: start it, spawn ranks, learn exits, stop it."""
 
     def __init__(self, log_dir: Path, start_timeout_s: float = 120.0) -> None:
         env = dict(os.environ)
@@ -102,7 +102,7 @@ class Zygote:
         self.log_path = log_dir / "zygote.log"
         self._log = open(self.log_path, "ab")  # noqa: SIM115
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "real._zygote"],
+            [sys.executable, "-m", "simnccl.real._zygote"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._log,
@@ -571,7 +571,7 @@ def torchrun_main(scenario: Scenario, variant: Variant, settings: RunSettings, o
 
     import torch.distributed as dist
 
-    from real.driver import Driver, Progress, RankSpec, prepare_env
+    from simnccl.real.driver import Driver, Progress, RankSpec, prepare_env
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -714,7 +714,7 @@ def _torchrun_report(
         "ok": True,
         "variants": [result],
     }
-    from real.report import render_run
+    from simnccl.real.report import render_run
 
     print(render_run(report))
     if out is not None:

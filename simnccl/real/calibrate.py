@@ -1,9 +1,9 @@
-"""``python -m real calibrate --out simnccl/profiles/NAME.toml``: measure a profile on the GPUs of this machine.
+"""``python -m simnccl.real calibrate --out simnccl/profiles/NAME.toml``: measure a profile on the GPUs of this machine.
 
 GPU lane only: without a CUDA device it refuses ("no CUDA device: the GPU lane needs one"). The suite is a fixed
 set of small worlds (one rank per visible GPU, at most 2; on a one-GPU machine every world has one rank, which
 still measures per-communicator memory of 1-rank groups), each a Program run through the same launcher and
-driver as ``python -m real run``, with checkpoints between the steps:
+driver as ``python -m simnccl.real run``, with checkpoints between the steps:
 
 ========================  =====================================================================================
 ``nccl``                  set_device, init(device_id), world all_reduce, k new_groups, one all_reduce per group
@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from real.lanes import NO_CUDA, LaneError, visible_gpus
+from simnccl.real.lanes import NO_CUDA, LaneError, visible_gpus
 from simnccl.ops import (
     MIB,
     NO_OPTIONS,
@@ -279,7 +279,7 @@ def profile_toml(
             derivation[key] = f"carried over from profile {base.name} (not measured by this calibration)"
     if not comm["init_mib_at_max_nchannels"]:
         derivation.pop("init_mib_at_max_nchannels", None)
-    source = "measured by `python -m real calibrate` on this machine: " + ", ".join(
+    source = "measured by `python -m simnccl.real calibrate` on this machine: " + ", ".join(
         f"{k}={v}" for k, v in provenance.items()
     )
     measured = (
@@ -288,7 +288,7 @@ def profile_toml(
         f"{GROUPS} groups per world. " + " ".join(notes)
     )
     lines = [
-        "# Written by `python -m real calibrate` (real/calibrate.py). Regenerate, don't edit by hand.",
+        "# Written by `python -m simnccl.real calibrate` (real/calibrate.py). Regenerate, don't edit by hand.",
         "",
         f"name = {json.dumps(name)}",
         f"gpu = {json.dumps(gpu)}",
@@ -316,7 +316,7 @@ def profile_toml(
 
 def reproduce(profile: Any, runs: Sequence[CalRun], results: Mapping[str, Mapping[str, Any]]) -> list[dict]:
     """The simulator re-runs each calibration world from ``profile``; growth since ``context`` is compared."""
-    from real.launch import installed_release
+    from simnccl.real.launch import installed_release
     from simnccl.cluster import Cluster, get_gpu_kind
     from simnccl.engine import Engine, SimConfig
     from simnccl.release import get_release
@@ -426,7 +426,7 @@ def guess_gpu_kind(name: str, total_mib: float) -> str | None:
 
 
 def main(args: Any) -> int:
-    from real.launch import Launcher, RunSettings, installed_release
+    from simnccl.real.launch import Launcher, RunSettings, installed_release
     from simnccl.profiles import find_profile, parse_profile
 
     gpus = visible_gpus()

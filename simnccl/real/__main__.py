@@ -1,4 +1,4 @@
-"""``python -m real run|compare|calibrate``: the verification tier's command line.
+"""``python -m simnccl.real run|compare|calibrate``: the verification tier's command line.
 
 Exit codes: 0 pass / agreement; 1 a run that did not pass, or a disagreement; 2 bad input or a lane that cannot run
 here (no CUDA device for the GPU lane, more ranks than GPUs).
@@ -12,12 +12,12 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from real.lanes import LANES, LaneError
+from simnccl.real.lanes import LANES, LaneError
 from simnccl.scenario import ScenarioError, load_scenario
 
 
 def _settings(args: argparse.Namespace):
-    from real.launch import RunSettings
+    from simnccl.real.launch import RunSettings
 
     return RunSettings.for_lane(
         args.lane,
@@ -44,7 +44,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m real", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m simnccl.real", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run a scenario on real torch.distributed (spawned locally, or under torchrun)")
     _common(run)
@@ -74,7 +74,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "diff":
         return _diff(args)
     if args.command == "calibrate":
-        from real.calibrate import main as calibrate_main
+        from simnccl.real.calibrate import main as calibrate_main
 
         return calibrate_main(args)
     try:
@@ -106,14 +106,14 @@ def _write_json(target: str | None, report: dict) -> None:
 
 
 def _run(scenario, settings, args: argparse.Namespace) -> int:
-    from real.launch import run_scenario_real, torchrun_main, under_torchrun
-    from real.report import render_run
+    from simnccl.real.launch import run_scenario_real, torchrun_main, under_torchrun
+    from simnccl.real.report import render_run
 
     if under_torchrun():
         variant = scenario.variant(args.variant[0]) if args.variant else scenario.variants[0]
         return torchrun_main(scenario, variant, settings, Path(args.json) if args.json and args.json != "-" else None)
     if settings.lane == "gpu":
-        from real.lanes import check_gpu_lane
+        from simnccl.real.lanes import check_gpu_lane
 
         check_gpu_lane(len(scenario.programs))
     report = run_scenario_real(scenario, settings, args.variant)
@@ -123,10 +123,10 @@ def _run(scenario, settings, args: argparse.Namespace) -> int:
 
 
 def _compare(scenario, settings, args: argparse.Namespace) -> int:
-    from real.compare import compare_scenario, render_comparison
+    from simnccl.real.compare import compare_scenario, render_comparison
 
     if settings.lane == "gpu":
-        from real.lanes import check_gpu_lane
+        from simnccl.real.lanes import check_gpu_lane
 
         check_gpu_lane(len(scenario.programs))
     report = compare_scenario(scenario, settings, variants=args.variant, tolerance_pct=args.tolerance_pct)
@@ -136,8 +136,8 @@ def _compare(scenario, settings, args: argparse.Namespace) -> int:
 
 
 def _gpu_scenarios(args: argparse.Namespace) -> int:
-    from real.calibrate import write_gpu_scenarios
-    from real.lanes import NO_CUDA, visible_gpus
+    from simnccl.real.calibrate import write_gpu_scenarios
+    from simnccl.real.lanes import NO_CUDA, visible_gpus
     from simnccl.profiles import ProfileError, get_profile
 
     ranks = args.ranks or min(visible_gpus(), 2)
@@ -156,7 +156,7 @@ def _gpu_scenarios(args: argparse.Namespace) -> int:
 
 
 def _diff(args: argparse.Namespace) -> int:
-    from real.differential import cases, classify, generate, run_cases, summary
+    from simnccl.real.differential import cases, classify, generate, run_cases, summary
 
     chosen = [generate(args.seed, i) for i in args.only] if args.only else cases(args.seed, args.count)
     results = run_cases(chosen, parallel=args.parallel)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from real.programs import share_identical
+from simnccl.real.programs import share_identical
 from simnccl.ops import (
     NO_OPTIONS,
     Alloc,

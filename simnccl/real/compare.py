@@ -1,6 +1,6 @@
 """Simulated vs real, side by side: verdicts and stuck ranks (CPU lane), and memory per checkpoint (GPU lane).
 
-CPU lane: the simulator runs the same gloo-rewritten programs (``real.lanes.cpu_programs``) under the same
+CPU lane: the simulator runs the same gloo-rewritten programs (``simnccl.real.lanes.cpu_programs``) under the same
 wrapped policy (``CpuLanePolicy``) at the installed torch release, without the scenario's fault injection — so
 both sides answer the same question. Agreement means: the same verdict, the same set of ranks that did not finish
 (stuck or failed), and — for a hang — the same stuck ranks. Where each rank stopped (op index) is printed for
@@ -17,9 +17,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from real.lanes import lane_policy
-from real.launch import Launcher, RunSettings, installed_release, lane_programs, variant_notes
-from real.report import describe_outcome, rank_outcomes
+from simnccl.real.lanes import lane_policy
+from simnccl.real.launch import Launcher, RunSettings, installed_release, lane_programs, variant_notes
+from simnccl.real.report import describe_outcome, rank_outcomes
 from simnccl.backends.gloo import SINGLETON_RACE
 from simnccl.ops import Program
 from simnccl.scenario import Scenario, Variant

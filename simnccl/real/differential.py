@@ -22,9 +22,9 @@ Both sides must agree on the ranks that did not finish (hang/no-hang per rank); 
 into: ``agree`` (verdict and blocked/stuck ranks), ``racy`` (a store-key collision: real gloo connects whichever
 colliding peer comes first, so only pass/no-pass is compared — and not even that when the collision is with a
 one-rank group's key, where the order of two store writes decides whether the bootstrap succeeds),
-``known-gap`` (a difference explained by a documented simulator gap, ``real.compare.KNOWN_GAPS``) and
+``known-gap`` (a difference explained by a documented simulator gap, ``simnccl.real.compare.KNOWN_GAPS``) and
 ``disagree``. A case is identified by
-``(seed, index)``; ``describe`` prints it as a replayable program and ``python -m real diff --seed S --only I``
+``(seed, index)``; ``describe`` prints it as a replayable program and ``python -m simnccl.real diff --seed S --only I``
 runs it again.
 """
 
@@ -37,7 +37,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from real.programs import share_identical
+from simnccl.real.programs import share_identical
 from simnccl.ops import (
     WORLD,
     AllGather,
@@ -95,7 +95,7 @@ class Case:
             lines.append(f"  rank {rank}:")
             for i, op in enumerate(program.ops):
                 lines.append(f"    #{i} {op.describe()}")
-        lines.append(f"  replay: python -m real diff --seed {self.seed} --only {self.index}")
+        lines.append(f"  replay: python -m simnccl.real diff --seed {self.seed} --only {self.index}")
         return "\n".join(lines)
 
     def to_json(self) -> str:
@@ -333,7 +333,7 @@ def cases(seed: int, count: int, mutations: Sequence[str] = MUTATIONS) -> list[C
 
 def simulate_case(case: Case) -> dict[str, Any]:
     """The simulator's Result-shaped dict for a case, with gloo semantics on a CPU-less-agnostic cluster."""
-    from real.launch import installed_release
+    from simnccl.real.launch import installed_release
     from simnccl.cluster import Cluster, get_gpu_kind
     from simnccl.engine import Engine, SimConfig
     from simnccl.policy import BasePolicy
@@ -368,14 +368,14 @@ def simulate_case(case: Case) -> dict[str, Any]:
 @dataclass
 class CaseResult:
     case: Case
-    comparison: Any  # real.compare.VariantComparison
+    comparison: Any  # simnccl.real.compare.VariantComparison
 
     @property
     def agree(self) -> bool:
         return bool(self.comparison.agree)
 
     def describe(self) -> str:
-        from real.compare import render_comparison
+        from simnccl.real.compare import render_comparison
 
         report = {
             "scenario": self.case.name,
@@ -423,8 +423,8 @@ def run_cases(
     parallel: int = 3,
 ) -> list[CaseResult]:
     """Each case on real gloo and in the simulator; worlds run ``parallel`` at a time (hung ranks idle)."""
-    from real.compare import compare_variant
-    from real.launch import Launcher, RunSettings
+    from simnccl.real.compare import compare_variant
+    from simnccl.real.launch import Launcher, RunSettings
 
     settings = settings or RunSettings.for_lane("cpu", stall_s=5.0, timeout_s=30.0)
     own = launcher is None

@@ -44,9 +44,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from real.lanes import lane_policy
-from real.measure import Measurer, classify
-from real.programs import program_from_list
+from simnccl.real.lanes import lane_policy
+from simnccl.real.measure import Measurer, classify
+from simnccl.real.programs import program_from_list
 from simnccl.ops import (
     WORLD,
     AllGather,
@@ -516,7 +516,7 @@ class Driver:
 def _qualified(exc: BaseException) -> str:
     cls = type(exc)
     module = cls.__module__
-    return cls.__name__ if module in ("builtins", "real.driver") else f"{module}.{cls.__name__}"
+    return cls.__name__ if module in ("builtins", "simnccl.real.driver") else f"{module}.{cls.__name__}"
 
 
 def _decision_text(call: Any) -> dict[str, Any]:
