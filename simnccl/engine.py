@@ -86,6 +86,7 @@ from simnccl.policy import (
     Policy,
     decide_group,
     decide_split,
+    decides_alike_on_every_rank,
 )
 from simnccl.profiles import MAX_NCHANNELS_ENV, CommCosts, Profile
 from simnccl.release import CUDAMALLOCASYNC_TRACKER, DEFAULT_PG_NCCL_TIMEOUT_S, Impl, Release
@@ -230,8 +231,10 @@ class Engine:
         self._policy_active = type(self.policy) is not BasePolicy
         self._decisions: dict[tuple[int, tuple[int, ...]], tuple[int, GroupDecision]] = {}
         self._fast = fast_path
-        # Decisions shared between ranks with equal histories: only a policy that promises rank independence.
-        self._shared_steps = fast_path and self._policy_active and bool(getattr(self.policy, "rank_independent", False))
+        # Decisions shared between ranks with equal histories: only a policy simnccl has established decides
+        # alike on every rank (its built-ins); any other is asked on every calling rank and checked.
+        self._policy_verified = decides_alike_on_every_rank(self.policy)
+        self._shared_steps = fast_path and self._policy_active and self._policy_verified
         self._hnodes: dict[tuple[Any, int, int], _HistoryNode] = {}
         self._classes: dict[tuple[Any, ...], tuple[Any, ...]] = {}
         # Outsider plans: per outsider_key, id(op torch receives) -> counter advance (None: not a plain call).
@@ -1815,7 +1818,7 @@ class Engine:
             same = (rt.history is history and not rt.history_tail) or (
                 calls == history.calls and digest == history.digest
             )
-            if not same or not self.policy.rank_independent:
+            if not same or not self._policy_verified:
                 return False
         # A lazy (unbound) default group is fine: its new_groups are local lazy creations, which a block takes;
         # _block_plans stops the block at anything it cannot take (an eager fresh bootstrap).

@@ -161,7 +161,6 @@ def unchanged(request: GroupRequest) -> GroupDecision:
 
 class Policy(Protocol):
     name: str
-    rank_independent: bool
 
     def on_init(self, request: InitRequest) -> InitPlan: ...
 
@@ -174,10 +173,6 @@ class BasePolicy:
 
     name: str = "torch-default"
     doc: str = "change nothing: what torch does by default on this release"
-    # Decisions depend on the call and the shared history only, never on the calling rank: the simulator
-    # may then decide once for all ranks of a lockstep block. A user policy that looks at request.rank
-    # must set this False.
-    rank_independent: bool = True
 
     def on_init(self, request: InitRequest) -> InitPlan:
         return InitPlan(request.backend, request.device_id, request.pg_options, {}, "")
@@ -357,10 +352,6 @@ class ComposedPolicy:
     parts: tuple[Policy, ...]
 
     @property
-    def rank_independent(self) -> bool:
-        return all(getattr(p, "rank_independent", False) for p in self.parts)
-
-    @property
     def name(self) -> str:
         return "+".join(p.name for p in self.parts)
 
@@ -393,6 +384,29 @@ def _with_plan(request: InitRequest, plan: InitPlan) -> InitRequest:
     ):
         return request
     return replace(request, backend=plan.backend, device_id=plan.device_id, pg_options=plan.pg_options)
+
+
+# Wrapper types of simnccl's own whose decisions are their inner policy's, made rank-independently:
+# type -> the attribute holding the inner policy (``simnccl.real.lanes.CpuLanePolicy`` registers itself).
+TRUSTED_WRAPPERS: dict[type, str] = {}
+
+
+def decides_alike_on_every_rank(policy: object) -> bool:
+    """Whether the simulator may decide a group-creation call once and give every caller that plan.
+
+    True only for simnccl's built-in policy classes (exact types, not subclasses: an override may look at
+    ``request.rank``), compositions of them and simnccl's own wrappers around them. Their rank independence
+    is established by simnccl's tests, which run them on the per-rank path and on the shared path and
+    compare traces. Any other policy -- every user policy -- is asked on every calling rank and the plans
+    are compared (``PolicyInconsistency``); no attribute a policy sets can switch that check off.
+    """
+    kind = type(policy)
+    if kind in _BUILTIN_TYPES:
+        return True
+    if kind is ComposedPolicy:
+        return all(decides_alike_on_every_rank(part) for part in policy.parts)  # type: ignore[attr-defined]
+    attribute = TRUSTED_WRAPPERS.get(kind)
+    return attribute is not None and decides_alike_on_every_rank(getattr(policy, attribute))
 
 
 def decide_group(policy: Policy, request: GroupRequest) -> GroupDecision:
@@ -447,6 +461,8 @@ BUILTIN: dict[str, Callable[[], Policy]] = {
     "dedupe": DedupePolicy,
     "budget": BudgetPolicy,
 }
+
+_BUILTIN_TYPES: frozenset[type] = frozenset(BUILTIN.values())  # type: ignore[arg-type]
 
 _BUDGET = re.compile(r"^budget\((?P<mib>[0-9]+(?:\.[0-9]+)?)(?:,(?P<per>[0-9]+(?:\.[0-9]+)?))?\)$")
 

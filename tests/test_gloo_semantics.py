@@ -251,10 +251,10 @@ def test_a_one_rank_group_s_key_colliding_with_a_real_group_is_a_verdict_race() 
     # seed2-case27: rank 1 creates [1] under the name ranks 0 and 2 give [0, 2] (swapped creation order); a
     # one-rank gloo group still writes its key (measured: new_group([0]) adds one store key). Real runs of this
     # program hung once and passed twice: the order of the two writes decides.
+    from simnccl.ops import Program
     from simnccl.real.compare import compare_variant
     from simnccl.real.differential import Case, CaseResult, classify, simulate_case
     from simnccl.real.programs import share_identical
-    from simnccl.ops import Program
 
     pair, single = NewGroup(ranks=(0, 2), bind="g"), NewGroup(ranks=(1,), bind="g")
     programs = [[GLOO, pair, single, Barrier(group="g")], [GLOO, single, pair, Barrier(group="g")]]

@@ -18,7 +18,7 @@ from simnccl.cluster import Cluster, get_gpu_kind
 from simnccl.engine import Engine, EngineGuardError, Limits, RunOutcome, SimConfig
 from simnccl.faults import NO_FAULTS, Fault, FaultSchedule
 from simnccl.ops import Program
-from simnccl.policy import BasePolicy, GroupDecision, GroupRequest, get_policy
+from simnccl.policy import BasePolicy, GroupDecision, GroupRequest, decides_alike_on_every_rank, get_policy
 from simnccl.profiles import find_profile
 from simnccl.release import get_release
 from simnccl.workloads import GENERATORS
@@ -43,7 +43,6 @@ class RankSkewedPolicy(BasePolicy):
     for singletons only, which every member still agrees on (a singleton has one member)."""
 
     name: str = "rank-skewed"
-    rank_independent: bool = False
 
     def on_group(self, request: GroupRequest, decision: GroupDecision) -> GroupDecision:
         if len(request.ranks) == 1 and request.rank % 2:
@@ -132,7 +131,7 @@ def _both(knobs: dict[str, Any], world: int, **kwargs: Any) -> tuple[dict[str, A
         results.append(_facts(engine, engine.run()))
         if not fast_path:
             assert not any(engine._outsiders.values())  # no outsider plan shared: the ordinary path only
-        elif getattr(engine.policy, "rank_independent", False):
+        elif decides_alike_on_every_rank(engine.policy):
             assert any(engine._outsiders.values())  # the fast path really ran
     return results[0], results[1]
 

@@ -19,6 +19,7 @@ from simnccl.policy import (
     InitRequest,
     PolicyError,
     decide_group,
+    decides_alike_on_every_rank,
     get_policy,
 )
 from simnccl.testing import simulate, used_mib
@@ -114,7 +115,7 @@ def test_budget_turns_lazy_once_any_member_would_exceed_it() -> None:
 
 def test_composition_applies_left_to_right_and_merges_init_env() -> None:
     policy = get_policy("dedupe+lazy-single-rank")
-    assert policy.name == "dedupe+lazy-single-rank" and policy.rank_independent
+    assert policy.name == "dedupe+lazy-single-rank" and decides_alike_on_every_rank(policy)
     plan = get_policy("legacy+share-resources").on_init(InitRequest(0, 2, "2.15", {}, "nccl", None))
     assert dict(plan.env) == {"TORCH_DIST_USE_NCCL2": "0", "NCCL_COMM_SPLIT_SHARE_RESOURCES": "1"}
     assert "TORCH_DIST_USE_NCCL2=0" in plan.explanation
@@ -170,7 +171,6 @@ class RankDependent(BasePolicy):
     """A broken user policy: decides from the calling rank, so members disagree."""
 
     name: str = "rank-dependent"
-    rank_independent: bool = False
 
     def on_group(self, request: GroupRequest, decision: GroupDecision) -> GroupDecision:
         if request.rank % 2:

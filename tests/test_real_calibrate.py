@@ -12,11 +12,11 @@ import pytest
 
 pytest.importorskip("torch")
 
-from simnccl.real.calibrate import derive, profile_toml, reproduce, suite, write_gpu_scenarios
 from simnccl.cluster import Cluster, get_gpu_kind
 from simnccl.engine import Engine, SimConfig
 from simnccl.ops import MIB
 from simnccl.profiles import find_profile, parse_profile
+from simnccl.real.calibrate import derive, profile_toml, reproduce, suite, write_gpu_scenarios
 from simnccl.release import get_release
 from simnccl.scenario import load_scenario
 

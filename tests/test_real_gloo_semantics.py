@@ -12,9 +12,6 @@ import pytest
 
 pytest.importorskip("torch")
 
-from simnccl.real.differential import Case, CaseResult, classify, run_cases
-from simnccl.real.launch import Launcher, RunSettings, pid_alive
-from simnccl.real.programs import share_identical
 from simnccl.ops import (
     AllReduce,
     Broadcast,
@@ -27,6 +24,9 @@ from simnccl.ops import (
     Send,
     SplitGroup,
 )
+from simnccl.real.differential import Case, CaseResult, classify, run_cases
+from simnccl.real.launch import Launcher, RunSettings, pid_alive
+from simnccl.real.programs import share_identical
 
 pytestmark = pytest.mark.real
 

@@ -13,8 +13,8 @@ pytestmark = [pytest.mark.gpu, pytest.mark.real, pytest.mark.skipif(GPUS == 0, r
 
 
 def test_single_rank_nccl2_group_memory_is_measured() -> None:
-    from simnccl.real.launch import Launcher, RunSettings
     from simnccl.ops import AllReduce, Checkpoint, InitProcessGroup, NewGroup, Program, SetDevice
+    from simnccl.real.launch import Launcher, RunSettings
 
     program = Program(
         (

@@ -14,10 +14,6 @@ import pytest
 
 pytest.importorskip("torch")
 
-from simnccl.real.compare import compare_variant
-from simnccl.real.lanes import NO_CUDA, CpuLanePolicy, LaneError, check_gpu_lane, cpu_programs, cpu_substitutions
-from simnccl.real.launch import Launcher, RunSettings, pid_alive
-from simnccl.real.report import rank_outcomes
 from simnccl.ops import (
     AllGather,
     Alloc,
@@ -40,6 +36,10 @@ from simnccl.ops import (
     SplitGroup,
 )
 from simnccl.policy import get_policy
+from simnccl.real.compare import compare_variant
+from simnccl.real.lanes import NO_CUDA, CpuLanePolicy, LaneError, check_gpu_lane, cpu_programs, cpu_substitutions
+from simnccl.real.launch import Launcher, RunSettings, pid_alive
+from simnccl.real.report import rank_outcomes
 
 pytestmark = pytest.mark.real
 
@@ -68,7 +68,7 @@ def run_cli(*args: str, timeout: float = 240) -> tuple[subprocess.CompletedProce
     mark = uuid.uuid4().hex
     env = dict(os.environ, REAL_TEST_MARK=mark, PYTHONPATH=str(REPO))
     done = subprocess.run(
-        [PYTHON, "-m", "real", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout
+        [PYTHON, "-m", "simnccl.real", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout
     )
     return done, mark
 
@@ -330,7 +330,7 @@ steps = [
             "--nproc-per-node",
             "2",
             "-m",
-            "real",
+            "simnccl.real",
             "run",
             str(scenario),
             "--json",

@@ -136,9 +136,9 @@ def _compare(scenario, settings, args: argparse.Namespace) -> int:
 
 
 def _gpu_scenarios(args: argparse.Namespace) -> int:
+    from simnccl.profiles import ProfileError, get_profile
     from simnccl.real.calibrate import write_gpu_scenarios
     from simnccl.real.lanes import NO_CUDA, visible_gpus
-    from simnccl.profiles import ProfileError, get_profile
 
     ranks = args.ranks or min(visible_gpus(), 2)
     if ranks < 1:

@@ -86,7 +86,7 @@ def main() -> int:
     import torch
     import torch.distributed  # noqa: F401
 
-    import simnccl.real.driver  # noqa: F401
+    import simnccl.real.driver
     import simnccl.torch_apply  # noqa: F401
 
     me = os.getpid()

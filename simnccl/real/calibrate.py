@@ -33,7 +33,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from simnccl.real.lanes import NO_CUDA, LaneError, visible_gpus
 from simnccl.ops import (
     MIB,
     NO_OPTIONS,
@@ -48,6 +47,7 @@ from simnccl.ops import (
     Send,
     SetDevice,
 )
+from simnccl.real.lanes import NO_CUDA, LaneError, visible_gpus
 
 GROUPS = 4
 SIZE_BYTES = 4 * MIB
@@ -316,9 +316,9 @@ def profile_toml(
 
 def reproduce(profile: Any, runs: Sequence[CalRun], results: Mapping[str, Mapping[str, Any]]) -> list[dict]:
     """The simulator re-runs each calibration world from ``profile``; growth since ``context`` is compared."""
-    from simnccl.real.launch import installed_release
     from simnccl.cluster import Cluster, get_gpu_kind
     from simnccl.engine import Engine, SimConfig
+    from simnccl.real.launch import installed_release
     from simnccl.release import get_release
 
     rows = []
@@ -426,8 +426,8 @@ def guess_gpu_kind(name: str, total_mib: float) -> str | None:
 
 
 def main(args: Any) -> int:
-    from simnccl.real.launch import Launcher, RunSettings, installed_release
     from simnccl.profiles import find_profile, parse_profile
+    from simnccl.real.launch import Launcher, RunSettings, installed_release
 
     gpus = visible_gpus()
     if gpus == 0:

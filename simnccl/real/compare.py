@@ -17,11 +17,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from simnccl.backends.gloo import SINGLETON_RACE
+from simnccl.ops import Program
 from simnccl.real.lanes import lane_policy
 from simnccl.real.launch import Launcher, RunSettings, installed_release, lane_programs, variant_notes
 from simnccl.real.report import describe_outcome, rank_outcomes
-from simnccl.backends.gloo import SINGLETON_RACE
-from simnccl.ops import Program
 from simnccl.scenario import Scenario, Variant
 
 KNOWN_DIFFERENCES = (

@@ -37,7 +37,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from simnccl.real.programs import share_identical
 from simnccl.ops import (
     WORLD,
     AllGather,
@@ -56,6 +55,7 @@ from simnccl.ops import (
     Send,
     SplitGroup,
 )
+from simnccl.real.programs import share_identical
 
 MAX_OPS = 12
 SIZE_BYTES = 96  # 24 floats: divisible by every group size up to 4, so no rank rounds differently
@@ -333,11 +333,11 @@ def cases(seed: int, count: int, mutations: Sequence[str] = MUTATIONS) -> list[C
 
 def simulate_case(case: Case) -> dict[str, Any]:
     """The simulator's Result-shaped dict for a case, with gloo semantics on a CPU-less-agnostic cluster."""
-    from simnccl.real.launch import installed_release
     from simnccl.cluster import Cluster, get_gpu_kind
     from simnccl.engine import Engine, SimConfig
     from simnccl.policy import BasePolicy
     from simnccl.profiles import find_profile
+    from simnccl.real.launch import installed_release
     from simnccl.release import get_release
     from simnccl.result import VariantResult
 

@@ -44,9 +44,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from simnccl.real.lanes import lane_policy
-from simnccl.real.measure import Measurer, classify
-from simnccl.real.programs import program_from_list
 from simnccl.ops import (
     WORLD,
     AllGather,
@@ -72,6 +69,9 @@ from simnccl.ops import (
     SplitGroup,
 )
 from simnccl.policy import apply as apply_policy
+from simnccl.real.lanes import lane_policy
+from simnccl.real.measure import Measurer, classify
+from simnccl.real.programs import program_from_list
 
 NON_MEMBER = "NON_GROUP_MEMBER"
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from simnccl.real.programs import share_identical
 from simnccl.ops import (
     NO_OPTIONS,
     Alloc,
@@ -35,7 +34,16 @@ from simnccl.ops import (
     SetDevice,
     SplitGroup,
 )
-from simnccl.policy import GroupDecision, GroupRequest, InitPlan, InitRequest, Policy, get_policy
+from simnccl.policy import (
+    TRUSTED_WRAPPERS,
+    GroupDecision,
+    GroupRequest,
+    InitPlan,
+    InitRequest,
+    Policy,
+    get_policy,
+)
+from simnccl.real.programs import share_identical
 
 LANES = ("cpu", "gpu")
 NCCL_FAMILY = ("nccl", "nccl2", "nccl-lazy", "nccl-legacy")
@@ -128,10 +136,6 @@ class CpuLanePolicy:
     def name(self) -> str:
         return f"cpu-lane({self.inner.name})"
 
-    @property
-    def rank_independent(self) -> bool:
-        return bool(getattr(self.inner, "rank_independent", False))
-
     def on_init(self, request: InitRequest) -> InitPlan:
         plan = self.inner.on_init(request)
         return replace(plan, backend=gloo_backend(plan.backend), device_id=None, pg_options=NO_OPTIONS)
@@ -140,6 +144,9 @@ class CpuLanePolicy:
         decided = self.inner.on_group(request, decision)
         backend = decided.backend if decided.backend == "fake" else _group_backend(decided.backend)
         return replace(decided, backend=backend, pg_options=NO_OPTIONS, device_id=None)
+
+
+TRUSTED_WRAPPERS[CpuLanePolicy] = "inner"  # its plans are the inner policy's, rewritten alike on every rank
 
 
 def lane_policy(spec: str | Policy, lane: str) -> Policy:

@@ -1,7 +1,7 @@
 """Launch N rank processes for a scenario variant, watch them, and end every run with a verdict.
 
-Local mode (``python -m simnccl.real run SCENARIO``): a zygote (``simnccl.real._zygote``) that imported torch once forks the
-ranks; they rendezvous over a FileStore in the run folder. Each rank writes a progress record *before* every op
+Local mode (``python -m simnccl.real run SCENARIO``): a zygote (``simnccl.real._zygote``) that imported torch
+once forks the ranks; they rendezvous over a FileStore in the run folder. Each rank writes a progress record *before* every op
 (``rank<N>.jsonl``), so when the run has to be stopped the report says where each rank was.
 
 A run ends when every rank has reported its final record (done or failed; a rank that finished parks, keeping its
@@ -33,10 +33,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from simnccl.ops import Program
 from simnccl.real.lanes import check_gpu_lane, comparability, cpu_programs, cpu_substitutions
 from simnccl.real.measure import build_variant_result
 from simnccl.real.programs import programs_to_lists
-from simnccl.ops import Program
 from simnccl.scenario import Scenario, Variant
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
