@@ -1,8 +1,8 @@
 """Launch N rank processes for a scenario variant, watch them, and end every run with a verdict.
 
 Local mode (``python -m simnccl.real run SCENARIO``): a zygote (``simnccl.real._zygote``) that imported torch
-once forks the ranks; they rendezvous over a FileStore in the run folder. Each rank writes a progress record *before* every op
-(``rank<N>.jsonl``), so when the run has to be stopped the report says where each rank was.
+once forks the ranks; they rendezvous over a FileStore in the run folder. Each rank writes a progress record
+*before* every op (``rank<N>.jsonl``), so when the run has to be stopped the report says where each rank was.
 
 A run ends when every rank has reported its final record (done or failed; a rank that finished parks, keeping its
 sockets open, so peers that still wait on it stay blocked as in the simulator), or when nothing has progressed for
