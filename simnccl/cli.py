@@ -17,6 +17,7 @@ from simnccl import cost
 from simnccl.engine import EngineGuardError
 from simnccl.explain import explain as explain_variant
 from simnccl.flight_recorder import write_dumps
+from simnccl.prerequisites import MissingPrerequisite, require_torch
 from simnccl.report import print_result
 from simnccl.runner import run_scenario
 from simnccl.scenario import ScenarioError, load_scenario
@@ -54,6 +55,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     cost.add_arguments(cost_parser)
     sub.add_parser(
+        "real",
+        add_help=False,
+        help="the verification tier: run, compare, diff, calibrate on real torch.distributed (imports torch; "
+        "see simnccl real --help)",
+    )
+    sub.add_parser(
         "capture",
         add_help=False,
         help="run unmodified torch code per simulated rank and record its Programs (imports torch; "
@@ -64,11 +71,20 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     raw = sys.argv[1:] if argv is None else argv
-    if raw[:1] == ["capture"]:
-        # simnccl.capture imports torch: only here, never on the import path of ``simnccl`` or this module.
-        from simnccl.capture import main as capture_main
+    if raw[:1] in (["capture"], ["real"]):
+        # Both import torch: only here, never on the import path of ``simnccl`` or this module.
+        try:
+            require_torch(f"simnccl {raw[0]}")
+        except MissingPrerequisite as error:
+            print(f"error: {error}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        if raw[0] == "capture":
+            from simnccl.capture import main as capture_main
 
-        return capture_main(raw[1:])
+            return capture_main(raw[1:])
+        from simnccl.real.__main__ import main as real_main
+
+        return real_main(raw[1:])
     parser = _parser()
     args, extra = parser.parse_known_args(argv)
     if args.command == "cost":

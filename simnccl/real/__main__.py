@@ -1,4 +1,5 @@
-"""``python -m simnccl.real run|compare|calibrate``: the verification tier's command line.
+"""``simnccl real run|compare|diff|calibrate|gpu-scenarios`` (also ``python -m simnccl.real ...``): the verification
+tier's command line.
 
 Exit codes: 0 pass / agreement; 1 a run that did not pass, or a disagreement; 2 bad input or a lane that cannot run
 here (no CUDA device for the GPU lane, more ranks than GPUs).
@@ -44,7 +45,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m simnccl.real", description=__doc__)
+    parser = argparse.ArgumentParser(prog="simnccl real", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run a scenario on real torch.distributed (spawned locally, or under torchrun)")
     _common(run)
