@@ -1,11 +1,11 @@
 """Apply a simnccl policy to real ``torch.distributed`` in this process.
 
-``simnccl.policy.apply`` imports this module lazily, so ``import simnccl`` never imports torch; this module
-imports torch at module level.
+This is the production entry point: it imports torch at module level, so nothing on ``import simnccl``'s path
+imports it (``simnccl.policy`` is pure and does not know this module: no import circle).
 
 Usage::
 
-    from simnccl.policy import apply
+    from simnccl.torch_apply import apply
 
     with apply("dedupe+lazy-single-rank") as applied:   # installed here, uninstalled on exit
         dist.init_process_group("nccl", device_id=local_device)

@@ -1,7 +1,7 @@
 """Run one rank's Program with real torch.distributed calls.
 
 Imports ``simnccl.ops`` and ``simnccl.policy`` only (never the simulator engine): group creation goes through
-``simnccl.policy.apply(policy)`` — the code path users run in production — for the whole program.
+``simnccl.torch_apply.apply(policy)`` — the code path users run in production — for the whole program.
 
 Per op the driver writes a progress record *before* starting it (so a launcher that must kill a hung rank knows
 where it was) and one after it (outcome, wall times, measurement). What each op does:
@@ -68,10 +68,10 @@ from simnccl.ops import (
     SetDevice,
     SplitGroup,
 )
-from simnccl.policy import apply as apply_policy
 from simnccl.real.lanes import lane_policy
 from simnccl.real.measure import Measurer, classify
 from simnccl.real.programs import program_from_list
+from simnccl.torch_apply import apply as apply_policy
 
 NON_MEMBER = "NON_GROUP_MEMBER"
 

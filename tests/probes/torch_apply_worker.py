@@ -159,7 +159,7 @@ def record(workdir: str, rank: int, world: int) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
 
-    from simnccl.policy import apply
+    from simnccl.torch_apply import apply
 
     creator = _recording_backend()
     for name in ("nccl", "nccl-lazy", "simrec"):
@@ -216,7 +216,7 @@ def gloo(workdir: str, rank: int, world: int) -> dict[str, Any]:
     import torch.distributed as dist
     from torch.distributed import distributed_c10d as c10d
 
-    from simnccl.policy import apply
+    from simnccl.torch_apply import apply
 
     out: dict[str, Any] = {"env_before": os.environ.get("TORCH_DIST_USE_NCCL2")}
 
@@ -288,7 +288,9 @@ def solo(workdir: str) -> dict[str, Any]:
 
     out["torch_after_import"] = "torch" in sys.modules
     out["simnccl_version"] = simnccl.__version__
-    applied = simnccl.policy.apply("torch-default")
+    import simnccl.torch_apply
+
+    applied = simnccl.torch_apply.apply("torch-default")
     out["torch_after_apply"] = "torch" in sys.modules
     applied.uninstall()
 

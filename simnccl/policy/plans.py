@@ -1,0 +1,201 @@
+"""The vocabulary of a group-creation policy: what a process knows (requests), what it decides (plans,
+decisions), the history it decides from, and the two functions that ask a policy.
+
+Why a module of its own: the simulator, ``simnccl.torch_apply`` (real torch) and users' own policies all speak
+these types; they import neither simpy nor torch (DESIGN rule 2).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Protocol
+
+from simnccl.ops import NO_OPTIONS, PgOptions
+
+TRAFFIC_KINDS = ("collectives", "p2p", "none")
+P2P_PURPOSES = ("pp", "pipeline", "p2p", "embedding")
+NCCL_NAMES = ("nccl", "nccl2", "nccl-lazy", "nccl-legacy")
+
+
+class PolicyError(ValueError):
+    """An unknown policy name or malformed policy spec."""
+
+
+@dataclass(frozen=True, slots=True)
+class InitRequest:
+    """What a process knows when it calls ``init_process_group``."""
+
+    rank: int
+    world_size: int
+    release: str
+    env: Mapping[str, str]
+    backend: str | None
+    device_id: int | str | None
+    pg_options: PgOptions = NO_OPTIONS
+
+
+@dataclass(frozen=True, slots=True)
+class InitPlan:
+    """How ``init_process_group`` is really called: arguments plus environment knobs set before it."""
+
+    backend: str | None
+    device_id: int | str | None
+    pg_options: PgOptions
+    env: Mapping[str, str] = field(default_factory=dict)
+    explanation: str = ""
+
+
+@dataclass(slots=True)
+class History:
+    """The group-creation calls this process has seen, with the aggregates built-in policies need.
+
+    Maintained by the caller (simulator or ``apply``) in call order, O(members) per call. It is the same on
+    every rank that made the same calls, which is what keeps history-based decisions consistent.
+    """
+
+    calls: int = 0
+    eager_by_rank: dict[int, int] = field(default_factory=dict)
+    created: dict[tuple[tuple[int, ...], str, PgOptions], int] = field(default_factory=dict)
+    digest: int = 0  # a running hash of every recorded call: equal histories compare in O(1)
+
+    def record(self, request: GroupRequest, decision: GroupDecision) -> None:
+        """Add one call (made by this process, member or not) and what was decided for it."""
+        self.calls += 1
+        self.digest = hash((self.digest, request.kind, request.ranks, request.backend, decision.key()))
+        if decision.reuse is not None:
+            return
+        key = (request.ranks, decision.backend or "", decision.pg_options)
+        self.created.setdefault(key, self.calls)
+        if creates_eager_nccl(request, decision):
+            for r in request.ranks:
+                self.eager_by_rank[r] = self.eager_by_rank.get(r, 0) + 1
+
+    def copy(self) -> History:
+        return History(self.calls, dict(self.eager_by_rank), dict(self.created), self.digest)
+
+
+def creates_eager_nccl(request: GroupRequest, decision: GroupDecision) -> bool:
+    """Whether this decision allocates an NCCL communicator at creation (the cost budget counts)."""
+    backend = decision.backend or request.effective_backend
+    if decision.reuse is not None or decision.pg_options.lazy_init or request.release == "2.14":
+        return False
+    if backend == "nccl-legacy" or (backend == "nccl" and request.env.get("TORCH_DIST_USE_NCCL2") == "0"):
+        return False
+    return backend in NCCL_NAMES
+
+
+@dataclass(frozen=True, slots=True)
+class GroupRequest:
+    """What a process knows when it calls ``new_group`` (or ``split_group``, with its own split's ranks)."""
+
+    kind: str
+    ranks: tuple[int, ...]
+    rank: int
+    world_size: int
+    release: str
+    env: Mapping[str, str]
+    backend: str | None
+    pg_options: PgOptions
+    use_local_synchronization: bool
+    purpose: str | None
+    traffic: str | None
+    history: History
+    # What one eagerly created communicator costs this process's device at creation, in MiB, from the simnccl
+    # profile of its GPU kind and torch release (``CommCosts.eager_group_mib``); None where nobody said.
+    eager_group_mib: float | None = None
+
+    @property
+    def member(self) -> bool:
+        return self.rank in self.ranks
+
+    @property
+    def effective_backend(self) -> str:
+        """The backend name torch will use. Callers fill ``backend`` with the default group's name when the
+        program passed none (as torch does); ``nccl`` is assumed only if they could not."""
+        return self.backend or "nccl"
+
+
+@dataclass(frozen=True, slots=True)
+class GroupDecision:
+    """A plan in torch's terms. ``reuse`` = the ranks of an identical earlier group to return instead."""
+
+    backend: str | None
+    pg_options: PgOptions
+    use_local_synchronization: bool
+    device_id: int | None = None
+    reuse: tuple[int, ...] | None = None
+    explanation: str = ""
+
+    def key(self) -> tuple[object, ...]:
+        """What members must agree on (explanations may differ)."""
+        return (self.backend, self.pg_options, self.use_local_synchronization, self.device_id, self.reuse)
+
+    def describe(self) -> str:
+        if self.reuse is not None:
+            return f"reuse group {list(self.reuse)}"
+        parts = [f"backend={self.backend or '<default>'}"]
+        options = self.pg_options.to_dict()
+        if options:
+            parts.append(f"pg_options={options}")
+        if self.use_local_synchronization:
+            parts.append("use_local_synchronization=True")
+        return ", ".join(parts)
+
+
+def unchanged(request: GroupRequest) -> GroupDecision:
+    return GroupDecision(request.backend, request.pg_options, request.use_local_synchronization)
+
+
+class Policy(Protocol):
+    name: str
+
+    def on_init(self, request: InitRequest) -> InitPlan: ...
+
+    def on_group(self, request: GroupRequest, decision: GroupDecision) -> GroupDecision: ...
+
+
+def _because(decision: GroupDecision, text: str, **changes: object) -> GroupDecision:
+    explanation = f"{decision.explanation}; {text}" if decision.explanation else text
+    return replace(decision, explanation=explanation, **changes)
+
+
+def decide_group(policy: Policy, request: GroupRequest) -> GroupDecision:
+    """The policy's full decision for one call, starting from "as the program asked"."""
+    decision = policy.on_group(request, unchanged(request))
+    if not decision.explanation:
+        decision = replace(decision, explanation="as requested")
+    return decision
+
+
+def decide_split(policy: Policy, requests: list[GroupRequest]) -> list[GroupDecision]:
+    """Decisions for every split of one ``split_group`` call (all are recorded, so histories stay equal).
+
+    ``split_group`` can express less than ``new_group``: the child keeps the parent's backend, has no
+    ``use_local_synchronization`` and inherits the parent's device; and it is collective over the parent,
+    so a split can be reused only if every split of the call is.
+    """
+    decisions = []
+    for request in requests:
+        decision = decide_group(policy, request)
+        if decision.backend not in (None, request.backend):
+            decision = _because(
+                decision,
+                f"split_group keeps the parent's backend: {decision.backend} not applied",
+                backend=request.backend,
+            )
+        if decision.use_local_synchronization:
+            decision = _because(
+                decision, "split_group has no use_local_synchronization", use_local_synchronization=False
+            )
+        if decision.device_id is not None:
+            decision = _because(decision, "split_group inherits the parent's device", device_id=None)
+        decisions.append(decision)
+    if not all(d.reuse is not None for d in decisions):
+        decisions = [
+            _because(d, "split_group is collective over the parent and other splits create groups: created", reuse=None)
+            if d.reuse is not None
+            else d
+            for d in decisions
+        ]
+    return decisions

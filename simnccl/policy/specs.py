@@ -1,0 +1,309 @@
+"""Policy specs: the one way a policy is named — in scenario TOML, on every command line, in case files.
+
+A spec is parts joined with ``+`` (each refines the decision of the ones before it). A part is
+
+* a built-in name (``dedupe``, ``lazy-init`` ...) or ``budget(MiB[,per_group_MiB])``;
+* an import spec ``package.module:Name`` (``Name`` may be dotted: ``module:Outer.Inner``) naming a policy
+  *class* (instantiated with no arguments) or a policy *object*;
+* a name registered by an installed package under the entry-point group ``simnccl.policies``
+  (``[project.entry-points."simnccl.policies"] acme-safe = "acme.policies:SafePolicy"``).
+
+Why this shape: a team's own policy must be first-class wherever a built-in is (DESIGN rule 10), and it must
+survive a round trip through a file: a failing property test dumps its case, and ``python -m
+simnccl.testing.replay`` rebuilds the same policy in a fresh process. ``describe_policy`` gives a JSON-able
+description (the spec, plus a user dataclass's field values and the file its class was defined in) that
+``policy_from_description`` turns back into an equal policy.
+
+What is never done with a spec (scenario files are untrusted, DESIGN rule 9): nothing is evaluated; a part
+must look like a dotted Python name; only modules importable in this environment are imported (never a file
+path from the spec); and the object found must already look like a policy (``on_group`` or ``on_init`` on it, or
+on the class) before a class is instantiated. Functions are not called.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.util
+import inspect
+import json
+import re
+import sys
+from collections.abc import Mapping
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from simnccl.policy.builtins import BUILTIN, BasePolicy, BudgetPolicy, ComposedPolicy
+from simnccl.policy.plans import Policy, PolicyError
+
+ENTRY_POINT_GROUP = "simnccl.policies"
+MAX_SPEC_CHARS = 2_000  # a spec is a short line; anything longer is not a policy name (untrusted input)
+MAX_PARTS = 16
+
+_BUDGET = re.compile(r"^budget\((?P<mib>[0-9]+(?:\.[0-9]+)?)(?:,(?P<per>[0-9]+(?:\.[0-9]+)?))?\)$")
+_DOTTED = r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*"
+_IMPORT_SPEC = re.compile(rf"^(?P<module>{_DOTTED}):(?P<name>{_DOTTED})$")
+_EP_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+def get_policy(spec: str | Policy) -> Policy:
+    """The policy a spec names (see the module docstring); a policy object is returned as it is.
+
+    ``"legacy"``, ``"dedupe+lazy-single-rank"``, ``"budget(2048,231.1)"``, ``"acme.policies:SafePolicy"``,
+    ``"acme-safe+lazy-single-rank"`` (an entry-point name). Raises ``PolicyError`` with a one-line reason.
+    """
+    if not isinstance(spec, str):
+        return _checked(spec, repr(spec))
+    if len(spec) > MAX_SPEC_CHARS:
+        raise PolicyError(f"policy spec of {len(spec)} characters: longer than the limit of {MAX_SPEC_CHARS}")
+    raw_parts = spec.replace(" ", "").split("+")
+    if len(raw_parts) > MAX_PARTS:
+        raise PolicyError(f"policy spec with {len(raw_parts)} parts: more than the limit of {MAX_PARTS}")
+    parts = [_part(raw, spec) for raw in raw_parts]
+    if not parts:  # pragma: no cover - split always yields one part
+        raise PolicyError("empty policy spec")
+    return parts[0] if len(parts) == 1 else ComposedPolicy(tuple(parts))
+
+
+def _part(raw: str, spec: str) -> Policy:
+    if not raw:
+        raise PolicyError(f"empty part in policy spec {spec!r}")
+    match = _BUDGET.match(raw)
+    if match:
+        per = match.group("per")
+        return BudgetPolicy(
+            max_mib_per_device=float(match.group("mib")), **({"per_group_mib": float(per)} if per else {})
+        )
+    if raw in BUILTIN:
+        return BUILTIN[raw]()
+    if ":" in raw:
+        return _from_import_spec(raw)
+    entry = _entry_point(raw)
+    if entry is not None:
+        try:
+            loaded = entry.load()
+        except Exception as error:  # the user's module failed to import: say which and why, in one line
+            raise PolicyError(f"policy {raw!r} (entry point {entry.value!r}): import failed: {error!r}") from None
+        return _instantiate(loaded, f"{raw} (entry point {entry.value})")
+    known = ", ".join([*BUILTIN, "budget(MiB)", "budget(MiB,per_group_MiB)", *entry_point_names()])
+    raise PolicyError(
+        f"unknown policy {raw!r} in {spec!r}; expected one of {known}, an import spec 'package.module:Name', "
+        "joined with '+'"
+    )
+
+
+def _from_import_spec(raw: str) -> Policy:
+    match = _IMPORT_SPEC.match(raw)
+    if match is None:
+        raise PolicyError(f"policy {raw!r}: an import spec is 'package.module:Name' (dotted Python names)")
+    module_name, attribute = match.group("module"), match.group("name")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as error:
+        raise PolicyError(
+            f"policy {raw!r}: module {module_name!r} is not importable here ({error}); install the package that "
+            "provides it, or run from the folder that holds it"
+        ) from None
+    except Exception as error:
+        raise PolicyError(f"policy {raw!r}: importing {module_name!r} failed: {error!r}") from None
+    obj: Any = module
+    for name in attribute.split("."):
+        if not hasattr(obj, name):
+            raise PolicyError(f"policy {raw!r}: {module_name!r} has no attribute {attribute!r}")
+        obj = getattr(obj, name)
+    return _instantiate(obj, raw)
+
+
+def _looks_like_policy(obj: object) -> bool:
+    return callable(getattr(obj, "on_group", None)) or callable(getattr(obj, "on_init", None))
+
+
+def _instantiate(obj: object, where: str) -> Policy:
+    """A policy from what a spec names: an object as it is, a class instantiated with no arguments."""
+    if inspect.isclass(obj):
+        if not _looks_like_policy(obj):
+            raise PolicyError(f"policy {where}: class {obj.__qualname__} has no on_group/on_init: not a policy")
+        try:
+            instance = obj()
+        except TypeError as error:
+            raise PolicyError(
+                f"policy {where}: {obj.__qualname__}() needs arguments ({error}); give its fields defaults, or "
+                "name a module-level instance instead"
+            ) from None
+        return _checked(instance, where)
+    return _checked(obj, where)
+
+
+def _checked(obj: object, where: str) -> Policy:
+    if not _looks_like_policy(obj):
+        raise PolicyError(f"policy {where}: {type(obj).__name__} object has no on_group/on_init: not a policy")
+    if not isinstance(getattr(obj, "name", None), str):
+        raise PolicyError(f"policy {where}: a policy needs a 'name' string attribute (BasePolicy has one)")
+    for hook in ("on_init", "on_group"):
+        if not callable(getattr(obj, hook, None)):
+            raise PolicyError(f"policy {where}: no {hook}() (subclass simnccl.policy.BasePolicy to get both)")
+    return obj  # type: ignore[return-value]
+
+
+# ---------------------------------------------------------------------- entry points
+
+
+def _entry_points() -> list[metadata.EntryPoint]:
+    return sorted(metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name)
+
+
+def entry_point_names() -> list[str]:
+    """Policy names installed packages register (group ``simnccl.policies``), sorted."""
+    return [e.name for e in _entry_points() if _EP_NAME.match(e.name) and e.name not in BUILTIN]
+
+
+def _entry_point(name: str) -> metadata.EntryPoint | None:
+    if not _EP_NAME.match(name):
+        return None
+    for entry in _entry_points():
+        if entry.name == name:
+            return entry
+    return None
+
+
+# ---------------------------------------------------------------------- round trip through a file
+
+
+def describe_policy(policy: str | Policy | None) -> str | dict[str, Any] | None:
+    """A JSON-able description that ``policy_from_description`` turns back into an equal policy.
+
+    A spec string stays a string; a built-in object with its default fields becomes its name; a composition
+    whose parts all have names becomes ``a+b``; anything else becomes ``{"import": "module:Qualname",
+    "fields": {...}, "file": "/path/of/module.py"}`` (a dataclass's field values; the file lets the replay
+    find a module that was importable only inside the test session, such as a test module).
+    Raises ``PolicyError`` when the policy cannot be rebuilt from a description (a class defined inside a
+    function, fields that are not JSON data, a non-dataclass whose constructor needs arguments).
+    """
+    if policy is None or isinstance(policy, str):
+        return policy
+    if isinstance(policy, ComposedPolicy):
+        parts = [describe_policy(part) for part in policy.parts]
+        if all(isinstance(part, str) for part in parts):
+            return "+".join(parts)  # type: ignore[arg-type]
+        return {"compose": parts}
+    builtin = _builtin_spec(policy)
+    if builtin is not None:
+        return builtin
+    cls = type(policy)
+    qualname = cls.__qualname__
+    if "<locals>" in qualname:
+        raise PolicyError(
+            f"policy {getattr(policy, 'name', qualname)!r}: class {qualname} is defined inside a function, so no "
+            "other process can rebuild it; define it at module level"
+        )
+    fields: dict[str, Any] = {}
+    if dataclasses.is_dataclass(policy):
+        for f in dataclasses.fields(policy):
+            if f.init:
+                fields[f.name] = getattr(policy, f.name)
+        try:
+            json.dumps(fields)
+        except (TypeError, ValueError) as error:
+            raise PolicyError(f"policy {qualname}: its fields are not JSON data ({error})") from None
+    description: dict[str, Any] = {"import": f"{cls.__module__}:{qualname}", "fields": fields}
+    source = _module_file(cls)
+    if source is not None:
+        description["file"] = source
+    return description
+
+
+def _builtin_spec(policy: object) -> str | None:
+    cls = type(policy)
+    if cls is BudgetPolicy:
+        budget: BudgetPolicy = policy  # type: ignore[assignment]
+        if budget.name != "budget":
+            return None
+        per = f",{budget.per_group_mib:g}" if budget.per_group_mib is not None else ""
+        text = f"budget({budget.max_mib_per_device:g}{per})"
+        return text if get_policy(text) == policy else None
+    for name, factory in BUILTIN.items():
+        if cls is factory and policy == factory():
+            return name
+    return None
+
+
+def _module_file(cls: type) -> str | None:
+    module = sys.modules.get(cls.__module__)
+    path = getattr(module, "__file__", None)
+    return str(Path(path).resolve()) if path else None
+
+
+def policy_from_description(description: str | Mapping[str, Any] | None) -> Policy | None:
+    """The inverse of ``describe_policy``; ``PolicyError`` when it cannot be rebuilt here."""
+    if description is None:
+        return None
+    if isinstance(description, str):
+        return get_policy(description)
+    if not isinstance(description, Mapping):
+        raise PolicyError(f"policy description: expected a spec string or a table, got {type(description).__name__}")
+    if "compose" in description:
+        parts = description["compose"]
+        if not isinstance(parts, list) or not parts or len(parts) > MAX_PARTS:
+            raise PolicyError(f"policy description: 'compose' must be a list of 1 to {MAX_PARTS} parts")
+        return ComposedPolicy(tuple(policy_from_description(p) for p in parts))  # type: ignore[misc]
+    spec = description.get("import")
+    if not isinstance(spec, str) or not _IMPORT_SPEC.match(spec):
+        raise PolicyError("policy description: 'import' must be 'package.module:Name'")
+    fields = description.get("fields", {})
+    if not isinstance(fields, Mapping):
+        raise PolicyError("policy description: 'fields' must be a table")
+    cls = _import_class(spec, description.get("file"))
+    if not inspect.isclass(cls) or not _looks_like_policy(cls):
+        raise PolicyError(f"policy description: {spec} is not a policy class")
+    try:
+        return _checked(cls(**fields), spec)
+    except TypeError as error:
+        raise PolicyError(f"policy description: {spec}(**{dict(fields)!r}) failed: {error}") from None
+
+
+def _import_class(spec: str, file: object) -> Any:
+    """Import ``module:Qualname``; if the module is not importable here but ``file`` names its source (a test
+    module pytest imported from its folder), load it from there under its recorded name."""
+    module_name, qualname = spec.split(":", 1)
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError:
+        if not isinstance(file, str) or not Path(file).is_file():
+            raise PolicyError(
+                f"policy {spec}: module {module_name!r} is not importable here (and its file is not recorded); "
+                "run from the folder that holds it or install its package"
+            ) from None
+        module = _load_from_file(module_name, Path(file))
+    obj: Any = module
+    for name in qualname.split("."):
+        if not hasattr(obj, name):
+            raise PolicyError(f"policy {spec}: {module_name!r} has no attribute {qualname!r}")
+        obj = getattr(obj, name)
+    return obj
+
+
+def _load_from_file(module_name: str, path: Path) -> Any:
+    folder = str(path.parent)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)  # its sibling imports (a test module's conftest helpers) resolve too
+    loader_spec = importlib.util.spec_from_file_location(module_name, path)
+    if loader_spec is None or loader_spec.loader is None:
+        raise PolicyError(f"policy module {module_name!r}: cannot load {path}")
+    module = importlib.util.module_from_spec(loader_spec)
+    sys.modules[module_name] = module
+    try:
+        loader_spec.loader.exec_module(module)
+    except Exception as error:
+        del sys.modules[module_name]
+        raise PolicyError(f"policy module {module_name!r} from {path}: import failed: {error!r}") from None
+    return module
+
+
+def policy_label(policy: str | Policy | None) -> str:
+    """A short human name for reports: the spec, or the object's ``name``."""
+    if policy is None:
+        return BasePolicy().name
+    if isinstance(policy, str):
+        return policy
+    return str(getattr(policy, "name", type(policy).__qualname__))
