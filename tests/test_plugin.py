@@ -192,7 +192,11 @@ def test_failure_prints_the_shrunk_case_and_the_replay_command(pytester: pytest.
     # Shrunk: one rank, the smallest program the generator makes (set_device, init, three checkpoints).
     assert case.world_size == 1
     assert len(case.programs[0]) == 5
-    assert replay.main([str(path)]) == 0  # it passes: the property, not the program, was wrong
+    assert replay.main([str(path), "--simulate-only"]) == 0  # it passes: the property, not the program, was wrong
+    data = json.loads(path.read_text())
+    assert data["failure"]["test"].endswith("::test_valid_programs_hang") and data["failure"]["checks"] == []
+    # The replay re-runs the failed check, the test's own assertion here: it still fails.
+    assert replay.main([str(path)]) == 1
 
 
 def test_program_count_is_summed_over_xdist_workers(pytester: pytest.Pytester) -> None:

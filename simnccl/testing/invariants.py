@@ -9,9 +9,10 @@ Every checker can fail: ``tests/test_invariants.py`` feeds each one an outcome t
 
 from __future__ import annotations
 
+import functools
 import math
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,6 +43,22 @@ def _fail(text: str) -> Verdict:
     return Verdict(False, text)
 
 
+def _replayable(check: Callable[..., Verdict]) -> Callable[..., Verdict]:
+    """A checker whose failure on a generated case is noted for the case file, so that ``python -m
+    simnccl.testing.replay`` re-runs this check (not only the simulation). ``__wrapped__`` is the bare check."""
+
+    @functools.wraps(check)
+    def noted(outcome: RunOutcome, *args: Any, **kwargs: Any) -> Verdict:
+        verdict = check(outcome, *args, **kwargs)
+        if not verdict:
+            from simnccl.testing import replay
+
+            replay.note_failed_check(outcome, check.__name__, args, kwargs)
+        return verdict
+
+    return noted
+
+
 def _hang_text(h: Mapping[str, Any]) -> str:
     return f"rank {h['rank']} hangs in {h['op']} (op #{h.get('op_index')}) waiting for {h['waiting_for']}: " + str(
         h["explanation"]
@@ -55,6 +72,7 @@ def _error_text(e: Mapping[str, Any]) -> str:
 # ---------------------------------------------------------------------- liveness
 
 
+@_replayable
 def passes(outcome: RunOutcome) -> Verdict:
     """A valid program runs to completion on every rank: verdict ``pass``, no hang, no error."""
     if outcome.verdict == "pass" and not outcome.hangs and not outcome.errors:
@@ -96,6 +114,7 @@ _DIED = re.compile(r"^rank (\d+) died: ")
 _RANKS_SUBJECT = re.compile(r"(?:^|: )ranks \[([0-9, ]+)\]")  # "...: ranks [1, 3] already bootstrapped ..."
 
 
+@_replayable
 def names_culprit(outcome: RunOutcome, culprits: Iterable[int]) -> Verdict:
     """A broken program does not pass, and the report blames a culprit (see ``blamed_ranks``)."""
     blamed = tuple(culprits)
@@ -111,6 +130,7 @@ def names_culprit(outcome: RunOutcome, culprits: Iterable[int]) -> Verdict:
 # ---------------------------------------------------------------------- memory
 
 
+@_replayable
 def within_capacity(outcome: RunOutcome) -> Verdict:
     """No device's peak use ever exceeds its capacity, and no device ends with negative or over-full use."""
     bad = []
@@ -133,6 +153,7 @@ def eager_group_bytes(gpu: str, release: str, env: Mapping[str, str]) -> int:
     return mib_to_bytes(costs.eager_group_mib(connect_at_init=not runtime_connect(env)))
 
 
+@_replayable
 def within_budget(
     outcome: RunOutcome,
     *,
@@ -183,6 +204,7 @@ def _used_handles(programs: Sequence[Sequence[Op]], rank: int) -> set[str]:
     return {op.group for op in programs[rank] if isinstance(op, Collective | PointToPoint)}
 
 
+@_replayable
 def lazy_unused_allocate_nothing(outcome: RunOutcome, programs: Sequence[Sequence[Op]]) -> Verdict:
     """Under ``lazy-init``, a group that never communicates allocates nothing on any member.
 

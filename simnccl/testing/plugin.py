@@ -106,14 +106,33 @@ def pytest_configure(config: pytest.Config) -> None:
     register_profiles()
     if os.environ.get(PROFILE_ENV) and untouched():
         load_profile()
-    seed = _option(config, "simnccl_seed")
-    if seed is not None:
-        from hypothesis import core
 
-        base = settings.get_current_profile_name()
-        settings.register_profile(f"{base}-seed-{seed}", parent=settings.get_profile(base), derandomize=False)
-        settings.load_profile(f"{base}-seed-{seed}")
-        core.global_force_seed = seed  # what hypothesis' own --hypothesis-seed sets
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    # After every pytest_configure, hypothesis' own included (it loads --hypothesis-profile there).
+    seed = _option(session.config, "simnccl_seed")
+    if seed is not None and settings is not None:
+        _seed_profile(seed)
+
+
+def _seed_profile(seed: int) -> None:
+    """``--simnccl-seed N`` changes the seed only: the profile the session would have run (simnccl's chosen
+    one while nobody chose another, else the chosen one) with derandomization off (a derandomized profile
+    ignores any seed) and hypothesis' forced seed set, as its own ``--hypothesis-seed`` does. Everything else
+    (examples, deadline, health checks) stays as it was."""
+    from hypothesis import core
+
+    base = registered_name_for_session()
+    settings.register_profile(f"{base}-seed-{seed}", parent=settings.get_profile(base), derandomize=False)
+    settings.load_profile(f"{base}-seed-{seed}")
+    core.global_force_seed = seed
+
+
+def registered_name_for_session() -> str:
+    """The profile this session runs with: hypothesis' current one if somebody chose it, else simnccl's."""
+    if untouched():
+        return load_profile()
+    return settings.get_current_profile_name()
 
 
 def pytest_report_header(config: pytest.Config) -> str:
@@ -131,21 +150,52 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     report: pytest.TestReport = outcome.get_result()
     if report.when != "call" or not report.failed:
         return
+    # Nothing here may raise: an exception in this hook is an INTERNALERROR that, under xdist, loses the
+    # failing test altogether (the session can even exit 0). Whatever goes wrong is written into the report.
+    try:
+        title, text, command = _failure_section(item)
+    except Exception as error:  # a bug in simnccl's reporting must never hide the user's failure
+        title, text, command = "simnccl: could not report the failing case", f"{type(error).__name__}: {error}", None
+    if title is None:
+        return
+    _attach(report, title, text)
+    if command is not None:
+        report.user_properties.append(("simnccl_replay", command))
+
+
+def _failure_section(item: pytest.Item) -> tuple[str | None, str, str | None]:
+    """(section title, text, replay command) for a failed test that simulated a case; (None, "", None) else."""
     case = replay.last_case()
     if case is None:
-        return
+        return None, "", None
+    title = "simnccl: minimal failing case (the last one simulated; hypothesis replays the shrunk example last)"
+    failure = {
+        "test": item.nodeid,
+        "rootdir": str(item.config.rootpath),
+        "checks": replay.failed_checks(),
+        "profile_env": os.environ.get(PROFILE_ENV, ""),
+    }
+    try:
+        snippet = case.snippet()
+    except Exception as error:  # e.g. a policy no other process can rebuild (a class defined in a function)
+        return title, f"(the case cannot be written down: {type(error).__name__}: {error})", None
     path = _failure_path(item)
     try:
-        case.dump(path)
-        command = f"python -m simnccl.testing.replay {path}"
-    except OSError as err:  # pragma: no cover - a read-only tree still gets the snippet
-        command = f"(could not write {path}: {err})"
-    report.sections.append(
-        (
-            "simnccl: minimal failing case (the last one simulated; hypothesis replays the shrunk example last)",
-            f"{case.snippet()}\n\n# replay: {command}\n",
-        )
-    )
+        case.dump(path, failure)
+    except Exception as error:
+        return title, f"{snippet}\n\n# could not write {path}: {type(error).__name__}: {error}\n", None
+    command = f"python -m simnccl.testing.replay {path}"
+    checks = ", ".join(n["check"] for n in failure["checks"]) or "the test's own assertion (re-runs the test)"
+    return title, f"{snippet}\n\n# failed check: {checks}\n# replay: {command}\n", command
+
+
+def _attach(report: pytest.TestReport, title: str, text: str) -> None:
+    """Into the failure's long representation (shown by xdist and written to JUnit XML), else a section."""
+    addsection = getattr(report.longrepr, "addsection", None)
+    if callable(addsection):
+        addsection(title, text)
+    else:
+        report.sections.append((title, text))
 
 
 def _failure_path(item: pytest.Item) -> Path:
@@ -205,13 +255,17 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
 # ---------------------------------------------------------------------- fixtures
 
 
-@pytest.fixture
+# The fixtures are session-scoped factories without state, so ``@given`` tests may use them (hypothesis refuses
+# function-scoped fixtures there: they would not be reset between examples).
+
+
+@pytest.fixture(scope="session")
 def simnccl_seed(request: pytest.FixtureRequest) -> int | None:
     """The ``--simnccl-seed`` value, or None (derandomized ``ci`` runs, or a random seed)."""
     return _option(request.config, "simnccl_seed")
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def simnccl_cluster() -> Callable[..., Any]:
     """``simnccl_cluster(gpu="h100-80gb", nodes=1, gpus_per_node=2, ranks_per_node=None)`` -> Cluster."""
     from simnccl.cluster import Cluster, get_gpu_kind
@@ -224,7 +278,7 @@ def simnccl_cluster() -> Callable[..., Any]:
     return make
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def simnccl_simulate() -> Callable[..., Any]:
     """``simnccl.testing.simulate``; a failing test's report then shows the case and how to replay it."""
     from simnccl.ops import Op
@@ -243,8 +297,9 @@ _CASE_KWARGS = {"gpu", "nodes", "gpus_per_node", "release", "env", "policy", "ke
 
 
 def _as_case(program: Any, kwargs: dict[str, Any], op_type: type) -> replay.SimCase | None:
-    """The call as a SimCase when it is one (string policy, default launcher and profile), else None."""
-    if set(kwargs) - _CASE_KWARGS or not isinstance(kwargs.get("policy"), str | None):
+    """The call as a SimCase when it is one (default launcher and profile), else None. A policy object (a
+    user's own) is kept as it is: the case file records how to rebuild it."""
+    if set(kwargs) - _CASE_KWARGS:
         return None
     if not program:
         return None
@@ -267,7 +322,7 @@ def _as_case(program: Any, kwargs: dict[str, Any], op_type: type) -> replay.SimC
     )
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def simnccl_scenario() -> Callable[..., Any]:
     """``simnccl_scenario(path, variants=None, **run_options)`` -> ScenarioResult (load, validate, run)."""
     from simnccl.runner import run_scenario

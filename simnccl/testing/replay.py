@@ -4,6 +4,13 @@ Why: a property test that fails must leave behind the minimal failing program in
 again without hypothesis (DESIGN, "Hypothesis stateful testing"): a JSON file and the one command that
 replays it (``python -m simnccl.testing.replay FILE``), plus the same case as a Python snippet. This module
 imports neither hypothesis nor pytest, so the replay works from a plain install.
+
+A replay re-runs the *check* that failed, not only the simulation: the invariant checkers of
+``simnccl.testing.invariants`` note here when they fail on the case just simulated (name and arguments), the
+plugin writes those notes into the case file, and the replay calls the same checkers again. A failure that
+was the test's own assertion is replayed by running that test again (``pytest NODEID``). Either way the exit
+status says whether it still fails. A case may carry a user's policy object: the file records its import
+spec and dataclass fields (``simnccl.policy.describe_policy``) and the replay rebuilds it.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from typing import Any
 
 from simnccl.engine import Limits, RunOutcome
 from simnccl.ops import NO_OPTIONS, OP_TYPES, Op, PgOptions
+from simnccl.policy import PolicyError, describe_policy, policy_from_description, policy_label
 
 SCHEMA = "simnccl-case/1"
 
@@ -72,7 +80,7 @@ class SimCase:
     gpus_per_node: int = 2
     release: str = "2.15"
     env: tuple[tuple[str, str], ...] = ()
-    policy: str | None = None
+    policy: Any = None  # a policy spec string, a policy object (a user's own), or None (torch's defaults)
     note: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
@@ -115,8 +123,8 @@ class SimCase:
         chosen = self.policy if policy is ... else policy
         program: Any = list(self.programs[0]) if self.shared else [list(p) for p in self.programs]
         _count_simulation(self, chosen)
-        with _alarm(CASE_WALL_S, f"a {self.world_size}-rank case under policy {chosen!r}"):
-            return harness.simulate(
+        with _alarm(CASE_WALL_S, f"a {self.world_size}-rank case under policy {policy_label(chosen)!r}"):
+            outcome = harness.simulate(
                 program,
                 gpu=self.gpu,
                 nodes=self.nodes,
@@ -127,6 +135,8 @@ class SimCase:
                 keep_trace=keep_trace,
                 limits=limits or CASE_LIMITS,
             )
+        _LAST_OUTCOME[0] = outcome
+        return outcome
 
     # ------------------------------------------------------------------ serialisation
 
@@ -148,7 +158,7 @@ class SimCase:
             "gpus_per_node": self.gpus_per_node,
             "release": self.release,
             "env": dict(self.env),
-            "policy": self.policy,
+            "policy": describe_policy(self.policy),
             "note": self.note,
             "programs": [[op.to_dict() for op in p] for p in distinct],
             "rank_program": index,
@@ -166,14 +176,18 @@ class SimCase:
             gpus_per_node=data["gpus_per_node"],
             release=data["release"],
             env=tuple(sorted(data.get("env", {}).items())),
-            policy=data.get("policy"),
+            policy=_policy_of(data.get("policy")),
             note=data.get("note", ""),
         )
 
-    def dump(self, path: str | Path) -> Path:
+    def dump(self, path: str | Path, failure: Mapping[str, Any] | None = None) -> Path:
+        """Write the case (and, from the plugin, what failed on it: ``Failure.to_json()``) as JSON."""
+        data = self.to_json()
+        if failure is not None:
+            data["failure"] = dict(failure)
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_json(), indent=1) + "\n", encoding="utf-8")
+        path.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
         return path
 
     @classmethod
@@ -196,15 +210,37 @@ class SimCase:
                 body = ",\n".join(f"    {op_source(op)}" for op in program)
                 lines.append(f"p{len(distinct) - 1} = [\n{body},\n]")
         arg = names[0] if len(distinct) == 1 else "[" + ", ".join(names) + "]"
+        policy = _policy_source(self.policy)
+        if policy.startswith("policy_from_description("):
+            lines.insert(2, "from simnccl.policy import policy_from_description")
         lines += [
             f"out = simulate({arg}, gpu={self.gpu!r}, nodes={self.nodes}, gpus_per_node={self.gpus_per_node},",
-            f"               release={self.release!r}, env={dict(self.env)!r}, policy={self.policy!r})",
+            f"               release={self.release!r}, env={dict(self.env)!r}, policy={policy})",
             "print(out.verdict, out.hangs, out.errors)",
         ]
         return "\n".join(lines)
 
     def __repr__(self) -> str:  # what hypothesis prints for a falsifying example: runnable text
-        return f"SimCase.from_json({json.dumps(self.to_json())})"
+        try:
+            return f"SimCase.from_json({json.dumps(self.to_json())})"
+        except PolicyError:  # a policy no other process can rebuild: still say what the case is
+            return f"SimCase(<{self.world_size} ranks, policy {policy_label(self.policy)!r}: not serialisable>)"
+
+
+def _policy_of(description: Any) -> Any:
+    """A spec string stays a string (resolved when the case runs, like any spec); a recorded user policy is
+    rebuilt now, so a file whose policy cannot be rebuilt fails on load, naming the reason."""
+    if description is None or isinstance(description, str):
+        return description
+    return policy_from_description(description)
+
+
+def _policy_source(policy: Any) -> str:
+    """Python text that rebuilds ``policy``: its spec, or ``policy_from_description({...})``."""
+    described = describe_policy(policy)
+    if described is None or isinstance(described, str):
+        return repr(described)
+    return f"policy_from_description({described!r})"
 
 
 def op_source(op: Op) -> str:
@@ -250,6 +286,8 @@ def share_identical(programs: Sequence[Sequence[Op]]) -> tuple[tuple[Op, ...], .
 
 COUNTS = {"programs": 0, "simulations": 0}
 _LAST: list[object] = [None, None]  # the last case simulated, and the policy it ran under
+_LAST_OUTCOME: list[RunOutcome | None] = [None]  # what that simulation returned
+_FAILED_CHECKS: list[dict[str, Any]] = []  # invariants that failed on the last case's outcome, in call order
 
 
 def _count_simulation(case: SimCase, policy: object) -> None:
@@ -257,7 +295,71 @@ def _count_simulation(case: SimCase, policy: object) -> None:
     COUNTS["simulations"] += 1
     if _LAST[0] is not case:
         COUNTS["programs"] += 1
+    if _LAST[0] is not case or _LAST[1] is not policy:
+        _FAILED_CHECKS.clear()  # notes belong to the case they were made on
     _LAST[0], _LAST[1] = case, policy
+    _LAST_OUTCOME[0] = None
+
+
+# Checkers whose failure can be re-checked from the case alone (one outcome, JSON arguments).
+REPLAYABLE_CHECKS = ("passes", "names_culprit", "within_capacity", "within_budget", "lazy_unused_allocate_nothing")
+_CASE_PROGRAMS = "$case.programs"
+
+
+def note_failed_check(outcome: RunOutcome, name: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
+    """Called by the invariant checkers when one fails: remember it if it judged the last case simulated."""
+    if outcome is not _LAST_OUTCOME[0] or name not in REPLAYABLE_CHECKS:
+        return
+    case = _LAST[0]
+    programs = case.programs if isinstance(case, SimCase) else None
+
+    def plain(value: Any) -> Any:
+        if programs is not None and _same_programs(value, programs):
+            return _CASE_PROGRAMS
+        if isinstance(value, set | frozenset):
+            return sorted(value)
+        return list(value) if isinstance(value, tuple) else value
+
+    note = {"check": name, "args": [plain(a) for a in args], "kwargs": {k: plain(v) for k, v in kwargs.items()}}
+    try:
+        json.dumps(note)
+    except (TypeError, ValueError):
+        return  # arguments the replay could not rebuild: the test is re-run instead
+    _FAILED_CHECKS.append(note)
+
+
+def _same_programs(value: Any, programs: tuple[tuple[Op, ...], ...]) -> bool:
+    if value is programs:
+        return True
+    try:
+        return isinstance(value, Sequence) and len(value) == len(programs) and tuple(map(tuple, value)) == programs
+    except TypeError:
+        return False
+
+
+def failed_checks() -> list[dict[str, Any]]:
+    """The invariant failures noted on the last case simulated (the plugin writes them to the case file)."""
+    return [dict(n) for n in _FAILED_CHECKS]
+
+
+def recheck(case: SimCase, outcome: RunOutcome, notes: Sequence[Mapping[str, Any]]) -> list[tuple[str, bool, str]]:
+    """Run the noted checks again on ``outcome``: (check, ok, explanation) each."""
+    from simnccl.testing import invariants
+
+    results = []
+    for note in notes:
+        name = note.get("check")
+        if name not in REPLAYABLE_CHECKS:
+            raise ValueError(f"case file: unknown check {name!r}; expected one of {', '.join(REPLAYABLE_CHECKS)}")
+
+        def real(value: Any) -> Any:
+            return case.programs if value == _CASE_PROGRAMS else value
+
+        args = [real(a) for a in note.get("args", [])]
+        kwargs = {k: real(v) for k, v in dict(note.get("kwargs", {})).items()}
+        verdict = getattr(invariants, name).__wrapped__(outcome, *args, **kwargs)
+        results.append((name, bool(verdict), verdict.explanation))
+    return results
 
 
 def last_case() -> SimCase | None:
@@ -282,6 +384,8 @@ def plugin_registered() -> bool:
 
 def reset_last_case() -> None:
     _LAST[0] = _LAST[1] = None
+    _LAST_OUTCOME[0] = None
+    _FAILED_CHECKS.clear()
 
 
 # ---------------------------------------------------------------------- command line
@@ -304,29 +408,97 @@ def describe(outcome: RunOutcome) -> str:
     return "\n".join(lines)
 
 
+EXIT_OK, EXIT_STILL_FAILS, EXIT_BAD_INPUT = 0, 1, 2
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Replay a case file: simulate it, then re-run the check that failed on it.
+
+    Exit 0: the recorded check passes now (or, with ``--simulate-only``, the verdict is ``pass``); 1: it
+    still fails; 2: the file cannot be read or its policy rebuilt.
+    """
     parser = argparse.ArgumentParser(
-        prog="python -m simnccl.testing.replay", description="Replay a simnccl case dumped by a failing test."
+        prog="python -m simnccl.testing.replay",
+        description="Replay a simnccl case dumped by a failing test, and re-run the check that failed.",
     )
     parser.add_argument("case", help="JSON file written by the simnccl pytest plugin")
-    parser.add_argument("--policy", help="override the case's policy")
+    parser.add_argument("--policy", help="override the case's policy (any simnccl policy spec)")
     parser.add_argument("--snippet", action="store_true", help="print the case as Python instead of running it")
+    parser.add_argument(
+        "--simulate-only", action="store_true", help="only simulate: exit 0 when the verdict is pass, 1 otherwise"
+    )
     args = parser.parse_args(argv)
-    case = SimCase.load(args.case)
-    if args.policy:
-        case = case.with_(policy=args.policy)
+    try:
+        data = json.loads(Path(args.case).read_text(encoding="utf-8"))
+        case = SimCase.from_json(data)
+        if args.policy:
+            case = case.with_(policy=args.policy)
+    except (OSError, ValueError, KeyError, TypeError, PolicyError) as error:
+        print(f"error: {args.case}: {error}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     if args.snippet:
         print(case.snippet())
-        return 0
+        return EXIT_OK
+    failure = data.get("failure") if isinstance(data.get("failure"), Mapping) else {}
     print(
         f"{args.case}: {case.world_size} ranks on {case.nodes}x{case.gpus_per_node} {case.gpu}, torch {case.release}, "
-        f"env {dict(case.env)}, policy {case.policy or 'torch-default'}"
+        f"env {dict(case.env)}, policy {policy_label(case.policy)}"
     )
     if case.note:
         print(f"note: {case.note}")
-    outcome = case.run()
+    try:
+        outcome = case.run()
+    except PolicyError as error:
+        print(f"error: {args.case}: {error}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     print(describe(outcome))
-    return 0 if outcome.verdict == "pass" else 1
+    if args.simulate_only:
+        return EXIT_OK if outcome.verdict == "pass" else EXIT_STILL_FAILS
+    notes = failure.get("checks") or []
+    if notes:
+        try:
+            results = recheck(case, outcome, notes)
+        except (ValueError, TypeError) as error:
+            print(f"error: {args.case}: {error}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        for name, ok, explanation in results:
+            print(f"check {name}: {'ok' if ok else 'FAILS'}: {explanation}")
+        failing = [name for name, ok, _ in results if not ok]
+        print(f"still fails: {', '.join(failing)}" if failing else "the recorded check(s) pass now")
+        return EXIT_STILL_FAILS if failing else EXIT_OK
+    test = failure.get("test")
+    if isinstance(test, str) and test:
+        return _rerun_test(test, failure)
+    # An old case file, or one written by hand: the only check known is that a valid program passes.
+    print("no recorded check: judging the verdict (a valid program must pass)")
+    return EXIT_OK if outcome.verdict == "pass" else EXIT_STILL_FAILS
+
+
+def _rerun_test(test: str, failure: Mapping[str, Any]) -> int:
+    """The failure was the test's own assertion: run that test again, as it ran (profile, folder)."""
+    import os
+    import subprocess
+
+    rootdir = failure.get("rootdir")
+    cwd = rootdir if isinstance(rootdir, str) and Path(rootdir).is_dir() else None
+    env = dict(os.environ)
+    profile = failure.get("profile_env")
+    if isinstance(profile, str) and profile:
+        env["SIMNCCL_HYPOTHESIS_PROFILE"] = profile
+    command = [sys.executable, "-m", "pytest", "-p", "no:xdist", "-p", "no:randomly", "-q", test]
+    print(f"the failure was the test's own assertion: re-running {test} ({' '.join(command[2:])})", flush=True)
+    try:
+        done = subprocess.run(command, cwd=cwd, env=env, timeout=CASE_WALL_S * 20, check=False)
+    except subprocess.TimeoutExpired:
+        print(f"error: {test} still running after {CASE_WALL_S * 20:g} s", file=sys.stderr)
+        return EXIT_STILL_FAILS
+    if done.returncode == 0:
+        print(f"{test} passes now")
+        return EXIT_OK
+    if done.returncode == 1:
+        return EXIT_STILL_FAILS
+    print(f"error: pytest could not run {test} (exit {done.returncode})", file=sys.stderr)
+    return EXIT_BAD_INPUT
 
 
 if __name__ == "__main__":
