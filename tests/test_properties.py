@@ -9,32 +9,21 @@ makes the count a check.
 from __future__ import annotations
 
 import pytest
-from hypothesis import HealthCheck, assume, find, given, settings
+from hypothesis import HealthCheck, find, given, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from simnccl.engine import RunOutcome
 from simnccl.ops import WORLD, Checkpoint, Collective, NewGroup, PointToPoint
 from simnccl.policy import BUILTIN
 from simnccl.testing import invariants as inv
 from simnccl.testing import mutations
 from simnccl.testing.replay import CaseTimeout, SimCase, plugin_registered
+from simnccl.testing.stateful import GrowingProgram
 from simnccl.testing.strategies import (
-    COLLECTIVES,
-    FAMILY_KINDS,
-    PURPOSE,
-    SIZES_BYTES,
-    Family,
-    Layout,
-    Use,
     cases,
-    clusters,
-    draw_mesh_shape,
     envs,
-    family_parts,
-    first_use_is_collective,
     mutants,
     policies,
-    releases,
 )
 
 if not plugin_registered():  # not yet loaded by -p or the pytest11 entry point
@@ -161,109 +150,18 @@ def test_same_case_gives_the_same_trace_hash(case: SimCase) -> None:
 # ------------------------------------------------------------------------------------------ stateful growth
 
 
-class GrowingProgram(RuleBasedStateMachine):
-    """Grows one SPMD program step by step — a group family, a collective on a bound handle, a send/recv
-    pair — and simulates it after every step under the drawn policy, checking the invariants each time."""
+class GrowingUnderBuiltins(GrowingProgram):
+    """simnccl's public stateful base (``simnccl.testing.stateful``) under the built-in policies, with one more
+    check: under ``lazy-init`` a group that never communicates allocates nothing."""
 
-    handles = Bundle("handles")
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.steps: list[Family | Use] = []
-        self.families: dict[str, Family] = {}
-        self.initialized: set[str] = set()
-        self.world = 1
-        self.shape = (1, 1, 1)
-        self.dirty = False
-        self.case: SimCase | None = None
-
-    @initialize(
-        target=handles,
-        cluster=clusters(),
-        release=releases(),
-        env=envs(),
-        policy=policies(),
-        data=st.data(),
-    )
-    def start(self, cluster, release, env, policy, data):  # type: ignore[no-untyped-def]
-        self.cluster, self.release, self.env, self.policy = cluster, release, env, policy
-        self.world = cluster.world_size
-        self.shape = draw_mesh_shape(data.draw, self.world)
-        self.dirty = True
-        return WORLD
-
-    def _ops(self) -> int:
-        return max(len(p) for p in Layout(self.world, tuple(self.steps)).render())
-
-    @precondition(lambda self: self._ops() + 8 <= MAX_OPS)
-    @rule(
-        target=handles,
-        kind=st.sampled_from([k for k in FAMILY_KINDS if k != "duplicate"]),
-        colors=st.lists(st.integers(0, 3), min_size=8, max_size=8),
-    )
-    def add_family(self, kind: str, colors: list[int]) -> str:
-        handle = f"{PURPOSE[kind]}{len(self.families)}"
-        family = Family(handle, family_parts(kind, self.world, self.shape, colors), PURPOSE[kind])
-        return self._add(family)
-
-    @precondition(lambda self: self._ops() + 8 <= MAX_OPS)
-    @rule(target=handles, source=handles)
-    def add_duplicate(self, source: str) -> str:
-        parts = self.families[source].parts if source in self.families else (tuple(range(self.world)),)
-        purpose = self.families[source].purpose if source in self.families else "world"
-        return self._add(Family(f"{purpose}{len(self.families)}", parts, purpose))
-
-    def _add(self, family: Family) -> str:
-        self.families[family.handle] = family
-        self.steps.append(family)
-        self.dirty = True
-        return family.handle
-
-    @precondition(lambda self: self._ops() < MAX_OPS)
-    @rule(
-        handle=handles,
-        kind=st.sampled_from([k for k in COLLECTIVES if k != "broadcast"]),
-        size=st.sampled_from(SIZES_BYTES),
-    )
-    def add_collective(self, handle: str, kind: str, size: int) -> None:
-        self.steps += first_use_is_collective(self.steps, self.initialized, Use(kind, handle, size))
-        self.dirty = True
-
-    @precondition(lambda self: self.world > 1 and self._ops() + 1 < MAX_OPS)
-    @rule(handle=handles, data=st.data())
-    def add_p2p(self, handle: str, data: st.DataObject) -> None:
-        parts = self.families[handle].parts if handle in self.families else (tuple(range(self.world)),)
-        multi = [p for p in parts if len(p) > 1]
-        assume(multi)
-        part = data.draw(st.sampled_from(multi), label="part")
-        src, dst = data.draw(st.permutations(part), label="order")[:2]
-        size = data.draw(st.sampled_from(SIZES_BYTES), label="size")
-        self.steps += first_use_is_collective(self.steps, self.initialized, Use("p2p", handle, size, src, dst))
-        self.dirty = True
-
-    @invariant()
-    def keeps_invariants(self) -> None:
-        if not self.dirty:
-            return
-        self.dirty = False
-        self.case = SimCase(
-            programs=Layout(self.world, tuple(self.steps)).render(),
-            gpu=self.cluster.gpu,
-            nodes=self.cluster.nodes,
-            gpus_per_node=self.cluster.gpus_per_node,
-            release=self.release,
-            env=tuple(sorted(self.env.items())),
-            policy=self.policy,
-        )
-        out = self.case.run()
-        assert (v := inv.passes(out)), v.explanation
-        assert (v := inv.within_capacity(out)), v.explanation
+    def check(self, case: SimCase, outcome: RunOutcome) -> None:
+        super().check(case, outcome)
         if self.policy == "lazy-init":
-            assert (v := inv.lazy_unused_allocate_nothing(out, self.case.programs)), v.explanation
+            assert (v := inv.lazy_unused_allocate_nothing(outcome, case.programs)), v.explanation
 
 
-GrowingProgram.TestCase.settings = settings(stateful_step_count=10)
-TestGrowingProgram = GrowingProgram.TestCase
+GrowingUnderBuiltins.TestCase.settings = settings(stateful_step_count=10)
+TestGrowingProgram = GrowingUnderBuiltins.TestCase
 
 
 # ------------------------------------------------------------------------------------------ mutants

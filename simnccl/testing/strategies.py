@@ -40,7 +40,7 @@ from simnccl.ops import (
     Send,
     SetDevice,
 )
-from simnccl.policy import BUILTIN
+from simnccl.policy import BUILTIN, ComposedPolicy, get_policy
 from simnccl.release import RELEASES
 from simnccl.testing.hypothesis_profiles import load_profile, register_profiles, untouched
 from simnccl.testing.replay import SimCase, share_identical
@@ -149,20 +149,38 @@ def single_policies() -> st.SearchStrategy[str]:
 
 
 @st.composite
-def policies(draw: st.DrawFn, *, max_parts: int = 3) -> str:
-    """A built-in policy name, ``budget(X)``, or a composition ``a+b[+c]`` of distinct parts."""
-    return draw_policy(draw, max_parts=max_parts)
+def policies(draw: st.DrawFn, *, max_parts: int = 3, custom: Sequence[Any] = (), builtins: bool = True) -> Any:
+    """A built-in policy name, ``budget(X)``, a team's own policy, or a composition ``a+b[+c]`` of distinct parts.
+
+    ``custom``: the team's own policies (objects, or any spec ``get_policy`` accepts, e.g. ``"acme.policies:Safe"``),
+    drawn alongside the built-ins (or alone with ``builtins=False``). The result is a spec string when every
+    part is one, else a ``ComposedPolicy`` (or the single object) -- either is what ``cases(policy=...)``,
+    ``SimCase`` and ``simulate`` take.
+    """
+    return draw_policy(draw, max_parts=max_parts, custom=custom, builtins=builtins)
 
 
-def draw_policy(draw: st.DrawFn, *, max_parts: int = 3) -> str:
-    parts = [_pick(draw, SINGLE_POLICIES)]
+def draw_policy(draw: st.DrawFn, *, max_parts: int = 3, custom: Sequence[Any] = (), builtins: bool = True) -> Any:
+    pool: tuple[Any, ...] = (*(SINGLE_POLICIES if builtins else ()), *custom)
+    if not pool:
+        raise ValueError("policies(): no policies to draw from (builtins=False and no custom ones)")
+    parts = [_pick(draw, pool)]
     for _ in range(max_parts - 1):
         if not draw(_BOOLS):
             break
-        part = _pick(draw, SINGLE_POLICIES)
-        if part.split("(")[0] not in {p.split("(")[0] for p in parts}:
+        part = _pick(draw, pool)
+        if _policy_kind(part) not in {_policy_kind(p) for p in parts}:
             parts.append(part)
-    return "+".join(parts)
+    if all(isinstance(part, str) for part in parts):
+        return "+".join(parts)
+    if len(parts) == 1:
+        return parts[0]
+    return ComposedPolicy(tuple(get_policy(part) for part in parts))
+
+
+def _policy_kind(part: Any) -> Any:
+    """What makes two parts "the same policy" for composition: the name before arguments, or the object."""
+    return part.split("(")[0] if isinstance(part, str) else part
 
 
 # ---------------------------------------------------------------------- layouts
@@ -467,13 +485,14 @@ def cases(
     gpu: str | None = None,
     release: str | st.SearchStrategy[str] | None = None,
     env: dict[str, str] | st.SearchStrategy[dict[str, str]] | None = None,
-    policy: str | st.SearchStrategy[str | None] | None = None,
+    policy: Any = None,
     **layout_options: object,
 ) -> SimCase:
     """A whole simulation case: cluster, release, env knobs, policy, and a valid program for every rank.
 
     Fixed values are used as given; strategies are drawn from; ``None`` draws from the full range (for
-    ``policy``: ``None`` draws a policy; pass ``st.none()`` for torch's defaults).
+    ``policy``: ``None`` draws a built-in policy; pass ``st.none()`` for torch's defaults, a team's own policy
+    object or spec to fix it, or ``policies(custom=[...])`` to draw it among the built-ins).
     """
     cluster = draw_cluster(draw, min_world=min_world, max_world=max_world, gpu=gpu)
     chosen_release = _pick(draw, RELEASE_KEYS) if release is None else _value(draw, release)
