@@ -113,6 +113,7 @@ from simnccl.ops import (
     SplitGroup,
 )
 from simnccl.release import KNOWN_BACKEND_NAMES, DeviceBackend, ReleaseError, get_release
+from simnccl.tags import current_tags
 from simnccl.torch_apply import modelled_options
 
 DEFAULT_TIMEOUT_S = 120.0
@@ -777,6 +778,7 @@ def _enter(rec: _Recorder, name: str, args: Mapping[str, Any]) -> str | None:
         rec.add(op, name, _call_args(args, keys), WORLD)
         return WORLD
     world_size = dist.get_world_size() if dist.is_initialized() else 0
+    purpose, traffic = current_tags()  # production code's simnccl.tags.group_tags around the call
     if name == "new_group":
         raw = args.get("ranks")
         ranks = None if raw is None else [int(r) for r in raw]
@@ -794,6 +796,8 @@ def _enter(rec: _Recorder, name: str, args: Mapping[str, Any]) -> str | None:
             group_desc=desc,
             device_id=_device(args.get("device_id")),  # type: ignore[arg-type]
             timeout_s=_seconds(args.get("timeout")),
+            purpose=purpose,
+            traffic=traffic,
         )
         keys = ("ranks", "timeout", "backend", "pg_options", "use_local_synchronization", "group_desc")
         rec.add(op, name, _call_args(args, (*keys, "device_id", "sort_ranks")), handle)
@@ -812,6 +816,8 @@ def _enter(rec: _Recorder, name: str, args: Mapping[str, Any]) -> str | None:
             pg_options=_options(args.get("pg_options")),
             group_desc=desc,
             timeout_s=_seconds(args.get("timeout")),
+            purpose=purpose,
+            traffic=traffic,
         )
         keys = ("parent_pg", "split_ranks", "timeout", "pg_options", "group_desc", "backend")
         rec.add(op, name, _call_args(args, keys), handle)

@@ -5,12 +5,15 @@ imports it (``simnccl.policy`` is pure and does not know this module: no import 
 
 Usage::
 
+    from simnccl.tags import group_tags
     from simnccl.torch_apply import apply
 
     with apply("dedupe+lazy-single-rank") as applied:   # installed here, uninstalled on exit
         dist.init_process_group("nccl", device_id=local_device)
-        tp = dist.new_group(tp_ranks, purpose="tp")
-        pp = dist.new_group(pp_ranks, purpose="pp", traffic="p2p")
+        with group_tags(purpose="tp"):
+            tp = dist.new_group(tp_ranks)
+        with group_tags(purpose="pp", traffic="p2p"):       # the same code runs without apply()
+            pp = dist.new_group(pp_ranks)
     print(applied.decisions)
 
 ``install(policy)`` / ``uninstall(applied)`` (or ``applied.uninstall()``) do the same without a ``with``
@@ -37,7 +40,10 @@ What is routed, and how (the same semantics as the simulator, ``simnccl.engine``
   not expressible there and is reverted (the explanation says so); ``reuse`` returns earlier groups only
   when *every* split of the call is reused, otherwise the reused splits are created anew.
 
-Extra keyword arguments of the wrapped ``new_group`` / ``split_group`` (stripped before torch sees them):
+Tags (``simnccl.tags``): production code says what a group is for with ``with group_tags(purpose=...,
+traffic=...)`` around the plain torch call (or ``simnccl.tags.new_group``), which runs unchanged without this
+module. The wrapped functions also accept them as extra keyword arguments, stripped before torch sees them
+(only while a policy is installed; plain torch rejects them):
 ``purpose=`` (free tag: ``"tp"``, ``"pp"``, ``"dp"`` …; ``nccl-lazy-p2p`` treats ``pp``/``pipeline``/``p2p``/
 ``embedding`` as point-to-point) and ``traffic=`` (``"collectives"``, ``"p2p"`` or ``"none"``: what the caller
 will do on the group). Both become ``GroupRequest.purpose`` / ``.traffic``.
@@ -76,7 +82,6 @@ from simnccl.backends.base import runtime_connect
 from simnccl.ops import NO_OPTIONS, PgOptions
 from simnccl.policy import (
     NCCL_NAMES,
-    TRAFFIC_KINDS,
     GroupDecision,
     GroupRequest,
     History,
@@ -88,6 +93,7 @@ from simnccl.policy import (
     get_policy,
 )
 from simnccl.profiles import find_profile
+from simnccl.tags import check_traffic, current_tags
 
 __all__ = [
     "PATCHED_FUNCTIONS",
@@ -248,7 +254,7 @@ class Applied:
         original = self.original("new_group")
         if not self.active:
             return original(*args, **kwargs)
-        _check_traffic(traffic)
+        purpose, traffic = _tags(purpose, traffic)
         if not dist.is_initialized():
             return original(*args, **kwargs)  # torch raises its own error
         bound = _SIGNATURES["new_group"].bind(*args, **kwargs)
@@ -329,7 +335,7 @@ class Applied:
         original = self.original("split_group")
         if not self.active:
             return original(*args, **kwargs)
-        _check_traffic(traffic)
+        purpose, traffic = _tags(purpose, traffic)
         if not dist.is_initialized():
             return original(*args, **kwargs)
         bound = _SIGNATURES["split_group"].bind(*args, **kwargs)
@@ -470,9 +476,11 @@ def _module(name: str) -> Any:
 _SIGNATURES = {name: inspect.signature(getattr(c10d, name)) for name in PATCHED_FUNCTIONS}
 
 
-def _check_traffic(traffic: str | None) -> None:
-    if traffic is not None and traffic not in TRAFFIC_KINDS:
-        raise ValueError(f"traffic={traffic!r}: expected one of {', '.join(TRAFFIC_KINDS)} (or None)")
+def _tags(purpose: str | None, traffic: str | None) -> tuple[str | None, str | None]:
+    """The call's own tag arguments, else those of the enclosing ``simnccl.tags.group_tags`` block."""
+    check_traffic(traffic)
+    around_purpose, around_traffic = current_tags()
+    return (purpose if purpose is not None else around_purpose, traffic if traffic is not None else around_traffic)
 
 
 def _int_or(value: Any, fallback: str | None) -> int:

@@ -134,3 +134,15 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def tagged_pipeline_groups() -> None:
+    """Production-style code: plain torch calls, tagged with simnccl.tags (no simnccl apply() needed)."""
+    from simnccl.tags import group_tags, new_group
+
+    dist.init_process_group("nccl")
+    world = dist.get_world_size()
+    with group_tags(purpose="pp", traffic="p2p"):
+        dist.new_group([r for r in range(world) if r % 2 == 0])
+    new_group([r for r in range(world) if r % 2 == 1], purpose="tp", traffic="collectives")
+    dist.new_group(list(range(world)))

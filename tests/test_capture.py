@@ -498,3 +498,18 @@ def test_an_inline_rank_past_its_timeout_is_interrupted_even_through_except_exce
     assert time.monotonic() - started < 15
     assert not swallowed
     assert not dist.is_initialized()
+
+
+def test_group_tags_around_plain_torch_calls_are_recorded() -> None:
+    run = cap.capture(examples.tagged_pipeline_groups, 4)
+    groups = [op for op in run.programs[0].ops if isinstance(op, NewGroup)]
+    assert [(g.ranks, g.purpose, g.traffic) for g in groups] == [
+        ((0, 2), "pp", "p2p"),
+        ((1, 3), "tp", "collectives"),
+        ((0, 1, 2, 3), None, None),
+    ]
+    # The tags reach a policy in the simulator: nccl-lazy-p2p puts the p2p group on nccl-lazy.
+    outcome = run.simulate(gpu="h100-80gb", policy="nccl-lazy-p2p")
+    assert outcome.verdict == "pass"
+    backends = {key[1]: record.impl for key, record in outcome.groups.items()}
+    assert backends[(0, 2)] == "nccl-lazy" and backends[(1, 3)] != "nccl-lazy"
