@@ -1,0 +1,225 @@
+"""A team's own policy is first-class: named by import spec or entry point anywhere a built-in is named,
+checked for member agreement whatever it claims, and rebuilt from a case file."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import user_policies
+
+from simnccl.ops import AllReduce, InitProcessGroup, NewGroup, SetDevice
+from simnccl.policy import (
+    ComposedPolicy,
+    DedupePolicy,
+    LazySingleRankPolicy,
+    PolicyError,
+    decides_alike_on_every_rank,
+    describe_policy,
+    entry_point_names,
+    get_policy,
+    policy_from_description,
+)
+from simnccl.testing import simulate
+from simnccl.testing.replay import SimCase, share_identical
+
+TESTS = Path(__file__).resolve().parent
+START = [SetDevice(), InitProcessGroup(backend="nccl")]
+
+
+# ---------------------------------------------------------------------- naming
+
+
+def test_import_spec_names_a_class_an_instance_and_composes_with_builtins() -> None:
+    assert get_policy("user_policies:LazyAbove") == user_policies.LazyAbove()
+    assert get_policy("user_policies:LAZY_ABOVE_FOUR") is user_policies.LAZY_ABOVE_FOUR
+    composed = get_policy("dedupe + user_policies:LazyAbove+lazy-single-rank")
+    assert isinstance(composed, ComposedPolicy)
+    assert composed.parts == (DedupePolicy(), user_policies.LazyAbove(), LazySingleRankPolicy())
+    assert composed.name == "dedupe+lazy-above+lazy-single-rank"
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("no_such_module_xyz:Policy", "module 'no_such_module_xyz' is not importable here"),
+        ("user_policies:Missing", "has no attribute 'Missing'"),
+        ("user_policies:not_a_policy", "function object has no on_group/on_init: not a policy"),
+        ("user_policies:NeedsArguments", "NeedsArguments() needs arguments"),
+        ("user_policies:CALLS", "list object has no on_group/on_init"),
+        ("os.path:join()", "an import spec is 'package.module:Name'"),
+        ("../evil.py:X", "an import spec is 'package.module:Name'"),
+        ("no-such-policy", "unknown policy 'no-such-policy'"),
+        ("dedupe+", "empty part"),
+        ("x" * 3000, "longer than the limit"),
+    ],
+)
+def test_bad_specs_are_refused_with_one_line(spec: str, message: str) -> None:
+    with pytest.raises(PolicyError, match=None) as raised:
+        get_policy(spec)
+    assert message in str(raised.value) and "\n" not in str(raised.value)
+    assert user_policies.CALLS == []  # nothing named by a spec is ever called, only classes instantiated
+
+
+def test_entry_point_names_an_installed_packages_policy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A package registers ``[project.entry-points."simnccl.policies"]``; its name works like a built-in's."""
+    dist_info = tmp_path / "acme_policies-1.0.dist-info"
+    dist_info.mkdir()
+    (dist_info / "METADATA").write_text("Metadata-Version: 2.1\nName: acme-policies\nVersion: 1.0\n")
+    (dist_info / "entry_points.txt").write_text("[simnccl.policies]\nacme-lazy = user_policies:LazyAbove\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert "acme-lazy" in entry_point_names()
+    assert get_policy("acme-lazy") == user_policies.LazyAbove()
+    assert get_policy("acme-lazy+dedupe").name == "lazy-above+dedupe"
+
+
+def test_scenario_toml_and_the_cli_take_an_import_spec(tmp_path: Path) -> None:
+    scenario = tmp_path / "mine.toml"
+    scenario.write_text(
+        textwrap.dedent(
+            """
+            [scenario]
+            name = "mine"
+            policy = "user_policies:LazyAbove"
+            [cluster]
+            gpu = "h100-80gb"
+            gpus_per_node = 4
+            [torch]
+            release = "2.15"
+            [workload]
+            steps = [
+              { op = "set_device" },
+              { op = "init_process_group", backend = "nccl" },
+              { op = "new_group", ranks = [0, 1, 2, 3], bind = "all4" },
+              { op = "checkpoint", name = "after_groups" },
+            ]
+            [[expect]]
+            checkpoint = "after_groups"
+            baseline = "after_groups"
+            used_mib = 0
+            """
+        )
+    )
+    env = {"PYTHONPATH": str(TESTS), "PATH": ""}
+    done = subprocess.run(
+        [sys.executable, "-m", "simnccl", "run", str(scenario), "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert '"policy": "user_policies:LazyAbove"' in done.stdout
+    bad = scenario.read_text().replace("user_policies:LazyAbove", "user_policies:Nope")
+    scenario.write_text(bad)
+    done = subprocess.run(
+        [sys.executable, "-m", "simnccl", "run", str(scenario)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 2 and "has no attribute 'Nope'" in " ".join(done.stderr.split())
+
+
+# ---------------------------------------------------------------------- safe by default
+
+
+def test_only_builtin_types_are_decided_once_for_all_ranks() -> None:
+    assert decides_alike_on_every_rank(get_policy("dedupe+budget(500)+lazy-init"))
+    assert not decides_alike_on_every_rank(user_policies.LazyAbove())  # correct, but not simnccl's to vouch for
+    assert not decides_alike_on_every_rank(user_policies.LastMemberLazy())  # its class attribute is ignored
+    assert not decides_alike_on_every_rank(user_policies.SkewedDedupe())  # a subclass of a built-in
+    assert not decides_alike_on_every_rank(get_policy("dedupe+user_policies:LazyAbove"))
+
+
+@pytest.mark.parametrize("policy", [user_policies.LastMemberLazy(), get_policy("dedupe+user_policies:LastMemberLazy")])
+def test_a_rank_dependent_user_policy_fails_whatever_it_claims(policy: object) -> None:
+    program = [*START, NewGroup(ranks=(0, 1, 2, 3), bind="g"), AllReduce(group="g")]
+    out = simulate(program, gpus_per_node=4, policy=policy)  # type: ignore[arg-type]
+    assert out.verdict == "error"
+    errors = [e for e in out.errors if e["type"] == "PolicyInconsistency"]
+    assert errors, out.errors
+    message = errors[0]["message"]
+    assert "group [0, 1, 2, 3]" in message and "rank 3:" in message and "lazy_init" in message
+
+
+def test_a_subclass_of_a_builtin_is_checked_too() -> None:
+    program = [*START, NewGroup(ranks=(0, 1), bind="a"), NewGroup(ranks=(0, 1), bind="b"), AllReduce(group="b")]
+    out = simulate(program, policy=user_policies.SkewedDedupe())
+    assert any(e["type"] == "PolicyInconsistency" for e in out.errors), out.errors
+
+
+def test_a_correct_user_policy_passes_on_the_checked_path() -> None:
+    program = [*START, NewGroup(ranks=(0, 1, 2, 3), bind="g"), NewGroup(ranks=(0, 1), bind="p"), AllReduce(group="p")]
+    out = simulate(program, gpus_per_node=4, policy="user_policies:LazyAbove")
+    assert out.verdict == "pass", out.errors
+
+
+# ---------------------------------------------------------------------- round trip through a case file
+
+
+def test_descriptions_round_trip_builtins_user_dataclasses_and_compositions() -> None:
+    assert describe_policy(get_policy("dedupe")) == "dedupe"
+    assert describe_policy(get_policy("budget(500,231.1)")) == "budget(500,231.1)"
+    assert describe_policy(get_policy("dedupe+lazy-init")) == "dedupe+lazy-init"
+    mine = user_policies.LazyAbove(max_eager_ranks=8)
+    described = describe_policy(mine)
+    assert isinstance(described, dict)
+    assert described["import"] == "user_policies:LazyAbove"
+    assert described["fields"]["max_eager_ranks"] == 8
+    assert policy_from_description(described) == mine
+    composed = ComposedPolicy((DedupePolicy(), mine))
+    assert policy_from_description(describe_policy(composed)) == composed
+
+
+def test_a_policy_defined_in_a_function_cannot_be_recorded() -> None:
+    from dataclasses import dataclass
+
+    from simnccl.policy import BasePolicy
+
+    @dataclass(frozen=True)
+    class Local(BasePolicy):
+        name: str = "local"
+
+    with pytest.raises(PolicyError, match="defined inside a function"):
+        describe_policy(Local())
+
+
+def test_a_case_file_rebuilds_a_policy_from_a_module_only_the_test_session_could_import(tmp_path: Path) -> None:
+    """pytest imports a test module from its folder; the replay runs elsewhere: the recorded file finds it."""
+    folder = tmp_path / "suite"
+    folder.mkdir()
+    (folder / "team_policy_mod.py").write_text(
+        "from dataclasses import dataclass\nfrom simnccl.policy import BasePolicy\n\n"
+        "@dataclass(frozen=True)\nclass TeamPolicy(BasePolicy):\n    name: str = 'team'\n    knob: int = 1\n"
+    )
+    script = textwrap.dedent(
+        f"""
+        import sys
+        sys.path.insert(0, {str(folder)!r})
+        import team_policy_mod
+        from simnccl.ops import InitProcessGroup, SetDevice
+        from simnccl.testing.replay import SimCase
+        case = SimCase(programs=((SetDevice(), InitProcessGroup()),) * 2, policy=team_policy_mod.TeamPolicy(knob=7))
+        case.dump({str(tmp_path / "case.json")!r})
+        """
+    )
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=120, cwd=tmp_path)
+    loaded = SimCase.load(tmp_path / "case.json")  # this process never had ``folder`` on sys.path
+    assert type(loaded.policy).__name__ == "TeamPolicy" and loaded.policy.knob == 7
+    assert loaded.run().verdict == "pass"
+
+
+def test_case_with_a_user_policy_object_round_trips() -> None:
+    programs = share_identical([[*START, NewGroup(ranks=(0, 1), bind="g")]] * 2)
+    case = SimCase(programs=programs, policy=user_policies.LazyAbove(max_eager_ranks=1))
+    assert SimCase.from_json(case.to_json()) == case
+    namespace: dict[str, object] = {}
+    exec(case.snippet().replace("print(", "_ = ("), namespace)  # the snippet rebuilds the policy too
+    assert namespace["out"].verdict == case.run().verdict  # type: ignore[attr-defined]

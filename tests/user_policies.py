@@ -1,0 +1,68 @@
+"""Policies as a team would write them, for the tests of naming, checking and replaying users' own policies.
+
+Imported by spec (``user_policies:Name``) with ``tests/`` on ``sys.path`` (pytest puts it there).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from simnccl.policy import BasePolicy, DedupePolicy, GroupDecision, GroupRequest
+
+
+@dataclass(frozen=True)
+class LazyAbove(BasePolicy):
+    """Correct: groups larger than ``max_eager_ranks`` get lazy_init (decided from the call only)."""
+
+    name: str = "lazy-above"
+    max_eager_ranks: int = 2
+
+    def on_group(self, request: GroupRequest, decision: GroupDecision) -> GroupDecision:
+        if len(request.ranks) <= self.max_eager_ranks:
+            return decision
+        return replace(
+            decision,
+            pg_options=replace(decision.pg_options, lazy_init=True),
+            explanation=f"{len(request.ranks)} ranks > {self.max_eager_ranks}: lazy",
+        )
+
+
+@dataclass(frozen=True)
+class LastMemberLazy(BasePolicy):
+    """Wrong: the last member of a group decides lazy, the others eager (members disagree). It also *claims*
+    rank independence with a plain class attribute, which the harness must not trust."""
+
+    name: str = "last-member-lazy"
+    rank_independent = True  # not a field: a bare promise
+
+    def on_group(self, request: GroupRequest, decision: GroupDecision) -> GroupDecision:
+        if len(request.ranks) > 1 and request.rank == request.ranks[-1]:
+            return replace(decision, pg_options=replace(decision.pg_options, lazy_init=True), explanation="last: lazy")
+        return decision
+
+
+@dataclass(frozen=True)
+class SkewedDedupe(DedupePolicy):
+    """Wrong, and a subclass of a built-in: odd ranks never dedupe."""
+
+    name: str = "skewed-dedupe"
+
+    def on_group(self, request: GroupRequest, decision: GroupDecision) -> GroupDecision:
+        if request.rank % 2:
+            return decision
+        return super().on_group(request, decision)
+
+
+LAZY_ABOVE_FOUR = LazyAbove(max_eager_ranks=4)  # a module-level instance, named by spec
+
+CALLS: list[str] = []
+
+
+def not_a_policy() -> None:
+    """A function: a spec naming it must be refused without calling it."""
+    CALLS.append("called")
+
+
+class NeedsArguments(BasePolicy):
+    def __init__(self, budget: float) -> None:
+        self.budget = budget
