@@ -4,6 +4,7 @@ the replayable failure report, the program count summed over xdist workers, and 
 from __future__ import annotations
 
 import json
+import sys
 import textwrap
 from pathlib import Path
 
@@ -307,3 +308,145 @@ def test_replay_command_reports_a_hang(tmp_path: Path, capsys: pytest.CaptureFix
     assert replay.main([str(path), "--policy", "lazy-init"]) == 1
     with pytest.raises(ValueError, match="not a simnccl case"):
         SimCase.from_json({"schema": "other"})
+
+
+# ---------------------------------------------------------------------- a team's own policy, as a user meets it
+
+TEAM_SUITE = textwrap.dedent(
+    """\
+    from dataclasses import dataclass, replace
+
+    from hypothesis import given, settings
+    from simnccl.policy import BasePolicy
+    from simnccl.testing import invariants as inv
+    from simnccl.testing.strategies import cases
+
+
+    @dataclass(frozen=True)
+    class LastMemberLazy(BasePolicy):
+        name: str = "last-member-lazy"
+        rank_independent = True  # a bare promise the harness must not trust
+
+        def on_group(self, request, decision):
+            if len(request.ranks) > 1 and request.rank == request.ranks[-1]:
+                return replace(decision, pg_options=replace(decision.pg_options, lazy_init=True))
+            return decision
+
+
+    @given(cases(policy=LastMemberLazy(), min_world=2, release="2.15", env={}))
+    @settings(max_examples=30)
+    def test_team_policy_passes(case):
+        out = case.run()
+        assert (v := inv.passes(out)), v.explanation
+
+
+    @given(case=cases(policy="torch-default", min_world=2, max_world=2, release="2.15", env={}))
+    @settings(max_examples=10)
+    def test_fixtures_work_inside_given(case, simnccl_simulate, simnccl_cluster):
+        assert simnccl_cluster().world_size == 2
+        assert simnccl_simulate(list(case.programs), policy=case.policy).verdict == "pass"
+    """
+)
+
+
+@pytest.mark.parametrize("workers", [None, "2"], ids=["serial", "xdist"])
+def test_a_rank_dependent_team_policy_fails_with_both_plans_and_a_replay(
+    pytester: pytest.Pytester, workers: str | None
+) -> None:
+    pytester.makepyfile(test_team=TEAM_SUITE)
+    junit = pytester.path / "junit.xml"
+    args = ["-n", workers] if workers else []
+    result = run(pytester, *args, f"--junitxml={junit}")
+    result.assert_outcomes(failed=1, passed=1)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    text = result.stdout.str()
+    assert "PolicyInconsistency" in text and "planned differently for group" in text
+    assert "lazy_init" in text  # both plans are shown
+    assert "INTERNALERROR" not in text and "HealthCheck" not in text
+    line = next(x for x in result.outlines if x.startswith("# replay: python -m simnccl.testing.replay "))
+    path = Path(line.split()[-1])
+    assert "simnccl_replay" in junit.read_text() and str(path) in junit.read_text()
+    data = json.loads(path.read_text())
+    assert data["policy"]["import"] == "test_team:LastMemberLazy"
+    assert [c["check"] for c in data["failure"]["checks"]] == ["passes"]
+    # The replay, from another folder: rebuilds the policy from the recorded file, re-checks, still fails.
+    done = pytester.run(sys.executable, "-m", "simnccl.testing.replay", str(path))
+    assert done.ret == 1, done.stdout.str()
+    done.stdout.fnmatch_lines(["*check passes: FAILS*PolicyInconsistency*", "still fails: passes"])
+
+
+def test_a_failed_memory_property_replays_as_a_failure(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_budget=textwrap.dedent(
+            """\
+            from simnccl.ops import Checkpoint, InitProcessGroup, NewGroup, SetDevice
+            from simnccl.testing import invariants as inv
+            from simnccl.testing.replay import SimCase
+
+            def test_tight_budget():
+                ops = (SetDevice(), InitProcessGroup(backend="nccl"), Checkpoint("init"),
+                       NewGroup(ranks=(0, 1), bind="a"), NewGroup(ranks=(0, 1), bind="b"), Checkpoint("groups"))
+                case = SimCase(programs=(ops, ops), release="2.15")
+                out = case.run()
+                assert out.verdict == "pass"
+                v = inv.within_budget(out, budget_mib=100, per_group_mib=100, group_bytes=100 * 2**20)
+                assert v, v.explanation
+            """
+        )
+    )
+    result = run(pytester)
+    result.assert_outcomes(failed=1)
+    line = next(x for x in result.outlines if x.startswith("# replay: python -m simnccl.testing.replay "))
+    done = pytester.run(sys.executable, "-m", "simnccl.testing.replay", line.split()[-1])
+    assert done.ret == 1
+    done.stdout.fnmatch_lines(["verdict: pass*", "check within_budget: FAILS*", "still fails: within_budget"])
+
+
+def test_reporting_errors_never_hide_the_failure(pytester: pytest.Pytester) -> None:
+    """A case whose policy cannot be written down (a class inside the test) still fails, serially and under
+    xdist, and says why there is no replay file."""
+    pytester.makepyfile(
+        test_local=textwrap.dedent(
+            """\
+            from dataclasses import dataclass
+            from simnccl.ops import InitProcessGroup, SetDevice
+            from simnccl.policy import BasePolicy
+            from simnccl.testing.replay import SimCase
+
+            def test_local_policy():
+                @dataclass(frozen=True)
+                class Local(BasePolicy):
+                    name: str = "local"
+
+                SimCase(programs=((SetDevice(), InitProcessGroup()),) * 2, policy=Local()).run()
+                assert False, "the user's own assertion"
+            """
+        )
+    )
+    for args in ((), ("-n", "2")):
+        result = run(pytester, *args)
+        result.assert_outcomes(failed=1)
+        assert result.ret == pytest.ExitCode.TESTS_FAILED
+        result.stdout.fnmatch_lines(["*the case cannot be written down*defined inside a function*"])
+        assert "INTERNALERROR" not in result.stdout.str()
+
+
+def test_simnccl_seed_changes_the_seed_only(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SIMNCCL_HYPOTHESIS_PROFILE", raising=False)
+    pytester.makepyfile(
+        textwrap.dedent(
+            """\
+            from hypothesis import HealthCheck, core, settings
+            import simnccl.testing.strategies
+
+            def test_profile_kept():
+                assert core.global_force_seed == 99
+                assert settings.get_current_profile_name().startswith("simnccl-ci")
+                assert settings.default.max_examples == 100 and settings.default.deadline is None
+                assert HealthCheck.too_slow in settings.default.suppress_health_check
+                assert settings.default.derandomize is False  # a derandomized run would ignore the seed
+            """
+        )
+    )
+    run(pytester, "--simnccl-seed", "99").assert_outcomes(passed=1)
+    run(pytester, "--simnccl-seed", "99", "-n", "2").assert_outcomes(passed=1)

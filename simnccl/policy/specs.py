@@ -99,7 +99,7 @@ def _from_import_spec(raw: str) -> Policy:
         raise PolicyError(f"policy {raw!r}: an import spec is 'package.module:Name' (dotted Python names)")
     module_name, attribute = match.group("module"), match.group("name")
     try:
-        module = importlib.import_module(module_name)
+        module = _import_module(module_name)
     except ModuleNotFoundError as error:
         raise PolicyError(
             f"policy {raw!r}: module {module_name!r} is not importable here ({error}); install the package that "
@@ -113,6 +113,21 @@ def _from_import_spec(raw: str) -> Policy:
             raise PolicyError(f"policy {raw!r}: {module_name!r} has no attribute {attribute!r}")
         obj = getattr(obj, name)
     return _instantiate(obj, raw)
+
+
+def _import_module(module_name: str) -> Any:
+    """Import ``module_name``; a module in the current folder counts too, as it does for ``python -m`` (the
+    ``simnccl`` console script does not put the folder on ``sys.path``). The folder goes *last*, so it never
+    shadows an installed module."""
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as error:
+        top = module_name.split(".")[0]
+        here = str(Path.cwd())
+        if error.name != top or here in sys.path or "" in sys.path:
+            raise
+        sys.path.append(here)
+        return importlib.import_module(module_name)
 
 
 def _looks_like_policy(obj: object) -> bool:
@@ -267,7 +282,7 @@ def _import_class(spec: str, file: object) -> Any:
     module pytest imported from its folder), load it from there under its recorded name."""
     module_name, qualname = spec.split(":", 1)
     try:
-        module = importlib.import_module(module_name)
+        module = _import_module(module_name)
     except ModuleNotFoundError:
         if not isinstance(file, str) or not Path(file).is_file():
             raise PolicyError(

@@ -160,7 +160,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         return
     _attach(report, title, text)
     if command is not None:
-        report.user_properties.append(("simnccl_replay", command))
+        # JUnit XML writes the properties of the test's last (teardown) report, which copies the item's.
+        item.user_properties.append(("simnccl_replay", command))
 
 
 def _failure_section(item: pytest.Item) -> tuple[str | None, str, str | None]:
