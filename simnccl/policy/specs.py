@@ -190,8 +190,9 @@ def describe_policy(policy: str | Policy | None) -> str | dict[str, Any] | None:
 
     A spec string stays a string; a built-in object with its default fields becomes its name; a composition
     whose parts all have names becomes ``a+b``; anything else becomes ``{"import": "module:Qualname",
-    "fields": {...}, "file": "/path/of/module.py"}`` (a dataclass's field values; the file lets the replay
-    find a module that was importable only inside the test session, such as a test module).
+    "fields": {...}, "file": "/path/of/module.py"}`` (a dataclass's fields that differ from their defaults;
+    the file lets the replay find a module that was importable only inside the test session, such as a test
+    module).
     Raises ``PolicyError`` when the policy cannot be rebuilt from a description (a class defined inside a
     function, fields that are not JSON data, a non-dataclass whose constructor needs arguments).
     """
@@ -215,8 +216,9 @@ def describe_policy(policy: str | Policy | None) -> str | dict[str, Any] | None:
     fields: dict[str, Any] = {}
     if dataclasses.is_dataclass(policy):
         for f in dataclasses.fields(policy):
-            if f.init:
-                fields[f.name] = getattr(policy, f.name)
+            value = getattr(policy, f.name)
+            if f.init and not (f.default is not dataclasses.MISSING and value == f.default):
+                fields[f.name] = value  # only what differs from the class's defaults: the file stays readable
         try:
             json.dumps(fields)
         except (TypeError, ValueError) as error:
