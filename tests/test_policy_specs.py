@@ -223,3 +223,28 @@ def test_case_with_a_user_policy_object_round_trips() -> None:
     namespace: dict[str, object] = {}
     exec(case.snippet().replace("print(", "_ = ("), namespace)  # the snippet rebuilds the policy too
     assert namespace["out"].verdict == case.run().verdict  # type: ignore[attr-defined]
+
+
+def test_cost_takes_an_import_spec(capsys: pytest.CaptureFixture[str]) -> None:
+    from simnccl.cli import main
+
+    code = main(
+        ["cost", "--workload", "vllm", "--tp", "2", "--gpu", "h100-80gb", "--policy", "user_policies:LazyAbove"]
+    )
+    out = capsys.readouterr().out
+    assert code == 0 and "user_policies:LazyAbove" in out  # its own column, named by the spec
+    assert main(["cost", "--workload", "vllm", "--tp", "2", "--policy", "user_policies:Nope"]) == 2
+
+
+@pytest.mark.torch
+def test_capture_simulates_under_an_import_spec() -> None:
+    pytest.importorskip("torch")
+    import capture_examples
+
+    from simnccl.capture import capture
+
+    run = capture(capture_examples.tagged_pipeline_groups, 4)
+    eager = run.simulate(gpu="h100-80gb")
+    lazy = run.simulate(gpu="h100-80gb", policy="user_policies:LazyAbove")  # the world group (4 ranks) turns lazy
+    assert eager.verdict == lazy.verdict == "pass"
+    assert lazy.ledgers["n0:cuda:0"].peak_bytes < eager.ledgers["n0:cuda:0"].peak_bytes
