@@ -524,3 +524,50 @@ def test_cohort_and_rank_by_rank_agree_on_a_megatron_startup_under_policies(poli
     assert _observable(shared) == _observable(separate)
     handles = {r: sorted(rt.handles) for r, rt in enumerate(shared.ranks)}
     assert all("dp_gloo" in names for names in handles.values())  # gloo twins exist under every policy
+
+
+@pytest.mark.parametrize("policy", [None, "dedupe"])
+def test_a_finished_engine_is_freed_without_the_cyclic_gc(policy) -> None:
+    """Rooms hold the rooms they call, never the Engine (simnccl/engine/core.py): a run leaves no reference
+    cycle, so a dropped engine is freed at once (cycles here were most of a small run's GC time)."""
+    import gc
+    import weakref
+
+    from simnccl.cluster import Cluster, get_gpu_kind
+    from simnccl.engine import Engine, SimConfig
+    from simnccl.ops import Program
+    from simnccl.policy import get_policy
+    from simnccl.release import get_release
+
+    common = (
+        *START,
+        NewGroup(ranks=(0, 1), bind="tp"),
+        NewGroup(ranks=(2, 3), bind="tp"),
+        NewGroup(ranks=(0, 1, 2, 3), backend="gloo", bind="cpu"),
+        AllReduce(group="tp"),
+        AllReduce(group="cpu"),
+        Compute(seconds=0.5),
+    )
+    p2p = [Send(peer=1, group="world"), Recv(peer=0, group="world"), Send(peer=3, group="world")]
+    p2p.append(Recv(peer=2, group="world"))
+    programs = [Program((*common, op, Checkpoint(label="end"))) for op in p2p]
+    config = SimConfig(
+        cluster=Cluster(get_gpu_kind("h100-80gb"), 1, 4),
+        release=get_release("2.15"),
+        profile=find_profile("h100-80gb", "2.15"),
+        programs=programs,
+        policy=get_policy(policy) if policy else None,
+    )
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        engine = Engine(config)
+        outcome = engine.run()
+        rooms = [engine, engine.loop, engine.memory, engine.timing, engine.watchdogs, engine.injection, engine.fast]
+        refs = [weakref.ref(room) for room in (*rooms, engine.fast.cohorts, engine.fast.outsiders)]
+        del engine, rooms
+        assert [ref() for ref in refs] == [None] * len(refs)
+    finally:
+        if was_enabled:
+            gc.enable()
+    assert outcome.verdict == "pass"

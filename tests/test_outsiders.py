@@ -1,4 +1,4 @@
-"""The engine's outsider fast path (``Engine._outsider_calls``) against the ordinary per-rank path.
+"""The engine's outsider fast path (``engine/fast/outsiders.py``) against the ordinary per-rank path.
 
 Why: the fast path takes the calls a rank makes outside a group without planning them, and shares policy
 decisions between ranks with equal histories. It must change nothing but speed: the same event trace (hash and
@@ -130,9 +130,9 @@ def _both(knobs: dict[str, Any], world: int, **kwargs: Any) -> tuple[dict[str, A
         engine = _engine(knobs, world, fast_path=fast_path, **kwargs)
         results.append(_facts(engine, engine.run()))
         if not fast_path:
-            assert not any(engine._outsiders.values())  # no outsider plan shared: the ordinary path only
+            assert not any(engine.fast.outsiders.plans.values())  # no outsider plan shared: the ordinary path only
         elif decides_alike_on_every_rank(engine.policy):
-            assert any(engine._outsiders.values())  # the fast path really ran
+            assert any(engine.fast.outsiders.plans.values())  # the fast path really ran
     return results[0], results[1]
 
 
@@ -164,7 +164,7 @@ def test_equal_ops_of_distinct_programs_share_decisions() -> None:
     """Per-rank programs with equal ops decide each call once per history state, not once per rank."""
     engine = _engine({"tp": 2, "pp": 2, "dp": 4}, 16, policy="lazy-init", per_rank_programs=True, fast_path=True)
     assert engine.run().verdict == "pass"
-    assert max(len(node.steps) for node in engine._hnodes.values()) == 1
+    assert max(len(node.steps) for node in engine.histories.nodes.values()) == 1
 
 
 @pytest.mark.parametrize("policy", [None, "lazy-init", "skip-single-rank"])
@@ -184,5 +184,5 @@ def test_fast_path_stops_at_the_same_op_guard() -> None:
         )
         with pytest.raises(EngineGuardError) as err:
             engine.run()
-        messages.append((str(err.value), engine._work, engine._ops))
+        messages.append((str(err.value), engine.guard.work, engine.guard.ops))
     assert messages[0] == messages[1]

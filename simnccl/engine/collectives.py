@@ -1,0 +1,216 @@
+"""Collectives and point-to-point: a rank's ``all_reduce``/``broadcast``/... and ``send``/``recv`` on a group.
+
+Why a room: each is a meeting in the communicator's sequence (``("coll", comm id, seq)``; a send/recv pair
+per channel, direction and count), after the communicator is made usable: bootstrapped if lazy (``Comms``),
+connected (first-collective charges, ``Memory``), checked against the current device. The flight recorder
+records each at issue. gloo differs where the wire does: a size mismatch aborts, a broadcast is a binomial
+tree whose members leave as soon as their neighbours are in, and p2p may use a lazily made pair communicator.
+Every ``Collective`` op (``simnccl.ops``) comes here: a new one needs a class there, not a new handler.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Mapping
+from typing import Any
+
+import simpy
+
+from simnccl.backends import Comm, CommState, lifecycle
+from simnccl.backends.gloo import broadcast_needs
+from simnccl.c10d import Group, TorchError
+from simnccl.engine.comms import Comms
+from simnccl.engine.memory import Memory
+from simnccl.engine.rendezvous import Rendezvous
+from simnccl.engine.sim import Sim
+from simnccl.engine.state import RankRuntime, Waiting, current_device, fire_once, resolve
+from simnccl.engine.timing import Timing
+from simnccl.flight_recorder import RECORDING_IMPLS, Entry, FlightRecorder, numel
+from simnccl.meetings import Meeting
+from simnccl.ops import Broadcast, Collective, Op, PointToPoint, Send
+from simnccl.release import Impl
+
+
+class Collectives:
+    def __init__(self, sim: Sim, rendezvous: Rendezvous, comms: Comms, memory: Memory, timing: Timing) -> None:
+        self.env = sim.env
+        self.device_type = sim.device_type
+        self.record = sim.trace.record
+        self.rendezvous = rendezvous
+        self.comms = comms
+        self.memory = memory
+        self.timing = timing
+        self._pair_attempts: dict[tuple[str, int, int, int], int] = {}
+        self._tree_released: dict[int, set[int]] = {}  # id(gloo broadcast) -> members already released
+
+    def _usable_comm(self, rt: RankRuntime, group: Group, op: Op) -> Comm:
+        device_type = self.device_type
+        comm = group.comm_for(device_type)
+        if comm is None:
+            raise TorchError("RuntimeError", f"No backend type associated with device type {device_type}")
+        if device_type == "cuda" and comm.impl.is_nccl:
+            current = current_device(rt)
+            if comm.device is not None and comm.device != current:
+                if comm.impl is Impl.LEGACY:
+                    raise TorchError(
+                        "ValueError",
+                        f"Tensor found on device cuda:{current} but backend constrained to cuda:{comm.device}",
+                    )
+                raise TorchError(
+                    "RuntimeError",
+                    f"ProcessGroupNCCL is bound to device cuda:{comm.device} but an operation was "
+                    f"issued on cuda:{current}",
+                )
+        return comm
+
+    def op_collective(self, rt: RankRuntime, op: Collective) -> Waiting:
+        yield from self.rendezvous.settle(rt)
+        target = resolve(rt, op.group)
+        if not isinstance(target, Group):
+            rt.warnings.append(f"Running {op.name} on global rank {rt.rank} which does not belong to the given group.")
+            return
+        comm = self._usable_comm(rt, target, op)
+        life = lifecycle(comm.impl)
+        if not comm.ready:
+            yield from self.comms.init(rt, target, comm, op)
+        if not life.communicates:
+            return
+        if comm.impl.is_nccl:
+            self.memory.touch(rt, comm.device, op)
+        if not comm.connected:
+            self._connect(rt, target, comm, op)
+        comm.seq += 1
+        entry = self._fr_record(rt, target, comm, op.name, op.size_bytes, op.dtype, p2p=False)
+        members = self.comms.registry.members.setdefault(comm.comm_id, target.ranks)
+        meeting = self.rendezvous.open(("coll", comm.comm_id, comm.seq), "collective", target.name, comm.seq, members)
+        meeting.abort_on_mismatch = comm.impl is Impl.GLOO
+        payload = (op.name, op.size_bytes, op.dtype)
+        self.rendezvous.arrive(meeting, rt, payload, op, duration=self.timing.collective_s)
+        if meeting.abort_on_mismatch and isinstance(op, Broadcast) and len(members) > 2:
+            yield from self._wait_tree(rt, meeting, op)
+        else:
+            yield from self.rendezvous.wait(rt, meeting, op)
+        FlightRecorder.complete(entry, self.env.now)
+        self.record(self.env.now, rt.rank, op.name, target.name, comm.seq)
+
+    def _connect(self, rt: RankRuntime, group: Group, comm: Comm, op: Op) -> None:
+        """The first operation on a communicator connects it: what the lifecycle charges then."""
+        comm.connected = True
+        charges = lifecycle(comm.impl).first_collective_charges(self.memory.costs(rt), comm, rt.ctx.env)
+        self.memory.charge(rt, comm, charges, op, group)
+
+    def _wait_tree(self, rt: RankRuntime, meeting: Meeting, op: Broadcast) -> Waiting:
+        """A gloo broadcast is a binomial tree of sends and recvs, not one rendezvous: a member leaves as soon
+        as its ancestors and children have joined (``broadcast_needs``), so the root and subtrees that do not
+        depend on a missing rank complete, and only the ranks that wait on it hang. Each member waits on its own
+        event; the meeting completing (everyone in) releases the rest at its end."""
+        waits = self.rendezvous.releases(meeting)
+        waits[rt.rank] = self.env.event()
+        if meeting.problem is None:
+            if meeting.complete:
+                assert meeting.completed_at is not None
+                release_at = meeting.completed_at
+                ready = [r for r in sorted(waits) if r not in self._tree_released.setdefault(id(meeting), set())]
+            else:
+                release_at = self.env.now + self.timing.collective_s(meeting)
+                ready = self._tree_ready(meeting, waits)
+            for rank in ready:
+                self._tree_released[id(meeting)].add(rank)
+                if not meeting.complete:
+                    self.record(self.env.now, rank, "tree-release", meeting.key)
+                event = waits[rank]
+                self.env.timeout(release_at - self.env.now).callbacks.append(lambda _ev, e=event: fire_once(e))
+        yield from self.rendezvous.wait(rt, meeting, op, waits[rt.rank])
+
+    def _tree_ready(self, meeting: Meeting, waits: Mapping[int, simpy.Event]) -> list[int]:
+        """Members in the broadcast, not yet released, whose tree neighbours (``broadcast_needs``) are all in.
+        O(members x log members) per arrival, and only while the broadcast is incomplete."""
+        released = self._tree_released.setdefault(id(meeting), set())
+        expected = meeting.expected
+        position = {r: i for i, r in enumerate(expected)}
+        src = getattr(next(iter(meeting.arrivals.values())).op, "src", 0)
+        root = position.get(src, 0)
+        ready = []
+        for rank in sorted(waits):
+            if rank in released:
+                continue
+            needs = broadcast_needs(position[rank], len(expected), root)
+            if all(expected[i] in meeting.arrivals for i in needs):
+                ready.append(rank)
+        return ready
+
+    def _fr_record(
+        self, rt: RankRuntime, group: Group, comm: Comm, op: str, size_bytes: int, dtype: str, *, p2p: bool
+    ) -> Entry | None:
+        """What the flight recorder (hook or native) records at issue; fake records nothing (§E.1)."""
+        if rt.fr is None or comm.impl not in RECORDING_IMPLS:
+            return None
+        trace = rt.fr.group(group.name, group.desc, group.ranks)
+        return rt.fr.record(
+            trace,
+            comm.impl.cpp_name,
+            op,
+            numel=numel(size_bytes, dtype),
+            dtype=dtype,
+            p2p=p2p,
+            time_s=self.env.now,
+            timeout_s=group.timeout_s,
+        )
+
+    def op_p2p(self, rt: RankRuntime, op: PointToPoint) -> Waiting:
+        yield from self.rendezvous.settle(rt)
+        target = resolve(rt, op.group)
+        if not isinstance(target, Group):
+            rt.warnings.append(f"Running {op.name} on global rank {rt.rank} which does not belong to the given group.")
+            return
+        if op.peer not in target.ranks or op.peer == rt.rank:
+            raise TorchError("ValueError", f"Invalid peer rank {op.peer} for {op.name} in group {target.name!r}")
+        comm = self._usable_comm(rt, target, op)
+        life = lifecycle(comm.impl)
+        if not life.communicates:
+            return
+        src, dst = (rt.rank, op.peer) if isinstance(op, Send) else (op.peer, rt.rank)
+        if life.p2p_uses_pair_comm(comm, bound=target.bound_device is not None):
+            channel = yield from self._pair_comm(rt, target, comm, op)
+        else:
+            if not comm.ready:
+                yield from self.comms.init(rt, target, comm, op)
+            if not comm.connected:
+                self._connect(rt, target, comm, op)
+            channel = comm.comm_id
+        n = comm.p2p_seq.get((src, dst), 0) + 1
+        comm.p2p_seq[(src, dst)] = n
+        label = f"send {src}->{dst}" if isinstance(op, Send) else f"recv {dst}<-{src}"
+        entry = self._fr_record(rt, target, comm, label, op.size_bytes, op.dtype, p2p=True)
+        meeting = self.rendezvous.open(("p2p", channel, src, dst, n), "p2p", target.name, n, (src, dst))
+        self.rendezvous.arrive(meeting, rt, ("p2p", op.size_bytes, op.dtype), op, duration=self.timing.p2p_s)
+        yield from self.rendezvous.wait(rt, meeting, op)
+        FlightRecorder.complete(entry, self.env.now)
+        self.record(self.env.now, rt.rank, op.name, target.name, src, dst, n)
+
+    def _pair_comm(self, rt: RankRuntime, group: Group, comm: Comm, op: PointToPoint) -> Generator[Any, Any, int]:
+        """A lazily created 2-rank communicator for one peer: a rendezvous with that peer, then its memory."""
+        peer = op.peer
+        existing = comm.pair_comms.get(peer)
+        if existing is not None:
+            return existing
+        lo, hi = sorted((rt.rank, peer))
+        attempt = self._pair_attempts.get((group.name, lo, hi, rt.rank), 0)
+        self._pair_attempts[(group.name, lo, hi, rt.rank)] = attempt + 1
+        if comm.device is None:
+            comm.device = current_device(rt)
+        key = ("pair", group.name, lo, hi, attempt)
+        meeting = self.rendezvous.open(key, "bootstrap", f"{group.name}/p2p-{lo}-{hi}-{attempt}", 0, (lo, hi))
+        self.rendezvous.arrive(meeting, rt, (lo, hi), op, duration=self.timing.bootstrap_s)
+        yield from self.rendezvous.wait(rt, meeting, op)
+        pair_id = self.comms.registry.id_for(meeting)
+        comm.pair_comms[peer] = pair_id
+        pair = Comm(
+            impl=comm.impl,
+            group=f"{group.name}/p2p-{lo}-{hi}",
+            size=2,
+            device=comm.device,
+            state=CommState.READY,
+            comm_id=pair_id,
+        )
+        self.memory.charge(rt, pair, lifecycle(comm.impl).pair_charges(self.memory.costs(rt)), op, group)
+        return pair_id

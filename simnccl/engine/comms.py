@@ -1,0 +1,270 @@
+"""Communicator lifecycle: creating a group's communicators from its plan, bootstrapping them over the store,
+splitting them from a parent, their identities, and destroying them.
+
+Why a room: what a communicator *is* at each step (lazy, bootstrapping, split, ready, destroyed) and which
+meeting each step is, keyed the way torch/NCCL match it: a bootstrap is a members-only meeting under the
+group's name (two groups under one name collide); a split is the next op in the parent communicator's
+sequence, where non-members join with NOCOLOR without waiting (run-ahead). What a step costs is charged
+through ``Memory``; how long it takes comes from ``Timing``.
+"""
+
+from __future__ import annotations
+
+from simnccl.backends import Comm, CommState, lifecycle
+from simnccl.backends.gloo import SINGLETON_RACE
+from simnccl.c10d import CommPlan, Group, GroupPlan
+from simnccl.engine.memory import Memory
+from simnccl.engine.rendezvous import Rendezvous
+from simnccl.engine.sim import Sim
+from simnccl.engine.sockets import GlooSockets
+from simnccl.engine.state import ProcessAbort, RankRuntime, Waiting, current_device
+from simnccl.engine.timing import Timing
+from simnccl.meetings import Arrival, Meeting
+from simnccl.ops import Op
+from simnccl.release import CUDAMALLOCASYNC_TRACKER, Impl
+
+
+class CommRegistry:
+    """Communicator identities (what an ncclUniqueId names) and each one's members."""
+
+    def __init__(self) -> None:
+        self._next_id = 1
+        self._meeting_ids: dict[int, int] = {}
+        self.members: dict[int, tuple[int, ...]] = {}
+
+    def new_id(self) -> int:
+        comm_id = self._next_id
+        self._next_id += 1
+        return comm_id
+
+    def id_for(self, meeting: Meeting) -> int:
+        """The identity every member of a completed bootstrap shares (its ncclUniqueId)."""
+        cid = self._meeting_ids.get(id(meeting))
+        if cid is None:
+            cid = self.new_id()
+            self._meeting_ids[id(meeting)] = cid
+        return cid
+
+
+class Comms:
+    def __init__(
+        self,
+        sim: Sim,
+        rendezvous: Rendezvous,
+        timing: Timing,
+        memory: Memory,
+        sockets: GlooSockets,
+        registry: CommRegistry,
+    ) -> None:
+        self.env = sim.env
+        self.release = sim.release
+        self.record = sim.trace.record
+        self.rendezvous = rendezvous
+        self.timing = timing
+        self.memory = memory
+        self.sockets = sockets
+        self.registry = registry
+        self._split_results: dict[int, dict[tuple[int, ...], int | Meeting]] = {}
+        self._store_timeout: set[tuple[int, int | None]] = set()  # (rank, op index or None: the next bootstrap)
+
+    def fail_store(self, rank: int, at_op: int | None) -> None:
+        """Arm a ``store-timeout`` fault: that bootstrap of this rank never gets the unique id."""
+        self._store_timeout.add((rank, at_op))
+
+    # ---------------------------------------------------------------- creation and bootstrap
+
+    def create(self, rt: RankRuntime, group: Group, plan: GroupPlan, op: Op) -> Waiting:
+        """The group's communicators as planned: split now, bootstrap now (eager), or at first use (lazy)."""
+        for comm_plan in plan.comms:
+            comm = self.attach(group, plan, comm_plan)
+            if comm_plan.split_from is not None:
+                yield from self._member_split(rt, group, comm, comm_plan, op)
+            elif comm_plan.eager:
+                yield from self.init(rt, group, comm, op)
+
+    def attach(self, group: Group, plan: GroupPlan, comm_plan: CommPlan) -> Comm:
+        """A new communicator of the group, as planned, serving the device types of its backend pair."""
+        comm = Comm(
+            impl=comm_plan.pair.impl,
+            group=group.name,
+            size=group.size,
+            device=comm_plan.device,
+            lazy_init=comm_plan.lazy_init,
+            via_split=comm_plan.split_from is not None,
+            shared=comm_plan.shared,
+        )
+        for pair in plan.backend.pairs:
+            if pair.name == comm_plan.pair.name:
+                group.comms[pair.device_type] = comm
+        self.memory.group_record(group, comm)
+        return comm
+
+    def abort_if_cudamallocasync(self, rt: RankRuntime, comm: Comm) -> None:
+        """2.15 defect (#203322): every nccl2 communicator registers an allocator hook cudaMallocAsync rejects."""
+        if comm.impl not in (Impl.NCCL2, Impl.NCCL_LAZY) or not self.release.cudamallocasync_aborts:
+            return
+        conf = rt.ctx.env.get("PYTORCH_CUDA_ALLOC_CONF", "")
+        if "backend:cudaMallocAsync" in conf.replace(" ", ""):
+            raise ProcessAbort(
+                "terminate called after throwing an instance of 'c10::Error'\n  what():  " + CUDAMALLOCASYNC_TRACKER
+            )
+
+    def init(self, rt: RankRuntime, group: Group, comm: Comm, op: Op) -> Waiting:
+        """Bootstrap a communicator over the store: a members-only meeting keyed by the group's name."""
+        life = lifecycle(comm.impl)
+        if comm.impl is Impl.GLOO:
+            self.sockets.used = True
+        if comm.device is None and comm.impl.is_nccl:
+            comm.device = current_device(rt)
+        if comm.device is not None and comm.impl.is_nccl:
+            self.memory.touch(rt, comm.device, op)
+        if life.communicates and group.size > 1:
+            key = ("bootstrap", group.name, comm.impl.is_nccl)
+            meeting = self.rendezvous.open(key, "bootstrap", group.name, 0, group.ranks)
+            if rt.rank in meeting.arrivals or meeting.complete:
+                meeting = self._collision(meeting, rt, group, op)
+            armed = (rt.rank, rt.pc) if (rt.rank, rt.pc) in self._store_timeout else (rt.rank, None)
+            if armed in self._store_timeout:
+                self._store_timeout.discard(armed)
+                key = ("store-fault", rt.rank, group.name)
+                meeting = self.rendezvous.open(key, "bootstrap", group.name, 0, group.ranks)
+                meeting.problem = "injected fault: store-timeout — this rank's store never returns the unique id"
+            self.rendezvous.arrive(meeting, rt, group.ranks, op, duration=self.timing.bootstrap_s)
+            yield from self.rendezvous.wait(rt, meeting, op)
+            comm.comm_id = self.registry.id_for(meeting)
+        else:
+            if comm.impl is Impl.GLOO:
+                self._gloo_singleton(rt, group, op)
+            comm.comm_id = self.registry.new_id()
+        self.registry.members[comm.comm_id] = group.ranks
+        self.abort_if_cudamallocasync(rt, comm)
+        comm.state = CommState.READY
+        self.memory.charge(rt, comm, life.init_charges(self.memory.costs(rt), comm, rt.ctx.env), op, group)
+
+    def _gloo_singleton(self, rt: RankRuntime, group: Group, op: Op) -> None:
+        """A one-rank ProcessGroupGloo still writes its address under the group's store prefix (measured: a
+        ``new_group([0])`` adds one store key), though it waits for nobody. Under a name another group bootstraps
+        with (diverged counters) the keys collide: record it, so both sides report the store-key race."""
+        key = ("bootstrap", group.name, False)
+        meeting = self.rendezvous.meetings.get(key)
+        if meeting is None:
+            meeting = self.rendezvous.open(key, "bootstrap", group.name, 0, group.ranks)
+            meeting.arrivals[rt.rank] = Arrival(rt.rank, self.env.now, group.ranks, op)
+            meeting.completed_at = self.env.now  # a later bootstrapper under this name collides with it
+            meeting.result.succeed()
+            return
+        if not meeting.complete and meeting.problem is None and meeting.arrivals:
+            first = next(iter(meeting.arrivals.values()))
+            meeting.problem = (
+                f"store key collision under group name {group.name!r}: ranks {list(meeting.arrivals)} bootstrap "
+                f"ranks {list(first.payload)}, rank {rt.rank} wrote its one-rank group's key under that name; "
+                f"{SINGLETON_RACE}"
+            )
+            self.record(self.env.now, rt.rank, "collision", group.name)
+
+    def _collision(self, meeting: Meeting, rt: RankRuntime, group: Group, op: Op) -> Meeting:
+        """A second bootstrap under a name already used: a meeting that can never complete, explained."""
+        first = next(iter(meeting.arrivals.values()))
+        stuck = self.rendezvous.open(("collision", *meeting.key, rt.rank), "bootstrap", group.name, 0, group.ranks)
+        stuck.problem = (
+            f"store key collision under group name {group.name!r}: ranks {list(meeting.arrivals)} already "
+            f"bootstrapped ranks {list(first.payload)} under that name; rank {rt.rank} waits for a peer "
+            f"that will never come"
+        )
+        if len(first.payload) == 1:
+            stuck.problem += f"; {SINGLETON_RACE}"
+        return stuck
+
+    # ---------------------------------------------------------------- splits
+
+    def _split_meeting(self, parent: Comm) -> Meeting:
+        """The next op in the parent communicator's sequence: splits and collectives share it, as in NCCL."""
+        parent.seq += 1
+        assert parent.comm_id is not None
+        members = self.registry.members[parent.comm_id]
+        return self.rendezvous.open(("coll", parent.comm_id, parent.seq), "split", parent.group, parent.seq, members)
+
+    def nocolor_split(self, rt: RankRuntime, parent: Comm, op: Op) -> Waiting | None:
+        """A non-member's ``perform_nocolor_split``: joins the parent's split without waiting (run-ahead).
+
+        Run-ahead is limited to consecutive splits of one parent, so a pending split always completes before
+        a later one on the same parent, and the rank's real position is its earliest incomplete split.
+        """
+        if rt.pending and rt.pending[-1][0].key[1] != parent.comm_id:
+            return self._settled_nocolor_split(rt, parent, op)
+        meeting = self._split_meeting(parent)
+        self.rendezvous.arrive(meeting, rt, ("split", None), op, duration=self.timing.split_s, run_ahead=True)
+        if not (meeting.complete and meeting.completed_at <= self.env.now):
+            rt.pending.append((meeting, rt.pc))
+        return None
+
+    def _settled_nocolor_split(self, rt: RankRuntime, parent: Comm, op: Op) -> Waiting:
+        yield from self.rendezvous.settle(rt)
+        self.nocolor_split(rt, parent, op)
+
+    def _member_split(self, rt: RankRuntime, group: Group, comm: Comm, plan: CommPlan, op: Op) -> Waiting:
+        parent = plan.split_from
+        assert parent is not None
+        if not lifecycle(parent.impl).communicates:
+            comm.comm_id = self.registry.new_id()
+            comm.state = CommState.READY
+            return
+        meeting = self._split_meeting(parent)
+        self.rendezvous.arrive(meeting, rt, ("split", group.ranks), op, duration=self.timing.split_s)
+        yield from self.rendezvous.wait(rt, meeting, op)
+        colors = self._split_colors(meeting)
+        child = colors.get(group.ranks)
+        if isinstance(child, Meeting):
+            yield from self.rendezvous.wait(rt, child, op)  # never completes: an incomplete color
+        assert isinstance(child, int)
+        self.split_child_ready(rt, group, comm, child, op)
+
+    def split_child_ready(self, rt: RankRuntime, group: Group, comm: Comm, child: int, op: Op) -> None:
+        """A member's child communicator of a completed split: its identity, then its init memory."""
+        comm.comm_id = child
+        self.registry.members[child] = group.ranks
+        self.abort_if_cudamallocasync(rt, comm)
+        comm.state = CommState.READY
+        costs = self.memory.costs(rt)
+        self.memory.charge(rt, comm, lifecycle(comm.impl).init_charges(costs, comm, rt.ctx.env), op, group)
+
+    def _split_colors(self, meeting: Meeting) -> dict[tuple[int, ...], int | Meeting]:
+        """Assign child communicators per color once; an incomplete color becomes a stuck meeting."""
+        colors = self._split_results.get(id(meeting))
+        if colors is not None:
+            return colors
+        colors = {}
+        presenters: dict[tuple[int, ...], list[int]] = {}
+        for rank in sorted(meeting.arrivals):
+            color = meeting.arrivals[rank].payload[1]
+            if color is not None:
+                presenters.setdefault(color, []).append(rank)
+        for color, ranks in presenters.items():
+            if tuple(sorted(ranks)) == tuple(sorted(color)):
+                colors[color] = self.registry.new_id()
+            else:
+                key = ("color", *meeting.key, color)
+                stuck = self.rendezvous.open(key, "split-color", meeting.group, meeting.seq, color)
+                for r in ranks:
+                    stuck.arrivals[r] = meeting.arrivals[r]
+                elsewhere = [
+                    f"rank {r} issued {meeting.arrivals[r].op.describe()}"
+                    for r in color
+                    if r in meeting.arrivals and r not in ranks
+                ]
+                stuck.problem = (
+                    f"split {meeting.seq} of the parent communicator: ranks {ranks} asked for group {list(color)} "
+                    f"but " + ("; ".join(elsewhere) or "its other members were not in this split")
+                )
+                colors[color] = stuck
+        self._split_results[id(meeting)] = colors
+        return colors
+
+    # ---------------------------------------------------------------- teardown
+
+    def destroy(self, rt: RankRuntime, group: Group, op: Op) -> None:
+        """Mark the group destroyed and free this rank's part of each of its communicators."""
+        group.destroyed = True
+        for comm in {id(c): c for c in group.comms.values()}.values():
+            comm.state = CommState.DESTROYED
+            self.memory.release_comm(rt, comm, op)

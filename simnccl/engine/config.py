@@ -1,0 +1,47 @@
+"""What a run is given (SimConfig, Limits) and the two errors a caller of the engine may see."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from simnccl.cluster import Cluster
+from simnccl.faults import NO_FAULTS, FaultSchedule
+from simnccl.ops import Program
+from simnccl.policy import Policy
+from simnccl.profiles import Profile
+from simnccl.release import Release
+
+
+class EngineGuardError(RuntimeError):
+    """A runaway simulation: too many ops or too much wall time. Never a silent hang of the harness."""
+
+
+class WorkloadFailure(Exception):
+    """The workload's own check failed on this rank (vLLM's startup memory check)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Guards that turn a runaway simulation into an error: engine work units (an op run by one rank, or a
+    member handled in a cohort block), wall seconds, simulated seconds."""
+
+    max_ops: int = 200_000_000
+    wall_s: float = 900.0
+    max_sim_time_s: float = 30 * 24 * 3600.0
+
+
+@dataclass(frozen=True, slots=True)
+class SimConfig:
+    """Everything one run needs; a scenario variant expands into one of these."""
+
+    cluster: Cluster
+    release: Release
+    profile: Profile
+    programs: Sequence[Program]
+    env: Mapping[str, str] = field(default_factory=dict)
+    launcher: str = "torchrun"
+    seed: int = 0
+    limits: Limits = Limits()
+    policy: Policy | None = None
+    faults: FaultSchedule = NO_FAULTS

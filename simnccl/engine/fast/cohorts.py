@@ -1,0 +1,361 @@
+"""Cohorts: a block of world-wide group-creation calls taken once for every rank (DESIGN rule 8).
+
+Precondition (checked): every rank runs this same Program object and arrives at the same pc with the same
+group counter and nothing pending. Then each ``new_group``/``split_group`` of the block is, for every rank,
+either a split of the bound default group (members split, everyone else NOCOLOR, all leave together after
+``split_s``) or a purely local lazy creation. The block is applied in one pass: per-member work for members, a
+constant for everyone else — the same outcome as running each rank through each call, without calls x world
+work. Anything else (a fresh eager bootstrap, an error in planning, a rank that is not eligible) ends the
+block, and ranks continue one by one from there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from simnccl.backends import lifecycle
+from simnccl.c10d import NON_GROUP_MEMBER, GroupPlan, Members, TorchError, plan_split_group, split_source, world_ranks
+from simnccl.engine.comms import Comms
+from simnccl.engine.fast.histories import SharedHistories
+from simnccl.engine.groups import Groups
+from simnccl.engine.memory import Memory
+from simnccl.engine.planning import Planner
+from simnccl.engine.policy_gate import PolicyGate, unchanged_decision
+from simnccl.engine.rendezvous import Rendezvous
+from simnccl.engine.sim import Sim
+from simnccl.engine.state import RankRuntime, Waiting, ranks_digest
+from simnccl.meetings import Arrival, Meeting
+from simnccl.memory import SimulatedOOM
+from simnccl.ops import NO_OPTIONS, WORLD, NewGroup, Op, Program, SplitGroup
+from simnccl.policy import GroupDecision, GroupRequest, History, decide_group
+
+
+@dataclass(slots=True, eq=False)
+class Cohort:
+    """All ranks taking one block of group-creation calls together (see ``Cohorts.run``)."""
+
+    start: int
+    counter: int
+    meeting: Meeting
+    broken: bool = False
+    end: int = 0
+    executed: int = 0
+    splits: int = 0
+    binds: tuple[str, ...] = ()
+    failures: dict[int, tuple[int, TorchError | SimulatedOOM]] = field(default_factory=dict)
+    history: History | None = None
+    counter_end: int = 0
+
+
+def starts_block(op: Op) -> bool:
+    """Ops a cohort may take: world-wide group creation (local synchronization is members-only)."""
+    if isinstance(op, NewGroup):
+        return not op.use_local_synchronization
+    return isinstance(op, SplitGroup) and op.parent == WORLD
+
+
+def common_program(programs: Sequence[Program]) -> Program | None:
+    """The one Program object every rank runs, if there is one: the precondition for cohorts."""
+    first = programs[0] if programs else None
+    return first if first is not None and all(p is first for p in programs) else None
+
+
+class Cohorts:
+    def __init__(
+        self,
+        sim: Sim,
+        program: Program | None,
+        rendezvous: Rendezvous,
+        comms: Comms,
+        memory: Memory,
+        groups: Groups,
+        planner: Planner,
+        policy_gate: PolicyGate,
+        histories: SharedHistories,
+    ) -> None:
+        """``program``: the one Program every rank runs (None: no cohorts)."""
+        self.sim = sim
+        self.env = sim.env
+        self.ranks = sim.ranks
+        self.record = sim.trace.record
+        self.guard = sim.guard
+        self.rendezvous = rendezvous
+        self.comms = comms
+        self.memory = memory
+        self.groups = groups
+        self.planner = planner
+        self.policy_gate = policy_gate
+        self.histories = histories
+        self.program = program
+        # Per op of the shared program, whether a cohort may take it (ops are immutable: decided once).
+        self.block_starts = tuple(map(starts_block, program.ops)) if program else ()
+        self.by_start: dict[int, Cohort] = {}
+        self._world_ranks = world_ranks(sim.cluster.world_size)
+
+    def run(self, rt: RankRuntime) -> Waiting:
+        """Run a block of world-wide group-creation calls for every rank at once (see the module's doc)."""
+        yield from self.rendezvous.settle(rt)
+        start = rt.pc
+        cohort = self.by_start.get(start)
+        if cohort is None:
+            world_seq = rt.world.comm_for("cuda").seq if rt.world and rt.world.comm_for("cuda") else 0
+            meeting = self.rendezvous.meetings.open(("cohort", start), "split", "0", world_seq + 1, self._world_ranks)
+            meeting.result = self.env.event()
+            cohort = Cohort(start=start, counter=rt.counter, meeting=meeting, history=self.histories.history(rt))
+            self.by_start[start] = cohort
+            if not self._opens_with_world_split(rt, rt.program.ops[start]):
+                # Waiting for every rank is only right when the first call is itself world-wide (a split of
+                # the bound default group); a local or members-only creation must not synchronise anyone.
+                cohort.broken = True
+        if cohort.broken or not self._eligible(rt, cohort):
+            self._break(cohort)
+            yield from self._one_call(rt)
+            return
+        op = rt.program.ops[start]
+        cohort.meeting.arrivals[rt.rank] = Arrival(rt.rank, self.env.now, ("split", None), op)
+        if len(cohort.meeting.arrivals) == len(self._world_ranks):
+            self._apply_block(cohort)
+        yield from self.rendezvous.wait(rt, cohort.meeting, op)
+        if cohort.broken:
+            yield from self._one_call(rt)
+            return
+        self._resume_from_block(rt, cohort)
+
+    def _opens_with_world_split(self, rt: RankRuntime, op: Op) -> bool:
+        """Whether this call is, for this rank, a split of the default group (which every rank joins)."""
+        if rt.world is None or rt.pending:
+            return False
+        if isinstance(op, SplitGroup):
+            parent = rt.world.comm_for("cuda")
+            if parent is None or not parent.ready:
+                return False
+            life = lifecycle(parent.impl)
+            return life.communicates and life.split_is_collective  # gloo's split is a members-only bootstrap
+        assert isinstance(op, NewGroup)
+        if split_source(self.sim.release, rt.world, rt.world.backend, NO_OPTIONS) is None:
+            # The default group can't be split by any call (unbound, lazy, not ready): nothing this call could
+            # decide or plan makes it a split, so skip deciding and planning it twice (the call runs next).
+            return False
+        gate = self.policy_gate
+        if gate.active:
+            members = self.planner.members(op)
+            if not isinstance(members, Members):
+                return False
+            decision = decide_group(gate.policy, gate.group_request(rt, op, members.ranks))
+            if decision.reuse is not None:
+                return False
+            op = gate.effective_op(rt, op, members, decision) or op
+        try:
+            plan = self.planner.plan_new_group(rt, op, rt.counter)
+        except TorchError:
+            return False
+        return plan.nocolor_split_on is not None or any(c.split_from is not None for c in plan.comms)
+
+    def _one_call(self, rt: RankRuntime) -> Waiting:
+        """The ordinary path for the op at pc, used when a cohort can't take it."""
+        op = rt.program.ops[rt.pc]
+        handler = self.groups.op_new_group if isinstance(op, NewGroup) else self.groups.op_split_group
+        work = handler(rt, op)
+        if work is not None:
+            yield from work
+        rt.pc += 1
+
+    def _eligible(self, rt: RankRuntime, cohort: Cohort) -> bool:
+        world = rt.world
+        if world is None or rt.pending or rt.counter != cohort.counter:
+            return False
+        if self.policy_gate.active:
+            history = cohort.history
+            assert history is not None
+            calls, digest = self.histories.state(rt)
+            same = (rt.history is history and not rt.history_tail) or (
+                calls == history.calls and digest == history.digest
+            )
+            if not same or not self.policy_gate.verified:
+                return False
+        # A lazy (unbound) default group is fine: its new_groups are local lazy creations, which a block takes;
+        # _block_plans stops the block at anything it cannot take (an eager fresh bootstrap).
+        return True
+
+    def _break(self, cohort: Cohort) -> None:
+        if cohort.broken:
+            return
+        cohort.broken = True
+        if not cohort.meeting.complete:
+            cohort.meeting.completed_at = self.env.now
+            cohort.meeting.result.succeed()
+
+    def _apply_block(self, cohort: Cohort) -> None:
+        """The leader's pass over the block: plan once per op, act per member, advance time per split."""
+        program = self.program
+        assert program is not None
+        ops = program.ops
+        ranks = self.ranks
+        clock = self.env.now
+        counter = cohort.counter
+        pc = cohort.start
+        executed = splits = 0
+        binds: set[str] = set()
+        failed = False
+        while pc < len(ops) and starts_block(ops[pc]) and not failed:
+            op = ops[pc]
+            decided: tuple[GroupRequest, GroupDecision] | None = None
+            if self.policy_gate.active and isinstance(op, NewGroup):
+                effective, decision, request = self._block_policy(cohort, op)
+                if effective is None:  # reused by every caller: no torch call, no counter, no split
+                    assert cohort.history is not None and request is not None
+                    cohort.history.record(request, decision)
+                    self._block_reuse(op, decision)
+                    if op.bind:
+                        binds.add(op.bind)
+                    executed += 1
+                    pc += 1
+                    continue
+                op = effective
+                decided = (request, decision) if request is not None else None
+            plans = self._block_plans(op, counter)
+            if plans is None:
+                break  # nothing recorded: the ranks decide this call again, one by one
+            if decided is not None:
+                assert cohort.history is not None
+                cohort.history.record(*decided)
+            is_split = any(
+                p.nocolor_split_on is not None or any(c.split_from is not None for c in p.comms) for p in plans.values()
+            )
+            if is_split:
+                clock += self.sim.profile.timing.split_s
+            self.sim.clock = clock
+            child_id = self.comms.registry.new_id() if is_split else None
+            for rank, plan in plans.items():
+                if not plan.member:
+                    continue
+                rt = ranks[rank]
+                rt.pc = pc
+                try:
+                    self._apply_member_plan(rt, plan, op, child_id)
+                except (TorchError, SimulatedOOM) as err:
+                    cohort.failures[rank] = (pc, err)  # re-raised in that rank's own process
+                    failed = True
+            self.sim.clock = None
+            self.record(clock, "cohort", pc, op.name, len(plans))
+            self.guard.work += len(plans) + 1
+            self.guard.check()
+            if getattr(op, "bind", None):
+                binds.add(op.bind)
+            counter += 1
+            executed += 1
+            splits += int(is_split)
+            pc += 1
+        self.guard.ops += max(executed - 1, 0) * len(ranks)  # each rank's guard already counted the block's first op
+        cohort.end = pc
+        cohort.counter_end = counter
+        cohort.executed = executed
+        cohort.splits = splits
+        cohort.binds = tuple(sorted(binds))
+        if executed == 0:
+            self._break(cohort)
+            return
+        cohort.meeting.completed_at = clock
+        self.record(clock, "meet", "cohort", cohort.meeting.key, executed)
+        event = cohort.meeting.result
+        self.env.timeout(clock - self.env.now).callbacks.append(lambda _ev: event.succeed())
+
+    def _block_policy(self, cohort: Cohort, op: NewGroup) -> tuple[NewGroup | None, GroupDecision, GroupRequest | None]:
+        """A rank-independent policy decides once for the whole block, on the history all ranks share.
+        Recording is the caller's, once it knows the block takes the op."""
+        members = self.planner.members(op)
+        if not isinstance(members, Members):
+            return op, unchanged_decision(op), None
+        gate = self.policy_gate
+        rt = self.ranks[members.ranks[0]]
+        assert cohort.history is not None
+        request = gate.group_request(rt, op, members.ranks, history=cohort.history)
+        decision = decide_group(gate.policy, request)
+        gate.check_consistent(rt, request, decision)
+        if decision.reuse is not None:
+            return None, decision, request
+        return gate.effective_op(rt, op, members, decision), decision, request
+
+    def _block_reuse(self, op: NewGroup, decision: GroupDecision) -> None:
+        members = self.planner.members(op)
+        assert isinstance(members, Members)
+        if not op.bind:
+            return
+        for rank in members.ranks:
+            rt = self.ranks[rank]
+            existing = self.policy_gate.identical_group(rt, members.ranks, decision.backend, decision.pg_options)
+            if existing is not None:
+                rt.handles[op.bind] = existing
+
+    def _block_plans(self, op: Op, counter: int) -> dict[int, GroupPlan] | None:
+        """Every rank's plan that matters for this op, or None when the op can't be taken as a block.
+
+        For ``new_group`` non-members are uniform (a NOCOLOR split, or nothing), so only members are planned;
+        ``split_group`` (rare) is planned for every rank since each validates its own split.
+        """
+        ranks = self.ranks
+        try:
+            if isinstance(op, NewGroup):
+                probe = self.planner.plan_new_group(ranks[0], op, counter)
+                members = probe.ranks
+                plans = {0: probe}
+                for rank in members:
+                    if rank != 0:
+                        plans[rank] = self.planner.plan_new_group(ranks[rank], op, counter)
+            else:
+                assert isinstance(op, SplitGroup)
+                if op.parent != WORLD or self.policy_gate.active:
+                    return None  # policies decide splits per call on each rank's own history
+                plans = {}
+                for rt in ranks:
+                    assert rt.world is not None
+                    plans[rt.rank] = plan_split_group(
+                        self.sim.release,
+                        rt.ctx,
+                        counter,
+                        rt.world,
+                        op.split_ranks,
+                        op.pg_options,
+                        op.group_desc,
+                        op.timeout_s,
+                    )
+        except TorchError:
+            return None
+        for plan in plans.values():
+            if any(c.eager and c.split_from is None for c in plan.comms):
+                return None  # a fresh bootstrap: members-only meeting, not a world-wide step
+        return plans
+
+    def _apply_member_plan(
+        self, rt: RankRuntime, plan: GroupPlan, op: NewGroup | SplitGroup, child_id: int | None
+    ) -> None:
+        group = self.groups.group_from_plan(rt, plan)
+        if op.bind:
+            rt.handles[op.bind] = group
+        self.record(self.sim.now(), rt.rank, op.name, plan.name, ranks_digest(plan.ranks))
+        for comm_plan in plan.comms:
+            comm = self.comms.attach(group, plan, comm_plan)
+            if comm_plan.split_from is None:
+                continue  # lazy: created at first use
+            assert child_id is not None
+            self.comms.split_child_ready(rt, group, comm, child_id, op)
+
+    def _resume_from_block(self, rt: RankRuntime, cohort: Cohort) -> None:
+        """Bring one rank's own state to the end of the block (counter, parent sequence, handles, history)."""
+        rt.counter = cohort.counter_end
+        if cohort.history is not None:
+            rt.history = cohort.history  # equal content (checked on arrival): share one object again,
+            rt.history_shared = True  # copied on this rank's next own record (the owner's too)
+            rt.history_tail.clear()  # already in that content
+            rt.hnode = None
+        parent = rt.world.comm_for("cuda") if rt.world is not None else None
+        if parent is not None:
+            parent.seq += cohort.splits
+        for bind in cohort.binds:
+            rt.handles.setdefault(bind, NON_GROUP_MEMBER)
+        failure = cohort.failures.get(rt.rank)
+        if failure is not None:
+            rt.pc, err = failure
+            raise err
+        rt.pc = cohort.end

@@ -1,0 +1,167 @@
+"""Group-creation histories (what a policy decides on), shared between ranks that have seen the same calls.
+
+Why: a policy's request carries the rank's whole history, and a large startup makes thousands of calls per
+rank; copying a history per rank per call is calls x world work. So every rank starts on one shared History
+(copy-on-write), and a policy simnccl has established decides alike on every rank (its built-ins) decides once
+per shared state (``HistoryNode``: class, call count, digest) and call: later ranks in that state take the
+``Step`` (recorded in their ``history_tail``, applied only when their real history is needed).
+
+The policy gate sees ``history``, ``own``, ``recall`` and ``remember``; everything else here is the fast paths'.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from simnccl.engine.fast.calls import CallTable
+from simnccl.engine.state import RankRuntime
+from simnccl.ops import NewGroup
+from simnccl.policy import GroupDecision, GroupRequest, History
+
+_RANK_ENV = frozenset(("LOCAL_RANK", "RANK"))  # the launcher's per-rank variables; not a policy's business
+_REPLAY_MAX = 16  # a longer tail is cheaper to materialise by copying a snapshot than by replaying its records
+
+
+@dataclass(slots=True, eq=False)
+class HistoryNode:
+    """A state of group-creation history that ranks share (their class, call count and digest), with the calls
+    already decided from it. ``snapshot`` is a History last seen in this state (checked before use: its owner
+    records into it in place)."""
+
+    cls: tuple[Any, ...]
+    calls: int
+    digest: int
+    steps: dict[int, Step] = field(default_factory=dict)  # op key -> the call decided from this state
+    snapshot: History | None = None
+
+
+@dataclass(slots=True, eq=False)
+class Step:
+    """One call decided once for every rank in a state: the deciding rank's request (what ``History.record``
+    needs, equal on every rank of the class), the decision, the op torch receives (None: reuse), the next state."""
+
+    op: NewGroup
+    request: GroupRequest
+    decision: GroupDecision
+    effective: NewGroup | None
+    after: HistoryNode
+    effective_id: int = 0  # id(effective), 0 for None: the outsider loop's key
+
+    def __post_init__(self) -> None:
+        self.effective_id = 0 if self.effective is None else id(self.effective)
+
+
+Slot = tuple[HistoryNode, int]  # where a decision about to be made is remembered: (state before, op key)
+
+
+class SharedHistories:
+    def __init__(self, calls: CallTable) -> None:
+        self.calls = calls
+        self.nodes: dict[tuple[Any, int, int], HistoryNode] = {}
+        self._classes: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+
+    def start(self, ranks: list[RankRuntime]) -> None:
+        shared_history = History()  # every rank has seen the same calls until one diverges (copy-on-write)
+        for rt in ranks:
+            rt.history = shared_history
+            rt.history_shared = True
+
+    # ---------------------------------------------------------------- the policy gate's interface
+
+    def history(self, rt: RankRuntime) -> History:
+        """The rank's real history: its pending tail of shared records applied (or, for a long tail, a copy of
+        a history known to be in the same state: the rank that first decided there)."""
+        tail = rt.history_tail
+        if tail:
+            target = tail[-1].after
+            snap = target.snapshot
+            if (
+                len(tail) > _REPLAY_MAX
+                and snap is not None
+                and snap.calls == target.calls
+                and snap.digest == target.digest
+            ):
+                rt.history = snap.copy()
+            else:
+                history = rt.history.copy() if rt.history_shared else rt.history
+                for step in tail:
+                    history.record(step.request, step.decision)
+                rt.history = history
+            rt.history_shared = False
+            tail.clear()
+        return rt.history
+
+    def own(self, rt: RankRuntime) -> History:
+        """The rank's history, its own to record into (its shared state, if tracked, is left behind)."""
+        self.history(rt)
+        if rt.history_shared:
+            rt.history = rt.history.copy()
+            rt.history_shared = False
+        rt.hnode = None
+        return rt.history
+
+    def recall(self, rt: RankRuntime, op: NewGroup) -> tuple[Step | None, Slot | None]:
+        """The decision already made for this call from the rank's state, taken (the rank moves past it); else
+        where to ``remember`` the one about to be made. Only for decisions that may be shared (the gate's
+        ``shares``)."""
+        node = self.node(rt)
+        op_key = self.calls.op_key(rt.program, op)
+        step = node.steps.get(op_key)
+        if step is not None:
+            rt.history_tail.append(step)
+            rt.hnode = step.after
+            return step, None
+        return None, (node, op_key)
+
+    def remember(
+        self,
+        rt: RankRuntime,
+        slot: Slot,
+        op: NewGroup,
+        request: GroupRequest,
+        decision: GroupDecision,
+        effective: NewGroup | None,
+        history: History,
+    ) -> None:
+        """Share a decision the rank just recorded into ``history`` with every rank in the state it left."""
+        node, op_key = slot
+        after = self.node(rt)
+        after.snapshot = history
+        node.steps[op_key] = Step(op, request, decision, effective, after)
+
+    # ---------------------------------------------------------------- states
+
+    def node(self, rt: RankRuntime) -> HistoryNode:
+        """The shared state this rank's history is in (found by class, call count and digest)."""
+        cls = self._policy_class(rt)
+        node = rt.hnode
+        if node is not None and node.cls is cls:
+            return node
+        history = self.history(rt)
+        key = (cls, history.calls, history.digest)
+        node = self.nodes.get(key)
+        if node is None:
+            node = self.nodes[key] = HistoryNode(cls, history.calls, history.digest, snapshot=history)
+        rt.hnode = node
+        return node
+
+    def state(self, rt: RankRuntime) -> tuple[int, int]:
+        """(calls, digest) of the rank's real history, without applying its tail."""
+        if rt.history_tail:
+            node = rt.history_tail[-1].after
+            return node.calls, node.digest
+        return rt.history.calls, rt.history.digest
+
+    def _policy_class(self, rt: RankRuntime) -> tuple[Any, ...]:
+        """What a rank-independent policy may decide on besides the call and the history: the environment
+        (less the rank's own LOCAL_RANK and RANK) and the default group's backend name. Ranks of one class
+        with equal histories share decisions; one canonical tuple per class, so nodes compare by identity."""
+        cached = rt.policy_class
+        if cached is not None and cached[0] is rt.ctx and cached[1] is rt.world:
+            return cached[2]
+        env = tuple(sorted((k, v) for k, v in rt.ctx.env.items() if k not in _RANK_ENV))
+        cls = (rt.world.backend.requested if rt.world is not None else None, env)
+        cls = self._classes.setdefault(cls, cls)
+        rt.policy_class = (rt.ctx, rt.world, cls)
+        return cls

@@ -1,0 +1,150 @@
+"""The group ops of a rank's program: ``init_process_group``, ``new_group``, ``split_group`` and
+``destroy_process_group`` — what torch decides for the call (``simnccl.c10d``, after the policy gate), what the
+rank's handles and groups become, and which communicators ``Comms`` creates or destroys for it.
+
+Cost (DESIGN rule 8): a non-member ``new_group`` is O(1). Under a bound parent it is a NOCOLOR split the rank
+joins without blocking (run-ahead); only members pay per-member work, so a startup's cost grows with
+memberships, not with calls x world.
+"""
+
+from __future__ import annotations
+
+from simnccl.c10d import NON_GROUP_MEMBER, Group, GroupPlan, TorchError, plan_init, plan_split_group
+from simnccl.engine.comms import Comms
+from simnccl.engine.planning import Planner
+from simnccl.engine.policy_gate import PolicyGate
+from simnccl.engine.rendezvous import Rendezvous
+from simnccl.engine.sim import Sim
+from simnccl.engine.sockets import GlooSockets
+from simnccl.engine.state import RankRuntime, Waiting, ranks_digest, require_world, resolve
+from simnccl.engine.watchdogs import Watchdogs
+from simnccl.ops import WORLD, DestroyProcessGroup, InitProcessGroup, NewGroup, SplitGroup
+
+
+class Groups:
+    def __init__(
+        self,
+        sim: Sim,
+        rendezvous: Rendezvous,
+        comms: Comms,
+        planner: Planner,
+        policy_gate: PolicyGate,
+        watchdogs: Watchdogs,
+        sockets: GlooSockets,
+    ) -> None:
+        self.env = sim.env
+        self.release = sim.release
+        self.record = sim.trace.record
+        self.sim = sim
+        self.rendezvous = rendezvous
+        self.comms = comms
+        self.planner = planner
+        self.policy_gate = policy_gate
+        self.watchdogs = watchdogs
+        self.sockets = sockets
+
+    def op_init(self, rt: RankRuntime, op: InitProcessGroup) -> Waiting:
+        yield from self.rendezvous.settle(rt)
+        if rt.world is not None:
+            raise TorchError("ValueError", "trying to initialize the default process group twice!")
+        if self.policy_gate.active:
+            op = self.policy_gate.init(rt, op)
+        plan = plan_init(self.release, rt.ctx, op.backend, op.device_id, op.timeout_s, op.pg_options)
+        group = self.group_from_plan(rt, plan)
+        rt.world = group
+        rt.handles[WORLD] = group
+        self.watchdogs.default_group_made(rt)  # its watchdog (and heartbeat monitor) start now
+        self.record(self.env.now, rt.rank, "init", plan.backend.requested, plan.bound_device)
+        yield from self.comms.create(rt, group, plan, op)
+
+    def op_new_group(self, rt: RankRuntime, op: NewGroup) -> Waiting | None:
+        require_world(rt)
+        if self.policy_gate.active:
+            decided = self.policy_gate.group(rt, op)
+            if decided is None:
+                return None  # reused an identical group: no torch call at all
+            op = decided
+        return self._follow(rt, self.planner.plan_new_group(rt, op, rt.counter), op)
+
+    def op_split_group(self, rt: RankRuntime, op: SplitGroup) -> Waiting | None:
+        require_world(rt)
+        parent = resolve(rt, op.parent)
+        if not isinstance(parent, Group):
+            raise TorchError("RuntimeError", f"split_group: this rank is not a member of the parent {op.parent!r}")
+        if self.policy_gate.active:
+            decided = self.policy_gate.split(rt, op, parent)
+            if decided is None:
+                return None  # every split of the call reused an identical group: no torch call
+            op = decided
+        plan = plan_split_group(
+            self.release,
+            rt.ctx,
+            rt.counter,
+            parent,
+            op.split_ranks,
+            op.pg_options,
+            op.group_desc,
+            op.timeout_s,
+        )
+        return self._follow(rt, plan, op)
+
+    def _follow(self, rt: RankRuntime, plan: GroupPlan, op: NewGroup | SplitGroup) -> Waiting | None:
+        """Act on the plan of a new_group or split_group: a member creates the group; a non-member only moves
+        its counter and handle, and joins the parent's NOCOLOR split if there is one."""
+        rt.counter += plan.counter_advance
+        if not plan.member:
+            if op.bind:
+                # Frameworks keep a group only where they are members (``if rank in ranks: _TP = g``), so a
+                # non-member result never overwrites a handle; an unbound one becomes NON_GROUP_MEMBER.
+                rt.handles.setdefault(op.bind, NON_GROUP_MEMBER)
+            if plan.nocolor_split_on is not None:
+                return self.comms.nocolor_split(rt, plan.nocolor_split_on, op)
+            return None
+        return self._create_member_group(rt, plan, op)
+
+    def _create_member_group(self, rt: RankRuntime, plan: GroupPlan, op: NewGroup | SplitGroup) -> Waiting:
+        yield from self.rendezvous.settle(rt)
+        group = self.group_from_plan(rt, plan)
+        if op.bind:
+            rt.handles[op.bind] = group
+        self.record(self.env.now, rt.rank, op.name, plan.name, ranks_digest(plan.ranks))
+        yield from self.comms.create(rt, group, plan, op)
+
+    def group_from_plan(self, rt: RankRuntime, plan: GroupPlan) -> Group:
+        """The rank's new Group (its communicators are made by ``Comms.create``)."""
+        group = Group(
+            name=plan.name,
+            desc=plan.desc,
+            ranks=plan.ranks,
+            rank_in_group=plan.rank_in_group,
+            backend=plan.backend,
+            bound_device=plan.bound_device,
+            timeout_s=plan.timeout_s,
+            options=plan.options,
+        )
+        rt.groups.append(group)
+        self.watchdogs.group_made(plan.timeout_s)
+        if rt.fr is not None:
+            rt.fr.group(plan.name, plan.desc, plan.ranks)
+        return group
+
+    def op_destroy(self, rt: RankRuntime, op: DestroyProcessGroup) -> Waiting:
+        yield from self.rendezvous.settle(rt)
+        if op.group == WORLD:
+            groups = list(rt.groups)
+            if self.sockets.used and rt.world is not None:
+                # gloo has no shutdown: a ProcessGroupGloo closes its sockets when freed. torch drops its last
+                # reference to the default group here; subgroups live on in the program's handles (frameworks
+                # keep them in globals, and so does real.driver), so peers waiting on those keep waiting.
+                self.sockets.close(rt, list(rt.world.comms.values()))
+            rt.world = None
+            rt.handles.clear()
+            rt.counter = 1
+        else:
+            target = resolve(rt, op.group)
+            if not isinstance(target, Group):
+                return
+            groups = [target]
+        for group in sorted(groups, key=lambda g: g.name, reverse=True):
+            self.comms.destroy(rt, group, op)
+        self.record(self.env.now, rt.rank, "destroy", op.group)

@@ -1,0 +1,133 @@
+"""Fault injection: a seeded schedule (``simnccl.faults``) armed on the rooms it affects, and acted out.
+
+Why a room: each fault kind acts where the real failure would — a crash or stall before an op or at a time, an
+NCCL error through the watchdog's rules (``simnccl.watchdog``), a straggler through ``Timing``, an OOM at the
+next communicator init through ``Memory``, a store that never answers through ``Comms``. Program faults
+(skip, mismatch) were applied to the programs before the run (``apply_to_programs``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from simnccl.engine.comms import Comms
+from simnccl.engine.memory import Memory
+from simnccl.engine.rendezvous import Rendezvous
+from simnccl.engine.sim import Sim
+from simnccl.engine.state import AsyncError, Crash, RankRuntime, Waiting
+from simnccl.engine.timing import Timing
+from simnccl.engine.watchdogs import Watchdogs
+from simnccl.faults import Fault, FaultSchedule, validate
+from simnccl.ops import Program
+from simnccl.watchdog import on_async_error
+
+
+class Injection:
+    def __init__(
+        self,
+        sim: Sim,
+        schedule: FaultSchedule,
+        programs: Sequence[Program],
+        rendezvous: Rendezvous,
+        timing: Timing,
+        memory: Memory,
+        comms: Comms,
+        watchdogs: Watchdogs,
+    ) -> None:
+        self.sim = sim
+        self.env = sim.env
+        self.ranks = sim.ranks
+        self.record = sim.trace.record
+        self.rendezvous = rendezvous
+        self.watchdogs = watchdogs
+        self.schedule = schedule
+        self.op_faults: dict[tuple[int, int], Fault] = {}  # (rank, op index) -> the fault before that op
+        for fault in schedule.runtime():
+            validate(fault, programs)
+            if fault.kind == "straggler":
+                timing.slow_rank(fault.rank, fault.factor)
+            elif fault.kind == "link-straggler":
+                assert fault.peer is not None
+                nodes = (sim.cluster.node_of(fault.rank), sim.cluster.node_of(fault.peer))
+                timing.slow_link(fault, nodes)
+            elif fault.kind == "oom-at-init":
+                memory.fail_next_init(fault.rank)
+            elif fault.kind == "store-timeout":
+                comms.fail_store(fault.rank, fault.at_op)
+            elif fault.at_op is not None:
+                self.op_faults[(fault.rank, fault.at_op)] = fault
+
+    def start(self) -> None:
+        """Start a process per fault that strikes at a simulated time."""
+        for fault in self.schedule.runtime():
+            if fault.at_s is not None:
+                self.env.process(self._timed(fault))
+
+    def _timed(self, fault: Fault) -> Waiting:
+        assert fault.at_s is not None
+        yield self.env.timeout(fault.at_s)
+        rt = self.ranks[fault.rank]
+        if rt.status in ("done", "error", "aborted"):
+            return
+        self.record(self.env.now, rt.rank, "fault", fault.kind)
+        procs = self.sim.procs
+        if fault.kind in ("crash", "gpu-crash"):
+            for victim in self._victims(rt, fault):
+                procs[victim.rank].interrupt(Crash(fault))
+        elif fault.kind == "nccl-error":
+            action = on_async_error(rt.ctx.env, rank=rt.rank)
+            if action.dump:
+                self.watchdogs.dump_all(self.env.now)
+            if action.outcome != "hang":
+                procs[rt.rank].interrupt(action)
+        elif fault.kind in ("stall", "watchdog-stuck"):
+            procs[rt.rank].interrupt(Crash(fault, stall=True))
+
+    def _victims(self, rt: RankRuntime, fault: Fault) -> list[RankRuntime]:
+        """A GPU crash takes down every live process using that GPU."""
+        if fault.kind != "gpu-crash":
+            return [rt]
+        device = rt.current_device if rt.current_device is not None else rt.ctx.local_rank
+        return [
+            other
+            for other in self.ranks
+            if other.node == rt.node
+            and device in other.contexts | {other.current_device}
+            and other.status not in ("done", "error", "aborted")
+        ] or [rt]
+
+    def inject(self, rt: RankRuntime, fault: Fault) -> Waiting:
+        """An op-indexed fault, before the op runs."""
+        self.record(self.env.now, rt.rank, "fault", fault.kind, rt.pc)
+        if fault.kind in ("crash", "gpu-crash"):
+            for victim in self._victims(rt, fault):
+                if victim is not rt:
+                    self.sim.procs[victim.rank].interrupt(Crash(fault))
+            raise Crash(fault)
+        if fault.kind in ("stall", "watchdog-stuck"):
+            yield from self.stall(rt, fault)
+        if fault.kind == "nccl-error":
+            action = on_async_error(rt.ctx.env, rank=rt.rank)
+            if action.dump:
+                self.watchdogs.dump_all(self.env.now)
+            if action.outcome == "hang":
+                return
+            if action.wait_s:
+                yield self.env.timeout(action.wait_s)
+            raise AsyncError(action)
+
+    def stall(self, rt: RankRuntime, fault: Fault) -> Waiting:
+        """The rank stops issuing ops but stays alive (it still answers a flight-recorder dump). A
+        ``watchdog-stuck`` rank is stuck in a CUDA/NCCL call with its watchdog thread: its own collective
+        timeouts never fire, and only legacy's heartbeat monitor can end it (``simnccl.watchdog``)."""
+        op = rt.program.ops[min(rt.pc, len(rt.program.ops) - 1)]
+        meeting = self.rendezvous.open(("stall", rt.rank), "stall", "", 0, ())
+        if fault.kind == "watchdog-stuck":
+            meeting.problem = (
+                f"injected fault: {fault.describe()} — the process and its NCCL watchdog thread are stuck in a "
+                "CUDA/NCCL call"
+            )
+            self.watchdogs.arm_monitor(rt, fault)
+        else:
+            meeting.problem = f"injected fault: {fault.describe()} — the rank stopped issuing ops"
+        yield from self.rendezvous.wait(rt, meeting, op)

@@ -1,0 +1,164 @@
+"""The outcome of a run: the verdict, and the hang report — for every stuck rank, where it waits, for whom,
+and why, in words (torchft's style: a decision comes with its explanation).
+
+Why a room: every run ends with a verdict (DESIGN rule 7), and a hang is only useful with its explanation; both
+are read off the ranks' state and the meetings they wait in, after the run (or when a watchdog fires).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from simnccl.engine.memory import Memory
+from simnccl.engine.sim import Sim
+from simnccl.engine.state import Block, RankRuntime, RunOutcome, handle_of
+from simnccl.engine.timing import Timing
+from simnccl.meetings import Meeting
+from simnccl.watchdog import MonitorAction
+
+
+class HangReport:
+    def __init__(self, sim: Sim, timing: Timing, stuck: Mapping[int, MonitorAction | None]) -> None:
+        """``stuck``: the ranks whose watchdog is stuck with them (the Watchdogs room's, read here)."""
+        self.env = sim.env
+        self.timing = timing
+        self.stuck = stuck
+
+    def entry(self, rt: RankRuntime, by_rank: dict[int, RankRuntime]) -> dict[str, Any]:
+        block = rt.block
+        stuck = next(((m, pc) for m, pc in rt.pending if not m.complete), None)
+        if block is not None and stuck is not None and stuck[0] is not block.meeting:
+            # Run-ahead splits that completed after the rank started waiting: it is really in the first open one.
+            op = rt.program.ops[stuck[1]]
+            block = Block(op, stuck[1], handle_of(op), stuck[0], block.since_s)
+        if block is None:  # pragma: no cover - a running rank at the end means the sim-time cap was hit
+            return {
+                "rank": rt.rank,
+                "op": "<running>",
+                "group": "",
+                "seq": 0,
+                "waiting_for": [],
+                "since_s": self.env.now,
+                "explanation": "still running when the simulated-time cap was hit",
+            }
+        meeting = block.meeting
+        missing = list(meeting.missing())
+        explanations = []
+        if meeting.problem:
+            explanations.append(meeting.problem)
+        if not missing and meeting.completed_at is not None and meeting.completed_at > self.env.now:
+            slow = [link.name for link in self.timing.slow_links if self.timing.spans(link, meeting.expected)]
+            explanations.append(
+                f"every member arrived; the operation itself runs until t={meeting.completed_at:.3f} s"
+                + (f" over the slowed link {', '.join(slow)}" if slow else "")
+            )
+        for r in missing:
+            other = by_rank[r]
+            explanations.append(f"rank {r} {self._whereabouts(other)}")
+        timeout_s, watchdog = self._timeout_for(rt, meeting)
+        return {
+            "rank": rt.rank,
+            "op": block.op.describe(),
+            "op_index": block.pc,
+            "group": meeting.group or (block.handle or ""),
+            "handle": block.handle,
+            "kind": meeting.kind,
+            "seq": meeting.seq,
+            "waiting_for": missing,
+            "since_s": block.since_s,
+            "timeout_s": timeout_s,
+            "detected_at_s": None if timeout_s is None else block.since_s + timeout_s,
+            "watchdog": watchdog,
+            "explanation": "; ".join(explanations),
+        }
+
+    def _whereabouts(self, rt: RankRuntime) -> str:
+        if rt.status == "done":
+            return "finished its program without joining"
+        if rt.status in ("error", "aborted") and rt.error is not None:
+            return f"died: {rt.error.type_name}: {rt.error.message.splitlines()[0]}"
+        if rt.block is not None and rt.block.meeting.kind == "stall":
+            if rt.rank in self.stuck:
+                return f"is stuck in a CUDA/NCCL call with its watchdog, before {rt.block.op.describe()}"
+            return f"is stalled before {rt.block.op.describe()} (injected fault)"
+        if rt.block is not None:
+            m = rt.block.meeting
+            where = f"group {m.group!r}" if m.group else "its parent communicator"
+            return f"is blocked in {rt.block.op.describe()} ({m.kind} {m.seq} on {where})"
+        return "is still running"
+
+    def _timeout_for(self, rt: RankRuntime, meeting: Meeting) -> tuple[float | None, str]:
+        group = rt.world
+        for g in rt.groups:
+            if g.name == meeting.group:
+                group = g
+        timeout = group.timeout_s if group is not None else None
+        if meeting.kind == "stall":
+            if rt.rank in self.stuck:
+                return None, (
+                    "its watchdog thread is stuck too, and no heartbeat monitor watches it "
+                    "(only legacy ProcessGroupNCCL has one, unless TORCH_NCCL_BLOCKING_WAIT=1)"
+                )
+            return None, "a stalled process issues nothing that could time out"
+        if meeting.kind in ("split", "split-color"):
+            return (
+                None,
+                "ncclCommSplit blocks on the host with no timeout; only the job's own timeout ends it",
+            )
+        if meeting.kind == "bootstrap":
+            return timeout, "the store wait for the NCCL unique id times out after the group's timeout"
+        return timeout, "the watchdog aborts the collective after the group's timeout"
+
+
+def outcome(
+    sim: Sim, report: HangReport, memory: Memory, timing: Timing, fr_dumps: dict[int, dict[str, Any]]
+) -> RunOutcome:
+    """The verdict and everything a result is built from, read off the finished run."""
+    hangs: list[dict[str, Any]] = []
+    errors: list[dict[str, Any]] = []
+    ranks = sim.ranks
+    by_rank = {rt.rank: rt for rt in ranks}
+    for rt in ranks:
+        if rt.status in ("error", "aborted") and rt.error is not None:
+            errors.append(
+                {
+                    "rank": rt.rank,
+                    "kind": rt.error_kind,
+                    "type": rt.error.type_name,
+                    "message": rt.error.message,
+                    "op": rt.error_op,
+                    "time_s": rt.finished_at,
+                }
+            )
+    for rt in ranks:
+        if rt.timeout_hang is not None:
+            hangs.append(rt.timeout_hang)
+        elif rt.status not in ("done", "error", "aborted"):
+            hangs.append(report.entry(rt, by_rank))
+    if any(e["kind"] in ("error", "abort", "crash", "peer-lost") for e in errors):
+        verdict = "error"
+    elif any(e["kind"] in ("oom", "check") for e in errors):
+        verdict = "fail"
+    elif hangs:
+        verdict = "hang"
+    else:
+        verdict = "pass"
+    trace = sim.trace
+    trace.record("verdict", verdict)
+    return RunOutcome(
+        verdict=verdict,
+        ranks=ranks,
+        ledgers=memory.ledgers,
+        checkpoints=memory.checkpoints,
+        groups={(name, key.ranks): record for (name, key), record in memory.group_records.items()},
+        hangs=hangs,
+        errors=errors,
+        event_count=trace.count,
+        trace_hash=trace.digest(),
+        end_time_s=sim.env.now,
+        ops_executed=sim.guard.ops,
+        trace=trace.events,
+        fr_dumps=fr_dumps,
+        slowdowns=timing.slowdowns(),
+    )

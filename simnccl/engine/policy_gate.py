@@ -1,0 +1,238 @@
+"""Policy application: what torch really receives for each group-creation call, and the members-agree check.
+
+Why a room: a policy (``simnccl.policy``) is pure; applying it is the engine's job — build the request from
+what the process knows (its environment, the default group's backend, its group-creation history), ask the
+policy, record the decision in the rank's history, and check that every caller of one call reached the same
+plan, or real torch would hang or crash (DESIGN rule 10: never trust a promise, check). A reuse decision binds
+the handle to the identical group the rank made before.
+
+Histories live in ``fast.histories``: ranks with equal histories share decisions there when the policy is one
+simnccl has established decides alike on every rank (``recall``/``remember``); this room only asks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from simnccl.backends import runtime_connect
+from simnccl.c10d import NON_GROUP_MEMBER, Group, Members, TorchError
+from simnccl.engine.memory import Memory
+from simnccl.engine.planning import Planner
+from simnccl.engine.sim import Sim
+from simnccl.engine.state import RankRuntime
+from simnccl.ops import InitProcessGroup, NewGroup, PgOptions, SplitGroup
+from simnccl.policy import (
+    BasePolicy,
+    GroupDecision,
+    GroupRequest,
+    History,
+    InitPlan,
+    InitRequest,
+    Policy,
+    decide_group,
+    decide_split,
+    decides_alike_on_every_rank,
+)
+
+if TYPE_CHECKING:
+    from simnccl.engine.fast.histories import SharedHistories
+
+
+def rewritten(op: NewGroup, decision: GroupDecision) -> NewGroup:
+    """The op with a (non-reuse) policy decision applied: what torch receives."""
+    return replace(
+        op,
+        backend=decision.backend,
+        pg_options=decision.pg_options,
+        use_local_synchronization=decision.use_local_synchronization,
+        device_id=decision.device_id if decision.device_id is not None else op.device_id,
+    )
+
+
+def unchanged_decision(op: NewGroup) -> GroupDecision:
+    return GroupDecision(op.backend, op.pg_options, op.use_local_synchronization, explanation="as requested")
+
+
+def _init_text(plan: InitPlan) -> str:
+    parts = [f"backend={plan.backend or '<default>'}"]
+    if plan.pg_options.to_dict():
+        parts.append(f"pg_options={plan.pg_options.to_dict()}")
+    parts += [f"{k}={v}" for k, v in sorted(plan.env.items())]
+    return ", ".join(parts)
+
+
+class PolicyGate:
+    def __init__(
+        self,
+        sim: Sim,
+        policy: Policy,
+        memory: Memory,
+        planner: Planner,
+        histories: SharedHistories,
+        share_decisions: bool,
+    ) -> None:
+        """``share_decisions``: ranks with equal histories may share a decision (the fast path is on); only
+        done for a policy simnccl has established decides alike on every rank (its built-ins): any other is
+        asked on every calling rank and checked."""
+        self.release = sim.release
+        self.policy = policy
+        self.active = type(policy) is not BasePolicy  # torch's defaults need no gate at all
+        self.verified = decides_alike_on_every_rank(policy)
+        self.shares = share_decisions and self.active and self.verified
+        self.memory = memory
+        self.planner = planner
+        self.histories = histories
+        self.explanations: list[dict[str, Any]] = []
+        self._decisions: dict[tuple[int, tuple[int, ...]], tuple[int, GroupDecision]] = {}
+
+    def init(self, rt: RankRuntime, op: InitProcessGroup) -> InitProcessGroup:
+        plan = self.policy.on_init(
+            InitRequest(
+                rt.rank, rt.ctx.world_size, self.release.key, rt.ctx.env, op.backend, op.device_id, op.pg_options
+            )
+        )
+        if plan.env:
+            rt.ctx = replace(rt.ctx, env={**rt.ctx.env, **plan.env})
+        if rt.rank == 0:
+            self.explanations.append(
+                {
+                    "call": "init_process_group",
+                    "ranks": "all",
+                    "plan": _init_text(plan),
+                    "explanation": plan.explanation or "as requested",
+                }
+            )
+        if plan.backend is op.backend and plan.device_id is op.device_id and plan.pg_options is op.pg_options:
+            return op  # the plan passes every argument through: a copy would be equal to the op
+        return replace(op, backend=plan.backend, device_id=plan.device_id, pg_options=plan.pg_options)
+
+    def group_request(
+        self,
+        rt: RankRuntime,
+        op: NewGroup | SplitGroup,
+        members: tuple[int, ...],
+        backend: str | None = None,
+        history: History | None = None,
+    ) -> GroupRequest:
+        """What the process knows; the backend is named as torch resolves it (the default group's if none).
+        ``history`` stands in for the rank's own (a cohort decides on the history its ranks share)."""
+        assert rt.world is not None
+        return GroupRequest(
+            kind=op.name,
+            ranks=members,
+            rank=rt.rank,
+            world_size=rt.ctx.world_size,
+            release=self.release.key,
+            env=rt.ctx.env,
+            backend=backend or getattr(op, "backend", None) or rt.world.backend.requested,
+            pg_options=op.pg_options,
+            use_local_synchronization=getattr(op, "use_local_synchronization", False),
+            purpose=op.purpose,
+            traffic=op.traffic,
+            history=history if history is not None else self.histories.history(rt),
+            eager_group_mib=self.memory.costs(rt).eager_group_mib(connect_at_init=not runtime_connect(rt.ctx.env)),
+        )
+
+    def group(self, rt: RankRuntime, op: NewGroup) -> NewGroup | None:
+        """Ask the policy; check members agree; return the op torch really receives (None: reuse)."""
+        members = self.planner.members(op)
+        if not isinstance(members, Members):
+            return op  # invalid ranks: torch raises before any policy could matter
+        if op.use_local_synchronization and rt.rank not in members.index:
+            return op  # returns before anything a policy could change (l.7206)
+        step, slot = self.histories.recall(rt, op) if self.shares else (None, None)
+        if step is not None:
+            # Decided (and checked: the step's first caller ran check_consistent) on an equal history.
+            return self.effective_op(rt, op, members, step.decision, step.effective)
+        request = self.group_request(rt, op, members.ranks)
+        decision = decide_group(self.policy, request)
+        self.check_consistent(rt, request, decision)
+        history = self.histories.own(rt)
+        history.record(request, decision)
+        effective = None if decision.reuse is not None else rewritten(op, decision)
+        if slot is not None:
+            self.histories.remember(rt, slot, op, request, decision, effective, history)
+        return self.effective_op(rt, op, members, decision, effective)
+
+    def split(self, rt: RankRuntime, op: SplitGroup, parent: Group) -> SplitGroup | None:
+        """``decide_split`` for every split of the call (all recorded, as ``apply`` does); this rank applies
+        its own split's decision (or the first split's, when it is in none)."""
+        splits = [tuple(parent.ranks[r] for r in split if 0 <= r < parent.size) for split in op.split_ranks]
+        if not splits or any(len(s) != len(raw) or not s for s, raw in zip(splits, op.split_ranks, strict=True)):
+            return op  # invalid: torch raises its own error
+        parent_backend = parent.backend.requested
+        requests = [self.group_request(rt, op, split, parent_backend) for split in splits]
+        decisions = decide_split(self.policy, requests)
+        own = next((i for i, split in enumerate(splits) if rt.rank in split), 0)
+        self.check_consistent(rt, requests[own], decisions[own])
+        history = self.histories.own(rt)
+        for request, decision in zip(requests, decisions, strict=True):
+            history.record(request, decision)
+        mine = decisions[own]
+        if mine.reuse is not None:
+            if op.bind and rt.rank in splits[own]:
+                existing = self.identical_group(rt, splits[own], parent_backend, mine.pg_options)
+                if existing is not None:
+                    rt.handles[op.bind] = existing
+            elif op.bind:
+                rt.handles.setdefault(op.bind, NON_GROUP_MEMBER)
+            return None
+        return replace(op, pg_options=mine.pg_options)
+
+    def check_consistent(self, rt: RankRuntime, request: GroupRequest, decision: GroupDecision) -> None:
+        """Every caller of one group-creation call must reach the same plan, or real torch hangs or crashes."""
+        key = (request.history.calls, request.ranks)
+        seen = self._decisions.get(key)
+        if seen is None:
+            self._decisions[key] = (rt.rank, decision)
+            if request.member and request.ranks[0] == rt.rank:
+                self.explanations.append(
+                    {
+                        "call": f"new_group #{request.history.calls + 1}",
+                        "ranks": list(request.ranks),
+                        "plan": decision.describe(),
+                        "explanation": decision.explanation,
+                    }
+                )
+            return
+        other, first = seen
+        if first.key() != decision.key():
+            raise TorchError(
+                "PolicyInconsistency",
+                f"policy {self.policy.name!r} planned differently for group {list(request.ranks)} "
+                f"(group-creation call #{request.history.calls + 1}): rank {other}: {first.describe()} "
+                f"({first.explanation}); rank {rt.rank}: {decision.describe()} ({decision.explanation})",
+            )
+
+    def identical_group(
+        self, rt: RankRuntime, ranks: tuple[int, ...], backend: str | None, options: PgOptions
+    ) -> Group | None:
+        """The group this rank created earlier with the same ranks, backend name and options (dedupe's key)."""
+        assert rt.world is not None
+        name = (backend or rt.world.backend.requested).lower()
+        for group in rt.groups:
+            same = group.ranks == ranks and group.backend.requested == name and group.options == options
+            if same and not group.destroyed:
+                return group
+        return None
+
+    def effective_op(
+        self,
+        rt: RankRuntime,
+        op: NewGroup,
+        members: Members,
+        decision: GroupDecision,
+        effective: NewGroup | None = None,
+    ) -> NewGroup | None:
+        """The op torch receives (None: reuse, with the handle bound here); ``effective`` is
+        ``rewritten(op, decision)`` when the caller has it already."""
+        if decision.reuse is not None:
+            if rt.rank in members.index and op.bind:
+                existing = self.identical_group(rt, members.ranks, decision.backend, decision.pg_options)
+                if existing is not None:
+                    rt.handles[op.bind] = existing
+            elif op.bind:
+                rt.handles.setdefault(op.bind, NON_GROUP_MEMBER)
+            return None
+        return effective if effective is not None else rewritten(op, decision)

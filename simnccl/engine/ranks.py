@@ -1,0 +1,168 @@
+"""The rank loop: one simpy process per rank runs its Program op by op, through the dispatch table, until the
+end, an error, or a fault; how a rank ends is recorded here.
+
+Why a room: this is where a newcomer starts. Each op type has one handler in one room (the table is built in
+``core.Engine``); ``Collective`` and ``PointToPoint`` ops go to ``Collectives``. The fast paths are two calls
+here — a run of outsider calls taken in place, a block of world-wide group creation taken by a cohort — and
+are invisible to every handler.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import simpy
+
+from simnccl.c10d import ProcessContext, TorchError
+from simnccl.engine.config import SimConfig, WorkloadFailure
+from simnccl.engine.injection import Injection
+from simnccl.engine.rendezvous import Rendezvous
+from simnccl.engine.sim import Sim
+from simnccl.engine.sockets import GlooSockets
+from simnccl.engine.state import AsyncError, Crash, PeerLost, ProcessAbort, RankRuntime, Waiting
+from simnccl.flight_recorder import FlightRecorder, buffer_size
+from simnccl.memory import SimulatedOOM
+from simnccl.ops import Collective, NewGroup, Program
+from simnccl.watchdog import TimeoutAction
+
+if TYPE_CHECKING:
+    from simnccl.engine.fast import FastPaths
+
+Handler = Callable[[RankRuntime, Any], Waiting | None]
+
+
+def make_ranks(config: SimConfig, programs: Sequence[Program]) -> list[RankRuntime]:
+    """Every rank's process state: its program, environment (as its launcher sets it), node and recorder."""
+    cluster = config.cluster
+    ranks = []
+    for rank in range(cluster.world_size):
+        if len(programs) != cluster.world_size:
+            raise ValueError(f"{len(programs)} programs for a world of {cluster.world_size} ranks")
+        env = dict(config.env)
+        local = cluster.local_rank(rank)
+        if config.launcher == "torchrun":
+            env.update(LOCAL_RANK=str(local), RANK=str(rank), WORLD_SIZE=str(cluster.world_size))
+        ctx = ProcessContext(
+            rank=rank,
+            world_size=cluster.world_size,
+            local_rank=local,
+            device_count=cluster.device_count,
+            env=env,
+        )
+        ranks.append(
+            RankRuntime(
+                rank=rank,
+                program=programs[rank],
+                ctx=ctx,
+                node=cluster.node_of(rank),
+                fr=FlightRecorder(rank, capacity=buffer_size(env)),
+            )
+        )
+    return ranks
+
+
+class RankLoop:
+    def __init__(
+        self,
+        sim: Sim,
+        dispatch: Mapping[type, Handler],
+        collective: Handler,
+        p2p: Handler,
+        fast: FastPaths,
+        injection: Injection,
+        rendezvous: Rendezvous,
+        sockets: GlooSockets,
+    ) -> None:
+        self.sim = sim
+        self.env = sim.env
+        self.guard = sim.guard
+        self.record = sim.trace.record
+        self.dispatch = dict(dispatch)
+        self.collective = collective
+        self.p2p = p2p
+        self.fast = fast
+        self.injection = injection
+        self.rendezvous = rendezvous
+        self.sockets = sockets
+
+    def start(self) -> None:
+        for rt in self.sim.ranks:
+            self.sim.procs[rt.rank] = self.env.process(self._process(rt))
+
+    def _process(self, rt: RankRuntime) -> Waiting:
+        ops = rt.program.ops
+        dispatch = self.dispatch
+        take_outsider_calls = self.fast.take_outsider_calls
+        block_starts = self.fast.block_starts(rt.program)
+        op_faults = self.injection.op_faults
+        tick = self.guard.tick
+        try:
+            while rt.pc < len(ops):
+                if take_outsider_calls is not None and type(ops[rt.pc]) is NewGroup and take_outsider_calls(rt):
+                    continue
+                tick()
+                op = ops[rt.pc]
+                if op_faults:
+                    fault = op_faults.get((rt.rank, rt.pc))
+                    if fault is not None:
+                        yield from self.injection.inject(rt, fault)
+                if block_starts is not None and block_starts[rt.pc]:
+                    yield from self.fast.run_cohort(rt)
+                    continue
+                handler = dispatch.get(type(op))
+                if handler is None:
+                    handler = self.collective if isinstance(op, Collective) else self.p2p
+                work = handler(rt, op)
+                if work is not None:
+                    yield from work
+                rt.pc += 1
+            yield from self.rendezvous.settle(rt)
+            rt.status = "done"
+            rt.finished_at = self.env.now
+            self.record(self.env.now, rt.rank, "done")
+        except simpy.Interrupt as interrupt:
+            cause = interrupt.cause
+            while True:  # a later crash or heartbeat-monitor kill may cut a stall or a dump wait short
+                try:
+                    if isinstance(cause, Crash) and cause.stall:
+                        yield from self.injection.stall(rt, cause.fault)
+                    elif not isinstance(cause, Crash):
+                        rt.status = "blocked"
+                        if cause.wait_s > 0:
+                            yield self.env.timeout(cause.wait_s)
+                    break
+                except simpy.Interrupt as again:
+                    cause = again.cause
+            if isinstance(cause, Crash):
+                self._fail(rt, "crash", cause, abort=True)
+                return
+            action: TimeoutAction = cause
+            self._fail(rt, action.kind, TorchError(action.error_type, action.message), abort=action.outcome == "abort")
+        except Crash as err:
+            self._fail(rt, "crash", err, abort=True)
+        except AsyncError as err:
+            self._fail(rt, "timeout" if err.action.outcome != "abort" else "abort", err, abort=True)
+        except ProcessAbort as err:
+            self._fail(rt, "abort", err)
+        except PeerLost as err:
+            self._fail(rt, "peer-lost", err)
+        except TorchError as err:
+            self._fail(rt, "error", err)
+        except SimulatedOOM as err:
+            self._fail(rt, "oom", TorchError("torch.OutOfMemoryError", str(err)))
+        except WorkloadFailure as err:
+            self._fail(rt, "check", TorchError("ValueError", str(err)))
+
+    def _fail(self, rt: RankRuntime, kind: str, err: TorchError, *, abort: bool = False) -> None:
+        rt.status = "aborted" if kind == "abort" or abort else "error"
+        rt.error = err
+        rt.error_kind = kind
+        rt.error_op = rt.program.ops[rt.pc].describe() if rt.pc < len(rt.program.ops) else "<end>"
+        rt.block = None
+        now = self.sim.now()
+        rt.finished_at = now
+        self.record(now, rt.rank, "error", kind, err.type_name, err.message)
+        if rt.status == "aborted" and self.sockets.used:
+            # A dead process's sockets close: gloo peers waiting on it fail (a Python error keeps them open).
+            self.sockets.close(rt, [c for g in rt.groups for c in g.comms.values()])

@@ -1,0 +1,160 @@
+"""Rendezvous: ranks arriving at meetings, meetings completing, ranks waiting for them.
+
+Why this shape: every behaviour that can hang (bootstrap, split, collective, send/recv) is a meeting keyed the
+way torch/NCCL match it (``simnccl.meetings``), so a hang is simply a meeting that can't complete, and the
+report falls out of the registry: who is waiting where, for whom. This room owns the registry and time at a
+meeting: an arrival is checked against the first (what torch/NCCL would trip on), the last arrival completes
+the meeting after its duration (the caller says how long: ``Timing``), a waiting rank is blocked until then.
+A non-member's NOCOLOR split is joined without waiting ("run-ahead"): the rank settles its pending splits
+before it next does anything observable (``settle``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import simpy
+
+from simnccl.backends.gloo import wire_mismatch
+from simnccl.engine.sim import Sim
+from simnccl.engine.sockets import GlooSockets
+from simnccl.engine.state import Block, PeerLost, ProcessAbort, RankRuntime, Waiting, fire_once, handle_of
+from simnccl.meetings import Arrival, Meeting, MeetingRegistry
+from simnccl.ops import Op
+
+
+class Rendezvous:
+    def __init__(self, sim: Sim, sockets: GlooSockets) -> None:
+        self.env = sim.env
+        self.record = sim.trace.record
+        self.sockets = sockets
+        self.meetings = MeetingRegistry()
+        # id(meeting) -> member -> the event that releases that member on its own (a gloo broadcast's tree)
+        self._releases: dict[int, dict[int, simpy.Event]] = {}
+
+    def open(self, key: tuple[Any, ...], kind: str, group: str, seq: int, expected: tuple[int, ...]) -> Meeting:
+        meeting = self.meetings.get(key)
+        if meeting is None:
+            meeting = self.meetings.open(key, kind, group, seq, expected)
+            meeting.result = self.env.event()
+        return meeting
+
+    def releases(self, meeting: Meeting) -> dict[int, simpy.Event]:
+        """The per-member release events of a meeting whose members leave one by one (aborting it fires them)."""
+        return self._releases.setdefault(id(meeting), {})
+
+    def arrive(
+        self,
+        meeting: Meeting,
+        rt: RankRuntime,
+        payload: Any,
+        op: Op,
+        *,
+        duration: Callable[[Meeting], float],
+        run_ahead: bool = False,
+    ) -> None:
+        """Record an arrival; check it agrees with the first; complete the meeting when everyone is here."""
+        after = None
+        if run_ahead and rt.pending:
+            after = rt.pending[-1][0]
+        arrival = meeting.arrivals[rt.rank] = Arrival(rt.rank, self.env.now, payload, op, after)
+        if meeting.problem is None:
+            first = next(iter(meeting.arrivals.values()))
+            problem = None if first is arrival else self._disagreement(meeting, first, arrival)
+            if problem:
+                meeting.problem = problem
+                if meeting.abort_on_mismatch and problem.startswith("size mismatch"):
+                    self._abort(meeting, problem)
+        if meeting.problem is None and len(meeting.arrivals) == len(meeting.expected):
+            self.complete(meeting, duration(meeting))
+
+    def _disagreement(self, meeting: Meeting, first: Arrival, this: Arrival) -> str | None:
+        """Why two arrivals at one key can't be the same operation (what torch/NCCL would trip on)."""
+        if first is this:
+            return None
+        if meeting.kind == "bootstrap":
+            if first.payload is not this.payload and first.payload != this.payload:
+                return (
+                    f"store key collision under group name {meeting.group!r}: rank {first.rank} bootstraps "
+                    f"ranks {list(first.payload)}, rank {this.rank} bootstraps ranks {list(this.payload)}"
+                )
+            return None
+        a, b = first.payload, this.payload
+        if meeting.abort_on_mismatch:  # gloo: what the wire does, not what the user meant (backends/gloo.py)
+            how = wire_mismatch(a, b)
+            if how is None:
+                return None
+            if how == "hang":
+                return (
+                    f"gloo collective mismatch at tag {meeting.seq} of group {meeting.group!r}: rank {first.rank} "
+                    f"issued {first.op.describe()}, rank {this.rank} issued {this.op.describe()} — different gloo "
+                    "algorithms send on different slots, so neither receives the other's messages: both wait "
+                    "until the timeout"
+                )
+        if a[0] != b[0] and not meeting.abort_on_mismatch:
+            return (
+                f"operation mismatch at sequence number {meeting.seq} of group {meeting.group!r}: "
+                f"rank {first.rank} issued {first.op.describe()}, rank {this.rank} issued {this.op.describe()}"
+            )
+        if a[0] != "split" and a[1:] != b[1:]:
+            return (
+                f"size mismatch at sequence number {meeting.seq} of group {meeting.group!r}: "
+                f"rank {first.rank} {a[0]} of {a[1]} bytes ({a[2]}), rank {this.rank} {b[1]} bytes ({b[2]})"
+            )
+        return None
+
+    def _abort(self, meeting: Meeting, problem: str) -> None:
+        """gloo enforces sizes: a mismatched collective aborts every process already in it, and later ones."""
+        meeting.fatal = (
+            "terminate called after throwing an instance of 'gloo::EnforceNotMet'\n  what():  Received data size "
+            f"doesn't match expected size. Is there a distributed collective mismatch in your code? ({problem})"
+        )
+        self.record(self.env.now, "abort-meeting", meeting.key)
+        meeting.result.succeed()
+        for event in self._releases.get(id(meeting), {}).values():  # gloo broadcast members wait on their own
+            fire_once(event)
+
+    def complete(self, meeting: Meeting, duration_s: float) -> None:
+        done_at = max(self.env.now, meeting.ready_time()) + duration_s
+        meeting.completed_at = done_at
+        self.record(done_at, "meet", meeting.kind, meeting.key, len(meeting.expected))
+        event = meeting.result
+        delay = done_at - self.env.now
+        self.env.timeout(delay).callbacks.append(lambda _ev: event.succeed())
+
+    def wait(self, rt: RankRuntime, meeting: Meeting, op: Op, own: simpy.Event | None = None) -> Waiting:
+        """Block until the meeting completes (or ``own``, this rank's release from it, fires)."""
+        if self.sockets.closed and not meeting.complete and meeting.fatal is None:
+            peer = self.sockets.closed_peer(rt.rank, meeting)
+            if peer is not None:
+                raise PeerLost(peer)
+        now = self.env.now
+        if not (meeting.complete and meeting.completed_at <= now) and meeting.fatal is None:
+            rt.status = "blocked"
+            rt.block = Block(op, rt.pc, handle_of(op), meeting, now)
+            yield meeting.result if own is None else own
+            rt.status = "running"
+            rt.block = None
+        if meeting.fatal is not None:
+            raise ProcessAbort(meeting.fatal)
+
+    def settle(self, rt: RankRuntime) -> Iterable[simpy.Event]:
+        """Wait for this rank's run-ahead NOCOLOR splits before it does anything observable (``yield from``
+        it). With nothing run ahead, as for most ops, it is an empty tuple: no generator is created per op."""
+        return self._settle_pending(rt) if rt.pending else ()
+
+    def _settle_pending(self, rt: RankRuntime) -> Waiting:
+        last, pc = rt.pending[-1]
+        if not (last.complete and last.completed_at <= self.env.now):
+            # Report the earliest split that is not complete: that is where the rank really is.
+            first_open = next(((m, p) for m, p in rt.pending if not m.complete), (last, pc))
+            rt.status = "blocked"
+            op = rt.program.ops[first_open[1]]
+            rt.block = Block(op, first_open[1], handle_of(op), first_open[0], self.env.now)
+            yield last.result
+            while not all(m.complete for m, _ in rt.pending):  # pragma: no cover - completion is ordered
+                yield next(m for m, _ in rt.pending if not m.complete).result
+            rt.status = "running"
+            rt.block = None
+        rt.pending.clear()

@@ -1,0 +1,74 @@
+"""gloo's sockets: who closed theirs, and which waiting peers fail with "Connection closed by peer".
+
+Why a room: gloo has no shutdown — a ProcessGroupGloo closes its sockets when it is freed (destroyed, or the
+process died), and a peer blocked in an operation that talks to it directly fails at once, while one that only
+waits on it through others keeps waiting (``backends/gloo.py``). Nothing here costs anything until a gloo
+communicator exists (``used``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from simnccl.backends import Comm
+from simnccl.backends.gloo import PEER_CLOSED, direct_peers
+from simnccl.engine.sim import Sim
+from simnccl.engine.state import RankRuntime
+from simnccl.meetings import Meeting
+from simnccl.release import Impl
+from simnccl.watchdog import TimeoutAction
+
+
+class GlooSockets:
+    def __init__(self, sim: Sim, comm_members: Mapping[int, tuple[int, ...]]) -> None:
+        self.sim = sim
+        self.ranks = sim.ranks
+        self.record = sim.trace.record
+        self.comm_members = comm_members  # comm id -> its members (CommRegistry's)
+        self.used = False  # set once a gloo communicator exists: the peer-closed model costs nothing else
+        self.closed: dict[int, set[int]] = {}  # gloo comm id -> ranks whose sockets on it are closed
+        self.peer_lost: set[int] = set()  # ranks interrupted with "Connection closed by peer", not yet failed
+
+    def close(self, rt: RankRuntime, comms: Sequence[Comm]) -> None:
+        """``rt`` closes its sockets on these gloo communicators (destroyed, or the process died): each member
+        blocked in an operation that talks to ``rt`` directly fails at once with 'Connection closed by peer';
+        members whose algorithm only waits on ``rt`` through others keep waiting (``backends/gloo.py``)."""
+        for comm in comms:
+            if comm.impl is not Impl.GLOO or comm.comm_id is None:
+                continue
+            closed = self.closed.setdefault(comm.comm_id, set())
+            if rt.rank in closed:
+                continue
+            closed.add(rt.rank)  # not traced: only what it does to a waiting peer is (a closed idle socket is not)
+            for member in self.comm_members.get(comm.comm_id, ()):
+                other = self.ranks[member]
+                if other is rt or other.status != "blocked" or other.block is None or other.timed_out:
+                    continue
+                if member in self.peer_lost:
+                    continue
+                peer = self.closed_peer(member, other.block.meeting)
+                if peer is not None:
+                    self.peer_lost.add(member)
+                    self.record(self.sim.now(), member, "peer-closed", peer, comm.group)
+                    message = PEER_CLOSED.format(peer=peer)
+                    cause = TimeoutAction("raise", False, 0.0, "RuntimeError", message, False, kind="peer-lost")
+                    self.sim.procs[member].interrupt(cause)
+
+    def closed_peer(self, rank: int, meeting: Meeting) -> int | None:
+        """A peer ``rank``'s part of this gloo operation reads or writes directly that has closed its sockets
+        and is not in the operation itself (None: none, or not a gloo collective/send/recv)."""
+        if meeting.kind not in ("collective", "p2p") or meeting.key[0] not in ("coll", "p2p"):
+            return None
+        closed = self.closed.get(meeting.key[1])
+        arrival = meeting.arrivals.get(rank)
+        if not closed or arrival is None:
+            return None
+        expected = meeting.expected
+        if meeting.kind == "p2p":
+            peers: Sequence[int] = [r for r in expected if r != rank]
+        else:
+            op = arrival.op
+            src = getattr(op, "src", None)
+            root = expected.index(src) if src in expected else 0
+            peers = [expected[i] for i in direct_peers(op.name, expected.index(rank), len(expected), root)]
+        return next((p for p in peers if p in closed and p not in meeting.arrivals), None)

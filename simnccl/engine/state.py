@@ -1,0 +1,190 @@
+"""The nouns every room shares: a rank's runtime state, what a run returns, and how a rank stops.
+
+Why one module: each room reads and moves a rank's state (its program counter, handles, groups, status), and
+the rank loop turns the exceptions below into a rank's end; keeping them here lets every room import them
+without importing another room.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import simpy
+
+from simnccl.backends.gloo import PEER_CLOSED
+from simnccl.c10d import Group, ProcessContext, TorchError
+from simnccl.faults import Fault
+from simnccl.flight_recorder import FlightRecorder
+from simnccl.meetings import Meeting
+from simnccl.memory import DeviceLedger
+from simnccl.ops import Op, Program
+from simnccl.policy import History
+from simnccl.watchdog import TimeoutAction
+
+if TYPE_CHECKING:
+    from simnccl.engine.fast.histories import HistoryNode, Step
+
+Waiting = Generator[simpy.Event, Any, None]
+
+
+@dataclass(slots=True)
+class Block:
+    op: Op
+    pc: int
+    handle: str
+    meeting: Meeting
+    since_s: float
+
+
+@dataclass(slots=True)
+class RankRuntime:
+    """One process: its program counter, groups, handles, device and status."""
+
+    rank: int
+    program: Program
+    ctx: ProcessContext
+    node: int
+    pc: int = 0
+    status: str = "running"
+    current_device: int | None = None
+    contexts: set[int] = field(default_factory=set)
+    world: Group | None = None
+    handles: dict[str, Group | int] = field(default_factory=dict)
+    counter: int = 1
+    groups: list[Group] = field(default_factory=list)
+    block: Block | None = None
+    pending: list[tuple[Meeting, int]] = field(default_factory=list)
+    error: TorchError | None = None
+    error_op: str = ""
+    error_kind: str = ""
+    nccl_devices: set[int] = field(default_factory=set)
+    history: History = field(default_factory=History)
+    history_shared: bool = False
+    # Owned by the fast paths (``engine/fast``): calls taken on shared decisions and not yet recorded in
+    # ``history`` (the rank's real history is ``history`` + these); ``hnode`` is the shared state it is in
+    # (None: not tracked); two per-rank caches of the outsider path.
+    history_tail: list[Step] = field(default_factory=list)
+    hnode: HistoryNode | None = None
+    policy_class: tuple[Any, ...] | None = None  # (ctx, world, class) cache for SharedHistories.policy_class
+    outsider_verdicts: tuple[Any, ...] | None = None  # cache for Outsiders.verdicts
+    fr: FlightRecorder | None = None
+    timed_out: bool = False
+    unhealthy: bool = False
+    timeout_hang: dict[str, Any] | None = None
+    warnings: list[str] = field(default_factory=list)
+    finished_at: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    device: str
+    used_bytes: int
+    free_bytes: int
+    time_s: float
+    rank: int
+
+
+@dataclass(slots=True)
+class GroupRecord:
+    """One group as the world sees it: its members and what each member's communicators cost."""
+
+    name: str
+    desc: str
+    ranks: tuple[int, ...]
+    impl: str
+    via_split: bool
+    members: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class RunOutcome:
+    verdict: str
+    ranks: list[RankRuntime]
+    ledgers: dict[str, DeviceLedger]
+    checkpoints: dict[str, dict[str, Snapshot]]
+    groups: dict[tuple[str, tuple[int, ...]], GroupRecord]
+    hangs: list[dict[str, Any]]
+    errors: list[dict[str, Any]]
+    event_count: int
+    trace_hash: str
+    end_time_s: float
+    ops_executed: int
+    trace: list[tuple[Any, ...]]
+    fr_dumps: dict[int, dict[str, Any]] = field(default_factory=dict)
+    slowdowns: list[dict[str, Any]] = field(default_factory=list)  # what each straggler fault cost (Timing)
+
+
+# ---------------------------------------------------------------------- a rank's state, read the same everywhere
+
+
+def require_world(rt: RankRuntime) -> Group:
+    if rt.world is None:
+        raise TorchError(
+            "ValueError",
+            "Default process group has not been initialized, please make sure to call init_process_group.",
+        )
+    return rt.world
+
+
+def resolve(rt: RankRuntime, handle: str) -> Group | int:
+    """The group a program handle names on this rank (or NON_GROUP_MEMBER)."""
+    try:
+        target = rt.handles[handle]
+    except KeyError:
+        raise TorchError("NameError", f"group handle {handle!r} was never bound on rank {rt.rank}") from None
+    if isinstance(target, Group) and target.destroyed:
+        raise TorchError("ValueError", "Invalid process group specified")
+    return target
+
+
+def current_device(rt: RankRuntime) -> int:
+    return 0 if rt.current_device is None else rt.current_device
+
+
+def handle_of(op: Op) -> str:
+    """The program's name for the group an op concerns: the handle it binds or the one it uses."""
+    return getattr(op, "bind", None) or getattr(op, "group", None) or ""
+
+
+def ranks_digest(ranks: tuple[int, ...]) -> tuple[int, int, int]:
+    """A cheap, deterministic stand-in for a member list in the trace (repr of a 16k-rank tuple per member
+    would make tracing quadratic); the group's name is recorded beside it."""
+    return len(ranks), ranks[0], ranks[-1]
+
+
+def fire_once(event: simpy.Event) -> None:
+    """Succeed an event unless something (an abort) already did."""
+    if not event.triggered:
+        event.succeed()
+
+
+# ---------------------------------------------------------------------- how a rank stops (the rank loop catches)
+
+
+class Crash(TorchError):
+    """An injected process death (or, with ``stall``, a process that stops issuing ops)."""
+
+    def __init__(self, fault: Fault, stall: bool = False) -> None:
+        super().__init__("Crash", f"injected fault: {fault.describe()}")
+        self.fault = fault
+        self.stall = stall
+
+
+class AsyncError(TorchError):
+    def __init__(self, action: TimeoutAction) -> None:
+        super().__init__(action.error_type or "DistBackendError", action.message)
+        self.action = action
+
+
+class ProcessAbort(TorchError):
+    def __init__(self, message: str) -> None:
+        super().__init__("SIGABRT", message)
+
+
+class PeerLost(TorchError):
+    """A gloo operation towards a peer whose sockets are closed (it destroyed its groups, or died)."""
+
+    def __init__(self, peer: int) -> None:
+        super().__init__("RuntimeError", PEER_CLOSED.format(peer=peer))

@@ -1,0 +1,213 @@
+"""Watchdogs and monitors in simulated time: a blocked wait's timeout firing at its deadline, flight-recorder
+dumps, and legacy's heartbeat monitor ending a process whose watchdog is stuck.
+
+Why a room: what each backend's watchdog does is a pure rule (``simnccl.watchdog``); *when* it acts, on which
+process, is the engine's. This room drives the whole run (``run``): simpy steps in slices no longer than the
+shortest group timeout, and after each slice the due watchdogs act — so a hang always ends with a verdict
+(DESIGN rule 7). A firing watchdog writes its rank's entry of the hang report (``outcome.HangReport``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from simnccl.c10d import Group
+from simnccl.engine.outcome import HangReport
+from simnccl.engine.sim import Sim
+from simnccl.engine.sockets import GlooSockets
+from simnccl.engine.state import RankRuntime, Waiting
+from simnccl.engine.timing import Timing
+from simnccl.faults import Fault
+from simnccl.flight_recorder import numel
+from simnccl.release import DEFAULT_PG_NCCL_TIMEOUT_S, Impl
+from simnccl.watchdog import MonitorAction, TimeoutAction, on_dump_signal, on_timeout, on_watchdog_stuck
+
+
+class Watchdogs:
+    def __init__(self, sim: Sim, sockets: GlooSockets, timing: Timing) -> None:
+        self.sim = sim
+        self.env = sim.env
+        self.ranks = sim.ranks
+        self.record = sim.trace.record
+        self.sockets = sockets
+        self.min_timeout_s = DEFAULT_PG_NCCL_TIMEOUT_S
+        self.monitor_start: dict[int, float] = {}  # rank -> when its default group (and its watchdog) was made
+        self.stuck: dict[int, MonitorAction | None] = {}  # watchdog-stuck ranks -> what their monitor does
+        self.monitor_action: dict[int, MonitorAction] = {}  # rank -> the heartbeat-monitor action now pending
+        self.fr_dumps: dict[int, dict[str, Any]] = {}
+        self.report = HangReport(sim, timing, self.stuck)
+
+    def group_made(self, timeout_s: float) -> None:
+        """A group exists with this timeout: the run's steps must be no longer than the shortest."""
+        self.min_timeout_s = min(self.min_timeout_s, timeout_s)
+
+    def default_group_made(self, rt: RankRuntime) -> None:
+        """The default group's watchdog (and heartbeat monitor) start now."""
+        self.monitor_start[rt.rank] = self.env.now
+
+    # ---------------------------------------------------------------- the run, in simulated time
+
+    def run(self) -> None:
+        """Run to the end, letting each blocked wait's timeout fire at its simulated deadline.
+
+        No timer events are created: the run advances in steps no longer than the shortest group timeout, so
+        a wait that starts inside a step cannot be due before the step ends; after each step the due
+        watchdogs act. When nothing is scheduled the clock jumps straight to the next deadline; a stall with
+        no deadline left (e.g. inside ncclCommSplit) ends the run as a hang.
+        """
+        guard = self.sim.guard
+        while True:
+            guard.work += 1  # an iteration that made no progress must still reach the wall-clock guard
+            if guard.work & 0x3FF == 0:
+                guard.check()
+            due = self._due_timeouts()
+            for at, rt, action in due:
+                if at <= self.env.now:
+                    self._fire(rt, action, at)
+            due = [d for d in due if d[0] > self.env.now]
+            next_deadline = due[0][0] if due else math.inf
+            env = self.env
+            if env.peek() == math.inf and next_deadline == math.inf:
+                return
+            step_end = min(next_deadline, env.now + self.min_timeout_s)
+            if env.peek() > step_end:
+                # Nothing happens before then: move the clock to the step end. simpy places the event at
+                # ``now + delay``, which rounding can put one ulp past ``step_end``; step to where it really
+                # landed, or the loop would never reach it and schedule another one forever.
+                env.timeout(step_end - env.now)
+                step_end = max(step_end, env.peek())
+            step = env.step
+            while env.peek() <= step_end:
+                step()
+
+    def _due_timeouts(self) -> list[tuple[float, RankRuntime, TimeoutAction]]:
+        due = []
+        for rt in self.ranks:
+            if rt.status != "blocked" or rt.timed_out or rt.block is None or rt.rank in self.sockets.peer_lost:
+                continue
+            block = rt.block
+            group = self._group_named(rt, block.meeting.group)
+            if group is None:
+                continue
+            comm = group.comm_for(self.sim.device_type)
+            if comm is None:
+                continue
+            op = block.op
+            action = on_timeout(
+                comm.impl,
+                block.meeting.kind,
+                rt.ctx.env,
+                rank=rt.rank,
+                seq=block.meeting.seq,
+                op_name=op.name,
+                numel=numel(getattr(op, "size_bytes", 4), getattr(op, "dtype", "Float")),
+                timeout_s=group.timeout_s,
+            )
+            if action is not None:
+                due.append((block.since_s + group.timeout_s, rt, action))
+        due.sort(key=lambda item: (item[0], item[1].rank))
+        return due
+
+    @staticmethod
+    def _group_named(rt: RankRuntime, name: str) -> Group | None:
+        for group in reversed(rt.groups):
+            if group.name == name:
+                return group
+        return None
+
+    def _fire(self, rt: RankRuntime, action: TimeoutAction, at: float) -> None:
+        rt.timed_out = True
+        rt.unhealthy = rt.unhealthy or action.unhealthy
+        entry = self.report.entry(rt, {r.rank: r for r in self.ranks})
+        entry["detected_at_s"] = at + action.wait_s
+        entry["timeout_s"] = at - entry["since_s"]
+        entry["watchdog"] = action.message.splitlines()[0] if action.message else entry["watchdog"]
+        rt.timeout_hang = entry
+        self.record(at, rt.rank, "timeout", action.outcome, entry["kind"], entry["seq"])
+        if action.dump:
+            self.dump_all(at)
+        if action.outcome in ("abort", "raise"):
+            self.sim.procs[rt.rank].interrupt(action)
+
+    # ---------------------------------------------------------------- dumps and heartbeat monitors
+
+    def dump_all(self, at: float) -> None:
+        """The abort hook dumps on this rank and signals the others through the store: every live process
+        writes its ``TORCH_FR_DUMP_TEMP_FILE<rank>``. A dead process writes nothing."""
+        for rt in self.ranks:
+            self._signal_monitor(rt, at)
+            if rt.rank in self.fr_dumps or rt.fr is None or not rt.fr.enabled:
+                continue
+            if rt.status in ("running", "blocked"):
+                self.fr_dumps[rt.rank] = rt.fr.dump()
+                self.record(at, rt.rank, "fr-dump", len(rt.fr.entries))
+
+    def _signal_monitor(self, rt: RankRuntime, at: float) -> None:
+        """Legacy's monitor on the default group polls the store's dump key every second: once any rank's
+        watchdog timed out (and set it), every live legacy process dumps, waits one heartbeat timeout and is
+        terminated (torch's "collective timeout or exception" path) — a stalled or stuck process included,
+        unless something ended it before."""
+        impl = self._world_impl(rt) if rt.status in ("running", "blocked") else None
+        if impl is not Impl.LEGACY:
+            return
+        source = rt.rank if rt.timed_out else min((r.rank for r in self.ranks if r.timed_out), default=-1)
+        start_s = self.monitor_start[rt.rank]
+        action = on_dump_signal(impl, rt.ctx.env, rank=rt.rank, monitor_start_s=start_s, signal_at_s=at, src=source)
+        current = self.monitor_action.get(rt.rank)
+        if action is not None and (current is None or action.detected_at_s < current.detected_at_s):
+            self.monitor_action[rt.rank] = action
+            self.env.process(self._monitor(rt, action))
+
+    def arm_monitor(self, rt: RankRuntime, fault: Fault) -> None:
+        """Start the stuck rank's heartbeat monitor clock, if its default group has one (legacy only)."""
+        if rt.rank in self.stuck:
+            return
+        impl = self._world_impl(rt)
+        action = None
+        if impl is not None:
+            start_s = self.monitor_start[rt.rank]
+            action = on_watchdog_stuck(impl, rt.ctx.env, rank=rt.rank, monitor_start_s=start_s, stuck_at_s=self.env.now)
+        self.stuck[rt.rank] = action
+        self.record(self.env.now, rt.rank, "watchdog-stuck", None if action is None else action.detected_at_s)
+        if action is not None:
+            self.monitor_action[rt.rank] = action
+            self.env.process(self._monitor(rt, action))
+
+    def _world_impl(self, rt: RankRuntime) -> Impl | None:
+        """The implementation behind this rank's live default group (whose watchdog the monitor watches)."""
+        if rt.world is None or rt.world.destroyed or rt.rank not in self.monitor_start:
+            return None
+        comm = rt.world.comm_for(self.sim.device_type)
+        return None if comm is None else comm.impl
+
+    def _monitor(self, rt: RankRuntime, action: MonitorAction) -> Waiting:
+        """Legacy's heartbeat monitor acting on its process: detect, dump, wait a heartbeat, terminate. A dump
+        signal may replace a later pending action with an earlier one; only the one pending acts."""
+        yield self.env.timeout(max(action.detected_at_s - self.env.now, 0.0))
+        if self.monitor_action.get(rt.rank) is not action or rt.status in ("done", "error", "aborted"):
+            return
+        if rt.status == "blocked" and rt.timeout_hang is None:  # a running process is not hung (yet)
+            entry = self.report.entry(rt, {r.rank: r for r in self.ranks})
+            entry["detected_at_s"] = action.terminate_at_s
+            entry["timeout_s"] = action.heartbeat_timeout_s
+            entry["watchdog"] = action.message.splitlines()[0]
+            entry["explanation"] += f"; heartbeat monitor: {action.message.splitlines()[-1]}"
+            entry["monitor"] = {
+                "reason": action.reason,
+                "detected_at_s": action.detected_at_s,
+                "terminate_at_s": action.terminate_at_s,
+                "heartbeat_timeout_s": action.heartbeat_timeout_s,
+            }
+            rt.timeout_hang = entry
+        self.record(self.env.now, rt.rank, "heartbeat", action.reason)
+        if action.dump and rt.fr is not None and rt.fr.enabled and rt.rank not in self.fr_dumps:
+            self.fr_dumps[rt.rank] = rt.fr.dump()  # this process only: the monitor signals nobody
+            self.record(self.env.now, rt.rank, "fr-dump", len(rt.fr.entries))
+        if action.terminate_at_s is None:
+            return
+        yield self.env.timeout(max(action.terminate_at_s - self.env.now, 0.0))
+        if self.monitor_action.get(rt.rank) is action and rt.status not in ("done", "error", "aborted"):
+            self.sim.procs[rt.rank].interrupt(
+                TimeoutAction("abort", False, 0.0, "SIGABRT", action.message, False, kind="heartbeat")
+            )
