@@ -62,7 +62,6 @@ does exactly that.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import ctypes
 import importlib
@@ -91,6 +90,7 @@ from torch._C._distributed_c10d import _create_work_from_future
 from torch.distributed import distributed_c10d as c10d
 
 from simnccl.c10d import ProcessContext, _binds_device, nccl_device_fallback
+from simnccl.capture_cli import DEFAULT_TIMEOUT_S, MODES
 from simnccl.ops import (
     NO_OPTIONS,
     WORLD,
@@ -116,9 +116,7 @@ from simnccl.release import KNOWN_BACKEND_NAMES, DeviceBackend, ReleaseError, ge
 from simnccl.tags import current_tags
 from simnccl.torch_apply import modelled_options
 
-DEFAULT_TIMEOUT_S = 120.0
 MASTER_PORT = "29500"
-MODES = ("fork", "inline")
 UNRECORDED = "unrecorded"  # the handle of a group whose creation was not seen (never silently "world")
 
 # torch dtype -> the c10 ScalarType name torch's flight recorder prints (and simnccl ops use).
@@ -1306,7 +1304,7 @@ def _assemble(spec: _Spec, ranks: Sequence[RankCapture], mode: str, wall_s: floa
 # ---------------------------------------------------------------------------------------------- command line
 
 
-def _script_target(module: str | None, path: str | None, argv: Sequence[str]) -> Callable[[], None]:
+def script_target(module: str | None, path: str | None, argv: Sequence[str]) -> Callable[[], None]:
     """A target running ``-m module`` or ``script.py`` as ``__main__`` with ``argv`` (fresh in each rank)."""
 
     def run() -> None:
@@ -1325,91 +1323,11 @@ def _script_target(module: str | None, path: str | None, argv: Sequence[str]) ->
     return run
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m simnccl.capture",
-        description="Run unmodified torch.distributed code once per simulated rank and record its Programs.",
-    )
-    parser.add_argument("--world", type=int, required=True, help="world size (number of simulated ranks)")
-    parser.add_argument("--gpus-per-node", type=int, default=None, help="GPUs per node (default: min(world, 8))")
-    parser.add_argument("--release", default="2.15", help="torch release to emulate (default 2.15)")
-    parser.add_argument("--env", action="append", default=[], metavar="VAR=VALUE", help="environment (repeatable)")
-    parser.add_argument("--mode", choices=MODES, default=None, help="fork (default on Linux) or inline")
-    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds per rank")
-    parser.add_argument("--simulate", action="store_true", help="replay the Programs in the simulator")
-    parser.add_argument("--gpu", default="h100-80gb", help="GPU kind for --simulate and --toml")
-    parser.add_argument("--policy", default=None, help="policy for --simulate")
-    parser.add_argument("--toml", metavar="PATH", help="write a scenario file with the captured Programs")
-    parser.add_argument("--json", metavar="PATH", help="write the Programs and calls as JSON")
-    parser.add_argument("--name", default="captured", help="scenario name for --toml")
-    parser.add_argument("-m", dest="module", metavar="MODULE", help="run a module as __main__ (like python -m)")
-    parser.add_argument("script", nargs="?", help="a script to run (when -m is not given)")
-    parser.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the module or script")
-    return parser
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    """The command line; exit 0 on success, 2 on bad input or when the captured code fails."""
-    parser = _parser()
-    raw = list(sys.argv[1:] if argv is None else argv)
-    if "-m" in raw:  # everything after "-m MODULE" belongs to the module, as with python -m
-        at = raw.index("-m")
-        head, module, rest = raw[:at], raw[at + 1 : at + 2], raw[at + 2 :]
-        args = parser.parse_args([*head, "-m", *module])
-        args.args = rest
-    else:
-        args = parser.parse_args(raw)
-    if args.module is None and args.script is None:
-        parser.error("expected -m MODULE or a script path")
-    if args.module is not None and args.script is not None:
-        args.args = [args.script, *args.args]
-    env = {}
-    for item in args.env:
-        if "=" not in item:
-            parser.error(f"--env expects VAR=VALUE, got {item!r}")
-        key, value = item.split("=", 1)
-        env[key] = value
-    try:
-        if args.module is not None:
-            if importlib.util.find_spec(args.module) is None:
-                raise CaptureError(f"no module named {args.module!r} (expected an importable module for -m)")
-        elif not Path(args.script).is_file():
-            raise CaptureError(f"no such script {args.script!r} (expected a Python file, or -m MODULE)")
-        run = capture(
-            _script_target(args.module, None if args.module else args.script, args.args),
-            args.world,
-            gpus_per_node=args.gpus_per_node,
-            release=args.release,
-            env=env,
-            mode=args.mode,
-            timeout_s=args.timeout,
-        )
-    except (CaptureError, ModuleNotFoundError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    print(run.summary())
-    if args.json:
-        Path(args.json).write_text(json.dumps(run.to_json(), indent=1) + "\n", encoding="utf-8")
-        print(f"wrote {args.json}")
-    if args.toml:
-        Path(args.toml).write_text(run.to_scenario_toml(args.name, gpu=args.gpu), encoding="utf-8")
-        print(f"wrote {args.toml}")
-    if args.simulate:
-        try:
-            outcome = run.simulate(gpu=args.gpu, policy=args.policy)
-        except (CaptureError, ValueError) as err:
-            print(f"error: {err}", file=sys.stderr)
-            return 2
-        print(_outcome_text(outcome))
-    return 0
+    """``python -m simnccl.capture``: the same command as ``simnccl capture`` (``simnccl.capture_cli``)."""
+    from simnccl.capture_cli import main as cli_main
 
-
-def _outcome_text(outcome: Any) -> str:
-    lines = [f"simulated: verdict {getattr(outcome, 'verdict', '?')}"]
-    for label, devices in getattr(outcome, "checkpoints", {}).items():
-        used = sorted({round(s.used_bytes / 2**20, 1) for s in devices.values()})
-        lines.append(f"  {label}: used MiB per device {', '.join(f'{u:g}' for u in used)}")
-    return "\n".join(lines)
+    return cli_main(argv)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,26 +1,20 @@
-"""``simnccl run [SCENARIO ...] [--variant NAME] [--json]`` and ``simnccl cost --workload NAME [knobs]``.
+"""``simnccl run|explain|cost|capture|real``: simulate scenarios, explain them, price startups, capture code, verify.
 
+Every command takes the same overrides (``--policy``, ``--release``, ``--gpu``, ``--seed``, ``--env K=V``,
+``--variant``) and output options (``--json [FILE]``, ``--quiet``, ``--version``): ``simnccl.cli_options``.
 Exit codes are a contract for CI: 0 when every expectation holds, 1 when one doesn't, 2 on bad input
-(an unreadable or invalid scenario, an unknown variant) — never a traceback for bad input.
+(an unreadable or invalid scenario, an unknown variant, a bad override) — never a traceback for bad input.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
-from rich.console import Console
-
-from simnccl import cost
-from simnccl.engine import EngineGuardError
-from simnccl.explain import explain as explain_variant
-from simnccl.flight_recorder import write_dumps
-from simnccl.prerequisites import MissingPrerequisite, require_torch
-from simnccl.report import print_result
-from simnccl.runner import run_scenario
-from simnccl.scenario import ScenarioError, load_scenario
+from simnccl.cli_options import OverrideError, add_common, add_version, check_json_target, normalise_argv
 
 DEFAULT_SCENARIO = "pytorch-199957.toml"
 EXIT_OK, EXIT_EXPECTATIONS, EXIT_BAD_INPUT = 0, 1, 2
@@ -36,17 +30,33 @@ def builtin_scenario_dir() -> Path:
 
 
 def _parser() -> argparse.ArgumentParser:
+    from simnccl import cost
+
     parser = argparse.ArgumentParser(prog="simnccl", description=__doc__.splitlines()[0])
+    add_version(parser)
     sub = parser.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="simulate scenarios and check their expectations")
+    run = sub.add_parser(
+        "run",
+        help="simulate scenarios and check their expectations",
+        description="Simulate scenarios (every variant, or --variant) and check their expectations. "
+        "Exit 0: every expectation holds; 1: one does not; 2: bad input.",
+    )
     run.add_argument("scenarios", nargs="*", help=f"scenario files (default: the built-in {DEFAULT_SCENARIO})")
-    run.add_argument("--variant", action="append", help="run only this variant (repeatable)")
-    run.add_argument("--json", action="store_true", help="print the result as JSON (schema in README)")
+    add_common(run)
     run.add_argument("--explain", action="store_true", help="print each policy decision and its reason")
-    run.add_argument("--fr-dir", help="write each variant's flight-recorder dumps to FR_DIR/<variant>/rank_<r>")
-    explain = sub.add_parser("explain", help="the hangs and failures of a run, in plain language")
+    run.add_argument(
+        "--fr-dir",
+        help="write each variant's flight-recorder dumps to FR_DIR/<scenario>-<variant>/rank_<r> (one folder per "
+        "variant, the layout python -m torch.distributed.flight_recorder.fr_trace reads)",
+    )
+    explain = sub.add_parser(
+        "explain",
+        help="the hangs and failures of a run, in plain language",
+        description="Simulate scenarios and tell, per variant, who waits for whom and why. Always exits 0 "
+        "unless the input is bad (2).",
+    )
     explain.add_argument("scenarios", nargs="*", help=f"scenario files (default: the built-in {DEFAULT_SCENARIO})")
-    explain.add_argument("--variant", action="append", help="only this variant (repeatable)")
+    add_common(explain)
     cost_parser = sub.add_parser(
         "cost",
         help="per-rank startup cost of a framework config on torch's default, legacy and each policy",
@@ -64,74 +74,120 @@ def _parser() -> argparse.ArgumentParser:
         "capture",
         add_help=False,
         help="run unmodified torch code per simulated rank and record its Programs (imports torch; "
-        "see python -m simnccl.capture --help)",
+        "see simnccl capture --help)",
     )
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    raw = sys.argv[1:] if argv is None else argv
-    if raw[:1] in (["capture"], ["real"]):
-        # Both import torch: only here, never on the import path of ``simnccl`` or this module.
-        try:
-            require_torch(f"simnccl {raw[0]}")
-        except MissingPrerequisite as error:
-            print(f"error: {error}", file=sys.stderr)
-            return EXIT_BAD_INPUT
-        if raw[0] == "capture":
-            from simnccl.capture import main as capture_main
+def command_parsers() -> dict[str, argparse.ArgumentParser]:
+    """Every command's parser by its name (``run`` ... ``real diff``), without importing torch."""
+    from simnccl.capture_cli import capture_parser
+    from simnccl.real.__main__ import real_parsers
 
-            return capture_main(raw[1:])
+    parser = _parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    parsers = {name: p for name, p in sub.choices.items() if name not in ("real", "capture")}
+    parsers["capture"] = capture_parser()
+    parsers.update({f"real {name}": p for name, p in real_parsers().items()})
+    return parsers
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    raw = list(sys.argv[1:] if argv is None else argv)
+    if raw[:1] == ["capture"]:
+        from simnccl.capture_cli import main as capture_main
+
+        return capture_main(raw[1:])  # parses (and answers --help) before torch is imported
+    if raw[:1] == ["real"]:
         from simnccl.real.__main__ import main as real_main
 
         return real_main(raw[1:])
     parser = _parser()
-    args, extra = parser.parse_known_args(argv)
+    args, extra = parser.parse_known_args(normalise_argv(raw))
     if args.command == "cost":
+        from simnccl import cost
+
         return cost.run(args, extra)  # the framework knobs are the workload generator's to parse
     if extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return run_scenarios(args)
+
+
+def run_scenarios(args: argparse.Namespace) -> int:
+    """``run`` and ``explain``: each scenario's variants, streamed as they finish, then the summary."""
+    from simnccl.cli_options import apply_overrides
+    from simnccl.cli_output import Output
+    from simnccl.engine import EngineGuardError
+    from simnccl.explain import explain as explain_variant
+    from simnccl.flight_recorder import write_dumps
+    from simnccl.report import print_footer, print_header, print_variant, variant_summary
+    from simnccl.result import VariantResult
+    from simnccl.runner import run_scenario
+    from simnccl.scenario import ScenarioError, load_scenario
+
+    out = Output(args.command, args)
     paths = [Path(p) for p in args.scenarios] or [builtin_scenario_dir() / DEFAULT_SCENARIO]
-    # Tables are wider than 80 columns; when output is captured (CI logs) don't wrap them.
-    console = Console(stderr=False, width=None if sys.stdout.isatty() else 160)
-    err = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
-    results = []
     try:
-        scenarios = [load_scenario(p) for p in paths]
-        for scenario in scenarios:
-            if args.variant:
-                for name in args.variant:
-                    scenario.variant(name)
+        check_json_target(args.json)
+        scenarios = [apply_overrides(load_scenario(p), args) for p in paths]
+    except (ScenarioError, OverrideError) as error:
+        out.error(str(error))
+        return EXIT_BAD_INPUT
+    explaining = args.command == "explain"
+    records: list[dict[str, Any]] = []
+    ok = True
+    with out.progress(sum(len(s.variants) for s in scenarios), "variants") as bar:
         for scenario in scenarios:
             if scenario.faults.faults or scenario.faults.seed is not None:
                 # The schedule is the run's identity: print it before anything runs (testing-practices §1).
-                err.print(f"{scenario.name}: {scenario.faults.describe()}", highlight=False)
-            results.append(run_scenario(scenario, args.variant))
-    except ScenarioError as error:
-        err.print(f"[red]error:[/red] {error}", highlight=False)
-        return EXIT_BAD_INPUT
-    except EngineGuardError as error:
-        err.print(f"[red]simulation stopped:[/red] {error}", highlight=False)
-        return EXIT_EXPECTATIONS
-    if args.command == "explain":
-        for result in results:
-            for variant in result.variants:
-                console.print(explain_variant(variant), highlight=False)
-        return EXIT_OK
-    if args.fr_dir:
-        for result in results:
-            for variant in result.variants:
-                if variant.outcome.fr_dumps:
-                    folder = Path(args.fr_dir) / _safe(f"{result.scenario}-{variant.name}")
-                    write_dumps(variant.outcome.fr_dumps, folder)
-                    err.print(f"flight-recorder dumps: {folder}", highlight=False)
-    if args.json:
-        payload = [r.to_dict() for r in results]
-        sys.stdout.write(json.dumps(payload[0] if len(payload) == 1 else payload, indent=2, default=str) + "\n")
-    else:
-        for result in results:
-            print_result(result, console, explain=args.explain)
-    return EXIT_OK if all(r.ok for r in results) else EXIT_EXPECTATIONS
+                out.note(f"{scenario.name}: {scenario.faults.describe()}", always=True)
+            out.show(lambda console, s=scenario: print_header(console, s.name, s.source, s.seed))
+
+            def finished(variant: VariantResult, scenario_name: str = scenario.name) -> None:
+                bar.advance(f"{scenario_name}: {variant.name}")
+                if explaining:
+                    out.print(explain_variant(variant))
+                else:
+                    out.show(lambda console: print_variant(console, variant, explain=args.explain))
+                    if args.fr_dir and variant.outcome.fr_dumps:
+                        folder = Path(args.fr_dir) / _safe(f"{scenario_name}-{variant.name}")
+                        write_dumps(variant.outcome.fr_dumps, folder)
+                        out.note(f"flight-recorder dumps: {folder}")
+                out.add(variant_summary(scenario_name, variant))
+
+            try:
+                result = run_scenario(scenario, on_variant=finished)
+            except EngineGuardError as error:
+                out.error(str(error), prefix="simulation stopped: ")
+                return EXIT_EXPECTATIONS
+            if not explaining:
+                out.show(lambda console, r=result: print_footer(console, r))
+            records.append(_explained(result, explain_variant) if explaining else result.to_dict())
+            ok = ok and result.ok
+    out.finish(records)
+    return EXIT_OK if explaining or ok else EXIT_EXPECTATIONS
+
+
+def _explained(result: Any, explain_variant: Any) -> dict[str, Any]:
+    """``explain --json``: per variant its verdict, the explanation text and the facts it is drawn from."""
+    return {
+        "scenario": result.scenario,
+        "source": result.source,
+        "seed": result.seed,
+        "ok": result.ok,
+        "variants": [
+            {
+                "name": v.name,
+                "verdict": v.verdict,
+                "ok": v.ok,
+                "explanation": explain_variant(v),
+                "hangs": v.outcome.hangs,
+                "errors": v.outcome.errors,
+                "slowdowns": v.outcome.slowdowns,
+            }
+            for v in result.variants
+        ],
+    }
 
 
 if __name__ == "__main__":  # pragma: no cover

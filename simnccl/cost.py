@@ -23,20 +23,20 @@ is the one the knobs pin down (tp*pp*dp ...), else ``--world``.
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 import time
-from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TextIO
+from typing import Any
 
+from simnccl.cli_options import OverrideError, add_common, check_env, check_json_target, env_overrides
 from simnccl.cluster import Cluster, ClusterError, get_gpu_kind
 from simnccl.engine import Engine, EngineGuardError, RunOutcome, SimConfig
 from simnccl.ops import NewGroup, Program, SplitGroup
 from simnccl.policy import BUILTIN, PolicyError, get_policy
 from simnccl.profiles import ProfileError, find_profile
 from simnccl.release import RELEASES, get_release
+from simnccl.report import typical
+from simnccl.result import SummaryLine
 from simnccl.workloads import GENERATORS, Generator, WorkloadError
 from simnccl.workloads._common import BOOL
 
@@ -93,20 +93,27 @@ class ColumnResult:
 # ---------------------------------------------------------------------------------------------- arguments
 
 
+DEFAULT_GPU, DEFAULT_RELEASE = "h100-80gb", "2.15"
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workload", required=True, choices=sorted(GENERATORS), help="the framework generator")
-    parser.add_argument("--gpu", default="h100-80gb", help="GPU kind (default h100-80gb)")
-    parser.add_argument("--release", default="2.15", help="torch release (default 2.15)")
     parser.add_argument("--gpus-per-node", type=int, default=8, help="GPUs (= ranks) per node (default 8)")
     parser.add_argument("--world", type=int, default=None, help="world size, when the knobs don't pin it down")
     parser.add_argument(
-        "--policy",
-        action="append",
-        help="policy columns (repeatable; default: every built-in policy); torch-default and legacy always show",
-    )
-    parser.add_argument("--json", action="store_true", help="print the columns as JSON")
-    parser.add_argument(
         "--jobs", type=int, default=1, help="simulate up to N columns in parallel processes (default 1)"
+    )
+    add_common(
+        parser,
+        help={
+            "--policy": "a policy column (repeatable; default: every built-in policy); torch-default and legacy "
+            "always show",
+            "--release": f"torch release (default {DEFAULT_RELEASE})",
+            "--gpu": f"GPU kind (default {DEFAULT_GPU})",
+            "--seed": "the runs' seed (recorded; cost injects no faults, so the figures do not depend on it)",
+            "--env": "set an environment variable in every column (repeatable; legacy keeps TORCH_DIST_USE_NCCL2=0)",
+            "--variant": "only this column (repeatable): torch-default, legacy or a --policy SPEC",
+        },
     )
 
 
@@ -156,17 +163,28 @@ def parse_knobs(generator: Generator, extra: Sequence[str]) -> dict[str, object]
     return knobs
 
 
-def columns_for(policies: Sequence[str] | None) -> list[Column]:
+def columns_for(
+    policies: Sequence[str] | None, env: Mapping[str, str] | None = None, only: Sequence[str] | None = None
+) -> list[Column]:
+    """torch-default, legacy and one column per policy; ``env`` in each (legacy's own knob wins); ``only``
+    keeps the named columns (``--variant``)."""
     chosen = list(policies) if policies else list(DEFAULT_POLICIES)
-    out = [Column("torch-default", {}, None), Column("legacy", dict(LEGACY_ENV), None)]
+    extra = dict(env or {})
+    out = [Column("torch-default", dict(extra), None), Column("legacy", {**extra, **LEGACY_ENV}, None)]
     for spec in chosen:
-        if spec == "torch-default":
+        if spec == "torch-default" or any(c.name == spec for c in out):
             continue
         try:
             get_policy(spec)
         except PolicyError as err:
             raise CostError(f"--policy: {err}") from None
-        out.append(Column(spec, {}, spec))
+        out.append(Column(spec, dict(extra), spec))
+    if only:
+        names = [c.name for c in out]
+        for name in only:
+            if name not in names:
+                raise CostError(f"--variant: no column {name!r}; the columns are: {', '.join(names)}")
+        out = [c for c in out if c.name in only]
     return out
 
 
@@ -231,13 +249,12 @@ def measure(outcome: RunOutcome, programs: Sequence[Program]) -> tuple[dict[str,
 def summarise(values: Sequence[float]) -> tuple[float, float, float]:
     """(typical, min, max): typical is the most common value (the smaller one on a tie)."""
     rounded = [round(v, 1) for v in values]
-    counts = Counter(rounded)
-    top = max(counts.values())
-    typical = min(v for v, n in counts.items() if n == top)
-    return typical, min(rounded), max(rounded)
+    return typical(rounded), min(rounded), max(rounded)
 
 
-def column_config(programs: tuple[Program, ...], cluster: Cluster, release: str, column: Column) -> SimConfig:
+def column_config(
+    programs: tuple[Program, ...], cluster: Cluster, release: str, column: Column, seed: int = 0
+) -> SimConfig:
     """The simulation one column runs; shared with ``benchmarks/cost.py`` so it times exactly this."""
     return SimConfig(
         cluster=cluster,
@@ -246,11 +263,14 @@ def column_config(programs: tuple[Program, ...], cluster: Cluster, release: str,
         programs=programs,
         env=dict(column.env),
         policy=get_policy(column.policy) if column.policy else None,
+        seed=seed,
     )
 
 
-def run_column(programs: tuple[Program, ...], cluster: Cluster, release: str, column: Column) -> ColumnResult:
-    config = column_config(programs, cluster, release, column)
+def run_column(
+    programs: tuple[Program, ...], cluster: Cluster, release: str, column: Column, seed: int = 0
+) -> ColumnResult:
+    config = column_config(programs, cluster, release, column, seed)
     start = time.monotonic()
     try:
         outcome = Engine(config).run()
@@ -284,7 +304,7 @@ def _cell(summary: tuple[float, float, float] | None) -> str:
     return fmt(typical) if lo == hi else f"{fmt(typical)} [{fmt(lo)}-{fmt(hi)}]"
 
 
-def render(title: str, results: Sequence[ColumnResult]) -> str:
+def render(results: Sequence[ColumnResult]) -> str:
     header = ["per rank", *(r.column.name for r in results)]
     rows = [header]
     for key, label in ROWS:
@@ -292,7 +312,7 @@ def render(title: str, results: Sequence[ColumnResult]) -> str:
     rows.append(["verdict", *(r.verdict for r in results)])
     rows.append(["sim wall s", *(f"{r.wall_s:.2f}" for r in results)])
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    lines = [title]
+    lines = []
     for n, row in enumerate(rows):
         cells = [row[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(row[1:], widths[1:], strict=True)]
         lines.append("  ".join(cells).rstrip())
@@ -307,7 +327,7 @@ def render(title: str, results: Sequence[ColumnResult]) -> str:
         + "; legacy = TORCH_DIST_USE_NCCL2=0 (the same as policy 'legacy')"
     )
     lines += [f"  {n}" for n in notes]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines)
 
 
 # ---------------------------------------------------------------------------------------------- entry
@@ -327,75 +347,127 @@ def build_cluster(gpu: str, world: int, gpus_per_node: int) -> Cluster:
 
 
 def _run_columns(
-    programs: tuple[Program, ...], cluster: Cluster, release: str, columns: Sequence[Column], jobs: int
+    programs: tuple[Program, ...],
+    cluster: Cluster,
+    release: str,
+    columns: Sequence[Column],
+    jobs: int,
+    seed: int = 0,
+    on_column: Callable[[ColumnResult], None] | None = None,
 ) -> list[ColumnResult]:
-    """One simulation per column; with ``jobs > 1`` in worker processes (results in column order)."""
+    """One simulation per column; with ``jobs > 1`` in worker processes. Results in column order, each handed
+    to ``on_column`` as soon as it and the columns before it are done."""
+    done = on_column or (lambda result: None)
+    results: list[ColumnResult] = []
     if jobs == 1 or len(columns) == 1:
-        return [run_column(programs, cluster, release, column) for column in columns]
+        for column in columns:
+            results.append(run_column(programs, cluster, release, column, seed))
+            done(results[-1])
+        return results
     from concurrent.futures import ProcessPoolExecutor
 
     with ProcessPoolExecutor(max_workers=min(jobs, len(columns))) as pool:
-        futures = [pool.submit(run_column, programs, cluster, release, column) for column in columns]
-        return [f.result() for f in futures]
+        futures = [pool.submit(run_column, programs, cluster, release, column, seed) for column in columns]
+        for future in futures:
+            results.append(future.result())
+            done(results[-1])
+    return results
 
 
-def run(args: argparse.Namespace, extra: Sequence[str], out: TextIO | None = None) -> int:
-    out = out or sys.stdout
+def column_summary(label: str, result: ColumnResult) -> SummaryLine:
+    """A column in one line: typical NCCL and used MiB per device, communicators at startup; ``ok`` is always
+    true (``cost`` reports, it checks nothing: its exit status is 0 whatever the verdicts)."""
+    figure = (
+        f"NCCL {_cell(result.summary.get('nccl_mib'))} MiB/device, used {_cell(result.summary.get('used_mib'))} "
+        f"MiB/device, {_cell(result.summary.get('comms'))} comms at startup"
+    )
+    if result.error:
+        figure += f"; {result.error}"
+    return SummaryLine(label, result.column.name, result.verdict, True, figure)
+
+
+def _setup(
+    args: argparse.Namespace, extra: Sequence[str]
+) -> tuple[Generator, dict[str, object], tuple[Program, ...], Cluster, str, list[Column]]:
+    """Everything checked before a column runs: (generator, knobs, programs, cluster, release, columns)."""
+    release = args.release or DEFAULT_RELEASE
+    generator = GENERATORS[args.workload]
+    knobs = parse_knobs(generator, extra)
+    if release not in RELEASES:
+        raise CostError(f"--release: unknown torch release {release!r}; expected one of {', '.join(RELEASES)}")
     try:
-        generator = GENERATORS[args.workload]
-        knobs = parse_knobs(generator, extra)
-        if args.release not in RELEASES:
-            raise CostError(f"--release: unknown torch release {args.release!r}; expected one of {', '.join(RELEASES)}")
-        try:
-            natural = generator.world_for(knobs)
-        except WorkloadError as err:
-            raise CostError(f"--{err.key.replace('_', '-')}: {err.message}" if err.key else err.message) from None
-        world = args.world if args.world is not None else natural
-        if world is None:
-            raise CostError(
-                f"the {generator.name} knobs given do not pin the world size down; add --world N "
-                "(or the data-parallel knob)"
-            )
-        if world < 1:
-            raise CostError(f"--world: expected a positive integer, got {world}")
-        if args.world is not None and natural is not None and natural != args.world:
-            raise CostError(f"--world {args.world} does not match the {natural} ranks the knobs imply")
-        if "local_world_size" in {p.name for p in generator.params} and "local_world_size" not in knobs:
-            knobs["local_world_size"] = min(args.gpus_per_node, world)
-        cluster = build_cluster(args.gpu, world, args.gpus_per_node)
-        try:
-            find_profile(cluster.gpu.key, args.release)
-        except ProfileError as err:
-            raise CostError(f"--gpu/--release: {err}") from None
-        try:
-            programs = generator(knobs, world)
-        except WorkloadError as err:
-            flag = f"--{err.key.replace('_', '-')}" if err.key else "arguments"
-            raise CostError(f"{flag}: {err.message}") from None
-        columns = columns_for(args.policy)
-    except CostError as err:
-        sys.stderr.write(f"error: {err}\n")
-        return EXIT_BAD_INPUT
+        natural = generator.world_for(knobs)
+    except WorkloadError as err:
+        raise CostError(f"--{err.key.replace('_', '-')}: {err.message}" if err.key else err.message) from None
+    world = args.world if args.world is not None else natural
+    if world is None:
+        raise CostError(
+            f"the {generator.name} knobs given do not pin the world size down; add --world N "
+            "(or the data-parallel knob)"
+        )
+    if world < 1:
+        raise CostError(f"--world: expected a positive integer, got {world}")
+    if args.world is not None and natural is not None and natural != args.world:
+        raise CostError(f"--world {args.world} does not match the {natural} ranks the knobs imply")
     if args.jobs < 1:
-        sys.stderr.write(f"error: --jobs: expected a positive integer, got {args.jobs}\n")
+        raise CostError(f"--jobs: expected a positive integer, got {args.jobs}")
+    if "local_world_size" in {p.name for p in generator.params} and "local_world_size" not in knobs:
+        knobs["local_world_size"] = min(args.gpus_per_node, world)
+    cluster = build_cluster(args.gpu or DEFAULT_GPU, world, args.gpus_per_node)
+    try:
+        profile = find_profile(cluster.gpu.key, release)
+    except ProfileError as err:
+        raise CostError(f"--gpu/--release: {err}") from None
+    columns = columns_for(args.policy, env_overrides(args), args.variant)
+    for column in columns:
+        check_env(profile, column.env)
+    try:
+        programs = generator(knobs, world)
+    except WorkloadError as err:
+        flag = f"--{err.key.replace('_', '-')}" if err.key else "arguments"
+        raise CostError(f"{flag}: {err.message}") from None
+    return generator, knobs, programs, cluster, release, columns
+
+
+def run(args: argparse.Namespace, extra: Sequence[str]) -> int:
+    from simnccl.cli_output import Output
+
+    out = Output("cost", args)
+    try:
+        check_json_target(args.json)
+        generator, knobs, programs, cluster, release, columns = _setup(args, extra)
+    except (CostError, OverrideError) as err:
+        out.error(str(err))
         return EXIT_BAD_INPUT
-    results = _run_columns(programs, cluster, args.release, columns, args.jobs)
+    world = len(programs)
     shown = " ".join(f"{k}={v}" for k, v in sorted(knobs.items()))
     title = (
         f"simnccl cost: {generator.framework} ({shown}) on {world} x {cluster.gpu.key} "
         f"({cluster.nodes} node{'s' if cluster.nodes > 1 else ''} x {cluster.gpus_per_node}), torch "
-        f"{get_release(args.release).version}; {len({id(p) for p in programs})} distinct program(s)"
+        f"{get_release(release).version}; {len({id(p) for p in programs})} distinct program(s)"
     )
-    if args.json:
-        payload = {
-            "workload": generator.name,
-            "knobs": {k: list(v) if isinstance(v, tuple) else v for k, v in knobs.items()},
-            "world": world,
-            "gpu": cluster.gpu.key,
-            "release": args.release,
-            "columns": [r.to_dict() for r in results],
-        }
-        out.write(json.dumps(payload, indent=2) + "\n")
-    else:
-        out.write(render(title, results))
+    out.print(title)  # at once: the columns may take a while
+    label = f"{generator.name} {shown}"
+    seed = args.seed if args.seed is not None else 0
+    with out.progress(len(columns), "columns") as bar:
+
+        def finished(result: ColumnResult) -> None:
+            bar.advance(result.column.name)
+            out.add(column_summary(label, result))
+
+        results = _run_columns(programs, cluster, release, columns, args.jobs, seed, finished)
+    out.print(render(results))
+    out.finish(
+        [
+            {
+                "workload": generator.name,
+                "knobs": {k: list(v) if isinstance(v, tuple) else v for k, v in knobs.items()},
+                "world": world,
+                "gpu": cluster.gpu.key,
+                "release": release,
+                "seed": seed,
+                "columns": [r.to_dict() for r in results],
+            }
+        ]
+    )
     return EXIT_OK

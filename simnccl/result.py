@@ -1,8 +1,14 @@
-"""The result of running a scenario: one record per variant, and its documented JSON form.
+"""The result of running a scenario: one record per variant, and the documented JSON every command writes.
 
 Other tools script against the JSON, so its shape is a contract (``SCHEMA_VERSION``; see README "Result
-JSON"). Top level: ``schema``, ``scenario``, ``source``, ``seed``, ``trace_hash`` (over every variant),
-``ok`` (every expectation held) and ``variants``. Each variant: ``name``, ``verdict``
+JSON"). Every command's ``--json`` writes one *document* (``document``): ``schema``, ``command`` (``run``,
+``explain``, ``cost``, ``capture``, ``real run``, ``real compare``, ``real diff``), ``version`` (simnccl's),
+``ok`` (the command's check held: its exit status is 0), ``summary`` (one ``SummaryLine`` per variant, cost
+column or diff case: ``{"scenario", "variant", "verdict", "ok", "figure"}``, what ``--quiet`` prints) and
+``results`` (the command's own records; for ``run`` one ``ScenarioResult.to_dict()`` per scenario file).
+
+A scenario result: ``scenario``, ``source``, ``seed``, ``trace_hash`` (over every variant), ``ok`` (every
+expectation held) and ``variants``. Each variant: ``name``, ``verdict``
 (pass | fail | hang | error), ``release``, ``torch_version``, ``profile``, ``env``, ``policy``,
 ``checkpoints`` (``[{"name", "devices": [{"device", "used_mib", "free_mib", "time_s"}]}]``),
 ``devices`` (peak and owner attribution per device, and the full allocation ``timeline``), ``groups``, ``hangs``
@@ -19,14 +25,54 @@ group-creation call, as seen by the group's first member; only for a policy othe
 from __future__ import annotations
 
 import hashlib
-import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from simnccl import __version__
 from simnccl.engine import RunOutcome
 from simnccl.memory import to_mib
 
-SCHEMA_VERSION = 1
+# 2: every command writes one document {"schema", "command", "version", "ok", "summary", "results"}
+# (1 was run's scenario object, or a list of them for several files).
+SCHEMA_VERSION = 2
+
+
+@dataclass(frozen=True, slots=True)
+class SummaryLine:
+    """One variant (cost: column; real diff: case) in one line: what ``--quiet`` prints, the end of normal
+    output repeats, and the JSON document's ``summary`` holds. ``ok`` is whether it passes the command's check.
+    """
+
+    scenario: str
+    variant: str
+    verdict: str
+    ok: bool
+    figure: str
+
+    def text(self) -> str:
+        return "  ".join((self.scenario, self.variant, self.verdict, "ok" if self.ok else "FAIL", self.figure)).rstrip()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "scenario": self.scenario,
+            "variant": self.variant,
+            "verdict": self.verdict,
+            "ok": self.ok,
+            "figure": self.figure,
+        }
+
+
+def document(command: str, results: Sequence[Mapping[str, Any]], summary: Sequence[SummaryLine]) -> dict[str, Any]:
+    """The one JSON shape every command's ``--json`` writes (``ok``: every summary line passed)."""
+    return {
+        "schema": SCHEMA_VERSION,
+        "command": command,
+        "version": __version__,
+        "ok": all(line.ok for line in summary),
+        "summary": [line.to_dict() for line in summary],
+        "results": list(results),
+    }
 
 
 @dataclass(slots=True)
@@ -166,7 +212,6 @@ class ScenarioResult:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "schema": SCHEMA_VERSION,
             "scenario": self.scenario,
             "source": self.source,
             "seed": self.seed,
@@ -174,9 +219,6 @@ class ScenarioResult:
             "ok": self.ok,
             "variants": [v.to_dict() for v in self.variants],
         }
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2, default=str)
 
 
 def _r(value: float | None) -> float | None:

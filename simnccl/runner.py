@@ -6,6 +6,8 @@ out" without the CLI's printing or exit codes.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from simnccl.engine import Engine, Limits, SimConfig
 from simnccl.expect import check
 from simnccl.policy import get_policy
@@ -62,11 +64,13 @@ def run_scenario(
     *,
     keep_trace: bool = False,
     limits: Limits | None = None,
+    on_variant: Callable[[VariantResult], None] | None = None,
 ) -> ScenarioResult:
+    """``on_variant`` is called with each variant's result as it finishes (the CLI streams its output)."""
     chosen = [scenario.variant(n) for n in variants] if variants else list(scenario.variants)
-    return ScenarioResult(
-        scenario=scenario.name,
-        source=scenario.source,
-        seed=scenario.seed,
-        variants=[run_variant(scenario, v, keep_trace=keep_trace, limits=limits) for v in chosen],
-    )
+    results = []
+    for variant in chosen:
+        results.append(run_variant(scenario, variant, keep_trace=keep_trace, limits=limits))
+        if on_variant is not None:
+            on_variant(results[-1])
+    return ScenarioResult(scenario=scenario.name, source=scenario.source, seed=scenario.seed, variants=results)

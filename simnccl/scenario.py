@@ -81,6 +81,16 @@ class Expectation:
 
 
 @dataclass(frozen=True, slots=True)
+class FaultSwarm:
+    """How ``[faults]`` generated its schedule (``seed``, ``classes``, ``max_faults``), after the injected faults:
+    kept so that ``--seed`` can draw the swarm again (``simnccl.cli_options``)."""
+
+    classes: tuple[str, ...] | None
+    max_faults: int
+    injected: int
+
+
+@dataclass(frozen=True, slots=True)
 class Scenario:
     name: str
     description: str
@@ -93,6 +103,7 @@ class Scenario:
     expectations: tuple[Expectation, ...] = field(default_factory=tuple)
     faults: FaultSchedule = NO_FAULTS
     recovery: Mapping[str, Any] | None = None  # raw [recovery] table, validated by simnccl.recovery
+    fault_swarm: FaultSwarm | None = None  # set when [faults] has a seed
 
     def variant(self, name: str) -> Variant:
         for v in self.variants:
@@ -268,7 +279,7 @@ def parse_scenario(data: Mapping[str, Any], source: str, base_dir: Path | None =
         variants.append(Variant("default", "", release, base_profile, base_env, policy))
 
     expectations = _expectations(top, source, [v.name for v in variants])
-    faults = _faults(top, source, programs) if "faults" in top.table else NO_FAULTS
+    faults, swarm = _faults(top, source, programs) if "faults" in top.table else (NO_FAULTS, None)
     recovery = top.get("recovery", dict, None, what="a table ([recovery])")
     top.finish()
     return Scenario(
@@ -283,10 +294,11 @@ def parse_scenario(data: Mapping[str, Any], source: str, base_dir: Path | None =
         tuple(expectations),
         faults,
         recovery,
+        swarm,
     )
 
 
-def _faults(top: _Reader, source: str, programs: tuple[Program, ...]) -> FaultSchedule:
+def _faults(top: _Reader, source: str, programs: tuple[Program, ...]) -> tuple[FaultSchedule, FaultSwarm | None]:
     """``[faults]``: ``inject = [{kind, rank, at_op?, at_s?, factor?, peer?}, ...]`` and/or a generated swarm
     schedule (``seed``, ``classes?``, ``max_faults?``). Op indexes count the rank's expanded steps from 0."""
     reader = _Reader(source, "faults", top.get("faults", dict))
@@ -314,12 +326,13 @@ def _faults(top: _Reader, source: str, programs: tuple[Program, ...]) -> FaultSc
     if seed is None:
         if classes is not None:
             raise reader.error("classes", "only meaningful with a seed (a generated schedule)")
-        return FaultSchedule(None, tuple(sorted({f.kind for f in injected})), tuple(injected))
+        return FaultSchedule(None, tuple(sorted({f.kind for f in injected})), tuple(injected)), None
     try:
         generated = generate(seed, programs, classes=classes, max_faults=max_faults)
     except FaultError as err:
         raise reader.error("classes", str(err)) from None
-    return FaultSchedule(seed, generated.classes, tuple(injected) + generated.faults)
+    swarm = FaultSwarm(None if classes is None else tuple(classes), max_faults, len(injected))
+    return FaultSchedule(seed, generated.classes, tuple(injected) + generated.faults), swarm
 
 
 def _matrix(

@@ -326,9 +326,14 @@ def test_cli_captures_a_script_simulates_and_writes_files(tmp_path: Path, capsys
     argv = ["--world", "8", "--simulate", "--toml", str(toml), "--json", str(data), str(EXAMPLES), "mesh2d"]
     assert cap.main(argv) == 0
     out = capsys.readouterr().out
-    assert "captured 8 ranks" in out and "2 split_group" in out and "simulated: verdict pass" in out
+    assert "captured 8 ranks" in out and "2 split_group" in out and "default  torch 2.15.0" in out
+    assert "captured  default  pass  ok  peak " in out  # the simulated variant's summary line
     assert len(load_scenario(toml).programs) == 8
-    assert json.loads(data.read_text())["programs"][0]["ranks"] == list(range(8))
+    doc = json.loads(data.read_text())  # the document every simnccl command writes
+    assert doc["command"] == "capture" and doc["ok"] is True
+    (record,) = doc["results"]
+    assert record["capture"]["programs"][0]["ranks"] == list(range(8))
+    assert record["simulated"]["variants"][0]["verdict"] == "pass"
 
 
 def test_cli_runs_a_module_with_its_own_arguments(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:

@@ -1,4 +1,5 @@
-"""``simnccl run``: the default #199957 table, the JSON contract, --variant, and exit codes 0 / 1 / 2."""
+"""``simnccl run``: the default #199957 table, the JSON contract, --variant, exit codes 0 / 1 / 2, streamed output
+that stays readable at scale (summaries at 16+ ranks, one line per hang site, no hard wraps when piped), --quiet."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 from conftest import REPO, TINY
 
 from simnccl.cli import EXIT_BAD_INPUT, EXIT_EXPECTATIONS, EXIT_OK, main
+from simnccl.result import SCHEMA_VERSION
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 VARIANTS_199957 = ["nccl2-default", "legacy", "share-resources"]
@@ -87,10 +89,29 @@ def _check_variant_schema(variant: dict) -> None:
         assert all(isinstance(r, int) for r in hang["waiting_for"])
 
 
+def _document(out: str, command: str = "run") -> dict:
+    """The one JSON document every command writes; checks its envelope."""
+    doc = json.loads(out)
+    assert doc["schema"] == SCHEMA_VERSION and doc["command"] == command
+    assert isinstance(doc["version"], str) and isinstance(doc["ok"], bool)
+    assert doc["ok"] == all(line["ok"] for line in doc["summary"])
+    for line in doc["summary"]:
+        assert set(line) == {"scenario", "variant", "verdict", "ok", "figure"}
+    assert isinstance(doc["results"], list)
+    return doc
+
+
+def _result(out: str) -> dict:
+    (result,) = _document(out)["results"]
+    return result
+
+
 def test_json_matches_documented_schema(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = _run(capsys, "--json")
     assert code == EXIT_OK
-    payload = json.loads(out)
+    doc = _document(out)
+    assert [line["variant"] for line in doc["summary"]] == VARIANTS_199957
+    (payload,) = doc["results"]
     assert payload["scenario"] == "pytorch-199957"
     assert isinstance(payload["trace_hash"], str) and payload["trace_hash"]
     assert payload["ok"] is True
@@ -113,26 +134,46 @@ def test_json_hangs_schema(capsys: pytest.CaptureFixture[str]) -> None:
         capsys, str(REPO / "scenarios" / "creation-order-hang.toml"), "--json", "--variant", "torch-2.15-default"
     )
     assert code == EXIT_OK
-    variant = json.loads(out)["variants"][0]
+    variant = _result(out)["variants"][0]
     _check_variant_schema(variant)
     assert variant["verdict"] == "hang"
     assert sorted(h["rank"] for h in variant["hangs"]) == [0, 1, 2, 3]
 
 
-def test_json_for_two_scenarios_is_a_list(capsys: pytest.CaptureFixture[str]) -> None:
+def test_json_is_one_document_for_one_scenario_or_several(capsys: pytest.CaptureFixture[str]) -> None:
     scenarios = REPO / "scenarios"
     code, out, _ = _run(
         capsys, str(scenarios / "pytorch-199957.toml"), str(scenarios / "local-sync-split-hang.toml"), "--json"
     )
     assert code == EXIT_OK
-    payload = json.loads(out)
-    assert [p["scenario"] for p in payload] == ["pytorch-199957", "local-sync-split-hang"]
+    doc = _document(out)
+    assert [p["scenario"] for p in doc["results"]] == ["pytorch-199957", "local-sync-split-hang"]
+    assert {line["scenario"] for line in doc["summary"]} == {"pytorch-199957", "local-sync-split-hang"}
+    code, out, _ = _run(capsys, str(scenarios / "local-sync-split-hang.toml"), "--json")
+    assert [p["scenario"] for p in _document(out)["results"]] == ["local-sync-split-hang"]
+
+
+def test_json_to_a_file_keeps_the_text(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    target = tmp_path / "run.json"
+    code, out, _ = _run(capsys, "--variant", "legacy", "--json", str(target))
+    assert code == EXIT_OK
+    assert "all expectations hold" in out and "summary:" in out
+    assert [v["name"] for v in _document(target.read_text())["results"][0]["variants"]] == ["legacy"]
+
+
+def test_json_right_before_a_scenario_reads_the_scenario(capsys: pytest.CaptureFixture[str], write_scenario) -> None:
+    path = write_scenario(TINY)
+    before = path.read_text()
+    code, out, _ = _run(capsys, "--json", str(path))
+    assert code == EXIT_OK
+    assert _result(out)["scenario"] == "tiny"
+    assert path.read_text() == before  # never overwritten with the JSON
 
 
 def test_json_as_subprocess() -> None:
     proc = _subprocess("--json", "--variant", "share-resources")
     assert proc.returncode == 0, proc.stderr
-    payload = json.loads(proc.stdout)
+    payload = _result(proc.stdout)
     assert [v["name"] for v in payload["variants"]] == ["share-resources"]
 
 
@@ -142,7 +183,7 @@ def test_json_as_subprocess() -> None:
 def test_variant_runs_only_that_variant(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = _run(capsys, "--variant", "legacy", "--json")
     assert code == EXIT_OK
-    assert [v["name"] for v in json.loads(out)["variants"]] == ["legacy"]
+    assert [v["name"] for v in _result(out)["variants"]] == ["legacy"]
     code, out, _ = _run(capsys, "--variant", "legacy")
     assert code == EXIT_OK
     assert "legacy" in out
@@ -249,7 +290,9 @@ def test_failing_expectation_exits_1(capsys: pytest.CaptureFixture[str], write_s
     assert "expected 12345" in out
     code, out, _ = _run(capsys, str(path), "--json")
     assert code == EXIT_EXPECTATIONS
-    payload = json.loads(out)
+    doc = _document(out)
+    assert doc["ok"] is False and [line["ok"] for line in doc["summary"]] == [False]
+    payload = doc["results"][0]
     assert payload["ok"] is False
     assert [e["ok"] for e in payload["variants"][0]["expectations"]] == [False, False]
 
@@ -265,3 +308,197 @@ def test_holding_expectation_exits_0(capsys: pytest.CaptureFixture[str], write_s
     path = write_scenario(TINY + '\n[[expect]]\nverdict = "pass"\n')
     code, _, err = _run(capsys, str(path))
     assert code == EXIT_OK, err
+
+
+# ---------------------------------------------------------------------------------------------- --quiet, summary
+
+
+VLLM_CHECK = REPO / "scenarios" / "vllm-startup-check.toml"
+
+
+def test_quiet_prints_one_line_per_variant(capsys: pytest.CaptureFixture[str]) -> None:
+    from simnccl.scenario import load_scenario
+
+    names = [v.name for v in load_scenario(VLLM_CHECK).variants]
+    code, out, err = _run(capsys, str(VLLM_CHECK), "--quiet")
+    assert code == EXIT_OK, err
+    lines = out.splitlines()
+    assert len(lines) == len(names) == 13
+    for line, name in zip(lines, names, strict=True):
+        scenario, variant, verdict, ok, figure = line.split("  ", 4)
+        assert (scenario, variant, ok) == ("vllm-startup-check", name, "ok")
+        assert verdict in ("pass", "fail")
+        assert "MiB/GPU" in figure
+    assert lines[0].startswith("vllm-startup-check  torch-2.15-default  fail  ok  peak 2,912.0 MiB/GPU")
+    assert err == ""  # no progress bar, no notes
+
+
+def test_quiet_line_says_fail_and_names_the_failed_expectation(
+    capsys: pytest.CaptureFixture[str], write_scenario
+) -> None:
+    path = write_scenario(TINY + '\n[[expect]]\ncheckpoint = "after_init"\nused_mib = 12345\n')
+    code, out, _ = _run(capsys, str(path), "--quiet")
+    assert code == EXIT_EXPECTATIONS
+    (line,) = out.splitlines()
+    assert line.startswith("tiny  default  pass  FAIL  peak ")
+    assert "expect[0]:" in line and "expected 12345" in line
+
+
+def test_normal_output_ends_with_the_summary(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _run(capsys)
+    assert code == EXIT_OK
+    tail = out.splitlines()[-4:]
+    assert tail[0] == "summary:"
+    assert [line.split()[1] for line in tail[1:]] == VARIANTS_199957
+    assert all(line.startswith("  pytorch-199957  ") for line in tail[1:])
+
+
+def test_each_variant_is_printed_as_soon_as_it_finishes(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Streaming: when a variant starts, the previous one's block is already on stdout."""
+    import simnccl.runner as runner
+
+    seen_before: dict[str, str] = {}
+    original = runner.run_variant
+
+    def spying(scenario, variant, **kwargs):
+        seen_before[variant.name] = capsys.readouterr().out
+        return original(scenario, variant, **kwargs)
+
+    monkeypatch.setattr(runner, "run_variant", spying)
+    assert main(["run"]) == EXIT_OK
+    assert "pytorch-199957" in seen_before["nccl2-default"]  # the header comes first
+    assert "nccl2-default" in seen_before["legacy"] and "+2,080.0" in seen_before["legacy"]
+    assert "legacy" in seen_before["share-resources"]
+
+
+# ---------------------------------------------------------------------------------------------- scale
+
+
+def _ranks_scenario(nodes: int, gpus: int, extra: str = "", steps: str = "") -> str:
+    return f"""\
+[scenario]
+name = "wide"
+
+[cluster]
+gpu = "h100-80gb"
+nodes = {nodes}
+gpus_per_node = {gpus}
+
+[torch]
+release = "2.15"
+
+[workload]
+steps = [
+  {{ op = "set_device" }},
+  {{ op = "init_process_group", backend = "nccl" }},
+  {{ op = "new_group", ranks = [0, 1, 2, 3, 4, 5, 6, 7], bind = "tp", group_desc = "tp" }},
+  {{ op = "checkpoint", name = "after_tp" }},
+  {steps}
+]
+{extra}
+"""
+
+
+def test_sixteen_rank_table_is_summarised_not_truncated(capsys: pytest.CaptureFixture[str], write_scenario) -> None:
+    path = write_scenario(_ranks_scenario(2, 8))
+    code, out, _ = _run(capsys, str(path))
+    assert code == EXIT_OK
+    assert "…" not in out  # no cell cut short
+    assert "used MiB over 16 devices" in out
+    row = next(line for line in out.splitlines() if "after_tp" in line and "│" in line)
+    cells = [c.strip() for c in row.split("│")[1:-1]]
+    assert cells == ["after_tp", "16", "623.1", "623.1", "854.2", "", "n0:cuda:0 (+7)"]
+    assert "n0:cuda:[0-7]" in out and "n1:cuda:[0-7]" in out  # the two device classes
+    assert max(len(line) for line in out.splitlines()) < 200
+
+
+def test_wide_run_json_keeps_every_device(capsys: pytest.CaptureFixture[str], write_scenario) -> None:
+    path = write_scenario(_ranks_scenario(2, 8))
+    code, out, _ = _run(capsys, str(path), "--json")
+    assert code == EXIT_OK
+    (checkpoint,) = _result(out)["variants"][0]["checkpoints"]
+    assert len(checkpoint["devices"]) == 16
+
+
+def test_32_rank_hang_is_summarised(capsys: pytest.CaptureFixture[str], write_scenario) -> None:
+    """A stalled rank in a 32-rank world: one line per place ranks wait, one per kind of abort — not 64 lines."""
+    path = write_scenario(
+        _ranks_scenario(
+            4,
+            8,
+            extra='[faults]\ninject = [{ kind = "stall", rank = 5, at_op = 5 }]\n',
+            steps='{ op = "all_reduce", size_bytes = 32, repeat = 3 },',
+        )
+    )
+    code, out, err = _run(capsys, str(path))
+    assert code == EXIT_OK, err
+    hangs = [line for line in out.splitlines() if line.startswith("  hang:")]
+    timeouts = [line for line in out.splitlines() if line.startswith("  timeout:")]
+    assert len(hangs) == 2 and len(timeouts) == 1
+    assert hangs[0].startswith("  hang: ranks 0-4, 6-31 in all_reduce(size_bytes=32)")
+    assert "waiting for rank 5" in hangs[0]
+    assert hangs[1].startswith("  hang: rank 5 in all_reduce")
+    assert timeouts[0].startswith("  timeout: ranks 0-4, 6-31 in all_reduce")
+    assert "rank 0's message; the others' alike" in timeouts[0]
+    assert len(out.splitlines()) < 40
+
+
+def test_per_device_expectations_at_scale_are_one_line(capsys: pytest.CaptureFixture[str], write_scenario) -> None:
+    path = write_scenario(_ranks_scenario(2, 8, extra='[[expect]]\ncheckpoint = "after_tp"\nused_mib = 623.1\n'))
+    code, out, _ = _run(capsys, str(path))
+    assert code == EXIT_EXPECTATIONS  # node 0 holds the tp group: 8 devices fail, 8 hold
+    lines = [line for line in out.splitlines() if line.startswith(("  FAIL expect[0]", "  ok   expect[0]"))]
+    assert len(lines) == 6  # 4 failures, "... and 4 more", one line for the 8 that hold
+    assert lines[4] == "  FAIL expect[0]: ... and 4 more (every check: --json)"
+    assert lines[5].startswith("  ok   expect[0]: 8 of 16 checks hold, e.g. n1:cuda:0")
+
+
+def test_piped_output_is_not_hard_wrapped() -> None:
+    """A long message stays on one line when stdout is a pipe, so grep finds it."""
+    proc = _subprocess(str(VLLM_CHECK), "--variant", "torch-2.15-default")
+    assert proc.returncode == 0, proc.stderr
+    message = (
+        "Free memory on device cuda:0 (8.92/11.76 GiB) on startup is less than desired GPU memory utilization "
+        "(0.9, 10.58 GiB). Decrease GPU memory utilization or reduce GPU memory used by other processes."
+    )
+    assert any(message in line for line in proc.stdout.splitlines())
+
+
+# ---------------------------------------------------------------------------------------------- progress
+
+
+def _force_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TTY_COMPATIBLE", "1")
+    monkeypatch.setenv("TTY_INTERACTIVE", "1")
+
+
+def test_progress_bar_on_stderr_only_at_a_terminal(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    code, _, err = _run(capsys, str(VLLM_CHECK))
+    assert code == EXIT_OK and err == ""  # stderr is not a terminal here: no bar
+    _force_terminal(monkeypatch)
+    code, out, err = _run(capsys, str(VLLM_CHECK))
+    assert code == EXIT_OK
+    assert "variants" in err and "13/13" in err
+    assert "variants" not in out.replace("13 variants", "")  # the bar never goes to stdout
+    code, out, err = _run(capsys, str(VLLM_CHECK), "--quiet")
+    assert err == "" and len(out.splitlines()) == 13  # --quiet: no bar even at a terminal
+
+
+# ---------------------------------------------------------------------------------------------- help texts
+
+
+def test_fr_dir_writes_the_layout_its_help_names(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    from simnccl.cli import command_parsers
+
+    help_text = " ".join(command_parsers()["run"].format_help().split())
+    assert "FR_DIR/<scenario>-<variant>/rank_<r>" in help_text
+    scenario = REPO / "scenarios" / "hang-missing-rank.toml"
+    code, _, err = _run(capsys, str(scenario), "--variant", "nccl2-default", "--fr-dir", str(tmp_path))
+    assert code == EXIT_OK, err
+    assert sorted(p.name for p in (tmp_path / "hang-missing-rank-nccl2-default").iterdir()) == [
+        f"rank_{r}" for r in range(4)
+    ]

@@ -13,7 +13,8 @@ from simnccl.workloads import GENERATORS
 
 def cost_json(capsys, *argv: str) -> dict:
     assert main(["cost", *argv, "--json"]) == 0
-    return json.loads(capsys.readouterr().out)
+    (result,) = json.loads(capsys.readouterr().out)["results"]  # the document every command writes
+    return result
 
 
 def column(payload: dict, name: str) -> dict:

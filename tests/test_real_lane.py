@@ -150,7 +150,10 @@ def test_compare_creation_order_hang_agrees_and_leaves_no_process(tmp_path: Path
     done, mark = run_cli("compare", "scenarios/creation-order-hang.toml", "--json", str(out))
     assert done.returncode == 0, done.stdout + done.stderr
     assert "ALL AGREE" in done.stdout
-    report = json.loads(out.read_text())
+    doc = json.loads(out.read_text())  # the document every simnccl command writes
+    assert doc["command"] == "real compare" and doc["ok"] is True
+    assert [line["verdict"] for line in doc["summary"]] == ["agree"] * len(doc["summary"])
+    (report,) = doc["results"]
     assert report["lane"] == "cpu" and "init_process_group: backend nccl -> gloo" in report["substitutions"]
     for variant in report["variants"]:
         assert variant["agree"], variant["reasons"]
@@ -343,7 +346,7 @@ steps = [
         timeout=180,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    report = json.loads(out.read_text())
+    (report,) = json.loads(out.read_text())["results"]
     (variant,) = report["variants"]
     assert variant["verdict"] == "pass" and "launched by torchrun" in variant["notes"]
     assert len(variant["ranks"]) == 2 and all(r["status"] == "done" for r in variant["ranks"])

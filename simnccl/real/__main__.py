@@ -1,25 +1,30 @@
 """``simnccl real run|compare|diff|calibrate|gpu-scenarios`` (also ``python -m simnccl.real ...``): the verification
 tier's command line.
 
+``run`` and ``compare`` take every override of ``simnccl run`` (``--policy``, ``--release``, ``--gpu``, ``--seed``,
+``--env``, ``--variant``), ``diff`` takes ``--seed``; all three take ``--json [FILE]`` (one document, the shape
+every simnccl command writes) and ``--quiet``, and print each variant (diff: each case) as it finishes.
 Exit codes: 0 pass / agreement; 1 a run that did not pass, or a disagreement; 2 bad input or a lane that cannot run
-here (no CUDA device for the GPU lane, more ranks than GPUs).
+here (no CUDA device for the GPU lane, more ranks than GPUs, torch not installed).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Sequence
-from pathlib import Path
+from typing import Any
 
+from simnccl.cli_options import OverrideError, add_common, add_version, apply_overrides, check_json_target
 from simnccl.real.lanes import LANES, LaneError
+from simnccl.real.launch import RunSettings
+from simnccl.result import SummaryLine
 from simnccl.scenario import ScenarioError, load_scenario
 
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
-def _settings(args: argparse.Namespace):
-    from simnccl.real.launch import RunSettings
 
+def _settings(args: argparse.Namespace) -> RunSettings:
     return RunSettings.for_lane(
         args.lane,
         timeout_s=args.timeout,
@@ -30,22 +35,44 @@ def _settings(args: argparse.Namespace):
     )
 
 
+def _lane_defaults(field: str, unit: str = " s") -> str:
+    """ "cpu 5 s, gpu 120 s": read from RunSettings, so the help cannot disagree with the code."""
+    values = []
+    for lane in LANES:
+        value = getattr(RunSettings.for_lane(lane), field)
+        values.append(f"{lane} {'none' if value is None else f'{value:g}{unit}'}")
+    return ", ".join(values)
+
+
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("scenario", help="scenario TOML file")
-    parser.add_argument("--variant", action="append", help="run only this variant (repeatable)")
     parser.add_argument("--lane", choices=LANES, default="cpu", help="cpu: gloo substituted (default); gpu: NCCL")
-    parser.add_argument("--timeout", type=float, help="wall-clock limit of one run in seconds (cpu 60, gpu 300)")
     parser.add_argument(
-        "--torch-timeout", type=float, help="timeout passed to group creation (cpu 90 s: hangs are found by --stall)"
+        "--timeout", type=float, help=f"wall-clock limit of one run in seconds ({_lane_defaults('timeout_s')})"
     )
-    parser.add_argument("--stall", type=float, help="no progress for this long is a hang (cpu 6 s, gpu 120 s)")
-    parser.add_argument("--compute-scale", type=float, help="compute ops sleep seconds x this (cpu 0, gpu 0.01)")
+    parser.add_argument(
+        "--torch-timeout",
+        type=float,
+        help=f"timeout passed to group creation ({_lane_defaults('torch_timeout_s')}; on the cpu lane hangs are "
+        "found by --stall)",
+    )
+    parser.add_argument(
+        "--stall", type=float, help=f"no progress for this long is a hang ({_lane_defaults('stall_s')})"
+    )
+    parser.add_argument(
+        "--compute-scale",
+        type=float,
+        help=f"compute ops sleep seconds x this ({_lane_defaults('compute_scale', '')})",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the per-rank progress files and logs")
-    parser.add_argument("--json", metavar="FILE", help="also write the report as JSON to FILE ('-': stdout)")
+    add_common(parser)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="simnccl real", description=__doc__)
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="simnccl real", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    add_version(parser)
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run a scenario on real torch.distributed (spawned locally, or under torchrun)")
     _common(run)
@@ -53,90 +80,176 @@ def main(argv: Sequence[str] | None = None) -> int:
     _common(compare)
     compare.add_argument("--tolerance-pct", type=float, default=10.0, help="GPU lane: allowed memory error (%%)")
     diff = sub.add_parser("diff", help="differential test: generated programs on real gloo and in the simulator")
-    diff.add_argument("--seed", type=int, default=0)
     diff.add_argument("--count", type=int, default=50, help="number of generated cases (2-4 ranks, <= 12 ops)")
     diff.add_argument("--only", type=int, action="append", help="run only case INDEX of the seed (repeatable)")
     diff.add_argument("--parallel", type=int, default=3, help="worlds run at once (hung ranks mostly sleep)")
-    diff.add_argument("--verbose", action="store_true", help="print every case, not only disagreements")
+    diff.add_argument("--verbose", action="store_true", help="print every case in full, not only disagreements")
+    add_common(diff, ("--seed",), help={"--seed": "seed of the generated cases (default 0)"})
     calibrate = sub.add_parser("calibrate", help="GPU lane: measure a profile (needs CUDA)")
     calibrate.add_argument("--out", required=True, help="profile TOML to write, e.g. simnccl/profiles/NAME.toml")
     calibrate.add_argument("--gpu-kind", help="simnccl GPU kind key (default: guessed from the device name)")
     calibrate.add_argument("--timeout", type=float, default=420.0, help="wall-clock limit of the suite in seconds")
     calibrate.add_argument("--json", metavar="FILE", help="also write the raw measurements as JSON")
+    add_version(calibrate)
     scen = sub.add_parser("gpu-scenarios", help="write the GPU check scenarios for this machine (gpu_check.sh)")
     scen.add_argument("--out", required=True, help="folder to write them to")
     scen.add_argument("--profile", required=True, help="the profile they are priced by (e.g. the calibrated one)")
     scen.add_argument("--gpu-kind", help="simnccl GPU kind key (default: the profile's)")
     scen.add_argument("--ranks", type=int, help="ranks per world (default: visible GPUs, at most 2)")
-    args = parser.parse_args(argv)
+    add_version(scen)
+    return parser
 
+
+def real_parsers() -> dict[str, argparse.ArgumentParser]:
+    """Each subcommand's parser by name (for the flag-parity tests and the docs)."""
+    parser = _parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return dict(sub.choices)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from simnccl.cli_options import normalise_argv
+    from simnccl.cli_output import Output
+    from simnccl.prerequisites import MissingPrerequisite, require_torch
+
+    args = _parser().parse_args(normalise_argv(list(sys.argv[1:] if argv is None else argv)))
+    out = Output(f"real {args.command}", args)
+    try:
+        require_torch("simnccl real")
+    except MissingPrerequisite as err:
+        out.error(str(err))
+        return EXIT_BAD_INPUT
     if args.command == "gpu-scenarios":
         return _gpu_scenarios(args)
-    if args.command == "diff":
-        return _diff(args)
     if args.command == "calibrate":
         from simnccl.real.calibrate import main as calibrate_main
 
         return calibrate_main(args)
     try:
-        scenario = load_scenario(args.scenario)
-        if args.variant:
-            for name in args.variant:
-                scenario.variant(name)
-    except ScenarioError as err:
-        print(f"real: {err}", file=sys.stderr)
-        return 2
-    try:
+        check_json_target(args.json)
+        if args.command == "diff":
+            return _diff(args, out)
+        scenario = apply_overrides(load_scenario(args.scenario), args)
         settings = _settings(args)
         if args.command == "run":
-            return _run(scenario, settings, args)
-        return _compare(scenario, settings, args)
-    except LaneError as err:
-        print(f"real: {err}", file=sys.stderr)
-        return 2
+            return _run(scenario, settings, args, out)
+        return _compare(scenario, settings, args, out)
+    except (ScenarioError, OverrideError, LaneError) as err:
+        out.error(str(err), prefix="real: ")
+        return EXIT_BAD_INPUT
 
 
-def _write_json(target: str | None, report: dict) -> None:
-    if not target:
-        return
-    text = json.dumps(report, indent=2, default=str)
-    if target == "-":
-        print(text)
-    else:
-        Path(target).write_text(text + "\n", encoding="utf-8")
+def _merged(reports: list[dict[str, Any]], ok: bool) -> dict[str, Any]:
+    """Per-variant reports (each variant ran as it own report, to stream it) as one report."""
+    merged = dict(reports[0]) if reports else {}
+    merged["variants"] = [v for r in reports for v in r["variants"]]
+    merged["ok"] = ok
+    return merged
 
 
-def _run(scenario, settings, args: argparse.Namespace) -> int:
-    from simnccl.real.launch import run_scenario_real, torchrun_main, under_torchrun
-    from simnccl.real.report import render_run
+def _real_figure(variant: dict[str, Any]) -> str:
+    from simnccl.real.report import rank_outcomes
+
+    outcomes = rank_outcomes(variant)
+    unfinished = sum(1 for o in outcomes.values() if o["status"] != "done")
+    parts = [f"{variant.get('wall_s', '?')} s wall"]
+    if unfinished:
+        parts.append(f"{unfinished} of {len(outcomes)} ranks did not finish")
+    used = [d["used_mib"] for c in variant.get("checkpoints", []) for d in c["devices"]]
+    if used:
+        parts.append(f"peak {max(used):,.1f} MiB/GPU measured")
+    return ", ".join(parts)
+
+
+def _run(scenario: Any, settings: RunSettings, args: argparse.Namespace, out: Any) -> int:
+    from simnccl.real.launch import Launcher, run_scenario_real, torchrun_main, under_torchrun
+    from simnccl.real.report import render_run_header, render_run_variant
+    from simnccl.result import document
 
     if under_torchrun():
-        variant = scenario.variant(args.variant[0]) if args.variant else scenario.variants[0]
-        return torchrun_main(scenario, variant, settings, Path(args.json) if args.json and args.json != "-" else None)
+
+        def write(report: dict[str, Any]) -> None:
+            (variant,) = report["variants"]
+            line = SummaryLine(
+                scenario.name, variant["name"], variant["verdict"], variant["verdict"] == "pass", _real_figure(variant)
+            )
+            if args.json is not None:
+                out.write_json(document(out.command, [report], [line]))
+
+        return torchrun_main(scenario, scenario.variants[0], settings, write)
     if settings.lane == "gpu":
         from simnccl.real.lanes import check_gpu_lane
 
         check_gpu_lane(len(scenario.programs))
-    report = run_scenario_real(scenario, settings, args.variant)
-    print(render_run(report))
-    _write_json(args.json, report)
-    return 0 if all(v["verdict"] == "pass" for v in report["variants"]) else 1
+    out.print(render_run_header({"scenario": scenario.name, "source": scenario.source, "lane": settings.lane}))
+    reports = []
+    launcher = Launcher()
+    try:
+        with out.progress(len(scenario.variants), "variants on real torch") as bar:
+            for variant in scenario.variants:
+                report = run_scenario_real(scenario, settings, [variant.name], launcher=launcher)
+                reports.append(report)
+                (result,) = report["variants"]
+                bar.advance(variant.name)
+                out.print(render_run_variant(result))
+                out.add(
+                    SummaryLine(
+                        scenario.name,
+                        variant.name,
+                        result["verdict"],
+                        result["verdict"] == "pass",
+                        _real_figure(result),
+                    )
+                )
+    finally:
+        launcher.close()
+    ok = all(line.ok for line in out.summary)
+    return EXIT_OK if out.finish([_merged(reports, ok)]) else EXIT_FAILED
 
 
-def _compare(scenario, settings, args: argparse.Namespace) -> int:
-    from simnccl.real.compare import compare_scenario, render_comparison
+def _compare(scenario: Any, settings: RunSettings, args: argparse.Namespace, out: Any) -> int:
+    from simnccl.real.compare import compare_scenario, render_comparison_header, render_comparison_variant
+    from simnccl.real.launch import Launcher
 
     if settings.lane == "gpu":
         from simnccl.real.lanes import check_gpu_lane
 
         check_gpu_lane(len(scenario.programs))
-    report = compare_scenario(scenario, settings, variants=args.variant, tolerance_pct=args.tolerance_pct)
-    print(render_comparison(report))
-    _write_json(args.json, report)
-    return 0 if report["ok"] else 1
+    reports = []
+    launcher = Launcher()
+    try:
+        with out.progress(len(scenario.variants), "variants compared") as bar:
+            for variant in scenario.variants:
+                report = compare_scenario(
+                    scenario, settings, variants=[variant.name], tolerance_pct=args.tolerance_pct, launcher=launcher
+                )
+                if not reports:
+                    out.print(render_comparison_header(report))
+                reports.append(report)
+                (result,) = report["variants"]
+                bar.advance(variant.name)
+                out.print(render_comparison_variant(result))
+                out.add(_comparison_line(scenario.name, result))
+    finally:
+        launcher.close()
+    ok = all(line.ok for line in out.summary)
+    out.print("", "ALL AGREE" if ok else "DISAGREEMENT")
+    return EXIT_OK if out.finish([_merged(reports, ok)]) else EXIT_FAILED
+
+
+def _comparison_line(scenario: str, variant: dict[str, Any]) -> SummaryLine:
+    figure = f"sim {variant['sim_verdict']} | real {variant['real_verdict']}"
+    errors = [row["error_pct"] for row in variant.get("memory", []) if row.get("error_pct") is not None]
+    if errors:
+        figure += f", memory error up to {max(errors, key=abs):+.1f}%"
+    if variant["reasons"]:
+        figure += f"; {variant['reasons'][0]}"
+    return SummaryLine(scenario, variant["name"], "agree" if variant["agree"] else "disagree", variant["agree"], figure)
 
 
 def _gpu_scenarios(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
     from simnccl.profiles import ProfileError, get_profile
     from simnccl.real.calibrate import write_gpu_scenarios
     from simnccl.real.lanes import NO_CUDA, visible_gpus
@@ -156,23 +269,50 @@ def _gpu_scenarios(args: argparse.Namespace) -> int:
     return 0
 
 
-def _diff(args: argparse.Namespace) -> int:
-    from simnccl.real.differential import cases, classify, generate, run_cases, summary
+def _diff(args: argparse.Namespace, out: Any) -> int:
+    """Each case on real gloo and in the simulator, ``--parallel`` at a time, printed in order as they finish."""
+    from concurrent.futures import ThreadPoolExecutor
 
-    chosen = [generate(args.seed, i) for i in args.only] if args.only else cases(args.seed, args.count)
-    results = run_cases(chosen, parallel=args.parallel)
-    for result in results:
-        kind = classify(result)
-        if args.verbose or kind == "disagree":
-            print(result.describe())
-            print()
-        else:
-            print(
-                f"{result.case.name}: {kind} (sim {result.comparison.sim['verdict']}, "
-                f"real {result.comparison.real['verdict']}, mutation {result.case.mutation or 'none'})"
-            )
-    print(summary(results))
-    return 1 if any(classify(r) == "disagree" for r in results) else 0
+    from simnccl.real.differential import cases, classify, generate, run_cases, summary
+    from simnccl.real.launch import Launcher
+
+    seed = args.seed if args.seed is not None else 0
+    chosen = [generate(seed, i) for i in args.only] if args.only else cases(seed, args.count)
+    results = []
+    launcher = Launcher()
+    try:
+        with (
+            out.progress(len(chosen), "cases") as bar,
+            ThreadPoolExecutor(max_workers=max(1, args.parallel)) as pool,
+        ):
+            for (result,) in pool.map(lambda case: run_cases([case], launcher=launcher, parallel=1), chosen):
+                results.append(result)
+                kind = classify(result)
+                bar.advance(result.case.name)
+                sim, real = result.comparison.sim["verdict"], result.comparison.real["verdict"]
+                mutation = result.case.mutation or "none"
+                if args.verbose or kind == "disagree":
+                    out.print(result.describe(), "")
+                else:
+                    out.print(f"{result.case.name}: {kind} (sim {sim}, real {real}, mutation {mutation})")
+                out.add(
+                    SummaryLine(
+                        f"diff seed {seed}",
+                        result.case.name,
+                        kind,
+                        kind != "disagree",
+                        f"sim {sim} | real {real}, mutation {mutation}",
+                    )
+                )
+    finally:
+        launcher.close()
+    out.print(summary(results))
+    records = [
+        {"case": r.case.name, "kind": classify(r), "mutation": r.case.mutation, "comparison": r.comparison.to_dict()}
+        for r in results
+    ]
+    document = {"seed": seed, "summary": summary(results), "cases": records}
+    return EXIT_OK if out.finish([document], show_summary=False) else EXIT_FAILED
 
 
 if __name__ == "__main__":

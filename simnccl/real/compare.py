@@ -292,6 +292,14 @@ def compare_scenario(
 
 
 def render_comparison(report: Mapping[str, Any]) -> str:
+    lines = [render_comparison_header(report)]
+    lines += [render_comparison_variant(variant) for variant in report["variants"]]
+    lines.append("")
+    lines.append("ALL AGREE" if report["ok"] else "DISAGREEMENT")
+    return "\n".join(lines)
+
+
+def render_comparison_header(report: Mapping[str, Any]) -> str:
     lines = [f"compare {report['scenario']} ({report['source']}) — {report['lane']} lane"]
     if report["lane"] == "cpu":
         lines.append("  simulator run with gloo semantics (the same substitutions as the real run)")
@@ -299,42 +307,44 @@ def render_comparison(report: Mapping[str, Any]) -> str:
         lines.append(f"  substituted: {text}")
     for text in report.get("notes", []):
         lines.append(f"  note: {text}")
-    for variant in report["variants"]:
-        mark = "AGREE" if variant["agree"] else "DISAGREE"
-        lines.append("")
-        lines.append(
-            f"variant {variant['name']}: sim {variant['sim_verdict']} | real {variant['real_verdict']}  -> {mark}"
-            f"  (real {variant['real'].get('wall_s', '?')}s, {variant['real'].get('end_reason', '')})"
-        )
-        width = max([len(r["sim"]) for r in variant["ranks"]] + [9])
-        lines.append(f"  {'rank':>4}  {'simulated':<{width}}  real")
-        for row in variant["ranks"]:
-            flag = "" if row["same_status"] and row["same_op"] else ("  (op differs)" if row["same_status"] else "  <>")
-            lines.append(f"  {row['rank']:>4}  {row['sim']:<{width}}  {row['real']}{flag}")
-        if variant["memory"]:
-            lines.append(f"  {'checkpoint':<20} {'device':<12} {'sim MiB':>10} {'real MiB':>10} {'error %':>8}")
-            for row in variant["memory"]:
-                sim_mib = "-" if row["sim_mib"] is None else f"{row['sim_mib']:.1f}"
-                error = "-" if row["error_pct"] is None else f"{row['error_pct']:+.1f}"
-                flag = "" if row["within"] else "  outside tolerance"
-                lines.append(
-                    f"  {row['checkpoint']:<20} {row['device']:<12} {sim_mib:>10} {row['real_mib']:>10.1f} "
-                    f"{error:>8}{flag}"
-                )
-        for reason in variant["reasons"]:
-            lines.append(f"  ! {reason}")
-        if variant.get("verdict_racy"):
-            lines.append(
-                "  ~ store-key collision with a one-rank gloo group's key: whether the bootstrap succeeds depends on "
-                "the order of two store writes in real gloo; nothing is compared"
-            )
-        elif variant.get("racy"):
-            lines.append(
-                "  ~ store-key collision: which colliding ranks finish depends on connection order in real gloo; "
-                "only the verdict is compared"
-            )
-        if variant.get("known_gap"):
-            lines.append(f"  ~ known simulator gap {variant['known_gap']}: {KNOWN_GAPS[variant['known_gap']]}")
+    return "\n".join(lines)
+
+
+def render_comparison_variant(variant: Mapping[str, Any]) -> str:
+    """One variant's comparison, starting with an empty line (printed as soon as the variant is compared)."""
+    lines = []
+    mark = "AGREE" if variant["agree"] else "DISAGREE"
     lines.append("")
-    lines.append("ALL AGREE" if report["ok"] else "DISAGREEMENT")
+    lines.append(
+        f"variant {variant['name']}: sim {variant['sim_verdict']} | real {variant['real_verdict']}  -> {mark}"
+        f"  (real {variant['real'].get('wall_s', '?')}s, {variant['real'].get('end_reason', '')})"
+    )
+    width = max([len(r["sim"]) for r in variant["ranks"]] + [9])
+    lines.append(f"  {'rank':>4}  {'simulated':<{width}}  real")
+    for row in variant["ranks"]:
+        flag = "" if row["same_status"] and row["same_op"] else ("  (op differs)" if row["same_status"] else "  <>")
+        lines.append(f"  {row['rank']:>4}  {row['sim']:<{width}}  {row['real']}{flag}")
+    if variant["memory"]:
+        lines.append(f"  {'checkpoint':<20} {'device':<12} {'sim MiB':>10} {'real MiB':>10} {'error %':>8}")
+        for row in variant["memory"]:
+            sim_mib = "-" if row["sim_mib"] is None else f"{row['sim_mib']:.1f}"
+            error = "-" if row["error_pct"] is None else f"{row['error_pct']:+.1f}"
+            flag = "" if row["within"] else "  outside tolerance"
+            lines.append(
+                f"  {row['checkpoint']:<20} {row['device']:<12} {sim_mib:>10} {row['real_mib']:>10.1f} {error:>8}{flag}"
+            )
+    for reason in variant["reasons"]:
+        lines.append(f"  ! {reason}")
+    if variant.get("verdict_racy"):
+        lines.append(
+            "  ~ store-key collision with a one-rank gloo group's key: whether the bootstrap succeeds depends on "
+            "the order of two store writes in real gloo; nothing is compared"
+        )
+    elif variant.get("racy"):
+        lines.append(
+            "  ~ store-key collision: which colliding ranks finish depends on connection order in real gloo; "
+            "only the verdict is compared"
+        )
+    if variant.get("known_gap"):
+        lines.append(f"  ~ known simulator gap {variant['known_gap']}: {KNOWN_GAPS[variant['known_gap']]}")
     return "\n".join(lines)

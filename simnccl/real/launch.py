@@ -28,7 +28,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -565,8 +565,10 @@ def under_torchrun(env: Mapping[str, str] | None = None) -> bool:
     return "RANK" in env and "WORLD_SIZE" in env and "MASTER_ADDR" in env
 
 
-def torchrun_main(scenario: Scenario, variant: Variant, settings: RunSettings, out: Path | None) -> int:
-    """This process is one rank of a torchrun world. Rank 0 prints (and writes) the report."""
+def torchrun_main(
+    scenario: Scenario, variant: Variant, settings: RunSettings, out: Callable[[dict[str, Any]], None] | None
+) -> int:
+    """This process is one rank of a torchrun world. Rank 0 prints the report (and hands it to ``out``)."""
     import datetime
 
     import torch.distributed as dist
@@ -676,7 +678,7 @@ def _torchrun_report(
     started: float,
     substitutions: list[str],
     notes: list[str],
-    out: Path | None,
+    out: Callable[[dict[str, Any]], None] | None,
 ) -> int:
     deadline = started + settings.timeout_s
     while time.time() < deadline:
@@ -718,7 +720,6 @@ def _torchrun_report(
 
     print(render_run(report))
     if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(report, indent=2, default=str))
+        out(report)
     control.set("report", "1")
     return 0 if result["verdict"] == "pass" else 1

@@ -44,30 +44,37 @@ def describe_outcome(outcome: Mapping[str, Any]) -> str:
 
 
 def render_run(report: Mapping[str, Any]) -> str:
-    lines = [f"scenario {report['scenario']} ({report['source']}) — real run, {report['lane']} lane"]
-    for variant in report["variants"]:
-        lines.append("")
-        lines.append(
-            f"variant {variant['name']}: {variant['verdict'].upper()}  "
-            f"(torch {variant['torch_version']}, policy {variant['policy']}, {variant.get('wall_s', '?')}s, "
-            f"ended: {variant.get('end_reason', '')})"
-        )
-        if variant.get("run_dir"):
-            lines.append(f"  progress files and logs kept in {variant['run_dir']}")
-        for text in variant.get("substitutions", []):
-            lines.append(f"  substituted: {text}")
-        for text in variant.get("notes", []):
-            lines.append(f"  note: {text}")
-        for rank, outcome in rank_outcomes(variant).items():
-            lines.append(f"  rank {rank}: {describe_outcome(outcome)}")
-        for error in variant.get("errors", []):
-            message = str(error.get("message", "")).splitlines()
-            lines.append(f"  error rank {error['rank']} ({error['kind']}): {message[0][:200] if message else ''}")
-        for checkpoint in variant.get("checkpoints", []):
-            for device in checkpoint["devices"]:
-                lines.append(
-                    f"  checkpoint {checkpoint['name']} {device['device']}: used {device['used_mib']:.1f} MiB "
-                    f"(torch reserved {device.get('reserved_mib', 0):.1f}, "
-                    f"non-torch {device.get('non_torch_mib', 0):.1f})"
-                )
+    return "\n".join([render_run_header(report), *(render_run_variant(v) for v in report["variants"])])
+
+
+def render_run_header(report: Mapping[str, Any]) -> str:
+    return f"scenario {report['scenario']} ({report['source']}) — real run, {report['lane']} lane"
+
+
+def render_run_variant(variant: Mapping[str, Any]) -> str:
+    """One variant's real run, starting with an empty line (printed as soon as the variant has run)."""
+    lines = [
+        "",
+        f"variant {variant['name']}: {variant['verdict'].upper()}  "
+        f"(torch {variant['torch_version']}, policy {variant['policy']}, {variant.get('wall_s', '?')}s, "
+        f"ended: {variant.get('end_reason', '')})",
+    ]
+    if variant.get("run_dir"):
+        lines.append(f"  progress files and logs kept in {variant['run_dir']}")
+    for text in variant.get("substitutions", []):
+        lines.append(f"  substituted: {text}")
+    for text in variant.get("notes", []):
+        lines.append(f"  note: {text}")
+    for rank, outcome in rank_outcomes(variant).items():
+        lines.append(f"  rank {rank}: {describe_outcome(outcome)}")
+    for error in variant.get("errors", []):
+        message = str(error.get("message", "")).splitlines()
+        lines.append(f"  error rank {error['rank']} ({error['kind']}): {message[0][:200] if message else ''}")
+    for checkpoint in variant.get("checkpoints", []):
+        for device in checkpoint["devices"]:
+            lines.append(
+                f"  checkpoint {checkpoint['name']} {device['device']}: used {device['used_mib']:.1f} MiB "
+                f"(torch reserved {device.get('reserved_mib', 0):.1f}, "
+                f"non-torch {device.get('non_torch_mib', 0):.1f})"
+            )
     return "\n".join(lines)

@@ -1,0 +1,172 @@
+"""``simnccl capture`` (also ``python -m simnccl.capture``): the command line of ``simnccl.capture``.
+
+Why a module of its own: ``simnccl.capture`` imports torch (seconds, and a NumPy warning without NumPy), and
+``simnccl capture --help``, ``--version`` or a bad flag must answer without it. This module parses the
+arguments with the options every simnccl command shares (``simnccl.cli_options``), checks them, and only
+then imports the capture machinery. ``--simulate`` replays the captured Programs as the scenario ``--toml``
+would write, through the same runner and report as ``simnccl run``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from simnccl.cli_options import (
+    OverrideError,
+    add_common,
+    check_json_target,
+    checked_gpu,
+    checked_policies,
+    checked_release,
+    env_overrides,
+    normalise_argv,
+)
+
+DEFAULT_TIMEOUT_S = 120.0
+MODES = ("fork", "inline")
+DEFAULT_GPU, DEFAULT_RELEASE = "h100-80gb", "2.15"
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+
+
+def capture_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="simnccl capture",
+        description="Run unmodified torch.distributed code once per simulated rank and record its Programs "
+        "(needs torch). Exit 0: captured (and, with --simulate, every variant passed); 1: a simulated variant "
+        "did not pass; 2: bad input, or the captured code failed.",
+    )
+    parser.add_argument("--world", type=int, required=True, help="world size (number of simulated ranks)")
+    parser.add_argument("--gpus-per-node", type=int, default=None, help="GPUs per node (default: min(world, 8))")
+    parser.add_argument("--mode", choices=MODES, default=None, help="fork (default on Linux) or inline")
+    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds per rank")
+    parser.add_argument("--simulate", action="store_true", help="replay the Programs in the simulator")
+    parser.add_argument("--toml", metavar="PATH", help="write a scenario file with the captured Programs")
+    parser.add_argument("--name", default="captured", help="scenario name for --toml and --simulate")
+    parser.add_argument("-m", dest="module", metavar="MODULE", help="run a module as __main__ (like python -m)")
+    parser.add_argument("script", nargs="?", help="a script to run (when -m is not given)")
+    parser.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the module or script")
+    add_common(
+        parser,
+        help={
+            "--policy": "policy for --simulate (repeatable: one simulated variant per policy)",
+            "--release": f"torch release to emulate (default {DEFAULT_RELEASE})",
+            "--gpu": f"GPU kind for --simulate and --toml (default {DEFAULT_GPU})",
+            "--seed": "seed of the --simulate run",
+            "--env": "environment of the captured code, and of --simulate and --toml (repeatable)",
+            "--variant": "with --simulate: only this simulated variant (default; default,policy=SPEC with several "
+            "--policy)",
+        },
+    )
+    return parser
+
+
+def parse(argv: Sequence[str]) -> argparse.Namespace:
+    """Everything after ``-m MODULE`` (or after the script) belongs to the captured code, as with python -m."""
+    parser = capture_parser()
+    raw = normalise_argv(argv, (".toml", ".py"), stop=lambda token: token == "-m" or token.endswith(".py"))
+    if "-m" in raw:
+        at = raw.index("-m")
+        head, module, rest = raw[:at], raw[at + 1 : at + 2], raw[at + 2 :]
+        args = parser.parse_args([*head, "-m", *module])
+        args.args = rest
+    else:
+        args = parser.parse_args(raw)
+    if args.module is None and args.script is None:
+        parser.error("expected -m MODULE or a script path")
+    if args.module is not None and args.script is not None:
+        args.args = [args.script, *args.args]
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from simnccl.cli_output import Output
+    from simnccl.prerequisites import MissingPrerequisite, require_torch
+
+    args = parse(list(sys.argv[1:] if argv is None else argv))
+    out = Output("capture", args)
+    try:
+        require_torch("simnccl capture")
+        check_json_target(args.json)
+        release = checked_release(args.release) or DEFAULT_RELEASE
+        gpu = args.gpu or DEFAULT_GPU
+        checked_gpu(gpu)
+        checked_policies(args.policy)
+    except (MissingPrerequisite, OverrideError) as err:
+        out.error(str(err))
+        return EXIT_BAD_INPUT
+    import importlib.util
+
+    from simnccl.capture import CaptureError, capture, script_target
+
+    try:
+        if args.module is not None:
+            if importlib.util.find_spec(args.module) is None:
+                raise CaptureError(f"no module named {args.module!r} (expected an importable module for -m)")
+        elif not Path(args.script).is_file():
+            raise CaptureError(f"no such script {args.script!r} (expected a Python file, or -m MODULE)")
+        run = capture(
+            script_target(args.module, None if args.module else args.script, args.args),
+            args.world,
+            gpus_per_node=args.gpus_per_node,
+            release=release,
+            env=env_overrides(args),
+            mode=args.mode,
+            timeout_s=args.timeout,
+        )
+    except (CaptureError, ModuleNotFoundError, ValueError) as err:
+        out.error(str(err))
+        return EXIT_BAD_INPUT
+    out.print(run.summary())
+    record: dict[str, Any] = {"capture": run.to_json(), "simulated": None}
+    try:
+        if args.toml:
+            Path(args.toml).write_text(run.to_scenario_toml(args.name, gpu=gpu), encoding="utf-8")
+            out.note(f"wrote {args.toml}")
+        if args.simulate:
+            simulated = _simulate(run, args, gpu, out)
+            if simulated is None:
+                return EXIT_BAD_INPUT
+            record["simulated"] = simulated.to_dict()
+        else:
+            distinct = len({id(p) for p in run.programs})
+            out.add(_captured_line(args.name, run.world_size, distinct))
+    except CaptureError as err:
+        out.error(str(err))
+        return EXIT_BAD_INPUT
+    return EXIT_OK if out.finish([record]) else EXIT_FAILED
+
+
+def _captured_line(name: str, world: int, distinct: int) -> Any:
+    from simnccl.result import SummaryLine
+
+    return SummaryLine(name, "capture", "captured", True, f"{world} ranks, {distinct} distinct program(s)")
+
+
+def _simulate(run: Any, args: argparse.Namespace, gpu: str, out: Any) -> Any:
+    """The captured Programs as the scenario ``--toml`` writes, with --policy/--seed/--variant applied."""
+    import tomllib
+
+    from simnccl.cli_options import apply_overrides
+    from simnccl.report import print_variant, variant_summary
+    from simnccl.runner import run_scenario
+    from simnccl.scenario import ScenarioError, parse_scenario
+
+    try:
+        scenario = parse_scenario(tomllib.loads(run.to_scenario_toml(args.name, gpu=gpu)), f"<captured {args.name}>")
+        only = argparse.Namespace(policy=args.policy, seed=args.seed, variant=args.variant)
+        scenario = apply_overrides(scenario, only)
+    except (ScenarioError, OverrideError) as err:
+        out.error(str(err))
+        return None
+    with out.progress(len(scenario.variants), "simulating") as bar:
+
+        def finished(variant: Any) -> None:
+            bar.advance(variant.name)
+            out.show(lambda console: print_variant(console, variant))
+            out.add(variant_summary(scenario.name, variant))
+
+        return run_scenario(scenario, on_variant=finished)

@@ -1,0 +1,274 @@
+"""The options every simnccl command shares, defined once: scenario overrides, output options, ``--version``.
+
+Why one module: a flag that means one thing in ``run`` and another (or nothing) in ``cost`` is a trap, and a
+command added later (``sweep``) must get the same flags by calling ``add_common(parser)``, not by copying them.
+``simnccl run``, ``explain``, ``cost``, ``capture``, ``real run`` and ``real compare`` take every override;
+``real diff`` takes ``--seed``; every command takes the output options.
+
+Overrides are applied to a validated Scenario (``apply_overrides``) and checked the way scenario input is:
+a bad value raises ``OverrideError``, whose message starts with the flag (exit 2), never a traceback. Nothing
+here imports torch or the engine: ``simnccl capture --help`` builds its parser from this module alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+from simnccl import __version__
+from simnccl.release import RELEASES
+
+OVERRIDE_FLAGS = ("--policy", "--release", "--gpu", "--seed", "--env", "--variant")
+OUTPUT_FLAGS = ("--json", "--quiet", "--version")
+STDOUT = "-"  # --json without FILE (or with "-"): the document goes to stdout instead of the text
+
+_OVERRIDE_HELP = {
+    "--policy": "run every variant under policy SPEC (a built-in such as dedupe, a composition a+b, budget(N), "
+    "or an import spec pkg.mod:Obj); repeatable: each variant then runs once per SPEC, named VARIANT,policy=SPEC",
+    "--release": f"emulate this torch release instead of the scenario's ({', '.join(RELEASES)})",
+    "--gpu": "GPU kind instead of the scenario's (e.g. h100-80gb; the profile follows the GPU)",
+    "--seed": "the run's seed; a scenario whose [faults] has a seed draws its fault swarm from this one",
+    "--env": "set an environment variable for every variant (repeatable)",
+    "--variant": "run only this variant (repeatable; in the order given)",
+}
+
+
+class OverrideError(ValueError):
+    """A command-line override that cannot apply: the message names the flag (exit 2)."""
+
+    def __init__(self, flag: str, message: str) -> None:
+        super().__init__(f"{flag}: {message}")
+        self.flag = flag
+
+
+def version_text() -> str:
+    return f"simnccl {__version__}"
+
+
+def env_item(text: str) -> tuple[str, str]:
+    """``--env VAR=VALUE`` -> (VAR, VALUE); argparse turns the error into exit 2 naming ``--env``."""
+    name, sep, value = text.partition("=")
+    if not sep or not name or name != name.strip() or "\x00" in text:
+        raise argparse.ArgumentTypeError(f"expected VAR=VALUE, got {text!r}")
+    return name, value
+
+
+def add_version(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--version", action="version", version=version_text(), help="print simnccl's version")
+
+
+def add_overrides(
+    parser: argparse.ArgumentParser,
+    flags: Iterable[str] = OVERRIDE_FLAGS,
+    help: Mapping[str, str] | None = None,
+) -> None:
+    """The override flags (all by default), under one heading; ``help`` rewords a flag for this command."""
+    texts = {**_OVERRIDE_HELP, **(help or {})}
+    group = parser.add_argument_group("overrides (the same flags in every simnccl command)")
+    chosen = set(flags)
+    unknown = chosen - set(OVERRIDE_FLAGS)
+    if unknown:
+        raise ValueError(f"unknown override flags {sorted(unknown)}")
+    specs: dict[str, dict[str, Any]] = {
+        "--policy": {"action": "append", "metavar": "SPEC"},
+        "--release": {"metavar": "RELEASE"},
+        "--gpu": {"metavar": "KIND"},
+        "--seed": {"type": int, "metavar": "N"},
+        "--env": {"action": "append", "type": env_item, "metavar": "VAR=VALUE", "default": []},
+        "--variant": {"action": "append", "metavar": "NAME"},
+    }
+    for flag in OVERRIDE_FLAGS:
+        if flag in chosen:
+            group.add_argument(flag, help=texts[flag], **specs[flag])
+
+
+def add_output_options(parser: argparse.ArgumentParser) -> None:
+    """``--json [FILE]``, ``--quiet``, ``--version``: where the one JSON document goes, and how much text."""
+    group = parser.add_argument_group("output (the same flags in every simnccl command)")
+    group.add_argument(
+        "--json",
+        nargs="?",
+        const=STDOUT,
+        metavar="FILE",
+        help="write the result as one JSON document (schema in README): to FILE, or without FILE (or with '-') "
+        "to stdout instead of the text; a scenario (.toml) or script (.py) right after --json is an input, not FILE",
+    )
+    group.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        help="one line per variant (scenario, variant, verdict, ok/FAIL, key figure) and no progress bar",
+    )
+    group.add_argument("--version", action="version", version=version_text(), help="print simnccl's version")
+
+
+def add_common(
+    parser: argparse.ArgumentParser,
+    overrides: Iterable[str] = OVERRIDE_FLAGS,
+    help: Mapping[str, str] | None = None,
+) -> None:
+    """Everything a command takes: the overrides (all by default), then the output options."""
+    add_overrides(parser, overrides, help)
+    add_output_options(parser)
+
+
+def normalise_argv(
+    argv: Sequence[str], inputs: tuple[str, ...] = (".toml",), stop: Callable[[str], bool] = lambda token: False
+) -> list[str]:
+    """``--json scenario.toml``: the scenario is an input, not the JSON file (which would overwrite it).
+
+    ``--json`` takes an optional FILE, so argparse would swallow an input written right after it. ``--json``
+    followed by a name ending in one of ``inputs`` becomes ``--json=-`` (the document to stdout) and the name
+    stays a positional argument. Scanning ends at ``--`` or where ``stop`` says the command's own arguments
+    end (capture: the script, or ``-m``).
+    """
+    out = list(argv)
+    for i, token in enumerate(out):
+        if token == "--" or stop(token):
+            break
+        if token == "--json" and i + 1 < len(out) and out[i + 1].endswith(inputs) and not out[i + 1].startswith("-"):
+            out[i] = f"--json={STDOUT}"
+    return out
+
+
+def check_json_target(target: str | None) -> None:
+    """``--json FILE`` must be writable before anything runs (a long run must not fail at its very end)."""
+    if target is None or target == STDOUT:
+        return
+    from pathlib import Path
+
+    path = Path(target)
+    if path.is_dir():
+        raise OverrideError("--json", f"{target!r} is a directory; expected a file to write")
+    if not path.parent.is_dir():
+        raise OverrideError("--json", f"no such directory {str(path.parent)!r} for {target!r}")
+
+
+# ---------------------------------------------------------------------------------------------- overrides
+
+
+def env_overrides(args: argparse.Namespace) -> dict[str, str]:
+    return dict(getattr(args, "env", None) or [])
+
+
+def checked_policies(specs: Sequence[str] | None) -> list[str]:
+    """Each ``--policy`` spec, loaded once to check it (``simnccl.policy.get_policy`` decides what is valid)."""
+    from simnccl.policy import PolicyError, get_policy
+
+    out: list[str] = []
+    for spec in specs or ():
+        try:
+            get_policy(spec)
+        except PolicyError as err:
+            raise OverrideError("--policy", str(err)) from None
+        except (ImportError, AttributeError, TypeError, ValueError) as err:  # a user's import spec that breaks
+            raise OverrideError("--policy", f"cannot load policy {spec!r}: {type(err).__name__}: {err}") from None
+        if spec not in out:
+            out.append(spec)
+    return out
+
+
+def checked_release(release: str | None) -> str | None:
+    if release is not None and release not in RELEASES:
+        raise OverrideError("--release", f"unknown torch release {release!r}; expected one of {', '.join(RELEASES)}")
+    return release
+
+
+def checked_gpu(gpu: str | None) -> Any:
+    """The GpuKind ``--gpu`` names (None when not given)."""
+    from simnccl.cluster import ClusterError, get_gpu_kind
+
+    if gpu is None:
+        return None
+    try:
+        return get_gpu_kind(gpu)
+    except ClusterError as err:
+        raise OverrideError("--gpu", str(err)) from None
+
+
+def check_env(profile: Any, env: Mapping[str, str], flag: str = "--env") -> None:
+    """The env values the engine parses (NCCL_MAX_NCHANNELS), checked as the scenario loader checks them."""
+    from simnccl.profiles import ProfileError
+
+    try:
+        profile.costs_for_env(env)
+    except ProfileError as err:
+        raise OverrideError(flag, str(err)) from None
+
+
+def apply_overrides(scenario: Any, args: argparse.Namespace) -> Any:
+    """The scenario with the command line's overrides applied (``--variant`` selects, the others replace).
+
+    Order: ``--variant`` picks variants by their names in the file; ``--gpu`` and ``--release`` replace the
+    cluster's GPU kind and each variant's release, and a variant's profile with the built-in one for the new
+    pair when its own does not cover it; ``--env`` is added to every variant's environment; ``--policy``
+    replaces every variant's policy (several: one variant per policy, expectations follow their variant);
+    ``--seed`` replaces the seed and draws a generated fault swarm again.
+    """
+    from simnccl.cluster import Cluster
+    from simnccl.faults import FaultError, FaultSchedule, generate
+    from simnccl.profiles import ProfileError, find_profile
+
+    chosen = _selected(scenario, getattr(args, "variant", None))
+    gpu = checked_gpu(getattr(args, "gpu", None))
+    release = checked_release(getattr(args, "release", None))
+    env = env_overrides(args)
+    policies = checked_policies(getattr(args, "policy", None))
+    cluster = scenario.cluster
+    if gpu is not None and gpu != cluster.gpu:
+        cluster = Cluster(gpu, cluster.nodes, cluster.gpus_per_node, cluster.ranks_per_node)
+    variants = []
+    for variant in chosen:
+        v_release = release or variant.release
+        profile = variant.profile
+        if profile.gpu != cluster.gpu.key or v_release not in profile.releases:
+            try:
+                profile = find_profile(cluster.gpu.key, v_release)
+            except ProfileError as err:
+                flag = {(True, False): "--gpu", (False, True): "--release"}.get(
+                    (gpu is not None, release is not None), "--gpu/--release"
+                )
+                raise OverrideError(flag, str(err)) from None
+        v_env = {**variant.env, **env}
+        check_env(profile, v_env)
+        variants.append(replace(variant, release=v_release, profile=profile, env=v_env))
+    renamed: dict[str, list[str]] = {v.name: [v.name] for v in variants}
+    if len(policies) == 1:
+        variants = [replace(v, policy=policies[0]) for v in variants]
+    elif policies:
+        renamed = {v.name: [f"{v.name},policy={p}" for p in policies] for v in variants}
+        variants = [replace(v, name=f"{v.name},policy={p}", policy=p) for v in variants for p in policies]
+    expectations = tuple(
+        replace(e, variants=tuple(n for name in e.variants for n in renamed.get(name, ())))
+        for e in scenario.expectations
+    )
+    seed, faults = scenario.seed, scenario.faults
+    if getattr(args, "seed", None) is not None:
+        seed = args.seed
+        swarm = scenario.fault_swarm
+        if swarm is not None:
+            try:
+                drawn = generate(seed, scenario.programs, classes=swarm.classes, max_faults=swarm.max_faults)
+            except FaultError as err:
+                raise OverrideError("--seed", str(err)) from None
+            injected = faults.faults[: swarm.injected]
+            faults = FaultSchedule(seed, drawn.classes, injected + drawn.faults)
+    return replace(
+        scenario,
+        cluster=cluster,
+        variants=tuple(variants),
+        expectations=expectations,
+        seed=seed,
+        faults=faults,
+    )
+
+
+def _selected(scenario: Any, names: Sequence[str] | None) -> list[Any]:
+    if not names:
+        return list(scenario.variants)
+    out = []
+    for name in dict.fromkeys(names):  # once each, in the order given
+        out.append(scenario.variant(name))  # ScenarioError naming --variant and the variants there are
+    return out

@@ -1,0 +1,180 @@
+"""Where a command's output goes: text streamed to stdout, a progress bar on stderr, one JSON document, --quiet.
+
+Why one place: every command (run, explain, cost, capture, real ...) must behave alike for a person at a
+terminal and for CI reading a pipe. Text is printed as each variant (cost column, diff case) finishes, not
+all at the end; when stdout is not a terminal nothing is hard-wrapped (a long message stays one line, so
+grep finds it); a progress bar shows on stderr only when stderr is a terminal and ``--quiet`` is off; user
+text is never read as rich markup. ``--json`` without FILE replaces the text on stdout with the document;
+``--json FILE`` writes it there and keeps the text. ``--quiet`` prints the one-line-per-variant summary
+(``simnccl.result.SummaryLine``) and nothing else; normal output ends with the same lines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+from rich.console import Console, RenderableType
+from rich.text import Text
+
+from simnccl.cli_options import STDOUT
+from simnccl.result import SummaryLine, document
+
+PIPE_WIDTH = 4096  # columns when stdout is not a terminal: wide enough that nothing a command prints wraps
+
+
+def console_for(stream: TextIO) -> Console:
+    """A console that prints user text literally; on a pipe, wide and soft-wrapped (no hard line breaks)."""
+    probe = Console(file=stream)
+    if probe.is_terminal:
+        return Console(file=stream, markup=False, highlight=False)
+    return Console(file=stream, markup=False, highlight=False, soft_wrap=True, width=PIPE_WIDTH)
+
+
+class _Bar:
+    """The progress bar of one long step (variants, columns, cases); a no-op when not shown."""
+
+    def __init__(self, output: Output, total: int, what: str) -> None:
+        self.output = output
+        self._progress: Any = None
+        self._task: Any = None
+        if output.show_progress and total > 0:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self._progress = Progress(
+                TextColumn("{task.description}", markup=False),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                console=output.err,
+                transient=True,
+                redirect_stdout=False,
+                redirect_stderr=False,
+            )
+            self._task = self._progress.add_task(what, total=total)
+            self._progress.start()
+
+    @property
+    def live(self) -> bool:
+        return self._progress is not None
+
+    def advance(self, label: str = "") -> None:
+        if self._progress is not None:
+            self._progress.update(self._task, advance=1, description=label or None)
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Hide the bar while text goes to the same terminal, so the two never overwrite each other."""
+        if self._progress is None or not self.output.out.is_terminal:
+            yield
+            return
+        self._progress.stop()
+        try:
+            yield
+        finally:
+            self._progress.start()
+
+    def close(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
+
+
+class Output:
+    """One command's output, configured by its ``--json``/``--quiet`` options."""
+
+    def __init__(self, command: str, args: argparse.Namespace | None = None) -> None:
+        self.command = command
+        self.json_target: str | None = getattr(args, "json", None)
+        self.quiet: bool = bool(getattr(args, "quiet", False))
+        self.out = console_for(sys.stdout)
+        self.err = console_for(sys.stderr)
+        self.summary: list[SummaryLine] = []
+        self._bar: _Bar | None = None
+
+    # ------------------------------------------------------------------------------------------ switches
+
+    @property
+    def text(self) -> bool:
+        """Normal text on stdout: not with --quiet, not when the JSON document takes stdout."""
+        return not self.quiet and self.json_target != STDOUT
+
+    @property
+    def show_progress(self) -> bool:
+        return not self.quiet and self.err.is_terminal and self.err.is_interactive
+
+    # ------------------------------------------------------------------------------------------ printing
+
+    def print(self, *items: RenderableType | str, style: str = "") -> None:
+        """Normal output (nothing under --quiet or --json to stdout); ``str`` items are printed literally."""
+        if not self.text:
+            return
+        with self._paused():
+            for item in items:
+                self.out.print(Text(item, style=style) if isinstance(item, str) else item)
+
+    def show(self, draw: Callable[[Console], None]) -> None:
+        """Normal output drawn by a renderer that takes a console (``simnccl.report``)."""
+        if self.text:
+            with self._paused():
+                draw(self.out)
+
+    def note(self, message: str, style: str = "", *, always: bool = False) -> None:
+        """A line on stderr (files written; ``always``: a run's identity, such as its fault schedule)."""
+        if self.quiet and not always:
+            return
+        with self._paused():
+            self.err.print(Text(message, style=style))
+
+    def error(self, message: str, prefix: str = "error: ") -> None:
+        with self._paused():
+            self.err.print(Text.assemble((prefix, "red"), message))
+
+    def add(self, line: SummaryLine) -> None:
+        """A variant finished: under --quiet its line is printed now (streamed); always kept for the end."""
+        self.summary.append(line)
+        if self.quiet and self.json_target != STDOUT:
+            with self._paused():
+                self.out.print(Text(line.text()), soft_wrap=True)
+
+    # ------------------------------------------------------------------------------------------ progress
+
+    @contextlib.contextmanager
+    def progress(self, total: int, what: str) -> Iterator[_Bar]:
+        bar = _Bar(self, total, what)
+        self._bar = bar
+        try:
+            yield bar
+        finally:
+            bar.close()
+            self._bar = None
+
+    def _paused(self) -> contextlib.AbstractContextManager[None]:
+        return self._bar.paused() if self._bar is not None else contextlib.nullcontext()
+
+    # ------------------------------------------------------------------------------------------ the end
+
+    def finish(self, results: Sequence[Mapping[str, Any]], *, show_summary: bool = True) -> bool:
+        """The summary lines (normal output; ``show_summary=False`` where each item already printed one line),
+        then the JSON document; True when every line is ok."""
+        if self.text and self.summary and show_summary:
+            self.out.print(Text("summary:", style="bold"))
+            for line in self.summary:
+                self.out.print(Text(f"  {line.text()}", style="" if line.ok else "red"), soft_wrap=True)
+        if self.json_target is not None:
+            self.write_json(document(self.command, results, self.summary))
+        return all(line.ok for line in self.summary)
+
+    def write_json(self, doc: Mapping[str, Any]) -> None:
+        text = json.dumps(doc, indent=2, default=str) + "\n"
+        if self.json_target == STDOUT:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+        elif self.json_target is not None:
+            Path(self.json_target).write_text(text, encoding="utf-8")
+            self.note(f"wrote {self.json_target}")
