@@ -17,6 +17,7 @@ from simnccl import cost
 from simnccl.engine import EngineGuardError
 from simnccl.explain import explain as explain_variant
 from simnccl.flight_recorder import write_dumps
+from simnccl.pictures import PictureError, add_picture_arguments, check_pictures, needs_trace, write_pictures
 from simnccl.prerequisites import MissingPrerequisite, require_torch
 from simnccl.report import print_result
 from simnccl.runner import run_scenario
@@ -44,9 +45,11 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--json", action="store_true", help="print the result as JSON (schema in README)")
     run.add_argument("--explain", action="store_true", help="print each policy decision and its reason")
     run.add_argument("--fr-dir", help="write each variant's flight-recorder dumps to FR_DIR/<variant>/rank_<r>")
+    add_picture_arguments(run)
     explain = sub.add_parser("explain", help="the hangs and failures of a run, in plain language")
     explain.add_argument("scenarios", nargs="*", help=f"scenario files (default: the built-in {DEFAULT_SCENARIO})")
     explain.add_argument("--variant", action="append", help="only this variant (repeatable)")
+    add_picture_arguments(explain, explain=True)
     cost_parser = sub.add_parser(
         "cost",
         help="per-rank startup cost of a framework config on torch's default, legacy and each policy",
@@ -97,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     err = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
     results = []
     try:
+        check_pictures(args)
         scenarios = [load_scenario(p) for p in paths]
         for scenario in scenarios:
             if args.variant:
@@ -106,8 +110,9 @@ def main(argv: list[str] | None = None) -> int:
             if scenario.faults.faults or scenario.faults.seed is not None:
                 # The schedule is the run's identity: print it before anything runs (testing-practices §1).
                 err.print(f"{scenario.name}: {scenario.faults.describe()}", highlight=False)
-            results.append(run_scenario(scenario, args.variant))
-    except ScenarioError as error:
+            results.append(run_scenario(scenario, args.variant, keep_trace=needs_trace(args)))
+        write_pictures(args, results, err)
+    except (ScenarioError, PictureError) as error:
         err.print(f"[red]error:[/red] {error}", highlight=False)
         return EXIT_BAD_INPUT
     except EngineGuardError as error:

@@ -213,6 +213,7 @@ class RunOutcome:
     trace: list[tuple[Any, ...]]
     fr_dumps: dict[int, dict[str, Any]] = field(default_factory=dict)
     slowdowns: list[dict[str, Any]] = field(default_factory=list)  # what each straggler fault cost, see _slowdowns
+    meetings: list[Meeting] = field(default_factory=list)  # with keep_trace: every rendezvous (Perfetto trace waits)
 
 
 class Engine:
@@ -2332,6 +2333,7 @@ class Engine:
             trace=self._trace,
             fr_dumps=self.fr_dumps,
             slowdowns=self._slowdowns(),
+            meetings=self.meetings.all() if self._keep_trace else [],
         )
 
     def _slowdowns(self) -> list[dict[str, Any]]:
