@@ -112,8 +112,11 @@ def main(argv: list[str] | None = None) -> int:
                 err.print(f"{scenario.name}: {scenario.faults.describe()}", highlight=False)
             results.append(run_scenario(scenario, args.variant, keep_trace=needs_trace(args)))
         write_pictures(args, results, err)
-    except (ScenarioError, PictureError) as error:
+    except ScenarioError as error:
         err.print(f"[red]error:[/red] {error}", highlight=False)
+        return EXIT_BAD_INPUT
+    except PictureError as error:  # user paths and "simnccl[plots]": printed literally, never as markup
+        err.print(f"error: {error}", markup=False, highlight=False)
         return EXIT_BAD_INPUT
     except EngineGuardError as error:
         err.print(f"[red]simulation stopped:[/red] {error}", highlight=False)

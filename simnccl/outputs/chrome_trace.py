@@ -192,7 +192,8 @@ class _Builder:
                     start = after.completed_at  # a run-ahead split: really joined when its predecessor ended
                 arrived[rank] = start
             if meeting.key in cohort_calls:
-                what = f"{cohort_calls[meeting.key]} group creations (cohort)"
+                calls = cohort_calls[meeting.key]
+                what = f"{calls} group creation{'s' if calls != 1 else ''} (cohort)"
             else:
                 first = next(iter(meeting.arrivals.values())).op
                 what = getattr(first, "name", "op")
@@ -301,8 +302,8 @@ class _Builder:
             return
         for member in members:
             end = _inside(kept[member], at)
-            if end is None:
-                continue
+            if end is None or end < start:
+                continue  # the member's slice was cut short: no arrow backwards in time
             flow = self._next_flow
             self._next_flow += 1
             pid, tid = track[releaser]
@@ -399,7 +400,8 @@ class _Builder:
 def _sequential(items: list[_Slice]) -> list[_Slice]:
     """A rank is in one call at a time: where a slice starts before the previous one ends (a gloo broadcast
     member released before the whole tree finished), the previous one ended by then."""
-    items = sorted(items, key=lambda s: (s.start_s, -s.end_s))
+    # Meetings that took no time (a one-rank gloo group's store key) are not drawn, and must not cut others.
+    items = sorted((s for s in items if s.end_s > s.start_s), key=lambda s: (s.start_s, -s.end_s))
     for before, after in pairwise(items):
         if after.start_s < before.end_s:
             before.end_s = after.start_s

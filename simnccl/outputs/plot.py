@@ -30,7 +30,6 @@ CAPACITY_SHOWN_FROM = 0.5  # draw the capacity line when the peak reaches this f
 MAX_CHECKPOINT_LABELS = 12  # more checkpoints than this are drawn without names (a recovery job's commits)
 PANEL_SIZE_IN = (7.0, 3.6)
 DPI = 120
-PLOT_SUFFIXES = (".png", ".svg")
 
 
 def write_memory_plot(results: Sequence[ScenarioResult], path: Path) -> None:
@@ -50,7 +49,15 @@ def write_memory_plot(results: Sequence[ScenarioResult], path: Path) -> None:
     for ax in list(axes.flat)[len(panels) :]:
         ax.set_visible(False)
     figure.suptitle("GPU memory used per device (simulated by simnccl)", fontsize=11)
-    figure.savefig(path, dpi=DPI, format=path.suffix.lstrip(".").lower())
+    save(figure, path)
+
+
+def save(figure: Any, path: Path) -> None:
+    """PNG or SVG by suffix; SVG keeps its text as text (searchable, selectable) rather than outlines."""
+    import matplotlib
+
+    with matplotlib.rc_context({"svg.fonttype": "none"}):
+        figure.savefig(path, dpi=DPI, format=path.suffix.lstrip(".").lower())
 
 
 def _panel(ax: Any, scenario: str, variant: VariantResult) -> None:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from simnccl.outputs.plot import DPI
+from simnccl.outputs.plot import save
 from simnccl.prerequisites import require_matplotlib
 from simnccl.result import ScenarioResult, VariantResult
 from simnccl.waitfor import WaitForGraph
@@ -62,7 +62,7 @@ def write_waitfor_plot(results: Sequence[ScenarioResult], path: Path) -> None:
     for ax in list(axes.flat)[len(panels) :]:
         ax.set_visible(False)
     figure.suptitle("Who waits for whom (wait-for graph of the hang)", fontsize=11)
-    figure.savefig(path, dpi=DPI, format=path.suffix.lstrip(".").lower())
+    save(figure, path)
 
 
 def _graphs(variant: VariantResult) -> list[tuple[int | None, WaitForGraph]]:
