@@ -28,6 +28,7 @@ MAX_DEVICE_LINES = 16  # beyond this many devices a panel shows the envelope and
 TOP_DEVICES = 8
 CAPACITY_SHOWN_FROM = 0.5  # draw the capacity line when the peak reaches this fraction of it
 MAX_CHECKPOINT_LABELS = 12  # more checkpoints than this are drawn without names (a recovery job's commits)
+RIGHT_MARGIN = 0.03  # of the run's length, after its end
 PANEL_SIZE_IN = (7.0, 3.6)
 DPI = 120
 
@@ -83,6 +84,7 @@ def _panel(ax: Any, scenario: str, variant: VariantResult) -> None:
     if not ledgers:
         ax.text(0.5, 0.5, "no device memory was used", ha="center", va="center", transform=ax.transAxes, fontsize=9)
         return
+    end_s *= 1 + RIGHT_MARGIN  # so a change at the very end (the last checkpoint's charges) shows as a step
     if len(ledgers) <= MAX_DEVICE_LINES:
         for ledger in ledgers:
             times, used = _steps(ledger, end_s)
@@ -145,21 +147,24 @@ def _envelope(ax: Any, ledgers: list[DeviceLedger], end_s: float) -> None:
 
 
 def _checkpoints(ax: Any, outcome: Any) -> None:
-    """A vertical line where each checkpoint was first reached (shaded to where the last device reached it)."""
-    labelled = len(outcome.checkpoints) <= MAX_CHECKPOINT_LABELS
-    for index, (label, snaps) in enumerate(outcome.checkpoints.items()):
+    """A vertical line where each checkpoint was first reached (shaded to where the last device reached it);
+    checkpoints reached at the same time share one line and one label."""
+    at: dict[float, list[str]] = {}
+    for label, snaps in outcome.checkpoints.items():
         if not snaps:
             continue
         first = min(s.time_s for s in snaps.values())
         last = max(s.time_s for s in snaps.values())
-        ax.axvline(first, color="tab:gray", linestyle="--", linewidth=0.8, label="checkpoint" if index == 0 else None)
         if last > first:
             ax.axvspan(first, last, color="tab:gray", alpha=0.1)
-        if labelled:
+        at.setdefault(round(first, 9), []).append(label)  # equal up to float noise: one line
+    for index, (first, labels) in enumerate(sorted(at.items())):
+        ax.axvline(first, color="tab:gray", linestyle="--", linewidth=0.8, label="checkpoint" if index == 0 else None)
+        if len(outcome.checkpoints) <= MAX_CHECKPOINT_LABELS:
             ax.text(
                 first,
                 0.98,
-                f" {label}",
+                " " + ", ".join(labels),
                 transform=ax.get_xaxis_transform(),  # x in data, y in axes coordinates
                 rotation=90,
                 va="top",
@@ -176,31 +181,25 @@ def _group_creations(ax: Any, outcome: Any) -> None:
         for record in outcome.groups.values()
         if any(info["phases"] for info in record.members.values())
     )
-    if times:
-        ax.plot(
-            times,
-            [0.01] * len(times),
-            linestyle="none",
-            marker="|",
-            markersize=6,
-            markeredgewidth=0.8,
-            alpha=0.6,
-            color="tab:green",
-            transform=ax.get_xaxis_transform(),
-            label=f"group created ({len(times)})",
-        )
+    _edge_marks(
+        ax, times, 0.01, "group created", marker="|", markersize=6, markeredgewidth=0.8, alpha=0.6, color="tab:green"
+    )
 
 
 def _failures(ax: Any, outcome: Any) -> None:
     """Red crosses along the top edge where a rank failed (OOM, error, timeout)."""
     times = sorted(e["time_s"] for e in outcome.errors if e.get("time_s") is not None)
+    _edge_marks(ax, times, 0.95, "rank failed", marker="x", color="tab:red")
+
+
+def _edge_marks(ax: Any, times: list[float], height: float, label: str, **style: Any) -> None:
+    """Markers at data times, at a fixed height of the axes (so they never hide in the curves' scale)."""
     if times:
         ax.plot(
             times,
-            [0.95] * len(times),
+            [height] * len(times),
             linestyle="none",
-            marker="x",
-            color="tab:red",
             transform=ax.get_xaxis_transform(),
-            label=f"rank failed ({len(times)})",
+            label=f"{label} ({len(times)})",
+            **style,
         )
