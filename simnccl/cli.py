@@ -31,6 +31,7 @@ def builtin_scenario_dir() -> Path:
 
 def _parser() -> argparse.ArgumentParser:
     from simnccl import cost
+    from simnccl.pictures import add_picture_arguments
 
     parser = argparse.ArgumentParser(prog="simnccl", description=__doc__.splitlines()[0])
     add_version(parser)
@@ -44,6 +45,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("scenarios", nargs="*", help=f"scenario files (default: the built-in {DEFAULT_SCENARIO})")
     add_common(run)
     run.add_argument("--explain", action="store_true", help="print each policy decision and its reason")
+    add_picture_arguments(run)
     run.add_argument(
         "--fr-dir",
         help="write each variant's flight-recorder dumps to FR_DIR/<scenario>-<variant>/rank_<r> (one folder per "
@@ -57,6 +59,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     explain.add_argument("scenarios", nargs="*", help=f"scenario files (default: the built-in {DEFAULT_SCENARIO})")
     add_common(explain)
+    add_picture_arguments(explain, explain=True)
     cost_parser = sub.add_parser(
         "cost",
         help="per-rank startup cost of a framework config on torch's default, legacy and each policy",
@@ -120,6 +123,7 @@ def run_scenarios(args: argparse.Namespace) -> int:
     from simnccl.engine import EngineGuardError
     from simnccl.explain import explain as explain_variant
     from simnccl.flight_recorder import write_dumps
+    from simnccl.pictures import PictureError, check_pictures, needs_trace, write_pictures
     from simnccl.report import print_footer, print_header, print_variant, variant_summary
     from simnccl.result import VariantResult
     from simnccl.runner import run_scenario
@@ -129,12 +133,14 @@ def run_scenarios(args: argparse.Namespace) -> int:
     paths = [Path(p) for p in args.scenarios] or [builtin_scenario_dir() / DEFAULT_SCENARIO]
     try:
         check_json_target(args.json)
+        check_pictures(args)
         scenarios = [apply_overrides(load_scenario(p), args) for p in paths]
-    except (ScenarioError, OverrideError) as error:
+    except (ScenarioError, OverrideError, PictureError) as error:
         out.error(str(error))
         return EXIT_BAD_INPUT
     explaining = args.command == "explain"
     records: list[dict[str, Any]] = []
+    results = []
     ok = True
     with out.progress(sum(len(s.variants) for s in scenarios), "variants") as bar:
         for scenario in scenarios:
@@ -156,14 +162,20 @@ def run_scenarios(args: argparse.Namespace) -> int:
                 out.add(variant_summary(scenario_name, variant))
 
             try:
-                result = run_scenario(scenario, on_variant=finished)
+                result = run_scenario(scenario, on_variant=finished, keep_trace=needs_trace(args))
             except EngineGuardError as error:
                 out.error(str(error), prefix="simulation stopped: ")
                 return EXIT_EXPECTATIONS
             if not explaining:
                 out.show(lambda console, r=result: print_footer(console, r))
             records.append(_explained(result, explain_variant) if explaining else result.to_dict())
+            results.append(result)
             ok = ok and result.ok
+    try:
+        write_pictures(args, results, out.err)
+    except PictureError as error:  # user paths and "simnccl[plots]": printed literally, never as markup
+        out.error(str(error))
+        return EXIT_BAD_INPUT
     out.finish(records)
     return EXIT_OK if explaining or ok else EXIT_EXPECTATIONS
 

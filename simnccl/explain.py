@@ -1,11 +1,13 @@
-"""``simnccl explain``: a run's hangs and failures in plain language, stragglers named first.
+"""``simnccl explain``: a run's hangs and failures in plain language, stragglers and cycles named first.
 
 Why: users ask for explanations, not verdicts, and for the ranks that are *behind* rather than the ones that
 wait (testing-practices, "Hang diagnosis in the field"). The hang entries already hold who waits where for
 whom; this module groups them by the operation they are stuck in and tells the story once per operation.
 Stragglers that slowed a run without hanging it (a slow rank, a slow link) come first, with what they cost,
-because "everything was slow" is otherwise blamed on the ranks that waited for them. A process that only
-legacy's heartbeat monitor could end is told with the monitor's own timeline.
+because "everything was slow" is otherwise blamed on the ranks that waited for them. Circular waits come
+next, named as cycles (``simnccl.waitfor``): there nobody is behind, and calling a rank of a cycle "the
+straggler" sends the user looking for a slow GPU instead of a call order that differs between ranks. A
+process that only legacy's heartbeat monitor could end is told with the monitor's own timeline.
 """
 
 from __future__ import annotations
@@ -14,6 +16,9 @@ from collections import defaultdict
 from typing import Any
 
 from simnccl.result import VariantResult
+from simnccl.waitfor import Cycle, WaitForGraph
+
+MAX_REASONS = 3  # distinct explanations told per stuck operation (32 ranks often give 32 near-identical ones)
 
 
 def _ranks(ranks: list[int] | tuple[int, ...]) -> str:
@@ -62,6 +67,43 @@ def _monitor(hang: dict[str, Any]) -> str:
     )
 
 
+def _cycle(graph: WaitForGraph, cycle: Cycle) -> str:
+    """A circular wait, named as one: every wait of the cycle, and who else is held up by it."""
+    behind = sorted(
+        r for r in graph.blocked if r not in cycle.ranks and cycle in graph.reaches(r)[1] and not graph.is_sink(r)
+    )
+    text = (
+        f"Circular wait between {_ranks(cycle.ranks)}: {cycle.describe()}. No rank is behind (there is no "
+        f"straggler): each waits for a call the {'other' if len(cycle.ranks) == 2 else 'next one'} will never "
+        "make, because the ranks issued their calls in different orders"
+    )
+    if behind:
+        text += f"; {_ranks(behind)} {'waits' if len(behind) == 1 else 'wait'} on this cycle too"
+    return text + "."
+
+
+def _behind(graph: WaitForGraph, waiting: list[int], missing: list[int]) -> str:
+    """What the ranks waited for are: stragglers (they wait on nobody), in a cycle, or blocked behind someone
+    else. 'Straggler' is said only of ranks that wait on nobody."""
+    if all(graph.is_sink(r) for r in missing):
+        return f": the straggler{'s are' if len(missing) > 1 else ' is'} {_ranks(missing)}"
+    notes: list[str] = []
+    if any(r in waiting for r in missing):
+        notes.append("they are all in this call but cannot meet: see why")
+    sinks: set[int] = set()
+    cycles: list[Cycle] = []
+    for rank in missing:
+        if rank in waiting:
+            continue
+        found_sinks, found_cycles = graph.reaches(rank)
+        sinks.update(found_sinks)
+        cycles.extend(c for c in found_cycles if c.circular and c not in cycles)
+    notes.extend(f"part of the circular wait between {_ranks(c.ranks)} named above" for c in cycles)
+    if sinks:
+        notes.append(f"blocked behind the straggler{'s' if len(sinks) > 1 else ''} {_ranks(sorted(sinks))}")
+    return " (" + "; ".join(notes) + ")" if notes else ""
+
+
 def explain(variant: VariantResult) -> str:
     outcome = variant.outcome
     slow = [_slowdown(item) for item in outcome.slowdowns]
@@ -77,10 +119,15 @@ def explain(variant: VariantResult) -> str:
         paragraphs.append(
             f"Rank {error['rank']} died at t={error['time_s']:.3f} s in {error['op']}: {error['type']}: {first}."
         )
+    graphs = WaitForGraph.by_segment(outcome.hangs)
+    for graph in graphs.values():
+        paragraphs.extend(_cycle(graph, cycle) for cycle in graph.cycles() if cycle.circular)
     stuck: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
     for hang in outcome.hangs:
-        stuck[(hang["group"], hang["kind"], hang["seq"], hang["op"])].append(hang)
-    for (group, kind, seq, op), hangs in sorted(stuck.items(), key=lambda item: min(h["rank"] for h in item[1])):
+        stuck[(hang.get("segment"), hang["group"], hang["kind"], hang["seq"], hang["op"])].append(hang)
+    for (segment, group, kind, seq, op), hangs in sorted(
+        stuck.items(), key=lambda item: (item[0][0] or 0, min(h["rank"] for h in item[1]))
+    ):
         waiting = [h["rank"] for h in hangs]
         missing = sorted({r for h in hangs for r in h["waiting_for"]})
         since = min(h["since_s"] for h in hangs)
@@ -88,14 +135,11 @@ def explain(variant: VariantResult) -> str:
         verb = "is" if len(waiting) == 1 else "are"
         text = f"{_ranks(waiting).capitalize()} {verb} stuck since t={since:.3f} s in {what}"
         if missing:
-            text += (
-                f", waiting for {_ranks(missing)}: the straggler{'s are' if len(missing) > 1 else ' is'} "
-                f"{_ranks(missing)}"
-            )
+            text += f", waiting for {_ranks(missing)}{_behind(graphs[segment], waiting, missing)}"
         text += "."
-        reason = hangs[0].get("explanation")
-        if reason:
-            text += f" Why: {reason.rstrip('.')}."
+        reasons = list(dict.fromkeys(h["explanation"].rstrip(".") for h in hangs if h.get("explanation")))
+        if reasons:
+            text += f" Why: {'; '.join(reasons[:MAX_REASONS])}."
         detected = [h["detected_at_s"] for h in hangs if h.get("detected_at_s") is not None]
         if hangs[0].get("monitor"):
             text += _monitor(hangs[0])

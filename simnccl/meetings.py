@@ -77,5 +77,9 @@ class MeetingRegistry:
             self._by_key[key] = meeting
         return meeting
 
+    def all(self) -> list[Meeting]:
+        """Every meeting, in the order they were opened."""
+        return list(self._by_key.values())
+
     def pending(self) -> list[Meeting]:
         return [m for m in self._by_key.values() if not m.complete and m.arrivals]

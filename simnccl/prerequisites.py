@@ -20,3 +20,9 @@ def require_torch(command: str) -> None:
         raise MissingPrerequisite(
             f"{command} needs PyTorch (torch>=2.15), which is not installed: pip install 'simnccl[real]'"
         )
+
+
+def require_matplotlib(what: str) -> None:
+    """Raise ``MissingPrerequisite`` unless matplotlib can be imported (pictures are an extra: ``plots``)."""
+    if importlib.util.find_spec("matplotlib") is None:
+        raise MissingPrerequisite(f"{what} needs matplotlib, which is not installed: pip install 'simnccl[plots]'")

@@ -123,7 +123,10 @@ class Engine:
             self.loop.start()
             self.injection.start()
             self.watchdogs.run()
-            return outcome(self.sim, self.watchdogs.report, self.memory, self.timing, self.fr_dumps)
+            result = outcome(self.sim, self.watchdogs.report, self.memory, self.timing, self.fr_dumps)
+            if self.sim.trace.keep:  # a Perfetto trace draws the waits: every rendezvous, in opening order
+                result.meetings = self.meetings.all()
+            return result
         finally:
             if gc_was_enabled:
                 gc.enable()

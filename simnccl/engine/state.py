@@ -114,6 +114,7 @@ class RunOutcome:
     trace: list[tuple[Any, ...]]
     fr_dumps: dict[int, dict[str, Any]] = field(default_factory=dict)
     slowdowns: list[dict[str, Any]] = field(default_factory=list)  # what each straggler fault cost (Timing)
+    meetings: list[Meeting] = field(default_factory=list)  # with keep_trace: every rendezvous (Perfetto trace waits)
 
 
 # ---------------------------------------------------------------------- a rank's state, read the same everywhere
