@@ -248,3 +248,38 @@ def test_capture_simulates_under_an_import_spec() -> None:
     lazy = run.simulate(gpu="h100-80gb", policy="user_policies:LazyAbove")  # the world group (4 ranks) turns lazy
     assert eager.verdict == lazy.verdict == "pass"
     assert lazy.ledgers["n0:cuda:0"].peak_bytes < eager.ledgers["n0:cuda:0"].peak_bytes
+
+
+@pytest.mark.parametrize("fast_path", [True, False])
+def test_a_rank_dependent_policy_is_caught_on_the_fast_paths_of_a_large_startup(fast_path: bool) -> None:
+    """Equal histories share the engine's work, never the check: every calling rank is still asked."""
+    from simnccl.cluster import Cluster, get_gpu_kind
+    from simnccl.engine import Engine, SimConfig
+    from simnccl.profiles import find_profile
+    from simnccl.release import get_release
+    from simnccl.workloads import GENERATORS
+
+    programs = GENERATORS["megatron"]({"tp": 2, "pp": 2, "dp": 8}, 32)
+    outcomes = []
+    for policy in (user_policies.LazyAbove(), user_policies.LastMemberLazy()):
+        config = SimConfig(
+            cluster=Cluster(get_gpu_kind("h100-80gb"), 4, 8),
+            release=get_release("2.15"),
+            profile=find_profile("h100-80gb", "2.15"),
+            programs=programs,
+            policy=policy,
+        )
+        outcomes.append(Engine(config, fast_path=fast_path).run())
+    correct, wrong = outcomes
+    assert correct.verdict == "pass", correct.errors[:1]
+    assert wrong.verdict == "error"
+    assert any(e["type"] == "PolicyInconsistency" for e in wrong.errors)
+
+
+def test_init_plans_must_agree_except_for_each_ranks_own_device() -> None:
+    program = [*START, NewGroup(ranks=(0, 1, 2, 3), bind="g"), AllReduce(group="g")]
+    wrong = simulate(program, gpus_per_node=4, policy=user_policies.HalfLegacy())
+    errors = [e for e in wrong.errors if e["type"] == "PolicyInconsistency"]
+    assert errors and "planned init_process_group differently" in errors[0]["message"]
+    assert "TORCH_DIST_USE_NCCL2=0" in errors[0]["message"]
+    assert simulate(program, gpus_per_node=4, policy=user_policies.OwnDevice()).verdict == "pass"

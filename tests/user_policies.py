@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from simnccl.policy import BasePolicy, DedupePolicy, GroupDecision, GroupRequest
+from simnccl.policy import BasePolicy, DedupePolicy, GroupDecision, GroupRequest, InitPlan, InitRequest
 
 
 @dataclass(frozen=True)
@@ -66,3 +66,24 @@ def not_a_policy() -> None:
 class NeedsArguments(BasePolicy):
     def __init__(self, budget: float) -> None:
         self.budget = budget
+
+
+@dataclass(frozen=True)
+class HalfLegacy(BasePolicy):
+    """Wrong: the lower half of the ranks rolls back to the legacy backend, the upper half keeps nccl2."""
+
+    name: str = "half-legacy"
+
+    def on_init(self, request: InitRequest) -> InitPlan:
+        env = {"TORCH_DIST_USE_NCCL2": "0"} if request.rank < request.world_size // 2 else {}
+        return InitPlan(request.backend, request.device_id, request.pg_options, env, "lower half: legacy")
+
+
+@dataclass(frozen=True)
+class OwnDevice(BasePolicy):
+    """Correct: each rank binds its own device (device_id differs per rank by nature)."""
+
+    name: str = "own-device"
+
+    def on_init(self, request: InitRequest) -> InitPlan:
+        return InitPlan(request.backend, request.rank, request.pg_options, {}, "device_id = rank")

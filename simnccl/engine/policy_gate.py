@@ -72,14 +72,17 @@ class PolicyGate:
         histories: SharedHistories,
         share_decisions: bool,
     ) -> None:
-        """``share_decisions``: ranks with equal histories may share a decision (the fast path is on); only
-        done for a policy simnccl has established decides alike on every rank (its built-ins): any other is
-        asked on every calling rank and checked."""
+        """``share_decisions``: ranks with equal histories may share a decision (the fast path is on). For a
+        policy simnccl has established decides alike on every rank (its built-ins: ``verified``) the shared
+        decision is taken as it is; any other policy -- every user policy -- is still asked on every calling
+        rank, and its plan compared with the shared one (``confirms``): sharing saves the engine's work, never
+        the check."""
         self.release = sim.release
         self.policy = policy
         self.active = type(policy) is not BasePolicy  # torch's defaults need no gate at all
         self.verified = decides_alike_on_every_rank(policy)
-        self.shares = share_decisions and self.active and self.verified
+        self.shares = share_decisions and self.active
+        self._init_plans: tuple[int, InitPlan] | None = None  # the first rank's init plan, for the agreement check
         self.memory = memory
         self.planner = planner
         self.histories = histories
@@ -92,6 +95,7 @@ class PolicyGate:
                 rt.rank, rt.ctx.world_size, self.release.key, rt.ctx.env, op.backend, op.device_id, op.pg_options
             )
         )
+        self._check_init_agrees(rt, plan)
         if plan.env:
             rt.ctx = replace(rt.ctx, env={**rt.ctx.env, **plan.env})
         if rt.rank == 0:
@@ -106,6 +110,36 @@ class PolicyGate:
         if plan.backend is op.backend and plan.device_id is op.device_id and plan.pg_options is op.pg_options:
             return op  # the plan passes every argument through: a copy would be equal to the op
         return replace(op, backend=plan.backend, device_id=plan.device_id, pg_options=plan.pg_options)
+
+    def _check_init_agrees(self, rt: RankRuntime, plan: InitPlan) -> None:
+        """Every rank's ``init_process_group`` plan must agree on the backend, options and environment knobs
+        (``device_id`` is each rank's own): a rank on another backend or another ``TORCH_DIST_USE_NCCL2`` would
+        hang or crash real torch at its first collective."""
+        if self._init_plans is None:
+            self._init_plans = (rt.rank, plan)
+            return
+        other, first = self._init_plans
+        if (first.backend, first.pg_options, dict(first.env)) != (plan.backend, plan.pg_options, dict(plan.env)):
+            raise TorchError(
+                "PolicyInconsistency",
+                f"policy {self.policy.name!r} planned init_process_group differently: rank {other}: "
+                f"{_init_text(first)} ({first.explanation or 'as requested'}); rank {rt.rank}: {_init_text(plan)} "
+                f"({plan.explanation or 'as requested'})",
+            )
+
+    def _own_decision(
+        self, rt: RankRuntime, op: NewGroup, members: tuple[int, ...]
+    ) -> tuple[GroupRequest, GroupDecision]:
+        """What this rank decides for ``op`` on its own real history (before the call is recorded)."""
+        request = self.group_request(rt, op, members, history=self.histories.history(rt))
+        return request, decide_group(self.policy, request)
+
+    def agrees(self, rt: RankRuntime, op: NewGroup, step: Any) -> bool:
+        """For the outsider fast path: whether this rank, asked itself, reaches the shared plan (a built-in
+        always does). False sends the call to the ordinary path, which raises the inconsistency there."""
+        if self.verified:
+            return True
+        return self._own_decision(rt, op, step.request.ranks)[1].key() == step.decision.key()
 
     def group_request(
         self,
@@ -141,13 +175,20 @@ class PolicyGate:
             return op  # invalid ranks: torch raises before any policy could matter
         if op.use_local_synchronization and rt.rank not in members.index:
             return op  # returns before anything a policy could change (l.7206)
-        step, slot = self.histories.recall(rt, op) if self.shares else (None, None)
-        if step is not None:
-            # Decided (and checked: the step's first caller ran check_consistent) on an equal history.
-            return self.effective_op(rt, op, members, step.decision, step.effective)
-        request = self.group_request(rt, op, members.ranks)
-        decision = decide_group(self.policy, request)
-        self.check_consistent(rt, request, decision)
+        if self.shares and self.verified:
+            step, slot = self.histories.recall(rt, op)
+            if step is not None:  # decided (and checked by its first caller) on an equal history
+                return self.effective_op(rt, op, members, step.decision, step.effective)
+            request, decision = self._own_decision(rt, op, members.ranks)
+            self.check_consistent(rt, request, decision)
+        else:
+            # Any other policy is asked as this rank, and checked, before anything is recorded; an equal
+            # history's shared step then saves only the engine's work.
+            request, decision = self._own_decision(rt, op, members.ranks)
+            self.check_consistent(rt, request, decision)
+            step, slot = self.histories.recall(rt, op) if self.shares else (None, None)
+            if step is not None:
+                return self.effective_op(rt, op, members, step.decision, step.effective)
         history = self.histories.own(rt)
         history.record(request, decision)
         effective = None if decision.reuse is not None else rewritten(op, decision)

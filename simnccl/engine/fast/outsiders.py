@@ -40,6 +40,7 @@ class Outsiders:
         self.op_faults = op_faults
         self.policy_active = policy_gate.active
         self.shares_decisions = policy_gate.shares
+        self.gate = policy_gate
         # Outsider plans: per outsider_key, id(op torch receives) -> counter advance (None: not a plain call).
         self.plans: dict[tuple[object, ...], dict[int, int | None]] = {}
         self._keep: list[NewGroup] = []  # the ops those ids name, kept alive for the run
@@ -67,6 +68,8 @@ class Outsiders:
         setdefault = rt.handles.setdefault
         append = rt.history_tail.append
         guard = self.guard
+        gate = self.gate
+        verified = gate.verified
         work = guard.work
         taken = counter = 0
         end = len(table)
@@ -89,6 +92,8 @@ class Outsiders:
                 step = node.steps.get(op_id)
                 if step is None:
                     break  # nobody decided this call on this history yet: the ordinary path decides it
+                if not verified and not gate.agrees(rt, op, step):
+                    break  # this rank plans otherwise: the ordinary path reports the inconsistency
                 effective_id = step.effective_id
             advance = 0
             if effective_id:  # 0: the policy reuses an identical group, no torch call at all
