@@ -29,6 +29,7 @@ TOP_DEVICES = 8
 CAPACITY_SHOWN_FROM = 0.5  # draw the capacity line when the peak reaches this fraction of it
 MAX_CHECKPOINT_LABELS = 12  # more checkpoints than this are drawn without names (a recovery job's commits)
 RIGHT_MARGIN = 0.03  # of the run's length, after its end
+LABEL_MERGE_FRACTION = 0.015  # checkpoints nearer than this fraction of the time axis share a label
 PANEL_SIZE_IN = (7.0, 3.6)
 DPI = 120
 
@@ -147,9 +148,10 @@ def _envelope(ax: Any, ledgers: list[DeviceLedger], end_s: float) -> None:
 
 
 def _checkpoints(ax: Any, outcome: Any) -> None:
-    """A vertical line where each checkpoint was first reached (shaded to where the last device reached it);
-    checkpoints reached at the same time share one line and one label."""
-    at: dict[float, list[str]] = {}
+    """A vertical line where each checkpoint was first reached (shaded to where the last device reached it).
+    Checkpoints closer together than ``LABEL_MERGE_FRACTION`` of the axis share one label, so names never
+    print over each other."""
+    firsts: list[tuple[float, str]] = []
     for label, snaps in outcome.checkpoints.items():
         if not snaps:
             continue
@@ -157,21 +159,30 @@ def _checkpoints(ax: Any, outcome: Any) -> None:
         last = max(s.time_s for s in snaps.values())
         if last > first:
             ax.axvspan(first, last, color="tab:gray", alpha=0.1)
-        at.setdefault(round(first, 9), []).append(label)  # equal up to float noise: one line
-    for index, (first, labels) in enumerate(sorted(at.items())):
-        ax.axvline(first, color="tab:gray", linestyle="--", linewidth=0.8, label="checkpoint" if index == 0 else None)
-        if len(outcome.checkpoints) <= MAX_CHECKPOINT_LABELS:
-            ax.text(
-                first,
-                0.98,
-                " " + ", ".join(labels),
-                transform=ax.get_xaxis_transform(),  # x in data, y in axes coordinates
-                rotation=90,
-                va="top",
-                ha="right",
-                fontsize=6,
-                color="dimgray",
-            )
+        ax.axvline(first, color="tab:gray", linestyle="--", linewidth=0.8, label=None if firsts else "checkpoint")
+        firsts.append((first, label))
+    if not firsts or len(firsts) > MAX_CHECKPOINT_LABELS:
+        return
+    left, right = ax.get_xlim()
+    near = (right - left) * LABEL_MERGE_FRACTION
+    clusters: list[tuple[float, list[str]]] = []
+    for first, label in sorted(firsts, key=lambda item: item[0]):
+        if clusters and first - clusters[-1][0] <= near:
+            clusters[-1][1].append(label)
+        else:
+            clusters.append((first, [label]))
+    for first, labels in clusters:
+        ax.text(
+            first,
+            0.98,
+            " " + ", ".join(labels),
+            transform=ax.get_xaxis_transform(),  # x in data, y in axes coordinates
+            rotation=90,
+            va="top",
+            ha="right",
+            fontsize=6,
+            color="dimgray",
+        )
 
 
 def _group_creations(ax: Any, outcome: Any) -> None:
