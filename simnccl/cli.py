@@ -17,6 +17,7 @@ from simnccl import cost
 from simnccl.engine import EngineGuardError
 from simnccl.explain import explain as explain_variant
 from simnccl.flight_recorder import write_dumps
+from simnccl.nccl.command import add_validate_parser, run_validate
 from simnccl.prerequisites import MissingPrerequisite, require_torch
 from simnccl.report import print_result
 from simnccl.runner import run_scenario
@@ -54,6 +55,7 @@ def _parser() -> argparse.ArgumentParser:
         allow_abbrev=False,
     )
     cost.add_arguments(cost_parser)
+    add_validate_parser(sub)
     sub.add_parser(
         "real",
         add_help=False,
@@ -89,6 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     args, extra = parser.parse_known_args(argv)
     if args.command == "cost":
         return cost.run(args, extra)  # the framework knobs are the workload generator's to parse
+    if args.command == "validate" and not extra:
+        return run_validate(args)
     if extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     paths = [Path(p) for p in args.scenarios] or [builtin_scenario_dir() / DEFAULT_SCENARIO]
