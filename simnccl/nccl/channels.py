@@ -167,10 +167,9 @@ def channel_counts(
     nvls = 0
     if nvls_active:
         cc = topology.compute_capability
+        key = "nvls_sm90"
         if cc >= 100:
             key = "nvls_sm100_multi_node" if layout.nodes > 1 else "nvls_sm100_single_node"
-        else:
-            key = "nvls_sm90"
         nvls = settings.nvls_ctas or c.integer(f"channels.{key}")
         nvls = max(settings.min_ctas, min(settings.max_ctas, nvls))
         if parent is not None and parent.nvls:

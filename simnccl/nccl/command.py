@@ -43,7 +43,8 @@ def print_table(table: Table, out: TextIO) -> None:
     """The human table; plain text (no markup), one line per point."""
     w = out.write
     w("NCCL communicator memory: model vs published figures (MiB; error = (model - published) / published)\n\n")
-    header = f"{'point':<26} {'published':>10} {'model':>10} {'error':>8} {'LOO model':>10} {'LOO err':>8}  figure     status\n"
+    header = f"{'point':<26} {'published':>10} {'model':>10} {'error':>8} {'LOO model':>10} {'LOO err':>8}"
+    header += "  figure     status\n"
     w(header)
     w("-" * (len(header) - 1) + "\n")
     for row in table.rows:

@@ -57,6 +57,7 @@ class _Ledger:
     algorithms: set[str] = field(default_factory=set)
     nvls_buffers_paid: bool = False
     net_pool_paid: bool = False
+    notes: list[str] = field(default_factory=list)
 
     def add(self, part: Part) -> None:
         if part.count > 0 and part.bytes_each > 0:
@@ -195,19 +196,7 @@ def _connect(ctx: _Context, ledger: _Ledger, algorithm: str, wanted: list[conns.
             Part(algorithm, what + ", host side", "host", len(group), alloc.host, paid_at, False, "predicted", source)
         )
     if reused:
-        ledger.add(
-            Part(
-                algorithm,
-                f"{reused} connection(s) reused from the sharing parent",
-                "device",
-                reused,
-                0,
-                paid_at,
-                True,
-                "predicted",
-                "",
-            )
-        )
+        ledger.notes.append(f"{algorithm} at {paid_at}: {reused} connection(s) reused from the sharing parent")
     if algorithm == P2P and any(conn.transport == "net" for conn in fresh) and not ledger.net_pool_paid:
         _net_pool(ctx, ledger, paid_at, device=ctx.topology.gdr)
 
@@ -223,7 +212,8 @@ def _net_pool(ctx: _Context, ledger: _Ledger, paid_at: str, *, device: bool) -> 
     ledger.add(
         Part(
             "net-shared-buffers",
-            f"NET shared p2p pool: {ctx.channels.p2p} channels x {c.integer('buffers.net_shared_steps')} x {chunk} B chunk",
+            f"NET shared p2p pool: {ctx.channels.p2p} channels x {c.integer('buffers.net_shared_steps')} steps"
+            f" x {chunk} B chunk",
             "device" if device else "host",
             1,
             round_up(size, granule) if device else size,
@@ -437,14 +427,15 @@ def communicator_bytes(
     if phase == "used":
         for use in uses:
             _use(ctx, ledger, _as_use(use))
-    notes = []
+    notes = ledger.notes
     if not cumem:
         notes.append(
             "cuMem off: the device communicator and channel tables are small cudaMalloc allocations (KiB), not counted"
         )
     if layout.nodes > 1:
         notes.append(
-            "multi-node channel counts approximate NCCL's inter-node search (one ring per NIC); PXN, NVLS tree and NVB paths are not modelled"
+            "multi-node channel counts approximate NCCL's inter-node search (one ring per NIC); "
+            "PXN, NVLS tree and NVB paths are not modelled"
         )
     return Breakdown(
         parts=tuple(ledger.parts),
