@@ -94,6 +94,7 @@ def test_every_gpu_kind_has_a_topology() -> None:
         ({"nvlink_links": 0}, "nvlink_links"),
         ({"multicast": "yes"}, "multicast"),
         ({"speed": 1}, "speed"),
+        ({"interconnect": "pcie", "nvlink_links": 0}, "pcie_bw"),
     ],
 )
 def test_topology_errors_name_the_key(change: dict[str, object], needle: str) -> None:

@@ -125,7 +125,8 @@ def channel_counts(
     if layout.nodes > 1 and topology.compute_capability >= 90 and coll < c.integer("channels.multinode_double_below"):
         coll *= 2
         steps.append(f"multi-node Hopper+ doubling: {coll}")
-    cap = min(settings.max_nchannels or max_channels, settings.max_ctas)
+    max_ctas = settings.max_ctas or max_channels
+    cap = min(settings.max_nchannels or max_channels, max_ctas)
     if parent is not None:
         cap = min(cap, parent.coll)
     if coll > cap:
@@ -148,13 +149,14 @@ def channel_counts(
     needs = []
     if layout.local_ranks > 1:
         if topology.interconnect == "pcie" or topology.nvlink_links == 0:
-            needs.append(2)
+            needs.append(c.integer("channels.p2p_channels_pcie"))
         else:
-            needs.append(2 * max(1, topology.nvlink_links))
+            needs.append(c.integer("channels.p2p_channels_per_nvlink") * max(1, topology.nvlink_links))
     if layout.nodes > 1:
         per_channel = c.number("channels.p2p_per_channel_net_bw")
         nics = topology.nics_per_node
-        needs.append(max(nics, math.ceil(topology.nic_bw / per_channel)) if nics > 0 else 2)
+        fallback = c.integer("channels.p2p_channels_pcie")
+        needs.append(max(nics, math.ceil(topology.nic_bw / per_channel)) if nics > 0 else fallback)
     per_peer = _pow2_up(min(needs) if needs else max_channels)
     if layout.nodes > 1:
         batch = c.integer("channels.p2p_peers_per_batch")
@@ -171,7 +173,7 @@ def channel_counts(
         if cc >= 100:
             key = "nvls_sm100_multi_node" if layout.nodes > 1 else "nvls_sm100_single_node"
         nvls = settings.nvls_ctas or c.integer(f"channels.{key}")
-        nvls = max(settings.min_ctas, min(settings.max_ctas, nvls))
+        nvls = max(settings.min_ctas, min(max_ctas, nvls))
         if parent is not None and parent.nvls:
             nvls = min(nvls, parent.nvls)
         steps.append(f"NVLS channels: {nvls}")

@@ -54,7 +54,7 @@ class Topology:
     nic_bw: float
     cpu_arm: bool
     source: str
-    pcie_bw: float = 24.0
+    pcie_bw: float = 0.0  # required for interconnect = "pcie"
     cumem_granularity_bytes: int = 0  # 0: the constant cumem.granularity_bytes
 
     def with_changes(self, **changes: Any) -> Topology:
@@ -119,6 +119,8 @@ def parse_topology(where: str, name: str, table: Any) -> Topology:
     if not isinstance(source, str) or not source.strip():
         raise NcclInputError(f"{where}.source: expected a non-empty string")
     links = _int(f"{where}.nvlink_links", table["nvlink_links"], 0)
+    if interconnect == "pcie" and "pcie_bw" not in table:
+        raise NcclInputError(f"{where}.pcie_bw: required for interconnect 'pcie' (GB/s as NCCL reports the link)")
     if interconnect != "pcie" and links == 0:
         raise NcclInputError(f"{where}.nvlink_links: expected >= 1 for interconnect {interconnect!r}")
     return Topology(
@@ -132,7 +134,7 @@ def parse_topology(where: str, name: str, table: Any) -> Topology:
         nic_bw=_number(f"{where}.nic_bw", table["nic_bw"]),
         cpu_arm=_bool(f"{where}.cpu_arm", table["cpu_arm"]),
         source=source.strip(),
-        pcie_bw=_number(f"{where}.pcie_bw", table.get("pcie_bw", 24.0)),
+        pcie_bw=_number(f"{where}.pcie_bw", table["pcie_bw"]) if "pcie_bw" in table else 0.0,
         cumem_granularity_bytes=_int(f"{where}.cumem_granularity_bytes", table.get("cumem_granularity_bytes", 0), 0),
     )
 

@@ -40,7 +40,7 @@ class NcclSettings:
     min_nchannels: int = 0
     max_nchannels: int | None = None
     min_ctas: int = 1
-    max_ctas: int = 64
+    max_ctas: int | None = None  # None: MAXCHANNELS
     min_p2p_nchannels: int = 1
     max_p2p_nchannels: int | None = None
     buffsize: int | None = None
@@ -160,8 +160,9 @@ def settings_from(env: Mapping[str, str] | None = None, options: Mapping[str, An
 
     if "NCCL_MIN_NCHANNELS" in env:
         fields["min_nchannels"] = min(_int("NCCL_MIN_NCHANNELS", env["NCCL_MIN_NCHANNELS"], 0), max_channels)
-    if "NCCL_MAX_NCHANNELS" in env:  # NCCL: below 1 means 1, above 64 means 64
-        fields["max_nchannels"] = min(max(_int("NCCL_MAX_NCHANNELS", env["NCCL_MAX_NCHANNELS"], -(2**31)), 1), 64)
+    if "NCCL_MAX_NCHANNELS" in env:  # NCCL: below 1 means 1, above MAXCHANNELS means MAXCHANNELS
+        value = _int("NCCL_MAX_NCHANNELS", env["NCCL_MAX_NCHANNELS"], -(2**31))
+        fields["max_nchannels"] = min(max(value, 1), max_channels)
     if "NCCL_MIN_P2P_NCHANNELS" in env:
         fields["min_p2p_nchannels"] = _int("NCCL_MIN_P2P_NCHANNELS", env["NCCL_MIN_P2P_NCHANNELS"], 1)
     if "NCCL_MAX_P2P_NCHANNELS" in env:

@@ -145,7 +145,7 @@ def _init_parts(ctx: _Context, ledger: _Ledger) -> None:
                 c.source("allocations.per_nvls_channel"),
             )
         )
-        credit = nvls * 2 * c.integer("buffers.nvls_credit_bytes") * ctx.nvls_heads
+        credit = nvls * c.integer("buffers.nvls_directions") * c.integer("buffers.nvls_credit_bytes") * ctx.nvls_heads
         mc_granule = c.integer("cumem.multicast_granularity_bytes")
         ledger.add(
             Part(
@@ -234,7 +234,8 @@ def _nvls_buffers(ctx: _Context, ledger: _Ledger, paid_at: str) -> None:
     ledger.nvls_buffers_paid = True
     if ctx.nvls_shared and ctx.parent is not None and ctx.parent.nvls_buffers_paid:
         return
-    size = ctx.channels.nvls * 2 * c.integer("buffers.nvls_chunk_bytes") * c.integer("buffers.steps") * ctx.nvls_heads
+    size = ctx.channels.nvls * c.integer("buffers.nvls_directions") * c.integer("buffers.nvls_chunk_bytes")
+    size *= c.integer("buffers.steps") * ctx.nvls_heads
     ledger.add(
         Part(
             "nvls-buffers",

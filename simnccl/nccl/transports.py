@@ -87,7 +87,8 @@ def p2p_chunk_bytes(topology: Topology, nranks: int, nodes: int, buffers: Protoc
     """src/init.cc computeBuffSizes: the send/recv chunk, which sizes the NET shared pool."""
     c = constants()
     if nodes > 1:
-        ratio = 2 if topology.cpu_arm and topology.compute_capability >= 100 else 1
+        arm_blackwell = topology.cpu_arm and topology.compute_capability >= 100
+        ratio = c.integer("buffers.p2p_net_chunk_arm_ratio") if arm_blackwell else 1
         chunk = ratio * c.integer("buffers.p2p_net_chunk_bytes")
     elif nranks == 1 or topology.interconnect != "pcie":  # isAllNvlink: true for a lone GPU
         chunk = c.integer("buffers.p2p_nvl_chunk_bytes")
