@@ -448,6 +448,19 @@ def test_bad_layout_is_refused(layout: tuple[int, ...], needle: str) -> None:
         communicator_bytes("h100-80gb", *layout[:3], "2.30.7", rank=layout[3] if len(layout) > 3 else 0)
 
 
+def test_uneven_groups_price_each_rank_by_its_own_node() -> None:
+    big = [Use("all_reduce", 1 << 24)]  # a ring all_reduce across nodes
+    three = used("h100-80gb", 4, 3, 2, "2.30.7", uses=big, node_sizes=(3, 1))
+    alone = used("h100-80gb", 4, 1, 2, "2.30.7", uses=big, node_sizes=(3, 1), rank=3)
+    assert three.nvls_active and not alone.nvls_active
+    ring_transports = {p.what.split(" over ")[1].split()[0] for p in alone.parts if p.mechanism == "ring"}
+    assert ring_transports == {"NET"}  # the lone rank reaches both ring neighbours over the network
+    with pytest.raises(NcclInputError, match="node_sizes"):
+        communicator_bytes("h100-80gb", 4, 3, 2, "2.30.7", node_sizes=(2, 1))
+    with pytest.raises(NcclInputError, match="local_ranks"):
+        communicator_bytes("h100-80gb", 4, 2, 2, "2.30.7", node_sizes=(3, 1))
+
+
 def test_same_input_same_breakdown() -> None:
     first = used("h100-80gb", 32, 8, 4, "2.30.7", uses=["all_reduce", "all_to_all", "all_gather"], rank=13)
     second = used("h100-80gb", 32, 8, 4, "2.30.7", uses=["all_reduce", "all_to_all", "all_gather"], rank=13)

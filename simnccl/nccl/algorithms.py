@@ -87,7 +87,8 @@ def _preference(use: Use, layout: Layout, nvls_active: bool, collnet: bool) -> l
             order += ["ring", "tree"]
         return order
     if use.collective in ("all_gather", "reduce_scatter"):
-        pat = layout.local_ranks == 1 and layout.nodes > 1 and nbytes < c.integer("algorithm_rule.pat_below_bytes")
+        one_gpu_per_node = layout.max_local_ranks == 1 and layout.nodes > 1
+        pat = one_gpu_per_node and nbytes < c.integer("algorithm_rule.pat_below_bytes")
         return ["pat", "ring"] if pat else ["ring"]
     return ["ring"]
 

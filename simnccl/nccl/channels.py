@@ -146,8 +146,8 @@ def channel_counts(
     p2p = min(_pow2_up(p2p), max_channels)
     steps.append(f"send/recv channels: {p2p}")
 
-    needs = []
-    if layout.local_ranks > 1:
+    needs = []  # NCCL takes the minimum over every rank's peers (allgathered), so any node with peers counts
+    if layout.max_local_ranks > 1:
         if topology.interconnect == "pcie" or topology.nvlink_links == 0:
             needs.append(c.integer("channels.p2p_channels_pcie"))
         else:

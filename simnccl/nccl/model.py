@@ -283,7 +283,7 @@ def _init_connect(ctx: _Context, ledger: _Ledger) -> None:
     layout = ctx.layout
     _algorithm(ctx, ledger, "ring", INIT)
     _algorithm(ctx, ledger, "tree", INIT)
-    if layout.local_ranks == 1 and layout.nodes > 1:
+    if layout.max_local_ranks == 1 and layout.nodes > 1:  # NCCL: maxLocalRanks == 1
         _algorithm(ctx, ledger, "pat", INIT)
     if ctx.nvls_active:
         _algorithm(ctx, ledger, "nvls", INIT)
@@ -324,6 +324,7 @@ def communicator_bytes(
     rank: int = 0,
     parent: Breakdown | None = None,
     members: Sequence[int] | None = None,
+    node_sizes: Sequence[int] | None = None,
     fixed_overhead_bytes: int = 0,
     fixed_overhead_source: str = "",
     process_overhead_bytes: int = 0,
@@ -337,7 +338,8 @@ def communicator_bytes(
     call of each ``uses`` entry connects, in order; a ``Use`` or a collective name). ``parent``: the
     Breakdown of the communicator this one was split from; its ``share_resources`` (the parent's own
     splitShare) decides sharing, and ``members`` maps this communicator's ranks to the parent's (default:
-    the same numbers). Raises NcclInputError for bad input.
+    the same numbers). ``node_sizes``: ranks per node for an uneven group (``local_ranks`` is then the
+    priced rank's node's count). Raises NcclInputError for bad input.
     """
     if phase not in PHASES:
         raise NcclInputError(f"phase: expected one of {', '.join(PHASES)}, got {phase!r}")
@@ -348,7 +350,7 @@ def communicator_bytes(
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise NcclInputError(f"{name}: expected a byte count >= 0, got {value!r}")
     topo = topology_for(topology) if isinstance(topology, str) else topology
-    layout = Layout(nranks, local_ranks, nodes, rank)
+    layout = Layout(nranks, local_ranks, nodes, rank, tuple(node_sizes or ()))
     version = NcclVersion.parse(nccl_version)
     settings = settings_from(env, options)
     cumem_default = version.feature("cumem_default_since")
