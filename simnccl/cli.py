@@ -31,6 +31,7 @@ def builtin_scenario_dir() -> Path:
 
 def _parser() -> argparse.ArgumentParser:
     from simnccl import cost
+    from simnccl.nccl.command import add_validate_parser
     from simnccl.pictures import add_picture_arguments
 
     parser = argparse.ArgumentParser(prog="simnccl", description=__doc__.splitlines()[0])
@@ -67,6 +68,7 @@ def _parser() -> argparse.ArgumentParser:
         allow_abbrev=False,
     )
     cost.add_arguments(cost_parser)
+    add_validate_parser(sub)
     sub.add_parser(
         "real",
         add_help=False,
@@ -111,6 +113,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from simnccl import cost
 
         return cost.run(args, extra)  # the framework knobs are the workload generator's to parse
+    if args.command == "validate" and not extra:
+        from simnccl.nccl.command import run_validate
+
+        return run_validate(args)
     if extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     return run_scenarios(args)

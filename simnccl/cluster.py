@@ -19,6 +19,7 @@ from typing import Any
 BYTES_PER_MIB = 1024 * 1024
 
 _KIND_FIELDS = ("display", "total_mib", "total_source", "cuda_context_mib", "cuda_context_source")
+_OPTIONAL_KIND_FIELDS = ("topology",)  # NCCL's view of the hardware: read and validated by simnccl.nccl.hardware
 
 
 class ClusterError(ValueError):
@@ -72,7 +73,7 @@ def _parse_kind(file: str, key: str, table: Any) -> GpuKind:
     where = f"{file}: [{key}]"
     if not isinstance(table, dict):
         raise ClusterError(f"{where}: expected a table of {', '.join(_KIND_FIELDS)}, got {table!r}")
-    unknown = sorted(set(table) - set(_KIND_FIELDS))
+    unknown = sorted(set(table) - set(_KIND_FIELDS) - set(_OPTIONAL_KIND_FIELDS))
     if unknown:
         raise ClusterError(f"{where}: unknown key(s) {', '.join(unknown)}; expected {', '.join(_KIND_FIELDS)}")
     missing = [name for name in _KIND_FIELDS if name not in table]

@@ -1,0 +1,126 @@
+"""Which connections each algorithm makes for one rank: per channel, to which peer, in which direction.
+
+Why: a connection is where NCCL's protocol buffers live, and NCCL makes each (channel, peer, direction,
+connIndex) at most once (src/transport.cc ncclTransportP2pConnect skips a connected one and the rank itself).
+So a 2-rank tree needs nothing the ring has not made, while a 4-rank chain's head adds one receive per
+channel (NVIDIA/nccl#964: 544 vs 688 MB). Enumerating concrete connections, then removing duplicates, gets
+both right. Mirrors src/transport/generic.cc (ring, tree, PAT), src/enqueue.cc (p2p), v2.30.7.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Literal
+
+from simnccl.nccl.layout import Layout
+
+Direction = Literal["send", "recv"]
+Transport = Literal["p2p", "net"]
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Connection:
+    """One side (this rank's) of a connection: ``conn_index`` 0 for collectives, 1 for send/recv."""
+
+    channel: int
+    peer: int
+    direction: Direction
+    conn_index: int
+    transport: Transport
+
+    @property
+    def key(self) -> tuple[int, int, str, int]:
+        """What NCCL dedups on (channel->peers[peer]->send/recv[connIndex].connected)."""
+        return (self.channel, self.peer, self.direction, self.conn_index)
+
+
+def _both_ways(layout: Layout, channel: int, peers: Iterable[int], conn_index: int = 0) -> list[Connection]:
+    result = []
+    for peer in peers:
+        if peer == layout.rank:
+            continue
+        transport: Transport = "p2p" if layout.same_node(peer, layout.rank) else "net"
+        result.append(Connection(channel, peer, "recv", conn_index, transport))
+        result.append(Connection(channel, peer, "send", conn_index, transport))
+    return result
+
+
+def ring(layout: Layout, channels: int) -> list[Connection]:
+    """Per channel: receive from the previous rank, send to the next (ncclTransportRingConnect)."""
+    result = []
+    me = layout.rank
+    for c in range(channels):
+        order = layout.ring(c)
+        at = order.index(me)
+        prev, nxt = order[at - 1], order[(at + 1) % len(order)]
+        for peer, direction in ((prev, "recv"), (nxt, "send")):
+            if peer != me:
+                transport: Transport = "p2p" if layout.same_node(peer, me) else "net"
+                result.append(Connection(c, peer, direction, 0, transport))  # type: ignore[arg-type]
+    return result
+
+
+def tree_neighbours(layout: Layout, channel: int, max_children: int) -> list[int]:
+    """This rank's tree parent and children: a chain inside the node, a binary tree over node heads."""
+    me = layout.rank
+    node = layout.node_of(me)
+    order = layout.node_order(node, channel)
+    at = order.index(me)
+    neighbours = []
+    if at > 0:
+        neighbours.append(order[at - 1])
+    if at + 1 < len(order):
+        neighbours.append(order[at + 1])
+    if at == 0 and layout.nodes > 1:  # the node's head talks to the heads of its parent and child nodes
+        nodes = [(node - 1) // 2] if node > 0 else []
+        nodes += [child for child in (2 * node + 1, 2 * node + 2) if child < layout.nodes][:max_children]
+        neighbours += [layout.node_order(other, channel)[0] for other in nodes]
+    return neighbours
+
+
+def tree(layout: Layout, channels: int, max_children: int = 2) -> list[Connection]:
+    """Per channel: both directions with the tree parent and each child (ncclTransportTreeConnect)."""
+    return [conn for c in range(channels) for conn in _both_ways(layout, c, tree_neighbours(layout, c, max_children))]
+
+
+def pat(layout: Layout, channels: int) -> list[Connection]:
+    """PAT (one GPU per node): per channel, both directions with the ranks at distance 1, 2, 4, ...."""
+    n, me = layout.nranks, layout.rank
+    peers: list[int] = []
+    mask = 1
+    while mask < n:
+        peers += [(me + mask) % n, (me - mask) % n]
+        mask <<= 1
+    unique = list(dict.fromkeys(peers))
+    return [conn for c in range(channels) for conn in _both_ways(layout, c, unique)]
+
+
+def collnet_direct(layout: Layout, channels: int, max_arity: int) -> list[Connection]:
+    """CollNet Direct: per channel, both directions with up to ``max_arity`` other ranks of the node."""
+    node = layout.node_of(layout.rank)
+    local = [r for r in layout.node_order(node, 0) if r != layout.rank][:max_arity]
+    return [conn for c in range(channels) for conn in _both_ways(layout, c, local)]
+
+
+def point_to_point(layout: Layout, peers: Iterable[int], per_peer: int, p2p_channels: int) -> list[Connection]:
+    """Send/recv (connIndex 1): ``per_peer`` channels to each peer, both directions (an all-to-all's fan-out)."""
+    result = []
+    for peer in sorted(set(peers)):
+        if peer == layout.rank:
+            continue  # NCCL copies to itself
+        base = (peer * per_peer) % p2p_channels
+        for part in range(per_peer):
+            result += _both_ways(layout, (base + part) % p2p_channels, [peer], conn_index=1)
+    return result
+
+
+def unique(connections: Iterable[Connection], already: Iterable[tuple[int, int, str, int]] = ()) -> list[Connection]:
+    """Connections not yet made, in a stable order; the first algorithm that makes one pays for it."""
+    seen = set(already)
+    result = []
+    for conn in connections:
+        if conn.key not in seen:
+            seen.add(conn.key)
+            result.append(conn)
+    return result

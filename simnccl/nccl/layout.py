@@ -1,0 +1,88 @@
+"""Where a communicator's ranks sit: how many, how many per node, how many nodes, and which one we price.
+
+Why: NCCL's memory is per rank and depends on the rank's neighbours (a ring's previous and next rank, a
+tree's parent and children, a node's network head), so the model computes one concrete rank of one concrete
+layout. Ranks are numbered node by node (ranks ``n*L .. n*L+L-1`` on node ``n``), as torch's launchers do.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from simnccl.nccl.constants import NcclInputError
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """``nranks`` ranks on ``nodes`` nodes; ``rank`` is the one being priced, ``local_ranks`` its node's count.
+
+    Uneven groups (torch's ``new_group([0, 1, 2, 8])``: three ranks on one node, one on another) give
+    ``node_sizes`` (ranks per node, in rank order); even ones leave it empty (``local_ranks`` on every node).
+    """
+
+    nranks: int
+    local_ranks: int
+    nodes: int
+    rank: int = 0
+    node_sizes: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        for name in ("nranks", "local_ranks", "nodes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise NcclInputError(f"layout.{name}: expected an integer >= 1, got {value!r}")
+        if isinstance(self.rank, bool) or not isinstance(self.rank, int) or not 0 <= self.rank < self.nranks:
+            raise NcclInputError(f"layout.rank: expected 0 <= rank < {self.nranks}, got {self.rank!r}")
+        if not self.node_sizes:
+            if self.local_ranks * self.nodes != self.nranks:
+                raise NcclInputError(
+                    f"layout: nranks ({self.nranks}) must equal local_ranks ({self.local_ranks}) x nodes ({self.nodes})"
+                    " (give node_sizes for an uneven group)"
+                )
+            return
+        sizes = self.node_sizes
+        if len(sizes) != self.nodes or sum(sizes) != self.nranks or any(n < 1 for n in sizes):
+            raise NcclInputError(
+                f"layout.node_sizes: expected {self.nodes} counts >= 1 summing to {self.nranks}, got {list(sizes)}"
+            )
+        if sizes[self.node_of(self.rank)] != self.local_ranks:
+            raise NcclInputError(
+                f"layout.local_ranks: rank {self.rank}'s node holds {sizes[self.node_of(self.rank)]} ranks "
+                f"(node_sizes {list(sizes)}), got {self.local_ranks}"
+            )
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        return self.node_sizes or (self.local_ranks,) * self.nodes
+
+    @property
+    def max_local_ranks(self) -> int:
+        return max(self.sizes)
+
+    def _first(self, node: int) -> int:
+        return sum(self.sizes[:node])
+
+    def node_of(self, rank: int) -> int:
+        first = 0
+        for node, size in enumerate(self.sizes):
+            if rank < first + size:
+                return node
+            first += size
+        raise NcclInputError(f"layout: rank {rank} is outside 0..{self.nranks - 1}")
+
+    def same_node(self, a: int, b: int) -> bool:
+        return self.node_of(a) == self.node_of(b)
+
+    def node_order(self, node: int, channel: int) -> list[int]:
+        """The node's ranks in channel ``channel``'s ring order.
+
+        On one node every channel uses rank order (NVIDIA/nccl#964's rank-0 figure is the chain head's); across
+        nodes each channel enters a node through a different GPU (one per NIC), modelled as a rotation by
+        ``channel mod ranks on the node``.
+        """
+        first, size = self._first(node), self.sizes[node]
+        shift = channel % size if self.nodes > 1 else 0
+        return [first + (i + shift) % size for i in range(size)]
+
+    def ring(self, channel: int) -> list[int]:
+        return [r for node in range(self.nodes) for r in self.node_order(node, channel)]

@@ -1,0 +1,460 @@
+"""``communicator_bytes``: one rank's NCCL communicator memory from NCCL's own mechanics, itemised.
+
+What is paid, in NCCL's order (src/init.cc initTransportsRank, v2.30.7):
+
+* at init, always: the device communicator (2 allocations), every channel's peer tables (3 allocations per
+  channel, 2 for a split child sharing its parent), NVLS's per-channel peers and credit region (when NVLS is
+  active and not shared), the work FIFO (pinned host). Under cuMem (default since 2.19) each device
+  allocation is rounded to the 2 MiB granularity, which is why a channel costs 6 MiB although its tables hold
+  a few KiB, and why an idle 2-GPU H100 group costs 230 MiB.
+* connections, at init when runtime connect is off (``NCCL_RUNTIME_CONNECT=0``, NCCL < 2.22, or no cuMem),
+  else at the first call that needs each algorithm: ring, tree, PAT, NVLS buffers, CollNet; plus, at init with
+  runtime connect off, the NET shared pool (also for one-rank communicators: the defect of NVIDIA/nccl#2363).
+* send/recv connections, always at first use: ``per_peer`` channels to each peer, both directions.
+
+``fixed_overhead_bytes`` and ``process_overhead_bytes`` are what a profile must *measure*: per communicator
+and once per process (the first communicator), beyond the mechanics above.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from simnccl.nccl import connections as conns
+from simnccl.nccl.algorithms import P2P, Use, algorithm_for, p2p_peers
+from simnccl.nccl.breakdown import INIT, MIB, Breakdown, Part
+from simnccl.nccl.channels import Channels, ParentChannels, channel_counts
+from simnccl.nccl.constants import NcclInputError, constants
+from simnccl.nccl.hardware import Topology, topology_for
+from simnccl.nccl.knobs import NcclSettings, settings_from
+from simnccl.nccl.layout import Layout
+from simnccl.nccl.transports import (
+    ProtocolBuffers,
+    connection_allocation,
+    net_shared_pool_bytes,
+    p2p_chunk_bytes,
+    protocol_buffers,
+    round_up,
+)
+from simnccl.nccl.version import NcclVersion
+
+Phase = Literal["init", "used"]
+PHASES: tuple[Phase, ...] = ("init", "used")
+
+
+def _mib(n: int) -> str:
+    return f"{n / MIB:g} MiB"
+
+
+@dataclass
+class _Ledger:
+    """The parts being collected for one communicator, and what is already connected."""
+
+    parts: list[Part] = field(default_factory=list)
+    connected: set[tuple[int, int, str, int]] = field(default_factory=set)
+    algorithms: set[str] = field(default_factory=set)
+    nvls_buffers_paid: bool = False
+    net_pool_paid: bool = False
+    notes: list[str] = field(default_factory=list)
+
+    def add(self, part: Part) -> None:
+        if part.count > 0 and part.bytes_each > 0:
+            self.parts.append(part)
+
+
+@dataclass(frozen=True)
+class _Context:
+    topology: Topology
+    layout: Layout
+    settings: NcclSettings
+    version: NcclVersion
+    buffers: ProtocolBuffers
+    channels: Channels
+    cumem: bool
+    nvls_active: bool
+    nvls_heads: int
+    parent: Breakdown | None
+    members: tuple[int, ...]
+    nvls_shared: bool
+
+
+def _init_parts(ctx: _Context, ledger: _Ledger) -> None:
+    c = constants()
+    granule = ctx.topology.granularity_bytes if ctx.cumem else 0
+    shared = ctx.parent is not None
+    if ctx.cumem:
+        ledger.add(
+            Part(
+                "device-comm",
+                f"device communicator: {c.integer('allocations.devcomm')} allocations x {_mib(granule)} granule",
+                "device",
+                c.integer("allocations.devcomm"),
+                granule,
+                INIT,
+                False,
+                "predicted",
+                c.source("allocations.devcomm", "cumem.granularity_bytes"),
+            )
+        )
+        per_channel = c.integer("allocations.per_channel")
+        if shared:
+            per_channel -= c.integer("allocations.per_channel_shared_with_parent")
+        n = ctx.channels.initialized
+        ledger.add(
+            Part(
+                "channels",
+                f"{n} channels x {per_channel} allocations x {_mib(granule)} granule"
+                + (" (peer table shared with the parent)" if shared else ""),
+                "device",
+                n * per_channel,
+                granule,
+                INIT,
+                True,
+                "predicted",
+                c.source("allocations.per_channel", "cumem.granularity_bytes"),
+            )
+        )
+    fifo = ctx.settings.work_fifo_bytes or c.integer("buffers.work_fifo_bytes")
+    ledger.add(
+        Part(
+            "work-fifo",
+            "work FIFO (pinned host)",
+            "host",
+            1,
+            fifo,
+            INIT,
+            False,
+            "predicted",
+            c.source("buffers.work_fifo_bytes"),
+        )
+    )
+    if ctx.nvls_active and not ctx.nvls_shared:
+        nvls = ctx.channels.nvls
+        ledger.add(
+            Part(
+                "nvls-channels",
+                f"{nvls} NVLS channels x 1 allocation x {_mib(granule)} granule",
+                "device",
+                nvls * c.integer("allocations.per_nvls_channel"),
+                granule,
+                INIT,
+                False,
+                "predicted",
+                c.source("allocations.per_nvls_channel"),
+            )
+        )
+        credit = nvls * c.integer("buffers.nvls_directions") * c.integer("buffers.nvls_credit_bytes") * ctx.nvls_heads
+        mc_granule = c.integer("cumem.multicast_granularity_bytes")
+        ledger.add(
+            Part(
+                "nvls-credit",
+                f"NVLS credit region {credit} B rounded to the {_mib(mc_granule)} multicast granularity (1 slot)",
+                "device",
+                1,
+                round_up(credit, mc_granule),
+                INIT,
+                False,
+                "predicted",
+                c.source("buffers.nvls_credit_bytes", "cumem.multicast_granularity_bytes"),
+                multicast_objects=1,
+            )
+        )
+
+
+def _parent_has(ctx: _Context, key: tuple[int, int, str, int]) -> bool:
+    """A split child sharing its parent reuses a connection the parent made (same top-parent peer)."""
+    if ctx.parent is None:
+        return False
+    channel, peer, direction, index = key
+    return (channel, ctx.members[peer], direction, index) in ctx.parent.connected
+
+
+def _connect(ctx: _Context, ledger: _Ledger, algorithm: str, wanted: list[conns.Connection], paid_at: str) -> None:
+    """Charge the connections of ``wanted`` not made yet, grouped by side and transport."""
+    c = constants()
+    fresh = conns.unique(wanted, ledger.connected)
+    groups: dict[tuple[str, str], list[conns.Connection]] = {}
+    reused = 0
+    for conn in fresh:
+        ledger.connected.add(conn.key)
+        if _parent_has(ctx, conn.key):
+            reused += 1
+            continue
+        groups.setdefault((conn.direction, conn.transport), []).append(conn)
+    channels = len({conn.channel for conn in fresh})
+    for (direction, transport), group in sorted(groups.items()):
+        alloc = connection_allocation(group[0], ctx.topology, ctx.buffers, cumem=ctx.cumem)
+        peers = len({conn.peer for conn in group})
+        what = (
+            f"{len(group)} {direction} connection(s) over {transport.upper()} ({peers} peer(s), {channels} channel(s))"
+        )
+        source = c.source("buffers.ll_bytes", "buffers.ll128_bytes", "buffers.simple_bytes", "buffers.ipc_align_bytes")
+        ledger.add(Part(algorithm, what, "device", len(group), alloc.device, paid_at, True, "predicted", source))
+        ledger.add(
+            Part(algorithm, what + ", host side", "host", len(group), alloc.host, paid_at, False, "predicted", source)
+        )
+    if reused:
+        ledger.notes.append(f"{algorithm} at {paid_at}: {reused} connection(s) reused from the sharing parent")
+    if algorithm == P2P and any(conn.transport == "net" for conn in fresh) and not ledger.net_pool_paid:
+        _net_pool(ctx, ledger, paid_at, device=ctx.topology.gdr)
+
+
+def _net_pool(ctx: _Context, ledger: _Ledger, paid_at: str, *, device: bool) -> None:
+    c = constants()
+    ledger.net_pool_paid = True
+    if ctx.parent is not None and ctx.parent.net_pool_paid:
+        return  # the proxy (and its pool) is the parent's
+    chunk = p2p_chunk_bytes(ctx.topology, ctx.layout.nranks, ctx.layout.nodes, ctx.buffers)
+    size = net_shared_pool_bytes(ctx.channels.p2p, chunk)
+    granule = ctx.topology.granularity_bytes if ctx.cumem else 1
+    ledger.add(
+        Part(
+            "net-shared-buffers",
+            f"NET shared p2p pool: {ctx.channels.p2p} channels x {c.integer('buffers.net_shared_steps')} steps"
+            f" x {chunk} B chunk",
+            "device" if device else "host",
+            1,
+            round_up(size, granule) if device else size,
+            paid_at,
+            False,
+            "predicted",
+            c.source(
+                "buffers.net_shared_steps", "buffers.p2p_nvl_chunk_bytes", "versions.single_rank_net_shared_fixed_in"
+            ),
+        )
+    )
+
+
+def _nvls_buffers(ctx: _Context, ledger: _Ledger, paid_at: str) -> None:
+    c = constants()
+    if ledger.nvls_buffers_paid:
+        return
+    ledger.nvls_buffers_paid = True
+    if ctx.nvls_shared and ctx.parent is not None and ctx.parent.nvls_buffers_paid:
+        return
+    size = ctx.channels.nvls * c.integer("buffers.nvls_directions") * c.integer("buffers.nvls_chunk_bytes")
+    size *= c.integer("buffers.steps") * ctx.nvls_heads
+    ledger.add(
+        Part(
+            "nvls-buffers",
+            f"NVLS buffers: {ctx.channels.nvls} channels x 2 x {c.integer('buffers.nvls_chunk_bytes')} B x "
+            f"{c.integer('buffers.steps')} steps x {ctx.nvls_heads} heads (1 slot)",
+            "device",
+            1,
+            round_up(size, c.integer("cumem.multicast_granularity_bytes")),
+            paid_at,
+            False,
+            "predicted",
+            c.source("buffers.nvls_chunk_bytes", "cumem.multicast_granularity_bytes"),
+            multicast_objects=1,
+        )
+    )
+
+
+def _algorithm(ctx: _Context, ledger: _Ledger, algorithm: str, paid_at: str) -> None:
+    """Connect one collective algorithm (ncclCollPreconnect / the init-time connect of runtime connect off)."""
+    if algorithm in ledger.algorithms:
+        return
+    ledger.algorithms.add(algorithm)
+    layout, ch = ctx.layout, ctx.channels
+    if layout.nranks == 1:
+        return
+    c = constants()
+    if algorithm == "ring":
+        _connect(ctx, ledger, "ring", conns.ring(layout, ch.coll), paid_at)
+    elif algorithm == "tree":
+        _connect(ctx, ledger, "tree", conns.tree(layout, ch.coll, c.integer("channels.max_tree_arity") - 1), paid_at)
+    elif algorithm == "pat":
+        _connect(ctx, ledger, "pat", conns.pat(layout, ch.coll), paid_at)
+    elif algorithm == "nvls":
+        if ctx.nvls_active:
+            _nvls_buffers(ctx, ledger, paid_at)
+    elif algorithm == "collnetdirect":
+        arity = min(layout.local_ranks - 1, c.integer("channels.max_direct_arity"))
+        _connect(ctx, ledger, "collnet", conns.collnet_direct(layout, ch.coll, arity), paid_at)
+    else:  # pragma: no cover - algorithm_for returns only the names above
+        raise NcclInputError(f"unknown algorithm {algorithm!r}")
+
+
+def _init_connect(ctx: _Context, ledger: _Ledger) -> None:
+    """Runtime connect off: everything a collective could need is connected at init (src/init.cc)."""
+    layout = ctx.layout
+    _algorithm(ctx, ledger, "ring", INIT)
+    _algorithm(ctx, ledger, "tree", INIT)
+    if layout.max_local_ranks == 1 and layout.nodes > 1:  # NCCL: maxLocalRanks == 1
+        _algorithm(ctx, ledger, "pat", INIT)
+    if ctx.nvls_active:
+        _algorithm(ctx, ledger, "nvls", INIT)
+    if ctx.settings.collnet_enable and layout.nodes > 1:
+        _algorithm(ctx, ledger, "collnetdirect", INIT)
+    if layout.nranks > 1 or ctx.version.single_rank_net_shared_defect:
+        _net_pool(ctx, ledger, INIT, device=True)  # proxySharedInit: cuda = 1
+
+
+def _use(ctx: _Context, ledger: _Ledger, use: Use) -> None:
+    algorithm = algorithm_for(use, ctx.layout, ctx.settings, nvls_active=ctx.nvls_active)
+    if algorithm is None:
+        return
+    paid_at = f"first {use.collective} ({algorithm})"
+    if algorithm == P2P:
+        peers = p2p_peers(use, ctx.layout)
+        wanted = conns.point_to_point(ctx.layout, peers, ctx.channels.p2p_per_peer, ctx.channels.p2p)
+        _connect(ctx, ledger, P2P, wanted, paid_at)
+    else:
+        _algorithm(ctx, ledger, algorithm, paid_at)
+
+
+def _as_use(use: Use | str) -> Use:
+    return use if isinstance(use, Use) else Use(str(use))
+
+
+def communicator_bytes(
+    topology: Topology | str,
+    nranks: int,
+    local_ranks: int,
+    nodes: int,
+    nccl_version: str,
+    env: Mapping[str, str] | None = None,
+    options: Mapping[str, Any] | None = None,
+    phase: Phase = "init",
+    uses: Sequence[Use | str] = (),
+    *,
+    rank: int = 0,
+    parent: Breakdown | None = None,
+    members: Sequence[int] | None = None,
+    node_sizes: Sequence[int] | None = None,
+    fixed_overhead_bytes: int = 0,
+    fixed_overhead_source: str = "",
+    process_overhead_bytes: int = 0,
+    process_overhead_source: str = "",
+) -> Breakdown:
+    """One rank's communicator memory, itemised, up to ``phase``.
+
+    ``topology``: a GPU kind key (``h100-80gb``) or a Topology. ``env``: the NCCL_* environment the
+    communicator is created under; ``options``: its config (``max_ctas``, ``min_ctas``, ``split_share``, ...).
+    ``phase``: ``init`` (what ncclCommInitRank / ncclCommSplit allocates) or ``used`` (plus what the first
+    call of each ``uses`` entry connects, in order; a ``Use`` or a collective name). ``parent``: the
+    Breakdown of the communicator this one was split from; its ``share_resources`` (the parent's own
+    splitShare) decides sharing, and ``members`` maps this communicator's ranks to the parent's (default:
+    the same numbers). ``node_sizes``: ranks per node for an uneven group (``local_ranks`` is then the
+    priced rank's node's count). Raises NcclInputError for bad input.
+    """
+    if phase not in PHASES:
+        raise NcclInputError(f"phase: expected one of {', '.join(PHASES)}, got {phase!r}")
+    for name, value in (
+        ("fixed_overhead_bytes", fixed_overhead_bytes),
+        ("process_overhead_bytes", process_overhead_bytes),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise NcclInputError(f"{name}: expected a byte count >= 0, got {value!r}")
+    topo = topology_for(topology) if isinstance(topology, str) else topology
+    layout = Layout(nranks, local_ranks, nodes, rank, tuple(node_sizes or ()))
+    version = NcclVersion.parse(nccl_version)
+    settings = settings_from(env, options)
+    cumem_default = version.feature("cumem_default_since")
+    cumem = settings.cumem_supported and (settings.cumem_enable if settings.cumem_enable is not None else cumem_default)
+    runtime_connect = version.feature("runtime_connect_since") and cumem and settings.runtime_connect
+    nvls_active = (
+        version.feature("nvls_since")
+        and settings.nvls_enable != 0
+        and settings.cumem_supported
+        and topo.multicast
+        and topo.interconnect == "nvswitch"
+        and topo.compute_capability >= 90
+        and layout.local_ranks >= 2
+    )
+    shared = parent is not None and parent.share_resources
+    if members is None:
+        members = tuple(range(nranks))
+    members = tuple(members)
+    if parent is not None and (len(members) != nranks or any(not 0 <= m < parent.layout.nranks for m in members)):
+        raise NcclInputError(
+            f"members: expected {nranks} ranks of the parent (0..{parent.layout.nranks - 1}), got {members!r}"
+        )
+    nvls_shared = bool(
+        shared and parent is not None and parent.nvls_active and parent.layout.local_ranks == local_ranks
+    )
+    parent_channels = None
+    if shared and parent is not None:
+        parent_channels = ParentChannels(parent.channels.coll, parent.channels.p2p, parent.channels.nvls)
+    channels = channel_counts(topo, layout, settings, nvls_active=nvls_active, parent=parent_channels)
+    heads = layout.local_ranks if layout.nodes == 1 else max(1, min(layout.local_ranks, topo.nics_per_node))
+    ctx = _Context(
+        topology=topo,
+        layout=layout,
+        settings=settings,
+        version=version,
+        buffers=protocol_buffers(settings),
+        channels=channels,
+        cumem=cumem,
+        nvls_active=nvls_active,
+        nvls_heads=heads,
+        parent=parent if shared else None,
+        members=members,
+        nvls_shared=nvls_shared,
+    )
+    ledger = _Ledger()
+    _init_parts(ctx, ledger)
+    if fixed_overhead_bytes:
+        ledger.add(
+            Part(
+                "fixed-overhead",
+                "fixed per-communicator overhead (profile)",
+                "device",
+                1,
+                fixed_overhead_bytes,
+                INIT,
+                False,
+                "measured",
+                fixed_overhead_source,
+            )
+        )
+    if process_overhead_bytes:
+        ledger.add(
+            Part(
+                "process-overhead",
+                "once per process, with its first communicator (profile)",
+                "device",
+                1,
+                process_overhead_bytes,
+                INIT,
+                False,
+                "measured",
+                process_overhead_source,
+            )
+        )
+    if not runtime_connect:
+        _init_connect(ctx, ledger)
+    if phase == "used":
+        for use in uses:
+            _use(ctx, ledger, _as_use(use))
+    notes = ledger.notes
+    if not cumem:
+        notes.append(
+            "cuMem off: the device communicator and channel tables are small cudaMalloc allocations (KiB), not counted"
+        )
+    if layout.nodes > 1:
+        notes.append(
+            "multi-node channel counts approximate NCCL's inter-node search (one ring per NIC); "
+            "PXN, NVLS tree and NVB paths are not modelled"
+        )
+    return Breakdown(
+        parts=tuple(ledger.parts),
+        layout=layout,
+        topology=topo.name,
+        nccl_version=version.text,
+        channels=channels,
+        runtime_connect=runtime_connect,
+        cumem=cumem,
+        nvls_active=nvls_active,
+        split_shared=shared,
+        nvls_shared=nvls_shared,
+        share_resources=settings.split_share,
+        connected=frozenset(ledger.connected),
+        algorithms_connected=frozenset(ledger.algorithms),
+        nvls_buffers_paid=ledger.nvls_buffers_paid,
+        net_pool_paid=ledger.net_pool_paid,
+        notes=tuple(notes),
+    )
