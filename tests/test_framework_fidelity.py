@@ -13,6 +13,7 @@ Each framework is imported once in this worker; capture forks one child per rank
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import importlib.metadata
@@ -42,8 +43,11 @@ pytestmark = pytest.mark.torch
 REQUIREMENTS = ".ci/frameworks-requirements.txt"
 
 
-def _require(distribution: str, module: str) -> None:
-    """Import ``module`` here (forked ranks inherit it), or skip: not installed, another version, or broken."""
+def _require(distribution: str, *modules: str, importing: Any = None) -> None:
+    """Import ``modules`` here (forked ranks inherit them), or skip: not installed, another version, or broken.
+
+    ``importing``: a context manager to import them in (DeepSpeed picks its accelerator at first import).
+    """
     pinned = startups.PINNED[distribution]
     try:
         version = importlib.metadata.version(distribution)
@@ -52,9 +56,11 @@ def _require(distribution: str, module: str) -> None:
     if version != pinned:
         pytest.skip(f"{distribution} {version} is installed; these tests pin {pinned} ({REQUIREMENTS})")
     try:
-        importlib.import_module(module)
+        with importing or contextlib.nullcontext():
+            for module in modules:
+                importlib.import_module(module)
     except ImportError as err:
-        pytest.skip(f"{distribution} {pinned} is installed but {module} does not import: {err} ({REQUIREMENTS})")
+        pytest.skip(f"{distribution} {pinned} is installed but does not import: {err} ({REQUIREMENTS})")
 
 
 @pytest.fixture(scope="module")
@@ -64,16 +70,13 @@ def megatron() -> None:
 
 @pytest.fixture(scope="module")
 def torchtitan() -> None:
-    _require("torchtitan", "torchtitan.distributed.parallel_dims")
-    importlib.import_module("torchtitan.distributed.utils")
+    _require("torchtitan", "torchtitan.distributed.parallel_dims", "torchtitan.distributed.utils")
 
 
 @pytest.fixture(scope="module")
 def deepspeed() -> None:
-    with startups.deepspeed_on_cuda():
-        _require("deepspeed", "deepspeed")
-        for module in ("deepspeed.runtime.pipe.module", "deepspeed.utils.groups"):
-            importlib.import_module(module)
+    modules = ("deepspeed", "deepspeed.runtime.pipe.module", "deepspeed.utils.groups")
+    _require("deepspeed", *modules, importing=startups.deepspeed_on_cuda())
 
 
 # ---------------------------------------------------------------------------------------------- comparison
