@@ -177,7 +177,8 @@ NCCL_CFGS = {
     "dp_cp": {"is_high_priority_stream": True, "max_ctas": 16, "min_ctas": 4, "cga_cluster_size": 2, "net_name": "IB"},
     "tp": {"max_ctas": 8},
     "intra_ep_dp": {"max_ctas": 2, "net_name": "socket"},
-    "tp_ep_gtp_remat_pp": {"min_ctas": 1},
+    "tp_ep_gtp_remat_pp": {"min_ctas": 1},  # 0.19.2's names for the EGTP family and the expert GTP singletons
+    "expt_gtp_remat": {"cga_cluster_size": 1},
 }
 
 MEGATRON_CASES = {
