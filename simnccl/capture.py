@@ -48,6 +48,11 @@ How each piece works, and why it is done that way (torch 2.15.0, CPU only):
   process (``destroy_process_group`` and the environment are reset between ranks); the target must then keep
   no state of its own between runs.
 
+Options: every ``pg_options`` field torch receives (``ProcessGroupNCCL.Options`` and its ``NCCLConfig``: Megatron's
+``cga_cluster_size``/``max_ctas``/``min_ctas``/``net_name``, ``is_high_priority_stream``, ``lazy_init``,
+``split_share`` ...) is kept in the op's ``PgOptions`` under torch's name, and in the TOML and JSON written from
+it; the fields the simulator does not use yet are named in the run's notes and in the TOML's header.
+
 Group handles: a program refers to groups by handle (``simnccl.ops``). The default group is ``"world"``. Each
 group-creation call gets a family handle: consecutive calls with the same ``group_desc`` (else backend) and
 disjoint rank sets share one handle, like a framework's ``for ranks in groups: g = new_group(ranks)`` loop
@@ -93,6 +98,7 @@ from simnccl.c10d import ProcessContext, _binds_device, nccl_device_fallback
 from simnccl.capture_cli import DEFAULT_TIMEOUT_S, MODES
 from simnccl.ops import (
     NO_OPTIONS,
+    OPTION_FIELDS,
     WORLD,
     AllGather,
     AllReduce,
@@ -266,6 +272,9 @@ class CapturedRun:
         if self.env:
             pairs = ", ".join(f"{_toml(k)} = {_toml(v)}" for k, v in sorted(self.env.items()))
             lines.append(f"env = {{ {pairs} }}")
+        unmodelled = unmodelled_options(self.programs)
+        if unmodelled:
+            lines += ["", f"# {_unmodelled_text(unmodelled)}"]
         lines += ["", "[workload]", "steps = ["]
         for op in groups[0][0].ops[:prefix]:
             lines.append(f"  {_step(op, None)},")
@@ -283,6 +292,24 @@ def _program_ranks(programs: Sequence[Program]) -> list[tuple[Program, list[int]
     for rank, program in enumerate(programs):
         out.setdefault(id(program), (program, []))[1].append(rank)
     return list(out.values())
+
+
+def unmodelled_options(programs: Sequence[Program]) -> list[str]:
+    """The pg_options fields these programs set that the simulator does not use yet, in field order."""
+    seen: set[str] = set()
+    for program in {id(p): p for p in programs}.values():
+        for op in program.ops:
+            options = getattr(op, "pg_options", NO_OPTIONS)
+            if options is not NO_OPTIONS:
+                seen.update(options.unmodelled())
+    return [name for name in OPTION_FIELDS if name in seen]
+
+
+def _unmodelled_text(names: Sequence[str]) -> str:
+    return (
+        f"pg_options recorded but not modelled by the simulator yet: {', '.join(names)} "
+        "(kept in the Programs; they change nothing in a simulation)"
+    )
 
 
 def _common_prefix(op_lists: Sequence[Sequence[Op]]) -> int:
@@ -353,7 +380,7 @@ def _device(device: Any) -> int | str | None:
 
 
 def _options(pg_options: Any) -> PgOptions:
-    """The lifecycle-relevant subset of a ``ProcessGroupNCCL.Options``; other options objects carry none.
+    """Every field a ``ProcessGroupNCCL.Options`` sets (its NCCLConfig too); other options objects carry none.
 
     The fields are read as ``simnccl.torch_apply`` reads them (one reading for both directions of the torch
     boundary); ``is_high_priority_stream`` marks an object with NCCL fields (gloo's Options has none of them).
@@ -1288,6 +1315,9 @@ def _assemble(spec: _Spec, ranks: Sequence[RankCapture], mode: str, wall_s: floa
                 notes.append(note)
     if not any(isinstance(op, InitProcessGroup) for p in shared.values() for op in p.ops):
         notes.append("no rank called init_process_group: nothing distributed was captured")
+    unmodelled = unmodelled_options(list(shared.values()))
+    if unmodelled:
+        notes.append(_unmodelled_text(unmodelled))
     return CapturedRun(
         world_size=spec.world_size,
         gpus_per_node=spec.gpus_per_node,

@@ -12,6 +12,7 @@ member of a group it created still gets the handle bound, to ``NON_GROUP_MEMBER`
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
@@ -49,14 +50,93 @@ def _plain(value: Any) -> Any:
 
 @dataclass(frozen=True, slots=True)
 class PgOptions:
-    """The subset of ``ProcessGroupNCCL.Options`` that changes communicator lifecycle or memory."""
+    """Every field of torch's ``ProcessGroupNCCL.Options`` (and its ``NCCLConfig``, ``.config``) a caller sets.
 
+    Spelled as torch spells them, so a Program says exactly what torch received (capture records every field;
+    nothing is dropped). ``None`` means "not set": torch leaves an NCCLConfig field at
+    ``NCCL_CONFIG_UNDEF_INT`` (or ``None`` for strings) and NCCL picks its default or reads its env var.
+
+    Only ``MODELLED_OPTION_FIELDS`` change what the simulator does today; ``unmodelled()`` names the others a
+    program sets (``max_ctas``/``min_ctas`` are for the NCCL memory model, which will read them by these names).
+    Fields torch fills in itself (``backend``, ``group_name``, ``global_ranks_in_group``, ``split_color``,
+    ``split_from``, ``_timeout``: the group's ``timeout`` argument) are not options a caller chooses.
+    """
+
+    # ProcessGroupNCCL.Options
     lazy_init: bool = False
-    split_share: bool | None = None
+    split_share: bool | None = None  # .config.split_share (NCCL_COMM_SPLIT_SHARE_RESOURCES)
     is_high_priority_stream: bool = False
+    enable_reconfigure: bool = False
+    use_pg_for_symm_mem_rendezvous: bool = False
+    # ProcessGroupNCCL.NCCLConfig (Options.config), as in ncclConfig_t
+    blocking: int | None = None
+    cga_cluster_size: int | None = None
+    collnet_enable: int | None = None
+    comm_name: str | None = None
+    cta_policy: int | None = None
+    max_ctas: int | None = None
+    max_p2p_peers: int | None = None
+    min_ctas: int | None = None
+    net_name: str | None = None
+    nvls_ctas: int | None = None
+    traffic_class: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) != f.default}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> PgOptions:
+        """The inverse of ``to_dict``; an unknown field or a value of the wrong type raises ValueError."""
+        if not data:
+            return NO_OPTIONS
+        return cls(**{key: check_option(key, value) for key, value in data.items()})
+
+    def unmodelled(self) -> tuple[str, ...]:
+        """The fields this object sets that the simulator does not use yet (recorded, replayed, not priced)."""
+        return tuple(k for k in self.to_dict() if k not in MODELLED_OPTION_FIELDS)
+
+
+# What the simulator reads today (simnccl.c10d: lazy_init decides eager vs lazy, split_share whether a split
+# shares its parent's buffers). Add a field here when a model starts using it.
+MODELLED_OPTION_FIELDS = ("lazy_init", "split_share")
+# Fields that live on ``Options.config`` (torch's NCCLConfig) rather than on the Options object itself.
+NCCL_CONFIG_FIELDS = (
+    "split_share",
+    "blocking",
+    "cga_cluster_size",
+    "collnet_enable",
+    "comm_name",
+    "cta_policy",
+    "max_ctas",
+    "max_p2p_peers",
+    "min_ctas",
+    "net_name",
+    "nvls_ctas",
+    "traffic_class",
+)
+_OPTION_KINDS: dict[str, type] = {
+    "lazy_init": bool,
+    "split_share": bool,
+    "is_high_priority_stream": bool,
+    "enable_reconfigure": bool,
+    "use_pg_for_symm_mem_rendezvous": bool,
+    "comm_name": str,
+    "net_name": str,
+}
+OPTION_FIELDS = tuple(f.name for f in fields(PgOptions))
+BOOL_OPTION_FIELDS = tuple(name for name, kind in _OPTION_KINDS.items() if kind is bool)
+
+
+def check_option(key: str, value: Any) -> Any:
+    """``value`` when it is what PgOptions field ``key`` holds (bool, int or str), else ValueError saying so."""
+    if key not in OPTION_FIELDS:
+        raise ValueError(f"unknown pg_options field {key!r}; expected one of {', '.join(OPTION_FIELDS)}")
+    kind = _OPTION_KINDS.get(key, int)
+    ok = isinstance(value, kind) and (kind is bool or not isinstance(value, bool))
+    if not ok:
+        text = {bool: "a boolean", int: "an integer", str: "a string"}[kind]
+        raise ValueError(f"{key}: expected {text}, got {type(value).__name__} {value!r}")
+    return value
 
 
 NO_OPTIONS = PgOptions()

@@ -29,7 +29,18 @@ from typing import Any
 
 from simnccl.cluster import Cluster, ClusterError, get_gpu_kind
 from simnccl.faults import NO_FAULTS, Fault, FaultError, FaultSchedule, generate, validate
-from simnccl.ops import MIB, OP_TYPES, Collective, NewGroup, Op, PgOptions, PointToPoint, Program, SplitGroup
+from simnccl.ops import (
+    MIB,
+    OP_TYPES,
+    Collective,
+    NewGroup,
+    Op,
+    PgOptions,
+    PointToPoint,
+    Program,
+    SplitGroup,
+    check_option,
+)
 from simnccl.policy import PolicyError, get_policy
 from simnccl.profiles import MAX_NCHANNELS_ENV, Profile, ProfileError, find_profile, get_profile
 from simnccl.release import RELEASES, ReleaseError, resolve_backend
@@ -535,9 +546,10 @@ def _build_op(
         if key == "name" and op_type.name == "checkpoint":
             key = "label"
         if key in _OPTION_FIELDS and "pg_options" in allowed:
-            if not isinstance(value, bool):
-                raise reader.error(key, f"expected a boolean, got {_kind(value)} {value!r}")
-            options[key] = value
+            try:
+                options[key] = check_option(key, value)
+            except ValueError as err:
+                raise reader.error(key, str(err).removeprefix(f"{key}: ")) from None
             continue
         if key not in allowed or key == "pg_options":
             expected = sorted(k for k in allowed if k != "pg_options")

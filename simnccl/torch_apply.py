@@ -79,7 +79,7 @@ import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
 from simnccl.backends.base import runtime_connect
-from simnccl.ops import NO_OPTIONS, PgOptions
+from simnccl.ops import BOOL_OPTION_FIELDS, NCCL_CONFIG_FIELDS, NO_OPTIONS, OPTION_FIELDS, PgOptions
 from simnccl.policy import (
     NCCL_NAMES,
     GroupDecision,
@@ -594,24 +594,25 @@ def _live(group: Any) -> bool:
 
 
 def modelled_options(options: Any) -> PgOptions:
-    """The ``PgOptions`` view of a caller's pg_options object (None: the defaults).
+    """The ``PgOptions`` view of a caller's pg_options object (None: the defaults): every field it sets.
 
     Public because ``simnccl.capture`` records pg_options with it: one reading of torch's Options for both.
+    Fields are read by their torch names from the Options object or its ``.config`` (NCCLConfig); an NCCLConfig
+    field left at ``NCCL_CONFIG_UNDEF_INT`` (or ``None``) is "not set". A field this torch build lacks is unset.
     """
     if options is None:
         return NO_OPTIONS
     if isinstance(options, PgOptions):
         return options
-    split_share: bool | None = None
     config = getattr(options, "config", None)
-    raw = getattr(config, "split_share", NCCL_CONFIG_UNDEF_INT)
-    if isinstance(raw, int) and raw != NCCL_CONFIG_UNDEF_INT:
-        split_share = bool(raw)
-    return PgOptions(
-        lazy_init=bool(getattr(options, "lazy_init", False)),
-        split_share=split_share,
-        is_high_priority_stream=bool(getattr(options, "is_high_priority_stream", False)),
-    )
+    values: dict[str, Any] = {}
+    for name in OPTION_FIELDS:
+        source = config if name in NCCL_CONFIG_FIELDS else options
+        raw = getattr(source, name, None)
+        if raw is None or raw == NCCL_CONFIG_UNDEF_INT or not isinstance(raw, bool | int | str):
+            continue
+        values[name] = bool(raw) if name in BOOL_OPTION_FIELDS else raw
+    return PgOptions(**values)
 
 
 _COPIED_FIELDS = ("_timeout", "config", "enable_reconfigure", "use_pg_for_symm_mem_rendezvous")
@@ -629,6 +630,8 @@ def _nccl_options(options: PgOptions, base: Any) -> Any:
     nccl_options.lazy_init = options.lazy_init
     nccl_options.is_high_priority_stream = options.is_high_priority_stream
     nccl_options.config.split_share = NCCL_CONFIG_UNDEF_INT if options.split_share is None else int(options.split_share)
+    for name, value in options.to_dict().items():  # every other field the plan sets (max_ctas, net_name ...)
+        setattr(nccl_options.config if name in NCCL_CONFIG_FIELDS else nccl_options, name, value)
     return nccl_options
 
 

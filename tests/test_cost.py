@@ -55,10 +55,11 @@ def test_megatron_table_side_by_side(capsys) -> None:
     header = lines[1].split()
     assert header[-3:] == ["torch-default", "legacy", "dedupe"]
     rows = {line[:21].strip(): line[21:].split() for line in lines[3:12]}
-    assert rows["new_group calls"] == ["297", "297", "297"]
-    # 18 NCCL groups + the default group; first-stage ranks add the position-embedding singleton
-    assert rows["NCCL comms at startup"] == ["19", "[19-20]", "0", "8"]
-    assert rows["used MiB / device"] == ["4,783.1", "[4,783.1-5,014.2]", "392", "2,240.9"]
+    assert rows["new_group calls"] == ["299", "299", "299"]
+    # 19 NCCL groups (the EGTP family included) + the default group; first-stage ranks add the position-embedding
+    # singleton
+    assert rows["NCCL comms at startup"] == ["20", "[20-21]", "0", "8"]
+    assert rows["used MiB / device"] == ["5,014.2", "[5,014.2-5,245.3]", "392", "2,240.9"]
     assert rows["verdict"] == ["pass", "pass", "pass"]
     assert "MiB at checkpoint 'startup'" in out
 
@@ -69,19 +70,19 @@ def test_megatron_json_rows_from_the_simulation(capsys) -> None:
     default, legacy, skip = payload["columns"]
     assert [default["column"], legacy["column"], skip["column"]] == ["torch-default", "legacy", "skip-single-rank"]
     assert legacy["env"] == {"TORCH_DIST_USE_NCCL2": "0"}
-    assert typical(default, "calls") == 95
-    assert typical(default, "groups") == 22 and typical(default, "singletons") == 7
-    assert typical(default, "duplicates") == 18
-    assert typical(default, "comms") == 20 and typical(legacy, "comms") == 0
-    assert typical(skip, "comms") == 13  # the 7 singletons are fake
-    assert typical(default, "used_mib") == pytest.approx(392 + 20 * 231.1111, abs=0.1)
+    assert typical(default, "calls") == 97
+    assert typical(default, "groups") == 23 and typical(default, "singletons") == 7
+    assert typical(default, "duplicates") == 19
+    assert typical(default, "comms") == 21 and typical(legacy, "comms") == 0
+    assert typical(skip, "comms") == 14  # the 7 singletons are fake
+    assert typical(default, "used_mib") == pytest.approx(392 + 21 * 231.1111, abs=0.1)
 
 
 def test_every_framework_has_a_cost_table(capsys) -> None:
     cases = {
         "vllm": (["--tp", "8"], 7, "before_memory_check"),
         "sglang": (["--tp", "8"], 8, "startup"),
-        "megatron": (["--tp", "8", "--dp", "1"], 20, "startup"),
+        "megatron": (["--tp", "8", "--dp", "1"], 21, "startup"),
         "torchtitan": (["--tp", "2", "--world", "8"], 8, "startup"),
         "deepspeed": (["--world", "8"], 2, "startup"),
     }
@@ -118,10 +119,10 @@ def test_boolean_knobs_and_lists(capsys) -> None:
         "torch-default",
     )
     assert no_gloo["knobs"]["gloo"] is False and no_gloo["knobs"]["hierarchical_cp"] == [2, 2]
-    # 21 groups, no gloo twins: GTP, DP-CP, DP, CP, HCP L0, HCP L1, MP, TP, PP, EMB, POS, TP-DP-CP, TP-DP, TP-CP,
-    # expert GTP, EP, ETP, TP-EP, TP-EP-PP, expert DP, INTRA
-    assert typical(column(no_gloo, "torch-default"), "groups") == 21
-    assert typical(column(no_gloo, "torch-default"), "comms") == 22
+    # 22 groups, no gloo twins: GTP, DP-CP, DP, CP, HCP L0, HCP L1, MP, TP, PP, EMB, POS, TP-DP-CP, TP-DP, TP-CP,
+    # expert GTP, EP, ETP, TP-EP, TP-EP-PP, TP-EP-PP with EGTP, expert DP, INTRA
+    assert typical(column(no_gloo, "torch-default"), "groups") == 22
+    assert typical(column(no_gloo, "torch-default"), "comms") == 23
 
 
 @pytest.mark.parametrize(

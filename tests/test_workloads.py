@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 
 import pytest
@@ -71,7 +72,7 @@ def test_registry_has_the_five_frameworks_with_sources() -> None:
     for name, generator in GENERATORS.items():
         module = __import__(f"simnccl.workloads.{name}", fromlist=["x"])
         assert module.__doc__ and "Follows" in module.__doc__, name
-        assert "@" in generator.source, name  # the version it follows
+        assert re.search(r"@ \w+|\d+\.\d+\.\d+", generator.source), name  # the commit or release it follows
 
 
 @pytest.mark.parametrize(
@@ -165,12 +166,13 @@ def test_megatron_512_group_families_and_counts(megatron_512) -> None:
         "EXPERT_TENSOR_PARALLEL_GROUP": 64,
         "EXPERT_TENSOR_AND_MODEL_PARALLEL_GROUP": 64,
         "EXPERT_TENSOR_MODEL_PIPELINE_PARALLEL_GROUP": 16,
+        "EXPERT_TENSOR_MODEL_PIPELINE_PARALLEL_GROUP_WITH_EGTP": 16,
         "EXPERT_DATA_PARALLEL_GROUP": 32,
         "EXPERT_DATA_PARALLEL_GROUP_GLOO": 32,
         "INTRA_DISTRIBUTED_OPTIMIZER_INSTANCE_GROUP": 1,
     }
     assert {k: len(v) for k, v in groups.items()} == expected_counts
-    assert len(new_groups(program)) == 2921
+    assert len(new_groups(program)) == 2937
     # Independent expectations: TP = contiguous blocks of 8; DP strided by 8 within a stage of 128; PP strided
     # by 128 (the stage size); embedding = first and last stage; position embedding = first stage.
     assert groups["TENSOR_MODEL_PARALLEL_GROUP"] == [tuple(range(b, b + 8)) for b in range(0, 512, 8)]
@@ -181,8 +183,14 @@ def test_megatron_512_group_families_and_counts(megatron_512) -> None:
     assert groups["EMBEDDING_GROUP"] == [(r, r + 384) for r in range(128)]
     assert groups["POSITION_EMBEDDING_GROUP"] == [(r,) for r in range(128)]
     assert groups["DATA_PARALLEL_GROUP"] == groups["DATA_PARALLEL_GROUP_WITH_CP"]  # cp = 1
-    # one instance: all tp-ep-pp groups batched into one world-sized group (passed unsorted, as Megatron does)
-    assert [tuple(sorted(g)) for g in groups["INTRA_DISTRIBUTED_OPTIMIZER_INSTANCE_GROUP"]] == [tuple(range(512))]
+    # one instance: all tp-ep-pp groups batched into one world-sized group (Megatron passes it unsorted; torch's
+    # new_group sorts it)
+    assert groups["INTRA_DISTRIBUTED_OPTIMIZER_INSTANCE_GROUP"] == [tuple(range(512))]
+    # megatron-core 0.19.2 repeats the tp-ep-pp rank sets in the EGTP family (expert gtp_remat = 1)
+    assert (
+        groups["EXPERT_TENSOR_MODEL_PIPELINE_PARALLEL_GROUP_WITH_EGTP"]
+        == groups["EXPERT_TENSOR_MODEL_PIPELINE_PARALLEL_GROUP"]
+    )
     # Every covering family puts each rank in exactly one group.
     for desc, family in groups.items():
         if desc in ("EMBEDDING_GROUP", "POSITION_EMBEDDING_GROUP"):
@@ -193,7 +201,7 @@ def test_megatron_512_group_families_and_counts(megatron_512) -> None:
 def test_megatron_call_order_follows_initialize_model_parallel(megatron_512) -> None:
     ops = megatron_512[0].ops
     assert isinstance(ops[0], SetDevice)
-    assert ops[1] == InitProcessGroup(backend="nccl")
+    assert ops[1] == InitProcessGroup(backend="nccl", timeout_s=600.0)  # --distributed-timeout-minutes 10
     assert isinstance(ops[-1], Checkpoint) and ops[-1].label == "startup"
     order = []
     for op in new_groups(megatron_512[0]):
@@ -226,6 +234,7 @@ def test_megatron_call_order_follows_initialize_model_parallel(megatron_512) -> 
         "EXPERT_TENSOR_PARALLEL_GROUP",
         "EXPERT_TENSOR_AND_MODEL_PARALLEL_GROUP",
         "EXPERT_TENSOR_MODEL_PIPELINE_PARALLEL_GROUP",
+        "EXPERT_TENSOR_MODEL_PIPELINE_PARALLEL_GROUP_WITH_EGTP",
         "EXPERT_DATA_PARALLEL_GROUP",
         "EXPERT_DATA_PARALLEL_GROUP_GLOO",
         "INTRA_DISTRIBUTED_OPTIMIZER_INSTANCE_GROUP",
@@ -254,9 +263,11 @@ def test_megatron_options_gloo_expert_and_hierarchical_groups() -> None:
         "nccl_comm_cfgs": {"dp_cp": {"is_high_priority_stream": True, "max_ctas": 16}},
         "high_priority_stream_groups": ["tp"],
         "use_sharp": True,
+        "sharp_enabled_group": "dp_replica",
         "gtp_remat_groups": False,
     }
-    program = generate("megatron", args, 16)[0]  # dp = 2
+    programs = generate("megatron", args, 16)  # dp = 2
+    program = programs[0]
     assert not new_groups(program, "gloo")
     groups = by_desc(program)
     assert "GTP_WEIGHT_REMAT_GROUP" not in groups
@@ -271,20 +282,26 @@ def test_megatron_options_gloo_expert_and_hierarchical_groups() -> None:
     assert groups["EXPERT_DATA_PARALLEL_GROUP"] == [(0, 4, 8, 12), (1, 5, 9, 13), (2, 6, 10, 14), (3, 7, 11, 15)]
     assert "HIERARCHICAL_EXPERT_DATA_PARALLEL_GROUP_L1" in groups
     assert len(groups["INTRA_DISTRIBUTED_OPTIMIZER_INSTANCE_GROUP"]) == 2
-    # nccl_comm_cfgs-style options: dp_cp high priority (max_ctas accepted, not modelled), tp via the list
+    # nccl_comm_cfgs-style options, every field kept (max_ctas recorded, not modelled); tp high priority via the list
     for op in new_groups(program):
         high = op.group_desc in ("DATA_PARALLEL_GROUP_WITH_CP", "TENSOR_MODEL_PARALLEL_GROUP")
         assert op.pg_options.is_high_priority_stream is high, op.group_desc
-    barrier = [op for op in program.ops if isinstance(op, Barrier)]
-    assert barrier == [Barrier(group="dp_cp")]  # SHARP materialises the DP-with-CP communicator
+        assert op.pg_options.max_ctas == (16 if op.group_desc == "DATA_PARALLEL_GROUP_WITH_CP" else None)
+    # SHARP on dp_replica: each rank barriers on its inter-partial expert-DP group in every expert-DP iteration
+    # from the one that created it (expert-DP groups (0,4,8,12), (1,5,9,13), ... in that order)
+    for rank, count in ((0, 4), (1, 3), (3, 1), (15, 1)):
+        barriers = [op for op in programs[rank].ops if isinstance(op, Barrier)]
+        assert barriers == [Barrier(group="edp_l1")] * count, rank
+    assert programs[0] is programs[4] and programs[0] is not programs[1]
 
 
 def test_megatron_memory_on_2_15_legacy_and_dedupe() -> None:
     programs = generate("megatron", {"tp": 8, "pp": 2}, 32)
     default = used(run(programs, 4, 8), "startup")
-    # 18 NCCL groups per rank (21 held - 3 gloo) + the default group; +1 position-embedding group on stage 0.
-    stage0 = CONTEXT_MIB + 20 * INIT_MIB
-    others = CONTEXT_MIB + 19 * INIT_MIB
+    # 19 NCCL groups per rank (22 held - 3 gloo; the EGTP family included) + the default group; +1
+    # position-embedding group on stage 0.
+    stage0 = CONTEXT_MIB + 21 * INIT_MIB
+    others = CONTEXT_MIB + 20 * INIT_MIB
     assert [round(v, 1) for v in default] == [round(stage0, 1)] * 16 + [round(others, 1)] * 16
     legacy = used(run(programs, 4, 8, env={"TORCH_DIST_USE_NCCL2": "0"}), "startup")
     assert legacy == [CONTEXT_MIB] * 32
@@ -475,7 +492,7 @@ def test_deepspeed_zero_on_an_eager_device_id_world() -> None:
     programs = generate("deepspeed", {}, 16)
     assert len({id(p) for p in programs}) == 8 and programs[1] is programs[9]
     ops = programs[9].ops
-    assert ops[1] == InitProcessGroup(backend="nccl", device_id=1, timeout_s=1800.0)
+    assert ops[1] == InitProcessGroup(backend="nccl", device_id=1, timeout_s=600.0)  # deepspeed/constants.py
     assert new_groups(programs[0]) == [
         NewGroup(ranks=tuple(range(16)), bind="data_parallel", purpose="dp", traffic="collectives")
     ]
@@ -517,7 +534,8 @@ def test_deepspeed_moe_hpz_and_quantized_gradient_groups() -> None:
     assert binds == (
         ["expert_data_parallel"] * 4
         + ["expert_parallel"] * 4
-        + ["local_all_to_all"] * 10
+        + ["local_all_to_all"] * 2
+        + ["global_all_to_all"] * 8
         + ["data_parallel"]
         + ["zero_param_intra"] * 2
     )

@@ -1,20 +1,24 @@
 """DeepSpeed startup: ``deepspeed.init_distributed`` on an eager ``device_id`` world, then the engine.
 
-Follows deepspeedai/DeepSpeed as ../shared/reference/framework-startup.md §5 describes it at edaa722
-(2026-08-22), read in ``deepspeed/comm/torch.py``, ``deepspeed/utils/groups.py`` (42b542a),
-``deepspeed/runtime/engine.py`` (``_configure_distributed_model``), ``deepspeed/runtime/pipe/module.py``,
-``deepspeed/runtime/pipe/topology.py`` (``ProcessTopology``, ``PipelineParallelGrid``) and
-``deepspeed/runtime/pipe/engine.py``:
+Follows **deepspeed 0.19.8** (the PyPI release): ``deepspeed/constants.py`` (``default_pg_timeout``: 10 minutes,
+``DEEPSPEED_TIMEOUT`` overrides it), ``deepspeed/comm/torch.py`` (``TorchBackend.init_process_group``),
+``deepspeed/utils/groups.py``, ``deepspeed/runtime/engine.py`` (``_configure_distributed_model``),
+``deepspeed/runtime/pipe/module.py`` (``PipelineModule``: world group, grid, tied groups and
+``_synchronize_tied_weights``), ``deepspeed/runtime/pipe/topology.py`` (``ProcessTopology``,
+``PipelineParallelGrid``) and ``deepspeed/runtime/pipe/engine.py``. tests/test_framework_fidelity.py captures
+the real 0.19.8 code up to the engine (which needs CUDA tensors) and checks this generator against it op for op.
 
-1. ``set_device(LOCAL_RANK)``; ``init_process_group(backend="nccl", timeout=30 min,
-   device_id=cuda:LOCAL_RANK)`` (torch >= 2.3): the world is eager and bound, so every later ``new_group``
-   is an ``ncclCommSplit`` over the whole world with a NOCOLOR split on non-members. Programs differ per
-   local rank (the ``device_id``) and, with a pipeline, per stage (the warm-up send/recv).
+1. ``set_device(LOCAL_RANK)``; ``init_process_group(backend="nccl", timeout=10 min,
+   device_id=cuda:LOCAL_RANK)`` (torch >= 2.3, and a world larger than one rank: #8248): the world is eager
+   and bound, so every later ``new_group`` is an ``ncclCommSplit`` over the whole world with a NOCOLOR split on
+   non-members. Programs differ per local rank (the ``device_id``) and, with a pipeline, per stage (the
+   tied-weight broadcast and the warm-up send/recv).
 2. Pipeline (``pp > 1``): ``PipelineModule`` creates ``world_group = new_group(range(W))`` (a duplicate of the
    default group), then ``PipelineParallelGrid`` over ``PipeDataParallelTopology(pp, dp)`` (axes pipe, data;
    ``PipeModelDataParallelTopology`` with ``mp > 1``): one model group per data index, the dp groups, the
-   pipe groups, and the slice groups (W singletons when mp == 1); tied-embedding groups (first and last
-   stage per data index) with ``tied_embeddings``.
+   pipe groups, and the slice groups (W singletons when mp == 1); with ``tied_embeddings``, the tied groups
+   (first and last stage per data and model index), then ``_synchronize_tied_weights``: a broadcast of the tied
+   weight from the first stage on each, by its members.
 3. The engine's ``_configure_distributed_model``: MoE expert and expert-data groups
    (``_create_expert_and_data_parallel``, legacy ordering, ``ep > 1``), the quantized-gradient local
    all-to-all groups (``zero_quantized_gradients``), then the data-parallel group: the grid's with a
@@ -25,8 +29,9 @@ Follows deepspeedai/DeepSpeed as ../shared/reference/framework-startup.md §5 de
 5. ``PipelineEngine``: an ``all_reduce`` of the parameter counts on the model group, then the warm-up
    "send a 0" to the next stage / receive from the previous one, on the default group, by stage parity.
 
-Not modelled: the 1-bit / compressed communication backends' ``world_group``, MiCS, sequence parallelism,
-the ``mp_size > 1`` expert ordering, and ``deepspeed.comm`` timers.
+Payload sizes of the broadcasts are the op's default (the model decides them). Not modelled: the 1-bit /
+compressed communication backends' ``world_group``, MiCS, sequence parallelism, AutoEP, the ``mp_size > 1``
+expert ordering, and ``deepspeed.comm`` timers.
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ from simnccl.workloads._common import BOOL, INT, Config, Generator, Param, Workl
 
 Ranks = tuple[int, ...]
 
-DEFAULT_PG_TIMEOUT_S = 30 * 60.0
+DEFAULT_PG_TIMEOUT_S = 10 * 60.0  # deepspeed/constants.py default_pg_timeout (0.19.8)
 
 PARAMS = (
     Param("dp", INT, None, "data-parallel size (default: world / (pp*mp))", minimum=1),
@@ -50,7 +55,7 @@ PARAMS = (
     Param("zero_quantized_gradients", BOOL, False, "ZeRO++ qgZ: the local all-to-all groups"),
     Param("ep", INT, 1, "MoE expert-parallel size (deepspeed.moe.layer.MoE ep_size)", minimum=1),
     Param("tied_embeddings", BOOL, False, "pipeline TiedLayerSpec on the first and last stage"),
-    Param("device_id", BOOL, True, "pass device_id to init_process_group (DeepSpeed does on torch >= 2.3)"),
+    Param("device_id", BOOL, True, "pass device_id to init_process_group (DeepSpeed does on torch >= 2.3, W > 1)"),
     Param("local_world_size", INT, 8, "processes per node (LOCAL_RANK = rank % local_world_size)", minimum=1),
 )
 
@@ -176,35 +181,51 @@ def expert_groups(config: Config, world_size: int) -> list[tuple[str, list[Ranks
     return [("expert_data_parallel", edp), ("expert_parallel", eps)]
 
 
-def all_to_all_groups(config: Config, world_size: int) -> list[Ranks]:
-    """``_get_local_all_to_all_group`` with ``device_count()`` = local_world_size."""
+def all_to_all_groups(config: Config, world_size: int) -> list[tuple[str, list[Ranks]]]:
+    """``_get_local_all_to_all_group`` with ``device_count()`` = local_world_size: (bind, groups), the node-local
+    groups (``local_{i}``) then, across nodes, one group per local index (``global_{i}``)."""
     per_node = config["local_world_size"]
     num_local = world_size // per_node
     if num_local == 0:
-        return [tuple(range(world_size))]
+        return [("local_all_to_all", [tuple(range(world_size))])]
     if num_local == 1:
-        return [tuple(range(per_node))]
-    groups = [tuple(j + per_node * i for j in range(per_node)) for i in range(num_local)]
-    groups += [tuple(i + j * per_node for j in range(num_local)) for i in range(per_node)]
-    return groups
+        return [("local_all_to_all", [tuple(range(per_node))])]
+    local = [tuple(j + per_node * i for j in range(per_node)) for i in range(num_local)]
+    across = [tuple(i + j * per_node for j in range(num_local)) for i in range(per_node)]
+    return [("local_all_to_all", local), ("global_all_to_all", across)]
 
 
 def _new_groups(bind: str, groups: list[Ranks], purpose: str) -> list[Op]:
     return [NewGroup(ranks=g, bind=bind, purpose=purpose, traffic="collectives") for g in groups]
 
 
-def shared_ops(config: Config, world_size: int) -> list[Op]:
-    """Every group-creation call and collective, identical on every rank (the warm-up p2p comes after)."""
+def module_ops(config: Config, world_size: int) -> list[Op]:
+    """``PipelineModule``'s group calls (none without a pipeline), identical on every rank."""
     ops: list[Op] = []
-    pipeline = config["pp"] > 1
-    if pipeline:
+    if config["pp"] > 1:
         for bind, groups in pipeline_groups(config, world_size):
             ops += _new_groups(bind, groups, bind)
+    return ops
+
+
+def tied_broadcast_ops(config: Config, world_size: int, rank: int) -> list[Op]:
+    """``_synchronize_tied_weights``: a broadcast from the first tied stage on each tied group, by its members."""
+    if config["pp"] == 1 or not config["tied_embeddings"]:
+        return []
+    (tied,) = [groups for bind, groups in pipeline_groups(config, world_size) if bind == "tied_embedding"]
+    return [Broadcast(group="tied_embedding", src=min(g)) for g in tied if rank in g]
+
+
+def engine_ops(config: Config, world_size: int) -> list[Op]:
+    """The engine's and ZeRO's group calls and collectives, identical on every rank (warm-up p2p comes after)."""
+    ops: list[Op] = []
+    pipeline = config["pp"] > 1
     if config["ep"] > 1:
         for bind, groups in expert_groups(config, world_size):
             ops += _new_groups(bind, groups, bind)
     if config["zero_quantized_gradients"]:
-        ops += _new_groups("local_all_to_all", all_to_all_groups(config, world_size), "zero_all_to_all")
+        for bind, groups in all_to_all_groups(config, world_size):
+            ops += _new_groups(bind, groups, "zero_all_to_all")
     if not pipeline:
         ops += _new_groups("data_parallel", [tuple(range(world_size))], "dp")  # _clone_world_group()
     if not config["zero_init"]:
@@ -238,9 +259,9 @@ def warmup_ops(config: Config, world_size: int, rank: int, topo: Topology | None
 
 
 def build(config: Config, world_size: int):
-    shared = shared_ops(config, world_size)
+    module, engine = module_ops(config, world_size), engine_ops(config, world_size)
     local = config["local_world_size"]
-    use_device = config["device_id"]
+    use_device = config["device_id"] and world_size > 1  # DeepSpeed binds no device on a 1-rank world (#8248)
     pipeline = config["pp"] > 1
     topo = topology(config, world_size) if pipeline else None
 
@@ -251,8 +272,9 @@ def build(config: Config, world_size: int):
     def ops_for(k) -> list[Op]:
         device, rank = k
         init = InitProcessGroup(backend="nccl", device_id=device, timeout_s=DEFAULT_PG_TIMEOUT_S)
+        per_stage = [] if rank is None else tied_broadcast_ops(config, world_size, rank)
         warm = warmup_ops(config, world_size, rank, topo) if rank is not None else []
-        return [SetDevice(), init, Checkpoint("after_init"), *shared, *warm, Checkpoint("startup")]
+        return [SetDevice(), init, Checkpoint("after_init"), *module, *per_stage, *engine, *warm, Checkpoint("startup")]
 
     return programs_by_key(world_size, key, ops_for)
 
@@ -260,7 +282,7 @@ def build(config: Config, world_size: int):
 GENERATOR = Generator(
     name="deepspeed",
     framework="DeepSpeed",
-    source="deepspeedai/DeepSpeed @ edaa722 (2026-08-22): deepspeed/comm/torch.py, deepspeed/utils/groups.py, "
+    source="deepspeed 0.19.8: deepspeed/constants.py, deepspeed/comm/torch.py, deepspeed/utils/groups.py, "
     "deepspeed/runtime/engine.py, deepspeed/runtime/pipe/{module,topology,engine}.py",
     params=PARAMS,
     build=build,

@@ -1,26 +1,42 @@
 """Megatron-Core startup: ``initialize_model_parallel`` on every rank, in Megatron's own order.
 
-Follows ``megatron/core/parallel_state.py`` of NVIDIA/Megatron-LM (read at 00caa53, the newest copy in the
-public index, which has hierarchical/hybrid CP, the all-gather group and the distributed-optimizer
-instances), with the 2026-08-22 additions (d98e8a6) that ../shared/reference/framework-startup.md §3
-describes: the GTP weight-rematerialisation groups (W singletons first, and W expert singletons before the
-expert groups, when ``gtp_remat`` is 1). ``megatron/training/initialize.py`` sets the device and calls
-``init_process_group(backend, world_size, rank, timeout)`` with no ``device_id``.
+Follows **megatron-core 0.19.2** (the PyPI wheel): ``megatron/core/parallel_state.py``
+(``initialize_model_parallel``, ``create_group``, ``get_nccl_options``, ``RankGenerator``,
+``create_hierarchical_groups``, ``create_hybrid_dp_cp_groups``, ``create_all_gather_groups``) and
+``megatron/training/initialize.py::_initialize_distributed`` (``torch.cuda.set_device(local_rank)``, then
+``init_process_group(backend, world_size, rank, timeout=distributed_timeout_minutes)`` with no ``device_id``).
+tests/test_framework_fidelity.py captures the real 0.19.2 code and checks this generator against it op for op.
 
 * ``create_group`` is ``torch.distributed.new_group(ranks, timeout, backend, pg_options,
   use_local_synchronization=False, group_desc)`` and **every rank calls it for every group**, so the call
-  list is rank-independent: all ranks share one Program (DESIGN rule 8).
+  list is rank-independent: all ranks share one Program (DESIGN rule 8). Ranks are listed sorted, as torch's
+  ``new_group`` sorts them (Megatron passes the distributed-optimizer instance group unsorted).
 * Rank groups come from ``RankGenerator`` (order ``tp-cp-ep-dp-pp``; missing tokens appended) through
   ``generate_masked_orthogonal_rank_groups``, re-implemented here (``masked_orthogonal_groups``); the expert
-  generator has ``cp=1`` and the expert sizes.
-* ``pg_options = get_nccl_options(name, nccl_comm_cfgs)``: a ``ProcessGroupNCCL.Options`` for names in
-  ``nccl_comm_cfgs`` (``high_priority_stream_groups`` add ``is_high_priority_stream``), else None. Only
-  ``is_high_priority_stream`` is modelled (``PgOptions``); ``cga_cluster_size``/``max_ctas``/``min_ctas``/
-  ``net_name`` are accepted and validated but change nothing in the simulation (documented gap).
-* Gloo twins (``create_gloo_process_groups``, default on): DP-with-CP, DP, expert-DP, the intra-partial
-  DP groups and the hierarchical expert-DP levels, created right after their NCCL group, with no options.
-* SHARP (``use_sharp``): ``NCCL_COLLNET_ENABLE`` is not modelled, the forced ``barrier`` on the DP-with-CP
-  group is (it is the one collective of the startup and materialises that communicator on lazy backends).
+  generator has ``cp=1`` and the expert sizes. The ``gtp_remat`` axis 0.19.2 injects has size 1 (GTP needs
+  TransformerEngine): its groups are the two families of W singletons (``GTP_WEIGHT_REMAT_GROUP`` first,
+  ``EXPERT_GTP_WEIGHT_REMAT_GROUP`` before the expert groups), and ``tp-ep-gtp_remat-pp`` equals ``tp-ep-pp``,
+  so ``EXPERT_TENSOR_MODEL_PIPELINE_PARALLEL_GROUP_WITH_EGTP`` (created unconditionally) repeats those rank sets.
+* ``pg_options = get_nccl_options(name, nccl_comm_cfgs)``: a ``ProcessGroupNCCL.Options(is_high_priority_stream)``
+  with ``config.cga_cluster_size``/``max_ctas``/``min_ctas``/``net_name`` for names in ``nccl_comm_cfgs`` (the
+  ``--nccl-communicator-config-path`` YAML; ``high_priority_stream_groups`` add ``is_high_priority_stream``),
+  else None. Every field is kept in ``PgOptions``; ``max_ctas``/``min_ctas``/``cga_cluster_size``/``net_name``
+  are recorded but not modelled yet (``PgOptions.unmodelled``). A ``net_name`` other than IB/socket raises in
+  Megatron, and is refused here.
+* Gloo twins (``create_gloo_process_groups``, default on): DP-with-CP, DP, expert-DP, the intra-partial DP groups
+  and the hierarchical expert-DP levels, right after their NCCL group; the hierarchical twins receive the
+  level's NCCL ``pg_options`` too, as Megatron passes them.
+* SHARP (``use_sharp``): with the default ``sharp_enabled_group`` ("dp"), 0.19.2 raises ``AssertionError: data
+  parallel group with CP (with GTP_remat) is not initialized`` right after the DP-with-CP groups (its SHARP
+  barrier reads a group assigned later in the function): that configuration is refused, quoting the error.
+  With ``sharp_enabled_group = "dp_replica"`` (two or more distributed-optimizer instances) Megatron runs, and
+  each rank issues a ``barrier`` on its inter-partial expert-DP group in every expert-DP iteration from the one
+  that created it on: those barriers are modelled (ranks then differ: one Program per expert-DP group).
+  ``NCCL_COLLNET_ENABLE`` itself is not modelled.
+* ``all_gather_group`` (``--create-all-gather-group``): ``megatron/training/training.py::get_model`` calls
+  ``create_all_gather_groups`` after ``initialize_model_parallel``: ``DATA_PARALLEL_GROUP_WITH_CP_AG`` per
+  DP-with-CP group, and ``EXPERT_DATA_PARALLEL_GROUP_AG`` per expert-DP group when ep > 1, without pg_options
+  (training passes no NCCL configs there).
 """
 
 from __future__ import annotations
@@ -39,7 +55,7 @@ from simnccl.workloads._common import (
     Generator,
     Param,
     WorkloadError,
-    same_for_all,
+    programs_by_key,
 )
 
 Ranks = tuple[int, ...]
@@ -69,8 +85,15 @@ NCCL_CFG_NAMES = (
     "inter_ep_dp",
     "intra_dist_opt_instance",
     "gtp_remat",
+    "gtp_remat_dp",
+    "gtp_remat_dp_cp",
+    "expt_gtp_remat",
+    "tp_ep_gtp_remat_pp",
+    "ep_gtp_remat_dp",
 )
 NCCL_CFG_KEYS = ("is_high_priority_stream", "cga_cluster_size", "max_ctas", "min_ctas", "net_name")
+NCCL_NET_NAMES = ("ib", "socket")  # get_nccl_options raises RuntimeError for any other net_name (case-insensitive)
+SHARP_ASSERTION = "data parallel group with CP (with GTP_remat) is not initialized"
 
 PARAMS = (
     Param("tp", INT, 1, "tensor_model_parallel_size", minimum=1),
@@ -84,12 +107,13 @@ PARAMS = (
     Param("hybrid_cp", BOOL, False, "hybrid_context_parallel: HYBRID_DP_CP groups of every power of 2"),
     Param("num_distributed_optimizer_instances", INT, 1, "distributed-optimizer instances", minimum=1),
     Param("gloo", BOOL, True, "create_gloo_process_groups"),
-    Param("all_gather_group", BOOL, False, "create_all_gather_group: a second DP-with-CP NCCL group"),
-    Param("use_sharp", BOOL, False, "SHARP on the dp group: a barrier on DP-with-CP right after it is created"),
+    Param("all_gather_group", BOOL, False, "--create-all-gather-group: create_all_gather_groups after startup"),
+    Param("use_sharp", BOOL, False, "--use-sharp (0.19.2 raises with sharp_enabled_group 'dp', the default)"),
+    Param("sharp_enabled_group", STR, None, "--sharp-enabled-group (default 'dp')", choices=(None, "dp", "dp_replica")),
     Param("pipeline_comm_backend", STR, None, "pipeline_model_parallel_comm_backend", choices=(None, "nccl")),
     Param("nccl_comm_cfgs", TABLE, None, "per-group NCCL options (the --nccl-communicator-config-path YAML)"),
     Param("high_priority_stream_groups", STR_LIST, None, "group names whose options get is_high_priority_stream"),
-    Param("gtp_remat_groups", BOOL, True, "d98e8a6's GTP weight-remat groups (W singletons at gtp_remat=1)"),
+    Param("gtp_remat_groups", BOOL, True, "the GTP weight-remat singleton families (False: not 0.19.2's startup)"),
     Param("distributed_timeout_minutes", INT, 10, "--distributed-timeout-minutes (Megatron's default 10)", 1),
     Param("backend", STR, "nccl", "--distributed-backend", choices=("nccl",)),
 )
@@ -241,14 +265,41 @@ def check(config: Config, world_size: int) -> None:
                 raise WorkloadError(
                     f"nccl_comm_cfgs.{name}.{key}", f"unknown NCCL option; expected one of {', '.join(NCCL_CFG_KEYS)}"
                 )
+            where = f"nccl_comm_cfgs.{name}.{key}"
             if key == "is_high_priority_stream" and not isinstance(value, bool):
-                raise WorkloadError(f"nccl_comm_cfgs.{name}.{key}", f"expected a boolean, got {value!r}")
+                raise WorkloadError(where, f"expected a boolean, got {value!r}")
+            if key in ("cga_cluster_size", "max_ctas", "min_ctas") and (
+                not isinstance(value, int) or isinstance(value, bool)
+            ):
+                raise WorkloadError(where, f"expected an integer, got {value!r}")
+            if key == "net_name" and (not isinstance(value, str) or value.lower() not in NCCL_NET_NAMES):
+                raise WorkloadError(where, f"net_name ({value}) is not supported. Accepted values: 'IB' or 'socket'.")
     for name in config["high_priority_stream_groups"] or ():
         if name not in NCCL_CFG_NAMES:
             raise WorkloadError(
                 "high_priority_stream_groups",
                 f"unknown group name {name!r}; expected one of {', '.join(NCCL_CFG_NAMES)}",
             )
+    _check_sharp(config)
+
+
+def _check_sharp(config: Config) -> None:
+    """Megatron-Core 0.19.2's own SHARP assertions, and the AssertionError its default SHARP path raises."""
+    group = config["sharp_enabled_group"]
+    if not config["use_sharp"]:
+        if group is not None:
+            raise WorkloadError("sharp_enabled_group", "sharp_enabled_group is only valid when use_sharp is True")
+        return
+    if group == "dp_replica" and config["num_distributed_optimizer_instances"] < 2:
+        raise WorkloadError("sharp_enabled_group", "dp_replica group requires num_distributed_optimizer_instances > 1")
+    if group in (None, "dp"):
+        raise WorkloadError(
+            "use_sharp",
+            f"megatron-core 0.19.2 raises AssertionError: {SHARP_ASSERTION} in initialize_model_parallel, right "
+            "after creating the DATA_PARALLEL_GROUP_WITH_CP groups (its SHARP barrier reads a group assigned "
+            'later in the function); this startup never completes. Use sharp_enabled_group = "dp_replica" '
+            "(with num_distributed_optimizer_instances > 1) or use_sharp = false",
+        )
 
 
 # ---------------------------------------------------------------------------------------------- the program
@@ -260,7 +311,13 @@ def _nccl_options(config: Config) -> dict[str, PgOptions]:
     for name in config["high_priority_stream_groups"] or ():
         cfgs.setdefault(name, {})["is_high_priority_stream"] = True
     return {
-        name: PgOptions(is_high_priority_stream=bool(table.get("is_high_priority_stream", False)))
+        name: PgOptions(
+            is_high_priority_stream=bool(table.get("is_high_priority_stream", False)),
+            cga_cluster_size=table.get("cga_cluster_size"),
+            max_ctas=table.get("max_ctas"),
+            min_ctas=table.get("min_ctas"),
+            net_name=table.get("net_name"),
+        )
         for name, table in cfgs.items()
     }
 
@@ -285,10 +342,10 @@ class _Ops:
         backend: str | None = None,
         timeout: bool = True,
     ) -> None:
-        options = self.options.get(cfg, NO_OPTIONS) if cfg is not None and backend != "gloo" else NO_OPTIONS
+        options = self.options.get(cfg, NO_OPTIONS) if cfg is not None else NO_OPTIONS
         self.ops.append(
             NewGroup(
-                ranks=tuple(ranks),
+                ranks=tuple(sorted(ranks)),
                 bind=bind,
                 backend=backend,
                 pg_options=options,
@@ -316,8 +373,12 @@ def _hierarchical(ranks: Ranks, sizes: Sequence[int]) -> list[list[Ranks]]:
     return levels
 
 
-def startup_ops(config: Config, world_size: int) -> list[Op]:
-    """Every call of Megatron's startup, in order (the same list on every rank)."""
+def startup_ops(config: Config, world_size: int, edp_index: int | None = None) -> list[Op]:
+    """Every call of Megatron's startup, in order.
+
+    The same list on every rank, except with SHARP on ``dp_replica``: ``edp_index`` is then the index of the
+    rank's expert-DP group, from whose iteration on the rank issues its barriers.
+    """
     tp, pp, cp, ep = config["tp"], config["pp"], config["cp"], config["ep"]
     etp = config["etp"] if config["etp"] is not None else tp
     dp = _dp(config, world_size)
@@ -327,7 +388,11 @@ def startup_ops(config: Config, world_size: int) -> list[Op]:
     decoder = RankGenerator(tp, 1, dp, pp, cp, config["order"])
     expert = RankGenerator(etp, ep, edp, pp, 1, config["order"])
     b = _Ops(config)
-    b.ops += [SetDevice(), InitProcessGroup(backend=config["backend"]), Checkpoint("after_init")]
+    b.ops += [
+        SetDevice(),
+        InitProcessGroup(backend=config["backend"], timeout_s=b.timeout_s),
+        Checkpoint("after_init"),
+    ]
 
     if config["gtp_remat_groups"]:  # gtp_remat = 1: one singleton per rank, before everything else
         for r in range(world_size):
@@ -336,8 +401,6 @@ def startup_ops(config: Config, world_size: int) -> list[Op]:
     intra = (dp * cp) // instances
     for ranks in decoder.get_ranks("dp-cp"):
         b.create(ranks, "DATA_PARALLEL_GROUP_WITH_CP", "dp_cp", cfg="dp_cp", purpose="dp")
-        if config["all_gather_group"]:
-            b.create(ranks, "DATA_PARALLEL_GROUP_WITH_CP_AG", "dp_cp_ag", cfg="dp_cp", purpose="dp")
         if gloo:
             b.create(ranks, "DATA_PARALLEL_GROUP_WITH_CP_GLOO", "dp_cp_gloo", cfg=None, purpose="dp", backend="gloo")
         if instances > 1:
@@ -355,8 +418,6 @@ def startup_ops(config: Config, world_size: int) -> list[Op]:
                         purpose="dp",
                         backend="gloo",
                     )
-    if config["use_sharp"]:
-        b.ops.append(Barrier(group="dp_cp"))
 
     if config["hybrid_cp"]:
         for ranks in decoder.get_ranks("dp-cp"):
@@ -416,7 +477,9 @@ def startup_ops(config: Config, world_size: int) -> list[Op]:
 
     if config["gtp_remat_groups"]:  # expert gtp_remat = 1: W singletons again
         for r in range(world_size):
-            b.create((r,), "EXPERT_GTP_WEIGHT_REMAT_GROUP", "expert_gtp_remat", cfg="gtp_remat", purpose="gtp_remat")
+            b.create(
+                (r,), "EXPERT_GTP_WEIGHT_REMAT_GROUP", "expert_gtp_remat", cfg="expt_gtp_remat", purpose="gtp_remat"
+            )
 
     for ranks in expert.get_ranks("ep"):
         b.create(ranks, "EXPERT_MODEL_PARALLEL_GROUP", "ep", cfg="ep", purpose="ep")
@@ -426,9 +489,18 @@ def startup_ops(config: Config, world_size: int) -> list[Op]:
         b.create(ranks, "EXPERT_TENSOR_AND_MODEL_PARALLEL_GROUP", "tp_ep", cfg="tp_ep_mp", purpose="tp_ep")
     for ranks in expert.get_ranks("tp-ep-pp"):
         b.create(ranks, "EXPERT_TENSOR_MODEL_PIPELINE_PARALLEL_GROUP", "tp_ep_pp", cfg="tp_ep_pp", purpose="tp_ep_pp")
+    for ranks in expert.get_ranks("tp-ep-pp"):  # 'tp-ep-gtp_remat-pp' with gtp_remat = 1: the same rank sets
+        b.create(
+            ranks,
+            "EXPERT_TENSOR_MODEL_PIPELINE_PARALLEL_GROUP_WITH_EGTP",
+            "tp_ep_pp_egtp",
+            cfg="tp_ep_gtp_remat_pp",
+            purpose="tp_ep_pp",
+        )
 
     intra_edp = edp // instances
-    for ranks in expert.get_ranks("dp"):
+    sharp_replica = config["use_sharp"] and config["sharp_enabled_group"] == "dp_replica"
+    for index, ranks in enumerate(expert.get_ranks("dp")):
         b.create(ranks, "EXPERT_DATA_PARALLEL_GROUP", "edp", cfg="ep_dp", purpose="edp")
         if gloo:
             b.create(
@@ -451,15 +523,18 @@ def startup_ops(config: Config, world_size: int) -> list[Op]:
                         cfg=cfg_names[level],
                         purpose="edp",
                     )
-                    if gloo:
+                    if gloo:  # create_hierarchical_groups passes the level's NCCL options to the gloo twin too
                         b.create(
                             sub,
                             f"HIERARCHICAL_EXPERT_DATA_PARALLEL_GROUP_GLOO_L{level}",
                             f"edp_gloo_l{level}",
-                            cfg=None,
+                            cfg=cfg_names[level],
                             purpose="edp",
                             backend="gloo",
                         )
+            if sharp_replica and edp_index is not None and index >= edp_index:
+                # SHARP on dp_replica: a barrier on the rank's inter-partial expert-DP group, once it has one
+                b.ops.append(Barrier(group="edp_l1"))
 
     batch: list[int] = []
     for index, ranks in enumerate(expert.get_ranks("tp-ep-pp"), start=1):
@@ -474,18 +549,32 @@ def startup_ops(config: Config, world_size: int) -> list[Op]:
             )
             batch = []
 
+    if config["all_gather_group"]:  # training.get_model: create_all_gather_groups(nccl_comm_cfgs=None)
+        for ranks in decoder.get_ranks("dp-cp"):
+            b.create(ranks, "DATA_PARALLEL_GROUP_WITH_CP_AG", "dp_cp_ag", cfg=None, purpose="dp")
+        if ep > 1:
+            for ranks in expert.get_ranks("dp"):
+                b.create(ranks, "EXPERT_DATA_PARALLEL_GROUP_AG", "edp_ag", cfg=None, purpose="edp")
+
     b.ops.append(Checkpoint("startup"))
     return b.ops
 
 
 def build(config: Config, world_size: int):
-    return same_for_all(world_size, startup_ops(config, world_size))
+    if not (config["use_sharp"] and config["sharp_enabled_group"] == "dp_replica"):
+        shared = startup_ops(config, world_size)
+        return programs_by_key(world_size, lambda rank: None, lambda _: shared)
+    etp = config["etp"] if config["etp"] is not None else config["tp"]
+    edp = world_size // (etp * config["ep"] * config["pp"])
+    expert = RankGenerator(etp, config["ep"], edp, config["pp"], 1, config["order"])
+    index_of = {r: i for i, ranks in enumerate(expert.get_ranks("dp")) for r in ranks}
+    return programs_by_key(world_size, index_of.__getitem__, lambda i: startup_ops(config, world_size, i))
 
 
 GENERATOR = Generator(
     name="megatron",
     framework="Megatron-Core",
-    source="NVIDIA/Megatron-LM megatron/core/parallel_state.py @ 00caa53 (+ d98e8a6 GTP groups, 2026-08-22)",
+    source="megatron-core 0.19.2: megatron/core/parallel_state.py, megatron/training/initialize.py",
     params=PARAMS,
     build=build,
     natural_world=natural_world,

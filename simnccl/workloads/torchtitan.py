@@ -1,21 +1,25 @@
 """torchtitan startup: ``init_distributed`` then ``ParallelDims.build_mesh`` through torch's DeviceMesh.
 
-Follows ``torchtitan/distributed/parallel_dims.py`` and ``torchtitan/distributed/utils.py`` of
-pytorch/torchtitan as ../shared/reference/framework-startup.md §4 describes them at b5bcd76 (2026-08-21)
-(the newest copy in the public index has the same ``unflatten_mesh``/``_mesh_exist`` rules), and torch 2.15's
-``torch/distributed/device_mesh.py`` (``_init_one_process_group``, ``_unflatten``, ``_flatten``) from the
-installed wheel:
+Follows **torchtitan 0.3.0** (the PyPI release): ``torchtitan/distributed/parallel_dims.py`` (``ParallelDims``,
+``_mesh_exist``, ``build_mesh``), ``torchtitan/distributed/utils.py`` (``init_distributed``) and
+``torchtitan/config/configs.py`` (``CommConfig.init_timeout_seconds`` = 300, ``ParallelismConfig.spmd_backend``),
+and torch 2.15's ``torch/distributed/device_mesh.py`` (``_init_one_process_group``, ``_unflatten``,
+``_flatten``) from the installed wheel. tests/test_framework_fidelity.py captures the real 0.3.0 code and checks
+this generator against it op for op.
 
 1. ``torch.cuda.set_device(LOCAL_RANK)``; ``init_process_group(backend="nccl"`` (``"cuda:nccl,cpu:gloo"``
    with ``enable_cpu_backend``), ``timeout=300 s, device_id=None)`` — ``device_id=cuda:LOCAL_RANK`` only with
-   ``--comm.mode=torchcomms`` (the ``device_id`` knob).
+   ``--comm.mode=torchcomms`` (the ``device_id`` knob; not checked against the real code, which needs the
+   torchcomms package).
 2. ``init_device_mesh(device, (W,), ("world",))``: the world dim reuses the default group (no call).
 3. ``_unflatten``s of the world mesh, in order: dataloading ``(pp, batch, cp, tp)``; loss
-   ``dataloading["batch", "cp"]._flatten("loss_mesh")``; with ``spmd_types`` (the default at b5bcd76)
-   dense_fsdp ``(pp, dp_replicate, dp_shard, cp, tp)`` and dense_fwdbwd ``(pp, dp, cp, tp)``, else the legacy
-   dense ``(pp, dp_replicate, fsdp, tp)``; sparse ``(pp, dp_replicate, efsdp, ep)``.
+   ``dataloading["batch", "cp"]._flatten("loss_mesh")``; then by ``spmd_backend``: ``spmd_types`` (the default)
+   dense_fsdp ``(pp, dp_replicate, dp_shard, cp, tp)`` and dense_fwdbwd ``(pp, dp, cp, tp)``; ``full_dtensor``
+   dense ``(pp, dp_replicate, dp_shard, cp, tp)`` only; ``partial_dtensor`` dense ``(pp, dp_replicate, fsdp,
+   tp)``; last, sparse ``(pp, dp_replicate, efsdp, ep)``.
    A dim gets ``backend_override="fake"`` unless ``_mesh_exist``: degree > 1, or ``fsdp``/``dp_shard``
-   (always real), or ``efsdp`` with ep > 1. The flattened loss dim has no override (always real).
+   (always real; ``dp_shard`` only exists under spmd_types/full_dtensor), or ``efsdp`` with ep > 1. The
+   flattened loss dim has no override (always real).
 4. Per dim, ``DeviceMesh._init_one_process_group``: a real dim spanning the whole world reuses the default
    group; else, when the default group is bound to a device (``device_id``) and the dim has no override, ONE
    ``split_group(split_ranks=<every subgroup>, group_desc=f"mesh_{dim}")``; else a ``new_group(ranks,
@@ -39,11 +43,12 @@ import itertools
 from collections.abc import Sequence
 
 from simnccl.ops import Checkpoint, InitProcessGroup, NewGroup, Op, SetDevice, SplitGroup
-from simnccl.workloads._common import BOOL, INT, Config, Generator, Param, WorkloadError, programs_by_key
+from simnccl.workloads._common import BOOL, INT, STR, Config, Generator, Param, WorkloadError, programs_by_key
 
 Ranks = tuple[int, ...]
 
-INIT_TIMEOUT_S = 300.0
+INIT_TIMEOUT_S = 300.0  # CommConfig.init_timeout_seconds
+SPMD_BACKENDS = ("spmd_types", "full_dtensor", "partial_dtensor")
 
 PARAMS = (
     Param("dp_replicate", INT, 1, "--parallelism.data_parallel_replicate_degree", minimum=1),
@@ -52,7 +57,7 @@ PARAMS = (
     Param("tp", INT, 1, "--parallelism.tensor_parallel_degree", minimum=1),
     Param("pp", INT, 1, "--parallelism.pipeline_parallel_degree", minimum=1),
     Param("ep", INT, 1, "--parallelism.expert_parallel_degree", minimum=1),
-    Param("spmd_types", BOOL, True, "b5bcd76's dense_fsdp + dense_fwdbwd meshes (False: the legacy fsdp mesh)"),
+    Param("spmd_backend", STR, "spmd_types", "--parallelism.spmd_backend: which dense meshes", choices=SPMD_BACKENDS),
     Param("device_id", BOOL, False, "--comm.mode=torchcomms: init_process_group(device_id=cuda:LOCAL_RANK)"),
     Param("split_group", BOOL, None, "emit DeviceMesh's split_group branch (default: with device_id)"),
     Param("enable_cpu_backend", BOOL, False, "--training.enable_cpu_offload: cuda:nccl,cpu:gloo default group"),
@@ -127,9 +132,12 @@ def meshes(config: Config, world_size: int) -> list[tuple[str, tuple[str, ...], 
     batch = dpr * dps
     out = [("dataloading", ("pp", "batch", "cp", "tp"), (pp, batch, cp, tp), ())]
     out.append(("loss", ("loss_mesh",), (pp, batch, cp, tp), (1, 2)))
-    if config["spmd_types"]:
+    backend = config["spmd_backend"]
+    if backend == "spmd_types":
         out.append(("dense_fsdp", ("pp", "dp_replicate", "dp_shard", "cp", "tp"), (pp, dpr, dps, cp, tp), ()))
         out.append(("dense_fwdbwd", ("pp", "dp", "cp", "tp"), (pp, batch, cp, tp), ()))
+    elif backend == "full_dtensor":
+        out.append(("dense", ("pp", "dp_replicate", "dp_shard", "cp", "tp"), (pp, dpr, dps, cp, tp), ()))
     else:
         out.append(("dense", ("pp", "dp_replicate", "fsdp", "tp"), (pp, dpr, dps * cp, tp), ()))
     out.append(("sparse", ("pp", "dp_replicate", "efsdp", "ep"), (pp, dpr, dps * cp * tp // ep, ep), ()))
@@ -198,8 +206,8 @@ def build(config: Config, world_size: int):
 GENERATOR = Generator(
     name="torchtitan",
     framework="torchtitan (DeviceMesh)",
-    source="pytorch/torchtitan torchtitan/distributed/parallel_dims.py @ b5bcd76 (2026-08-21) + torch 2.15 "
-    "torch/distributed/device_mesh.py",
+    source="torchtitan 0.3.0: torchtitan/distributed/parallel_dims.py, torchtitan/distributed/utils.py "
+    "+ torch 2.15 torch/distributed/device_mesh.py",
     params=PARAMS,
     build=build,
     natural_world=natural_world,

@@ -1,0 +1,169 @@
+"""The real frameworks' startup code, driven by the simnccl generators' own knobs (not collected by pytest).
+
+Each function takes the knob table a ``simnccl.workloads`` generator takes and runs the pinned framework's own
+code with the same settings, so ``simnccl.capture`` records what the framework really calls and
+tests/test_framework_fidelity.py can compare it with the generator op for op. Only the framework's entry
+points are called; the lines written here are the glue a training script has around them, each said where it
+comes from:
+
+* ``megatron_startup``: megatron-core 0.19.2. ``megatron/training/initialize.py::_initialize_distributed`` is
+  re-typed (``megatron.training`` needs Python >= 3.12: it imports ``typing.override``): ``set_device`` then
+  ``init_process_group(backend, world_size, rank, timeout)``; then the real
+  ``parallel_state.initialize_model_parallel`` with the arguments ``_initialize_distributed`` passes, and,
+  for ``all_gather_group``, the real ``create_all_gather_groups`` as ``training.get_model`` calls it.
+* ``torchtitan_startup``: torchtitan 0.3.0's real ``init_distributed(CommConfig())`` and
+  ``ParallelDims(...).build_mesh()``, after the trainer's ``set_device``.
+* ``deepspeed_startup``: deepspeed 0.19.8's real ``deepspeed.init_distributed()``, ``PipelineModule`` (layers
+  without parameters: ``PipelineModule`` moves itself to ``cuda:N``, and there are no CUDA tensors in a
+  capture yet), and the ``deepspeed.utils.groups`` functions the engine calls, in the engine's order (the engine
+  itself, ``deepspeed.initialize``, needs CUDA tensors: its collectives are not captured).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator, Mapping
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+PINNED = {"megatron-core": "0.19.2", "torchtitan": "0.3.0", "deepspeed": "0.19.8"}
+
+
+def _local_rank() -> int:
+    return int(os.environ["LOCAL_RANK"])
+
+
+# ---------------------------------------------------------------------------------------------- Megatron-Core
+
+
+def megatron_startup(knobs: Mapping[str, Any], nccl_config_path: str | None = None) -> None:
+    """``_initialize_distributed`` + ``initialize_model_parallel`` (+ ``create_all_gather_groups``).
+
+    ``nccl_config_path``: the ``--nccl-communicator-config-path`` YAML holding ``knobs["nccl_comm_cfgs"]``
+    (written by the caller before the capture forks).
+    """
+    from megatron.core import parallel_state
+
+    minutes = knobs.get("distributed_timeout_minutes", 10)
+    torch.cuda.set_device(_local_rank())
+    dist.init_process_group(
+        backend=knobs.get("backend", "nccl"),
+        world_size=int(os.environ["WORLD_SIZE"]),
+        rank=int(os.environ["RANK"]),
+        timeout=timedelta(minutes=minutes),
+    )
+    parallel_state.initialize_model_parallel(
+        knobs.get("tp", 1),
+        knobs.get("pp", 1),
+        None,
+        pipeline_model_parallel_comm_backend=knobs.get("pipeline_comm_backend"),
+        use_sharp=knobs.get("use_sharp", False),
+        context_parallel_size=knobs.get("cp", 1),
+        hierarchical_context_parallel_sizes=knobs.get("hierarchical_cp"),
+        hybrid_context_parallel=knobs.get("hybrid_cp", False),
+        expert_model_parallel_size=knobs.get("ep", 1),
+        num_distributed_optimizer_instances=knobs.get("num_distributed_optimizer_instances", 1),
+        expert_tensor_parallel_size=knobs.get("etp"),
+        distributed_timeout_minutes=minutes,
+        nccl_communicator_config_path=nccl_config_path,
+        order=knobs.get("order", "tp-cp-ep-dp-pp"),
+        create_gloo_process_groups=knobs.get("gloo", True),
+        high_priority_stream_groups=knobs.get("high_priority_stream_groups"),
+        sharp_enabled_group=knobs.get("sharp_enabled_group"),
+    )
+    if knobs.get("all_gather_group", False):
+        parallel_state.create_all_gather_groups(
+            for_expert_parallelism=knobs.get("ep", 1) > 1, timeout=timedelta(minutes=minutes)
+        )
+
+
+# ---------------------------------------------------------------------------------------------- torchtitan
+
+
+def torchtitan_startup(knobs: Mapping[str, Any]) -> None:
+    """The trainer's ``set_device``, ``init_distributed(CommConfig())`` and ``ParallelDims.build_mesh()``."""
+    from torchtitan.config.configs import CommConfig
+    from torchtitan.distributed.parallel_dims import ParallelDims
+    from torchtitan.distributed.utils import init_distributed
+
+    torch.cuda.set_device(_local_rank())
+    world = init_distributed(CommConfig(), enable_cpu_backend=knobs.get("enable_cpu_backend", False))
+    ParallelDims(
+        dp_replicate=knobs.get("dp_replicate", 1),
+        dp_shard=knobs.get("dp_shard", -1),
+        cp=knobs.get("cp", 1),
+        tp=knobs.get("tp", 1),
+        pp=knobs.get("pp", 1),
+        ep=knobs.get("ep", 1),
+        world_size=world,
+        spmd_backend=knobs.get("spmd_backend", "spmd_types"),
+    ).build_mesh()
+
+
+# ---------------------------------------------------------------------------------------------- DeepSpeed
+
+
+@contextlib.contextmanager
+def deepspeed_on_cuda() -> Iterator[None]:
+    """Import DeepSpeed with its CUDA accelerator chosen (it detects none on a CPU-only machine and caches
+    the choice); the environment is restored, the accelerator stays cached."""
+    saved = os.environ.get("DS_ACCELERATOR")
+    os.environ["DS_ACCELERATOR"] = "cuda"
+    try:
+        from deepspeed.accelerator import get_accelerator
+
+        get_accelerator()
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("DS_ACCELERATOR", None)
+        else:
+            os.environ["DS_ACCELERATOR"] = saved
+
+
+class _TiedEmbedding(torch.nn.Module):
+    """A tied layer whose ``weight`` is a plain attribute: nothing for ``PipelineModule.to(cuda:N)`` to move."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = torch.zeros(4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # pragma: no cover - never run
+        return x
+
+
+def deepspeed_startup(knobs: Mapping[str, Any]) -> None:
+    """``set_device`` (as DeepSpeed's examples do), ``deepspeed.init_distributed()``, the pipeline module, and
+    the groups the engine's ``_configure_distributed_model`` and ZeRO-3 create, in that order."""
+    import deepspeed
+    from deepspeed.runtime.pipe.module import LayerSpec, PipelineModule, TiedLayerSpec
+    from deepspeed.runtime.pipe.topology import PipeDataParallelTopology, PipeModelDataParallelTopology
+    from deepspeed.utils import groups
+
+    torch.cuda.set_device(_local_rank())
+    deepspeed.init_distributed()
+    pp, mp = knobs.get("pp", 1), knobs.get("mp", 1)
+    world = dist.get_world_size()
+    if pp > 1:
+        dp = world // (pp * mp)
+        topology = (
+            PipeModelDataParallelTopology(num_pp=pp, num_mp=mp, num_dp=dp)
+            if mp > 1
+            else PipeDataParallelTopology(num_pp=pp, num_dp=dp)
+        )
+        layers: list[Any] = [LayerSpec(torch.nn.Identity) for _ in range(pp)]
+        if knobs.get("tied_embeddings", False):
+            layers[0] = layers[-1] = TiedLayerSpec("embedding", _TiedEmbedding)
+        module = PipelineModule(layers, topology=topology, partition_method="uniform")
+        groups.mpu = module.mpu()  # what PipelineEngine hands the engine (deepspeed.initialize(mpu=...))
+    if knobs.get("ep", 1) > 1:
+        groups._create_expert_and_data_parallel(knobs["ep"])  # deepspeed.moe.layer.MoE.set_deepspeed_parallelism
+    if knobs.get("zero_quantized_gradients", False):
+        groups._get_local_all_to_all_group()
+    groups._get_data_parallel_group()  # the engine's data-parallel group: a world clone without a pipeline
+    if knobs.get("zero_hpz_partition_size", 1) > 1:
+        groups._create_zero_param_parallel_group(knobs["zero_hpz_partition_size"])

@@ -1,0 +1,353 @@
+"""The real frameworks as fixtures: their own startup code, captured, equals the generators op for op.
+
+megatron-core 0.19.2, torchtitan 0.3.0 and deepspeed 0.19.8 (pinned in .ci/frameworks-requirements.txt) run
+unmodified under ``simnccl.capture`` (tests/framework_startups.py drives them with the generators' own knobs),
+at several configurations and worlds of 8-32 ranks; each capture must equal the ``simnccl.workloads`` generator
+for the same knobs: the same calls in the same order, with the same rank sets, backends, group descriptions,
+timeouts and every pg_options field, the same group families (handles, compared up to renaming), and the same
+ranks sharing a Program. ``bind``/``purpose``/``traffic`` are simnccl annotations, not torch arguments, and are
+not compared. A framework that is not installed (or not at the pinned version) skips its tests, saying so.
+
+Each framework is imported once in this worker; capture forks one child per rank from it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib
+import importlib.metadata
+import json
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch")
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import framework_startups as startups
+
+from simnccl import capture as cap
+from simnccl.ops import AllReduce, Broadcast, Collective, Op, PgOptions, Program, Recv, Send, SplitGroup
+from simnccl.scenario import load_scenario
+from simnccl.testing import simulate
+from simnccl.workloads import WorkloadError, generate
+from simnccl.workloads import megatron as mg
+
+pytestmark = pytest.mark.torch
+
+REQUIREMENTS = ".ci/frameworks-requirements.txt"
+
+
+def _require(distribution: str, *modules: str, importing: Any = None) -> None:
+    """Import ``modules`` here (forked ranks inherit them), or skip: not installed, another version, or broken.
+
+    ``importing``: a context manager to import them in (DeepSpeed picks its accelerator at first import).
+    """
+    pinned = startups.PINNED[distribution]
+    try:
+        version = importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip(f"{distribution} {pinned} is not installed (install it as {REQUIREMENTS} says)")
+    if version != pinned:
+        pytest.skip(f"{distribution} {version} is installed; these tests pin {pinned} ({REQUIREMENTS})")
+    try:
+        with importing or contextlib.nullcontext():
+            for module in modules:
+                importlib.import_module(module)
+    except ImportError as err:
+        pytest.skip(f"{distribution} {pinned} is installed but does not import: {err} ({REQUIREMENTS})")
+
+
+@pytest.fixture(scope="module")
+def megatron() -> None:
+    _require("megatron-core", "megatron.core.parallel_state")
+
+
+@pytest.fixture(scope="module")
+def torchtitan() -> None:
+    _require("torchtitan", "torchtitan.distributed.parallel_dims", "torchtitan.distributed.utils")
+
+
+@pytest.fixture(scope="module")
+def deepspeed() -> None:
+    modules = ("deepspeed", "deepspeed.runtime.pipe.module", "deepspeed.utils.groups")
+    _require("deepspeed", *modules, importing=startups.deepspeed_on_cuda())
+
+
+# ---------------------------------------------------------------------------------------------- comparison
+
+
+def rows(ops: Sequence[Op], *, payload: bool = True) -> list[str]:
+    """One line per op: every torch argument, handles renamed by first appearance, annotations dropped.
+
+    ``payload=False`` also drops collectives' byte counts and dtypes (the model decides them, not the startup).
+    """
+    names: dict[str, str] = {"world": "world"}
+    out = []
+    for op in ops:
+        data = op.to_dict()
+        for key in ("bind", "group", "parent"):
+            if key in data:
+                data[key] = names.setdefault(data[key], f"h{len(names)}")
+        for key in ("purpose", "traffic"):
+            data.pop(key, None)
+        if not payload and isinstance(op, Collective):
+            data.pop("size_bytes", None)
+            data.pop("dtype", None)
+        out.append(json.dumps(data, sort_keys=True))
+    return out
+
+
+def sharing(programs: Sequence[Program], keep: Callable[[Op], bool] | None = None) -> list[list[int]]:
+    """Which ranks run one Program object, as lists of ranks in first-rank order; with ``keep``, which ranks
+    run the same ops once the others are left out."""
+    by_key: dict[Any, list[int]] = {}
+    for rank, program in enumerate(programs):
+        key = id(program) if keep is None else tuple(op for op in program.ops if keep(op))
+        by_key.setdefault(key, []).append(rank)
+    return list(by_key.values())
+
+
+def assert_same_startup(
+    run: cap.CapturedRun,
+    generated: Sequence[Program],
+    *,
+    payload: bool = True,
+    keep: Callable[[Op], bool] | None = None,
+) -> None:
+    """Capture and generator agree op for op on every rank, and share Programs between the same ranks.
+
+    ``keep``: compare only the generator's ops it keeps (the ones the capture can reach).
+    """
+    assert sharing(run.programs) == sharing(generated, keep)
+    for ranks in sharing(generated, keep):
+        rank = ranks[0]
+        expected = rows([op for op in generated[rank].ops if keep is None or keep(op)], payload=payload)
+        assert rows(run.programs[rank].ops, payload=payload) == expected, f"rank {rank}"
+
+
+STARTUPS: dict[str, Callable[..., None]] = {
+    "megatron": startups.megatron_startup,
+    "torchtitan": startups.torchtitan_startup,
+    "deepspeed": startups.deepspeed_startup,
+}
+
+
+@pytest.fixture(scope="module")
+def captured(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., cap.CapturedRun]:
+    """``captured(framework, knobs, world, env=None)``: the framework's real startup captured with those knobs,
+    once per module (several tests read the same capture)."""
+    cache: dict[str, cap.CapturedRun] = {}
+
+    def get(framework: str, knobs: dict[str, Any], world: int, env: dict[str, str] | None = None) -> cap.CapturedRun:
+        key = json.dumps([framework, knobs, world, env or {}], sort_keys=True)
+        if key not in cache:
+            args: tuple[Any, ...] = (knobs,)
+            if framework == "megatron":  # the --nccl-communicator-config-path YAML, written before ranks fork
+                args += (_nccl_config_file(knobs, tmp_path_factory.mktemp("megatron")),)
+            target = functools.partial(STARTUPS[framework], *args)
+            cache[key] = cap.capture(target, world, env=env or {}, final_checkpoint="startup")
+        return cache[key]
+
+    return get
+
+
+def _nccl_config_file(knobs: dict[str, Any], folder: Path) -> str | None:
+    if not knobs.get("nccl_comm_cfgs"):
+        return None
+    import yaml
+
+    path = folder / "nccl_comm_cfgs.yaml"
+    path.write_text(yaml.safe_dump(knobs["nccl_comm_cfgs"]), encoding="utf-8")
+    return str(path)
+
+
+def memory(outcome: Any) -> dict[str, Any]:
+    return {label: {d: s.used_bytes for d, s in sorted(snaps.items())} for label, snaps in outcome.checkpoints.items()}
+
+
+# ---------------------------------------------------------------------------------------------- Megatron-Core
+
+NCCL_CFGS = {
+    "dp_cp": {"is_high_priority_stream": True, "max_ctas": 16, "min_ctas": 4, "cga_cluster_size": 2, "net_name": "IB"},
+    "tp": {"max_ctas": 8},
+    "intra_ep_dp": {"max_ctas": 2, "net_name": "socket"},
+    "tp_ep_gtp_remat_pp": {"min_ctas": 1},  # 0.19.2's names for the EGTP family and the expert GTP singletons
+    "expt_gtp_remat": {"cga_cluster_size": 1},
+}
+
+MEGATRON_CASES = {
+    # id: (world, the megatron generator's knobs, which the startup passes to Megatron's own functions)
+    "tp2-pp2": (8, {"tp": 2, "pp": 2}),
+    "tp8-pp2-dp2": (32, {"tp": 8, "pp": 2}),
+    "cp4-hierarchical-ep4": (16, {"tp": 2, "cp": 4, "hierarchical_cp": [2, 2], "ep": 4, "etp": 1}),
+    "moe-2-instances-no-gloo": (
+        16,
+        {"tp": 2, "ep": 4, "etp": 1, "num_distributed_optimizer_instances": 2, "gloo": False},
+    ),
+    "nccl-config-yaml": (
+        8,
+        {
+            "tp": 2,
+            "num_distributed_optimizer_instances": 2,
+            "nccl_comm_cfgs": NCCL_CFGS,
+            "high_priority_stream_groups": ["pp"],
+        },
+    ),
+    "hybrid-cp2-pp2": (16, {"cp": 2, "pp": 2, "hybrid_cp": True}),
+    "pp-before-dp-order": (8, {"tp": 2, "pp": 2, "order": "tp-cp-ep-pp-dp"}),
+    "pp4-nccl-backend": (8, {"pp": 4, "pipeline_comm_backend": "nccl", "distributed_timeout_minutes": 30}),
+    "sharp-dp-replica": (
+        8,
+        {"tp": 2, "num_distributed_optimizer_instances": 2, "use_sharp": True, "sharp_enabled_group": "dp_replica"},
+    ),
+    "all-gather-groups-ep2": (8, {"tp": 2, "ep": 2, "all_gather_group": True}),
+}
+
+
+@pytest.mark.parametrize("case", list(MEGATRON_CASES))
+def test_megatron_initialize_model_parallel_equals_the_generator(megatron, captured, case: str) -> None:
+    world, knobs = MEGATRON_CASES[case]
+    assert_same_startup(captured("megatron", knobs, world), generate("megatron", knobs, world))
+
+
+EGTP = "EXPERT_TENSOR_MODEL_PIPELINE_PARALLEL_GROUP_WITH_EGTP"
+
+
+def test_megatron_creates_the_egtp_family_and_its_communicator(megatron, captured) -> None:
+    """The family 0.19.2 creates unconditionally (the generator once missed it): one more membership, and on
+    2.15 one more eager communicator per rank; the captured startup and the generator simulate alike."""
+    run = captured("megatron", {"tp": 2, "pp": 2}, 8)
+    egtp = [c.args["ranks"] for c in run.calls[0] if c.args.get("group_desc") == EGTP]
+    assert egtp == [[0, 1, 4, 5], [2, 3, 6, 7]]
+    generated = generate("megatron", {"tp": 2, "pp": 2}, 8)
+    outcome = run.simulate(gpu="h100-80gb")
+    expected = simulate([p.ops for p in generated], gpu="h100-80gb", nodes=1, gpus_per_node=8)
+    assert outcome.verdict == expected.verdict == "pass"
+    assert memory(outcome) == memory(expected)
+    without = [op for op in generated[0].ops if getattr(op, "group_desc", None) != EGTP]
+    fewer = memory(simulate([without] * 8, gpu="h100-80gb", nodes=1, gpus_per_node=8))["startup"]
+    extra = [a - b for a, b in zip(memory(outcome)["startup"].values(), fewer.values(), strict=True)]
+    assert all(200 * 2**20 < e < 260 * 2**20 for e in extra)  # one eager communicator (~231 MiB on h100-80gb)
+
+
+def test_megatron_use_sharp_on_dp_raises_in_the_real_code_and_the_generator_refuses_it(megatron, captured) -> None:
+    message = r"AssertionError: data parallel group with CP \(with GTP_remat\) is not initialized"
+    with pytest.raises(cap.CaptureError, match=message):
+        captured("megatron", {"tp": 2, "use_sharp": True}, 8)
+    with pytest.raises(WorkloadError, match=r"megatron-core 0\.19\.2 raises " + message) as info:
+        generate("megatron", {"tp": 2, "use_sharp": True}, 8)
+    assert info.value.key == "use_sharp"
+
+
+def test_megatron_net_name_other_than_ib_or_socket_is_refused_like_the_real_code(megatron, captured) -> None:
+    knobs = {"tp": 2, "nccl_comm_cfgs": {"tp": {"net_name": "RoCE"}}}
+    with pytest.raises(cap.CaptureError, match=r"net_name \(RoCE\) is not supported"):
+        captured("megatron", knobs, 8)
+    with pytest.raises(WorkloadError, match=r"net_name \(RoCE\) is not supported"):
+        generate("megatron", knobs, 8)
+
+
+def test_megatron_options_are_recorded_losslessly_and_listed_as_unmodelled(megatron, captured, tmp_path) -> None:
+    world, knobs = MEGATRON_CASES["nccl-config-yaml"]
+    run = captured("megatron", knobs, world)
+    dp_cp = [op for op in run.programs[0].ops if getattr(op, "group_desc", None) == "DATA_PARALLEL_GROUP_WITH_CP"]
+    assert dp_cp[0].pg_options == PgOptions(
+        is_high_priority_stream=True, max_ctas=16, min_ctas=4, cga_cluster_size=2, net_name="IB"
+    )
+    note = "pg_options recorded but not modelled by the simulator yet: is_high_priority_stream, cga_cluster_size, "
+    assert any(n.startswith(note + "max_ctas, min_ctas, net_name") for n in run.notes), run.notes
+    # The scenario TOML the capture writes keeps every field and says which are unmodelled; read back, it is
+    # the same Programs.
+    path = tmp_path / "captured.toml"
+    path.write_text(run.to_scenario_toml("megatron-nccl-config"), encoding="utf-8")
+    assert f"# {note}" in path.read_text()
+    assert [p.ops for p in load_scenario(path).programs] == [p.ops for p in run.programs]
+
+
+# ---------------------------------------------------------------------------------------------- torchtitan
+
+TITAN_CASES = {
+    # id: (world, capture env, torchtitan_startup knobs, extra generator knobs). On 2.15 the nccl2 default group
+    # is bound even without device_id, so DeviceMesh takes split_group: the generator's split_group branch.
+    "fsdp-tp2-2.15": (8, {}, {"tp": 2}, {"split_group": True}),
+    "fsdp-tp2-legacy": (8, {"TORCH_DIST_USE_NCCL2": "0"}, {"tp": 2}, {}),
+    "full-dtensor-tp2": (8, {}, {"tp": 2, "spmd_backend": "full_dtensor"}, {"split_group": True}),
+    "partial-dtensor-hsdp-cp2-tp2-legacy": (
+        16,
+        {"TORCH_DIST_USE_NCCL2": "0"},
+        {"dp_replicate": 2, "cp": 2, "tp": 2, "spmd_backend": "partial_dtensor"},
+        {},
+    ),
+    "pp2-tp2-ep2": (16, {}, {"pp": 2, "tp": 2, "ep": 2}, {"split_group": True}),
+    "cpu-backend-tp4-legacy": (8, {"TORCH_DIST_USE_NCCL2": "0"}, {"tp": 4, "enable_cpu_backend": True}, {}),
+}
+
+
+@pytest.mark.parametrize("case", list(TITAN_CASES))
+def test_torchtitan_build_mesh_equals_the_generator(torchtitan, captured, case: str) -> None:
+    world, env, knobs, extra = TITAN_CASES[case]
+    assert_same_startup(captured("torchtitan", knobs, world, env), generate("torchtitan", {**knobs, **extra}, world))
+
+
+def test_torchtitan_full_dtensor_has_fewer_real_memberships_than_spmd_types(torchtitan, captured) -> None:
+    """full_dtensor builds one dense mesh where spmd_types builds two: 5 real groups per rank, not 7 (the
+    generator had no spmd_backend knob and always built 7)."""
+
+    def real_memberships(programs: Sequence[Program]) -> int:
+        return sum(1 for op in programs[0].ops if isinstance(op, SplitGroup) or getattr(op, "backend", "") is None)
+
+    full = {"tp": 2, "spmd_backend": "full_dtensor"}
+    assert real_memberships(captured("torchtitan", full, 8).programs) == 5
+    assert real_memberships(generate("torchtitan", {**full, "split_group": True}, 8)) == 5
+    assert real_memberships(captured("torchtitan", {"tp": 2}, 8).programs) == 7
+
+
+# ---------------------------------------------------------------------------------------------- DeepSpeed
+
+DEEPSPEED_CASES = {
+    # id: (world, the deepspeed generator's knobs)
+    "zero2-dp8": (8, {}),
+    "pipe4-tied-embeddings": (16, {"pp": 4, "tied_embeddings": True}),
+    "pipe2-mp2": (8, {"pp": 2, "mp": 2}),
+    "moe-ep4-quantized-gradients": (16, {"ep": 4, "zero_quantized_gradients": True}),
+    "moe-ep2-pipe2": (16, {"pp": 2, "ep": 2}),
+    "zero3-hpz8": (16, {"zero_stage": 3, "zero_init": True, "zero_hpz_partition_size": 8}),
+}
+
+
+def _before_the_engine(op: Op) -> bool:
+    """The generator's ops up to ``deepspeed.initialize``'s collectives, which need CUDA tensors to capture:
+    the model broadcast, the pipeline engine's parameter-count all-reduce and its warm-up send/recv."""
+    if isinstance(op, Send | Recv):
+        return False
+    return not (isinstance(op, Broadcast | AllReduce) and op.group in ("data_parallel", "model"))
+
+
+@pytest.mark.parametrize("case", list(DEEPSPEED_CASES))
+def test_deepspeed_startup_equals_the_generator(deepspeed, captured, case: str) -> None:
+    world, knobs = DEEPSPEED_CASES[case]
+    run = captured("deepspeed", knobs, world)
+    assert_same_startup(run, generate("deepspeed", knobs, world), payload=False, keep=_before_the_engine)
+
+
+def test_deepspeed_default_timeout_is_ten_minutes(deepspeed, captured) -> None:
+    init = captured("deepspeed", {}, 8).programs[0].ops[1]
+    assert (init.name, init.timeout_s, init.device_id) == ("init_process_group", 600.0, 0)
+    assert generate("deepspeed", {}, 8)[0].ops[1] == init
+
+
+def test_generator_docstrings_name_the_pinned_versions() -> None:
+    """Each generator says which release it follows: the one the tests above check it against."""
+    from simnccl.workloads import deepspeed as ds
+    from simnccl.workloads import torchtitan as tt
+
+    for module, distribution in ((mg, "megatron-core"), (tt, "torchtitan"), (ds, "deepspeed")):
+        text = f"{distribution} {startups.PINNED[distribution]}"
+        assert text in (module.__doc__ or ""), module.__name__
+        assert text in module.GENERATOR.source, module.__name__
