@@ -62,11 +62,19 @@ class Collectives:
                 )
         return comm
 
-    def op_collective(self, rt: RankRuntime, op: Collective) -> Waiting:
-        yield from self.rendezvous.settle(rt)
+    @staticmethod
+    def _group_of(rt: RankRuntime, op: Collective | PointToPoint) -> Group | None:
+        """The group the op runs on; None (with torch's warning) where this rank is not a member."""
         target = resolve(rt, op.group)
         if not isinstance(target, Group):
             rt.warnings.append(f"Running {op.name} on global rank {rt.rank} which does not belong to the given group.")
+            return None
+        return target
+
+    def op_collective(self, rt: RankRuntime, op: Collective) -> Waiting:
+        yield from self.rendezvous.settle(rt)
+        target = self._group_of(rt, op)
+        if target is None:
             return
         comm = self._usable_comm(rt, target, op)
         life = lifecycle(comm.impl)
@@ -158,9 +166,8 @@ class Collectives:
 
     def op_p2p(self, rt: RankRuntime, op: PointToPoint) -> Waiting:
         yield from self.rendezvous.settle(rt)
-        target = resolve(rt, op.group)
-        if not isinstance(target, Group):
-            rt.warnings.append(f"Running {op.name} on global rank {rt.rank} which does not belong to the given group.")
+        target = self._group_of(rt, op)
+        if target is None:
             return
         if op.peer not in target.ranks or op.peer == rt.rank:
             raise TorchError("ValueError", f"Invalid peer rank {op.peer} for {op.name} in group {target.name!r}")
