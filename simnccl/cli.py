@@ -21,6 +21,7 @@ from simnccl.prerequisites import MissingPrerequisite, require_torch
 from simnccl.report import print_result
 from simnccl.runner import run_scenario
 from simnccl.scenario import ScenarioError, load_scenario
+from simnccl.sweep import add_sweep_parser, run_sweep
 
 DEFAULT_SCENARIO = "pytorch-199957.toml"
 EXIT_OK, EXIT_EXPECTATIONS, EXIT_BAD_INPUT = 0, 1, 2
@@ -54,6 +55,7 @@ def _parser() -> argparse.ArgumentParser:
         allow_abbrev=False,
     )
     cost.add_arguments(cost_parser)
+    add_sweep_parser(sub)
     sub.add_parser(
         "real",
         add_help=False,
@@ -91,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
         return cost.run(args, extra)  # the framework knobs are the workload generator's to parse
     if extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if args.command == "sweep":
+        return run_sweep(args)
     paths = [Path(p) for p in args.scenarios] or [builtin_scenario_dir() / DEFAULT_SCENARIO]
     # Tables are wider than 80 columns; when output is captured (CI logs) don't wrap them.
     console = Console(stderr=False, width=None if sys.stdout.isatty() else 160)
