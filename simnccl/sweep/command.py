@@ -261,6 +261,8 @@ def render_table(rows: Sequence[Row], only_not_ok: bool = False) -> str:
                 _fmt(row["used_mib_max"]),
             )
         )
+    if len(lines) == 1 and only_not_ok:
+        return ""
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     numeric = {0, 8, 9, 10}
     text = []
@@ -276,9 +278,9 @@ def render_table(rows: Sequence[Row], only_not_ok: bool = False) -> str:
 
 
 class _Progress:
-    """A rich progress bar on stderr when it is a terminal and not --quiet; nothing otherwise."""
+    """A rich progress bar on ``stream`` (stderr) when it is a terminal and not --quiet; nothing otherwise."""
 
-    def __init__(self, total: int, done: int, enabled: bool) -> None:
+    def __init__(self, total: int, done: int, enabled: bool, stream: TextIO) -> None:
         self._bar = None
         if not enabled:
             return
@@ -298,7 +300,7 @@ class _Progress:
             MofNCompleteColumn(),
             TimeElapsedColumn(),
             TimeRemainingColumn(),
-            console=Console(stderr=True),
+            console=Console(file=stream),
             transient=False,
         )
         self._task = self._bar.add_task("sweep", total=total, completed=done)
@@ -373,7 +375,7 @@ def run_sweep(args: argparse.Namespace, out: TextIO | None = None, err: TextIO |
         f"simnccl sweep: {len(cells)} cells ({len(done)} done, {len(todo)} to run) on {executor.describe()}, "
         f"matrix {matrix_hash}\n"
     )
-    progress = _Progress(len(cells), len(done), enabled=err.isatty() and not args.quiet)
+    progress = _Progress(len(cells), len(done), enabled=err.isatty() and not args.quiet, stream=err)
     start = time.monotonic()
     last_json = start
     interrupted = False

@@ -124,7 +124,7 @@ def _run_dask(cells: Sequence[Cell], executor: Executor, timeout_s: float) -> It
                 n_workers=executor.dask_local,
                 threads_per_worker=1,
                 processes=True,
-                dashboard_address=None,
+                dashboard_address=":0",  # its HTTP server starts anyway: on a free port, never a taken 8787
                 silence_logs=logging.ERROR,
             )
             client = distributed.Client(cluster)
