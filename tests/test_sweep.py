@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from simnccl.cli import main
-from simnccl.sweep import command
+from simnccl.sweep import command, executors
 from simnccl.sweep.deadline import CellTimeout, call_with_deadline
 from simnccl.sweep.store import CSV_FIELDS, FIELDS, SCHEMA_VERSION, read_csv, read_json, result_of
 from simnccl.testing.replay import plugin_registered
@@ -98,7 +98,11 @@ def dask_scheduler(tmp_path_factory: pytest.TempPathFactory, policy_dir: Path) -
     pytest.importorskip("distributed")
     folder = tmp_path_factory.mktemp("dask")
     info = folder / "scheduler.json"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+        "DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED": "False",  # as README 'Sweeps' advises
+    }
     scheduler = subprocess.Popen(
         [*DASK, "distributed.cli.dask_scheduler", *SCHEDULER_FLAGS, "--scheduler-file", str(info)],
         cwd=folder,
@@ -392,6 +396,18 @@ def test_a_toml_matrix_is_the_same_matrix_as_the_same_flags(capsys: pytest.Captu
     assert code == 0 and {line.split("\t")[3] for line in out.splitlines()} == {"lazy-init"}
 
 
+def test_the_readme_matrix_example_is_valid(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("## Sweeps") :]
+    example = section[section.index("```toml\n") + 8 : section.index("```", section.index("```toml\n") + 8)]
+    matrix = tmp_path / "matrix.toml"
+    matrix.write_text(example.replace('"scenarios/', f'"{REPO}/scenarios/'))
+    code, out, err = sweep(capsys, "--json", str(matrix), "--dry-run")  # --json then the matrix: an input
+    assert code == 0, err
+    # 1 workload x 3 policies x 2 releases x 2 GPUs x 2 env sets + 3 scenario variants x 3 policies x 2 env sets
+    assert len(out.splitlines()) == 24 + 18 and "42 cells, 0 done, 42 to run" in err
+
+
 # ---------------------------------------------------------------------------------------------- bad input
 
 
@@ -472,6 +488,15 @@ def test_without_distributed_a_dask_sweep_exits_2_naming_the_extra(
     monkeypatch.setitem(sys.modules, "distributed", None)  # `import distributed` now raises ImportError
     code, _, err = sweep(capsys, "--workload", "vllm tp=2", "--dask-local", "1")
     assert code == 2 and "pip install 'simnccl[sweep]'" in err
+
+
+def test_a_scheduler_that_does_not_answer_exits_2_naming_it(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("distributed")
+    monkeypatch.setattr(executors, "DASK_CONNECT_TIMEOUT_S", 1.0)
+    code, _, err = sweep(capsys, "--workload", "vllm tp=2", "--scheduler", "tcp://127.0.0.1:1")
+    assert code == 2 and "error: --scheduler tcp://127.0.0.1:1: cannot reach the scheduler" in err
 
 
 def test_importing_simnccl_and_its_cli_does_not_import_dask() -> None:

@@ -120,13 +120,19 @@ def _run_dask(cells: Sequence[Cell], executor: Executor, timeout_s: float) -> It
             except (OSError, TimeoutError) as err:
                 raise ExecutorError(f"{where}: cannot reach the scheduler: {err}") from None
         else:
-            cluster = distributed.LocalCluster(
-                n_workers=executor.dask_local,
-                threads_per_worker=1,
-                processes=True,
-                dashboard_address=":0",  # its HTTP server starts anyway: on a free port, never a taken 8787
-                silence_logs=logging.ERROR,
-            )
+            import dask
+
+            # Dask's statistical profiler samples every worker thread's stack every 10 ms: on the engine's deep
+            # simpy stacks that doubled the time per cell. Off here (the nannies hand this config to the workers);
+            # a cluster of one's own: DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED=False on each worker.
+            with dask.config.set({"distributed.worker.profile.enabled": False}):
+                cluster = distributed.LocalCluster(
+                    n_workers=executor.dask_local,
+                    threads_per_worker=1,
+                    processes=True,
+                    dashboard_address=":0",  # its HTTP server starts anyway: on a free port, never a taken 8787
+                    silence_logs=logging.ERROR,
+                )
             client = distributed.Client(cluster)
         with client:
             try:
