@@ -426,6 +426,7 @@ BAD_FLAGS = [
     (["--workload", "vllm tp=2", "--scheduler", "localhost"], "--scheduler: expected a scheduler address"),
     (["--workload", "vllm tp=2", "--scheduler", "tcp://h:1", "--jobs", "2"], "--jobs: choose one of"),
     (["--workload", "vllm tp=2", "--resume"], "--resume: needs the sweep's file"),
+    (["--workload", "vllm tp=2", "--env", "A=1", "--env-set", "A=1", "--env-set", ""], "matrix: cells #0 and #1 are"),
     ([*MATRIX_3x4x2, "--max-cells", "20"], "--max-cells: the matrix has 24 cells, more than the limit of 20"),
     ([], "--workload: the matrix has no cells"),
 ]

@@ -160,6 +160,20 @@ def _executor(args: argparse.Namespace, cells: int) -> Executor:
     return Executor("local", 1) if jobs == 1 else Executor("pool", jobs)
 
 
+def _check_distinct(cells: Sequence[Cell]) -> None:
+    """Two cells that compute the same thing (two labels for one config, an env set the fixed --env already
+    makes) would be one row: refused, naming both."""
+    seen: dict[str, Cell] = {}
+    for cell in cells:
+        other = seen.setdefault(cell.cell_id, cell)
+        if other is not cell:
+            raise SweepInputError(
+                "matrix",
+                f"cells #{other.index} and #{cell.index} are the same simulation ({cell.label}, {cell.policy}, "
+                f"{cell.release}, {cell.gpu}, env {dict(sorted(cell.env.items()))}); remove one of the values",
+            )
+
+
 def _target(value: str | None, flag: str) -> Path | None:
     if value is None or value == STDOUT:
         return None
@@ -343,6 +357,7 @@ def run_sweep(args: argparse.Namespace, out: TextIO | None = None, err: TextIO |
         json_path, csv_path = _target(args.json, "--json"), _target(args.csv, "--csv")
         executor = _executor(args, count)
         cells = list(expand(matrix))  # the count was checked against --max-cells before this
+        _check_distinct(cells)
         done, notes = _resume_rows(args, json_path, csv_path, matrix, cells)
     except SweepInputError as error:
         err.write(f"error: {error}\n")
