@@ -368,9 +368,44 @@ def _check_profiles(matrix: Matrix, where: dict[str, str]) -> None:
                     raise SweepInputError(where["env"], str(err)) from None
 
 
+def _tables(data: Mapping[str, Any], key: str, source: str) -> list[Any]:
+    tables = data.get(key, [])
+    if not isinstance(tables, list) or len(tables) > MAX_AXIS_VALUES:
+        raise SweepInputError(f"{source}: {key}", f"expected at most {MAX_AXIS_VALUES} [[{key}]] tables")
+    return tables
+
+
+def _workloads(args: Any, data: Mapping[str, Any], source: str, gpus_per_node: int) -> list[WorkloadEntry]:
+    """``--workload`` flags, or else the file's ``[[workload]]`` tables."""
+    if args.workload:
+        if len(args.workload) > MAX_AXIS_VALUES:
+            raise SweepInputError("--workload", f"more than the limit of {MAX_AXIS_VALUES} configs")
+        return [check_workload(_workload_from_flag(t), f"--workload {t!r}", gpus_per_node) for t in args.workload]
+    return [
+        check_workload(_workload_from_table(table, source, i), f"{source}: workload[{i}]", gpus_per_node)
+        for i, table in enumerate(_tables(data, "workload", source))
+    ]
+
+
+def _scenarios(args: Any, data: Mapping[str, Any], source: str, base: Path | None) -> list[ScenarioEntry]:
+    """``--scenario`` flags, or else the file's ``[[scenario]]`` tables (paths relative to the file)."""
+    if args.scenario:
+        return [check_scenario(text, args.variant, f"--scenario {text}", None) for text in args.scenario]
+    out = []
+    for i, table in enumerate(_tables(data, "scenario", source)):
+        where = f"{source}: scenario[{i}]"
+        _only(table, {"file", "variants"}, source, f"scenario[{i}].")
+        if not isinstance(table.get("file"), str):
+            raise SweepInputError(f"{where}.file", "expected the path of a scenario file")
+        variants = _list(table["variants"], f"{where}.variants", str) if "variants" in table else None
+        out.append(check_scenario(table["file"], args.variant or variants, where, base))
+    return out
+
+
 def build_matrix(args: Any, data: Mapping[str, Any] | None, source: str, base: Path | None) -> tuple[Matrix, Settings]:
     """The validated matrix from the flags (``args``) and the TOML file's ``data``; a flag given replaces the
-    file's key of the same meaning. Raises SweepInputError naming the flag or key."""
+    file's key of the same meaning (``--workload`` the ``[[workload]]`` tables, ``--policy`` ``axes.policy``).
+    Raises SweepInputError naming the flag or key."""
     data = data or {}
     sweep = data.get("sweep", {})
     _only(sweep, {"gpus_per_node", "cell_timeout_s", "max_cells"}, source, "sweep.")
@@ -396,32 +431,8 @@ def build_matrix(args: Any, data: Mapping[str, Any] | None, source: str, base: P
     max_cells, max_where = pick(args.max_cells, "--max-cells", sweep, "max_cells", "sweep.")
     max_cells = _number(DEFAULT_MAX_CELLS if max_cells is None else max_cells, max_where, 1, MAX_CELLS_CEILING, True)
 
-    workloads: list[WorkloadEntry] = []
-    scenarios: list[ScenarioEntry] = []
-    if args.workload or args.scenario:
-        if len(args.workload or ()) > MAX_AXIS_VALUES:
-            raise SweepInputError("--workload", f"more than the limit of {MAX_AXIS_VALUES} configs")
-        for text in args.workload or ():
-            workloads.append(check_workload(_workload_from_flag(text), f"--workload {text!r}", gpus_per_node))
-        for text in args.scenario or ():
-            scenarios.append(check_scenario(text, args.variant, f"--scenario {text}", None))
-    else:
-        tables = data.get("workload", [])
-        if not isinstance(tables, list) or len(tables) > MAX_AXIS_VALUES:
-            raise SweepInputError(f"{source}: workload", f"expected at most {MAX_AXIS_VALUES} [[workload]] tables")
-        for i, table in enumerate(tables):
-            where = f"{source}: workload[{i}]"
-            workloads.append(check_workload(_workload_from_table(table, source, i), where, gpus_per_node))
-        tables = data.get("scenario", [])
-        if not isinstance(tables, list) or len(tables) > MAX_AXIS_VALUES:
-            raise SweepInputError(f"{source}: scenario", f"expected at most {MAX_AXIS_VALUES} [[scenario]] tables")
-        for i, table in enumerate(tables):
-            where = f"{source}: scenario[{i}]"
-            _only(table, {"file", "variants"}, source, f"scenario[{i}].")
-            if not isinstance(table.get("file"), str):
-                raise SweepInputError(f"{where}.file", "expected the path of a scenario file")
-            variants = _list(table["variants"], f"{where}.variants", str) if "variants" in table else None
-            scenarios.append(check_scenario(table["file"], args.variant or variants, where, base))
+    workloads = _workloads(args, data, source, gpus_per_node)
+    scenarios = _scenarios(args, data, source, base)
     if not workloads and not scenarios:
         raise SweepInputError("--workload", "the matrix has no cells: give --workload/--scenario or a matrix file")
     _unique([w.label for w in workloads], "--workload" if args.workload else f"{source}: workload")
