@@ -367,6 +367,11 @@ def test_an_existing_output_file_is_kept_unless_resumed_or_overwritten(
     code, _, err = sweep(capsys, "--workload", "vllm tp=2", "--jobs", "1", "--csv", str(out))
     assert code == 2 and "already holds a sweep; pass --resume" in err
     assert sweep(capsys, "--workload", "vllm tp=2", "--jobs", "1", "--csv", str(out), "--overwrite")[0] == 0
+    other = tmp_path / "notes.json"
+    other.write_text('{"mine": true}')  # not a sweep's file: never replaced without --overwrite
+    code, _, err = sweep(capsys, "--workload", "vllm tp=2", "--jobs", "1", "--json", str(other))
+    assert code == 2 and "not a simnccl sweep JSON document" in err and "--overwrite" in err
+    assert other.read_text() == '{"mine": true}'
 
 
 def test_a_toml_matrix_is_the_same_matrix_as_the_same_flags(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
@@ -426,6 +431,7 @@ BAD_FLAGS = [
     (["--workload", "vllm tp=2", "--scheduler", "localhost"], "--scheduler: expected a scheduler address"),
     (["--workload", "vllm tp=2", "--scheduler", "tcp://h:1", "--jobs", "2"], "--jobs: choose one of"),
     (["--workload", "vllm tp=2", "--resume"], "--resume: needs the sweep's file"),
+    (["--workload", "vllm tp=2", "--csv", "x.csv", "--resume", "--overwrite"], "--overwrite: choose one of"),
     (["--workload", "vllm tp=2", "--env", "A=1", "--env-set", "A=1", "--env-set", ""], "matrix: cells #0 and #1 are"),
     ([*MATRIX_3x4x2, "--max-cells", "20"], "--max-cells: the matrix has 24 cells, more than the limit of 20"),
     ([], "--workload: the matrix has no cells"),

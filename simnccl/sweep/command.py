@@ -194,26 +194,26 @@ def _resume_rows(
 ) -> tuple[dict[str, Row], list[str]]:
     """The rows of finished cells in the output files, by cell_id (checked against this matrix), and notes."""
     found = [(flag, p) for flag, p in (("--json", json_path), ("--csv", csv_path)) if _existing(p)]
-    if not args.resume:
-        if found and not args.overwrite:
-            flag, path = found[0]
-            raise SweepInputError(
-                flag, f"{path} already holds a sweep; pass --resume to continue it, or --overwrite to start over"
-            )
-        return {}, []
-    if json_path is None and csv_path is None:
+    if args.resume and json_path is None and csv_path is None:
         raise SweepInputError("--resume", "needs the sweep's file: --json FILE or --csv FILE")
+    if args.overwrite:
+        if args.resume:
+            raise SweepInputError("--overwrite", "choose one of --resume (continue the file) and --overwrite")
+        return {}, []
     current = matrix.fingerprint()
     notes: list[str] = []
     rows: dict[str, Row] = {}
     for flag, path in found:
         try:
-            if flag == "--json":
-                file_hash, file_matrix, file_rows = read_json(path)
-            else:
-                (file_hash, file_rows), file_matrix = read_csv(path), None
+            file_hash, file_matrix, file_rows = _read(flag, path)
         except StoreError as err:
-            raise SweepInputError(flag, str(err)) from None
+            if args.resume:
+                raise SweepInputError(flag, str(err)) from None
+            raise SweepInputError(flag, f"{err}; pass --overwrite to replace it") from None
+        if file_rows and not args.resume:
+            raise SweepInputError(
+                flag, f"{path} already holds a sweep; pass --resume to continue it, or --overwrite to start over"
+            )
         if file_rows and file_hash != current and not args.accept_matrix_change:
             changed = _matrix_change(file_matrix, matrix.to_dict())
             raise SweepInputError(
@@ -232,6 +232,13 @@ def _resume_rows(
         notes.append(f"{len(again)} stopped or crashed cell(s) run again")
     done = {cid: {**row, "index": wanted[cid].index} for cid, row in rows.items() if cid in wanted and cid not in again}
     return done, notes
+
+
+def _read(flag: str, path: Path) -> tuple[str | None, Mapping[str, Any] | None, list[Row]]:
+    if flag == "--json":
+        return read_json(path)
+    file_hash, rows = read_csv(path)
+    return file_hash, None, rows
 
 
 def _matrix_change(before: Mapping[str, Any] | None, after: Mapping[str, Any]) -> str:
@@ -363,66 +370,38 @@ def run_sweep(args: argparse.Namespace, out: TextIO | None = None, err: TextIO |
         err.write(f"error: {error}\n")
         return EXIT_BAD_INPUT
     if args.dry_run:
-        for cell in cells:
-            env = " ".join(f"{k}={v}" for k, v in sorted(cell.env.items()))
-            state = "done" if cell.cell_id in done else "to run"
-            out.write(
-                f"{cell.index}\t{cell.cell_id}\t{cell.label}\t{cell.policy}\t{cell.release}\t{cell.gpu}\t{env}\t{state}\n"
-            )
-        err.write(f"simnccl sweep: {len(cells)} cells, {len(done)} done, {len(cells) - len(done)} to run (dry run)\n")
+        _print_cells(cells, done, out, err)
         return EXIT_OK
     todo = [cell for cell in cells if cell.cell_id not in done]
-    rows: dict[str, Row] = dict(done)
-    matrix_dict, matrix_hash = matrix.to_dict(), matrix.fingerprint()
+    files = _Files(json_path, csv_path, matrix.to_dict(), matrix.fingerprint(), len(cells), done)
     for note in notes:
         err.write(f"simnccl sweep: {note}\n")
-
-    def write_files(final: bool) -> None:
-        if json_path is not None:
-            write_json(json_path, json_document(matrix_dict, matrix_hash, len(cells), list(rows.values())))
-        if csv_path is not None and final:
-            write_csv(csv_path, list(rows.values()), matrix_hash)
-
-    if csv_path is not None:
-        write_csv(csv_path, list(rows.values()), matrix_hash)  # the kept rows; new ones are appended
-    write_files(final=False)
     err.write(
         f"simnccl sweep: {len(cells)} cells ({len(done)} done, {len(todo)} to run) on {executor.describe()}, "
-        f"matrix {matrix_hash}\n"
+        f"matrix {files.matrix_hash}\n"
     )
     progress = _Progress(len(cells), len(done), enabled=err.isatty() and not args.quiet, stream=err)
     start = time.monotonic()
-    last_json = start
     interrupted = False
     try:
-        not_ok = sum(1 for r in rows.values() if r["status"] != "ok")
         for row in run_cells(todo, executor, settings.cell_timeout_s):
-            rows[row["cell_id"]] = row
-            not_ok += row["status"] != "ok"
-            if csv_path is not None:
-                append_csv(csv_path, row, matrix_hash)
-            if time.monotonic() - last_json >= JSON_EVERY_S:
-                write_files(final=False)
-                last_json = time.monotonic()
-            progress.advance(not_ok)
+            files.add(row)
+            progress.advance(files.not_ok)
     except ExecutorError as error:
-        progress.stop()
         err.write(f"error: {error}\n")
-        write_files(final=True)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         interrupted = True
     finally:
         progress.stop()
-    wall_s = time.monotonic() - start
-    write_files(final=True)
-    ordered = sorted(rows.values(), key=lambda r: r["index"])
+        files.flush(final=True)
+    ordered = files.ordered()
     counts = summary(ordered)
-    _emit(args, out, ordered, matrix_dict, matrix_hash, len(cells))
+    _emit(args, out, files)
     err.write(
         f"simnccl sweep: {len(ordered)}/{len(cells)} cells: {counts['ok']} ok, {counts['fail']} failed, "
-        f"{counts['stopped']} stopped, {counts['crash']} crashed; {len(todo)} run in {wall_s:.1f} s on "
-        f"{executor.describe()}\n"
+        f"{counts['stopped']} stopped, {counts['crash']} crashed; {len(todo)} run in "
+        f"{time.monotonic() - start:.1f} s on {executor.describe()}\n"
     )
     if interrupted:
         err.write("simnccl sweep: interrupted; --resume continues from the output file\n")
@@ -430,12 +409,62 @@ def run_sweep(args: argparse.Namespace, out: TextIO | None = None, err: TextIO |
     return exit_code(ordered)
 
 
-def _emit(
-    args: argparse.Namespace, out: TextIO, rows: Sequence[Row], matrix: dict[str, Any], matrix_hash: str, cells: int
-) -> None:
+class _Files:
+    """The rows so far and the files that keep them: the CSV gets each row at once (appended), the JSON document
+    is rewritten whole at most every ``JSON_EVERY_S``; both are rewritten in matrix order at the end."""
+
+    def __init__(
+        self,
+        json_path: Path | None,
+        csv_path: Path | None,
+        matrix: dict[str, Any],
+        matrix_hash: str,
+        cells: int,
+        done: Mapping[str, Row],
+    ) -> None:
+        self.json_path, self.csv_path = json_path, csv_path
+        self.matrix, self.matrix_hash, self.cells = matrix, matrix_hash, cells
+        self.rows: dict[str, Row] = dict(done)
+        self.not_ok = sum(1 for r in self.rows.values() if r["status"] != "ok")
+        self._last_json = time.monotonic()
+        self.flush(final=True)  # the kept rows only: a resumed file drops the cells that run again
+
+    def add(self, row: Row) -> None:
+        self.rows[row["cell_id"]] = row
+        self.not_ok += row["status"] != "ok"
+        if self.csv_path is not None:
+            append_csv(self.csv_path, row, self.matrix_hash)
+        if time.monotonic() - self._last_json >= JSON_EVERY_S:
+            self.flush(final=False)
+
+    def document(self) -> dict[str, Any]:
+        return json_document(self.matrix, self.matrix_hash, self.cells, list(self.rows.values()))
+
+    def ordered(self) -> list[Row]:
+        return sorted(self.rows.values(), key=lambda r: r["index"])
+
+    def flush(self, final: bool) -> None:
+        if self.json_path is not None:
+            write_json(self.json_path, self.document())
+        if self.csv_path is not None and final:
+            write_csv(self.csv_path, self.ordered(), self.matrix_hash)
+        self._last_json = time.monotonic()
+
+
+def _print_cells(cells: Sequence[Cell], done: Mapping[str, Row], out: TextIO, err: TextIO) -> None:
+    """``--dry-run``: one tab-separated line per cell (index, cell id, config, policy, release, GPU, env, state)."""
+    for cell in cells:
+        env = " ".join(f"{k}={v}" for k, v in sorted(cell.env.items()))
+        state = "done" if cell.cell_id in done else "to run"
+        fields = (cell.index, cell.cell_id, cell.label, cell.policy, cell.release, cell.gpu, env, state)
+        out.write("\t".join(map(str, fields)) + "\n")
+    err.write(f"simnccl sweep: {len(cells)} cells, {len(done)} done, {len(cells) - len(done)} to run (dry run)\n")
+
+
+def _emit(args: argparse.Namespace, out: TextIO, files: _Files) -> None:
     if args.json == STDOUT:
-        out.write(json_text(json_document(matrix, matrix_hash, cells, rows)))
+        out.write(json_text(files.document()))
     elif args.csv == STDOUT:
-        out.write(csv_text(rows, matrix_hash))
+        out.write(csv_text(files.ordered(), files.matrix_hash))
     else:
-        out.write(render_table(rows, only_not_ok=args.quiet))
+        out.write(render_table(files.ordered(), only_not_ok=args.quiet))
