@@ -33,6 +33,7 @@ def _parser() -> argparse.ArgumentParser:
     from simnccl import cost
     from simnccl.nccl.command import add_validate_parser
     from simnccl.pictures import add_picture_arguments
+    from simnccl.sweep import add_sweep_parser
 
     parser = argparse.ArgumentParser(prog="simnccl", description=__doc__.splitlines()[0])
     add_version(parser)
@@ -69,6 +70,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     cost.add_arguments(cost_parser)
     add_validate_parser(sub)
+    add_sweep_parser(sub)
     sub.add_parser(
         "real",
         add_help=False,
@@ -119,6 +121,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_validate(args)
     if extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if args.command == "sweep":
+        from simnccl.sweep import run_sweep
+
+        return run_sweep(args)
     return run_scenarios(args)
 
 

@@ -1,0 +1,227 @@
+"""One cell of a sweep: what it computes (``Cell``, plain data that pickles to any worker), the cells a matrix
+expands into, and ``run_cell``, the function every executor calls (in this process, a pool worker or a Dask
+worker) and that turns whatever happens into one row.
+
+Why a row for every outcome: a sweep of thousands of cells must not stop at the first surprise, and its exit
+code must say what kind of surprise it was. A check that fails is a finding (``fail``); a cell stopped by its
+wall-clock limit or the engine's guard is ``stopped``; any other exception is a bug in simnccl or in a
+user's policy (``crash``, with its traceback in ``error``): reported in its row, never raised.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+import traceback
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
+from typing import Any
+
+from simnccl.cost import Column, build_cluster, column_config, measure, summarise
+from simnccl.engine import Engine, EngineGuardError, Limits, RunOutcome
+from simnccl.ops import Program
+from simnccl.runner import run_variant
+from simnccl.scenario import Scenario
+from simnccl.sweep.deadline import CellTimeout, call_with_deadline
+from simnccl.sweep.matrix import DEFAULT_POLICY, Checks, Matrix, digest
+from simnccl.sweep.store import FIELDS, FIGURES, Row
+from simnccl.workloads import GENERATORS
+
+WORKLOAD, SCENARIO = "workload", "scenario"
+
+
+@dataclass(frozen=True, slots=True)
+class Cell:
+    """Everything one simulation needs, as plain values (a scenario cell also carries its parsed Scenario)."""
+
+    index: int
+    kind: str
+    label: str
+    gpu: str
+    release: str
+    policy: str
+    env: Mapping[str, str]
+    checks: Checks
+    generator: str = ""
+    knobs: Mapping[str, Any] = field(default_factory=dict)
+    world: int = 0
+    gpus_per_node: int = 0
+    scenario: str = ""
+    scenario_sha256: str = ""
+    variant: str = ""
+    payload: Scenario | None = field(default=None, compare=False, repr=False)
+
+    def identity(self) -> dict[str, Any]:
+        """What the cell computes (not where it sits in the matrix): the input of ``cell_id``."""
+        return {
+            "kind": self.kind,
+            "generator": self.generator,
+            "knobs": dict(self.knobs),
+            "world": self.world,
+            "gpus_per_node": self.gpus_per_node,
+            "scenario": self.scenario,
+            "scenario_sha256": self.scenario_sha256,
+            "variant": self.variant,
+            "gpu": self.gpu,
+            "release": self.release,
+            "policy": self.policy,
+            "env": dict(sorted(self.env.items())),
+            "checks": self.checks.to_dict(),
+        }
+
+    @property
+    def cell_id(self) -> str:
+        return digest(self.identity())
+
+
+def expand(matrix: Matrix) -> Iterator[Cell]:
+    """The cells, in a fixed order: workloads x policies x releases x GPUs x env sets, then each scenario's
+    variants x policies x env sets. Call only after the matrix has been validated and counted."""
+    index = 0
+    for workload in matrix.workloads:
+        for policy in matrix.policies or (DEFAULT_POLICY,):
+            for release in matrix.releases:
+                for gpu in matrix.gpus:
+                    for env_set in matrix.env_sets:
+                        yield Cell(
+                            index=index,
+                            kind=WORKLOAD,
+                            label=workload.label,
+                            gpu=gpu,
+                            release=release,
+                            policy=policy,
+                            env={**matrix.env, **env_set},
+                            checks=matrix.checks,
+                            generator=workload.generator,
+                            knobs=workload.knobs,
+                            world=workload.world,
+                            gpus_per_node=matrix.gpus_per_node,
+                        )
+                        index += 1
+    for entry in matrix.scenarios:
+        scenario = entry.scenario
+        for name in entry.variants:
+            variant = scenario.variant(name)
+            for policy in matrix.policies or (variant.policy,):
+                for env_set in matrix.env_sets:
+                    yield Cell(
+                        index=index,
+                        kind=SCENARIO,
+                        label=f"{scenario.name}:{name}",
+                        gpu=scenario.cluster.gpu.key,
+                        release=variant.release,
+                        policy=policy,
+                        env={**variant.env, **matrix.env, **env_set},
+                        checks=matrix.checks,
+                        world=len(scenario.programs),
+                        gpus_per_node=scenario.cluster.gpus_per_node,
+                        scenario=entry.path,
+                        scenario_sha256=entry.sha256,
+                        variant=name,
+                        payload=scenario,
+                    )
+                    index += 1
+
+
+# ---------------------------------------------------------------------------------------------- running
+
+
+@lru_cache(maxsize=8)
+def _programs(generator: str, knobs_json: str, world: int) -> tuple[Program, ...]:
+    """A worker runs one config under many policies: its Programs are generated once per process."""
+    return GENERATORS[generator](json.loads(knobs_json), world)
+
+
+def _simulate_workload(cell: Cell, limits: Limits) -> tuple[RunOutcome, tuple[Program, ...], list[str]]:
+    programs = _programs(cell.generator, json.dumps(dict(cell.knobs), sort_keys=True), cell.world)
+    cluster = build_cluster(cell.gpu, cell.world, cell.gpus_per_node)
+    column = Column(cell.policy, dict(cell.env), None if cell.policy == DEFAULT_POLICY else cell.policy)
+    config = replace(column_config(programs, cluster, cell.release, column), limits=limits)
+    outcome = Engine(config).run()
+    failed = [] if outcome.verdict in cell.checks.verdicts else [f"verdict {outcome.verdict}{_why(outcome)}"]
+    return outcome, programs, failed
+
+
+def _simulate_scenario(cell: Cell, limits: Limits) -> tuple[RunOutcome, tuple[Program, ...], list[str]]:
+    scenario = cell.payload
+    assert scenario is not None, "a scenario cell carries its Scenario"
+    variant = replace(scenario.variant(cell.variant), policy=cell.policy, env=dict(cell.env))
+    result = run_variant(scenario, variant, limits=limits)
+    failed = [f"{e.key}: {e.message}" for e in result.expectations if not e.ok]
+    return result.outcome, scenario.programs, failed
+
+
+def _why(outcome: RunOutcome) -> str:
+    if outcome.errors:
+        first = outcome.errors[0]
+        return f" (rank {first['rank']}: {first['type']}: {str(first['message']).splitlines()[0]})"
+    if outcome.hangs:
+        first = outcome.hangs[0]
+        return f" (rank {first['rank']} hangs in {first['op']})"
+    return ""
+
+
+def blank_row(cell: Cell) -> Row:
+    row: Row = dict.fromkeys(FIELDS)
+    row.update(
+        index=cell.index,
+        cell_id=cell.cell_id,
+        kind=cell.kind,
+        workload=cell.label,
+        generator=cell.generator,
+        knobs=dict(cell.knobs),
+        world=cell.world,
+        scenario=cell.scenario,
+        variant=cell.variant,
+        gpu=cell.gpu,
+        release=cell.release,
+        policy=cell.policy,
+        env=dict(sorted(cell.env.items())),
+        verdict="",
+        check="",
+        checkpoint="",
+        trace_hash="",
+        error="",
+        worker=f"{socket.gethostname()}:{os.getpid()}",
+    )
+    return row
+
+
+def run_cell(cell: Cell, timeout_s: float) -> Row:
+    """Simulate one cell under a wall-clock limit of ``timeout_s``; every outcome is a row, nothing raises."""
+    row = blank_row(cell)
+    simulate = _simulate_workload if cell.kind == WORKLOAD else _simulate_scenario
+    limits = Limits(wall_s=timeout_s)  # the engine's own guard, and the deadline for whatever runs outside it
+    start = time.monotonic()
+    try:
+        outcome, programs, failed = call_with_deadline(lambda: simulate(cell, limits), timeout_s)
+        per_rank, checkpoint = measure(outcome, programs)
+        for key in FIGURES:
+            if per_rank.get(key):
+                row[key], row[f"{key}_min"], row[f"{key}_max"] = summarise(per_rank[key])
+        cap = cell.checks.max_used_mib
+        if cap is not None and row["used_mib_max"] is not None and row["used_mib_max"] > cap:
+            failed.append(f"used {row['used_mib_max']:,.1f} MiB/device > {cap:,.1f}")
+        row.update(
+            status="fail" if failed else "ok",
+            verdict=outcome.verdict,
+            check="; ".join(failed),
+            checkpoint=checkpoint or "",
+            event_count=outcome.event_count,
+            trace_hash=outcome.trace_hash,
+        )
+    except CellTimeout:
+        row.update(status="stopped", check=f"no result within the cell's wall-clock limit of {timeout_s:g} s")
+    except EngineGuardError as err:
+        row.update(status="stopped", check=f"simulation stopped: {err}")
+    except Exception as err:  # a bug (simnccl's or a user policy's): this cell's row, never the whole sweep
+        row.update(
+            status="crash",
+            check=f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}".rstrip(": "),
+            error="".join(traceback.format_exception(err)),
+        )
+    row["wall_s"] = round(time.monotonic() - start, 3)
+    return row

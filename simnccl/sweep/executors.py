@@ -1,0 +1,163 @@
+"""Where cells run: this process, a local process pool, or a Dask cluster. No task distribution of our own.
+
+Every executor calls the same ``run_cell`` with the same ``Cell`` and yields rows as cells finish, so a cell's
+result cannot depend on where it ran (the tests compare them). The pool uses the ``spawn`` start method: a
+worker starts from a fresh interpreter, never a fork of a process with a progress thread running. Dask is
+imported here and only when asked for (``--scheduler``, ``--dask-local``): importing simnccl stays light, and
+a missing ``distributed`` is a missing prerequisite (exit 2, naming the extra to install).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import traceback
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
+from multiprocessing import get_context
+from typing import Any
+
+from simnccl import __version__
+from simnccl.sweep.cell import Cell, blank_row, run_cell
+from simnccl.sweep.store import Row
+
+DASK_CONNECT_TIMEOUT_S = 30.0
+DASK_WORKER_WAIT_S = 60.0
+_ADDRESS = re.compile(r"(tcp|tls|inproc|ucx|ws|wss)://[^\s/]+\Z")
+
+
+class ExecutorError(RuntimeError):
+    """The executor cannot start (exit 2): a missing extra, a scheduler that does not answer, no workers."""
+
+
+@dataclass(frozen=True, slots=True)
+class Executor:
+    """``kind`` is ``local`` (``jobs`` = 1: this process), ``pool`` (``jobs`` processes) or ``dask``
+    (``scheduler`` address, or ``dask_local`` workers in a LocalCluster started here)."""
+
+    kind: str
+    jobs: int = 1
+    scheduler: str | None = None
+    dask_local: int = 0
+
+    def describe(self) -> str:
+        if self.kind == "local":
+            return "this process"
+        if self.kind == "pool":
+            return f"{self.jobs} local processes"
+        if self.scheduler:
+            return f"the Dask scheduler at {self.scheduler}"
+        return f"a local Dask cluster of {self.dask_local} worker process{'es' if self.dask_local > 1 else ''}"
+
+
+def check_address(address: str) -> str:
+    if not _ADDRESS.match(address):
+        raise ValueError(f"expected a scheduler address such as tcp://host:8786, got {address!r}")
+    return address
+
+
+def _lost(cell: Cell, what: str, err: BaseException) -> Row:
+    """The row of a cell whose worker died or failed outside ``run_cell``: a crash, reported as that cell's."""
+    row = blank_row(cell)
+    row.update(
+        status="crash",
+        check=f"{what}: {type(err).__name__}: {err}",
+        error="".join(traceback.format_exception(err)),
+        worker="",
+        wall_s=0.0,
+    )
+    return row
+
+
+def run_cells(cells: Sequence[Cell], executor: Executor, timeout_s: float) -> Iterator[Row]:
+    """Rows as cells finish (in any order); every cell yields exactly one row."""
+    if executor.kind == "local":
+        for cell in cells:
+            yield run_cell(cell, timeout_s)
+    elif executor.kind == "pool":
+        yield from _run_pool(cells, executor.jobs, timeout_s)
+    else:
+        yield from _run_dask(cells, executor, timeout_s)
+
+
+def _run_pool(cells: Sequence[Cell], jobs: int, timeout_s: float) -> Iterator[Row]:
+    with ProcessPoolExecutor(max_workers=max(1, min(jobs, len(cells))), mp_context=get_context("spawn")) as pool:
+        futures: dict[Future[Row], Cell] = {pool.submit(run_cell, cell, timeout_s): cell for cell in cells}
+        try:
+            for future in as_completed(futures):
+                try:
+                    yield future.result()
+                except Exception as err:  # the worker process died (BrokenProcessPool) or the cell did not pickle
+                    yield _lost(futures[future], "worker process failed", err)
+        finally:
+            for future in futures:
+                future.cancel()
+
+
+def _simnccl_version() -> str:
+    from simnccl import __version__ as version
+
+    return version
+
+
+def _dask() -> Any:
+    try:
+        import distributed
+    except ImportError:
+        raise ExecutorError("Dask is not installed; install the sweep extra: pip install 'simnccl[sweep]'") from None
+    return distributed
+
+
+def _run_dask(cells: Sequence[Cell], executor: Executor, timeout_s: float) -> Iterator[Row]:
+    distributed = _dask()
+    cluster = None
+    where = f"--scheduler {executor.scheduler}" if executor.scheduler else f"--dask-local {executor.dask_local}"
+    try:
+        if executor.scheduler:
+            try:
+                client = distributed.Client(executor.scheduler, timeout=DASK_CONNECT_TIMEOUT_S)
+            except (OSError, TimeoutError) as err:
+                raise ExecutorError(f"{where}: cannot reach the scheduler: {err}") from None
+        else:
+            import dask
+
+            # Dask's statistical profiler samples every worker thread's stack every 10 ms: on the engine's deep
+            # simpy stacks that doubled the time per cell. Off here (the nannies hand this config to the workers);
+            # a cluster of one's own: DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED=False on each worker.
+            with dask.config.set({"distributed.worker.profile.enabled": False}):
+                cluster = distributed.LocalCluster(
+                    n_workers=executor.dask_local,
+                    threads_per_worker=1,
+                    processes=True,
+                    dashboard_address=":0",  # its HTTP server starts anyway: on a free port, never a taken 8787
+                    silence_logs=logging.ERROR,
+                )
+            client = distributed.Client(cluster)
+        with client:
+            try:
+                client.wait_for_workers(1, timeout=DASK_WORKER_WAIT_S)
+            except (TimeoutError, OSError) as err:
+                raise ExecutorError(f"{where}: no worker joined the scheduler within {DASK_WORKER_WAIT_S:g} s") from err
+            versions = client.run(_simnccl_version)
+            wrong = {addr: v for addr, v in sorted(versions.items()) if v != __version__}
+            if wrong:
+                shown = ", ".join(f"{a} has {v}" for a, v in wrong.items())
+                raise ExecutorError(f"{where}: the workers must run simnccl {__version__} like this machine: {shown}")
+            futures = {
+                client.submit(
+                    run_cell, cell, timeout_s, key=f"simnccl-cell-{cell.index}-{cell.cell_id}", pure=False
+                ): cell
+                for cell in cells
+            }
+            try:
+                for future in distributed.as_completed(futures):
+                    try:
+                        yield future.result()
+                    except Exception as err:  # a worker lost (KilledWorker), a cell that did not travel
+                        yield _lost(futures[future], "Dask task failed", err)
+            finally:
+                client.cancel(list(futures))
+    finally:
+        if cluster is not None:
+            cluster.close()

@@ -1,0 +1,586 @@
+"""simnccl sweep: the same results in this process, a process pool, a loopback Dask cluster (a real scheduler and
+workers started here) and a LocalCluster; resume; the CSV and JSON files; bad input; cells that crash or run
+past their limit. And property campaigns on several pytest-xdist gateways with the program count summed."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Iterator
+from importlib.metadata import entry_points
+from pathlib import Path
+
+import pytest
+
+from simnccl.cli import main
+from simnccl.sweep import command, executors
+from simnccl.sweep.deadline import CellTimeout, call_with_deadline
+from simnccl.sweep.store import CSV_FIELDS, FIELDS, SCHEMA_VERSION, read_csv, read_json, result_of
+from simnccl.testing.replay import plugin_registered
+
+pytest_plugins = ["pytester"] if plugin_registered() else ["simnccl.testing.plugin", "pytester"]
+
+REPO = Path(__file__).resolve().parent.parent
+DASK = (sys.executable, "-m")  # `dask scheduler` / `dask worker`, from this interpreter
+SCHEDULER_FLAGS = ("--host", "127.0.0.1", "--port", "0", "--dashboard-address", ":0")
+WORKER_FLAGS = ("--nworkers", "2", "--nthreads", "1", "--no-dashboard", "--host", "127.0.0.1", "--memory-limit", "0")
+WORKLOADS = ("megatron tp=2 pp=2 dp=2", "vllm tp=4", "torchtitan dp_shard=2 tp=4")
+POLICIES = ("torch-default", "legacy", "dedupe", "lazy-single-rank")
+RELEASES = ("2.14", "2.15")
+MATRIX_3x4x2 = [
+    *(a for w in WORKLOADS for a in ("--workload", w)),
+    *(a for p in POLICIES for a in ("--policy", p)),
+    *(a for r in RELEASES for a in ("--release", r)),
+]
+# A team's policies that go wrong: one raises (a bug: the cell crashes), one never returns (the cell's limit).
+BAD_POLICIES = textwrap.dedent(
+    """\
+    from dataclasses import dataclass
+
+    from simnccl.policy import BasePolicy
+
+
+    @dataclass(frozen=True)
+    class Raises(BasePolicy):
+        name: str = "raises"
+
+        def on_group(self, request, decision):
+            raise RuntimeError("policy bug")
+
+
+    @dataclass(frozen=True)
+    class Spins(BasePolicy):
+        name: str = "spins"
+
+        def on_group(self, request, decision):
+            while True:
+                pass
+    """
+)
+
+
+def sweep(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(["sweep", *argv])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def results(path: Path) -> dict[str, dict[str, object]]:
+    _, _, rows = read_json(path)
+    return {row["cell_id"]: result_of(row) for row in rows}
+
+
+@pytest.fixture(scope="module")
+def policy_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("team")
+    (folder / "team_policies.py").write_text(BAD_POLICIES, encoding="utf-8")
+    return folder
+
+
+def _wait_for(path: Path, processes: list[subprocess.Popen[bytes]], seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while not path.exists():
+        if time.monotonic() > deadline or any(p.poll() is not None for p in processes):
+            raise RuntimeError(f"the Dask scheduler did not start ({path} missing)")
+        time.sleep(0.1)
+
+
+@pytest.fixture(scope="module")
+def dask_scheduler(tmp_path_factory: pytest.TempPathFactory, policy_dir: Path) -> Iterator[str]:
+    """A real Dask scheduler and two worker processes on loopback (``dask scheduler`` / ``dask worker``), their
+    working folder the team's policies; yields the scheduler's tcp:// address."""
+    pytest.importorskip("distributed")
+    folder = tmp_path_factory.mktemp("dask")
+    info = folder / "scheduler.json"
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+        "DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED": "False",  # as README 'Sweeps' advises
+    }
+    scheduler = subprocess.Popen(
+        [*DASK, "distributed.cli.dask_scheduler", *SCHEDULER_FLAGS, "--scheduler-file", str(info)],
+        cwd=folder,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    processes = [scheduler]
+    try:
+        _wait_for(info, processes, 60)
+        address = json.loads(info.read_text())["address"]
+        worker = subprocess.Popen(
+            [*DASK, "distributed.cli.dask_worker", address, *WORKER_FLAGS],
+            cwd=policy_dir,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        processes.append(worker)
+        yield address
+    finally:
+        for process in reversed(processes):
+            process.terminate()
+        for process in reversed(processes):
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+
+
+# ---------------------------------------------------------------------------------------------- same results
+
+
+def test_3x4x2_matrix_gives_the_same_results_here_in_a_pool_and_on_dask(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, dask_scheduler: str
+) -> None:
+    runs = {
+        "local": ["--jobs", "1"],
+        "pool": ["--jobs", "2"],
+        "dask": ["--scheduler", dask_scheduler],
+        "dask-local": ["--dask-local", "2"],
+    }
+    found = {}
+    for name, where in runs.items():
+        out = tmp_path / f"{name}.json"
+        code, _, err = sweep(capsys, *MATRIX_3x4x2, *where, "--json", str(out))
+        assert code == 0, err
+        assert "24 cells (0 done, 24 to run)" in err
+        found[name] = results(out)
+        _, _, rows = read_json(out)
+        workers = {row["worker"].rsplit(":", 1)[1] for row in rows}
+        assert (workers == {str(os.getpid())}) == (name == "local")  # elsewhere: other processes ran the cells
+    assert len(found["local"]) == 24
+    assert {r["status"] for r in found["local"].values()} == {"ok"}
+    for name in ("pool", "dask", "dask-local"):
+        assert found[name] == found["local"], name
+    # The axes change the simulation: 2.15 allocates at startup where 2.14 (lazy by default) does not.
+    comms = {(r["workload"], r["policy"], r["release"]): r["comms"] for r in found["local"].values()}
+    assert comms[("megatron dp=2 pp=2 tp=2", "torch-default", "2.15")] > 0
+    assert comms[("megatron dp=2 pp=2 tp=2", "torch-default", "2.14")] == 0
+
+
+def test_a_crash_and_a_runaway_cell_are_their_rows_on_dask_too(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    policy_dir: Path,
+    dask_scheduler: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.chdir(policy_dir)  # policy import specs find modules in the current folder, as python -m does
+    policies = ["--policy", "torch-default", "--policy", "team_policies:Raises", "--policy", "team_policies:Spins"]
+    common = ["--workload", "megatron tp=2 pp=2 dp=2", *policies, "--cell-timeout", "1"]
+    statuses = {}
+    for name, where in {"local": ["--jobs", "1"], "dask": ["--scheduler", dask_scheduler]}.items():
+        code, out, _ = sweep(capsys, *common, *where, "--json", str(tmp_path / f"{name}.json"))
+        assert code == command.EXIT_BUG  # a cell's exception is a bug, whatever else happened
+        _, _, rows = read_json(tmp_path / f"{name}.json")
+        statuses[name] = [(r["policy"], r["status"]) for r in rows]
+        crashed = rows[1]
+        assert crashed["check"] == "RuntimeError: policy bug" and "team_policies.py" in crashed["error"]
+        assert "within the cell's wall-clock limit of 1 s" in rows[2]["check"]
+        assert "#1 crash: RuntimeError: policy bug" in out
+    assert (
+        statuses["local"]
+        == statuses["dask"]
+        == [
+            ("torch-default", "ok"),
+            ("team_policies:Raises", "crash"),
+            ("team_policies:Spins", "stopped"),
+        ]
+    )
+
+
+def test_a_cell_past_its_wall_clock_limit_fails_the_sweep_with_exit_1(
+    capsys: pytest.CaptureFixture[str], policy_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(policy_dir)
+    argv = ["--workload", "vllm tp=2", "--policy", "team_policies:Spins", "--policy", "dedupe", "--cell-timeout", "0.5"]
+    code, out, _ = sweep(capsys, *argv, "--jobs", "2")
+    assert code == command.EXIT_CHECK_FAILED
+    assert "#0 stopped: no result within the cell's wall-clock limit of 0.5 s" in out
+    assert "#1" not in out.split("\n\n")[1]  # the other cell is ok: no note
+
+
+def test_the_deadline_interrupts_a_loop_in_a_worker_thread_and_passes_results_through() -> None:
+    """Dask runs cells in threads, where no signal arrives: the limit must hold there."""
+    seen: dict[str, object] = {}
+
+    def spin() -> None:
+        while True:
+            pass
+
+    def in_thread() -> None:
+        try:
+            call_with_deadline(spin, 0.2)
+        except CellTimeout as err:
+            seen["timeout"] = str(err)
+        seen["value"] = call_with_deadline(lambda: 42, 5)
+        try:
+            call_with_deadline(lambda: 1 / 0, 5)
+        except ZeroDivisionError:
+            seen["raised"] = True
+
+    worker = threading.Thread(target=in_thread)
+    worker.start()
+    worker.join(30)
+    assert seen == {"timeout": "still running after 0.2 s", "value": 42, "raised": True}
+
+
+def test_a_failed_check_exits_1_and_says_why(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["--workload", "vllm tp=4", "--policy", "torch-default", "--policy", "legacy", "--max-used-mib", "1000"]
+    code, out, _ = sweep(capsys, *argv, "--jobs", "1")
+    assert code == command.EXIT_CHECK_FAILED
+    assert "#0 fail: used 2,009.8 MiB/device > 1,000.0" in out  # legacy allocates nothing at startup: ok
+    assert "#1 " not in out
+
+
+def test_scenario_variants_are_cells_and_their_expectations_the_check(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    scenario = str(REPO / "scenarios" / "pytorch-199957.toml")
+    code, _, err = sweep(capsys, "--scenario", scenario, "--jobs", "1", "--json", str(tmp_path / "s.json"))
+    assert code == 0, err
+    _, _, rows = read_json(tmp_path / "s.json")
+    assert [(r["kind"], r["variant"], r["policy"], r["env"]) for r in rows] == [
+        ("scenario", "nccl2-default", "torch-default", {}),
+        ("scenario", "legacy", "torch-default", {"TORCH_DIST_USE_NCCL2": "0"}),
+        ("scenario", "share-resources", "torch-default", {"NCCL_COMM_SPLIT_SHARE_RESOURCES": "1"}),
+    ]
+    # Every variant under one policy: the variant whose expectation pins the default's memory now fails.
+    code, out, _ = sweep(capsys, "--scenario", scenario, "--policy", "legacy", "--jobs", "1")
+    assert code == command.EXIT_CHECK_FAILED
+    assert " fail " in out
+
+
+# ---------------------------------------------------------------------------------------------- files, resume
+
+
+MATRIX_2x2 = ["--workload", "vllm tp=2", "--workload", "megatron tp=2 dp=2", "--policy", "dedupe", "--policy", "legacy"]
+
+
+def test_csv_and_json_hold_the_same_rows_in_the_documented_shape(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    js, cs = tmp_path / "out.json", tmp_path / "out.csv"
+    code, _, _ = sweep(
+        capsys, *MATRIX_2x2, "--env", "NCCL_DEBUG=WARN", "--jobs", "1", "--json", str(js), "--csv", str(cs)
+    )
+    assert code == 0
+    document = json.loads(js.read_text())
+    assert document["schema"] == "simnccl.sweep" and document["schema_version"] == SCHEMA_VERSION
+    assert document["cells"] == 4 and document["summary"] == {"ok": 4, "fail": 0, "stopped": 0, "crash": 0}
+    assert document["matrix"]["policies"] == ["dedupe", "legacy"] and document["matrix"]["env"] == {
+        "NCCL_DEBUG": "WARN"
+    }
+    row = document["rows"][0]
+    assert list(row) == list(FIELDS)
+    assert row["knobs"] == {"tp": 2, "local_world_size": 2} or row["knobs"] == {"local_world_size": 2, "tp": 2}
+    assert row["env"] == {"NCCL_DEBUG": "WARN"} and isinstance(row["used_mib_max"], float)
+    with cs.open(newline="") as handle:
+        reader = csv.DictReader(handle)
+        assert tuple(reader.fieldnames or ()) == CSV_FIELDS
+        lines = list(reader)
+    assert [int(r["index"]) for r in lines] == [0, 1, 2, 3]
+    assert {r["matrix_hash"] for r in lines} == {document["matrix_hash"]}
+    csv_hash, csv_rows = read_csv(cs)
+    assert csv_hash == document["matrix_hash"]
+    assert [result_of(r) for r in csv_rows] == [result_of(r) for r in document["rows"]]
+
+
+def test_stdout_json_replaces_the_table(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = sweep(capsys, "--workload", "vllm tp=2", "--jobs", "1", "--json")
+    assert code == 0
+    assert json.loads(out)["rows"][0]["status"] == "ok" and "1/1 cells: 1 ok" in err
+
+
+@pytest.mark.parametrize("kind", ["json", "csv"])
+def test_resume_skips_the_rows_already_in_the_file(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, kind: str
+) -> None:
+    out = tmp_path / f"out.{kind}"
+    assert sweep(capsys, *MATRIX_2x2, "--jobs", "1", f"--{kind}", str(out))[0] == 0
+    before = (read_json(out) if kind == "json" else (None, None, read_csv(out)[1]))[2]
+    # An interrupted sweep: only cells 0 and 2 made it to the file.
+    if kind == "json":
+        document = json.loads(out.read_text())
+        document["rows"] = [r for r in document["rows"] if r["index"] in (0, 2)]
+        out.write_text(json.dumps(document))
+    else:
+        lines = out.read_text().splitlines(keepends=True)
+        out.write_text(lines[0] + lines[1] + lines[3])
+    code, _, err = sweep(capsys, *MATRIX_2x2, "--jobs", "1", f"--{kind}", str(out), "--resume")
+    assert code == 0
+    assert "4 cells (2 done, 2 to run)" in err
+    after = (read_json(out) if kind == "json" else (None, None, read_csv(out)[1]))[2]
+    assert [r["index"] for r in after] == [0, 1, 2, 3]
+    assert [result_of(r) for r in after] == [result_of(r) for r in before]
+    # The kept rows were not run again: how they ran (their worker, their wall time) is the first run's.
+    assert [(r["worker"], r["wall_s"]) for r in after if r["index"] in (0, 2)] == [
+        (r["worker"], r["wall_s"]) for r in before if r["index"] in (0, 2)
+    ]
+    code, _, err = sweep(capsys, *MATRIX_2x2, "--jobs", "1", f"--{kind}", str(out), "--resume")
+    assert code == 0 and "4 cells (4 done, 0 to run)" in err
+
+
+def test_resume_runs_stopped_and_crashed_cells_again(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    out = tmp_path / "out.json"
+    assert sweep(capsys, *MATRIX_2x2, "--jobs", "1", "--json", str(out))[0] == 0
+    document = json.loads(out.read_text())
+    document["rows"][1].update(status="crash", check="MemoryError: ")
+    document["rows"][3].update(status="stopped", check="no result")
+    out.write_text(json.dumps(document))
+    code, _, err = sweep(capsys, *MATRIX_2x2, "--jobs", "1", "--json", str(out), "--resume")
+    assert code == 0
+    assert "2 stopped or crashed cell(s) run again" in err and "(2 done, 2 to run)" in err
+    assert [r["status"] for r in read_json(out)[2]] == ["ok"] * 4
+
+
+def test_a_changed_matrix_is_refused_unless_accepted(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    out = tmp_path / "out.json"
+    assert sweep(capsys, *MATRIX_2x2, "--jobs", "1", "--json", str(out))[0] == 0
+    first = results(out)
+    changed = [*MATRIX_2x2[:-2], "--policy", "lazy-init"]  # legacy out, lazy-init in
+    code, _, err = sweep(capsys, *changed, "--jobs", "1", "--json", str(out), "--resume")
+    assert code == 2
+    assert err.startswith("error: --resume: ") and "another matrix" in err and "policies changed" in err
+    assert results(out) == first  # the refused run wrote nothing
+    code, _, err = sweep(capsys, *changed, "--jobs", "1", "--json", str(out), "--resume", "--accept-matrix-change")
+    assert code == 0
+    assert "2 row(s) of cells no longer in the matrix dropped" in err and "(2 done, 2 to run)" in err
+    now = results(out)
+    kept = {cid for cid, r in first.items() if r["policy"] == "dedupe"}
+    assert kept <= set(now) and all(now[cid] == first[cid] for cid in kept)
+    assert sorted(r["policy"] for r in now.values()) == ["dedupe", "dedupe", "lazy-init", "lazy-init"]
+
+
+def test_an_existing_output_file_is_kept_unless_resumed_or_overwritten(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    out = tmp_path / "out.csv"
+    assert sweep(capsys, "--workload", "vllm tp=2", "--jobs", "1", "--csv", str(out))[0] == 0
+    code, _, err = sweep(capsys, "--workload", "vllm tp=2", "--jobs", "1", "--csv", str(out))
+    assert code == 2 and "already holds a sweep; pass --resume" in err
+    assert sweep(capsys, "--workload", "vllm tp=2", "--jobs", "1", "--csv", str(out), "--overwrite")[0] == 0
+    other = tmp_path / "notes.json"
+    other.write_text('{"mine": true}')  # not a sweep's file: never replaced without --overwrite
+    code, _, err = sweep(capsys, "--workload", "vllm tp=2", "--jobs", "1", "--json", str(other))
+    assert code == 2 and "not a simnccl sweep JSON document" in err and "--overwrite" in err
+    assert other.read_text() == '{"mine": true}'
+
+
+def test_a_toml_matrix_is_the_same_matrix_as_the_same_flags(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    matrix = tmp_path / "matrix.toml"
+    matrix.write_text(
+        textwrap.dedent(
+            """\
+            [[workload]]
+            generator = "vllm"
+            args = { tp = 2 }
+
+            [[workload]]
+            generator = "megatron"
+            args = { tp = 2, dp = 2 }
+
+            [axes]
+            policy = ["dedupe", "legacy"]
+            """
+        )
+    )
+    code, out, _ = sweep(capsys, str(matrix), "--dry-run")
+    flags_code, flags_out, _ = sweep(capsys, *MATRIX_2x2, "--dry-run")
+    assert code == flags_code == 0
+    assert out == flags_out and len(out.splitlines()) == 4  # the same cells, the same cell ids
+    # A flag replaces the file's key of the same meaning.
+    code, out, _ = sweep(capsys, str(matrix), "--policy", "lazy-init", "--dry-run")
+    assert code == 0 and {line.split("\t")[3] for line in out.splitlines()} == {"lazy-init"}
+
+
+def test_the_readme_matrix_example_is_valid(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("## Sweeps") :]
+    example = section[section.index("```toml\n") + 8 : section.index("```", section.index("```toml\n") + 8)]
+    matrix = tmp_path / "matrix.toml"
+    matrix.write_text(example.replace('"scenarios/', f'"{REPO}/scenarios/'))
+    code, out, err = sweep(capsys, "--json", str(matrix), "--dry-run")  # --json then the matrix: an input
+    assert code == 0, err
+    # 1 workload x 3 policies x 2 releases x 2 GPUs x 2 env sets + 3 scenario variants x 3 policies x 2 env sets
+    assert len(out.splitlines()) == 24 + 18 and "42 cells, 0 done, 42 to run" in err
+
+
+# ---------------------------------------------------------------------------------------------- bad input
+
+
+BAD_FLAGS = [
+    (["--workload", "vllm tp=2", "--gpu", "h900"], "--gpu: unknown GPU kind 'h900'"),
+    (["--workload", "vllm tp=2", "--release", "3.0"], "--release: unknown torch release '3.0'"),
+    (["--workload", "vllm tp=2", "--policy", "no-such-policy"], "--policy: "),
+    (["--workload", "vllm tp=2", "--policy", "dedupe", "--policy", "dedupe"], "--policy: 'dedupe' is given twice"),
+    (["--workload", "vllm tpp=2"], "--workload 'vllm tpp=2': unknown knob tpp=2 for workload 'vllm'"),
+    (["--workload", "jax tp=2"], "--workload 'jax tp=2': unknown workload generator 'jax'"),
+    (["--workload", "megatron tp=2 dp=2 world=8"], "world=8 does not match the 4 ranks"),
+    (["--workload", "vllm tp=2", "--env-set", "NCCL_MAX_NCHANNELS"], "--env-set: expected VAR=VALUE items"),
+    (["--workload", "vllm tp=2", "--accept-verdict", "fine"], "--accept-verdict: unknown verdict 'fine'"),
+    (["--workload", "vllm tp=2", "--cell-timeout", "0"], "--cell-timeout: expected a positive number"),
+    (["--workload", "vllm tp=2", "--jobs", "0"], "--jobs: expected 1 to 1024 processes"),
+    (["--workload", "vllm tp=2", "--scheduler", "localhost"], "--scheduler: expected a scheduler address"),
+    (["--workload", "vllm tp=2", "--scheduler", "tcp://h:1", "--jobs", "2"], "--jobs: choose one of"),
+    (["--workload", "vllm tp=2", "--resume"], "--resume: needs the sweep's file"),
+    (["--workload", "vllm tp=2", "--csv", "x.csv", "--resume", "--overwrite"], "--overwrite: choose one of"),
+    (["--workload", "vllm tp=2", "--env", "A=1", "--env-set", "A=1", "--env-set", ""], "matrix: cells #0 and #1 are"),
+    ([*MATRIX_3x4x2, "--max-cells", "20"], "--max-cells: the matrix has 24 cells, more than the limit of 20"),
+    ([], "--workload: the matrix has no cells"),
+]
+
+
+@pytest.mark.parametrize(("argv", "message"), BAD_FLAGS, ids=[m.split(":")[0] for _, m in BAD_FLAGS])
+def test_bad_input_exits_2_with_one_line_naming_the_flag(
+    capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    code, out, err = sweep(capsys, *argv)
+    assert code == 2
+    assert err.startswith("error: ") and message in err and err.count("\n") == 1, err
+    assert "Traceback" not in err and out == ""
+
+
+BAD_TOML = [
+    ("[sweep]\ncells = 3\n", "m.toml: sweep.cells: unknown key"),
+    ('[[workload]]\ngenerator = "vllm"\nargs = { tp = "two" }\n', "m.toml: workload[0]: tp: expected an integer"),
+    (
+        '[[workload]]\ngenerator = "vllm"\nargs = { tp = 2 }\n[axes]\ngpu = "h100-80gb"\n',
+        "m.toml: axes.gpu: expected a list",
+    ),
+    (
+        '[[workload]]\ngenerator = "vllm"\nargs = { tp = 2 }\n[axes]\nenv = [{ "1X" = "y" }]\n',
+        "axes.env[0]: expected an environment",
+    ),
+    ('[[scenario]]\nfile = "missing.toml"\n', "m.toml: scenario[0]: "),
+    ("[axes\n", "m.toml: not valid TOML"),
+]
+
+
+@pytest.mark.parametrize(("text", "message"), BAD_TOML, ids=[m.split(": ")[1] for _, m in BAD_TOML])
+def test_a_bad_matrix_file_exits_2_naming_the_key(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, text: str, message: str
+) -> None:
+    path = tmp_path / "m.toml"
+    path.write_text(text)
+    code, _, err = sweep(capsys, str(path))
+    assert code == 2
+    assert message in err.replace(str(tmp_path) + os.sep, "") and err.count("\n") == 1, err
+
+
+def test_a_matrix_too_large_is_refused_before_any_cell_exists(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_expansion(matrix: object) -> None:
+        raise AssertionError("expanded a matrix that is over the limit")
+
+    monkeypatch.setattr(command, "expand", no_expansion)
+    releases = [a for r in ("2.14", "2.15", "2.15-dev", "2.15a0", "2.16-dev") for a in ("--release", r)]
+    gpus = [a for g in ("h100-80gb", "a100-80gb", "l4", "h200-141gb") for a in ("--gpu", g)]
+    sets = [a for n in range(1, 600) for a in ("--env-set", f"NCCL_MAX_NCHANNELS={n}")]
+    code, _, err = sweep(capsys, *MATRIX_3x4x2[:6], *releases, *gpus, *sets)
+    assert code == 2 and "the matrix has 35940 cells, more than the limit of 10000" in err
+
+
+def test_without_distributed_a_dask_sweep_exits_2_naming_the_extra(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "distributed", None)  # `import distributed` now raises ImportError
+    code, _, err = sweep(capsys, "--workload", "vllm tp=2", "--dask-local", "1")
+    assert code == 2 and "pip install 'simnccl[sweep]'" in err
+
+
+def test_a_scheduler_that_does_not_answer_exits_2_naming_it(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("distributed")
+    monkeypatch.setattr(executors, "DASK_CONNECT_TIMEOUT_S", 1.0)
+    code, _, err = sweep(capsys, "--workload", "vllm tp=2", "--scheduler", "tcp://127.0.0.1:1")
+    assert code == 2 and "error: --scheduler tcp://127.0.0.1:1: cannot reach the scheduler" in err
+
+
+def test_importing_simnccl_and_its_cli_does_not_import_dask() -> None:
+    probe = "import sys, simnccl, simnccl.cli, simnccl.sweep; print(sorted({m.split('.')[0] for m in sys.modules}))"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    loaded = set(json.loads(out.replace("'", '"')))
+    assert not loaded & {"dask", "distributed", "torch"}
+
+
+# ---------------------------------------------------------------------------------------------- progress
+
+
+class _Terminal:
+    """A stderr that says it is a terminal (and keeps what was written)."""
+
+    def __init__(self) -> None:
+        self.text: list[str] = []
+
+    def write(self, text: str) -> int:
+        self.text.append(text)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("quiet", [False, True], ids=["terminal", "quiet"])
+def test_a_progress_bar_on_a_terminal_unless_quiet(quiet: bool) -> None:
+    parser = __import__("argparse").ArgumentParser()
+    command.add_sweep_parser(parser.add_subparsers())
+    args = parser.parse_args(["sweep", "--workload", "vllm tp=2", "--jobs", "1", *(["--quiet"] if quiet else [])])
+    err, out = _Terminal(), _Terminal()
+    assert command.run_sweep(args, out=out, err=err) == 0  # type: ignore[arg-type]
+    drawn = "".join(err.text)
+    assert ("━" in drawn) != quiet  # rich's bar
+    assert ("".join(out.text) == "") == quiet  # quiet: no table when every cell is ok
+
+
+# ---------------------------------------------------------------------------------------------- xdist gateways
+
+
+def _plugin_args() -> tuple[str, ...]:
+    installed = any(ep.value == "simnccl.testing.plugin" for ep in entry_points(group="pytest11"))
+    return ("-p", "simnccl") if installed else ("-p", "simnccl.testing.plugin")
+
+
+def test_property_campaign_on_several_xdist_gateways_sums_the_program_count(pytester: pytest.Pytester) -> None:
+    """The README's recipe for a campaign beyond one machine: explicit ``--tx`` gateways (``ssh=host`` in
+    production; ``popen`` here, in both spellings: ``2*popen`` and one more ``popen``, three gateways). Every
+    gateway's programs are counted once in the total the plugin prints and checks."""
+    pytester.makepyfile(
+        textwrap.dedent(
+            """\
+            import os
+
+            import pytest
+            from simnccl.ops import InitProcessGroup, SetDevice
+            from simnccl.testing.replay import SimCase
+
+            @pytest.mark.parametrize("n", range(9))
+            def test_programs(n):
+                for _ in range(n + 1):
+                    SimCase(programs=((SetDevice(), InitProcessGroup()),) * 2).run()
+                with open(f"ran-on-{os.environ['PYTEST_XDIST_WORKER']}", "a") as handle:
+                    handle.write(f"{n}\\n")
+            """
+        )
+    )
+    gateways = ("--dist", "load", "--tx", "2*popen", "--tx", "popen")
+    result = pytester.runpytest_subprocess(*_plugin_args(), *gateways, "--simnccl-min-programs", "45")
+    result.assert_outcomes(passed=9)
+    assert result.ret == 0  # --simnccl-min-programs 45 holds: the sum is over every gateway
+    result.stdout.fnmatch_lines(["simnccl: 45 generated programs simulated (45 simulations)*"])
+    ran = {p.name: p.read_text().split() for p in pytester.path.glob("ran-on-*")}
+    assert len(ran) >= 2, ran  # tests ran on more than one gateway, and each test's programs once
+    assert sorted(int(n) for ns in ran.values() for n in ns) == list(range(9))
+    assert set(ran) <= {"ran-on-gw0", "ran-on-gw1", "ran-on-gw2"}
