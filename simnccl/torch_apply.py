@@ -20,8 +20,8 @@ Usage::
 block; ``apply`` *is* ``install`` plus context-manager exit, so ``applied = apply(...)`` alone also installs.
 One policy at a time per process: installing while one is installed raises ``ApplyError``.
 
-What is routed, and how (the same semantics as the simulator, ``simnccl.engine`` ``_policy_init``,
-``_policy_group``, ``_effective_op``):
+What is routed, and how (the same semantics as the simulator's ``simnccl.engine.policy_gate.PolicyGate``
+``init``, ``group``, ``effective_op``):
 
 * ``init_process_group``: an ``InitRequest`` (release from ``torch.__version__``, env = ``os.environ``, the
   caller's backend / device_id / pg_options); the plan's env knobs are set in ``os.environ`` *before* the
