@@ -12,15 +12,17 @@ import sys
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 
 from simnccl import cost
+from simnccl.cli_guard import guarded
 from simnccl.engine import EngineGuardError
 from simnccl.explain import explain as explain_variant
 from simnccl.flight_recorder import write_dumps
 from simnccl.prerequisites import MissingPrerequisite, require_torch
 from simnccl.report import print_result
 from simnccl.runner import run_scenario
-from simnccl.scenario import ScenarioError, load_scenario
+from simnccl.scenario import VERDICTS, ScenarioError, load_scenario
 
 DEFAULT_SCENARIO = "pytorch-199957.toml"
 EXIT_OK, EXIT_EXPECTATIONS, EXIT_BAD_INPUT = 0, 1, 2
@@ -44,6 +46,12 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--json", action="store_true", help="print the result as JSON (schema in README)")
     run.add_argument("--explain", action="store_true", help="print each policy decision and its reason")
     run.add_argument("--fr-dir", help="write each variant's flight-recorder dumps to FR_DIR/<variant>/rank_<r>")
+    run.add_argument(
+        "--allow",
+        type=_verdicts,
+        default=frozenset(),
+        help="verdicts other than pass that are not a failure when no [[expect]] asks for them (e.g. hang,error)",
+    )
     explain = sub.add_parser("explain", help="the hangs and failures of a run, in plain language")
     explain.add_argument("scenarios", nargs="*", help=f"scenario files (default: the built-in {DEFAULT_SCENARIO})")
     explain.add_argument("--variant", action="append", help="only this variant (repeatable)")
@@ -69,6 +77,15 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _verdicts(text: str) -> frozenset[str]:
+    chosen = frozenset(v.strip() for v in text.split(",") if v.strip())
+    unknown = sorted(chosen - set(VERDICTS))
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown verdict(s) {', '.join(unknown)}; expected {', '.join(VERDICTS)}")
+    return chosen
+
+
+@guarded
 def main(argv: list[str] | None = None) -> int:
     raw = sys.argv[1:] if argv is None else argv
     if raw[:1] in (["capture"], ["real"]):
@@ -105,13 +122,13 @@ def main(argv: list[str] | None = None) -> int:
         for scenario in scenarios:
             if scenario.faults.faults or scenario.faults.seed is not None:
                 # The schedule is the run's identity: print it before anything runs (testing-practices §1).
-                err.print(f"{scenario.name}: {scenario.faults.describe()}", highlight=False)
-            results.append(run_scenario(scenario, args.variant))
+                err.print(f"{scenario.name}: {scenario.faults.describe()}", highlight=False, markup=False)
+            results.append(run_scenario(scenario, args.variant, allow=getattr(args, "allow", frozenset())))
     except ScenarioError as error:
-        err.print(f"[red]error:[/red] {error}", highlight=False)
+        err.print(f"[red]error:[/red] {escape(str(error))}", highlight=False)
         return EXIT_BAD_INPUT
     except EngineGuardError as error:
-        err.print(f"[red]simulation stopped:[/red] {error}", highlight=False)
+        err.print(f"[red]simulation stopped:[/red] {escape(str(error))}", highlight=False)
         return EXIT_EXPECTATIONS
     if args.command == "explain":
         for result in results:
@@ -124,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
                 if variant.outcome.fr_dumps:
                     folder = Path(args.fr_dir) / _safe(f"{result.scenario}-{variant.name}")
                     write_dumps(variant.outcome.fr_dumps, folder)
-                    err.print(f"flight-recorder dumps: {folder}", highlight=False)
+                    err.print(f"flight-recorder dumps: {folder}", highlight=False, markup=False)
     if args.json:
         payload = [r.to_dict() for r in results]
         sys.stdout.write(json.dumps(payload[0] if len(payload) == 1 else payload, indent=2, default=str) + "\n")

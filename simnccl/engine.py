@@ -2199,6 +2199,10 @@ class Engine:
             env = self.env
             if env.peek() == math.inf and next_deadline == math.inf:
                 return
+            if min(env.peek(), next_deadline) > self.config.limits.max_sim_time_s:
+                raise EngineGuardError(
+                    f"simulated time would pass Limits.max_sim_time_s = {self.config.limits.max_sim_time_s:g} s"
+                )
             step_end = min(next_deadline, env.now + self._min_timeout_s)
             if env.peek() > step_end:
                 # Nothing happens before then: move the clock to the step end. simpy places the event at
