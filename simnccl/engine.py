@@ -2199,11 +2199,12 @@ class Engine:
             env = self.env
             if env.peek() == math.inf and next_deadline == math.inf:
                 return
-            if min(env.peek(), next_deadline) > self.config.limits.max_sim_time_s:
-                raise EngineGuardError(
-                    f"simulated time would pass Limits.max_sim_time_s = {self.config.limits.max_sim_time_s:g} s"
-                )
-            step_end = min(next_deadline, env.now + self._min_timeout_s)
+            horizon = self.config.limits.max_sim_time_s
+            if min(env.peek(), next_deadline) > horizon:
+                raise EngineGuardError(f"simulated time would pass Limits.max_sim_time_s = {horizon:g} s")
+            # A wait starts at an event, so steps are measured from the next one: idle time is never walked
+            # through in timeout-sized steps (a 1 ms timeout over hours of compute was billions of steps).
+            step_end = min(next_deadline, max(env.now, env.peek()) + self._min_timeout_s, horizon)
             if env.peek() > step_end:
                 # Nothing happens before then: move the clock to the step end. simpy places the event at
                 # ``now + delay``, which rounding can put one ulp past ``step_end``; step to where it really

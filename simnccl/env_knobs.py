@@ -11,18 +11,36 @@ from __future__ import annotations
 
 import difflib
 import importlib.resources
+import re
 import tomllib
 from collections.abc import Iterable
 from functools import cache
+from typing import Any
 
 CHECKED_PREFIXES = ("TORCH_", "PYTORCH_", "NCCL_")
 DATA_FILE = "simnccl/data/env_knobs.toml"
 
 
 @cache
+def _data() -> dict[str, Any]:
+    return tomllib.loads((importlib.resources.files("simnccl") / "data" / "env_knobs.toml").read_text(encoding="utf-8"))
+
+
 def known_knobs() -> frozenset[str]:
-    text = (importlib.resources.files("simnccl") / "data" / "env_knobs.toml").read_text(encoding="utf-8")
-    return frozenset(name for names in tomllib.loads(text).values() for name in names)
+    return frozenset(name for names in _data()["names"].values() for name in names)
+
+
+def value_problem(name: str, value: str) -> str | None:
+    """None when simnccl can use ``value`` for knob ``name``; else what it expected (integer knobs only)."""
+    bounds = _data()["integer_values"].get(name)
+    if bounds is None:
+        return None
+    low, high = bounds
+    text = value.strip()
+    number = int(text) if re.fullmatch(r"-?[0-9]{1,12}", text) else None
+    if number is None or not low <= number <= high:
+        return f"expected an integer in {low}..{high} (as a string), got {value[:40]!r}"
+    return None
 
 
 def unknown_knob_message(name: str, extra: Iterable[str] = ()) -> str | None:

@@ -45,6 +45,9 @@ class InputLimits:
     max_wall_s: float
 
 
+_INTEGER = {f.name: f.type == "int" for f in fields(InputLimits)}
+
+
 @cache
 def _defaults() -> dict[str, Any]:
     text = (importlib.resources.files("simnccl") / "data" / "limits.toml").read_text(encoding="utf-8")
@@ -59,11 +62,11 @@ def current(environ: Mapping[str, str] | None = None) -> InputLimits:
     """The data file's limits with this process's ``SIMNCCL_LIMIT_*`` overrides applied."""
     env = os.environ if environ is None else environ
     values = dict(_defaults())
-    for name, default in values.items():
+    for name in values:
         raw = env.get(ENV_PREFIX + name.upper())
         if raw is None:
             continue
-        values[name] = _parse_override(name, raw, integer=isinstance(default, int))
+        values[name] = _parse_override(name, raw, integer=_INTEGER[name])
     return InputLimits(**values)
 
 

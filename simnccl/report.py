@@ -18,8 +18,10 @@ VERDICT_STYLE = {"pass": "green", "fail": "red", "hang": "yellow", "error": "red
 
 def print_result(result: ScenarioResult, console: Console | None = None, *, explain: bool = False) -> None:
     console = console or Console()
-    console.print(
-        f"[bold]{result.scenario}[/bold]  ({result.source})  seed={result.seed}  trace={result.trace_hash[:16]}"
+    console.print(  # user text (name, file name) as Text: printed literally, never parsed as markup
+        Text.assemble(
+            (result.scenario, "bold"), f"  ({result.source})  seed={result.seed}  trace={result.trace_hash[:16]}"
+        )
     )
     for variant in result.variants:
         _print_variant(console, variant)
@@ -49,7 +51,7 @@ def _print_variant(console: Console, variant: VariantResult) -> None:
         table.add_column("Δ", justify="right")
     previous: dict[str, float] = {}
     for label, snaps in outcome.checkpoints.items():
-        row = [label]
+        row: list[str | Text] = [Text(label)]
         for device in devices:
             snap = snaps.get(device)
             if snap is None:
@@ -66,7 +68,7 @@ def _print_variant(console: Console, variant: VariantResult) -> None:
     for hang in outcome.hangs:
         console.print(
             Text(
-                f"  hang: rank {hang['rank']} in {hang['op']} ({hang['kind']} {hang['seq']} on group "
+                f"  hang: rank {hang['rank']} in {hang['op']} ({hang.get('kind', 'wait')} {hang.get('seq')} on group "
                 f"{hang['group']!r}), waiting for {hang['waiting_for']}: {hang['explanation']}",
                 style="yellow",
             )
@@ -94,8 +96,8 @@ def _groups_table(variant: VariantResult) -> Table:
         first = min((t for _, info in members for t in info["phases"].values()), default=None)
         ranks = ",".join(map(str, record.ranks)) if len(record.ranks) <= 8 else f"{len(record.ranks)} ranks"
         table.add_row(
-            record.name[:12],
-            record.desc,
+            Text(record.name[:12]),
+            Text(record.desc),
             ranks,
             record.impl,
             "yes" if record.via_split else "no",
@@ -115,5 +117,5 @@ def _print_decisions(console: Console, variant: VariantResult) -> None:
         table.add_column(column)
     for d in variant.explanations:
         ranks = d["ranks"] if isinstance(d["ranks"], str) else ",".join(map(str, d["ranks"]))
-        table.add_row(d["call"], ranks, d["plan"], d["explanation"])
+        table.add_row(Text(d["call"]), ranks, Text(d["plan"]), Text(d["explanation"]))
     console.print(table)

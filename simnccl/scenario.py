@@ -1,14 +1,17 @@
 """Scenario files: TOML in, a validated Scenario out, or an error naming the file, the key and the expectation.
 
 Scenario files are untrusted input (DESIGN rule 9): parsed with ``tomllib``, every key checked against a
-schema, nothing evaluated. Explicit workload steps expand into one Program per rank; ranks whose expanded
-steps are identical share one Program object (DESIGN rule 8).
+schema, nothing evaluated; every size is checked against ``simnccl.limits`` before anything is expanded, every
+number is finite and in its range, and names used later (checkpoints, devices, env knobs) are checked here, so a
+mistake is exit 2 up front rather than a surprise at the end of a simulation. Explicit workload steps expand
+into one Program per rank; ranks whose expanded steps are identical share one Program object (DESIGN rule 8).
 
 Schema (every table but ``[[variants]]`` and ``[[expect]]`` required unless marked optional)::
 
     [scenario]   name, description?, seed? (int), policy? ("torch-default")
     [cluster]    gpu, nodes?, gpus_per_node, ranks_per_node?
-    [torch]      release, profile? (built-in name or path relative to the file), launcher? (torchrun|spawn), env?
+    [torch]      release, profile? (built-in name or path relative to the file), launcher? (torchrun|spawn), env?,
+                 extra_env_knobs? (TORCH_*/PYTORCH_*/NCCL_* names newer than simnccl.env_knobs' list)
     [workload]   steps = [{op = "...", repeat?, on_ranks?, <op fields>}, ...]  |  generator = "...", args?
     [[variants]] name, description?, env?, release?, profile?, policy?
     [matrix]     release? = [...], policy? = [...], env? = {VAR = [...]}   (cartesian product, added to variants)
@@ -33,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from simnccl.cluster import Cluster, ClusterError, get_gpu_kind
-from simnccl.env_knobs import unknown_knob_message
+from simnccl.env_knobs import unknown_knob_message, value_problem
 from simnccl.faults import NO_FAULTS, Fault, FaultError, FaultSchedule, generate, validate
 from simnccl.limits import InputLimits, exceeded, file_problem, nesting_depth
 from simnccl.limits import current as current_limits
@@ -168,13 +171,15 @@ class _Reader:
         value = self.get(name, dict, {}, what="a table of strings")
         for k, v in value.items():
             message = unknown_knob_message(k, extra_knobs or ())
+            if message is None and isinstance(v, str):
+                message = value_problem(k, v)
             if message is not None:
                 raise ScenarioError(self.source, f"{self.key(name)}.{k}", message)
             if not isinstance(v, str):
                 raise ScenarioError(
                     self.source,
                     f"{self.key(name)}.{k}",
-                    f"expected a string (environment values are strings), got {_kind(v)} {v!r}",
+                    f"expected a string (environment values are strings), got {_kind(v)} {_shown(v)}",
                 )
         return dict(value)
 
@@ -224,6 +229,8 @@ def load_scenario(path: str | Path) -> Scenario:
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as err:
+        raise ScenarioError(source, "", f"malformed TOML: {err}") from None
+    except ValueError as err:  # tomllib passes int()'s own error through (an integer of > 4300 digits)
         raise ScenarioError(source, "", f"malformed TOML: {err}") from None
     except RecursionError:  # the parser recurses once per level of nesting
         raise ScenarioError(
@@ -417,6 +424,10 @@ def _matrix(reader: _Reader, base: _MatrixBase, room: int) -> list[Variant]:
         if not isinstance(values, list) or not values or not all(isinstance(v, str) for v in values):
             raise ScenarioError(reader.source, key, f"expected a non-empty list of strings, got {_shown(values)}")
         _check_knob(reader.source, key, var, base.extra_knobs)
+        for value in values:
+            problem = value_problem(var, value)
+            if problem is not None:
+                raise ScenarioError(reader.source, key, problem)
         axes.append((var, values))
     reader.finish()
     size = math.prod(len(values) for _, values in axes)
@@ -761,11 +772,7 @@ def _coerce(reader: _Reader, key: str, value: Any, annotation: str) -> Any:
             raise reader.error(key, f"expected a boolean, got {_kind(value)} {_shown(value)}")
         return value
     if text == "float" or text.startswith("float"):
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise reader.error(key, f"expected a number, got {_kind(value)} {_shown(value)}")
-        if not math.isfinite(value):
-            raise reader.error(key, f"expected a finite number, got {value!r}")
-        return float(value)
+        return _finite(reader, key, value, -math.inf)
     if text.startswith("int | str"):
         if isinstance(value, bool) or not isinstance(value, (int, str)):
             raise reader.error(key, f"expected an integer or a device string, got {_kind(value)} {_shown(value)}")
@@ -798,9 +805,9 @@ def _finite(
     try:
         number = float(value)
     except OverflowError:  # an integer past float range
-        number = math.copysign(math.inf, value)
+        number = math.inf if value > 0 else -math.inf
     if not math.isfinite(number):
-        raise reader.error(key, f"expected a finite number{unit}, got {value!r}")
+        raise reader.error(key, f"expected a finite number{unit}, got {_shown(value)}")
     if number < minimum:
         wanted = f"a non-negative number{unit}" if minimum == 0 else f"a number{unit} >= {minimum:g}"
         raise reader.error(key, f"expected {wanted}, got {number:g}")
@@ -949,5 +956,8 @@ def _opt_count(reader: _Reader, key: str) -> int | None:
 
 def _shown(value: Any, width: int = 120) -> str:
     """``repr(value)`` cut to ``width`` characters: an error message must stay one readable line."""
-    text = repr(value)
+    try:
+        text = repr(value)
+    except ValueError:  # an integer past Python's int-to-text digit limit
+        return "an integer of thousands of digits"
     return text if len(text) <= width else f"{text[: width - 5]}...{text[-2:]}"
