@@ -197,6 +197,13 @@ def test_expectation_numbers_must_be_finite(capsys, write_scenario, value: str) 
     _bad(capsys, write_scenario, TINY + extra, "expect[0].used_mib", "finite")
 
 
+@pytest.mark.parametrize("value", ["nan", "inf", str(10**400)])
+def test_a_generator_number_past_float_range_is_exit_2(capsys, write_scenario, value: str) -> None:
+    text = (SCENARIOS_DIR / "vllm-tp8-h100.toml").read_text(encoding="utf-8")
+    text = re.sub(r"gpu_memory_utilization = [0-9.]+", f"gpu_memory_utilization = {value}", text, count=1)
+    _bad(capsys, write_scenario, text, "workload.args.gpu_memory_utilization", "finite")
+
+
 # ---------------------------------------------------------------------------------------------- limits
 
 

@@ -69,7 +69,10 @@ class Param:
         if not ok:
             raise WorkloadError(self.name, f"expected {expected}, got {_describe(value)}")
         if self.kind == FLOAT:
-            value = float(value)
+            try:
+                value = float(value)
+            except OverflowError:  # an integer past float range
+                value = math.inf
             if not math.isfinite(value):
                 raise WorkloadError(self.name, f"expected a finite number, got {value!r}")
         if self.minimum is not None:
