@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "explain":
         for result in results:
             for variant in result.variants:
-                console.print(explain_variant(variant), highlight=False)
+                console.print(explain_variant(variant), highlight=False, markup=False)
         return EXIT_OK
     if args.fr_dir:
         for result in results:

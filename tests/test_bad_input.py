@@ -125,6 +125,17 @@ def test_markup_in_names_and_labels_prints_in_the_report(capsys, write_scenario)
     assert "[/x]" in out and "[bold]x[/y]" in out
 
 
+def test_markup_in_explain_output_is_printed_literally(capsys, write_scenario) -> None:
+    text = _steps(
+        *BASE_STEPS,
+        '{ op = "new_group", ranks = [0, 1], bind = "[/x]", group_desc = "[/x]" }',
+        '{ op = "all_reduce", group = "[/x]", on_ranks = [0] }',
+    )
+    code = main(["explain", str(write_scenario(text))])
+    out = capsys.readouterr().out
+    assert code == 0 and "[/x]" in out
+
+
 # ---------------------------------------------------------------------------------------------- numbers
 
 
