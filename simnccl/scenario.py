@@ -155,7 +155,7 @@ class _Reader:
         if isinstance(value, bool) and bool not in _as_tuple(kind):
             raise self.error(name, f"expected {what or _type_name(kind)}, got a boolean")
         if not isinstance(value, kind):
-            raise self.error(name, f"expected {what or _type_name(kind)}, got {_kind(value)} {value!r}")
+            raise self.error(name, f"expected {what or _type_name(kind)}, got {_kind(value)} {_shown(value)}")
         return value
 
     def int_list(self, name: str, default: Any = ...) -> tuple[int, ...] | Any:
@@ -163,7 +163,7 @@ class _Reader:
         if value is default and default is not ...:
             return default
         if not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
-            raise self.error(name, f"expected a list of integers, got {value!r}")
+            raise self.error(name, f"expected a list of integers, got {_shown(value)}")
         return tuple(value)
 
     def env(self, name: str, extra_knobs: Sequence[str] | None = ()) -> dict[str, str]:

@@ -129,7 +129,9 @@ class Param:
 
 def _describe(value: Any) -> str:
     kinds = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "a list", dict: "a table"}
-    return f"{kinds.get(type(value), type(value).__name__)} {value!r}"
+    shown = repr(value)
+    shown = shown if len(shown) <= 120 else f"{shown[:115]}...{shown[-2:]}"  # one readable line
+    return f"{kinds.get(type(value), type(value).__name__)} {shown}"
 
 
 Config = dict[str, Any]
