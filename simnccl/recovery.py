@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import re
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -69,6 +70,8 @@ from simnccl.scenario import Scenario, ScenarioError, _finite, _Reader
 
 REPLICA, DP = "replica", "dp"
 START = "start"
+# The markers segment_programs puts in every rank's program (expectations may name them): see its docstring.
+MARKER_LABEL = re.compile(rf"{START}|(ready|done|commit):[1-9][0-9]*")
 
 
 # ---------------------------------------------------------------------------------------------- configuration

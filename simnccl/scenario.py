@@ -317,7 +317,7 @@ def parse_scenario(data: Mapping[str, Any], source: str, base_dir: Path | None =
         variants.append(Variant("default", "", release, base_profile, base_env, policy))
 
     recovery = top.get("recovery", dict, None, what="a table ([recovery])")
-    checkpoints = _checkpoint_labels(programs, recovery)
+    checkpoints = _checkpoint_labels(programs)
     expectations = _expectations(top, source, [v.name for v in variants], checkpoints, cluster)
     faults = _faults(top, source, programs, limits) if "faults" in top.table else NO_FAULTS
     top.finish()
@@ -820,13 +820,9 @@ def _finite(
 
 # ---------------------------------------------------------------------------------------------- expectations
 
-# Checkpoints a recovery run's generated programs pass (simnccl.recovery.segment_programs): ``start`` and
-# ``ready:s``/``done:s``/``commit:s`` for each step s.
-_RECOVERY_CHECKPOINT = re.compile(r"start|(ready|done|commit):[1-9][0-9]*")
 
-
-def _checkpoint_labels(programs: Sequence[Program], recovery: Mapping[str, Any] | None) -> frozenset[str] | None:
-    """Every checkpoint label some rank passes (None: any name may appear, e.g. a recovery run's)."""
+def _checkpoint_labels(programs: Sequence[Program]) -> frozenset[str]:
+    """Every checkpoint label some rank's program passes (each shared program read once)."""
     labels: set[str] = set()
     seen: set[int] = set()
     for program in programs:
@@ -834,18 +830,25 @@ def _checkpoint_labels(programs: Sequence[Program], recovery: Mapping[str, Any] 
             continue
         seen.add(id(program))
         labels.update(op.label for op in program.ops if isinstance(op, Checkpoint))
-    return frozenset(labels) if recovery is None else frozenset(labels | {"start"})
+    return frozenset(labels)
 
 
 def _checkpoint_known(name: str, known: frozenset[str], recovery: bool) -> bool:
-    return name in known or (recovery and _RECOVERY_CHECKPOINT.fullmatch(name) is not None)
+    """A checkpoint of the workload, or (recovery runs) one of the orchestrator's markers."""
+    if name in known:
+        return True
+    if not recovery:
+        return False
+    from simnccl.recovery import MARKER_LABEL  # recovery imports this module
+
+    return MARKER_LABEL.fullmatch(name) is not None
 
 
 def _expectations(
     top: _Reader,
     source: str,
     variant_names: Sequence[str],
-    checkpoints: frozenset[str] | None,
+    checkpoints: frozenset[str],
     cluster: Cluster,
 ) -> list[Expectation]:
     out = []
@@ -901,7 +904,7 @@ def _expectations(
             raise reader.error("tolerance_mib", "give tolerance_pct or tolerance_mib, not both")
         for key in ("checkpoint", "baseline"):
             name = getattr(exp, key)
-            if name is not None and checkpoints is not None and not _checkpoint_known(name, checkpoints, recovery):
+            if name is not None and not _checkpoint_known(name, checkpoints, recovery):
                 raise reader.error(key, _unknown_name("checkpoint", name, checkpoints))
         for key in ("devices", "replacement_devices"):
             for device in getattr(exp, key) or ():

@@ -27,7 +27,7 @@ from simnccl.engine import Engine, EngineGuardError, Limits
 from simnccl.faults import Fault, FaultSchedule
 from simnccl.limits import current as current_limits
 from simnccl.report import print_result
-from simnccl.scenario import load_scenario
+from simnccl.scenario import ScenarioError, load_scenario
 
 WriteScenario = Callable[..., Path]
 
@@ -275,6 +275,14 @@ def test_a_limit_override_raises_the_limit(write_scenario, monkeypatch) -> None:
 def test_a_typod_checkpoint_in_expect_is_exit_2_up_front(capsys, write_scenario) -> None:
     extra = '[[expect]]\ncheckpoint = "after_inti"\nused_mib = 1\n'
     _bad(capsys, write_scenario, TINY + extra, "expect[0].checkpoint", "did you mean 'after_init'?")
+
+
+def test_recovery_markers_are_known_checkpoints(write_scenario) -> None:
+    text = (SCENARIOS_DIR / "crash-replaced.toml").read_text(encoding="utf-8")
+    good = text + '[[expect]]\ncheckpoint = "commit:4"\nused_mib = 1\n'
+    assert load_scenario(write_scenario(good)).expectations[-1].checkpoint == "commit:4"
+    with pytest.raises(ScenarioError, match="no checkpoint 'comit:4'"):
+        load_scenario(write_scenario(good.replace('"commit:4"', '"comit:4"')))
 
 
 def test_a_typod_device_in_expect_is_exit_2_up_front(capsys, write_scenario) -> None:
