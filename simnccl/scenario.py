@@ -905,7 +905,8 @@ def _expectations(
         for key in ("checkpoint", "baseline"):
             name = getattr(exp, key)
             if name is not None and not _checkpoint_known(name, checkpoints, recovery):
-                raise reader.error(key, _unknown_name("checkpoint", name, checkpoints))
+                markers = " (a recovery run also has start, ready:<step>, done:<step>, commit:<step>)"
+                raise reader.error(key, _unknown_name("checkpoint", name, checkpoints) + (markers if recovery else ""))
         for key in ("devices", "replacement_devices"):
             for device in getattr(exp, key) or ():
                 if not _device_exists(cluster, device):
