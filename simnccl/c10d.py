@@ -448,6 +448,11 @@ def plan_split_group(
             options=options,
             nocolor_split_on=parent_comm if collective else None,
         )
+    outside = [r for r in mine if not 0 <= r < len(parent.ranks)]
+    if outside:  # torch hands them to the backend's C++ split, whose error is not modelled: never an IndexError here
+        raise TorchError(
+            "ValueError", f"split ranks {outside} are not ranks of the parent group of size {len(parent.ranks)}"
+        )
     members = tuple(parent.ranks[r] for r in mine)
     child_impl = Impl.NCCL2 if parent_comm.impl is Impl.NCCL_LAZY else parent_comm.impl
     comm = CommPlan(

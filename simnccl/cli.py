@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from simnccl.cli_guard import guarded
 from simnccl.cli_options import OverrideError, add_common, add_version, check_json_target, normalise_argv
 
 DEFAULT_SCENARIO = "pytorch-199957.toml"
@@ -48,6 +49,12 @@ def _parser() -> argparse.ArgumentParser:
     add_common(run)
     run.add_argument("--explain", action="store_true", help="print each policy decision and its reason")
     add_picture_arguments(run)
+    run.add_argument(
+        "--allow",
+        type=_verdicts,
+        default=frozenset(),
+        help="verdicts other than pass that are not a failure when no [[expect]] asks for them (e.g. hang,error)",
+    )
     run.add_argument(
         "--fr-dir",
         help="write each variant's flight-recorder dumps to FR_DIR/<scenario>-<variant>/rank_<r> (one folder per "
@@ -99,6 +106,17 @@ def command_parsers() -> dict[str, argparse.ArgumentParser]:
     return parsers
 
 
+def _verdicts(text: str) -> frozenset[str]:
+    from simnccl.scenario import VERDICTS
+
+    chosen = frozenset(v.strip() for v in text.split(",") if v.strip())
+    unknown = sorted(chosen - set(VERDICTS))
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown verdict(s) {', '.join(unknown)}; expected {', '.join(VERDICTS)}")
+    return chosen
+
+
+@guarded
 def main(argv: Sequence[str] | None = None) -> int:
     raw = list(sys.argv[1:] if argv is None else argv)
     if raw[:1] == ["capture"]:
@@ -174,7 +192,12 @@ def run_scenarios(args: argparse.Namespace) -> int:
                 out.add(variant_summary(scenario_name, variant))
 
             try:
-                result = run_scenario(scenario, on_variant=finished, keep_trace=needs_trace(args))
+                result = run_scenario(
+                    scenario,
+                    on_variant=finished,
+                    keep_trace=needs_trace(args),
+                    allow=getattr(args, "allow", frozenset()),
+                )
             except EngineGuardError as error:
                 out.error(str(error), prefix="simulation stopped: ")
                 return EXIT_EXPECTATIONS

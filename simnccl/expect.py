@@ -6,13 +6,34 @@ useless; "n0:cuda:1 at after_new_groups: 2103.4 MiB above after_init, expected 2
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from simnccl.memory import to_mib
 from simnccl.result import ExpectationResult, VariantResult
 from simnccl.scenario import Expectation
 
 DEFAULT_TOLERANCE_PCT = 1.0
+UNEXPECTED_VERDICT_KEY = "verdict"
+
+
+def unexpected_verdict(
+    variant: VariantResult, expectations: Sequence[Expectation], allow: frozenset[str] = frozenset()
+) -> ExpectationResult | None:
+    """A failed entry when the variant ended other than ``pass`` and nothing asked for that.
+
+    Why: a scenario without ``[[expect]]`` that hangs used to print "all expectations hold" and exit 0, so CI
+    could not tell a hang from a pass. A ``verdict`` expectation on the variant (which then checks the verdict
+    itself) or ``allow`` (the ``--allow`` flag) asks for it; nothing else does.
+    """
+    verdict = variant.verdict
+    if verdict == "pass" or verdict in allow or any(e.verdict is not None for e in expectations):
+        return None
+    return ExpectationResult(
+        UNEXPECTED_VERDICT_KEY,
+        False,
+        f"variant {variant.name!r} ended {verdict!r} and no expectation asks for it; if that is what it should do, "
+        f'add verdict = "{verdict}" to an [[expect]] for it, or run with --allow {verdict}',
+    )
 
 
 def check(expectation: Expectation, variant: VariantResult) -> list[ExpectationResult]:

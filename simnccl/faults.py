@@ -85,7 +85,13 @@ class FaultSchedule:
     faults: tuple[Fault, ...]
 
     def describe(self) -> str:
-        head = f"fault schedule seed={self.seed} classes={','.join(self.classes) or '-'}"
+        """The schedule, first line then one line per fault. Only a generated schedule has a seed of its own
+        ([faults] seed); an injected-only one says so instead of printing ``seed=None`` next to the run's
+        header ``seed=0`` (the scenario's seed, a different thing)."""
+        if self.seed is None:
+            head = f"fault schedule: {len(self.faults)} injected, none generated (no [faults] seed)"
+        else:
+            head = f"fault schedule seed={self.seed} classes={','.join(self.classes) or '-'}"
         return "\n".join([head, *(f"  {i}: {f.describe()}" for i, f in enumerate(self.faults))])
 
     def runtime(self) -> tuple[Fault, ...]:
@@ -114,8 +120,8 @@ def validate(fault: Fault, programs: Sequence[Program]) -> None:
             )
     if fault.kind in TIMED_FAULTS and fault.at_op is None and fault.at_s is None:
         raise FaultError(f"fault {fault.describe()}: needs at_op or at_s")
-    if fault.at_s is not None and not fault.at_s >= 0:
-        raise FaultError(f"fault {fault.describe()}: at_s must be a time >= 0")
+    if fault.at_s is not None and not (fault.at_s >= 0 and math.isfinite(fault.at_s)):
+        raise FaultError(f"fault {fault.describe()}: at_s must be a time >= 0 and finite")
     if fault.kind == "link-straggler":
         if fault.peer is None or not 0 <= fault.peer < len(programs) or fault.peer == fault.rank:
             raise FaultError(
@@ -152,10 +158,12 @@ def generate(
     max_faults: int = 2,
 ) -> FaultSchedule:
     """A swarm schedule: pick enabled classes (each on with probability 1/2 unless given), then faults."""
+    if max_faults < 0:
+        raise FaultError(f"max_faults must be >= 0, got {max_faults}")
     rng = random.Random(seed)
     pool = list(classes) if classes is not None else [k for k in FAULT_KINDS if rng.random() < 0.5]
     for kind in pool:
-        if kind not in FAULT_KINDS:
+        if not isinstance(kind, str) or kind not in FAULT_KINDS:
             raise FaultError(f"unknown fault class {kind!r}; expected one of {', '.join(FAULT_KINDS)}")
     faults: list[Fault] = []
     world = len(programs)

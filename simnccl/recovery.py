@@ -42,6 +42,8 @@ failed replica and heals it from a peer); a step's local time is what a straggle
 from __future__ import annotations
 
 import hashlib
+import math
+import re
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -50,6 +52,8 @@ from typing import Any
 from simnccl.cluster import Cluster, Device
 from simnccl.engine import Engine, RunOutcome, SimConfig, Snapshot
 from simnccl.faults import NO_FAULTS, FaultError, apply_to_programs
+from simnccl.limits import InputLimits, exceeded
+from simnccl.limits import current as current_limits
 from simnccl.ops import (
     WORLD,
     Barrier,
@@ -62,10 +66,12 @@ from simnccl.ops import (
     Program,
     SetDevice,
 )
-from simnccl.scenario import Scenario, ScenarioError, _Reader
+from simnccl.scenario import Scenario, ScenarioError, _finite, _Reader
 
 REPLICA, DP = "replica", "dp"
 START = "start"
+# The markers segment_programs puts in every rank's program (expectations may name them): see its docstring.
+MARKER_LABEL = re.compile(rf"{START}|(ready|done|commit):[1-9][0-9]*")
 
 
 # ---------------------------------------------------------------------------------------------- configuration
@@ -88,19 +94,28 @@ class RecoveryConfig:
         return step % self.commit_every == 0 or step == self.steps
 
 
-def parse_recovery(table: Mapping[str, Any], source: str, cluster: Cluster) -> RecoveryConfig:
-    """Validate ``[recovery]`` field by field against the cluster; errors name the file and the key."""
+def parse_recovery(
+    table: Mapping[str, Any], source: str, cluster: Cluster, limits: InputLimits | None = None
+) -> RecoveryConfig:
+    """Validate ``[recovery]`` field by field against the cluster and the input limits; errors name the file
+    and the key (times are finite and within ``max_sim_time_s``; recoveries within ``max_recoveries``)."""
+    limits = limits or current_limits()
     reader = _Reader(source, "recovery", dict(table))
     number = (int, float)
+    horizon = limits.max_sim_time_s
     replicas = reader.get("replicas", int)
     steps = reader.get("steps", int)
     commit_every = reader.get("commit_every", int)
-    slow_factor = float(reader.get("slow_factor", number, 2.0))
+    slow_factor = _finite(reader, "slow_factor", reader.get("slow_factor", number, 2.0), -math.inf)
     timeout = reader.get("timeout_s", number, None)
-    monitor = float(reader.get("monitor_interval_s", number, 0.1))
-    restart = float(reader.get("restart_s", number, 0.0))
+    if timeout is not None:
+        timeout = _finite(reader, "timeout_s", timeout, -math.inf, horizon, "max_sim_time_s")
+    monitor = _finite(reader, "monitor_interval_s", reader.get("monitor_interval_s", number, 0.1), -math.inf, horizon)
+    restart = _finite(reader, "restart_s", reader.get("restart_s", number, 0.0), -math.inf, horizon, "max_sim_time_s")
     max_recoveries = reader.get("max_recoveries", int, 3)
     reader.finish()
+    if max_recoveries > limits.max_recoveries:
+        raise reader.error("max_recoveries", exceeded("max_recoveries", max_recoveries, limits.max_recoveries))
     world = cluster.world_size
     if replicas < 1 or world % replicas:
         raise reader.error("replicas", f"expected a divisor of the world of {world} ranks, got {replicas}")
@@ -714,16 +729,38 @@ def _combine(kept: list[tuple[RunOutcome, float, float]], verdict: str, report: 
     )
 
 
+def check_recovery(scenario: Scenario, limits: InputLimits | None = None) -> RecoveryConfig:
+    """Everything about a recovery run that can be checked before it runs: the ``[recovery]`` table, the
+    generated programs' length (``steps`` times the body, within ``max_program_ops``, checked before they are
+    built) and the ``[faults]`` against the first segment's programs."""
+    assert scenario.recovery is not None
+    limits = limits or current_limits()
+    cfg = parse_recovery(scenario.recovery, scenario.source, scenario.cluster, limits)
+    body = max((len(p.ops) for p in scenario.programs), default=0)
+    length = cfg.steps * (body + 3) + 2 * len(scenario.programs)  # per step: body, markers, commit barrier
+    if length > limits.max_program_ops:
+        raise ScenarioError(
+            scenario.source,
+            "recovery.steps",
+            exceeded(
+                "max_program_ops", f"{cfg.steps} steps of {body} ops ({length} ops per rank)", limits.max_program_ops
+            ),
+        )
+    try:
+        apply_to_programs(
+            scenario.faults, segment_programs(cfg, scenario.programs, initial_devices(scenario.cluster), 1)
+        )
+    except FaultError as err:
+        raise ScenarioError(scenario.source, "faults", f"{err} (in the first segment's generated program)") from None
+    return cfg
+
+
 def run_recovery(
     scenario: Scenario, base: SimConfig, *, keep_trace: bool = False
 ) -> tuple[RecoveryOutcome, list[dict[str, Any]]]:
     """The runner's entry point: validate ``[recovery]`` and the faults, orchestrate, explain."""
     assert scenario.recovery is not None
-    cfg = parse_recovery(scenario.recovery, scenario.source, scenario.cluster)
-    try:
-        apply_to_programs(base.faults, segment_programs(cfg, base.programs, initial_devices(base.cluster), 1))
-    except FaultError as err:
-        raise ScenarioError(scenario.source, "faults", f"{err} (in the first segment's generated program)") from None
+    cfg = check_recovery(scenario)
     outcome = orchestrate(cfg, base, keep_trace=keep_trace)
     assert outcome.recovery is not None
     return outcome, outcome.recovery.explanations()

@@ -159,7 +159,7 @@ def _per_device_table(variant: VariantResult, devices: Sequence[str]) -> Table:
         table.add_column("Δ", justify="right")
     previous: dict[str, float] = {}
     for label, snaps in variant.outcome.checkpoints.items():
-        row = [label]
+        row: list[str | Text] = [Text(label)]
         for device in devices:
             snap = snaps.get(device)
             if snap is None:
@@ -239,8 +239,8 @@ def _groups_table(variant: VariantResult) -> Table:
         if len(ranks) > 24:
             ranks = f"{len(record.ranks)} ranks"
         table.add_row(
-            record.name[:12],
-            record.desc,
+            Text(record.name[:12]),
+            Text(record.desc),
             ranks,
             record.impl,
             "yes" if record.via_split else "no",
@@ -322,7 +322,7 @@ def _print_decisions(console: Console, variant: VariantResult) -> None:
         table.add_column(column)
     for d in variant.explanations:
         ranks = d["ranks"] if isinstance(d["ranks"], str) else ",".join(map(str, d["ranks"]))
-        table.add_row(d["call"], ranks, d["plan"], d["explanation"])
+        table.add_row(Text(d["call"]), ranks, Text(d["plan"]), Text(d["explanation"]))
     console.print(table)
 
 

@@ -2,19 +2,57 @@
 
 Why a separate module: the CLI, the tests and the real tier's ``compare`` all need "scenario in, result
 out" without the CLI's printing or exit codes.
+
+Verdicts are part of the truth a run tells: a variant that hangs or fails when no ``[[expect]]`` asks for that
+verdict is a failed check, not a pass with a footnote (``allow`` opts out per verdict, as ``--allow`` does on
+the command line). Every run is also written to the active ``RunJournal`` (if any), so an interrupted command
+can still report what finished.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import contextvars
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 
+from simnccl import limits as input_limits
 from simnccl.engine import Engine, Limits, SimConfig
-from simnccl.expect import check
+from simnccl.expect import check, unexpected_verdict
 from simnccl.policy import get_policy
 from simnccl.recovery import run_recovery
 from simnccl.release import get_release
 from simnccl.result import ScenarioResult, VariantResult
 from simnccl.scenario import Scenario, Variant
+
+
+@dataclass(slots=True)
+class RunJournal:
+    """What a command has run so far: the scenarios it started (with their finished variants) and the one
+    variant in progress, as ``(source, variant name)``."""
+
+    scenarios: list[ScenarioResult] = field(default_factory=list)
+    running: tuple[str, str] | None = None
+
+
+_JOURNAL: contextvars.ContextVar[RunJournal | None] = contextvars.ContextVar("simnccl_run_journal", default=None)
+
+
+@contextlib.contextmanager
+def journal() -> Iterator[RunJournal]:
+    """Record every ``run_scenario`` inside the block (``simnccl.cli_guard`` reports it after a Ctrl-C)."""
+    record = RunJournal()
+    token = _JOURNAL.set(record)
+    try:
+        yield record
+    finally:
+        _JOURNAL.reset(token)
+
+
+def default_limits() -> Limits:
+    """The engine's guards from the input limits (``simnccl/data/limits.toml`` and its overrides)."""
+    chosen = input_limits.current()
+    return Limits(wall_s=chosen.max_wall_s, max_sim_time_s=chosen.max_sim_time_s)
 
 
 def config_for(scenario: Scenario, variant: Variant, limits: Limits | None = None) -> SimConfig:
@@ -26,21 +64,32 @@ def config_for(scenario: Scenario, variant: Variant, limits: Limits | None = Non
         env=variant.env,
         launcher=scenario.launcher,
         seed=scenario.seed,
-        limits=limits or Limits(),
+        limits=limits or default_limits(),
         policy=get_policy(variant.policy),
         faults=scenario.faults,
     )
 
 
 def run_variant(
-    scenario: Scenario, variant: Variant, *, keep_trace: bool = False, limits: Limits | None = None
+    scenario: Scenario,
+    variant: Variant,
+    *,
+    keep_trace: bool = False,
+    limits: Limits | None = None,
+    allow: frozenset[str] = frozenset(),
 ) -> VariantResult:
-    config = config_for(scenario, variant, limits)
-    if scenario.recovery is not None:  # a training loop run segment by segment by the recovery orchestrator
-        outcome, explanations = run_recovery(scenario, config, keep_trace=keep_trace)
-    else:
-        engine = Engine(config, keep_trace=keep_trace)
-        outcome, explanations = engine.run(), engine.explanations
+    """One variant through the engine, then its expectations. ``allow``: verdicts other than ``pass`` that
+    are not a failure when no expectation asks for them (``--allow hang,error``)."""
+    try:
+        config = config_for(scenario, variant, limits)
+        if scenario.recovery is not None:  # a training loop run segment by segment by the recovery orchestrator
+            outcome, explanations = run_recovery(scenario, config, keep_trace=keep_trace)
+        else:
+            engine = Engine(config, keep_trace=keep_trace)
+            outcome, explanations = engine.run(), engine.explanations
+    except Exception as err:  # a defect (bad input is caught at load): say where, for the bug report
+        err.add_note(f"while simulating {scenario.source}, variant {variant.name!r}")
+        raise
     result = VariantResult(
         name=variant.name,
         description=variant.description,
@@ -52,9 +101,12 @@ def run_variant(
         outcome=outcome,
         explanations=explanations,
     )
-    for expectation in scenario.expectations:
-        if variant.name in expectation.variants:
-            result.expectations.extend(check(expectation, result))
+    mine = [e for e in scenario.expectations if variant.name in e.variants]
+    for expectation in mine:
+        result.expectations.extend(check(expectation, result))
+    unexpected = unexpected_verdict(result, mine, allow)
+    if unexpected is not None:
+        result.expectations.append(unexpected)
     return result
 
 
@@ -65,12 +117,20 @@ def run_scenario(
     keep_trace: bool = False,
     limits: Limits | None = None,
     on_variant: Callable[[VariantResult], None] | None = None,
+    allow: frozenset[str] = frozenset(),
 ) -> ScenarioResult:
     """``on_variant`` is called with each variant's result as it finishes (the CLI streams its output)."""
     chosen = [scenario.variant(n) for n in variants] if variants else list(scenario.variants)
-    results = []
+    result = ScenarioResult(scenario=scenario.name, source=scenario.source, seed=scenario.seed, variants=[])
+    record = _JOURNAL.get()
+    if record is not None:
+        record.scenarios.append(result)
     for variant in chosen:
-        results.append(run_variant(scenario, variant, keep_trace=keep_trace, limits=limits))
+        if record is not None:
+            record.running = (scenario.source, variant.name)
+        result.variants.append(run_variant(scenario, variant, keep_trace=keep_trace, limits=limits, allow=allow))
+        if record is not None:
+            record.running = None
         if on_variant is not None:
-            on_variant(results[-1])
-    return ScenarioResult(scenario=scenario.name, source=scenario.source, seed=scenario.seed, variants=results)
+            on_variant(result.variants[-1])
+    return result

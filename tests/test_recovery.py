@@ -276,12 +276,12 @@ def test_the_result_json_carries_the_recovery_story() -> None:
     ],
 )
 def test_bad_recovery_tables_name_the_key(recovery: str, key: str, message: str) -> None:
+    """Checked when the scenario is read, before anything is simulated."""
     text = TOML.format(gpus=6, recovery="", faults="")
     name = recovery.split(" =")[0]
     lines = [line for line in text.splitlines() if not line.startswith(f"{name} =")]
-    scenario = parse_scenario(tomllib.loads("\n".join(lines).replace("[recovery]", f"[recovery]\n{recovery}")), "x")
     with pytest.raises(ScenarioError) as err:
-        run_scenario(scenario)
+        parse_scenario(tomllib.loads("\n".join(lines).replace("[recovery]", f"[recovery]\n{recovery}")), "x")
     assert err.value.key == key
     assert message in str(err.value)
 

@@ -13,6 +13,7 @@ import math
 from typing import Any
 
 from simnccl.c10d import Group
+from simnccl.engine.config import EngineGuardError
 from simnccl.engine.outcome import HangReport
 from simnccl.engine.sim import Sim
 from simnccl.engine.sockets import GlooSockets
@@ -70,7 +71,12 @@ class Watchdogs:
             env = self.env
             if env.peek() == math.inf and next_deadline == math.inf:
                 return
-            step_end = min(next_deadline, env.now + self.min_timeout_s)
+            horizon = self.sim.config.limits.max_sim_time_s
+            if min(env.peek(), next_deadline) > horizon:
+                raise EngineGuardError(f"simulated time would pass Limits.max_sim_time_s = {horizon:g} s")
+            # A wait starts at an event, so steps are measured from the next one: idle time is never walked
+            # through in timeout-sized steps (a 1 ms timeout over hours of compute was billions of steps).
+            step_end = min(next_deadline, max(env.now, env.peek()) + self.min_timeout_s, horizon)
             if env.peek() > step_end:
                 # Nothing happens before then: move the clock to the step end. simpy places the event at
                 # ``now + delay``, which rounding can put one ulp past ``step_end``; step to where it really

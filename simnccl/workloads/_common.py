@@ -14,6 +14,8 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from simnccl.limits import current as current_limits
+from simnccl.limits import exceeded
 from simnccl.ops import Op, Program
 
 INT, BOOL, FLOAT, STR, INT_LIST, STR_LIST, TABLE = "int", "bool", "float", "str", "int_list", "str_list", "table"
@@ -67,7 +69,10 @@ class Param:
         if not ok:
             raise WorkloadError(self.name, f"expected {expected}, got {_describe(value)}")
         if self.kind == FLOAT:
-            value = float(value)
+            try:
+                value = float(value)
+            except OverflowError:  # an integer past float range
+                value = math.inf
             if not math.isfinite(value):
                 raise WorkloadError(self.name, f"expected a finite number, got {value!r}")
         if self.minimum is not None:
@@ -124,7 +129,9 @@ class Param:
 
 def _describe(value: Any) -> str:
     kinds = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "a list", dict: "a table"}
-    return f"{kinds.get(type(value), type(value).__name__)} {value!r}"
+    shown = repr(value)
+    shown = shown if len(shown) <= 120 else f"{shown[:115]}...{shown[-2:]}"  # one readable line
+    return f"{kinds.get(type(value), type(value).__name__)} {shown}"
 
 
 Config = dict[str, Any]
@@ -173,6 +180,7 @@ class Generator:
     def __call__(self, args: Mapping[str, object], world_size: int) -> tuple[Program, ...]:
         if not isinstance(world_size, int) or world_size < 1:
             raise WorkloadError("", f"world size must be a positive integer, got {world_size!r}")
+        _check_world(world_size)
         config = self.config(args)
         self.check(config, world_size)
         programs = self.build(config, world_size)
@@ -181,8 +189,18 @@ class Generator:
         return programs
 
     def world_for(self, args: Mapping[str, object]) -> int | None:
-        """The world size the arguments imply, if they pin it down."""
-        return self.natural_world(self.config(args))
+        """The world size the arguments imply, if they pin it down (within ``max_world_size``)."""
+        world = self.natural_world(self.config(args))
+        if world is not None:
+            _check_world(world)
+        return world
+
+
+def _check_world(world_size: int) -> None:
+    """Every generator builds one Program per rank: the world is bounded before any is built."""
+    limit = current_limits().max_world_size
+    if world_size > limit:
+        raise WorkloadError("", exceeded("max_world_size", f"a world of {world_size} ranks", limit))
 
 
 def need_world(key: str, world_size: int, product: int, what: str) -> int:

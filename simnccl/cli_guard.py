@@ -1,0 +1,188 @@
+"""The outer guard of every ``simnccl`` command: exit codes that tell the truth about how it ended.
+
+Why: CI reads the exit code. 0 ok, 1 a check failed, 2 bad input — and before this guard every traceback
+also exited 1, so a crash looked like a failed expectation. ``guarded(main)`` makes the rest explicit:
+
+* an uncaught exception is a bug in simnccl: exit 70 (``EX_SOFTWARE`` from sysexits.h), the traceback, and
+  one last line saying "please report" with the scenario file(s) the command was running;
+* Ctrl-C (``KeyboardInterrupt``) ends any command with what finished so far and exit 130 (128 + SIGINT);
+* the whole command (parsing, workload generators, engine, report) runs under a wall-clock limit
+  (``max_wall_s`` in ``simnccl/data/limits.toml``): past it, exit 2 naming the limit — a scenario too large to
+  simulate in time is a size problem of the input, like one past any other limit;
+* in all three cases the child processes the command started are stopped and reaped, so nothing outlives it.
+
+``simnccl real`` and ``simnccl capture`` keep their own timeouts (per run and per rank): the wall-clock limit
+does not apply to them, everything else does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from simnccl.limits import DATA_FILE, ENV_PREFIX, LimitError
+from simnccl.limits import current as current_limits
+from simnccl.runner import RunJournal, journal
+
+EXIT_BAD_INPUT = 2
+EXIT_SOFTWARE = 70  # sysexits.h EX_SOFTWARE: an internal software error
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a command ended by Ctrl-C
+OWN_TIMEOUTS = ("real", "capture")  # commands that bound their own time (per run, per rank)
+REAP_GRACE_S = 5.0  # how long stopped children get to exit after SIGTERM before SIGKILL
+
+MainFn = Callable[[Sequence[str] | None], int]
+
+
+class CommandTimeout(BaseException):
+    """The command ran past ``max_wall_s``. A BaseException, so no ``except Exception`` (in simnccl or in a
+    user's policy) can swallow it on the way out."""
+
+
+def guarded(main_fn: MainFn) -> MainFn:
+    """``main_fn`` with the exit-code contract above enforced; ``guarded(main)(argv) -> int``."""
+
+    @functools.wraps(main_fn)
+    def run(argv: Sequence[str] | None = None) -> int:
+        raw = list(sys.argv[1:] if argv is None else argv)
+        children_before = _children()
+        with journal() as record:
+            try:
+                wall_s = None if raw[:1] and raw[0] in OWN_TIMEOUTS else current_limits().max_wall_s
+                with _wall_clock(wall_s):
+                    return main_fn(argv)
+            except LimitError as err:
+                _say(f"error: {err}")
+                return EXIT_BAD_INPUT
+            except KeyboardInterrupt:
+                _reap(children_before)
+                _say(f"interrupted (Ctrl-C): simnccl {' '.join(raw)}")
+                _partial_report(record)
+                return EXIT_INTERRUPTED
+            except CommandTimeout:
+                _reap(children_before)
+                where = _where(record, raw)
+                _say(
+                    f"error: {where}: the command ran past its wall-clock limit max_wall_s = {wall_s:g} s "
+                    f"({DATA_FILE}; to raise it for one run, set {ENV_PREFIX}MAX_WALL_S)"
+                )
+                _partial_report(record)
+                return EXIT_BAD_INPUT
+            except Exception as err:
+                _reap(children_before)
+                traceback.print_exception(err, file=sys.stderr)
+                _say(
+                    f"simnccl: internal error (a bug in simnccl, exit {EXIT_SOFTWARE}) while running "
+                    f"{_where(record, raw)}: {type(err).__name__}: {err}"
+                )
+                _say(
+                    "please report it (simnccl issue tracker) with the scenario file(s), the command and the traceback"
+                )
+                return EXIT_SOFTWARE
+
+    return run
+
+
+def _say(line: str) -> None:
+    """Plain text on stderr: user text (file names, keys) is printed literally, never as rich markup."""
+    print(line, file=sys.stderr, flush=True)
+
+
+def _where(record: RunJournal, argv: Sequence[str]) -> str:
+    """The scenario the command was on (and its variant), else the files named on the command line."""
+    if record.running is not None:
+        source, variant = record.running
+        return f"{source} (variant {variant!r})"
+    files = [a for a in argv if not a.startswith("-") and (a.endswith(".toml") or os.path.isfile(a))]
+    return ", ".join(files) if files else f"simnccl {' '.join(argv)}".rstrip()
+
+
+def _partial_report(record: RunJournal) -> None:
+    """One line per variant that finished, then the one that was running: the result so far."""
+    for result in record.scenarios:
+        for variant in result.variants:
+            held = "expectations hold" if variant.ok else "EXPECTATIONS FAILED"
+            _say(f"  finished  {result.source}  {variant.name}: {variant.verdict} ({held})")
+    if record.running is not None:
+        source, variant_name = record.running
+        _say(f"  stopped   {source}  {variant_name}: not finished")
+    if not record.scenarios:
+        _say("  nothing had finished")
+
+
+@contextlib.contextmanager
+def _wall_clock(seconds: float | None) -> Iterator[None]:
+    """Raise CommandTimeout after ``seconds`` of wall time (POSIX main thread; elsewhere no limit).
+
+    A timer already running (an enclosing alarm) is put back afterwards with the time it had left."""
+    if seconds is None or not hasattr(signal, "setitimer") or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def fire(signum: int, frame: Any) -> None:
+        raise CommandTimeout
+
+    previous_handler = signal.signal(signal.SIGALRM, fire)
+    started = time.monotonic()
+    previous_delay, _ = signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous_handler)
+        if previous_delay > 0:
+            left = previous_delay - (time.monotonic() - started)
+            signal.setitimer(signal.ITIMER_REAL, max(left, 1e-3))
+
+
+def _children() -> set[int]:
+    """This process's child pids (Linux ``/proc``; elsewhere none are known and none are reaped)."""
+    pids: set[int] = set()
+    for task in Path("/proc/self/task").glob("*"):
+        with contextlib.suppress(OSError, ValueError):
+            pids.update(int(p) for p in (task / "children").read_text().split())
+    return pids
+
+
+def _reap(before: set[int]) -> None:
+    """Stop and reap the children started since ``before``: SIGTERM (to the child's process group when it
+    leads one, as the real tier's rank processes do), up to REAP_GRACE_S to exit, then SIGKILL."""
+    started = sorted(_children() - before)
+    if not started:
+        return
+    for pid in started:
+        _signal(pid, signal.SIGTERM)
+    deadline = time.monotonic() + REAP_GRACE_S
+    left = list(started)
+    while left and time.monotonic() < deadline:
+        left = [pid for pid in left if not _reaped(pid)]
+        if left:
+            time.sleep(0.05)
+    for pid in left:
+        _signal(pid, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+
+
+def _signal(pid: int, signum: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        if os.getpgid(pid) == pid:
+            os.killpg(pid, signum)
+        else:
+            os.kill(pid, signum)
+
+
+def _reaped(pid: int) -> bool:
+    try:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:  # already reaped (by its Popen, say)
+        return True
+    return done == pid

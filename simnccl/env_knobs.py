@@ -1,0 +1,59 @@
+"""Environment knob names: a TORCH_*, PYTORCH_* or NCCL_* name must be one torch or NCCL reads.
+
+Why: a scenario sets knobs by name, and neither torch nor NCCL complains about a name they do not read, so a
+typo (``TORCH_DIST_USE_NCL2``) silently runs the default — the very thing the scenario meant to change. The
+known names are data (``simnccl/data/env_knobs.toml``, with how they were extracted); an unknown one is bad
+input whose message names the nearest known name. Other prefixes (``VLLM_*``, ``CUDA_VISIBLE_DEVICES``) are a
+framework's or the driver's business and are not checked.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib.resources
+import re
+import tomllib
+from collections.abc import Iterable
+from functools import cache
+from typing import Any
+
+CHECKED_PREFIXES = ("TORCH_", "PYTORCH_", "NCCL_")
+DATA_FILE = "simnccl/data/env_knobs.toml"
+
+
+@cache
+def _data() -> dict[str, Any]:
+    return tomllib.loads((importlib.resources.files("simnccl") / "data" / "env_knobs.toml").read_text(encoding="utf-8"))
+
+
+def known_knobs() -> frozenset[str]:
+    return frozenset(name for names in _data()["names"].values() for name in names)
+
+
+def value_problem(name: str, value: str) -> str | None:
+    """None when simnccl can use ``value`` for knob ``name``; else what it expected (integer knobs only)."""
+    bounds = _data()["integer_values"].get(name)
+    if bounds is None:
+        return None
+    low, high = bounds
+    text = value.strip()
+    number = int(text) if re.fullmatch(r"-?[0-9]{1,12}", text) else None
+    if number is None or not low <= number <= high:
+        return f"expected an integer in {low}..{high} (as a string), got {value[:40]!r}"
+    return None
+
+
+def unknown_knob_message(name: str, extra: Iterable[str] = ()) -> str | None:
+    """None when ``name`` may be set; else why not, with the nearest known name."""
+    if not name.startswith(CHECKED_PREFIXES):
+        return None
+    known = known_knobs() | frozenset(extra)
+    if name in known:
+        return None
+    same_prefix = sorted(k for k in known if k.split("_", 1)[0] == name.split("_", 1)[0])
+    nearest = difflib.get_close_matches(name, same_prefix, n=1, cutoff=0.6)
+    hint = f"did you mean {nearest[0]}?" if nearest else "no known knob is close"
+    return (
+        f"unknown environment knob {name!r}: {hint} (known {'/'.join(CHECKED_PREFIXES)}* names: {DATA_FILE}; "
+        "declare a newer one with [torch] extra_env_knobs)"
+    )

@@ -1,0 +1,127 @@
+"""Input limits: how large a world, a program, a matrix, a fault schedule, a file or a run may be.
+
+Why one module: every size in an untrusted scenario file multiplies into memory or time, so each is bounded
+*before* anything is expanded, and the error names the limit (``max_world_size``) so a person knows what to
+raise. The values live in ``simnccl/data/limits.toml`` with the reason for each; the person running a command
+(never the scenario file) may raise one for that run with ``SIMNCCL_LIMIT_<NAME>=value``.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import math
+import os
+import stat
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+ENV_PREFIX = "SIMNCCL_LIMIT_"
+DATA_FILE = "simnccl/data/limits.toml"
+
+
+class LimitError(ValueError):
+    """A malformed ``SIMNCCL_LIMIT_*`` override: bad input from the command's environment (exit 2)."""
+
+
+@dataclass(frozen=True, slots=True)
+class InputLimits:
+    """The limits in force (see ``simnccl/data/limits.toml`` for why each value)."""
+
+    max_world_size: int
+    max_program_ops: int
+    max_expanded_ops: int
+    max_variants: int
+    max_faults: int
+    max_recoveries: int
+    max_file_bytes: int
+    max_nesting_depth: int
+    max_message_mib: float
+    max_alloc_mib: float
+    max_sim_time_s: float
+    max_wall_s: float
+
+
+_INTEGER = {f.name: f.type == "int" for f in fields(InputLimits)}
+
+
+@cache
+def _defaults() -> dict[str, Any]:
+    text = (importlib.resources.files("simnccl") / "data" / "limits.toml").read_text(encoding="utf-8")
+    table = tomllib.loads(text)["limits"]
+    names = {f.name for f in fields(InputLimits)}
+    if set(table) != names:  # pragma: no cover - a packaging defect, not bad input
+        raise AssertionError(f"{DATA_FILE}: keys {sorted(table)} differ from {sorted(names)}")
+    return table
+
+
+def current(environ: Mapping[str, str] | None = None) -> InputLimits:
+    """The data file's limits with this process's ``SIMNCCL_LIMIT_*`` overrides applied."""
+    env = os.environ if environ is None else environ
+    values = dict(_defaults())
+    for name in values:
+        raw = env.get(ENV_PREFIX + name.upper())
+        if raw is None:
+            continue
+        values[name] = _parse_override(name, raw, integer=_INTEGER[name])
+    return InputLimits(**values)
+
+
+def _parse_override(name: str, raw: str, *, integer: bool) -> int | float:
+    var = ENV_PREFIX + name.upper()
+    try:
+        value: int | float = int(raw) if integer else float(raw)
+    except ValueError:
+        kind = "a positive integer" if integer else "a positive number"
+        raise LimitError(f"environment {var}: expected {kind}, got {raw!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise LimitError(f"environment {var}: expected a positive finite value, got {raw!r}")
+    return value
+
+
+def exceeded(name: str, value: object, limit: float) -> str:
+    """The message for ``value`` past limit ``name``: the limit's name, value and how to raise it."""
+    return (
+        f"{value} exceeds the limit {name} = {limit:g} ({DATA_FILE}; to raise it for one run, set "
+        f"{ENV_PREFIX}{name.upper()})"
+    )
+
+
+def file_problem(path: Path, max_bytes: int) -> str | None:
+    """Why ``path`` may not be read as an input file (None: it may).
+
+    Only regular files: ``/dev/zero`` would be read until memory runs out and ``/dev/stdin`` or a FIFO
+    blocks forever. The size is checked before reading, so a huge file is never loaded.
+    """
+    try:
+        info = path.stat()
+    except FileNotFoundError:
+        return "no such file"
+    except OSError as err:
+        return f"cannot read: {err.strerror}"
+    if not stat.S_ISREG(info.st_mode):
+        return "cannot read: not a regular file (folders, devices and pipes are not input files)"
+    if info.st_size > max_bytes:
+        return f"file of {info.st_size} bytes: " + exceeded("max_file_bytes", info.st_size, max_bytes)
+    return None
+
+
+def nesting_depth(value: Any) -> int:
+    """How deeply tables and arrays nest in parsed TOML (a scalar is 0), without recursion."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children: Any = item.values()
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        depth += 1
+        deepest = max(deepest, depth)
+        stack.extend((child, depth) for child in children)
+    return deepest

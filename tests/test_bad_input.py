@@ -1,0 +1,503 @@
+"""Bad input never crashes, stalls or exhausts memory: each signature issue 10 measured ends as exit 2 naming
+the file, the key and what was expected — plus the exit codes of the guard (70 a bug, 130 Ctrl-C) and of
+verdicts nobody asked for (1 unless allowed).
+
+Each test runs ``simnccl run`` in-process on a small scenario with one thing wrong; every one is fast (the
+limits are checked before anything is expanded or simulated).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from conftest import SCENARIOS_DIR, TINY
+
+from simnccl import runner
+from simnccl.cli import main
+from simnccl.cli_guard import EXIT_INTERRUPTED, EXIT_SOFTWARE, guarded
+from simnccl.engine import Engine, EngineGuardError, Limits
+from simnccl.faults import Fault, FaultSchedule
+from simnccl.limits import current as current_limits
+from simnccl.report import print_result
+from simnccl.scenario import ScenarioError, load_scenario
+
+WriteScenario = Callable[..., Path]
+
+
+@pytest.fixture(autouse=True)
+def _plain_output(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE", "COLUMNS"):
+        monkeypatch.delenv(name, raising=False)
+    for name in list(os.environ):
+        if name.startswith("SIMNCCL_LIMIT_"):
+            monkeypatch.delenv(name)
+
+
+def _steps(*steps: str, gpus: int = 2, extra: str = "", cluster: str = "") -> str:
+    """TINY with its steps replaced, ``cluster`` lines added to [cluster] and ``extra`` appended."""
+    head = TINY.split("[workload]")[0].replace("gpus_per_node = 2", f"gpus_per_node = {gpus}\n{cluster}")
+    return f"{head}[workload]\nsteps = [\n" + ",\n".join(steps) + f"\n]\n{extra}"
+
+
+BASE_STEPS = ('{ op = "set_device" }', '{ op = "init_process_group", backend = "nccl" }')
+
+
+def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(["run", *argv])
+    out, err = capsys.readouterr()
+    return code, out, re.sub(r"\s+", " ", err)  # rich wraps long lines when output is captured
+
+
+def _bad(capsys: pytest.CaptureFixture[str], write_scenario: WriteScenario, text: str, key: str, *expected: str) -> str:
+    """Exit 2, one message naming the file and ``key`` (``file: key: ...``) and every ``expected`` text."""
+    path = write_scenario(text)
+    code, out, err = _run(capsys, str(path))
+    assert code == 2, (out, err)
+    assert "Traceback" not in err, err
+    assert f"{path}: {key}: " in err if key else str(path) in err, err
+    for wanted in expected:
+        assert wanted in err, f"{wanted!r} not in {err!r}"
+    return err
+
+
+# ---------------------------------------------------------------------------------------------- parsing
+
+
+def test_deeply_nested_toml_is_exit_2_naming_the_nesting_limit(capsys, write_scenario) -> None:
+    deep = "x = " + "[" * 5000 + "1" + "]" * 5000 + "\n"
+    _bad(capsys, write_scenario, deep + TINY, "", "max_nesting_depth")
+
+
+def test_nesting_past_the_limit_but_parseable_is_exit_2(capsys, write_scenario) -> None:
+    deep = "x = " + "[" * 40 + "1" + "]" * 40 + "\n"
+    _bad(capsys, write_scenario, deep + TINY, "", "nested 41 deep", "max_nesting_depth = 32")
+
+
+def test_a_file_past_the_size_limit_is_refused_before_reading(capsys, write_scenario, monkeypatch) -> None:
+    monkeypatch.setenv("SIMNCCL_LIMIT_MAX_FILE_BYTES", "100")
+    _bad(capsys, write_scenario, TINY, "", "max_file_bytes = 100", "SIMNCCL_LIMIT_MAX_FILE_BYTES")
+
+
+@pytest.mark.parametrize("device", ["/dev/zero", "/dev/stdin"])
+def test_a_device_as_the_scenario_file_is_exit_2(capsys, device: str) -> None:
+    code, _, err = _run(capsys, device)
+    assert code == 2
+    assert f"{device}: cannot read: not a regular file" in err
+
+
+def test_an_integer_of_thousands_of_digits_is_exit_2(capsys, write_scenario) -> None:
+    _bad(capsys, write_scenario, TINY.replace('name = "tiny"', 'name = "tiny"\nseed = ' + "9" * 5000), "", "digits")
+
+
+# ---------------------------------------------------------------------------------------------- markup
+
+
+def test_markup_in_a_value_is_printed_literally(capsys, write_scenario) -> None:
+    _bad(capsys, write_scenario, TINY.replace('gpu = "h100-96gb"', 'gpu = "[/x]"'), "cluster.gpu", "'[/x]'")
+
+
+def test_markup_that_would_style_is_not_eaten(capsys, write_scenario) -> None:
+    err = _bad(capsys, write_scenario, TINY.replace('gpu = "h100-96gb"', 'gpu = "[bold]h100"'), "cluster.gpu")
+    assert "'[bold]h100'" in err
+
+
+def test_markup_in_the_file_name_is_printed_literally(capsys, tmp_path: Path) -> None:
+    folder = tmp_path / "["
+    folder.mkdir()
+    path = folder / "x].toml"  # the path contains "[/x]"
+    path.write_text(TINY.replace('gpu = "h100-96gb"', 'gpu = "nope"'), encoding="utf-8")
+    code, _, err = _run(capsys, str(path))
+    assert code == 2 and f"{path}: cluster.gpu:" in err
+
+
+def test_markup_in_names_and_labels_prints_in_the_report(capsys, write_scenario) -> None:
+    text = TINY.replace('name = "tiny"', 'name = "[/x]"').replace('name = "after_init"', 'name = "[bold]x[/y]"')
+    code, out, err = _run(capsys, str(write_scenario(text)))
+    assert code == 0, err
+    assert "[/x]" in out and "[bold]x[/y]" in out
+
+
+def test_markup_in_explain_output_is_printed_literally(capsys, write_scenario) -> None:
+    text = _steps(
+        *BASE_STEPS,
+        '{ op = "new_group", ranks = [0, 1], bind = "[/x]", group_desc = "[/x]" }',
+        '{ op = "all_reduce", group = "[/x]", on_ranks = [0] }',
+    )
+    code = main(["explain", str(write_scenario(text))])
+    out = capsys.readouterr().out
+    assert code == 0 and "[/x]" in out
+
+
+# ---------------------------------------------------------------------------------------------- numbers
+
+
+@pytest.mark.parametrize("value", ["1e308", "inf", "nan", "-1", "-1e14"])
+def test_size_mib_out_of_range_is_exit_2(capsys, write_scenario, value: str) -> None:
+    text = _steps(*BASE_STEPS, f'{{ op = "all_reduce", size_mib = {value} }}')
+    _bad(capsys, write_scenario, text, "workload.steps[2].size_mib")
+
+
+@pytest.mark.parametrize("value", ["-100000000000000", "-1"])
+def test_negative_size_bytes_is_exit_2(capsys, write_scenario, value: str) -> None:
+    text = _steps(*BASE_STEPS, f'{{ op = "all_reduce", size_bytes = {value} }}')
+    _bad(capsys, write_scenario, text, "workload.steps[2].size_bytes", "non-negative")
+
+
+def test_size_bytes_as_a_float_is_exit_2(capsys, write_scenario) -> None:
+    text = _steps(*BASE_STEPS, '{ op = "all_reduce", size_bytes = -1e14 }')
+    _bad(capsys, write_scenario, text, "workload.steps[2].size_bytes", "expected an integer")
+
+
+@pytest.mark.parametrize("op", ["init_process_group", "new_group"])
+@pytest.mark.parametrize("value", ["inf", "nan", "0", "-5", "1e12"])
+def test_op_timeout_out_of_range_is_exit_2(capsys, write_scenario, op: str, value: str) -> None:
+    step = f'{{ op = "{op}", backend = "nccl", timeout_s = {value} }}'
+    if op == "new_group":
+        step = f'{{ op = "new_group", ranks = [0, 1], timeout_s = {value} }}'
+    steps = (BASE_STEPS[0], step) if op == "init_process_group" else (*BASE_STEPS, step)
+    _bad(capsys, write_scenario, _steps(*steps), f"workload.steps[{len(steps) - 1}].timeout_s")
+
+
+def test_recovery_timeout_inf_is_exit_2(capsys, write_scenario) -> None:
+    text = (SCENARIOS_DIR / "crash-replaced.toml").read_text(encoding="utf-8")
+    text = re.sub(r"timeout_s = [0-9.]+", "timeout_s = inf", text, count=1)
+    assert "timeout_s = inf" in text
+    _bad(capsys, write_scenario, text, "recovery.timeout_s", "finite")
+
+
+@pytest.mark.parametrize("value", ["-5", "inf", "1e9"])
+def test_alloc_mib_out_of_range_is_exit_2(capsys, write_scenario, value: str) -> None:
+    _bad(capsys, write_scenario, _steps(*BASE_STEPS, f'{{ op = "alloc", mib = {value} }}'), "workload.steps[2].mib")
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"), [("nan", "finite"), ("90", "(0, 1], got 90"), ("0", "(0, 1]"), ("-0.5", "(0, 1]")]
+)
+def test_gpu_memory_utilization_outside_0_1_is_exit_2(capsys, write_scenario, value: str, expected: str) -> None:
+    text = _steps(*BASE_STEPS, f'{{ op = "memory_check", gpu_memory_utilization = {value} }}')
+    _bad(capsys, write_scenario, text, "workload.steps[2].gpu_memory_utilization", expected)
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "-1", "1e12"])
+def test_compute_seconds_out_of_range_is_exit_2(capsys, write_scenario, value: str) -> None:
+    _bad(
+        capsys,
+        write_scenario,
+        _steps(*BASE_STEPS, f'{{ op = "compute", seconds = {value} }}'),
+        "workload.steps[2].seconds",
+    )
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "-1"])
+def test_fault_time_out_of_range_is_exit_2(capsys, write_scenario, value: str) -> None:
+    extra = f'[faults]\ninject = [{{ kind = "crash", rank = 0, at_s = {value} }}]\n'
+    _bad(capsys, write_scenario, _steps(*BASE_STEPS, extra=extra), "faults.inject[0].at_s")
+
+
+@pytest.mark.parametrize("value", ["nan", "inf"])
+def test_expectation_numbers_must_be_finite(capsys, write_scenario, value: str) -> None:
+    extra = f'[[expect]]\ncheckpoint = "after_init"\nused_mib = {value}\n'
+    _bad(capsys, write_scenario, TINY + extra, "expect[0].used_mib", "finite")
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", str(10**400)])
+def test_a_generator_number_past_float_range_is_exit_2(capsys, write_scenario, value: str) -> None:
+    text = (SCENARIOS_DIR / "vllm-tp8-h100.toml").read_text(encoding="utf-8")
+    text = re.sub(r"gpu_memory_utilization = [0-9.]+", f"gpu_memory_utilization = {value}", text, count=1)
+    _bad(capsys, write_scenario, text, "workload.args.gpu_memory_utilization", "finite")
+
+
+# ---------------------------------------------------------------------------------------------- limits
+
+
+def test_nodes_past_the_world_limit_with_a_generator_is_exit_2(capsys, write_scenario) -> None:
+    text = (SCENARIOS_DIR / "vllm-tp8-h100.toml").read_text(encoding="utf-8")
+    text = re.sub(r"\nnodes = \d+", "", text).replace("[cluster]", f"[cluster]\nnodes = {10**21}")
+    _bad(capsys, write_scenario, text, "cluster", "max_world_size = 65536")
+
+
+def test_gpus_per_node_past_the_limit_is_exit_2(capsys, write_scenario) -> None:
+    text = TINY.replace("gpus_per_node = 2", "gpus_per_node = 1000000000\nranks_per_node = 1")
+    _bad(capsys, write_scenario, text, "cluster", "1000000000 GPUs", "max_world_size")
+
+
+def test_repeat_past_the_program_limit_is_exit_2(capsys, write_scenario) -> None:
+    text = _steps(*BASE_STEPS, '{ op = "barrier", repeat = 1000000000 }')
+    _bad(capsys, write_scenario, text, "workload.steps", "max_program_ops = 200000")
+
+
+def test_per_rank_templated_steps_count_against_the_expanded_limit(capsys, write_scenario, monkeypatch) -> None:
+    monkeypatch.setenv("SIMNCCL_LIMIT_MAX_EXPANDED_OPS", "100")
+    text = _steps(*BASE_STEPS, '{ op = "checkpoint", name = "c{rank}-{i}", repeat = 40 }', gpus=4)
+    _bad(capsys, write_scenario, text, "workload.steps", "max_expanded_ops = 100")
+
+
+@pytest.mark.parametrize(("value", "text"), [("-1", "expected an integer >= 0"), ("1000000000", "max_faults = 1000")])
+def test_max_faults_out_of_range_is_exit_2(capsys, write_scenario, value: str, text: str) -> None:
+    extra = f"[faults]\nseed = 1\nmax_faults = {value}\n"
+    _bad(capsys, write_scenario, _steps(*BASE_STEPS, extra=extra), "faults.max_faults", text)
+
+
+def test_a_100_by_100_matrix_is_refused_before_it_is_expanded(capsys, write_scenario) -> None:
+    values = ", ".join(f'"{i}"' for i in range(100))
+    extra = f"[matrix]\nenv = {{ NCCL_DEBUG = [{values}], NCCL_DEBUG_SUBSYS = [{values}] }}\n"
+    _bad(capsys, write_scenario, TINY + extra, "matrix", "10000 variants", "max_variants = 256")
+
+
+@pytest.mark.parametrize("device", ["/dev/zero", "/dev/stdin"])
+def test_a_device_as_the_profile_is_exit_2(capsys, write_scenario, device: str) -> None:
+    text = TINY.replace('release = "2.15"', f'release = "2.15"\nprofile = "{device}"')
+    _bad(capsys, write_scenario, text, "torch.profile", "not a regular file")
+
+
+def test_a_malformed_limit_override_is_exit_2(capsys, write_scenario, monkeypatch) -> None:
+    monkeypatch.setenv("SIMNCCL_LIMIT_MAX_WORLD_SIZE", "lots")
+    code, _, err = _run(capsys, str(write_scenario(TINY)))
+    assert code == 2 and "SIMNCCL_LIMIT_MAX_WORLD_SIZE: expected a positive integer" in err
+
+
+def test_a_limit_override_raises_the_limit(write_scenario, monkeypatch) -> None:
+    monkeypatch.setenv("SIMNCCL_LIMIT_MAX_WORLD_SIZE", "70000")
+    assert current_limits().max_world_size == 70000
+
+
+# ---------------------------------------------------------------------------------------------- names and ranges
+
+
+def test_a_typod_checkpoint_in_expect_is_exit_2_up_front(capsys, write_scenario) -> None:
+    extra = '[[expect]]\ncheckpoint = "after_inti"\nused_mib = 1\n'
+    _bad(capsys, write_scenario, TINY + extra, "expect[0].checkpoint", "did you mean 'after_init'?")
+
+
+def test_recovery_markers_are_known_checkpoints(write_scenario) -> None:
+    text = (SCENARIOS_DIR / "crash-replaced.toml").read_text(encoding="utf-8")
+    good = text + '[[expect]]\ncheckpoint = "commit:4"\nused_mib = 1\n'
+    assert load_scenario(write_scenario(good)).expectations[-1].checkpoint == "commit:4"
+    with pytest.raises(ScenarioError, match="no checkpoint 'comit:4'"):
+        load_scenario(write_scenario(good.replace('"commit:4"', '"comit:4"')))
+
+
+def test_a_typod_device_in_expect_is_exit_2_up_front(capsys, write_scenario) -> None:
+    extra = '[[expect]]\ncheckpoint = "after_init"\nused_mib = 1\ndevices = ["n0:cuda:9"]\n'
+    _bad(capsys, write_scenario, TINY + extra, "expect[0].devices", "no device 'n0:cuda:9'")
+
+
+def test_an_unknown_env_knob_names_the_nearest_known_one(capsys, write_scenario) -> None:
+    text = TINY.replace('release = "2.15"', 'release = "2.15"\nenv = { TORCH_DIST_USE_NCL2 = "0" }')
+    _bad(capsys, write_scenario, text, "torch.env.TORCH_DIST_USE_NCL2", "did you mean TORCH_DIST_USE_NCCL2?")
+
+
+@pytest.mark.parametrize(
+    "table",
+    [
+        '[[variants]]\nname = "v"\nenv = { NCCL_MAX_NCHANNEL = "4" }\n',
+        '[matrix]\nenv = { NCCL_MAX_NCHANNEL = ["4"] }\n',
+    ],
+)
+def test_unknown_env_knobs_in_variants_and_matrix_are_exit_2(capsys, write_scenario, table: str) -> None:
+    _bad(capsys, write_scenario, TINY + table, "", "NCCL_MAX_NCHANNEL", "did you mean NCCL_MAX_NCHANNELS?")
+
+
+def test_other_prefixes_are_not_checked_and_extra_knobs_can_be_declared(capsys, write_scenario) -> None:
+    env = 'env = { VLLM_WHATEVER = "1", NCCL_FROM_THE_FUTURE = "1" }\nextra_env_knobs = ["NCCL_FROM_THE_FUTURE"]'
+    code, _, err = _run(capsys, str(write_scenario(TINY.replace('release = "2.15"', f'release = "2.15"\n{env}'))))
+    assert code == 0, err
+
+
+@pytest.mark.parametrize("value", ["abc", "99999999999999", "-3"])
+def test_an_integer_knob_with_a_value_simnccl_cannot_use_is_exit_2(capsys, write_scenario, value: str) -> None:
+    text = TINY.replace(
+        'release = "2.15"', f'release = "2.15"\nenv = {{ TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC = "{value}" }}'
+    )
+    _bad(capsys, write_scenario, text, "torch.env.TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC", "expected an integer in 1..")
+
+
+def test_tolerance_pct_with_tolerance_mib_is_exit_2(capsys, write_scenario) -> None:
+    extra = '[[expect]]\ncheckpoint = "after_init"\nused_mib = 1\ntolerance_pct = 1\ntolerance_mib = 1\n'
+    _bad(capsys, write_scenario, TINY + extra, "expect[0].tolerance_mib", "not both")
+
+
+@pytest.mark.parametrize(("ranks", "text"), [("[2, 4]", "outside the world of 4"), ("[1, 1]", "more than once")])
+def test_new_group_ranks_are_checked_against_the_world(capsys, write_scenario, ranks: str, text: str) -> None:
+    steps = _steps(*BASE_STEPS, f'{{ op = "new_group", ranks = {ranks} }}', gpus=4)
+    _bad(capsys, write_scenario, steps, "workload.steps[2].ranks", text)
+
+
+@pytest.mark.parametrize("splits", ["[[0, 9]]", "[[0, -1]]", "[[]]", "[[0, 0]]"])
+def test_split_ranks_out_of_range_is_exit_2(capsys, write_scenario, splits: str) -> None:
+    steps = _steps(*BASE_STEPS, f'{{ op = "split_group", split_ranks = {splits} }}', gpus=4)
+    _bad(capsys, write_scenario, steps, "workload.steps[2].split_ranks")
+
+
+def test_split_ranks_outside_a_smaller_parent_is_a_torch_error_not_an_index_error(write_scenario) -> None:
+    """c10d: a rank valid in the world but not in the parent group is torch's error on that rank."""
+    steps = _steps(
+        *BASE_STEPS,
+        '{ op = "new_group", ranks = [0, 1], bind = "pair" }',
+        '{ op = "split_group", parent = "pair", split_ranks = [[0, 3]], bind = "s" }',
+        gpus=4,
+    )
+    (variant,) = runner.run_scenario(load_scenario(write_scenario(steps)), allow=frozenset({"error"})).variants
+    assert variant.verdict == "error"
+    assert any("not ranks of the parent group of size 2" in e["message"] for e in variant.outcome.errors)
+
+
+def test_the_checkpoint_field_is_reported_as_the_user_wrote_it(capsys, write_scenario) -> None:
+    text = _steps(*BASE_STEPS, '{ op = "checkpoint", name = 5 }')
+    err = _bad(capsys, write_scenario, text, "workload.steps[2].name", "expected a string")
+    assert "label" not in err
+
+
+def test_an_injected_fault_schedule_does_not_print_seed_none() -> None:
+    schedule = FaultSchedule(None, ("crash",), (Fault("crash", 0, at_op=1),))
+    assert "seed=None" not in schedule.describe()
+    assert schedule.describe().startswith("fault schedule: 1 injected, none generated")
+
+
+# ---------------------------------------------------------------------------------------------- report
+
+
+def test_the_report_prints_a_hang_without_a_meeting(capsys, write_scenario) -> None:
+    """The simulated-time-cap entry has no kind/seq: printing it was a KeyError."""
+    result = runner.run_scenario(load_scenario(write_scenario(TINY)))
+    result.variants[0].outcome.hangs.append(
+        {"rank": 0, "op": "<running>", "group": "", "waiting_for": [], "since_s": 1.0, "explanation": "cap"}
+    )
+    print_result(result)
+    assert "hang: rank 0 in <running>" in capsys.readouterr().out
+
+
+def test_the_engine_enforces_max_sim_time(write_scenario) -> None:
+    scenario = load_scenario(write_scenario(_steps(*BASE_STEPS, '{ op = "compute", seconds = 100 }')))
+    config = runner.config_for(scenario, scenario.variants[0], Limits(max_sim_time_s=10.0))
+    with pytest.raises(EngineGuardError, match=r"max_sim_time_s = 10 s"):
+        Engine(config).run()
+
+
+# ---------------------------------------------------------------------------------------------- verdicts
+
+
+HANG = _steps(
+    *BASE_STEPS,
+    '{ op = "new_group", ranks = [0, 1], bind = "g" }',
+    '{ op = "all_reduce", group = "g", on_ranks = [0] }',
+)
+
+
+def test_a_hang_nobody_asked_for_fails_the_run(capsys, write_scenario) -> None:
+    code, out, _ = _run(capsys, str(write_scenario(HANG)))
+    assert code == 1
+    flat = re.sub(r"\s+", " ", out)
+    assert "ended 'hang' and no expectation asks for it" in flat and "--allow hang" in flat
+
+
+def test_allow_makes_an_unasked_verdict_pass(capsys, write_scenario) -> None:
+    code, _, err = _run(capsys, str(write_scenario(HANG)), "--allow", "hang,error")
+    assert code == 0, err
+
+
+def test_a_verdict_expectation_asks_for_it(capsys, write_scenario) -> None:
+    code, _, err = _run(capsys, str(write_scenario(HANG + '[[expect]]\nverdict = "hang"\n')))
+    assert code == 0, err
+
+
+def test_allow_rejects_an_unknown_verdict(capsys, write_scenario) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["run", str(write_scenario(HANG)), "--allow", "hnag"])
+    assert exit_info.value.code == 2
+
+
+def test_run_scenario_allow_keyword(write_scenario) -> None:
+    scenario = load_scenario(write_scenario(HANG))
+    assert not runner.run_scenario(scenario).ok
+    assert runner.run_scenario(scenario, allow=frozenset({"hang"})).ok
+
+
+# ---------------------------------------------------------------------------------------------- the guard
+
+
+def test_an_uncaught_exception_is_exit_70_saying_please_report(capsys, write_scenario, monkeypatch) -> None:
+    def boom(self: Engine) -> None:
+        raise RuntimeError("engine defect")
+
+    monkeypatch.setattr(Engine, "run", boom)
+    path = write_scenario(TINY)
+    code = main(["run", str(path)])
+    err = re.sub(r"\s+", " ", capsys.readouterr().err)
+    assert code == EXIT_SOFTWARE == 70
+    assert "please report" in err and "RuntimeError: engine defect" in err
+    assert f"while running {path} (variant 'default')" in err
+
+
+def test_ctrl_c_is_exit_130_with_what_finished(capsys, write_scenario, monkeypatch) -> None:
+    real = runner.run_variant
+    calls = []
+
+    def second_is_interrupted(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(runner, "run_variant", second_is_interrupted)
+    path = write_scenario(TINY + '[[variants]]\nname = "first"\n[[variants]]\nname = "second"\n')
+    code = main(["run", str(path)])
+    err = capsys.readouterr().err
+    assert code == EXIT_INTERRUPTED == 130
+    assert f"finished  {path}  first: pass (expectations hold)" in err
+    assert f"stopped   {path}  second: not finished" in err
+
+
+def test_the_wall_clock_limit_covers_the_whole_command(capsys, write_scenario, monkeypatch) -> None:
+    monkeypatch.setenv("SIMNCCL_LIMIT_MAX_WALL_S", "0.2")
+
+    def slow_load(path: Path) -> None:
+        while True:  # a parse that never ends: the limit must stop it, not only the engine's own guard
+            time.sleep(0.01)
+
+    monkeypatch.setattr("simnccl.cli.load_scenario", slow_load)
+    path = write_scenario(TINY)
+    code = main(["run", str(path)])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert f"error: {path}: the command ran past its wall-clock limit max_wall_s = 0.2 s" in err
+
+
+def test_children_are_reaped_when_a_command_is_interrupted() -> None:
+    started: list[subprocess.Popen[bytes]] = []
+
+    def command(argv: list[str] | None) -> int:
+        started.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]))
+        raise KeyboardInterrupt
+
+    assert guarded(command)(["run"]) == EXIT_INTERRUPTED
+    (child,) = started
+    with pytest.raises(ChildProcessError):  # already reaped by the guard: no zombie left
+        os.waitpid(child.pid, os.WNOHANG)
+    with pytest.raises(ProcessLookupError):
+        os.kill(child.pid, 0)
+
+
+def test_ctrl_c_on_a_real_process_exits_130() -> None:
+    """The command as a user runs it: SIGINT while it works ends it with 130 and no traceback."""
+    script = (
+        "import sys, time\nfrom simnccl.cli_guard import guarded\n"
+        "def work(argv):\n"
+        "    print('ready', flush=True)\n"
+        "    time.sleep(60)\n"
+        "sys.exit(guarded(work)(['run']))\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "interrupted (Ctrl-C)" in err
