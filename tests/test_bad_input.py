@@ -463,7 +463,7 @@ def test_the_wall_clock_limit_covers_the_whole_command(capsys, write_scenario, m
         while True:  # a parse that never ends: the limit must stop it, not only the engine's own guard
             time.sleep(0.01)
 
-    monkeypatch.setattr("simnccl.cli.load_scenario", slow_load)
+    monkeypatch.setattr("simnccl.scenario.load_scenario", slow_load)  # the CLI imports it when a command runs
     path = write_scenario(TINY)
     code = main(["run", str(path)])
     err = capsys.readouterr().err

@@ -237,7 +237,7 @@ def test_seed_override_draws_the_swarm_a_file_with_that_seed_draws(write_scenari
 
 def test_seed_override_prints_the_new_schedule(capsys: pytest.CaptureFixture[str], write_scenario) -> None:
     path = write_scenario(SWARM.replace("{seed}", "99"))
-    code, out, err = _main(capsys, "run", str(path), "--seed", "3", "--json")
+    code, out, err = _main(capsys, "run", str(path), "--seed", "3", "--json", "--allow", "fail,hang,error")
     assert code == EXIT_OK, err
     assert "fault schedule seed=3" in err
     assert _document(out, "run")["results"][0]["seed"] == 3
