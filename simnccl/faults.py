@@ -131,9 +131,22 @@ def validate(fault: Fault, programs: Sequence[Program]) -> None:
         raise FaultError(f"fault {fault.describe()}: peer is only meaningful for a link-straggler")
 
 
+def check_program_faults_distinct(faults: Sequence[Fault]) -> None:
+    """At most one program fault (skip, mismatch) per rank and op: both rewrite that op, and a skipped
+    collective has no size left to mismatch."""
+    seen: dict[tuple[int, int | None], Fault] = {}
+    for fault in faults:
+        if fault.kind not in PROGRAM_FAULTS:
+            continue
+        first = seen.setdefault((fault.rank, fault.at_op), fault)
+        if first is not fault:
+            raise FaultError(f"faults {first.describe()} and {fault.describe()} hit the same op of one rank")
+
+
 def apply_to_programs(schedule: FaultSchedule, programs: Sequence[Program]) -> list[Program]:
     """Rewrite the programs of the ranks a program fault hits (only those get their own copy)."""
     out = list(programs)
+    check_program_faults_distinct(schedule.faults)
     for fault in schedule.faults:
         validate(fault, programs)
         if fault.kind not in PROGRAM_FAULTS:
@@ -175,7 +188,10 @@ def generate(
         if kind in PROGRAM_FAULTS:
             if not collectives:
                 continue
-            faults.append(Fault(kind, rank, at_op=rng.choice(collectives)))
+            at_op = rng.choice(collectives)
+            if any(f.kind in PROGRAM_FAULTS and (f.rank, f.at_op) == (rank, at_op) for f in faults):
+                continue  # one rewrite per op (check_program_faults_distinct)
+            faults.append(Fault(kind, rank, at_op=at_op))
         elif kind == "straggler":
             faults.append(Fault(kind, rank, factor=round(rng.uniform(1.5, 10.0), 2)))
         elif kind == "link-straggler":

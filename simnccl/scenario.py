@@ -37,7 +37,15 @@ from typing import Any
 
 from simnccl.cluster import Cluster, ClusterError, get_gpu_kind
 from simnccl.env_knobs import unknown_knob_message, value_problem
-from simnccl.faults import NO_FAULTS, Fault, FaultError, FaultSchedule, generate, validate
+from simnccl.faults import (
+    NO_FAULTS,
+    Fault,
+    FaultError,
+    FaultSchedule,
+    check_program_faults_distinct,
+    generate,
+    validate,
+)
 from simnccl.limits import InputLimits, exceeded, file_problem, nesting_depth
 from simnccl.limits import current as current_limits
 from simnccl.ops import (
@@ -395,9 +403,14 @@ def _faults(
     if seed is None:
         if classes is not None:
             raise reader.error("classes", "only meaningful with a seed (a generated schedule)")
+        try:
+            check_program_faults_distinct(injected)
+        except FaultError as err:
+            raise reader.error("inject", str(err)) from None
         return FaultSchedule(None, tuple(sorted({f.kind for f in injected})), tuple(injected)), None
     try:
         generated = generate(seed, programs, classes=classes, max_faults=max_faults)
+        check_program_faults_distinct((*injected, *generated.faults))
     except FaultError as err:
         raise reader.error("classes", str(err)) from None
     swarm = FaultSwarm(None if classes is None else tuple(classes), max_faults, len(injected))

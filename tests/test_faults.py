@@ -248,3 +248,23 @@ def test_a_straggler_at_a_time_is_rejected_not_ignored() -> None:
         apply_to_programs(
             FaultSchedule(None, (), (Fault("link-straggler", 0, at_s=3.0, factor=2.0, peer=1),)), PROGRAMS
         )
+
+
+def test_two_program_faults_on_one_op_are_refused_or_never_generated(tmp_path) -> None:
+    """A skip and a mismatch on the same op of one rank: bad input in a file (exit 2), never drawn by a swarm."""
+    from simnccl.cli import main
+    from simnccl.faults import PROGRAM_FAULTS, generate
+    from simnccl.ops import AllReduce, InitProcessGroup, Program, SetDevice
+
+    program = Program((SetDevice(), InitProcessGroup(), AllReduce(size_bytes=8)))
+    for seed in range(300):
+        faults = generate(seed, [program] * 2, classes=sorted(PROGRAM_FAULTS), max_faults=4).faults
+        hit = [(f.rank, f.at_op) for f in faults if f.kind in PROGRAM_FAULTS]
+        assert len(hit) == len(set(hit)), (seed, faults)
+    path = tmp_path / "twice.toml"
+    path.write_text(
+        '[scenario]\nname = "twice"\n[cluster]\ngpu = "h100-80gb"\ngpus_per_node = 2\n[torch]\nrelease = "2.15"\n'
+        '[workload]\nsteps = [{ op = "set_device" }, { op = "init_process_group" }, { op = "all_reduce" }]\n'
+        '[faults]\ninject = [{ kind = "skip", rank = 0, at_op = 2 }, { kind = "mismatch", rank = 0, at_op = 2 }]\n'
+    )
+    assert main(["run", str(path)]) == 2
