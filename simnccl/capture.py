@@ -118,7 +118,7 @@ from simnccl.ops import (
     SetDevice,
     SplitGroup,
 )
-from simnccl.release import KNOWN_BACKEND_NAMES, DeviceBackend, ReleaseError, get_release
+from simnccl.release import KNOWN_BACKEND_NAMES, DeviceBackend, Impl, ReleaseError, get_release
 from simnccl.tags import current_tags
 from simnccl.torch_apply import modelled_options
 
@@ -142,6 +142,127 @@ _DTYPE_NAMES = {
 
 class CaptureError(RuntimeError):
     """The capture could not produce Programs: bad arguments, or the code failed or hung on a rank."""
+
+
+NO_POLICY = "torch-default"  # the scenario files' name for "no policy"
+
+
+def _plain_policy(policy: str | None) -> str | None:
+    return None if policy in (None, "", NO_POLICY) else policy
+
+
+class BranchMismatch(CaptureError, ValueError):
+    """A replay under a release/env/policy that would have changed what the captured code saw (and did)."""
+
+
+# ---------------------------------------------------------------------------------------------- branches
+
+
+@dataclass(frozen=True, slots=True)
+class BranchSettings:
+    """What captured code can branch on, decided by release, env and policy before any group exists.
+
+    Why these: DeviceMesh takes ``split_group`` when the default group has a ``bound_device_id`` (2.15's nccl2
+    binds one even without ``device_id``; legacy and 2.14 don't) and loops ``new_group`` otherwise; it compares
+    ``getBackendName()`` (``nccl2`` vs ``nccl``); and a ``lazy_init`` default group is no split source. The
+    simulator's own rules (``simnccl.c10d``, ``simnccl.release``) answer each, so capture and replay agree.
+    """
+
+    default_backend: str  # the implementation the default group's accelerator leg reports
+    default_bound: bool  # the default group has a bound_device_id
+    default_lazy: bool  # the default group is lazy_init (and the release has the option)
+    nccl_names: tuple[tuple[str, str, bool], ...]  # (name, implementation, binds) for every NCCL-family name
+
+    def __str__(self) -> str:
+        bound = "bound (DeviceMesh: split_group)" if self.default_bound else "unbound (DeviceMesh: new_group loop)"
+        lazy = ", lazy_init" if self.default_lazy else ""
+        return f"default group {self.default_backend}, {bound}{lazy}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "default_backend": self.default_backend,
+            "default_bound": self.default_bound,
+            "default_lazy": self.default_lazy,
+            "nccl_names": {name: {"impl": impl, "binds": binds} for name, impl, binds in self.nccl_names},
+        }
+
+    def differences(self, other: BranchSettings) -> list[str]:
+        """What ``other`` changes, in words (for the refusal)."""
+        out = []
+        if self.default_bound != other.default_bound:
+            out.append(
+                f"the default group would be {'bound' if other.default_bound else 'unbound'} instead of "
+                f"{'bound' if self.default_bound else 'unbound'} (DeviceMesh takes "
+                f"{'split_group' if other.default_bound else 'the new_group loop'} there)"
+            )
+        if self.default_backend != other.default_backend:
+            new, old = other.default_backend, self.default_backend
+            out.append(f"the default group would report backend {new!r}, not {old!r}")
+        if self.default_lazy != other.default_lazy:
+            out.append(f"the default group would {'' if other.default_lazy else 'not '}be lazy_init")
+        if not out:
+            changed = [a[0] for a, b in zip(self.nccl_names, other.nccl_names, strict=True) if a != b]
+            out.append(f"backend {', '.join(changed)} would resolve or bind differently")
+        return out
+
+
+def branch_settings(
+    release: str, env: Mapping[str, str], policy: str | None, init: InitProcessGroup | None
+) -> BranchSettings:
+    """The ``BranchSettings`` of ``init`` (the first recorded ``init_process_group``) under these settings.
+
+    The policy's ``on_init`` is applied to the recorded call (its env knobs, backend, device_id, lazy_init),
+    as ``simnccl.torch_apply`` would before torch runs it.
+    """
+    from simnccl.policy import InitRequest, PolicyError, get_policy
+    from simnccl.release import NCCL_FAMILY_NAMES, resolve_backend
+
+    try:
+        rel = get_release(release)
+    except ReleaseError as err:
+        raise CaptureError(f"release: {err}") from None
+    env_ = dict(env)
+    backend = init.backend if init is not None else None
+    device_id = init.device_id if init is not None else None
+    options = init.pg_options if init is not None else NO_OPTIONS
+    if policy is not None and init is not None:
+        try:
+            chosen = get_policy(policy)
+        except PolicyError as err:
+            raise CaptureError(f"policy: {err}") from None
+        plan = chosen.on_init(InitRequest(0, 1, release, env_, backend, device_id, options))
+        env_.update(plan.env)
+        backend, device_id, options = plan.backend, plan.device_id, plan.pg_options
+    names = []
+    for name in NCCL_FAMILY_NAMES:
+        try:
+            impl = rel.impl_for_name(name, env_)
+        except (KeyError, ValueError, ReleaseError):
+            names.append((name, "unknown", False))
+            continue
+        names.append((name, str(impl.cpp_name), _binds_device(rel, DeviceBackend("cuda", name, impl))))
+    try:
+        leg = resolve_backend(rel, backend, env_).for_device("cuda")
+    except Exception:  # a backend this release rejects: the replay reports torch's error itself
+        leg = None
+    reported = "none" if leg is None else str(leg.impl.cpp_name)
+    bound = (device_id is not None and not str(device_id).startswith("cpu")) or _binds_device(rel, leg)
+    lazy = bool(options.lazy_init) and rel.lazy_init_option
+    return BranchSettings(reported, bool(bound), lazy, tuple(names))
+
+
+def _first_init(programs: Sequence[Program]) -> InitProcessGroup | None:
+    for program in programs[:1]:
+        for op in program.ops:
+            if isinstance(op, InitProcessGroup):
+                return op
+    return None
+
+
+def _settings_text(release: str, env: Mapping[str, str], policy: str | None) -> str:
+    parts = [f"torch {release}", *(f"{k}={v}" for k, v in sorted(env.items()))]
+    parts.append(f"policy {policy}" if policy else "no policy")
+    return ", ".join(parts)
 
 
 # ---------------------------------------------------------------------------------------------- records
@@ -182,6 +303,7 @@ class CapturedRun:
     notes: tuple[str, ...] = ()
     mode: str = "fork"
     wall_s: float = 0.0
+    policy: str | None = None  # the policy the ranks ran under (simnccl.torch_apply.apply), None: plain torch
 
     @property
     def nodes(self) -> int:
@@ -196,9 +318,14 @@ class CapturedRun:
         policy: str | None = None,
         **kwargs: Any,
     ) -> Any:
-        """Replay the Programs in the simulator on ``nodes x gpus_per_node`` GPUs of kind ``gpu``."""
+        """Replay the Programs in the simulator on ``nodes x gpus_per_node`` GPUs of kind ``gpu``.
+
+        Refused (``BranchMismatch``) when ``release``/``env``/``policy`` would have changed what the captured code
+        saw (``check_replay``): the Programs are one branch of the code, not the code.
+        """
         from simnccl.testing import simulate
 
+        self.check_replay(release=release, env=env, policy=policy)
         if self.world_size % self.gpus_per_node:
             raise CaptureError(
                 f"cannot replay a world of {self.world_size} on nodes of {self.gpus_per_node} GPUs: "
@@ -215,11 +342,43 @@ class CapturedRun:
             **kwargs,
         )
 
+    def captured_under(self) -> BranchSettings:
+        """What the captured code could branch on, under the settings it was captured with."""
+        return branch_settings(self.release, self.env, self.policy, _first_init(self.programs))
+
+    def check_replay(
+        self, *, release: str | None = None, env: Mapping[str, str] | None = None, policy: str | None = None
+    ) -> None:
+        """Raise ``BranchMismatch`` when replaying under these settings would not be what real torch runs.
+
+        ``None`` keeps the capture's own release/env; ``policy=None`` replays without a policy (the Programs
+        already hold what the capture's policy decided).
+        """
+        rel = release or self.release
+        env_ = dict(self.env if env is None else env)
+        policy = _plain_policy(policy)
+        wanted = branch_settings(rel, env_, policy, _first_init(self.programs))
+        have = self.captured_under()
+        if wanted == have:
+            return
+        why = "; ".join(have.differences(wanted))
+        asked = _settings_text(rel, env_, policy)
+        env_args = ", ".join(f"{k}={v!r}" for k, v in sorted(env_.items()))
+        cli = " ".join([f"--release {rel}", *(f"--env {k}={v}" for k, v in sorted(env_.items()))])
+        cli += f" --policy {policy}" if policy else ""
+        raise BranchMismatch(
+            f"refusing to simulate a capture made under {_settings_text(self.release, self.env, self.policy)} "
+            f"as {asked}: {why}, so real torch would run other calls than the captured ones; re-capture under "
+            f"those settings for an honest answer: capture(..., release={rel!r}, env={{{env_args}}}"
+            f"{f', policy={policy!r}' if policy else ''}) or simnccl capture {cli}"
+        )
+
     def summary(self) -> str:
         """Per distinct program: the ranks running it and what they call."""
         lines = [
             f"captured {self.world_size} ranks ({self.nodes} node(s) x {self.gpus_per_node} GPUs), "
             f"emulating torch {self.release}, {self.mode} mode, {self.wall_s:.2f} s",
+            f"  captured under {_settings_text(self.release, self.env, self.policy)}: {self.captured_under()}",
         ]
         for program, ranks in _program_ranks(self.programs):
             counts: dict[str, int] = {}
@@ -237,6 +396,8 @@ class CapturedRun:
             "gpus_per_node": self.gpus_per_node,
             "release": self.release,
             "env": dict(self.env),
+            "policy": self.policy,
+            "captured_under": self.captured_under().to_dict(),
             "programs": [
                 {"ranks": ranks, "ops": program.to_list()} for program, ranks in _program_ranks(self.programs)
             ],
@@ -254,9 +415,13 @@ class CapturedRun:
         prefix = _common_prefix([p.ops for p, _ in groups])
         lines = [
             "# Captured by simnccl.capture: every rank's torch.distributed calls as explicit steps.",
+            f"# Captured under {_settings_text(self.release, self.env, self.policy)}: {self.captured_under()}.",
+            "# Another release, TORCH_DIST_USE_NCCL2 or policy can change those branches: re-capture under it.",
             "[scenario]",
             f"name = {_toml(name)}",
         ]
+        if self.policy is not None:  # the Programs hold its decisions; running it again keeps replays honest
+            lines.append(f"policy = {_toml(self.policy)}")
         if description:
             lines.append(f"description = {_toml(description)}")
         lines += [
@@ -494,9 +659,14 @@ def checkpoint(label: str) -> None:
 class StandInBackend(C10dBackend):
     """A torch Backend that records each collective and completes it at once, communicating nothing."""
 
-    def __init__(self, rank: int, size: int, name: str, global_ranks: Sequence[int], timeout: timedelta) -> None:
+    def __init__(
+        self, rank: int, size: int, name: str, global_ranks: Sequence[int], timeout: timedelta, lazy: bool = False
+    ) -> None:
         super().__init__(rank, size)
         self._name = name
+        # nccl2's supportsSplitting(): ``!lazy_init || initialized`` (reference §B.5): a lazy_init group is no
+        # split source until its first collective, so split_group on it raises torch's own error, as on a GPU.
+        self._lazy = lazy
         self._global = list(global_ranks) or list(range(size))
         self._options = C10dBackend.Options(name, timeout)
         self.handle = WORLD if not global_ranks else UNRECORDED
@@ -509,7 +679,7 @@ class StandInBackend(C10dBackend):
 
     @property
     def supports_splitting(self) -> bool:
-        return True
+        return not self._lazy
 
     @property
     def supports_coalescing(self) -> bool:
@@ -555,6 +725,7 @@ class StandInBackend(C10dBackend):
         return _create_work_from_future(future)
 
     def _record(self, op_type: type[Op], name: str, tensors: Sequence[torch.Tensor], **extra: Any) -> None:
+        self._lazy = False  # the first collective initialises a lazy_init communicator
         recorder = _ACTIVE
         if recorder is None:
             return
@@ -641,6 +812,7 @@ class StandInBackend(C10dBackend):
         return self._done(outputs)
 
     def barrier(self, opts: Any) -> Any:
+        self._lazy = False
         recorder = _ACTIVE
         if recorder is not None:
             _check_bound(recorder, self.handle, "barrier")
@@ -648,6 +820,7 @@ class StandInBackend(C10dBackend):
         return self._done(None)
 
     def _p2p(self, op_type: type[Op], name: str, tensors: list[torch.Tensor], peer: int) -> Any:
+        self._lazy = False
         recorder = _ACTIVE
         if recorder is not None:
             dtype = _dtype(tensors[0]) if tensors else "Float"
@@ -682,10 +855,11 @@ def _creator(
     Whether and where are the simulator's own rules (``simnccl.c10d``), so capture and simulation cannot drift.
     """
     release = get_release(release_key)
-    impl = release.impl_for_name(name, env)
-    binds = _binds_device(release, DeviceBackend("cuda", name, impl))  # fixed per name: decided once
 
     def create(opts: Any, backend_options: Any) -> StandInBackend:
+        # The rank's environment now (its env, plus the knobs a policy set before init_process_group).
+        impl = release.impl_for_name(name, os.environ)
+        binds = _binds_device(release, DeviceBackend("cuda", name, impl))
         pg = opts.process_group
         if pg is not None:
             bound = pg.bound_device_id
@@ -698,8 +872,9 @@ def _creator(
                 local = int(os.environ["LOCAL_RANK"]) if "LOCAL_RANK" in os.environ else rank % gpus_per_node
                 ctx = ProcessContext(rank, world_size, local, gpus_per_node, os.environ)
                 pg.bound_device_id = torch.device("cpu", nccl_device_fallback(ctx, os.environ))
+        lazy = impl in (Impl.NCCL2, Impl.NCCL_LAZY) and bool(getattr(backend_options, "lazy_init", False))
         return StandInBackend(
-            opts.group_rank, opts.group_size, impl.cpp_name, list(opts.global_ranks_in_group), opts.timeout
+            opts.group_rank, opts.group_size, impl.cpp_name, list(opts.global_ranks_in_group), opts.timeout, lazy
         )
 
     return create
@@ -994,6 +1169,7 @@ class _Spec:
     checkpoints: bool
     final_checkpoint: str | None
     timeout_s: float
+    policy: str | None = None
 
     def rank_env(self, rank: int) -> dict[str, str]:
         local = rank % self.gpus_per_node
@@ -1017,7 +1193,10 @@ def _run_rank(spec: _Spec, rank: int) -> RankCapture:
     saved_hook = sys.excepthook  # init_process_group installs a "[rankN]" excepthook; keep the process's own
     os.environ.update(spec.rank_env(rank))
     try:
-        with _installed(recorder, spec.release, spec.env, spec.world_size, spec.gpus_per_node, spec.cuda):
+        with (
+            _installed(recorder, spec.release, spec.env, spec.world_size, spec.gpus_per_node, spec.cuda),
+            _policy_applied(spec.policy, spec.release),
+        ):
             if spec.init_backend is not None:
                 dist.init_process_group(backend=spec.init_backend)
             try:
@@ -1039,6 +1218,23 @@ def _run_rank(spec: _Spec, rank: int) -> RankCapture:
         os.environ.update(saved_env)
         sys.excepthook = saved_hook
     return RankCapture(rank, tuple(recorder.ops), tuple(recorder.calls), tuple(recorder.notes))
+
+
+@contextlib.contextmanager
+def _policy_applied(policy: str | None, release: str) -> Iterator[None]:
+    """Route the rank's group creation through ``simnccl.torch_apply.apply(policy)`` (production's path).
+
+    Installed inside the rank, on top of the recording wrappers: torch's functions as the policy calls them are
+    what gets recorded, so the Program is what real torch runs under that policy (its backend, device_id,
+    pg_options such as ``lazy_init``, the groups it reuses instead of creating).
+    """
+    if policy is None:
+        yield
+        return
+    from simnccl.torch_apply import apply
+
+    with apply(policy, release=release):
+        yield
 
 
 def _describe_failure(rank: int, err: BaseException) -> str:
@@ -1237,6 +1433,7 @@ def capture(
     jobs: int | None = None,
     checkpoints: bool = True,
     final_checkpoint: str | None = "end",
+    policy: str | None = None,
 ) -> CapturedRun:
     """Run ``target()`` once per simulated rank of a ``world_size`` world and return every rank's Program.
 
@@ -1247,7 +1444,9 @@ def capture(
     the target initialises it. ``release``/``env`` pick the emulated torch release's device binding and
     backend names (``TORCH_DIST_USE_NCCL2``). ``device_type="cuda"`` stands in for the CUDA queries (``"cpu"``:
     leave torch.cuda alone). ``checkpoints`` adds ``after_init`` after ``init_process_group``; a
-    ``final_checkpoint`` is appended after the target returns.
+    ``final_checkpoint`` is appended after the target returns. ``policy`` (a spec such as ``"lazy-init"``):
+    each rank runs under ``simnccl.torch_apply.apply(policy)``, so the Programs are what real torch runs
+    under it; the run remembers the release, env and policy its branches depended on (``check_replay``).
     """
     if not callable(target):
         raise CaptureError(f"expected a callable to capture, got {type(target).__name__} {target!r}")
@@ -1271,6 +1470,14 @@ def capture(
         raise CaptureError(f"mode: expected one of {', '.join(MODES)}, got {mode!r}")
     if not isinstance(timeout_s, int | float) or timeout_s <= 0:
         raise CaptureError(f"timeout_s: expected a positive number of seconds, got {timeout_s!r}")
+    policy = _plain_policy(policy)
+    if policy is not None:
+        from simnccl.policy import PolicyError, get_policy
+
+        try:
+            get_policy(policy)
+        except PolicyError as err:
+            raise CaptureError(f"policy: {err}") from None
     if dist.is_initialized():
         raise CaptureError("a default process group already exists in this process; destroy it before capturing")
     spec = _Spec(
@@ -1284,16 +1491,25 @@ def capture(
         checkpoints=checkpoints,
         final_checkpoint=final_checkpoint,
         timeout_s=float(timeout_s),
+        policy=policy,
     )
     started = time.monotonic()
-    with _intercepted():  # once, for every rank and either mode (see _intercepted)
-        if chosen == "fork":
-            import tempfile
+    try:
+        with _intercepted():  # once, for every rank and either mode (see _intercepted)
+            if chosen == "fork":
+                import tempfile
 
-            with tempfile.TemporaryDirectory(prefix="simnccl-capture-") as log_dir:
-                ranks = _run_forked(spec, max(1, jobs or os.cpu_count() or 1), log_dir)
-        else:
-            ranks = _run_inline(spec)
+                with tempfile.TemporaryDirectory(prefix="simnccl-capture-") as log_dir:
+                    ranks = _run_forked(spec, max(1, jobs or os.cpu_count() or 1), log_dir)
+            else:
+                ranks = _run_inline(spec)
+    except CaptureError as err:
+        if policy is None:
+            raise
+        raise CaptureError(
+            f"{err}\n  note: the ranks ran under policy {policy!r} (simnccl.torch_apply.apply, as production "
+            f"would), emulating torch {release}: real torch fails the same way under it"
+        ) from None
     return _assemble(spec, ranks, chosen, time.monotonic() - started)
 
 
@@ -1328,6 +1544,7 @@ def _assemble(spec: _Spec, ranks: Sequence[RankCapture], mode: str, wall_s: floa
         notes=tuple(notes),
         mode=mode,
         wall_s=wall_s,
+        policy=spec.policy,
     )
 
 

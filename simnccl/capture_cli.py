@@ -52,7 +52,9 @@ def capture_parser() -> argparse.ArgumentParser:
     add_common(
         parser,
         help={
-            "--policy": "policy for --simulate (repeatable: one simulated variant per policy)",
+            "--policy": "policy the captured ranks run under (simnccl.torch_apply.apply) and --simulate uses; "
+            "repeated: capture without one, one simulated variant each, refused (exit 2) where it would change "
+            "the captured branches",
             "--release": f"torch release to emulate (default {DEFAULT_RELEASE})",
             "--gpu": f"GPU kind for --simulate and --toml (default {DEFAULT_GPU})",
             "--seed": "seed of the --simulate run",
@@ -116,6 +118,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             env=env_overrides(args),
             mode=args.mode,
             timeout_s=args.timeout,
+            policy=args.policy[0] if args.policy and len(args.policy) == 1 else None,
         )
     except (CaptureError, ModuleNotFoundError, ValueError) as err:
         out.error(str(err))
@@ -150,6 +153,7 @@ def _simulate(run: Any, args: argparse.Namespace, gpu: str, out: Any) -> Any:
     """The captured Programs as the scenario ``--toml`` writes, with --policy/--seed/--variant applied."""
     import tomllib
 
+    from simnccl.capture import CaptureError
     from simnccl.cli_options import apply_overrides
     from simnccl.report import print_variant, variant_summary
     from simnccl.runner import run_scenario
@@ -162,6 +166,12 @@ def _simulate(run: Any, args: argparse.Namespace, gpu: str, out: Any) -> Any:
     except (ScenarioError, OverrideError) as err:
         out.error(str(err))
         return None
+    for variant in scenario.variants:  # a branch the code did not take is no honest answer: refuse it
+        try:
+            run.check_replay(release=variant.release, env=variant.env, policy=variant.policy)
+        except CaptureError as err:
+            out.error(f"variant {variant.name!r}: {err}")
+            return None
     with out.progress(len(scenario.variants), "simulating") as bar:
 
         def finished(variant: Any) -> None:

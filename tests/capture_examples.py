@@ -146,3 +146,14 @@ def tagged_pipeline_groups() -> None:
         dist.new_group([r for r in range(world) if r % 2 == 0])
     new_group([r for r in range(world) if r % 2 == 1], purpose="tp", traffic="collectives")
     dist.new_group(list(range(world)))
+
+
+def device_mesh_after_barrier(dp: int = 2, tp: int = 4) -> None:
+    """A barrier on the default group, then ``init_device_mesh``: a lazy_init default group is initialised
+    (and so a split source) by then, so DeviceMesh's split_group works under ``lazy-init`` too."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    torch.cuda.set_device(_local_rank())
+    dist.init_process_group(backend="nccl")
+    dist.barrier()
+    init_device_mesh("cuda", (dp, tp), mesh_dim_names=("dp", "tp"))

@@ -518,3 +518,118 @@ def test_group_tags_around_plain_torch_calls_are_recorded() -> None:
     assert outcome.verdict == "pass"
     backends = {key[1]: record.impl for key, record in outcome.groups.items()}
     assert backends[(0, 2)] == "nccl-lazy" and backends[(1, 3)] != "nccl-lazy"
+
+
+# ---------------------------------------------------------------------------------------------- per variant
+
+LEGACY_ENV = {"TORCH_DIST_USE_NCCL2": "0"}
+
+
+@pytest.fixture(scope="module")
+def mesh_2d_215() -> cap.CapturedRun:
+    return cap.capture(examples.device_mesh_2d, 8)
+
+
+def test_a_capture_records_the_settings_its_branches_depended_on(mesh_2d_215: cap.CapturedRun) -> None:
+    under = mesh_2d_215.captured_under()
+    assert (under.default_backend, under.default_bound, under.default_lazy) == ("nccl2", True, False)
+    doc = mesh_2d_215.to_json()
+    assert doc["policy"] is None and doc["captured_under"]["default_bound"] is True
+    assert "# Captured under torch 2.15, no policy: default group nccl2, bound" in mesh_2d_215.to_scenario_toml()
+    legacy = cap.capture(examples.device_mesh_2d, 8, env=LEGACY_ENV).captured_under()
+    assert (legacy.default_backend, legacy.default_bound) == ("nccl", False)
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [{"env": LEGACY_ENV}, {"release": "2.14"}, {"policy": "legacy"}, {"policy": "lazy-init"}],
+    ids=["env-legacy", "release-2.14", "policy-legacy", "policy-lazy-init"],
+)
+def test_a_215_capture_replayed_where_its_branches_differ_is_refused(
+    mesh_2d_215: cap.CapturedRun, settings: dict[str, Any]
+) -> None:
+    with pytest.raises(cap.BranchMismatch) as refused:
+        mesh_2d_215.simulate(**settings)
+    message = str(refused.value)
+    assert isinstance(refused.value, ValueError) and "\n" not in message
+    assert message.startswith("refusing to simulate a capture made under torch 2.15, no policy as ")
+    assert "re-capture under those settings" in message and "simnccl capture --release" in message
+    assert "does not support splitting" not in message  # never reported as a torch error
+
+
+def test_the_refusal_says_why_and_how_to_recapture(mesh_2d_215: cap.CapturedRun) -> None:
+    with pytest.raises(cap.BranchMismatch, match=r"unbound instead of bound \(DeviceMesh takes the new_group loop"):
+        mesh_2d_215.simulate(env=LEGACY_ENV)
+    with pytest.raises(cap.BranchMismatch, match=r"env=\{TORCH_DIST_USE_NCCL2='0'\}\) or simnccl capture"):
+        mesh_2d_215.simulate(env=LEGACY_ENV)
+
+
+def test_a_policy_that_leaves_the_branches_alone_replays(mesh_2d_215: cap.CapturedRun) -> None:
+    assert mesh_2d_215.simulate(policy="dedupe").verdict == "pass"
+    assert mesh_2d_215.simulate(policy="torch-default").verdict == "pass"
+
+
+def test_recaptured_under_legacy_the_mesh_loops_new_group_and_passes(mesh_2d_215: cap.CapturedRun) -> None:
+    for run, settings in (
+        (cap.capture(examples.device_mesh_2d, 8, env=LEGACY_ENV), {}),
+        (cap.capture(examples.device_mesh_2d, 8, policy="legacy"), {"policy": "legacy"}),
+        (cap.capture(examples.device_mesh_2d, 8, release="2.14"), {}),
+    ):
+        names = [op.name for op in run.programs[0].ops]
+        assert "split_group" not in names and names.count("new_group") == 6, settings
+        assert run.simulate(**settings).verdict == "pass", settings
+    assert cap.capture(examples.device_mesh_2d, 8, policy="legacy").to_scenario_toml().count('policy = "legacy"') == 1
+
+
+def test_a_policy_capture_replayed_without_it_is_refused_when_the_policy_set_the_branches() -> None:
+    run = cap.capture(examples.device_mesh_2d, 8, policy="legacy")
+    with pytest.raises(cap.BranchMismatch, match=r"made under torch 2\.15, policy legacy as torch 2\.15, no policy"):
+        run.simulate()
+
+
+def test_under_lazy_init_a_mesh_of_a_bound_lazy_default_group_fails_as_real_torch_does() -> None:
+    # torch 2.15: nccl2 binds the lazy_init default group, DeviceMesh takes split_group, and a lazy parent
+    # is no split source until first used (supportsSplitting, ../shared/reference torch-2.15 §B.5).
+    with pytest.raises(cap.CaptureError) as failed:
+        cap.capture(examples.device_mesh_2d, 8, policy="lazy-init")
+    assert "RuntimeError: No backend for the parent process group" in str(failed.value)
+    assert "ran under policy 'lazy-init'" in str(failed.value)
+    assert not isinstance(failed.value, cap.BranchMismatch)
+
+
+@pytest.mark.parametrize(
+    ("target", "kwargs", "ops"),
+    [
+        (examples.device_mesh_after_barrier, {}, ("barrier", "split_group", "split_group")),
+        (examples.device_mesh_2d, {"env": LEGACY_ENV}, ("new_group",) * 6 + ("all_reduce",)),
+        (examples.device_mesh_2d, {"release": "2.14"}, ("new_group",) * 6 + ("all_reduce",)),
+    ],
+    ids=["used-default-group-splits", "legacy-loops-new-group", "2.14-loops-new-group"],
+)
+def test_a_lazy_init_capture_of_a_device_mesh_simulates_without_the_bogus_error(
+    target: Any, kwargs: dict[str, Any], ops: tuple[str, ...]
+) -> None:
+    run = cap.capture(target, 8, policy="lazy-init", **kwargs)
+    assert run.policy == "lazy-init"
+    names = tuple(op.name for op in run.programs[0].ops if op.name not in ("set_device", "checkpoint"))
+    assert names == ("init_process_group", *ops)
+    for policy in ("lazy-init", None):  # the Programs hold lazy_init themselves: the same branches either way
+        outcome = run.simulate(policy=policy)
+        assert outcome.verdict == "pass", (policy, outcome)
+
+
+def test_cli_refuses_a_simulated_variant_that_would_change_the_branches(capsys: pytest.CaptureFixture) -> None:
+    argv = ["--world", "8", "--simulate", "--policy", "dedupe", "--policy", "lazy-init", str(EXAMPLES), "mesh2d"]
+    assert cap.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "variant 'default,policy=lazy-init': refusing to simulate a capture made under torch 2.15" in err
+    assert "simnccl capture --release 2.15 --policy lazy-init" in err
+
+
+def test_cli_captures_under_a_single_policy_and_env(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    toml = tmp_path / "legacy.toml"
+    argv = ["--world", "8", "--simulate", "--policy", "lazy-init", "--env", "TORCH_DIST_USE_NCCL2=0"]
+    assert cap.main([*argv, "--toml", str(toml), str(EXAMPLES), "mesh2d"]) == 0
+    out = capsys.readouterr().out
+    assert "captured under torch 2.15, TORCH_DIST_USE_NCCL2=0, policy lazy-init" in out and "6 new_group" in out
+    assert 'policy = "lazy-init"' in toml.read_text()
