@@ -60,6 +60,16 @@ assigning one variable; a call whose ranks overlap the family starts a new one (
 ``mesh_tp.2``...). A rank is a member of at most one group per handle, so a collective's handle always names
 the group it ran on, and ranks with the same calls share one Program (DESIGN rule 8).
 
+Variants: a captured Program is one branch of the code, decided by the release, the environment
+(``TORCH_DIST_USE_NCCL2``) and the policy it ran under: 2.15's nccl2 binds the default group, so DeviceMesh
+takes ``split_group``; legacy and 2.14 leave it unbound, so DeviceMesh loops ``new_group``. The run records
+those settings and what they decided (``BranchSettings``: in the summary, the JSON and the TOML's header), and
+``simulate``/``--simulate`` under settings that decide differently raise ``BranchMismatch`` saying how to
+re-capture, instead of replaying calls real torch would not make. ``capture(..., policy=...)`` runs each rank
+under ``simnccl.torch_apply.apply(policy)``, so the Programs hold the policy's decisions; the stand-in models
+nccl2's ``supportsSplitting`` (a ``lazy_init`` group is no split source until its first collective), so a
+lazy-init DeviceMesh over an unused bound default group fails in capture with torch's own error, as on a GPU.
+
 Scaling: a captured Program is what the code did at that world size. "Replay at a larger world" means
 capturing the same code again with a larger ``world_size`` (the code is what scales); ``capture_scaled``
 does exactly that.
@@ -847,9 +857,7 @@ def _check_bound(recorder: _Recorder, handle: str, call: str) -> None:
             recorder.notes.append(note)
 
 
-def _creator(
-    name: str, release_key: str, env: Mapping[str, str], world_size: int, gpus_per_node: int
-) -> Callable[..., Any]:
+def _creator(name: str, release_key: str, world_size: int, gpus_per_node: int) -> Callable[..., Any]:
     """torch's extended-API creator for ``name``: binds the device where the emulated release would.
 
     Whether and where are the simulator's own rules (``simnccl.c10d``), so capture and simulation cannot drift.
@@ -1097,9 +1105,7 @@ def _fake_store() -> Any:
 
 
 @contextlib.contextmanager
-def _installed(
-    recorder: _Recorder, release: str, env: Mapping[str, str], world_size: int, gpus_per_node: int, cuda: bool
-) -> Iterator[None]:
+def _installed(recorder: _Recorder, release: str, world_size: int, gpus_per_node: int, cuda: bool) -> Iterator[None]:
     """Stand-in backends, fake CUDA, peerless rendezvous and the active recorder, for one rank; undone on exit.
 
     The call wrappers are not installed here but once per ``capture()`` (``_intercepted``): they record into
@@ -1127,7 +1133,7 @@ def _installed(
         for name in KNOWN_BACKEND_NAMES:  # every name the emulated releases know, so every one is a stand-in
             c10d.Backend.register_backend(
                 name,
-                _creator(name, release, env, world_size, gpus_per_node),
+                _creator(name, release, world_size, gpus_per_node),
                 extended_api=True,
                 devices=["cpu", "cuda"],
                 _backend_type=types.get(name),
@@ -1194,7 +1200,7 @@ def _run_rank(spec: _Spec, rank: int) -> RankCapture:
     os.environ.update(spec.rank_env(rank))
     try:
         with (
-            _installed(recorder, spec.release, spec.env, spec.world_size, spec.gpus_per_node, spec.cuda),
+            _installed(recorder, spec.release, spec.world_size, spec.gpus_per_node, spec.cuda),
             _policy_applied(spec.policy, spec.release),
         ):
             if spec.init_backend is not None:
