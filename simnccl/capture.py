@@ -1514,7 +1514,7 @@ def capture(
             raise
         raise CaptureError(
             f"{err}\n  note: the ranks ran under policy {policy!r} (simnccl.torch_apply.apply, as production "
-            f"would), emulating torch {release}: real torch fails the same way under it"
+            f"would), emulating torch {release}: the captured code meets what real torch does under that policy"
         ) from None
     return _assemble(spec, ranks, chosen, time.monotonic() - started)
 

@@ -633,3 +633,21 @@ def test_cli_captures_under_a_single_policy_and_env(tmp_path: Path, capsys: pyte
     out = capsys.readouterr().out
     assert "captured under torch 2.15, TORCH_DIST_USE_NCCL2=0, policy lazy-init" in out and "6 new_group" in out
     assert 'policy = "lazy-init"' in toml.read_text()
+
+
+def test_cli_single_lazy_init_policy_on_a_bound_mesh_names_torchs_reason(capsys: pytest.CaptureFixture) -> None:
+    argv = ["--world", "8", "--simulate", "--policy", "lazy-init", str(EXAMPLES), "mesh2d"]
+    assert cap.main(argv) == 2  # the captured code failed, as on a GPU under that policy: not "verdict error"
+    err = capsys.readouterr().err
+    assert "does not support splitting" in err and "ran under policy 'lazy-init'" in err
+
+
+def test_inline_and_fork_capture_the_same_programs_under_a_policy() -> None:
+    forked = cap.capture(examples.device_mesh_after_barrier, 8, policy="lazy-init", mode="fork")
+    inline = cap.capture(examples.device_mesh_after_barrier, 8, policy="lazy-init", mode="inline")
+    assert [p.ops for p in forked.programs] == [p.ops for p in inline.programs]
+    init = next(op for op in inline.programs[0].ops if isinstance(op, InitProcessGroup))
+    assert init.pg_options.lazy_init is True  # what torch received from the policy, recorded
+    from simnccl import torch_apply
+
+    assert torch_apply.current() is None and not dist.is_initialized()  # the policy is gone after capture
