@@ -373,13 +373,12 @@ class CapturedRun:
             return
         why = "; ".join(have.differences(wanted))
         asked = _settings_text(rel, env_, policy)
-        env_args = ", ".join(f"{k}={v!r}" for k, v in sorted(env_.items()))
         cli = " ".join([f"--release {rel}", *(f"--env {k}={v}" for k, v in sorted(env_.items()))])
         cli += f" --policy {policy}" if policy else ""
         raise BranchMismatch(
             f"refusing to simulate a capture made under {_settings_text(self.release, self.env, self.policy)} "
             f"as {asked}: {why}, so real torch would run other calls than the captured ones; re-capture under "
-            f"those settings for an honest answer: capture(..., release={rel!r}, env={{{env_args}}}"
+            f"those settings for an honest answer: capture(..., release={rel!r}, env={dict(sorted(env_.items()))!r}"
             f"{f', policy={policy!r}' if policy else ''}) or simnccl capture {cli}"
         )
 

@@ -560,7 +560,7 @@ def test_a_215_capture_replayed_where_its_branches_differ_is_refused(
 def test_the_refusal_says_why_and_how_to_recapture(mesh_2d_215: cap.CapturedRun) -> None:
     with pytest.raises(cap.BranchMismatch, match=r"unbound instead of bound \(DeviceMesh takes the new_group loop"):
         mesh_2d_215.simulate(env=LEGACY_ENV)
-    with pytest.raises(cap.BranchMismatch, match=r"env=\{TORCH_DIST_USE_NCCL2='0'\}\) or simnccl capture"):
+    with pytest.raises(cap.BranchMismatch, match=r"env=\{'TORCH_DIST_USE_NCCL2': '0'\}\) or simnccl capture"):
         mesh_2d_215.simulate(env=LEGACY_ENV)
 
 
