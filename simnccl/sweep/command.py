@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+from simnccl.cli_options import env_item
 from simnccl.sweep.cell import Cell, expand
 from simnccl.sweep.executors import Executor, ExecutorError, check_address, run_cells
 from simnccl.sweep.matrix import (
@@ -46,13 +47,6 @@ STDOUT = "-"
 JSON_EVERY_S = 2.0  # the JSON document is rewritten whole: at most this often while cells finish, and at the end
 
 
-def _env_item(text: str) -> tuple[str, str]:
-    name, sep, value = text.partition("=")
-    if not sep or not name:
-        raise argparse.ArgumentTypeError(f"expected VAR=VALUE, got {text!r}")
-    return name, value
-
-
 def add_sweep_parser(sub: Any) -> argparse.ArgumentParser:
     """``simnccl sweep``'s parser, under the CLI's subparsers. The flags shared with other commands (--policy,
     --release, --gpu, --env, --variant, --json [FILE], --quiet) mean what they mean there; --policy, --release
@@ -81,7 +75,7 @@ def add_sweep_parser(sub: Any) -> argparse.ArgumentParser:
     cells.add_argument("--release", action="append", metavar="RELEASE", help="release axis (repeatable; default 2.15)")
     cells.add_argument("--gpu", action="append", metavar="KIND", help="GPU kind axis (repeatable; default h100-80gb)")
     cells.add_argument(
-        "--env", action="append", type=_env_item, default=[], metavar="VAR=VALUE", help="set in every cell (repeatable)"
+        "--env", action="append", type=env_item, default=[], metavar="VAR=VALUE", help="set in every cell (repeatable)"
     )
     cells.add_argument(
         "--env-set",
