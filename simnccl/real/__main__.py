@@ -84,6 +84,12 @@ def _parser() -> argparse.ArgumentParser:
     diff.add_argument("--only", type=int, action="append", help="run only case INDEX of the seed (repeatable)")
     diff.add_argument("--parallel", type=int, default=3, help="worlds run at once (hung ranks mostly sleep)")
     diff.add_argument("--verbose", action="store_true", help="print every case in full, not only disagreements")
+    diff.add_argument(
+        "--stall",
+        type=float,
+        help="no progress for this long is a hang on the real side (default 5 s; raise it on a loaded machine)",
+    )
+    diff.add_argument("--timeout", type=float, help="wall-clock limit of one case's real run in seconds (default 30)")
     add_common(diff, ("--seed",), help={"--seed": "seed of the generated cases (default 0)"})
     calibrate = sub.add_parser("calibrate", help="GPU lane: measure a profile (needs CUDA)")
     calibrate.add_argument("--out", required=True, help="profile TOML to write, e.g. simnccl/profiles/NAME.toml")
@@ -274,7 +280,13 @@ def _diff(args: argparse.Namespace, out: Any) -> int:
     from concurrent.futures import ThreadPoolExecutor
 
     from simnccl.real.differential import cases, classify, generate, run_cases, summary
-    from simnccl.real.launch import Launcher
+    from simnccl.real.launch import Launcher, RunSettings
+
+    for flag, value in (("--stall", args.stall), ("--timeout", args.timeout)):
+        if value is not None and not 0 < value < float("inf"):
+            out.error(f"{flag}: expected a positive number of seconds, got {value}")
+            return 2
+    settings = RunSettings.for_lane("cpu", stall_s=args.stall or 5.0, timeout_s=args.timeout or 30.0)
 
     seed = args.seed if args.seed is not None else 0
     chosen = [generate(seed, i) for i in args.only] if args.only else cases(seed, args.count)
@@ -285,7 +297,9 @@ def _diff(args: argparse.Namespace, out: Any) -> int:
             out.progress(len(chosen), "cases") as bar,
             ThreadPoolExecutor(max_workers=max(1, args.parallel)) as pool,
         ):
-            for (result,) in pool.map(lambda case: run_cases([case], launcher=launcher, parallel=1), chosen):
+            for (result,) in pool.map(
+                lambda case: run_cases([case], launcher=launcher, settings=settings, parallel=1), chosen
+            ):
                 results.append(result)
                 kind = classify(result)
                 bar.advance(result.case.name)
