@@ -330,11 +330,4 @@ def _diff(args: argparse.Namespace, out: Any) -> int:
 
 
 if __name__ == "__main__":
-    from simnccl.prerequisites import MissingPrerequisite, require_torch
-
-    try:
-        require_torch("python -m simnccl.real")  # before anything imports it: one line, exit 2, no traceback
-    except MissingPrerequisite as error:
-        print(f"error: {error}", file=sys.stderr)
-        sys.exit(2)
-    sys.exit(main())
+    sys.exit(main())  # main() checks for torch before anything imports it
