@@ -17,7 +17,8 @@ HIDE_TORCH = "import sys; sys.modules['torch'] = None; "
     [
         "from simnccl.cli import main; sys.exit(main(['capture', '--world', '2', 'x.py']))",
         "from simnccl.cli import main; sys.exit(main(['real', 'run', 'x.toml']))",
-        "import runpy; sys.argv = ['simnccl.real', 'run', 'x.toml']; runpy.run_module('simnccl.real', run_name='__main__')",
+        "import runpy; sys.argv = ['simnccl.real', 'run', 'x.toml']; "
+        "runpy.run_module('simnccl.real', run_name='__main__')",
     ],
     ids=["simnccl capture", "simnccl real", "python -m simnccl.real"],
 )
