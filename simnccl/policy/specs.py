@@ -107,12 +107,17 @@ def _from_import_spec(raw: str) -> Policy:
         ) from None
     except Exception as error:
         raise PolicyError(f"policy {raw!r}: importing {module_name!r} failed: {error!r}") from None
-    obj: Any = module
-    for name in attribute.split("."):
+    return _instantiate(_attribute(module, module_name, attribute, f"policy {raw!r}"), raw)
+
+
+def _attribute(module: Any, module_name: str, dotted: str, what: str) -> Any:
+    """``module.A.B`` for ``dotted`` = ``"A.B"``; ``PolicyError`` naming ``what`` when a step is missing."""
+    obj = module
+    for name in dotted.split("."):
         if not hasattr(obj, name):
-            raise PolicyError(f"policy {raw!r}: {module_name!r} has no attribute {attribute!r}")
+            raise PolicyError(f"{what}: {module_name!r} has no attribute {dotted!r}")
         obj = getattr(obj, name)
-    return _instantiate(obj, raw)
+    return obj
 
 
 def _import_module(module_name: str) -> Any:
@@ -292,12 +297,7 @@ def _import_class(spec: str, file: object) -> Any:
                 "run from the folder that holds it or install its package"
             ) from None
         module = _load_from_file(module_name, Path(file))
-    obj: Any = module
-    for name in qualname.split("."):
-        if not hasattr(obj, name):
-            raise PolicyError(f"policy {spec}: {module_name!r} has no attribute {qualname!r}")
-        obj = getattr(obj, name)
-    return obj
+    return _attribute(module, module_name, qualname, f"policy {spec}")
 
 
 def _load_from_file(module_name: str, path: Path) -> Any:
