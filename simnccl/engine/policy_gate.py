@@ -175,18 +175,18 @@ class PolicyGate:
             return op  # invalid ranks: torch raises before any policy could matter
         if op.use_local_synchronization and rt.rank not in members.index:
             return op  # returns before anything a policy could change (l.7206)
+        # A built-in takes an equal history's decision as it is (its first caller decided and checked it). Any
+        # other policy is asked as this rank, and checked, before anything is recorded; an equal history's
+        # shared step then saves only the engine's work.
+        slot = None
         if self.shares and self.verified:
             step, slot = self.histories.recall(rt, op)
-            if step is not None:  # decided (and checked by its first caller) on an equal history
+            if step is not None:
                 return self.effective_op(rt, op, members, step.decision, step.effective)
-            request, decision = self._own_decision(rt, op, members.ranks)
-            self.check_consistent(rt, request, decision)
-        else:
-            # Any other policy is asked as this rank, and checked, before anything is recorded; an equal
-            # history's shared step then saves only the engine's work.
-            request, decision = self._own_decision(rt, op, members.ranks)
-            self.check_consistent(rt, request, decision)
-            step, slot = self.histories.recall(rt, op) if self.shares else (None, None)
+        request, decision = self._own_decision(rt, op, members.ranks)
+        self.check_consistent(rt, request, decision)
+        if self.shares and not self.verified:
+            step, slot = self.histories.recall(rt, op)
             if step is not None:
                 return self.effective_op(rt, op, members, step.decision, step.effective)
         history = self.histories.own(rt)
