@@ -1,0 +1,184 @@
+"""``capture()`` and ``capture_scaled()``: the public entry points, and assembling ranks into a ``CapturedRun``."""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch.distributed as dist
+
+from simnccl.capture.intercept import _intercepted
+from simnccl.capture.ranks import _run_forked, _run_inline, _Spec
+from simnccl.capture.result import (
+    CapturedRun,
+    CaptureError,
+    RankCapture,
+    _plain_policy,
+    _unmodelled_text,
+    unmodelled_options,
+)
+from simnccl.capture_cli import DEFAULT_TIMEOUT_S, MODES
+from simnccl.ops import (
+    InitProcessGroup,
+    Program,
+)
+from simnccl.release import ReleaseError, get_release
+
+
+def capture(
+    target: Callable[[], Any],
+    world_size: int,
+    *,
+    gpus_per_node: int | None = None,
+    release: str = "2.15",
+    env: Mapping[str, str] | None = None,
+    backend: str | None = None,
+    device_type: str = "cuda",
+    mode: str | None = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    jobs: int | None = None,
+    checkpoints: bool = True,
+    final_checkpoint: str | None = "end",
+    policy: str | None = None,
+) -> CapturedRun:
+    """Run ``target()`` once per simulated rank of a ``world_size`` world and return every rank's Program.
+
+    ``gpus_per_node`` (default: the largest divisor of ``world_size`` up to 8) sets ``LOCAL_RANK`` and the
+    CUDA device count. Each rank sees the environment torchrun would give it (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
+    ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``/``MASTER_PORT``) plus ``env``. ``backend``: call
+    ``init_process_group(backend)`` before ``target`` (for code that expects an initialised world); None:
+    the target initialises it. ``release``/``env`` pick the emulated torch release's device binding and
+    backend names (``TORCH_DIST_USE_NCCL2``). ``device_type="cuda"`` stands in for the CUDA queries (``"cpu"``:
+    leave torch.cuda alone). ``checkpoints`` adds ``after_init`` after ``init_process_group``; a
+    ``final_checkpoint`` is appended after the target returns. ``policy`` (a spec such as ``"lazy-init"``):
+    each rank runs under ``simnccl.torch_apply.apply(policy)``, so the Programs are what real torch runs
+    under it; the run remembers the release, env and policy its branches depended on (``check_replay``).
+    """
+    if not callable(target):
+        raise CaptureError(f"expected a callable to capture, got {type(target).__name__} {target!r}")
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise CaptureError(f"world_size: expected an integer >= 1, got {world_size!r}")
+    per_node = max(d for d in range(1, 9) if world_size % d == 0) if gpus_per_node is None else gpus_per_node
+    if isinstance(per_node, bool) or not isinstance(per_node, int) or per_node < 1:
+        raise CaptureError(f"gpus_per_node: expected an integer >= 1, got {gpus_per_node!r}")
+    if world_size % per_node:
+        raise CaptureError(
+            f"gpus_per_node: expected a divisor of the world size {world_size} (whole nodes), got {per_node}"
+        )
+    try:
+        get_release(release)
+    except ReleaseError as err:
+        raise CaptureError(f"release: {err}") from None
+    if device_type not in ("cuda", "cpu"):
+        raise CaptureError(f"device_type: expected 'cuda' or 'cpu', got {device_type!r}")
+    chosen = mode or ("fork" if hasattr(os, "fork") else "inline")
+    if chosen not in MODES:
+        raise CaptureError(f"mode: expected one of {', '.join(MODES)}, got {mode!r}")
+    if not isinstance(timeout_s, int | float) or timeout_s <= 0:
+        raise CaptureError(f"timeout_s: expected a positive number of seconds, got {timeout_s!r}")
+    policy = _plain_policy(policy)
+    if policy is not None:
+        from simnccl.policy import PolicyError, get_policy
+
+        try:
+            get_policy(policy)
+        except PolicyError as err:
+            raise CaptureError(f"policy: {err}") from None
+    if dist.is_initialized():
+        raise CaptureError("a default process group already exists in this process; destroy it before capturing")
+    spec = _Spec(
+        target=target,
+        world_size=world_size,
+        gpus_per_node=per_node,
+        release=release,
+        env=dict(env or {}),
+        init_backend=backend,
+        cuda=device_type == "cuda",
+        checkpoints=checkpoints,
+        final_checkpoint=final_checkpoint,
+        timeout_s=float(timeout_s),
+        policy=policy,
+    )
+    started = time.monotonic()
+    try:
+        with _intercepted():  # once, for every rank and either mode (see _intercepted)
+            if chosen == "fork":
+                import tempfile
+
+                with tempfile.TemporaryDirectory(prefix="simnccl-capture-") as log_dir:
+                    ranks = _run_forked(spec, max(1, jobs or os.cpu_count() or 1), log_dir)
+            else:
+                ranks = _run_inline(spec)
+    except CaptureError as err:
+        if policy is None:
+            raise
+        raise CaptureError(
+            f"{err}\n  note: the ranks ran under policy {policy!r} (simnccl.torch_apply.apply, as production "
+            f"would), emulating torch {release}: the captured code meets what real torch does under that policy"
+        ) from None
+    return _assemble(spec, ranks, chosen, time.monotonic() - started)
+
+
+def capture_scaled(target: Callable[[], Any], world_sizes: Sequence[int], **kwargs: Any) -> dict[int, CapturedRun]:
+    """Capture the same code at several world sizes: the code is what scales, so each world is re-run."""
+    return {w: capture(target, w, **kwargs) for w in world_sizes}
+
+
+def _assemble(spec: _Spec, ranks: Sequence[RankCapture], mode: str, wall_s: float) -> CapturedRun:
+    """The run: ranks with identical ops share one Program object (DESIGN rule 8), as in a generated case."""
+    from simnccl.testing.replay import share_identical  # see _deadline: the simulator, imported when needed
+
+    shared: dict[int, Program] = {}
+    programs = tuple(shared.setdefault(id(ops), Program(ops)) for ops in share_identical([r.ops for r in ranks]))
+    notes: list[str] = []
+    for r in ranks:
+        for note in r.notes:
+            if note not in notes:
+                notes.append(note)
+    if not any(isinstance(op, InitProcessGroup) for p in shared.values() for op in p.ops):
+        notes.append("no rank called init_process_group: nothing distributed was captured")
+    unmodelled = unmodelled_options(list(shared.values()))
+    if unmodelled:
+        notes.append(_unmodelled_text(unmodelled))
+    return CapturedRun(
+        world_size=spec.world_size,
+        gpus_per_node=spec.gpus_per_node,
+        release=spec.release,
+        env=dict(spec.env),
+        programs=programs,
+        calls=tuple(r.calls for r in ranks),
+        notes=tuple(notes),
+        mode=mode,
+        wall_s=wall_s,
+        policy=spec.policy,
+    )
+
+
+def script_target(module: str | None, path: str | None, argv: Sequence[str]) -> Callable[[], None]:
+    """A target running ``-m module`` or ``script.py`` as ``__main__`` with ``argv`` (fresh in each rank)."""
+
+    def run() -> None:
+        saved = sys.argv[:]
+        try:
+            if module is not None:
+                sys.argv = [module, *argv]
+                runpy.run_module(module, run_name="__main__", alter_sys=True)
+            else:
+                assert path is not None
+                sys.argv = [path, *argv]
+                runpy.run_path(path, run_name="__main__")
+        finally:
+            sys.argv = saved
+
+    return run
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m simnccl.capture``: the same command as ``simnccl capture`` (``simnccl.capture_cli``)."""
+    from simnccl.capture_cli import main as cli_main
+
+    return cli_main(argv)

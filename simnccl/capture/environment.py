@@ -1,0 +1,124 @@
+"""What one rank runs inside: stand-in backends registered, fake CUDA, peerless rendezvous, the active recorder."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.util
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.distributed import distributed_c10d as c10d
+
+from simnccl.capture.recorder import _Recorder, set_active
+from simnccl.capture.standin import _creator
+from simnccl.ops import (
+    SetDevice,
+)
+from simnccl.release import KNOWN_BACKEND_NAMES
+
+
+class _FakeCuda:
+    """Stand-ins for the ``torch.cuda``/``torch.accelerator`` queries startup code makes, per rank."""
+
+    def __init__(self, recorder: _Recorder, gpus_per_node: int) -> None:
+        self.recorder = recorder
+        self.count = gpus_per_node
+        self.current: int | None = None
+
+    def set_device(self, device: Any) -> None:
+        index = device if isinstance(device, int) else torch.device(device).index
+        if index is None:
+            index = 0
+        if not 0 <= index < self.count:
+            raise RuntimeError(f"CUDA error: invalid device ordinal {index} (capturing with {self.count} GPUs)")
+        self.current = index
+        # SetDevice() means "this process's LOCAL_RANK": spelled that way, ranks share one Program.
+        recorded = None if index == self.recorder.local_rank else index
+        self.recorder.add(SetDevice(device=recorded), "set_device", {"device": index})
+
+    def patches(self) -> list[tuple[Any, str, Any]]:
+        return [
+            (torch.cuda, "is_available", lambda: True),
+            (torch.cuda, "device_count", lambda: self.count),
+            (torch.cuda, "set_device", self.set_device),
+            (torch.cuda, "current_device", lambda: 0 if self.current is None else self.current),
+            (torch.cuda, "is_initialized", lambda: self.current is not None),
+            (torch.cuda, "synchronize", lambda device=None: None),
+            (torch.accelerator, "is_available", lambda: True),
+            (torch.accelerator, "device_count", lambda: self.count),
+            (torch.accelerator, "set_device_index", self.set_device),
+            (torch.accelerator, "current_device_index", lambda: 0 if self.current is None else self.current),
+        ]
+
+
+def _fake_rendezvous(url: str, *args: Any, **kwargs: Any) -> Iterator[tuple[Any, int, int]]:
+    """A rendezvous that needs no peer: rank and world from the URL's query or the environment."""
+    from urllib.parse import parse_qs, urlparse
+
+    query = {k: v[0] for k, v in parse_qs(urlparse(url).query).items()}
+    rank = int(query.get("rank", os.environ.get("RANK", "0")))
+    world = int(query.get("world_size", os.environ.get("WORLD_SIZE", "1")))
+    yield _fake_store(), rank, world
+
+
+def _fake_store() -> Any:
+    """torch's no-op store; torch 2.15 exports it from its testing module only (not as ``dist.FakeStore``)."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    return FakeStore()
+
+
+@contextlib.contextmanager
+def _installed(recorder: _Recorder, release: str, world_size: int, gpus_per_node: int, cuda: bool) -> Iterator[None]:
+    """Stand-in backends, fake CUDA, peerless rendezvous and the active recorder, for one rank; undone on exit.
+
+    The call wrappers are not installed here but once per ``capture()`` (``_intercepted``): they record into
+    whichever recorder this makes active.
+    """
+    import torch.testing._internal.distributed.fake_pg  # noqa: F401 - registers "fake" first, so ours wins
+
+    rendezvous = importlib.import_module("torch.distributed.rendezvous")
+    backend_cls = c10d.Backend
+    saved_backend = {
+        "_plugins": dict(backend_cls._plugins),
+        "backend_type_map": dict(backend_cls.backend_type_map),
+        "backend_capability": dict(backend_cls.backend_capability),
+        "default_device_backend_map": dict(backend_cls.default_device_backend_map),
+        "backend_list": list(backend_cls.backend_list),
+    }
+    saved_attrs = {k: v for k, v in vars(backend_cls).items() if k.isupper()}
+    saved_handlers = dict(rendezvous._rendezvous_handlers)
+    fake_cuda = _FakeCuda(recorder, gpus_per_node)
+    patches = fake_cuda.patches() if cuda else []
+    originals = [(obj, attr, getattr(obj, attr)) for obj, attr, _ in patches]
+    types = {"nccl": c10d.ProcessGroup.BackendType.NCCL, "gloo": c10d.ProcessGroup.BackendType.GLOO}
+    try:
+        for name in KNOWN_BACKEND_NAMES:  # every name the emulated releases know, so every one is a stand-in
+            c10d.Backend.register_backend(
+                name,
+                _creator(name, release, world_size, gpus_per_node),
+                extended_api=True,
+                devices=["cpu", "cuda"],
+                _backend_type=types.get(name),
+            )
+        for scheme in ("env", "tcp", "file"):
+            rendezvous._rendezvous_handlers[scheme] = _fake_rendezvous
+        for obj, attr, value in patches:
+            setattr(obj, attr, value)
+        set_active(recorder)
+        yield
+    finally:
+        set_active(None)
+        for obj, attr, value in originals:
+            setattr(obj, attr, value)
+        rendezvous._rendezvous_handlers.clear()
+        rendezvous._rendezvous_handlers.update(saved_handlers)
+        for key, value in saved_backend.items():
+            current = getattr(backend_cls, key)
+            current.clear()
+            current.update(value) if isinstance(current, dict) else current.extend(value)
+        for key in [k for k in vars(backend_cls) if k.isupper() and k not in saved_attrs]:
+            delattr(backend_cls, key)

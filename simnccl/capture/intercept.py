@@ -1,0 +1,190 @@
+"""Recording torch's group-lifecycle calls (``init_process_group``/``new_group``/``split_group``/``destroy``).
+
+Why wrappers and not the backend: a non-member's ``new_group`` never reaches a backend, yet it is part of the
+rank's program.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import sys
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+import torch.distributed as dist
+from torch.distributed import distributed_c10d as c10d
+
+from simnccl.capture.recorder import _Recorder, active
+from simnccl.capture.values import _backend_name, _device, _options, _seconds
+from simnccl.ops import (
+    WORLD,
+    Checkpoint,
+    DestroyProcessGroup,
+    InitProcessGroup,
+    NewGroup,
+    SplitGroup,
+)
+from simnccl.tags import current_tags
+
+RECORDED_FUNCTIONS = ("init_process_group", "new_group", "split_group", "destroy_process_group")
+# Read once, at import: binding each call's arguments is per call, inspecting torch's signatures need not be.
+_SIGNATURES = {name: inspect.signature(getattr(c10d, name)) for name in RECORDED_FUNCTIONS}
+
+# Recorded calls in progress (process-wide, like the recorder): a call torch makes from inside a recorded call
+# (``init_device_mesh`` calling ``new_group``) is torch's, not the user's, and passes through unrecorded.
+_DEPTH = 0
+
+
+def _holders(values: Iterable[Any]) -> list[tuple[Any, str, Any]]:
+    """Every (module, attribute, value) of a loaded module whose value is one of ``values`` (~25-70 ms)."""
+    wanted = {id(value) for value in values}  # the values are alive (the caller holds them): ids are unique
+    out = []
+    for module in list(sys.modules.values()):
+        namespace = getattr(module, "__dict__", None)
+        if isinstance(namespace, dict):
+            out.extend((module, attr, value) for attr, value in list(namespace.items()) if id(value) in wanted)
+    return out
+
+
+@contextlib.contextmanager
+def _intercepted() -> Iterator[None]:
+    """Torch's group-lifecycle functions swapped for recording wrappers wherever a loaded module holds them.
+
+    Every module attribute that *is* one of torch's functions is swapped (DeviceMesh and user modules bind
+    ``new_group``/``split_group`` at import, so patching ``torch.distributed`` alone would miss them; a module
+    imported later binds the wrapper from wherever it imports it). ``capture()`` does this once, before ranks
+    run inline or fork: the wrappers record into whichever rank's recorder is active (``active()``) and pass
+    straight through when none is, so a module that one inline rank imports (binding a wrapper) records every
+    later rank's calls too. On exit torch's functions are back everywhere, in modules imported meanwhile too.
+    (``sys.setprofile`` would see every call without patching, but costs ~20x on torch's lazy imports of a
+    first DeviceMesh build; wrapping costs nothing.)
+    """
+    originals = {name: getattr(c10d, name) for name in RECORDED_FUNCTIONS}
+    wrappers = {name: _wrapper(name, fn) for name, fn in originals.items()}
+    wrapper_of = {id(originals[name]): wrappers[name] for name in RECORDED_FUNCTIONS}
+    original_of = {id(wrappers[name]): originals[name] for name in RECORDED_FUNCTIONS}
+    patched = _holders(originals.values())
+    try:
+        for module, attr, value in patched:
+            setattr(module, attr, wrapper_of[id(value)])
+        yield
+    finally:
+        for module, attr, value in reversed(patched):
+            setattr(module, attr, value)
+        for module, attr, wrapper in _holders(wrappers.values()):
+            setattr(module, attr, original_of[id(wrapper)])
+
+
+def _wrapper(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+    """A stand-in for torch's ``name`` that records entry into the active recorder and binds the result."""
+    signature = _SIGNATURES[name]
+
+    def recorded(*args: Any, **kwargs: Any) -> Any:
+        global _DEPTH
+        recorder = active()
+        if recorder is None or _DEPTH:
+            return original(*args, **kwargs)
+        try:
+            bound = signature.bind(*args, **kwargs)
+        except TypeError:
+            return original(*args, **kwargs)  # torch raises its own error for bad arguments
+        bound.apply_defaults()
+        _DEPTH += 1
+        try:
+            try:
+                handle = _enter(recorder, name, bound.arguments)
+            except (TypeError, ValueError) as err:  # arguments torch will reject itself, just below
+                handle = None
+                recorder.notes.append(f"{name}: arguments not recorded ({err})")
+            result = original(*args, **kwargs)
+        finally:
+            _DEPTH -= 1
+        _leave(recorder, name, handle, result)
+        return result
+
+    recorded.__wrapped__ = original  # type: ignore[attr-defined]
+    recorded.__name__ = name
+    recorded.__doc__ = original.__doc__
+    return recorded
+
+
+def _enter(rec: _Recorder, name: str, args: Mapping[str, Any]) -> str | None:
+    """Record the call, before torch runs it; returns the handle its group will be bound to."""
+    if name == "init_process_group":
+        op = InitProcessGroup(
+            backend=_backend_name(args.get("backend")),
+            device_id=_device(args.get("device_id")),
+            timeout_s=_seconds(args.get("timeout")),
+            pg_options=_options(args.get("pg_options")),
+        )
+        keys = ("backend", "init_method", "timeout", "device_id", "pg_options")
+        rec.add(op, name, _call_args(args, keys), WORLD)
+        return WORLD
+    world_size = dist.get_world_size() if dist.is_initialized() else 0
+    purpose, traffic = current_tags()  # production code's simnccl.tags.group_tags around the call
+    if name == "new_group":
+        raw = args.get("ranks")
+        ranks = None if raw is None else [int(r) for r in raw]
+        if ranks is not None and args.get("sort_ranks", True):
+            ranks = sorted(ranks)
+        backend = _backend_name(args.get("backend"))
+        desc = args.get("group_desc")
+        handle = rec.family(desc or backend or "group", ranks, world_size)
+        op = NewGroup(
+            ranks=None if ranks is None else tuple(ranks),
+            bind=handle,
+            backend=backend,
+            pg_options=_options(args.get("pg_options")),
+            use_local_synchronization=bool(args.get("use_local_synchronization", False)),
+            group_desc=desc,
+            device_id=_device(args.get("device_id")),  # type: ignore[arg-type]
+            timeout_s=_seconds(args.get("timeout")),
+            purpose=purpose,
+            traffic=traffic,
+        )
+        keys = ("ranks", "timeout", "backend", "pg_options", "use_local_synchronization", "group_desc")
+        rec.add(op, name, _call_args(args, (*keys, "device_id", "sort_ranks")), handle)
+        return handle
+    if name == "split_group":
+        split = tuple(tuple(int(r) for r in s) for s in args.get("split_ranks") or ())
+        desc = args.get("group_desc")
+        handle = rec.family(desc or "split", None, world_size)
+        rec.families.pop(desc or "split", None)  # one split_group call is one family
+        if args.get("backend") is not None:
+            rec.notes.append(f"split_group(backend={args['backend']!r}): not expressible in a Program; dropped")
+        op = SplitGroup(
+            split_ranks=split,
+            parent=rec.handle_of(args.get("parent_pg")),
+            bind=handle,
+            pg_options=_options(args.get("pg_options")),
+            group_desc=desc,
+            timeout_s=_seconds(args.get("timeout")),
+            purpose=purpose,
+            traffic=traffic,
+        )
+        keys = ("parent_pg", "split_ranks", "timeout", "pg_options", "group_desc", "backend")
+        rec.add(op, name, _call_args(args, keys), handle)
+        return handle
+    group = args.get("group")
+    handle = rec.handle_of(group)
+    rec.add(DestroyProcessGroup(group=handle), name, {"group": handle}, handle)
+    return None
+
+
+def _leave(rec: _Recorder, name: str, handle: str | None, result: Any) -> None:
+    """Bind the group torch returned (or the default group it created) to its handle."""
+    if name == "init_process_group" and dist.is_initialized():
+        rec.bind(c10d._get_default_group(), WORLD)
+        if rec.checkpoints:
+            rec.ops.append(Checkpoint("after_init"))
+    elif handle is not None and isinstance(result, c10d.ProcessGroup):
+        rec.bind(result, handle)
+
+
+def _call_args(args: Mapping[str, Any], keys: Sequence[str]) -> dict[str, Any]:
+    out = {k: args[k] for k in keys if k in args and args[k] is not None}
+    if "parent_pg" in out:
+        recorder = active()
+        out["parent_pg"] = recorder.handle_of(out["parent_pg"]) if recorder is not None else None
+    return out

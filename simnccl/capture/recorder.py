@@ -1,0 +1,102 @@
+"""One rank's recorder, and which recorder is active.
+
+Why a module of its own: the stand-in backend, the call wrappers and the per-rank installation all record into
+whichever recorder is active; the active one is process state, read through ``active()`` so no module holds a
+stale copy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from torch.distributed import distributed_c10d as c10d
+
+from simnccl.capture.result import Call
+from simnccl.capture.values import _plain
+from simnccl.ops import (
+    WORLD,
+    Checkpoint,
+    Op,
+)
+
+UNRECORDED = "unrecorded"  # the handle of a group whose creation was not seen (never silently "world")
+
+
+class _Recorder:
+    """One rank's ops and calls, group families, and the ProcessGroup -> handle map."""
+
+    def __init__(self, rank: int, local_rank: int, checkpoints: bool) -> None:
+        self.rank = rank
+        self.local_rank = local_rank
+        self.checkpoints = checkpoints
+        self.ops: list[Op] = []
+        self.calls: list[Call] = []
+        self.notes: list[str] = []
+        self.handles: dict[int, str] = {}  # id(ProcessGroup) -> handle
+        self.groups: list[Any] = []  # keep the ProcessGroups alive so ids stay unique
+        # open families: key (desc or backend) -> (handle, union of ranks so far)
+        self.families: dict[str, tuple[str, set[int]]] = {}
+        self.family_count: dict[str, int] = {}
+
+    def add(self, op: Op | None, name: str, args: Mapping[str, Any], handle: str | None = None) -> None:
+        self.calls.append(Call(name, {k: _plain(v) for k, v in args.items()}, handle))
+        if op is not None:
+            self.ops.append(op)
+
+    def family(self, stem: str, ranks: Sequence[int] | None, world_size: int) -> str:
+        members = set(range(world_size) if ranks is None else ranks)
+        open_family = self.families.get(stem)
+        if open_family is not None and not (open_family[1] & members):
+            open_family[1].update(members)
+            return open_family[0]
+        count = self.family_count.get(stem, 0) + 1
+        self.family_count[stem] = count
+        handle = f"{stem}.{count}"
+        self.families[stem] = (handle, set(members))
+        return handle
+
+    def bind(self, pg: Any, handle: str) -> None:
+        """Remember ``pg``'s handle and tell its stand-in backends, which record collectives under it."""
+        if not isinstance(pg, c10d.ProcessGroup):
+            return
+        self.handles[id(pg)] = handle
+        self.groups.append(pg)
+        from simnccl.capture.standin import StandInBackend  # the backend module records into this one
+
+        for device in pg._device_types:
+            try:
+                backend = pg._get_backend(device)
+            except RuntimeError:  # pragma: no cover - a device type without a backend
+                continue
+            if isinstance(backend, StandInBackend):
+                backend.handle = handle
+
+    def handle_of(self, pg: Any) -> str:
+        if pg is None or pg is c10d.GroupMember.WORLD:
+            return WORLD
+        return self.handles.get(id(pg), UNRECORDED)
+
+
+_ACTIVE: _Recorder | None = None
+
+
+def active() -> _Recorder | None:
+    """The recorder of the rank running now, or None outside a capture."""
+    return _ACTIVE
+
+
+def set_active(recorder: _Recorder | None) -> None:
+    """Make ``recorder`` the one every wrapper and stand-in backend records into (None: stop recording)."""
+    global _ACTIVE
+    _ACTIVE = recorder
+
+
+def checkpoint(label: str) -> None:
+    """Mark a memory measurement point in the captured program (a no-op when not capturing).
+
+    Code under capture may call it, e.g. ``simnccl.capture.checkpoint("startup")`` after building its groups;
+    the simulator reports used/free memory per device there.
+    """
+    if _ACTIVE is not None:
+        _ACTIVE.add(Checkpoint(label), "checkpoint", {"label": label})

@@ -1,0 +1,251 @@
+"""The stand-in c10d backend: registered under every backend name, records collectives, communicates nothing."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from typing import Any
+
+import torch
+from torch._C._distributed_c10d import Backend as C10dBackend
+from torch._C._distributed_c10d import _create_work_from_future
+
+from simnccl.c10d import ProcessContext, _binds_device, nccl_device_fallback
+from simnccl.capture.recorder import UNRECORDED, _Recorder, active
+from simnccl.capture.values import _dtype, _nbytes
+from simnccl.ops import (
+    WORLD,
+    AllGather,
+    AllReduce,
+    AllToAll,
+    Barrier,
+    Broadcast,
+    Op,
+    Recv,
+    ReduceScatter,
+    Send,
+)
+from simnccl.release import DeviceBackend, Impl, get_release
+
+
+class StandInBackend(C10dBackend):
+    """A torch Backend that records each collective and completes it at once, communicating nothing."""
+
+    def __init__(
+        self, rank: int, size: int, name: str, global_ranks: Sequence[int], timeout: timedelta, lazy: bool = False
+    ) -> None:
+        super().__init__(rank, size)
+        self._name = name
+        # nccl2's supportsSplitting(): ``!lazy_init || initialized`` (reference §B.5): a lazy_init group is no
+        # split source until its first collective, so split_group on it raises torch's own error, as on a GPU.
+        self._lazy = lazy
+        self._global = list(global_ranks) or list(range(size))
+        self._options = C10dBackend.Options(name, timeout)
+        self.handle = WORLD if not global_ranks else UNRECORDED
+
+    # Every bool property and ``options`` must be defined on a PyBackend subclass: the C++ trampoline looks
+    # the attribute up on the class, finds the base property, calls the C++ getter, which calls back here.
+    @property
+    def options(self) -> Any:
+        return self._options
+
+    @property
+    def supports_splitting(self) -> bool:
+        return not self._lazy
+
+    @property
+    def supports_coalescing(self) -> bool:
+        return False
+
+    @property
+    def _supports_time_estimate(self) -> bool:
+        return False
+
+    @property
+    def supports_shrinking(self) -> bool:
+        return False
+
+    @property
+    def supports_reconfigure(self) -> bool:
+        return False
+
+    @property
+    def supports_window(self) -> bool:
+        return False
+
+    def getBackendName(self) -> str:
+        return self._name
+
+    def eager_connect_single_device(self, device: Any) -> None:
+        return None
+
+    def perform_nocolor_split(self, device: Any) -> None:
+        return None
+
+    def split(self, store: Any, ranks: Sequence[int], opts: Any) -> StandInBackend | None:
+        own = self._global[self.rank()]
+        members = [self._global[r] for r in ranks]
+        if own not in members:
+            return None
+        return StandInBackend(members.index(own), len(members), self._name, members, self._options._timeout)
+
+    # ------------------------------------------------------------------ collectives
+
+    def _done(self, result: Any) -> Any:
+        future: torch.futures.Future = torch.futures.Future()
+        future.set_result(result)
+        return _create_work_from_future(future)
+
+    def _record(self, op_type: type[Op], name: str, tensors: Sequence[torch.Tensor], **extra: Any) -> None:
+        self._lazy = False  # the first collective initialises a lazy_init communicator
+        recorder = active()
+        if recorder is None:
+            return
+        dtype = _dtype(tensors[0]) if tensors else "Float"
+        _check_bound(recorder, self.handle, name)
+        op = op_type(group=self.handle, size_bytes=_nbytes(tensors), dtype=dtype, **extra)
+        args = {"group": self.handle, "tensors": list(tensors), **extra}
+        recorder.add(op, name, args, self.handle)
+
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any) -> Any:
+        self._record(AllReduce, "all_reduce", tensors)
+        return self._done(tensors)
+
+    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any) -> Any:
+        self._record(AllReduce, "all_reduce_coalesced", tensors)
+        return self._done(tensors)
+
+    def reduce(self, tensors: list[torch.Tensor], opts: Any) -> Any:
+        # No reduce op in the vocabulary: same members and payload as an all-reduce.
+        self._record(AllReduce, "reduce", tensors)
+        return self._done(tensors)
+
+    def broadcast(self, tensors: list[torch.Tensor], opts: Any) -> Any:
+        self._record(Broadcast, "broadcast", tensors, src=self._global[opts.rootRank])
+        return self._done(tensors)
+
+    def allgather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any) -> Any:
+        self._record(AllGather, "all_gather", inputs)
+        for slots, tensor in zip(outputs, inputs, strict=False):
+            for slot in slots:
+                slot.copy_(tensor)
+        return self._done(outputs)
+
+    def allgather_coalesced(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any) -> Any:
+        return self.allgather(outputs, inputs, opts)
+
+    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any) -> Any:
+        self._record(AllGather, "all_gather_into_tensor", [input])
+        if input.numel() and output.numel() % input.numel() == 0:
+            output.view(-1, input.numel()).copy_(input.reshape(1, -1))
+        return self._done([output])
+
+    def all_gather_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any) -> Any:
+        self._record(AllGather, "all_gather_into_tensor_coalesced", inputs)
+        return self._done(outputs)
+
+    def gather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any) -> Any:
+        # No gather op in the vocabulary: same members and per-rank payload as an all-gather.
+        self._record(AllGather, "gather", inputs)
+        return self._done(outputs)
+
+    def scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any) -> Any:
+        # No scatter op in the vocabulary: a rooted one-to-all transfer like a broadcast.
+        self._record(Broadcast, "scatter", outputs, src=self._global[opts.rootRank])
+        return self._done(outputs)
+
+    def reduce_scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any) -> Any:
+        self._record(ReduceScatter, "reduce_scatter", [t for chunk in inputs for t in chunk])
+        return self._done(outputs)
+
+    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any) -> Any:
+        self._record(ReduceScatter, "reduce_scatter_tensor", [input])
+        return self._done([output])
+
+    def reduce_scatter_single_coalesced(
+        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any
+    ) -> Any:
+        self._record(ReduceScatter, "reduce_scatter_tensor_coalesced", inputs)
+        return self._done(outputs)
+
+    def all_to_all_single(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        output_splits: list[int],
+        input_splits: list[int],
+        opts: Any,
+    ) -> Any:
+        self._record(AllToAll, "all_to_all_single", [input])
+        return self._done([output])
+
+    def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any) -> Any:
+        self._record(AllToAll, "all_to_all", inputs)
+        return self._done(outputs)
+
+    def barrier(self, opts: Any) -> Any:
+        self._lazy = False
+        recorder = active()
+        if recorder is not None:
+            _check_bound(recorder, self.handle, "barrier")
+            recorder.add(Barrier(group=self.handle), "barrier", {"group": self.handle}, self.handle)
+        return self._done(None)
+
+    def _p2p(self, op_type: type[Op], name: str, tensors: list[torch.Tensor], peer: int) -> Any:
+        self._lazy = False
+        recorder = active()
+        if recorder is not None:
+            dtype = _dtype(tensors[0]) if tensors else "Float"
+            peer_rank = self._global[peer]
+            _check_bound(recorder, self.handle, name)
+            op = op_type(peer=peer_rank, group=self.handle, size_bytes=_nbytes(tensors), dtype=dtype)
+            recorder.add(op, name, {"group": self.handle, "peer": peer_rank, "tensors": tensors}, self.handle)
+        return self._done(tensors)
+
+    def send(self, tensors: list[torch.Tensor], dst: int, tag: int) -> Any:
+        return self._p2p(Send, "send", tensors, dst)
+
+    def recv(self, tensors: list[torch.Tensor], src: int, tag: int) -> Any:
+        return self._p2p(Recv, "recv", tensors, src)
+
+
+def _check_bound(recorder: _Recorder, handle: str, call: str) -> None:
+    if handle == UNRECORDED:
+        note = (
+            f"{call} on a group created outside init_process_group/new_group/split_group: recorded on handle "
+            f"{UNRECORDED!r}, which a replay rejects"
+        )
+        if note not in recorder.notes:
+            recorder.notes.append(note)
+
+
+def _creator(name: str, release_key: str, world_size: int, gpus_per_node: int) -> Callable[..., Any]:
+    """torch's extended-API creator for ``name``: binds the device where the emulated release would.
+
+    Whether and where are the simulator's own rules (``simnccl.c10d``), so capture and simulation cannot drift.
+    """
+    release = get_release(release_key)
+
+    def create(opts: Any, backend_options: Any) -> StandInBackend:
+        # The rank's environment now (its env, plus the knobs a policy set before init_process_group).
+        impl = release.impl_for_name(name, os.environ)
+        binds = _binds_device(release, DeviceBackend("cuda", name, impl))
+        pg = opts.process_group
+        if pg is not None:
+            bound = pg.bound_device_id
+            if bound is not None and bound.type != "cpu":
+                pg.bound_device_id = torch.device("cpu", 0 if bound.index is None else bound.index)
+            elif bound is None and binds and not opts.enable_reconfigure:
+                # torch 2.15 _nccl2_device, written back; the rank is this rank's (the creator runs on it).
+                ranks = list(opts.global_ranks_in_group)
+                rank = ranks[opts.group_rank] if ranks else opts.group_rank
+                local = int(os.environ["LOCAL_RANK"]) if "LOCAL_RANK" in os.environ else rank % gpus_per_node
+                ctx = ProcessContext(rank, world_size, local, gpus_per_node, os.environ)
+                pg.bound_device_id = torch.device("cpu", nccl_device_fallback(ctx, os.environ))
+        lazy = impl in (Impl.NCCL2, Impl.NCCL_LAZY) and bool(getattr(backend_options, "lazy_init", False))
+        return StandInBackend(
+            opts.group_rank, opts.group_size, impl.cpp_name, list(opts.global_ranks_in_group), opts.timeout, lazy
+        )
+
+    return create

@@ -1,0 +1,93 @@
+"""Converting torch's call arguments (timeouts, devices, options, tensors) into plain simnccl values.
+
+Why: the recorded Program must hold plain, comparable values, never torch objects that pin the process's state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+
+import torch
+from torch.distributed import distributed_c10d as c10d
+
+from simnccl.ops import (
+    NO_OPTIONS,
+    PgOptions,
+)
+from simnccl.torch_apply import modelled_options
+
+# torch dtype -> the c10 ScalarType name torch's flight recorder prints (and simnccl ops use).
+_DTYPE_NAMES = {
+    torch.float32: "Float",
+    torch.float64: "Double",
+    torch.float16: "Half",
+    torch.bfloat16: "BFloat16",
+    torch.int64: "Long",
+    torch.int32: "Int",
+    torch.int16: "Short",
+    torch.int8: "Char",
+    torch.uint8: "Byte",
+    torch.bool: "Bool",
+}
+
+
+def _seconds(timeout: Any) -> float | None:
+    if timeout is None:
+        return None
+    if isinstance(timeout, timedelta):
+        return timeout.total_seconds()
+    return float(timeout)
+
+
+def _device(device: Any) -> int | str | None:
+    """``device_id`` as simnccl spells it: a CUDA index, or a ``"cpu:N"`` string."""
+    if device is None:
+        return None
+    if isinstance(device, int):
+        return device
+    device = torch.device(device)
+    if device.type == "cuda":
+        return 0 if device.index is None else device.index
+    return str(device)
+
+
+def _options(pg_options: Any) -> PgOptions:
+    """Every field a ``ProcessGroupNCCL.Options`` sets (its NCCLConfig too); other options objects carry none.
+
+    The fields are read as ``simnccl.torch_apply`` reads them (one reading for both directions of the torch
+    boundary); ``is_high_priority_stream`` marks an object with NCCL fields (gloo's Options has none of them).
+    """
+    if pg_options is None or not hasattr(pg_options, "is_high_priority_stream"):
+        return NO_OPTIONS
+    return modelled_options(pg_options)
+
+
+def _backend_name(backend: Any) -> str | None:
+    return None if backend is None else str(c10d.Backend(str(backend)))
+
+
+def _plain(value: Any) -> Any:
+    """An argument as JSON-able data (for ``Call.args``)."""
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    if isinstance(value, torch.device):
+        return str(value)
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, torch.Tensor):
+        return {"shape": list(value.shape), "dtype": _dtype(value)}
+    if hasattr(value, "is_high_priority_stream"):
+        return _options(value).to_dict()
+    return repr(value)
+
+
+def _dtype(tensor: torch.Tensor) -> str:
+    return _DTYPE_NAMES.get(tensor.dtype, str(tensor.dtype).removeprefix("torch."))
+
+
+def _nbytes(tensors: Sequence[torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
