@@ -165,9 +165,7 @@ class MulticastSlots:
             self._active[cache_key] = known
         return known
 
-    def _shares_parent(
-        self, rt: RankRuntime, comm: Comm, group: Group, members: Mapping[int, tuple[int, ...]]
-    ) -> bool:
+    def _shares_parent(self, rt: RankRuntime, comm: Comm, group: Group, members: Mapping[int, tuple[int, ...]]) -> bool:
         """nvls.cc ncclNvlsSetup: a child reuses its parent's NVLS resources when the parent shares its resources
         and has the same number of local ranks (the parent's own NVLS being active)."""
         entry = self._parents.get(id(comm))

@@ -1,0 +1,171 @@
+"""The field failure modes of issue 11 item 4, each pinned to its report: NVLS multicast-slot exhaustion
+(nccl#2077), ... Each test names the mechanism it pins; MiB figures are compared by order, not value (the
+communicator memory model is being replaced, and those figures move)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+import pytest
+from conftest import SCENARIOS_DIR
+
+from simnccl.cli import main
+from simnccl.engine import Engine, SimConfig
+from simnccl.engine.nvls import bind_failure, multicast_data, slots_per_node
+from simnccl.policy import get_policy
+from simnccl.release import get_release
+from simnccl.result import ScenarioResult, VariantResult
+from simnccl.runner import run_scenario
+from simnccl.scenario import Scenario, load_scenario, parse_scenario
+
+NVLS_MESSAGE = "Failed to bind NVLink SHARP (NVLS) Multicast memory of size 2097152 : CUDA error 2 'out of memory'"
+
+
+def _run(name: str, variants: list[str] | None = None) -> ScenarioResult:
+    return run_scenario(load_scenario(SCENARIOS_DIR / f"{name}.toml"), variants)
+
+
+def _variant(result: ScenarioResult, name: str) -> VariantResult:
+    (variant,) = [v for v in result.variants if v.name == name]
+    return variant
+
+
+def _inline(steps: list[dict[str, Any]], gpu: str = "h200-141gb", gpus: int = 8, release: str = "2.15") -> Scenario:
+    data = {
+        "scenario": {"name": "inline"},
+        "cluster": {"gpu": gpu, "nodes": 1, "gpus_per_node": gpus},
+        "torch": {"release": release},
+        "workload": {"steps": steps},
+    }
+    return parse_scenario(data, "inline")
+
+
+def _simulate(scenario: Scenario, env: dict[str, str] | None = None, nccl_version: str | None = None, policy=None):
+    variant = scenario.variants[0]
+    profile = variant.profile
+    if nccl_version is not None:
+        profile = dataclasses.replace(profile, nccl_version=nccl_version)
+    config = SimConfig(
+        cluster=scenario.cluster,
+        release=get_release(variant.release),
+        profile=profile,
+        programs=scenario.programs,
+        env=dict(env or {}),
+        policy=None if policy is None else get_policy(policy),
+    )
+    return Engine(config).run()
+
+
+def _cost_json(capsys, *argv: str) -> dict[str, Any]:
+    assert main(["cost", *argv, "--json"]) == 0
+    (result,) = json.loads(capsys.readouterr().out)["results"]
+    return result
+
+
+def _column(payload: dict[str, Any], name: str) -> dict[str, Any]:
+    (found,) = [c for c in payload["columns"] if c["column"] == name]
+    return found
+
+
+# ---------------------------------------------------------------------------------------------- (a) NVLS slots
+
+PAIRS = [{"op": "set_device"}, {"op": "init_process_group", "backend": "nccl"}]
+
+
+def _pair_groups(count: int, destroy: bool = False) -> list[dict[str, Any]]:
+    """``count`` rounds of a 2-rank group on ranks 0-1 (every rank calls new_group), destroyed after each if asked."""
+    steps: list[dict[str, Any]] = []
+    for i in range(count):
+        steps.append({"op": "new_group", "ranks": [0, 1], "bind": f"g{i}"})
+        if destroy:
+            steps.append({"op": "destroy_process_group", "group": f"g{i}", "on_ranks": [0, 1]})
+    return steps
+
+
+def test_nvls_exhaustion_fails_the_twelfth_group_with_ncclss_message() -> None:
+    """nccl#2077: 128 slots, ~10 per communicator: world + 11 pairs fit, the 12th pair's bind fails on NCCL 2.30."""
+    variant = _variant(_run("nvls-multicast-exhaustion", ["nccl2-default"]), "nccl2-default")
+    assert variant.verdict == "error"
+    failed = {e["rank"]: e for e in variant.outcome.errors}
+    assert sorted(failed) == [2, 3]  # both members of the communicator whose bind failed
+    assert NVLS_MESSAGE in failed[2]["message"]
+    assert "Disable NVLS (NCCL_NVLS_ENABLE=0)" in failed[2]["message"]
+    assert "bind='b3'" in failed[2]["op"]  # ranks 0-1 hold 8 pairs, ranks 2-3 the 9th to 11th: the 12th fails
+    assert multicast_data().integer("slots_per_node.h200-141gb") == 128
+
+
+def test_nvls_workarounds_pass_and_dedupe_holds_fewer_communicators() -> None:
+    result = _run("nvls-multicast-exhaustion", ["nvls-off", "dedupe", "lazy-init"])
+    assert [v.verdict for v in result.variants] == ["pass", "pass", "pass"]
+    held = {v.name: len(v.outcome.groups) for v in result.variants}
+    assert held["dedupe"] < held["nvls-off"]
+
+
+def test_nvls_slots_limit_only_communicators_with_nvls() -> None:
+    scenario = _inline(PAIRS + _pair_groups(20))
+    assert _simulate(scenario).verdict == "error"
+    assert _simulate(scenario, {"NCCL_NVLS_ENABLE": "0"}).verdict == "pass"
+    two_gpus = _inline(PAIRS + _pair_groups(20), gpus=2)  # a 2-GPU node has its own 128 slots
+    assert _simulate(two_gpus).verdict == "error"
+    assert slots_per_node("rtx3060-12gb") is None
+    assert _simulate(_inline(PAIRS + _pair_groups(20), gpu="a100-80gb")).verdict == "pass"  # no NVSwitch multicast
+
+
+def test_nccl_before_2_29_proceeds_without_nvls_unless_forced() -> None:
+    """src/transport/nvls.cc v2.28.9: a failed bind logs and continues; NCCL_NVLS_ENABLE=1 makes it fatal."""
+    scenario = _inline(PAIRS + _pair_groups(20))
+    assert _simulate(scenario, nccl_version="2.28.9").verdict == "pass"
+    forced = _simulate(scenario, {"NCCL_NVLS_ENABLE": "1"}, nccl_version="2.28.9")
+    assert forced.verdict == "error"
+    assert "Do not force-enable NVLS (NCCL_NVLS_ENABLE=1)" in forced.errors[0]["message"]
+    assert _simulate(scenario, nccl_version="2.29.7").verdict == "error"
+    assert "NCCL version 2.29.7" in bind_failure("2.29.7", forced=False)
+
+
+def test_destroyed_communicators_give_their_slots_back() -> None:
+    assert _simulate(_inline(PAIRS + _pair_groups(20, destroy=True))).verdict == "pass"
+
+
+def test_split_children_sharing_an_equal_local_parent_take_no_slots() -> None:
+    """nvls.cc ncclNvlsSetup: ``nvlsShare`` needs the parent's splitShare and the same local rank count."""
+    world_sized = [*PAIRS, {"op": "new_group", "ranks": list(range(8)), "bind": "g{i}", "repeat": 20}]
+    scenario = _inline(world_sized)
+    assert _simulate(scenario).verdict == "error"
+    assert _simulate(scenario, {"NCCL_COMM_SPLIT_SHARE_RESOURCES": "1"}).verdict == "pass"
+    pairs = _inline(PAIRS + _pair_groups(20))  # 2 local ranks vs the parent's 8: not shared
+    assert _simulate(pairs, {"NCCL_COMM_SPLIT_SHARE_RESOURCES": "1"}).verdict == "error"
+
+
+def test_cost_compares_the_nvls_workarounds(capsys) -> None:
+    payload = _cost_json(capsys, "--scenario", str(SCENARIOS_DIR / "nvls-multicast-exhaustion.toml"))
+    assert [c["column"] for c in payload["columns"]] == ["nccl2-default", "nvls-off", "dedupe", "lazy-init"]
+    default = _column(payload, "nccl2-default")
+    assert default["verdict"] == "error"
+    assert NVLS_MESSAGE in default["error"]
+    assert {_column(payload, n)["verdict"] for n in ("nvls-off", "dedupe", "lazy-init")} == {"pass"}
+    comms = {n: _column(payload, n)["summary"]["comms"]["typical"] for n in ("nvls-off", "dedupe", "lazy-init")}
+    assert comms["lazy-init"] < comms["dedupe"] < comms["nvls-off"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "text"),
+    [
+        (["--gpu", "h100-80gb"], "--gpu: not with --scenario"),
+        (["--tp", "8"], "framework knobs go with --workload"),
+        (["--variant", "nope"], "--variant: no column 'nope'"),
+        (["--policy", "fastest"], "--policy: unknown policy 'fastest'"),
+    ],
+)
+def test_cost_scenario_bad_input_exits_2(capsys, argv: list[str], text: str) -> None:
+    scenario = str(SCENARIOS_DIR / "nvls-multicast-exhaustion.toml")
+    assert main(["cost", "--scenario", scenario, *argv]) == 2
+    assert text in capsys.readouterr().err
+
+
+def test_cost_needs_a_workload_or_a_scenario(capsys, tmp_path) -> None:
+    assert main(["cost"]) == 2
+    assert "expected --workload NAME" in capsys.readouterr().err
+    assert main(["cost", "--scenario", str(tmp_path / "missing.toml")]) == 2
+    assert "missing.toml" in capsys.readouterr().err
