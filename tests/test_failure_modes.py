@@ -169,3 +169,49 @@ def test_cost_needs_a_workload_or_a_scenario(capsys, tmp_path) -> None:
     assert "expected --workload NAME" in capsys.readouterr().err
     assert main(["cost", "--scenario", str(tmp_path / "missing.toml")]) == 2
     assert "missing.toml" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------- (d) (e) (f)
+
+
+def _cost_rows(capsys, name: str) -> dict[str, dict[str, Any]]:
+    """Per column: the verdict, the error and each row's typical value, from ``simnccl cost --scenario``."""
+    payload = _cost_json(capsys, "--scenario", str(SCENARIOS_DIR / f"{name}.toml"))
+    rows = {}
+    for col in payload["columns"]:
+        rows[col["column"]] = {k: v["typical"] for k, v in col["summary"].items()}
+        rows[col["column"]].update(verdict=col["verdict"], error=col["error"])
+    return rows
+
+
+def test_fsdp2_group_per_layer_exhausts_nvls_and_a_shared_mesh_fixes_it(capsys) -> None:
+    """pytorch#153302 (a PG per layer), #187155 (their NVLS slots): 16 layers, reshard_after_forward=2."""
+    rows = _cost_rows(capsys, "fsdp2-group-per-layer")
+    assert rows["nccl2-default"]["verdict"] == "error" and NVLS_MESSAGE in rows["nccl2-default"]["error"]
+    assert rows["lazy-init"]["verdict"] == "error"  # every layer's group is used in forward: lazy does not help
+    assert rows["nvls-off"]["verdict"] == rows["shared-mesh"]["verdict"] == "pass"
+    assert rows["nvls-off"]["groups"] == 16 and rows["nvls-off"]["comms"] == 17  # one per layer, plus the world
+    assert rows["shared-mesh"]["groups"] == 1 and rows["shared-mesh"]["comms"] == 2
+    # memory linear in layers: 15 extra communicators at least 10x one shared group's share
+    assert rows["nvls-off"]["nccl_mib"] - rows["shared-mesh"]["nccl_mib"] > 10 * (
+        rows["shared-mesh"]["nccl_mib"] / rows["shared-mesh"]["comms"]
+    )
+
+
+def test_duplicate_rank_set_groups_each_hold_a_communicator_until_reused(capsys) -> None:
+    """aiter#5111: non-torch memory 30.21 -> 13.40 GB when groups of identical rank sets are reused."""
+    rows = _cost_rows(capsys, "duplicate-rank-set-groups")
+    default, dedupe = rows["nccl2-default"], rows["dedupe"]
+    assert default["verdict"] == dedupe["verdict"] == "pass"
+    assert default["comms"] == 5 and dedupe["comms"] == 2  # world + 4 duplicates, vs world + 1
+    assert default["duplicates"] == 7 and dedupe["duplicates"] == 1  # gloo twins included
+    assert dedupe["nccl_mib"] / default["nccl_mib"] < 13.40 / 30.21 + 0.05  # at least the report's saving
+
+
+def test_idle_world_group_costs_a_communicator_only_when_eager(capsys) -> None:
+    """DeepSpeed#7680: the default group is created and never used ("~0.5GB per gpu")."""
+    rows = _cost_rows(capsys, "idle-world-group")
+    assert {r["verdict"] for r in rows.values()} == {"pass"}
+    assert rows["nccl2-default"]["comms"] == 2
+    assert rows["lazy-init"]["comms"] == rows["legacy"]["comms"] == 1
+    assert rows["nccl2-default"]["nccl_mib"] > rows["lazy-init"]["nccl_mib"] == rows["legacy"]["nccl_mib"]

@@ -62,6 +62,15 @@ def bind_failure(nccl_version: str, *, forced: bool) -> str:
     )
 
 
+def _fatal(nccl_version: str, since: str) -> bool:
+    """Whether a failed bind fails the init on this NCCL; a profile whose version is not stated (free text)
+    gets the behaviour of the NCCL releases torch 2.14+ ship (fatal)."""
+    try:
+        return NcclVersion.parse(nccl_version).at_least(since)
+    except NcclInputError:
+        return True
+
+
 @dataclass(slots=True)
 class _Binding:
     """One communicator's multicast objects on one node: how many, which local members hold them, or why not."""
@@ -81,7 +90,9 @@ class MulticastSlots:
         self.capacity = slots_per_node(self.cluster.gpu.key)
         data = multicast_data()
         self.need = data.integer("per_communicator.slots")
-        self.fatal = NcclVersion.parse(self.nccl_version).at_least(data.text("versions.bind_failure_fatal_since"))
+        self.fatal = self.capacity is not None and _fatal(
+            self.nccl_version, data.text("versions.bind_failure_fatal_since")
+        )
         self.used: dict[int, int] = {}  # node -> slots in use
         self.peak: dict[int, int] = {}
         self._bindings: dict[tuple[int, int], _Binding] = {}
