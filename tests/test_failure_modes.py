@@ -215,3 +215,60 @@ def test_idle_world_group_costs_a_communicator_only_when_eager(capsys) -> None:
     assert rows["nccl2-default"]["comms"] == 2
     assert rows["lazy-init"]["comms"] == rows["legacy"]["comms"] == 1
     assert rows["nccl2-default"]["nccl_mib"] > rows["lazy-init"]["nccl_mib"] == rows["legacy"]["nccl_mib"]
+
+
+# ---------------------------------------------------------------------------------------------- (c) Megatron re-init
+
+REPORTED_PG_MAP = [24, 44, 70, 89, 115, 134]  # Megatron-LM#6897, rank 0, TP=1 PP=1 on 8 GPUs, cycles 1-6
+
+
+def _pg_map_after(cycles: int, destroy: str) -> int:
+    """``len(_world.pg_map)`` on rank 0 after ``cycles`` initialisations: the groups it holds, the world included."""
+    data = {
+        "scenario": {"name": "reinit"},
+        "cluster": {"gpu": "h200-141gb", "nodes": 1, "gpus_per_node": 8},
+        "torch": {"release": "2.15"},
+        "workload": {
+            "generator": "megatron",
+            "args": {"tp": 1, "pp": 1, "reinit_cycles": cycles, "reinit_destroy": destroy},
+        },
+    }
+    outcome = _simulate(parse_scenario(data, "reinit"), {"NCCL_NVLS_ENABLE": "0"})
+    assert outcome.verdict == "pass"
+    rank0 = outcome.ranks[0]
+    return sum(1 for group in rank0.groups if not group.destroyed)
+
+
+def test_megatron_reinit_leaks_twenty_groups_a_cycle() -> None:
+    """Megatron-LM#6897: only the 3 gloo groups are destroyed; the first two counts are the report's exactly."""
+    simulated = [_pg_map_after(k, "gloo") for k in range(1, 7)]
+    assert simulated[:2] == REPORTED_PG_MAP[:2] == [24, 44]
+    assert simulated == [24, 44, 64, 84, 104, 124]  # the report: 70, 89, 115, 134 (Megatron main adds groups)
+
+
+def test_megatron_reinit_fix_destroys_what_it_created() -> None:
+    """PR #6902: destroying every created group keeps rank 0's pg_map at its first count."""
+    assert [_pg_map_after(k, "all") for k in (1, 2, 6)] == [24, 24, 24]
+
+
+def test_megatron_reinit_leak_exhausts_nvls_slots_and_the_fix_does_not() -> None:
+    leak = _variant(_run("megatron-reinit-leak", ["torch-2.15-default"]), "torch-2.15-default")
+    assert leak.verdict == "error" and NVLS_MESSAGE in leak.outcome.errors[0]["message"]
+    assert "cycle1" in leak.outcome.checkpoints and "cycle2" not in leak.outcome.checkpoints  # 2nd init fails
+    fixed = _variant(_run("megatron-reinit-fixed", ["torch-2.15-default"]), "torch-2.15-default")
+    assert fixed.verdict == "pass" and "cycle6" in fixed.outcome.checkpoints
+    used = {c: max(fixed.checkpoint_used_mib(c).values()) for c in ("cycle2", "cycle6")}
+    assert used["cycle6"] == pytest.approx(used["cycle2"])  # nothing piles up (cycle 2's barrier connects the world)
+
+
+def test_megatron_reinit_generator_checks_its_knobs() -> None:
+    from simnccl.workloads import GENERATORS, WorkloadError
+
+    generator = GENERATORS["megatron"]
+    with pytest.raises(WorkloadError, match="reinit_destroy"):
+        generator({"reinit_destroy": "some"}, 8)
+    with pytest.raises(WorkloadError, match="reinit_cycles"):
+        generator({"reinit_cycles": 0}, 8)
+    assert generator({}, 8) == generator({"reinit_cycles": 1}, 8)  # the default: one startup, unchanged
+    (program, *_) = generator({"reinit_cycles": 2}, 8)
+    assert sum(1 for op in program.ops if op.name == "destroy_process_group") == 3  # the gloo groups
