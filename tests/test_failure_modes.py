@@ -12,6 +12,7 @@ import pytest
 from conftest import SCENARIOS_DIR
 
 from simnccl.cli import main
+from simnccl.cluster import get_gpu_kind
 from simnccl.engine import Engine, SimConfig
 from simnccl.engine.nvls import bind_failure, multicast_data, slots_per_node
 from simnccl.policy import get_policy
@@ -272,3 +273,61 @@ def test_megatron_reinit_generator_checks_its_knobs() -> None:
     assert generator({}, 8) == generator({"reinit_cycles": 1}, 8)  # the default: one startup, unchanged
     (program, *_) = generator({"reinit_cycles": 2}, 8)
     assert sum(1 for op in program.ops if op.name == "destroy_process_group") == 3  # the gloo groups
+
+
+# ---------------------------------------------------------------------------------------------- (b) lazy step-1 OOM
+
+
+def test_lazy_communicators_oom_at_step_one_although_startup_passed() -> None:
+    """ms-swift#9602: the first collective of each lazy group comes at the iteration-1 peak and NCCL's cudaMalloc
+    fails while torch's cache holds the freed activations; eager nccl2 paid at startup and passes."""
+    result = _run("lazy-first-step-oom")
+    for name in ("legacy", "lazy-init"):
+        variant = _variant(result, name)
+        assert variant.verdict == "fail"
+        assert len(variant.outcome.checkpoints["startup"]) == 8  # every rank passed startup
+        assert "step1" not in variant.outcome.checkpoints
+        assert {e["rank"] for e in variant.outcome.errors} == set(range(8))
+        assert all("all_reduce(group='tp'" in e["op"] for e in variant.outcome.errors)
+        assert "Failed to CUDA calloc" in variant.outcome.errors[0]["message"]
+    assert _variant(result, "torch-2.15-default").verdict == "pass"
+
+
+def test_one_element_warmup_moves_the_communicators_to_startup() -> None:
+    """ms-swift PR #9602's nccl_comm_warmup: a 1-element all_reduce per group right after creation."""
+    plain, warm = _run("lazy-first-step-oom", ["legacy"]), _run("lazy-first-step-oom-warmup")
+    assert {v.verdict for v in warm.variants} == {"pass"}
+    before = max(plain.variants[0].checkpoint_used_mib("startup").values())
+    after = max(_variant(warm, "legacy").checkpoint_used_mib("startup").values())
+    assert after > before  # the communicators are paid at startup now, not in step 1
+
+
+def _one_rank(steps: list[dict[str, Any]]):
+    return _simulate(_inline([{"op": "set_device"}, *steps], gpu="rtx3060-12gb", gpus=1))
+
+
+def test_caching_allocator_reuses_fitting_blocks_and_empties_its_cache_when_short() -> None:
+    big = int(get_gpu_kind("rtx3060-12gb").total_bytes / 2**20 * 0.6)
+    reuse = _one_rank(
+        [{"op": "alloc", "mib": big, "tag": "a"}, {"op": "free", "tag": "a"}, {"op": "alloc", "mib": 100}]
+    )
+    (ledger,) = reuse.ledgers.values()
+    assert ledger.used_by_kind()["torch"] == big * 2**20  # the 100 MiB came out of the cached block
+    # a request no cached block fits and the device cannot hold: torch gives its cache back and retries
+    grow = _one_rank(
+        [{"op": "alloc", "mib": 1000, "tag": "a", "repeat": 6}, {"op": "free", "tag": "a"}, {"op": "alloc", "mib": big}]
+    )
+    assert grow.verdict == "pass"
+    (ledger,) = grow.ledgers.values()
+    assert ledger.used_by_kind()["torch"] == big * 2**20  # the six cached 1000 MiB blocks were released
+    too_big = _one_rank([{"op": "alloc", "mib": big, "tag": "a"}, {"op": "alloc", "mib": big}])
+    assert too_big.verdict == "fail" and "CUDA out of memory" in too_big.errors[0]["message"]
+
+
+def test_cost_compares_lazy_and_eager_creation_at_step_one(capsys) -> None:
+    rows = _cost_rows(capsys, "lazy-first-step-oom")
+    assert rows["legacy"]["verdict"] == rows["lazy-init"]["verdict"] == "fail"
+    assert "Failed to CUDA calloc" in rows["legacy"]["error"]
+    assert rows["torch-2.15-default"]["verdict"] == "pass"
+    warm = _cost_rows(capsys, "lazy-first-step-oom-warmup")
+    assert {r["verdict"] for r in warm.values()} == {"pass"}
