@@ -1,6 +1,8 @@
 """The field failure modes of issue 11 item 4, each pinned to its report: NVLS multicast-slot exhaustion
-(nccl#2077), ... Each test names the mechanism it pins; MiB figures are compared by order, not value (the
-communicator memory model is being replaced, and those figures move)."""
+(nccl#2077), lazy communicators at step 1's peak and the warm-up (ms-swift#9602), Megatron's re-init leak
+(Megatron-LM#6897), a group per FSDP2 layer (pytorch#153302), duplicate rank sets (aiter#5111), the idle world
+group (DeepSpeed#7680); and ``simnccl cost --scenario`` comparing their workarounds. MiB figures are compared by
+order or ratio, not value: the communicator memory model is being replaced, and those figures move."""
 
 from __future__ import annotations
 
