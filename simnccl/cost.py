@@ -1,6 +1,7 @@
 """``simnccl cost``: what a framework's startup costs per rank, on torch's default, legacy and every policy.
 
     simnccl cost --workload megatron --tp 8 --pp 4 --dp 16 --gpu h100-80gb --release 2.15 [--policy P ...]
+    simnccl cost --scenario scenarios/nvls-multicast-exhaustion.toml [--policy P ...]
 
 Every number comes from simulating the startup (the workload generator's Programs through the engine), one
 run per column, never from a formula: the columns are torch's default on the release, the legacy rollback
@@ -18,6 +19,9 @@ summarised as ``typical [min-max]`` over ranks (typical = the most common value)
 Framework knobs are the generator's own (``--tp 8``, ``--gloo false``, ``--hierarchical-cp 2,2``; a boolean
 may be given bare, ``--moe``, or negated, ``--no-gloo``); an unknown flag is bad input (exit 2). The world
 is the one the knobs pin down (tp*pp*dp ...), else ``--world``.
+
+``--scenario FILE`` prices a scenario's own workload instead (``simnccl.cost_scenario``): one column per
+variant of the file (its env, policy, release and profile), plus one per ``--policy`` given.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from simnccl.cluster import Cluster, ClusterError, get_gpu_kind
 from simnccl.engine import Engine, EngineGuardError, RunOutcome, SimConfig
 from simnccl.ops import NewGroup, Program, SplitGroup
 from simnccl.policy import BUILTIN, PolicyError, get_policy
-from simnccl.profiles import ProfileError, find_profile
+from simnccl.profiles import Profile, ProfileError, find_profile
 from simnccl.release import RELEASES, get_release
 from simnccl.report import typical
 from simnccl.result import SummaryLine
@@ -65,6 +69,8 @@ class Column:
     name: str
     env: dict[str, str]
     policy: str | None
+    release: str | None = None  # a scenario variant's own release and profile (None: the command's)
+    profile: Profile | None = None
 
 
 @dataclass(slots=True)
@@ -97,7 +103,12 @@ DEFAULT_GPU, DEFAULT_RELEASE = "h100-80gb", "2.15"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--workload", required=True, choices=sorted(GENERATORS), help="the framework generator")
+    parser.add_argument("--workload", choices=sorted(GENERATORS), help="the framework generator")
+    parser.add_argument(
+        "--scenario",
+        metavar="FILE",
+        help="price a scenario file's workload: one column per variant (instead of --workload)",
+    )
     parser.add_argument("--gpus-per-node", type=int, default=8, help="GPUs (= ranks) per node (default 8)")
     parser.add_argument("--world", type=int, default=None, help="world size, when the knobs don't pin it down")
     parser.add_argument(
@@ -218,6 +229,8 @@ def measure(outcome: RunOutcome, programs: Sequence[Program]) -> tuple[dict[str,
         seen: set[tuple[tuple[int, ...], str]] = set()
         groups = singletons = duplicates = 0
         for group in rt.groups:
+            if group.destroyed:
+                continue  # torch dropped it from its pg_map: no longer held
             key = (group.ranks, group.backend.requested)
             if key in seen:
                 duplicates += 1
@@ -256,10 +269,11 @@ def column_config(
     programs: tuple[Program, ...], cluster: Cluster, release: str, column: Column, seed: int = 0
 ) -> SimConfig:
     """The simulation one column runs; shared with ``benchmarks/cost.py`` so it times exactly this."""
+    release = column.release or release
     return SimConfig(
         cluster=cluster,
         release=get_release(release),
-        profile=find_profile(cluster.gpu.key, release),
+        profile=column.profile or find_profile(cluster.gpu.key, release),
         programs=programs,
         env=dict(column.env),
         policy=get_policy(column.policy) if column.policy else None,
@@ -281,13 +295,22 @@ def run_column(
     error = ""
     if outcome.errors:
         first = outcome.errors[0]
-        error = f"rank {first['rank']}: {first['type']}: {first['message'].splitlines()[0]}"
+        error = f"rank {first['rank']}: {first['type']}: {_headline(first['message'])}"
     elif outcome.hangs:
         first = outcome.hangs[0]
         error = f"rank {first['rank']} hangs in {first['op']}"
     result = ColumnResult(column, outcome.verdict, per_rank, wall, checkpoint, error)
     result.summary = {key: summarise(values) for key, values in per_rank.items() if values}
     return result
+
+
+def _headline(message: str) -> str:
+    """The line of an error that says what went wrong: NCCL's ``Last error:`` line where there is one (its first
+    line only names the file that raised), else the first line."""
+    lines = message.splitlines() or [""]
+    if "Last error:" in lines[:-1]:
+        return lines[lines.index("Last error:") + 1]
+    return lines[0]
 
 
 # ---------------------------------------------------------------------------------------------- output
@@ -433,8 +456,14 @@ def run(args: argparse.Namespace, extra: Sequence[str]) -> int:
     from simnccl.cli_output import Output
 
     out = Output("cost", args)
+    if args.scenario is not None:
+        from simnccl.cost_scenario import run_scenario
+
+        return run_scenario(args, extra, out)
     try:
         check_json_target(args.json)
+        if args.workload is None:
+            raise CostError("expected --workload NAME (a framework generator) or --scenario FILE")
         generator, knobs, programs, cluster, release, columns = _setup(args, extra)
     except (CostError, OverrideError) as err:
         out.error(str(err))
@@ -446,8 +475,28 @@ def run(args: argparse.Namespace, extra: Sequence[str]) -> int:
         f"({cluster.nodes} node{'s' if cluster.nodes > 1 else ''} x {cluster.gpus_per_node}), torch "
         f"{get_release(release).version}; {len({id(p) for p in programs})} distinct program(s)"
     )
+    document = {
+        "workload": generator.name,
+        "knobs": {k: list(v) if isinstance(v, tuple) else v for k, v in knobs.items()},
+        "world": world,
+        "gpu": cluster.gpu.key,
+        "release": release,
+    }
+    return report(out, args, title, f"{generator.name} {shown}", (programs, cluster, release, columns), document)
+
+
+def report(
+    out: Any,
+    args: argparse.Namespace,
+    title: str,
+    label: str,
+    work: tuple[tuple[Program, ...], Cluster, str, Sequence[Column]],
+    document: dict[str, Any],
+) -> int:
+    """Run every column of ``work`` (programs, cluster, release, columns), print the table and write the JSON
+    ``document`` with the seed and the columns added; shared by ``--workload`` and ``--scenario``."""
+    programs, cluster, release, columns = work
     out.print(title)  # at once: the columns may take a while
-    label = f"{generator.name} {shown}"
     seed = args.seed if args.seed is not None else 0
     with out.progress(len(columns), "columns") as bar:
 
@@ -457,17 +506,5 @@ def run(args: argparse.Namespace, extra: Sequence[str]) -> int:
 
         results = _run_columns(programs, cluster, release, columns, args.jobs, seed, finished)
     out.print(render(results))
-    out.finish(
-        [
-            {
-                "workload": generator.name,
-                "knobs": {k: list(v) if isinstance(v, tuple) else v for k, v in knobs.items()},
-                "world": world,
-                "gpu": cluster.gpu.key,
-                "release": release,
-                "seed": seed,
-                "columns": [r.to_dict() for r in results],
-            }
-        ]
-    )
+    out.finish([{**document, "seed": seed, "columns": [r.to_dict() for r in results]}])
     return EXIT_OK

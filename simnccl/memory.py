@@ -97,6 +97,14 @@ class DeviceLedger:
             )
         self._apply(owner, num_bytes, time_s, op)
 
+    def move(self, source: Owner, target: Owner, num_bytes: int, *, time_s: float, op: Any) -> None:
+        """Hand ``num_bytes`` that ``source`` holds to ``target`` (a cached block reused): the device's use does
+        not change."""
+        if not 0 < num_bytes <= self.by_owner.get(source, 0):
+            raise ValueError(f"{source.label()} holds {self.by_owner.get(source, 0)} bytes, cannot move {num_bytes}")
+        self._apply(source, -num_bytes, time_s, op)
+        self._apply(target, num_bytes, time_s, op)
+
     def release_owner(self, owner: Owner, *, time_s: float, op: Any) -> int:
         """Free everything ``owner`` holds (communicator destroyed, process exited); returns bytes freed."""
         held = self.by_owner.get(owner, 0)

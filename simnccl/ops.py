@@ -286,6 +286,15 @@ class Alloc(Op):
 
 
 @dataclass(frozen=True, slots=True)
+class Free(Op):
+    """``del`` of the tensors an ``alloc`` tagged ``tag``: their blocks go back to torch's cache, still reserved on
+    the device (``memory_reserved`` unchanged): torch reuses them, NCCL's own allocations cannot."""
+
+    name: ClassVar[str] = "free"
+    tag: str = "tensor"
+
+
+@dataclass(frozen=True, slots=True)
 class MemoryCheck(Op):
     """vLLM's startup check: ``requested = ceil(total * utilization)``; fails when free < requested."""
 
@@ -319,6 +328,7 @@ OP_TYPES: dict[str, type[Op]] = {
         DestroyProcessGroup,
         Compute,
         Alloc,
+        Free,
         MemoryCheck,
         Checkpoint,
     )

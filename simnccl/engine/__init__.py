@@ -10,7 +10,9 @@ them and runs them. A map, in the order a run passes through them:
 ``planning``     torch's plan for a new_group on one rank (validated members, cached)
 ``comms``        communicator lifecycle: create, bootstrap, split, ids, destroy
 ``collectives``  all_reduce & co, send/recv, gloo broadcast trees, p2p pair communicators
-``memory``       device ledgers, CUDA contexts, charging, group records; set_device/alloc/checks/checkpoints
+``memory``       device ledgers, CUDA contexts, charging, group records; set_device/checks/checkpoints
+``caching_allocator`` torch's alloc/free: cached blocks torch reuses and NCCL cannot
+``nvls``         NVLS multicast slots per node: bound at communicator init, freed at destroy
 ``timing``       how long each meeting and compute takes; straggler ranks and links
 ``sockets``      gloo's closed sockets and the peers they fail
 ``injection``    fault injection: arming the schedule on the rooms, crashes, stalls, async errors

@@ -14,6 +14,7 @@ from simnccl.backends import Comm, CommState, lifecycle
 from simnccl.backends.gloo import SINGLETON_RACE
 from simnccl.c10d import CommPlan, Group, GroupPlan
 from simnccl.engine.memory import Memory
+from simnccl.engine.nvls import MulticastSlots
 from simnccl.engine.rendezvous import Rendezvous
 from simnccl.engine.sim import Sim
 from simnccl.engine.sockets import GlooSockets
@@ -64,6 +65,7 @@ class Comms:
         self.memory = memory
         self.sockets = sockets
         self.registry = registry
+        self.nvls = MulticastSlots(sim)  # NVLS multicast slots per node, bound at init, freed at destroy
         self._split_results: dict[int, dict[tuple[int, ...], int | Meeting]] = {}
         self._store_timeout: set[tuple[int, int | None]] = set()  # (rank, op index or None: the next bootstrap)
 
@@ -97,6 +99,7 @@ class Comms:
             if pair.name == comm_plan.pair.name:
                 group.comms[pair.device_type] = comm
         self.memory.group_record(group, comm)
+        self.nvls.note_parent(comm, comm_plan.split_from)
         return comm
 
     def abort_if_cudamallocasync(self, rt: RankRuntime, comm: Comm) -> None:
@@ -138,6 +141,7 @@ class Comms:
             comm.comm_id = self.registry.new_id()
         self.registry.members[comm.comm_id] = group.ranks
         self.abort_if_cudamallocasync(rt, comm)
+        self.nvls.reserve(rt, comm, group, self.registry.members)
         comm.state = CommState.READY
         self.memory.charge(rt, comm, life.init_charges(self.memory.costs(rt), comm, rt.ctx.env), op, group)
 
@@ -224,6 +228,7 @@ class Comms:
         comm.comm_id = child
         self.registry.members[child] = group.ranks
         self.abort_if_cudamallocasync(rt, comm)
+        self.nvls.reserve(rt, comm, group, self.registry.members)
         comm.state = CommState.READY
         costs = self.memory.costs(rt)
         self.memory.charge(rt, comm, lifecycle(comm.impl).init_charges(costs, comm, rt.ctx.env), op, group)
@@ -268,3 +273,4 @@ class Comms:
         for comm in {id(c): c for c in group.comms.values()}.values():
             comm.state = CommState.DESTROYED
             self.memory.release_comm(rt, comm, op)
+            self.nvls.release(rt, comm)

@@ -14,6 +14,7 @@ import gc
 from collections.abc import Callable
 from typing import Any
 
+from simnccl.engine.caching_allocator import CachingAllocator
 from simnccl.engine.collectives import Collectives
 from simnccl.engine.comms import CommRegistry, Comms
 from simnccl.engine.config import SimConfig
@@ -37,6 +38,7 @@ from simnccl.ops import (
     Checkpoint,
     Compute,
     DestroyProcessGroup,
+    Free,
     InitProcessGroup,
     MemoryCheck,
     NewGroup,
@@ -71,6 +73,7 @@ class Engine:
         rendezvous = Rendezvous(sim, sockets)
         self.timing = timing = Timing(sim, rendezvous)
         self.memory = memory = Memory(sim, rendezvous)
+        allocator = CachingAllocator(sim, rendezvous, memory)
         planner = Planner(sim)
         self.watchdogs = watchdogs = Watchdogs(sim, sockets, timing)
         comms = Comms(sim, rendezvous, timing, memory, sockets, registry)
@@ -95,7 +98,8 @@ class Engine:
             SplitGroup: groups.op_split_group,
             DestroyProcessGroup: groups.op_destroy,
             Compute: timing.op_compute,
-            Alloc: memory.op_alloc,
+            Alloc: allocator.op_alloc,
+            Free: allocator.op_free,
             MemoryCheck: memory.op_memory_check,
             Checkpoint: memory.op_checkpoint,
         }

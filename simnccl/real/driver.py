@@ -56,6 +56,7 @@ from simnccl.ops import (
     Collective,
     Compute,
     DestroyProcessGroup,
+    Free,
     InitProcessGroup,
     MemoryCheck,
     NewGroup,
@@ -165,7 +166,7 @@ class Driver:
         self.kept: list[Any] = []
         self.seq: dict[int, int] = {}
         self.p2p_seq: dict[tuple[int, int, int], int] = {}
-        self.allocations: list[Any] = []
+        self.allocations: dict[str, list[Any]] = {}  # alloc tag -> its live tensors
         self.notes: list[str] = []
         self.applied: Any = None
         self.store: Any = None
@@ -397,10 +398,16 @@ class Driver:
     def op_alloc(self, op: Alloc) -> str:
         if not self.gpu:
             return "skipped: CPU lane"
-        self.allocations.append(
+        self.allocations.setdefault(op.tag, []).append(
             self.torch.empty(int(op.mib * 1024 * 1024), dtype=self.torch.uint8, device=self._device())
         )
         return f"{op.mib} MiB ({op.tag})"
+
+    def op_free(self, op: Free) -> str:
+        if not self.gpu:
+            return "skipped: CPU lane"
+        freed = self.allocations.pop(op.tag, [])  # the last references: the blocks go back to torch's cache
+        return f"freed {len(freed)} tensor(s) tagged {op.tag!r} into torch's cache"
 
     def op_memory_check(self, op: MemoryCheck) -> str:
         if not self.gpu:
@@ -433,6 +440,7 @@ class Driver:
             DestroyProcessGroup: self.op_destroy,
             Compute: self.op_compute,
             Alloc: self.op_alloc,
+            Free: self.op_free,
             MemoryCheck: self.op_memory_check,
             Checkpoint: self.op_checkpoint,
         }

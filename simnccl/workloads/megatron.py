@@ -37,13 +37,16 @@ tests/test_framework_fidelity.py captures the real 0.19.2 code and checks this g
   ``create_all_gather_groups`` after ``initialize_model_parallel``: ``DATA_PARALLEL_GROUP_WITH_CP_AG`` per
   DP-with-CP group, and ``EXPERT_DATA_PARALLEL_GROUP_AG`` per expert-DP group when ep > 1, without pg_options
   (training passes no NCCL configs there).
+* ``reinit_cycles`` / ``reinit_destroy``: the startup repeated as a test suite's destroy_model_parallel +
+  initialize_model_parallel cycles, destroying only the gloo groups (the leak of Megatron-LM#6897) or every
+  group made (PR #6902): ``simnccl.workloads.reinit``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from simnccl.ops import NO_OPTIONS, Barrier, Checkpoint, InitProcessGroup, NewGroup, Op, PgOptions, SetDevice
+from simnccl.ops import NO_OPTIONS, Barrier, Checkpoint, InitProcessGroup, NewGroup, Op, PgOptions, Program, SetDevice
 from simnccl.workloads._common import (
     BOOL,
     INT,
@@ -57,6 +60,8 @@ from simnccl.workloads._common import (
     WorkloadError,
     programs_by_key,
 )
+from simnccl.workloads.reinit import PARAMS as REINIT_PARAMS
+from simnccl.workloads.reinit import with_reinit_cycles
 
 Ranks = tuple[int, ...]
 
@@ -116,6 +121,7 @@ PARAMS = (
     Param("gtp_remat_groups", BOOL, True, "the GTP weight-remat singleton families (False: not 0.19.2's startup)"),
     Param("distributed_timeout_minutes", INT, 10, "--distributed-timeout-minutes (Megatron's default 10)", 1),
     Param("backend", STR, "nccl", "--distributed-backend", choices=("nccl",)),
+    *REINIT_PARAMS,
 )
 
 
@@ -560,7 +566,12 @@ def startup_ops(config: Config, world_size: int, edp_index: int | None = None) -
     return b.ops
 
 
-def build(config: Config, world_size: int):
+def build(config: Config, world_size: int) -> tuple[Program, ...]:
+    """Every rank's startup, repeated as ``reinit_cycles`` initialisations (``simnccl.workloads.reinit``)."""
+    return with_reinit_cycles(_startups(config, world_size), config["reinit_cycles"], config["reinit_destroy"])
+
+
+def _startups(config: Config, world_size: int) -> tuple[Program, ...]:
     if not (config["use_sharp"] and config["sharp_enabled_group"] == "dp_replica"):
         shared = startup_ops(config, world_size)
         return programs_by_key(world_size, lambda rank: None, lambda _: shared)

@@ -1,0 +1,189 @@
+"""NVLS multicast slots: a ledger per node of the multicast objects NCCL communicators hold on its NVSwitches.
+
+Why a room: multicast slots are a per-node resource no device ledger sees. Every communicator with NVLink SHARP
+active binds multicast objects on its node's switches at init (src/transport/nvls.cc ncclNvlsSetup ->
+nvlsAllocateMem), and holds them until it is destroyed; a split child that shares its parent's resources at the
+same local rank count reuses the parent's (nvls.cc: ``nvlsShare``). When the switches are full the bind fails
+with CUDA error 2: NCCL >= 2.29 fails the communicator's init (NVIDIA/nccl#2077), older NCCL proceeds without
+NVLS unless ``NCCL_NVLS_ENABLE=1`` forces it. Whether NVLS is active for a communicator is
+``simnccl.nccl``'s decision (version, ``NCCL_NVLS_ENABLE``, topology, local rank count); how many slots a node
+has and a communicator takes are data (``simnccl/data/nvls_multicast.toml``), never code.
+
+``Comms`` consults this room when a communicator becomes ready (``reserve``) and when it is destroyed
+(``release``); a failed bind raises NCCL's error on every member on the full node, as the bind is collective.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.resources
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from simnccl.backends import Comm, lifecycle
+from simnccl.c10d import Group, TorchError
+from simnccl.engine.sim import Sim
+from simnccl.engine.state import RankRuntime
+from simnccl.nccl import NcclInputError, NcclVersion, communicator_bytes, settings_from
+from simnccl.nccl.constants import NcclConstants, parse_constants
+
+DATA_FILE = "nvls_multicast.toml"
+ERROR_TYPE = "torch.distributed.DistBackendError"
+
+
+@functools.cache
+def multicast_data() -> NcclConstants:
+    """The shipped multicast figures (read once), validated like NCCL's constants."""
+    resource = importlib.resources.files("simnccl") / "data" / DATA_FILE
+    return parse_constants(resource.read_text(encoding="utf-8"), str(resource))
+
+
+def slots_per_node(gpu_kind: str) -> int | None:
+    """Multicast objects one node of this GPU kind holds; None where the data sets no limit."""
+    data = multicast_data()
+    key = f"slots_per_node.{gpu_kind}"
+    return data.integer(key) if key in data.entries else None
+
+
+def bind_failure(nccl_version: str, *, forced: bool) -> str:
+    """NCCL's message when a multicast bind fails for lack of slots (src/transport/nvls.cc, by version)."""
+    data = multicast_data()
+    size = data.integer("per_communicator.bind_size_bytes")
+    advice = (
+        "Disable NVLS (NCCL_NVLS_ENABLE=0) if you wish to avoid this error in the future."
+        if not forced
+        else "Do not force-enable NVLS (NCCL_NVLS_ENABLE=1) if you wish to avoid this error in the future."
+    )
+    return (
+        f"NCCL error in: ProcessGroupNCCL.cpp, unhandled cuda error (run with NCCL_DEBUG=INFO for details), "
+        f"NCCL version {nccl_version}\nncclUnhandledCudaError: Call to CUDA function failed.\nLast error:\n"
+        f"Failed to bind NVLink SHARP (NVLS) Multicast memory of size {size} : CUDA error 2 'out of memory'.\n"
+        f"This is usually caused by a system or configuration error in the Fabric Manager or NVSwitches.\n{advice}"
+    )
+
+
+def _fatal(nccl_version: str, since: str) -> bool:
+    """Whether a failed bind fails the init on this NCCL; a profile whose version is not stated (free text)
+    gets the behaviour of the NCCL releases torch 2.14+ ship (fatal)."""
+    try:
+        return NcclVersion.parse(nccl_version).at_least(since)
+    except NcclInputError:
+        return True
+
+
+@dataclass(slots=True)
+class _Binding:
+    """One communicator's multicast objects on one node: how many, which local members hold them, or why not."""
+
+    slots: int
+    holders: set[int]
+    failure: str | None = None
+
+
+class MulticastSlots:
+    """Per node: the slots in use, and each communicator's binding there (keyed by node and comm id)."""
+
+    def __init__(self, sim: Sim) -> None:
+        self.sim = sim
+        self.cluster = sim.cluster
+        self.nccl_version = sim.profile.nccl_version
+        self.capacity = slots_per_node(self.cluster.gpu.key)
+        data = multicast_data()
+        self.need = data.integer("per_communicator.slots")
+        self.fatal = self.capacity is not None and _fatal(
+            self.nccl_version, data.text("versions.bind_failure_fatal_since")
+        )
+        self.used: dict[int, int] = {}  # node -> slots in use
+        self.peak: dict[int, int] = {}
+        self._bindings: dict[tuple[int, int], _Binding] = {}
+        self._parents: dict[int, tuple[Comm, Comm]] = {}  # id(child) -> (child, parent): a split's parent
+        self._active: dict[tuple[object, ...], tuple[bool, int]] = {}
+
+    def note_parent(self, comm: Comm, parent: Comm | None) -> None:
+        """A communicator made by splitting ``parent`` (its sharing of NVLS resources depends on the parent)."""
+        if parent is not None and self.capacity is not None:
+            self._parents[id(comm)] = (comm, parent)
+
+    def reserve(self, rt: RankRuntime, comm: Comm, group: Group, members: Mapping[int, tuple[int, ...]]) -> None:
+        """This rank's communicator binds its multicast objects on the rank's node, or fails as NCCL does."""
+        if self.capacity is None or comm.comm_id is None or not comm.impl.is_nccl:
+            return
+        if not lifecycle(comm.impl).allocates_gpu_memory:
+            return
+        key = (rt.node, comm.comm_id)
+        binding = self._bindings.get(key)
+        if binding is None:
+            binding = self._bindings[key] = self._bind(rt, comm, group, members)
+        if binding.failure is not None:
+            raise TorchError(ERROR_TYPE, binding.failure)
+        if binding.slots:
+            binding.holders.add(rt.rank)
+
+    def release(self, rt: RankRuntime, comm: Comm) -> None:
+        """This rank destroyed its communicator: the node's slots are free once no local member holds them."""
+        if comm.comm_id is None:
+            return
+        key = (rt.node, comm.comm_id)
+        binding = self._bindings.get(key)
+        if binding is None or rt.rank not in binding.holders:
+            return
+        binding.holders.discard(rt.rank)
+        if not binding.holders:
+            self.used[rt.node] -= binding.slots
+            binding.slots = 0
+            self.sim.trace.record(self.sim.now(), rt.rank, "nvls-release", comm.group, self.used[rt.node])
+
+    def _bind(self, rt: RankRuntime, comm: Comm, group: Group, members: Mapping[int, tuple[int, ...]]) -> _Binding:
+        assert self.capacity is not None
+        active, nvls_enable = self._nvls_active(rt, group.ranks)
+        if not active or self._shares_parent(rt, comm, group, members):
+            return _Binding(0, set())
+        used = self.used.get(rt.node, 0)
+        if used + self.need > self.capacity:
+            forced = nvls_enable == 1
+            self.sim.trace.record(self.sim.now(), rt.rank, "nvls-exhausted", comm.group, used, self.capacity)
+            if self.fatal or forced:
+                return _Binding(0, set(), bind_failure(self.nccl_version, forced=forced and not self.fatal))
+            return _Binding(0, set())  # NCCL < 2.29: "Proceeding without NVLS support"
+        used = self.used[rt.node] = used + self.need
+        self.peak[rt.node] = max(self.peak.get(rt.node, 0), used)
+        self.sim.trace.record(self.sim.now(), rt.rank, "nvls-bind", comm.group, used)
+        return _Binding(self.need, set())
+
+    def _local(self, rt: RankRuntime, ranks: tuple[int, ...]) -> tuple[int, int, tuple[int, ...]]:
+        """(ranks on this rank's node, nodes spanned, ranks per node in node order) of a member list."""
+        per_node: dict[int, int] = {}
+        for r in ranks:
+            node = self.cluster.node_of(r)
+            per_node[node] = per_node.get(node, 0) + 1
+        sizes = tuple(per_node[n] for n in sorted(per_node))
+        return per_node.get(rt.node, 0), len(per_node), sizes
+
+    def _nvls_active(self, rt: RankRuntime, ranks: tuple[int, ...]) -> tuple[bool, int]:
+        """Whether NCCL turns NVLS on for this communicator (``simnccl.nccl``), and NCCL_NVLS_ENABLE's value."""
+        local, nodes, sizes = self._local(rt, ranks)
+        env = {k: v for k, v in sorted(rt.ctx.env.items()) if k.startswith("NCCL_")}
+        cache_key = (len(ranks), local, sizes, tuple(env.items()))
+        known = self._active.get(cache_key)
+        if known is None:
+            try:
+                breakdown = communicator_bytes(
+                    self.cluster.gpu.key, len(ranks), local, nodes, self.nccl_version, env, node_sizes=sizes
+                )
+                known = (breakdown.nvls_active, settings_from(env, None).nvls_enable)
+            except NcclInputError:
+                known = (False, 0)  # a kind without a topology in gpu_kinds.toml: no NVLS modelled
+            self._active[cache_key] = known
+        return known
+
+    def _shares_parent(self, rt: RankRuntime, comm: Comm, group: Group, members: Mapping[int, tuple[int, ...]]) -> bool:
+        """nvls.cc ncclNvlsSetup: a child reuses its parent's NVLS resources when the parent shares its resources
+        and has the same number of local ranks (the parent's own NVLS being active)."""
+        entry = self._parents.get(id(comm))
+        if entry is None or entry[0] is not comm or not comm.shared:
+            return False
+        parent = entry[1]
+        parent_ranks = members.get(parent.comm_id) if parent.comm_id is not None else None
+        if parent_ranks is None:
+            return False
+        return self._local(rt, parent_ranks)[0] == self._local(rt, group.ranks)[0]
