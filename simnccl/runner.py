@@ -49,10 +49,15 @@ def journal() -> Iterator[RunJournal]:
         _JOURNAL.reset(token)
 
 
+# Which input limit (``simnccl/data/limits.toml``) sets which engine guard (``Limits`` field); ``max_ops`` has
+# none: it bounds engine work, which no input size maps to one to one.
+ENGINE_LIMITS_FROM_INPUT = {"wall_s": "max_wall_s", "max_sim_time_s": "max_sim_time_s"}
+
+
 def default_limits() -> Limits:
     """The engine's guards from the input limits (``simnccl/data/limits.toml`` and its overrides)."""
     chosen = input_limits.current()
-    return Limits(wall_s=chosen.max_wall_s, max_sim_time_s=chosen.max_sim_time_s)
+    return Limits(**{guard: getattr(chosen, name) for guard, name in ENGINE_LIMITS_FROM_INPUT.items()})
 
 
 def config_for(scenario: Scenario, variant: Variant, limits: Limits | None = None) -> SimConfig:
