@@ -24,12 +24,13 @@ from __future__ import annotations
 
 import argparse
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from simnccl.cli_options import OverrideError, add_common, check_env, check_json_target, env_overrides
 from simnccl.cluster import Cluster, ClusterError, get_gpu_kind
+from simnccl.cost_runs import Finished, default_jobs, progress_reported, run_columns
 from simnccl.engine import Engine, EngineGuardError, RunOutcome, SimConfig
 from simnccl.ops import NewGroup, Program, SplitGroup
 from simnccl.policy import BUILTIN, PolicyError, get_policy
@@ -37,8 +38,12 @@ from simnccl.profiles import ProfileError, find_profile
 from simnccl.release import RELEASES, get_release
 from simnccl.report import typical
 from simnccl.result import SummaryLine
+from simnccl.runner import current_journal, default_limits
 from simnccl.workloads import GENERATORS, Generator, WorkloadError
 from simnccl.workloads._common import BOOL
+
+if TYPE_CHECKING:
+    from simnccl.cli_output import Output
 
 EXIT_OK, EXIT_BAD_INPUT = 0, 2
 LEGACY_ENV = {"TORCH_DIST_USE_NCCL2": "0"}
@@ -101,7 +106,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpus-per-node", type=int, default=8, help="GPUs (= ranks) per node (default 8)")
     parser.add_argument("--world", type=int, default=None, help="world size, when the knobs don't pin it down")
     parser.add_argument(
-        "--jobs", type=int, default=1, help="simulate up to N columns in parallel processes (default 1)"
+        "--jobs",
+        type=int,
+        default=None,
+        help="simulate up to N columns in parallel processes (default: one per column up to the CPU count for "
+        "a large startup, else 1 = this process)",
     )
     add_common(
         parser,
@@ -264,6 +273,7 @@ def column_config(
         env=dict(column.env),
         policy=get_policy(column.policy) if column.policy else None,
         seed=seed,
+        limits=default_limits(),
     )
 
 
@@ -273,7 +283,9 @@ def run_column(
     config = column_config(programs, cluster, release, column, seed)
     start = time.monotonic()
     try:
-        outcome = Engine(config).run()
+        engine = Engine(config)
+        with progress_reported(engine.guard):
+            outcome = engine.run()
     except EngineGuardError as err:
         return ColumnResult(column, "error", {}, time.monotonic() - start, None, f"simulation stopped: {err}")
     wall = time.monotonic() - start
@@ -304,7 +316,8 @@ def _cell(summary: tuple[float, float, float] | None) -> str:
     return fmt(typical) if lo == hi else f"{fmt(typical)} [{fmt(lo)}-{fmt(hi)}]"
 
 
-def render(results: Sequence[ColumnResult]) -> str:
+def render(results: Sequence[ColumnResult], missing: Sequence[str] = ()) -> str:
+    """The table of the columns that finished; ``missing``: columns Ctrl-C stopped (named below it)."""
     header = ["per rank", *(r.column.name for r in results)]
     rows = [header]
     for key, label in ROWS:
@@ -327,6 +340,8 @@ def render(results: Sequence[ColumnResult]) -> str:
         + "; legacy = TORCH_DIST_USE_NCCL2=0 (the same as policy 'legacy')"
     )
     lines += [f"  {n}" for n in notes]
+    if missing:
+        lines.append(f"interrupted (Ctrl-C): not finished: {', '.join(missing)}")
     return "\n".join(lines)
 
 
@@ -346,32 +361,10 @@ def build_cluster(gpu: str, world: int, gpus_per_node: int) -> Cluster:
         raise CostError(f"--gpu: {err}") from None
 
 
-def _run_columns(
-    programs: tuple[Program, ...],
-    cluster: Cluster,
-    release: str,
-    columns: Sequence[Column],
-    jobs: int,
-    seed: int = 0,
-    on_column: Callable[[ColumnResult], None] | None = None,
-) -> list[ColumnResult]:
-    """One simulation per column; with ``jobs > 1`` in worker processes. Results in column order, each handed
-    to ``on_column`` as soon as it and the columns before it are done."""
-    done = on_column or (lambda result: None)
-    results: list[ColumnResult] = []
-    if jobs == 1 or len(columns) == 1:
-        for column in columns:
-            results.append(run_column(programs, cluster, release, column, seed))
-            done(results[-1])
-        return results
-    from concurrent.futures import ProcessPoolExecutor
-
-    with ProcessPoolExecutor(max_workers=min(jobs, len(columns))) as pool:
-        futures = [pool.submit(run_column, programs, cluster, release, column, seed) for column in columns]
-        for future in futures:
-            results.append(future.result())
-            done(results[-1])
-    return results
+def rank_ops(programs: Sequence[Program]) -> int:
+    """Ops over every rank: what a column's engine simulates, and its progress bar's length."""
+    lengths: dict[int, int] = {}
+    return sum(lengths.setdefault(id(p), len(p.ops)) for p in programs)
 
 
 def column_summary(label: str, result: ColumnResult) -> SummaryLine:
@@ -409,7 +402,7 @@ def _setup(
         raise CostError(f"--world: expected a positive integer, got {world}")
     if args.world is not None and natural is not None and natural != args.world:
         raise CostError(f"--world {args.world} does not match the {natural} ranks the knobs imply")
-    if args.jobs < 1:
+    if args.jobs is not None and args.jobs < 1:
         raise CostError(f"--jobs: expected a positive integer, got {args.jobs}")
     if "local_world_size" in {p.name for p in generator.params} and "local_world_size" not in knobs:
         knobs["local_world_size"] = min(args.gpus_per_node, world)
@@ -449,14 +442,11 @@ def run(args: argparse.Namespace, extra: Sequence[str]) -> int:
     out.print(title)  # at once: the columns may take a while
     label = f"{generator.name} {shown}"
     seed = args.seed if args.seed is not None else 0
-    with out.progress(len(columns), "columns") as bar:
-
-        def finished(result: ColumnResult) -> None:
-            bar.advance(result.column.name)
-            out.add(column_summary(label, result))
-
-        results = _run_columns(programs, cluster, release, columns, args.jobs, seed, finished)
-    out.print(render(results))
+    jobs = args.jobs if args.jobs is not None else default_jobs(len(columns), rank_ops(programs))
+    finished = _simulate(out, label, (programs, cluster, release, seed), columns, jobs)
+    results = [r for r in finished.results if r is not None]
+    missing = [c.name for c, r in zip(columns, finished.results, strict=True) if r is None]
+    out.print(render(results, missing))
     out.finish(
         [
             {
@@ -470,4 +460,41 @@ def run(args: argparse.Namespace, extra: Sequence[str]) -> int:
             }
         ]
     )
+    if finished.interrupted:
+        raise KeyboardInterrupt  # simnccl.cli_guard: exit 130, stops the workers, prints the journal's lines
     return EXIT_OK
+
+
+def _simulate(
+    out: Output, label: str, common: tuple[tuple[Program, ...], Cluster, str, int], columns: Sequence[Column], jobs: int
+) -> Finished[ColumnResult]:
+    """Every column through ``run_column``, a progress bar per column; summary lines in column order as soon
+    as a column and those before it are done; Ctrl-C leaves what finished (and the journal says what ran)."""
+    programs, cluster, release, seed = common
+    journal = current_journal()
+    lines: dict[int, SummaryLine] = {}
+    added = 0
+
+    def add_lines() -> None:
+        nonlocal added
+        while added in lines:
+            out.add(lines[added])
+            added += 1
+
+    with out.progress_rows([c.name for c in columns], rank_ops(programs)) as bars:
+
+        def done(index: int, result: ColumnResult) -> None:
+            bars.done(index)
+            lines[index] = column_summary(label, result)
+            add_lines()
+            if journal is not None:
+                journal.lines.append(f"finished  cost  {result.column.name}: {result.verdict}")
+
+        args = [(programs, cluster, release, column, seed) for column in columns]
+        finished = run_columns(run_column, args, jobs, on_start=bars.start, on_progress=bars.update, on_done=done)
+    for index in sorted(lines):  # after Ctrl-C: the columns that finished after one that did not
+        if index >= added:
+            out.add(lines[index])
+    if journal is not None:
+        journal.lines += [f"stopped   cost  {columns[i].name}: not finished" for i in finished.running]
+    return finished
