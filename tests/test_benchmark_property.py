@@ -3,31 +3,17 @@ timing asserts); a failed invariant makes it exit 1."""
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
-from pathlib import Path
 
 import pytest
+from conftest import load_benchmark
 
 from simnccl.testing import invariants
 
-_PATH = Path(__file__).resolve().parent.parent / "benchmarks" / "property.py"
 LAST_LINE = re.compile(
     r"programs_per_s=[\d.]+ sim_programs_per_s=[\d.]+ mean_ops_per_rank=[\d.]+ cpu_programs_per_s=[\d.]+"
 )
-
-
-def _load_benchmark():
-    spec = importlib.util.spec_from_file_location("simnccl_benchmark_property", _PATH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = _load_benchmark()
+bench = load_benchmark("property")
 
 
 def test_benchmark_prints_its_figures_for_the_programs_it_drew(capsys: pytest.CaptureFixture[str]) -> None:
