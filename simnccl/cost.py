@@ -15,6 +15,10 @@ summarised as ``typical [min-max]`` over ranks (typical = the most common value)
 * ``NCCL MiB / device`` and ``used MiB / device``: the communicators' memory, and everything on the device
   (CUDA context included) at the startup checkpoint.
 
+The Programs are generated once; the columns then run in this process or in worker processes (``--jobs``;
+``simnccl.cost_runs``), each with its progress bar on a terminal, and Ctrl-C prints the table of the columns
+that finished (exit 130).
+
 Framework knobs are the generator's own (``--tp 8``, ``--gloo false``, ``--hierarchical-cp 2,2``; a boolean
 may be given bare, ``--moe``, or negated, ``--no-gloo``); an unknown flag is bad input (exit 2). The world
 is the one the knobs pin down (tp*pp*dp ...), else ``--world``.
