@@ -225,16 +225,11 @@ def stopped_at_a_limit(error: Exception, source: str) -> str:
     to raise. Why exit 2: a run stopped at a size limit (wall seconds, simulated seconds, engine work) checked
     nothing, and the limit is a property of the input's size, as ``max_wall_s`` is for the whole command
     (``simnccl.cli_guard``); 1 would say an expectation failed, which nobody checked."""
-    from simnccl.limits import DATA_FILE, ENV_PREFIX
-    from simnccl.runner import ENGINE_LIMITS_FROM_INPUT
+    from simnccl.runner import limit_hint
 
     notes = [n.removeprefix("while simulating ") for n in getattr(error, "__notes__", ())]
     where = notes[0].replace(", variant ", " (variant ", 1) + ")" if notes else source
-    name = ENGINE_LIMITS_FROM_INPUT.get(getattr(error, "limit", ""))
-    hint = (
-        f"{name} in {DATA_FILE}; to raise it for one run, set {ENV_PREFIX}{name.upper()}" if name else "too large a run"
-    )
-    return f"{where}: simulation stopped: {error} ({hint})"
+    return f"{where}: simulation stopped: {error} ({limit_hint(error)})"
 
 
 def _explained(result: Any, explain_variant: Any) -> dict[str, Any]:

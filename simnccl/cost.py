@@ -42,7 +42,7 @@ from simnccl.profiles import ProfileError, find_profile
 from simnccl.release import RELEASES, get_release
 from simnccl.report import typical
 from simnccl.result import SummaryLine
-from simnccl.runner import current_journal, default_limits
+from simnccl.runner import current_journal, default_limits, limit_hint
 from simnccl.workloads import GENERATORS, Generator, WorkloadError
 from simnccl.workloads._common import BOOL
 
@@ -85,6 +85,7 @@ class ColumnResult:
     checkpoint: str | None
     error: str = ""
     summary: dict[str, tuple[float, float, float]] = field(default_factory=dict)
+    stopped: bool = False  # the engine's guard stopped it at a size limit: no figures
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -291,7 +292,8 @@ def run_column(
         with progress_reported(engine.guard):
             outcome = engine.run()
     except EngineGuardError as err:
-        return ColumnResult(column, "error", {}, time.monotonic() - start, None, f"simulation stopped: {err}")
+        stopped = f"simulation stopped: {err} ({limit_hint(err)})"
+        return ColumnResult(column, "error", {}, time.monotonic() - start, None, stopped, stopped=True)
     wall = time.monotonic() - start
     per_rank, checkpoint = measure(outcome, programs)
     error = ""
@@ -373,7 +375,8 @@ def rank_ops(programs: Sequence[Program]) -> int:
 
 def column_summary(label: str, result: ColumnResult) -> SummaryLine:
     """A column in one line: typical NCCL and used MiB per device, communicators at startup; ``ok`` is always
-    true (``cost`` reports, it checks nothing: its exit status is 0 whatever the verdicts)."""
+    true (``cost`` reports, it checks nothing: its exit status is 0 whatever the verdicts, 2 only when a
+    column could not be simulated within a limit)."""
     figure = (
         f"NCCL {_cell(result.summary.get('nccl_mib'))} MiB/device, used {_cell(result.summary.get('used_mib'))} "
         f"MiB/device, {_cell(result.summary.get('comms'))} comms at startup"
@@ -466,7 +469,10 @@ def run(args: argparse.Namespace, extra: Sequence[str]) -> int:
     )
     if finished.interrupted:
         raise KeyboardInterrupt  # simnccl.cli_guard: exit 130, stops the workers, prints the journal's lines
-    return EXIT_OK
+    stopped = [r for r in results if r.stopped]
+    for result in stopped:  # no figures: the input is too large for a limit (as for run; exit 2, not a report)
+        out.error(f"column {result.column.name}: {result.error}")
+    return EXIT_BAD_INPUT if stopped else EXIT_OK
 
 
 def _simulate(

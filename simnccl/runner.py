@@ -56,6 +56,14 @@ def journal() -> Iterator[RunJournal]:
 ENGINE_LIMITS_FROM_INPUT = {"wall_s": "max_wall_s", "max_sim_time_s": "max_sim_time_s"}
 
 
+def limit_hint(error: Exception) -> str:
+    """For an ``EngineGuardError``: the input limit that set the guard it passed, and how to raise it."""
+    name = ENGINE_LIMITS_FROM_INPUT.get(getattr(error, "limit", ""))
+    if name is None:
+        return "too large a run"
+    return f"{name} in {input_limits.DATA_FILE}; to raise it for one run, set {input_limits.ENV_PREFIX}{name.upper()}"
+
+
 def current_journal() -> RunJournal | None:
     """The journal of the command running in this context (``simnccl.cli_guard``), if any."""
     return _JOURNAL.get()

@@ -233,6 +233,17 @@ def test_ctrl_c_stops_parallel_columns_and_their_workers() -> None:
     assert "not finished" in err and len((first + rest).splitlines()) < 9
 
 
+def test_a_column_stopped_at_a_limit_is_exit_2_naming_it(capsys, monkeypatch) -> None:
+    """A column the engine's guard stopped has no figures: the table says so, the exit status is 2 (too large an
+    input for a limit, as for run), and the message names the limit to raise."""
+    monkeypatch.setenv("SIMNCCL_LIMIT_MAX_SIM_TIME_S", "0.001")
+    assert main([*SMALL, "--variant", "legacy"]) == 2
+    out, err = capsys.readouterr()
+    assert "verdict" in out and "legacy: simulation stopped: simulated time would pass" in " ".join(out.split())
+    flat = " ".join(err.split())
+    assert "column legacy: simulation stopped" in flat and "set SIMNCCL_LIMIT_MAX_SIM_TIME_S" in flat
+
+
 # ---------------------------------------------------------------------------------------------- the same figures
 
 
