@@ -1,6 +1,6 @@
 """``simnccl cost`` speed on Megatron TP8·PP4·DP16 (512 ranks): wall seconds per column, all in one process.
 
-Run: ``python benchmarks/cost.py [--tp 8 --pp 4 --dp 16] [--policy P ...] [--slow-path]``.
+Run: ``python benchmarks/cost.py [--tp 8 --pp 4 --dp 16] [--policy P ...] [--slow-path] [--command [--jobs N]]``.
 
 Why: issue 6 asks that ``simnccl cost --workload megatron --tp 8 --pp 4 --dp 16`` finish in seconds for every
 policy. Each column is one simulation of the whole startup (~2,900 ``new_group`` calls on each of 512 ranks);
@@ -12,9 +12,12 @@ the engine with ``fast_path=False`` (the ordinary per-rank path) for comparison;
 exits 1 unless every column's trace hash agrees.
 
 Each column must end with verdict "pass" (exit 1 otherwise). Wall time covers ``Engine(...)`` plus ``run()``;
-building the programs is timed separately. The LAST line is exactly::
+building the programs is timed separately. ``--command`` then also times the columns as the command runs
+them (``simnccl.cost_runs.run_columns``: worker processes, ``--jobs`` defaulting as the command's does, each
+column's figures measured), in the same run, and prints its ratio to the one-process sum. The LAST line is
+exactly::
 
-    megatron512_total_s=<x> worst_policy=<name> worst_s=<y>
+    megatron512_total_s=<x> worst_policy=<name> worst_s=<y>[ command_s=<z> jobs=<n>]
 
 (``megatron512`` is the label for the default sizes; other sizes print ``megatron<world>``.)
 """
@@ -28,7 +31,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from simnccl.cost import Column, build_cluster, column_config, columns_for
+from simnccl.cost import Column, build_cluster, column_config, columns_for, rank_ops, run_column
+from simnccl.cost_runs import default_jobs, run_columns
 from simnccl.engine import Engine
 from simnccl.ops import Program
 from simnccl.workloads import GENERATORS
@@ -72,6 +76,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--policy", action="append", help="policy columns (default: every built-in policy)")
     parser.add_argument("--slow-path", action="store_true", help="time the engine with fast_path=False")
     parser.add_argument("--check", action="store_true", help="also run the slow path; trace hashes must agree")
+    parser.add_argument("--command", action="store_true", help="also time the columns as simnccl cost runs them")
+    parser.add_argument("--jobs", type=int, default=None, help="with --command: worker processes (default: as cost)")
     args = parser.parse_args(argv)
 
     start = time.perf_counter()
@@ -94,10 +100,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(line, flush=True)
     total = sum(t.wall_s for t in timings)
     worst = max(timings, key=lambda t: t.wall_s)
+    tail = ""
+    if args.command:
+        command_s, jobs, verdicts = time_command(programs, columns_for(args.policy), args.jobs)
+        failed |= any(v != "pass" for v in verdicts)
+        print(f"as the command runs them: {command_s:.2f} s with {jobs} job(s), {total / command_s:.2f}x the sum above")
+        tail = f" command_s={command_s:.3f} jobs={jobs}"
     if failed:
         print("FAILED: a column did not pass, or the two paths disagree", file=sys.stderr)
-    print(f"megatron{world}_total_s={total:.3f} worst_policy={worst.column} worst_s={worst.wall_s:.3f}")
+    print(f"megatron{world}_total_s={total:.3f} worst_policy={worst.column} worst_s={worst.wall_s:.3f}{tail}")
     return 1 if failed else 0
+
+
+def time_command(
+    programs: Sequence[Program], columns: Sequence[Column], jobs: int | None
+) -> tuple[float, int, list[str]]:
+    """Every column as ``simnccl cost`` runs it (its column runner, its default ``--jobs``): wall seconds."""
+    chosen = jobs if jobs is not None else default_jobs(len(columns), rank_ops(programs))
+    cluster = build_cluster(GPU, len(programs), GPUS_PER_NODE)
+    start = time.perf_counter()
+    finished = run_columns(run_column, [(tuple(programs), cluster, RELEASE, c, 0) for c in columns], chosen)
+    wall = time.perf_counter() - start
+    return wall, chosen, [r.verdict if r is not None else "not finished" for r in finished.results]
 
 
 if __name__ == "__main__":

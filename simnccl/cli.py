@@ -49,12 +49,7 @@ def _parser() -> argparse.ArgumentParser:
     add_common(run)
     run.add_argument("--explain", action="store_true", help="print each policy decision and its reason")
     add_picture_arguments(run)
-    run.add_argument(
-        "--allow",
-        type=_verdicts,
-        default=frozenset(),
-        help="verdicts other than pass that are not a failure when no [[expect]] asks for them (e.g. hang,error)",
-    )
+    _add_allow(run)
     run.add_argument(
         "--fr-dir",
         help="write each variant's flight-recorder dumps to FR_DIR/<scenario>-<variant>/rank_<r> (one folder per "
@@ -63,11 +58,12 @@ def _parser() -> argparse.ArgumentParser:
     explain = sub.add_parser(
         "explain",
         help="the hangs and failures of a run, in plain language",
-        description="Simulate scenarios and tell, per variant, who waits for whom and why. Always exits 0 "
-        "unless the input is bad (2).",
+        description="Simulate scenarios and tell, per variant, who waits for whom and why. Exit 0: every "
+        "expectation holds (as for run); 1: one does not; 2: bad input.",
     )
     explain.add_argument("scenarios", nargs="*", help=f"scenario files (default: the built-in {DEFAULT_SCENARIO})")
     add_common(explain)
+    _add_allow(explain)
     add_picture_arguments(explain, explain=True)
     cost_parser = sub.add_parser(
         "cost",
@@ -104,6 +100,15 @@ def command_parsers() -> dict[str, argparse.ArgumentParser]:
     parsers["capture"] = capture_parser()
     parsers.update({f"real {name}": p for name, p in real_parsers().items()})
     return parsers
+
+
+def _add_allow(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--allow",
+        type=_verdicts,
+        default=frozenset(),
+        help="verdicts other than pass that are not a failure when no [[expect]] asks for them (e.g. hang,error)",
+    )
 
 
 def _verdicts(text: str) -> frozenset[str]:
@@ -199,8 +204,8 @@ def run_scenarios(args: argparse.Namespace) -> int:
                     allow=getattr(args, "allow", frozenset()),
                 )
             except EngineGuardError as error:
-                out.error(str(error), prefix="simulation stopped: ")
-                return EXIT_EXPECTATIONS
+                out.error(stopped_at_a_limit(error, scenario.source))
+                return EXIT_BAD_INPUT
             if not explaining:
                 out.show(lambda console, r=result: print_footer(console, r))
             records.append(_explained(result, explain_variant) if explaining else result.to_dict())
@@ -212,7 +217,19 @@ def run_scenarios(args: argparse.Namespace) -> int:
         out.error(str(error))
         return EXIT_BAD_INPUT
     out.finish(records)
-    return EXIT_OK if explaining or ok else EXIT_EXPECTATIONS
+    return EXIT_OK if ok else EXIT_EXPECTATIONS
+
+
+def stopped_at_a_limit(error: Exception, source: str) -> str:
+    """The one line for a run the engine's guard stopped (``EngineGuardError``): where, and the input limit
+    to raise. Why exit 2: a run stopped at a size limit (wall seconds, simulated seconds, engine work) checked
+    nothing, and the limit is a property of the input's size, as ``max_wall_s`` is for the whole command
+    (``simnccl.cli_guard``); 1 would say an expectation failed, which nobody checked."""
+    from simnccl.runner import limit_hint
+
+    notes = [n.removeprefix("while simulating ") for n in getattr(error, "__notes__", ())]
+    where = notes[0].replace(", variant ", " (variant ", 1) + ")" if notes else source
+    return f"{where}: simulation stopped: {error} ({limit_hint(error)})"
 
 
 def _explained(result: Any, explain_variant: Any) -> dict[str, Any]:

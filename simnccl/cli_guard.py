@@ -114,7 +114,9 @@ def _partial_report(record: RunJournal) -> None:
     if record.running is not None:
         source, variant_name = record.running
         _say(f"  stopped   {source}  {variant_name}: not finished")
-    if not record.scenarios:
+    for line in record.lines:
+        _say(f"  {line}")
+    if not record.scenarios and not record.lines:
         _say("  nothing had finished")
 
 

@@ -3,10 +3,11 @@
 Why one place: every command (run, explain, cost, capture, real ...) must behave alike for a person at a
 terminal and for CI reading a pipe. Text is printed as each variant (cost column, diff case) finishes, not
 all at the end; when stdout is not a terminal nothing is hard-wrapped (a long message stays one line, so
-grep finds it); a progress bar shows on stderr only when stderr is a terminal and ``--quiet`` is off; user
-text is never read as rich markup. ``--json`` without FILE replaces the text on stdout with the document;
-``--json FILE`` writes it there and keeps the text. ``--quiet`` prints the one-line-per-variant summary
-(``simnccl.result.SummaryLine``) and nothing else; normal output ends with the same lines.
+grep finds it); a progress bar shows on stderr only when stderr is a terminal, ``--quiet`` is off and the
+JSON document does not take stdout; user text is never read as rich markup. ``--json`` without FILE replaces
+the text on stdout with the document; ``--json FILE`` writes it there and keeps the text. ``--quiet`` prints
+the one-line-per-variant summary (``simnccl.result.SummaryLine``) and nothing else; normal output ends with
+the same lines.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import json
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, TextIO, TypeVar
 
 from rich.console import Console, RenderableType
 from rich.text import Text
@@ -36,36 +37,29 @@ def console_for(stream: TextIO) -> Console:
     return Console(file=stream, markup=False, highlight=False, soft_wrap=True, width=PIPE_WIDTH)
 
 
-class _Bar:
-    """The progress bar of one long step (variants, columns, cases); a no-op when not shown."""
+class _Live:
+    """A rich progress display on stderr, shown only when ``output.show_progress``; hidden while text is printed."""
 
-    def __init__(self, output: Output, total: int, what: str) -> None:
+    def __init__(self, output: Output, shown: bool, count_column: str) -> None:
         self.output = output
         self._progress: Any = None
-        self._task: Any = None
-        if output.show_progress and total > 0:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        if shown and output.show_progress:
+            from rich import progress
 
-            self._progress = Progress(
-                TextColumn("{task.description}", markup=False),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TimeElapsedColumn(),
+            self._progress = progress.Progress(
+                progress.TextColumn("{task.description}", markup=False),
+                progress.BarColumn(),
+                getattr(progress, count_column)(),
+                progress.TimeElapsedColumn(),
                 console=output.err,
                 transient=True,
                 redirect_stdout=False,
                 redirect_stderr=False,
             )
-            self._task = self._progress.add_task(what, total=total)
-            self._progress.start()
 
     @property
     def live(self) -> bool:
         return self._progress is not None
-
-    def advance(self, label: str = "") -> None:
-        if self._progress is not None:
-            self._progress.update(self._task, advance=1, description=label or None)
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
@@ -85,6 +79,50 @@ class _Bar:
             self._progress = None
 
 
+L = TypeVar("L", bound=_Live)
+
+
+class _Bar(_Live):
+    """The progress bar of one long step (variants, columns, cases); a no-op when not shown."""
+
+    def __init__(self, output: Output, total: int, what: str) -> None:
+        super().__init__(output, total > 0, "MofNCompleteColumn")
+        if self._progress is not None:
+            self._task = self._progress.add_task(what, total=total)
+            self._progress.start()
+
+    def advance(self, label: str = "") -> None:
+        if self._progress is not None:
+            self._progress.update(self._task, advance=1, description=label or None)
+
+
+class _Rows(_Live):
+    """One bar per item (``simnccl cost``: per column, filled by the rank-ops that column has simulated); a
+    no-op when not shown. ``update`` may be called from any thread (rich's Progress takes its own lock)."""
+
+    def __init__(self, output: Output, names: Sequence[str], total: int) -> None:
+        super().__init__(output, bool(names), "TaskProgressColumn")
+        self.total = max(total, 1)
+        self._tasks: list[Any] = []
+        if self._progress is not None:
+            width = max(len(n) for n in names)
+            self._tasks = [self._progress.add_task(n.ljust(width), total=self.total, start=False) for n in names]
+            self._progress.start()
+
+    def start(self, index: int) -> None:
+        if self._progress is not None:
+            self._progress.start_task(self._tasks[index])
+
+    def update(self, index: int, completed: int) -> None:
+        if self._progress is not None:
+            self._progress.update(self._tasks[index], completed=min(completed, self.total))
+
+    def done(self, index: int) -> None:
+        if self._progress is not None:
+            self._progress.update(self._tasks[index], completed=self.total)
+            self._progress.stop_task(self._tasks[index])
+
+
 class Output:
     """One command's output, configured by its ``--json``/``--quiet`` options."""
 
@@ -95,7 +133,7 @@ class Output:
         self.out = console_for(sys.stdout)
         self.err = console_for(sys.stderr)
         self.summary: list[SummaryLine] = []
-        self._bar: _Bar | None = None
+        self._bar: _Live | None = None
 
     # ------------------------------------------------------------------------------------------ switches
 
@@ -106,7 +144,8 @@ class Output:
 
     @property
     def show_progress(self) -> bool:
-        return not self.quiet and self.err.is_terminal and self.err.is_interactive
+        """At an interactive terminal only, and never with --quiet or the JSON document on stdout (a script)."""
+        return not self.quiet and self.json_target != STDOUT and self.err.is_terminal and self.err.is_interactive
 
     # ------------------------------------------------------------------------------------------ printing
 
@@ -144,14 +183,21 @@ class Output:
 
     # ------------------------------------------------------------------------------------------ progress
 
+    def progress(self, total: int, what: str) -> contextlib.AbstractContextManager[_Bar]:
+        return self._showing(_Bar(self, total, what))
+
+    def progress_rows(self, names: Sequence[str], total: int) -> contextlib.AbstractContextManager[_Rows]:
+        """A bar per name, each out of ``total`` (shown on a terminal's stderr, never with --quiet)."""
+        return self._showing(_Rows(self, names, total))
+
     @contextlib.contextmanager
-    def progress(self, total: int, what: str) -> Iterator[_Bar]:
-        bar = _Bar(self, total, what)
-        self._bar = bar
+    def _showing(self, live: L) -> Iterator[L]:
+        """``live`` is the display text printing pauses, until the block ends."""
+        self._bar = live
         try:
-            yield bar
+            yield live
         finally:
-            bar.close()
+            live.close()
             self._bar = None
 
     def _paused(self) -> contextlib.AbstractContextManager[None]:

@@ -16,6 +16,10 @@ summarised as ``typical [min-max]`` over ranks (typical = the most common value)
 * ``NCCL MiB / device`` and ``used MiB / device``: the communicators' memory, and everything on the device
   (CUDA context included) at the startup checkpoint.
 
+The Programs are generated once; the columns then run in this process or in worker processes (``--jobs``;
+``simnccl.cost_runs``), each with its progress bar on a terminal, and Ctrl-C prints the table of the columns
+that finished (exit 130).
+
 Framework knobs are the generator's own (``--tp 8``, ``--gloo false``, ``--hierarchical-cp 2,2``; a boolean
 may be given bare, ``--moe``, or negated, ``--no-gloo``); an unknown flag is bad input (exit 2). The world
 is the one the knobs pin down (tp*pp*dp ...), else ``--world``.
@@ -28,12 +32,13 @@ from __future__ import annotations
 
 import argparse
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from simnccl.cli_options import OverrideError, add_common, check_env, check_json_target, env_overrides
 from simnccl.cluster import Cluster, ClusterError, get_gpu_kind
+from simnccl.cost_runs import Finished, default_jobs, progress_reported, run_columns
 from simnccl.engine import Engine, EngineGuardError, RunOutcome, SimConfig
 from simnccl.ops import NewGroup, Program, SplitGroup
 from simnccl.policy import BUILTIN, PolicyError, get_policy
@@ -41,8 +46,12 @@ from simnccl.profiles import Profile, ProfileError, find_profile
 from simnccl.release import RELEASES, get_release
 from simnccl.report import typical
 from simnccl.result import SummaryLine
+from simnccl.runner import current_journal, default_limits, limit_hint
 from simnccl.workloads import GENERATORS, Generator, WorkloadError
 from simnccl.workloads._common import BOOL
+
+if TYPE_CHECKING:
+    from simnccl.cli_output import Output
 
 EXIT_OK, EXIT_BAD_INPUT = 0, 2
 LEGACY_ENV = {"TORCH_DIST_USE_NCCL2": "0"}
@@ -82,6 +91,7 @@ class ColumnResult:
     checkpoint: str | None
     error: str = ""
     summary: dict[str, tuple[float, float, float]] = field(default_factory=dict)
+    stopped: bool = False  # the engine's guard stopped it at a size limit: no figures
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -112,7 +122,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpus-per-node", type=int, default=8, help="GPUs (= ranks) per node (default 8)")
     parser.add_argument("--world", type=int, default=None, help="world size, when the knobs don't pin it down")
     parser.add_argument(
-        "--jobs", type=int, default=1, help="simulate up to N columns in parallel processes (default 1)"
+        "--jobs",
+        type=int,
+        default=None,
+        help="simulate up to N columns in parallel processes (default: one per column up to the CPU count for "
+        "a large startup, else 1 = this process)",
     )
     add_common(
         parser,
@@ -278,6 +292,7 @@ def column_config(
         env=dict(column.env),
         policy=get_policy(column.policy) if column.policy else None,
         seed=seed,
+        limits=default_limits(),
     )
 
 
@@ -287,9 +302,12 @@ def run_column(
     config = column_config(programs, cluster, release, column, seed)
     start = time.monotonic()
     try:
-        outcome = Engine(config).run()
+        engine = Engine(config)
+        with progress_reported(engine.guard):
+            outcome = engine.run()
     except EngineGuardError as err:
-        return ColumnResult(column, "error", {}, time.monotonic() - start, None, f"simulation stopped: {err}")
+        stopped = f"simulation stopped: {err} ({limit_hint(err)})"
+        return ColumnResult(column, "error", {}, time.monotonic() - start, None, stopped, stopped=True)
     wall = time.monotonic() - start
     per_rank, checkpoint = measure(outcome, programs)
     error = ""
@@ -327,7 +345,8 @@ def _cell(summary: tuple[float, float, float] | None) -> str:
     return fmt(typical) if lo == hi else f"{fmt(typical)} [{fmt(lo)}-{fmt(hi)}]"
 
 
-def render(results: Sequence[ColumnResult]) -> str:
+def render(results: Sequence[ColumnResult], missing: Sequence[str] = ()) -> str:
+    """The table of the columns that finished; ``missing``: columns Ctrl-C stopped (named below it)."""
     header = ["per rank", *(r.column.name for r in results)]
     rows = [header]
     for key, label in ROWS:
@@ -350,6 +369,8 @@ def render(results: Sequence[ColumnResult]) -> str:
         + "; legacy = TORCH_DIST_USE_NCCL2=0 (the same as policy 'legacy')"
     )
     lines += [f"  {n}" for n in notes]
+    if missing:
+        lines.append(f"interrupted (Ctrl-C): not finished: {', '.join(missing)}")
     return "\n".join(lines)
 
 
@@ -369,37 +390,16 @@ def build_cluster(gpu: str, world: int, gpus_per_node: int) -> Cluster:
         raise CostError(f"--gpu: {err}") from None
 
 
-def _run_columns(
-    programs: tuple[Program, ...],
-    cluster: Cluster,
-    release: str,
-    columns: Sequence[Column],
-    jobs: int,
-    seed: int = 0,
-    on_column: Callable[[ColumnResult], None] | None = None,
-) -> list[ColumnResult]:
-    """One simulation per column; with ``jobs > 1`` in worker processes. Results in column order, each handed
-    to ``on_column`` as soon as it and the columns before it are done."""
-    done = on_column or (lambda result: None)
-    results: list[ColumnResult] = []
-    if jobs == 1 or len(columns) == 1:
-        for column in columns:
-            results.append(run_column(programs, cluster, release, column, seed))
-            done(results[-1])
-        return results
-    from concurrent.futures import ProcessPoolExecutor
-
-    with ProcessPoolExecutor(max_workers=min(jobs, len(columns))) as pool:
-        futures = [pool.submit(run_column, programs, cluster, release, column, seed) for column in columns]
-        for future in futures:
-            results.append(future.result())
-            done(results[-1])
-    return results
+def rank_ops(programs: Sequence[Program]) -> int:
+    """Ops over every rank: what a column's engine simulates, and its progress bar's length."""
+    lengths: dict[int, int] = {}
+    return sum(lengths.setdefault(id(p), len(p.ops)) for p in programs)
 
 
 def column_summary(label: str, result: ColumnResult) -> SummaryLine:
     """A column in one line: typical NCCL and used MiB per device, communicators at startup; ``ok`` is always
-    true (``cost`` reports, it checks nothing: its exit status is 0 whatever the verdicts)."""
+    true (``cost`` reports, it checks nothing: its exit status is 0 whatever the verdicts, 2 only when a
+    column could not be simulated within a limit)."""
     figure = (
         f"NCCL {_cell(result.summary.get('nccl_mib'))} MiB/device, used {_cell(result.summary.get('used_mib'))} "
         f"MiB/device, {_cell(result.summary.get('comms'))} comms at startup"
@@ -432,7 +432,7 @@ def _setup(
         raise CostError(f"--world: expected a positive integer, got {world}")
     if args.world is not None and natural is not None and natural != args.world:
         raise CostError(f"--world {args.world} does not match the {natural} ranks the knobs imply")
-    if args.jobs < 1:
+    if args.jobs is not None and args.jobs < 1:
         raise CostError(f"--jobs: expected a positive integer, got {args.jobs}")
     if "local_world_size" in {p.name for p in generator.params} and "local_world_size" not in knobs:
         knobs["local_world_size"] = min(args.gpus_per_node, world)
@@ -498,13 +498,50 @@ def report(
     programs, cluster, release, columns = work
     out.print(title)  # at once: the columns may take a while
     seed = args.seed if args.seed is not None else 0
-    with out.progress(len(columns), "columns") as bar:
-
-        def finished(result: ColumnResult) -> None:
-            bar.advance(result.column.name)
-            out.add(column_summary(label, result))
-
-        results = _run_columns(programs, cluster, release, columns, args.jobs, seed, finished)
-    out.print(render(results))
+    jobs = args.jobs if args.jobs is not None else default_jobs(len(columns), rank_ops(programs))
+    finished = _simulate(out, label, (programs, cluster, release, seed), columns, jobs)
+    results = [r for r in finished.results if r is not None]
+    missing = [c.name for c, r in zip(columns, finished.results, strict=True) if r is None]
+    out.print(render(results, missing))
     out.finish([{**document, "seed": seed, "columns": [r.to_dict() for r in results]}])
-    return EXIT_OK
+    if finished.interrupted:
+        raise KeyboardInterrupt  # simnccl.cli_guard: exit 130, stops the workers, prints the journal's lines
+    stopped = [r for r in results if r.stopped]
+    for result in stopped:  # no figures: the input is too large for a limit (as for run; exit 2, not a report)
+        out.error(f"column {result.column.name}: {result.error}")
+    return EXIT_BAD_INPUT if stopped else EXIT_OK
+
+
+def _simulate(
+    out: Output, label: str, common: tuple[tuple[Program, ...], Cluster, str, int], columns: Sequence[Column], jobs: int
+) -> Finished[ColumnResult]:
+    """Every column through ``run_column``, a progress bar per column; summary lines in column order as soon
+    as a column and those before it are done; Ctrl-C leaves what finished (and the journal says what ran)."""
+    programs, cluster, release, seed = common
+    journal = current_journal()
+    lines: dict[int, SummaryLine] = {}
+    added = 0
+
+    def add_lines() -> None:
+        nonlocal added
+        while added in lines:
+            out.add(lines[added])
+            added += 1
+
+    with out.progress_rows([c.name for c in columns], rank_ops(programs)) as bars:
+
+        def done(index: int, result: ColumnResult) -> None:
+            bars.done(index)
+            lines[index] = column_summary(label, result)
+            add_lines()
+            if journal is not None:
+                journal.lines.append(f"finished  cost  {result.column.name}: {result.verdict}")
+
+        args = [(programs, cluster, release, column, seed) for column in columns]
+        finished = run_columns(run_column, args, jobs, on_start=bars.start, on_progress=bars.update, on_done=done)
+    for index in sorted(lines):  # after Ctrl-C: the columns that finished after one that did not
+        if index >= added:
+            out.add(lines[index])
+    if journal is not None:
+        journal.lines += [f"stopped   cost  {columns[i].name}: not finished" for i in finished.running]
+    return finished

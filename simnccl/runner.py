@@ -29,10 +29,12 @@ from simnccl.scenario import Scenario, Variant
 @dataclass(slots=True)
 class RunJournal:
     """What a command has run so far: the scenarios it started (with their finished variants) and the one
-    variant in progress, as ``(source, variant name)``."""
+    variant in progress, as ``(source, variant name)``; ``lines``: what a command that runs no scenario
+    (``cost``) says finished and what was still running, one line each."""
 
     scenarios: list[ScenarioResult] = field(default_factory=list)
     running: tuple[str, str] | None = None
+    lines: list[str] = field(default_factory=list)
 
 
 _JOURNAL: contextvars.ContextVar[RunJournal | None] = contextvars.ContextVar("simnccl_run_journal", default=None)
@@ -49,10 +51,28 @@ def journal() -> Iterator[RunJournal]:
         _JOURNAL.reset(token)
 
 
+# Which input limit (``simnccl/data/limits.toml``) sets which engine guard (``Limits`` field); ``max_ops`` has
+# none: it bounds engine work, which no input size maps to one to one.
+ENGINE_LIMITS_FROM_INPUT = {"wall_s": "max_wall_s", "max_sim_time_s": "max_sim_time_s"}
+
+
+def limit_hint(error: Exception) -> str:
+    """For an ``EngineGuardError``: the input limit that set the guard it passed, and how to raise it."""
+    name = ENGINE_LIMITS_FROM_INPUT.get(getattr(error, "limit", ""))
+    if name is None:
+        return "too large a run"
+    return f"{name} in {input_limits.DATA_FILE}; to raise it for one run, set {input_limits.ENV_PREFIX}{name.upper()}"
+
+
+def current_journal() -> RunJournal | None:
+    """The journal of the command running in this context (``simnccl.cli_guard``), if any."""
+    return _JOURNAL.get()
+
+
 def default_limits() -> Limits:
     """The engine's guards from the input limits (``simnccl/data/limits.toml`` and its overrides)."""
     chosen = input_limits.current()
-    return Limits(wall_s=chosen.max_wall_s, max_sim_time_s=chosen.max_sim_time_s)
+    return Limits(**{guard: getattr(chosen, name) for guard, name in ENGINE_LIMITS_FROM_INPUT.items()})
 
 
 def config_for(scenario: Scenario, variant: Variant, limits: Limits | None = None) -> SimConfig:

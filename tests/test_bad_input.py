@@ -133,7 +133,7 @@ def test_markup_in_explain_output_is_printed_literally(capsys, write_scenario) -
     )
     code = main(["explain", str(write_scenario(text))])
     out = capsys.readouterr().out
-    assert code == 0 and "[/x]" in out
+    assert code == 1 and "[/x]" in out  # 1: rank 1 never joins the all_reduce, a hang nobody asked for
 
 
 # ---------------------------------------------------------------------------------------------- numbers
@@ -413,6 +413,31 @@ def test_allow_rejects_an_unknown_verdict(capsys, write_scenario) -> None:
     with pytest.raises(SystemExit) as exit_info:
         main(["run", str(write_scenario(HANG)), "--allow", "hnag"])
     assert exit_info.value.code == 2
+
+
+def test_explain_exits_as_run_does_on_expectations(capsys, write_scenario) -> None:
+    """explain tells the same run in words and checks the same expectations: 1 when one fails."""
+    path = str(write_scenario(HANG))
+    assert main(["explain", path]) == 1
+    assert "no expectation asks for it" in capsys.readouterr().out
+    assert main(["explain", path, "--allow", "hang"]) == 0
+    assert main(["explain", str(write_scenario(HANG + '[[expect]]\nverdict = "hang"\n'))]) == 0
+
+
+def test_a_run_stopped_by_the_engine_guard_is_exit_2_naming_the_limit(capsys, write_scenario, monkeypatch) -> None:
+    """Each step is within max_sim_time_s, the run is not: the engine's guard stops it; nothing was checked."""
+    monkeypatch.setenv("SIMNCCL_LIMIT_MAX_SIM_TIME_S", "10")
+    path = write_scenario(_steps(*BASE_STEPS, *['{ op = "compute", seconds = 6 }'] * 2))
+    for command in ("run", "explain"):
+        code = main([command, str(path)])
+        err = re.sub(r"\s+", " ", capsys.readouterr().err)
+        assert code == 2, err
+        assert "Traceback" not in err
+        assert f"{path} (variant 'default'): simulation stopped: simulated time would pass" in err
+        assert (
+            "max_sim_time_s in simnccl/data/limits.toml; to raise it for one run, set SIMNCCL_LIMIT_MAX_SIM_TIME_S"
+            in err
+        )
 
 
 def test_run_scenario_allow_keyword(write_scenario) -> None:

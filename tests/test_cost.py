@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
 
 import pytest
 
 from simnccl import cost
 from simnccl.cli import main
+from simnccl.engine import Engine
 from simnccl.workloads import GENERATORS
 
 
@@ -168,3 +172,87 @@ def test_parallel_columns_match_serial(capsys) -> None:
 def test_summarise_is_typical_min_max() -> None:
     assert cost.summarise([21, 21, 22, 20, 21]) == (21, 20, 22)
     assert cost.summarise([1, 2]) == (1, 1, 2)  # a tie takes the smaller value
+
+
+# ---------------------------------------------------------------------------------------------- progress, Ctrl-C
+
+
+SMALL = ["cost", "--workload", "vllm", "--tp", "2", "--policy", "lazy-init"]
+SMALL_COLUMNS = ("torch-default", "legacy", "lazy-init")
+
+
+def test_a_bar_per_column_at_a_terminal_only(capsys, monkeypatch) -> None:
+    for name in ("FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE", "COLUMNS"):
+        monkeypatch.delenv(name, raising=False)
+    assert main(SMALL) == 0
+    assert capsys.readouterr().err == ""  # stderr is not a terminal here: no bar
+    monkeypatch.setenv("TTY_COMPATIBLE", "1")
+    monkeypatch.setenv("TTY_INTERACTIVE", "1")
+    assert main(SMALL) == 0
+    out, err = capsys.readouterr()
+    assert all(name in err for name in SMALL_COLUMNS) and "100%" in err  # one bar per column, on stderr
+    assert "100%" not in out
+    for quiet_or_json in ("--quiet", "--json"):
+        assert main([*SMALL, quiet_or_json]) == 0
+        out, err = capsys.readouterr()
+        assert err == "", quiet_or_json  # scripts read stdout: nothing drawn anywhere
+    json.loads(out)  # the document alone
+
+
+def test_ctrl_c_leaves_the_columns_that_finished(capsys, monkeypatch) -> None:
+    real = cost.run_column
+
+    def legacy_is_interrupted(programs, cluster, release, column, seed):
+        if column.name == "legacy":
+            raise KeyboardInterrupt
+        return real(programs, cluster, release, column, seed)
+
+    monkeypatch.setattr(cost, "run_column", legacy_is_interrupted)
+    assert main([*SMALL, "--jobs", "1"]) == 130
+    out, err = capsys.readouterr()
+    header = next(line for line in out.splitlines() if line.startswith("per rank"))
+    assert header.split()[2:] == ["torch-default"]  # the partial table: the column that finished
+    assert "interrupted (Ctrl-C): not finished: legacy, lazy-init" in out
+    assert "finished  cost  torch-default: pass" in err and "stopped   cost  legacy: not finished" in err
+    assert "Traceback" not in err
+
+
+def test_ctrl_c_stops_parallel_columns_and_their_workers() -> None:
+    """A real SIGINT while worker processes simulate: exit 130, what finished is kept, no traceback."""
+    argv = [sys.executable, "-m", "simnccl", "cost", "--workload", "megatron", "--tp", "8", "--pp", "4", "--dp", "4"]
+    proc = subprocess.Popen(
+        [*argv, "--jobs", "2", "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    assert proc.stdout is not None
+    first = proc.stdout.readline()  # --quiet streams a column's line as it finishes
+    proc.send_signal(signal.SIGINT)
+    rest, err = proc.communicate(timeout=120)
+    assert "torch-default" in first
+    assert proc.returncode == 130, err
+    assert "finished  cost  torch-default" in err and "Traceback" not in err
+    assert "not finished" in err and len((first + rest).splitlines()) < 9
+
+
+def test_a_column_stopped_at_a_limit_is_exit_2_naming_it(capsys, monkeypatch) -> None:
+    """A column the engine's guard stopped has no figures: the table says so, the exit status is 2 (too large an
+    input for a limit, as for run), and the message names the limit to raise."""
+    monkeypatch.setenv("SIMNCCL_LIMIT_MAX_SIM_TIME_S", "0.001")
+    assert main([*SMALL, "--variant", "legacy"]) == 2
+    out, err = capsys.readouterr()
+    assert "verdict" in out and "legacy: simulation stopped: simulated time would pass" in " ".join(out.split())
+    flat = " ".join(err.split())
+    assert "column legacy: simulation stopped" in flat and "set SIMNCCL_LIMIT_MAX_SIM_TIME_S" in flat
+
+
+# ---------------------------------------------------------------------------------------------- the same figures
+
+
+def test_columns_equal_the_ordinary_engine_path() -> None:
+    """The command's figures (its fast paths, its column runner) equal a run of every rank through every call."""
+    programs = tuple(GENERATORS["megatron"]({"tp": 4, "pp": 2, "dp": 2}, 16))
+    cluster = cost.build_cluster("h100-80gb", 16, 8)
+    for column in cost.columns_for(None):
+        fast = cost.run_column(programs, cluster, "2.15", column)
+        slow = Engine(cost.column_config(programs, cluster, "2.15", column), fast_path=False).run()
+        per_rank, checkpoint = cost.measure(slow, programs)
+        assert (fast.verdict, fast.per_rank, fast.checkpoint) == (slow.verdict, per_rank, checkpoint), column.name

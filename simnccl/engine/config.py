@@ -14,7 +14,12 @@ from simnccl.release import Release
 
 
 class EngineGuardError(RuntimeError):
-    """A runaway simulation: too many ops or too much wall time. Never a silent hang of the harness."""
+    """A runaway simulation: too many ops or too much wall time. Never a silent hang of the harness.
+    ``limit``: the ``Limits`` field it passed (``max_ops``, ``wall_s``, ``max_sim_time_s``)."""
+
+    def __init__(self, message: str, limit: str = "") -> None:
+        super().__init__(message)
+        self.limit = limit
 
 
 class WorkloadFailure(Exception):

@@ -64,11 +64,11 @@ class Guard:
     def check(self) -> None:
         limits = self.limits
         if self.work > limits.max_ops:
-            raise EngineGuardError(f"simulation exceeded {limits.max_ops} ops; a runaway program?")
+            raise EngineGuardError(f"simulation exceeded {limits.max_ops} ops; a runaway program?", "max_ops")
         elapsed = time.monotonic() - self.wall_start
         if elapsed > limits.wall_s:
             raise EngineGuardError(
-                f"simulation exceeded its wall-clock guard of {limits.wall_s:.0f} s after {self.work} ops"
+                f"simulation exceeded its wall-clock guard of {limits.wall_s:.0f} s after {self.work} ops", "wall_s"
             )
 
 

@@ -73,7 +73,9 @@ class Watchdogs:
                 return
             horizon = self.sim.config.limits.max_sim_time_s
             if min(env.peek(), next_deadline) > horizon:
-                raise EngineGuardError(f"simulated time would pass Limits.max_sim_time_s = {horizon:g} s")
+                raise EngineGuardError(
+                    f"simulated time would pass Limits.max_sim_time_s = {horizon:g} s", "max_sim_time_s"
+                )
             # A wait starts at an event, so steps are measured from the next one: idle time is never walked
             # through in timeout-sized steps (a 1 ms timeout over hours of compute was billions of steps).
             step_end = min(next_deadline, max(env.now, env.peek()) + self.min_timeout_s, horizon)
