@@ -1,0 +1,80 @@
+"""Rank classes: ranks that plan a group-creation call alike up to relabelling are planned once per class.
+
+Why: in a world-wide block (``cohorts``) every member of every new group is planned, and at 16,384 ranks
+planning alone was a quarter of a Megatron startup's run. Members whose ``c10d.member_key`` is equal (same
+environment less the launcher's per-rank variables, same default group backend and binding state, same
+split-parent lifecycle state) get plans that differ only in their group rank, their bound device and their
+own split parent; so the first member of a class met with a call's arguments is planned by torch's rules
+(``c10d.plan_new_group``) and every later one — of this call or any later call with equal arguments — is that
+template relabelled (``c10d.relabel_member_plan``). Ranks in different classes (another env, a lazy or
+unbound default group, a parent in another state) fall back to planning of their own: divergence costs
+exactly one plan per class it creates.
+
+``check=True`` plans every member by the rules as well and asserts the relabelled plan equals it (tests).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from simnccl.c10d import GroupPlan, Members, group_name_for, member_key, relabel_member_plan
+from simnccl.engine.planning import Planner
+from simnccl.engine.state import RankRuntime
+from simnccl.ops import NewGroup
+
+Template = tuple[GroupPlan, str]  # a member's plan and the name it was planned under
+
+
+class RankClasses:
+    def __init__(self, planner: Planner, *, enabled: bool = True, check: bool = False) -> None:
+        self.planner = planner
+        self.enabled = enabled
+        self.check = check
+        self._classes: dict[tuple[object, ...], tuple[object, ...]] = {}  # one canonical key object per class
+        self._by_rank: dict[int, tuple[Any, ...]] = {}  # rank -> (ctx, world, parent, state, class)
+        self._templates: dict[tuple[object, ...], GroupPlan] = {}
+        self.planned = 0  # plans made by the rules (one per class and call arguments)
+        self.relabelled = 0  # plans made by relabelling a template
+
+    def class_of(self, rt: RankRuntime) -> tuple[object, ...]:
+        """The rank's class key (canonical object), recomputed only when what it reads may have changed."""
+        world = rt.world
+        assert world is not None
+        parent = world.comm_for("cuda")
+        state = None if parent is None else parent.state
+        cached = self._by_rank.get(rt.rank)
+        if cached is not None and cached[0] is rt.ctx and cached[1] is world and cached[2] is parent:
+            if cached[3] is state:
+                return cached[4]
+        key = member_key(rt.ctx, world)
+        key = self._classes.setdefault(key, key)
+        self._by_rank[rt.rank] = (rt.ctx, world, parent, state, key)
+        return key
+
+    def member_plan(self, rt: RankRuntime, op: NewGroup, members: Members, counter: int) -> GroupPlan:
+        """``rt``'s plan for ``op`` (``rt`` a member of ``members``, no local synchronization): the rules' plan
+        for the first member of its class, that plan relabelled for the others. Errors are the rules' own (a
+        class whose template raised plans again, so each rank raises as torch would)."""
+        if not self.enabled or op.use_local_synchronization:
+            return self.planner.plan_new_group(rt, op, counter)
+        key = (
+            self.class_of(rt),
+            op.backend,
+            op.pg_options,
+            op.group_desc,
+            op.device_id,
+            op.timeout_s,
+        )
+        template = self._templates.get(key)
+        if template is None:
+            plan = self.planner.plan_new_group(rt, op, counter)
+            self._templates[key] = plan
+            self.planned += 1
+            return plan
+        assert rt.world is not None
+        plan = relabel_member_plan(template, members, rt.rank, group_name_for(counter, members.ranks, False), rt.world)
+        self.relabelled += 1
+        if self.check:
+            by_rules = self.planner.plan_new_group(rt, op, counter)
+            assert plan == by_rules, f"rank {rt.rank}: relabelled {plan} != planned {by_rules}"
+        return plan
