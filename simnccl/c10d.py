@@ -426,30 +426,35 @@ def relabel_member_plan(template: GroupPlan, members: Members, rank: int, name: 
     one class is exactly this: the group rank, the bound device (every device of a bound plan is the bound
     one) and the split parent (each member splits its own default-group communicator)."""
     bound = world.bound_device
-    parent = world.comm_for("cuda")
-    comms = tuple(
-        CommPlan(
-            c.pair,
-            c.eager,
-            None if c.split_from is None else parent,
-            c.shared,
-            c.device if bound is None else bound,
-            c.lazy_init,
+    comms = template.comms
+    if comms:
+        parent = world.comm_for("cuda")
+        comms = tuple(
+            [
+                CommPlan(
+                    c.pair,
+                    c.eager,
+                    None if c.split_from is None else parent,
+                    c.shared,
+                    c.device if bound is None else bound,
+                    c.lazy_init,
+                )
+                for c in comms
+            ]
         )
-        for c in template.comms
-    )
-    return GroupPlan(
-        name=name,
-        desc=template.desc,
-        ranks=members.ranks,
-        member=True,
-        backend=template.backend,
-        bound_device=template.bound_device if bound is None else bound,
-        timeout_s=template.timeout_s,
-        options=template.options,
-        comms=comms,
-        counter_advance=template.counter_advance,
-        rank_in_group=members.index[rank],
+    return GroupPlan(  # positional, in field order: this runs once per member of every group of a startup
+        name,
+        template.desc,
+        members.ranks,
+        True,
+        template.backend,
+        template.bound_device if bound is None else bound,
+        template.timeout_s,
+        template.options,
+        comms,
+        None,
+        template.counter_advance,
+        members.index[rank],
     )
 
 

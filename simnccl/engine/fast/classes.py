@@ -15,6 +15,7 @@ exactly one plan per class it creates.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 from simnccl.c10d import GroupPlan, Members, group_name_for, member_key, relabel_member_plan
@@ -22,59 +23,67 @@ from simnccl.engine.planning import Planner
 from simnccl.engine.state import RankRuntime
 from simnccl.ops import NewGroup
 
-Template = tuple[GroupPlan, str]  # a member's plan and the name it was planned under
-
 
 class RankClasses:
     def __init__(self, planner: Planner, *, enabled: bool = True, check: bool = False) -> None:
         self.planner = planner
         self.enabled = enabled
         self.check = check
-        self._classes: dict[tuple[object, ...], tuple[object, ...]] = {}  # one canonical key object per class
-        self._by_rank: dict[int, tuple[Any, ...]] = {}  # rank -> (ctx, world, parent, state, class)
-        self._templates: dict[tuple[object, ...], GroupPlan] = {}
+        self._classes: dict[tuple[object, ...], int] = {}  # class key -> its number
+        self._by_rank: dict[int, tuple[Any, ...]] = {}  # rank -> (ctx, world, parent, state, class number)
+        self._arguments: dict[tuple[object, ...], int] = {}  # a call's planning arguments -> their number
+        self._templates: dict[tuple[int, int], GroupPlan] = {}  # (class, arguments) -> the first member's plan
         self.planned = 0  # plans made by the rules (one per class and call arguments)
         self.relabelled = 0  # plans made by relabelling a template
 
-    def class_of(self, rt: RankRuntime) -> tuple[object, ...]:
-        """The rank's class key (canonical object), recomputed only when what it reads may have changed."""
+    def class_of(self, rt: RankRuntime) -> int:
+        """The rank's class number, recomputed only when what its key reads may have changed."""
         world = rt.world
         assert world is not None
         parent = world.comm_for("cuda")
         state = None if parent is None else parent.state
         cached = self._by_rank.get(rt.rank)
-        if cached is not None and cached[0] is rt.ctx and cached[1] is world and cached[2] is parent:
-            if cached[3] is state:
-                return cached[4]
+        if (
+            cached is not None
+            and cached[0] is rt.ctx
+            and cached[1] is world
+            and cached[2] is parent
+            and cached[3] is state
+        ):
+            return cached[4]
         key = member_key(rt.ctx, world)
-        key = self._classes.setdefault(key, key)
-        self._by_rank[rt.rank] = (rt.ctx, world, parent, state, key)
-        return key
+        number = self._classes.setdefault(key, len(self._classes))
+        self._by_rank[rt.rank] = (rt.ctx, world, parent, state, number)
+        return number
 
-    def member_plan(self, rt: RankRuntime, op: NewGroup, members: Members, counter: int) -> GroupPlan:
-        """``rt``'s plan for ``op`` (``rt`` a member of ``members``, no local synchronization): the rules' plan
-        for the first member of its class, that plan relabelled for the others. Errors are the rules' own (a
-        class whose template raised plans again, so each rank raises as torch would)."""
+    def member_plans(
+        self, ranks: list[RankRuntime], op: NewGroup, members: Members, counter: int
+    ) -> Iterator[tuple[int, GroupPlan]]:
+        """Every member's plan for ``op`` (no local synchronization), in member order: the rules' plan for the
+        first member of each class, that plan relabelled for the others. Errors are the rules' own: a class
+        whose first member's plan raises has no template, so the error surfaces there as torch raises it."""
         if not self.enabled or op.use_local_synchronization:
-            return self.planner.plan_new_group(rt, op, counter)
-        key = (
-            self.class_of(rt),
-            op.backend,
-            op.pg_options,
-            op.group_desc,
-            op.device_id,
-            op.timeout_s,
-        )
-        template = self._templates.get(key)
-        if template is None:
-            plan = self.planner.plan_new_group(rt, op, counter)
-            self._templates[key] = plan
-            self.planned += 1
-            return plan
-        assert rt.world is not None
-        plan = relabel_member_plan(template, members, rt.rank, group_name_for(counter, members.ranks, False), rt.world)
-        self.relabelled += 1
-        if self.check:
-            by_rules = self.planner.plan_new_group(rt, op, counter)
-            assert plan == by_rules, f"rank {rt.rank}: relabelled {plan} != planned {by_rules}"
-        return plan
+            for rank in members.ranks:
+                yield rank, self.planner.plan_new_group(ranks[rank], op, counter)
+            return
+        arguments = (op.backend, op.pg_options, op.group_desc, op.device_id, op.timeout_s)
+        number = self._arguments.setdefault(arguments, len(self._arguments))
+        templates = self._templates
+        class_of = self.class_of
+        name = group_name_for(counter, members.ranks, False)
+        for rank in members.ranks:
+            rt = ranks[rank]
+            key = (class_of(rt), number)
+            template = templates.get(key)
+            if template is None:
+                template = templates[key] = self.planner.plan_new_group(rt, op, counter)
+                self.planned += 1
+                yield rank, template
+                continue
+            assert rt.world is not None
+            plan = relabel_member_plan(template, members, rank, name, rt.world)
+            self.relabelled += 1
+            if self.check:
+                by_rules = self.planner.plan_new_group(rt, op, counter)
+                assert plan == by_rules, f"rank {rank}: relabelled {plan} != planned {by_rules}"
+            yield rank, plan

@@ -311,9 +311,7 @@ class Cohorts:
                             plans[rank] = self.planner.plan_new_group(ranks[rank], op, counter)
                 else:
                     plans = {} if 0 in members.index else {0: self._outsider_probe(op, counter)}
-                    member_plan = self.classes.member_plan
-                    for rank in members.ranks:
-                        plans[rank] = member_plan(ranks[rank], op, members, counter)
+                    plans.update(self.classes.member_plans(ranks, op, members, counter))
             else:
                 assert isinstance(op, SplitGroup)
                 if op.parent != WORLD or self.policy_gate.active:
