@@ -422,8 +422,9 @@ def member_key(ctx: ProcessContext, world: Group) -> tuple[object, ...]:
 
 def relabel_member_plan(template: GroupPlan, members: Members, rank: int, name: str, world: Group) -> GroupPlan:
     """``template`` (a member's plan for a call) as ``rank``'s plan for an equal call on ``members`` named
-    ``name``: valid when ``rank``'s ``member_key`` equals the template rank's. What differs between members of
-    one class is exactly this: the group rank, the bound device (every device of a bound plan is the bound
+    ``name``: valid when ``rank``'s ``member_key`` equals the template rank's and the call's ``device_id`` (if
+    any) is the rank's bound device (else torch raises). What differs between members of one class is exactly
+    this: the group rank, the bound device (every device of a bound plan is the bound
     one) and the split parent (each member splits its own default-group communicator)."""
     bound = world.bound_device
     comms = template.comms

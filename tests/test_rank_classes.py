@@ -16,14 +16,16 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
-from simnccl.c10d import Members, validate_ranks
+from simnccl.c10d import Members, TorchError, validate_ranks
 from simnccl.engine import Engine, RunOutcome, SimConfig
 from simnccl.faults import NO_FAULTS, Fault, FaultSchedule
 from simnccl.ops import AllReduce, Checkpoint, InitProcessGroup, NewGroup, Program, SetDevice
 from simnccl.policy import BasePolicy, GroupDecision, GroupRequest
+from simnccl.release import MISMATCHED_BOUND_DEVICE
 from simnccl.testing.replay import SimCase
 from simnccl.testing.strategies import cases
 
@@ -108,7 +110,7 @@ def test_a_startup_is_planned_once_per_class_and_call_arguments() -> None:
     memberships = sum(len(rt.groups) - 1 for rt in outcome.ranks)
     assert outcome.verdict == "pass"
     assert engine.classes.planned == 1
-    assert engine.classes.relabelled == memberships - 1
+    assert engine.classes.relabelled == memberships  # + 1 plan: rank 0's, asking whether a block opens
     assert _facts(engine, outcome) == _facts(*_run(config, classes=False))
 
 
@@ -140,14 +142,29 @@ def test_a_rank_of_another_class_is_planned_by_the_rules() -> None:
     assert [rank for rank, plan in plans.items() if plan.comms[0].shared] == [5]
 
 
+def test_a_member_not_bound_to_the_calls_device_id_raises_as_torch_does() -> None:
+    """``new_group(device_id=0)``: the bound device is relabelled between members, so the bound-device check
+    is the rules' on every member — rank 0 (bound to 0) gets its plan, the others torch's error."""
+    engine, ranks = _ranks_after_init(16)
+    engine.classes.check = False  # the relabelled plans alone (checking would plan by the rules too)
+    op = NewGroup(ranks=(0, 1, 2, 3), bind="g", device_id=0)
+    planner = engine.classes.planner
+    assert planner.plan_new_group(ranks[0], op, 3).bound_device == 0
+    for rank in (1, 2, 3):
+        with pytest.raises(TorchError) as err:
+            planner.plan_new_group(ranks[rank], op, 3)
+        assert err.value.message == MISMATCHED_BOUND_DEVICE
+
+
 def test_a_fault_on_one_rank_falls_back_to_per_rank_simulation() -> None:
-    """A crash on one rank mid-startup: no block is taken for anyone (the faulted rank would leave it), so no
-    plan is relabelled, and the outcome is the one the per-rank path gives."""
+    """A crash on one rank mid-startup: no block is taken for anyone (the faulted rank would leave it): every
+    rank runs its own calls (members still planned per class, each plan checked), and the outcome is the one
+    the per-rank path gives."""
     faults = FaultSchedule(None, (), (Fault("crash", 5, at_op=6),))
     config = _startup_config(64, SMALL, faults=faults)
     engine, outcome = _run(config, classes=True)
     assert outcome.verdict != "pass"
-    assert engine.classes.relabelled == 0
+    assert engine.fast.cohorts.program is None and not engine.fast.cohorts.by_start
     assert _facts(engine, outcome) == _facts(*_run(config, classes=False, fast_path=False))
 
 
@@ -167,7 +184,8 @@ class RankDependent(BasePolicy):
 def test_a_rank_dependent_policy_falls_back_to_per_rank_planning_and_its_mismatch_is_reported() -> None:
     config = _startup_config(64, SMALL, policy=RankDependent())
     engine, outcome = _run(config, classes=True)
-    assert engine.classes.relabelled == 0  # no block under an unverified policy: every rank decides its own
+    cohorts = engine.fast.cohorts.by_start.values()
+    assert cohorts and all(c.broken for c in cohorts)  # no block under an unverified policy: each rank decides
     assert outcome.verdict == "error"
     assert {e["type"] for e in outcome.errors} == {"PolicyInconsistency"}
     assert _facts(engine, outcome) == _facts(*_run(config, classes=False, fast_path=False))

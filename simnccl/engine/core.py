@@ -83,7 +83,7 @@ class Engine:
         )
         # Cohorts need every rank on one Program object and no runtime fault that could stop one rank mid-block.
         shared = None if config.faults.runtime() else common_program(programs)
-        self.classes = classes = RankClasses(planner, enabled=fast_path)
+        self.classes = classes = planner.classes = RankClasses(planner, enabled=fast_path)
         cohorts = Cohorts(sim, shared, rendezvous, comms, memory, groups, planner, gate, histories, classes)
         outsiders = Outsiders(sim, histories, planner, cohorts, injection.op_faults, gate)
         self.fast = fast = FastPaths(outsiders, cohorts, enabled=fast_path)

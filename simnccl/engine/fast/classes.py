@@ -10,7 +10,9 @@ template relabelled (``c10d.relabel_member_plan``). Ranks in different classes (
 unbound default group, a parent in another state) fall back to planning of their own: divergence costs
 exactly one plan per class it creates.
 
-``check=True`` plans every member by the rules as well and asserts the relabelled plan equals it (tests).
+Who asks: ``Planner.plan_new_group`` for every member on the ordinary path (each rank's own call), and a cohort
+for all members of a call at once (``member_plans``). ``check=True`` plans every member by the rules as well and
+asserts the relabelled plan equals it (tests); ``enabled=False`` (``Engine(fast_path=False)``) plans by the rules.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from simnccl.c10d import GroupPlan, Members, group_name_for, member_key, relabel_member_plan
+from simnccl.c10d import GroupPlan, Members, TorchError, group_name_for, member_key, relabel_member_plan
 from simnccl.engine.planning import Planner
 from simnccl.engine.state import RankRuntime
 from simnccl.ops import NewGroup
@@ -56,34 +58,53 @@ class RankClasses:
         self._by_rank[rt.rank] = (rt.ctx, world, parent, state, number)
         return number
 
+    def member_plan(self, rt: RankRuntime, op: NewGroup, members: Members, counter: int) -> GroupPlan:
+        """``rt``'s plan for ``op``, ``rt`` a member of ``members`` (what ``Planner`` asks for a member)."""
+        return self._plan(rt, op, members, counter, self._number(op), self._name(op, members, counter))
+
     def member_plans(
         self, ranks: list[RankRuntime], op: NewGroup, members: Members, counter: int
     ) -> Iterator[tuple[int, GroupPlan]]:
-        """Every member's plan for ``op`` (no local synchronization), in member order: the rules' plan for the
-        first member of each class, that plan relabelled for the others. Errors are the rules' own: a class
-        whose first member's plan raises has no template, so the error surfaces there as torch raises it."""
-        if not self.enabled or op.use_local_synchronization:
+        """Every member's plan for ``op``, in member order (a cohort's pass over one call)."""
+        if not self.enabled:
             for rank in members.ranks:
-                yield rank, self.planner.plan_new_group(ranks[rank], op, counter)
+                yield rank, self.planner.rules_plan(ranks[rank], op, counter, members)
             return
-        arguments = (op.backend, op.pg_options, op.group_desc, op.device_id, op.timeout_s)
-        number = self._arguments.setdefault(arguments, len(self._arguments))
-        templates = self._templates
-        class_of = self.class_of
-        name = group_name_for(counter, members.ranks, False)
+        number = self._number(op)
+        name = self._name(op, members, counter)
+        plan = self._plan
         for rank in members.ranks:
-            rt = ranks[rank]
-            key = (class_of(rt), number)
-            template = templates.get(key)
-            if template is None:
-                template = templates[key] = self.planner.plan_new_group(rt, op, counter)
-                self.planned += 1
-                yield rank, template
-                continue
-            assert rt.world is not None
-            plan = relabel_member_plan(template, members, rank, name, rt.world)
-            self.relabelled += 1
-            if self.check:
-                by_rules = self.planner.plan_new_group(rt, op, counter)
-                assert plan == by_rules, f"rank {rank}: relabelled {plan} != planned {by_rules}"
-            yield rank, plan
+            yield rank, plan(ranks[rank], op, members, counter, number, name)
+
+    def _number(self, op: NewGroup) -> int:
+        """The number of the call's planning arguments (everything of the op but its ranks, bind, purpose)."""
+        arguments = (op.backend, op.pg_options, op.use_local_synchronization, op.group_desc, op.device_id, op.timeout_s)
+        return self._arguments.setdefault(arguments, len(self._arguments))
+
+    @staticmethod
+    def _name(op: NewGroup, members: Members, counter: int) -> str:
+        return group_name_for(counter, members.ranks, op.use_local_synchronization)
+
+    def _plan(self, rt: RankRuntime, op: NewGroup, members: Members, counter: int, number: int, name: str) -> GroupPlan:
+        """The rules' plan for the first member of a class with these arguments, relabelled for the others.
+        Errors are the rules' own: a class whose first member's plan raises has no template, so each of its
+        members raises as torch would."""
+        world = rt.world
+        assert world is not None
+        if op.device_id is not None and op.device_id != world.bound_device:
+            return self.planner.rules_plan(rt, op, counter, members)  # torch's bound-device check fails here
+        key = (self.class_of(rt), number)
+        template = self._templates.get(key)
+        if template is None:
+            template = self._templates[key] = self.planner.rules_plan(rt, op, counter, members)
+            self.planned += 1
+            return template
+        plan = relabel_member_plan(template, members, rt.rank, name, world)
+        self.relabelled += 1
+        if self.check:
+            try:
+                by_rules = self.planner.rules_plan(rt, op, counter, members)
+            except TorchError as err:
+                raise AssertionError(f"rank {rt.rank}: relabelled {plan} where the rules raise {err}") from err
+            assert plan == by_rules, f"rank {rt.rank}: relabelled {plan} != planned {by_rules}"
+        return plan

@@ -304,11 +304,11 @@ class Cohorts:
             if isinstance(op, NewGroup):
                 members = self.planner.members(op)
                 if not self.classes.enabled or not isinstance(members, Members):
-                    probe = self.planner.plan_new_group(ranks[0], op, counter)
+                    probe = self.planner.rules_plan(ranks[0], op, counter, members)
                     plans = {0: probe}
                     for rank in probe.ranks:
                         if rank != 0:
-                            plans[rank] = self.planner.plan_new_group(ranks[rank], op, counter)
+                            plans[rank] = self.planner.rules_plan(ranks[rank], op, counter, members)
                 else:
                     plans = {} if 0 in members.index else {0: self._outsider_probe(op, counter)}
                     plans.update(self.classes.member_plans(ranks, op, members, counter))
