@@ -215,3 +215,5 @@ def test_a_hang_after_a_class_planned_block_names_every_stuck_rank_at_1024_ranks
     for hang in outcome.hangs:
         assert hang["waiting_for"] == list(range(world // 2, world))
         assert f"rank {world - 1} finished its program without joining" in hang["explanation"]
+    # One meeting, worked out once: the report grows with the world, not with world x missing.
+    assert len({id(h["waiting_for"]) for h in outcome.hangs}) == 1

@@ -9,9 +9,9 @@ running every rank through every call, at a fraction of the work.
 * ``calls`` — the per-program table both of the first two key their sharing on.
 
 The rank loop sees ``FastPaths`` (two calls); the policy gate sees ``SharedHistories`` (a rank's history, and
-decisions made before on an equal one). No other room knows these exist. ``Engine(fast_path=False)`` turns
-outsider calls and shared decisions off (tests compare the two); cohorts stay, being the only way a world-wide
-block is applied.
+decisions made before on an equal one); the planner hands a member's plan to ``RankClasses``. No other room
+knows these exist. ``Engine(fast_path=False)`` turns outsider calls, shared decisions and rank classes off
+(tests compare the two); cohorts stay, being the only way a world-wide block is applied.
 """
 
 from __future__ import annotations
