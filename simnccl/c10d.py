@@ -389,6 +389,76 @@ def outsider_key(ctx: ProcessContext, world: Group) -> tuple[object, ...]:
     )
 
 
+_LAUNCHER_RANK_ENV = ("LOCAL_RANK", "RANK")  # differ on every rank; plan_new_group reads LOCAL_RANK's presence only
+
+
+def member_key(ctx: ProcessContext, world: Group) -> tuple[object, ...]:
+    """Everything ``plan_new_group`` reads on a rank *inside* the new group, besides the call's own arguments,
+    the counter and the member list, and besides what ``relabel_member_plan`` carries from one member to
+    another: its group rank, its bound device and its own default-group communicator (the split parent).
+
+    Why it exists: ranks with an equal key are one *rank class* for group creation — their plans for a call are
+    equal up to that relabelling — so the engine plans one member per class and relabels it for the others
+    (DESIGN rule 8). Keep it in step with ``plan_new_group`` the way ``outsider_key`` is: the environment (less
+    the launcher's per-rank variables, whose only use is the device fallback, keyed by its answer), the GPU
+    count, the default group's backend, whether it is bound, and its cuda communicator's lifecycle state.
+    """
+    parent = world.comm_for("cuda")
+    fallback: int | None = None
+    if world.bound_device is None and ctx.device_count > 0:
+        fallback = nccl_device_fallback(ctx, ctx.env)  # the unbound nccl2 device: rank-dependent, so keyed
+    env = tuple(sorted((k, v) for k, v in ctx.env.items() if k not in _LAUNCHER_RANK_ENV))
+    return (
+        ctx.world_size,
+        ctx.device_count,
+        env,
+        "LOCAL_RANK" in ctx.env,
+        world.backend,
+        world.bound_device is None,
+        fallback,
+        None if parent is None else (parent.impl, parent.state),
+    )
+
+
+def relabel_member_plan(template: GroupPlan, members: Members, rank: int, name: str, world: Group) -> GroupPlan:
+    """``template`` (a member's plan for a call) as ``rank``'s plan for an equal call on ``members`` named
+    ``name``: valid when ``rank``'s ``member_key`` equals the template rank's and the call's ``device_id`` (if
+    any) is the rank's bound device (else torch raises). What differs between members of one class is exactly
+    this: the group rank, the bound device (every device of a bound plan is the bound
+    one) and the split parent (each member splits its own default-group communicator)."""
+    bound = world.bound_device
+    comms = template.comms
+    if comms:
+        parent = world.comm_for("cuda")
+        comms = tuple(
+            [
+                CommPlan(
+                    c.pair,
+                    c.eager,
+                    None if c.split_from is None else parent,
+                    c.shared,
+                    c.device if bound is None else bound,
+                    c.lazy_init,
+                )
+                for c in comms
+            ]
+        )
+    return GroupPlan(  # positional, in field order: this runs once per member of every group of a startup
+        name,
+        template.desc,
+        members.ranks,
+        True,
+        template.backend,
+        template.bound_device if bound is None else bound,
+        template.timeout_s,
+        template.options,
+        comms,
+        None,
+        template.counter_advance,
+        members.index[rank],
+    )
+
+
 def _split_share_requested(env: Mapping[str, str], options: PgOptions) -> bool:
     if options.split_share is not None:
         return options.split_share

@@ -416,6 +416,24 @@ def test_same_input_gives_the_same_trace_hash_and_different_env_does_not() -> No
     assert simulate(program, env=LEGACY).trace_hash != a.trace_hash
 
 
+def test_the_trace_hash_is_the_hash_of_every_event_in_order_across_batches() -> None:
+    """Events are hashed in batches: the digest must be the streaming hash of each event's repr, in order, over
+    more events than one batch holds (and a digest read mid-run must not change what follows)."""
+    import hashlib
+
+    from simnccl.engine.sim import Trace
+
+    trace = Trace(keep=False)
+    expected = hashlib.blake2b(digest_size=16)
+    events = [(i * 0.25, i % 7, "alloc", f"node0/cuda:{i % 8}", "3", "init", 1 << (i % 20)) for i in range(10_000)]
+    for i, event in enumerate(events):
+        trace.record(*event)
+        expected.update(repr(event).encode())
+        if i == 5000:
+            assert trace.digest() == expected.hexdigest()
+    assert trace.digest() == expected.hexdigest() and trace.count == len(events)
+
+
 def test_runaway_simulation_is_stopped_by_the_guard() -> None:
     program = [*START, *[Compute(seconds=0.0)] * 70_000]
     with pytest.raises(EngineGuardError, match="exceeded 1000 ops"):

@@ -18,7 +18,7 @@ them and runs them. A map, in the order a run passes through them:
 ``injection``    fault injection: arming the schedule on the rooms, crashes, stalls, async errors
 ``watchdogs``    the run in simulated time: timeouts, flight-recorder dumps, heartbeat monitors
 ``outcome``      the verdict and the hang report
-``fast/``        the fast paths (outsiders, cohorts, shared histories): same outcome, less work
+``fast/``        the fast paths (outsiders, cohorts, rank classes, shared histories): same outcome, less work
 ``sim``          what every room shares: clock, ranks, processes, trace, guard
 ``state``        the shared nouns: a rank's runtime state, the outcome, how a rank stops
 ``config``       SimConfig, Limits, and the errors a caller may see

@@ -18,7 +18,7 @@ from simnccl.engine.caching_allocator import CachingAllocator
 from simnccl.engine.collectives import Collectives
 from simnccl.engine.comms import CommRegistry, Comms
 from simnccl.engine.config import SimConfig
-from simnccl.engine.fast import CallTable, Cohorts, FastPaths, Outsiders, SharedHistories, common_program
+from simnccl.engine.fast import CallTable, Cohorts, FastPaths, Outsiders, RankClasses, SharedHistories, common_program
 from simnccl.engine.groups import Groups
 from simnccl.engine.injection import Injection
 from simnccl.engine.memory import Memory
@@ -86,7 +86,8 @@ class Engine:
         )
         # Cohorts need every rank on one Program object and no runtime fault that could stop one rank mid-block.
         shared = None if config.faults.runtime() else common_program(programs)
-        cohorts = Cohorts(sim, shared, rendezvous, comms, memory, groups, planner, gate, histories)
+        self.classes = classes = planner.classes = RankClasses(planner, enabled=fast_path)
+        cohorts = Cohorts(sim, shared, rendezvous, comms, memory, groups, planner, gate, histories, classes)
         outsiders = Outsiders(sim, histories, planner, cohorts, injection.op_faults, gate)
         self.fast = fast = FastPaths(outsiders, cohorts, enabled=fast_path)
         histories.start(sim.ranks)

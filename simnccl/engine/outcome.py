@@ -7,7 +7,7 @@ are read off the ranks' state and the meetings they wait in, after the run (or w
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from simnccl.engine.memory import Memory
@@ -25,7 +25,15 @@ class HangReport:
         self.timing = timing
         self.stuck = stuck
 
-    def entry(self, rt: RankRuntime, by_rank: dict[int, RankRuntime]) -> dict[str, Any]:
+    def entry(
+        self,
+        rt: RankRuntime,
+        by_rank: Sequence[RankRuntime] | Mapping[int, RankRuntime],
+        settled: dict[int, tuple[Meeting, list[int], str]] | None = None,
+    ) -> dict[str, Any]:
+        """``rt``'s hang entry. ``by_rank``: every rank by its number (the ranks list is one). ``settled``:
+        given once the run is over (nothing moves any more), what each meeting waits for is worked out once
+        and shared by every rank stuck in it — a world-wide hang is then O(world), not world x missing."""
         block = rt.block
         stuck = next(((m, pc) for m, pc in rt.pending if not m.complete), None)
         if block is not None and stuck is not None and stuck[0] is not block.meeting:
@@ -43,19 +51,13 @@ class HangReport:
                 "explanation": "still running when the simulated-time cap was hit",
             }
         meeting = block.meeting
-        missing = list(meeting.missing())
-        explanations = []
-        if meeting.problem:
-            explanations.append(meeting.problem)
-        if not missing and meeting.completed_at is not None and meeting.completed_at > self.env.now:
-            slow = [link.name for link in self.timing.slow_links if self.timing.spans(link, meeting.expected)]
-            explanations.append(
-                f"every member arrived; the operation itself runs until t={meeting.completed_at:.3f} s"
-                + (f" over the slowed link {', '.join(slow)}" if slow else "")
-            )
-        for r in missing:
-            other = by_rank[r]
-            explanations.append(f"rank {r} {self._whereabouts(other)}")
+        if settled is None:
+            missing, explanation = self._waiting(meeting, by_rank)
+        else:
+            view = settled.get(id(meeting))
+            if view is None or view[0] is not meeting:
+                view = settled[id(meeting)] = (meeting, *self._waiting(meeting, by_rank))
+            _, missing, explanation = view
         timeout_s, watchdog = self._timeout_for(rt, meeting)
         return {
             "rank": rt.rank,
@@ -70,8 +72,27 @@ class HangReport:
             "timeout_s": timeout_s,
             "detected_at_s": None if timeout_s is None else block.since_s + timeout_s,
             "watchdog": watchdog,
-            "explanation": "; ".join(explanations),
+            "explanation": explanation,
         }
+
+    def _waiting(
+        self, meeting: Meeting, by_rank: Sequence[RankRuntime] | Mapping[int, RankRuntime]
+    ) -> tuple[list[int], str]:
+        """Who a meeting still waits for, and why, in words: the same for every rank stuck in it."""
+        missing = list(meeting.missing())
+        explanations = []
+        if meeting.problem:
+            explanations.append(meeting.problem)
+        if not missing and meeting.completed_at is not None and meeting.completed_at > self.env.now:
+            slow = [link.name for link in self.timing.slow_links if self.timing.spans(link, meeting.expected)]
+            explanations.append(
+                f"every member arrived; the operation itself runs until t={meeting.completed_at:.3f} s"
+                + (f" over the slowed link {', '.join(slow)}" if slow else "")
+            )
+        for r in missing:
+            other = by_rank[r]
+            explanations.append(f"rank {r} {self._whereabouts(other)}")
+        return missing, "; ".join(explanations)
 
     def _whereabouts(self, rt: RankRuntime) -> str:
         if rt.status == "done":
@@ -118,7 +139,7 @@ def outcome(
     hangs: list[dict[str, Any]] = []
     errors: list[dict[str, Any]] = []
     ranks = sim.ranks
-    by_rank = {rt.rank: rt for rt in ranks}
+    settled: dict[int, tuple[Meeting, list[int], str]] = {}
     for rt in ranks:
         if rt.status in ("error", "aborted") and rt.error is not None:
             errors.append(
@@ -135,7 +156,7 @@ def outcome(
         if rt.timeout_hang is not None:
             hangs.append(rt.timeout_hang)
         elif rt.status not in ("done", "error", "aborted"):
-            hangs.append(report.entry(rt, by_rank))
+            hangs.append(report.entry(rt, ranks, settled))  # ranks[r] is rank r
     if any(e["kind"] in ("error", "abort", "crash", "peer-lost") for e in errors):
         verdict = "error"
     elif any(e["kind"] in ("oom", "check") for e in errors):

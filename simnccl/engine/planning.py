@@ -6,10 +6,15 @@ validated once per rank-list object (every rank, and a policy's rewritten op, sh
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from simnccl.c10d import GroupPlan, Members, TorchError, plan_new_group, validate_ranks
 from simnccl.engine.sim import Sim
 from simnccl.engine.state import RankRuntime
 from simnccl.ops import NewGroup
+
+if TYPE_CHECKING:
+    from simnccl.engine.fast.classes import RankClasses
 
 
 class Planner:
@@ -17,6 +22,7 @@ class Planner:
         self.release = sim.release
         self.world_size = sim.cluster.world_size
         self._members_cache: dict[int, tuple[tuple[int, ...] | None, Members]] = {}
+        self.classes: RankClasses | None = None  # members' plans made once per rank class (set by the engine)
 
     def members(self, op: NewGroup) -> Members | tuple[int, ...] | None:
         """The op's validated members, once per rank-list object (all ranks, and a policy's rewritten op,
@@ -31,13 +37,25 @@ class Planner:
         return entry[1]
 
     def plan_new_group(self, rt: RankRuntime, op: NewGroup, counter: int) -> GroupPlan:
+        """torch's plan for ``op`` on ``rt``: for a member, through the rank classes when they are on (the
+        same plan, made once per class: ``engine/fast/classes.py``)."""
+        members = self.members(op)
+        classes = self.classes
+        if classes is not None and classes.enabled and isinstance(members, Members) and rt.rank in members.index:
+            return classes.member_plan(rt, op, members, counter)
+        return self.rules_plan(rt, op, counter, members)
+
+    def rules_plan(
+        self, rt: RankRuntime, op: NewGroup, counter: int, members: Members | tuple[int, ...] | None
+    ) -> GroupPlan:
+        """torch's plan for ``op`` on ``rt`` by its rules (``c10d.plan_new_group``), on ``members(op)``."""
         assert rt.world is not None
         return plan_new_group(
             self.release,
             rt.ctx,
             rt.world,
             counter,
-            self.members(op),
+            members,
             op.backend,
             op.pg_options,
             op.use_local_synchronization,

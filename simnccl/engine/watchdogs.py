@@ -127,7 +127,7 @@ class Watchdogs:
     def _fire(self, rt: RankRuntime, action: TimeoutAction, at: float) -> None:
         rt.timed_out = True
         rt.unhealthy = rt.unhealthy or action.unhealthy
-        entry = self.report.entry(rt, {r.rank: r for r in self.ranks})
+        entry = self.report.entry(rt, self.ranks)  # ranks[r] is rank r
         entry["detected_at_s"] = at + action.wait_s
         entry["timeout_s"] = at - entry["since_s"]
         entry["watchdog"] = action.message.splitlines()[0] if action.message else entry["watchdog"]
@@ -196,7 +196,7 @@ class Watchdogs:
         if self.monitor_action.get(rt.rank) is not action or rt.status in ("done", "error", "aborted"):
             return
         if rt.status == "blocked" and rt.timeout_hang is None:  # a running process is not hung (yet)
-            entry = self.report.entry(rt, {r.rank: r for r in self.ranks})
+            entry = self.report.entry(rt, self.ranks)  # ranks[r] is rank r
             entry["detected_at_s"] = action.terminate_at_s
             entry["timeout_s"] = action.heartbeat_timeout_s
             entry["watchdog"] = action.message.splitlines()[0]

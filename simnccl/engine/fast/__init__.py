@@ -5,23 +5,25 @@ running every rank through every call, at a fraction of the work.
 * ``cohorts`` — a block of world-wide group-creation calls taken once for every rank running one Program;
 * ``histories`` — group-creation histories shared between ranks that have seen the same calls, so a policy
   that decides alike on every rank decides once per shared state;
+* ``classes`` — rank classes: members that plan a call alike up to relabelling are planned once per class;
 * ``calls`` — the per-program table both of the first two key their sharing on.
 
 The rank loop sees ``FastPaths`` (two calls); the policy gate sees ``SharedHistories`` (a rank's history, and
-decisions made before on an equal one). No other room knows these exist. ``Engine(fast_path=False)`` turns
-outsider calls and shared decisions off (tests compare the two); cohorts stay, being the only way a world-wide
-block is applied.
+decisions made before on an equal one); the planner hands a member's plan to ``RankClasses``. No other room
+knows these exist. ``Engine(fast_path=False)`` turns outsider calls, shared decisions and rank classes off
+(tests compare the two); cohorts stay, being the only way a world-wide block is applied.
 """
 
 from __future__ import annotations
 
 from simnccl.engine.fast.calls import CallTable
+from simnccl.engine.fast.classes import RankClasses
 from simnccl.engine.fast.cohorts import Cohorts, common_program
 from simnccl.engine.fast.histories import SharedHistories
 from simnccl.engine.fast.outsiders import Outsiders
 from simnccl.ops import Program
 
-__all__ = ["CallTable", "Cohorts", "FastPaths", "Outsiders", "SharedHistories", "common_program"]
+__all__ = ["CallTable", "Cohorts", "FastPaths", "Outsiders", "RankClasses", "SharedHistories", "common_program"]
 
 
 class FastPaths:

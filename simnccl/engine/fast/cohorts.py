@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from simnccl.backends import lifecycle
 from simnccl.c10d import NON_GROUP_MEMBER, GroupPlan, Members, TorchError, plan_split_group, split_source, world_ranks
 from simnccl.engine.comms import Comms
+from simnccl.engine.fast.classes import RankClasses
 from simnccl.engine.fast.histories import SharedHistories
 from simnccl.engine.groups import Groups
 from simnccl.engine.memory import Memory
@@ -73,8 +74,9 @@ class Cohorts:
         planner: Planner,
         policy_gate: PolicyGate,
         histories: SharedHistories,
+        classes: RankClasses,
     ) -> None:
-        """``program``: the one Program every rank runs (None: no cohorts)."""
+        """``program``: the one Program every rank runs (None: no cohorts); ``classes`` plans the members."""
         self.sim = sim
         self.env = sim.env
         self.ranks = sim.ranks
@@ -87,6 +89,8 @@ class Cohorts:
         self.planner = planner
         self.policy_gate = policy_gate
         self.histories = histories
+        self.classes = classes
+        self._probes: dict[tuple[object, ...], GroupPlan] = {}  # rank 0's outsider plans in the current block
         self.program = program
         # Per op of the shared program, whether a cohort may take it (ops are immutable: decided once).
         self.block_starts = tuple(map(starts_block, program.ops)) if program else ()
@@ -193,6 +197,7 @@ class Cohorts:
         ops = program.ops
         ranks = self.ranks
         clock = self.env.now
+        self._probes.clear()
         counter = cohort.counter
         pc = cohort.start
         executed = splits = 0
@@ -297,12 +302,16 @@ class Cohorts:
         ranks = self.ranks
         try:
             if isinstance(op, NewGroup):
-                probe = self.planner.plan_new_group(ranks[0], op, counter)
-                members = probe.ranks
-                plans = {0: probe}
-                for rank in members:
-                    if rank != 0:
-                        plans[rank] = self.planner.plan_new_group(ranks[rank], op, counter)
+                members = self.planner.members(op)
+                if not self.classes.enabled or not isinstance(members, Members):
+                    probe = self.planner.rules_plan(ranks[0], op, counter, members)
+                    plans = {0: probe}
+                    for rank in probe.ranks:
+                        if rank != 0:
+                            plans[rank] = self.planner.rules_plan(ranks[rank], op, counter, members)
+                else:
+                    plans = {} if 0 in members.index else {0: self._outsider_probe(op, counter)}
+                    plans.update(self.classes.member_plans(ranks, op, members, counter))
             else:
                 assert isinstance(op, SplitGroup)
                 if op.parent != WORLD or self.policy_gate.active:
@@ -326,6 +335,15 @@ class Cohorts:
             if any(c.eager and c.split_from is None for c in plan.comms):
                 return None  # a fresh bootstrap: members-only meeting, not a world-wide step
         return plans
+
+    def _outsider_probe(self, op: NewGroup, counter: int) -> GroupPlan:
+        """Rank 0's plan for a call it is not a member of (whether it raises, whether it is a NOCOLOR split):
+        within one block that depends only on the call's arguments, so it is planned once per arguments."""
+        key = (op.backend, op.pg_options, op.use_local_synchronization, op.group_desc, op.device_id, op.timeout_s)
+        probe = self._probes.get(key)
+        if probe is None:
+            probe = self._probes[key] = self.planner.plan_new_group(self.ranks[0], op, counter)
+        return probe
 
     def _apply_member_plan(
         self, rt: RankRuntime, plan: GroupPlan, op: NewGroup | SplitGroup, child_id: int | None
