@@ -161,4 +161,5 @@ def outcome(
         trace=trace.events,
         fr_dumps=fr_dumps,
         slowdowns=timing.slowdowns(),
+        host_ledgers=memory.host_ledgers,
     )
