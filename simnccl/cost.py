@@ -15,6 +15,10 @@ summarised as ``typical [min-max]`` over ranks (typical = the most common value)
 * ``NCCL MiB / device`` and ``used MiB / device``: the communicators' memory, and everything on the device
   (CUDA context included) at the startup checkpoint.
 
+``--breakdown`` adds where the NCCL MiB come from (``simnccl.cost_breakdown``: channels x buffers, NVLS,
+network shared buffers, fixed overheads; paid at init or at a first use; NVLS multicast slots, pinned host
+memory) and each communicator of the rank holding the most; the JSON always carries it (``breakdown``).
+
 Framework knobs are the generator's own (``--tp 8``, ``--gloo false``, ``--hierarchical-cp 2,2``; a boolean
 may be given bare, ``--moe``, or negated, ``--no-gloo``); an unknown flag is bad input (exit 2). The world
 is the one the knobs pin down (tp*pp*dp ...), else ``--world``.
@@ -28,10 +32,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from simnccl import cost_breakdown
 from simnccl.cli_options import OverrideError, add_common, check_env, check_json_target, env_overrides
 from simnccl.cluster import Cluster, ClusterError, get_gpu_kind
 from simnccl.engine import Engine, EngineGuardError, RunOutcome, SimConfig
 from simnccl.ops import NewGroup, Program, SplitGroup
+from simnccl.plain_table import plain_table
 from simnccl.policy import BUILTIN, PolicyError, get_policy
 from simnccl.profiles import ProfileError, find_profile
 from simnccl.release import RELEASES, get_release
@@ -76,6 +82,7 @@ class ColumnResult:
     checkpoint: str | None
     error: str = ""
     summary: dict[str, tuple[float, float, float]] = field(default_factory=dict)
+    breakdown: dict[str, Any] = field(default_factory=dict)  # simnccl.cost_breakdown.breakdown of the run
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -87,6 +94,7 @@ class ColumnResult:
             "checkpoint": self.checkpoint,
             "wall_s": round(self.wall_s, 3),
             "summary": {k: {"typical": t, "min": lo, "max": hi} for k, (t, lo, hi) in self.summary.items()},
+            "breakdown": self.breakdown,
         }
 
 
@@ -102,6 +110,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--world", type=int, default=None, help="world size, when the knobs don't pin it down")
     parser.add_argument(
         "--jobs", type=int, default=1, help="simulate up to N columns in parallel processes (default 1)"
+    )
+    parser.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="also show where the NCCL MiB come from (channels x buffers, NVLS, network shared buffers, fixed "
+        "overheads; paid at init or first use) and each communicator of the rank holding the most",
     )
     add_common(
         parser,
@@ -287,6 +301,7 @@ def run_column(
         error = f"rank {first['rank']} hangs in {first['op']}"
     result = ColumnResult(column, outcome.verdict, per_rank, wall, checkpoint, error)
     result.summary = {key: summarise(values) for key, values in per_rank.items() if values}
+    result.breakdown = cost_breakdown.breakdown(outcome)
     return result
 
 
@@ -311,13 +326,7 @@ def render(results: Sequence[ColumnResult]) -> str:
         rows.append([label, *(_cell(r.summary.get(key)) for r in results)])
     rows.append(["verdict", *(r.verdict for r in results)])
     rows.append(["sim wall s", *(f"{r.wall_s:.2f}" for r in results)])
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    lines = []
-    for n, row in enumerate(rows):
-        cells = [row[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(row[1:], widths[1:], strict=True)]
-        lines.append("  ".join(cells).rstrip())
-        if n == 0:
-            lines.append("  ".join("-" * w for w in widths))
+    lines = plain_table(rows)
     notes = [f"{r.column.name}: {r.error}" for r in results if r.error]
     checkpoints = sorted({r.checkpoint for r in results if r.checkpoint})
     lines.append("")
@@ -457,6 +466,9 @@ def run(args: argparse.Namespace, extra: Sequence[str]) -> int:
 
         results = _run_columns(programs, cluster, release, columns, args.jobs, seed, finished)
     out.print(render(results))
+    if getattr(args, "breakdown", False):
+        out.print("")
+        out.print(cost_breakdown.render((r.column.name, r.breakdown) for r in results))
     out.finish(
         [
             {
