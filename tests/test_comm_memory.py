@@ -23,6 +23,7 @@ from simnccl.ops import (
     AllToAll,
     Barrier,
     Checkpoint,
+    DestroyProcessGroup,
     InitProcessGroup,
     NewGroup,
     PgOptions,
@@ -227,3 +228,22 @@ def test_a_rank_priced_by_its_class_costs_what_it_costs_priced_as_itself(nodes: 
             pricer.use(exact, use, 4 * MIB)
         assert by_class.breakdown.device_bytes == exact.breakdown.device_bytes, rank
         assert by_class.breakdown.host_bytes == exact.breakdown.host_bytes, rank
+
+
+def test_destroy_gives_back_host_memory_and_multicast_slots() -> None:
+    program = [
+        *START,
+        NewGroup(ranks=(0, 1), bind="g"),
+        AllReduce(group="g"),
+        Checkpoint(label="a"),
+        DestroyProcessGroup(group="g"),
+        Checkpoint(label="b"),
+    ]
+    held = simulate(program[:-2])
+    assert held.multicast_objects == {"n0:cuda:0": 3, "n0:cuda:1": 3}  # world credit + g's credit and buffers
+    out = simulate(program)
+    assert out.verdict == "pass"
+    (host,) = out.host_ledgers.values()
+    fifo = communicator_bytes(PROFILE.topology, 2, 2, 1, PROFILE.nccl_version).host_bytes
+    assert host.used_bytes == 2 * fifo  # only the world communicators' work FIFOs remain
+    assert out.multicast_objects == {"n0:cuda:0": 1, "n0:cuda:1": 1}

@@ -8,7 +8,6 @@ allocates GPU memory at all); how much it costs comes from NCCL's mechanics (``s
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING
@@ -63,18 +62,6 @@ class Charge:
 
     phase: str
     num_bytes: int
-
-
-def runtime_connect(env: Mapping[str, str]) -> bool:
-    """NCCL_RUNTIME_CONNECT (default 1): connection buffers at the first collective instead of at init."""
-    return env.get("NCCL_RUNTIME_CONNECT", "1") != "0"
-
-
-def split_share(env: Mapping[str, str], option: bool | None) -> bool:
-    """config.split_share wins over NCCL_COMM_SPLIT_SHARE_RESOURCES (unset means not shared)."""
-    if option is not None:
-        return option
-    return env.get("NCCL_COMM_SPLIT_SHARE_RESOURCES") == "1"
 
 
 class Lifecycle:

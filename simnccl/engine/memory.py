@@ -68,6 +68,10 @@ class Memory:
         # GPUDirect RDMA): a ledger per node, unbounded (the host's memory is not modelled), never in the
         # device figures.
         self.host_ledgers: dict[str, DeviceLedger] = {}
+        # NVSwitch multicast objects (NVLS slots) the communicators on each device hold now (NVIDIA/nccl#2077:
+        # 128 per 8-GPU node), and what each rank's communicator holds, to give them back at destroy.
+        self.multicast_objects: dict[str, int] = {}
+        self._slots_held: dict[tuple[int, str], int] = {}
         self.pricer = Pricer(self.profile, self.cluster.node_of)
         self._oom_at_init: set[int] = set()  # ranks whose next init charge fails (injected fault)
         self._collective_devices: set[tuple[int, int]] = set()  # (rank, device): its first collective was paid
@@ -155,6 +159,11 @@ class Memory:
         device = sum(p.total for p in parts if p.ledger == "device")
         host = sum(p.total for p in parts if p.ledger == "host")
         self.charge(rt, comm, [Charge(phase, device)], op, group)
+        slots = sum(p.multicast_objects for p in parts)
+        if slots and comm.device is not None:
+            key = self.ledger(rt, comm.device).device
+            self.multicast_objects[key] = self.multicast_objects.get(key, 0) + slots
+            self._slots_held[(rt.rank, comm.group)] = self._slots_held.get((rt.rank, comm.group), 0) + slots
         if host:
             key = f"n{rt.node}:host"
             ledger = self.host_ledgers.get(key)
@@ -216,14 +225,19 @@ class Memory:
         if comm.device is None:
             return
         ledger = self.ledger(rt, comm.device)
-        for owner in [
-            o
-            for o in ledger.by_owner
-            if o.rank == rt.rank
-            and o.kind == "comm"
-            and (o.group == comm.group or o.group.startswith(comm.group + "/p2p-"))
-        ]:
-            ledger.release_owner(owner, time_s=self.env.now, op=op)
+        host = self.host_ledgers.get(f"n{rt.node}:host")
+        for held in (ledger, host) if host is not None else (ledger,):
+            for owner in [
+                o
+                for o in held.by_owner
+                if o.rank == rt.rank
+                and o.kind == "comm"
+                and (o.group == comm.group or o.group.startswith(comm.group + "/p2p-"))
+            ]:
+                held.release_owner(owner, time_s=self.env.now, op=op)
+        slots = self._slots_held.pop((rt.rank, comm.group), 0)
+        if slots:
+            self.multicast_objects[ledger.device] -= slots
 
     def group_record(self, group: Group, comm: Comm) -> GroupRecord:
         cached = self._record_of_group.get(id(group))

@@ -162,4 +162,5 @@ def outcome(
         fr_dumps=fr_dumps,
         slowdowns=timing.slowdowns(),
         host_ledgers=memory.host_ledgers,
+        multicast_objects=memory.multicast_objects,
     )

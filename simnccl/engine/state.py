@@ -123,6 +123,8 @@ class RunOutcome:
     # Pinned host memory NCCL holds, per node ("n0:host"): work FIFOs, host sides of connections, network
     # buffers without GPUDirect RDMA (simnccl.comm_memory; never in the device ledgers).
     host_ledgers: dict[str, DeviceLedger] = field(default_factory=dict)
+    # NVLS multicast objects (slots) the communicators on each device hold at the end (simnccl.comm_memory).
+    multicast_objects: dict[str, int] = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------------- a rank's state, read the same everywhere
