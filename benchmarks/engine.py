@@ -63,10 +63,10 @@ from dataclasses import dataclass, field
 import simpy
 
 from simnccl.cluster import Cluster, get_gpu_kind
+from simnccl.comm_memory import Pricer
 from simnccl.engine import Engine, EngineGuardError, Limits, RunOutcome, SimConfig
-from simnccl.memory import mib_to_bytes
 from simnccl.ops import AllReduce, Checkpoint, InitProcessGroup, NewGroup, Op, Program, SetDevice
-from simnccl.profiles import Profile, find_profile
+from simnccl.profiles import find_profile
 from simnccl.release import get_release
 
 GPU = "h100-80gb"
@@ -219,13 +219,19 @@ def make_config(startup: Startup, wall_s: float) -> SimConfig:
 # ---------------------------------------------------------------------------------------------- checks
 
 
-def expected_comm_bytes(startup: Startup, profile: Profile, rank: int) -> int:
-    """Default group + every membership at its init cost, plus tp and dp's first-collective connect cost."""
-    costs = profile.comm
-    multi = startup.memberships[rank] - startup.singleton_memberships[rank]
-    init = (1 + multi) * mib_to_bytes(costs.init_mib)
-    init += startup.singleton_memberships[rank] * mib_to_bytes(costs.single_rank_init_mib)
-    return init + len(COLLECTIVE_HANDLES) * mib_to_bytes(costs.first_collective_mib)
+def expected_comm_bytes(startup: Startup, pricer: Pricer, rank: int) -> int:
+    """Default group + every membership at its init (NCCL's mechanics, ``simnccl.comm_memory``), tp and dp's
+    first all_reduce, and the profile's once-per-process overheads (first communicator, first collective)."""
+    world = tuple(range(startup.world))
+    total = pricer.create(world, rank, {}).breakdown.device_bytes
+    for part in startup.partitions:
+        for ranks in part.groups:
+            if rank in ranks:
+                memory = pricer.create(ranks, ranks.index(rank), {})
+                if part.bind in COLLECTIVE_HANDLES:
+                    pricer.use(memory, "all_reduce", AllReduce().size_bytes)
+                total += memory.breakdown.device_bytes
+    return total + pricer.process_bytes + pricer.process_first_collective_bytes
 
 
 def check_outcome(startup: Startup, config: SimConfig, outcome: RunOutcome) -> list[str]:
@@ -238,13 +244,14 @@ def check_outcome(startup: Startup, config: SimConfig, outcome: RunOutcome) -> l
     if outcome.ops_executed != expected_ops:
         problems.append(f"{outcome.ops_executed} ops executed, expected {expected_ops}")
     context = config.cluster.gpu.cuda_context_bytes
+    pricer = Pricer(config.profile, config.cluster.node_of)
     for rt in outcome.ranks:
         joined = len(rt.groups) - 1  # rt.groups holds the default group too
         if joined != startup.memberships[rt.rank]:
             problems.append(f"rank {rt.rank} joined {joined} groups, builder expects {startup.memberships[rt.rank]}")
         device = config.cluster.device(config.cluster.node_of(rt.rank), config.cluster.local_rank(rt.rank))
         ledger = outcome.ledgers[device.key]
-        want = context + expected_comm_bytes(startup, config.profile, rt.rank)
+        want = context + expected_comm_bytes(startup, pricer, rt.rank)
         if ledger.used_bytes != want:
             problems.append(f"rank {rt.rank} on {device.key}: {ledger.used_bytes} bytes used, expected {want}")
         if len(problems) > 10:

@@ -189,11 +189,11 @@ def checked_gpu(gpu: str | None) -> Any:
 
 
 def check_env(profile: Any, env: Mapping[str, str], flag: str = "--env") -> None:
-    """The env values the engine parses (NCCL_MAX_NCHANNELS), checked as the scenario loader checks them."""
+    """The NCCL knobs the engine's memory model parses, checked as the scenario loader checks them."""
     from simnccl.profiles import ProfileError
 
     try:
-        profile.costs_for_env(env)
+        profile.check_env(env)
     except ProfileError as err:
         raise OverrideError(flag, str(err)) from None
 

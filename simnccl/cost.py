@@ -19,6 +19,9 @@ summarised as ``typical [min-max]`` over ranks (typical = the most common value)
 The Programs are generated once; the columns then run in this process or in worker processes (``--jobs``;
 ``simnccl.cost_runs``), each with its progress bar on a terminal, and Ctrl-C prints the table of the columns
 that finished (exit 130).
+``--breakdown`` adds where the NCCL MiB come from (``simnccl.cost_breakdown``: channels x buffers, NVLS,
+network shared buffers, fixed overheads; paid at init or at a first use; NVLS multicast slots, pinned host
+memory) and each communicator of the rank holding the most; the JSON always carries it (``breakdown``).
 
 Framework knobs are the generator's own (``--tp 8``, ``--gloo false``, ``--hierarchical-cp 2,2``; a boolean
 may be given bare, ``--moe``, or negated, ``--no-gloo``); an unknown flag is bad input (exit 2). The world
@@ -36,11 +39,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from simnccl import cost_breakdown
 from simnccl.cli_options import OverrideError, add_common, check_env, check_json_target, env_overrides
 from simnccl.cluster import Cluster, ClusterError, get_gpu_kind
 from simnccl.cost_runs import Finished, default_jobs, progress_reported, run_columns
 from simnccl.engine import Engine, EngineGuardError, RunOutcome, SimConfig
 from simnccl.ops import NewGroup, Program, SplitGroup
+from simnccl.plain_table import plain_table
 from simnccl.policy import BUILTIN, PolicyError, get_policy
 from simnccl.profiles import Profile, ProfileError, find_profile
 from simnccl.release import RELEASES, get_release
@@ -92,6 +97,7 @@ class ColumnResult:
     error: str = ""
     summary: dict[str, tuple[float, float, float]] = field(default_factory=dict)
     stopped: bool = False  # the engine's guard stopped it at a size limit: no figures
+    breakdown: dict[str, Any] = field(default_factory=dict)  # simnccl.cost_breakdown.breakdown of the run
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -103,6 +109,7 @@ class ColumnResult:
             "checkpoint": self.checkpoint,
             "wall_s": round(self.wall_s, 3),
             "summary": {k: {"typical": t, "min": lo, "max": hi} for k, (t, lo, hi) in self.summary.items()},
+            "breakdown": self.breakdown,
         }
 
 
@@ -127,6 +134,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="simulate up to N columns in parallel processes (default: one per column up to the CPU count for "
         "a large startup, else 1 = this process)",
+    )
+    parser.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="also show where the NCCL MiB come from (channels x buffers, NVLS, network shared buffers, fixed "
+        "overheads; paid at init or first use) and each communicator of the rank holding the most",
     )
     add_common(
         parser,
@@ -319,6 +332,7 @@ def run_column(
         error = f"rank {first['rank']} hangs in {first['op']}"
     result = ColumnResult(column, outcome.verdict, per_rank, wall, checkpoint, error)
     result.summary = {key: summarise(values) for key, values in per_rank.items() if values}
+    result.breakdown = cost_breakdown.breakdown(outcome)
     return result
 
 
@@ -353,13 +367,7 @@ def render(results: Sequence[ColumnResult], missing: Sequence[str] = ()) -> str:
         rows.append([label, *(_cell(r.summary.get(key)) for r in results)])
     rows.append(["verdict", *(r.verdict for r in results)])
     rows.append(["sim wall s", *(f"{r.wall_s:.2f}" for r in results)])
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    lines = []
-    for n, row in enumerate(rows):
-        cells = [row[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(row[1:], widths[1:], strict=True)]
-        lines.append("  ".join(cells).rstrip())
-        if n == 0:
-            lines.append("  ".join("-" * w for w in widths))
+    lines = plain_table(rows)
     notes = [f"{r.column.name}: {r.error}" for r in results if r.error]
     checkpoints = sorted({r.checkpoint for r in results if r.checkpoint})
     lines.append("")
@@ -503,6 +511,9 @@ def report(
     results = [r for r in finished.results if r is not None]
     missing = [c.name for c, r in zip(columns, finished.results, strict=True) if r is None]
     out.print(render(results, missing))
+    if getattr(args, "breakdown", False):
+        out.print("")
+        out.print(cost_breakdown.render((r.column.name, r.breakdown) for r in results))
     out.finish([{**document, "seed": seed, "columns": [r.to_dict() for r in results]}])
     if finished.interrupted:
         raise KeyboardInterrupt  # simnccl.cli_guard: exit 130, stops the workers, prints the journal's lines

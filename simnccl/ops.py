@@ -57,7 +57,8 @@ class PgOptions:
     ``NCCL_CONFIG_UNDEF_INT`` (or ``None`` for strings) and NCCL picks its default or reads its env var.
 
     Only ``MODELLED_OPTION_FIELDS`` change what the simulator does today; ``unmodelled()`` names the others a
-    program sets (``max_ctas``/``min_ctas`` are for the NCCL memory model, which will read them by these names).
+    program sets (``max_ctas``, ``min_ctas``, ``nvls_ctas``, ``collnet_enable`` and ``split_share`` reach the NCCL
+    memory model, ``simnccl.comm_memory``).
     Fields torch fills in itself (``backend``, ``group_name``, ``global_ranks_in_group``, ``split_color``,
     ``split_from``, ``_timeout``: the group's ``timeout`` argument) are not options a caller chooses.
     """
@@ -96,9 +97,10 @@ class PgOptions:
         return tuple(k for k in self.to_dict() if k not in MODELLED_OPTION_FIELDS)
 
 
-# What the simulator reads today (simnccl.c10d: lazy_init decides eager vs lazy, split_share whether a split
-# shares its parent's buffers). Add a field here when a model starts using it.
-MODELLED_OPTION_FIELDS = ("lazy_init", "split_share")
+# What the simulator reads today (simnccl.c10d: lazy_init decides eager vs lazy; the NCCL memory model,
+# through simnccl.comm_memory: split_share, max_ctas, min_ctas, nvls_ctas, collnet_enable). Add a field here
+# when a model starts using it.
+MODELLED_OPTION_FIELDS = ("lazy_init", "split_share", "max_ctas", "min_ctas", "nvls_ctas", "collnet_enable")
 # Fields that live on ``Options.config`` (torch's NCCLConfig) rather than on the Options object itself.
 NCCL_CONFIG_FIELDS = (
     "split_share",

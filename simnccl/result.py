@@ -161,6 +161,14 @@ class VariantResult:
                 for ledger in outcome.ledgers.values()
                 if ledger.timeline
             ],
+            "host": [  # pinned host memory NCCL holds per node (never in the device figures)
+                {
+                    "device": ledger.device,
+                    "used_mib": _r(to_mib(ledger.used_bytes)),
+                    "peak_mib": _r(to_mib(ledger.peak_bytes)),
+                }
+                for ledger in outcome.host_ledgers.values()
+            ],
             "groups": [
                 {
                     "name": record.name,
@@ -174,6 +182,7 @@ class VariantResult:
                             "device": info["device"],
                             "mib": _r(to_mib(info["bytes"])),
                             "allocated_at_s": {phase: _r(t) for phase, t in info["phases"].items()},
+                            **_nccl_parts(info),
                         }
                         for rank, info in sorted(record.members.items())
                     ],
@@ -190,6 +199,21 @@ class VariantResult:
             "trace_hash": outcome.trace_hash,
             "end_time_s": _r(outcome.end_time_s),
         }
+
+
+def _nccl_parts(info: dict[str, Any]) -> dict[str, Any]:
+    """A member's NCCL memory by moment of payment (``init``, ``first all_reduce (nvls)`` ...) and its NVLS
+    multicast slots, from the breakdowns the engine keeps (``simnccl.comm_memory``); empty when none."""
+    memories = info.get("memory") or {}
+    if not memories:
+        return {}
+    paid: dict[str, float] = {}
+    slots = 0
+    for memory in memories.values():
+        for moment, num_bytes in memory.breakdown.by_paid_at().items():
+            paid[moment] = paid.get(moment, 0.0) + to_mib(num_bytes)
+        slots += memory.breakdown.multicast_objects
+    return {"nccl_paid_mib": {k: _r(v) for k, v in paid.items()}, "multicast_slots": slots}
 
 
 @dataclass(slots=True)

@@ -63,7 +63,7 @@ from simnccl.ops import (
     check_option,
 )
 from simnccl.policy import PolicyError, get_policy
-from simnccl.profiles import MAX_NCHANNELS_ENV, Profile, ProfileError, find_profile, get_profile
+from simnccl.profiles import Profile, ProfileError, find_profile, get_profile
 from simnccl.release import RELEASES, ReleaseError, resolve_backend
 
 LAUNCHERS = ("torchrun", "spawn")
@@ -544,11 +544,11 @@ def _profile(source: str, key: str, ref: str | None, gpu: str, release: str, bas
 
 
 def _check_env(source: str, key: str, profile: Profile, env: Mapping[str, str]) -> None:
-    """Validate env values the engine parses (NCCL_MAX_NCHANNELS) here: bad input is never a traceback."""
+    """Validate the NCCL knobs the engine's memory model parses here: bad input is never a traceback."""
     try:
-        profile.costs_for_env(env)
+        profile.check_env(env)
     except ProfileError as err:
-        raise ScenarioError(source, f"{key}.{MAX_NCHANNELS_ENV}", str(err)) from None
+        raise ScenarioError(source, f"{key}.{err.knob}" if err.knob else key, str(err)) from None
 
 
 def _check_knob(source: str, key: str, name: str, extra: Sequence[str]) -> None:

@@ -78,7 +78,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
-from simnccl.backends.base import runtime_connect
+from simnccl.comm_memory import eager_group_mib
 from simnccl.ops import BOOL_OPTION_FIELDS, NCCL_CONFIG_FIELDS, NO_OPTIONS, OPTION_FIELDS, PgOptions
 from simnccl.policy import (
     NCCL_NAMES,
@@ -199,8 +199,7 @@ class Applied:
         """One eager communicator's cost on this process's device, from the GPU kind's profile (None: no kind)."""
         if self.gpu is None:
             return None
-        costs = find_profile(self.gpu, self.release).costs_for_env(os.environ)
-        return costs.eager_group_mib(connect_at_init=not runtime_connect(os.environ))
+        return eager_group_mib(find_profile(self.gpu, self.release), os.environ)
 
     def original(self, name: str) -> Callable[..., Any]:
         return self.originals[("torch.distributed.distributed_c10d", name)]

@@ -11,7 +11,9 @@ import pytest
 
 from simnccl import cost
 from simnccl.cli import main
+from simnccl.comm_memory import one_node_mib
 from simnccl.engine import Engine
+from simnccl.profiles import find_profile
 from simnccl.workloads import GENERATORS
 
 
@@ -63,7 +65,7 @@ def test_megatron_table_side_by_side(capsys) -> None:
     # 19 NCCL groups (the EGTP family included) + the default group; first-stage ranks add the position-embedding
     # singleton
     assert rows["NCCL comms at startup"] == ["20", "[20-21]", "0", "8"]
-    assert rows["used MiB / device"] == ["5,014.2", "[5,014.2-5,245.3]", "392", "2,240.9"]
+    assert rows["used MiB / device"] == ["5,547.1", "[5,547.1-5,935.7]", "392", "2,408.4"]
     assert rows["verdict"] == ["pass", "pass", "pass"]
     assert "MiB at checkpoint 'startup'" in out
 
@@ -79,7 +81,13 @@ def test_megatron_json_rows_from_the_simulation(capsys) -> None:
     assert typical(default, "duplicates") == 19
     assert typical(default, "comms") == 21 and typical(legacy, "comms") == 0
     assert typical(skip, "comms") == 14  # the 7 singletons are fake
-    assert typical(default, "used_mib") == pytest.approx(392 + 21 * 231.1111, abs=0.1)
+    # context + NCCL's per-process cost + 14 multi-rank communicators + the 7 one-rank ones, as NCCL's mechanics
+    # price them (a one-rank communicator gets 32 channels: 388 MiB)
+    profile = find_profile("h100-80gb", "2.15")
+    multi, single = one_node_mib(profile, 8), one_node_mib(profile, 1)
+    assert typical(default, "used_mib") == pytest.approx(
+        392 + profile.comm.process_mib + 14 * multi + 7 * single, abs=0.1
+    )
 
 
 def test_every_framework_has_a_cost_table(capsys) -> None:

@@ -15,9 +15,11 @@ from conftest import SCENARIOS_DIR
 
 from simnccl.cli import main
 from simnccl.cluster import get_gpu_kind
+from simnccl.comm_memory import one_node_mib
 from simnccl.engine import Engine, SimConfig
 from simnccl.engine.nvls import bind_failure, multicast_data, slots_per_node
 from simnccl.policy import get_policy
+from simnccl.profiles import find_profile
 from simnccl.release import get_release
 from simnccl.result import ScenarioResult, VariantResult
 from simnccl.runner import run_scenario
@@ -195,10 +197,11 @@ def test_fsdp2_group_per_layer_exhausts_nvls_and_a_shared_mesh_fixes_it(capsys) 
     assert rows["nvls-off"]["verdict"] == rows["shared-mesh"]["verdict"] == "pass"
     assert rows["nvls-off"]["groups"] == 16 and rows["nvls-off"]["comms"] == 17  # one per layer, plus the world
     assert rows["shared-mesh"]["groups"] == 1 and rows["shared-mesh"]["comms"] == 2
-    # memory linear in layers: 15 extra communicators at least 10x one shared group's share
-    assert rows["nvls-off"]["nccl_mib"] - rows["shared-mesh"]["nccl_mib"] > 10 * (
-        rows["shared-mesh"]["nccl_mib"] / rows["shared-mesh"]["comms"]
-    )
+    # memory linear in layers: the 15 extra two-rank communicators (NVLS off) cost each what NCCL's mechanics price
+    # one at (their first collective's connections included: every layer's group is used)
+    profile = find_profile("h200-141gb", "2.15")
+    pair = one_node_mib(profile, 2, env={"NCCL_NVLS_ENABLE": "0"})
+    assert rows["nvls-off"]["nccl_mib"] - rows["shared-mesh"]["nccl_mib"] >= 15 * pair
 
 
 def test_duplicate_rank_set_groups_each_hold_a_communicator_until_reused(capsys) -> None:
@@ -208,7 +211,11 @@ def test_duplicate_rank_set_groups_each_hold_a_communicator_until_reused(capsys)
     assert default["verdict"] == dedupe["verdict"] == "pass"
     assert default["comms"] == 5 and dedupe["comms"] == 2  # world + 4 duplicates, vs world + 1
     assert default["duplicates"] == 7 and dedupe["duplicates"] == 1  # gloo twins included
-    assert dedupe["nccl_mib"] / default["nccl_mib"] < 13.40 / 30.21 + 0.05  # at least the report's saving
+    # the saving is the three duplicates' communicators, each at least what NCCL's mechanics price an 8-rank init
+    # at (the report's 30.21 -> 13.40 GB ratio is AMD's, with buffers not modelled; on H100 the per-process
+    # overhead both variants pay keeps the ratio nearer 1)
+    eight = one_node_mib(find_profile("h100-80gb", "2.15"), 8)
+    assert default["nccl_mib"] - dedupe["nccl_mib"] >= 3 * eight
 
 
 def test_idle_world_group_costs_a_communicator_only_when_eager(capsys) -> None:

@@ -9,8 +9,10 @@ import pytest
 
 import simnccl.profiles as profiles_module
 from simnccl.cluster import get_gpu_kind, gpu_kinds
+from simnccl.comm_memory import one_node_mib
+from simnccl.nccl import communicator_bytes
 from simnccl.profiles import (
-    CommCosts,
+    FixedOverheads,
     ProfileError,
     builtin_profiles,
     find_profile,
@@ -53,23 +55,40 @@ def test_the_named_profiles_cover_their_briefed_releases() -> None:
     assert {"2.14", "2.15", "2.15-dev", "2.15a0"} <= set(get_profile("rtx3060-sglang35538").releases)
 
 
+def _mib(profile, nranks: int = 2, env=None, uses=(), parent=None) -> float:
+    """One communicator's device MiB: NCCL's mechanics on the profile's topology, plus its fixed overhead."""
+    return one_node_mib(profile, nranks, env, uses, parent=parent)
+
+
 def test_pytorch_199957_arithmetic() -> None:
+    """The issue's three figures from the model plus the profile's fitted overheads, each within 1 %."""
     profile = find_profile("h100-96gb", "2.15-dev")
     assert profile.name == H100_CALIBRATION
     comm = profile.comm
     context = get_gpu_kind("h100-96gb").cuda_context_mib
+    share = {"NCCL_COMM_SPLIT_SHARE_RESOURCES": "1"}
+    parent = communicator_bytes(profile.topology, 2, 2, 1, profile.nccl_version, env=share)
     # 9 eager nccl2 groups: +2080 MiB; with NCCL_COMM_SPLIT_SHARE_RESOURCES=1: +1188 MiB.
-    assert 9 * comm.init_mib == pytest.approx(2080, rel=1e-2)
-    assert 9 * comm.split_shared_init_mib == pytest.approx(1188, rel=1e-2)
-    # After one all_reduce on each of the 10 groups (world + 9): 4672 MiB per GPU, nccl2 and legacy alike.
-    assert context + 10 * (comm.init_mib + comm.first_collective_mib) == pytest.approx(4672, rel=1e-2)
+    assert 9 * _mib(profile) == pytest.approx(2080, rel=1e-2)
+    assert 9 * _mib(profile, env=share, parent=parent) == pytest.approx(1188, rel=1e-2)
+    # After one all_reduce on each of the 10 communicators (world + 9): 4672 MiB per GPU, nccl2 and legacy alike.
+    used = _mib(profile, uses=("all_reduce",))
+    total = context + comm.process_mib + comm.process_first_collective_mib + 10 * used
+    assert total == pytest.approx(4672, rel=1e-2)
 
 
-def test_the_h100_literals_agree_to_four_decimals() -> None:
-    comm = get_profile(H100_CALIBRATION).comm
+def test_the_h100_overheads_are_the_least_squares_and_exact_fits() -> None:
+    profile = get_profile(H100_CALIBRATION)
+    comm = profile.comm
+    share = {"NCCL_COMM_SPLIT_SHARE_RESOURCES": "1"}
+    parent = communicator_bytes(profile.topology, 2, 2, 1, profile.nccl_version, env=share)
+    bare = _mib(profile) - comm.comm_fixed_mib
+    bare_shared = _mib(profile, env=share, parent=parent) - comm.comm_fixed_mib
+    assert comm.comm_fixed_mib == pytest.approx(((2080 / 9 - bare) + (1188 / 9 - bare_shared)) / 2, abs=1e-4)
     context = get_gpu_kind("h100-96gb").cuda_context_mib
-    assert comm.init_mib == pytest.approx(2080 / 9, abs=1e-4)
-    assert comm.first_collective_mib == pytest.approx((4672 - context - 10 * 2080 / 9) / 10, abs=1e-4)
+    used = _mib(profile, uses=("all_reduce",))
+    assert comm.process_first_collective_mib == pytest.approx(4672 - context - comm.process_mib - 10 * used, abs=1e-3)
+    assert comm.process_mib == get_profile("rtx3060-sglang35538").comm.process_mib
 
 
 @pytest.mark.parametrize(
@@ -81,34 +100,25 @@ def test_the_h100_literals_agree_to_four_decimals() -> None:
         "h200-141gb-extrapolated",
     ],
 )
-def test_profiles_reusing_the_h100_calibration_carry_the_same_costs(name: str) -> None:
+def test_profiles_reusing_the_h100_calibration_carry_the_same_overheads(name: str) -> None:
     assert get_profile(name).comm == get_profile(H100_CALIBRATION).comm
 
 
-def test_gb200_is_197_mib_per_group_on_2_16_dev() -> None:
+def test_gb200_is_197_mib_per_group_on_2_16_dev_without_nvls() -> None:
     profile = find_profile("gb200", "2.16-dev")
-    assert profile.comm.init_mib == pytest.approx(197, rel=1e-2)
+    assert profile.topology_changes == {"multicast": False}
+    assert not profile.topology.multicast
+    assert _mib(profile) == pytest.approx(197, abs=0.01)
     assert find_profile("gb200", "2.15").comm == profile.comm
 
 
 def test_rtx3060_reproduces_sglang_35538() -> None:
     profile = find_profile("rtx3060-12gb", "2.15")
-    comm = profile.comm
-    assert comm.single_rank_init_mib == 388
+    assert _mib(profile, nranks=1) == 388
+    assert _mib(profile, nranks=1, env={"NCCL_MAX_NCHANNELS": "1"}) == 10
     # The world group cost +470: the per-process overhead plus one 1-rank communicator.
-    assert comm.process_first_comm_mib + comm.single_rank_init_mib == 470
+    assert profile.comm.process_mib + _mib(profile, nranks=1) == 470
     assert get_gpu_kind("rtx3060-12gb").cuda_context_mib == 114
-
-
-def test_rtx3060_with_one_channel_costs_10_mib_per_group() -> None:
-    costs = get_profile("rtx3060-sglang35538").costs_for_env({"NCCL_MAX_NCHANNELS": "1"})
-    assert costs.init_mib == 10.0
-    assert costs.default_nchannels == 1
-
-
-def test_a100_pair_group_is_544_mib_after_its_first_all_reduce() -> None:
-    comm = find_profile("a100-80gb", "2.15").comm
-    assert comm.init_mib + comm.first_collective_mib == pytest.approx(544, abs=1e-3)
 
 
 def test_extrapolated_profiles_say_so() -> None:
@@ -122,53 +132,25 @@ def test_builtin_profiles_returns_a_copy() -> None:
     assert H100_CALIBRATION in builtin_profiles()
 
 
-# ------------------------------------------------------------------------------------ costs_for_env
+# ------------------------------------------------------------------------------------ check_env
 
 
-def test_no_cap_means_unchanged_costs() -> None:
+def test_valid_knobs_and_other_variables_pass() -> None:
     profile = get_profile(H100_CALIBRATION)
-    assert profile.costs_for_env({}) is profile.comm
-    assert profile.costs_for_env({"NCCL_DEBUG": "INFO"}) is profile.comm
+    profile.check_env({})
+    profile.check_env({"NCCL_DEBUG": "INFO", "NCCL_MAX_NCHANNELS": "4", "NCCL_BUFFSIZE": "1048576"})
 
 
-def test_cap_scales_every_cost_linearly() -> None:
-    profile = get_profile(H100_CALIBRATION)
-    comm = profile.comm
-    costs = profile.costs_for_env({"NCCL_MAX_NCHANNELS": "4"})
-    factor = 4 / comm.default_nchannels
-    assert costs.init_mib == pytest.approx(comm.init_mib * factor)
-    assert costs.first_collective_mib == pytest.approx(comm.first_collective_mib * factor)
-    assert costs.split_shared_init_mib == pytest.approx(comm.split_shared_init_mib * factor)
-    assert costs.split_shared_first_collective_mib == pytest.approx(comm.split_shared_first_collective_mib * factor)
-    assert costs.p2p_pair_mib == pytest.approx(comm.p2p_pair_mib * factor)
-    assert costs.single_rank_init_mib == pytest.approx(comm.single_rank_init_mib * factor)
-    assert costs.default_nchannels == 4
-
-
-def test_cap_above_the_default_changes_nothing() -> None:
-    profile = get_profile(H100_CALIBRATION)
-    assert profile.costs_for_env({"NCCL_MAX_NCHANNELS": "64"}) == profile.comm
-
-
-def test_measured_figure_applies_only_at_its_own_cap() -> None:
-    profile = get_profile("rtx3060-sglang35538")
-    comm = profile.comm
-    at_one = profile.costs_for_env({"NCCL_MAX_NCHANNELS": "1"})
-    # The measured value (taken on single-rank groups) replaces both init figures; the rest scale by 1/default.
-    assert at_one.init_mib == pytest.approx(10.0)
-    assert at_one.single_rank_init_mib == pytest.approx(10.0)
-    assert at_one.first_collective_mib == pytest.approx(comm.first_collective_mib / comm.default_nchannels)
-    at_two = profile.costs_for_env({"NCCL_MAX_NCHANNELS": "2"})
-    assert at_two.init_mib == pytest.approx(comm.init_mib * 2 / comm.default_nchannels)
-
-
-@pytest.mark.parametrize("value", ["0", "-1", "abc", "", "1.5", "²"])
-def test_invalid_cap_is_an_error_naming_file_and_variable(value: str) -> None:
+@pytest.mark.parametrize(
+    ("knob", "value"),
+    [("NCCL_MAX_NCHANNELS", "abc"), ("NCCL_MAX_NCHANNELS", ""), ("NCCL_BUFFSIZE", "0"), ("NCCL_NVLS_ENABLE", "3")],
+)
+def test_invalid_knob_is_an_error_naming_the_variable(knob: str, value: str) -> None:
     profile = get_profile(H100_CALIBRATION)
     with pytest.raises(ProfileError) as err:
-        profile.costs_for_env({"NCCL_MAX_NCHANNELS": value})
-    assert profile.path in str(err.value)
-    assert "NCCL_MAX_NCHANNELS" in str(err.value)
+        profile.check_env({knob: value})
+    assert knob in str(err.value)
+    assert err.value.knob == knob
 
 
 # -------------------------------------------------------------------------------------------- loader
@@ -183,15 +165,12 @@ source = "a test"
 measured = "nothing"
 
 [comm]
-init_mib = 100.0
-first_collective_mib = 50
-split_shared_init_mib = 0.0
-split_shared_first_collective_mib = 0.0
-p2p_pair_mib = 0.0
-single_rank_init_mib = 0.0
-process_first_comm_mib = 0.0
-default_nchannels = 8
-init_mib_at_max_nchannels = { 2 = 30.0 }
+comm_fixed_mib = 1.5
+process_mib = 50
+process_first_collective_mib = 0.0
+
+[topology]
+nics_per_node = 4
 
 [timing]
 comm_init_s = 0.1
@@ -203,10 +182,9 @@ p2p_latency_s = 1e-5
 cuda_context_s = 0.5
 
 [derivation]
-init_mib = "made up"
-first_collective_mib = "made up"
-default_nchannels = "made up"
-init_mib_at_max_nchannels = "made up"
+comm_fixed_mib = "made up"
+process_mib = "made up"
+topology = "made up"
 """
 
 
@@ -220,10 +198,11 @@ def test_a_valid_file_loads(tmp_path: Path) -> None:
     path = _write(tmp_path, VALID)
     profile = load_profile(path)
     assert profile.path == str(path)
-    assert profile.comm == CommCosts(100.0, 50.0, 0.0, 0.0, 0.0, 0.0, 0.0, 8, {2: 30.0})
-    assert isinstance(profile.comm.first_collective_mib, float)
+    assert profile.comm == FixedOverheads(1.5, 50.0, 0.0)
+    assert isinstance(profile.comm.process_mib, float)
     assert profile.releases == ("2.15",)
-    assert profile.costs_for_env({"NCCL_MAX_NCHANNELS": "2"}).init_mib == 30.0
+    assert profile.topology.nics_per_node == 4
+    assert profile.topology.interconnect == "nvswitch"  # the rest is the GPU kind's
     assert get_profile(str(path)) == profile
 
 
@@ -238,39 +217,33 @@ def test_profiles_are_frozen(tmp_path: Path) -> None:
     [
         # unknown keys
         ('measured = "nothing"', 'measured = "nothing"\ncolour = "blue"', "colour"),
-        ("init_mib = 100.0", "init_mib = 100.0\nnvls_mib = 5.0", "comm.nvls_mib"),
-        ('init_mib = "made up"', 'init_mib = "made up"\nhunch = "x"', "derivation.hunch"),
+        ("comm_fixed_mib = 1.5", "comm_fixed_mib = 1.5\ninit_mib = 5.0", "comm.init_mib"),
+        ('process_mib = "made up"', 'process_mib = "made up"\nhunch = "x"', "derivation.hunch"),
+        ("nics_per_node = 4", "nics_per_node = 4\nswitches = 2", "topology.switches"),
         # missing keys
         ('nccl_version = "2.30.7"\n', "", "nccl_version"),
-        ("p2p_pair_mib = 0.0\n", "", "comm.p2p_pair_mib"),
+        ("process_first_collective_mib = 0.0\n", "", "comm.process_first_collective_mib"),
         ("cuda_context_s = 0.5\n", "", "timing.cuda_context_s"),
-        ('first_collective_mib = "made up"\n', "", "derivation.first_collective_mib"),
-        ('default_nchannels = "made up"\n', "", "derivation.default_nchannels"),
-        ('init_mib_at_max_nchannels = "made up"\n', "", "derivation.init_mib_at_max_nchannels"),
+        ('process_mib = "made up"\n', "", "derivation.process_mib"),
+        ('topology = "made up"\n', "", "derivation.topology"),
         # wrong types
-        ("init_mib = 100.0", 'init_mib = "100"', "comm.init_mib"),
-        ("default_nchannels = 8", "default_nchannels = 8.0", "comm.default_nchannels"),
-        ("default_nchannels = 8", "default_nchannels = true", "comm.default_nchannels"),
+        ("comm_fixed_mib = 1.5", 'comm_fixed_mib = "1.5"', "comm.comm_fixed_mib"),
+        ("process_mib = 50", "process_mib = true", "comm.process_mib"),
         ('releases = ["2.15"]', 'releases = "2.15"', "releases"),
-        (
-            "init_mib_at_max_nchannels = { 2 = 30.0 }",
-            "init_mib_at_max_nchannels = 30.0",
-            "init_mib_at_max_nchannels",
-        ),
+        ("nics_per_node = 4", "nics_per_node = 1.5", "topology.nics_per_node"),
+        ("nics_per_node = 4", 'interconnect = "ethernet"', "topology.interconnect"),
         ('name = "test-profile"', "name = 3", "name"),
+        ('nccl_version = "2.30.7"', 'nccl_version = "recent"', "nccl_version"),
         # negative and out-of-range values
-        ("first_collective_mib = 50", "first_collective_mib = -50", "comm.first_collective_mib"),
+        ("process_mib = 50", "process_mib = -50", "comm.process_mib"),
         ("p2p_latency_s = 1e-5", "p2p_latency_s = -1e-5", "timing.p2p_latency_s"),
         ("bus_bandwidth_gbps = 100.0", "bus_bandwidth_gbps = 0.0", "timing.bus_bandwidth_gbps"),
-        ("default_nchannels = 8", "default_nchannels = 0", "comm.default_nchannels"),
-        ("{ 2 = 30.0 }", "{ 0 = 30.0 }", "comm.init_mib_at_max_nchannels.0"),
-        ("{ 2 = 30.0 }", "{ 2 = -30.0 }", "comm.init_mib_at_max_nchannels.2"),
         # unknown names
         ('gpu = "h100-96gb"', 'gpu = "h800"', "gpu"),
         ('releases = ["2.15"]', 'releases = ["2.17"]', "releases[0]"),
         ('releases = ["2.15"]', 'releases = ["2.15", "2.15"]', "releases[1]"),
-        # a non-zero cost needs a derivation
-        ("p2p_pair_mib = 0.0", "p2p_pair_mib = 5.0", "derivation.p2p_pair_mib"),
+        # a non-zero overhead needs a derivation
+        ("process_first_collective_mib = 0.0", "process_first_collective_mib = 5.0", "derivation.process_first"),
     ],
 )
 def test_bad_files_fail_naming_file_and_key(tmp_path: Path, old: str, new: str, key: str) -> None:

@@ -6,6 +6,7 @@ the profile written from them must parse, carry provenance, and reproduce the su
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ pytest.importorskip("torch")
 from simnccl.cluster import Cluster, get_gpu_kind
 from simnccl.engine import Engine, SimConfig
 from simnccl.ops import MIB
-from simnccl.profiles import find_profile, parse_profile
+from simnccl.profiles import FixedOverheads, find_profile, parse_profile
 from simnccl.real.calibrate import derive, profile_toml, reproduce, suite, write_gpu_scenarios
 from simnccl.release import get_release
 from simnccl.scenario import load_scenario
@@ -56,7 +57,7 @@ def test_profile_from_simulated_measurements_round_trips(world: int, tmp_path: P
     base = find_profile("h200-141gb", "2.15")
     results = _synthetic(base, world)
     assert all(r["verdict"] == "pass" for r in results.values())
-    values, why, notes = derive(results, world)
+    values, why, notes = derive(results, world, base)
     text = profile_toml(
         name="h200-test",
         gpu="h200-141gb",
@@ -66,22 +67,43 @@ def test_profile_from_simulated_measurements_round_trips(world: int, tmp_path: P
         why=why,
         base=base,
         notes=notes,
+        nccl_version="2.30.7",
     )
     path = tmp_path / "h200-test.toml"
     path.write_text(text)
     profile = parse_profile(text, str(path))
     assert profile.nccl_version == "2.30.7" and "NVIDIA H200" in profile.source
-    assert profile.comm.first_collective_mib == pytest.approx(base.comm.first_collective_mib, rel=1e-3)
+    assert profile.comm == pytest.approx(base.comm, abs=1e-3)  # every fitted overhead found again
     if world == 1:
-        assert profile.comm.single_rank_init_mib == pytest.approx(base.comm.single_rank_init_mib, rel=1e-3)
         assert any("2 GPUs" in n for n in notes)
-    else:
-        assert profile.comm.init_mib == pytest.approx(base.comm.init_mib, rel=1e-3)
-        assert profile.comm.p2p_pair_mib == pytest.approx(base.comm.p2p_pair_mib, rel=1e-3)
     rows = reproduce(profile, suite(world), results)
-    checked = [r for r in rows if r["run"] in ("nccl", "split-share", "p2p")]
-    assert checked and all(r["within"] for r in checked), rows
-    assert "carried over from profile" in profile.derivation["default_nchannels"]
+    assert rows and all(r["within"] and abs(r["residual_mib"]) < 0.01 for r in rows), rows
+    assert "carried over from profile" in profile.derivation["nocolor_split_s"]
+
+
+def test_calibrate_fits_only_the_fixed_overheads(tmp_path: Path) -> None:
+    """Measurements 10 MiB above the model per group, 50 at init and 300 at the first collective: exactly those
+    three figures come back, and nothing else of memory is written to the profile."""
+    base = find_profile("h200-141gb", "2.15")
+    truth = replace(base, comm=FixedOverheads(10.0, 50.0, 300.0))
+    results = _synthetic(truth, 2)
+    values, why, _notes = derive(results, 2, base)
+    memory = {k: v for k, v in values.items() if k.endswith("_mib")}
+    assert memory == pytest.approx({"comm_fixed_mib": 10.0, "process_mib": 50.0, "process_first_collective_mib": 300.0})
+    assert "least squares" in why["comm_fixed_mib"]
+    assert set(memory) == set(FixedOverheads.__dataclass_fields__)
+
+
+def test_a_negative_residual_is_clamped_and_noted() -> None:
+    base = find_profile("h200-141gb", "2.15")
+    results = _synthetic(base, 1)
+    for checkpoint in results["nccl"]["checkpoints"]:
+        if checkpoint["name"] != "context":
+            for device in checkpoint["devices"]:
+                device["used_mib"] -= 5000.0  # far less than the model predicts for the world's init
+    values, _, notes = derive(results, 1, base)
+    assert values["process_mib"] == 0.0
+    assert any("process_mib" in n and "clamped" in n for n in notes)
 
 
 def test_gpu_check_scenarios_load(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ import pytest
 from conftest import SCENARIOS_DIR, TINY
 
 from simnccl.cluster import Device
+from simnccl.engine.memory import PROCESS_OWNER
 from simnccl.faults import Fault, FaultSchedule
 from simnccl.memory import Owner
 from simnccl.ops import AllReduce
@@ -180,9 +181,11 @@ def test_replacement_communicators_are_charged_to_the_spare_device() -> None:
     spare = ledgers["n0:cuda:4"]
     comm_owners = sorted((o.group, o.phase) for o in spare.by_owner if o.kind == "comm")
     assert {o.rank for o in spare.by_owner} == {2}
-    groups = {group for group, _ in comm_owners}
-    # Rank 2 is in the default group, replica 1 (ranks 2,3) and dp group 0 (ranks 0,2): three communicators.
+    groups = {group for group, _ in comm_owners if group != PROCESS_OWNER}
+    # Rank 2 is in the default group, replica 1 (ranks 2,3) and dp group 0 (ranks 0,2): three communicators,
+    # besides what NCCL holds once per process.
     assert len(groups) == 3
+    assert {phase for group, phase in comm_owners if group == PROCESS_OWNER} >= {"process-first-comm"}
     assert Owner("cuda_context", 2) in spare.by_owner
     assert sum(b for o, b in spare.by_owner.items() if o.kind == "comm") > 0
     # Nothing of the final membership is left on the excluded GPU, and every group records rank 2 on the spare.

@@ -371,14 +371,18 @@ def test_env_value_not_a_string_in_variant(write_scenario) -> None:
 
 
 @pytest.mark.parametrize("where", ["torch", "variant"])
-def test_bad_nccl_max_nchannels_is_input_error(write_scenario, where: str) -> None:
+def test_bad_nccl_knob_is_input_error(write_scenario, where: str) -> None:
+    """Every NCCL_* knob the memory model parses is checked at load, naming the knob (NCCL itself takes
+    NCCL_MAX_NCHANNELS=0 as 1, so that one is not an error)."""
     if where == "torch":
         text = TINY.replace('release = "2.15"', 'release = "2.15"\nenv = { NCCL_MAX_NCHANNELS = "abc" }')
         key = "torch.env.NCCL_MAX_NCHANNELS"
+        expected = "expected an integer"
     else:
-        text = TINY + '\n[[variants]]\nname = "a"\n\n[[variants]]\nname = "b"\nenv = { NCCL_MAX_NCHANNELS = "0" }\n'
-        key = "variants[1].env.NCCL_MAX_NCHANNELS"
-    _assert_error(write_scenario(text), key, "expected a positive integer")
+        text = TINY + '\n[[variants]]\nname = "a"\n\n[[variants]]\nname = "b"\nenv = { NCCL_BUFFSIZE = "0" }\n'
+        key = "variants[1].env.NCCL_BUFFSIZE"
+        expected = "expected an integer >= 1"
+    _assert_error(write_scenario(text), key, expected)
 
 
 def test_duplicate_variant_name(write_scenario) -> None:

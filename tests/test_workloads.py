@@ -8,6 +8,7 @@ from collections import Counter
 import pytest
 
 from simnccl.cluster import Cluster, get_gpu_kind
+from simnccl.comm_memory import Pricer
 from simnccl.engine import Engine, RunOutcome, SimConfig
 from simnccl.ops import (
     Alloc,
@@ -32,8 +33,30 @@ from simnccl.workloads import megatron as mg
 from simnccl.workloads import vllm as vl
 
 CONTEXT_MIB = 392.0  # h100-80gb CUDA context
-INIT_MIB = 231.1111  # h100-80gb-extrapolated init_mib
-CONNECT_MIB = 196.8889  # h100-80gb-extrapolated first_collective_mib
+PROFILE = find_profile("h100-80gb", "2.15")
+PROCESS_MIB = PROFILE.comm.process_mib  # NCCL's once-per-process cost, with the first communicator
+
+
+def priced_mib(groups, rank: int, nodes: int, gpus: int, uses: dict | None = None) -> float:
+    """What ``rank``'s communicators of ``groups`` (member tuples) cost, as NCCL's mechanics price them
+    (simnccl.comm_memory): each at init, plus the first call of each collective named in ``uses[i]`` for the
+    i-th group."""
+    pricer = Pricer(PROFILE, Cluster(get_gpu_kind("h100-80gb"), nodes, gpus).node_of)
+    total = 0
+    for i, ranks in enumerate(groups):
+        memory = pricer.create(ranks, ranks.index(rank), {})
+        for collective in (uses or {}).get(i, ()):
+            pricer.use(memory, collective, 4 * 2**20)
+        total += memory.breakdown.device_bytes
+    return total / 2**20
+
+
+def member_sets(program: Program, rank: int, *, splits: bool = False) -> list[tuple[int, ...]]:
+    """The rank sets of the NCCL groups ``rank`` joins (new_group calls, or with ``splits`` its split_group
+    colors, one communicator per split, cpu ones included), in program order."""
+    if splits:
+        return [s for op in program.ops if isinstance(op, SplitGroup) for s in op.split_ranks if rank in s]
+    return [op.ranks for op in new_groups(program) if rank in op.ranks and op.backend in (None, "nccl")]
 
 
 def new_groups(program: Program, backend: object = ...) -> list[NewGroup]:
@@ -299,14 +322,20 @@ def test_megatron_memory_on_2_15_legacy_and_dedupe() -> None:
     programs = generate("megatron", {"tp": 8, "pp": 2}, 32)
     default = used(run(programs, 4, 8), "startup")
     # 19 NCCL groups per rank (22 held - 3 gloo; the EGTP family included) + the default group; +1
-    # position-embedding group on stage 0.
-    stage0 = CONTEXT_MIB + 21 * INIT_MIB
-    others = CONTEXT_MIB + 20 * INIT_MIB
+    # position-embedding group (one rank) on stage 0.
+    world = tuple(range(32))
+    sets = {rank: member_sets(programs[rank], rank) for rank in (0, 16)}
+    assert len(sets[0]) == 20 and len(sets[16]) == 19
+    stage0 = CONTEXT_MIB + PROCESS_MIB + priced_mib([world, *sets[0]], 0, 4, 8)
+    others = CONTEXT_MIB + PROCESS_MIB + priced_mib([world, *sets[16]], 16, 4, 8)
     assert [round(v, 1) for v in default] == [round(stage0, 1)] * 16 + [round(others, 1)] * 16
+    assert stage0 - others == pytest.approx(priced_mib([(0,)], 0, 1, 1), abs=0.1)  # a one-rank group: 388 MiB
     legacy = used(run(programs, 4, 8, env={"TORCH_DIST_USE_NCCL2": "0"}), "startup")
     assert legacy == [CONTEXT_MIB] * 32
     dedupe = used(run(programs, 4, 8, policy="dedupe"), "startup")
-    assert all(v == pytest.approx(CONTEXT_MIB + 8 * INIT_MIB, abs=0.1) for v in dedupe)
+    distinct = list(dict.fromkeys(sets[16]))
+    assert len(distinct) == 7
+    assert dedupe[16] == pytest.approx(CONTEXT_MIB + PROCESS_MIB + priced_mib([world, *distinct], 16, 4, 8), abs=0.1)
 
 
 # ---------------------------------------------------------------------------------------------- vLLM
@@ -360,7 +389,10 @@ def test_vllm_split_path_and_moe_dp_engines() -> None:
     # Every split is collective over the world; each member gets a communicator per split, cpu ones too.
     outcome = run(programs, 2, 8)
     assert outcome.verdict == "pass"
-    assert used(outcome, "before_memory_check") == [pytest.approx(CONTEXT_MIB + 17 * INIT_MIB, abs=0.1)] * 16
+    sets = member_sets(programs[0], 0, splits=True)
+    assert len(sets) == 16  # + the default group = 17 communicators
+    expected = CONTEXT_MIB + PROCESS_MIB + priced_mib([tuple(range(16)), *sets], 0, 2, 8)
+    assert used(outcome, "before_memory_check")[0] == pytest.approx(expected, abs=0.1)
     # An inner DP world appears when one engine spans nodes.
     wide = generate("vllm", {"tp": 16, "dp": 2}, 32)[0]
     assert [op.bind for op in new_groups(wide)][2:4] == ["inner_dp_world", "inner_dp_world_cpu"]
@@ -379,8 +411,10 @@ def test_vllm_v2_runner_and_pynccl_charge() -> None:
 def test_vllm_tp8_memory_check_on_2_15_and_legacy() -> None:
     programs = generate("vllm", {"tp": 8, "gpu_memory_utilization": 0.98}, 8)
     outcome = run(programs, 1, 8)
-    # default group + world, tp, dcp, pcp, pp, dp device groups: 7 eager communicators before the check
-    assert used(outcome, "before_memory_check") == [pytest.approx(CONTEXT_MIB + 7 * INIT_MIB, abs=0.1)] * 8
+    # default group + world, tp (8 ranks), dcp, pcp, pp, dp (one rank) device groups: 7 eager communicators
+    eight, one = priced_mib([tuple(range(8))], 0, 1, 8), priced_mib([(0,)], 0, 1, 8)
+    expected = CONTEXT_MIB + PROCESS_MIB + 3 * eight + 4 * one
+    assert used(outcome, "before_memory_check") == [pytest.approx(expected, abs=0.1)] * 8
     assert outcome.verdict == "fail"
     assert "less than desired GPU memory utilization (0.98" in outcome.errors[0]["message"]
     legacy = run(programs, 1, 8, env={"TORCH_DIST_USE_NCCL2": "0"})
@@ -480,9 +514,15 @@ def test_torchtitan_device_id_variant_splits_real_dims() -> None:
     assert all(op.backend == "fake" for op in new_groups(programs[0]))
     outcome = run(programs, 1, 8)
     assert outcome.verdict == "pass"
-    assert used(outcome, "startup") == [pytest.approx(CONTEXT_MIB + 8 * INIT_MIB, abs=0.1)] * 8
+    world, sets = tuple(range(8)), member_sets(programs[0], 0, splits=True)
+    assert len(sets) == 7  # + the default group = 8 communicators
+    expected = CONTEXT_MIB + PROCESS_MIB + priced_mib([world, *sets], 0, 1, 8)
+    assert used(outcome, "startup")[0] == pytest.approx(expected, abs=0.1)
     deduped = run(programs, 1, 8, policy="dedupe")
-    assert used(deduped, "startup") == [pytest.approx(CONTEXT_MIB + 3 * INIT_MIB, abs=0.1)] * 8
+    distinct = [s for s in dict.fromkeys(sets) if s != world]  # the default group's set is reused too
+    assert len(distinct) == 2
+    expected = CONTEXT_MIB + PROCESS_MIB + priced_mib([world, *distinct], 0, 1, 8)
+    assert used(deduped, "startup")[0] == pytest.approx(expected, abs=0.1)
 
 
 # ---------------------------------------------------------------------------------------------- DeepSpeed
@@ -500,7 +540,12 @@ def test_deepspeed_zero_on_an_eager_device_id_world() -> None:
     for env in ({}, {"TORCH_DIST_USE_NCCL2": "0"}):  # device_id makes legacy eager too
         outcome = run(programs, 2, 8, env=env)
         assert outcome.verdict == "pass"
-        assert used(outcome, "startup") == [pytest.approx(CONTEXT_MIB + 2 * INIT_MIB + CONNECT_MIB, abs=0.1)] * 16
+        # the default group and its clone (16 ranks on 2 nodes), the clone connected by the model broadcast, and
+        # the process's first collective
+        world = tuple(range(16))
+        comms = priced_mib([world, world], 0, 2, 8, uses={1: ("broadcast",)})
+        expected = CONTEXT_MIB + PROCESS_MIB + PROFILE.comm.process_first_collective_mib + comms
+        assert used(outcome, "startup")[0] == pytest.approx(expected, abs=0.1)
 
 
 def test_deepspeed_pipeline_grid_groups_and_warmup() -> None:

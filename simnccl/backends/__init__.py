@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from simnccl.backends.base import Charge, Comm, CommState, Lifecycle, runtime_connect, split_share
+from simnccl.backends.base import Charge, Comm, CommState, Lifecycle
 from simnccl.backends.fake import FakeLifecycle
 from simnccl.backends.gloo import GlooLifecycle
 from simnccl.backends.legacy import LegacyLifecycle
@@ -30,6 +30,4 @@ __all__ = [
     "CommState",
     "Lifecycle",
     "lifecycle",
-    "runtime_connect",
-    "split_share",
 ]

@@ -2,18 +2,20 @@
 
 Why a lifecycle object per implementation: the same ``new_group`` costs memory at creation under nccl2,
 at first use under legacy, never under gloo. The c10d model decides *which* implementation and whether the
-group is split or bootstrapped fresh; the lifecycle decides *when* memory is charged and how much.
+group is split or bootstrapped fresh; the lifecycle decides *when* a communicator exists (and whether it
+allocates GPU memory at all); how much it costs comes from NCCL's mechanics (``simnccl.comm_memory``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import TYPE_CHECKING
 
-from simnccl.memory import mib_to_bytes
-from simnccl.profiles import CommCosts
 from simnccl.release import Impl, Release
+
+if TYPE_CHECKING:
+    from simnccl.comm_memory import CommMemory
 
 
 class CommState(StrEnum):
@@ -44,6 +46,10 @@ class Comm:
     pair_comms: dict[int, int] = field(default_factory=dict)
     pair_attempts: dict[int, int] = field(default_factory=dict)
     p2p_seq: dict[tuple[int, int], int] = field(default_factory=dict)
+    # The communicator it was split from, and what this rank's communicator holds (simnccl.comm_memory):
+    # its breakdown per NCCL mechanism, NVLS multicast slots, the uses connected so far. None until init.
+    parent: Comm | None = None
+    memory: CommMemory | None = None
 
     @property
     def ready(self) -> bool:
@@ -56,18 +62,6 @@ class Charge:
 
     phase: str
     num_bytes: int
-
-
-def runtime_connect(env: Mapping[str, str]) -> bool:
-    """NCCL_RUNTIME_CONNECT (default 1): connection buffers at the first collective instead of at init."""
-    return env.get("NCCL_RUNTIME_CONNECT", "1") != "0"
-
-
-def split_share(env: Mapping[str, str], option: bool | None) -> bool:
-    """config.split_share wins over NCCL_COMM_SPLIT_SHARE_RESOURCES (unset means not shared)."""
-    if option is not None:
-        return option
-    return env.get("NCCL_COMM_SPLIT_SHARE_RESOURCES") == "1"
 
 
 class Lifecycle:
@@ -88,33 +82,3 @@ class Lifecycle:
 
     def p2p_uses_pair_comm(self, comm: Comm, *, bound: bool) -> bool:
         return False
-
-    def init_charges(self, costs: CommCosts, comm: Comm, env: Mapping[str, str]) -> list[Charge]:
-        if not self.allocates_gpu_memory:
-            return []
-        if comm.via_split and comm.shared:
-            mib = costs.split_shared_init_mib
-        elif comm.size == 1:
-            mib = costs.single_rank_init_mib
-        else:
-            mib = costs.init_mib
-        charges = [Charge("init", mib_to_bytes(mib))]
-        if not runtime_connect(env):
-            charges.append(Charge("connect", mib_to_bytes(self._connect_mib(costs, comm))))
-        return charges
-
-    def first_collective_charges(self, costs: CommCosts, comm: Comm, env: Mapping[str, str]) -> list[Charge]:
-        if not self.allocates_gpu_memory or not runtime_connect(env):
-            return []
-        return [Charge("connect", mib_to_bytes(self._connect_mib(costs, comm)))]
-
-    def pair_charges(self, costs: CommCosts) -> list[Charge]:
-        if not self.allocates_gpu_memory:
-            return []
-        return [Charge("p2p-pair", mib_to_bytes(costs.p2p_pair_mib))]
-
-    @staticmethod
-    def _connect_mib(costs: CommCosts, comm: Comm) -> float:
-        if comm.via_split and comm.shared:
-            return costs.split_shared_first_collective_mib
-        return costs.first_collective_mib

@@ -84,8 +84,7 @@ class Collectives:
             return
         if comm.impl.is_nccl:
             self.memory.touch(rt, comm.device, op)
-        if not comm.connected:
-            self._connect(rt, target, comm, op)
+        self._connect(rt, target, comm, op, op.name, op.size_bytes)
         comm.seq += 1
         entry = self._fr_record(rt, target, comm, op.name, op.size_bytes, op.dtype, p2p=False)
         members = self.comms.registry.members.setdefault(comm.comm_id, target.ranks)
@@ -100,11 +99,13 @@ class Collectives:
         FlightRecorder.complete(entry, self.env.now)
         self.record(self.env.now, rt.rank, op.name, target.name, comm.seq)
 
-    def _connect(self, rt: RankRuntime, group: Group, comm: Comm, op: Op) -> None:
-        """The first operation on a communicator connects it: what the lifecycle charges then."""
+    def _connect(
+        self, rt: RankRuntime, group: Group, comm: Comm, op: Op, collective: str, nbytes: int, peer: int | None = None
+    ) -> None:
+        """The first call of each collective kind (send/recv: each peer) connects what its algorithm needs."""
         comm.connected = True
-        charges = lifecycle(comm.impl).first_collective_charges(self.memory.costs(rt), comm, rt.ctx.env)
-        self.memory.charge(rt, comm, charges, op, group)
+        peer_index = None if peer is None else group.ranks.index(peer)
+        self.memory.use_comm(rt, comm, group, op, collective, nbytes, peer_index)
 
     def _wait_tree(self, rt: RankRuntime, meeting: Meeting, op: Broadcast) -> Waiting:
         """A gloo broadcast is a binomial tree of sends and recvs, not one rendezvous: a member leaves as soon
@@ -181,8 +182,7 @@ class Collectives:
         else:
             if not comm.ready:
                 yield from self.comms.init(rt, target, comm, op)
-            if not comm.connected:
-                self._connect(rt, target, comm, op)
+            self._connect(rt, target, comm, op, op.name, op.size_bytes, op.peer)
             channel = comm.comm_id
         n = comm.p2p_seq.get((src, dst), 0) + 1
         comm.p2p_seq[(src, dst)] = n
@@ -219,5 +219,7 @@ class Collectives:
             state=CommState.READY,
             comm_id=pair_id,
         )
-        self.memory.charge(rt, pair, lifecycle(comm.impl).pair_charges(self.memory.costs(rt)), op, group)
+        ranks = (lo, hi)
+        self.memory.init_comm(rt, pair, group, op, ranks=ranks, phase="p2p-pair")
+        self.memory.use_comm(rt, pair, group, op, op.name, op.size_bytes, ranks.index(peer), phase="p2p-pair")
         return pair_id

@@ -4,8 +4,9 @@ splitting them from a parent, their identities, and destroying them.
 Why a room: what a communicator *is* at each step (lazy, bootstrapping, split, ready, destroyed) and which
 meeting each step is, keyed the way torch/NCCL match it: a bootstrap is a members-only meeting under the
 group's name (two groups under one name collide); a split is the next op in the parent communicator's
-sequence, where non-members join with NOCOLOR without waiting (run-ahead). What a step costs is charged
-through ``Memory``; how long it takes comes from ``Timing``.
+sequence, where non-members join with NOCOLOR without waiting (run-ahead). What a communicator costs at init
+is priced and charged through ``Memory`` (a split child with its parent, which decides sharing); how long a
+step takes comes from ``Timing``.
 """
 
 from __future__ import annotations
@@ -94,6 +95,7 @@ class Comms:
             lazy_init=comm_plan.lazy_init,
             via_split=comm_plan.split_from is not None,
             shared=comm_plan.shared,
+            parent=comm_plan.split_from,
         )
         for pair in plan.backend.pairs:
             if pair.name == comm_plan.pair.name:
@@ -143,7 +145,7 @@ class Comms:
         self.abort_if_cudamallocasync(rt, comm)
         self.nvls.reserve(rt, comm, group, self.registry.members)
         comm.state = CommState.READY
-        self.memory.charge(rt, comm, life.init_charges(self.memory.costs(rt), comm, rt.ctx.env), op, group)
+        self.memory.init_comm(rt, comm, group, op)
 
     def _gloo_singleton(self, rt: RankRuntime, group: Group, op: Op) -> None:
         """A one-rank ProcessGroupGloo still writes its address under the group's store prefix (measured: a
@@ -230,8 +232,9 @@ class Comms:
         self.abort_if_cudamallocasync(rt, comm)
         self.nvls.reserve(rt, comm, group, self.registry.members)
         comm.state = CommState.READY
-        costs = self.memory.costs(rt)
-        self.memory.charge(rt, comm, lifecycle(comm.impl).init_charges(costs, comm, rt.ctx.env), op, group)
+        parent = comm.parent
+        parent_ranks = None if parent is None or parent.comm_id is None else self.registry.members.get(parent.comm_id)
+        self.memory.init_comm(rt, comm, group, op, parent_ranks=parent_ranks)
 
     def _split_colors(self, meeting: Meeting) -> dict[tuple[int, ...], int | Meeting]:
         """Assign child communicators per color once; an incomplete color becomes a stuck meeting."""

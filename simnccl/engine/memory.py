@@ -1,10 +1,12 @@
-"""Devices and memory: each device's ledger, CUDA contexts, what a communicator's lifecycle steps charge (and
-to which group record), and the ops a rank runs on its own device (set_device, memory_check,
-checkpoint).
+"""Devices and memory: each device's ledger, each node's pinned host memory, CUDA contexts, what a
+communicator costs at init and at the first use of each collective kind (and to which group record), and the
+ops a rank runs on its own device (set_device, alloc, memory_check, checkpoint).
 
 Why a room: every byte the simulator reports goes through ``charge`` or a local op here, tagged with its
 owner, so a memory timeline per device and per owner falls out of the ledgers (``simnccl.memory``). What a
-step costs comes from the profile (``costs``), never from code (DESIGN rule 4).
+communicator costs comes from NCCL's mechanics plus the profile's measured overheads
+(``simnccl.comm_memory``), never from code (DESIGN rules 4, 12). Each rank's communicator keeps its itemised
+breakdown (``Comm.memory``, and ``"memory"`` in its group record's member entry), NVLS multicast slots included.
 """
 
 from __future__ import annotations
@@ -13,13 +15,17 @@ from typing import Any
 
 from simnccl.backends import Charge, Comm, lifecycle
 from simnccl.c10d import Group, TorchError
+from simnccl.comm_memory import Pricer
 from simnccl.engine.config import WorkloadFailure
 from simnccl.engine.rendezvous import Rendezvous
 from simnccl.engine.sim import Sim
 from simnccl.engine.state import GroupRecord, RankRuntime, Snapshot, Waiting, current_device
 from simnccl.memory import DeviceLedger, Owner, SimulatedOOM, oom_message, vllm_check_message, vllm_requested_bytes
+from simnccl.nccl import Part
 from simnccl.ops import Checkpoint, MemoryCheck, Op, SetDevice
-from simnccl.profiles import MAX_NCHANNELS_ENV, CommCosts
+
+# The owner "group" of NCCL's once-per-process overheads: the process holds them, no communicator does.
+PROCESS_OWNER = "(nccl process)"
 
 
 def mib_bytes(mib: float) -> int:
@@ -58,20 +64,21 @@ class Memory:
         self._record_of_group: dict[int, tuple[Group, GroupRecord]] = {}  # id(group) -> (group, its record)
         self._ranks_keys: dict[int, RanksKey] = {}
         self._device_ledgers: dict[tuple[int, int], DeviceLedger] = {}  # (node, index) -> its ledger
-        self._costs_by_channels: dict[str | None, CommCosts] = {}
+        # Pinned host memory NCCL allocates (work FIFO, host-side connection buffers, network buffers without
+        # GPUDirect RDMA): a ledger per node, unbounded (the host's memory is not modelled), never in the
+        # device figures.
+        self.host_ledgers: dict[str, DeviceLedger] = {}
+        # NVSwitch multicast objects (NVLS slots) the communicators on each device hold now (NVIDIA/nccl#2077:
+        # 128 per 8-GPU node), and what each rank's communicator holds, to give them back at destroy.
+        self.multicast_objects: dict[str, int] = {}
+        self._slots_held: dict[tuple[int, str], int] = {}
+        self.pricer = Pricer(self.profile, self.cluster.node_of)
         self._oom_at_init: set[int] = set()  # ranks whose next init charge fails (injected fault)
+        self._collective_devices: set[tuple[int, int]] = set()  # (rank, device): its first collective was paid
 
     def fail_next_init(self, rank: int) -> None:
         """Arm an ``oom-at-init`` fault: this rank's next communicator init runs out of memory."""
         self._oom_at_init.add(rank)
-
-    def costs(self, rt: RankRuntime) -> CommCosts:
-        """Profile costs under this process's environment (a policy may set NCCL_MAX_NCHANNELS)."""
-        channels = rt.ctx.env.get(MAX_NCHANNELS_ENV)
-        costs = self._costs_by_channels.get(channels)
-        if costs is None:
-            costs = self._costs_by_channels[channels] = self.profile.costs_for_env(rt.ctx.env)
-        return costs
 
     def ledger(self, rt: RankRuntime, index: int) -> DeviceLedger:
         """The ledger of device ``index`` on this rank's node (validated by the cluster on first use)."""
@@ -95,23 +102,102 @@ class Memory:
             self.record(self.sim.now(), rt.rank, "context", ledger.device)
         return ledger
 
+    # ---------------------------------------------------------------- communicator memory
+
+    def init_comm(
+        self,
+        rt: RankRuntime,
+        comm: Comm,
+        group: Group,
+        op: Op,
+        parent_ranks: tuple[int, ...] | None = None,
+        ranks: tuple[int, ...] | None = None,
+        phase: str = "init",
+    ) -> None:
+        """Price a communicator that just finished its init (fresh or split) and charge what init allocates.
+
+        ``parent_ranks``: the members of the communicator it was split from (``comm.parent``), which decides
+        whether it shares; ``ranks``: the communicator's members when they are not the group's (a p2p pair).
+        """
+        if comm.device is None or not lifecycle(comm.impl).allocates_gpu_memory:
+            return
+        members = group.ranks if ranks is None else ranks
+        parent = comm.parent.memory if comm.parent is not None else None
+        index = group.rank_in_group if ranks is None else ranks.index(rt.rank)
+        memory = self.pricer.create(members, index, rt.ctx.env, group.options, parent, parent_ranks)
+        comm.memory = memory
+        self._pay(rt, comm, phase, memory.breakdown.parts, op, group)
+
+    def use_comm(
+        self,
+        rt: RankRuntime,
+        comm: Comm,
+        group: Group,
+        op: Op,
+        collective: str,
+        nbytes: int,
+        peer_index: int | None = None,
+        phase: str = "connect",
+    ) -> None:
+        """The first call of a collective kind connects what its algorithm needs (NCCL_RUNTIME_CONNECT=1);
+        later calls of that kind cost nothing. ``peer_index``: a send/recv peer's index in the communicator."""
+        memory = comm.memory
+        if memory is None:
+            return
+        paid = self.pricer.use(memory, collective, nbytes, peer_index)
+        first = (rt.rank, comm.device)
+        if first not in self._collective_devices:  # the profile's once-per-process cost at the first collective
+            self._collective_devices.add(first)
+            self._process_charge(
+                rt, comm.device, "process-first-collective", self.pricer.process_first_collective_bytes, op
+            )
+        if paid:
+            self._pay(rt, comm, phase, paid, op, group)
+
+    def _pay(self, rt: RankRuntime, comm: Comm, phase: str, parts: tuple[Part, ...], op: Op, group: Group) -> None:
+        """Charge parts of a breakdown: device bytes as one allocation tagged ``phase``, host bytes to the node."""
+        device = sum(p.total for p in parts if p.ledger == "device")
+        host = sum(p.total for p in parts if p.ledger == "host")
+        self.charge(rt, comm, [Charge(phase, device)], op, group)
+        slots = sum(p.multicast_objects for p in parts)
+        if slots and comm.device is not None:
+            key = self.ledger(rt, comm.device).device
+            self.multicast_objects[key] = self.multicast_objects.get(key, 0) + slots
+            self._slots_held[(rt.rank, comm.group)] = self._slots_held.get((rt.rank, comm.group), 0) + slots
+        if host:
+            key = f"n{rt.node}:host"
+            ledger = self.host_ledgers.get(key)
+            if ledger is None:
+                ledger = self.host_ledgers[key] = DeviceLedger(key, 2**62)
+            ledger.allocate(Owner("comm", rt.rank, comm.group, phase), host, time_s=self.sim.now(), op=op)
+
+    def _process_charge(self, rt: RankRuntime, device: int, phase: str, num_bytes: int, op: Op) -> None:
+        """A profile's once-per-process overhead: held by the process (``PROCESS_OWNER``), not by a group, so
+        destroying the communicator that paid it frees nothing of it."""
+        if num_bytes:
+            ledger = self.ledger(rt, device)
+            now = self.sim.now()
+            ledger.allocate(Owner("comm", rt.rank, PROCESS_OWNER, phase), num_bytes, time_s=now, op=op, nccl=True)
+            self.record(now, rt.rank, "alloc", ledger.device, PROCESS_OWNER, phase, num_bytes)
+
     def charge(self, rt: RankRuntime, comm: Comm, charges: list[Charge], op: Op, group: Group | None) -> None:
         if comm.device is None or not charges:
             return
         ledger = self.touch(rt, comm.device, op)
-        if comm.device not in rt.nccl_devices and lifecycle(comm.impl).allocates_gpu_memory:
-            rt.nccl_devices.add(comm.device)
-            charges = [Charge("process-first-comm", mib_bytes(self.costs(rt).process_first_comm_mib)), *charges]
+        first_comm = comm.device not in rt.nccl_devices and lifecycle(comm.impl).allocates_gpu_memory
         if rt.rank in self._oom_at_init and any(c.phase == "init" for c in charges):
             self._oom_at_init.discard(rt.rank)
             ledger = self.ledger(rt, comm.device)
+            wanted = sum(c.num_bytes for c in charges)
             raise SimulatedOOM(
-                oom_message(ledger.device, mib_bytes(self.costs(rt).init_mib), 0, ledger.total_bytes, nccl=True)
-                + " (injected fault: oom-at-init)",
+                oom_message(ledger.device, wanted, 0, ledger.total_bytes, nccl=True) + " (injected fault: oom-at-init)",
                 ledger.device,
-                mib_bytes(self.costs(rt).init_mib),
+                wanted,
                 0,
             )
+        if first_comm:
+            rt.nccl_devices.add(comm.device)
+            self._process_charge(rt, comm.device, "process-first-comm", self.pricer.process_bytes, op)
         now = self.sim.now()  # no simulated time passes while charging
         member: dict[str, Any] | None = None
         for charge in charges:
@@ -131,20 +217,27 @@ class Memory:
                     member = record.members.setdefault(rt.rank, {"device": ledger.device, "bytes": 0, "phases": {}})
                 member["bytes"] += charge.num_bytes
                 member["phases"].setdefault(charge.phase, now)
+        if member is not None and comm.memory is not None:
+            member.setdefault("memory", {})[comm.group] = comm.memory  # this rank's communicators of the group
 
     def release_comm(self, rt: RankRuntime, comm: Comm, op: Op) -> None:
         """Free what this rank's part of a destroyed communicator (and its p2p pair communicators) holds."""
         if comm.device is None:
             return
         ledger = self.ledger(rt, comm.device)
-        for owner in [
-            o
-            for o in ledger.by_owner
-            if o.rank == rt.rank
-            and o.kind == "comm"
-            and (o.group == comm.group or o.group.startswith(comm.group + "/p2p-"))
-        ]:
-            ledger.release_owner(owner, time_s=self.env.now, op=op)
+        host = self.host_ledgers.get(f"n{rt.node}:host")
+        for held in (ledger, host) if host is not None else (ledger,):
+            for owner in [
+                o
+                for o in held.by_owner
+                if o.rank == rt.rank
+                and o.kind == "comm"
+                and (o.group == comm.group or o.group.startswith(comm.group + "/p2p-"))
+            ]:
+                held.release_owner(owner, time_s=self.env.now, op=op)
+        slots = self._slots_held.pop((rt.rank, comm.group), 0)
+        if slots:
+            self.multicast_objects[ledger.device] -= slots
 
     def group_record(self, group: Group, comm: Comm) -> GroupRecord:
         cached = self._record_of_group.get(id(group))

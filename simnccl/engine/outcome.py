@@ -182,4 +182,6 @@ def outcome(
         trace=trace.events,
         fr_dumps=fr_dumps,
         slowdowns=timing.slowdowns(),
+        host_ledgers=memory.host_ledgers,
+        multicast_objects=memory.multicast_objects,
     )

@@ -15,8 +15,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from simnccl.backends import runtime_connect
 from simnccl.c10d import NON_GROUP_MEMBER, Group, Members, TorchError
+from simnccl.comm_memory import eager_group_mib
 from simnccl.engine.memory import Memory
 from simnccl.engine.planning import Planner
 from simnccl.engine.sim import Sim
@@ -165,7 +165,7 @@ class PolicyGate:
             purpose=op.purpose,
             traffic=op.traffic,
             history=history if history is not None else self.histories.history(rt),
-            eager_group_mib=self.memory.costs(rt).eager_group_mib(connect_at_init=not runtime_connect(rt.ctx.env)),
+            eager_group_mib=eager_group_mib(self.memory.profile, rt.ctx.env),
         )
 
     def group(self, rt: RankRuntime, op: NewGroup) -> NewGroup | None:

@@ -88,7 +88,12 @@ class Snapshot:
 
 @dataclass(slots=True)
 class GroupRecord:
-    """One group as the world sees it: its members and what each member's communicators cost."""
+    """One group as the world sees it: its members and what each member's communicators cost.
+
+    ``members[rank]``: ``device``, ``bytes`` (device bytes charged), ``phases`` (when each phase was first
+    paid) and ``memory``: {communicator name: ``simnccl.comm_memory.CommMemory``}, the itemised breakdown of
+    each of the rank's communicators of the group (NVLS multicast slots included), as it stands now.
+    """
 
     name: str
     desc: str
@@ -115,6 +120,11 @@ class RunOutcome:
     fr_dumps: dict[int, dict[str, Any]] = field(default_factory=dict)
     slowdowns: list[dict[str, Any]] = field(default_factory=list)  # what each straggler fault cost (Timing)
     meetings: list[Meeting] = field(default_factory=list)  # with keep_trace: every rendezvous (Perfetto trace waits)
+    # Pinned host memory NCCL holds, per node ("n0:host"): work FIFOs, host sides of connections, network
+    # buffers without GPUDirect RDMA (simnccl.comm_memory; never in the device ledgers).
+    host_ledgers: dict[str, DeviceLedger] = field(default_factory=dict)
+    # NVLS multicast objects (slots) the communicators on each device hold at the end (simnccl.comm_memory).
+    multicast_objects: dict[str, int] = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------------- a rank's state, read the same everywhere

@@ -1,14 +1,17 @@
-"""Calibration profiles: the bytes and seconds each NCCL communicator lifecycle step costs, with provenance.
+"""Calibration profiles: what must be *measured* about one GPU kind's NCCL memory and timings, with provenance.
 
-Why profiles are data: the costs belong to NCCL on one GPU kind (buffer sizes, channel counts), not to our
-code, and they come from someone's measurement. A profile names the GPU, the torch build, the NCCL version,
-what exactly was measured, where it was published, and - for every non-zero cost - how the number was
-derived (DESIGN rule 4). The real tier writes the same format when it calibrates on a GPU.
+Why profiles hold so little memory: a communicator's bytes are predicted from NCCL's own mechanics
+(``simnccl.nccl``: channels x connections x protocol buffers, NVLS, network shared buffers, when each is
+connected, split sharing) for the hardware the profile maps to (``topology``: the GPU kind's NVLink/NVSwitch,
+multicast, NICs from ``gpu_kinds.toml``, with the profile's ``[topology]`` changes) and its ``nccl_version``.
+A profile keeps only the fixed overheads the mechanics cannot name (``FixedOverheads``: per communicator, per
+process), the timings, and for each figure the data it was fitted to (``[derivation]``; DESIGN rules 4, 12).
+The CUDA context is the GPU kind's (``gpu_kinds.toml``). The real tier writes the same format when it
+calibrates on a GPU (``simnccl real calibrate`` fits only these overheads).
 
-Which *lifecycle* pays these costs (eager nccl2 at ``new_group``, legacy at the first collective, split
-children sharing their parent's resources) is torch's, and lives in ``simnccl.release`` and the backends; a
-profile only prices the steps. Files are untrusted input: parsed with ``tomllib``, validated field by field,
-and every error names the file, the key and what was expected (rule 9).
+Which *lifecycle* pays (eager nccl2 at ``new_group``, legacy at the first collective) is torch's, and lives in
+``simnccl.release`` and the backends. Files are untrusted input: parsed with ``tomllib``, validated field by
+field, and every error names the file, the key and what was expected (rule 9).
 """
 
 from __future__ import annotations
@@ -18,14 +21,16 @@ import importlib.resources
 import os
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from simnccl.cluster import ClusterError, GpuKind, get_gpu_kind, gpu_kinds
+from simnccl.nccl.constants import NcclInputError
+from simnccl.nccl.hardware import Topology, parse_topology, topology_for
+from simnccl.nccl.knobs import settings_from
+from simnccl.nccl.version import NcclVersion
 from simnccl.release import RELEASES
-
-MAX_NCHANNELS_ENV = "NCCL_MAX_NCHANNELS"
 
 _TOP_KEYS = (
     "name",
@@ -38,53 +43,41 @@ _TOP_KEYS = (
     "comm",
     "timing",
     "derivation",
+    "topology",
 )
+_REQUIRED_TOP_KEYS = tuple(key for key in _TOP_KEYS if key != "topology")
+# Facts of a GPU kind's topology a profile may change (all but its name and source).
+TOPOLOGY_FIELDS = tuple(f.name for f in fields(Topology) if f.name not in ("name", "source"))
+_OPTIONAL_TOPOLOGY = ("pcie_bw", "cumem_granularity_bytes")  # 0 in a Topology means "not given"
 
 
 class ProfileError(ValueError):
-    """A bad profile file, name or lookup (bad input, not a simulated failure)."""
+    """A bad profile file, name or lookup, or an environment knob it rejects (bad input, not a simulated
+    failure); ``knob`` names the environment variable when one is at fault."""
+
+    def __init__(self, message: str, knob: str = "") -> None:
+        super().__init__(message)
+        self.knob = knob
 
 
 @dataclass(frozen=True, slots=True)
-class CommCosts:
-    """Device memory, in MiB per GPU, that each communicator lifecycle step allocates.
+class FixedOverheads:
+    """What a profile must *measure* about NCCL's device memory, in MiB per GPU; everything else is predicted
+    from NCCL's mechanics (``simnccl.nccl``: channels x connections x protocol buffers, NVLS, network shared
+    buffers, when each is connected, split sharing).
 
-    ``init_mib``: a communicator's init (fresh, or a split child that does not share resources), at
-    ``default_nchannels``. ``first_collective_mib``: connection buffers NCCL allocates at the communicator's
-    first collective (NCCL_RUNTIME_CONNECT=1, the default). ``split_shared_*``: the same two steps for a split
-    child under NCCL_COMM_SPLIT_SHARE_RESOURCES=1 / ``config.split_share``. ``p2p_pair_mib``: a 2-rank pair
-    communicator created lazily for an unbatched send/recv, init and connect together.
-    ``single_rank_init_mib``: a 1-rank communicator. ``process_first_comm_mib``: a one-time per-process NCCL
-    overhead, charged with the process's first communicator. ``init_mib_at_max_nchannels``: measured init
-    figures at NCCL_MAX_NCHANNELS=n.
+    ``comm_fixed_mib``: per communicator, paid at its init, beyond the mechanics (allocations the model does not
+    itemise). ``process_mib``: once per process and device, with the process's first NCCL communicator (NCCL's
+    kernels and proxy state: sglang#35538's world group cost 82 MiB more than a later one).
+    ``process_first_collective_mib``: once per process and device, at its first NCCL collective or send/recv
+    (what a published absolute figure taken after collectives holds beyond the model and the context: torch's
+    tensors and allocator blocks, lazily loaded kernels, the context estimate's error). Each profile's
+    ``[derivation]`` says which data each was fitted to.
     """
 
-    init_mib: float
-    first_collective_mib: float
-    split_shared_init_mib: float
-    split_shared_first_collective_mib: float
-    p2p_pair_mib: float
-    single_rank_init_mib: float
-    process_first_comm_mib: float
-    default_nchannels: int
-    init_mib_at_max_nchannels: dict[int, float] = field(default_factory=dict, hash=False)
-
-    def eager_group_mib(self, *, connect_at_init: bool) -> float:
-        """The most one eagerly created group charges a member at creation (what a memory budget prices).
-
-        The largest of a fresh, a single-rank and a shared-split init; with NCCL_RUNTIME_CONNECT=0
-        (``connect_at_init``) the connection buffers come at init too, so the largest connect charge is added.
-        """
-        init = max(self.init_mib, self.single_rank_init_mib, self.split_shared_init_mib)
-        if not connect_at_init:
-            return init
-        return init + max(self.first_collective_mib, self.split_shared_first_collective_mib)
-
-
-# The MiB costs that scale with the channel count (everything but the channel fields themselves).
-_SCALED_COSTS = tuple(
-    f.name for f in fields(CommCosts) if f.name not in ("default_nchannels", "init_mib_at_max_nchannels")
-)
+    comm_fixed_mib: float
+    process_mib: float
+    process_first_collective_mib: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,7 +93,7 @@ class Timing:
     cuda_context_s: float
 
 
-_COMM_KEYS = tuple(f.name for f in fields(CommCosts))
+_COMM_KEYS = tuple(f.name for f in fields(FixedOverheads))
 _TIMING_KEYS = tuple(f.name for f in fields(Timing))
 
 
@@ -116,39 +109,31 @@ class Profile:
     source: str
     measured: str
     derivation: dict[str, str] = field(hash=False)
-    comm: CommCosts
+    comm: FixedOverheads
     timing: Timing
     path: str
+    topology_changes: dict[str, Any] = field(default_factory=dict, hash=False)
 
     @property
     def gpu_kind(self) -> GpuKind:
         return get_gpu_kind(self.gpu)
 
-    def costs_for_env(self, env: Mapping[str, str]) -> CommCosts:
-        """The costs in effect under ``env``'s NCCL_MAX_NCHANNELS (memory is linear in the channel count).
+    @property
+    def topology(self) -> Topology:
+        """The hardware NCCL's memory model prices on: the GPU kind's topology (``gpu_kinds.toml``) with this
+        profile's ``[topology]`` changes (what its measurement implies about the machine it was taken on)."""
+        base = topology_for(self.gpu)
+        return base.with_changes(**self.topology_changes) if self.topology_changes else base
 
-        A measured figure at exactly that cap replaces ``init_mib`` and ``single_rank_init_mib`` (the figures
-        published so far were measured on single-rank groups, sglang#35538); everything else scales by
-        ``min(n, default_nchannels) / default_nchannels`` (a cap above the default changes nothing).
-        """
-        raw = env.get(MAX_NCHANNELS_ENV)
-        if raw is None:
-            return self.comm
-        text = raw.strip()
-        if not (text.isascii() and text.isdigit()) or int(text) < 1:
-            raise ProfileError(
-                f"{self.path}: {MAX_NCHANNELS_ENV}={raw!r} in the environment; expected a positive integer"
-            )
-        requested = int(text)
-        default = self.comm.default_nchannels
-        effective = min(requested, default)
-        factor = effective / default
-        scaled: dict[str, Any] = {name: getattr(self.comm, name) * factor for name in _SCALED_COSTS}
-        measured = self.comm.init_mib_at_max_nchannels.get(requested)
-        if measured is not None:
-            scaled["init_mib"] = measured
-            scaled["single_rank_init_mib"] = measured
-        return replace(self.comm, default_nchannels=effective, **scaled)
+    def check_env(self, env: Mapping[str, str]) -> None:
+        """Raise ProfileError naming the knob (``knob``) when an NCCL_* variable of ``env`` has a value NCCL's
+        memory model rejects (the engine prices every communicator under its process's environment)."""
+        try:
+            settings_from(env)
+        except NcclInputError as err:
+            message = str(err)
+            knob = message.split(":", 1)[0] if message.startswith("NCCL_") else ""
+            raise ProfileError(message, knob=knob) from None
 
 
 # ---------------------------------------------------------------------------------------------- loading
@@ -201,20 +186,31 @@ class _Reader:
         return value
 
 
-def _parse_comm(r: _Reader, value: Any) -> CommCosts:
+def _parse_comm(r: _Reader, value: Any) -> FixedOverheads:
     table = r.table("comm", value, _COMM_KEYS, _COMM_KEYS)
-    costs: dict[str, Any] = {name: r.number(f"comm.{name}", table[name]) for name in _SCALED_COSTS}
-    nchannels = r.integer("comm.default_nchannels", table["default_nchannels"], 1)
-    at_n = table["init_mib_at_max_nchannels"]
-    if not isinstance(at_n, dict):
-        raise r.fail("comm.init_mib_at_max_nchannels", "a table of channel count = MiB", at_n)
-    measured: dict[int, float] = {}
-    for raw_n, mib in at_n.items():
-        key = f"comm.init_mib_at_max_nchannels.{raw_n}"
-        if not (raw_n.isascii() and raw_n.isdigit()) or int(raw_n) < 1:
-            raise r.fail(key, "a positive integer channel count as the key", raw_n)
-        measured[int(raw_n)] = r.number(key, mib)
-    return CommCosts(**costs, default_nchannels=nchannels, init_mib_at_max_nchannels=measured)
+    return FixedOverheads(**{name: r.number(f"comm.{name}", table[name]) for name in _COMM_KEYS})
+
+
+def _parse_topology(r: _Reader, gpu: str, value: Any) -> dict[str, Any]:
+    """``[topology]``: facts of the GPU kind's topology this profile's machine differs in (validated whole)."""
+    if not isinstance(value, dict):
+        raise r.fail("topology", "a table of topology facts (as in gpu_kinds.toml)", value)
+    if "source" in value:
+        raise ProfileError(f"{r.path}: topology.source: the reason goes in derivation.topology")
+    base = topology_for(gpu)
+    merged = {f: getattr(base, f) for f in TOPOLOGY_FIELDS if getattr(base, f) or f not in _OPTIONAL_TOPOLOGY}
+    unknown = sorted(set(value) - set(TOPOLOGY_FIELDS))
+    if unknown:
+        raise ProfileError(
+            f"{r.path}: unknown key(s) {', '.join('topology.' + u for u in unknown)}; "
+            f"expected {', '.join(TOPOLOGY_FIELDS)}"
+        )
+    merged.update(value)
+    try:
+        parse_topology(f"{r.path}: topology", gpu, {**merged, "source": base.source})
+    except NcclInputError as err:
+        raise ProfileError(str(err)) from None
+    return dict(value)
 
 
 def _parse_timing(r: _Reader, value: Any) -> Timing:
@@ -228,19 +224,18 @@ def _parse_timing(r: _Reader, value: Any) -> Timing:
     )
 
 
-def _parse_derivation(r: _Reader, value: Any, comm: CommCosts) -> dict[str, str]:
-    allowed = _COMM_KEYS + _TIMING_KEYS
+def _parse_derivation(r: _Reader, value: Any, comm: FixedOverheads, topology: Mapping[str, Any]) -> dict[str, str]:
+    allowed = (*_COMM_KEYS, *_TIMING_KEYS, "topology")
     table = r.table("derivation", value, allowed, ())
     derivation = {key: r.text(f"derivation.{key}", text) for key, text in table.items()}
-    needed = [name for name in _SCALED_COSTS if getattr(comm, name) != 0]
-    needed.append("default_nchannels")
-    if comm.init_mib_at_max_nchannels:
-        needed.append("init_mib_at_max_nchannels")
+    needed = [name for name in _COMM_KEYS if getattr(comm, name) != 0]
+    if topology:
+        needed.append("topology")
     missing = [name for name in needed if name not in derivation]
     if missing:
         raise ProfileError(
-            f"{r.path}: missing key(s) {', '.join('derivation.' + m for m in missing)}; every non-zero cost "
-            "must say how it was derived"
+            f"{r.path}: missing key(s) {', '.join('derivation.' + m for m in missing)}; every non-zero overhead "
+            "and every topology change must say how it was derived"
         )
     return derivation
 
@@ -265,7 +260,7 @@ def parse_profile(text: str, path: str) -> Profile:
     except tomllib.TOMLDecodeError as exc:
         raise ProfileError(f"{path}: not valid TOML: {exc}") from None
     r = _Reader(path)
-    r.table("", data, _TOP_KEYS, _TOP_KEYS)
+    r.table("", data, _TOP_KEYS, _REQUIRED_TOP_KEYS)
     name = r.text("name", data["name"])
     if any(ch.isspace() for ch in name):
         raise r.fail("name", "a name without spaces", name)
@@ -273,18 +268,25 @@ def parse_profile(text: str, path: str) -> Profile:
     if gpu not in gpu_kinds():
         raise r.fail("gpu", f"a GPU kind, one of {', '.join(gpu_kinds())}", gpu)
     comm = _parse_comm(r, data["comm"])
+    topology = _parse_topology(r, gpu, data["topology"]) if "topology" in data else {}
+    nccl_version = r.text("nccl_version", data["nccl_version"])
+    try:
+        NcclVersion.parse(nccl_version)
+    except NcclInputError as err:
+        raise ProfileError(f"{path}: {err}") from None
     return Profile(
         name=name,
         gpu=gpu,
         torch_build=r.text("torch_build", data["torch_build"]),
         releases=_parse_releases(r, data["releases"]),
-        nccl_version=r.text("nccl_version", data["nccl_version"]),
+        nccl_version=nccl_version,
         source=r.text("source", data["source"]),
         measured=r.text("measured", data["measured"]),
-        derivation=_parse_derivation(r, data["derivation"], comm),
+        derivation=_parse_derivation(r, data["derivation"], comm, topology),
         comm=comm,
         timing=_parse_timing(r, data["timing"]),
         path=path,
+        topology_changes=topology,
     )
 
 

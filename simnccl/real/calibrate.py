@@ -15,11 +15,22 @@ driver as ``python -m simnccl.real run``, with checkpoints between the steps:
 ``p2p`` (2 GPUs only)     nccl-lazy world, one send/recv pair (a lazily created pair communicator)
 ========================  =====================================================================================
 
-Costs are differences between checkpoints of rank 0's device (``mem_get_info`` used, so NCCL buffers count),
-divided by k where k groups were created; each derivation is written into the profile. Timings come from the
-ops' wall times where measured, the rest (and ``default_nchannels``) is carried over from the simulator's
-built-in profile for this GPU, and says so. The simulator then re-runs the suite from the new profile and the
-per-checkpoint growth it predicts is compared with the measurement (reproduction within 1 % is the target).
+Only what NCCL's mechanics cannot predict is fitted (DESIGN rule 12): the profile's fixed overheads. The
+simulator first runs the suite with those overheads at zero (NCCL's mechanics alone, ``simnccl.nccl``, on the
+GPU kind's topology and the measured NCCL version); the residuals of rank 0's device growth (``mem_get_info``
+used, so NCCL buffers count) between checkpoints then give
+
+* ``comm_fixed_mib``: the mean residual per eagerly created group (world_coll -> groups, divided by k) over
+  the worlds that create them eagerly (``nccl``, ``nccl-lazy``, ``split-share``, ``max-nchannels-1``): the
+  least-squares constant per communicator;
+* ``process_mib``: the residual of ``context -> init`` (the world communicator, the process's first) minus
+  ``comm_fixed_mib``;
+* ``process_first_collective_mib``: the residual of ``init -> world_coll`` (the process's first collective).
+
+A negative residual is clamped at 0 and noted (the model over-predicts there). Timings come from the ops' wall
+times where measured, the rest is carried over from the simulator's built-in profile for this GPU, and says
+so. The simulator then re-runs the suite from the new profile and reports the residual at every checkpoint of
+every world (reproduction within 1 % is the target).
 """
 
 from __future__ import annotations
@@ -139,75 +150,82 @@ def op_seconds(result: Mapping[str, Any], name: str, rank: int = 0) -> list[floa
     return []
 
 
-def derive(results: Mapping[str, Mapping[str, Any]], world: int) -> tuple[dict[str, Any], dict[str, str], list[str]]:
-    """Profile fields measured by the suite, their derivations, and notes (what could not be measured)."""
+EAGER_GROUP_RUNS = ("nccl", "nccl-lazy", "split-share", "max-nchannels-1")
+
+
+def _growth(used: Any, label_a: str, label_b: str) -> float | None:
+    """``used(label)`` at b minus at a, or None where either is missing."""
+    x, y = used(label_a), used(label_b)
+    return None if x is None or y is None else y - x
+
+
+def model_only(base: Any, nccl_version: str | None = None) -> Any:
+    """``base`` with every fixed overhead at zero (and the measured NCCL version): NCCL's mechanics alone."""
+    from dataclasses import replace
+
+    from simnccl.profiles import FixedOverheads
+
+    return replace(
+        base,
+        comm=FixedOverheads(0.0, 0.0, 0.0),
+        nccl_version=nccl_version or base.nccl_version,
+        name=f"{base.name}-model-only",
+    )
+
+
+def derive(
+    results: Mapping[str, Mapping[str, Any]], world: int, base: Any, nccl_version: str | None = None
+) -> tuple[dict[str, Any], dict[str, str], list[str]]:
+    """The fixed overheads and timings measured by the suite, their derivations, and notes.
+
+    ``base``: the built-in profile of this GPU kind (its topology; its timings where unmeasured);
+    ``nccl_version``: the NCCL the measurement ran (default: the base's).
+    """
     values: dict[str, Any] = {}
     why: dict[str, str] = {}
     notes: list[str] = []
     k = GROUPS
+    model = model_only(base, nccl_version)
+    predicted = {run.name: _simulate(model, run) for run in suite(world)}
 
-    def delta(run: str, a: str, b: str) -> float | None:
+    def residual(run: str, a: str, b: str) -> tuple[float, float, float] | None:
+        """(real growth, model growth, residual) between two checkpoints of a world that passed."""
         result = results.get(run)
-        if result is None or result.get("verdict") != "pass":
+        if result is None or result.get("verdict") != "pass" or predicted[run].verdict != "pass":
             return None
-        x, y = used_at(result, a), used_at(result, b)
-        return None if x is None or y is None else y - x
+        real = _growth(lambda label: used_at(result, label), a, b)
+        sim = _growth(lambda label: _sim_used(predicted[run], label), a, b)
+        return None if real is None or sim is None else (real, sim, real - sim)
 
-    g = delta("nccl", "world_coll", "groups")
-    gc = delta("nccl", "groups", "groups_coll")
-    world_init = delta("nccl", "context", "init")
-    if g is None or gc is None or world_init is None:
+    if residual("nccl", "context", "init") is None or residual("nccl", "init", "world_coll") is None:
         raise RuntimeError("the nccl calibration world did not pass; nothing to derive (see the run report)")
-    per_group = g / k
-    single = world == 1
-    values["init_mib"] = round(per_group, 4)
-    values["single_rank_init_mib"] = round(per_group, 4)
-    why["init_mib"] = (
-        f"measured: {k} new_group calls on a bound nccl2 world ({world} rank(s)) grew rank 0's device by "
-        f"{g:.3f} MiB (checkpoints world_coll -> groups) -> {g:.3f} / {k} = {per_group:.4f} MiB per communicator"
-        + (" (1-rank communicators: a one-GPU calibration; multi-rank init is taken to equal it)" if single else "")
+    per_group = {run: r for run in EAGER_GROUP_RUNS if (r := residual(run, "world_coll", "groups")) is not None}
+    fixed = sum(r[2] for r in per_group.values()) / (k * len(per_group))
+    lines = [f"{run}: real {r[0]:.3f} - model {r[1]:.3f} = {r[2]:+.3f} MiB for {k}" for run, r in per_group.items()]
+    values["comm_fixed_mib"] = _clamped("comm_fixed_mib", fixed, notes)
+    why["comm_fixed_mib"] = (
+        f"FITTED (least squares, a constant per communicator) to the growth of {k} eager new_group calls "
+        f"(checkpoints world_coll -> groups, rank 0's device, {world} rank(s)) beyond NCCL's mechanics "
+        f"(simnccl.nccl, NCCL {model.nccl_version}): " + "; ".join(lines) + f" -> mean {fixed:.4f} MiB"
     )
-    why["single_rank_init_mib"] = (
-        "measured on 1-rank groups, as init_mib" if single else "ASSUMPTION: taken equal to init_mib (2-rank groups)"
+    real, sim, rest = residual("nccl", "context", "init") or (0.0, 0.0, 0.0)
+    process = rest - values["comm_fixed_mib"]
+    values["process_mib"] = _clamped("process_mib", process, notes)
+    why["process_mib"] = (
+        f"FITTED: init_process_group (the world communicator, the process's first) grew the device by {real:.3f} "
+        f"MiB (context -> init); the model predicts {sim:.3f}, plus comm_fixed_mib {values['comm_fixed_mib']:.4f} "
+        f"-> {process:.4f} MiB once per process"
     )
-    values["first_collective_mib"] = round(gc / k, 4)
-    why["first_collective_mib"] = (
-        f"measured: the first all_reduce ({SIZE_BYTES // MIB} MiB) on each of the {k} groups grew the device by "
-        f"{gc:.3f} MiB (groups -> groups_coll) -> {gc / k:.4f} MiB per communicator"
+    real, sim, rest = residual("nccl", "init", "world_coll") or (0.0, 0.0, 0.0)
+    values["process_first_collective_mib"] = _clamped("process_first_collective_mib", rest, notes)
+    why["process_first_collective_mib"] = (
+        f"FITTED: the process's first all_reduce ({SIZE_BYTES // MIB} MiB, world group) grew the device by "
+        f"{real:.3f} MiB (init -> world_coll); the model's connections predict {sim:.3f} -> {rest:.4f} MiB once "
+        "per process"
     )
-    values["process_first_comm_mib"] = round(max(0.0, world_init - per_group), 4)
-    why["process_first_comm_mib"] = (
-        f"measured: init_process_group (the world communicator, eager) grew the device by {world_init:.3f} MiB "
-        f"(context -> init); minus one communicator's init ({per_group:.4f}) -> "
-        f"{values['process_first_comm_mib']:.4f} MiB once per process"
-    )
-    s = delta("split-share", "world_coll", "groups")
-    sc = delta("split-share", "groups", "groups_coll")
-    if s is not None and sc is not None:
-        values["split_shared_init_mib"] = round(s / k, 4)
-        values["split_shared_first_collective_mib"] = round(sc / k, 4)
-        why["split_shared_init_mib"] = f"measured: NCCL_COMM_SPLIT_SHARE_RESOURCES=1, {s:.3f} MiB / {k} groups"
-        why["split_shared_first_collective_mib"] = (
-            f"measured: NCCL_COMM_SPLIT_SHARE_RESOURCES=1, first all_reduce per group {sc:.3f} MiB / {k}"
-        )
-    else:
-        notes.append("split-share world did not pass: split_shared_* carried over")
-    one = delta("max-nchannels-1", "world_coll", "groups")
-    if one is not None:
-        values["init_mib_at_max_nchannels"] = {1: round(one / k, 4)}
-        why["init_mib_at_max_nchannels"] = f"measured: NCCL_MAX_NCHANNELS=1, {one:.3f} MiB / {k} groups"
-    p2p = delta("p2p", "init", "p2p")
-    if p2p is not None:
-        values["p2p_pair_mib"] = round(p2p, 4)
-        why["p2p_pair_mib"] = f"measured: one send/recv on a nccl-lazy world grew rank 0's device by {p2p:.3f} MiB"
-    else:
-        notes.append("p2p pair communicators need 2 GPUs: p2p_pair_mib carried over")
-    lazy = delta("lazy-init", "world_coll", "groups")
-    if lazy is not None:
-        notes.append(f"lazy_init: {k} groups with lazy_init grew the device by {lazy:.3f} MiB at creation")
-    legacy = delta("nccl-legacy", "world_coll", "groups")
-    if legacy is not None:
-        notes.append(f"legacy: {k} new_groups grew the device by {legacy:.3f} MiB at creation")
+    for run in ("p2p", "lazy-init", "nccl-legacy"):
+        if run not in results:
+            notes.append(f"{run}: not run ({'it needs 2 GPUs' if run == 'p2p' else 'missing'}); no residual")
     nccl = results.get("nccl", {})
     inits = op_seconds(nccl, "init_process_group")
     splits = op_seconds(nccl, "new_group")
@@ -222,6 +240,13 @@ def derive(results: Mapping[str, Mapping[str, Any]], world: int) -> tuple[dict[s
         values["cuda_context_s"] = round(contexts[0], 4)
         why["cuda_context_s"] = "measured: set_device + first allocation wall time (context creation)"
     return values, why, notes
+
+
+def _clamped(key: str, value: float, notes: list[str]) -> float:
+    if value < 0:
+        notes.append(f"{key}: the residual is {value:.4f} MiB (the model over-predicts); clamped at 0")
+        return 0.0
+    return round(value, 4)
 
 
 # ---------------------------------------------------------------------------------------------- the file
@@ -256,8 +281,10 @@ def profile_toml(
     why: Mapping[str, str],
     base: Any,
     notes: Sequence[str] = (),
+    nccl_version: str | None = None,
 ) -> str:
-    """A profile document in simnccl's format; unmeasured fields are carried over from ``base``."""
+    """A profile document in simnccl's format; unmeasured fields are carried over from ``base``;
+    ``nccl_version``: the NCCL the measurement ran (default: the base's)."""
     from simnccl.profiles import _COMM_KEYS, _TIMING_KEYS
 
     comm: dict[str, Any] = {}
@@ -270,6 +297,8 @@ def profile_toml(
         else:
             comm[key] = getattr(base.comm, key)
             derivation[key] = f"carried over from profile {base.name} (not measured by this calibration)"
+    if base.topology_changes:
+        derivation["topology"] = f"carried over from profile {base.name}: {base.derivation.get('topology', '')}"
     for key in _TIMING_KEYS:
         if key in values:
             timing[key] = values[key]
@@ -277,8 +306,6 @@ def profile_toml(
         else:
             timing[key] = getattr(base.timing, key)
             derivation[key] = f"carried over from profile {base.name} (not measured by this calibration)"
-    if not comm["init_mib_at_max_nchannels"]:
-        derivation.pop("init_mib_at_max_nchannels", None)
     source = "measured by `python -m simnccl.real calibrate` on this machine: " + ", ".join(
         f"{k}={v}" for k, v in provenance.items()
     )
@@ -294,16 +321,16 @@ def profile_toml(
         f"gpu = {json.dumps(gpu)}",
         f"torch_build = {json.dumps(str(provenance.get('torch', 'unknown')))}",
         f"releases = {_toml_value(list(releases))}",
-        f"nccl_version = {json.dumps(str(provenance.get('nccl', 'unknown')))}",
+        f"nccl_version = {json.dumps(nccl_version or base.nccl_version)}",
         f"source = {_toml_string(source)}",
         f"measured = {_toml_string(measured)}",
         "",
         "[comm]",
     ]
-    for key, value in comm.items():
-        if key == "init_mib_at_max_nchannels":
-            value = {str(k): v for k, v in value.items()}
-        lines.append(f"{key} = {_toml_value(value)}")
+    lines += [f"{key} = {_toml_value(value)}" for key, value in comm.items()]
+    if base.topology_changes:
+        lines += ["", "[topology]"]
+        lines += [f"{key} = {_toml_value(value)}" for key, value in base.topology_changes.items()]
     lines += ["", "[timing]"]
     lines += [f"{key} = {_toml_value(value)}" for key, value in timing.items()]
     lines += ["", "[derivation]"]
@@ -316,27 +343,12 @@ def profile_toml(
 
 def reproduce(profile: Any, runs: Sequence[CalRun], results: Mapping[str, Mapping[str, Any]]) -> list[dict]:
     """The simulator re-runs each calibration world from ``profile``; growth since ``context`` is compared."""
-    from simnccl.cluster import Cluster, get_gpu_kind
-    from simnccl.engine import Engine, SimConfig
-    from simnccl.real.launch import installed_release
-    from simnccl.release import get_release
-
     rows = []
-    release = installed_release() or profile.releases[0]
     for run in runs:
         real = results.get(run.name)
         if real is None or real.get("verdict") != "pass":
             continue
-        world = len(run.programs)
-        config = SimConfig(
-            cluster=Cluster(get_gpu_kind(profile.gpu), 1, world, None),
-            release=get_release(release),
-            profile=profile,
-            programs=run.programs,
-            env=dict(run.env),
-            launcher="torchrun",
-        )
-        outcome = Engine(config).run()
+        outcome = _simulate(profile, run)
         sim_base = _sim_used(outcome, "context")
         real_base = used_at(real, "context")
         for label in [c["name"] for c in real.get("checkpoints", [])]:
@@ -353,11 +365,31 @@ def reproduce(profile: Any, runs: Sequence[CalRun], results: Mapping[str, Mappin
                     "checkpoint": label,
                     "sim_growth_mib": round(sim_growth, 3),
                     "real_growth_mib": round(real_growth, 3),
+                    "residual_mib": round(real_growth - sim_growth, 3),
                     "error_pct": round(error, 3),
                     "within": abs(error) <= TOLERANCE_PCT or abs(sim_growth - real_growth) < 0.5,
                 }
             )
     return rows
+
+
+def _simulate(profile: Any, run: CalRun) -> Any:
+    """The simulator's run of one calibration world under ``profile`` (the installed torch's release rules)."""
+    from simnccl.cluster import Cluster, get_gpu_kind
+    from simnccl.engine import Engine, SimConfig
+    from simnccl.real.launch import installed_release
+    from simnccl.release import get_release
+
+    release = installed_release() or profile.releases[0]
+    config = SimConfig(
+        cluster=Cluster(get_gpu_kind(profile.gpu), 1, len(run.programs), None),
+        release=get_release(release),
+        profile=profile,
+        programs=run.programs,
+        env=dict(run.env),
+        launcher="torchrun",
+    )
+    return Engine(config).run()
 
 
 def _sim_used(outcome: Any, label: str) -> float | None:
@@ -425,6 +457,16 @@ def guess_gpu_kind(name: str, total_mib: float) -> str | None:
     return None
 
 
+def measured_nccl_version(facts: Mapping[str, Any]) -> str | None:
+    """The NCCL version torch reported, when it is one the model can read (else None: the base's is used)."""
+    from simnccl.nccl import NcclInputError, NcclVersion
+
+    try:
+        return NcclVersion.parse(str(facts.get("nccl", ""))).text
+    except NcclInputError:
+        return None
+
+
 def main(args: Any) -> int:
     from simnccl.profiles import find_profile, parse_profile
     from simnccl.real.launch import Launcher, RunSettings, installed_release
@@ -460,7 +502,8 @@ def main(args: Any) -> int:
     except LaneError as err:
         print(f"real calibrate: {err}", file=sys.stderr)
         return 2
-    values, why, notes = derive(results, world)
+    nccl_version = measured_nccl_version(facts)
+    values, why, notes = derive(results, world, base, nccl_version)
     out = Path(args.out)
     name = out.stem
     text = profile_toml(
@@ -472,17 +515,20 @@ def main(args: Any) -> int:
         why=why,
         base=base,
         notes=notes,
+        nccl_version=nccl_version,
     )
     profile = parse_profile(text, str(out))  # validate before writing
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text, encoding="utf-8")
     rows = reproduce(profile, runs, results)
     print(f"calibrate: wrote {out} ({(datetime.datetime.now() - started).total_seconds():.0f}s)")
+    print("  residual per checkpoint (growth since 'context', model + fitted overheads vs measured):")
     for row in rows:
         flag = "" if row["within"] else f"  outside {TOLERANCE_PCT}%"
         print(
             f"  {row['run']:<16} {row['checkpoint']:<12} sim +{row['sim_growth_mib']:.1f} MiB  "
-            f"real +{row['real_growth_mib']:.1f} MiB  {row['error_pct']:+.2f}%{flag}"
+            f"real +{row['real_growth_mib']:.1f} MiB  residual {row['residual_mib']:+.1f} MiB  "
+            f"{row['error_pct']:+.2f}%{flag}"
         )
     for note in notes:
         print(f"  note: {note}")

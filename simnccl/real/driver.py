@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from simnccl.ops import (
+    NCCL_CONFIG_FIELDS,
     WORLD,
     AllGather,
     Alloc,
@@ -227,12 +228,17 @@ class Driver:
         """torch's ProcessGroupNCCL.Options for a PgOptions (GPU lane, NCCL-family backends only)."""
         if not self.gpu or options == PgOptions():
             return None
-        dist = self.dist
-        result = dist.ProcessGroupNCCL.Options()
-        result.lazy_init = options.lazy_init
-        result.is_high_priority_stream = options.is_high_priority_stream
-        if options.split_share is not None:
-            result.config.split_share = int(options.split_share)
+        result = self.dist.ProcessGroupNCCL.Options()
+        for name, value in options.to_dict().items():  # every field the program sets, by torch's own names
+            target = result.config if name in NCCL_CONFIG_FIELDS else result
+            try:
+                setattr(target, name, int(value) if name == "split_share" else value)
+            except (AttributeError, TypeError) as err:  # a field this torch build lacks or types differently
+                note = (
+                    f"pg_options.{name}={value!r} not passed: this torch's ProcessGroupNCCL.Options refuses it ({err})"
+                )
+                if note not in self.notes:
+                    self.notes.append(note)
         return result
 
     # ------------------------------------------------------------------ ops

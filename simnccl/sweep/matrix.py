@@ -363,7 +363,7 @@ def _check_profiles(matrix: Matrix, where: dict[str, str]) -> None:
                 raise SweepInputError(f"{where['gpu']}/{where['release']}", str(err)) from None
             for env in matrix.env_sets:
                 try:
-                    profile.costs_for_env({**matrix.env, **env})
+                    profile.check_env({**matrix.env, **env})
                 except ProfileError as err:
                     raise SweepInputError(where["env"], str(err)) from None
 

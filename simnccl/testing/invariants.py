@@ -16,8 +16,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from simnccl.backends.base import runtime_connect
 from simnccl.c10d import NON_GROUP_MEMBER, Group
+from simnccl.comm_memory import eager_group_mib
 from simnccl.engine import RunOutcome
 from simnccl.memory import mib_to_bytes
 from simnccl.ops import WORLD, Collective, NewGroup, Op, PointToPoint
@@ -148,9 +148,8 @@ def within_capacity(outcome: RunOutcome) -> Verdict:
 
 def eager_group_bytes(gpu: str, release: str, env: Mapping[str, str]) -> int:
     """The most one eagerly created group can charge a member at creation, on this profile and env
-    (``CommCosts.eager_group_mib``, the figure ``budget(X)`` prices a group at)."""
-    costs = find_profile(gpu, release).costs_for_env(env)
-    return mib_to_bytes(costs.eager_group_mib(connect_at_init=not runtime_connect(env)))
+    (``simnccl.comm_memory.eager_group_mib``, the figure ``budget(X)`` prices a group at)."""
+    return mib_to_bytes(eager_group_mib(find_profile(gpu, release), env))
 
 
 @_replayable

@@ -20,9 +20,9 @@ tests/test_framework_fidelity.py captures the real 0.19.2 code and checks this g
 * ``pg_options = get_nccl_options(name, nccl_comm_cfgs)``: a ``ProcessGroupNCCL.Options(is_high_priority_stream)``
   with ``config.cga_cluster_size``/``max_ctas``/``min_ctas``/``net_name`` for names in ``nccl_comm_cfgs`` (the
   ``--nccl-communicator-config-path`` YAML; ``high_priority_stream_groups`` add ``is_high_priority_stream``),
-  else None. Every field is kept in ``PgOptions``; ``max_ctas``/``min_ctas``/``cga_cluster_size``/``net_name``
-  are recorded but not modelled yet (``PgOptions.unmodelled``). A ``net_name`` other than IB/socket raises in
-  Megatron, and is refused here.
+  else None. Every field is kept in ``PgOptions``; ``max_ctas``/``min_ctas`` cap the NCCL memory model's channels,
+  ``cga_cluster_size``/``net_name`` are recorded but not modelled (``PgOptions.unmodelled``). A ``net_name``
+  other than IB/socket raises in Megatron, and is refused here.
 * Gloo twins (``create_gloo_process_groups``, default on): DP-with-CP, DP, expert-DP, the intra-partial DP groups
   and the hierarchical expert-DP levels, right after their NCCL group; the hierarchical twins receive the
   level's NCCL ``pg_options`` too, as Megatron passes them.

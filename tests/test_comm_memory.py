@@ -1,0 +1,249 @@
+"""The engine charges every communicator from NCCL's mechanics (simnccl.comm_memory): init at creation, each
+collective kind's connections at its first use, split sharing decided by the parent, env knobs and pg_options,
+pinned host memory on its own ledger, and the breakdown reachable from the outcome."""
+
+from __future__ import annotations
+
+import pytest
+
+from simnccl.cluster import Cluster, get_gpu_kind
+from simnccl.comm_memory import (
+    MODEL_OPTION_FIELDS,
+    Pricer,
+    eager_group_mib,
+    model_options,
+    one_node_mib,
+    unmodelled_for_memory,
+)
+from simnccl.nccl import communicator_bytes
+from simnccl.ops import (
+    MODELLED_OPTION_FIELDS,
+    AllGather,
+    AllReduce,
+    AllToAll,
+    Barrier,
+    Checkpoint,
+    DestroyProcessGroup,
+    InitProcessGroup,
+    NewGroup,
+    PgOptions,
+    Recv,
+    Send,
+    SetDevice,
+)
+from simnccl.profiles import find_profile
+from simnccl.testing import simulate, used_mib
+
+START = [SetDevice(), InitProcessGroup(backend="nccl")]
+PROFILE = find_profile("h100-80gb", "2.15")
+MIB = 2**20
+
+
+def _delta(out, a: str, b: str, device: str = "n0:cuda:0") -> float:
+    return used_mib(out, b)[device] - used_mib(out, a)[device]
+
+
+def _model(uses=(), env=None, options=None, nranks=2, **kw) -> float:
+    return one_node_mib(PROFILE, nranks, env, uses, options=options, **kw)
+
+
+# ------------------------------------------------------------------------------------------- first use per kind
+
+
+def test_each_collective_kind_pays_its_connections_at_its_first_use_only() -> None:
+    program = [
+        *START,
+        NewGroup(ranks=(0, 1), bind="g"),
+        AllReduce(group="world"),  # the process's first collective: its overhead is paid here, not below
+        Checkpoint(label="a"),
+        AllReduce(group="g"),
+        Checkpoint(label="b"),
+        AllReduce(group="g"),
+        Barrier(group="g"),  # a one-element all_reduce: NVLS is connected already
+        Checkpoint(label="c"),
+        AllGather(group="g"),
+        Checkpoint(label="d"),
+        AllGather(group="g"),
+        AllToAll(group="g"),
+        Checkpoint(label="e"),
+    ]
+    out = simulate(program)
+    assert out.verdict == "pass"
+    nvls = _model(("all_reduce",)) - _model()
+    ring = _model(("all_reduce", "all_gather")) - _model(("all_reduce",))
+    p2p = _model(("all_reduce", "all_gather", "all_to_all")) - _model(("all_reduce", "all_gather"))
+    assert nvls == 64  # NVLS buffers: 16 channels x 2 x 128 KiB x 8 steps x 2 heads
+    assert ring > 200 and p2p > 200
+    assert _delta(out, "a", "b") == pytest.approx(nvls, abs=0.01)
+    assert _delta(out, "b", "c") == 0
+    assert _delta(out, "c", "d") == pytest.approx(ring, abs=0.01)
+    assert _delta(out, "d", "e") == pytest.approx(p2p, abs=0.01)  # the second all_gather: nothing new
+
+
+def test_send_recv_connect_per_peer_and_not_again() -> None:
+    pair = [
+        [*START, Checkpoint(label="a"), Send(peer=1), Checkpoint(label="b"), Send(peer=1), Checkpoint(label="c")],
+        [*START, Checkpoint(label="a"), Recv(peer=0), Checkpoint(label="b"), Recv(peer=0), Checkpoint(label="c")],
+    ]
+    out = simulate(pair)
+    assert out.verdict == "pass"
+    first = PROFILE.comm.process_first_collective_mib
+    assert _delta(out, "a", "b") == pytest.approx(first + _model(("send",)) - _model(), abs=0.01)
+    assert _delta(out, "b", "c") == 0
+
+
+# ------------------------------------------------------------------------------------------- split sharing
+
+
+def test_split_sharing_is_decided_by_the_parent() -> None:
+    shared_world = simulate(
+        [*START, Checkpoint(label="a"), NewGroup(ranks=(0, 1), bind="g"), Checkpoint(label="b")],
+        env={"NCCL_COMM_SPLIT_SHARE_RESOURCES": "1"},
+    )
+    child_asks = simulate(
+        [
+            *START,
+            Checkpoint(label="a"),
+            NewGroup(ranks=(0, 1), bind="g", pg_options=PgOptions(split_share=True)),
+            Checkpoint(label="b"),
+        ]
+    )
+    assert _delta(shared_world, "a", "b") == pytest.approx(132 + PROFILE.comm.comm_fixed_mib, abs=0.01)
+    # the child's own split_share is for *its* children: its parent (the world) did not share
+    assert _delta(child_asks, "a", "b") == pytest.approx(_model(), abs=0.01)
+    record = next(r for (name, _), r in child_asks.groups.items() if name != "0")
+    (memory,) = record.members[0]["memory"].values()
+    assert memory.share_resources and not memory.breakdown.split_shared
+
+
+def test_a_sharing_child_pays_nothing_for_nvls_its_parent_connected() -> None:
+    program = [
+        *START,
+        AllReduce(group="world"),
+        NewGroup(ranks=(0, 1), bind="g"),
+        Checkpoint(label="a"),
+        AllReduce(group="g"),
+        Checkpoint(label="b"),
+    ]
+    shared = simulate(program, env={"NCCL_COMM_SPLIT_SHARE_RESOURCES": "1"})
+    plain = simulate(program)
+    assert _delta(shared, "a", "b") == 0
+    assert _delta(plain, "a", "b") == 64
+
+
+# ------------------------------------------------------------------------------------------- knobs and options
+
+
+def test_nccl_buffsize_moves_the_connection_charge_not_the_init() -> None:
+    program = [
+        *START,
+        AllReduce(group="world"),
+        Checkpoint(label="a"),
+        NewGroup(ranks=(0, 1), bind="g"),
+        Checkpoint(label="b"),
+        AllGather(group="g"),
+        Checkpoint(label="c"),
+    ]
+    default = simulate(program)
+    small = simulate(program, env={"NCCL_BUFFSIZE": str(1 * MIB)})
+    assert _delta(small, "a", "b") == _delta(default, "a", "b")
+    # ring connections: each receive's buffers (LL 0.5 + LL128 4.69 + Simple NCCL_BUFFSIZE) shrink from 9.19 to
+    # 6.19 MiB, i.e. from 10 to 8 MiB in cuMem's 2 MiB granules: 2 MiB less per ring channel
+    saved = _delta(default, "b", "c") - _delta(small, "b", "c")
+    channels = communicator_bytes(PROFILE.topology, 2, 2, 1, PROFILE.nccl_version).channels.coll
+    assert saved == pytest.approx(2 * channels, abs=0.01)
+    assert _delta(small, "b", "c") == pytest.approx(
+        _model(("all_gather",), env={"NCCL_BUFFSIZE": str(MIB)}) - _model(env={"NCCL_BUFFSIZE": str(MIB)}), abs=0.01
+    )
+
+
+def test_max_nchannels_and_max_ctas_cap_the_init() -> None:
+    program = [*START, Checkpoint(label="a"), NewGroup(ranks=(0, 1), bind="g"), Checkpoint(label="b")]
+    capped_env = simulate(program, env={"NCCL_MAX_NCHANNELS": "2"})
+    capped_option = simulate(
+        [
+            *START,
+            Checkpoint(label="a"),
+            NewGroup(ranks=(0, 1), bind="g", pg_options=PgOptions(max_ctas=2)),
+            Checkpoint(label="b"),
+        ]
+    )
+    full = simulate(program)
+    assert _delta(capped_env, "a", "b") < _delta(full, "a", "b") / 2
+    assert _delta(capped_option, "a", "b") == pytest.approx(_model(options={"max_ctas": 2}), abs=0.01)
+
+
+def test_pg_options_map_to_the_model_or_are_listed_unmodelled() -> None:
+    options = PgOptions(lazy_init=True, max_ctas=8, min_ctas=2, split_share=True, cga_cluster_size=4, net_name="IB")
+    assert dict(model_options(options)) == {"max_ctas": 8, "min_ctas": 2, "split_share": True}
+    assert unmodelled_for_memory(options) == ("cga_cluster_size", "net_name")
+    assert set(MODEL_OPTION_FIELDS) | {"lazy_init"} == set(MODELLED_OPTION_FIELDS)
+
+
+# ------------------------------------------------------------------------------------------- what the outcome holds
+
+
+def test_breakdown_and_multicast_slots_are_reachable_from_the_outcome() -> None:
+    out = simulate([*START, NewGroup(ranks=(0, 1), bind="g"), AllReduce(group="g"), Checkpoint(label="x")])
+    record = next(r for (name, _), r in out.groups.items() if name != "0")
+    (memory,) = record.members[1]["memory"].values()
+    breakdown = memory.breakdown
+    assert breakdown.multicast_objects == 2  # NVLS credit region + NVLS buffers
+    assert breakdown.device_bytes == record.members[1]["bytes"]
+    assert {p.mechanism for p in breakdown.parts} >= {"channels", "nvls-buffers", "fixed-overhead"}
+    assert {p.paid_at for p in breakdown.parts} == {"init", "first all_reduce (nvls)"}
+    world = out.ranks[0].world.comms["cuda"].memory
+    assert world is not None and world.breakdown.nvls_active
+
+
+def test_pinned_host_memory_is_its_own_ledger() -> None:
+    out = simulate([*START, NewGroup(ranks=(0, 1), bind="g"), Checkpoint(label="x")])
+    (host,) = out.host_ledgers.values()
+    assert host.device == "n0:host"
+    fifo = communicator_bytes(PROFILE.topology, 2, 2, 1, PROFILE.nccl_version).host_bytes
+    assert host.used_bytes == 2 * 2 * fifo  # 2 ranks x (world + g)
+    assert "host" not in "".join(out.ledgers)
+
+
+def test_eager_group_price_is_the_larger_of_a_one_and_a_two_rank_group() -> None:
+    one, two = _model(nranks=1), _model(nranks=2)
+    assert eager_group_mib(PROFILE, {}) == pytest.approx(max(one, two), abs=1e-6)
+    assert eager_group_mib(PROFILE, {"NCCL_RUNTIME_CONNECT": "0"}) > eager_group_mib(PROFILE, {}) + 500
+
+
+# ------------------------------------------------------------------------------------------- pricing by class
+
+
+@pytest.mark.parametrize(("nodes", "per_node"), [(1, 8), (4, 8), (7, 2), (3, 1)])
+def test_a_rank_priced_by_its_class_costs_what_it_costs_priced_as_itself(nodes: int, per_node: int) -> None:
+    cluster = Cluster(get_gpu_kind("h100-80gb"), nodes, per_node)
+    pricer = Pricer(PROFILE, cluster.node_of)
+    world = tuple(range(nodes * per_node))
+    for rank in world:
+        by_class = pricer.create(world, rank, {})
+        exact = pricer.create(world, rank, {"NCCL_COMM_SPLIT_SHARE_RESOURCES": "1"})  # sharing: priced exactly
+        assert exact.exact and not by_class.exact
+        for use in ("all_reduce", "all_gather", "all_to_all"):
+            pricer.use(by_class, use, 4 * MIB)
+            pricer.use(exact, use, 4 * MIB)
+        assert by_class.breakdown.device_bytes == exact.breakdown.device_bytes, rank
+        assert by_class.breakdown.host_bytes == exact.breakdown.host_bytes, rank
+
+
+def test_destroy_gives_back_host_memory_and_multicast_slots() -> None:
+    program = [
+        *START,
+        NewGroup(ranks=(0, 1), bind="g"),
+        AllReduce(group="g"),
+        Checkpoint(label="a"),
+        DestroyProcessGroup(group="g"),
+        Checkpoint(label="b"),
+    ]
+    held = simulate(program[:-2])
+    assert held.multicast_objects == {"n0:cuda:0": 3, "n0:cuda:1": 3}  # world credit + g's credit and buffers
+    out = simulate(program)
+    assert out.verdict == "pass"
+    (host,) = out.host_ledgers.values()
+    fifo = communicator_bytes(PROFILE.topology, 2, 2, 1, PROFILE.nccl_version).host_bytes
+    assert host.used_bytes == 2 * fifo  # only the world communicators' work FIFOs remain
+    assert out.multicast_objects == {"n0:cuda:0": 1, "n0:cuda:1": 1}
