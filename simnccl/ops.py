@@ -286,6 +286,20 @@ class Alloc(Op):
 
 
 @dataclass(frozen=True, slots=True)
+class Free(Op):
+    """Memory torch's caching allocator returns to the device (``torch.cuda.empty_cache()``): ``mib`` less held
+    under ``tag`` on the current device (never more than ``alloc`` charged under it).
+
+    Why an op: a freed tensor stays reserved by the caching allocator (``cudaMemGetInfo``, and so NCCL, still
+    sees it used) until the cache is emptied; ``alloc`` charges reserved memory, ``free`` gives it back.
+    """
+
+    name: ClassVar[str] = "free"
+    mib: float = 0.0
+    tag: str = "tensor"
+
+
+@dataclass(frozen=True, slots=True)
 class MemoryCheck(Op):
     """vLLM's startup check: ``requested = ceil(total * utilization)``; fails when free < requested."""
 
@@ -319,6 +333,7 @@ OP_TYPES: dict[str, type[Op]] = {
         DestroyProcessGroup,
         Compute,
         Alloc,
+        Free,
         MemoryCheck,
         Checkpoint,
     )

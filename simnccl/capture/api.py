@@ -44,6 +44,7 @@ def capture(
     checkpoints: bool = True,
     final_checkpoint: str | None = "end",
     policy: str | None = None,
+    step: Callable[[Any], Any] | None = None,
 ) -> CapturedRun:
     """Run ``target()`` once per simulated rank of a ``world_size`` world and return every rank's Program.
 
@@ -57,9 +58,15 @@ def capture(
     ``final_checkpoint`` is appended after the target returns. ``policy`` (a spec such as ``"lazy-init"``):
     each rank runs under ``simnccl.torch_apply.apply(policy)``, so the Programs are what real torch runs
     under it; the run remembers the release, env and policy its branches depended on (``check_replay``).
+    ``step``: the first training step, called with what ``target()`` returned (its model, optimizer, batch)
+    after startup, between checkpoints ``startup`` and ``step1``: its tensors (forward, backward, optimizer
+    state, on emulated CUDA devices: ``simnccl.capture.fake_devices``) and its collectives are recorded, so
+    lazy communicators pay their first use and the step-1 peak is simulated.
     """
     if not callable(target):
         raise CaptureError(f"expected a callable to capture, got {type(target).__name__} {target!r}")
+    if step is not None and not callable(step):
+        raise CaptureError(f"step: expected a callable taking the target's return value, got {step!r}")
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise CaptureError(f"world_size: expected an integer >= 1, got {world_size!r}")
     per_node = max(d for d in range(1, 9) if world_size % d == 0) if gpus_per_node is None else gpus_per_node
@@ -102,6 +109,7 @@ def capture(
         final_checkpoint=final_checkpoint,
         timeout_s=float(timeout_s),
         policy=policy,
+        step=step,
     )
     started = time.monotonic()
     try:

@@ -34,6 +34,7 @@ from simnccl.engine.watchdogs import Watchdogs
 from simnccl.faults import apply_to_programs
 from simnccl.ops import (
     Alloc,
+    Free,
     Checkpoint,
     Compute,
     DestroyProcessGroup,
@@ -96,6 +97,7 @@ class Engine:
             DestroyProcessGroup: groups.op_destroy,
             Compute: timing.op_compute,
             Alloc: memory.op_alloc,
+            Free: memory.op_free,
             MemoryCheck: memory.op_memory_check,
             Checkpoint: memory.op_checkpoint,
         }

@@ -1,5 +1,5 @@
 """Devices and memory: each device's ledger, CUDA contexts, what a communicator's lifecycle steps charge (and
-to which group record), and the ops a rank runs on its own device (set_device, alloc, memory_check,
+to which group record), and the ops a rank runs on its own device (set_device, alloc, free, memory_check,
 checkpoint).
 
 Why a room: every byte the simulator reports goes through ``charge`` or a local op here, tagged with its
@@ -18,7 +18,7 @@ from simnccl.engine.rendezvous import Rendezvous
 from simnccl.engine.sim import Sim
 from simnccl.engine.state import GroupRecord, RankRuntime, Snapshot, Waiting, current_device
 from simnccl.memory import DeviceLedger, Owner, SimulatedOOM, oom_message, vllm_check_message, vllm_requested_bytes
-from simnccl.ops import Alloc, Checkpoint, MemoryCheck, Op, SetDevice
+from simnccl.ops import Alloc, Checkpoint, Free, MemoryCheck, Op, SetDevice
 from simnccl.profiles import MAX_NCHANNELS_ENV, CommCosts
 
 
@@ -182,6 +182,12 @@ class Memory:
         ledger = self.touch(rt, current_device(rt), op)
         ledger.allocate(Owner("torch", rt.rank, phase=op.tag), mib_bytes(op.mib), time_s=self.env.now, op=op)
         self.record(self.env.now, rt.rank, "torch-alloc", ledger.device, op.mib)
+
+    def op_free(self, rt: RankRuntime, op: Free) -> Waiting:
+        yield from self.rendezvous.settle(rt)
+        ledger = self.ledger(rt, current_device(rt))
+        freed = ledger.release(Owner("torch", rt.rank, phase=op.tag), mib_bytes(op.mib), time_s=self.env.now, op=op)
+        self.record(self.env.now, rt.rank, "torch-free", ledger.device, freed / (1024 * 1024))
 
     def op_memory_check(self, rt: RankRuntime, op: MemoryCheck) -> Waiting:
         yield from self.rendezvous.settle(rt)

@@ -48,6 +48,7 @@ from simnccl.ops import (
     WORLD,
     AllGather,
     Alloc,
+    Free,
     AllReduce,
     AllToAll,
     Barrier,
@@ -402,6 +403,21 @@ class Driver:
         )
         return f"{op.mib} MiB ({op.tag})"
 
+    def op_free(self, op: Free) -> str:
+        """Drop the latest allocations (then ``empty_cache``) until ``op.mib`` is given back; a partly freed one
+        is re-allocated at its remaining size."""
+        if not self.gpu:
+            return "skipped: CPU lane"
+        left = int(op.mib * 1024 * 1024)
+        while left > 0 and self.allocations:
+            last = self.allocations.pop()
+            if last.numel() > left:
+                self.allocations.append(self.torch.empty(last.numel() - left, dtype=last.dtype, device=last.device))
+            left -= last.numel()
+            del last
+        self.torch.cuda.empty_cache()
+        return f"{op.mib} MiB ({op.tag})"
+
     def op_memory_check(self, op: MemoryCheck) -> str:
         if not self.gpu:
             return "skipped: CPU lane (no device memory to check)"
@@ -433,6 +449,7 @@ class Driver:
             DestroyProcessGroup: self.op_destroy,
             Compute: self.op_compute,
             Alloc: self.op_alloc,
+            Free: self.op_free,
             MemoryCheck: self.op_memory_check,
             Checkpoint: self.op_checkpoint,
         }
