@@ -11,6 +11,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from simnccl.capture.environment import DEFAULT_GPU
 from simnccl.capture.intercept import _intercepted
 from simnccl.capture.ranks import _run_forked, _run_inline, _Spec
 from simnccl.capture.result import (
@@ -22,6 +23,7 @@ from simnccl.capture.result import (
     unmodelled_options,
 )
 from simnccl.capture_cli import DEFAULT_TIMEOUT_S, MODES
+from simnccl.cluster import ClusterError, get_gpu_kind
 from simnccl.ops import (
     InitProcessGroup,
     Program,
@@ -45,6 +47,7 @@ def capture(
     final_checkpoint: str | None = "end",
     policy: str | None = None,
     step: Callable[[Any], Any] | None = None,
+    gpu: str = DEFAULT_GPU,
 ) -> CapturedRun:
     """Run ``target()`` once per simulated rank of a ``world_size`` world and return every rank's Program.
 
@@ -61,12 +64,17 @@ def capture(
     ``step``: the first training step, called with what ``target()`` returned (its model, optimizer, batch)
     after startup, between checkpoints ``startup`` and ``step1``: its tensors (forward, backward, optimizer
     state, on emulated CUDA devices: ``simnccl.capture.fake_devices``) and its collectives are recorded, so
-    lazy communicators pay their first use and the step-1 peak is simulated.
+    lazy communicators pay their first use and the step-1 peak is simulated. ``gpu``: the GPU kind
+    ``torch.cuda.get_device_properties``/``mem_get_info`` describe to the code, and ``simulate``'s default.
     """
     if not callable(target):
         raise CaptureError(f"expected a callable to capture, got {type(target).__name__} {target!r}")
     if step is not None and not callable(step):
         raise CaptureError(f"step: expected a callable taking the target's return value, got {step!r}")
+    try:
+        get_gpu_kind(gpu)
+    except ClusterError as err:
+        raise CaptureError(f"gpu: {err}") from None
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise CaptureError(f"world_size: expected an integer >= 1, got {world_size!r}")
     per_node = max(d for d in range(1, 9) if world_size % d == 0) if gpus_per_node is None else gpus_per_node
@@ -110,6 +118,7 @@ def capture(
         timeout_s=float(timeout_s),
         policy=policy,
         step=step,
+        gpu=gpu,
     )
     started = time.monotonic()
     try:
@@ -163,6 +172,7 @@ def _assemble(spec: _Spec, ranks: Sequence[RankCapture], mode: str, wall_s: floa
         mode=mode,
         wall_s=wall_s,
         policy=spec.policy,
+        gpu=spec.gpu,
     )
 
 

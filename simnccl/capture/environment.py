@@ -13,6 +13,7 @@ import torch
 from torch.distributed import distributed_c10d as c10d
 
 from simnccl.capture.fake_devices import FakeCuda
+from simnccl.cluster import get_gpu_kind
 from simnccl.capture.recorder import _Recorder, set_active
 from simnccl.capture.standin import _creator
 from simnccl.ops import (
@@ -20,16 +21,18 @@ from simnccl.ops import (
 )
 from simnccl.release import KNOWN_BACKEND_NAMES
 
+DEFAULT_GPU = "h100-80gb"  # the GPU kind captured code is told it runs on, and CapturedRun.simulate's default
+
 
 class _FakeCuda:
     """Stand-ins for the ``torch.cuda``/``torch.accelerator`` queries startup code makes, per rank."""
 
-    def __init__(self, recorder: _Recorder, gpus_per_node: int) -> None:
+    def __init__(self, recorder: _Recorder, gpus_per_node: int, gpu: str = DEFAULT_GPU) -> None:
         self.recorder = recorder
         self.count = gpus_per_node
         self.current: int | None = None
         # CUDA tensors, RNG, streams and memory statistics on the CPU (simnccl.capture.fake_devices)
-        self.tensors = FakeCuda(recorder.memory, gpus_per_node, self.current_index)
+        self.tensors = FakeCuda(recorder.memory, gpus_per_node, self.current_index, get_gpu_kind(gpu))
 
     def set_device(self, device: Any) -> None:
         index = device if isinstance(device, int) else torch.device(device).index
@@ -93,7 +96,9 @@ def _fake_store() -> Any:
 
 
 @contextlib.contextmanager
-def _installed(recorder: _Recorder, release: str, world_size: int, gpus_per_node: int, cuda: bool) -> Iterator[None]:
+def _installed(
+    recorder: _Recorder, release: str, world_size: int, gpus_per_node: int, cuda: bool, gpu: str = DEFAULT_GPU
+) -> Iterator[None]:
     """Stand-in backends, fake CUDA, peerless rendezvous and the active recorder, for one rank; undone on exit.
 
     The call wrappers are not installed here but once per ``capture()`` (``_intercepted``): they record into
@@ -112,7 +117,7 @@ def _installed(recorder: _Recorder, release: str, world_size: int, gpus_per_node
     }
     saved_attrs = {k: v for k, v in vars(backend_cls).items() if k.isupper()}
     saved_handlers = dict(rendezvous._rendezvous_handlers)
-    fake_cuda = _FakeCuda(recorder, gpus_per_node)
+    fake_cuda = _FakeCuda(recorder, gpus_per_node, gpu)
     patches = fake_cuda.patches() if cuda else []
     originals = [(obj, attr, getattr(obj, attr)) for obj, attr, _ in patches]
     types = {"nccl": c10d.ProcessGroup.BackendType.NCCL, "gloo": c10d.ProcessGroup.BackendType.GLOO}

@@ -45,6 +45,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_leaves
 
+from simnccl.cluster import GpuKind
 from simnccl.ops import MIB, Alloc, Free, Op
 
 TENSOR_TAG = "tensors"  # the ledger phase the captured tensor memory is charged under
@@ -140,27 +141,49 @@ def _storage(tensor: torch.Tensor) -> Any:
 
 
 _UNSET = object()
+_RANDOM: dict[Any, bool] = {}  # OpOverload -> whether it takes a generator
+
+
+def _draws_random(func: Any) -> bool:
+    known = _RANDOM.get(func)
+    if known is None:
+        schema = getattr(func, "_schema", None)
+        known = _RANDOM[func] = schema is not None and any(a.name == "generator" for a in schema.arguments)
+    return known
 
 
 class _Placement(TorchDispatchMode):
     """Places every storage created inside a placement, or by an op reading a placed one, on its device."""
 
-    def __init__(self, memory: TensorMemory) -> None:
+    def __init__(
+        self, memory: TensorMemory, generators: tuple[torch.Generator, ...], current: Callable[[], int]
+    ) -> None:
         super().__init__()
         self.memory = memory
+        self.generators = generators
+        self.current = current
         self.target: Any = _UNSET  # _UNSET: follow the inputs; None: host memory; an int: that device
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
-        out = func(*args, **kwargs)
         index = self.target
-        if index is _UNSET:
+        device = kwargs.get("device")
+        if isinstance(device, torch.device) and device.type == "cuda":
+            # A factory that reached the dispatcher with a CUDA device (code running with torch-function
+            # handling disabled, e.g. under torch.compiler.disable): made on the CPU, placed on that device.
+            index = self.current() if device.index is None else device.index
+            kwargs = {**kwargs, "device": _CPU}
+        elif index is _UNSET:
             index = None
             for tensor in _tensors((args, kwargs)):
                 storage = _storage(tensor)
                 index = None if storage is None else self.memory.device_of(storage)
                 if index is not None:
                     break
+        if index is not None and kwargs.get("generator") is None and _draws_random(func):
+            # A random op on device N draws from device N's generator (torch.cuda.manual_seed's), not the CPU's.
+            kwargs = {**kwargs, "generator": self.generators[index]}
+        out = func(*args, **kwargs)
         if index is not None:
             for tensor in _tensors(out):
                 storage = _storage(tensor)
@@ -223,6 +246,8 @@ class _CudaAsCpu(TorchFunctionMode):
         name = getattr(func, "__name__", "")
         if name in _MOVES and args and isinstance(args[0], torch.Tensor):
             return self._move(func, name, args, kwargs)
+        if name == "type" and len(args) == 1 and not kwargs and self._placed(args[0]) is not None:
+            return func(*args).replace("torch.", "torch.cuda.", 1)  # "torch.cuda.FloatTensor", as on a GPU
         if name in _PINNING and args and isinstance(args[0], torch.Tensor):
             return args[0]  # pinned host memory needs the driver; unpinned host memory is the same bytes
         if name == "cpu" and args and isinstance(args[0], torch.Tensor) and self._placed(args[0]) is not None:
@@ -312,17 +337,40 @@ class _Event:
         return 0.0
 
 
+@dataclass(frozen=True)
+class _DeviceProperties:
+    """``torch.cuda.get_device_properties``: what simnccl's GPU kind knows (``simnccl/data/gpu_kinds.toml``)."""
+
+    name: str
+    total_memory: int
+
+    def __getattr__(self, attr: str) -> Any:
+        raise AttributeError(
+            f"torch.cuda.get_device_properties().{attr}: not known while capturing without a GPU (simnccl's GPU "
+            f"kinds give name and total_memory only)"
+        )
+
+
 @dataclass
 class FakeCuda:
-    """Everything a rank's CUDA use is replaced by while it is captured: the modes and the patched API."""
+    """Everything a rank's CUDA use is replaced by while it is captured: the modes and the patched API.
+
+    ``gpu``: the GPU kind the captured code is told it runs on (``get_device_properties``, ``mem_get_info``);
+    code that sizes buffers from the free memory it sees takes that GPU's branches.
+    """
 
     memory: TensorMemory
     count: int
     current: Callable[[], int]
+    gpu: GpuKind
+
+    def __post_init__(self) -> None:
+        # torch.cuda.default_generators: one per device, so torch's own torch.cuda.random functions run on them
+        self.generators = tuple(torch.Generator() for _ in range(self.count))
 
     def patches(self) -> list[tuple[Any, str, Any]]:
         """(object, attribute, stand-in) for torch.cuda's RNG, stream, event and memory-statistics API."""
-        generators = tuple(torch.Generator() for _ in range(self.count))
+        generators = self.generators
         default_stream = _Stream()
         memory = self.memory
 
@@ -336,8 +384,17 @@ class FakeCuda:
             index = self.current() if device is None else _ordinal(device)
             memory.peak[index] = memory.live.get(index, 0)
 
+        gpu = self.gpu
+        properties = _DeviceProperties(gpu.display, gpu.total_bytes)
+
+        def mem_get_info(device: Any = None) -> tuple[int, int]:
+            return gpu.total_bytes - allocated(device), gpu.total_bytes
+
         cuda = torch.cuda
         return [
+            (cuda, "get_device_properties", lambda device=None: properties),
+            (cuda, "get_device_name", lambda device=None: gpu.display),
+            (cuda, "mem_get_info", mem_get_info),
             (cuda, "is_initialized", lambda: True),  # _lazy_init returns at once; _lazy_call runs callbacks now
             (cuda, "default_generators", generators),
             (cuda, "Stream", _Stream),
@@ -362,7 +419,7 @@ class FakeCuda:
     @contextlib.contextmanager
     def modes(self) -> Iterator[None]:
         """The placement (dispatch) and CUDA-as-CPU (function) modes, for the rank's lifetime."""
-        placement = _Placement(self.memory)
+        placement = _Placement(self.memory, self.generators, self.current)
         with placement, _CudaAsCpu(placement, self.current, self.count):
             yield
 

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from simnccl.capture.environment import _installed
+from simnccl.capture.environment import DEFAULT_GPU, _installed
 from simnccl.capture.recorder import _Recorder
 from simnccl.capture.result import CaptureError, RankCapture
 from simnccl.capture_cli import DEFAULT_TIMEOUT_S
@@ -51,6 +51,7 @@ class _Spec:
     timeout_s: float
     policy: str | None = None
     step: Callable[[Any], Any] | None = None  # run on the target's return value after startup (one step)
+    gpu: str = DEFAULT_GPU  # the GPU kind torch.cuda.get_device_properties/mem_get_info describe
 
     def rank_env(self, rank: int) -> dict[str, str]:
         local = rank % self.gpus_per_node
@@ -75,7 +76,7 @@ def _run_rank(spec: _Spec, rank: int) -> RankCapture:
     os.environ.update(spec.rank_env(rank))
     try:
         with (
-            _installed(recorder, spec.release, spec.world_size, spec.gpus_per_node, spec.cuda),
+            _installed(recorder, spec.release, spec.world_size, spec.gpus_per_node, spec.cuda, spec.gpu),
             _policy_applied(spec.policy, spec.release),
         ):
             if spec.init_backend is not None:
