@@ -80,7 +80,7 @@ branch settings), ``ranks`` (forked or inline ranks under timeouts), ``environme
 """
 
 from simnccl.capture.api import capture, capture_scaled, main, script_target
-from simnccl.capture.recorder import UNRECORDED, checkpoint
+from simnccl.capture.recorder import UNRECORDED, checkpoint, memory_check
 from simnccl.capture.result import (
     NO_POLICY,
     BranchMismatch,
@@ -109,6 +109,7 @@ __all__ = [
     "capture_scaled",
     "checkpoint",
     "main",
+    "memory_check",
     "script_target",
     "unmodelled_options",
 ]

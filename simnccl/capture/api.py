@@ -176,19 +176,19 @@ def _assemble(spec: _Spec, ranks: Sequence[RankCapture], mode: str, wall_s: floa
     )
 
 
-def script_target(module: str | None, path: str | None, argv: Sequence[str]) -> Callable[[], None]:
-    """A target running ``-m module`` or ``script.py`` as ``__main__`` with ``argv`` (fresh in each rank)."""
+def script_target(module: str | None, path: str | None, argv: Sequence[str]) -> Callable[[], dict[str, Any]]:
+    """A target running ``-m module`` or ``script.py`` as ``__main__`` with ``argv`` (fresh in each rank); it
+    returns the module's globals, which a captured ``step`` receives."""
 
-    def run() -> None:
+    def run() -> dict[str, Any]:
         saved = sys.argv[:]
         try:
             if module is not None:
                 sys.argv = [module, *argv]
-                runpy.run_module(module, run_name="__main__", alter_sys=True)
-            else:
-                assert path is not None
-                sys.argv = [path, *argv]
-                runpy.run_path(path, run_name="__main__")
+                return runpy.run_module(module, run_name="__main__", alter_sys=True)
+            assert path is not None
+            sys.argv = [path, *argv]
+            return runpy.run_path(path, run_name="__main__")
         finally:
             sys.argv = saved
 

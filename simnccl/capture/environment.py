@@ -13,9 +13,9 @@ import torch
 from torch.distributed import distributed_c10d as c10d
 
 from simnccl.capture.fake_devices import FakeCuda
-from simnccl.cluster import get_gpu_kind
 from simnccl.capture.recorder import _Recorder, set_active
 from simnccl.capture.standin import _creator
+from simnccl.cluster import get_gpu_kind
 from simnccl.ops import (
     SetDevice,
 )

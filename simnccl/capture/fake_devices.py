@@ -55,6 +55,9 @@ _IS_CUDA_PROPERTY = torch.Tensor.is_cuda
 # Tensor methods that take a device to move to, and the ones that pin host memory (CUDA calls on a real GPU).
 _MOVES = frozenset({"to", "cuda"})
 _PINNING = frozenset({"pin_memory"})
+# Factories that draw random numbers (their dispatcher overload without a generator hides the draw from the
+# placement mode): given the device's generator here.
+_RANDOM_FACTORIES = frozenset({"rand", "randn", "randint", "randperm", "normal"})
 
 
 class TensorMemory:
@@ -256,8 +259,11 @@ class _CudaAsCpu(TorchFunctionMode):
         if "device" in kwargs:
             index = self._index(kwargs["device"])
             if index is not None:
+                moved = {**kwargs, "device": _CPU}
+                if name in _RANDOM_FACTORIES and moved.get("generator") is None:
+                    moved["generator"] = self.placement.generators[index]  # the device's generator, as on a GPU
                 with self.placement.placing(index):
-                    return func(*args, **{**kwargs, "device": _CPU})
+                    return func(*args, **moved)
         return func(*args, **kwargs)
 
     def _move(self, func: Any, name: str, args: Any, kwargs: Any) -> Any:
@@ -267,7 +273,7 @@ class _CudaAsCpu(TorchFunctionMode):
             index = self._index("cuda" if device is None else device)
             dtype, rest = None, {}
         else:
-            device, dtype, non_blocking, memory_format = torch._C._nn._parse_to(*args[1:], **kwargs)
+            device, dtype, _non_blocking, memory_format = torch._C._nn._parse_to(*args[1:], **kwargs)
             index = self._index(device)
             rest = {"memory_format": memory_format} if memory_format is not None else {}
         placed = self._placed(tensor)

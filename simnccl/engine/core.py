@@ -34,10 +34,10 @@ from simnccl.engine.watchdogs import Watchdogs
 from simnccl.faults import apply_to_programs
 from simnccl.ops import (
     Alloc,
-    Free,
     Checkpoint,
     Compute,
     DestroyProcessGroup,
+    Free,
     InitProcessGroup,
     MemoryCheck,
     NewGroup,

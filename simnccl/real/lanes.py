@@ -25,8 +25,8 @@ from dataclasses import dataclass, replace
 from simnccl.ops import (
     NO_OPTIONS,
     Alloc,
-    Free,
     Compute,
+    Free,
     InitProcessGroup,
     MemoryCheck,
     NewGroup,
