@@ -21,6 +21,7 @@ import torch.distributed as dist
 from simnccl import capture as cap
 from simnccl.capture.fake_devices import TENSOR_TAG, TensorMemory
 from simnccl.ops import MIB, Alloc, AllReduce, Checkpoint, Free, SetDevice
+from simnccl.scenario import load_scenario
 from simnccl.testing import simulate
 
 pytestmark = pytest.mark.torch
@@ -48,6 +49,25 @@ def test_cuda_tensors_report_their_device_to_python_and_run_on_the_cpu() -> None
     cuda0, cuda1 = torch.device("cuda", 0), torch.device("cuda", 1)
     assert seen[0] == (cuda0, True, cuda1, cuda0, cuda1, "torch.cuda.FloatTensor", True)
     assert seen[1] == (torch.device("cpu"), False)
+
+
+def test_host_pinning_streams_and_to_another_tensor_work_without_a_driver() -> None:
+    seen: list[Any] = []
+
+    def target() -> None:
+        _startup()
+        on_gpu = torch.zeros(2, device="cuda")
+        pinned = torch.empty(4, pin_memory=True)
+        staged = torch.ones(4).pin_memory()
+        stream = torch.cuda.Stream()
+        with torch.cuda.stream(stream):
+            moved = staged.to(on_gpu, non_blocking=True)
+        moved.record_stream(stream)
+        stream.synchronize()
+        seen.append((pinned.is_pinned(), moved.device, torch.ones(1).to(moved).device, moved.to(pinned).device))
+
+    cap.capture(target, 1, mode="inline")
+    assert seen == [(False, torch.device("cuda", 0), torch.device("cuda", 0), torch.device("cpu"))]
 
 
 def test_cuda_seeding_runs_torchs_own_rng_functions_on_one_generator_per_device() -> None:
@@ -203,6 +223,29 @@ def test_device_properties_are_the_capture_gpu_kind_and_unknown_fields_are_refus
         cap.capture(asks_for_sms, 1, mode="inline")
 
 
+def test_a_cuda_call_without_a_stand_in_is_refused_naming_what_is_covered() -> None:
+    def target() -> None:
+        _startup()
+        torch.cuda.CUDAGraph()
+
+    with pytest.raises(cap.CaptureError) as caught:
+        cap.capture(target, 1)
+    message = str(caught.value)
+    assert message.startswith("rank 0: the captured code called CUDA where simnccl's GPU-less CUDA does not stand in")
+    assert "CUDA graphs" in message and "torch.cuda.CUDAGraph()" in message
+
+
+def test_tensors_on_another_device_are_charged_to_the_current_one_and_said_so() -> None:
+    kept: list[Any] = []
+
+    def target() -> None:
+        _startup()
+        kept.append((torch.zeros(4, device="cuda"), torch.zeros(4, device=f"cuda:{1 - dist.get_rank()}")))
+
+    run = cap.capture(target, 2, mode="inline")
+    assert "rank 0 placed tensors on cuda:0, cuda:1: all of them are charged to its current device" in run.notes
+
+
 def test_step_and_gpu_arguments_are_checked() -> None:
     with pytest.raises(cap.CaptureError, match="step: expected a callable"):
         cap.capture(_startup, 1, step=3)  # type: ignore[arg-type]
@@ -232,6 +275,8 @@ def test_cli_step_runs_a_function_on_the_scripts_globals(tmp_path: Path, capsys:
     text = toml.read_text(encoding="utf-8")
     assert '"step1"' in text and 'op = "alloc"' in text
     assert text.index('"startup"') < text.index('op = "all_reduce"') < text.index('"step1"')
+    replayed = load_scenario(toml).programs[0].ops  # the scenario file holds the step's ops exactly
+    assert [op for op in replayed if isinstance(op, Alloc)] and Checkpoint("step1") in replayed
 
 
 @pytest.mark.parametrize(

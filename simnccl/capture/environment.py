@@ -12,8 +12,9 @@ from typing import Any
 import torch
 from torch.distributed import distributed_c10d as c10d
 
-from simnccl.capture.fake_devices import FakeCuda
+from simnccl.capture.fake_devices import FakeCuda, driver_call_message
 from simnccl.capture.recorder import _Recorder, set_active
+from simnccl.capture.result import CaptureError
 from simnccl.capture.standin import _creator
 from simnccl.cluster import get_gpu_kind
 from simnccl.ops import (
@@ -136,7 +137,13 @@ def _installed(
             setattr(obj, attr, value)
         set_active(recorder)
         with fake_cuda.tensors.modes() if cuda else contextlib.nullcontext():
-            yield
+            try:
+                yield
+            except Exception as err:
+                message = driver_call_message(err, recorder.rank) if cuda else None
+                if message is None:
+                    raise
+                raise CaptureError(message) from None
     finally:
         set_active(None)
         for obj, attr, value in originals:

@@ -233,10 +233,13 @@ class _CudaAsCpu(TorchFunctionMode):
         return index
 
     def _placed(self, tensor: Any) -> int | None:
-        if not isinstance(tensor, torch.Tensor) or is_traceable_wrapper_subclass(tensor):
+        """The device ``tensor`` is placed on (a wrapper subclass such as DTensor: its first inner tensor's)."""
+        if not isinstance(tensor, torch.Tensor):
             return None
-        storage = _storage(tensor)
-        return None if storage is None else self.memory.device_of(storage)
+        for plain in _tensors(tensor):
+            storage = _storage(plain)
+            return None if storage is None else self.memory.device_of(storage)
+        return None
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
@@ -253,6 +256,10 @@ class _CudaAsCpu(TorchFunctionMode):
             return func(*args).replace("torch.", "torch.cuda.", 1)  # "torch.cuda.FloatTensor", as on a GPU
         if name in _PINNING and args and isinstance(args[0], torch.Tensor):
             return args[0]  # pinned host memory needs the driver; unpinned host memory is the same bytes
+        if name == "is_pinned" and args and isinstance(args[0], torch.Tensor):
+            return False
+        if kwargs.get("pin_memory"):
+            kwargs = {**kwargs, "pin_memory": False}
         if name == "cpu" and args and isinstance(args[0], torch.Tensor) and self._placed(args[0]) is not None:
             with self.placement.placing(None):
                 return func(*args, **kwargs).clone()
@@ -274,11 +281,14 @@ class _CudaAsCpu(TorchFunctionMode):
             dtype, rest = None, {}
         else:
             device, dtype, _non_blocking, memory_format = torch._C._nn._parse_to(*args[1:], **kwargs)
-            index = self._index(device)
+            other = args[1] if len(args) > 1 else kwargs.get("other")
+            # .to(other): other's device as Python sees it (C++ sees the CPU for every tensor here)
+            index = self._placed(other) if isinstance(other, torch.Tensor) else self._index(device)
             rest = {"memory_format": memory_format} if memory_format is not None else {}
         placed = self._placed(tensor)
         if index is None:
             if placed is not None and device is not None and torch.device(device).type == "cpu":
+                # (``.to(other)`` with an unplaced other lands here too: its device is the host)
                 with self.placement.placing(None):  # device -> host: a copy, as on a GPU
                     return tensor.to(dtype=dtype or tensor.dtype, copy=True, **rest)
             return func(*args, **kwargs)
@@ -417,6 +427,8 @@ class FakeCuda:
             (cuda, "reset_max_memory_allocated", reset_peak),
             (cuda, "empty_cache", memory.empty_cache),
             (cuda, "is_current_stream_capturing", lambda: False),
+            # parsed before torch-function handling (it wants a real stream); the stand-in streams are done
+            (torch.Tensor, "record_stream", lambda tensor, stream: None),
             (torch.accelerator, "current_stream", lambda device=None: default_stream),
             (torch.accelerator, "set_stream", lambda stream: None),
             (torch.accelerator, "synchronize", lambda device=None: None),
@@ -428,6 +440,30 @@ class FakeCuda:
         placement = _Placement(self.memory, self.generators, self.current)
         with placement, _CudaAsCpu(placement, self.current, self.count):
             yield
+
+
+# What torch says when a call reaches the CUDA runtime or driver on a machine without a GPU.
+_DRIVER_ERRORS = ("CUDA driver version is insufficient", "Found no NVIDIA driver", "cudaErrorNoDevice")
+COVERED = (
+    "CUDA tensors and factories, .to/.cuda/.cpu, Module.to/cuda/to_empty, torch.cuda RNG functions, Stream, Event, "
+    "current_stream, memory statistics, get_device_properties (name, total_memory), mem_get_info"
+)
+
+
+def driver_call_message(err: BaseException, rank: int) -> str | None:
+    """A clear refusal for an error that means the code reached a CUDA call the fake devices do not cover."""
+    text = str(err)
+    if not any(marker in text for marker in _DRIVER_ERRORS):
+        return None
+    import traceback
+
+    frames = traceback.format_exception(type(err), err, err.__traceback__)
+    where = "".join(frames[-4:-1]).rstrip()
+    return (
+        f"rank {rank}: the captured code called CUDA where simnccl's GPU-less CUDA does not stand in "
+        f"({type(err).__name__}: {text.splitlines()[0]}); covered while capturing: {COVERED}. "
+        f"Code that needs a real GPU here (CUDA graphs, CUDA generators, custom kernels) cannot be captured.\n{where}"
+    )
 
 
 def _ordinal(device: Any) -> int:

@@ -55,6 +55,12 @@ class _Recorder:
     def finish(self) -> None:
         """Charge the tensor memory reserved after the last recorded call."""
         self.ops.extend(self.memory.changes())
+        devices = self.memory.devices()
+        if len(devices) > 1:
+            shown = ", ".join(f"cuda:{index}" for index in devices)
+            self.notes.append(
+                f"rank {self.rank} placed tensors on {shown}: all of them are charged to its current device"
+            )
 
     def family(self, stem: str, ranks: Sequence[int] | None, world_size: int) -> str:
         members = set(range(world_size) if ranks is None else ranks)
