@@ -93,12 +93,14 @@ def test_cuda_seeding_runs_torchs_own_rng_functions_on_one_generator_per_device(
     assert seen == [True, True, True, 3]
 
 
-def test_a_cuda_seed_queued_before_the_capture_never_reaches_the_driver() -> None:
+def test_a_cuda_seed_queued_before_the_capture_never_reaches_the_driver(monkeypatch: pytest.MonkeyPatch) -> None:
     """torch queues ``torch.cuda.manual_seed`` until CUDA initialises; the stand-in used to make
     ``is_initialized()`` true mid-run, so torch ran that queue against the real driver ("CUDA driver version
     is insufficient"). Now every rank is initialised from its start and the queued callback stays queued."""
     assert not torch.cuda.is_initialized()
+    monkeypatch.setattr(torch.cuda, "_lazy_seed_tracker", type(torch.cuda._lazy_seed_tracker)())  # this test's queue
     torch.cuda.manual_seed(11)  # queued: no CUDA here
+    assert torch.cuda._lazy_seed_tracker.get_calls()
 
     def target() -> None:
         _startup()

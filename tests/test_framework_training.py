@@ -18,12 +18,12 @@ pytest.importorskip("torch")
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+import framework_startups as startups
 import framework_training as training
 from test_framework_fidelity import _require, deepspeed, megatron, torchtitan  # noqa: F401 - fixtures
 
-import framework_startups as startups
 from simnccl import capture as cap
-from simnccl.ops import MIB, AllGather, AllReduce, Alloc, Broadcast, Checkpoint, Op, ReduceScatter
+from simnccl.ops import MIB, AllGather, Alloc, AllReduce, Broadcast, Checkpoint, Op, ReduceScatter
 
 pytestmark = pytest.mark.torch
 
