@@ -46,6 +46,13 @@ def capture_parser() -> argparse.ArgumentParser:
     parser.add_argument("--simulate", action="store_true", help="replay the Programs in the simulator")
     parser.add_argument("--toml", metavar="PATH", help="write a scenario file with the captured Programs")
     parser.add_argument("--name", default="captured", help="scenario name for --toml and --simulate")
+    parser.add_argument(
+        "--step",
+        metavar="MODULE:FUNCTION",
+        help="the first training step, run after the code (startup) on each rank and called with its module "
+        "globals (a dict: the model, optimizer... the script left): its tensors and collectives are recorded "
+        "between checkpoints 'startup' and 'step1' (MODULE may be a FILE.py)",
+    )
     parser.add_argument("-m", dest="module", metavar="MODULE", help="run a module as __main__ (like python -m)")
     parser.add_argument("script", nargs="?", help="a script to run (when -m is not given)")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the module or script")
@@ -110,9 +117,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise CaptureError(f"no module named {args.module!r} (expected an importable module for -m)")
         elif not Path(args.script).is_file():
             raise CaptureError(f"no such script {args.script!r} (expected a Python file, or -m MODULE)")
+        step = None if args.step is None else step_function(args.step, args.module, args.script)
         run = capture(
             script_target(args.module, None if args.module else args.script, args.args),
             args.world,
+            step=step,
+            gpu=gpu,
             gpus_per_node=args.gpus_per_node,
             release=release,
             env=env_overrides(args),
@@ -141,6 +151,49 @@ def main(argv: Sequence[str] | None = None) -> int:
         out.error(str(err))
         return EXIT_BAD_INPUT
     return EXIT_OK if out.finish([record]) else EXIT_FAILED
+
+
+def step_function(spec: str, module: str | None, script: str | None) -> Any:
+    """The step ``--step MODULE:FUNCTION`` (or ``FILE.py:FUNCTION``) names, looked up in each rank.
+
+    Nothing of it runs here: the captured script (or ``-m`` module) is its own startup, so a step it defines is
+    taken from the globals its run left in the rank; another module or file is imported in the rank, after
+    startup. Only the spelling and the file's or module's existence are checked before the capture.
+    """
+    import importlib.util
+    import runpy
+
+    from simnccl.capture import CaptureError
+
+    where, _, name = spec.rpartition(":")
+    if not where or not name:
+        raise CaptureError(f"--step: expected MODULE:FUNCTION or FILE.py:FUNCTION, got {spec!r}")
+    if where.endswith(".py"):
+        if not Path(where).is_file():
+            raise CaptureError(f"--step: no such file {where!r} (expected FILE.py:FUNCTION)")
+        own = script is not None and Path(where).resolve() == Path(script).resolve()
+    else:
+        try:
+            found = importlib.util.find_spec(where)
+        except (ImportError, ValueError):
+            found = None
+        if found is None:
+            raise CaptureError(f"--step: cannot import {where!r} (expected MODULE:FUNCTION)")
+        own = where == module
+
+    def step(state: Any) -> Any:
+        if own:
+            namespace = state
+        elif where.endswith(".py"):
+            namespace = runpy.run_path(where, run_name="__simnccl_step__")
+        else:
+            namespace = vars(importlib.import_module(where))
+        function = namespace.get(name) if isinstance(namespace, dict) else None
+        if not callable(function):
+            raise CaptureError(f"--step: {where!r} has no function {name!r}")
+        return function(state)
+
+    return step
 
 
 def _captured_line(name: str, world: int, distinct: int) -> Any:

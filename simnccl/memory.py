@@ -112,6 +112,13 @@ class DeviceLedger:
             self._apply(owner, -held, time_s, op)
         return held
 
+    def release(self, owner: Owner, num_bytes: int, *, time_s: float, op: Any) -> int:
+        """Free up to ``num_bytes`` of what ``owner`` holds (never more); returns bytes freed."""
+        freed = min(max(num_bytes, 0), self.by_owner.get(owner, 0))
+        if freed:
+            self._apply(owner, -freed, time_s, op)
+        return freed
+
     def _apply(self, owner: Owner, delta: int, time_s: float, op: Any) -> None:
         by_owner = self.by_owner
         held = by_owner.get(owner, 0) + delta

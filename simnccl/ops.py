@@ -289,10 +289,17 @@ class Alloc(Op):
 
 @dataclass(frozen=True, slots=True)
 class Free(Op):
-    """``del`` of the tensors an ``alloc`` tagged ``tag``: their blocks go back to torch's cache, still reserved on
-    the device (``memory_reserved`` unchanged): torch reuses them, NCCL's own allocations cannot."""
+    """Tensors an ``alloc`` tagged ``tag`` given up, in one of torch's two ways.
+
+    ``mib`` 0 (the default): ``del`` of the tensors: their blocks go back to torch's cache, still reserved on the
+    device (``memory_reserved`` unchanged): torch reuses them, NCCL's own allocations cannot. ``mib`` > 0: that
+    much of what ``alloc`` charged under ``tag`` goes back to the device (``torch.cuda.empty_cache()`` after the
+    tensors died; never more than is held) — what ``simnccl.capture`` records, since it charges the caching
+    allocator's reserved high-water mark.
+    """
 
     name: ClassVar[str] = "free"
+    mib: float = 0.0
     tag: str = "tensor"
 
 

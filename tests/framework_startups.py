@@ -14,9 +14,9 @@ comes from:
 * ``torchtitan_startup``: torchtitan 0.3.0's real ``init_distributed(CommConfig())`` and
   ``ParallelDims(...).build_mesh()``, after the trainer's ``set_device``.
 * ``deepspeed_startup``: deepspeed 0.19.8's real ``deepspeed.init_distributed()``, ``PipelineModule`` (layers
-  without parameters: ``PipelineModule`` moves itself to ``cuda:N``, and there are no CUDA tensors in a
-  capture yet), and the ``deepspeed.utils.groups`` functions the engine calls, in the engine's order (the engine
-  itself, ``deepspeed.initialize``, needs CUDA tensors: its collectives are not captured).
+  without parameters: the generator models the groups, not the layers), and the ``deepspeed.utils.groups``
+  functions the engine calls, in the engine's order (``deepspeed.initialize`` itself, with ZeRO-2 and a training
+  step, is captured in ``framework_training.py``).
 """
 
 from __future__ import annotations

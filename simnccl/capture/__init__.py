@@ -24,11 +24,18 @@ How each piece works, and why it is done that way (torch 2.15.0, CPU only):
   group is bound). The stand-in does the same for the implementations that do it on the emulated release,
   but binds ``cpu:<index>`` (same index): torch creates tensors on the bound device (``barrier``), and there
   is no CUDA here. Limit: ``new_group(device_id=cuda:N)`` then trips torch's "Mismatched bound device".
-* **CUDA.** ``torch.cuda.is_available``/``device_count``/``set_device``/``current_device``/
-  ``is_initialized``/``synchronize`` and ``torch.accelerator.is_available``/``device_count`` are replaced
-  while a rank runs, so ``init_device_mesh("cuda", ...)`` and ``device_id=cuda:N`` work; ``set_device`` is
-  recorded. Tensors must still live on the CPU (there is no CUDA memory to hold them): code that allocates
-  CUDA tensors cannot be captured.
+* **CUDA.** ``torch.cuda.is_available``/``device_count``/``set_device``/``current_device``/``synchronize`` and
+  ``torch.accelerator``'s queries are replaced while a rank runs, so ``init_device_mesh("cuda", ...)`` and
+  ``device_id=cuda:N`` work; ``set_device`` is recorded. CUDA tensors, ``.to("cuda")``, modules moved to a device,
+  CUDA RNG state and seeding (torch's own ``torch.cuda.random`` on one CPU generator per device; Megatron's
+  ``model_parallel_cuda_manual_seed``), streams, events and the allocator's statistics run on the CPU without a
+  driver call (``fake_devices``: a TorchFunctionMode shows placed tensors as ``cuda:N`` to Python, a
+  TorchDispatchMode below autograd places and sizes every storage per device), and the memory they reserve
+  becomes ``alloc``/``free`` ops the simulator charges. Values are real, so capture tiny model configurations.
+* **The first training step.** ``capture(startup, world, step=train_step)`` (CLI ``--step MODULE:FUNCTION``)
+  calls ``train_step(startup())`` between checkpoints ``startup`` and ``step1``: its forward, backward and
+  optimizer tensors and the DDP/FSDP/DTensor collectives it issues are recorded, so lazy communicators pay their
+  first use and step 1's peak is simulated; ``memory_check()`` marks a vLLM-style check after it.
 * **Rendezvous.** ``env://``, ``tcp://`` and ``file://`` rendezvous yield torch's no-op ``FakeStore`` (the
   store torch's own fake mode uses), so no rank waits for a peer. A store the code builds itself
   (``TCPStore(...)``) is not intercepted: it waits for peers that never come, and the rank times out.
@@ -76,11 +83,12 @@ does exactly that.
 
 Layout (one concept per module): ``api`` (``capture``/``capture_scaled``), ``result`` (``CapturedRun`` and the
 branch settings), ``ranks`` (forked or inline ranks under timeouts), ``environment`` (what a rank runs inside),
-``intercept`` (the call wrappers), ``standin`` (the backend), ``recorder``, ``values`` (argument conversion).
+``fake_devices`` (CUDA tensors, RNG and streams on the CPU, sized per device), ``intercept`` (the call
+wrappers), ``standin`` (the backend), ``recorder``, ``values`` (argument conversion).
 """
 
 from simnccl.capture.api import capture, capture_scaled, main, script_target
-from simnccl.capture.recorder import UNRECORDED, checkpoint
+from simnccl.capture.recorder import UNRECORDED, checkpoint, memory_check
 from simnccl.capture.result import (
     NO_POLICY,
     BranchMismatch,
@@ -109,6 +117,7 @@ __all__ = [
     "capture_scaled",
     "checkpoint",
     "main",
+    "memory_check",
     "script_target",
     "unmodelled_options",
 ]

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from simnccl.capture.environment import DEFAULT_GPU
 from simnccl.capture.intercept import _intercepted
 from simnccl.capture.ranks import _run_forked, _run_inline, _Spec
 from simnccl.capture.result import (
@@ -22,6 +23,7 @@ from simnccl.capture.result import (
     unmodelled_options,
 )
 from simnccl.capture_cli import DEFAULT_TIMEOUT_S, MODES
+from simnccl.cluster import ClusterError, get_gpu_kind
 from simnccl.ops import (
     InitProcessGroup,
     Program,
@@ -44,6 +46,8 @@ def capture(
     checkpoints: bool = True,
     final_checkpoint: str | None = "end",
     policy: str | None = None,
+    step: Callable[[Any], Any] | None = None,
+    gpu: str = DEFAULT_GPU,
 ) -> CapturedRun:
     """Run ``target()`` once per simulated rank of a ``world_size`` world and return every rank's Program.
 
@@ -57,9 +61,20 @@ def capture(
     ``final_checkpoint`` is appended after the target returns. ``policy`` (a spec such as ``"lazy-init"``):
     each rank runs under ``simnccl.torch_apply.apply(policy)``, so the Programs are what real torch runs
     under it; the run remembers the release, env and policy its branches depended on (``check_replay``).
+    ``step``: the first training step, called with what ``target()`` returned (its model, optimizer, batch)
+    after startup, between checkpoints ``startup`` and ``step1``: its tensors (forward, backward, optimizer
+    state, on emulated CUDA devices: ``simnccl.capture.fake_devices``) and its collectives are recorded, so
+    lazy communicators pay their first use and the step-1 peak is simulated. ``gpu``: the GPU kind
+    ``torch.cuda.get_device_properties``/``mem_get_info`` describe to the code, and ``simulate``'s default.
     """
     if not callable(target):
         raise CaptureError(f"expected a callable to capture, got {type(target).__name__} {target!r}")
+    if step is not None and not callable(step):
+        raise CaptureError(f"step: expected a callable taking the target's return value, got {step!r}")
+    try:
+        get_gpu_kind(gpu)
+    except ClusterError as err:
+        raise CaptureError(f"gpu: {err}") from None
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise CaptureError(f"world_size: expected an integer >= 1, got {world_size!r}")
     per_node = max(d for d in range(1, 9) if world_size % d == 0) if gpus_per_node is None else gpus_per_node
@@ -102,6 +117,8 @@ def capture(
         final_checkpoint=final_checkpoint,
         timeout_s=float(timeout_s),
         policy=policy,
+        step=step,
+        gpu=gpu,
     )
     started = time.monotonic()
     try:
@@ -155,22 +172,23 @@ def _assemble(spec: _Spec, ranks: Sequence[RankCapture], mode: str, wall_s: floa
         mode=mode,
         wall_s=wall_s,
         policy=spec.policy,
+        gpu=spec.gpu,
     )
 
 
-def script_target(module: str | None, path: str | None, argv: Sequence[str]) -> Callable[[], None]:
-    """A target running ``-m module`` or ``script.py`` as ``__main__`` with ``argv`` (fresh in each rank)."""
+def script_target(module: str | None, path: str | None, argv: Sequence[str]) -> Callable[[], dict[str, Any]]:
+    """A target running ``-m module`` or ``script.py`` as ``__main__`` with ``argv`` (fresh in each rank); it
+    returns the module's globals, which a captured ``step`` receives."""
 
-    def run() -> None:
+    def run() -> dict[str, Any]:
         saved = sys.argv[:]
         try:
             if module is not None:
                 sys.argv = [module, *argv]
-                runpy.run_module(module, run_name="__main__", alter_sys=True)
-            else:
-                assert path is not None
-                sys.argv = [path, *argv]
-                runpy.run_path(path, run_name="__main__")
+                return runpy.run_module(module, run_name="__main__", alter_sys=True)
+            assert path is not None
+            sys.argv = [path, *argv]
+            return runpy.run_path(path, run_name="__main__")
         finally:
             sys.argv = saved
 

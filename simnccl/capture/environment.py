@@ -12,21 +12,28 @@ from typing import Any
 import torch
 from torch.distributed import distributed_c10d as c10d
 
+from simnccl.capture.fake_devices import FakeCuda, driver_call_message
 from simnccl.capture.recorder import _Recorder, set_active
+from simnccl.capture.result import CaptureError
 from simnccl.capture.standin import _creator
+from simnccl.cluster import get_gpu_kind
 from simnccl.ops import (
     SetDevice,
 )
 from simnccl.release import KNOWN_BACKEND_NAMES
 
+DEFAULT_GPU = "h100-80gb"  # the GPU kind captured code is told it runs on, and CapturedRun.simulate's default
+
 
 class _FakeCuda:
     """Stand-ins for the ``torch.cuda``/``torch.accelerator`` queries startup code makes, per rank."""
 
-    def __init__(self, recorder: _Recorder, gpus_per_node: int) -> None:
+    def __init__(self, recorder: _Recorder, gpus_per_node: int, gpu: str = DEFAULT_GPU) -> None:
         self.recorder = recorder
         self.count = gpus_per_node
         self.current: int | None = None
+        # CUDA tensors, RNG, streams and memory statistics on the CPU (simnccl.capture.fake_devices)
+        self.tensors = FakeCuda(recorder.memory, gpus_per_node, self.current_index, get_gpu_kind(gpu))
 
     def set_device(self, device: Any) -> None:
         index = device if isinstance(device, int) else torch.device(device).index
@@ -39,18 +46,36 @@ class _FakeCuda:
         recorded = None if index == self.recorder.local_rank else index
         self.recorder.add(SetDevice(device=recorded), "set_device", {"device": index})
 
+    def current_index(self) -> int:
+        return 0 if self.current is None else self.current
+
+    def exchange_device(self, index: int) -> int:
+        """``torch.cuda._exchange_device`` (what ``with torch.cuda.device(i)`` calls): switch, return the old."""
+        old = self.current_index()
+        if index >= 0:
+            self.current = index
+        return old
+
     def patches(self) -> list[tuple[Any, str, Any]]:
+        """The stand-ins, also where ``torch.cuda.random`` imported torch.cuda's functions by name."""
+        own = self._patches()
+        random = torch.cuda.random
+        return own + [(random, attr, value) for obj, attr, value in own if obj is torch.cuda and hasattr(random, attr)]
+
+    def _patches(self) -> list[tuple[Any, str, Any]]:
         return [
             (torch.cuda, "is_available", lambda: True),
             (torch.cuda, "device_count", lambda: self.count),
             (torch.cuda, "set_device", self.set_device),
-            (torch.cuda, "current_device", lambda: 0 if self.current is None else self.current),
-            (torch.cuda, "is_initialized", lambda: self.current is not None),
+            (torch.cuda, "current_device", self.current_index),
             (torch.cuda, "synchronize", lambda device=None: None),
+            (torch.cuda, "_exchange_device", self.exchange_device),
+            (torch.cuda, "_maybe_exchange_device", self.exchange_device),
             (torch.accelerator, "is_available", lambda: True),
             (torch.accelerator, "device_count", lambda: self.count),
             (torch.accelerator, "set_device_index", self.set_device),
-            (torch.accelerator, "current_device_index", lambda: 0 if self.current is None else self.current),
+            (torch.accelerator, "current_device_index", self.current_index),
+            *self.tensors.patches(),
         ]
 
 
@@ -72,7 +97,9 @@ def _fake_store() -> Any:
 
 
 @contextlib.contextmanager
-def _installed(recorder: _Recorder, release: str, world_size: int, gpus_per_node: int, cuda: bool) -> Iterator[None]:
+def _installed(
+    recorder: _Recorder, release: str, world_size: int, gpus_per_node: int, cuda: bool, gpu: str = DEFAULT_GPU
+) -> Iterator[None]:
     """Stand-in backends, fake CUDA, peerless rendezvous and the active recorder, for one rank; undone on exit.
 
     The call wrappers are not installed here but once per ``capture()`` (``_intercepted``): they record into
@@ -91,7 +118,7 @@ def _installed(recorder: _Recorder, release: str, world_size: int, gpus_per_node
     }
     saved_attrs = {k: v for k, v in vars(backend_cls).items() if k.isupper()}
     saved_handlers = dict(rendezvous._rendezvous_handlers)
-    fake_cuda = _FakeCuda(recorder, gpus_per_node)
+    fake_cuda = _FakeCuda(recorder, gpus_per_node, gpu)
     patches = fake_cuda.patches() if cuda else []
     originals = [(obj, attr, getattr(obj, attr)) for obj, attr, _ in patches]
     types = {"nccl": c10d.ProcessGroup.BackendType.NCCL, "gloo": c10d.ProcessGroup.BackendType.GLOO}
@@ -109,7 +136,14 @@ def _installed(recorder: _Recorder, release: str, world_size: int, gpus_per_node
         for obj, attr, value in patches:
             setattr(obj, attr, value)
         set_active(recorder)
-        yield
+        with fake_cuda.tensors.modes() if cuda else contextlib.nullcontext():
+            try:
+                yield
+            except Exception as err:
+                message = driver_call_message(err, recorder.rank) if cuda else None
+                if message is None:
+                    raise
+                raise CaptureError(message) from None
     finally:
         set_active(None)
         for obj, attr, value in originals:

@@ -177,7 +177,7 @@ def _leave(rec: _Recorder, name: str, handle: str | None, result: Any) -> None:
     if name == "init_process_group" and dist.is_initialized():
         rec.bind(c10d._get_default_group(), WORLD)
         if rec.checkpoints:
-            rec.ops.append(Checkpoint("after_init"))
+            rec.append(Checkpoint("after_init"))
     elif handle is not None and isinstance(result, c10d.ProcessGroup):
         rec.bind(result, handle)
 

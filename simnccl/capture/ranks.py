@@ -22,7 +22,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from simnccl.capture.environment import _installed
+from simnccl.capture.environment import DEFAULT_GPU, _installed
 from simnccl.capture.recorder import _Recorder
 from simnccl.capture.result import CaptureError, RankCapture
 from simnccl.capture_cli import DEFAULT_TIMEOUT_S
@@ -31,6 +31,8 @@ from simnccl.ops import (
 )
 
 MASTER_PORT = "29500"
+STARTUP_CHECKPOINT = "startup"  # before a captured step: what startup left on each device
+STEP_CHECKPOINT = "step1"  # after it: step 1's tensors and the communicators it created
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,8 @@ class _Spec:
     final_checkpoint: str | None
     timeout_s: float
     policy: str | None = None
+    step: Callable[[Any], Any] | None = None  # run on the target's return value after startup (one step)
+    gpu: str = DEFAULT_GPU  # the GPU kind torch.cuda.get_device_properties/mem_get_info describe
 
     def rank_env(self, rank: int) -> dict[str, str]:
         local = rank % self.gpus_per_node
@@ -72,18 +76,22 @@ def _run_rank(spec: _Spec, rank: int) -> RankCapture:
     os.environ.update(spec.rank_env(rank))
     try:
         with (
-            _installed(recorder, spec.release, spec.world_size, spec.gpus_per_node, spec.cuda),
+            _installed(recorder, spec.release, spec.world_size, spec.gpus_per_node, spec.cuda, spec.gpu),
             _policy_applied(spec.policy, spec.release),
         ):
             if spec.init_backend is not None:
                 dist.init_process_group(backend=spec.init_backend)
+            state = None
             try:
-                spec.target()
+                state = spec.target()
             except SystemExit as exit_:  # a script ending with sys.exit(0) finished normally
                 if exit_.code not in (None, 0):
                     raise CaptureError(f"rank {rank}: the captured code exited with status {exit_.code}") from None
+            if spec.step is not None:
+                _run_step(spec.step, state, recorder)
             if spec.final_checkpoint is not None:
-                recorder.ops.append(Checkpoint(spec.final_checkpoint))
+                recorder.append(Checkpoint(spec.final_checkpoint))
+            recorder.finish()
     finally:
         if dist.is_initialized():
             with contextlib.suppress(Exception):
@@ -96,6 +104,13 @@ def _run_rank(spec: _Spec, rank: int) -> RankCapture:
         os.environ.update(saved_env)
         sys.excepthook = saved_hook
     return RankCapture(rank, tuple(recorder.ops), tuple(recorder.calls), tuple(recorder.notes))
+
+
+def _run_step(step: Callable[[Any], Any], state: Any, recorder: _Recorder) -> None:
+    """The first training step, between the ``startup`` and ``step1`` checkpoints (``simnccl.capture.api``)."""
+    recorder.append(Checkpoint(STARTUP_CHECKPOINT))
+    step(state)
+    recorder.append(Checkpoint(STEP_CHECKPOINT))
 
 
 @contextlib.contextmanager

@@ -12,11 +12,13 @@ from typing import Any
 
 from torch.distributed import distributed_c10d as c10d
 
+from simnccl.capture.fake_devices import TensorMemory
 from simnccl.capture.result import Call
 from simnccl.capture.values import _plain
 from simnccl.ops import (
     WORLD,
     Checkpoint,
+    MemoryCheck,
     Op,
 )
 
@@ -38,11 +40,27 @@ class _Recorder:
         # open families: key (desc or backend) -> (handle, union of ranks so far)
         self.families: dict[str, tuple[str, set[int]]] = {}
         self.family_count: dict[str, int] = {}
+        self.memory = TensorMemory()  # the rank's emulated CUDA tensors (simnccl.capture.fake_devices)
 
     def add(self, op: Op | None, name: str, args: Mapping[str, Any], handle: str | None = None) -> None:
         self.calls.append(Call(name, {k: _plain(v) for k, v in args.items()}, handle))
         if op is not None:
-            self.ops.append(op)
+            self.append(op)
+
+    def append(self, op: Op) -> None:
+        """Append ``op`` after the tensor memory reserved since the last op (``alloc``/``free`` ops)."""
+        self.ops.extend(self.memory.changes())
+        self.ops.append(op)
+
+    def finish(self) -> None:
+        """Charge the tensor memory reserved after the last recorded call."""
+        self.ops.extend(self.memory.changes())
+        devices = self.memory.devices()
+        if len(devices) > 1:
+            shown = ", ".join(f"cuda:{index}" for index in devices)
+            self.notes.append(
+                f"rank {self.rank} placed tensors on {shown}: all of them are charged to its current device"
+            )
 
     def family(self, stem: str, ranks: Sequence[int] | None, world_size: int) -> str:
         members = set(range(world_size) if ranks is None else ranks)
@@ -100,3 +118,17 @@ def checkpoint(label: str) -> None:
     """
     if _ACTIVE is not None:
         _ACTIVE.add(Checkpoint(label), "checkpoint", {"label": label})
+
+
+def memory_check(gpu_memory_utilization: float = 0.9) -> None:
+    """Mark a vLLM-style startup memory check in the captured program (a no-op when not capturing).
+
+    The simulated rank fails there, as vLLM does, when the device's free memory (its tensors, CUDA context and
+    communicators, every process on the GPU) is below ``ceil(total * gpu_memory_utilization)``; placed after a
+    captured training step, it asks whether step 1's peak left the headroom a second job or phase needs.
+    """
+    if not 0 < gpu_memory_utilization <= 1:
+        raise ValueError(f"gpu_memory_utilization: expected a fraction in (0, 1], got {gpu_memory_utilization!r}")
+    if _ACTIVE is not None:
+        op = MemoryCheck(gpu_memory_utilization=float(gpu_memory_utilization))
+        _ACTIVE.add(op, "memory_check", {"gpu_memory_utilization": gpu_memory_utilization})

@@ -180,6 +180,7 @@ class CapturedRun:
     mode: str = "fork"
     wall_s: float = 0.0
     policy: str | None = None  # the policy the ranks ran under (simnccl.torch_apply.apply), None: plain torch
+    gpu: str = "h100-80gb"  # the GPU kind the code was told it runs on (device properties, free memory)
 
     @property
     def nodes(self) -> int:
@@ -188,13 +189,14 @@ class CapturedRun:
     def simulate(
         self,
         *,
-        gpu: str = "h100-80gb",
+        gpu: str | None = None,
         release: str | None = None,
         env: Mapping[str, str] | None = None,
         policy: str | None = None,
         **kwargs: Any,
     ) -> Any:
-        """Replay the Programs in the simulator on ``nodes x gpus_per_node`` GPUs of kind ``gpu``.
+        """Replay the Programs in the simulator on ``nodes x gpus_per_node`` GPUs of kind ``gpu`` (default: the
+        kind the code was captured on).
 
         Refused (``BranchMismatch``) when ``release``/``env``/``policy`` would have changed what the captured code
         saw (``check_replay``): the Programs are one branch of the code, not the code.
@@ -209,7 +211,7 @@ class CapturedRun:
             )
         return simulate(
             [p.ops for p in self.programs],  # the same tuple for ranks sharing a Program: shared in the engine
-            gpu=gpu,
+            gpu=gpu or self.gpu,
             nodes=self.nodes,
             gpus_per_node=self.gpus_per_node,
             release=release or self.release,

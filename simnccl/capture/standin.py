@@ -138,7 +138,8 @@ class StandInBackend(C10dBackend):
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any) -> Any:
         self._record(AllGather, "all_gather_into_tensor", [input])
         if input.numel() and output.numel() % input.numel() == 0:
-            output.view(-1, input.numel()).copy_(input.reshape(1, -1))
+            # clone: FSDP2 gathers in place (its input is a slice of the output)
+            output.view(-1, input.numel()).copy_(input.reshape(1, -1).clone())
         return self._done([output])
 
     def all_gather_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any) -> Any:

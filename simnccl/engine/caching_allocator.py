@@ -48,9 +48,13 @@ class CachingAllocator:
         self.record(self.sim.now(), rt.rank, "torch-alloc", ledger.device, op.mib)
 
     def op_free(self, rt: RankRuntime, op: Free) -> Waiting:
-        """``del`` the tensors tagged ``op.tag``: their blocks become torch's cache (still reserved)."""
+        """``del`` the tensors tagged ``op.tag``: their blocks become torch's cache (still reserved); with
+        ``op.mib``, that much of the tag's blocks goes back to the device instead (``empty_cache``)."""
         yield from self.rendezvous.settle(rt)
         index = current_device(rt)
+        if op.mib > 0:
+            self._give_back(rt, index, op)
+            return
         blocks = self._live.pop((rt.rank, index, op.tag), [])
         if not blocks:
             return
@@ -59,6 +63,25 @@ class CachingAllocator:
         ledger.move(Owner("torch", rt.rank, phase=op.tag), cached, sum(blocks), time_s=self.sim.now(), op=op)
         self._cached.setdefault((rt.rank, index), []).extend(blocks)
         self.record(self.sim.now(), rt.rank, "torch-free", ledger.device, op.tag, sum(blocks))
+
+    def _give_back(self, rt: RankRuntime, index: int, op: Free) -> None:
+        """``mib`` of the tag's live blocks returned to the device, latest first (a block partly given back keeps
+        its remainder), never more than the tag holds."""
+        blocks = self._live.get((rt.rank, index, op.tag), [])
+        left = mib_bytes(op.mib)
+        freed = 0
+        while left > 0 and blocks:
+            last = blocks.pop()
+            taken = min(last, left)
+            if last > taken:
+                blocks.append(last - taken)
+            left -= taken
+            freed += taken
+        if not freed:
+            return
+        ledger = self.memory.ledger(rt, index)
+        ledger.release(Owner("torch", rt.rank, phase=op.tag), freed, time_s=self.sim.now(), op=op)
+        self.record(self.sim.now(), rt.rank, "torch-give-back", ledger.device, op.tag, freed)
 
     def _reuse(self, rt: RankRuntime, ledger: DeviceLedger, index: int, owner: Owner, size: int, op: Op) -> bool:
         """The smallest cached block that fits serves the request (its remainder stays cached)."""

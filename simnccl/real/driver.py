@@ -410,10 +410,24 @@ class Driver:
         return f"{op.mib} MiB ({op.tag})"
 
     def op_free(self, op: Free) -> str:
+        """``del`` the tag's tensors (their blocks go to torch's cache); with ``op.mib``, drop the tag's latest
+        tensors until that much is given back (a partly freed one re-allocated at its remaining size), then
+        ``empty_cache``."""
         if not self.gpu:
             return "skipped: CPU lane"
-        freed = self.allocations.pop(op.tag, [])  # the last references: the blocks go back to torch's cache
-        return f"freed {len(freed)} tensor(s) tagged {op.tag!r} into torch's cache"
+        if op.mib <= 0:
+            freed = self.allocations.pop(op.tag, [])  # the last references: the blocks go back to torch's cache
+            return f"freed {len(freed)} tensor(s) tagged {op.tag!r} into torch's cache"
+        held = self.allocations.get(op.tag, [])
+        left = int(op.mib * 1024 * 1024)
+        while left > 0 and held:
+            last = held.pop()
+            if last.numel() > left:
+                held.append(self.torch.empty(last.numel() - left, dtype=last.dtype, device=last.device))
+            left -= last.numel()
+            del last
+        self.torch.cuda.empty_cache()
+        return f"{op.mib} MiB ({op.tag}) given back"
 
     def op_memory_check(self, op: MemoryCheck) -> str:
         if not self.gpu:
