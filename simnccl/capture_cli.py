@@ -44,6 +44,12 @@ def capture_parser() -> argparse.ArgumentParser:
     parser.add_argument("--mode", choices=MODES, default=None, help="fork (default on Linux) or inline")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds per rank")
     parser.add_argument("--simulate", action="store_true", help="replay the Programs in the simulator")
+    parser.add_argument(
+        "--no-preload",
+        action="store_true",
+        help="every rank imports the script's modules itself (default: its leading imports are imported once, "
+        "in a fork server, and every rank forks from it; see simnccl.capture.script)",
+    )
     parser.add_argument("--toml", metavar="PATH", help="write a scenario file with the captured Programs")
     parser.add_argument("--name", default="captured", help="scenario name for --toml and --simulate")
     parser.add_argument("-m", dest="module", metavar="MODULE", help="run a module as __main__ (like python -m)")
@@ -111,7 +117,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif not Path(args.script).is_file():
             raise CaptureError(f"no such script {args.script!r} (expected a Python file, or -m MODULE)")
         run = capture(
-            script_target(args.module, None if args.module else args.script, args.args),
+            script_target(args.module, None if args.module else args.script, args.args, preload=not args.no_preload),
             args.world,
             gpus_per_node=args.gpus_per_node,
             release=release,

@@ -79,7 +79,7 @@ branch settings), ``ranks`` (forked or inline ranks under timeouts), ``environme
 ``intercept`` (the call wrappers), ``standin`` (the backend), ``recorder``, ``values`` (argument conversion).
 """
 
-from simnccl.capture.api import capture, capture_scaled, main, script_target
+from simnccl.capture.api import capture, capture_scaled, main
 from simnccl.capture.recorder import UNRECORDED, checkpoint
 from simnccl.capture.result import (
     NO_POLICY,
@@ -92,6 +92,7 @@ from simnccl.capture.result import (
     branch_settings,
     unmodelled_options,
 )
+from simnccl.capture.script import ScriptTarget, script_target
 from simnccl.capture.standin import StandInBackend
 
 __all__ = [
@@ -103,6 +104,7 @@ __all__ = [
     "CaptureError",
     "CapturedRun",
     "RankCapture",
+    "ScriptTarget",
     "StandInBackend",
     "branch_settings",
     "capture",
