@@ -25,7 +25,7 @@ from simnccl import capture as cap
 from simnccl.capture.intercept import _BINDERS
 from simnccl.capture.ranks import _frame, _Results
 from simnccl.capture.script import ScriptTarget
-from simnccl.ops import NewGroup
+from simnccl.ops import Checkpoint, NewGroup, PgOptions
 
 pytestmark = pytest.mark.torch
 
@@ -224,7 +224,7 @@ def test_fast_binding_of_bad_arguments_raises_as_signature_bind_does(args: tuple
 
 
 def test_equal_rank_results_are_kept_once_and_failures_carry_their_message() -> None:
-    ops = (NewGroup(ranks=(0, 1), bind="tp.1"),)
+    ops = (NewGroup(ranks=(0, 1), bind="tp.1", pg_options=PgOptions(max_ctas=8, net_name="IB")), Checkpoint("end"))
     calls = (cap.Call("new_group", {"ranks": [0, 1]}, "tp.1"),)
     results = _Results()
     for rank in range(3):

@@ -158,7 +158,6 @@ def _enter(rec: _Recorder, name: str, args: Mapping[str, Any]) -> str | None:
         keys = ("backend", "init_method", "timeout", "device_id", "pg_options")
         rec.add(op, name, _call_args(args, keys), WORLD)
         return WORLD
-    world_size = dist.get_world_size() if dist.is_initialized() else 0
     purpose, traffic = current_tags()  # production code's simnccl.tags.group_tags around the call
     if name == "new_group":
         raw = args.get("ranks")
@@ -167,7 +166,7 @@ def _enter(rec: _Recorder, name: str, args: Mapping[str, Any]) -> str | None:
             ranks = sorted(ranks)
         backend = _backend_name(args.get("backend"))
         desc = args.get("group_desc")
-        handle = rec.family(desc or backend or "group", ranks, world_size)
+        handle = rec.family(desc or backend or "group", ranks, _world_size() if ranks is None else 0)
         op = NewGroup(
             ranks=None if ranks is None else tuple(ranks),
             bind=handle,
@@ -186,7 +185,7 @@ def _enter(rec: _Recorder, name: str, args: Mapping[str, Any]) -> str | None:
     if name == "split_group":
         split = tuple(tuple(int(r) for r in s) for s in args.get("split_ranks") or ())
         desc = args.get("group_desc")
-        handle = rec.family(desc or "split", None, world_size)
+        handle = rec.family(desc or "split", None, _world_size())
         rec.families.pop(desc or "split", None)  # one split_group call is one family
         if args.get("backend") is not None:
             rec.notes.append(f"split_group(backend={args['backend']!r}): not expressible in a Program; dropped")
@@ -207,6 +206,11 @@ def _enter(rec: _Recorder, name: str, args: Mapping[str, Any]) -> str | None:
     handle = rec.handle_of(group)
     rec.add(DestroyProcessGroup(group=handle), name, {"group": handle}, handle)
     return None
+
+
+def _world_size() -> int:
+    """The default group's size (0 before ``init_process_group``): the members of a ``ranks=None`` group."""
+    return dist.get_world_size() if dist.is_initialized() else 0
 
 
 def _leave(rec: _Recorder, name: str, handle: str | None, result: Any) -> None:

@@ -64,8 +64,16 @@ def _options(pg_options: Any) -> PgOptions:
     return modelled_options(pg_options)
 
 
+_BACKEND_NAMES: dict[str, str] = {}  # torch's spelling of each backend string seen (asked once per string)
+
+
 def _backend_name(backend: Any) -> str | None:
-    return None if backend is None else str(c10d.Backend(str(backend)))
+    if backend is None:
+        return None
+    text = str(backend)
+    if text not in _BACKEND_NAMES:
+        _BACKEND_NAMES[text] = str(c10d.Backend(text))  # raises ValueError for a bad name, every time
+    return _BACKEND_NAMES[text]
 
 
 _SCALARS = frozenset({type(None), bool, int, float, str})
