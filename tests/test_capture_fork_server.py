@@ -141,7 +141,7 @@ def test_only_the_leading_imports_are_preloaded(tmp_path: Path) -> None:
     path.write_text("@decorated\ndef f(): ...\nimport csv\n", encoding="utf-8")
     assert target.leading_imports() == []
     path.write_text("from a.b import c, d\nfrom . import e\nimport f\n", encoding="utf-8")
-    assert target.leading_imports() == ["a.b", "a.b.c", "a.b.d"]
+    assert target.leading_imports() == ["a.b", "a.b:c", "a.b:d"]  # c, d: attributes, or else submodules
 
 
 def test_a_module_target_preloads_its_parent_packages_and_its_leading_imports(tmp_path, monkeypatch) -> None:
@@ -247,3 +247,30 @@ def test_json_lists_each_distinct_list_of_calls_once_with_its_ranks(script, tmp_
         (entry,) = data["calls"]
         assert entry["ranks"] == [0, 1, 2, 3]
         assert [c["call"] for c in entry["calls"]] == ["init_process_group", "new_group"]
+
+
+def test_a_server_that_dies_while_importing_falls_back_and_the_ranks_report_it(tmp_path, monkeypatch) -> None:
+    (tmp_path / "exits_at_import.py").write_text("import os\nos._exit(0)\n", encoding="utf-8")
+    path = tmp_path / "dies.py"
+    path.write_text("import exits_at_import\n", encoding="utf-8")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(cap.CaptureError, match=r"rank 0: the capture process died without a result"):
+        cap.capture(cap.script_target(None, str(path), []), 2)
+    with pytest.raises(ChildProcessError):
+        os.waitpid(-1, os.WNOHANG)
+
+
+def test_from_import_of_an_attribute_never_imports_a_submodule_of_the_same_name(tmp_path, monkeypatch) -> None:
+    package = tmp_path / "pkg_attr"
+    package.mkdir()
+    (package / "__init__.py").write_text("def thing():\n    return 3\n", encoding="utf-8")
+    (package / "thing.py").write_text("", encoding="utf-8")  # importing it would rebind pkg_attr.thing
+    path = tmp_path / "uses_attr.py"
+    path.write_text(
+        "from pkg_attr import thing\nimport torch.distributed as dist\n"
+        "dist.init_process_group('nccl')\nfor _ in range(thing()):\n    dist.new_group([0])\n",
+        encoding="utf-8",
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    run = cap.capture(cap.script_target(None, str(path), []), 2)
+    assert sum(isinstance(op, NewGroup) for op in run.programs[0].ops) == 3

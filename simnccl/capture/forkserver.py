@@ -40,21 +40,24 @@ class ForkServer:
     """The capturing process's side of a running fork server (``spawn``/``release``/``close`` like
     ``ranks._DirectForks``)."""
 
-    def __init__(self, pid: int, sock: socket.socket, modules: list[str]) -> None:
+    def __init__(self, pid: int, sock: socket.socket, modules: list[str], log_path: str) -> None:
         self.pid = pid
         self.sock = sock
         self.modules = modules
+        self.log_path = log_path
 
     def spawn(self, rank: int, log_path: str) -> tuple[int, int]:
         read_fd, write_fd = os.pipe()
         try:
             socket.send_fds(self.sock, [pickle.dumps(("fork", rank, log_path))], [write_fd])
+            reply = _receive(self.sock)
+        except OSError:
+            reply = None
         finally:
             os.close(write_fd)
-        reply = _receive(self.sock)
         if reply is None or reply[0] != "forked":
             os.close(read_fd)
-            raise CaptureError(f"rank {rank}: the fork server stopped answering ({reply!r})")
+            raise CaptureError(f"rank {rank}: the fork server died before forking it{_log_tail(self.log_path)}")
         return int(reply[1]), read_fd
 
     def release(self, pid: int) -> None:
@@ -100,7 +103,7 @@ def start_forks(spec: _Spec, log_dir: str) -> tuple[Any, list[str]]:
         _stop(pid)
         raise
     if reply is not None and reply[0] == "ready":
-        return ForkServer(pid, ours, list(reply[1])), []
+        return ForkServer(pid, ours, list(reply[1]), log_path), []
     ours.close()
     _stop(pid)
     why = reply[1] if reply is not None else f"the fork server died while importing them{_log_tail(log_path)}"

@@ -71,7 +71,12 @@ class ScriptTarget:
             sys.argv = saved
 
     def leading_imports(self) -> list[str]:
-        """The modules the script imports before its first own statement, in order (parent packages first)."""
+        """The modules the script imports before its first own statement, in order (parent packages first).
+
+        ``"pkg.mod:name"`` stands for ``from pkg.mod import name``: a submodule ``pkg.mod.name`` is imported only
+        if ``pkg.mod`` has no attribute ``name``, as Python's own ``from ... import`` does (importing it anyway
+        would rebind the attribute to the submodule).
+        """
         source_path = self.path if self.module is None else _module_origin(self.module)
         names: list[str] = []
         if self.module is not None:  # runpy imports the module's parent packages before running it
@@ -102,8 +107,8 @@ class ScriptTarget:
             with _watched_environment(environment) as reads:
                 for name in wanted:
                     with contextlib.suppress(Exception):  # the rank imports it again and reports the error
-                        importlib.import_module(name)
-                        self.imported.append(name)
+                        if _import(name):
+                            self.imported.append(name)
                     if reads:
                         raise PreloadRefused(
                             f"importing {name!r} read {', '.join(sorted(reads))} from the environment, which differs "
@@ -112,6 +117,20 @@ class ScriptTarget:
         finally:
             sys.argv = saved_argv
         return list(self.imported)
+
+
+def _import(name: str) -> bool:
+    """Import ``name`` (``"pkg.mod:attr"``: the submodule only where ``from pkg.mod import attr`` would);
+    False when there was nothing to import."""
+    module, _, attribute = name.partition(":")
+    if not attribute:
+        importlib.import_module(module)
+        return True
+    parent = sys.modules.get(module)
+    if parent is None or hasattr(parent, attribute):
+        return False
+    importlib.import_module(f"{module}.{attribute}")
+    return True
 
 
 def script_target(module: str | None, path: str | None, argv: Sequence[str], *, preload: bool = True) -> ScriptTarget:
@@ -148,7 +167,7 @@ def _imports_of(statement: ast.stmt) -> list[str] | None:
         if statement.module == "__future__":
             return []
         base = statement.module
-        return [base, *(f"{base}.{alias.name}" for alias in statement.names if alias.name != "*")]
+        return [base, *(f"{base}:{alias.name}" for alias in statement.names if alias.name != "*")]
     if isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Constant):
         return []  # the docstring
     if isinstance(statement, ast.FunctionDef | ast.AsyncFunctionDef) and _inert_def(statement):
