@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import inspect
 import os
+import signal
+import subprocess
+import sys
 import textwrap
 import time
 from datetime import timedelta
@@ -274,3 +277,36 @@ def test_from_import_of_an_attribute_never_imports_a_submodule_of_the_same_name(
     monkeypatch.syspath_prepend(str(tmp_path))
     run = cap.capture(cap.script_target(None, str(path), []), 2)
     assert sum(isinstance(op, NewGroup) for op in run.programs[0].ops) == 3
+
+
+def test_ctrl_c_during_a_served_capture_exits_130_and_leaves_no_rank_running(tmp_path: Path) -> None:
+    pids = tmp_path / "pids"
+    path = tmp_path / "waits.py"
+    path.write_text(
+        "import os, time\nimport torch.distributed as dist\n"
+        f"with open({str(pids)!r}, 'a') as f:\n    f.write(f'{{os.getpid()}}\\n')\n"
+        "dist.init_process_group('nccl')\ntime.sleep(60)\n",
+        encoding="utf-8",
+    )
+    command = [sys.executable, "-m", "simnccl", "capture", "--world", "2", "--timeout", "100", str(path)]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while (not pids.exists() or len(pids.read_text().split()) < 2) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    ranks = [int(p) for p in pids.read_text().split()]
+    assert len(ranks) == 2  # both ranks run (each wrote its pid)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    time.sleep(0.5)  # the ranks die with the fork server (PR_SET_PDEATHSIG) or by its SIGKILL
+    assert [pid for pid in ranks if _alive(pid)] == []
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie left to an init that does not reap is not running)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
