@@ -108,6 +108,7 @@ def measure(world: int, mode: str, jobs: int | None) -> Figures:
         out = Path(folder) / "captured.json"
         if mode == "cli":
             command = [sys.executable, "-m", "simnccl", "capture", "--world", str(world)]
+            command += [] if jobs is None else ["--jobs", str(jobs)]
             command += ["--json", str(out), str(SCRIPT), "--tp", str(tp), "--pp", str(pp)]
         else:
             command = [sys.executable, __file__, "--api-child", str(world), str(tp), str(pp), str(out)]

@@ -43,6 +43,7 @@ def capture_parser() -> argparse.ArgumentParser:
     parser.add_argument("--gpus-per-node", type=int, default=None, help="GPUs per node (default: min(world, 8))")
     parser.add_argument("--mode", choices=MODES, default=None, help="fork (default on Linux) or inline")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds per rank")
+    parser.add_argument("--jobs", type=int, default=None, help="ranks run at a time in fork mode (default: CPUs)")
     parser.add_argument("--simulate", action="store_true", help="replay the Programs in the simulator")
     parser.add_argument(
         "--no-preload",
@@ -124,6 +125,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             env=env_overrides(args),
             mode=args.mode,
             timeout_s=args.timeout,
+            jobs=args.jobs,
             policy=args.policy[0] if args.policy and len(args.policy) == 1 else None,
         )
     except (CaptureError, ModuleNotFoundError, ValueError) as err:

@@ -180,6 +180,11 @@ def test_a_served_rank_that_raises_or_exits_nonzero_is_named(tmp_path: Path) -> 
         os.waitpid(-1, os.WNOHANG)
 
 
+def test_cli_jobs_below_one_is_bad_input(capsys: pytest.CaptureFixture) -> None:
+    assert cap.main(["--world", "2", "--jobs", "0", "-m", "json.tool"]) == 2
+    assert "jobs: expected an integer >= 1 (ranks run at a time), got 0" in capsys.readouterr().err
+
+
 def test_cli_no_preload_captures_the_same(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     path = tmp_path / "plain.py"
     path.write_text("import torch.distributed as dist\ndist.init_process_group('nccl')\ndist.new_group([0])\n")

@@ -78,6 +78,8 @@ def capture(
     chosen = mode or ("fork" if hasattr(os, "fork") else "inline")
     if chosen not in MODES:
         raise CaptureError(f"mode: expected one of {', '.join(MODES)}, got {mode!r}")
+    if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1):
+        raise CaptureError(f"jobs: expected an integer >= 1 (ranks run at a time), got {jobs!r}")
     if not isinstance(timeout_s, int | float) or timeout_s <= 0:
         raise CaptureError(f"timeout_s: expected a positive number of seconds, got {timeout_s!r}")
     policy = _plain_policy(policy)
