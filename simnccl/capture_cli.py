@@ -43,7 +43,14 @@ def capture_parser() -> argparse.ArgumentParser:
     parser.add_argument("--gpus-per-node", type=int, default=None, help="GPUs per node (default: min(world, 8))")
     parser.add_argument("--mode", choices=MODES, default=None, help="fork (default on Linux) or inline")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds per rank")
+    parser.add_argument("--jobs", type=int, default=None, help="ranks run at a time in fork mode (default: CPUs)")
     parser.add_argument("--simulate", action="store_true", help="replay the Programs in the simulator")
+    parser.add_argument(
+        "--no-preload",
+        action="store_true",
+        help="every rank imports the script's modules itself (default: its leading imports are imported once, "
+        "in a fork server, and every rank forks from it; see simnccl.capture.script)",
+    )
     parser.add_argument("--toml", metavar="PATH", help="write a scenario file with the captured Programs")
     parser.add_argument("--name", default="captured", help="scenario name for --toml and --simulate")
     parser.add_argument(
@@ -119,7 +126,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise CaptureError(f"no such script {args.script!r} (expected a Python file, or -m MODULE)")
         step = None if args.step is None else step_function(args.step, args.module, args.script)
         run = capture(
-            script_target(args.module, None if args.module else args.script, args.args),
+            script_target(args.module, None if args.module else args.script, args.args, preload=not args.no_preload),
             args.world,
             step=step,
             gpu=gpu,
@@ -128,6 +135,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             env=env_overrides(args),
             mode=args.mode,
             timeout_s=args.timeout,
+            jobs=args.jobs,
             policy=args.policy[0] if args.policy and len(args.policy) == 1 else None,
         )
     except (CaptureError, ModuleNotFoundError, ValueError) as err:

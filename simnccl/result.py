@@ -35,7 +35,8 @@ from simnccl.memory import to_mib
 
 # 2: every command writes one document {"schema", "command", "version", "ok", "summary", "results"}
 # (1 was run's scenario object, or a list of them for several files).
-SCHEMA_VERSION = 2
+# 3: capture's "calls" are [{"ranks", "calls"}], one entry per distinct list of calls (was one list per rank).
+SCHEMA_VERSION = 3
 
 
 @dataclass(frozen=True, slots=True)

@@ -216,6 +216,35 @@ def test_megatron_initialize_model_parallel_equals_the_generator(megatron, captu
     assert_same_startup(captured("megatron", knobs, world), generate("megatron", knobs, world))
 
 
+MEGATRON_SCRIPT = Path(__file__).parent / "megatron_train.py"
+
+
+@pytest.mark.parametrize(("world", "tp", "pp"), [(8, 2, 2), (64, 8, 4)])
+def test_megatron_training_script_through_the_fork_server_equals_the_api_capture_and_the_generator(
+    megatron, captured, world: int, tp: int, pp: int
+) -> None:
+    """What ``simnccl capture --world W tests/megatron_train.py --tp T --pp P`` runs: the script's imports in the
+    fork server, each rank forked from it running the script as ``__main__`` — the same Programs as the Python
+    API on ``megatron_startup`` (ranks forked from this worker) and as the generator, op for op."""
+    knobs = {"tp": tp, "pp": pp}
+    target = cap.script_target(None, str(MEGATRON_SCRIPT), ["--tp", str(tp), "--pp", str(pp)])
+    served = cap.capture(target, world, final_checkpoint="startup")
+    assert served.notes == ()  # preloaded: nothing refused
+    assert_same_startup(served, generate("megatron", knobs, world))
+    api = captured("megatron", knobs, world)
+    assert [p.ops for p in served.programs] == [p.ops for p in api.programs]
+    assert served.calls == api.calls
+
+
+def test_megatron_fork_server_and_plain_forks_capture_the_same_run(megatron) -> None:
+    argv = ["--tp", "2", "--pp", "2"]
+    served = cap.capture(cap.script_target(None, str(MEGATRON_SCRIPT), argv), 8)
+    plain = cap.capture(cap.script_target(None, str(MEGATRON_SCRIPT), argv, preload=False), 8)
+    assert [p.ops for p in served.programs] == [p.ops for p in plain.programs]
+    assert served.calls == plain.calls and served.notes == plain.notes
+    assert served.to_json() == plain.to_json()
+
+
 EGTP = "EXPERT_TENSOR_MODEL_PIPELINE_PARALLEL_GROUP_WITH_EGTP"
 
 

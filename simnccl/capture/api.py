@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import os
-import runpy
-import sys
+import pickle
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -15,6 +14,7 @@ from simnccl.capture.environment import DEFAULT_GPU
 from simnccl.capture.intercept import _intercepted
 from simnccl.capture.ranks import _run_forked, _run_inline, _Spec
 from simnccl.capture.result import (
+    Call,
     CapturedRun,
     CaptureError,
     RankCapture,
@@ -93,6 +93,8 @@ def capture(
     chosen = mode or ("fork" if hasattr(os, "fork") else "inline")
     if chosen not in MODES:
         raise CaptureError(f"mode: expected one of {', '.join(MODES)}, got {mode!r}")
+    if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1):
+        raise CaptureError(f"jobs: expected an integer >= 1 (ranks run at a time), got {jobs!r}")
     if not isinstance(timeout_s, int | float) or timeout_s <= 0:
         raise CaptureError(f"timeout_s: expected a positive number of seconds, got {timeout_s!r}")
     policy = _plain_policy(policy)
@@ -121,13 +123,17 @@ def capture(
         gpu=gpu,
     )
     started = time.monotonic()
+    run_notes: list[str] = []
     try:
         with _intercepted():  # once, for every rank and either mode (see _intercepted)
             if chosen == "fork":
                 import tempfile
 
+                from simnccl.capture.forkserver import start_forks
+
                 with tempfile.TemporaryDirectory(prefix="simnccl-capture-") as log_dir:
-                    ranks = _run_forked(spec, max(1, jobs or os.cpu_count() or 1), log_dir)
+                    forks, run_notes = start_forks(spec, log_dir)
+                    ranks = _run_forked(spec, max(1, jobs or os.cpu_count() or 1), log_dir, forks)
             else:
                 ranks = _run_inline(spec)
     except CaptureError as err:
@@ -137,7 +143,7 @@ def capture(
             f"{err}\n  note: the ranks ran under policy {policy!r} (simnccl.torch_apply.apply, as production "
             f"would), emulating torch {release}: the captured code meets what real torch does under that policy"
         ) from None
-    return _assemble(spec, ranks, chosen, time.monotonic() - started)
+    return _assemble(spec, ranks, chosen, time.monotonic() - started, run_notes)
 
 
 def capture_scaled(target: Callable[[], Any], world_sizes: Sequence[int], **kwargs: Any) -> dict[int, CapturedRun]:
@@ -145,15 +151,25 @@ def capture_scaled(target: Callable[[], Any], world_sizes: Sequence[int], **kwar
     return {w: capture(target, w, **kwargs) for w in world_sizes}
 
 
-def _assemble(spec: _Spec, ranks: Sequence[RankCapture], mode: str, wall_s: float) -> CapturedRun:
-    """The run: ranks with identical ops share one Program object (DESIGN rule 8), as in a generated case."""
+def _assemble(
+    spec: _Spec, ranks: Sequence[RankCapture], mode: str, wall_s: float, run_notes: Sequence[str] = ()
+) -> CapturedRun:
+    """The run: ranks with identical ops share one Program object (DESIGN rule 8), as in a generated case, and
+    ranks with identical calls one tuple of calls.
+
+    Forked ranks arrive with equal parts already shared (``ranks._Results``), so the comparisons here run once
+    per distinct object, not once per rank.
+    """
     from simnccl.testing.replay import share_identical  # see _deadline: the simulator, imported when needed
 
+    distinct_ops = {id(r.ops): r.ops for r in ranks}
+    canonical = dict(zip(distinct_ops, share_identical(list(distinct_ops.values())), strict=True))
     shared: dict[int, Program] = {}
-    programs = tuple(shared.setdefault(id(ops), Program(ops)) for ops in share_identical([r.ops for r in ranks]))
+    programs = tuple(shared.setdefault(id(canonical[id(r.ops)]), Program(canonical[id(r.ops)])) for r in ranks)
+    calls = _shared_calls([r.calls for r in ranks])
     notes: list[str] = []
     for r in ranks:
-        for note in r.notes:
+        for note in (*r.notes, *run_notes):
             if note not in notes:
                 notes.append(note)
     if not any(isinstance(op, InitProcessGroup) for p in shared.values() for op in p.ops):
@@ -167,7 +183,7 @@ def _assemble(spec: _Spec, ranks: Sequence[RankCapture], mode: str, wall_s: floa
         release=spec.release,
         env=dict(spec.env),
         programs=programs,
-        calls=tuple(r.calls for r in ranks),
+        calls=calls,
         notes=tuple(notes),
         mode=mode,
         wall_s=wall_s,
@@ -176,23 +192,18 @@ def _assemble(spec: _Spec, ranks: Sequence[RankCapture], mode: str, wall_s: floa
     )
 
 
-def script_target(module: str | None, path: str | None, argv: Sequence[str]) -> Callable[[], dict[str, Any]]:
-    """A target running ``-m module`` or ``script.py`` as ``__main__`` with ``argv`` (fresh in each rank); it
-    returns the module's globals, which a captured ``step`` receives."""
-
-    def run() -> dict[str, Any]:
-        saved = sys.argv[:]
-        try:
-            if module is not None:
-                sys.argv = [module, *argv]
-                return runpy.run_module(module, run_name="__main__", alter_sys=True)
-            assert path is not None
-            sys.argv = [path, *argv]
-            return runpy.run_path(path, run_name="__main__")
-        finally:
-            sys.argv = saved
-
-    return run
+def _shared_calls(per_rank: Sequence[tuple[Call, ...]]) -> tuple[tuple[Call, ...], ...]:
+    """One tuple per distinct list of calls, reused by every rank that made those calls (calls hold dicts, so
+    equal lists are found by their pickled form, once per distinct object)."""
+    by_id: dict[int, tuple[Call, ...]] = {}
+    by_value: dict[bytes, tuple[Call, ...]] = {}
+    out = []
+    for calls in per_rank:
+        if id(calls) not in by_id:
+            key = pickle.dumps(calls, pickle.HIGHEST_PROTOCOL)
+            by_id[id(calls)] = by_value.setdefault(key, calls)
+        out.append(by_id[id(calls)])
+    return tuple(out)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -28,8 +28,46 @@ from simnccl.ops import (
 from simnccl.tags import current_tags
 
 RECORDED_FUNCTIONS = ("init_process_group", "new_group", "split_group", "destroy_process_group")
+
+
+class _Binder:
+    """A function's call arguments by parameter name, defaults filled in, as ``Signature.bind`` gives them.
+
+    Why not ``Signature.bind`` itself: Megatron calls ``new_group`` ~2,900 times per rank at 512 ranks, and
+    ``bind`` + ``apply_defaults`` cost more than the rest of the recording together. torch's recorded functions
+    take only positional-or-keyword parameters; for those, filling a dict is the whole of binding. Any other
+    shape, or a call that does not fit (too many arguments, an unknown or repeated name, a required one
+    missing), goes to ``Signature.bind``, which raises torch's own ``TypeError``.
+    """
+
+    def __init__(self, function: Callable[..., Any]) -> None:
+        self.signature = inspect.signature(function)
+        parameters = list(self.signature.parameters.values())
+        self.names = tuple(p.name for p in parameters)
+        self.defaults = {p.name: p.default for p in parameters if p.default is not inspect.Parameter.empty}
+        self.known = frozenset(self.names)
+        self.simple = all(p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in parameters)
+
+    def bind(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        if self.simple and len(args) <= len(self.names) and kwargs.keys() <= self.known:
+            out = dict(self.defaults)
+            if args:
+                if not kwargs.keys().isdisjoint(self.names[: len(args)]):
+                    return self._bound(args, kwargs)  # a name given twice: torch's TypeError
+                out.update(zip(self.names, args, strict=False))
+            out.update(kwargs)
+            if len(out) == len(self.names):
+                return out
+        return self._bound(args, kwargs)
+
+    def _bound(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        bound = self.signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        return dict(bound.arguments)
+
+
 # Read once, at import: binding each call's arguments is per call, inspecting torch's signatures need not be.
-_SIGNATURES = {name: inspect.signature(getattr(c10d, name)) for name in RECORDED_FUNCTIONS}
+_BINDERS = {name: _Binder(getattr(c10d, name)) for name in RECORDED_FUNCTIONS}
 
 # Recorded calls in progress (process-wide, like the recorder): a call torch makes from inside a recorded call
 # (``init_device_mesh`` calling ``new_group``) is torch's, not the user's, and passes through unrecorded.
@@ -78,7 +116,7 @@ def _intercepted() -> Iterator[None]:
 
 def _wrapper(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
     """A stand-in for torch's ``name`` that records entry into the active recorder and binds the result."""
-    signature = _SIGNATURES[name]
+    bind = _BINDERS[name].bind
 
     def recorded(*args: Any, **kwargs: Any) -> Any:
         global _DEPTH
@@ -86,14 +124,13 @@ def _wrapper(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
         if recorder is None or _DEPTH:
             return original(*args, **kwargs)
         try:
-            bound = signature.bind(*args, **kwargs)
+            arguments = bind(args, kwargs)
         except TypeError:
             return original(*args, **kwargs)  # torch raises its own error for bad arguments
-        bound.apply_defaults()
         _DEPTH += 1
         try:
             try:
-                handle = _enter(recorder, name, bound.arguments)
+                handle = _enter(recorder, name, arguments)
             except (TypeError, ValueError) as err:  # arguments torch will reject itself, just below
                 handle = None
                 recorder.notes.append(f"{name}: arguments not recorded ({err})")
@@ -121,7 +158,6 @@ def _enter(rec: _Recorder, name: str, args: Mapping[str, Any]) -> str | None:
         keys = ("backend", "init_method", "timeout", "device_id", "pg_options")
         rec.add(op, name, _call_args(args, keys), WORLD)
         return WORLD
-    world_size = dist.get_world_size() if dist.is_initialized() else 0
     purpose, traffic = current_tags()  # production code's simnccl.tags.group_tags around the call
     if name == "new_group":
         raw = args.get("ranks")
@@ -130,7 +166,7 @@ def _enter(rec: _Recorder, name: str, args: Mapping[str, Any]) -> str | None:
             ranks = sorted(ranks)
         backend = _backend_name(args.get("backend"))
         desc = args.get("group_desc")
-        handle = rec.family(desc or backend or "group", ranks, world_size)
+        handle = rec.family(desc or backend or "group", ranks, _world_size() if ranks is None else 0)
         op = NewGroup(
             ranks=None if ranks is None else tuple(ranks),
             bind=handle,
@@ -149,7 +185,7 @@ def _enter(rec: _Recorder, name: str, args: Mapping[str, Any]) -> str | None:
     if name == "split_group":
         split = tuple(tuple(int(r) for r in s) for s in args.get("split_ranks") or ())
         desc = args.get("group_desc")
-        handle = rec.family(desc or "split", None, world_size)
+        handle = rec.family(desc or "split", None, _world_size())
         rec.families.pop(desc or "split", None)  # one split_group call is one family
         if args.get("backend") is not None:
             rec.notes.append(f"split_group(backend={args['backend']!r}): not expressible in a Program; dropped")
@@ -170,6 +206,11 @@ def _enter(rec: _Recorder, name: str, args: Mapping[str, Any]) -> str | None:
     handle = rec.handle_of(group)
     rec.add(DestroyProcessGroup(group=handle), name, {"group": handle}, handle)
     return None
+
+
+def _world_size() -> int:
+    """The default group's size (0 before ``init_process_group``): the members of a ``ranks=None`` group."""
+    return dist.get_world_size() if dist.is_initialized() else 0
 
 
 def _leave(rec: _Recorder, name: str, handle: str | None, result: Any) -> None:

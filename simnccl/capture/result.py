@@ -267,7 +267,9 @@ class CapturedRun:
         return "\n".join(lines)
 
     def to_json(self) -> dict[str, Any]:
-        """Programs (one entry per distinct program, with its ranks) and every rank's calls, as plain data."""
+        """Programs and calls as plain data: one entry per distinct program, and per distinct list of calls, each
+        with the ranks that share it (a 512-rank Megatron startup is one program and eight lists of calls, which
+        differ in ``set_device``'s index, not 512 of each)."""
         return {
             "world_size": self.world_size,
             "gpus_per_node": self.gpus_per_node,
@@ -278,7 +280,9 @@ class CapturedRun:
             "programs": [
                 {"ranks": ranks, "ops": program.to_list()} for program, ranks in _program_ranks(self.programs)
             ],
-            "calls": [[c.to_dict() for c in calls] for calls in self.calls],
+            "calls": [
+                {"ranks": ranks, "calls": [c.to_dict() for c in calls]} for calls, ranks in _call_ranks(self.calls)
+            ],
             "notes": list(self.notes),
         }
 
@@ -333,6 +337,14 @@ def _program_ranks(programs: Sequence[Program]) -> list[tuple[Program, list[int]
     out: dict[int, tuple[Program, list[int]]] = {}
     for rank, program in enumerate(programs):
         out.setdefault(id(program), (program, []))[1].append(rank)
+    return list(out.values())
+
+
+def _call_ranks(calls: Sequence[tuple[Call, ...]]) -> list[tuple[tuple[Call, ...], list[int]]]:
+    """Distinct call lists (shared objects, as ``capture`` assembles them) in first-rank order, with their ranks."""
+    out: dict[int, tuple[tuple[Call, ...], list[int]]] = {}
+    for rank, rank_calls in enumerate(calls):
+        out.setdefault(id(rank_calls), (rank_calls, []))[1].append(rank)
     return list(out.values())
 
 

@@ -64,12 +64,32 @@ def _options(pg_options: Any) -> PgOptions:
     return modelled_options(pg_options)
 
 
+_BACKEND_NAMES: dict[str, str] = {}  # torch's spelling of each backend string seen (asked once per string)
+
+
 def _backend_name(backend: Any) -> str | None:
-    return None if backend is None else str(c10d.Backend(str(backend)))
+    if backend is None:
+        return None
+    text = str(backend)
+    if text not in _BACKEND_NAMES:
+        _BACKEND_NAMES[text] = str(c10d.Backend(text))  # raises ValueError for a bad name, every time
+    return _BACKEND_NAMES[text]
+
+
+_SCALARS = frozenset({type(None), bool, int, float, str})
 
 
 def _plain(value: Any) -> Any:
-    """An argument as JSON-able data (for ``Call.args``)."""
+    """An argument as JSON-able data (for ``Call.args``).
+
+    The exact-type checks first are the recording fast path (a rank list of plain ints is most arguments);
+    everything else, subclasses included, takes the general branches below.
+    """
+    kind = type(value)
+    if kind in _SCALARS:
+        return value
+    if (kind is list or kind is tuple) and all(type(v) is int for v in value):
+        return list(value)
     if value is None or isinstance(value, bool | int | float | str):
         return value
     if isinstance(value, timedelta):
