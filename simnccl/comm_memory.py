@@ -118,8 +118,9 @@ def _first_node_like(nodes: int, node: int) -> int:
 class CommMemory:
     """One rank's communicator as priced so far: its inputs, the uses connected, and the latest breakdown.
 
-    ``breakdown`` is what this rank's communicator holds now (``Breakdown.multicast_objects`` its NVLS slots);
-    the engine keeps one per rank and communicator (``Comm.memory``) and in each group record.
+    ``breakdown`` is what this rank's communicator holds now (its NVLS multicast slots are counted by the
+    multicast ledger, ``simnccl.engine.nvls``); the engine keeps one per rank and communicator (``Comm.memory``)
+    and in each group record.
     """
 
     shape: Shape

@@ -14,6 +14,10 @@ Categories (``Part.mechanism`` of ``simnccl.nccl``):
 * ``net shared``: the NET shared p2p pool;
 * ``fixed``: the profile's measured per-communicator overhead;
 * ``process``: the profile's once-per-process overheads (first communicator, first collective), per rank.
+
+"NVLS multicast slots" are not read off the breakdown: they are what the per-node multicast ledger
+(``simnccl.engine.nvls``) charged each communicator at init (``RunOutcome.slots_charged``), the same count
+that fails an init with NCCL's bind error when a node's switches are full.
 """
 
 from __future__ import annotations
@@ -63,7 +67,6 @@ def _figures(breakdown: Breakdown) -> dict[str, float]:
             continue
         row[f"cat:{category(part.mechanism)}"] += part.total / MIB
         row["when:init" if part.paid_at == "init" else "when:first use"] += part.total / MIB
-    row["slots"] = breakdown.multicast_objects
     return row
 
 
@@ -76,7 +79,8 @@ def _natural(item: tuple[tuple[str, tuple[int, ...]], Any]) -> tuple[Any, ...]:
 def communicators(outcome: RunOutcome, rank: int | None = None) -> dict[int, list[dict[str, Any]]]:
     """Per rank (or only ``rank``), each of its communicators that holds memory: group, size, MiB per category
     and per moment of payment, NVLS multicast slots, pinned host MiB; with ``rank``, also the parts as
-    ``Part.to_dict`` gives them and the uses connected."""
+    ``Part.to_dict`` gives them and the uses connected. Slots: what the multicast ledger charged that rank's
+    communicator on its node (shared by the node's members, so summing over ranks overcounts a node)."""
     per_rank: dict[int, list[dict[str, Any]]] = {}
     figures: dict[int, dict[str, float]] = {}  # id(breakdown) -> its figures: ranks of a class share one
     for (name, ranks), record in sorted(outcome.groups.items(), key=_natural):
@@ -92,6 +96,7 @@ def communicators(outcome: RunOutcome, rank: int | None = None) -> dict[int, lis
                 entry: dict[str, Any] = {"group": name, "communicator": comm_name, "desc": record.desc}
                 entry["size"] = len(ranks)
                 entry.update({key: round(value, 4) for key, value in row.items()})
+                entry["slots"] = outcome.slots_charged.get((member_rank, comm_name), 0)
                 if rank is not None:
                     entry["shared_with_parent"] = b.split_shared
                     entry["uses"] = [use.label for use in memory.uses]

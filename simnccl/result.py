@@ -183,7 +183,7 @@ class VariantResult:
                             "device": info["device"],
                             "mib": _r(to_mib(info["bytes"])),
                             "allocated_at_s": {phase: _r(t) for phase, t in info["phases"].items()},
-                            **_nccl_parts(info),
+                            **_nccl_parts(info, rank, outcome.slots_charged),
                         }
                         for rank, info in sorted(record.members.items())
                     ],
@@ -202,18 +202,19 @@ class VariantResult:
         }
 
 
-def _nccl_parts(info: dict[str, Any]) -> dict[str, Any]:
-    """A member's NCCL memory by moment of payment (``init``, ``first all_reduce (nvls)`` ...) and its NVLS
-    multicast slots, from the breakdowns the engine keeps (``simnccl.comm_memory``); empty when none."""
+def _nccl_parts(info: dict[str, Any], rank: int, slots_charged: Mapping[tuple[int, str], int]) -> dict[str, Any]:
+    """A member's NCCL memory by moment of payment (``init``, ``first all_reduce (nvls)`` ...), from the
+    breakdowns the engine keeps (``simnccl.comm_memory``), and the NVLS multicast slots its communicators took,
+    as the multicast ledger charged them (``simnccl.engine.nvls``); empty when none."""
     memories = info.get("memory") or {}
     if not memories:
         return {}
     paid: dict[str, float] = {}
     slots = 0
-    for memory in memories.values():
+    for name, memory in memories.items():
+        slots += slots_charged.get((rank, name), 0)
         for moment, num_bytes in memory.breakdown.by_paid_at().items():
             paid[moment] = paid.get(moment, 0.0) + to_mib(num_bytes)
-        slots += memory.breakdown.multicast_objects
     return {"nccl_paid_mib": {k: _r(v) for k, v in paid.items()}, "multicast_slots": slots}
 
 

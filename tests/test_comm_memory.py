@@ -15,6 +15,7 @@ from simnccl.comm_memory import (
     one_node_mib,
     unmodelled_for_memory,
 )
+from simnccl.engine.nvls import multicast_data
 from simnccl.nccl import communicator_bytes
 from simnccl.ops import (
     MODELLED_OPTION_FIELDS,
@@ -36,6 +37,7 @@ from simnccl.testing import simulate, used_mib
 
 START = [SetDevice(), InitProcessGroup(backend="nccl")]
 PROFILE = find_profile("h100-80gb", "2.15")
+SLOTS = multicast_data().integer("per_communicator.slots")  # NVLS slots the multicast ledger charges a communicator
 MIB = 2**20
 
 
@@ -186,9 +188,10 @@ def test_pg_options_map_to_the_model_or_are_listed_unmodelled() -> None:
 def test_breakdown_and_multicast_slots_are_reachable_from_the_outcome() -> None:
     out = simulate([*START, NewGroup(ranks=(0, 1), bind="g"), AllReduce(group="g"), Checkpoint(label="x")])
     record = next(r for (name, _), r in out.groups.items() if name != "0")
-    (memory,) = record.members[1]["memory"].values()
+    ((name, memory),) = record.members[1]["memory"].items()
     breakdown = memory.breakdown
-    assert breakdown.multicast_objects == 2  # NVLS credit region + NVLS buffers
+    assert breakdown.multicast_objects == 2  # the model's own count: NVLS credit region + NVLS buffers
+    assert out.slots_charged[(1, name)] == SLOTS  # the slots: what the multicast ledger charged, not the model's 2
     assert breakdown.device_bytes == record.members[1]["bytes"]
     assert {p.mechanism for p in breakdown.parts} >= {"channels", "nvls-buffers", "fixed-overhead"}
     assert {p.paid_at for p in breakdown.parts} == {"init", "first all_reduce (nvls)"}
@@ -240,10 +243,12 @@ def test_destroy_gives_back_host_memory_and_multicast_slots() -> None:
         Checkpoint(label="b"),
     ]
     held = simulate(program[:-2])
-    assert held.multicast_objects == {"n0:cuda:0": 3, "n0:cuda:1": 3}  # world credit + g's credit and buffers
+    assert held.multicast_slots == {"n0": 2 * SLOTS}  # the world's binding and g's, on the node's switches
     out = simulate(program)
     assert out.verdict == "pass"
     (host,) = out.host_ledgers.values()
     fifo = communicator_bytes(PROFILE.topology, 2, 2, 1, PROFILE.nccl_version).host_bytes
     assert host.used_bytes == 2 * fifo  # only the world communicators' work FIFOs remain
-    assert out.multicast_objects == {"n0:cuda:0": 1, "n0:cuda:1": 1}
+    assert out.multicast_slots == {"n0": SLOTS}  # g's binding freed once neither member holds it
+    (name,) = (name for name, _ in out.groups if name != "0")
+    assert out.slots_charged[(0, name)] == SLOTS  # what g took at its init stays on record

@@ -77,6 +77,7 @@ class Engine:
         planner = Planner(sim)
         self.watchdogs = watchdogs = Watchdogs(sim, sockets, timing)
         comms = Comms(sim, rendezvous, timing, memory, sockets, registry)
+        self.nvls = comms.nvls  # the multicast slot ledger: the outcome reports what it charged
         self.histories = histories = SharedHistories(CallTable(planner))
         gate = PolicyGate(sim, self.policy, memory, planner, histories, share_decisions=fast_path)
         groups = Groups(sim, rendezvous, comms, planner, gate, watchdogs, sockets)
@@ -128,7 +129,7 @@ class Engine:
             self.loop.start()
             self.injection.start()
             self.watchdogs.run()
-            result = outcome(self.sim, self.watchdogs.report, self.memory, self.timing, self.fr_dumps)
+            result = outcome(self.sim, self.watchdogs.report, self.memory, self.nvls, self.timing, self.fr_dumps)
             if self.sim.trace.keep:  # a Perfetto trace draws the waits: every rendezvous, in opening order
                 result.meetings = self.meetings.all()
             return result

@@ -7,7 +7,8 @@ Why a room: every byte the simulator reports goes through ``charge`` or a local 
 owner, so a memory timeline per device and per owner falls out of the ledgers (``simnccl.memory``). What a
 communicator costs comes from NCCL's mechanics plus the profile's measured overheads
 (``simnccl.comm_memory``), never from code (DESIGN rules 4, 12). Each rank's communicator keeps its itemised
-breakdown (``Comm.memory``, and ``"memory"`` in its group record's member entry), NVLS multicast slots included.
+breakdown (``Comm.memory``, and ``"memory"`` in its group record's member entry). NVLS multicast slots are not
+memory and not counted here: the per-node multicast ledger (``simnccl.engine.nvls``) owns them.
 """
 
 from __future__ import annotations
@@ -69,10 +70,6 @@ class Memory:
         # GPUDirect RDMA): a ledger per node, unbounded (the host's memory is not modelled), never in the
         # device figures.
         self.host_ledgers: dict[str, DeviceLedger] = {}
-        # NVSwitch multicast objects (NVLS slots) the communicators on each device hold now (NVIDIA/nccl#2077:
-        # 128 per 8-GPU node), and what each rank's communicator holds, to give them back at destroy.
-        self.multicast_objects: dict[str, int] = {}
-        self._slots_held: dict[tuple[int, str], int] = {}
         self.pricer = Pricer(self.profile, self.cluster.node_of)
         self._oom_at_init: set[int] = set()  # ranks whose next init charge fails (injected fault)
         self._collective_devices: set[tuple[int, int]] = set()  # (rank, device): its first collective was paid
@@ -160,11 +157,6 @@ class Memory:
         device = sum(p.total for p in parts if p.ledger == "device")
         host = sum(p.total for p in parts if p.ledger == "host")
         self.charge(rt, comm, [Charge(phase, device)], op, group)
-        slots = sum(p.multicast_objects for p in parts)
-        if slots and comm.device is not None:
-            key = self.ledger(rt, comm.device).device
-            self.multicast_objects[key] = self.multicast_objects.get(key, 0) + slots
-            self._slots_held[(rt.rank, comm.group)] = self._slots_held.get((rt.rank, comm.group), 0) + slots
         if host:
             key = f"n{rt.node}:host"
             ledger = self.host_ledgers.get(key)
@@ -236,9 +228,6 @@ class Memory:
                 and (o.group == comm.group or o.group.startswith(comm.group + "/p2p-"))
             ]:
                 held.release_owner(owner, time_s=self.env.now, op=op)
-        slots = self._slots_held.pop((rt.rank, comm.group), 0)
-        if slots:
-            self.multicast_objects[ledger.device] -= slots
 
     def group_record(self, group: Group, comm: Comm) -> GroupRecord:
         cached = self._record_of_group.get(id(group))

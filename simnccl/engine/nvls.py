@@ -9,6 +9,12 @@ NVLS unless ``NCCL_NVLS_ENABLE=1`` forces it. Whether NVLS is active for a commu
 ``simnccl.nccl``'s decision (version, ``NCCL_NVLS_ENABLE``, topology, local rank count); how many slots a node
 has and a communicator takes are data (``simnccl/data/nvls_multicast.toml``), never code.
 
+This ledger is the one count of slots in simnccl: every report of them (``RunOutcome.multicast_slots`` per
+node, ``multicast_slots`` per group member in the results, "NVLS multicast slots" in ``simnccl cost
+--breakdown``) reads what it charged (``charged``, ``used``). It counts on every GPU kind where NVLS is active;
+only a kind with a measured ``slots_per_node`` is limited. ``simnccl.nccl``'s ``Part.multicast_objects`` is a
+different, smaller figure (the multicast objects backing the memory that model prices) and is not a slot count.
+
 ``Comms`` consults this room when a communicator becomes ready (``reserve``) and when it is destroyed
 (``release``); a failed bind raises NCCL's error on every member on the full node, as the bind is collective.
 """
@@ -81,7 +87,8 @@ class _Binding:
 
 
 class MulticastSlots:
-    """Per node: the slots in use, and each communicator's binding there (keyed by node and comm id)."""
+    """Per node: the slots in use, and each communicator's binding there (keyed by node and comm id); per rank
+    and communicator name: the slots that rank's communicator took on its node at its init (``charged``)."""
 
     def __init__(self, sim: Sim) -> None:
         self.sim = sim
@@ -96,17 +103,22 @@ class MulticastSlots:
         self.used: dict[int, int] = {}  # node -> slots in use
         self.peak: dict[int, int] = {}
         self._bindings: dict[tuple[int, int], _Binding] = {}
+        # (rank, communicator name) -> slots its binding took on the rank's node (shared by the node's members;
+        # 0 without NVLS, or when it reuses its parent's); the latest communicator of that name, kept past destroy.
+        self.charged: dict[tuple[int, str], int] = {}
         self._parents: dict[int, tuple[Comm, Comm]] = {}  # id(child) -> (child, parent): a split's parent
         self._active: dict[tuple[object, ...], tuple[bool, int]] = {}
+        # id(member tuple) -> (the tuple, ranks per node, ranks per node in node order)
+        self._per_node: dict[int, tuple[tuple[int, ...], dict[int, int], tuple[int, ...]]] = {}
 
     def note_parent(self, comm: Comm, parent: Comm | None) -> None:
         """A communicator made by splitting ``parent`` (its sharing of NVLS resources depends on the parent)."""
-        if parent is not None and self.capacity is not None:
+        if parent is not None:
             self._parents[id(comm)] = (comm, parent)
 
     def reserve(self, rt: RankRuntime, comm: Comm, group: Group, members: Mapping[int, tuple[int, ...]]) -> None:
         """This rank's communicator binds its multicast objects on the rank's node, or fails as NCCL does."""
-        if self.capacity is None or comm.comm_id is None or not comm.impl.is_nccl:
+        if comm.comm_id is None or not comm.impl.is_nccl:
             return
         if not lifecycle(comm.impl).allocates_gpu_memory:
             return
@@ -118,6 +130,7 @@ class MulticastSlots:
             raise TorchError(ERROR_TYPE, binding.failure)
         if binding.slots:
             binding.holders.add(rt.rank)
+        self.charged[(rt.rank, comm.group)] = binding.slots
 
     def release(self, rt: RankRuntime, comm: Comm) -> None:
         """This rank destroyed its communicator: the node's slots are free once no local member holds them."""
@@ -134,12 +147,11 @@ class MulticastSlots:
             self.sim.trace.record(self.sim.now(), rt.rank, "nvls-release", comm.group, self.used[rt.node])
 
     def _bind(self, rt: RankRuntime, comm: Comm, group: Group, members: Mapping[int, tuple[int, ...]]) -> _Binding:
-        assert self.capacity is not None
         active, nvls_enable = self._nvls_active(rt, group.ranks)
         if not active or self._shares_parent(rt, comm, group, members):
             return _Binding(0, set())
         used = self.used.get(rt.node, 0)
-        if used + self.need > self.capacity:
+        if self.capacity is not None and used + self.need > self.capacity:
             forced = nvls_enable == 1
             self.sim.trace.record(self.sim.now(), rt.rank, "nvls-exhausted", comm.group, used, self.capacity)
             if self.fatal or forced:
@@ -150,13 +162,20 @@ class MulticastSlots:
         self.sim.trace.record(self.sim.now(), rt.rank, "nvls-bind", comm.group, used)
         return _Binding(self.need, set())
 
+    def in_use(self) -> dict[str, int]:
+        """Slots held now on each node that holds any (``"n0"``: 20), in node order."""
+        return {f"n{node}": slots for node, slots in sorted(self.used.items()) if slots}
+
     def _local(self, rt: RankRuntime, ranks: tuple[int, ...]) -> tuple[int, int, tuple[int, ...]]:
         """(ranks on this rank's node, nodes spanned, ranks per node in node order) of a member list."""
-        per_node: dict[int, int] = {}
-        for r in ranks:
-            node = self.cluster.node_of(r)
-            per_node[node] = per_node.get(node, 0) + 1
-        sizes = tuple(per_node[n] for n in sorted(per_node))
+        entry = self._per_node.get(id(ranks))
+        if entry is None or entry[0] is not ranks:  # counted once per member tuple: every node binds per comm
+            per_node: dict[int, int] = {}
+            for r in ranks:
+                node = self.cluster.node_of(r)
+                per_node[node] = per_node.get(node, 0) + 1
+            entry = self._per_node[id(ranks)] = (ranks, per_node, tuple(per_node[n] for n in sorted(per_node)))
+        _, per_node, sizes = entry
         return per_node.get(rt.node, 0), len(per_node), sizes
 
     def _nvls_active(self, rt: RankRuntime, ranks: tuple[int, ...]) -> tuple[bool, int]:

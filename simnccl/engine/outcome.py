@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from simnccl.engine.memory import Memory
+from simnccl.engine.nvls import MulticastSlots
 from simnccl.engine.sim import Sim
 from simnccl.engine.state import Block, RankRuntime, RunOutcome, handle_of
 from simnccl.engine.timing import Timing
@@ -133,7 +134,12 @@ class HangReport:
 
 
 def outcome(
-    sim: Sim, report: HangReport, memory: Memory, timing: Timing, fr_dumps: dict[int, dict[str, Any]]
+    sim: Sim,
+    report: HangReport,
+    memory: Memory,
+    nvls: MulticastSlots,
+    timing: Timing,
+    fr_dumps: dict[int, dict[str, Any]],
 ) -> RunOutcome:
     """The verdict and everything a result is built from, read off the finished run."""
     hangs: list[dict[str, Any]] = []
@@ -183,5 +189,6 @@ def outcome(
         fr_dumps=fr_dumps,
         slowdowns=timing.slowdowns(),
         host_ledgers=memory.host_ledgers,
-        multicast_objects=memory.multicast_objects,
+        multicast_slots=nvls.in_use(),
+        slots_charged=nvls.charged,
     )

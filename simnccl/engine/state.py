@@ -92,7 +92,8 @@ class GroupRecord:
 
     ``members[rank]``: ``device``, ``bytes`` (device bytes charged), ``phases`` (when each phase was first
     paid) and ``memory``: {communicator name: ``simnccl.comm_memory.CommMemory``}, the itemised breakdown of
-    each of the rank's communicators of the group (NVLS multicast slots included), as it stands now.
+    each of the rank's communicators of the group, as it stands now (its NVLS multicast slots are
+    ``RunOutcome.slots_charged``).
     """
 
     name: str
@@ -123,8 +124,10 @@ class RunOutcome:
     # Pinned host memory NCCL holds, per node ("n0:host"): work FIFOs, host sides of connections, network
     # buffers without GPUDirect RDMA (simnccl.comm_memory; never in the device ledgers).
     host_ledgers: dict[str, DeviceLedger] = field(default_factory=dict)
-    # NVLS multicast objects (slots) the communicators on each device hold at the end (simnccl.comm_memory).
-    multicast_objects: dict[str, int] = field(default_factory=dict)
+    # NVLS multicast slots, as the per-node multicast ledger (simnccl.engine.nvls) charged them: held on each
+    # node at the end ("n0": 20), and per (rank, communicator name) what that communicator took at its init.
+    multicast_slots: dict[str, int] = field(default_factory=dict)
+    slots_charged: dict[tuple[int, str], int] = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------------- a rank's state, read the same everywhere

@@ -27,8 +27,10 @@ of a public log, and each can be wrong on a given machine):
    modelled as P2P connections to the node's other ranks and is unvalidated.
 7. Multi-node rings enter each node through a different GPU per channel (a rotation), and trees are binary
    over node heads; per-rank network connection counts follow from that.
-8. NVLS multicast slots: 2 per communicator (credit region, buffers); NVIDIA/nccl#2077 saw ~10 per
-   communicator on NCCL 2.29.7, from mechanisms not modelled here.
+8. NVLS multicast objects: the model counts the 2 behind the memory it prices (credit region, buffers;
+   ``Part.multicast_objects``). NVIDIA/nccl#2077 saw ~10 slots per communicator on NCCL 2.29.7, from mechanisms
+   not modelled here; that observed figure (``simnccl/data/nvls_multicast.toml``) is the slot count simnccl
+   reports and enforces (``simnccl.engine.nvls``).
 """
 
 from __future__ import annotations

@@ -106,7 +106,9 @@ class Breakdown:
 
     @property
     def multicast_objects(self) -> int:
-        """NVSwitch multicast objects (slots) the communicator holds (128 per 8-GPU NVSwitch node)."""
+        """Multicast objects backing the NVLS memory priced here (credit region, buffers): NCCL's own count for
+        these mechanisms only. Not the NVSwitch slots a communicator takes (~10, observed, with mechanisms not
+        modelled): those are data (``nvls_multicast.toml``), charged by ``simnccl.engine.nvls``."""
         return sum(p.multicast_objects for p in self.parts)
 
     def mechanism_bytes(self, mechanism: str, ledger: Ledger = "device") -> int:

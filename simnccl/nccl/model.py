@@ -150,7 +150,8 @@ def _init_parts(ctx: _Context, ledger: _Ledger) -> None:
         ledger.add(
             Part(
                 "nvls-credit",
-                f"NVLS credit region {credit} B rounded to the {_mib(mc_granule)} multicast granularity (1 slot)",
+                f"NVLS credit region {credit} B rounded to the {_mib(mc_granule)} multicast granularity "
+                "(1 multicast object)",
                 "device",
                 1,
                 round_up(credit, mc_granule),
@@ -240,7 +241,7 @@ def _nvls_buffers(ctx: _Context, ledger: _Ledger, paid_at: str) -> None:
         Part(
             "nvls-buffers",
             f"NVLS buffers: {ctx.channels.nvls} channels x 2 x {c.integer('buffers.nvls_chunk_bytes')} B x "
-            f"{c.integer('buffers.steps')} steps x {ctx.nvls_heads} heads (1 slot)",
+            f"{c.integer('buffers.steps')} steps x {ctx.nvls_heads} heads (1 multicast object)",
             "device",
             1,
             round_up(size, c.integer("cumem.multicast_granularity_bytes")),
