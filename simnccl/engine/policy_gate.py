@@ -88,6 +88,9 @@ class PolicyGate:
         self.histories = histories
         self.explanations: list[dict[str, Any]] = []
         self._decisions: dict[tuple[int, tuple[int, ...]], tuple[int, GroupDecision]] = {}
+        # id(rank context) -> (that context, its eager_group_mib): a context is replaced, never changed in place,
+        # so the per-call price (a scan of the environment) is looked up once per context, not once per ask
+        self._eager_mib: dict[int, tuple[Any, float | None]] = {}
 
     def init(self, rt: RankRuntime, op: InitProcessGroup) -> InitProcessGroup:
         plan = self.policy.on_init(
@@ -131,7 +134,11 @@ class PolicyGate:
         self, rt: RankRuntime, op: NewGroup, members: tuple[int, ...]
     ) -> tuple[GroupRequest, GroupDecision]:
         """What this rank decides for ``op`` on its own real history (before the call is recorded)."""
-        request = self.group_request(rt, op, members, history=self.histories.history(rt))
+        # A policy asked on every rank reads its history through the state's shared view (no per-rank copy);
+        # a built-in asks only as the first rank in a state, which records into its own history next.
+        histories = self.histories
+        history = histories.history(rt) if self.verified else histories.view(rt)
+        request = self.group_request(rt, op, members, history=history)
         return request, decide_group(self.policy, request)
 
     def agrees(self, rt: RankRuntime, op: NewGroup, step: Any) -> bool:
@@ -165,8 +172,17 @@ class PolicyGate:
             purpose=op.purpose,
             traffic=op.traffic,
             history=history if history is not None else self.histories.history(rt),
-            eager_group_mib=eager_group_mib(self.memory.profile, rt.ctx.env),
+            eager_group_mib=self._eager_group_mib(rt),
         )
+
+    def _eager_group_mib(self, rt: RankRuntime) -> float | None:
+        ctx = rt.ctx
+        cached = self._eager_mib.get(id(ctx))
+        if cached is not None and cached[0] is ctx:
+            return cached[1]
+        mib = eager_group_mib(self.memory.profile, ctx.env)
+        self._eager_mib[id(ctx)] = (ctx, mib)
+        return mib
 
     def group(self, rt: RankRuntime, op: NewGroup) -> NewGroup | None:
         """Ask the policy; check members agree; return the op torch really receives (None: reuse)."""

@@ -163,9 +163,12 @@ def _because(decision: GroupDecision, text: str, **changes: object) -> GroupDeci
 def decide_group(policy: Policy, request: GroupRequest) -> GroupDecision:
     """The policy's full decision for one call, starting from "as the program asked"."""
     decision = policy.on_group(request, unchanged(request))
-    if not decision.explanation:
-        decision = replace(decision, explanation="as requested")
-    return decision
+    if decision.explanation:
+        return decision
+    if type(decision) is GroupDecision:  # what ``replace`` builds, without its per-field introspection
+        d = decision
+        return GroupDecision(d.backend, d.pg_options, d.use_local_synchronization, d.device_id, d.reuse, "as requested")
+    return replace(decision, explanation="as requested")
 
 
 def decide_split(policy: Policy, requests: list[GroupRequest]) -> list[GroupDecision]:

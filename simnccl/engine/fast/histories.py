@@ -21,6 +21,7 @@ from simnccl.policy import GroupDecision, GroupRequest, History
 
 _RANK_ENV = frozenset(("LOCAL_RANK", "RANK"))  # the launcher's per-rank variables; not a policy's business
 _REPLAY_MAX = 16  # a longer tail is cheaper to materialise by copying a snapshot than by replaying its records
+_VIEWS_MAX = 64  # shared read-only histories kept for ``view`` (the most recent states): bounds their memory
 
 
 @dataclass(slots=True, eq=False)
@@ -60,6 +61,7 @@ class SharedHistories:
         self.calls = calls
         self.nodes: dict[tuple[Any, int, int], HistoryNode] = {}
         self._classes: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+        self._views: dict[HistoryNode, History] = {}  # a state -> one History in it that nobody records into
 
     def start(self, ranks: list[RankRuntime]) -> None:
         shared_history = History()  # every rank has seen the same calls until one diverges (copy-on-write)
@@ -91,6 +93,29 @@ class SharedHistories:
             rt.history_shared = False
             tail.clear()
         return rt.history
+
+    def view(self, rt: RankRuntime) -> History:
+        """The rank's real history to show a policy asked as this rank, in O(1) for every rank but the first to
+        reach a state: that rank's materialised history becomes the state's shared one (``history_shared``: any
+        rank records into it only after copying, as ``own`` does), and later ranks in the state adopt it instead
+        of each copying and replaying its own. Equal content to ``history``; only for policies asked on every
+        rank (the gate's unverified path), whose runs never let a cohort record into a history in place."""
+        tail = rt.history_tail
+        if not tail:
+            return rt.history
+        target = tail[-1].after
+        shared = self._views.get(target)
+        if shared is None:
+            shared = self.history(rt)
+            rt.history_shared = True
+            if len(self._views) >= _VIEWS_MAX:
+                del self._views[next(iter(self._views))]  # the oldest state (insertion order: deterministic)
+            self._views[target] = shared
+            return shared
+        rt.history = shared
+        rt.history_shared = True
+        tail.clear()
+        return shared
 
     def own(self, rt: RankRuntime) -> History:
         """The rank's history, its own to record into (its shared state, if tracked, is left behind)."""
