@@ -440,8 +440,6 @@ def _setup(
         raise CostError(f"--world: expected a positive integer, got {world}")
     if args.world is not None and natural is not None and natural != args.world:
         raise CostError(f"--world {args.world} does not match the {natural} ranks the knobs imply")
-    if args.jobs is not None and args.jobs < 1:
-        raise CostError(f"--jobs: expected a positive integer, got {args.jobs}")
     if "local_world_size" in {p.name for p in generator.params} and "local_world_size" not in knobs:
         knobs["local_world_size"] = min(args.gpus_per_node, world)
     cluster = build_cluster(args.gpu or DEFAULT_GPU, world, args.gpus_per_node)
@@ -464,6 +462,9 @@ def run(args: argparse.Namespace, extra: Sequence[str]) -> int:
     from simnccl.cli_output import Output
 
     out = Output("cost", args)
+    if args.jobs is not None and args.jobs < 1:  # one check for --workload and --scenario
+        out.error(f"--jobs: expected a positive integer, got {args.jobs}")
+        return EXIT_BAD_INPUT
     if args.scenario is not None:
         from simnccl.cost_scenario import run_scenario
 

@@ -77,8 +77,6 @@ def run_scenario(args: argparse.Namespace, extra: Sequence[str], out: Any) -> in
     try:
         check_json_target(args.json)
         _refuse_workload_flags(args, extra)
-        if args.jobs is not None and args.jobs < 1:
-            raise CostError(f"--jobs: expected a positive integer, got {args.jobs}")
         scenario = load_scenario(args.scenario)
         columns = scenario_columns(scenario, args.policy, env_overrides(args), args.variant)
     except (CostError, OverrideError, ScenarioError) as err:

@@ -264,3 +264,10 @@ def test_columns_equal_the_ordinary_engine_path() -> None:
         slow = Engine(cost.column_config(programs, cluster, "2.15", column), fast_path=False).run()
         per_rank, checkpoint = cost.measure(slow, programs)
         assert (fast.verdict, fast.per_rank, fast.checkpoint) == (slow.verdict, per_rank, checkpoint), column.name
+
+
+@pytest.mark.parametrize("source", [["--workload", "megatron", "--tp", "2", "--dp", "1"], ["--scenario", "x.toml"]])
+def test_jobs_below_one_is_bad_input_for_a_workload_and_a_scenario(capsys, source) -> None:
+    """One check of --jobs, before either source is read (the scenario file need not exist)."""
+    assert main(["cost", *source, "--jobs", "0"]) == 2
+    assert "--jobs: expected a positive integer, got 0" in capsys.readouterr().err
