@@ -366,11 +366,16 @@ def test_capture_json_document_and_quiet(capsys: pytest.CaptureFixture[str]) -> 
 
 @pytest.mark.real
 @pytest.mark.skipif(not HAS_TORCH, reason="needs torch")
-def test_real_diff_json_document_and_quiet(capsys: pytest.CaptureFixture[str]) -> None:
+def test_real_diff_json_document_and_quiet(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     # Generous real-side limits: this test pins the output's shape, not how fast a loaded CI machine runs gloo.
     slack = ("--stall", "60", "--timeout", "120")
-    code, out, err = _main(capsys, "real", "diff", "--seed", "2", "--only", "0", "--only", "2", "--quiet", *slack)
-    assert code == EXIT_OK, err
+    record = tmp_path / "diff.json"
+    code, out, err = _main(
+        capsys, "real", "diff", "--seed", "2", "--only", "0", "--only", "2", "--quiet", f"--json={record}", *slack
+    )
+    # On failure, the whole document (both sides of a disagreeing case) is the message: a loaded CI machine's
+    # timeout and a simulator bug must be told apart from the CI log alone.
+    assert code == EXIT_OK, out + err + (record.read_text() if record.exists() else "")
     assert [line.split("  ")[:2] for line in out.splitlines()] == [
         ["diff seed 2", "seed2-case0"],
         ["diff seed 2", "seed2-case2"],

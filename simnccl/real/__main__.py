@@ -322,7 +322,14 @@ def _diff(args: argparse.Namespace, out: Any) -> int:
         launcher.close()
     out.print(summary(results))
     records = [
-        {"case": r.case.name, "kind": classify(r), "mutation": r.case.mutation, "comparison": r.comparison.to_dict()}
+        {
+            "case": r.case.name,
+            "kind": classify(r),
+            "mutation": r.case.mutation,
+            # A disagreement carries both sides in full (each rank's ops, status, log tail, the run's end reason):
+            # whoever reads the JSON in CI can tell a simulator bug from a run stopped by a loaded machine.
+            "comparison": r.comparison.to_dict(full=classify(r) == "disagree"),
+        }
         for r in results
     ]
     document = {"seed": seed, "summary": summary(results), "cases": records}
