@@ -65,6 +65,7 @@ from simnccl.ops import (
 from simnccl.policy import PolicyError, get_policy
 from simnccl.profiles import Profile, ProfileError, find_profile, get_profile
 from simnccl.release import RELEASES, ReleaseError, resolve_backend
+from simnccl.table_keys import key_problem
 
 LAUNCHERS = ("torchrun", "spawn")
 VERDICTS = ("pass", "fail", "hang", "error")
@@ -204,9 +205,9 @@ class _Reader:
         return dict(value)
 
     def finish(self) -> None:
-        unknown = sorted(set(self.table) - self.used)
-        if unknown:
-            raise self.error(unknown[0], f"unknown key; expected one of {', '.join(sorted(self.used))}")
+        problem = key_problem(self.table, allowed=self.used, path=self.path)
+        if problem is not None:
+            raise ScenarioError(self.source, problem.key, problem.message)
 
 
 def _as_tuple(kind: type | tuple[type, ...]) -> tuple[type, ...]:
