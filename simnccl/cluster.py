@@ -16,6 +16,8 @@ import tomllib
 from dataclasses import dataclass
 from typing import Any
 
+from simnccl.table_keys import check_keys
+
 BYTES_PER_MIB = 1024 * 1024
 
 _KIND_FIELDS = ("display", "total_mib", "total_source", "cuda_context_mib", "cuda_context_source")
@@ -71,14 +73,9 @@ def _text(where: str, value: Any) -> str:
 
 def _parse_kind(file: str, key: str, table: Any) -> GpuKind:
     where = f"{file}: [{key}]"
-    if not isinstance(table, dict):
-        raise ClusterError(f"{where}: expected a table of {', '.join(_KIND_FIELDS)}, got {table!r}")
-    unknown = sorted(set(table) - set(_KIND_FIELDS) - set(_OPTIONAL_KIND_FIELDS))
-    if unknown:
-        raise ClusterError(f"{where}: unknown key(s) {', '.join(unknown)}; expected {', '.join(_KIND_FIELDS)}")
-    missing = [name for name in _KIND_FIELDS if name not in table]
-    if missing:
-        raise ClusterError(f"{where}: missing key(s) {', '.join(missing)}")
+    check_keys(
+        table, allowed=_OPTIONAL_KIND_FIELDS, required=_KIND_FIELDS, file=file, path=f"[{key}]", error=ClusterError
+    )
     total = _number(f"{where}.total_mib", table["total_mib"], positive=True)
     context = _number(f"{where}.cuda_context_mib", table["cuda_context_mib"], positive=False)
     if context >= total:

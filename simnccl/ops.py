@@ -12,7 +12,7 @@ member of a group it created still gets the handle bound, to ``NON_GROUP_MEMBER`
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
@@ -289,18 +289,46 @@ class Alloc(Op):
 
 @dataclass(frozen=True, slots=True)
 class Free(Op):
-    """Tensors an ``alloc`` tagged ``tag`` given up, in one of torch's two ways.
-
-    ``mib`` 0 (the default): ``del`` of the tensors: their blocks go back to torch's cache, still reserved on the
-    device (``memory_reserved`` unchanged): torch reuses them, NCCL's own allocations cannot. ``mib`` > 0: that
-    much of what ``alloc`` charged under ``tag`` goes back to the device (``torch.cuda.empty_cache()`` after the
-    tensors died; never more than is held) — what ``simnccl.capture`` records, since it charges the caching
-    allocator's reserved high-water mark.
-    """
+    """``del`` of the tensors an ``alloc`` tagged ``tag``: their blocks go back to torch's cache, still reserved
+    on the device (``memory_reserved`` unchanged): torch reuses them, NCCL's own allocations cannot."""
 
     name: ClassVar[str] = "free"
+    tag: str = "tensor"
+
+
+@dataclass(frozen=True, slots=True)
+class EmptyCache(Op):
+    """``torch.cuda.empty_cache()`` after tensors died: ``mib`` of what ``alloc`` charged under ``tag`` goes back
+    to the device (never more than the tag holds).
+
+    What ``simnccl.capture`` records: it charges the caching allocator's reserved high-water mark under one tag,
+    so what ``empty_cache`` returns is that tag's reserved-but-unused bytes. Its own op, not a ``free`` with a
+    size: the two give memory back to different holders (torch's cache vs the device).
+    """
+
+    name: ClassVar[str] = "empty_cache"
     mib: float = 0.0
     tag: str = "tensor"
+
+
+# Fields an op no longer takes because another op took over their meaning: a file that still gives one is
+# refused naming the replacement, never read with a different meaning. (``free`` with ``mib`` meant what
+# ``empty_cache`` means now.)
+RETIRED_FIELDS: dict[tuple[str, str], str] = {
+    ("free", "mib"): (
+        "op 'free' no longer takes mib (it drops the tag's tensors into torch's cache); memory given back to the "
+        "device at torch.cuda.empty_cache() is op 'empty_cache' with the same mib and tag"
+    ),
+}
+
+
+def retired_field(op_name: str, keys: Iterable[str]) -> tuple[str, str] | None:
+    """The first of ``keys`` that ``op_name`` no longer takes, with why and what replaces it; None if none."""
+    for key in keys:
+        reason = RETIRED_FIELDS.get((op_name, key))
+        if reason is not None:
+            return key, reason
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -338,6 +366,7 @@ OP_TYPES: dict[str, type[Op]] = {
         Compute,
         Alloc,
         Free,
+        EmptyCache,
         MemoryCheck,
         Checkpoint,
     )

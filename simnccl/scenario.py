@@ -53,6 +53,7 @@ from simnccl.ops import (
     OP_TYPES,
     Checkpoint,
     Collective,
+    EmptyCache,
     InitProcessGroup,
     NewGroup,
     Op,
@@ -61,10 +62,12 @@ from simnccl.ops import (
     Program,
     SplitGroup,
     check_option,
+    retired_field,
 )
 from simnccl.policy import PolicyError, get_policy
 from simnccl.profiles import Profile, ProfileError, find_profile, get_profile
 from simnccl.release import RELEASES, ReleaseError, resolve_backend
+from simnccl.table_keys import key_problem
 
 LAUNCHERS = ("torchrun", "spawn")
 VERDICTS = ("pass", "fail", "hang", "error")
@@ -204,9 +207,9 @@ class _Reader:
         return dict(value)
 
     def finish(self) -> None:
-        unknown = sorted(set(self.table) - self.used)
-        if unknown:
-            raise self.error(unknown[0], f"unknown key; expected one of {', '.join(sorted(self.used))}")
+        problem = key_problem(self.table, allowed=self.used, path=self.path)
+        if problem is not None:
+            raise ScenarioError(self.source, problem.key, problem.message)
 
 
 def _as_tuple(kind: type | tuple[type, ...]) -> tuple[type, ...]:
@@ -608,6 +611,9 @@ def _step(reader: _Reader, world_size: int) -> _Step:
     op_type = OP_TYPES.get(op_name)
     if op_type is None:
         raise reader.error("op", f"unknown op {_shown(op_name)}; expected one of {', '.join(OP_TYPES)}")
+    retired = retired_field(op_name, reader.table)
+    if retired is not None:
+        raise reader.error(*retired)
     repeat = reader.get("repeat", int, 1)
     if repeat < 1:
         raise reader.error("repeat", f"expected an integer >= 1, got {repeat}")
@@ -728,6 +734,8 @@ def _build_op(
             raise reader.error("backend", str(err)) from None
     if op_type is SplitGroup and "split_ranks" not in kwargs:
         raise reader.error("split_ranks", "missing; expected a list of lists of parent ranks")
+    if op_type is EmptyCache and "mib" not in kwargs:
+        raise reader.error("mib", "missing; expected the MiB of the tag's memory given back to the device")
     if issubclass(op_type, PointToPoint):
         peer = kwargs.get("peer")
         if peer is None:

@@ -178,6 +178,25 @@ def test_alloc_mib_out_of_range_is_exit_2(capsys, write_scenario, value: str) ->
     _bad(capsys, write_scenario, _steps(*BASE_STEPS, f'{{ op = "alloc", mib = {value} }}'), "workload.steps[2].mib")
 
 
+def test_free_with_mib_from_an_older_file_is_refused_naming_empty_cache(capsys, write_scenario) -> None:
+    """``free`` + ``mib`` once meant ``torch.cuda.empty_cache()``: refused, never read as a plain ``free``."""
+    steps = ('{ op = "alloc", mib = 100, tag = "t" }', '{ op = "free", mib = 60, tag = "t" }')
+    err = _bad(capsys, write_scenario, _steps(*BASE_STEPS, *steps), "workload.steps[3].mib", "'free'")
+    assert "op 'empty_cache' with the same mib and tag" in err
+
+
+@pytest.mark.parametrize(
+    ("step", "key", "expected"),
+    [
+        ('{ op = "empty_cache", tag = "t" }', "mib", "missing"),
+        ('{ op = "empty_cache", mib = -1 }', "mib", "-1"),
+        ('{ op = "empty_cache", mib = 1, colour = "red" }', "colour", "unknown field for op 'empty_cache'"),
+    ],
+)
+def test_bad_empty_cache_steps_are_exit_2(capsys, write_scenario, step: str, key: str, expected: str) -> None:
+    _bad(capsys, write_scenario, _steps(*BASE_STEPS, step), f"workload.steps[2].{key}", expected)
+
+
 @pytest.mark.parametrize(
     ("value", "expected"), [("nan", "finite"), ("90", "(0, 1], got 90"), ("0", "(0, 1]"), ("-0.5", "(0, 1]")]
 )

@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 from simnccl import capture as cap
 from simnccl.capture.fake_devices import TENSOR_TAG, TensorMemory
-from simnccl.ops import MIB, Alloc, AllReduce, Checkpoint, Free, SetDevice
+from simnccl.ops import MIB, Alloc, AllReduce, Checkpoint, EmptyCache, Free, SetDevice
 from simnccl.scenario import load_scenario
 from simnccl.testing import simulate
 
@@ -175,8 +175,8 @@ def test_freed_tensors_stay_reserved_until_empty_cache() -> None:
     assert seen == [0]
     big, freed, emptied = (ops.index(Checkpoint(label)) for label in ("big", "freed", "emptied"))
     assert ops[big - 1] == Alloc(mib=1.0, tag=TENSOR_TAG)
-    assert not any(isinstance(op, Alloc | Free) for op in ops[big + 1 : freed])  # reserved, not freed
-    assert ops[freed + 1 : emptied] == (Free(mib=1.0, tag=TENSOR_TAG),)
+    assert not any(isinstance(op, Alloc | Free | EmptyCache) for op in ops[big + 1 : freed])  # reserved, not freed
+    assert ops[freed + 1 : emptied] == (EmptyCache(mib=1.0, tag=TENSOR_TAG),)
 
 
 def test_tensor_memory_charges_the_high_water_mark_between_recorded_calls() -> None:
@@ -190,12 +190,12 @@ def test_tensor_memory_charges_the_high_water_mark_between_recorded_calls() -> N
     assert memory.changes() == [Alloc(mib=16384 / MIB, tag=TENSOR_TAG)]
     assert memory.changes() == []
     memory.empty_cache()
-    assert memory.changes() == [Free(mib=12288 / MIB, tag=TENSOR_TAG)]
+    assert memory.changes() == [EmptyCache(mib=12288 / MIB, tag=TENSOR_TAG)]
 
 
-def test_free_gives_back_only_what_alloc_charged_under_its_tag() -> None:
-    ops = [SetDevice(), Alloc(mib=100, tag="t"), Checkpoint("full"), Free(mib=60, tag="t"), Checkpoint("part")]
-    ops += [Free(mib=500, tag="t"), Checkpoint("none"), Free(mib=10, tag="other"), Checkpoint("still")]
+def test_empty_cache_gives_back_only_what_alloc_charged_under_its_tag() -> None:
+    ops = [SetDevice(), Alloc(mib=100, tag="t"), Checkpoint("full"), EmptyCache(mib=60, tag="t"), Checkpoint("part")]
+    ops += [EmptyCache(mib=500, tag="t"), Checkpoint("none"), EmptyCache(mib=10, tag="other"), Checkpoint("still")]
     outcome = simulate(ops, gpus_per_node=1)
     used = {label: snaps["n0:cuda:0"].used_bytes for label, snaps in outcome.checkpoints.items()}
     assert used["full"] - used["part"] == 60 * MIB

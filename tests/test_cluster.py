@@ -218,3 +218,12 @@ def test_cluster_is_frozen(h100: GpuKind) -> None:
     cluster = Cluster(h100, nodes=1, gpus_per_node=1)
     with pytest.raises(dataclasses.FrozenInstanceError):
         cluster.nodes = 2  # type: ignore[misc]
+
+
+def test_a_misspelt_kind_key_is_refused_with_the_nearest_key() -> None:
+    with pytest.raises(ClusterError) as err:
+        parse_gpu_kinds(_GOOD_KIND.replace("total_mib", "totl_mib"), "kinds.toml")
+    assert str(err.value) == (
+        "kinds.toml: [x].totl_mib: unknown key; expected one of cuda_context_mib, cuda_context_source, display, "
+        "topology, total_mib, total_source; did you mean 'total_mib'?"
+    )

@@ -333,6 +333,20 @@ def test_caching_allocator_reuses_fitting_blocks_and_empties_its_cache_when_shor
     assert too_big.verdict == "fail" and "CUDA out of memory" in too_big.errors[0]["message"]
 
 
+def test_free_keeps_memory_reserved_and_empty_cache_gives_it_back_to_the_device() -> None:
+    steps = [{"op": "alloc", "mib": 100, "tag": "a"}, {"op": "checkpoint", "name": "allocated"}]
+    steps += [{"op": "free", "tag": "a"}, {"op": "checkpoint", "name": "freed"}]
+    steps += [{"op": "alloc", "mib": 100, "tag": "b"}, {"op": "checkpoint", "name": "reused"}]
+    steps += [{"op": "empty_cache", "mib": 60, "tag": "b"}, {"op": "checkpoint", "name": "emptied"}]
+    outcome = _one_rank(steps)
+    used = {label: per["n0:cuda:0"].used_bytes for label, per in outcome.checkpoints.items()}
+    assert used["freed"] == used["allocated"]  # del: the block is torch's cache, still reserved on the device
+    assert used["reused"] == used["freed"]  # torch serves the next request from its cache
+    assert used["reused"] - used["emptied"] == 60 * 2**20  # empty_cache: back to the device
+    (ledger,) = outcome.ledgers.values()
+    assert ledger.used_by_kind()["torch"] == 40 * 2**20
+
+
 def test_cost_compares_lazy_and_eager_creation_at_step_one(capsys) -> None:
     rows = _cost_rows(capsys, "lazy-first-step-oom")
     assert rows["legacy"]["verdict"] == rows["lazy-init"]["verdict"] == "fail"

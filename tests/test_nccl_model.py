@@ -153,7 +153,7 @@ def test_environment_wins_over_the_config_like_nccl() -> None:
         ({"NCCL_NVLS_ENABLE": "3"}, None, "NCCL_NVLS_ENABLE"),
         ({"NCCL_ALGO": "Ring,Bogus"}, None, "NCCL_ALGO"),
         ({"NCCL_PROTO": "LL256"}, None, "NCCL_PROTO"),
-        (None, {"cga": 4}, "options: unknown key"),
+        (None, {"cga": 4}, r"options\.cga: unknown key"),
         (None, {"max_ctas": 0}, "options.max_ctas"),
     ],
 )

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from hypothesis._settings import _CI_VARS
 
-from simnccl.ops import AllReduce, InitProcessGroup, NewGroup, PgOptions, SetDevice, SplitGroup
+from simnccl.ops import Alloc, AllReduce, InitProcessGroup, NewGroup, PgOptions, SetDevice, SplitGroup
 from simnccl.testing import replay
 from simnccl.testing.replay import SimCase, plugin_registered, share_identical
 
@@ -308,6 +308,19 @@ def test_replay_command_reports_a_hang(tmp_path: Path, capsys: pytest.CaptureFix
     assert replay.main([str(path), "--policy", "lazy-init"]) == 1
     with pytest.raises(ValueError, match="not a simnccl case"):
         SimCase.from_json({"schema": "other"})
+
+
+def test_replay_refuses_a_case_whose_free_has_mib_naming_empty_cache(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    program = [SetDevice(), Alloc(mib=100, tag="t")]
+    path = SimCase(programs=share_identical([program, program])).dump(tmp_path / "old.json")
+    data = json.loads(path.read_text(encoding="utf-8"))
+    data["programs"][0].append({"op": "free", "mib": 60.0, "tag": "t"})  # written before empty_cache existed
+    path.write_text(json.dumps(data), encoding="utf-8")
+    assert replay.main([str(path)]) == 2
+    err = capsys.readouterr().err
+    assert str(path) in err and "free op: mib:" in err and "op 'empty_cache'" in err
 
 
 # ---------------------------------------------------------------------- a team's own policy, as a user meets it

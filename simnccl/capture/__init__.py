@@ -31,7 +31,7 @@ How each piece works, and why it is done that way (torch 2.15.0, CPU only):
   ``model_parallel_cuda_manual_seed``), streams, events and the allocator's statistics run on the CPU without a
   driver call (``fake_devices``: a TorchFunctionMode shows placed tensors as ``cuda:N`` to Python, a
   TorchDispatchMode below autograd places and sizes every storage per device), and the memory they reserve
-  becomes ``alloc``/``free`` ops the simulator charges. Values are real, so capture tiny model configurations.
+  becomes ``alloc``/``empty_cache`` ops the simulator charges. Values are real, so capture tiny model configurations.
 * **The first training step.** ``capture(startup, world, step=train_step)`` (CLI ``--step MODULE:FUNCTION``)
   calls ``train_step(startup())`` between checkpoints ``startup`` and ``step1``: its forward, backward and
   optimizer tensors and the DDP/FSDP/DTensor collectives it issues are recorded, so lazy communicators pay their

@@ -16,7 +16,7 @@ startup code but not a training step. Instead, torch's own extension points are 
   every storage created inside a placement, or by an op reading a placed storage, is placed on that device
   and counted; a ``weakref.finalize`` on the storage (torch preserves a storage's Python object while the
   storage lives) uncounts it when freed. ``TensorMemory`` keeps live and peak bytes per device, which the
-  recorder turns into ``alloc``/``free`` ops between recorded calls, so the simulator charges them.
+  recorder turns into ``alloc``/``empty_cache`` ops between recorded calls, so the simulator charges them.
 
 CUDA RNG: ``torch.cuda.default_generators`` becomes one CPU generator per device and ``torch.cuda.is_initialized``
 answers True while a rank runs, so torch's own ``torch.cuda.manual_seed``/``manual_seed_all``/``get_rng_state``/
@@ -46,7 +46,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper
 from torch.utils._pytree import tree_leaves
 
 from simnccl.cluster import GpuKind
-from simnccl.ops import MIB, Alloc, Free, Op
+from simnccl.ops import MIB, Alloc, EmptyCache, Op
 
 TENSOR_TAG = "tensors"  # the ledger phase the captured tensor memory is charged under
 _CPU = torch.device("cpu")
@@ -66,7 +66,7 @@ class TensorMemory:
     Torch's caching allocator keeps a freed block reserved (``cudaMemGetInfo``, and so NCCL, still sees it
     used) until ``torch.cuda.empty_cache()``, so the device-level charge is the high-water mark of live bytes:
     ``changes()`` turns what happened since it was last asked into ops — ``alloc`` when live bytes rose above
-    what is reserved, ``free`` down to what is live when the cache was emptied.
+    what is reserved, ``empty_cache`` down to what is live when the cache was emptied.
     """
 
     def __init__(self) -> None:
@@ -112,13 +112,13 @@ class TensorMemory:
         self._emptied_to = self.total_live
 
     def changes(self) -> list[Op]:
-        """The ``alloc``/``free`` ops (MiB, exact) that bring the charge to what is reserved now."""
+        """The ``alloc``/``empty_cache`` ops (MiB, exact) that bring the charge to what is reserved now."""
         out: list[Op] = []
         if self._window_peak > self._reserved:
             out.append(Alloc(mib=(self._window_peak - self._reserved) / MIB, tag=TENSOR_TAG))
             self._reserved = self._window_peak
         if self._emptied_to is not None and self._emptied_to < self._reserved:
-            out.append(Free(mib=(self._reserved - self._emptied_to) / MIB, tag=TENSOR_TAG))
+            out.append(EmptyCache(mib=(self._reserved - self._emptied_to) / MIB, tag=TENSOR_TAG))
             self._reserved = self._emptied_to
         self._emptied_to = None
         self._window_peak = self.total_live

@@ -48,7 +48,7 @@ class _Recorder:
             self.append(op)
 
     def append(self, op: Op) -> None:
-        """Append ``op`` after the tensor memory reserved since the last op (``alloc``/``free`` ops)."""
+        """Append ``op`` after the tensor memory reserved since the last op (``alloc``/``empty_cache`` ops)."""
         self.ops.extend(self.memory.changes())
         self.ops.append(op)
 

@@ -1,4 +1,4 @@
-"""torch's CUDA caching allocator, as far as NCCL's memory cares: ``alloc`` and ``free`` on a rank's device.
+"""torch's CUDA caching allocator, as far as NCCL's memory cares: ``alloc``, ``free``, ``empty_cache`` on a device.
 
 Why a room: a freed tensor's block stays reserved by torch (``memory_reserved``), cached for torch's next
 allocation; NCCL allocates with its own ``cudaMalloc`` and sees only what the device has free. So a
@@ -19,7 +19,7 @@ from simnccl.engine.rendezvous import Rendezvous
 from simnccl.engine.sim import Sim
 from simnccl.engine.state import RankRuntime, Waiting, current_device
 from simnccl.memory import DeviceLedger, Owner
-from simnccl.ops import Alloc, Free, Op
+from simnccl.ops import Alloc, EmptyCache, Free, Op
 
 CACHED = "cached"
 
@@ -48,13 +48,9 @@ class CachingAllocator:
         self.record(self.sim.now(), rt.rank, "torch-alloc", ledger.device, op.mib)
 
     def op_free(self, rt: RankRuntime, op: Free) -> Waiting:
-        """``del`` the tensors tagged ``op.tag``: their blocks become torch's cache (still reserved); with
-        ``op.mib``, that much of the tag's blocks goes back to the device instead (``empty_cache``)."""
+        """``del`` the tensors tagged ``op.tag``: their blocks become torch's cache (still reserved)."""
         yield from self.rendezvous.settle(rt)
         index = current_device(rt)
-        if op.mib > 0:
-            self._give_back(rt, index, op)
-            return
         blocks = self._live.pop((rt.rank, index, op.tag), [])
         if not blocks:
             return
@@ -64,9 +60,11 @@ class CachingAllocator:
         self._cached.setdefault((rt.rank, index), []).extend(blocks)
         self.record(self.sim.now(), rt.rank, "torch-free", ledger.device, op.tag, sum(blocks))
 
-    def _give_back(self, rt: RankRuntime, index: int, op: Free) -> None:
-        """``mib`` of the tag's live blocks returned to the device, latest first (a block partly given back keeps
-        its remainder), never more than the tag holds."""
+    def op_empty_cache(self, rt: RankRuntime, op: EmptyCache) -> Waiting:
+        """``empty_cache`` after the tag's tensors died: ``op.mib`` of the tag's live blocks returned to the
+        device, latest first (a block partly given back keeps its remainder), never more than the tag holds."""
+        yield from self.rendezvous.settle(rt)
+        index = current_device(rt)
         blocks = self._live.get((rt.rank, index, op.tag), [])
         left = mib_bytes(op.mib)
         freed = 0

@@ -38,6 +38,7 @@ from simnccl.ops import (
     Checkpoint,
     Compute,
     DestroyProcessGroup,
+    EmptyCache,
     Free,
     InitProcessGroup,
     MemoryCheck,
@@ -102,6 +103,7 @@ class Engine:
             Compute: timing.op_compute,
             Alloc: allocator.op_alloc,
             Free: allocator.op_free,
+            EmptyCache: allocator.op_empty_cache,
             MemoryCheck: memory.op_memory_check,
             Checkpoint: memory.op_checkpoint,
         }

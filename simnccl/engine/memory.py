@@ -1,7 +1,7 @@
 """Devices and memory: each device's ledger, each node's pinned host memory, CUDA contexts, what a
 communicator costs at init and at the first use of each collective kind (and to which group record), and the
-ops a rank runs on its own device (set_device, memory_check, checkpoint; alloc and free are the caching
-allocator's, ``simnccl.engine.caching_allocator``).
+ops a rank runs on its own device (set_device, memory_check, checkpoint; alloc, free and empty_cache are the
+caching allocator's, ``simnccl.engine.caching_allocator``).
 
 Why a room: every byte the simulator reports goes through ``charge`` or a local op here, tagged with its
 owner, so a memory timeline per device and per owner falls out of the ledgers (``simnccl.memory``). What a

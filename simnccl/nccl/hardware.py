@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from simnccl.nccl.constants import NcclInputError, constants
+from simnccl.table_keys import check_keys
 
 Interconnect = Literal["nvswitch", "nvlink", "pcie"]
 INTERCONNECTS: tuple[Interconnect, ...] = ("nvswitch", "nvlink", "pcie")
@@ -104,14 +105,8 @@ def _bool(where: str, value: Any) -> bool:
 
 def parse_topology(where: str, name: str, table: Any) -> Topology:
     """Validate one topology table; ``where`` names the file and table in errors."""
-    if not isinstance(table, dict):
-        raise NcclInputError(f"{where}: expected a table of {', '.join(_REQUIRED)}, got {table!r}")
-    unknown = sorted(set(table) - set(_REQUIRED) - set(_OPTIONAL))
-    if unknown:
-        raise NcclInputError(f"{where}: unknown key(s) {', '.join(unknown)}; expected {', '.join(_REQUIRED)}")
-    missing = [key for key in _REQUIRED if key not in table]
-    if missing:
-        raise NcclInputError(f"{where}: missing key(s) {', '.join(missing)}")
+    # ``where`` already names the file: the keys are named after it (``t.toml: [x].speed``).
+    check_keys(table, allowed=_OPTIONAL, required=_REQUIRED, file="", path=where, error=NcclInputError)
     interconnect = table["interconnect"]
     if interconnect not in INTERCONNECTS:
         raise NcclInputError(f"{where}.interconnect: expected one of {', '.join(INTERCONNECTS)}, got {interconnect!r}")

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from simnccl.nccl.constants import NcclInputError, constants
+from simnccl.table_keys import check_keys
 
 ALGORITHMS = ("tree", "ring", "collnetdirect", "collnetchain", "nvls", "nvlstree", "pat")
 PROTOCOLS = ("ll", "ll128", "simple")
@@ -127,9 +128,7 @@ def settings_from(env: Mapping[str, str] | None = None, options: Mapping[str, An
     """
     env = dict(env or {})
     options = dict(options or {})
-    unknown = sorted(set(options) - set(OPTION_KEYS))
-    if unknown:
-        raise NcclInputError(f"options: unknown key(s) {', '.join(unknown)}; expected {', '.join(OPTION_KEYS)}")
+    check_keys(options, allowed=OPTION_KEYS, file="", path="options", error=NcclInputError)
     max_channels = constants().integer("channels.max_channels")
     fields: dict[str, Any] = {}
     # Config fields, then their environment overrides (src/init.cc envConfigOverride): env values <= 0 are

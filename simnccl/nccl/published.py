@@ -16,6 +16,7 @@ from typing import Any
 from simnccl.nccl.algorithms import Use
 from simnccl.nccl.constants import NcclInputError
 from simnccl.nccl.hardware import Topology, parse_topology, topology_for
+from simnccl.table_keys import check_keys
 
 PUBLISHED_FILE = "nccl_published.toml"
 MEASURES = ("device_init", "device_total", "device_after_init", "suspendable")
@@ -147,23 +148,18 @@ def _uses(where: str, value: Any) -> tuple[Use, ...]:
         raise NcclInputError(f"{where}: expected a list of {{collective = ..., nbytes = ...}}, got {value!r}")
     uses = []
     for i, item in enumerate(value):
-        item = _table(f"{where}[{i}]", item)
-        unknown = sorted(set(item) - {"collective", "nbytes"})
-        if unknown or "collective" not in item:
-            raise NcclInputError(f"{where}[{i}]: expected keys collective (and nbytes), got {sorted(item)}")
+        check_keys(
+            item, allowed=("nbytes",), required=("collective",), file="", path=f"{where}[{i}]", error=NcclInputError
+        )
         uses.append(Use(item["collective"], item.get("nbytes")))
     return tuple(uses)
 
 
 def _point(file: str, i: int, raw: Any, hardware: dict[str, Topology], parameters: set[str]) -> Point:
-    where = f"{file}: point[{i}]"
-    table = _table(where, raw)
-    unknown = sorted(set(table) - _POINT_KEYS)
-    if unknown:
-        raise NcclInputError(f"{where}: unknown key(s) {', '.join(unknown)}")
-    missing = [key for key in _REQUIRED_POINT_KEYS if key not in table]
-    if missing:
-        raise NcclInputError(f"{where}: missing key(s) {', '.join(missing)}")
+    check_keys(
+        raw, allowed=_POINT_KEYS, required=_REQUIRED_POINT_KEYS, file=file, path=f"point[{i}]", error=NcclInputError
+    )
+    table = dict(raw)
     where = f"{file}: point {table['id']!r}"
     name = _text(f"{where}.hardware", table["hardware"])
     topology = hardware[name] if name in hardware else topology_for(name)
@@ -178,9 +174,8 @@ def _point(file: str, i: int, raw: Any, hardware: dict[str, Topology], parameter
         raise NcclInputError(f"{where}.plus_parameter: unknown parameter {plus!r}")
     parent = None
     if "parent" in table:
-        spec = _table(f"{where}.parent", table["parent"])
-        if set(spec) - {"env", "options"}:
-            raise NcclInputError(f"{where}.parent: expected keys env, options")
+        spec = table["parent"]
+        check_keys(spec, allowed=("env", "options"), file="", path=f"{where}.parent", error=NcclInputError)
         parent = ParentSpec(
             _table(f"{where}.parent.env", spec.get("env", {})),
             _table(f"{where}.parent.options", spec.get("options", {})),

@@ -31,6 +31,7 @@ from simnccl.nccl.hardware import Topology, parse_topology, topology_for
 from simnccl.nccl.knobs import settings_from
 from simnccl.nccl.version import NcclVersion
 from simnccl.release import RELEASES
+from simnccl.table_keys import check_keys
 
 _TOP_KEYS = (
     "name",
@@ -149,18 +150,7 @@ class _Reader:
         return ProfileError(f"{self.path}: {key}: expected {expected}, got {value!r}")
 
     def table(self, key: str, value: Any, allowed: tuple[str, ...], required: tuple[str, ...]) -> dict:
-        if not isinstance(value, dict):
-            raise self.fail(key, "a table", value)
-        unknown = sorted(set(value) - set(allowed))
-        if unknown:
-            where = f"{key}." if key else ""
-            raise ProfileError(
-                f"{self.path}: unknown key(s) {', '.join(where + u for u in unknown)}; expected {', '.join(allowed)}"
-            )
-        missing = [name for name in required if name not in value]
-        if missing:
-            where = f"{key}." if key else ""
-            raise ProfileError(f"{self.path}: missing key(s) {', '.join(where + m for m in missing)}")
+        check_keys(value, allowed=allowed, required=required, file=self.path, path=key, error=ProfileError)
         return value
 
     def text(self, key: str, value: Any) -> str:
@@ -199,12 +189,7 @@ def _parse_topology(r: _Reader, gpu: str, value: Any) -> dict[str, Any]:
         raise ProfileError(f"{r.path}: topology.source: the reason goes in derivation.topology")
     base = topology_for(gpu)
     merged = {f: getattr(base, f) for f in TOPOLOGY_FIELDS if getattr(base, f) or f not in _OPTIONAL_TOPOLOGY}
-    unknown = sorted(set(value) - set(TOPOLOGY_FIELDS))
-    if unknown:
-        raise ProfileError(
-            f"{r.path}: unknown key(s) {', '.join('topology.' + u for u in unknown)}; "
-            f"expected {', '.join(TOPOLOGY_FIELDS)}"
-        )
+    check_keys(value, allowed=TOPOLOGY_FIELDS, file=r.path, path="topology", error=ProfileError)
     merged.update(value)
     try:
         parse_topology(f"{r.path}: topology", gpu, {**merged, "source": base.source})

@@ -57,6 +57,7 @@ from simnccl.ops import (
     Collective,
     Compute,
     DestroyProcessGroup,
+    EmptyCache,
     Free,
     InitProcessGroup,
     MemoryCheck,
@@ -410,14 +411,17 @@ class Driver:
         return f"{op.mib} MiB ({op.tag})"
 
     def op_free(self, op: Free) -> str:
-        """``del`` the tag's tensors (their blocks go to torch's cache); with ``op.mib``, drop the tag's latest
-        tensors until that much is given back (a partly freed one re-allocated at its remaining size), then
-        ``empty_cache``."""
+        """``del`` the tag's tensors: their blocks go to torch's cache."""
         if not self.gpu:
             return "skipped: CPU lane"
-        if op.mib <= 0:
-            freed = self.allocations.pop(op.tag, [])  # the last references: the blocks go back to torch's cache
-            return f"freed {len(freed)} tensor(s) tagged {op.tag!r} into torch's cache"
+        freed = self.allocations.pop(op.tag, [])  # the last references: the blocks go back to torch's cache
+        return f"freed {len(freed)} tensor(s) tagged {op.tag!r} into torch's cache"
+
+    def op_empty_cache(self, op: EmptyCache) -> str:
+        """Drop the tag's latest tensors until ``op.mib`` is given back (a partly freed one re-allocated at its
+        remaining size), then ``torch.cuda.empty_cache()``."""
+        if not self.gpu:
+            return "skipped: CPU lane"
         held = self.allocations.get(op.tag, [])
         left = int(op.mib * 1024 * 1024)
         while left > 0 and held:
@@ -461,6 +465,7 @@ class Driver:
             Compute: self.op_compute,
             Alloc: self.op_alloc,
             Free: self.op_free,
+            EmptyCache: self.op_empty_cache,
             MemoryCheck: self.op_memory_check,
             Checkpoint: self.op_checkpoint,
         }

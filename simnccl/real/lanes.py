@@ -26,6 +26,7 @@ from simnccl.ops import (
     NO_OPTIONS,
     Alloc,
     Compute,
+    EmptyCache,
     Free,
     InitProcessGroup,
     MemoryCheck,
@@ -48,7 +49,7 @@ from simnccl.real.programs import share_identical
 
 LANES = ("cpu", "gpu")
 NCCL_FAMILY = ("nccl", "nccl2", "nccl-lazy", "nccl-legacy")
-GPU_ONLY_OPS = (SetDevice, Alloc, Free, MemoryCheck)
+GPU_ONLY_OPS = (SetDevice, Alloc, Free, EmptyCache, MemoryCheck)
 NO_CUDA = "no CUDA device: the GPU lane needs one"
 
 
@@ -173,8 +174,10 @@ def comparability(programs: tuple[Program, ...] | list[Program]) -> list[str]:
                 notes["use_local_synchronization: on gloo members bootstrap alone, nothing to split"] = None
             if isinstance(op, SplitGroup):
                 notes["split_group: gloo splits by a members-only bootstrap, not ncclCommSplit"] = None
-            if isinstance(op, (Alloc, Free, MemoryCheck)):
-                notes["memory: not measured on the CPU lane (alloc, free and memory_check are skipped)"] = None
+            if isinstance(op, (Alloc, Free, EmptyCache, MemoryCheck)):
+                notes[
+                    "memory: not measured on the CPU lane (alloc, free, empty_cache and memory_check are skipped)"
+                ] = None
     return list(notes)
 
 

@@ -38,6 +38,7 @@ from simnccl.policy import PolicyError, get_policy
 from simnccl.profiles import ProfileError, find_profile
 from simnccl.release import RELEASES
 from simnccl.scenario import VERDICTS, Scenario, ScenarioError, load_scenario
+from simnccl.table_keys import key_problem
 from simnccl.workloads import GENERATORS, WorkloadError
 
 DEFAULT_GPU = "h100-80gb"
@@ -167,15 +168,9 @@ def read_matrix_file(path: Path) -> dict[str, Any]:
 
 
 def _only(table: Any, allowed: Iterable[str], source: str, prefix: str) -> None:
-    where = f"{source}: {prefix}" if prefix else source
-    if not isinstance(table, Mapping):
-        raise SweepInputError(where.rstrip(". "), f"expected a table, got {type(table).__name__}")
-    allowed = set(allowed)
-    for key in table:
-        if key not in allowed:
-            raise SweepInputError(
-                f"{source}: {prefix}{key}", f"unknown key; expected one of {', '.join(sorted(allowed))}"
-            )
+    problem = key_problem(table, allowed=allowed, path=prefix.removesuffix("."))
+    if problem is not None:
+        raise SweepInputError(f"{source}: {problem.key}" if problem.key else source, problem.message)
 
 
 def _list(value: Any, where: str, kind: type) -> list[Any]:

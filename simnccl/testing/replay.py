@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from simnccl.engine import Limits, RunOutcome
-from simnccl.ops import NO_OPTIONS, OP_TYPES, Op, PgOptions
+from simnccl.ops import NO_OPTIONS, OP_TYPES, Op, PgOptions, retired_field
 from simnccl.policy import PolicyError, describe_policy, policy_from_description, policy_label
 
 SCHEMA = "simnccl-case/1"
@@ -263,6 +263,9 @@ def op_from_dict(data: Mapping[str, Any]) -> Op:
     kwargs = dict(data)
     name = kwargs.pop("op")
     cls = OP_TYPES[name]
+    retired = retired_field(name, kwargs)
+    if retired is not None:
+        raise ValueError(f"{name} op: {retired[0]}: {retired[1]}")
     if "pg_options" in kwargs:
         kwargs["pg_options"] = PgOptions(**kwargs["pg_options"]) if kwargs["pg_options"] else NO_OPTIONS
     if isinstance(kwargs.get("ranks"), list):
