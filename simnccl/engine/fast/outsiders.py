@@ -36,6 +36,7 @@ from simnccl.faults import Fault
 from simnccl.ops import NewGroup
 
 GUARD_EVERY = 0x10000  # the guard checks when its work count reaches a multiple of this (``Guard.tick``)
+_WALK_FIRST = 8  # calls walked before a stretch is tried: the short runs between two cohorts are cheaper so
 _TRACKS_MAX = 16  # tracks kept per program and outsider plans (the most recently used): a cache, not a limit
 # Why a stretch stopped: at a call the walk stops at too (a membership ...), or short of the guard's check.
 _AT_MEMBERSHIP, _AT_GUARD_CHECK = "membership", "guard"
@@ -102,28 +103,40 @@ class Outsiders:
             return False
         if self.op_faults or (policy and not self.gate.verified):
             return self._walk(rt, world, None)
+        program = rt.program
+        table = self.calls.table(program)
         start = rt.pc
+        entry = table[start]
+        if entry is None or rt.rank in entry[1]:
+            return False
+        if program is self.cohorts.program:
+            cohort = self.cohorts.by_start.get(start)
+            if cohort is None or not cohort.broken:
+                return False  # the first rank here decides whether a block starts; a live cohort is joined
+        if not self._walk(rt, world, start + _WALK_FIRST) or rt.pc < start + _WALK_FIRST:
+            return rt.pc > start  # a short run (between two cohorts, say): walked, cheaper than a stretch
         while True:
-            stopped = self._stretch(rt, world)
+            stopped = self._stretch(rt, world, table)
             if stopped is not _AT_GUARD_CHECK or not self._walk(rt, world, rt.pc + 1):
                 break  # stopped where the walk stops too; else the guard's call, taken as the walk takes it
-        return rt.pc > start
+        return True
 
     # ---------------------------------------------------------------- a rank's stretch along a track
 
-    def _stretch(self, rt: RankRuntime, world: Group) -> str:
+    def _stretch(self, rt: RankRuntime, world: Group, table: list[OutsiderEntry | None]) -> str:
         """Take the calls from ``rt.pc`` up to this rank's next membership in one step, as far as a track goes
         (grown first, as this rank's walk would) and short of the guard's next check; say why it stopped."""
-        table = self.calls.table(rt.program)
         pc = rt.pc
-        end = self._next_membership(rt, table, pc)
-        if end == pc or table[pc] is None:
+        if table[pc] is None:
             return _AT_MEMBERSHIP
         cohorts = self.cohorts.by_start if rt.program is self.cohorts.program else None
         if cohorts is not None:
             cohort = cohorts.get(pc)
             if cohort is None or not cohort.broken:
                 return _AT_MEMBERSHIP  # the first rank here decides whether a block starts; a live cohort is joined
+        end = self._next_membership(rt, table, pc)
+        if end == pc:
+            return _AT_MEMBERSHIP
         node = self.histories.node(rt) if self.policy_active else None
         verdicts = self._verdicts(rt, world)
         guard = self.guard
@@ -147,11 +160,12 @@ class Outsiders:
             rt.history_tail += track.steps[first:last]
             rt.hnode = track.nodes[last]
         handles = rt.handles
-        missing = [name for name in track.binds if name not in handles]
-        if missing:  # bound as the walk binds them: each name at its first call in the stretch, in call order
+        if not track.binds.keys() <= handles.keys():
+            # bound as the walk binds them: each name at its first call in the stretch, in call order
             bound = []
-            for name in missing:
-                pcs = track.binds[name]
+            for name, pcs in track.binds.items():
+                if name in handles:
+                    continue
                 at = bisect_left(pcs, pc)
                 if at < len(pcs) and pcs[at] < end:
                     bound.append((pcs[at], name))
