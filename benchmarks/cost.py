@@ -1,6 +1,7 @@
-"""``simnccl cost`` speed on Megatron TP8·PP4·DP16 (512 ranks): wall seconds per column, all in one process.
+"""``simnccl cost`` speed on Megatron TP8·PP4·DP16 (512 ranks): seconds per column, all in one process.
 
-Run: ``python benchmarks/cost.py [--tp 8 --pp 4 --dp 16] [--policy P ...] [--slow-path] [--command [--jobs N]]``.
+Run: ``python benchmarks/cost.py [--tp 8 --pp 4 --dp 16] [--policy P ...] [--slow-path] [--command [--jobs N]]``;
+the 4,096-rank target: ``python benchmarks/cost.py --tp 8 --pp 8 --dp 64 --policy dedupe``.
 
 Why: issue 6 asks that ``simnccl cost --workload megatron --tp 8 --pp 4 --dp 16`` finish in seconds for every
 policy. Each column is one simulation of the whole startup (~2,900 ``new_group`` calls on each of 512 ranks);
@@ -11,13 +12,20 @@ on the programs the Megatron generator builds once, each column in a fresh ``Eng
 the engine with ``fast_path=False`` (the ordinary per-rank path) for comparison; ``--check`` runs both and
 exits 1 unless every column's trace hash agrees.
 
-Each column must end with verdict "pass" (exit 1 otherwise). Wall time covers ``Engine(...)`` plus ``run()``;
-building the programs is timed separately. ``--command`` then also times the columns as the command runs
-them (``simnccl.cost_runs.run_columns``: worker processes, ``--jobs`` defaulting as the command's does, each
-column's figures measured), in the same run, and prints its ratio to the one-process sum. The LAST line is
+Each column must end with verdict "pass" (exit 1 otherwise). Wall and CPU seconds cover ``Engine(...)`` plus
+``run()`` (CPU seconds are the figure to compare on a shared machine); building the programs is timed
+separately. The in-run ratio: the columns' CPU seconds over those of a raw simpy baseline measured first in the
+same process (``BASELINE_PROCESSES`` processes each yielding ``BASELINE_EVENTS`` ``timeout(0)``), so a figure
+from a slower or busier machine can be compared with one from another. ``--command`` then also times the
+columns as the command runs them (``simnccl.cost_runs.run_columns``: worker processes, ``--jobs`` defaulting as
+the command's does, each column's figures measured), in the same run, and prints its ratio to the one-process
+sum. The LAST line is
 exactly::
 
-    megatron512_total_s=<x> worst_policy=<name> worst_s=<y>[ command_s=<z> jobs=<n>]
+    megatron512_total_s=<x> cpu_s=<c> ratio=<r> worst_policy=<name> worst_s=<y>[ command_s=<z> jobs=<n>]
+
+(``total_s``/``worst_s``: wall seconds; ``cpu_s``: the columns' CPU seconds; ``ratio``: ``cpu_s`` over the
+baseline's CPU seconds.)
 
 (``megatron512`` is the label for the default sizes; other sizes print ``megatron<world>``.)
 """
@@ -31,6 +39,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import simpy
+
 from simnccl.cost import Column, build_cluster, column_config, columns_for, rank_ops, run_column
 from simnccl.cost_runs import default_jobs, run_columns
 from simnccl.engine import Engine
@@ -40,6 +50,7 @@ from simnccl.workloads import GENERATORS
 GPU = "h100-80gb"
 RELEASE = "2.15"
 GPUS_PER_NODE = 8
+BASELINE_PROCESSES, BASELINE_EVENTS = 512, 1_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +58,7 @@ class Timing:
     column: str
     verdict: str
     wall_s: float
+    cpu_s: float
     trace_hash: str
     ops: int
 
@@ -62,10 +74,27 @@ def time_column(programs: Sequence[Program], column: Column, *, fast_path: bool 
     cluster = build_cluster(GPU, len(programs), GPUS_PER_NODE)
     config = column_config(tuple(programs), cluster, RELEASE, column)
     gc.collect()  # start each column from the same heap
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     outcome = Engine(config, fast_path=fast_path).run()
-    wall = time.perf_counter() - start
-    return Timing(column.name, outcome.verdict, wall, outcome.trace_hash, outcome.ops_executed)
+    wall, cpu = time.perf_counter() - start, time.process_time() - cpu
+    return Timing(column.name, outcome.verdict, wall, cpu, outcome.trace_hash, outcome.ops_executed)
+
+
+def simpy_baseline_cpu_s() -> float:
+    """CPU seconds of raw simpy: ``BASELINE_PROCESSES`` processes each yielding ``BASELINE_EVENTS`` zero-delay
+    timeouts (the cheapest a simpy engine can do per event; the ratio's denominator)."""
+    env = simpy.Environment()
+
+    def process(n: int):  # type: ignore[no-untyped-def]
+        for _ in range(n):
+            yield env.timeout(0)
+
+    for _ in range(BASELINE_PROCESSES):
+        env.process(process(BASELINE_EVENTS))
+    gc.collect()
+    start = time.process_time()
+    env.run()
+    return time.process_time() - start
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -80,6 +109,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=None, help="with --command: worker processes (default: as cost)")
     args = parser.parse_args(argv)
 
+    baseline_s = simpy_baseline_cpu_s()
+    print(f"raw simpy: {BASELINE_PROCESSES} processes x {BASELINE_EVENTS} timeout(0) = {baseline_s:.3f} CPU s")
     start = time.perf_counter()
     programs = build_programs(args.tp, args.pp, args.dp)
     world = len(programs)
@@ -90,7 +121,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     for column in columns_for(args.policy):
         timing = time_column(programs, column, fast_path=not args.slow_path)
         timings.append(timing)
-        line = f"{timing.column:>18}  {timing.wall_s:7.2f} s  {timing.verdict}  ops={timing.ops}  {timing.trace_hash}"
+        line = (
+            f"{timing.column:>18}  {timing.wall_s:7.2f} s  cpu {timing.cpu_s:6.2f} s  {timing.verdict}  "
+            f"ops={timing.ops}  {timing.trace_hash}"
+        )
         if args.check:
             other = time_column(programs, column, fast_path=args.slow_path)
             same = other.trace_hash == timing.trace_hash and other.verdict == timing.verdict
@@ -99,7 +133,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         failed |= timing.verdict != "pass"
         print(line, flush=True)
     total = sum(t.wall_s for t in timings)
+    cpu = sum(t.cpu_s for t in timings)
     worst = max(timings, key=lambda t: t.wall_s)
+    print(f"columns: {total:.2f} s wall, {cpu:.2f} CPU s = {cpu / baseline_s:.2f}x the raw simpy baseline")
     tail = ""
     if args.command:
         command_s, jobs, verdicts = time_command(programs, columns_for(args.policy), args.jobs)
@@ -108,7 +144,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         tail = f" command_s={command_s:.3f} jobs={jobs}"
     if failed:
         print("FAILED: a column did not pass, or the two paths disagree", file=sys.stderr)
-    print(f"megatron{world}_total_s={total:.3f} worst_policy={worst.column} worst_s={worst.wall_s:.3f}{tail}")
+    print(
+        f"megatron{world}_total_s={total:.3f} cpu_s={cpu:.3f} ratio={cpu / baseline_s:.2f} "
+        f"worst_policy={worst.column} worst_s={worst.wall_s:.3f}{tail}"
+    )
     return 1 if failed else 0
 
 

@@ -10,7 +10,9 @@ Progress: a column's engine counts the rank-ops it has simulated (``Guard.ops``:
 call taken on a fast path counting as it would on the ordinary one); a reporter thread beside the engine
 copies that count into a shared array every ``REPORT_EVERY_S``, and the caller polls the array. Workers use
 the ``spawn`` start method (a fresh interpreter, never a fork of a process whose progress thread is running)
-and ignore SIGINT: Ctrl-C is the parent's to handle, which stops them (``simnccl.cli_guard`` reaps them).
+and ignore SIGINT: Ctrl-C is the parent's to handle, which terminates them. They are processes of our own
+(``multiprocessing.Process`` with a pipe each), not an executor's: stopping a worker in the middle of a column
+is then ``Process.terminate``, a public call, and a worker that dies is seen at once (its sentinel).
 """
 
 from __future__ import annotations
@@ -20,9 +22,10 @@ import os
 import signal
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 from multiprocessing import get_context
+from multiprocessing.connection import Connection
+from multiprocessing.connection import wait as connection_wait
 from typing import Any, Generic, TypeVar
 
 REPORT_EVERY_S = 0.1  # how often a running column's rank-ops are copied out, and the bars redrawn
@@ -153,6 +156,35 @@ def run_columns(
     return finished
 
 
+class WorkerDied(RuntimeError):
+    """A worker process ended without handing back its column (killed from outside, e.g. for memory)."""
+
+
+@dataclass(slots=True, eq=False)
+class _Worker:
+    process: Any  # a spawn-context Process
+    conn: Connection
+    index: int = -1  # the column it is running (-1: idle)
+
+
+def _worker_main(conn: Connection, counts: Any) -> None:
+    """A worker: run the columns it is sent, one at a time, until told to stop (None)."""
+    _worker_init(counts)
+    while True:
+        task = conn.recv()
+        if task is None:
+            return
+        index, fn, args = task
+        try:
+            reply: tuple[bool, Any] = (True, _in_slot(counts, index, fn, args))
+        except Exception as err:  # handed back: the parent raises it, as if the column ran there
+            reply = (False, err)
+        try:
+            conn.send(reply)
+        except Exception as err:  # an unpicklable result or error: say what it was
+            conn.send((False, RuntimeError(f"column {index}: {type(err).__name__}: {err}")))
+
+
 def _run_pool(
     fn: Callable[..., R],
     args: Sequence[tuple[Any, ...]],
@@ -163,55 +195,73 @@ def _run_pool(
     on_start: Callable[[int], None],
     on_done: Callable[[int, R], None],
 ) -> None:
-    pool = ProcessPoolExecutor(
-        max_workers=min(jobs, len(args)),
-        mp_context=get_context("spawn"),
-        initializer=_worker_init,
-        initargs=(counts,),
-    )
-    futures: dict[Future[R], int] = {}
+    """The columns on ``jobs`` worker processes of our own (``spawn``), each sent one column at a time over
+    its pipe. Whatever stops this early (Ctrl-C, a column's error) terminates the workers that still run and
+    joins them, so nothing waits for a column to finish and no worker survives; a worker that dies is an
+    error naming its column, never a wait for a result that cannot come."""
+    ctx = get_context("spawn")
+    workers: list[_Worker] = []
+    queue = list(range(len(args)))
+    stopped_early = True
     try:
-        for index, column_args in enumerate(args):
-            futures[pool.submit(_in_worker, index, fn, column_args)] = index
-        waiting = set(futures)
-        while waiting:
-            for future, index in futures.items():  # a column has started once its worker wrote a count
-                if future in waiting and not running[index] and counts[index] != NOT_STARTED:
+        for _ in range(min(jobs, len(args))):
+            ours, theirs = ctx.Pipe()
+            process = ctx.Process(target=_worker_main, args=(theirs, counts), name="simnccl-cost-worker", daemon=True)
+            process.start()
+            theirs.close()
+            workers.append(_Worker(process, ours))
+        for worker in workers:
+            _send_next(worker, queue, fn, args)
+        while any(w.index >= 0 for w in workers):
+            for index, now in enumerate(running):  # a column has started once its worker wrote a count
+                if not now and counts[index] != NOT_STARTED and finished.results[index] is None:
                     running[index] = True
                     on_start(index)
-            done, waiting = wait(waiting, timeout=REPORT_EVERY_S, return_when=FIRST_COMPLETED)
-            for future in sorted(done, key=futures.__getitem__):
-                index = futures[future]
+            busy = [w for w in workers if w.index >= 0]
+            ready = set(connection_wait([w.conn for w in busy] + [w.process.sentinel for w in busy], REPORT_EVERY_S))
+            replies = []
+            for worker in busy:
+                if worker.conn in ready or worker.process.sentinel in ready:
+                    replies.append((worker.index, worker, _reply(worker)))
+            for index, worker, result in sorted(replies, key=lambda item: item[0]):  # in column order
+                worker.index = -1
                 if not running[index]:
                     on_start(index)
                 running[index] = False
-                finished.results[index] = result = future.result()
+                finished.results[index] = result
                 on_done(index, result)
+                _send_next(worker, queue, fn, args)
+        stopped_early = False
     finally:
-        if all(f.done() for f in futures):
-            pool.shutdown(wait=True)
-        else:  # Ctrl-C (or an error) while columns run
-            _stop_workers(pool)
+        for worker in workers:
+            if stopped_early:  # Ctrl-C (or an error) while columns run: they are not waited for
+                worker.process.terminate()
+            else:
+                worker.conn.send(None)
+        for worker in workers:
+            worker.process.join()
+            worker.conn.close()
 
 
-def _stop_workers(pool: ProcessPoolExecutor) -> None:
-    """After Ctrl-C the workers are still simulating (they ignore SIGINT): terminate them here and let the
-    executor see its pool broken, so that nothing waits for a column to finish. Two exit-time waits must not
-    remain: the interpreter's exit hook joins the pool's manager thread (which waits for its workers), and
-    multiprocessing joins the call queue's feeder thread, which may be blocked writing a queued column's
-    Programs into the pipe of a worker that is gone (``cancel_join_thread``). Futures are not cancelled
-    first: the manager thread then fails them as broken instead of tripping over cancelled ones.
-    ``_processes``/``_call_queue`` are the executor's own worker map and queue (CPython 3.10-3.13)."""
-    processes = list(getattr(pool, "_processes", {}).values())
-    for process in processes:
-        if process.is_alive():
-            process.terminate()
-    for process in processes:
-        process.join(timeout=5)
-    call_queue = getattr(pool, "_call_queue", None)
-    if call_queue is not None:
-        call_queue.cancel_join_thread()
-    pool.shutdown(wait=True, cancel_futures=True)
+def _send_next(worker: _Worker, queue: list[int], fn: Callable[..., Any], args: Sequence[tuple[Any, ...]]) -> None:
+    if queue:
+        worker.index = queue.pop(0)
+        worker.conn.send((worker.index, fn, args[worker.index]))
+
+
+def _reply(worker: _Worker) -> Any:
+    """The finished column's result (its error raised here); WorkerDied if the worker ended without one."""
+    try:
+        ok, value = worker.conn.recv()
+    except (EOFError, OSError):
+        worker.process.join()
+        raise WorkerDied(
+            f"the worker process running column {worker.index} ended (exit code {worker.process.exitcode}) "
+            "without a result"
+        ) from None
+    if not ok:
+        raise value
+    return value
 
 
 class _Poller:

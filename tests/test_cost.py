@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -233,12 +234,39 @@ def test_ctrl_c_stops_parallel_columns_and_their_workers() -> None:
     )
     assert proc.stdout is not None
     first = proc.stdout.readline()  # --quiet streams a column's line as it finishes
+    workers = _spawned_children(proc.pid)
     proc.send_signal(signal.SIGINT)
     rest, err = proc.communicate(timeout=120)
     assert "torch-default" in first
     assert proc.returncode == 130, err
     assert "finished  cost  torch-default" in err and "Traceback" not in err
     assert "not finished" in err and len((first + rest).splitlines()) < 9
+    assert len(workers) == 2 and not [pid for pid in workers if _alive(pid)]  # stopped, none left behind
+
+
+def _spawned_children(parent: int) -> list[int]:
+    """The ``spawn`` workers whose parent is ``parent`` (Linux /proc)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat, open(f"/proc/{entry}/cmdline", "rb") as cmdline:
+                ppid = int(stat.read().rsplit(")", 1)[1].split()[1])
+                command = cmdline.read()
+        except (OSError, IndexError, ValueError):
+            continue  # gone meanwhile
+        if ppid == parent and b"spawn_main" in command:
+            found.append(int(entry))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def test_a_column_stopped_at_a_limit_is_exit_2_naming_it(capsys, monkeypatch) -> None:

@@ -193,3 +193,35 @@ def test_fast_path_stops_at_the_same_op_guard() -> None:
             engine.run()
         messages.append((str(err.value), engine.guard.work, engine.guard.ops))
     assert messages[0] == messages[1]
+
+
+@pytest.mark.parametrize("policy", ["legacy", "lazy-init"])
+def test_outsider_calls_walked_per_rank_do_not_grow_with_the_world(policy, monkeypatch) -> None:
+    """Ranks share the walk (``Track``): the calls a rank still walks one by one are a few per membership, so
+    they stay flat when the world, and with it every rank's outsider calls, doubles (world² work otherwise);
+    the outcome still equals the ordinary path's."""
+    from simnccl.engine.fast import outsiders
+
+    walked = [0]
+    real_walk = outsiders.Outsiders._walk
+
+    def counting_walk(self, rt, world, stop):  # type: ignore[no-untyped-def]
+        before = rt.pc
+        took = real_walk(self, rt, world, stop)
+        walked[0] += rt.pc - before
+        return took
+
+    monkeypatch.setattr(outsiders.Outsiders, "_walk", counting_walk)
+    per_rank = {}
+    for dp in (16, 32):
+        walked[0] = 0
+        engine = _engine({"tp": 2, "pp": 2, "dp": dp}, 4 * dp, policy=policy, fast_path=True)
+        outcome = engine.run()
+        assert outcome.verdict == "pass" and engine.fast.outsiders._tracks
+        per_rank[dp] = (walked[0] / (4 * dp), outcome.ops_executed / (4 * dp))
+        if dp == 16:
+            slow = _engine({"tp": 2, "pp": 2, "dp": dp}, 4 * dp, policy=policy, fast_path=False)
+            assert _facts(engine, outcome) == _facts(slow, slow.run())
+    (walked_small, ops_small), (walked_large, ops_large) = per_rank[16], per_rank[32]
+    assert ops_large > 1.8 * ops_small  # every rank makes about twice the calls ...
+    assert walked_large < 1.2 * walked_small  # ... and walks no more of them

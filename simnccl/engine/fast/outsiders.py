@@ -6,20 +6,60 @@ group's (gloo twins, a policy's fake singletons) no cohort can take them. Their 
 counter, a NON_GROUP_MEMBER handle and, under a policy, one history record, so they are applied here without
 planning: the outsider plan once per ``outsider_key`` and call, the policy's decision once per shared history
 state and call (``SharedHistories``), the record appended to the rank's ``history_tail``. Same trace, same
-outcome (tests/test_outsiders.py), about a microsecond per call.
+outcome (tests/test_outsiders.py).
+
+Walking those calls one by one is still calls x world work, which grows as world² (the calls grow with the
+world). So the walk is shared too: a ``Track`` holds, for ranks with the same outsider plans (and, under a
+policy, the same history state at its start), what the run of calls from its first call does — the counter's
+advance as a prefix sum, the history records, the handles bound. A rank takes the stretch up to its next
+membership (``_next_membership``: a bisection in its list of memberships, built once per Program) in one step;
+the track grows, on demand, exactly as far as some rank would have walked. Per rank the work is then a
+constant per stretch, i.e. per membership, plus a copy of its history records (measured: the legacy column of
+Megatron TP8·PP8·DP64, 4,096 ranks, from ~97 to ~5 CPU s). The walk remains for short runs (the one call
+between two cohorts), for what a track does not cover (injected faults, a policy whose agreement is checked
+per rank) and for the call at which the guard checks (every 65,536 work units).
 """
 
 from __future__ import annotations
 
+from bisect import bisect_left
+from collections import Counter
+from dataclasses import dataclass, field
+
 from simnccl.c10d import NON_GROUP_MEMBER, Group, TorchError, outsider_key
+from simnccl.engine.fast.calls import OutsiderEntry
 from simnccl.engine.fast.cohorts import Cohorts
-from simnccl.engine.fast.histories import SharedHistories
+from simnccl.engine.fast.histories import HistoryNode, SharedHistories, Step
 from simnccl.engine.planning import Planner
 from simnccl.engine.policy_gate import PolicyGate
 from simnccl.engine.sim import Sim
 from simnccl.engine.state import RankRuntime
 from simnccl.faults import Fault
 from simnccl.ops import NewGroup
+
+GUARD_EVERY = 0x10000  # the guard checks when its work count reaches a multiple of this (``Guard.tick``)
+_WALK_FIRST = 8  # calls walked before a stretch is tried: short runs (between two cohorts) walk cheaper
+_TRACKS_MAX = 16  # tracks kept per program and outsider plans (the most recently used): a cache, not a limit
+# Why a stretch stopped: at a call the walk stops at too (a membership ...), or short of the guard's check.
+_AT_MEMBERSHIP, _AT_GUARD_CHECK = "membership", "guard"
+
+
+@dataclass(slots=True, eq=False)
+class Track:
+    """The calls from ``lo`` on, as every rank with these outsider plans (and, under a policy, in history state
+    ``nodes[0]`` at ``lo``) takes them: ``counters[i]``, the counter's advance over the first i calls;
+    ``steps[i]``/``nodes[i + 1]``, the history record of call ``lo + i`` and the state after it; ``binds``, each
+    handle name with the calls that bind it (ascending)."""
+
+    lo: int
+    nodes: list[HistoryNode | None]
+    hi: int = -1  # the first call the track does not (yet) cover
+    counters: list[int] = field(default_factory=lambda: [0])
+    steps: list[Step | None] = field(default_factory=list)
+    binds: dict[str, list[int]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.hi = self.lo
 
 
 class Outsiders:
@@ -33,6 +73,7 @@ class Outsiders:
         policy_gate: PolicyGate,
     ) -> None:
         self.guard = sim.guard
+        self.ranks = sim.ranks
         self.histories = histories
         self.calls = histories.calls
         self.planner = planner
@@ -44,6 +85,11 @@ class Outsiders:
         # Outsider plans: per outsider_key, id(op torch receives) -> counter advance (None: not a plain call).
         self.plans: dict[tuple[object, ...], dict[int, int | None]] = {}
         self._keep: list[NewGroup] = []  # the ops those ids name, kept alive for the run
+        # Per (program's call table, outsider plans): the tracks walked so far (see ``Track``).
+        self._tracks: dict[tuple[int, int], list[Track]] = {}
+        # Per call table: (the table, rank -> the calls it is a member of, ascending); built on first use.
+        self._members: dict[int, tuple[list[OutsiderEntry | None], dict[int, list[int]]]] = {}
+        self._sharers: Counter[int] | None = None  # ranks per Program object
 
     def take(self, rt: RankRuntime) -> bool:
         """Take, in place, the run of ``new_group`` calls at ``rt.pc`` this rank makes as an outsider that
@@ -57,6 +103,201 @@ class Outsiders:
         policy = self.policy_active
         if world is None or rt.pending or (policy and not self.shares_decisions):
             return False
+        if self.op_faults or (policy and not self.gate.verified):
+            return self._walk(rt, world, None)
+        program = rt.program
+        table = self.calls.table(program)
+        start = rt.pc
+        entry = table[start]
+        if entry is None or rt.rank in entry[1]:
+            return False
+        if program is self.cohorts.program:
+            cohort = self.cohorts.by_start.get(start)
+            if cohort is None or not cohort.broken:
+                return False  # the first rank here decides whether a block starts; a live cohort is joined
+        if not self._walk(rt, world, start + _WALK_FIRST) or rt.pc < start + _WALK_FIRST:
+            return rt.pc > start  # a short run (between two cohorts, say): walked, cheaper than a stretch
+        while True:
+            stopped = self._stretch(rt, world, table)
+            if stopped is not _AT_GUARD_CHECK or not self._walk(rt, world, rt.pc + 1):
+                break  # stopped where the walk stops too; else the guard's call, taken as the walk takes it
+        return True
+
+    # ---------------------------------------------------------------- a rank's stretch along a track
+
+    def _stretch(self, rt: RankRuntime, world: Group, table: list[OutsiderEntry | None]) -> str:
+        """Take the calls from ``rt.pc`` up to this rank's next membership in one step, as far as a track goes
+        (grown first, as this rank's walk would) and short of the guard's next check; say why it stopped."""
+        pc = rt.pc
+        if table[pc] is None:
+            return _AT_MEMBERSHIP
+        cohorts = self.cohorts.by_start if rt.program is self.cohorts.program else None
+        if cohorts is not None:
+            cohort = cohorts.get(pc)
+            if cohort is None or not cohort.broken:
+                return _AT_MEMBERSHIP  # the first rank here decides whether a block starts; a live cohort is joined
+        end = self._next_membership(rt, table, pc)
+        if end == pc:
+            return _AT_MEMBERSHIP
+        node = self.histories.node(rt) if self.policy_active else None
+        verdicts = self._verdicts(rt, world)
+        guard = self.guard
+        room = GUARD_EVERY - 1 - (guard.work & (GUARD_EVERY - 1))  # calls before the one the guard checks
+        stopped = _AT_MEMBERSHIP
+        if pc + room < end:
+            end, stopped = pc + room, _AT_GUARD_CHECK
+        if end == pc:
+            return stopped
+        track = self._track(rt, world, table, verdicts, pc, node, end)
+        if track is None:
+            return _AT_MEMBERSHIP
+        if track.hi < end:
+            end, stopped = track.hi, _AT_MEMBERSHIP
+        first, last = pc - track.lo, end - track.lo
+        taken = end - pc
+        guard.work += taken
+        guard.ops += taken
+        rt.counter += track.counters[last] - track.counters[first]
+        if node is not None:
+            rt.history_tail += track.steps[first:last]
+            rt.hnode = track.nodes[last]
+        handles = rt.handles
+        if not track.binds.keys() <= handles.keys():
+            # bound as the walk binds them: each name at its first call in the stretch, in call order
+            bound = []
+            for name, pcs in track.binds.items():
+                if name in handles:
+                    continue
+                at = bisect_left(pcs, pc)
+                if at < len(pcs) and pcs[at] < end:
+                    bound.append((pcs[at], name))
+            for _, name in sorted(bound):
+                handles[name] = NON_GROUP_MEMBER
+        rt.pc = end
+        return stopped
+
+    def _track(
+        self,
+        rt: RankRuntime,
+        world: Group,
+        table: list[OutsiderEntry | None],
+        verdicts: dict[int, int | None],
+        pc: int,
+        node: HistoryNode | None,
+        end: int,
+    ) -> Track | None:
+        """The track a rank at ``pc`` in history state ``node`` with these outsider plans is on, grown towards
+        ``end`` (a new one starting here if none covers ``pc``); None when no call here can be shared yet."""
+        tracks = self._tracks.setdefault((id(table), id(verdicts)), [])
+        for at, track in enumerate(tracks):
+            if track.lo <= pc <= track.hi and track.nodes[pc - track.lo] is node:
+                if at:
+                    tracks.insert(0, tracks.pop(at))  # the most recently used first
+                break
+        else:
+            track = Track(pc, [node])
+            self._grow(track, rt, world, table, verdicts, end)
+            if track.hi == pc:
+                return None
+            tracks.insert(0, track)
+            del tracks[_TRACKS_MAX:]
+            return track
+        if track.hi < end:
+            self._grow(track, rt, world, table, verdicts, end)
+        return track
+
+    def _grow(
+        self,
+        track: Track,
+        rt: RankRuntime,
+        world: Group,
+        table: list[OutsiderEntry | None],
+        verdicts: dict[int, int | None],
+        end: int,
+    ) -> None:
+        """Extend ``track`` towards ``end`` exactly as ``rt`` (an outsider of every call before ``end``) would
+        walk it: stopping where a call is not a plain outsider call, a cohort is not broken, or nobody has
+        decided the call on this history yet. What is settled stays settled (a cohort stays broken, a decision
+        and an outsider plan, once made, are kept), so a track is never shortened."""
+        cohorts = self.cohorts.by_start if rt.program is self.cohorts.program else None
+        policy = self.policy_active
+        keep = self._keep
+        nodes, counters, steps, binds = track.nodes, track.counters, track.steps, track.binds
+        node = nodes[-1]
+        counter = counters[-1]
+        pc = track.hi
+        while pc < end:
+            entry = table[pc]
+            if entry is None:
+                break
+            op_id, _index, bind, op = entry
+            if cohorts is not None:
+                cohort = cohorts.get(pc)
+                if cohort is None or not cohort.broken:
+                    break
+            step = None
+            effective_id = op_id
+            if policy:
+                assert node is not None
+                step = node.steps.get(op_id)
+                if step is None:
+                    break
+                effective_id = step.effective_id
+            advance = 0
+            if effective_id:
+                advance = verdicts.get(effective_id, -1)
+                if advance == -1:
+                    effective = op if step is None else step.effective
+                    assert effective is not None
+                    advance = verdicts[effective_id] = self._advance(rt, world, effective)
+                    keep.append(effective)
+                if advance is None:
+                    break
+            if step is not None:
+                node = step.after
+            counter += advance
+            counters.append(counter)
+            steps.append(step)
+            nodes.append(node)
+            if bind:
+                binds.setdefault(bind, []).append(pc)
+            pc += 1
+        track.hi = pc
+
+    def _next_membership(self, rt: RankRuntime, table: list[OutsiderEntry | None], pc: int) -> int:
+        """The first call at or after ``pc`` this rank is a member of (the table's length if none)."""
+        cached = self._members.get(id(table))
+        if cached is None or cached[0] is not table:
+            cached = (table, {})
+            self._members[id(table)] = cached
+            if self._shared(rt):  # every rank's memberships in one pass: O(memberships), once per Program
+                by_rank = cached[1]
+                for at, entry in enumerate(table):
+                    if entry is not None:
+                        for member in entry[1]:
+                            by_rank.setdefault(member, []).append(at)
+        by_rank = cached[1]
+        pcs = by_rank.get(rt.rank)
+        if pcs is None:
+            if self._shared(rt):
+                pcs = by_rank[rt.rank] = []
+            else:  # a program of its own: only this rank's memberships
+                rank = rt.rank
+                pcs = by_rank[rank] = [at for at, entry in enumerate(table) if entry is not None and rank in entry[1]]
+        at = bisect_left(pcs, pc)
+        return pcs[at] if at < len(pcs) else len(table)
+
+    def _shared(self, rt: RankRuntime) -> bool:
+        """Whether other ranks run this rank's Program object too."""
+        if self._sharers is None:
+            self._sharers = Counter(id(r.program) for r in self.ranks)
+        return self._sharers[id(rt.program)] > 1
+
+    # ---------------------------------------------------------------- one call at a time
+
+    def _walk(self, rt: RankRuntime, world: Group, stop: int | None) -> bool:
+        """Take the calls at ``rt.pc`` one by one (up to ``stop``, if given)."""
+        policy = self.policy_active
         table = self.calls.table(rt.program)
         rank = rt.rank
         pc = start = rt.pc
@@ -72,7 +313,7 @@ class Outsiders:
         verified = gate.verified
         work = guard.work
         taken = counter = 0
-        end = len(table)
+        end = len(table) if stop is None else min(stop, len(table))
         while pc < end:
             entry = table[pc]
             if entry is None or (op_faults and (rank, pc) in op_faults):

@@ -1,0 +1,48 @@
+"""``simnccl.cost_runs``: columns on worker processes of our own — results in column order, a column's error
+raised in the caller, a worker that dies named, never waited for."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import time
+
+import pytest
+
+from simnccl.cost_runs import WorkerDied, run_columns
+
+
+def test_parallel_columns_hand_back_results_in_column_order() -> None:
+    done: list[int] = []
+    finished = run_columns(int, [("7",), ("8",), ("9",)], 2, on_done=lambda index, result: done.append(index))
+    assert finished.results == [7, 8, 9]
+    assert sorted(done) == [0, 1, 2] and not finished.interrupted
+
+
+def test_a_columns_error_in_a_worker_is_raised_in_the_caller() -> None:
+    with pytest.raises(ValueError, match="invalid literal"):
+        run_columns(int, [("1",), ("x",)], 2)
+
+
+def test_a_worker_that_dies_is_an_error_naming_its_column_not_a_wait() -> None:
+    with pytest.raises(WorkerDied, match=r"column [01] ended \(exit code 3\) without a result"):
+        run_columns(os._exit, [(3,), (3,)], 2)
+
+
+def test_ctrl_c_terminates_the_workers_in_the_middle_of_a_column() -> None:
+    """Ctrl-C (here: a KeyboardInterrupt raised by a timer while the caller waits) when workers are in the
+    middle of their columns (a ten-minute sleep): the call returns, interrupted, and no worker is left."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 1.0)
+        finished = run_columns(time.sleep, [(600,), (600,), (600,)], 2)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert finished.interrupted and finished.results == [None, None, None]
+    assert multiprocessing.active_children() == []
