@@ -343,6 +343,10 @@ def _run_forked(spec: _Spec, jobs: int, log_dir: str, forks: Any = None) -> list
     ``_DirectForks`` (default) from this process, or a fork server (``simnccl.capture.forkserver``) holding the
     target's imports. Runs inside ``_intercepted()``: the children inherit the wrapped functions, and scan
     nothing themselves. Results are merged as each child finishes (``_Results``).
+
+    Failures are reported deterministically: the error names the lowest failing rank, whichever child the
+    parent happens to see fail first. Ranks start in order, so once rank ``r`` has failed no rank below it is
+    still pending: the running ones below ``r`` finish (or time out), the ones above are killed, none starts.
     """
     _warm_up()
     forks = forks or _DirectForks(spec)
@@ -350,6 +354,18 @@ def _run_forked(spec: _Spec, jobs: int, log_dir: str, forks: Any = None) -> list
     pending = list(range(spec.world_size))
     pending.reverse()
     running: dict[int, tuple[int, int, float, bytearray, str]] = {}  # fd -> (rank, pid, deadline, data, log)
+    failures: dict[int, str] = {}  # rank -> its error message
+
+    def stop(fd: int) -> None:
+        os.close(fd)
+        forks.release(running.pop(fd)[1])
+
+    def failed(rank: int, message: str) -> None:
+        failures[rank] = message
+        pending.clear()  # every pending rank is above ``rank``: none can be the lowest failure
+        for fd in [fd for fd, entry in running.items() if entry[0] > min(failures)]:
+            stop(fd)
+
     try:
         with _frozen_heap():
             while pending or running:
@@ -362,32 +378,36 @@ def _run_forked(spec: _Spec, jobs: int, log_dir: str, forks: Any = None) -> list
                 wait_s = max(0.0, min(entry[2] for entry in running.values()) - now)
                 ready, _, _ = select.select(list(running), [], [], min(wait_s, 1.0))
                 for fd in ready:
-                    rank, pid, _, data, log = running[fd]
+                    if fd not in running:  # stopped above, after a lower rank failed
+                        continue
+                    rank, _, _, data, log = running[fd]
                     chunk = os.read(fd, 1 << 20)
                     if chunk:
                         data.extend(chunk)
                         continue
-                    del running[fd]
-                    os.close(fd)
-                    forks.release(pid)
+                    stop(fd)
                     if not data:
-                        raise CaptureError(f"rank {rank}: the capture process died without a result{_log_tail(log)}")
+                        failed(rank, f"rank {rank}: the capture process died without a result{_log_tail(log)}")
+                        continue
                     try:
                         results.add(rank, bytes(data))
                     except CaptureError as err:
-                        raise CaptureError(f"{err}{_log_tail(log)}") from None
+                        failed(rank, f"{err}{_log_tail(log)}")
                 now = time.monotonic()
-                for rank, _, deadline, _, log in list(running.values()):
-                    if now > deadline:
-                        raise CaptureError(
+                for fd, (rank, _, deadline, _, log) in list(running.items()):
+                    if now > deadline and fd in running:
+                        stop(fd)
+                        failed(
+                            rank,
                             f"rank {rank}: no result within {spec.timeout_s:g} s (the code waits for something "
-                            f"that never comes: a peer, a store, or input); killed{_log_tail(log)}"
+                            f"that never comes: a peer, a store, or input); killed{_log_tail(log)}",
                         )
     finally:
-        for fd, (_, pid, _, _, _) in running.items():
-            os.close(fd)
-            forks.release(pid)
+        for fd in list(running):
+            stop(fd)
         forks.close()
+    if failures:
+        raise CaptureError(failures[min(failures)])
     return [results.ranks[r] for r in range(spec.world_size)]
 
 
