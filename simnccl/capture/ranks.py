@@ -6,7 +6,6 @@ import contextlib
 import ctypes
 import dataclasses
 import functools
-import gc
 import hashlib
 import importlib
 import importlib.util
@@ -28,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from simnccl.capture.environment import DEFAULT_GPU, _installed
+from simnccl.capture.heap import frozen_heap, prepare_to_fork
 from simnccl.capture.recorder import _Recorder
 from simnccl.capture.result import Call, CaptureError, RankCapture
 from simnccl.capture_cli import DEFAULT_TIMEOUT_S
@@ -255,8 +255,12 @@ class _DirectForks:
 
     def __init__(self, spec: _Spec) -> None:
         self.spec = spec
+        self.prepared = False
 
     def spawn(self, rank: int, log_path: str) -> tuple[int, int]:
+        if not self.prepared:  # inside _run_forked's frozen heap, right before the first fork
+            prepare_to_fork(self.spec.world_size)
+            self.prepared = True
         read_fd, write_fd = os.pipe()
         pid = os.fork()
         if pid == 0:  # pragma: no cover - the child's coverage is not collected
@@ -321,21 +325,6 @@ def _warnings_silenced() -> Iterator[None]:
         yield
 
 
-@contextlib.contextmanager
-def _frozen_heap() -> Iterator[None]:
-    """``gc.freeze()`` around the forks: the collector never walks (and so never writes to) the objects the
-    children inherit, so their pages stay shared instead of being copied into every child. Left alone when the
-    process froze objects itself."""
-    if gc.get_freeze_count():
-        yield
-        return
-    gc.freeze()
-    try:
-        yield
-    finally:
-        gc.unfreeze()
-
-
 def _run_forked(spec: _Spec, jobs: int, log_dir: str, forks: Any = None) -> list[RankCapture]:
     """Every rank in its own forked child, at most ``jobs`` at a time, each under ``spec.timeout_s``.
 
@@ -367,7 +356,7 @@ def _run_forked(spec: _Spec, jobs: int, log_dir: str, forks: Any = None) -> list
             stop(fd)
 
     try:
-        with _frozen_heap():
+        with frozen_heap():
             while pending or running:
                 while pending and len(running) < jobs:
                     rank = pending.pop()

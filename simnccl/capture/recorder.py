@@ -47,6 +47,11 @@ class _Recorder:
         if op is not None:
             self.append(op)
 
+    def record(self, op: Op, call: Call) -> None:
+        """``add`` for a call whose arguments are plain already (the recording fast path)."""
+        self.calls.append(call)
+        self.append(op)
+
     def append(self, op: Op) -> None:
         """Append ``op`` after the tensor memory reserved since the last op (``alloc``/``free`` ops)."""
         self.ops.extend(self.memory.changes())
