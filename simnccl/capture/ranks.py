@@ -10,6 +10,7 @@ import hashlib
 import importlib
 import importlib.util
 import io
+import operator
 import os
 import pickle
 import select
@@ -213,12 +214,19 @@ def _reductions() -> dict[type, Callable[[Any], tuple[Any, ...]]]:
         if isinstance(cls, type) and dataclasses.is_dataclass(cls):
             fields = dataclasses.fields(cls)
             if all(f.init for f in fields):  # rebuilt by calling the class with the values in field order
-                table[cls] = functools.partial(_reduce, cls, tuple(f.name for f in fields))
+                table[cls] = _reducer(cls, tuple(f.name for f in fields))
     return table
 
 
-def _reduce(cls: type, names: tuple[str, ...], value: Any) -> tuple[Any, ...]:
-    return cls, tuple([getattr(value, name) for name in names])
+def _reducer(cls: type, names: tuple[str, ...]) -> Callable[[Any], tuple[Any, ...]]:
+    """``value -> (cls, its field values in order)``, the values read by one C-level ``attrgetter`` (the
+    reduction runs once per op and call: ~6,000 times per Megatron rank at 512 ranks)."""
+    if not names:
+        return lambda value: (cls, ())
+    get = operator.attrgetter(*names)
+    if len(names) == 1:
+        return lambda value: (cls, (get(value),))
+    return lambda value: (cls, get(value))
 
 
 class _Results:

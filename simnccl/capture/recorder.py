@@ -68,9 +68,9 @@ class _Recorder:
             )
 
     def family(self, stem: str, ranks: Sequence[int] | None, world_size: int) -> str:
-        members = set(range(world_size) if ranks is None else ranks)
+        members = range(world_size) if ranks is None else ranks
         open_family = self.families.get(stem)
-        if open_family is not None and not (open_family[1] & members):
+        if open_family is not None and open_family[1].isdisjoint(members):
             open_family[1].update(members)
             return open_family[0]
         count = self.family_count.get(stem, 0) + 1
