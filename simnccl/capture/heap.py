@@ -8,10 +8,10 @@ CPU for 512 ranks before a rank runs a line. Two things make that cheap:
 * ``gc.freeze()`` (``frozen_heap``): the collector never walks the inherited objects, so it never writes to
   (and so never copies) their pages in a child.
 * ``collapse_into_huge_pages``: Linux's ``madvise(MADV_COLLAPSE)`` (6.1+) remaps the process's densely resident
-  anonymous memory as 2 MiB transparent huge pages, so ``fork`` copies one entry per 2 MiB instead of 512, and
-  a child that writes to one (a reference count) splits that entry and copies its 4 KiB page, as before. It
-  costs ~1 s of CPU once and saves ~23 ms per fork, so it is done only for worlds of at least
-  ``COLLAPSE_MIN_FORKS`` ranks. Only mappings at least ``DENSE_FRACTION`` resident are collapsed (collapsing
+  anonymous memory as 2 MiB transparent huge pages, so ``fork`` copies one entry per 2 MiB instead of 512, and a
+  child that writes to one (a reference count) splits that entry and copies its 4 KiB page, as before. It costs ~1 s
+  of CPU once and saves ~25-40 ms per fork (fork, exit and the child's faults), so it is done only for worlds of at
+  least ``COLLAPSE_MIN_FORKS`` ranks. Only mappings at least ``DENSE_FRACTION`` resident are collapsed (collapsing
   fills the holes of a 2 MiB range with zeros: a sparse reservation would grow). Nothing a program can observe
   changes: the same memory, the same contents, only the page size the kernel maps it with. Anywhere it is not
   available (not Linux, an older kernel, THP disabled) it does nothing.
