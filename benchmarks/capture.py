@@ -14,10 +14,10 @@ Why: issue 12 asks that Megatron TP8·PP4·DP16 (512 ranks, ~2,900 ``new_group``
 Figures per run: wall seconds from start to exit (the import of torch and Megatron included), CPU seconds of the
 whole tree (user + system, children included), the peak of the tree's memory sampled every 0.2 s — as PSS
 (proportional set size: a page shared by N processes counts 1/N to each, so the sum is the memory the tree really
-holds) and as the plain sum of RSS (counts every shared page once per process; an upper bound) — the size of
-the ``--json`` document (cli), and the load average while it ran (the machine is shared: wall time moves with
-it, CPU time much less). Layouts: 8 ranks TP2·PP2·DP2, 64 ranks TP8·PP4·DP2, 512 ranks TP8·PP4·DP16; others
-TP8·PP4 when they divide the world, else TP2·PP2.
+holds) and as the plain sum of RSS (counts every shared page once per process; an upper bound) — the size of the
+``--json`` document (cli), and the load average while it ran (the machine is shared: wall time moves with it, CPU
+time much less; a run past ``--limit-s``, default 600 s, is killed and reported with rc -9). Layouts: 8 ranks
+TP2·PP2·DP2, 64 ranks TP8·PP4·DP2, 512 ranks TP8·PP4·DP16; others TP8·PP4 when they divide the world, else TP2·PP2.
 
 The LAST line is exactly ``capture_megatron512_cli_s=<x> api_s=<y> peak_pss_mib=<z>`` (the largest world
 measured; missing figures are ``nan``).
@@ -102,7 +102,7 @@ def memory_kib(pid: int) -> tuple[int, int]:
     return pss, rss
 
 
-def measure(world: int, mode: str, jobs: int | None) -> Figures:
+def measure(world: int, mode: str, jobs: int | None, limit_s: float = LIMIT_S) -> Figures:
     tp, pp = layout(world)
     with tempfile.TemporaryDirectory(prefix="simnccl-bench-") as folder:
         out = Path(folder) / "captured.json"
@@ -125,7 +125,7 @@ def measure(world: int, mode: str, jobs: int | None) -> Figures:
             sizes = [memory_kib(p) for p in pids]
             peak_pss = max(peak_pss, sum(s[0] for s in sizes))
             peak_rss = max(peak_rss, sum(s[1] for s in sizes))
-            if time.monotonic() - started > LIMIT_S:
+            if time.monotonic() - started > limit_s:
                 proc.kill()
             time.sleep(SAMPLE_S)
         _, err = proc.communicate()
@@ -166,6 +166,9 @@ def main() -> int:
     parser.add_argument("--worlds", type=int, nargs="+", default=[8, 64, 512])
     parser.add_argument("--modes", nargs="+", choices=("cli", "api"), default=["cli", "api"])
     parser.add_argument("--jobs", type=int, default=None, help="ranks at a time (default: the CPU count)")
+    parser.add_argument(
+        "--limit-s", type=float, default=LIMIT_S, help=f"kill a run after this many seconds (default {LIMIT_S})"
+    )
     parser.add_argument("--api-child", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.api_child:
@@ -175,7 +178,7 @@ def main() -> int:
     results: dict[tuple[int, str], Figures] = {}
     for world in args.worlds:
         for mode in args.modes:
-            figures = measure(world, mode, args.jobs)
+            figures = measure(world, mode, args.jobs, args.limit_s)
             results[(world, mode)] = figures
             print(figures.line(), flush=True)
     largest = max(args.worlds)

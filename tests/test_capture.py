@@ -415,6 +415,52 @@ def test_a_rank_that_never_finishes_is_killed_and_reaped() -> None:
         os.waitpid(-1, os.WNOHANG)  # no child left behind, not even a zombie
 
 
+def _reaped(marker: Path) -> bool:
+    """True once ``marker`` names a process that no longer exists (its parent saw it end and reaped it)."""
+    if not marker.exists():
+        return False
+    try:
+        os.kill(int(marker.read_text()), 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def _rank_one_fails_first(marker: Path, rank_zero: str) -> None:
+    """Rank 1 fails at once; rank 0 waits until the capturing process has reaped rank 1, then fails
+    (``rank_zero="raise"``) or hangs (``"hang"``)."""
+    dist.init_process_group("nccl")
+    if dist.get_rank() == 1:
+        written = marker.with_suffix(".tmp")
+        written.write_text(str(os.getpid()))
+        written.rename(marker)
+        raise RuntimeError("rank one failed first")
+    deadline = time.monotonic() + 30
+    while not _reaped(marker) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    if rank_zero == "hang":
+        time.sleep(60)
+    raise RuntimeError("rank zero failed last")
+
+
+@pytest.mark.parametrize(
+    ("rank_zero", "message"),
+    [
+        ("raise", "rank 0: the captured code raised RuntimeError: rank zero failed last"),
+        ("hang", "rank 0: no result within 3 s"),
+    ],
+)
+def test_when_several_ranks_fail_the_lowest_is_named_not_the_first_seen(
+    tmp_path: Path, rank_zero: str, message: str
+) -> None:
+    marker = tmp_path / "rank1.pid"
+    with pytest.raises(cap.CaptureError, match=message):
+        cap.capture(functools.partial(_rank_one_fails_first, marker, rank_zero), 2, jobs=2, timeout_s=3)
+    assert _reaped(marker)  # rank 1 had failed, and been seen failing, before rank 0 did
+    with pytest.raises(ChildProcessError):
+        os.waitpid(-1, os.WNOHANG)
+
+
 def test_inline_mode_reports_the_failing_rank() -> None:
     def fails() -> None:
         dist.init_process_group("nccl")

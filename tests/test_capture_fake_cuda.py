@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 pytest.importorskip("torch")
 
@@ -191,6 +193,26 @@ def test_tensor_memory_charges_the_high_water_mark_between_recorded_calls() -> N
     assert memory.changes() == []
     memory.empty_cache()
     assert memory.changes() == [EmptyCache(mib=12288 / MIB, tag=TENSOR_TAG)]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["place", "drop", "empty", "ask"]), st.integers(1, 5)), max_size=40))
+def test_changes_shortcut_answers_as_the_full_computation(steps: list[tuple[str, int]]) -> None:
+    fast, full = TensorMemory(), TensorMemory()
+    held: list[torch.Tensor] = []
+    for action, size in steps:
+        if action == "place":
+            held.append(torch.empty(size * 256))
+            for memory in (fast, full):
+                memory.place(held[-1].untyped_storage(), 0)
+        elif action == "drop" and held:
+            del held[size % len(held)]  # both ledgers see the storage go
+        elif action == "empty":
+            fast.empty_cache()
+            full.empty_cache()
+        elif action == "ask":
+            assert fast.changes() == full._settle()
+    assert fast.changes() == full._settle()
 
 
 def test_empty_cache_gives_back_only_what_alloc_charged_under_its_tag() -> None:

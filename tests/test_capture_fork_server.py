@@ -8,7 +8,9 @@ pinned against the generator in tests/test_framework_fidelity.py.
 
 from __future__ import annotations
 
+import ctypes
 import inspect
+import mmap
 import os
 import signal
 import subprocess
@@ -22,12 +24,16 @@ import pytest
 
 pytest.importorskip("torch")
 
+import torch
+from torch.distributed import ProcessGroupNCCL
 from torch.distributed import distributed_c10d as c10d
 
 from simnccl import capture as cap
-from simnccl.capture.intercept import _BINDERS
+from simnccl.capture.heap import COLLAPSE_MIN_FORKS, _dense_anonymous_ranges, prepare_to_fork
+from simnccl.capture.intercept import _BINDERS, _NEW_GROUP_KEYS, _call_args, _plain_args
 from simnccl.capture.ranks import _frame, _Results
 from simnccl.capture.script import ScriptTarget
+from simnccl.capture.values import _plain
 from simnccl.ops import Checkpoint, NewGroup, PgOptions
 
 pytestmark = pytest.mark.torch
@@ -228,6 +234,22 @@ def test_fast_binding_of_bad_arguments_raises_as_signature_bind_does(args: tuple
         _BINDERS["new_group"].bind(args, kwargs)
 
 
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        {"ranks": [3, 1, 2], "timeout": timedelta(minutes=10), "backend": None, "group_desc": "TP", "sort_ranks": True},
+        {"ranks": (0, 1), "timeout": 30, "backend": "gloo", "use_local_synchronization": True, "sort_ranks": False},
+        {"ranks": None, "timeout": 1.5, "pg_options": None, "device_id": torch.device("cpu", 1)},
+        {"ranks": range(2), "pg_options": ProcessGroupNCCL.Options(), "device_id": 0, "group_desc": None},
+    ],
+)
+def test_new_groups_argument_fast_path_equals_the_general_conversion(arguments: dict) -> None:
+    keys = _NEW_GROUP_KEYS
+    general = {k: _plain(v) for k, v in _call_args(arguments, keys).items()}
+    assert _plain_args(arguments, keys) == general
+    assert list(_plain_args(arguments, keys)) == list(general)  # same order: the JSON lists them so
+
+
 # ---------------------------------------------------------------------------------------------- shared results
 
 
@@ -317,3 +339,56 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"
+
+
+# ------------------------------------------------------------------------------------- the fork source's memory
+
+SMAPS = """\
+00400000-00600000 r-xp 00000000 08:01 12 /usr/bin/python3
+Rss:                2048 kB
+01000000-01a00000 rw-p 00000000 00:00 0 [heap]
+Rss:               10240 kB
+7f0000100000-7f0000a00000 rw-p 00000000 00:00 0
+Rss:                9000 kB
+7f0001000000-7f0002000000 rw-p 00000000 00:00 0
+Rss:                 100 kB
+7f0003000000-7f0003400000 rw-p 00001000 08:01 13 /usr/lib/libtorch.so
+Rss:                4096 kB
+7f0004000000-7f0004400000 rw-s 00000000 00:01 14 /dev/zero (deleted)
+Rss:                4096 kB
+"""
+
+
+def test_only_dense_private_anonymous_memory_is_collapsed_in_whole_huge_pages() -> None:
+    huge = 2 << 20
+    # the heap (dense) and the anonymous mapping at 0x7f0000100000 (9000 of 9216 KiB resident), trimmed to
+    # whole 2 MiB pages; not the sparse anonymous reservation, the file's data or the shared mapping
+    assert _dense_anonymous_ranges(SMAPS, huge) == [(0x01000000, 0x01A00000), (0x7F0000200000, 0x7F0000A00000)]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="MADV_COLLAPSE is Linux's")
+def test_collapsing_keeps_every_byte_and_maps_huge_pages_where_the_kernel_can() -> None:
+    size = 8 << 20
+    region = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    pattern = bytes(range(256)) * (size // 256)
+    region.write(pattern)
+    assert prepare_to_fork(COLLAPSE_MIN_FORKS - 1) == 0  # a small world: not worth the copy
+    collapsed = prepare_to_fork(COLLAPSE_MIN_FORKS)
+    assert region[:] == pattern  # the same memory, the same contents
+    if not collapsed:
+        pytest.skip("this kernel maps no transparent huge pages (THP off, or no MADV_COLLAPSE before 6.1)")
+    address = ctypes.addressof(ctypes.c_char.from_buffer(region))
+    assert _huge_bytes_of(address, address + size) >= 2 << 20
+
+
+def _huge_bytes_of(start: int, end: int) -> int:
+    """AnonHugePages of the mapping holding [start, end) in this process's smaps."""
+    inside = False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split(" ", 1)[0]
+        if "-" in head and not head.endswith(":"):
+            lo, hi = (int(x, 16) for x in head.split("-"))
+            inside = lo <= start and end <= hi
+        elif inside and head == "AnonHugePages:":
+            return int(line.split()[1]) * 1024
+    return 0

@@ -64,7 +64,10 @@ How each piece works, and why it is done that way (torch 2.15.0, CPU only):
   ``inspect.Signature.bind`` and converted by exact-type fast paths (``intercept``, ``values``); a rank pickles
   its ops, calls and notes apart, as (class, field values); the capturing process merges results as they
   arrive, keeping equal parts once (``ranks._Results``), and ``gc.freeze()`` keeps the collector from copying
-  the shared heap into every child. ``CapturedRun.to_json`` lists each distinct call list once, with its ranks.
+  the shared heap into every child; before forking 128 ranks or more, the process they fork from maps its
+  memory with huge pages (``heap``: ``fork`` and exit then copy and drop 1/512 of the page-table entries).
+  ``CapturedRun.to_json`` lists each distinct call list once, with its ranks. When several ranks fail, the
+  error names the lowest of them, however the children's ends interleave.
 
 Options: every ``pg_options`` field torch receives (``ProcessGroupNCCL.Options`` and its ``NCCLConfig``: Megatron's
 ``cga_cluster_size``/``max_ctas``/``min_ctas``/``net_name``, ``is_high_priority_stream``, ``lazy_init``,
@@ -95,9 +98,9 @@ does exactly that.
 Layout (one concept per module): ``api`` (``capture``/``capture_scaled``), ``result`` (``CapturedRun`` and the
 branch settings), ``ranks`` (forked or inline ranks under timeouts), ``forkserver`` (ranks forked from a process
 holding a script's imports), ``script`` (a script or module as a target, and what of it may be preloaded),
-``environment`` (what a rank runs inside), ``fake_devices`` (CUDA tensors, RNG and streams on the CPU, sized per
-device), ``intercept`` (the call wrappers), ``standin`` (the backend), ``recorder``, ``values`` (argument
-conversion).
+``environment`` (what a rank runs inside), ``heap`` (the fork source's memory), ``fake_devices`` (CUDA tensors, RNG
+and streams on the CPU, sized per device), ``intercept`` (the call wrappers), ``standin`` (the backend),
+``recorder``, ``values`` (argument conversion).
 """
 
 from simnccl.capture.api import capture, capture_scaled, main

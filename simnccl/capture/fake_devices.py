@@ -113,6 +113,14 @@ class TensorMemory:
 
     def changes(self) -> list[Op]:
         """The ``alloc``/``empty_cache`` ops (MiB, exact) that bring the charge to what is reserved now."""
+        if self._window_peak <= self._reserved and self._emptied_to is None:
+            # Nothing to charge (asked after every recorded call: most calls place no tensor). Leaving
+            # ``_window_peak`` above the live total here changes no later answer: it stays <= ``_reserved``.
+            return []
+        return self._settle()
+
+    def _settle(self) -> list[Op]:
+        """``changes()`` computed in full."""
         out: list[Op] = []
         if self._window_peak > self._reserved:
             out.append(Alloc(mib=(self._window_peak - self._reserved) / MIB, tag=TENSOR_TAG))

@@ -27,6 +27,7 @@ import time
 from typing import Any, NoReturn
 
 from simnccl.capture.environment import _installed
+from simnccl.capture.heap import prepare_to_fork
 from simnccl.capture.ranks import _DirectForks, _forked_child, _kill_and_reap, _log_tail, _rank_child, _Spec, _warm_up
 from simnccl.capture.recorder import _Recorder
 from simnccl.capture.result import CaptureError
@@ -156,6 +157,7 @@ def _serve(spec: _Spec, target: ScriptTarget, sock: socket.socket, log_path: str
             return
         sock.send(pickle.dumps(("ready", modules)))
         gc.freeze()  # the ranks share the preloaded heap: the collector must not write to it (copy-on-write)
+        prepare_to_fork(spec.world_size)  # huge pages: every fork copies ~1/512 of the page table entries
         while True:
             data, fds, _, _ = socket.recv_fds(sock, MESSAGE_BYTES, 1)
             if not data:

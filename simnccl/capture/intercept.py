@@ -10,13 +10,15 @@ import contextlib
 import inspect
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from datetime import timedelta
 from typing import Any
 
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
 from simnccl.capture.recorder import _Recorder, active
-from simnccl.capture.values import _backend_name, _device, _options, _seconds
+from simnccl.capture.result import Call
+from simnccl.capture.values import _backend_name, _device, _options, _plain, _seconds
 from simnccl.ops import (
     WORLD,
     Checkpoint,
@@ -163,10 +165,11 @@ def _enter(rec: _Recorder, name: str, args: Mapping[str, Any]) -> str | None:
         raw = args.get("ranks")
         ranks = None if raw is None else [int(r) for r in raw]
         if ranks is not None and args.get("sort_ranks", True):
-            ranks = sorted(ranks)
+            ranks.sort()
         backend = _backend_name(args.get("backend"))
         desc = args.get("group_desc")
         handle = rec.family(desc or backend or "group", ranks, _world_size() if ranks is None else 0)
+        timeout = args.get("timeout")
         op = NewGroup(
             ranks=None if ranks is None else tuple(ranks),
             bind=handle,
@@ -175,12 +178,11 @@ def _enter(rec: _Recorder, name: str, args: Mapping[str, Any]) -> str | None:
             use_local_synchronization=bool(args.get("use_local_synchronization", False)),
             group_desc=desc,
             device_id=_device(args.get("device_id")),  # type: ignore[arg-type]
-            timeout_s=_seconds(args.get("timeout")),
+            timeout_s=timeout.total_seconds() if type(timeout) is timedelta else _seconds(timeout),
             purpose=purpose,
             traffic=traffic,
         )
-        keys = ("ranks", "timeout", "backend", "pg_options", "use_local_synchronization", "group_desc")
-        rec.add(op, name, _call_args(args, (*keys, "device_id", "sort_ranks")), handle)
+        rec.record(op, Call(name, _plain_args(args, _NEW_GROUP_KEYS), handle))
         return handle
     if name == "split_group":
         split = tuple(tuple(int(r) for r in s) for s in args.get("split_ranks") or ())
@@ -221,6 +223,37 @@ def _leave(rec: _Recorder, name: str, handle: str | None, result: Any) -> None:
             rec.append(Checkpoint("after_init"))
     elif handle is not None and isinstance(result, c10d.ProcessGroup):
         rec.bind(result, handle)
+
+
+# new_group's arguments a Call keeps, in the order it lists them
+_NEW_GROUP_KEYS = (
+    "ranks",
+    "timeout",
+    "backend",
+    "pg_options",
+    "use_local_synchronization",
+    "group_desc",
+    "device_id",
+    "sort_ranks",
+)
+
+
+def _plain_args(args: Mapping[str, Any], keys: Sequence[str]) -> dict[str, Any]:
+    """``keys``' values that are not None, as plain data (``_call_args`` then ``values._plain`` on each, in one
+    pass: this runs once per recorded ``new_group``, thousands of times per rank)."""
+    out = {}
+    for key in keys:
+        value = args.get(key)
+        if value is None:
+            continue
+        kind = type(value)
+        if kind is bool or kind is str or kind is int:
+            out[key] = value
+        elif kind is timedelta:
+            out[key] = value.total_seconds()
+        else:
+            out[key] = _plain(value)
+    return out
 
 
 def _call_args(args: Mapping[str, Any], keys: Sequence[str]) -> dict[str, Any]:

@@ -47,6 +47,11 @@ class _Recorder:
         if op is not None:
             self.append(op)
 
+    def record(self, op: Op, call: Call) -> None:
+        """``add`` for a call whose arguments are plain already (the recording fast path)."""
+        self.calls.append(call)
+        self.append(op)
+
     def append(self, op: Op) -> None:
         """Append ``op`` after the tensor memory reserved since the last op (``alloc``/``empty_cache`` ops)."""
         self.ops.extend(self.memory.changes())
@@ -63,9 +68,9 @@ class _Recorder:
             )
 
     def family(self, stem: str, ranks: Sequence[int] | None, world_size: int) -> str:
-        members = set(range(world_size) if ranks is None else ranks)
+        members = range(world_size) if ranks is None else ranks
         open_family = self.families.get(stem)
-        if open_family is not None and not (open_family[1] & members):
+        if open_family is not None and open_family[1].isdisjoint(members):
             open_family[1].update(members)
             return open_family[0]
         count = self.family_count.get(stem, 0) + 1
