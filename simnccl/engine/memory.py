@@ -63,7 +63,9 @@ class Memory:
         }
         self.checkpoints: dict[str, dict[str, Snapshot]] = {}
         self.group_records: dict[tuple[str, RanksKey], GroupRecord] = {}
-        self._record_of_group: dict[int, tuple[Group, GroupRecord]] = {}  # id(group) -> (group, its record)
+        # (group name, id(member tuple)) -> (the tuple, the group's record): one entry per group, not per member
+        self._record_of_group: dict[tuple[str, int], tuple[tuple[int, ...], GroupRecord]] = {}
+        self._totals: dict[int, tuple[tuple[Part, ...], int, int]] = {}  # id(parts) -> (parts, device, host bytes)
         self._ranks_keys: dict[int, RanksKey] = {}
         self._device_ledgers: dict[tuple[int, int], DeviceLedger] = {}  # (node, index) -> its ledger
         # Pinned host memory NCCL allocates (work FIFO, host-side connection buffers, network buffers without
@@ -122,7 +124,10 @@ class Memory:
         members = group.ranks if ranks is None else ranks
         parent = comm.parent.memory if comm.parent is not None else None
         index = group.rank_in_group if ranks is None else ranks.index(rt.rank)
-        memory = self.pricer.create(members, index, rt.ctx.env, group.options, parent, parent_ranks)
+        # A group's communicator (not a p2p pair's) may share its rank class's breakdown until its first use.
+        memory = self.pricer.create(
+            members, index, rt.ctx.env, group.options, parent, parent_ranks, shareable=ranks is None
+        )
         comm.memory = memory
         self._pay(rt, comm, phase, memory.breakdown.parts, op, group)
 
@@ -142,6 +147,11 @@ class Memory:
         memory = comm.memory
         if memory is None:
             return
+        if self.pricer.is_shared(memory):  # a class's shared breakdown: this rank's own copy connects its uses
+            memory = comm.memory = self.pricer.own(memory, group.rank_in_group)
+            record = self.group_record(group, comm).members.get(rt.rank)
+            if record is not None and "memory" in record:
+                record["memory"][comm.group] = memory
         paid = self.pricer.use(memory, collective, nbytes, peer_index)
         first = (rt.rank, comm.device)
         if first not in self._collective_devices:  # the profile's once-per-process cost at the first collective
@@ -154,8 +164,14 @@ class Memory:
 
     def _pay(self, rt: RankRuntime, comm: Comm, phase: str, parts: tuple[Part, ...], op: Op, group: Group) -> None:
         """Charge parts of a breakdown: device bytes as one allocation tagged ``phase``, host bytes to the node."""
-        device = sum(p.total for p in parts if p.ledger == "device")
-        host = sum(p.total for p in parts if p.ledger == "host")
+        totals = self._totals.get(id(parts))
+        if totals is None or totals[0] is not parts:  # summed once per breakdown (members of a class share one)
+            totals = self._totals[id(parts)] = (
+                parts,
+                sum(p.total for p in parts if p.ledger == "device"),
+                sum(p.total for p in parts if p.ledger == "host"),
+            )
+        _, device, host = totals
         self.charge(rt, comm, [Charge(phase, device)], op, group)
         if host:
             key = f"n{rt.node}:host"
@@ -230,16 +246,18 @@ class Memory:
                 held.release_owner(owner, time_s=self.env.now, op=op)
 
     def group_record(self, group: Group, comm: Comm) -> GroupRecord:
-        cached = self._record_of_group.get(id(group))
-        if cached is not None and cached[0] is group:
+        ranks = group.ranks
+        cached = self._record_of_group.get((group.name, id(ranks)))
+        if cached is not None and cached[0] is ranks:
             return cached[1]
-        key = (group.name, self._ranks_key(group.ranks))
+        key = (group.name, self._ranks_key(ranks))
         record = self.group_records.get(key)
         if record is None:
-            record = GroupRecord(group.name, group.desc, group.ranks, comm.impl.value, comm.via_split)
+            record = GroupRecord(group.name, group.desc, ranks, comm.impl.value, comm.via_split)
             self.group_records[key] = record
-        # A group's name and members never change and records are never replaced: remember its record.
-        self._record_of_group[id(group)] = (group, record)
+        # A group's name and members never change and records are never replaced: remember its record for
+        # every member that holds this member tuple (a group's members share one).
+        self._record_of_group[(group.name, id(ranks))] = (ranks, record)
         return record
 
     def _ranks_key(self, ranks: tuple[int, ...]) -> RanksKey:
