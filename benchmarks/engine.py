@@ -24,6 +24,7 @@ Figures (per size):
 * ``memberships/s`` = (sum over ranks of the groups the rank is a member of, not counting the default
   group) / wall.
 * ``events`` = ``outcome.event_count`` (the engine's recorded trace events; reported, not used in the ratio).
+* ``cpu_s``: this process's CPU seconds over the same span as ``wall`` (on a shared machine the figure to compare).
 
 **Ratio** (``ratio=`` on the last line): ``engine ops/s at W=512 / raw simpy events/s``. 1.0 would mean an op
 costs the engine what one bare ``timeout(0)`` costs simpy; higher is better. A Megatron startup is mostly
@@ -300,6 +301,7 @@ class SizeResult:
     status: str  # "ok" | "budget" | "memory" | "fail"
     build_s: float = 0.0
     wall_s: float = math.nan
+    cpu_s: float = math.nan  # this process's CPU seconds over the same span (a shared machine's honest figure)
     calls_per_rank: int = 0
     memberships: int = 0
     ops: int = 0
@@ -360,9 +362,10 @@ def run_size(world: int, budget_s: float, mem_cap_bytes: int, dims: Dims = Dims(
     outcome = None
     try:
         with watch:
-            start = time.perf_counter()
+            start, cpu_start = time.perf_counter(), time.process_time()
             outcome = Engine(config).run()
             result.wall_s = time.perf_counter() - start
+            result.cpu_s = time.process_time() - cpu_start
     except EngineGuardError as err:
         result.status, result.note = "budget", str(err)
     except KeyboardInterrupt:
@@ -426,7 +429,7 @@ def print_table(baseline: Baseline, results: list[SizeResult], ratio: float) -> 
     )
     header = (
         f"{'W':>6} {'calls/rank':>10} {'memberships':>11} {'ops':>12} {'events':>10} {'build_s':>8} "
-        f"{'wall_s':>9} {'ops/s':>10} {'member/s':>9} {'ops/s:simpy':>11}  status"
+        f"{'wall_s':>9} {'cpu_s':>9} {'ops/s':>10} {'member/s':>9} {'ops/s:simpy':>11}  status"
     )
     print(header)
     print("-" * len(header))
@@ -435,7 +438,7 @@ def print_table(baseline: Baseline, results: list[SizeResult], ratio: float) -> 
         wall = _fmt(r.wall_s, ".3f") if r.finished else f">{r.budget_s:g}"
         print(
             f"{r.world:>6} {r.calls_per_rank:>10,} {r.memberships:>11,} {r.ops:>12,} {r.events:>10,} "
-            f"{r.build_s:>8.3f} {wall:>9} {_fmt(r.ops_per_s, ',.0f'):>10} "
+            f"{r.build_s:>8.3f} {wall:>9} {_fmt(r.cpu_s, '.3f'):>9} {_fmt(r.ops_per_s, ',.0f'):>10} "
             f"{_fmt(r.memberships_per_s, ',.0f'):>9} {_fmt(rel, '.4f'):>11}  {r.status}"
             + (f" ({r.note})" if r.note else "")
         )

@@ -72,6 +72,7 @@ class Memory:
         # GPUDirect RDMA): a ledger per node, unbounded (the host's memory is not modelled), never in the
         # device figures.
         self.host_ledgers: dict[str, DeviceLedger] = {}
+        self._host_by_node: dict[int, DeviceLedger] = {}  # node -> its entry in host_ledgers
         self.pricer = Pricer(self.profile, self.cluster.node_of)
         self._oom_at_init: set[int] = set()  # ranks whose next init charge fails (injected fault)
         self._collective_devices: set[tuple[int, int]] = set()  # (rank, device): its first collective was paid
@@ -174,10 +175,13 @@ class Memory:
         _, device, host = totals
         self.charge(rt, comm, [Charge(phase, device)], op, group)
         if host:
-            key = f"n{rt.node}:host"
-            ledger = self.host_ledgers.get(key)
+            ledger = self._host_by_node.get(rt.node)
             if ledger is None:
-                ledger = self.host_ledgers[key] = DeviceLedger(key, 2**62)
+                key = f"n{rt.node}:host"
+                ledger = self.host_ledgers.get(key)
+                if ledger is None:
+                    ledger = self.host_ledgers[key] = DeviceLedger(key, 2**62)
+                self._host_by_node[rt.node] = ledger
             ledger.allocate(Owner("comm", rt.rank, comm.group, phase), host, time_s=self.sim.now(), op=op)
 
     def _process_charge(self, rt: RankRuntime, device: int, phase: str, num_bytes: int, op: Op) -> None:
