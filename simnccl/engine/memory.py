@@ -50,6 +50,40 @@ class RanksKey:
         return isinstance(other, RanksKey) and (self.ranks is other.ranks or self.ranks == other.ranks)
 
 
+# A group record member's ``phases`` and ``memory`` dicts are never changed in place, only replaced (here, and
+# by readers such as ``simnccl.recovery``), so members that paid alike share one dict: at a world-wide startup
+# the members of a call (one rank class) do, and two dicts per membership were a fifth of a run's memory.
+_NO_PHASES: dict[str, float] = {}
+
+
+class SharedEntries:
+    """Replacement dicts for a member entry, the latest one kept to hand to the next member that pays alike."""
+
+    __slots__ = ("_memories", "_phases")
+
+    def __init__(self) -> None:
+        self._phases: tuple[str, float, dict[str, float]] | None = None
+        self._memories: tuple[str, object, dict[str, Any]] | None = None
+
+    def phases(self, phases: dict[str, float], phase: str, now: float) -> dict[str, float]:
+        """``phases`` with ``phase`` first paid at ``now`` added."""
+        if phases:
+            return {**phases, phase: now}
+        last = self._phases
+        if last is None or last[0] != phase or last[1] != now or type(last[1]) is not type(now):  # 0 is not 0.0
+            last = self._phases = (phase, now, {phase: now})
+        return last[2]
+
+    def memories(self, memories: dict[str, Any] | None, name: str, memory: object) -> dict[str, Any]:
+        """``memories`` with communicator ``name``'s breakdown set to ``memory``."""
+        if memories:
+            return {**memories, name: memory}
+        last = self._memories
+        if last is None or last[0] != name or last[1] is not memory:
+            last = self._memories = (name, memory, {name: memory})
+        return last[2]
+
+
 class Memory:
     def __init__(self, sim: Sim, rendezvous: Rendezvous) -> None:
         self.sim = sim
@@ -73,6 +107,7 @@ class Memory:
         # device figures.
         self.host_ledgers: dict[str, DeviceLedger] = {}
         self._host_by_node: dict[int, DeviceLedger] = {}  # node -> its entry in host_ledgers
+        self._shared = SharedEntries()
         self.pricer = Pricer(self.profile, self.cluster.node_of)
         self._oom_at_init: set[int] = set()  # ranks whose next init charge fails (injected fault)
         self._collective_devices: set[tuple[int, int]] = set()  # (rank, device): its first collective was paid
@@ -152,7 +187,7 @@ class Memory:
             memory = comm.memory = self.pricer.own(memory, group.rank_in_group)
             record = self.group_record(group, comm).members.get(rt.rank)
             if record is not None and "memory" in record:
-                record["memory"][comm.group] = memory
+                record["memory"] = self._shared.memories(record["memory"], comm.group, memory)
         paid = self.pricer.use(memory, collective, nbytes, peer_index)
         first = (rt.rank, comm.device)
         if first not in self._collective_devices:  # the profile's once-per-process cost at the first collective
@@ -226,12 +261,17 @@ class Memory:
             self.record(now, rt.rank, "alloc", ledger.device, comm.group, charge.phase, charge.num_bytes)
             if group is not None:
                 if member is None:  # looked up at the first real charge, as the record is created only then
-                    record = self.group_record(group, comm)
-                    member = record.members.setdefault(rt.rank, {"device": ledger.device, "bytes": 0, "phases": {}})
+                    members = self.group_record(group, comm).members
+                    member = members.get(rt.rank)
+                    if member is None:
+                        member = members[rt.rank] = {"device": ledger.device, "bytes": 0, "phases": _NO_PHASES}
                 member["bytes"] += charge.num_bytes
-                member["phases"].setdefault(charge.phase, now)
-        if member is not None and comm.memory is not None:
-            member.setdefault("memory", {})[comm.group] = comm.memory  # this rank's communicators of the group
+                if charge.phase not in member["phases"]:
+                    member["phases"] = self._shared.phases(member["phases"], charge.phase, now)
+        if member is not None and comm.memory is not None:  # this rank's communicators of the group
+            memories = member.get("memory")
+            if memories is None or memories.get(comm.group) is not comm.memory:
+                member["memory"] = self._shared.memories(memories, comm.group, comm.memory)
 
     def release_comm(self, rt: RankRuntime, comm: Comm, op: Op) -> None:
         """Free what this rank's part of a destroyed communicator (and its p2p pair communicators) holds."""
