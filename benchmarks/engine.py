@@ -220,19 +220,30 @@ def make_config(startup: Startup, wall_s: float) -> SimConfig:
 # ---------------------------------------------------------------------------------------------- checks
 
 
-def expected_comm_bytes(startup: Startup, pricer: Pricer, rank: int) -> int:
+def expected_comm_bytes(
+    startup: Startup, pricer: Pricer, rank: int, joined: Sequence[tuple[str, Ranks]], world: Ranks
+) -> int:
     """Default group + every membership at its init (NCCL's mechanics, ``simnccl.comm_memory``), tp and dp's
-    first all_reduce, and the profile's once-per-process overheads (first communicator, first collective)."""
-    world = tuple(range(startup.world))
+    first all_reduce, and the profile's once-per-process overheads (first communicator, first collective).
+    ``joined``: the (bind, ranks) of every group ``rank`` is a member of; ``world``: every rank, one tuple."""
     total = pricer.create(world, rank, {}).breakdown.device_bytes
+    for bind, ranks in joined:
+        memory = pricer.create(ranks, ranks.index(rank), {})
+        if bind in COLLECTIVE_HANDLES:
+            pricer.use(memory, "all_reduce", AllReduce().size_bytes)
+        total += memory.breakdown.device_bytes
+    return total + pricer.process_bytes + pricer.process_first_collective_bytes
+
+
+def memberships_by_rank(startup: Startup) -> list[list[tuple[str, Ranks]]]:
+    """Per rank, the (bind, ranks) of each group it is a member of, in call order: one pass over the groups,
+    so checking a run costs its memberships, not ranks x groups (quadratic at 131,072 ranks)."""
+    joined: list[list[tuple[str, Ranks]]] = [[] for _ in range(startup.world)]
     for part in startup.partitions:
         for ranks in part.groups:
-            if rank in ranks:
-                memory = pricer.create(ranks, ranks.index(rank), {})
-                if part.bind in COLLECTIVE_HANDLES:
-                    pricer.use(memory, "all_reduce", AllReduce().size_bytes)
-                total += memory.breakdown.device_bytes
-    return total + pricer.process_bytes + pricer.process_first_collective_bytes
+            for r in ranks:
+                joined[r].append((part.bind, ranks))
+    return joined
 
 
 def check_outcome(startup: Startup, config: SimConfig, outcome: RunOutcome) -> list[str]:
@@ -246,13 +257,15 @@ def check_outcome(startup: Startup, config: SimConfig, outcome: RunOutcome) -> l
         problems.append(f"{outcome.ops_executed} ops executed, expected {expected_ops}")
     context = config.cluster.gpu.cuda_context_bytes
     pricer = Pricer(config.profile, config.cluster.node_of)
+    joined_by_rank = memberships_by_rank(startup)
+    world = tuple(range(startup.world))  # one object: the pricer counts its nodes once
     for rt in outcome.ranks:
         joined = len(rt.groups) - 1  # rt.groups holds the default group too
         if joined != startup.memberships[rt.rank]:
             problems.append(f"rank {rt.rank} joined {joined} groups, builder expects {startup.memberships[rt.rank]}")
         device = config.cluster.device(config.cluster.node_of(rt.rank), config.cluster.local_rank(rt.rank))
         ledger = outcome.ledgers[device.key]
-        want = context + expected_comm_bytes(startup, pricer, rt.rank)
+        want = context + expected_comm_bytes(startup, pricer, rt.rank, joined_by_rank[rt.rank], world)
         if ledger.used_bytes != want:
             problems.append(f"rank {rt.rank} on {device.key}: {ledger.used_bytes} bytes used, expected {want}")
         if len(problems) > 10:
