@@ -24,6 +24,7 @@ Figures (per size):
 * ``memberships/s`` = (sum over ranks of the groups the rank is a member of, not counting the default
   group) / wall.
 * ``events`` = ``outcome.event_count`` (the engine's recorded trace events; reported, not used in the ratio).
+* ``cpu_s``: this process's CPU seconds over the same span as ``wall`` (on a shared machine the figure to compare).
 
 **Ratio** (``ratio=`` on the last line): ``engine ops/s at W=512 / raw simpy events/s``. 1.0 would mean an op
 costs the engine what one bare ``timeout(0)`` costs simpy; higher is better. A Megatron startup is mostly
@@ -219,19 +220,30 @@ def make_config(startup: Startup, wall_s: float) -> SimConfig:
 # ---------------------------------------------------------------------------------------------- checks
 
 
-def expected_comm_bytes(startup: Startup, pricer: Pricer, rank: int) -> int:
+def expected_comm_bytes(
+    startup: Startup, pricer: Pricer, rank: int, joined: Sequence[tuple[str, Ranks]], world: Ranks
+) -> int:
     """Default group + every membership at its init (NCCL's mechanics, ``simnccl.comm_memory``), tp and dp's
-    first all_reduce, and the profile's once-per-process overheads (first communicator, first collective)."""
-    world = tuple(range(startup.world))
+    first all_reduce, and the profile's once-per-process overheads (first communicator, first collective).
+    ``joined``: the (bind, ranks) of every group ``rank`` is a member of; ``world``: every rank, one tuple."""
     total = pricer.create(world, rank, {}).breakdown.device_bytes
+    for bind, ranks in joined:
+        memory = pricer.create(ranks, ranks.index(rank), {})
+        if bind in COLLECTIVE_HANDLES:
+            pricer.use(memory, "all_reduce", AllReduce().size_bytes)
+        total += memory.breakdown.device_bytes
+    return total + pricer.process_bytes + pricer.process_first_collective_bytes
+
+
+def memberships_by_rank(startup: Startup) -> list[list[tuple[str, Ranks]]]:
+    """Per rank, the (bind, ranks) of each group it is a member of, in call order: one pass over the groups,
+    so checking a run costs its memberships, not ranks x groups (quadratic at 131,072 ranks)."""
+    joined: list[list[tuple[str, Ranks]]] = [[] for _ in range(startup.world)]
     for part in startup.partitions:
         for ranks in part.groups:
-            if rank in ranks:
-                memory = pricer.create(ranks, ranks.index(rank), {})
-                if part.bind in COLLECTIVE_HANDLES:
-                    pricer.use(memory, "all_reduce", AllReduce().size_bytes)
-                total += memory.breakdown.device_bytes
-    return total + pricer.process_bytes + pricer.process_first_collective_bytes
+            for r in ranks:
+                joined[r].append((part.bind, ranks))
+    return joined
 
 
 def check_outcome(startup: Startup, config: SimConfig, outcome: RunOutcome) -> list[str]:
@@ -245,13 +257,15 @@ def check_outcome(startup: Startup, config: SimConfig, outcome: RunOutcome) -> l
         problems.append(f"{outcome.ops_executed} ops executed, expected {expected_ops}")
     context = config.cluster.gpu.cuda_context_bytes
     pricer = Pricer(config.profile, config.cluster.node_of)
+    joined_by_rank = memberships_by_rank(startup)
+    world = tuple(range(startup.world))  # one object: the pricer counts its nodes once
     for rt in outcome.ranks:
         joined = len(rt.groups) - 1  # rt.groups holds the default group too
         if joined != startup.memberships[rt.rank]:
             problems.append(f"rank {rt.rank} joined {joined} groups, builder expects {startup.memberships[rt.rank]}")
         device = config.cluster.device(config.cluster.node_of(rt.rank), config.cluster.local_rank(rt.rank))
         ledger = outcome.ledgers[device.key]
-        want = context + expected_comm_bytes(startup, pricer, rt.rank)
+        want = context + expected_comm_bytes(startup, pricer, rt.rank, joined_by_rank[rt.rank], world)
         if ledger.used_bytes != want:
             problems.append(f"rank {rt.rank} on {device.key}: {ledger.used_bytes} bytes used, expected {want}")
         if len(problems) > 10:
@@ -300,6 +314,7 @@ class SizeResult:
     status: str  # "ok" | "budget" | "memory" | "fail"
     build_s: float = 0.0
     wall_s: float = math.nan
+    cpu_s: float = math.nan  # this process's CPU seconds over the same span (a shared machine's honest figure)
     calls_per_rank: int = 0
     memberships: int = 0
     ops: int = 0
@@ -360,9 +375,10 @@ def run_size(world: int, budget_s: float, mem_cap_bytes: int, dims: Dims = Dims(
     outcome = None
     try:
         with watch:
-            start = time.perf_counter()
+            start, cpu_start = time.perf_counter(), time.process_time()
             outcome = Engine(config).run()
             result.wall_s = time.perf_counter() - start
+            result.cpu_s = time.process_time() - cpu_start
     except EngineGuardError as err:
         result.status, result.note = "budget", str(err)
     except KeyboardInterrupt:
@@ -426,7 +442,7 @@ def print_table(baseline: Baseline, results: list[SizeResult], ratio: float) -> 
     )
     header = (
         f"{'W':>6} {'calls/rank':>10} {'memberships':>11} {'ops':>12} {'events':>10} {'build_s':>8} "
-        f"{'wall_s':>9} {'ops/s':>10} {'member/s':>9} {'ops/s:simpy':>11}  status"
+        f"{'wall_s':>9} {'cpu_s':>9} {'ops/s':>10} {'member/s':>9} {'ops/s:simpy':>11}  status"
     )
     print(header)
     print("-" * len(header))
@@ -435,7 +451,7 @@ def print_table(baseline: Baseline, results: list[SizeResult], ratio: float) -> 
         wall = _fmt(r.wall_s, ".3f") if r.finished else f">{r.budget_s:g}"
         print(
             f"{r.world:>6} {r.calls_per_rank:>10,} {r.memberships:>11,} {r.ops:>12,} {r.events:>10,} "
-            f"{r.build_s:>8.3f} {wall:>9} {_fmt(r.ops_per_s, ',.0f'):>10} "
+            f"{r.build_s:>8.3f} {wall:>9} {_fmt(r.cpu_s, '.3f'):>9} {_fmt(r.ops_per_s, ',.0f'):>10} "
             f"{_fmt(r.memberships_per_s, ',.0f'):>9} {_fmt(rel, '.4f'):>11}  {r.status}"
             + (f" ({r.note})" if r.note else "")
         )

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from simnccl.memory import mib_to_bytes
@@ -156,8 +156,18 @@ class Pricer:
         self._cache: dict[tuple[Any, ...], Breakdown] = {}
         # Per member tuple (one object shared by a group's members): its node sizes, or its rank -> index map.
         self._sizes: dict[int, tuple[Sequence[int], tuple[int, ...]]] = {}
+        # Per distinct node-sizes tuple: (the interned tuple, a small number standing for it in cache keys,
+        # whether the layout is even) — so no member hashes or scans its group's node list (that was quadratic
+        # in the world for world-wide groups). Per environment / options object: what the model reads of it.
+        self._layouts: dict[tuple[int, ...], tuple[tuple[int, ...], int, bool]] = {}
+        self._layout_of: dict[int, tuple[tuple[int, ...], int, bool]] = {}
+        self._envs: dict[int, tuple[Mapping[str, str], tuple[tuple[str, str], ...]]] = {}
+        self._options: dict[int, tuple[PgOptions, tuple[tuple[str, Any], ...], tuple[str, ...]]] = {}
         self._index: dict[int, tuple[Sequence[int], dict[int, int]]] = {}
         self._shares: dict[tuple[Any, ...], bool] = {}
+        # One CommMemory per rank class (``create(..., shareable=True)``), and the ids of those shared objects.
+        self._classes: dict[tuple[Any, ...], CommMemory] = {}
+        self._class_ids: set[int] = set()
 
     # ------------------------------------------------------------------ creation
 
@@ -169,27 +179,90 @@ class Pricer:
         options: PgOptions = NO_OPTIONS,
         parent: CommMemory | None = None,
         parent_ranks: Sequence[int] | None = None,
+        *,
+        shareable: bool = False,
     ) -> CommMemory:
         """A communicator of ``ranks`` (global, in group order) as rank ``rank_index`` holds it after init.
 
         ``parent``: the communicator it was split from; it shares only when the parent shares
         (``parent.share_resources``), and ``parent_ranks`` (the parent's global ranks) map the members then.
+        ``shareable``: the caller may get one object shared by every rank the mechanics price alike (priced by
+        class, nobody sharing resources); it must ask for its own copy (``own``) before a first use changes it.
+        Why: a world-wide startup creates millions of communicators that are, per class, the same numbers.
         Raises NcclInputError for a bad NCCL knob or option.
         """
         shape = Shape(len(ranks), self._node_sizes(ranks), rank_index)
-        env_key = nccl_env(env)
-        opts = model_options(options)
+        env_key = self._env_key(env)
+        opts, unmodelled = self._model_options(options)
         own_share = self._split_share(env_key, opts)
         sharing = parent if parent is not None and parent.share_resources else None
         members = None
         if sharing is not None:
             index = self._rank_index(parent_ranks or ())
             members = tuple(index[r] for r in ranks)
-        exact = own_share or sharing is not None or not shape.even
+        exact = own_share or sharing is not None or not self._layout(shape.node_sizes)[2]
+        if shareable and not exact:
+            return self._class_memory(shape, env_key, opts, unmodelled)
         breakdown = self._priced(shape, exact, env_key, opts, (), sharing, members)
-        return CommMemory(
-            shape, env_key, opts, exact, sharing, members, breakdown, unmodelled=unmodelled_for_memory(options)
-        )
+        return CommMemory(shape, env_key, opts, exact, sharing, members, breakdown, unmodelled=unmodelled)
+
+    def _class_memory(
+        self,
+        shape: Shape,
+        env: tuple[tuple[str, str], ...],
+        options: tuple[tuple[str, Any], ...],
+        unmodelled: tuple[str, ...],
+    ) -> CommMemory:
+        """The one CommMemory of a rank class (its shape names the class's representative rank)."""
+        rank = shape.representative()
+        key = (shape.nranks, self._layout(shape.node_sizes)[1], rank, env, options, unmodelled)
+        memory = self._classes.get(key)
+        if memory is None:
+            shape = Shape(shape.nranks, shape.node_sizes, rank)
+            breakdown = self._priced(shape, False, env, options, (), None, None)
+            memory = self._classes[key] = CommMemory(
+                shape, env, options, False, None, None, breakdown, unmodelled=unmodelled
+            )
+            self._class_ids.add(id(memory))
+        return memory
+
+    def is_shared(self, memory: CommMemory) -> bool:
+        """Whether ``memory`` is a rank class's shared object (``create(..., shareable=True)``)."""
+        return id(memory) in self._class_ids
+
+    def own(self, memory: CommMemory, rank_index: int) -> CommMemory:
+        """Rank ``rank_index``'s own copy of a class's shared ``memory``, to connect its uses on."""
+        shape = Shape(memory.shape.nranks, memory.shape.node_sizes, rank_index)
+        return replace(memory, shape=shape, use_keys=set(memory.use_keys))
+
+    def _env_key(self, env: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+        """``nccl_env(env)``, once per environment object (a rank's never changes)."""
+        cached = self._envs.get(id(env))
+        if cached is not None and cached[0] is env:
+            return cached[1]
+        key = nccl_env(env)
+        self._envs[id(env)] = (env, key)
+        return key
+
+    def _model_options(self, options: PgOptions) -> tuple[tuple[tuple[str, Any], ...], tuple[str, ...]]:
+        """``model_options`` and ``unmodelled_for_memory`` of an options object, once per object."""
+        cached = self._options.get(id(options))
+        if cached is not None and cached[0] is options:
+            return cached[1], cached[2]
+        entry = self._options[id(options)] = (options, model_options(options), unmodelled_for_memory(options))
+        return entry[1], entry[2]
+
+    def _layout(self, sizes: tuple[int, ...]) -> tuple[tuple[int, ...], int, bool]:
+        """(interned tuple, its number, even) for a node-sizes tuple, looked up by identity after the first time."""
+        cached = self._layout_of.get(id(sizes))
+        if cached is not None and cached[0] is sizes:
+            return cached
+        entry = self._layouts.get(sizes)
+        if entry is None:
+            entry = self._layouts[sizes] = (sizes, len(self._layouts), len(set(sizes)) == 1)
+        if entry[0] is sizes:
+            self._layout_of[id(sizes)] = entry
+        return entry
 
     def _split_share(self, env: tuple[tuple[str, str], ...], options: tuple[tuple[str, Any], ...]) -> bool:
         """Whether a communicator created under ``env`` and ``options`` lets its split children share."""
@@ -208,7 +281,7 @@ class Pricer:
         for r in ranks:
             node = self.node_of(r)
             sizes[node] = sizes.get(node, 0) + 1
-        result = tuple(sizes.values())
+        result = self._layout(tuple(sizes.values()))[0]  # interned: equal layouts share one tuple
         self._sizes[id(ranks)] = (ranks, result)
         return result
 
@@ -269,12 +342,12 @@ class Pricer:
     ) -> Breakdown:
         """The model's breakdown; cached unless a sharing parent (whose state moves) is involved."""
         rank = shape.rank if exact else shape.representative()
-        key = (shape.nranks, shape.node_sizes, rank, env, options, uses)
+        _, layout, even = self._layout(shape.node_sizes)
+        key = (shape.nranks, layout, rank, env, options, uses)
         if parent is None:
             cached = self._cache.get(key)
             if cached is not None:
                 return cached
-        even = shape.even
         result = communicator_bytes(
             self.topology,
             shape.nranks,

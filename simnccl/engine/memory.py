@@ -50,6 +50,40 @@ class RanksKey:
         return isinstance(other, RanksKey) and (self.ranks is other.ranks or self.ranks == other.ranks)
 
 
+# A group record member's ``phases`` and ``memory`` dicts are never changed in place, only replaced (here, and
+# by readers such as ``simnccl.recovery``), so members that paid alike share one dict: at a world-wide startup
+# the members of a call (one rank class) do, and two dicts per membership were a fifth of a run's memory.
+_NO_PHASES: dict[str, float] = {}
+
+
+class SharedEntries:
+    """Replacement dicts for a member entry, the latest one kept to hand to the next member that pays alike."""
+
+    __slots__ = ("_memories", "_phases")
+
+    def __init__(self) -> None:
+        self._phases: tuple[str, float, dict[str, float]] | None = None
+        self._memories: tuple[str, object, dict[str, Any]] | None = None
+
+    def phases(self, phases: dict[str, float], phase: str, now: float) -> dict[str, float]:
+        """``phases`` with ``phase`` first paid at ``now`` added."""
+        if phases:
+            return {**phases, phase: now}
+        last = self._phases
+        if last is None or last[0] != phase or last[1] != now or type(last[1]) is not type(now):  # 0 is not 0.0
+            last = self._phases = (phase, now, {phase: now})
+        return last[2]
+
+    def memories(self, memories: dict[str, Any] | None, name: str, memory: object) -> dict[str, Any]:
+        """``memories`` with communicator ``name``'s breakdown set to ``memory``."""
+        if memories:
+            return {**memories, name: memory}
+        last = self._memories
+        if last is None or last[0] != name or last[1] is not memory:
+            last = self._memories = (name, memory, {name: memory})
+        return last[2]
+
+
 class Memory:
     def __init__(self, sim: Sim, rendezvous: Rendezvous) -> None:
         self.sim = sim
@@ -63,13 +97,17 @@ class Memory:
         }
         self.checkpoints: dict[str, dict[str, Snapshot]] = {}
         self.group_records: dict[tuple[str, RanksKey], GroupRecord] = {}
-        self._record_of_group: dict[int, tuple[Group, GroupRecord]] = {}  # id(group) -> (group, its record)
+        # (group name, id(member tuple)) -> (the tuple, the group's record): one entry per group, not per member
+        self._record_of_group: dict[tuple[str, int], tuple[tuple[int, ...], GroupRecord]] = {}
+        self._totals: dict[int, tuple[tuple[Part, ...], int, int]] = {}  # id(parts) -> (parts, device, host bytes)
         self._ranks_keys: dict[int, RanksKey] = {}
         self._device_ledgers: dict[tuple[int, int], DeviceLedger] = {}  # (node, index) -> its ledger
         # Pinned host memory NCCL allocates (work FIFO, host-side connection buffers, network buffers without
         # GPUDirect RDMA): a ledger per node, unbounded (the host's memory is not modelled), never in the
         # device figures.
         self.host_ledgers: dict[str, DeviceLedger] = {}
+        self._host_by_node: dict[int, DeviceLedger] = {}  # node -> its entry in host_ledgers
+        self._shared = SharedEntries()
         self.pricer = Pricer(self.profile, self.cluster.node_of)
         self._oom_at_init: set[int] = set()  # ranks whose next init charge fails (injected fault)
         self._collective_devices: set[tuple[int, int]] = set()  # (rank, device): its first collective was paid
@@ -122,7 +160,10 @@ class Memory:
         members = group.ranks if ranks is None else ranks
         parent = comm.parent.memory if comm.parent is not None else None
         index = group.rank_in_group if ranks is None else ranks.index(rt.rank)
-        memory = self.pricer.create(members, index, rt.ctx.env, group.options, parent, parent_ranks)
+        # A group's communicator (not a p2p pair's) may share its rank class's breakdown until its first use.
+        memory = self.pricer.create(
+            members, index, rt.ctx.env, group.options, parent, parent_ranks, shareable=ranks is None
+        )
         comm.memory = memory
         self._pay(rt, comm, phase, memory.breakdown.parts, op, group)
 
@@ -142,6 +183,11 @@ class Memory:
         memory = comm.memory
         if memory is None:
             return
+        if self.pricer.is_shared(memory):  # a class's shared breakdown: this rank's own copy connects its uses
+            memory = comm.memory = self.pricer.own(memory, group.rank_in_group)
+            record = self.group_record(group, comm).members.get(rt.rank)
+            if record is not None and "memory" in record:
+                record["memory"] = self._shared.memories(record["memory"], comm.group, memory)
         paid = self.pricer.use(memory, collective, nbytes, peer_index)
         first = (rt.rank, comm.device)
         if first not in self._collective_devices:  # the profile's once-per-process cost at the first collective
@@ -154,14 +200,23 @@ class Memory:
 
     def _pay(self, rt: RankRuntime, comm: Comm, phase: str, parts: tuple[Part, ...], op: Op, group: Group) -> None:
         """Charge parts of a breakdown: device bytes as one allocation tagged ``phase``, host bytes to the node."""
-        device = sum(p.total for p in parts if p.ledger == "device")
-        host = sum(p.total for p in parts if p.ledger == "host")
+        totals = self._totals.get(id(parts))
+        if totals is None or totals[0] is not parts:  # summed once per breakdown (members of a class share one)
+            totals = self._totals[id(parts)] = (
+                parts,
+                sum(p.total for p in parts if p.ledger == "device"),
+                sum(p.total for p in parts if p.ledger == "host"),
+            )
+        _, device, host = totals
         self.charge(rt, comm, [Charge(phase, device)], op, group)
         if host:
-            key = f"n{rt.node}:host"
-            ledger = self.host_ledgers.get(key)
+            ledger = self._host_by_node.get(rt.node)
             if ledger is None:
-                ledger = self.host_ledgers[key] = DeviceLedger(key, 2**62)
+                key = f"n{rt.node}:host"
+                ledger = self.host_ledgers.get(key)
+                if ledger is None:
+                    ledger = self.host_ledgers[key] = DeviceLedger(key, 2**62)
+                self._host_by_node[rt.node] = ledger
             ledger.allocate(Owner("comm", rt.rank, comm.group, phase), host, time_s=self.sim.now(), op=op)
 
     def _process_charge(self, rt: RankRuntime, device: int, phase: str, num_bytes: int, op: Op) -> None:
@@ -206,12 +261,17 @@ class Memory:
             self.record(now, rt.rank, "alloc", ledger.device, comm.group, charge.phase, charge.num_bytes)
             if group is not None:
                 if member is None:  # looked up at the first real charge, as the record is created only then
-                    record = self.group_record(group, comm)
-                    member = record.members.setdefault(rt.rank, {"device": ledger.device, "bytes": 0, "phases": {}})
+                    members = self.group_record(group, comm).members
+                    member = members.get(rt.rank)
+                    if member is None:
+                        member = members[rt.rank] = {"device": ledger.device, "bytes": 0, "phases": _NO_PHASES}
                 member["bytes"] += charge.num_bytes
-                member["phases"].setdefault(charge.phase, now)
-        if member is not None and comm.memory is not None:
-            member.setdefault("memory", {})[comm.group] = comm.memory  # this rank's communicators of the group
+                if charge.phase not in member["phases"]:
+                    member["phases"] = self._shared.phases(member["phases"], charge.phase, now)
+        if member is not None and comm.memory is not None:  # this rank's communicators of the group
+            memories = member.get("memory")
+            if memories is None or memories.get(comm.group) is not comm.memory:
+                member["memory"] = self._shared.memories(memories, comm.group, comm.memory)
 
     def release_comm(self, rt: RankRuntime, comm: Comm, op: Op) -> None:
         """Free what this rank's part of a destroyed communicator (and its p2p pair communicators) holds."""
@@ -230,16 +290,18 @@ class Memory:
                 held.release_owner(owner, time_s=self.env.now, op=op)
 
     def group_record(self, group: Group, comm: Comm) -> GroupRecord:
-        cached = self._record_of_group.get(id(group))
-        if cached is not None and cached[0] is group:
+        ranks = group.ranks
+        cached = self._record_of_group.get((group.name, id(ranks)))
+        if cached is not None and cached[0] is ranks:
             return cached[1]
-        key = (group.name, self._ranks_key(group.ranks))
+        key = (group.name, self._ranks_key(ranks))
         record = self.group_records.get(key)
         if record is None:
-            record = GroupRecord(group.name, group.desc, group.ranks, comm.impl.value, comm.via_split)
+            record = GroupRecord(group.name, group.desc, ranks, comm.impl.value, comm.via_split)
             self.group_records[key] = record
-        # A group's name and members never change and records are never replaced: remember its record.
-        self._record_of_group[id(group)] = (group, record)
+        # A group's name and members never change and records are never replaced: remember its record for
+        # every member that holds this member tuple (a group's members share one).
+        self._record_of_group[(group.name, id(ranks))] = (ranks, record)
         return record
 
     def _ranks_key(self, ranks: tuple[int, ...]) -> RanksKey:

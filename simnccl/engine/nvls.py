@@ -108,12 +108,14 @@ class MulticastSlots:
         self.charged: dict[tuple[int, str], int] = {}
         self._parents: dict[int, tuple[Comm, Comm]] = {}  # id(child) -> (child, parent): a split's parent
         self._active: dict[tuple[object, ...], tuple[bool, int]] = {}
-        # id(member tuple) -> (the tuple, ranks per node, ranks per node in node order)
-        self._per_node: dict[int, tuple[tuple[int, ...], dict[int, int], tuple[int, ...]]] = {}
+        # id(member tuple) -> (the tuple, ranks per node, ranks per node in node order, that order's number)
+        self._per_node: dict[int, tuple[tuple[int, ...], dict[int, int], tuple[int, ...], int]] = {}
+        self._layouts: dict[tuple[int, ...], int] = {}  # ranks per node in node order -> its number (a cache key)
+        self._envs: dict[int, tuple[Mapping[str, str], dict[str, str]]] = {}  # id(env) -> (env, its NCCL_* part)
 
     def note_parent(self, comm: Comm, parent: Comm | None) -> None:
         """A communicator made by splitting ``parent`` (its sharing of NVLS resources depends on the parent)."""
-        if parent is not None:
+        if parent is not None and comm.shared:  # only a sharing child can reuse its parent's (``_shares_parent``)
             self._parents[id(comm)] = (comm, parent)
 
     def reserve(self, rt: RankRuntime, comm: Comm, group: Group, members: Mapping[int, tuple[int, ...]]) -> None:
@@ -166,23 +168,33 @@ class MulticastSlots:
         """Slots held now on each node that holds any (``"n0"``: 20), in node order."""
         return {f"n{node}": slots for node, slots in sorted(self.used.items()) if slots}
 
-    def _local(self, rt: RankRuntime, ranks: tuple[int, ...]) -> tuple[int, int, tuple[int, ...]]:
-        """(ranks on this rank's node, nodes spanned, ranks per node in node order) of a member list."""
+    def _local(self, rt: RankRuntime, ranks: tuple[int, ...]) -> tuple[int, int, tuple[int, ...], int]:
+        """(ranks on this rank's node, nodes spanned, ranks per node in node order, that order's number) of a
+        member list. Counted once per member tuple (every member binds), so no member hashes the node list."""
         entry = self._per_node.get(id(ranks))
-        if entry is None or entry[0] is not ranks:  # counted once per member tuple: every node binds per comm
+        if entry is None or entry[0] is not ranks:
             per_node: dict[int, int] = {}
             for r in ranks:
                 node = self.cluster.node_of(r)
                 per_node[node] = per_node.get(node, 0) + 1
-            entry = self._per_node[id(ranks)] = (ranks, per_node, tuple(per_node[n] for n in sorted(per_node)))
-        _, per_node, sizes = entry
-        return per_node.get(rt.node, 0), len(per_node), sizes
+            sizes = tuple(per_node[n] for n in sorted(per_node))
+            layout = self._layouts.setdefault(sizes, len(self._layouts))
+            entry = self._per_node[id(ranks)] = (ranks, per_node, sizes, layout)
+        _, per_node, sizes, layout = entry
+        return per_node.get(rt.node, 0), len(per_node), sizes, layout
+
+    def _nccl_env(self, env: Mapping[str, str]) -> dict[str, str]:
+        """A process environment's NCCL_* part, sorted, once per environment object (a rank's never changes)."""
+        cached = self._envs.get(id(env))
+        if cached is None or cached[0] is not env:
+            cached = self._envs[id(env)] = (env, {k: v for k, v in sorted(env.items()) if k.startswith("NCCL_")})
+        return cached[1]
 
     def _nvls_active(self, rt: RankRuntime, ranks: tuple[int, ...]) -> tuple[bool, int]:
         """Whether NCCL turns NVLS on for this communicator (``simnccl.nccl``), and NCCL_NVLS_ENABLE's value."""
-        local, nodes, sizes = self._local(rt, ranks)
-        env = {k: v for k, v in sorted(rt.ctx.env.items()) if k.startswith("NCCL_")}
-        cache_key = (len(ranks), local, sizes, tuple(env.items()))
+        local, nodes, sizes, layout = self._local(rt, ranks)
+        env = self._nccl_env(rt.ctx.env)
+        cache_key = (len(ranks), local, layout, tuple(env.items()))
         known = self._active.get(cache_key)
         if known is None:
             try:
