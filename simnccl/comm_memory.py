@@ -132,6 +132,7 @@ class CommMemory:
     breakdown: Breakdown
     uses: tuple[Use, ...] = ()
     use_keys: set[tuple[Any, ...]] = field(default_factory=set)
+    use_order: tuple[tuple[Any, ...], ...] = ()  # each of ``uses`` as the model reads it (``use_key`` of its size)
     unmodelled: tuple[str, ...] = ()
 
     @property
@@ -153,7 +154,8 @@ class Pricer:
         c = constants()
         self._tree_below = c.integer("algorithm_rule.tree_below_bytes")
         self._pat_below = c.integer("algorithm_rule.pat_below_bytes")
-        self._cache: dict[tuple[Any, ...], Breakdown] = {}
+        self._default_bytes = c.integer("algorithm_rule.default_bytes")  # what the model reads for no size
+        self._cache = _breakdowns_of(profile)
         # Per member tuple (one object shared by a group's members): its node sizes, or its rank -> index map.
         self._sizes: dict[int, tuple[Sequence[int], tuple[int, ...]]] = {}
         self._index: dict[int, tuple[Sequence[int], dict[int, int]]] = {}
@@ -186,7 +188,7 @@ class Pricer:
             index = self._rank_index(parent_ranks or ())
             members = tuple(index[r] for r in ranks)
         exact = own_share or sharing is not None or not shape.even
-        breakdown = self._priced(shape, exact, env_key, opts, (), sharing, members)
+        breakdown = self._priced(shape, exact, env_key, opts, (), (), sharing, members)
         return CommMemory(
             shape, env_key, opts, exact, sharing, members, breakdown, unmodelled=unmodelled_for_memory(options)
         )
@@ -247,11 +249,13 @@ class Pricer:
         else:
             new = Use(collective, nbytes)
         m = memory
-        before = self._priced(m.shape, m.exact, m.env, m.options, m.uses, m.parent, m.members)
-        after = self._priced(m.shape, m.exact, m.env, m.options, (*m.uses, new), m.parent, m.members)
+        order = (*m.use_order, key if nbytes is not None else self.use_key(collective, self._default_bytes, peer))
+        before = self._priced(m.shape, m.exact, m.env, m.options, m.uses, m.use_order, m.parent, m.members)
+        after = self._priced(m.shape, m.exact, m.env, m.options, (*m.uses, new), order, m.parent, m.members, before)
         if after.parts[: len(before.parts)] != before.parts:  # pragma: no cover - the model appends in order
             raise AssertionError("NCCL model: a first use changed what earlier phases paid")
         memory.uses = (*memory.uses, new)
+        memory.use_order = order
         memory.breakdown = after
         return after.parts[len(before.parts) :]
 
@@ -264,16 +268,22 @@ class Pricer:
         env: tuple[tuple[str, str], ...],
         options: tuple[tuple[str, Any], ...],
         uses: tuple[Use, ...],
+        use_order: tuple[tuple[Any, ...], ...],
         parent: CommMemory | None,
         members: tuple[int, ...] | None,
+        before: Breakdown | None = None,
     ) -> Breakdown:
-        """The model's breakdown; cached unless a sharing parent (whose state moves) is involved."""
+        """The model's breakdown, cached per profile for the whole process: a pure function of the key, where
+        the uses enter as their ``use_key`` (all the model reads of a use: an all_reduce of 4 MiB and one of
+        64 MiB connect the same), and a sharing parent as the very breakdown it holds, kept alive beside it.
+        ``before``: the breakdown without the last of ``uses``, which the model then only extends."""
         rank = shape.rank if exact else shape.representative()
-        key = (shape.nranks, shape.node_sizes, rank, env, options, uses)
-        if parent is None:
-            cached = self._cache.get(key)
-            if cached is not None:
-                return cached
+        key = (shape.nranks, shape.node_sizes, rank, env, options, use_order)
+        if parent is not None:
+            key = (*key, id(parent.breakdown), members)
+        cached = self._cache.get(key)
+        if cached is not None and (parent is None or cached[0] is parent.breakdown):
+            return cached[1]
         even = shape.even
         result = communicator_bytes(
             self.topology,
@@ -291,10 +301,31 @@ class Pricer:
             node_sizes=None if even else shape.node_sizes,
             fixed_overhead_bytes=self.fixed_bytes,
             fixed_overhead_source=self.fixed_source,
+            resume=before,
         )
-        if parent is None:
-            self._cache[key] = result
+        if len(self._cache) >= _BREAKDOWNS_KEPT:
+            self._cache.clear()
+        self._cache[key] = (None if parent is None else parent.breakdown, result)
         return result
+
+
+# Breakdowns by profile, shared by every engine of the process: a property run simulates thousands of small
+# programs whose communicators are mostly the same few shapes, and pricing one is most of a small simulation.
+# Bounded: a process that prices more distinct communicators starts over (the cache is only a speed-up).
+_BREAKDOWNS_KEPT = 20_000
+_PROFILES_KEPT = 32
+_BREAKDOWNS: dict[int, tuple[Profile, dict[tuple[Any, ...], tuple[Breakdown | None, Breakdown]]]] = {}
+
+
+def _breakdowns_of(profile: Profile) -> dict[tuple[Any, ...], tuple[Breakdown | None, Breakdown]]:
+    """The process's breakdown cache for this profile object (by identity: a profile file loaded twice is two
+    profiles, and nothing holds a stale one whose id was reused)."""
+    entry = _BREAKDOWNS.get(id(profile))
+    if entry is None or entry[0] is not profile:
+        if len(_BREAKDOWNS) >= _PROFILES_KEPT:  # profile files loaded afresh per run: keep the latest few
+            _BREAKDOWNS.clear()
+        entry = _BREAKDOWNS[id(profile)] = (profile, {})
+    return entry[1]
 
 
 def one_node_mib(

@@ -77,6 +77,12 @@ def _fatal(nccl_version: str, since: str) -> bool:
         return True
 
 
+# Whether NVLS is active, by GPU kind and NCCL version, then by member layout and NCCL_* environment: shared by
+# every run of the process (a pure function of the key; a property run simulates thousands of small programs
+# with the same few layouts, and asking the NCCL model is most of a bind).
+_ACTIVE: dict[tuple[str, str], dict[tuple[object, ...], tuple[bool, int]]] = {}
+
+
 @dataclass(slots=True)
 class _Binding:
     """One communicator's multicast objects on one node: how many, which local members hold them, or why not."""
@@ -107,7 +113,7 @@ class MulticastSlots:
         # 0 without NVLS, or when it reuses its parent's); the latest communicator of that name, kept past destroy.
         self.charged: dict[tuple[int, str], int] = {}
         self._parents: dict[int, tuple[Comm, Comm]] = {}  # id(child) -> (child, parent): a split's parent
-        self._active: dict[tuple[object, ...], tuple[bool, int]] = {}
+        self._active = _ACTIVE.setdefault((self.cluster.gpu.key, self.nccl_version), {})
         # id(member tuple) -> (the tuple, ranks per node, ranks per node in node order)
         self._per_node: dict[int, tuple[tuple[int, ...], dict[int, int], tuple[int, ...]]] = {}
 

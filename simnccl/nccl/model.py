@@ -330,6 +330,7 @@ def communicator_bytes(
     fixed_overhead_source: str = "",
     process_overhead_bytes: int = 0,
     process_overhead_source: str = "",
+    resume: Breakdown | None = None,
 ) -> Breakdown:
     """One rank's communicator memory, itemised, up to ``phase``.
 
@@ -340,7 +341,10 @@ def communicator_bytes(
     Breakdown of the communicator this one was split from; its ``share_resources`` (the parent's own
     splitShare) decides sharing, and ``members`` maps this communicator's ranks to the parent's (default:
     the same numbers). ``node_sizes``: ranks per node for an uneven group (``local_ranks`` is then the
-    priced rank's node's count). Raises NcclInputError for bad input.
+    priced rank's node's count). ``resume``: this very call's result without the last of ``uses`` (same
+    arguments otherwise); only the last use is then connected, on top of it — the same breakdown, without
+    redoing what the earlier phases paid (a caller pricing uses one by one pays each once). Raises
+    NcclInputError for bad input.
     """
     if phase not in PHASES:
         raise NcclInputError(f"phase: expected one of {', '.join(PHASES)}, got {phase!r}")
@@ -396,6 +400,20 @@ def communicator_bytes(
         members=members,
         nvls_shared=nvls_shared,
     )
+    trailing = (not cumem) + (layout.nodes > 1)  # the notes added last, below
+    if resume is not None:
+        if phase != "used" or not uses:
+            raise NcclInputError("resume: only with phase 'used' and at least one use (the one to add)")
+        ledger = _Ledger(
+            list(resume.parts),
+            set(resume.connected),
+            set(resume.algorithms_connected),
+            resume.nvls_buffers_paid,
+            resume.net_pool_paid,
+            list(resume.notes[: len(resume.notes) - trailing]),
+        )
+        _use(ctx, ledger, _as_use(uses[-1]))
+        return _breakdown(ctx, ledger, runtime_connect, shared, settings.split_share)
     ledger = _Ledger()
     _init_parts(ctx, ledger)
     if fixed_overhead_bytes:
@@ -431,6 +449,12 @@ def communicator_bytes(
     if phase == "used":
         for use in uses:
             _use(ctx, ledger, _as_use(use))
+    return _breakdown(ctx, ledger, runtime_connect, shared, settings.split_share)
+
+
+def _breakdown(ctx: _Context, ledger: _Ledger, runtime_connect: bool, shared: bool, share_resources: bool) -> Breakdown:
+    """The result: the ledger's parts and state, and the notes on what the model leaves out (added last)."""
+    layout, topo, version, channels, cumem = ctx.layout, ctx.topology, ctx.version, ctx.channels, ctx.cumem
     notes = ledger.notes
     if not cumem:
         notes.append(
@@ -449,10 +473,10 @@ def communicator_bytes(
         channels=channels,
         runtime_connect=runtime_connect,
         cumem=cumem,
-        nvls_active=nvls_active,
+        nvls_active=ctx.nvls_active,
         split_shared=shared,
-        nvls_shared=nvls_shared,
-        share_resources=settings.split_share,
+        nvls_shared=ctx.nvls_shared,
+        share_resources=share_resources,
         connected=frozenset(ledger.connected),
         algorithms_connected=frozenset(ledger.algorithms),
         nvls_buffers_paid=ledger.nvls_buffers_paid,
