@@ -18,6 +18,7 @@ and once per process (the first communicator), beyond the mechanics above.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -172,7 +173,16 @@ def _parent_has(ctx: _Context, key: tuple[int, int, str, int]) -> bool:
     return (channel, ctx.members[peer], direction, index) in ctx.parent.connected
 
 
-def _connect(ctx: _Context, ledger: _Ledger, algorithm: str, wanted: list[conns.Connection], paid_at: str) -> None:
+# The connections an algorithm wants, by layout and channel counts: pure functions of their arguments, asked
+# again for every communicator of the same shape (a property run prices thousands), so computed once per process.
+_ring = functools.lru_cache(maxsize=512)(conns.ring)
+_tree = functools.lru_cache(maxsize=512)(conns.tree)
+_pat = functools.lru_cache(maxsize=512)(conns.pat)
+_collnet_direct = functools.lru_cache(maxsize=512)(conns.collnet_direct)
+_point_to_point = functools.lru_cache(maxsize=512)(conns.point_to_point)
+
+
+def _connect(ctx: _Context, ledger: _Ledger, algorithm: str, wanted: Sequence[conns.Connection], paid_at: str) -> None:
     """Charge the connections of ``wanted`` not made yet, grouped by side and transport."""
     c = constants()
     fresh = conns.unique(wanted, ledger.connected)
@@ -264,17 +274,17 @@ def _algorithm(ctx: _Context, ledger: _Ledger, algorithm: str, paid_at: str) -> 
         return
     c = constants()
     if algorithm == "ring":
-        _connect(ctx, ledger, "ring", conns.ring(layout, ch.coll), paid_at)
+        _connect(ctx, ledger, "ring", _ring(layout, ch.coll), paid_at)
     elif algorithm == "tree":
-        _connect(ctx, ledger, "tree", conns.tree(layout, ch.coll, c.integer("channels.max_tree_arity") - 1), paid_at)
+        _connect(ctx, ledger, "tree", _tree(layout, ch.coll, c.integer("channels.max_tree_arity") - 1), paid_at)
     elif algorithm == "pat":
-        _connect(ctx, ledger, "pat", conns.pat(layout, ch.coll), paid_at)
+        _connect(ctx, ledger, "pat", _pat(layout, ch.coll), paid_at)
     elif algorithm == "nvls":
         if ctx.nvls_active:
             _nvls_buffers(ctx, ledger, paid_at)
     elif algorithm == "collnetdirect":
         arity = min(layout.local_ranks - 1, c.integer("channels.max_direct_arity"))
-        _connect(ctx, ledger, "collnet", conns.collnet_direct(layout, ch.coll, arity), paid_at)
+        _connect(ctx, ledger, "collnet", _collnet_direct(layout, ch.coll, arity), paid_at)
     else:  # pragma: no cover - algorithm_for returns only the names above
         raise NcclInputError(f"unknown algorithm {algorithm!r}")
 
@@ -301,7 +311,7 @@ def _use(ctx: _Context, ledger: _Ledger, use: Use) -> None:
     paid_at = f"first {use.collective} ({algorithm})"
     if algorithm == P2P:
         peers = p2p_peers(use, ctx.layout)
-        wanted = conns.point_to_point(ctx.layout, peers, ctx.channels.p2p_per_peer, ctx.channels.p2p)
+        wanted = _point_to_point(ctx.layout, peers, ctx.channels.p2p_per_peer, ctx.channels.p2p)
         _connect(ctx, ledger, P2P, wanted, paid_at)
     else:
         _algorithm(ctx, ledger, algorithm, paid_at)
