@@ -132,7 +132,6 @@ class CommMemory:
     breakdown: Breakdown
     uses: tuple[Use, ...] = ()
     use_keys: set[tuple[Any, ...]] = field(default_factory=set)
-    use_order: tuple[tuple[Any, ...], ...] = ()  # each of ``uses`` as the model reads it (``use_key`` of its size)
     unmodelled: tuple[str, ...] = ()
 
     @property
@@ -155,7 +154,8 @@ class Pricer:
         self._tree_below = c.integer("algorithm_rule.tree_below_bytes")
         self._pat_below = c.integer("algorithm_rule.pat_below_bytes")
         self._default_bytes = c.integer("algorithm_rule.default_bytes")  # what the model reads for no size
-        self._cache = _breakdowns_of(profile)
+        self._cache: dict[tuple[Any, ...], Breakdown] = {}
+        self._shared = _breakdowns_of(profile)  # the process's, behind this run's own
         # Per member tuple (one object shared by a group's members): its node sizes, or its rank -> index map.
         self._sizes: dict[int, tuple[Sequence[int], tuple[int, ...]]] = {}
         self._index: dict[int, tuple[Sequence[int], dict[int, int]]] = {}
@@ -188,7 +188,7 @@ class Pricer:
             index = self._rank_index(parent_ranks or ())
             members = tuple(index[r] for r in ranks)
         exact = own_share or sharing is not None or not shape.even
-        breakdown = self._priced(shape, exact, env_key, opts, (), (), sharing, members)
+        breakdown = self._priced(shape, exact, env_key, opts, (), sharing, members)
         return CommMemory(
             shape, env_key, opts, exact, sharing, members, breakdown, unmodelled=unmodelled_for_memory(options)
         )
@@ -249,13 +249,11 @@ class Pricer:
         else:
             new = Use(collective, nbytes)
         m = memory
-        order = (*m.use_order, key if nbytes is not None else self.use_key(collective, self._default_bytes, peer))
-        before = self._priced(m.shape, m.exact, m.env, m.options, m.uses, m.use_order, m.parent, m.members)
-        after = self._priced(m.shape, m.exact, m.env, m.options, (*m.uses, new), order, m.parent, m.members, before)
+        before = self._priced(m.shape, m.exact, m.env, m.options, m.uses, m.parent, m.members)
+        after = self._priced(m.shape, m.exact, m.env, m.options, (*m.uses, new), m.parent, m.members, before=before)
         if after.parts[: len(before.parts)] != before.parts:  # pragma: no cover - the model appends in order
             raise AssertionError("NCCL model: a first use changed what earlier phases paid")
         memory.uses = (*memory.uses, new)
-        memory.use_order = order
         memory.breakdown = after
         return after.parts[len(before.parts) :]
 
@@ -268,22 +266,44 @@ class Pricer:
         env: tuple[tuple[str, str], ...],
         options: tuple[tuple[str, Any], ...],
         uses: tuple[Use, ...],
-        use_order: tuple[tuple[Any, ...], ...],
         parent: CommMemory | None,
         members: tuple[int, ...] | None,
+        *,
         before: Breakdown | None = None,
     ) -> Breakdown:
-        """The model's breakdown, cached per profile for the whole process: a pure function of the key, where
-        the uses enter as their ``use_key`` (all the model reads of a use: an all_reduce of 4 MiB and one of
-        64 MiB connect the same), and a sharing parent as the very breakdown it holds, kept alive beside it.
-        ``before``: the breakdown without the last of ``uses``, which the model then only extends."""
+        """The model's breakdown; cached unless a sharing parent (whose state moves) is involved. ``before``: the
+        breakdown without the last of ``uses``, which the model then only extends (``_model``)."""
         rank = shape.rank if exact else shape.representative()
-        key = (shape.nranks, shape.node_sizes, rank, env, options, use_order)
+        key = (shape.nranks, shape.node_sizes, rank, env, options, uses)
+        if parent is None:
+            cached = self._cache.get(key)
+            if cached is not None:
+                return cached
+        result = self._model(shape, rank, env, options, uses, parent, members, before)
+        if parent is None:
+            self._cache[key] = result
+        return result
+
+    def _model(
+        self,
+        shape: Shape,
+        rank: int,
+        env: tuple[tuple[str, str], ...],
+        options: tuple[tuple[str, Any], ...],
+        uses: tuple[Use, ...],
+        parent: CommMemory | None,
+        members: tuple[int, ...] | None,
+        before: Breakdown | None,
+    ) -> Breakdown:
+        """``communicator_bytes``, through the process's cache for this profile (``_BREAKDOWNS``): a pure
+        function of the key, where a use enters as what the model reads of it (an all_reduce of 4 MiB and one
+        of 64 MiB connect the same), and a sharing parent as the very breakdown it holds, kept beside it."""
+        key: tuple[Any, ...] = (shape.nranks, shape.node_sizes, rank, env, options, tuple(map(self._read, uses)))
         if parent is not None:
             key = (*key, id(parent.breakdown), members)
-        cached = self._cache.get(key)
-        if cached is not None and (parent is None or cached[0] is parent.breakdown):
-            return cached[1]
+        shared = self._shared.get(key)
+        if shared is not None and (parent is None or shared[0] is parent.breakdown):
+            return shared[1]
         even = shape.even
         result = communicator_bytes(
             self.topology,
@@ -303,14 +323,20 @@ class Pricer:
             fixed_overhead_source=self.fixed_source,
             resume=before,
         )
-        if len(self._cache) >= _BREAKDOWNS_KEPT:
-            self._cache.clear()
-        self._cache[key] = (None if parent is None else parent.breakdown, result)
+        if len(self._shared) >= _BREAKDOWNS_KEPT:
+            self._shared.clear()
+        self._shared[key] = (None if parent is None else parent.breakdown, result)
         return result
+
+    def _read(self, use: Use) -> tuple[Any, ...]:
+        """What the model reads of a use: its collective, its peers, and which side of the algorithm rule's size
+        thresholds it falls (``simnccl.nccl.algorithms``; no size is the rule's default size)."""
+        n = self._default_bytes if use.nbytes is None else use.nbytes
+        return (use.collective, use.peers, n < self._tree_below, n < self._pat_below)
 
 
 # Breakdowns by profile, shared by every engine of the process: a property run simulates thousands of small
-# programs whose communicators are mostly the same few shapes, and pricing one is most of a small simulation.
+# programs whose communicators are mostly the same few shapes, and pricing one was most of a small simulation.
 # Bounded: a process that prices more distinct communicators starts over (the cache is only a speed-up).
 _BREAKDOWNS_KEPT = 20_000
 _PROFILES_KEPT = 32
