@@ -206,29 +206,6 @@ SHRUNK_OPS_PER_RANK = {
 }
 
 
-@pytest.mark.parametrize(
-    ("needs", "shrunk"),
-    [
-        ({"NCCL_RUNTIME_CONNECT": "0"}, {"NCCL_RUNTIME_CONNECT": "0"}),
-        ({"TORCH_DIST_USE_NCCL2": "1"}, {"TORCH_DIST_USE_NCCL2": "1"}),
-        (
-            {"TORCH_DIST_USE_NCCL2": "0", "NCCL_COMM_SPLIT_SHARE_RESOURCES": "1"},
-            {"TORCH_DIST_USE_NCCL2": "0", "NCCL_COMM_SPLIT_SHARE_RESOURCES": "1"},
-        ),
-        ({"NCCL_COMM_SPLIT_SHARE_RESOURCES": None}, {"NCCL_COMM_SPLIT_SHARE_RESOURCES": "0"}),
-    ],
-)
-def test_an_environment_shrinks_to_the_knobs_a_failure_needs(needs: dict, shrunk: dict) -> None:
-    """The environment is one draw over every combination of the knobs' settings (fewer draws per case): a
-    failure that needs some knobs still shrinks to those knobs alone, at their first value that fails (None in
-    ``needs``: the knob set to anything)."""
-
-    def fails(env: dict[str, str]) -> bool:
-        return all(env.get(k) == v if v is not None else k in env for k, v in needs.items())
-
-    assert find(envs(), fails, settings=settings(database=None, derandomize=True)) == shrunk
-
-
 @pytest.mark.parametrize("kind", mutations.KINDS)
 def test_mutant_shrinks_to_a_few_ops(kind: str) -> None:
     """Hypothesis shrinks a found mutant to a minimal program, still found, still blaming the culprit."""

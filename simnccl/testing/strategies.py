@@ -132,20 +132,12 @@ def envs(draw: st.DrawFn, knobs: Sequence[str] = tuple(ENV_KNOBS)) -> dict[str, 
 
 
 def draw_env(draw: st.DrawFn, knobs: Sequence[str] = tuple(ENV_KNOBS)) -> dict[str, str]:
-    """One draw for the whole environment: an index into every combination of the knobs' settings, the
-    first knob varying slowest and "unset" first, so it shrinks towards no knobs, and a shrunk environment
-    sets only the knobs the failure needs (the smallest index that still fails)."""
-    choices = [(None, *ENV_KNOBS[knob]) for knob in knobs]
-    combinations = 1
-    for values in choices:
-        combinations *= len(values)
-    index = _int(draw, 0, combinations - 1)
-    settings: list[str | None] = []
-    for values in reversed(choices):
-        index, at = divmod(index, len(values))
-        settings.append(values[at])
-    settings.reverse()
-    return {knob: value for knob, value in zip(knobs, settings, strict=True) if value is not None}
+    env: dict[str, str] = {}
+    for knob in knobs:
+        value = _pick(draw, (None, *ENV_KNOBS[knob]))
+        if value is not None:
+            env[knob] = value
+    return env
 
 
 def budgets() -> st.SearchStrategy[str]:
@@ -355,17 +347,17 @@ def draw_use(draw: st.DrawFn, world: int, fams: Sequence[Family], *, p2p: bool =
         kinds.append("p2p")
     kinds.append("checkpoint")
     kind = _pick(draw, kinds)
-    if kind == "checkpoint":  # no size: drawn only where the op has one
-        return Use("checkpoint", label=f"c{_int(draw, 0, 3)}")
-    if kind == "barrier":
-        return Use(kind, handle, 4)
     size = _pick(draw, SIZES_BYTES)
+    if kind == "checkpoint":
+        return Use("checkpoint", label=f"c{_int(draw, 0, 3)}")
     if kind == "p2p":
         part = _pick(draw, multi)
         i = _int(draw, 0, len(part) - 1)
         j = _int(draw, 0, len(part) - 2)
         j = j if j < i else j + 1
         return Use("p2p", handle, size, src=part[i], dst=part[j])
+    if kind == "barrier":
+        size = 4
     return Use(kind, handle, size)
 
 
