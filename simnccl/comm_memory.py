@@ -34,6 +34,7 @@ computes a handful of breakdowns, not 4096.
 from __future__ import annotations
 
 import functools
+import itertools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -323,8 +324,9 @@ class Pricer:
             fixed_overhead_source=self.fixed_source,
             resume=before,
         )
-        if len(self._shared) >= _BREAKDOWNS_KEPT:
-            self._shared.clear()
+        if len(self._shared) >= _BREAKDOWNS_KEPT:  # full: the older half goes
+            for old in list(itertools.islice(self._shared, _BREAKDOWNS_KEPT // 2)):
+                del self._shared[old]
         self._shared[key] = (None if parent is None else parent.breakdown, result)
         return result
 
@@ -337,8 +339,8 @@ class Pricer:
 
 # Breakdowns by profile, shared by every engine of the process: a property run simulates thousands of small
 # programs whose communicators are mostly the same few shapes, and pricing one was most of a small simulation.
-# Bounded: a process that prices more distinct communicators starts over (the cache is only a speed-up).
-_BREAKDOWNS_KEPT = 20_000
+# Bounded (a breakdown with its connections is ~10 KiB): past the bound, the older half is dropped.
+_BREAKDOWNS_KEPT = 10_000
 _PROFILES_KEPT = 32
 _BREAKDOWNS: dict[int, tuple[Profile, dict[tuple[Any, ...], tuple[Breakdown | None, Breakdown]]]] = {}
 

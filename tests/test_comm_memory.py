@@ -316,3 +316,17 @@ def test_runs_of_one_process_share_breakdowns_keyed_by_what_the_model_reads() ->
         assert child.breakdown == scratch
         children.append(child.breakdown.device_bytes)
     assert children[1] < children[0]  # the second child reused its parent's ring
+
+
+def test_the_process_cache_is_bounded_and_drops_its_older_half(monkeypatch: pytest.MonkeyPatch) -> None:
+    import simnccl.comm_memory as comm_memory
+
+    monkeypatch.setattr(comm_memory, "_BREAKDOWNS", {})
+    monkeypatch.setattr(comm_memory, "_BREAKDOWNS_KEPT", 4)
+    pricer = Pricer(PROFILE, Cluster(get_gpu_kind("h100-80gb"), 1, 8).node_of)
+    priced = [pricer.create(tuple(range(n)), 0, {}) for n in range(1, 8)]  # seven distinct communicators
+    shared = comm_memory._breakdowns_of(PROFILE)
+    assert 2 <= len(shared) <= 4
+    assert [key[0] for key in shared] == sorted(key[0] for key in shared)[-len(shared) :]  # the latest kept
+    again = Pricer(PROFILE, Cluster(get_gpu_kind("h100-80gb"), 1, 8).node_of)
+    assert [again.create(tuple(range(n)), 0, {}).breakdown for n in range(1, 8)] == [m.breakdown for m in priced]
