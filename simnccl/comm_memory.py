@@ -34,6 +34,7 @@ computes a handful of breakdowns, not 4096.
 from __future__ import annotations
 
 import functools
+import itertools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -153,7 +154,9 @@ class Pricer:
         c = constants()
         self._tree_below = c.integer("algorithm_rule.tree_below_bytes")
         self._pat_below = c.integer("algorithm_rule.pat_below_bytes")
+        self._default_bytes = c.integer("algorithm_rule.default_bytes")  # what the model reads for no size
         self._cache: dict[tuple[Any, ...], Breakdown] = {}
+        self._shared = _breakdowns_of(profile)  # the process's, behind this run's own
         # Per member tuple (one object shared by a group's members): its node sizes, or its rank -> index map.
         self._sizes: dict[int, tuple[Sequence[int], tuple[int, ...]]] = {}
         # Per distinct node-sizes tuple: (the interned tuple, a small number standing for it in cache keys,
@@ -321,7 +324,7 @@ class Pricer:
             new = Use(collective, nbytes)
         m = memory
         before = self._priced(m.shape, m.exact, m.env, m.options, m.uses, m.parent, m.members)
-        after = self._priced(m.shape, m.exact, m.env, m.options, (*m.uses, new), m.parent, m.members)
+        after = self._priced(m.shape, m.exact, m.env, m.options, (*m.uses, new), m.parent, m.members, before=before)
         if after.parts[: len(before.parts)] != before.parts:  # pragma: no cover - the model appends in order
             raise AssertionError("NCCL model: a first use changed what earlier phases paid")
         memory.uses = (*memory.uses, new)
@@ -339,15 +342,47 @@ class Pricer:
         uses: tuple[Use, ...],
         parent: CommMemory | None,
         members: tuple[int, ...] | None,
+        *,
+        before: Breakdown | None = None,
     ) -> Breakdown:
-        """The model's breakdown; cached unless a sharing parent (whose state moves) is involved."""
+        """The model's breakdown; cached unless a sharing parent (whose state moves) is involved. ``before``: the
+        breakdown without the last of ``uses``, which the model then only extends (``_model``)."""
         rank = shape.rank if exact else shape.representative()
-        _, layout, even = self._layout(shape.node_sizes)
+        sizes, layout, even = self._layout(shape.node_sizes)
         key = (shape.nranks, layout, rank, env, options, uses)
         if parent is None:
             cached = self._cache.get(key)
             if cached is not None:
                 return cached
+        result = self._model(shape, sizes, even, rank, env, options, uses, parent, members, before)
+        if parent is None:
+            self._cache[key] = result
+        return result
+
+    def _model(
+        self,
+        shape: Shape,
+        sizes: tuple[int, ...],
+        even: bool,
+        rank: int,
+        env: tuple[tuple[str, str], ...],
+        options: tuple[tuple[str, Any], ...],
+        uses: tuple[Use, ...],
+        parent: CommMemory | None,
+        members: tuple[int, ...] | None,
+        before: Breakdown | None,
+    ) -> Breakdown:
+        """``communicator_bytes``, through the process's cache for this profile (``_BREAKDOWNS``): a pure
+        function of the key, where a use enters as what the model reads of it (an all_reduce of 4 MiB and one
+        of 64 MiB connect the same), and a sharing parent as the very breakdown it holds, kept beside it.
+        ``sizes``/``even``: the run's interned node sizes and whether they are even (``_layout``); the run's layout
+        number cannot key a cache shared by runs, the interned tuple can, and this runs only on the run's misses."""
+        key: tuple[Any, ...] = (shape.nranks, sizes, rank, env, options, tuple(map(self._read, uses)))
+        if parent is not None:
+            key = (*key, id(parent.breakdown), members)
+        shared = self._shared.get(key)
+        if shared is not None and (parent is None or shared[0] is parent.breakdown):
+            return shared[1]
         result = communicator_bytes(
             self.topology,
             shape.nranks,
@@ -364,10 +399,38 @@ class Pricer:
             node_sizes=None if even else shape.node_sizes,
             fixed_overhead_bytes=self.fixed_bytes,
             fixed_overhead_source=self.fixed_source,
+            resume=before,
         )
-        if parent is None:
-            self._cache[key] = result
+        if len(self._shared) >= _BREAKDOWNS_KEPT:  # full: the older half goes
+            for old in list(itertools.islice(self._shared, _BREAKDOWNS_KEPT // 2)):
+                del self._shared[old]
+        self._shared[key] = (None if parent is None else parent.breakdown, result)
         return result
+
+    def _read(self, use: Use) -> tuple[Any, ...]:
+        """What the model reads of a use: its collective, its peers, and which side of the algorithm rule's size
+        thresholds it falls (``simnccl.nccl.algorithms``; no size is the rule's default size)."""
+        n = self._default_bytes if use.nbytes is None else use.nbytes
+        return (use.collective, use.peers, n < self._tree_below, n < self._pat_below)
+
+
+# Breakdowns by profile, shared by every engine of the process: a property run simulates thousands of small
+# programs whose communicators are mostly the same few shapes, and pricing one was most of a small simulation.
+# Bounded (a breakdown with its connections is ~10 KiB): past the bound, the older half is dropped.
+_BREAKDOWNS_KEPT = 10_000
+_PROFILES_KEPT = 32
+_BREAKDOWNS: dict[int, tuple[Profile, dict[tuple[Any, ...], tuple[Breakdown | None, Breakdown]]]] = {}
+
+
+def _breakdowns_of(profile: Profile) -> dict[tuple[Any, ...], tuple[Breakdown | None, Breakdown]]:
+    """The process's breakdown cache for this profile object (by identity: a profile file loaded twice is two
+    profiles, and nothing holds a stale one whose id was reused)."""
+    entry = _BREAKDOWNS.get(id(profile))
+    if entry is None or entry[0] is not profile:
+        if len(_BREAKDOWNS) >= _PROFILES_KEPT:  # profile files loaded afresh per run: keep the latest few
+            _BREAKDOWNS.clear()
+        entry = _BREAKDOWNS[id(profile)] = (profile, {})
+    return entry[1]
 
 
 def one_node_mib(

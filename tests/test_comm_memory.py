@@ -16,7 +16,7 @@ from simnccl.comm_memory import (
     unmodelled_for_memory,
 )
 from simnccl.engine.nvls import multicast_data
-from simnccl.nccl import communicator_bytes
+from simnccl.nccl import Use, communicator_bytes
 from simnccl.ops import (
     MODELLED_OPTION_FIELDS,
     AllGather,
@@ -252,3 +252,81 @@ def test_destroy_gives_back_host_memory_and_multicast_slots() -> None:
     assert out.multicast_slots == {"n0": SLOTS}  # g's binding freed once neither member holds it
     (name,) = (name for name, _ in out.groups if name != "0")
     assert out.slots_charged[(0, name)] == SLOTS  # what g took at its init stays on record
+
+
+# ------------------------------------------------------------------------------------------- pricing across runs
+
+
+def test_runs_of_one_process_share_breakdowns_keyed_by_what_the_model_reads() -> None:
+    """Two runs (two pricers) on one profile get the very same breakdown objects for the same communicator, and
+    uses the algorithm rule cannot tell apart (4 vs 64 MiB) share one; a size across the rule's threshold gets its
+    own, and a child sharing its parent is priced on the breakdown its own parent holds — each equal to pricing it
+    from scratch."""
+    cluster = Cluster(get_gpu_kind("h100-80gb"), 2, 8)
+    first, second = Pricer(PROFILE, cluster.node_of), Pricer(PROFILE, cluster.node_of)
+    ranks = (0, 1, 8, 9)
+    a, b = first.create(ranks, 1, {}), second.create(ranks, 1, {})
+    assert b.breakdown is a.breakdown
+    first.use(a, "all_reduce", 4 * MIB)
+    second.use(b, "all_reduce", 64 * MIB)
+    assert b.breakdown is a.breakdown
+    small = second.create(ranks, 1, {})
+    second.use(small, "all_reduce", 1024)  # below the tree threshold across nodes: tree, not ring
+    assert small.breakdown != a.breakdown
+    for memory, nbytes in ((a, 4 * MIB), (small, 1024)):
+        scratch = communicator_bytes(
+            PROFILE.topology,
+            4,
+            2,
+            2,
+            PROFILE.nccl_version,
+            env={},
+            phase="used",
+            uses=[Use("all_reduce", nbytes)],
+            rank=1,
+            fixed_overhead_bytes=first.fixed_bytes,
+            fixed_overhead_source=first.fixed_source,
+        )
+        assert memory.breakdown == scratch
+    # One node, rings only: a child of ranks 1 and 2 reuses the ring its sharing parent connected, if it did.
+    one_node = Cluster(get_gpu_kind("h100-80gb"), 1, 8)
+    first, second = Pricer(PROFILE, one_node.node_of), Pricer(PROFILE, one_node.node_of)
+    share = {"NCCL_COMM_SPLIT_SHARE_RESOURCES": "1", "NCCL_ALGO": "Ring"}
+    parents = (0, 1, 2, 3)
+    parent_one, parent_two = first.create(parents, 1, share), second.create(parents, 1, share)
+    second.use(parent_two, "all_reduce", 4 * MIB)  # only the second parent has connected its ring
+    children = []
+    for pricer, parent in ((first, parent_one), (second, parent_two)):
+        child = pricer.create((1, 2), 0, share, parent=parent, parent_ranks=parents)
+        pricer.use(child, "all_reduce", 4 * MIB)
+        scratch = communicator_bytes(
+            PROFILE.topology,
+            2,
+            2,
+            1,
+            PROFILE.nccl_version,
+            env=share,
+            phase="used",
+            uses=[Use("all_reduce", 4 * MIB)],
+            parent=parent.breakdown,
+            members=(1, 2),
+            fixed_overhead_bytes=first.fixed_bytes,
+            fixed_overhead_source=first.fixed_source,
+        )
+        assert child.breakdown == scratch
+        children.append(child.breakdown.device_bytes)
+    assert children[1] < children[0]  # the second child reused its parent's ring
+
+
+def test_the_process_cache_is_bounded_and_drops_its_older_half(monkeypatch: pytest.MonkeyPatch) -> None:
+    import simnccl.comm_memory as comm_memory
+
+    monkeypatch.setattr(comm_memory, "_BREAKDOWNS", {})
+    monkeypatch.setattr(comm_memory, "_BREAKDOWNS_KEPT", 4)
+    pricer = Pricer(PROFILE, Cluster(get_gpu_kind("h100-80gb"), 1, 8).node_of)
+    priced = [pricer.create(tuple(range(n)), 0, {}) for n in range(1, 8)]  # seven distinct communicators
+    shared = comm_memory._breakdowns_of(PROFILE)
+    assert 2 <= len(shared) <= 4
+    assert [key[0] for key in shared] == sorted(key[0] for key in shared)[-len(shared) :]  # the latest kept
+    again = Pricer(PROFILE, Cluster(get_gpu_kind("h100-80gb"), 1, 8).node_of)
+    assert [again.create(tuple(range(n)), 0, {}).breakdown for n in range(1, 8)] == [m.breakdown for m in priced]

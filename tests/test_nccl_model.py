@@ -466,3 +466,41 @@ def test_same_input_same_breakdown() -> None:
     second = used("h100-80gb", 32, 8, 4, "2.30.7", uses=["all_reduce", "all_to_all", "all_gather"], rank=13)
     assert first.to_dict() == second.to_dict()
     assert first.to_dict()["schema_version"] == 1
+
+
+# ------------------------------------------------------------------------------------------ pricing one use at a time
+
+RESUMED_USES = [
+    Use("all_reduce", 64 * MIB),
+    Use("all_gather", 1024),
+    Use("send", peers=(1,)),
+    Use("all_reduce", 1024),
+    Use("all_to_all"),
+    Use("broadcast", MIB),
+]
+
+
+@pytest.mark.parametrize(
+    ("layout", "env", "kw"),
+    [
+        (H100_8, {}, {}),
+        (("h100-80gb", 16, 8, 2, "2.30.7"), {}, {"rank": 9}),
+        (("h100-80gb", 4, 1, 4, "2.30.7"), {"NCCL_RUNTIME_CONNECT": "0"}, {"rank": 2}),
+        (("h100-80gb", 5, 3, 2, "2.30.7"), {}, {"rank": 4, "node_sizes": (2, 3)}),
+        (("a100-80gb", 2, 1, 2, "2.21.5"), {"NCCL_CUMEM_ENABLE": "0"}, {"rank": 1}),
+    ],
+)
+def test_resuming_from_the_breakdown_before_a_use_equals_pricing_every_use_again(layout, env, kw) -> None:
+    """``resume``: what a first use adds on top of the breakdown before it is what pricing every phase from the
+    start gives, part for part, connection for connection, note for note (Pricer extends one use at a time)."""
+    before = used(*layout, env=env, uses=RESUMED_USES[:1], **kw)
+    for k in range(2, len(RESUMED_USES) + 1):
+        resumed = used(*layout, env=env, uses=RESUMED_USES[:k], resume=before, **kw)
+        assert resumed == used(*layout, env=env, uses=RESUMED_USES[:k], **kw), RESUMED_USES[k - 1]
+        before = resumed
+
+
+def test_resume_needs_a_use_to_add() -> None:
+    base = used(*H100_8)
+    with pytest.raises(NcclInputError, match="resume"):
+        communicator_bytes(*H100_8, phase="init", resume=base)

@@ -9,14 +9,14 @@ makes the count a check.
 from __future__ import annotations
 
 import pytest
-from hypothesis import HealthCheck, find, given, settings
+from hypothesis import HealthCheck, assume, find, given, settings
 from hypothesis import strategies as st
 
 from simnccl.engine import RunOutcome
 from simnccl.ops import WORLD, Checkpoint, Collective, NewGroup, PointToPoint
 from simnccl.policy import BUILTIN
+from simnccl.testing import harness, mutations
 from simnccl.testing import invariants as inv
-from simnccl.testing import mutations
 from simnccl.testing.replay import CaseTimeout, SimCase, plugin_registered
 from simnccl.testing.stateful import GrowingProgram
 from simnccl.testing.strategies import (
@@ -145,6 +145,24 @@ def test_budget_bounds_memory_at_group_creation(
 def test_same_case_gives_the_same_trace_hash(case: SimCase) -> None:
     first, second = case.run(), case.run()
     assert (v := inv.deterministic(first, second)), v.explanation
+
+
+@given(cases(min_world=2))
+def test_ranks_sharing_a_program_run_as_one_program_with_the_outcome_of_each_its_own(case: SimCase) -> None:
+    """``SimCase.run`` gives ranks that share a program tuple one Program where not every rank shares it (sends
+    and recvs differ): the trace, verdict and memory are those of every rank running its own copy. (Where all
+    ranks share one, cohorts take group creation and the trace records them: a different trace by design.)"""
+    assume(not case.shared)
+    own = harness.simulate(
+        [list(p) for p in case.programs],
+        gpu=case.gpu,
+        nodes=case.nodes,
+        gpus_per_node=case.gpus_per_node,
+        release=case.release,
+        env=case.env_dict,
+        policy=case.policy,
+    )
+    assert (v := inv.deterministic(case.run(), own)), v.explanation
 
 
 # ------------------------------------------------------------------------------------------ stateful growth

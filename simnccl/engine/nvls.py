@@ -77,6 +77,12 @@ def _fatal(nccl_version: str, since: str) -> bool:
         return True
 
 
+# Whether NVLS is active, by GPU kind and NCCL version, then by member layout and NCCL_* environment: shared by
+# every run of the process (a pure function of the key; a property run simulates thousands of small programs
+# with the same few layouts, and asking the NCCL model is most of a bind).
+_ACTIVE: dict[tuple[str, str], dict[tuple[object, ...], tuple[bool, int]]] = {}
+
+
 @dataclass(slots=True)
 class _Binding:
     """One communicator's multicast objects on one node: how many, which local members hold them, or why not."""
@@ -107,7 +113,8 @@ class MulticastSlots:
         # 0 without NVLS, or when it reuses its parent's); the latest communicator of that name, kept past destroy.
         self.charged: dict[tuple[int, str], int] = {}
         self._parents: dict[int, tuple[Comm, Comm]] = {}  # id(child) -> (child, parent): a split's parent
-        self._active: dict[tuple[object, ...], tuple[bool, int]] = {}
+        self._active: dict[tuple[object, ...], tuple[bool, int]] = {}  # this run's, keyed by layout number
+        self._process_active = _ACTIVE.setdefault((self.cluster.gpu.key, self.nccl_version), {})
         # id(member tuple) -> (the tuple, ranks per node, ranks per node in node order, that order's number)
         self._per_node: dict[int, tuple[tuple[int, ...], dict[int, int], tuple[int, ...], int]] = {}
         self._layouts: dict[tuple[int, ...], int] = {}  # ranks per node in node order -> its number (a cache key)
@@ -196,6 +203,9 @@ class MulticastSlots:
         env = self._nccl_env(rt.ctx.env)
         cache_key = (len(ranks), local, layout, tuple(env.items()))
         known = self._active.get(cache_key)
+        if known is None:  # the process's answer, keyed by the node sizes themselves (layout numbers are per run)
+            shared_key = (len(ranks), local, sizes, cache_key[3])
+            known = self._process_active.get(shared_key)
         if known is None:
             try:
                 breakdown = communicator_bytes(
@@ -204,7 +214,8 @@ class MulticastSlots:
                 known = (breakdown.nvls_active, settings_from(env, None).nvls_enable)
             except NcclInputError:
                 known = (False, 0)  # a kind without a topology in gpu_kinds.toml: no NVLS modelled
-            self._active[cache_key] = known
+            self._process_active[shared_key] = known
+        self._active[cache_key] = known
         return known
 
     def _shares_parent(self, rt: RankRuntime, comm: Comm, group: Group, members: Mapping[int, tuple[int, ...]]) -> bool:

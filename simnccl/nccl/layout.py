@@ -7,6 +7,7 @@ layout. Ranks are numbered node by node (ranks ``n*L .. n*L+L-1`` on node ``n``)
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from simnccl.nccl.constants import NcclInputError
@@ -53,21 +54,19 @@ class Layout:
 
     @property
     def sizes(self) -> tuple[int, ...]:
-        return self.node_sizes or (self.local_ranks,) * self.nodes
+        return self.node_sizes or _even_sizes(self.local_ranks, self.nodes)
 
     @property
     def max_local_ranks(self) -> int:
         return max(self.sizes)
 
     def _first(self, node: int) -> int:
-        return sum(self.sizes[:node])
+        return _firsts(self.sizes)[node]
 
     def node_of(self, rank: int) -> int:
-        first = 0
-        for node, size in enumerate(self.sizes):
-            if rank < first + size:
-                return node
-            first += size
+        nodes = _nodes_of(self.sizes)
+        if rank < len(nodes):
+            return nodes[rank] if rank >= 0 else 0
         raise NcclInputError(f"layout: rank {rank} is outside 0..{self.nranks - 1}")
 
     def same_node(self, a: int, b: int) -> bool:
@@ -86,3 +85,27 @@ class Layout:
 
     def ring(self, channel: int) -> list[int]:
         return [r for node in range(self.nodes) for r in self.node_order(node, channel)]
+
+
+# Tables by node sizes, built once per process: the connection enumeration asks for a rank's node hundreds of
+# thousands of times in a property run.
+
+
+@functools.lru_cache(maxsize=1024)
+def _even_sizes(local_ranks: int, nodes: int) -> tuple[int, ...]:
+    return (local_ranks,) * nodes
+
+
+@functools.lru_cache(maxsize=1024)
+def _firsts(sizes: tuple[int, ...]) -> tuple[int, ...]:
+    """The first rank of each node (and, last, the rank count)."""
+    firsts = [0]
+    for size in sizes:
+        firsts.append(firsts[-1] + size)
+    return tuple(firsts)
+
+
+@functools.lru_cache(maxsize=1024)
+def _nodes_of(sizes: tuple[int, ...]) -> tuple[int, ...]:
+    """Each rank's node, by rank."""
+    return tuple(node for node, size in enumerate(sizes) for _ in range(size))

@@ -18,6 +18,7 @@ and once per process (the first communicator), beyond the mechanics above.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -172,7 +173,16 @@ def _parent_has(ctx: _Context, key: tuple[int, int, str, int]) -> bool:
     return (channel, ctx.members[peer], direction, index) in ctx.parent.connected
 
 
-def _connect(ctx: _Context, ledger: _Ledger, algorithm: str, wanted: list[conns.Connection], paid_at: str) -> None:
+# The connections an algorithm wants, by layout and channel counts: pure functions of their arguments, asked
+# again for every communicator of the same shape (a property run prices thousands), so computed once per process.
+_ring = functools.lru_cache(maxsize=512)(conns.ring)
+_tree = functools.lru_cache(maxsize=512)(conns.tree)
+_pat = functools.lru_cache(maxsize=512)(conns.pat)
+_collnet_direct = functools.lru_cache(maxsize=512)(conns.collnet_direct)
+_point_to_point = functools.lru_cache(maxsize=512)(conns.point_to_point)
+
+
+def _connect(ctx: _Context, ledger: _Ledger, algorithm: str, wanted: Sequence[conns.Connection], paid_at: str) -> None:
     """Charge the connections of ``wanted`` not made yet, grouped by side and transport."""
     c = constants()
     fresh = conns.unique(wanted, ledger.connected)
@@ -264,17 +274,17 @@ def _algorithm(ctx: _Context, ledger: _Ledger, algorithm: str, paid_at: str) -> 
         return
     c = constants()
     if algorithm == "ring":
-        _connect(ctx, ledger, "ring", conns.ring(layout, ch.coll), paid_at)
+        _connect(ctx, ledger, "ring", _ring(layout, ch.coll), paid_at)
     elif algorithm == "tree":
-        _connect(ctx, ledger, "tree", conns.tree(layout, ch.coll, c.integer("channels.max_tree_arity") - 1), paid_at)
+        _connect(ctx, ledger, "tree", _tree(layout, ch.coll, c.integer("channels.max_tree_arity") - 1), paid_at)
     elif algorithm == "pat":
-        _connect(ctx, ledger, "pat", conns.pat(layout, ch.coll), paid_at)
+        _connect(ctx, ledger, "pat", _pat(layout, ch.coll), paid_at)
     elif algorithm == "nvls":
         if ctx.nvls_active:
             _nvls_buffers(ctx, ledger, paid_at)
     elif algorithm == "collnetdirect":
         arity = min(layout.local_ranks - 1, c.integer("channels.max_direct_arity"))
-        _connect(ctx, ledger, "collnet", conns.collnet_direct(layout, ch.coll, arity), paid_at)
+        _connect(ctx, ledger, "collnet", _collnet_direct(layout, ch.coll, arity), paid_at)
     else:  # pragma: no cover - algorithm_for returns only the names above
         raise NcclInputError(f"unknown algorithm {algorithm!r}")
 
@@ -301,7 +311,7 @@ def _use(ctx: _Context, ledger: _Ledger, use: Use) -> None:
     paid_at = f"first {use.collective} ({algorithm})"
     if algorithm == P2P:
         peers = p2p_peers(use, ctx.layout)
-        wanted = conns.point_to_point(ctx.layout, peers, ctx.channels.p2p_per_peer, ctx.channels.p2p)
+        wanted = _point_to_point(ctx.layout, peers, ctx.channels.p2p_per_peer, ctx.channels.p2p)
         _connect(ctx, ledger, P2P, wanted, paid_at)
     else:
         _algorithm(ctx, ledger, algorithm, paid_at)
@@ -330,6 +340,7 @@ def communicator_bytes(
     fixed_overhead_source: str = "",
     process_overhead_bytes: int = 0,
     process_overhead_source: str = "",
+    resume: Breakdown | None = None,
 ) -> Breakdown:
     """One rank's communicator memory, itemised, up to ``phase``.
 
@@ -340,7 +351,10 @@ def communicator_bytes(
     Breakdown of the communicator this one was split from; its ``share_resources`` (the parent's own
     splitShare) decides sharing, and ``members`` maps this communicator's ranks to the parent's (default:
     the same numbers). ``node_sizes``: ranks per node for an uneven group (``local_ranks`` is then the
-    priced rank's node's count). Raises NcclInputError for bad input.
+    priced rank's node's count). ``resume``: this very call's result without the last of ``uses`` (same
+    arguments otherwise); only the last use is then connected, on top of it — the same breakdown, without
+    redoing what the earlier phases paid (a caller pricing uses one by one pays each once). Raises
+    NcclInputError for bad input.
     """
     if phase not in PHASES:
         raise NcclInputError(f"phase: expected one of {', '.join(PHASES)}, got {phase!r}")
@@ -396,6 +410,20 @@ def communicator_bytes(
         members=members,
         nvls_shared=nvls_shared,
     )
+    trailing = (not cumem) + (layout.nodes > 1)  # the notes added last, below
+    if resume is not None:
+        if phase != "used" or not uses:
+            raise NcclInputError("resume: only with phase 'used' and at least one use (the one to add)")
+        ledger = _Ledger(
+            list(resume.parts),
+            set(resume.connected),
+            set(resume.algorithms_connected),
+            resume.nvls_buffers_paid,
+            resume.net_pool_paid,
+            list(resume.notes[: len(resume.notes) - trailing]),
+        )
+        _use(ctx, ledger, _as_use(uses[-1]))
+        return _breakdown(ctx, ledger, runtime_connect, shared, settings.split_share)
     ledger = _Ledger()
     _init_parts(ctx, ledger)
     if fixed_overhead_bytes:
@@ -431,6 +459,12 @@ def communicator_bytes(
     if phase == "used":
         for use in uses:
             _use(ctx, ledger, _as_use(use))
+    return _breakdown(ctx, ledger, runtime_connect, shared, settings.split_share)
+
+
+def _breakdown(ctx: _Context, ledger: _Ledger, runtime_connect: bool, shared: bool, share_resources: bool) -> Breakdown:
+    """The result: the ledger's parts and state, and the notes on what the model leaves out (added last)."""
+    layout, topo, version, channels, cumem = ctx.layout, ctx.topology, ctx.version, ctx.channels, ctx.cumem
     notes = ledger.notes
     if not cumem:
         notes.append(
@@ -449,10 +483,10 @@ def communicator_bytes(
         channels=channels,
         runtime_connect=runtime_connect,
         cumem=cumem,
-        nvls_active=nvls_active,
+        nvls_active=ctx.nvls_active,
         split_shared=shared,
-        nvls_shared=nvls_shared,
-        share_resources=settings.split_share,
+        nvls_shared=ctx.nvls_shared,
+        share_resources=share_resources,
         connected=frozenset(ledger.connected),
         algorithms_connected=frozenset(ledger.algorithms),
         nvls_buffers_paid=ledger.nvls_buffers_paid,

@@ -71,8 +71,9 @@ def _alarm(seconds: float, what: str, error: Callable[[], BaseException] | None 
 @dataclass(frozen=True)
 class SimCase:
     """Everything one simulation needs. ``programs`` holds one op tuple per rank; ranks with identical
-    programs share one tuple object (DESIGN rule 8), and a case whose ranks all share one is run as a single
-    program so the engine can take group creation in cohorts."""
+    programs share one tuple object (DESIGN rule 8) and run on one Program: a case whose ranks all share one
+    is run as a single program so the engine can take group creation in cohorts; elsewhere (sends and recvs
+    differ) the ranks that share a tuple share a Program, which the engine plans and prices once."""
 
     programs: tuple[tuple[Op, ...], ...]
     gpu: str = "h100-80gb"
@@ -121,7 +122,11 @@ class SimCase:
         from simnccl.testing import harness
 
         chosen = self.policy if policy is ... else policy
-        program: Any = list(self.programs[0]) if self.shared else [list(p) for p in self.programs]
+        if self.shared:
+            program: Any = list(self.programs[0])
+        else:  # one list per distinct tuple object: ``simulate`` makes one Program of each list
+            lists: dict[int, list[Op]] = {}
+            program = [lists.setdefault(id(p), list(p)) for p in self.programs]
         _count_simulation(self, chosen)
         with _alarm(CASE_WALL_S, f"a {self.world_size}-rank case under policy {policy_label(chosen)!r}"):
             outcome = harness.simulate(

@@ -43,7 +43,7 @@ from simnccl.ops import (
 from simnccl.policy import BUILTIN, ComposedPolicy, get_policy
 from simnccl.release import RELEASES
 from simnccl.testing.hypothesis_profiles import load_profile, register_profiles, untouched
-from simnccl.testing.replay import SimCase, share_identical
+from simnccl.testing.replay import SimCase
 
 ENV_KNOBS: dict[str, tuple[str, ...]] = {
     "TORCH_DIST_USE_NCCL2": ("0", "1"),
@@ -436,41 +436,61 @@ def traffic_of(layout: Layout) -> dict[str, str]:
 
 
 def render(layout: Layout) -> tuple[tuple[Op, ...], ...]:
-    """One op tuple per rank; ranks with equal programs share one tuple object."""
+    """One op tuple per rank; ranks with equal programs share one tuple object.
+
+    Every step but a send/recv pair is every rank's, so a rank's program is the common op list with its own
+    sends and recvs slotted in: ranks without any share the common tuple, and ranks with the same sends and
+    recvs at the same places share one (built once) -- equal programs, one object, without comparing
+    programs op by op."""
     world = layout.world_size
     traffic = traffic_of(layout) if layout.annotate else {}
-    prologue: list[Op] = [SetDevice(), InitProcessGroup(backend="nccl"), Checkpoint(label=CHECKPOINT_INIT)]
-    per_rank: list[list[Op]] = [list(prologue) for _ in range(world)]
+    common: list[Op] = [SetDevice(), InitProcessGroup(backend="nccl"), Checkpoint(label=CHECKPOINT_INIT)]
+    own: dict[int, list[tuple[int, Op]]] = {}  # rank -> (how many common ops precede it, its send or recv)
     last_family = max((i for i, s in enumerate(layout.steps) if isinstance(s, Family)), default=-1)
-
-    def everyone(op: Op) -> None:
-        for ops in per_rank:
-            ops.append(op)
-
     if last_family < 0:
-        everyone(Checkpoint(label=CHECKPOINT_GROUPS))
+        common.append(Checkpoint(label=CHECKPOINT_GROUPS))
     for i, step in enumerate(layout.steps):
         if isinstance(step, Family):
             for part in step.parts:
-                everyone(
-                    NewGroup(
-                        ranks=part,
-                        bind=step.handle,
-                        purpose=step.purpose,
-                        traffic=traffic.get(step.handle),
-                    )
+                common.append(
+                    NewGroup(ranks=part, bind=step.handle, purpose=step.purpose, traffic=traffic.get(step.handle))
                 )
         elif step.kind == "checkpoint":
-            everyone(Checkpoint(label=step.label))
+            common.append(Checkpoint(label=step.label))
         elif step.kind == "p2p":
-            per_rank[step.src].append(Send(peer=step.dst, group=step.handle, size_bytes=step.size_bytes))
-            per_rank[step.dst].append(Recv(peer=step.src, group=step.handle, size_bytes=step.size_bytes))
+            at = len(common)
+            own.setdefault(step.src, []).append(
+                (at, Send(peer=step.dst, group=step.handle, size_bytes=step.size_bytes))
+            )
+            own.setdefault(step.dst, []).append(
+                (at, Recv(peer=step.src, group=step.handle, size_bytes=step.size_bytes))
+            )
         else:
-            everyone(COLLECTIVES[step.kind](group=step.handle, size_bytes=step.size_bytes))
+            common.append(COLLECTIVES[step.kind](group=step.handle, size_bytes=step.size_bytes))
         if i == last_family:
-            everyone(Checkpoint(label=CHECKPOINT_GROUPS))
-    everyone(Checkpoint(label=CHECKPOINT_END))
-    return share_identical(per_rank)
+            common.append(Checkpoint(label=CHECKPOINT_GROUPS))
+    common.append(Checkpoint(label=CHECKPOINT_END))
+    shared = tuple(common)
+    built: dict[tuple[tuple[int, Op], ...], tuple[Op, ...]] = {}
+    programs = []
+    for rank in range(world):
+        mine = own.get(rank)
+        if mine is None:
+            programs.append(shared)
+            continue
+        key = tuple(mine)
+        program = built.get(key)
+        if program is None:
+            merged: list[Op] = []
+            done = 0
+            for at, op in mine:
+                merged += common[done:at]
+                merged.append(op)
+                done = at
+            merged += common[done:]
+            program = built[key] = tuple(merged)
+        programs.append(program)
+    return tuple(programs)
 
 
 # ---------------------------------------------------------------------- cases
