@@ -43,6 +43,7 @@ from simnccl.ops import (
 from simnccl.policy import BUILTIN, ComposedPolicy, get_policy
 from simnccl.release import RELEASES
 from simnccl.testing.hypothesis_profiles import load_profile, register_profiles, untouched
+from simnccl.testing.multicast_room import within_multicast_slots
 from simnccl.testing.replay import SimCase
 
 ENV_KNOBS: dict[str, tuple[str, ...]] = {
@@ -519,8 +520,11 @@ def cases(
     chosen_env = draw_env(draw) if env is None else _value(draw, env)
     chosen_policy = draw_policy(draw) if policy is None else _value(draw, policy)
     layout = draw(layouts(cluster.world_size, **layout_options))  # type: ignore[arg-type]
+    programs = layout.render()
+    if not within_multicast_slots(programs, cluster.gpu, cluster.gpus_per_node):
+        reject()  # it would test the node's multicast slots, not the policy (simnccl.testing.multicast_room)
     return SimCase(
-        programs=layout.render(),
+        programs=programs,
         gpu=cluster.gpu,
         nodes=cluster.nodes,
         gpus_per_node=cluster.gpus_per_node,
