@@ -301,7 +301,7 @@ class Pricer:
     def use_key(self, collective: str, nbytes: int | None, peer: int | None) -> tuple[Any, ...]:
         """What distinguishes one kind of first use from another (the algorithm rule's inputs)."""
         if collective in P2P_COLLECTIVES:
-            return ("p2p", peer)
+            return ("p2p", collective, peer)  # NCCL connects each direction at its own first use
         if collective == "all_to_all":
             return ("all_to_all",)
         n = nbytes or 0
@@ -318,7 +318,7 @@ class Pricer:
             return ()
         memory.use_keys.add(key)
         if collective in P2P_COLLECTIVES:
-            new = Use("send", peers=None if peer is None else (peer,))
+            new = Use(collective, peers=None if peer is None else (peer,))
             memory.exact = True  # explicit peers are priced on the real rank numbers
         else:
             new = Use(collective, nbytes)

@@ -167,3 +167,53 @@ def deepspeed_startup(knobs: Mapping[str, Any]) -> None:
     groups._get_data_parallel_group()  # the engine's data-parallel group: a world clone without a pipeline
     if knobs.get("zero_hpz_partition_size", 1) > 1:
         groups._create_zero_param_parallel_group(knobs["zero_hpz_partition_size"])
+
+
+# ---------------------------------------------------------------------------------------------- Megatron re-init
+
+
+def megatron_reinit_repro(knobs: Mapping[str, Any], pg_map_file: str) -> None:
+    """NVIDIA/Megatron-LM#6897's repro, run on the real ``parallel_state`` (megatron-core 0.19.2).
+
+    The repro calls ``Utils.initialize_model_parallel(tp, pp)`` once, then per cycle prints
+    ``len(_world.pg_map)`` and calls ``Utils.destroy_model_parallel()`` and ``Utils.initialize_model_parallel``
+    again. ``Utils`` (Megatron main's ``tests/unit_tests/test_utilities.py``; it imports ``megatron.training``,
+    which needs Python >= 3.12) is re-typed here: ``initialize_model_parallel`` = ``ps.destroy_model_parallel()``,
+    ``initialize_distributed()`` (once: ``set_device``, ``init_process_group(backend="nccl", world_size, rank)``,
+    ``barrier()``), ``ps.initialize_model_parallel(tp, pp)``; ``destroy_model_parallel`` = ``synchronize``,
+    ``barrier()``, ``ps.destroy_model_parallel()``, ``empty_cache``. The count is taken where the repro prints
+    it (a checkpoint ``cycle<k>`` marks the same point); the loop stops after the last print (the repro's
+    trailing destroy + initialisation print nothing). Rank 0 writes the counts, one per line, to ``pg_map_file``.
+    """
+    from megatron.core import parallel_state as ps
+    from torch.distributed.distributed_c10d import _world
+
+    from simnccl.capture import checkpoint
+
+    def initialize() -> None:
+        ps.destroy_model_parallel()
+        if not dist.is_initialized():
+            torch.cuda.set_device(_local_rank())
+            dist.init_process_group(
+                backend="nccl", world_size=int(os.environ["WORLD_SIZE"]), rank=int(os.environ["RANK"])
+            )
+            dist.barrier()
+        ps.initialize_model_parallel(knobs.get("tp", 1), knobs.get("pp", 1))
+
+    def destroy() -> None:
+        torch.cuda.synchronize()
+        dist.barrier()
+        ps.destroy_model_parallel()
+        torch.cuda.memory.empty_cache()
+
+    counts = []
+    initialize()
+    for cycle in range(1, knobs["reinit_cycles"] + 1):
+        checkpoint(f"cycle{cycle}")
+        counts.append(len(_world.pg_map))
+        if cycle < knobs["reinit_cycles"]:
+            destroy()
+            initialize()
+    if dist.get_rank() == 0:
+        with open(pg_map_file, "w", encoding="utf-8") as out:
+            out.write("".join(f"{n}\n" for n in counts))

@@ -330,3 +330,37 @@ def test_the_process_cache_is_bounded_and_drops_its_older_half(monkeypatch: pyte
     assert [key[0] for key in shared] == sorted(key[0] for key in shared)[-len(shared) :]  # the latest kept
     again = Pricer(PROFILE, Cluster(get_gpu_kind("h100-80gb"), 1, 8).node_of)
     assert [again.create(tuple(range(n)), 0, {}).breakdown for n in range(1, 8)] == [m.breakdown for m in priced]
+
+
+def _pair_program(rank: int, destroy: bool) -> list:
+    """A nccl-lazy group of 4 on one node whose ranks 0 and 1 exchange one send/recv: torch's lazily made 2-rank
+    pair communicator for them (store key ``{group}/p2p-0-1-0``)."""
+    ops = [*START, NewGroup(ranks=(0, 1, 2, 3), backend="nccl-lazy", bind="g")]
+    if rank in (0, 1):
+        ops.append(Send(group="g", peer=1) if rank == 0 else Recv(group="g", peer=0))
+    ops.append(Checkpoint(label="a"))
+    if destroy:
+        ops += [DestroyProcessGroup(group="g"), Checkpoint(label="b")]
+    return ops
+
+
+def test_a_send_recv_pair_communicator_binds_its_nvls_slots_and_gives_them_back() -> None:
+    """NCCL sets NVLS up at every init (src/init.cc -> ncclNvlsSetup), not knowing the communicator will only
+    send and receive: a 2-rank pair on one NVSwitch node (NCCL >= 2.28.7) binds multicast slots like any
+    communicator, the same ledger charges them, and destroying the group frees them with the pair."""
+    held = simulate([_pair_program(r, False) for r in range(4)], gpus_per_node=4)
+    assert held.verdict == "pass"
+    pair = next(name for (rank, name) in held.slots_charged if rank == 0 and "/p2p-0-1" in name)
+    assert held.slots_charged[(0, pair)] == held.slots_charged[(1, pair)] == SLOTS
+    assert held.multicast_slots == {"n0": 3 * SLOTS}  # the world, g's primary communicator, the 0-1 pair
+    memory = next(m for m in held.ranks[0].groups if m.name != "0").comms["cuda"]
+    assert list(memory.pair_comms) == [1]
+    out = simulate([_pair_program(r, True) for r in range(4)], gpus_per_node=4)
+    assert out.verdict == "pass"
+    assert out.multicast_slots == {"n0": SLOTS}  # only the world's binding is left
+
+
+def test_a_send_recv_pair_across_nodes_has_no_nvls_and_no_slots() -> None:
+    held = simulate([_pair_program(r, False) for r in range(4)], nodes=4, gpus_per_node=1)
+    assert held.verdict == "pass"
+    assert not [name for (rank, name), n in held.slots_charged.items() if "/p2p-" in name and n]

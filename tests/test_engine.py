@@ -183,8 +183,9 @@ def test_nccl_lazy_creates_a_pair_communicator_at_the_first_send_recv() -> None:
     out = simulate(program)
     assert out.verdict == "pass"
     c = costs()
-    for device in ("n0:cuda:0", "n0:cuda:1"):
-        pair = model_mib(("send",)) + c.process_first_collective_mib  # a fresh 2-rank communicator, connected
+    # a fresh 2-rank communicator, connected in the direction each rank uses it (the sender's side, the receiver's)
+    for device, call in (("n0:cuda:0", "send"), ("n0:cuda:1", "recv")):
+        pair = model_mib((call,)) + c.process_first_collective_mib
         assert used_mib(out, "b")[device] - used_mib(out, "a")[device] == pytest.approx(pair, abs=0.01)
 
 

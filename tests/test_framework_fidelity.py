@@ -32,7 +32,19 @@ sys.path.insert(0, str(Path(__file__).parent))
 import framework_startups as startups
 
 from simnccl import capture as cap
-from simnccl.ops import AllReduce, Broadcast, Collective, Op, PgOptions, Program, Recv, Send, SplitGroup
+from simnccl.ops import (
+    AllReduce,
+    Broadcast,
+    Checkpoint,
+    Collective,
+    NewGroup,
+    Op,
+    PgOptions,
+    Program,
+    Recv,
+    Send,
+    SplitGroup,
+)
 from simnccl.scenario import load_scenario
 from simnccl.testing import simulate
 from simnccl.workloads import WorkloadError, generate
@@ -297,6 +309,67 @@ def test_megatron_options_are_recorded_losslessly_and_listed_as_unmodelled(megat
     path.write_text(run.to_scenario_toml("megatron-nccl-config"), encoding="utf-8")
     assert f"# {note}" in path.read_text()
     assert [p.ops for p in load_scenario(path).programs] == [p.ops for p in run.programs]
+
+
+# ---------------------------------------------------------------------------------------------- Megatron re-init
+
+REINIT_CASES = {
+    # id: (world, the repro's knobs). #6897's own configuration: 8 GPUs, Utils.initialize_model_parallel(1, 1).
+    "6897-tp1-pp1": (8, {"tp": 1, "pp": 1, "reinit_cycles": 6}),
+    "tp2-pp2": (8, {"tp": 2, "pp": 2, "reinit_cycles": 3}),
+}
+
+
+def described(ops: Sequence[Op], rank: int) -> list[str]:
+    """One line per op with each group named by what ``rank`` is a member of (its ``group_desc`` and ranks),
+    not by handle: the generator gives every call its own handle, the capture one per family. A destroy of a
+    group ``rank`` is not in is dropped (the generator emits it, a no-op; Megatron never calls it)."""
+    names = {"world": "world"}
+    out = []
+    for op in ops:
+        data = op.to_dict()
+        for key in ("purpose", "traffic", "bind"):
+            data.pop(key, None)
+        if isinstance(op, NewGroup) and op.bind and rank in op.ranks:
+            names[op.bind] = f"{op.group_desc}{list(op.ranks)}"
+        if "group" in data:
+            if data["group"] not in names:
+                continue
+            data["group"] = names[data["group"]]
+        out.append(json.dumps(data, sort_keys=True))
+    return out
+
+
+def _live_groups(programs: Sequence[Program], checkpoint: str) -> int:
+    """Rank 0's groups, the world included, at ``checkpoint``: the programs simulated up to it."""
+    cut = [list(p.ops[: p.ops.index(Checkpoint(checkpoint)) + 1]) for p in programs]
+    outcome = simulate(cut, gpu="h200-141gb", nodes=1, gpus_per_node=len(programs), env={"NCCL_NVLS_ENABLE": "0"})
+    assert outcome.verdict == "pass"
+    return sum(1 for group in outcome.ranks[0].groups if not group.destroyed)
+
+
+@pytest.mark.parametrize("case", list(REINIT_CASES))
+def test_megatron_reinit_repro_equals_the_generator_and_its_pg_map_counts(megatron, tmp_path, case: str) -> None:
+    """NVIDIA/Megatron-LM#6897's repro on the real ``parallel_state`` (``framework_startups.megatron_reinit_repro``):
+    the generator's ``reinit_cycles`` are its calls on every rank, and the simulator's live groups on rank 0
+    after each initialisation are real torch's ``len(_world.pg_map)`` there. On the report's configuration that
+    is 24, 44, 64, 84, 104, 124: the report's first two (24, 44), not its later ones (70, 89, 115, 134), which
+    the repro's code on torch 2.15.0 + megatron-core 0.19.2 does not produce (+20 each cycle: 23 groups created,
+    the 3 Gloo groups destroyed)."""
+    world, knobs = REINIT_CASES[case]
+    counts_file = tmp_path / "pg_map.txt"
+    run = cap.capture(
+        functools.partial(startups.megatron_reinit_repro, knobs, str(counts_file)), world, final_checkpoint=None
+    )
+    real = [int(n) for n in counts_file.read_text().split()]
+    # Utils leaves distributed_timeout_minutes at initialize_model_parallel's default (30)
+    generated = generate("megatron", {**knobs, "distributed_timeout_minutes": 30}, world)
+    for rank in range(world):
+        assert described(run.programs[rank].ops, rank) == described(generated[rank].ops, rank), f"rank {rank}"
+    cycles = range(1, knobs["reinit_cycles"] + 1)
+    assert [_live_groups(run.programs, f"cycle{k}") for k in cycles] == real
+    if case == "6897-tp1-pp1":
+        assert real == [24, 44, 64, 84, 104, 124]
 
 
 # ---------------------------------------------------------------------------------------------- torchtitan

@@ -352,9 +352,18 @@ def test_algorithm_rule() -> None:
 
 
 def test_send_recv_connects_per_peer_once() -> None:
-    b = used(*H100_8, uses=[Use("send", peers=(3,)), Use("recv", peers=(3,))])
+    b = used(*H100_8, uses=[Use("send", peers=(3,)), Use("recv", peers=(3,)), Use("send", peers=(3,))])
     assert b.mechanism_bytes("p2p") == 32 * 12 * MIB
-    assert b.by_paid_at() == {"init": 230 * MIB, "first send (p2p)": 32 * 12 * MIB}
+    assert b.by_paid_at() == {"init": 230 * MIB, "first send (p2p)": 32 * 2 * MIB, "first recv (p2p)": 32 * 10 * MIB}
+
+
+def test_a_send_connects_only_the_send_side() -> None:
+    """src/enqueue.cc: a send marks connectSend[peer], a receive connectRecv[peer]; each its own first use."""
+    send = used(*H100_8, uses=[Use("send", peers=(3,))])
+    assert {p.what.split(" connection")[0].split()[-1] for p in send.parts if p.mechanism == "p2p"} == {"send"}
+    assert send.mechanism_bytes("p2p") == 32 * 2 * MIB  # ncclSendMem, rounded to 2 MiB, per channel
+    recv = used(*H100_8, uses=[Use("recv", peers=(3,))])
+    assert recv.mechanism_bytes("p2p") == 32 * 10 * MIB  # the receiver holds LL + LL128 + Simple
 
 
 # ------------------------------------------------------------------------------------------ network
@@ -370,9 +379,21 @@ def test_network_buffers_live_in_host_memory_without_gdr() -> None:
     assert gdr.mechanism_bytes("ring") > 0 and gdr.host_bytes < b.host_bytes
 
 
-def test_network_send_recv_uses_one_shared_pool() -> None:
-    b = used("h100-80gb", 16, 8, 2, "2.30.7", uses=[Use("send", peers=(8,)), Use("send", peers=(9,))])
-    assert b.mechanism_bytes("net-shared-buffers") == b.channels.p2p * 16 * 128 * 1024
+def test_network_sends_share_one_pool_and_receives_another() -> None:
+    """src/transport/net.cc sharedNetBuffersInit: one pool per proxy peer and direction (type 0 send, 1 recv)."""
+    pool = 32 * 16 * 128 * 1024
+    sends = used("h100-80gb", 16, 8, 2, "2.30.7", uses=[Use("send", peers=(8,)), Use("send", peers=(9,))])
+    assert sends.channels.p2p == 32
+    assert sends.mechanism_bytes("net-shared-buffers") == pool
+    both = used("h100-80gb", 16, 8, 2, "2.30.7", uses=[Use("send", peers=(8,)), Use("recv", peers=(9,))])
+    assert both.mechanism_bytes("net-shared-buffers") == 2 * pool
+    assert [p.paid_at for p in both.parts if p.mechanism == "net-shared-buffers"] == [
+        "first send (p2p)",
+        "first recv (p2p)",
+    ]
+    # runtime connect off: the send pool is allocated at init (proxySharedInit), the receive pool at first use
+    off = used("h100-80gb", 16, 8, 2, "2.30.7", env={"NCCL_RUNTIME_CONNECT": "0"}, uses=[Use("recv", peers=(9,))])
+    assert [p.paid_at for p in off.parts if p.mechanism == "net-shared-buffers"] == ["init", "first recv (p2p)"]
 
 
 def test_single_rank_net_pool_defect_with_runtime_connect_off() -> None:
@@ -504,3 +525,27 @@ def test_resume_needs_a_use_to_add() -> None:
     base = used(*H100_8)
     with pytest.raises(NcclInputError, match="resume"):
         communicator_bytes(*H100_8, phase="init", resume=base)
+
+
+def test_nchannels_per_net_peer_sets_the_network_peers_channels() -> None:
+    """src/graph/paths.cc: NCCL_NCHANNELS_PER_NET_PEER replaces max(NICs, NIC bw / 14) per network peer, and
+    NCCL then skips halving it to fit every peer in one round (ncclTopoComputeP2pChannels)."""
+    default = communicator_bytes("h100-80gb", 64, 8, 8, "2.30.7")
+    assert default.channels.p2p_per_peer == 4  # 8 NICs, halved once: 64 peers in batches of 8 over 32 channels
+    set_ = communicator_bytes("h100-80gb", 64, 8, 8, "2.30.7", {"NCCL_NCHANNELS_PER_NET_PEER": "2"})
+    assert set_.channels.p2p_per_peer == 2
+    wide = communicator_bytes("h100-80gb", 64, 8, 8, "2.30.7", {"NCCL_NCHANNELS_PER_NET_PEER": "16"})
+    assert wide.channels.p2p_per_peer == 16  # not halved: the user chose it
+    ignored = communicator_bytes("h100-80gb", 64, 8, 8, "2.30.7", {"NCCL_NCHANNELS_PER_NET_PEER": "0"})
+    assert ignored.channels == default.channels
+    with pytest.raises(NcclInputError, match="NCCL_NCHANNELS_PER_NET_PEER"):
+        communicator_bytes("h100-80gb", 64, 8, 8, "2.30.7", {"NCCL_NCHANNELS_PER_NET_PEER": "many"})
+
+
+@pytest.mark.parametrize(
+    ("version", "two_gpu_nvls"), [("2.17.1", True), ("2.18.3", False), ("2.28.3", False), ("2.28.7", True)]
+)
+def test_nvls_needs_three_gpus_from_2_18_to_2_28_3(version: str, two_gpu_nvls: bool) -> None:
+    """src/transport/nvls.cc ncclNvlsInit: 'gpuCount <= 2' returned without NVLS until 2.28.7 ('< 2')."""
+    assert communicator_bytes("h100-80gb", 2, 2, 1, version).nvls_active is two_gpu_nvls
+    assert communicator_bytes("h100-80gb", 3, 3, 1, version).nvls_active

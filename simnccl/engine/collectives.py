@@ -220,6 +220,7 @@ class Collectives:
             comm_id=pair_id,
         )
         ranks = (lo, hi)
+        self.comms.nvls.reserve(rt, pair, group, self.comms.registry.members, ranks=ranks)
         self.memory.init_comm(rt, pair, group, op, ranks=ranks, phase="p2p-pair")
         self.memory.use_comm(rt, pair, group, op, op.name, op.size_bytes, ranks.index(peer), phase="p2p-pair")
         return pair_id

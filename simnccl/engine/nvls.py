@@ -125,8 +125,20 @@ class MulticastSlots:
         if parent is not None and comm.shared:  # only a sharing child can reuse its parent's (``_shares_parent``)
             self._parents[id(comm)] = (comm, parent)
 
-    def reserve(self, rt: RankRuntime, comm: Comm, group: Group, members: Mapping[int, tuple[int, ...]]) -> None:
-        """This rank's communicator binds its multicast objects on the rank's node, or fails as NCCL does."""
+    def reserve(
+        self,
+        rt: RankRuntime,
+        comm: Comm,
+        group: Group,
+        members: Mapping[int, tuple[int, ...]],
+        ranks: tuple[int, ...] | None = None,
+    ) -> None:
+        """This rank's communicator binds its multicast objects on the rank's node, or fails as NCCL does.
+
+        ``ranks``: the communicator's members when they are not the group's: a send/recv pair communicator,
+        which NCCL initialises like any other (ncclNvlsSetup runs at every init, whatever the calls to come),
+        so two ranks of one NVSwitch node bind NVLS there on NCCL >= 2.28.7.
+        """
         if comm.comm_id is None or not comm.impl.is_nccl:
             return
         if not lifecycle(comm.impl).allocates_gpu_memory:
@@ -134,7 +146,7 @@ class MulticastSlots:
         key = (rt.node, comm.comm_id)
         binding = self._bindings.get(key)
         if binding is None:
-            binding = self._bindings[key] = self._bind(rt, comm, group, members)
+            binding = self._bindings[key] = self._bind(rt, comm, group.ranks if ranks is None else ranks, members)
         if binding.failure is not None:
             raise TorchError(ERROR_TYPE, binding.failure)
         if binding.slots:
@@ -142,22 +154,25 @@ class MulticastSlots:
         self.charged[(rt.rank, comm.group)] = binding.slots
 
     def release(self, rt: RankRuntime, comm: Comm) -> None:
-        """This rank destroyed its communicator: the node's slots are free once no local member holds them."""
+        """This rank destroyed its communicator (and with it its send/recv pair communicators): the node's slots
+        are free once no local member holds them."""
         if comm.comm_id is None:
             return
-        key = (rt.node, comm.comm_id)
-        binding = self._bindings.get(key)
-        if binding is None or rt.rank not in binding.holders:
-            return
-        binding.holders.discard(rt.rank)
-        if not binding.holders:
-            self.used[rt.node] -= binding.slots
-            binding.slots = 0
-            self.sim.trace.record(self.sim.now(), rt.rank, "nvls-release", comm.group, self.used[rt.node])
+        for comm_id, name in ((comm.comm_id, comm.group), *((p, comm.group) for p in comm.pair_comms.values())):
+            binding = self._bindings.get((rt.node, comm_id))
+            if binding is None or rt.rank not in binding.holders:
+                continue
+            binding.holders.discard(rt.rank)
+            if not binding.holders:
+                self.used[rt.node] -= binding.slots
+                binding.slots = 0
+                self.sim.trace.record(self.sim.now(), rt.rank, "nvls-release", name, self.used[rt.node])
 
-    def _bind(self, rt: RankRuntime, comm: Comm, group: Group, members: Mapping[int, tuple[int, ...]]) -> _Binding:
-        active, nvls_enable = self._nvls_active(rt, group.ranks)
-        if not active or self._shares_parent(rt, comm, group, members):
+    def _bind(
+        self, rt: RankRuntime, comm: Comm, ranks: tuple[int, ...], members: Mapping[int, tuple[int, ...]]
+    ) -> _Binding:
+        active, nvls_enable = self._nvls_active(rt, ranks)
+        if not active or self._shares_parent(rt, comm, ranks, members):
             return _Binding(0, set())
         used = self.used.get(rt.node, 0)
         if self.capacity is not None and used + self.need > self.capacity:
@@ -218,7 +233,9 @@ class MulticastSlots:
         self._active[cache_key] = known
         return known
 
-    def _shares_parent(self, rt: RankRuntime, comm: Comm, group: Group, members: Mapping[int, tuple[int, ...]]) -> bool:
+    def _shares_parent(
+        self, rt: RankRuntime, comm: Comm, ranks: tuple[int, ...], members: Mapping[int, tuple[int, ...]]
+    ) -> bool:
         """nvls.cc ncclNvlsSetup: a child reuses its parent's NVLS resources when the parent shares its resources
         and has the same number of local ranks (the parent's own NVLS being active)."""
         entry = self._parents.get(id(comm))
@@ -228,4 +245,4 @@ class MulticastSlots:
         parent_ranks = members.get(parent.comm_id) if parent.comm_id is not None else None
         if parent_ranks is None:
             return False
-        return self._local(rt, parent_ranks)[0] == self._local(rt, group.ranks)[0]
+        return self._local(rt, parent_ranks)[0] == self._local(rt, ranks)[0]

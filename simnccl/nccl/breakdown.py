@@ -80,7 +80,7 @@ class Breakdown:
     connected: frozenset[tuple[int, int, str, int]]
     algorithms_connected: frozenset[str]
     nvls_buffers_paid: bool
-    net_pool_paid: bool
+    net_pools_paid: frozenset[str]  # the NET shared p2p pools allocated: 'send', 'recv' (one per direction)
     notes: tuple[str, ...] = field(default=())
 
     def bytes(self, ledger: Ledger = "device", paid_at: str | None = None) -> int:

@@ -14,7 +14,9 @@ The count follows NCCL's own steps (src/graph/search.cc, connect.cc, paths.cc, t
 3. Postset doubles again (max 64); multi-node Hopper+ doubles below 16; then NCCL_MAX_NCHANNELS / maxCTAs
    cap and NCCL_MIN_NCHANNELS / minCTAs raise; a split child sharing its parent never exceeds the parent.
 4. Send/recv channels: the power of two above min(channels, NCCL_MAX_P2P_NCHANNELS); per peer, twice the
-   NVLinks to the peer (2 over PCIe, one per 14 GB/s of NIC across nodes), rounded to a power of two.
+   NVLinks to the peer (2 over PCIe, one per 14 GB/s of NIC across nodes, or NCCL_NCHANNELS_PER_NET_PEER),
+   rounded to a power of two; across nodes, halved until every peer fits one round of the p2p schedule, unless
+   NCCL_NCHANNELS_PER_NET_PEER is set (src/graph/paths.cc ncclTopoGetNchannels, ncclTopoComputeP2pChannels).
 5. NVLS channels: 16 on Hopper, 24 on Blackwell within a node, 32 across nodes; NCCL_NVLS_NCHANNELS overrides.
 
 Across nodes the search is approximated (one ring per NIC at the NIC's speed; ASSUMPTION, unvalidated).
@@ -152,13 +154,15 @@ def channel_counts(
             needs.append(c.integer("channels.p2p_channels_pcie"))
         else:
             needs.append(c.integer("channels.p2p_channels_per_nvlink") * max(1, topology.nvlink_links))
-    if layout.nodes > 1:
+    if layout.nodes > 1 and settings.nchannels_per_net_peer:
+        needs.append(settings.nchannels_per_net_peer)
+    elif layout.nodes > 1:
         per_channel = c.number("channels.p2p_per_channel_net_bw")
         nics = topology.nics_per_node
         fallback = c.integer("channels.p2p_channels_pcie")
         needs.append(max(nics, math.ceil(topology.nic_bw / per_channel)) if nics > 0 else fallback)
     per_peer = _pow2_up(min(needs) if needs else max_channels)
-    if layout.nodes > 1:
+    if layout.nodes > 1 and not settings.nchannels_per_net_peer:  # NCCL skips this when the user set it
         batch = c.integer("channels.p2p_peers_per_batch")
         while per_peer * math.ceil(layout.nranks / batch) > p2p and per_peer > 1:
             per_peer //= 2

@@ -103,15 +103,25 @@ def collnet_direct(layout: Layout, channels: int, max_arity: int) -> list[Connec
     return [conn for c in range(channels) for conn in _both_ways(layout, c, local)]
 
 
-def point_to_point(layout: Layout, peers: Iterable[int], per_peer: int, p2p_channels: int) -> list[Connection]:
-    """Send/recv (connIndex 1): ``per_peer`` channels to each peer, both directions (an all-to-all's fan-out)."""
+def point_to_point(
+    layout: Layout,
+    peers: Iterable[int],
+    per_peer: int,
+    p2p_channels: int,
+    directions: tuple[Direction, ...] = ("recv", "send"),
+) -> list[Connection]:
+    """Send/recv (connIndex 1): ``per_peer`` channels to each peer, in the ``directions`` the calls need.
+
+    NCCL connects each direction on its own (src/enqueue.cc: a send marks ``connectSend[peer]``, a receive
+    ``connectRecv[peer]``): a send alone connects no receive; an all-to-all both, to every peer."""
     result = []
     for peer in sorted(set(peers)):
         if peer == layout.rank:
             continue  # NCCL copies to itself
         base = (peer * per_peer) % p2p_channels
         for part in range(per_peer):
-            result += _both_ways(layout, (base + part) % p2p_channels, [peer], conn_index=1)
+            conns = _both_ways(layout, (base + part) % p2p_channels, [peer], conn_index=1)
+            result += [conn for conn in conns if conn.direction in directions]
     return result
 
 

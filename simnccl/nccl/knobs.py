@@ -11,7 +11,8 @@ tree channels), ``NCCL_MIN_CTAS`` / ``NCCL_MAX_CTAS`` (the same through the conf
 ``NCCL_LL_BUFFSIZE`` / ``NCCL_LL128_BUFFSIZE`` (per-connection protocol buffers), ``NCCL_NVLS_ENABLE``,
 ``NCCL_NVLS_NCHANNELS``, ``NCCL_PROTO`` (tuning only: NCCL allocates every protocol's buffer whatever it
 says), ``NCCL_ALGO`` (which algorithm a collective connects), ``NCCL_COMM_SPLIT_SHARE_RESOURCES``,
-``NCCL_RUNTIME_CONNECT``, ``NCCL_CUMEM_ENABLE``, ``NCCL_COLLNET_ENABLE``, ``NCCL_WORK_FIFO_BYTES``. Other
+``NCCL_RUNTIME_CONNECT``, ``NCCL_CUMEM_ENABLE``, ``NCCL_COLLNET_ENABLE``, ``NCCL_WORK_FIFO_BYTES``,
+``NCCL_NCHANNELS_PER_NET_PEER`` (send/recv channels per network peer; values <= 0 ignored, as NCCL does). Other
 variables in the mapping are ignored (a scenario's environment holds torch's knobs too).
 
 Options are the communicator config as torch's ``ProcessGroupNCCL.Options.config`` exposes it: ``max_ctas``,
@@ -57,6 +58,7 @@ class NcclSettings:
     cumem_supported: bool = True
     collnet_enable: bool = False
     work_fifo_bytes: int | None = None
+    nchannels_per_net_peer: int | None = None
 
     def algorithms_allowed(self, function: str) -> frozenset[str] | None:
         """The algorithms NCCL_ALGO allows for ``function`` (None: no restriction)."""
@@ -184,6 +186,9 @@ def settings_from(env: Mapping[str, str] | None = None, options: Mapping[str, An
         fields["runtime_connect"] = _flag("NCCL_RUNTIME_CONNECT", env["NCCL_RUNTIME_CONNECT"])
     if "NCCL_CUMEM_ENABLE" in env:
         fields["cumem_enable"] = _flag("NCCL_CUMEM_ENABLE", env["NCCL_CUMEM_ENABLE"])
+    if "NCCL_NCHANNELS_PER_NET_PEER" in env:  # src/init.cc envConfigOverride: <= 0 keeps the config's value
+        value = _int("NCCL_NCHANNELS_PER_NET_PEER", env["NCCL_NCHANNELS_PER_NET_PEER"], -(2**31))
+        fields["nchannels_per_net_peer"] = value if value > 0 else None
     if "NCCL_WORK_FIFO_BYTES" in env:
         value = _int("NCCL_WORK_FIFO_BYTES", env["NCCL_WORK_FIFO_BYTES"], 1)
         if value & (value - 1):  # NCCL ignores a non-power of two and keeps the default

@@ -10,7 +10,10 @@ What is paid, in NCCL's order (src/init.cc initTransportsRank, v2.30.7):
 * connections, at init when runtime connect is off (``NCCL_RUNTIME_CONNECT=0``, NCCL < 2.22, or no cuMem),
   else at the first call that needs each algorithm: ring, tree, PAT, NVLS buffers, CollNet; plus, at init with
   runtime connect off, the NET shared pool (also for one-rank communicators: the defect of NVIDIA/nccl#2363).
-* send/recv connections, always at first use: ``per_peer`` channels to each peer, both directions.
+* send/recv connections, always at first use: ``per_peer`` channels to each peer, both directions; across
+  nodes, the NET shared pool of each direction the first time a send (or a receive) goes over the network.
+* NVLS only where NCCL enables it: multicast on an NVSwitch node of SM90+, and at least 2 GPUs of the
+  communicator on the node (3 from NCCL 2.18 to 2.28.3, src/transport/nvls.cc ncclNvlsInit).
 
 ``fixed_overhead_bytes`` and ``process_overhead_bytes`` are what a profile must *measure*: per communicator
 and once per process (the first communicator), beyond the mechanics above.
@@ -42,7 +45,16 @@ from simnccl.nccl.transports import (
 from simnccl.nccl.version import NcclVersion
 
 Phase = Literal["init", "used"]
+# What each send/recv call connects (an all_to_all: both directions, every peer).
+P2P_DIRECTIONS: dict[str, tuple[conns.Direction, ...]] = {"send": ("send",), "recv": ("recv",)}
 PHASES: tuple[Phase, ...] = ("init", "used")
+
+
+def nvls_min_gpus(version: NcclVersion) -> int:
+    """GPUs a node needs for NVLS (src/transport/nvls.cc ncclNvlsInit): 2, except 3 from 2.18 to 2.28.3."""
+    if version.feature("nvls_more_than_two_gpus_since") and not version.feature("nvls_two_gpus_since"):
+        return 3
+    return 2
 
 
 def _mib(n: int) -> str:
@@ -57,7 +69,7 @@ class _Ledger:
     connected: set[tuple[int, int, str, int]] = field(default_factory=set)
     algorithms: set[str] = field(default_factory=set)
     nvls_buffers_paid: bool = False
-    net_pool_paid: bool = False
+    net_pools_paid: set[str] = field(default_factory=set)
     notes: list[str] = field(default_factory=list)
 
     def add(self, part: Part) -> None:
@@ -208,14 +220,20 @@ def _connect(ctx: _Context, ledger: _Ledger, algorithm: str, wanted: Sequence[co
         )
     if reused:
         ledger.notes.append(f"{algorithm} at {paid_at}: {reused} connection(s) reused from the sharing parent")
-    if algorithm == P2P and any(conn.transport == "net" for conn in fresh) and not ledger.net_pool_paid:
-        _net_pool(ctx, ledger, paid_at, device=ctx.topology.gdr)
+    if algorithm == P2P:
+        for direction in sorted({conn.direction for conn in fresh if conn.transport == "net"}):
+            _net_pool(ctx, ledger, paid_at, direction, device=ctx.topology.gdr)
 
 
-def _net_pool(ctx: _Context, ledger: _Ledger, paid_at: str, *, device: bool) -> None:
+def _net_pool(ctx: _Context, ledger: _Ledger, paid_at: str, direction: str, *, device: bool) -> None:
+    """One NET shared p2p pool: the proxy keeps one per direction (src/transport/net.cc sharedNetBuffersInit,
+    ``type == 0 ? &peer->send : &peer->recv``), allocated by the first send/recv connection of that direction,
+    or for sends at init with runtime connect off (proxySharedInit, type 0)."""
     c = constants()
-    ledger.net_pool_paid = True
-    if ctx.parent is not None and ctx.parent.net_pool_paid:
+    if direction in ledger.net_pools_paid:
+        return
+    ledger.net_pools_paid.add(direction)
+    if ctx.parent is not None and direction in ctx.parent.net_pools_paid:
         return  # the proxy (and its pool) is the parent's
     chunk = p2p_chunk_bytes(ctx.topology, ctx.layout.nranks, ctx.layout.nodes, ctx.buffers)
     size = net_shared_pool_bytes(ctx.channels.p2p, chunk)
@@ -223,8 +241,8 @@ def _net_pool(ctx: _Context, ledger: _Ledger, paid_at: str, *, device: bool) -> 
     ledger.add(
         Part(
             "net-shared-buffers",
-            f"NET shared p2p pool: {ctx.channels.p2p} channels x {c.integer('buffers.net_shared_steps')} steps"
-            f" x {chunk} B chunk",
+            f"NET shared p2p {direction} pool: {ctx.channels.p2p} channels x "
+            f"{c.integer('buffers.net_shared_steps')} steps x {chunk} B chunk",
             "device" if device else "host",
             1,
             round_up(size, granule) if device else size,
@@ -301,7 +319,7 @@ def _init_connect(ctx: _Context, ledger: _Ledger) -> None:
     if ctx.settings.collnet_enable and layout.nodes > 1:
         _algorithm(ctx, ledger, "collnetdirect", INIT)
     if layout.nranks > 1 or ctx.version.single_rank_net_shared_defect:
-        _net_pool(ctx, ledger, INIT, device=True)  # proxySharedInit: cuda = 1
+        _net_pool(ctx, ledger, INIT, "send", device=True)  # proxySharedInit: cuda = 1, type 0
 
 
 def _use(ctx: _Context, ledger: _Ledger, use: Use) -> None:
@@ -311,7 +329,8 @@ def _use(ctx: _Context, ledger: _Ledger, use: Use) -> None:
     paid_at = f"first {use.collective} ({algorithm})"
     if algorithm == P2P:
         peers = p2p_peers(use, ctx.layout)
-        wanted = _point_to_point(ctx.layout, peers, ctx.channels.p2p_per_peer, ctx.channels.p2p)
+        directions = P2P_DIRECTIONS.get(use.collective, ("recv", "send"))
+        wanted = _point_to_point(ctx.layout, peers, ctx.channels.p2p_per_peer, ctx.channels.p2p, directions)
         _connect(ctx, ledger, P2P, wanted, paid_at)
     else:
         _algorithm(ctx, ledger, algorithm, paid_at)
@@ -378,7 +397,7 @@ def communicator_bytes(
         and topo.multicast
         and topo.interconnect == "nvswitch"
         and topo.compute_capability >= 90
-        and layout.local_ranks >= 2
+        and layout.local_ranks >= nvls_min_gpus(version)
     )
     shared = parent is not None and parent.share_resources
     if members is None:
@@ -490,6 +509,6 @@ def _breakdown(ctx: _Context, ledger: _Ledger, runtime_connect: bool, shared: bo
         connected=frozenset(ledger.connected),
         algorithms_connected=frozenset(ledger.algorithms),
         nvls_buffers_paid=ledger.nvls_buffers_paid,
-        net_pool_paid=ledger.net_pool_paid,
+        net_pools_paid=frozenset(ledger.net_pools_paid),
         notes=tuple(notes),
     )

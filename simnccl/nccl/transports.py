@@ -10,7 +10,7 @@ default: 9.19 MiB together), and whether they land on the GPU or in host memory,
 * NET (across nodes; src/transport/net.cc): dedicated buffers for rings and trees. With GPUDirect RDMA the
   sender keeps LL128 + Simple on the GPU and LL in host memory, the receiver all three on the GPU; without
   it all of them are pinned host memory (9.19 MiB per connection, the DGX Spark figure). Send/recv over the
-  network uses a shared pool per proxy instead (nChannels x 16 x p2p chunk).
+  network uses shared pools instead, one per proxy and direction (nChannels x 16 x p2p chunk each).
 """
 
 from __future__ import annotations
