@@ -438,7 +438,7 @@ def communicator_bytes(
             set(resume.connected),
             set(resume.algorithms_connected),
             resume.nvls_buffers_paid,
-            resume.net_pool_paid,
+            set(resume.net_pools_paid),
             list(resume.notes[: len(resume.notes) - trailing]),
         )
         _use(ctx, ledger, _as_use(uses[-1]))
