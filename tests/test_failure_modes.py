@@ -284,6 +284,14 @@ def test_megatron_reinit_generator_checks_its_knobs() -> None:
     assert generator({}, 8) == generator({"reinit_cycles": 1}, 8)  # the default: one startup, unchanged
     (program, *_) = generator({"reinit_cycles": 2}, 8)
     assert sum(1 for op in program.ops if op.name == "destroy_process_group") == 3  # the gloo groups
+    # A cycle count is refused against the input limits before a cycle is built (10**400 took seconds of
+    # building before the wall clock stopped it; the fuzz test found it).
+    with pytest.raises(WorkloadError, match=r"reinit_cycles: 10{400} cycles .* max_program_ops"):
+        generator({"reinit_cycles": 10**400}, 8)
+    too_long = r"reinit_cycles: 3 cycles of a \d+-op startup .* max_program_ops = 100"
+    with pytest.MonkeyPatch.context() as env, pytest.raises(WorkloadError, match=too_long):
+        env.setenv("SIMNCCL_LIMIT_MAX_PROGRAM_OPS", "100")
+        generator({"reinit_cycles": 3}, 8)
 
 
 # ---------------------------------------------------------------------------------------------- (b) lazy step-1 OOM

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from simnccl.limits import current as current_limits
+from simnccl.limits import exceeded
 from simnccl.ops import (
     WORLD,
     Barrier,
@@ -36,7 +38,7 @@ from simnccl.ops import (
     Program,
     SetDevice,
 )
-from simnccl.workloads._common import INT, STR, Param
+from simnccl.workloads._common import INT, STR, Param, WorkloadError
 
 DESTROY_MODES = ("gloo", "all")
 # What megatron-core 0.19.2's ``parallel_state.destroy_model_parallel`` hands to ``destroy_process_group``, in its
@@ -127,6 +129,7 @@ def with_reinit_cycles(programs: tuple[Program, ...], cycles: int, destroy: str)
     """Every rank's startup repeated as ``cycles`` initialisations; unchanged for one (the default)."""
     if cycles == 1:
         return programs
+    _check_length(programs, cycles, destroy)
     by_id: dict[int, Program] = {}
     out = []
     for program in programs:  # identical startups stay one Program (DESIGN rule 8)
@@ -135,3 +138,25 @@ def with_reinit_cycles(programs: tuple[Program, ...], cycles: int, destroy: str)
             cycled = by_id[id(program)] = Program(tuple(cycle_ops(program.ops, cycles, destroy)))
         out.append(cycled)
     return tuple(out)
+
+
+def _check_length(programs: tuple[Program, ...], cycles: int, destroy: str) -> None:
+    """Refuse, before building any cycle, programs longer than the input limits allow: a cycle count is one
+    number in a file, and 10**400 of them must be an exit 2 naming the limit, not minutes of building ops.
+    A cycle's length is measured on two cycles; every later cycle is as long as the second."""
+    limits = current_limits()
+    total = 0
+    measured: set[int] = set()
+    for program in programs:
+        if id(program) in measured:
+            continue
+        measured.add(id(program))
+        first = len(cycle_ops(program.ops, 1, destroy))
+        length = first + (cycles - 1) * (len(cycle_ops(program.ops, 2, destroy)) - first)
+        if length > limits.max_program_ops:
+            shown = f"{cycles} cycles of a {first}-op startup ({length} ops per rank)"
+            raise WorkloadError("reinit_cycles", exceeded("max_program_ops", shown, limits.max_program_ops))
+        total += length
+    if total > limits.max_expanded_ops:
+        shown = f"{total} ops over the distinct programs of {cycles} cycles"
+        raise WorkloadError("reinit_cycles", exceeded("max_expanded_ops", shown, limits.max_expanded_ops))
