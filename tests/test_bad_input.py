@@ -234,6 +234,15 @@ def test_a_generator_number_past_float_range_is_exit_2(capsys, write_scenario, v
     _bad(capsys, write_scenario, text, "workload.args.gpu_memory_utilization", "finite")
 
 
+@pytest.mark.parametrize("value", [str(10**400), str(-(10**21))])
+def test_a_generator_integer_past_exact_float_range_is_exit_2(capsys, write_scenario, value: str) -> None:
+    """An integer knob (minutes, counts) past 2**53 was an OverflowError (exit 70) where it met float arithmetic:
+    ``distributed_timeout_minutes = 10**400`` in a fuzzed Megatron scenario."""
+    text = (SCENARIOS_DIR / "megatron-reinit-fixed.toml").read_text(encoding="utf-8")
+    text = re.sub(r"distributed_timeout_minutes = \d+", f"distributed_timeout_minutes = {value}", text, count=1)
+    _bad(capsys, write_scenario, text, "workload.args.distributed_timeout_minutes", "magnitude <= 2**53")
+
+
 # ---------------------------------------------------------------------------------------------- limits
 
 

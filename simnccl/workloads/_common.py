@@ -31,6 +31,11 @@ _KIND_TEXT = {
 }
 
 
+# The largest integer a float holds exactly: a generator knob (minutes, sizes, counts) is used in float arithmetic,
+# and an integer past it is either rounded or, past float range, an OverflowError instead of bad input.
+LARGEST_EXACT_INT = 2**53
+
+
 class WorkloadError(ValueError):
     """Bad generator arguments: ``key`` is the argument's name (``args.<key>`` in a scenario)."""
 
@@ -68,6 +73,10 @@ class Param:
         }[self.kind]
         if not ok:
             raise WorkloadError(self.name, f"expected {expected}, got {_describe(value)}")
+        if self.kind in (INT, INT_LIST):
+            for v in value if self.kind == INT_LIST else [value]:
+                if abs(v) > LARGEST_EXACT_INT:  # knobs become seconds, bytes and counts in float arithmetic
+                    raise WorkloadError(self.name, f"expected an integer of magnitude <= 2**53, got {_describe(v)}")
         if self.kind == FLOAT:
             try:
                 value = float(value)
