@@ -212,18 +212,28 @@ def columns_for(
     for spec in chosen:
         if spec == "torch-default" or any(c.name == spec for c in out):
             continue
-        try:
-            get_policy(spec)
-        except PolicyError as err:
-            raise CostError(f"--policy: {err}") from None
+        check_policy(spec)
         out.append(Column(spec, dict(extra), spec))
-    if only:
-        names = [c.name for c in out]
-        for name in only:
-            if name not in names:
-                raise CostError(f"--variant: no column {name!r}; the columns are: {', '.join(names)}")
-        out = [c for c in out if c.name in only]
-    return out
+    return only_columns(out, only)
+
+
+def check_policy(spec: str) -> None:
+    """A ``--policy`` spec that names a policy, or CostError saying why not."""
+    try:
+        get_policy(spec)
+    except PolicyError as err:
+        raise CostError(f"--policy: {err}") from None
+
+
+def only_columns(columns: list[Column], only: Sequence[str] | None) -> list[Column]:
+    """The columns ``--variant`` names (all without it); a name that is no column is a CostError listing them."""
+    if not only:
+        return columns
+    names = [c.name for c in columns]
+    for name in only:
+        if name not in names:
+            raise CostError(f"--variant: no column {name!r}; the columns are: {', '.join(names)}")
+    return [c for c in columns if c.name in only]
 
 
 # ---------------------------------------------------------------------------------------------- measuring

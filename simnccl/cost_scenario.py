@@ -14,8 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from simnccl.cli_options import OverrideError, check_env, check_json_target, env_overrides
-from simnccl.cost import EXIT_BAD_INPUT, Column, CostError, report
-from simnccl.policy import PolicyError, get_policy
+from simnccl.cost import EXIT_BAD_INPUT, Column, CostError, check_policy, only_columns, report
 from simnccl.scenario import Scenario, ScenarioError, load_scenario
 
 
@@ -42,17 +41,9 @@ def scenario_columns(
     for spec in policies or ():
         if any(c.name == spec for c in columns):
             continue
-        try:
-            get_policy(spec)
-        except PolicyError as err:
-            raise CostError(f"--policy: {err}") from None
+        check_policy(spec)
         columns.append(Column(spec, {**base.env, **extra}, spec, base.release, base.profile))
-    if only:
-        names = [c.name for c in columns]
-        for name in only:
-            if name not in names:
-                raise CostError(f"--variant: no column {name!r}; the columns are: {', '.join(names)}")
-        columns = [c for c in columns if c.name in only]
+    columns = only_columns(columns, only)
     for column in columns:
         assert column.profile is not None
         check_env(column.profile, column.env)
