@@ -66,7 +66,8 @@ from simnccl.ops import (
     Program,
     SetDevice,
 )
-from simnccl.scenario import Scenario, ScenarioError, _finite, _Reader
+from simnccl.scenario import Scenario, ScenarioError
+from simnccl.scenario.reader import Reader, finite
 
 REPLICA, DP = "replica", "dp"
 START = "start"
@@ -100,18 +101,18 @@ def parse_recovery(
     """Validate ``[recovery]`` field by field against the cluster and the input limits; errors name the file
     and the key (times are finite and within ``max_sim_time_s``; recoveries within ``max_recoveries``)."""
     limits = limits or current_limits()
-    reader = _Reader(source, "recovery", dict(table))
+    reader = Reader(source, "recovery", dict(table))
     number = (int, float)
     horizon = limits.max_sim_time_s
     replicas = reader.get("replicas", int)
     steps = reader.get("steps", int)
     commit_every = reader.get("commit_every", int)
-    slow_factor = _finite(reader, "slow_factor", reader.get("slow_factor", number, 2.0), -math.inf)
+    slow_factor = finite(reader, "slow_factor", reader.get("slow_factor", number, 2.0), -math.inf)
     timeout = reader.get("timeout_s", number, None)
     if timeout is not None:
-        timeout = _finite(reader, "timeout_s", timeout, -math.inf, horizon, "max_sim_time_s")
-    monitor = _finite(reader, "monitor_interval_s", reader.get("monitor_interval_s", number, 0.1), -math.inf, horizon)
-    restart = _finite(reader, "restart_s", reader.get("restart_s", number, 0.0), -math.inf, horizon, "max_sim_time_s")
+        timeout = finite(reader, "timeout_s", timeout, -math.inf, horizon, "max_sim_time_s")
+    monitor = finite(reader, "monitor_interval_s", reader.get("monitor_interval_s", number, 0.1), -math.inf, horizon)
+    restart = finite(reader, "restart_s", reader.get("restart_s", number, 0.0), -math.inf, horizon, "max_sim_time_s")
     max_recoveries = reader.get("max_recoveries", int, 3)
     reader.finish()
     if max_recoveries > limits.max_recoveries:

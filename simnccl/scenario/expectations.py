@@ -1,0 +1,123 @@
+"""``[[expect]]``: what a scenario asserts, every name in it (variant, checkpoint, device, rank) checked to exist."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+
+from simnccl.cluster import Cluster
+from simnccl.ops import (
+    Checkpoint,
+    Program,
+)
+from simnccl.scenario.model import VERDICTS, Expectation, ScenarioError
+from simnccl.scenario.reader import Reader, brief, opt_count, opt_number, ranks_in_world, str_list, unknown_name
+
+
+def checkpoint_labels(programs: Sequence[Program]) -> frozenset[str]:
+    """Every checkpoint label some rank's program passes (each shared program read once)."""
+    labels: set[str] = set()
+    seen: set[int] = set()
+    for program in programs:
+        if id(program) in seen:
+            continue
+        seen.add(id(program))
+        labels.update(op.label for op in program.ops if isinstance(op, Checkpoint))
+    return frozenset(labels)
+
+
+def _checkpoint_known(name: str, known: frozenset[str], recovery: bool) -> bool:
+    """A checkpoint of the workload, or (recovery runs) one of the orchestrator's markers."""
+    if name in known:
+        return True
+    if not recovery:
+        return False
+    from simnccl.recovery import MARKER_LABEL  # recovery imports this module
+
+    return MARKER_LABEL.fullmatch(name) is not None
+
+
+def read_expectations(
+    top: Reader,
+    source: str,
+    variant_names: Sequence[str],
+    checkpoints: frozenset[str],
+    cluster: Cluster,
+) -> list[Expectation]:
+    out = []
+    recovery = "recovery" in top.table
+    for i, raw in enumerate(top.get("expect", list, [], what="an array of tables [[expect]]")):
+        reader = Reader(source, f"expect[{i}]", raw)
+        names = str_list(reader, "variants", "a list of variant names")
+        names = list(variant_names) if names is None else list(names)
+        for n in names:
+            if n not in variant_names:
+                raise reader.error(
+                    "variants", f"unknown variant {brief(n)}; expected one of {', '.join(variant_names)}"
+                )
+        exp = Expectation(
+            variants=tuple(names),
+            checkpoint=reader.get("checkpoint", str, None),
+            baseline=reader.get("baseline", str, None),
+            used_mib=opt_number(reader, "used_mib", -math.inf),
+            tolerance_pct=opt_number(reader, "tolerance_pct", 0),
+            tolerance_mib=opt_number(reader, "tolerance_mib", 0),
+            devices=str_list(reader, "devices", "a list of device keys such as 'n0:cuda:0'") or (),
+            verdict=reader.get("verdict", str, None),
+            error_contains=reader.get("error_contains", str, None),
+            hang_ranks=reader.int_list("hang_ranks", None),
+            detected_at_s=opt_number(reader, "detected_at_s", 0),
+            tolerance_s=_default(opt_number(reader, "tolerance_s", 0), 1e-6),
+            key=f"expect[{i}]",
+            committed_steps=opt_count(reader, "committed_steps"),
+            lost_steps=opt_count(reader, "lost_steps"),
+            replacement_devices=str_list(reader, "replacement_devices", "a list of device keys such as 'n0:cuda:6'"),
+            fault_detected_at_s=opt_number(reader, "fault_detected_at_s", 0),
+            error_at_s=opt_number(reader, "error_at_s", 0),
+            fr_dump_ranks=reader.int_list("fr_dump_ranks", None),
+        )
+        reader.finish()
+        if exp.verdict is not None and exp.verdict not in VERDICTS:
+            raise reader.error("verdict", f"expected one of {', '.join(VERDICTS)}, got {brief(exp.verdict)}")
+        if exp.used_mib is not None and exp.checkpoint is None:
+            raise reader.error("used_mib", "needs a checkpoint to measure at")
+        if exp.baseline is not None and exp.used_mib is None:
+            raise reader.error("baseline", "only meaningful with used_mib")
+        asserted = (exp.used_mib, exp.verdict, exp.error_contains, exp.hang_ranks, exp.detected_at_s)
+        asserted += (exp.committed_steps, exp.lost_steps, exp.replacement_devices, exp.fault_detected_at_s)
+        asserted += (exp.error_at_s, exp.fr_dump_ranks)
+        if all(v is None for v in asserted):
+            raise ScenarioError(
+                source, f"expect[{i}]", "asserts nothing; expected used_mib, verdict, error_contains or hang_ranks"
+            )
+        for tol in ("tolerance_pct", "tolerance_mib"):
+            if getattr(exp, tol) is not None and exp.used_mib is None:
+                raise reader.error(tol, "only meaningful with used_mib")
+        if exp.tolerance_pct is not None and exp.tolerance_mib is not None:
+            raise reader.error("tolerance_mib", "give tolerance_pct or tolerance_mib, not both")
+        for key in ("checkpoint", "baseline"):
+            name = getattr(exp, key)
+            if name is not None and not _checkpoint_known(name, checkpoints, recovery):
+                markers = " (a recovery run also has start, ready:<step>, done:<step>, commit:<step>)"
+                raise reader.error(key, unknown_name("checkpoint", name, checkpoints) + (markers if recovery else ""))
+        for key in ("devices", "replacement_devices"):
+            for device in getattr(exp, key) or ():
+                if not _device_exists(cluster, device):
+                    raise reader.error(key, unknown_name("device", device, (d.key for d in cluster.devices())))
+        for key in ("hang_ranks", "fr_dump_ranks"):
+            ranks = getattr(exp, key)
+            if ranks is not None:
+                ranks_in_world(reader, key, ranks, cluster.world_size)
+        out.append(exp)
+    return out
+
+
+def _device_exists(cluster: Cluster, key: str) -> bool:
+    """``n<node>:cuda:<index>`` names a GPU of the cluster (as the memory ledgers key devices)."""
+    match = re.fullmatch(r"n(0|[1-9][0-9]*):cuda:(0|[1-9][0-9]*)", key)
+    return match is not None and int(match[1]) < cluster.nodes and int(match[2]) < cluster.gpus_per_node
+
+
+def _default(value: float | None, default: float) -> float:
+    return default if value is None else value

@@ -1,0 +1,175 @@
+"""Typed, path-remembering access to untrusted TOML tables, and the number/list checks every table shares.
+
+Why one place: every message a scenario (or a ``[recovery]`` table) error prints names the file, the dotted key
+and what was expected, and cuts the offending value to one line; each table reader builds on these.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from simnccl.env_knobs import unknown_knob_message, value_problem
+from simnccl.limits import exceeded
+from simnccl.scenario.model import ScenarioError
+from simnccl.table_keys import key_problem
+
+
+class Reader:
+    """Typed access to one TOML table that remembers the key path for error messages."""
+
+    def __init__(self, source: str, path: str, table: Any) -> None:
+        if not isinstance(table, dict):
+            raise ScenarioError(source, path, f"expected a table, got {kind_of(table)}")
+        self.source = source
+        self.path = path
+        self.table = table
+        self.used: set[str] = set()
+
+    def key(self, name: str) -> str:
+        return f"{self.path}.{name}" if self.path else name
+
+    def error(self, name: str, message: str) -> ScenarioError:
+        return ScenarioError(self.source, self.key(name), message)
+
+    def get(self, name: str, kind: type | tuple[type, ...], default: Any = ..., what: str = "") -> Any:
+        self.used.add(name)
+        if name not in self.table:
+            if default is ...:
+                raise self.error(name, f"missing; expected {what or type_name(kind)}")
+            return default
+        value = self.table[name]
+        if isinstance(value, bool) and bool not in as_tuple(kind):
+            raise self.error(name, f"expected {what or type_name(kind)}, got a boolean")
+        if not isinstance(value, kind):
+            raise self.error(name, f"expected {what or type_name(kind)}, got {kind_of(value)} {brief(value)}")
+        return value
+
+    def int_list(self, name: str, default: Any = ...) -> tuple[int, ...] | Any:
+        value = self.get(name, list, default, what="a list of integers")
+        if value is default and default is not ...:
+            return default
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+            raise self.error(name, f"expected a list of integers, got {brief(value)}")
+        return tuple(value)
+
+    def env(self, name: str, extra_knobs: Sequence[str] | None = ()) -> dict[str, str]:
+        """An environment table: string values, and knob names torch or NCCL read (simnccl.env_knobs)."""
+        value = self.get(name, dict, {}, what="a table of strings")
+        for k, v in value.items():
+            message = unknown_knob_message(k, extra_knobs or ())
+            if message is None and isinstance(v, str):
+                message = value_problem(k, v)
+            if message is not None:
+                raise ScenarioError(self.source, f"{self.key(name)}.{k}", message)
+            if not isinstance(v, str):
+                raise ScenarioError(
+                    self.source,
+                    f"{self.key(name)}.{k}",
+                    f"expected a string (environment values are strings), got {kind_of(v)} {brief(v)}",
+                )
+        return dict(value)
+
+    def finish(self) -> None:
+        problem = key_problem(self.table, allowed=self.used, path=self.path)
+        if problem is not None:
+            raise ScenarioError(self.source, problem.key, problem.message)
+
+
+def as_tuple(kind: type | tuple[type, ...]) -> tuple[type, ...]:
+    return kind if isinstance(kind, tuple) else (kind,)
+
+
+def type_name(kind: type | tuple[type, ...]) -> str:
+    names = {int: "an integer", float: "a number", str: "a string", bool: "a boolean", list: "a list", dict: "a table"}
+    return " or ".join(names.get(k, k.__name__) for k in as_tuple(kind))
+
+
+def kind_of(value: Any) -> str:
+    return {
+        bool: "a boolean",
+        int: "an integer",
+        float: "a number",
+        str: "a string",
+        list: "a list",
+        dict: "a table",
+    }.get(type(value), type(value).__name__)
+
+
+def finite(
+    reader: Reader,
+    key: str,
+    value: float,
+    minimum: float,
+    maximum: float | None = None,
+    limit: str = "",
+    unit: str = "",
+) -> float:
+    """``value`` as a float: finite, >= ``minimum`` and, when given, <= ``maximum`` (the limit ``limit``).
+
+    Non-finite numbers (TOML's ``inf``/``nan``, or an integer past float range) are never a size or a time."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise reader.error(key, f"expected a number{unit}, got {kind_of(value)} {brief(value)}")
+    try:
+        number = float(value)
+    except OverflowError:  # an integer past float range
+        number = math.inf if value > 0 else -math.inf
+    if not math.isfinite(number):
+        raise reader.error(key, f"expected a finite number{unit}, got {brief(value)}")
+    if number < minimum:
+        wanted = f"a non-negative number{unit}" if minimum == 0 else f"a number{unit} >= {minimum:g}"
+        raise reader.error(key, f"expected {wanted}, got {number:g}")
+    if maximum is not None and number > maximum:
+        raise reader.error(
+            key, exceeded(limit, f"{number:g}{unit}", maximum) if limit else f"expected at most {maximum:g}"
+        )
+    return number
+
+
+def unknown_name(what: str, name: str, known: Iterable[str]) -> str:
+    """No such checkpoint/device: the nearest known name, or the known ones when few."""
+    known = sorted(known)
+    nearest = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+    if nearest:
+        return f"no {what} {brief(name)} in this scenario; did you mean {nearest[0]!r}?"
+    listed = ", ".join(known[:12]) + (", ..." if len(known) > 12 else "")
+    return f"no {what} {brief(name)} in this scenario; expected one of {listed or '(none)'}"
+
+
+def str_list(reader: Reader, key: str, what: str) -> tuple[str, ...] | None:
+    value = reader.get(key, list, None, what=what)
+    if value is not None and not all(isinstance(v, str) for v in value):
+        raise reader.error(key, f"expected {what}, got {brief(value)}")
+    return None if value is None else tuple(value)
+
+
+def opt_number(reader: Reader, key: str, minimum: float) -> float | None:
+    value = reader.get(key, (int, float), None)
+    return None if value is None else finite(reader, key, value, minimum)
+
+
+def opt_count(reader: Reader, key: str) -> int | None:
+    value = reader.get(key, int, None)
+    if value is not None and value < 0:
+        raise reader.error(key, f"expected an integer >= 0, got {value}")
+    return value
+
+
+def brief(value: Any, width: int = 120) -> str:
+    """``repr(value)`` cut to ``width`` characters: an error message must stay one readable line."""
+    try:
+        text = repr(value)
+    except ValueError:  # an integer past Python's int-to-text digit limit
+        return "an integer of thousands of digits"
+    return text if len(text) <= width else f"{text[: width - 5]}...{text[-2:]}"
+
+
+def ranks_in_world(reader: Reader, key: str, ranks: Sequence[int], world_size: int) -> None:
+    bad = [r for r in ranks if not 0 <= r < world_size]
+    if bad:
+        raise reader.error(key, f"ranks {brief(bad)} are outside the world of {world_size} (0..{world_size - 1})")
+    duplicates = sorted({r for r in ranks if ranks.count(r) > 1}) if len(set(ranks)) != len(ranks) else []
+    if duplicates:
+        raise reader.error(key, f"rank(s) {brief(duplicates)} listed more than once")

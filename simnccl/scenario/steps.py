@@ -1,0 +1,285 @@
+"""``[workload]``: a generator's programs, or explicit steps expanded into one Program per rank.
+
+Why the care: expansion is where a small file becomes big, so lengths are checked against the limits before an
+op is built, and ranks reached by the same steps share one Program (DESIGN rule 8).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+from simnccl.limits import InputLimits, exceeded
+from simnccl.limits import current as current_limits
+from simnccl.ops import (
+    MIB,
+    OP_TYPES,
+    Collective,
+    EmptyCache,
+    InitProcessGroup,
+    NewGroup,
+    Op,
+    PgOptions,
+    PointToPoint,
+    Program,
+    SplitGroup,
+    check_option,
+    retired_field,
+)
+from simnccl.release import RELEASES, ReleaseError, resolve_backend
+from simnccl.scenario.reader import Reader, brief, finite, kind_of, ranks_in_world
+
+_OPTION_FIELDS = {f.name for f in fields(PgOptions)}
+
+
+def read_programs(workload: Reader, world_size: int, limits: InputLimits) -> tuple[Program, ...]:
+    if "generator" in workload.table:
+        # A framework startup (simnccl.workloads): the framework's own knobs in, every rank's Program out,
+        # on the cluster's world; bad knobs are reported as workload.args.<key>.
+        from simnccl.workloads import GENERATORS, WorkloadError
+
+        generator = workload.get("generator", str)
+        args = workload.get("args", dict, {}, what="a table of the generator's arguments")
+        chosen = GENERATORS.get(generator)
+        if chosen is None:
+            raise workload.error(
+                "generator",
+                f"unknown workload generator {brief(generator)}; expected one of {', '.join(GENERATORS)}",
+            )
+        try:
+            return chosen(args, world_size)
+        except WorkloadError as err:
+            key = f"args.{err.key}" if err.key else "args"
+            raise workload.error(key, f"{err.message} (generator {generator!r}, world of {world_size} ranks)") from None
+    raw_steps = workload.get("steps", list, what="a list of step tables")
+    if not raw_steps:
+        raise workload.error("steps", "expected at least one step")
+    steps = [_step(Reader(workload.source, f"workload.steps[{i}]", raw), world_size) for i, raw in enumerate(raw_steps)]
+    return _expand(workload, steps, world_size, limits)
+
+
+@dataclass(slots=True)
+class _Step:
+    """One parsed ``[workload] steps`` entry, before expansion."""
+
+    reader: Reader
+    op_type: type[Op]
+    repeat: int
+    targets: tuple[int, ...] | None  # None: every rank
+    fields: dict[str, Any]
+    per_rank: bool  # a field uses {rank}: every rank gets its own ops
+    ops: tuple[Op, ...] = ()  # the repeat's ops when they are the same on every rank
+
+
+def _step(reader: Reader, world_size: int) -> _Step:
+    op_name = reader.get("op", str)
+    op_type = OP_TYPES.get(op_name)
+    if op_type is None:
+        raise reader.error("op", f"unknown op {brief(op_name)}; expected one of {', '.join(OP_TYPES)}")
+    retired = retired_field(op_name, reader.table)
+    if retired is not None:
+        raise reader.error(*retired)
+    repeat = reader.get("repeat", int, 1)
+    if repeat < 1:
+        raise reader.error("repeat", f"expected an integer >= 1, got {repeat}")
+    on_ranks = reader.int_list("on_ranks", None)
+    if on_ranks is not None:
+        if not on_ranks:
+            raise reader.error("on_ranks", "expected at least one rank (omit the key for every rank)")
+        bad = [r for r in on_ranks if r < 0 or r >= world_size]
+        if bad:
+            raise reader.error("on_ranks", f"ranks {brief(bad)} are outside the world of {world_size}")
+    raw_fields = {k: v for k, v in reader.table.items() if k not in ("op", "repeat", "on_ranks")}
+    reader.used.update(raw_fields)
+    per_rank = any(isinstance(v, str) and "{rank}" in v for v in raw_fields.values())
+    targets = None if on_ranks is None else tuple(sorted(set(on_ranks)))
+    return _Step(reader, op_type, repeat, targets, raw_fields, per_rank)
+
+
+def _expand(workload: Reader, steps: list[_Step], world_size: int, limits: InputLimits) -> tuple[Program, ...]:
+    """Every rank's Program. Ranks reached by the same steps share one Program (DESIGN rule 8), so the work
+    is the distinct programs' length, not world x length; that length is checked against the limits
+    (``max_program_ops``, ``max_expanded_ops``) before a single op is built."""
+    everyone = [i for i, st in enumerate(steps) if st.targets is None]
+    reached: dict[int, list[int]] = {}  # rank -> the on_ranks steps that reach it, in order
+    for i, st in enumerate(steps):
+        for rank in st.targets or ():
+            reached.setdefault(rank, []).append(i)
+    common_length = sum(steps[i].repeat for i in everyone)
+    common_per_rank = any(steps[i].per_rank for i in everyone)
+    total = 0
+    seen: set[tuple[int, ...]] = set()
+    for rank in range(world_size):
+        own = tuple(reached.get(rank, ()))
+        length = common_length + sum(steps[i].repeat for i in own)
+        if length > limits.max_program_ops:
+            shown = f"rank {rank}'s program of {length} ops (the sum of repeat over its steps)"
+            raise workload.error("steps", exceeded("max_program_ops", shown, limits.max_program_ops))
+        if common_per_rank or any(steps[i].per_rank for i in own) or own not in seen:
+            seen.add(own)
+            total += length
+    if total > limits.max_expanded_ops:
+        shown = f"{total} ops over the distinct programs of {world_size} ranks"
+        raise workload.error("steps", exceeded("max_expanded_ops", shown, limits.max_expanded_ops))
+    for st in steps:
+        if not st.per_rank:
+            st.ops = tuple(_build_op(st.reader, st.op_type, st.fields, i, None, world_size) for i in range(st.repeat))
+    by_steps: dict[tuple[int, ...], Program] = {}
+    by_ops: dict[tuple[Op, ...], Program] = {}
+    programs = []
+    for rank in range(world_size):
+        own = tuple(reached.get(rank, ()))
+        program = by_steps.get(own)
+        if program is None:
+            ops: list[Op] = []
+            for i in heapq.merge(everyone, own):
+                st = steps[i]
+                if st.per_rank:
+                    ops.extend(
+                        _build_op(st.reader, st.op_type, st.fields, n, rank, world_size) for n in range(st.repeat)
+                    )
+                else:
+                    ops.extend(st.ops)
+            key = tuple(ops)
+            program = by_ops.setdefault(key, Program(key))
+            if not common_per_rank and not any(steps[i].per_rank for i in own):
+                by_steps[own] = program
+        programs.append(program)
+    return tuple(programs)
+
+
+def _fill(value: Any, i: int, rank: int | None) -> Any:
+    if isinstance(value, str):
+        value = value.replace("{i}", str(i))
+        if rank is not None:
+            value = value.replace("{rank}", str(rank))
+    return value
+
+
+# Field names as the file spells them where the op's dataclass field differs (checkpoint ``name``: ``label``).
+_FIELD_ALIASES: dict[tuple[str, str], str] = {("checkpoint", "name"): "label"}
+
+
+def _build_op(
+    reader: Reader, op_type: type[Op], raw: Mapping[str, Any], i: int, rank: int | None, world_size: int
+) -> Op:
+    allowed = {f.name: f for f in fields(op_type)}
+    kwargs: dict[str, Any] = {}
+    options: dict[str, Any] = {}
+    limits = current_limits()
+    for key, value in raw.items():
+        value = _fill(value, i, rank)
+        if key == "size_mib" and issubclass(op_type, (Collective, PointToPoint)):
+            if not isinstance(value, (int, float)) or isinstance(value, bool):
+                raise reader.error(key, f"expected a non-negative number of MiB, got {brief(value)}")
+            mib = finite(reader, key, value, 0, limits.max_message_mib, "max_message_mib", " of MiB")
+            kwargs["size_bytes"] = round(mib * MIB)
+            continue
+        name = _FIELD_ALIASES.get((op_type.name, key), key)
+        if name in _OPTION_FIELDS and "pg_options" in allowed:
+            try:
+                options[name] = check_option(name, value)
+            except ValueError as err:
+                raise reader.error(key, str(err).removeprefix(f"{name}: ")) from None
+            continue
+        if name not in allowed or name == "pg_options":
+            expected = sorted(_REVERSE_ALIASES.get((op_type.name, k), k) for k in allowed if k != "pg_options")
+            if "pg_options" in allowed:
+                expected += sorted(_OPTION_FIELDS)
+            if issubclass(op_type, (Collective, PointToPoint)):
+                expected.append("size_mib")
+            raise reader.error(key, f"unknown field for op {op_type.name!r}; expected one of {', '.join(expected)}")
+        kwargs[name] = _check_field(reader, key, name, _coerce(reader, key, value, allowed[name].type), world_size)
+    if options:
+        kwargs["pg_options"] = PgOptions(**options)
+    if op_type in (NewGroup, SplitGroup, InitProcessGroup) and kwargs.get("backend") is not None:
+        try:
+            resolve_backend(RELEASES["2.15"], kwargs["backend"], {})
+        except ReleaseError as err:
+            raise reader.error("backend", str(err)) from None
+    if op_type is SplitGroup and "split_ranks" not in kwargs:
+        raise reader.error("split_ranks", "missing; expected a list of lists of parent ranks")
+    if op_type is EmptyCache and "mib" not in kwargs:
+        raise reader.error("mib", "missing; expected the MiB of the tag's memory given back to the device")
+    if issubclass(op_type, PointToPoint):
+        peer = kwargs.get("peer")
+        if peer is None:
+            raise reader.error("peer", "missing; expected the global rank of the other side")
+        if not 0 <= peer < world_size:
+            raise reader.error("peer", f"expected a rank in 0..{world_size - 1}, got {peer}")
+    return op_type(**kwargs)
+
+
+_REVERSE_ALIASES = {(op, field): key for (op, key), field in _FIELD_ALIASES.items()}
+
+
+def _check_field(reader: Reader, key: str, name: str, value: Any, world_size: int) -> Any:
+    """Ranges of op fields whose values are sizes, times or ranks (the type is already checked)."""
+    limits = current_limits()
+    if value is None:
+        return value
+    if name == "size_bytes":
+        return int(finite(reader, key, value, 0, limits.max_message_mib * MIB, "max_message_mib"))
+    if name == "seconds":
+        return finite(reader, key, value, 0, limits.max_sim_time_s, "max_sim_time_s", " of seconds")
+    if name == "timeout_s":
+        if value <= 0:
+            raise reader.error(key, f"expected a positive number of seconds, got {value:g}")
+        return finite(reader, key, value, 0, limits.max_sim_time_s, "max_sim_time_s", " of seconds")
+    if name == "mib":
+        return finite(reader, key, value, 0, limits.max_alloc_mib, "max_alloc_mib", " of MiB")
+    if name == "gpu_memory_utilization":
+        if not (math.isfinite(value) and 0 < value <= 1):
+            raise reader.error(key, f"expected a fraction of the GPU's memory in (0, 1], got {value:g}")
+        return value
+    if name == "src":
+        ranks_in_world(reader, key, (value,), world_size)
+    if name == "ranks":
+        ranks_in_world(reader, key, value, world_size)
+    if name == "split_ranks":
+        if not value:
+            raise reader.error(key, "expected at least one split (a list of parent ranks)")
+        for index, split in enumerate(value):
+            if not split:
+                raise reader.error(key, f"split {index} is empty; expected at least one parent rank")
+            ranks_in_world(reader, key, split, world_size)
+    if name in ("device", "device_id") and isinstance(value, int) and value < 0:
+        raise reader.error(key, f"expected a device index >= 0, got {value}")
+    return value
+
+
+def _coerce(reader: Reader, key: str, value: Any, annotation: str) -> Any:
+    """Check one op field against its annotation (the dataclasses use string annotations)."""
+    text = str(annotation)
+    if key == "split_ranks":
+        if not isinstance(value, list) or not all(
+            isinstance(s, list) and all(isinstance(r, int) and not isinstance(r, bool) for r in s) for s in value
+        ):
+            raise reader.error(key, f"expected a list of lists of integers, got {brief(value)}")
+        return tuple(tuple(s) for s in value)
+    if text.startswith("tuple[int"):
+        if not isinstance(value, list) or not all(isinstance(r, int) and not isinstance(r, bool) for r in value):
+            raise reader.error(key, f"expected a list of integers, got {brief(value)}")
+        return tuple(value)
+    if text == "bool":
+        if not isinstance(value, bool):
+            raise reader.error(key, f"expected a boolean, got {kind_of(value)} {brief(value)}")
+        return value
+    if text == "float" or text.startswith("float"):
+        return finite(reader, key, value, -math.inf)
+    if text.startswith("int | str"):
+        if isinstance(value, bool) or not isinstance(value, (int, str)):
+            raise reader.error(key, f"expected an integer or a device string, got {kind_of(value)} {brief(value)}")
+        return value
+    if text.startswith("int"):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise reader.error(key, f"expected an integer, got {kind_of(value)} {brief(value)}")
+        return value
+    if text.startswith("str"):
+        if not isinstance(value, str):
+            raise reader.error(key, f"expected a string, got {kind_of(value)} {brief(value)}")
+        return value
+    return value  # pragma: no cover - every op field type is handled above

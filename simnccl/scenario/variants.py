@@ -1,0 +1,167 @@
+"""``[[variants]]``/``[matrix]`` pieces: release, policy, profile, cluster and env checks, and the matrix product.
+
+Why here: a variant is the only place a release, a profile and an environment meet, so their agreement (a
+profile covers the release; NCCL knobs parse under it) is checked before any simulation runs.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from simnccl.cluster import Cluster, ClusterError, get_gpu_kind
+from simnccl.env_knobs import unknown_knob_message, value_problem
+from simnccl.limits import InputLimits, exceeded, file_problem
+from simnccl.limits import current as current_limits
+from simnccl.policy import PolicyError, get_policy
+from simnccl.profiles import Profile, ProfileError, find_profile, get_profile
+from simnccl.release import RELEASES
+from simnccl.scenario.model import ScenarioError, Variant
+from simnccl.scenario.reader import Reader, brief
+
+
+@dataclass(frozen=True, slots=True)
+class MatrixBase:
+    """What every [matrix] variant starts from: the scenario's own release, policy, env and profile."""
+
+    release: str
+    policy: str
+    env: Mapping[str, str]
+    profile_ref: str | None
+    cluster: Cluster
+    base_dir: Path | None
+    extra_knobs: tuple[str, ...]
+
+
+def matrix_variants(reader: Reader, base: MatrixBase, room: int) -> list[Variant]:
+    """``[matrix]``: the cartesian product of ``release``, ``policy`` and each ``env`` variable's values.
+
+    Variants are named ``axis=value,...`` over the axes with more than one value, in the order written. The
+    product's size is checked against ``max_variants`` (``room`` is what [[variants]] left) before it is taken.
+    """
+    axes: list[tuple[str, list[str]]] = []
+    for key in ("release", "policy"):
+        values = reader.get(key, list, [getattr(base, key)], what="a list of strings")
+        if not values or not all(isinstance(v, str) for v in values):
+            raise reader.error(key, f"expected a non-empty list of strings, got {brief(values)}")
+        for value in values:
+            if key == "release" and value not in RELEASES:
+                raise reader.error(key, f"unknown torch release {brief(value)}; expected one of {', '.join(RELEASES)}")
+            if key == "policy":
+                check_policy(reader, key, value)
+        axes.append((key, values))
+    env_axes = reader.get("env", dict, {}, what="a table of environment variables to lists of strings")
+    for var, values in env_axes.items():
+        key = f"matrix.env.{var}"
+        if not isinstance(values, list) or not values or not all(isinstance(v, str) for v in values):
+            raise ScenarioError(reader.source, key, f"expected a non-empty list of strings, got {brief(values)}")
+        check_knob(reader.source, key, var, base.extra_knobs)
+        for value in values:
+            problem = value_problem(var, value)
+            if problem is not None:
+                raise ScenarioError(reader.source, key, problem)
+        axes.append((var, values))
+    reader.finish()
+    size = math.prod(len(values) for _, values in axes)
+    if size > room:
+        shown = " x ".join(str(len(values)) for _, values in axes)
+        raise ScenarioError(reader.source, "matrix", exceeded("max_variants", f"{shown} = {size} variants", room))
+    named = [name for name, values in axes if len(values) > 1]
+    cluster = base.cluster
+    out = []
+    for combo in itertools.product(*(values for _, values in axes)):
+        chosen = dict(zip((name for name, _ in axes), combo, strict=True))
+        env = {**base.env, **{k: v for k, v in chosen.items() if k not in ("release", "policy")}}
+        v_release = chosen["release"]
+        profile = read_profile(
+            reader.source, "matrix.release", base.profile_ref, cluster.gpu.key, v_release, base.base_dir
+        )
+        check_env(reader.source, "matrix.env", profile, env)
+        name = ",".join(f"{k}={chosen[k]}" for k in named) or "matrix"
+        out.append(Variant(name, "", v_release, profile, env, chosen["policy"]))
+    return out
+
+
+def check_policy(reader: Reader, key: str, spec: str) -> None:
+    try:
+        get_policy(spec)
+    except PolicyError as err:
+        raise reader.error(key, str(err)) from None
+
+
+def read_policy(reader: Reader, key: str, default: str) -> str:
+    value = reader.get(key, str, default)
+    check_policy(reader, key, value)
+    return value
+
+
+def read_release(reader: Reader, key: str, default: Any = ...) -> str:
+    value = reader.get(key, str, default)
+    if value not in RELEASES:
+        raise reader.error(key, f"unknown torch release {brief(value)}; expected one of {', '.join(RELEASES)}")
+    return value
+
+
+def read_cluster(reader: Reader, limits: InputLimits) -> Cluster:
+    """The cluster, after its size is checked against ``max_world_size`` (ranks and GPUs), before any is made."""
+    gpu_key = reader.get("gpu", str)
+    try:
+        gpu = get_gpu_kind(gpu_key)
+    except ClusterError as err:
+        raise reader.error("gpu", str(err)) from None
+    nodes = reader.get("nodes", int, 1)
+    gpus = reader.get("gpus_per_node", int)
+    ranks = reader.get("ranks_per_node", int, None)
+    reader.finish()
+    if nodes >= 1 and gpus >= 0 and (ranks is None or ranks >= 1):
+        for what, count in (("GPUs", nodes * gpus), ("ranks", nodes * (gpus if ranks is None else ranks))):
+            if count > limits.max_world_size:
+                shown = f"{count} {what} (nodes x {'gpus_per_node' if what == 'GPUs' else 'ranks per node'})"
+                raise ScenarioError(reader.source, "cluster", exceeded("max_world_size", shown, limits.max_world_size))
+    try:
+        return Cluster(gpu, nodes, gpus, ranks)
+    except ClusterError as err:
+        raise ScenarioError(reader.source, "cluster", str(err)) from None
+
+
+def read_profile(source: str, key: str, ref: str | None, gpu: str, release: str, base_dir: Path | None) -> Profile:
+    try:
+        if ref is None:
+            return find_profile(gpu, release)
+        candidate = (base_dir / ref) if base_dir is not None and ref.endswith(".toml") else None
+        if candidate is not None or os.sep in ref:  # a file, not a built-in name: only a regular, small one
+            problem = file_problem(candidate or Path(ref), current_limits().max_file_bytes)
+            if problem is not None:
+                raise ScenarioError(source, key, f"profile file {brief(str(candidate or ref))}: {problem}")
+        profile = get_profile(str(candidate) if candidate is not None else ref)
+    except ProfileError as err:
+        raise ScenarioError(source, key, str(err)) from None
+    if profile.gpu != gpu:
+        raise ScenarioError(source, key, f"profile {profile.name!r} is for GPU {profile.gpu!r}, cluster has {gpu!r}")
+    if release not in profile.releases:
+        raise ScenarioError(
+            source,
+            key,
+            f"profile {profile.name!r} does not cover torch release {release!r} "
+            f"(it covers {', '.join(profile.releases)}); name a profile for that release or omit it",
+        )
+    return profile
+
+
+def check_env(source: str, key: str, profile: Profile, env: Mapping[str, str]) -> None:
+    """Validate the NCCL knobs the engine's memory model parses here: bad input is never a traceback."""
+    try:
+        profile.check_env(env)
+    except ProfileError as err:
+        raise ScenarioError(source, f"{key}.{err.knob}" if err.knob else key, str(err)) from None
+
+
+def check_knob(source: str, key: str, name: str, extra: Sequence[str]) -> None:
+    message = unknown_knob_message(name, extra)
+    if message is not None:
+        raise ScenarioError(source, key, message)
