@@ -16,7 +16,8 @@ import pytest
 pytest.importorskip("torch")
 
 from simnccl.real.differential import MUTATIONS, cases, classify, run_cases, summary
-from simnccl.real.launch import Launcher, pid_alive
+from simnccl.real.launch import Launcher
+from simnccl.real.zygote import pid_alive
 
 pytestmark = pytest.mark.real
 

@@ -25,8 +25,9 @@ from simnccl.ops import (
     SplitGroup,
 )
 from simnccl.real.differential import Case, CaseResult, classify, run_cases
-from simnccl.real.launch import Launcher, RunSettings, pid_alive
+from simnccl.real.launch import Launcher, RunSettings
 from simnccl.real.programs import share_identical
+from simnccl.real.zygote import pid_alive
 
 pytestmark = pytest.mark.real
 

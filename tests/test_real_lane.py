@@ -38,8 +38,9 @@ from simnccl.ops import (
 from simnccl.policy import get_policy
 from simnccl.real.compare import compare_variant
 from simnccl.real.lanes import NO_CUDA, CpuLanePolicy, LaneError, check_gpu_lane, cpu_programs, cpu_substitutions
-from simnccl.real.launch import Launcher, RunSettings, pid_alive
+from simnccl.real.launch import Launcher, RunSettings
 from simnccl.real.report import rank_outcomes
+from simnccl.real.zygote import pid_alive
 
 pytestmark = pytest.mark.real
 

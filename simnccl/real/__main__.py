@@ -168,8 +168,9 @@ def _real_figure(variant: dict[str, Any]) -> str:
 
 
 def _run(scenario: Any, settings: RunSettings, args: argparse.Namespace, out: Any) -> int:
-    from simnccl.real.launch import Launcher, run_scenario_real, torchrun_main, under_torchrun
+    from simnccl.real.launch import Launcher, run_scenario_real
     from simnccl.real.report import render_run_header, render_run_variant
+    from simnccl.real.torchrun_mode import torchrun_main, under_torchrun
     from simnccl.result import document
 
     if under_torchrun():

@@ -18,17 +18,13 @@ that passes the timeout (torchrun then stops the others), and rank 0 prints the 
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import shutil
 import signal
-import subprocess
-import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -37,14 +33,10 @@ from simnccl.ops import Program
 from simnccl.real.lanes import check_gpu_lane, comparability, cpu_programs, cpu_substitutions
 from simnccl.real.measure import build_variant_result
 from simnccl.real.programs import programs_to_lists
+from simnccl.real.zygote import LaunchError, Zygote, kill_tree, pid_alive, signal_tree
 from simnccl.scenario import Scenario, Variant
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 SCHEMA_VERSION = 1
-
-
-class LaunchError(RuntimeError):
-    """The launcher itself failed (zygote did not start, a rank pid survived)."""
 
 
 @dataclass(frozen=True)
@@ -89,142 +81,11 @@ class RunSettings:
         return dict(self.__dict__)
 
 
-# ---------------------------------------------------------------------------------------------- the zygote
-
-
-class Zygote:
-    """The launcher's side of ``simnccl.real._zygote``: start it, spawn ranks, learn exits, stop it."""
-
-    def __init__(self, log_dir: Path, start_timeout_s: float = 120.0) -> None:
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
-        env.setdefault("PYTHONWARNINGS", "ignore")
-        self.log_path = log_dir / "zygote.log"
-        self._log = open(self.log_path, "ab")  # noqa: SIM115
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "simnccl.real._zygote"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self._log,
-            env=env,
-            start_new_session=True,
-        )
-        self._lock = threading.Condition()
-        self._write_lock = threading.Lock()
-        self.exited: dict[int, tuple[int, float]] = {}
-        self._spawned: dict[str, int] = {}
-        self.ready = False
-        self._reader = threading.Thread(target=self._read, name="zygote-reader", daemon=True)
-        self._reader.start()
-        deadline = time.monotonic() + start_timeout_s
-        with self._lock:
-            while not self.ready:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    self.close()
-                    raise LaunchError(f"the rank zygote did not start; see {self.log_path}:\n{self.log_tail()}")
-                self._lock.wait(0.1)
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for raw in self.proc.stdout:
-            try:
-                msg = json.loads(raw)
-            except ValueError:
-                continue
-            with self._lock:
-                if "ready" in msg:
-                    self.ready = True
-                elif "spawned" in msg:
-                    self._spawned[str(msg["tag"])] = int(msg["spawned"])
-                elif "exited" in msg:
-                    self.exited[int(msg["exited"])] = (int(msg["code"]), time.time())
-                self._lock.notify_all()
-        with self._lock:
-            self._lock.notify_all()
-
-    def log_tail(self, n: int = 4000) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")[-n:]
-        except OSError:
-            return ""
-
-    def spawn(self, spec: Mapping[str, Any], log: Path, tag: str, timeout_s: float = 30.0) -> int:
-        assert self.proc.stdin is not None
-        line = json.dumps({"cmd": "spawn", "tag": tag, "spec": dict(spec), "log": str(log)}) + "\n"
-        with self._write_lock:
-            self.proc.stdin.write(line.encode())
-            self.proc.stdin.flush()
-        deadline = time.monotonic() + timeout_s
-        with self._lock:
-            while tag not in self._spawned:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    raise LaunchError(f"the zygote did not spawn rank {tag}:\n{self.log_tail()}")
-                self._lock.wait(0.05)
-            return self._spawned.pop(tag)
-
-    def exit_of(self, pid: int) -> tuple[int, float] | None:
-        with self._lock:
-            return self.exited.get(pid)
-
-    def wait_exits(self, pids: Sequence[int], timeout_s: float) -> bool:
-        deadline = time.monotonic() + timeout_s
-        with self._lock:
-            while not all(p in self.exited for p in pids):
-                if time.monotonic() > deadline or self.proc.poll() is not None:
-                    return all(p in self.exited for p in pids)
-                self._lock.wait(0.05)
-        return True
-
-    def close(self) -> None:
-        """Stop the zygote: it kills and reaps whatever rank is left, then exits."""
-        with contextlib.suppress(OSError, ValueError):
-            if self.proc.stdin is not None:
-                self.proc.stdin.write(b'{"cmd": "exit"}\n')
-                self.proc.stdin.close()
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(timeout=10)
-        self._reader.join(timeout=5)
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
-        self._log.close()
-
-
-def kill_tree(pid: int) -> None:
-    """SIGKILL a rank's process group (it made itself a group leader), and the pid itself."""
-    signal_tree(pid, signal.SIGKILL)
-
-
-def signal_tree(pid: int, signum: signal.Signals) -> None:
-    """Send ``signum`` to a rank's process group and to the pid itself (gone already: nothing to do)."""
-    for send in (lambda: os.killpg(pid, signum), lambda: os.kill(pid, signum)):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            send()
-
-
-def pid_alive(pid: int) -> bool:
-    """True while ``pid`` exists and is not a zombie (checked through /proc, psutil-free)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-        return state != "Z"
-    except (OSError, IndexError):
-        return False
-
-
 # ---------------------------------------------------------------------------------------------- one run
 
 
 @dataclass
-class _RankWatch:
+class RankWatch:
     rank: int
     progress: Path
     log: Path
@@ -348,7 +209,7 @@ class Launcher:
         run_dir.mkdir(parents=True, exist_ok=True)
         release_file = run_dir / "release"
         lists = programs_to_lists(programs)
-        watches = [_RankWatch(r, run_dir / f"rank{r}.jsonl", run_dir / f"rank{r}.log") for r in range(world)]
+        watches = [RankWatch(r, run_dir / f"rank{r}.jsonl", run_dir / f"rank{r}.log") for r in range(world)]
         started = time.time()
         for rank, watch in enumerate(watches):
             spec = {
@@ -400,7 +261,7 @@ class Launcher:
             policy=policy,
             env=dict(env or {}),
             release=release,
-            torch_version=_torch_version(),
+            torch_version=installed_torch_version(),
             rank_states=states,
             reason=reason,
             started_at=started,
@@ -416,7 +277,7 @@ class Launcher:
             shutil.rmtree(run_dir, ignore_errors=True)
         return result
 
-    def _watch(self, watches: list[_RankWatch], zygote: Zygote, settings: RunSettings, started: float) -> str:
+    def _watch(self, watches: list[RankWatch], zygote: Zygote, settings: RunSettings, started: float) -> str:
         deadline = started + settings.timeout_s
         while True:
             now = time.time()
@@ -432,7 +293,7 @@ class Launcher:
                 return f"wall-clock timeout of {settings.timeout_s:g}s"
             time.sleep(0.02)
 
-    def _finish(self, watches: list[_RankWatch], zygote: Zygote, settings: RunSettings, release_file: Path) -> None:
+    def _finish(self, watches: list[RankWatch], zygote: Zygote, settings: RunSettings, release_file: Path) -> None:
         """Kill what still runs, release what parked, reap all; no rank pid may survive.
 
         Every rank still running is frozen (SIGSTOP) before any is killed: a killed rank's gloo sockets close,
@@ -467,11 +328,11 @@ class Launcher:
                 raise LaunchError(f"rank processes {survivors} survived SIGKILL")
 
 
-def _exits(zygote: Zygote, watches: list[_RankWatch]) -> list[tuple[int, float]]:
+def _exits(zygote: Zygote, watches: list[RankWatch]) -> list[tuple[int, float]]:
     return [e for e in (zygote.exit_of(w.pid) for w in watches) if e is not None]
 
 
-def _torch_version() -> str:
+def installed_torch_version() -> str:
     try:
         from importlib.metadata import version
 
@@ -482,7 +343,7 @@ def _torch_version() -> str:
 
 def installed_release() -> str | None:
     """The simnccl release key of the installed torch (without importing torch)."""
-    text = _torch_version()
+    text = installed_torch_version()
     parts = text.split(".")
     try:
         key = (int(parts[0]), int(parts[1]))
@@ -512,7 +373,7 @@ def lane_programs(scenario: Scenario, lane: str) -> tuple[tuple[Program, ...], l
 def variant_notes(variant: Variant) -> list[str]:
     installed = installed_release()
     if installed is not None and variant.release != installed:
-        return [f"variant release {variant.release}: the real run uses the installed torch {_torch_version()}"]
+        return [f"variant release {variant.release}: the real run uses the installed torch {installed_torch_version()}"]
     return []
 
 
@@ -555,171 +416,3 @@ def run_scenario_real(
         "ok": True,
         "variants": results,
     }
-
-
-# ---------------------------------------------------------------------------------------------- torchrun mode
-
-
-def under_torchrun(env: Mapping[str, str] | None = None) -> bool:
-    env = os.environ if env is None else env
-    return "RANK" in env and "WORLD_SIZE" in env and "MASTER_ADDR" in env
-
-
-def torchrun_main(
-    scenario: Scenario, variant: Variant, settings: RunSettings, out: Callable[[dict[str, Any]], None] | None
-) -> int:
-    """This process is one rank of a torchrun world. Rank 0 prints the report (and hands it to ``out``)."""
-    import datetime
-
-    import torch.distributed as dist
-
-    from simnccl.real.driver import Driver, Progress, RankSpec, prepare_env
-
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    programs, substitutions, notes = lane_programs(scenario, settings.lane)
-    if world != len(programs):
-        print(f"real: torchrun world of {world} but the scenario has {len(programs)} ranks", file=sys.stderr)
-        return 2
-    if settings.lane == "gpu":
-        check_gpu_lane(int(os.environ.get("LOCAL_WORLD_SIZE", world)))
-    started = time.time()
-    base, _, _ = next(dist.rendezvous("env://", rank, world, timeout=datetime.timedelta(seconds=settings.timeout_s)))
-    control = dist.PrefixStore("real/control", base)
-    spec = RankSpec(
-        rank=rank,
-        world_size=world,
-        program=programs[rank].to_list(),
-        lane=settings.lane,
-        policy=variant.policy,
-        env=dict(variant.env),
-        local_rank=local_rank,
-        local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", world)),
-        node=int(os.environ.get("GROUP_RANK", "0")),
-        set_launcher_env=False,  # torchrun has set them
-        torch_timeout_s=settings.torch_timeout_s,
-        init_timeout_s=settings.init_timeout_s,
-        compute_scale=settings.compute_scale,
-        compute_cap_s=settings.compute_cap_s,
-    )
-    prepare_env(spec)
-    watch = _RankWatch(rank, Path(os.devnull), Path(os.devnull), pid=os.getpid())
-    lock = threading.Lock()
-
-    def publish(record: dict[str, Any]) -> None:
-        with lock:
-            watch._apply(record)
-
-    def snapshot(killed: bool) -> str:
-        with lock:
-            return json.dumps(
-                {
-                    "rank": rank,
-                    "pid": os.getpid(),
-                    "ops": [watch.ops[i] for i in sorted(watch.ops)],
-                    "current": watch.current,
-                    "final": watch.final,
-                    "killed": killed,
-                    "exit_code": None,
-                    "exit_t": time.time(),
-                },
-                default=str,
-            )
-
-    def watchdog() -> None:
-        deadline = started + settings.timeout_s
-        while time.time() < deadline:
-            if watch.final is not None:
-                return
-            time.sleep(0.1)
-        with contextlib.suppress(Exception):
-            control.set(f"state/{rank}", snapshot(True))
-        if rank == 0:
-            with contextlib.suppress(Exception):
-                _torchrun_report(control, world, scenario, variant, settings, started, substitutions, notes, out)
-        else:  # let rank 0 read our state before torchrun stops the world on our exit
-            control_wait(control, ["report"], 10.0)
-        sys.stdout.flush()
-        os._exit(124)
-
-    threading.Thread(target=watchdog, name="real-watchdog", daemon=True).start()
-    progress = Progress("", extra=publish)
-    driver = Driver(spec, programs[rank], progress)
-    driver.store = dist.PrefixStore("real/run", base)
-    final = driver.run()
-    progress.write(final)
-    control.set(f"state/{rank}", snapshot(False))
-    control.add("finals", 1)
-    code = 0
-    if rank == 0:
-        code = _torchrun_report(control, world, scenario, variant, settings, started, substitutions, notes, out)
-    else:
-        spec.park_max_s = max(0.0, started + settings.timeout_s - time.time())
-        control_wait(control, ["report"], spec.park_max_s)
-    return code
-
-
-def control_wait(store: Any, keys: list[str], timeout_s: float) -> bool:
-    import datetime
-
-    try:
-        store.wait(keys, datetime.timedelta(seconds=max(timeout_s, 0.1)))
-        return True
-    except Exception:
-        return False
-
-
-def _torchrun_report(
-    control: Any,
-    world: int,
-    scenario: Scenario,
-    variant: Variant,
-    settings: RunSettings,
-    started: float,
-    substitutions: list[str],
-    notes: list[str],
-    out: Callable[[dict[str, Any]], None] | None,
-) -> int:
-    deadline = started + settings.timeout_s
-    while time.time() < deadline:
-        if int(control.add("finals", 0)) >= world:
-            break
-        time.sleep(0.1)
-    states = []
-    for r in range(world):
-        if control_wait(control, [f"state/{r}"], 3.0):
-            states.append(json.loads(control.get(f"state/{r}")))
-        else:
-            states.append({"rank": r, "ops": [], "current": None, "final": None, "killed": True, "exit_code": None})
-    reason = "finished" if all(s.get("final") for s in states) else f"wall-clock timeout of {settings.timeout_s:g}s"
-    result = build_variant_result(
-        name=variant.name,
-        description=variant.description,
-        lane=settings.lane,
-        policy=variant.policy,
-        env=dict(variant.env),
-        release=variant.release,
-        torch_version=_torch_version(),
-        rank_states=states,
-        reason=reason,
-        started_at=started,
-        substitutions=substitutions,
-        notes=[*notes, "launched by torchrun"],
-        settings=settings.to_dict(),
-    )
-    report = {
-        "schema": SCHEMA_VERSION,
-        "scenario": scenario.name,
-        "source": scenario.source,
-        "seed": scenario.seed,
-        "lane": settings.lane,
-        "ok": True,
-        "variants": [result],
-    }
-    from simnccl.real.report import render_run
-
-    print(render_run(report))
-    if out is not None:
-        out(report)
-    control.set("report", "1")
-    return 0 if result["verdict"] == "pass" else 1

@@ -1,0 +1,153 @@
+"""The zygote: a process that imported torch once and forks the real ranks, and the helpers that stop them.
+
+Why a process of its own: importing torch takes seconds, a fork milliseconds; a killed rank must take its
+whole process group with it (``killpg``) and a reaped one must be gone for good (checked through ``/proc``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+class LaunchError(RuntimeError):
+    """The launcher itself failed (zygote did not start, a rank pid survived)."""
+
+
+class Zygote:
+    """The launcher's side of ``simnccl.real._zygote``: start it, spawn ranks, learn exits, stop it."""
+
+    def __init__(self, log_dir: Path, start_timeout_s: float = 120.0) -> None:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
+        env.setdefault("PYTHONWARNINGS", "ignore")
+        self.log_path = log_dir / "zygote.log"
+        self._log = open(self.log_path, "ab")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "simnccl.real._zygote"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            env=env,
+            start_new_session=True,
+        )
+        self._lock = threading.Condition()
+        self._write_lock = threading.Lock()
+        self.exited: dict[int, tuple[int, float]] = {}
+        self._spawned: dict[str, int] = {}
+        self.ready = False
+        self._reader = threading.Thread(target=self._read, name="zygote-reader", daemon=True)
+        self._reader.start()
+        deadline = time.monotonic() + start_timeout_s
+        with self._lock:
+            while not self.ready:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    self.close()
+                    raise LaunchError(f"the rank zygote did not start; see {self.log_path}:\n{self.log_tail()}")
+                self._lock.wait(0.1)
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for raw in self.proc.stdout:
+            try:
+                msg = json.loads(raw)
+            except ValueError:
+                continue
+            with self._lock:
+                if "ready" in msg:
+                    self.ready = True
+                elif "spawned" in msg:
+                    self._spawned[str(msg["tag"])] = int(msg["spawned"])
+                elif "exited" in msg:
+                    self.exited[int(msg["exited"])] = (int(msg["code"]), time.time())
+                self._lock.notify_all()
+        with self._lock:
+            self._lock.notify_all()
+
+    def log_tail(self, n: int = 4000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-n:]
+        except OSError:
+            return ""
+
+    def spawn(self, spec: Mapping[str, Any], log: Path, tag: str, timeout_s: float = 30.0) -> int:
+        assert self.proc.stdin is not None
+        line = json.dumps({"cmd": "spawn", "tag": tag, "spec": dict(spec), "log": str(log)}) + "\n"
+        with self._write_lock:
+            self.proc.stdin.write(line.encode())
+            self.proc.stdin.flush()
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            while tag not in self._spawned:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise LaunchError(f"the zygote did not spawn rank {tag}:\n{self.log_tail()}")
+                self._lock.wait(0.05)
+            return self._spawned.pop(tag)
+
+    def exit_of(self, pid: int) -> tuple[int, float] | None:
+        with self._lock:
+            return self.exited.get(pid)
+
+    def wait_exits(self, pids: Sequence[int], timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            while not all(p in self.exited for p in pids):
+                if time.monotonic() > deadline or self.proc.poll() is not None:
+                    return all(p in self.exited for p in pids)
+                self._lock.wait(0.05)
+        return True
+
+    def close(self) -> None:
+        """Stop the zygote: it kills and reaps whatever rank is left, then exits."""
+        with contextlib.suppress(OSError, ValueError):
+            if self.proc.stdin is not None:
+                self.proc.stdin.write(b'{"cmd": "exit"}\n')
+                self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+        self._reader.join(timeout=5)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+        self._log.close()
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL a rank's process group (it made itself a group leader), and the pid itself."""
+    signal_tree(pid, signal.SIGKILL)
+
+
+def signal_tree(pid: int, signum: signal.Signals) -> None:
+    """Send ``signum`` to a rank's process group and to the pid itself (gone already: nothing to do)."""
+    for send in (lambda: os.killpg(pid, signum), lambda: os.kill(pid, signum)):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            send()
+
+
+def pid_alive(pid: int) -> bool:
+    """True while ``pid`` exists and is not a zombie (checked through /proc, psutil-free)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+        return state != "Z"
+    except (OSError, IndexError):
+        return False
