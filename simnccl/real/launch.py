@@ -407,12 +407,17 @@ def run_scenario_real(
     finally:
         if own:
             launcher.close()
+    return run_document(scenario, settings.lane, results)
+
+
+def run_document(scenario: Scenario, lane: str, results: list[dict[str, Any]]) -> dict[str, Any]:
+    """The report of a real run (schema ``SCHEMA_VERSION``), whichever launcher ran its ranks."""
     return {
         "schema": SCHEMA_VERSION,
         "scenario": scenario.name,
         "source": scenario.source,
         "seed": scenario.seed,
-        "lane": settings.lane,
+        "lane": lane,
         "ok": True,
         "variants": results,
     }

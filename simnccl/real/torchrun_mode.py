@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from simnccl.real.lanes import check_gpu_lane
-from simnccl.real.launch import SCHEMA_VERSION, RankWatch, RunSettings, installed_torch_version, lane_programs
+from simnccl.real.launch import RankWatch, RunSettings, installed_torch_version, lane_programs, run_document
 from simnccl.real.measure import build_variant_result
 from simnccl.scenario import Scenario, Variant
 
@@ -169,15 +169,7 @@ def _torchrun_report(
         notes=[*notes, "launched by torchrun"],
         settings=settings.to_dict(),
     )
-    report = {
-        "schema": SCHEMA_VERSION,
-        "scenario": scenario.name,
-        "source": scenario.source,
-        "seed": scenario.seed,
-        "lane": settings.lane,
-        "ok": True,
-        "variants": [result],
-    }
+    report = run_document(scenario, settings.lane, [result])
     from simnccl.real.report import render_run
 
     print(render_run(report))
