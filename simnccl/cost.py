@@ -553,11 +553,13 @@ def _simulate(
     with out.progress_rows([c.name for c in columns], rank_ops(programs)) as bars:
 
         def done(index: int, result: ColumnResult) -> None:
+            # The journal first: a Ctrl-C that lands while the line is being printed must not leave a column
+            # on stdout that the interrupted report calls unfinished.
+            if journal is not None:
+                journal.lines.append(f"finished  cost  {result.column.name}: {result.verdict}")
             bars.done(index)
             lines[index] = column_summary(label, result)
             add_lines()
-            if journal is not None:
-                journal.lines.append(f"finished  cost  {result.column.name}: {result.verdict}")
 
         args = [(programs, cluster, release, column, seed) for column in columns]
         finished = run_columns(run_column, args, jobs, on_start=bars.start, on_progress=bars.update, on_done=done)
