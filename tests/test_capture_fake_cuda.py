@@ -117,14 +117,14 @@ def test_a_cuda_seed_queued_before_the_capture_never_reaches_the_driver(monkeypa
 
 def _ddp_startup() -> tuple[Any, Any]:
     _startup()
-    model = torch.nn.Linear(256, 256).cuda()
+    model = torch.nn.Linear(1024, 1024).cuda()  # 4 MiB of weights: large-pool segments
     ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[torch.cuda.current_device()])
     return ddp, torch.optim.Adam(ddp.parameters())
 
 
 def _ddp_step(state: tuple[Any, Any]) -> None:
     ddp, optimizer = state
-    ddp(torch.randn(64, 256, device="cuda")).sum().backward()
+    ddp(torch.randn(64, 1024, device="cuda")).sum().backward()
     optimizer.step()
 
 
@@ -135,13 +135,14 @@ def test_a_training_step_records_its_collectives_and_tensor_memory_between_start
     labels = [op.label for op in ops if isinstance(op, Checkpoint)]
     assert labels == ["after_init", "startup", "step1", "end"]
     startup, step1 = ops.index(Checkpoint("startup")), ops.index(Checkpoint("step1"))
-    weights = (256 * 256 + 256) * 4
+    weights = (1024 * 1024 + 1024) * 4
     # DDP's gradient all-reduce is step 1's: one bucket holding every gradient
     assert [op for op in ops[startup:step1] if isinstance(op, AllReduce)] == [AllReduce(size_bytes=weights)]
     at_startup = sum(op.mib for op in ops[:startup] if isinstance(op, Alloc)) * MIB
     at_step1 = sum(op.mib for op in ops[:step1] if isinstance(op, Alloc)) * MIB
-    assert at_startup >= 2 * weights  # the weights and DDP's bucket
-    assert at_step1 >= at_startup + 3 * weights  # gradients and Adam's two moments, at least
+    # reserved >= allocated at every point: the weights and DDP's bucket, then also gradients and Adam's moments
+    assert at_startup >= 2 * weights and at_step1 >= 5 * weights and at_step1 > at_startup
+    assert all(op.mib % 2 == 0 for op in ops if isinstance(op, Alloc))  # whole allocator segments (2 MiB units)
     outcome = run.simulate()
     assert outcome.verdict == "pass"
     used = {label: snaps["n0:cuda:0"].used_bytes for label, snaps in outcome.checkpoints.items()}
@@ -164,35 +165,70 @@ def test_freed_tensors_stay_reserved_until_empty_cache() -> None:
 
     def target() -> None:
         _startup()
-        big = torch.empty(MIB // 4, device="cuda")  # 1 MiB
+        big = torch.empty(MIB // 4, device="cuda")  # 1 MiB: the small pool's largest request, in a 2 MiB segment
         cap.checkpoint("big")
         del big
-        seen.append(torch.cuda.memory_allocated())
+        seen.append((torch.cuda.memory_allocated(), torch.cuda.memory_reserved(), torch.cuda.max_memory_reserved()))
         cap.checkpoint("freed")
         torch.cuda.empty_cache()
+        seen.append(torch.cuda.memory_reserved())
         cap.checkpoint("emptied")
 
     run = cap.capture(target, 1, mode="inline")
     ops = run.programs[0].ops
-    assert seen == [0]
+    assert seen == [(0, 2 * MIB, 2 * MIB), 0]
     big, freed, emptied = (ops.index(Checkpoint(label)) for label in ("big", "freed", "emptied"))
-    assert ops[big - 1] == Alloc(mib=1.0, tag=TENSOR_TAG)
+    assert ops[big - 1] == Alloc(mib=2.0, tag=TENSOR_TAG)
     assert not any(isinstance(op, Alloc | Free | EmptyCache) for op in ops[big + 1 : freed])  # reserved, not freed
-    assert ops[freed + 1 : emptied] == (EmptyCache(mib=1.0, tag=TENSOR_TAG),)
+    assert ops[freed + 1 : emptied] == (EmptyCache(mib=2.0, tag=TENSOR_TAG),)
 
 
-def test_tensor_memory_charges_the_high_water_mark_between_recorded_calls() -> None:
+def test_the_cuda_memory_statistics_answer_as_torchs_allocator_would() -> None:
+    seen: list[Any] = []
+
+    def target() -> None:
+        _startup()
+        small = torch.empty(3, device="cuda")  # 12 bytes: one 512-byte block of a 2 MiB segment
+        seen.append((torch.cuda.memory_allocated(), torch.cuda.memory_reserved()))
+        free, total = torch.cuda.mem_get_info()
+        seen.append(total - free)  # the device sees segments
+        large = torch.empty(3 * MIB // 4, device="cuda")  # 3 MiB: a 20 MiB segment
+        seen.append((torch.cuda.memory_allocated(), torch.cuda.memory_reserved()))
+        del small, large
+
+    cap.capture(target, 1, mode="inline")
+    assert seen == [(512, 2 * MIB), 2 * MIB, (512 + 3 * MIB, 22 * MIB)]
+
+
+def test_tensor_memory_charges_the_reserved_high_water_mark_between_recorded_calls() -> None:
     memory = TensorMemory()
-    first, second = torch.empty(1024), torch.empty(3 * 1024)
+    first, second = torch.empty(1024), torch.empty(3 * MIB // 4)  # 4 KiB (small pool), 3 MiB (large pool)
     memory.place(first.untyped_storage(), 0)
     memory.place(second.untyped_storage(), 0)
     memory.place(first[1:].untyped_storage(), 0)  # a view shares its base's storage: counted once
     del second
-    assert memory.live == {0: 4096} and memory.peak == {0: 16384}
-    assert memory.changes() == [Alloc(mib=16384 / MIB, tag=TENSOR_TAG)]
+    assert memory.live == {0: 4096} and memory.peak == {0: 4096 + 3 * MIB}
+    assert memory.reserved == {0: 22 * MIB}  # freed blocks stay reserved
+    assert memory.changes() == [Alloc(mib=22.0, tag=TENSOR_TAG)]
     assert memory.changes() == []
     memory.empty_cache()
-    assert memory.changes() == [EmptyCache(mib=12288 / MIB, tag=TENSOR_TAG)]
+    assert memory.changes() == [EmptyCache(mib=20.0, tag=TENSOR_TAG)]  # the small segment still holds `first`
+
+
+def test_memory_reserved_again_after_empty_cache_in_the_same_window_is_charged() -> None:
+    memory = TensorMemory()
+    big = torch.empty(3 * MIB // 4)
+    memory.place(big.untyped_storage(), 0)
+    del big
+    memory.empty_cache()
+    again = torch.empty(3 * MIB // 4)
+    memory.place(again.untyped_storage(), 0)
+    assert memory.changes() == [
+        Alloc(mib=20.0, tag=TENSOR_TAG),
+        EmptyCache(mib=20.0, tag=TENSOR_TAG),
+        Alloc(mib=20.0, tag=TENSOR_TAG),
+    ]
+    assert memory.reserved == {0: 20 * MIB}
 
 
 @settings(max_examples=60, deadline=None)

@@ -26,7 +26,11 @@ insufficient"). Megatron's ``model_parallel_cuda_manual_seed`` and its ``_CUDA_R
 those paths. Streams, events and the allocator's statistics are small stand-ins (``memory_allocated`` answers
 from ``TensorMemory``).
 
-Not modelled: the caching allocator's rounding and fragmentation (bytes are storage bytes), storages resized
+Memory is what torch's caching allocator would reserve (``cuda_allocator``: 512-byte rounding, 2 MiB and 20 MiB
+segments, best-fit reuse and splitting, ``empty_cache``); ``memory_allocated`` counts rounded blocks and
+``memory_reserved``/``mem_get_info`` the segments, as torch's do.
+
+Not modelled: storages resized
 in place (FSDP2 frees unsharded parameters with ``storage.resize_(0)``: counted at their first size), and
 tensors of wrapper subclasses (DTensor) whose inner ops run below this mode: their local tensors are counted
 when the subclass's own result is seen.
@@ -45,6 +49,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_leaves
 
+from simnccl.capture.cuda_allocator import Block, CachingAllocator
 from simnccl.cluster import GpuKind
 from simnccl.ops import MIB, Alloc, EmptyCache, Op
 
@@ -61,75 +66,86 @@ _RANDOM_FACTORIES = frozenset({"rand", "randn", "randint", "randperm", "normal"}
 
 
 class TensorMemory:
-    """Emulated CUDA tensor memory of one rank: live and peak bytes per device index, and what is reserved.
+    """Emulated CUDA tensor memory of one rank: allocated and reserved bytes per device, and what is charged.
 
-    Torch's caching allocator keeps a freed block reserved (``cudaMemGetInfo``, and so NCCL, still sees it
-    used) until ``torch.cuda.empty_cache()``, so the device-level charge is the high-water mark of live bytes:
-    ``changes()`` turns what happened since it was last asked into ops — ``alloc`` when live bytes rose above
-    what is reserved, ``empty_cache`` down to what is live when the cache was emptied.
+    Every storage placed on a device is a ``malloc`` of torch's caching allocator (``cuda_allocator``), freed
+    when the storage dies. What the device (and NCCL) sees used is what the allocator reserves: segments, kept
+    after their tensors die until ``torch.cuda.empty_cache()``. ``changes()`` turns what happened since it was
+    last asked into ops — ``alloc`` when the reserved bytes rose above what is charged, ``empty_cache`` when the
+    cache gave segments back — so the simulator charges the high-water mark between recorded calls exactly.
     """
 
     def __init__(self) -> None:
-        self.live: dict[int, int] = {}
-        self.peak: dict[int, int] = {}
-        self._storages: dict[int, tuple[int, int]] = {}  # storage _cdata -> (device index, bytes)
+        self.allocator = CachingAllocator()
+        self.live = self.allocator.allocated  # device -> allocated bytes (torch's memory_allocated)
+        self.peak: dict[int, int] = {}  # device -> highest allocated bytes (max_memory_allocated)
+        self.reserved_peak: dict[int, int] = {}  # device -> highest reserved bytes (max_memory_reserved)
+        self._storages: dict[int, tuple[int, Block | None]] = {}  # storage _cdata -> (device index, its block)
         self._reserved = 0  # bytes (all devices) the ops so far leave charged
-        self._window_peak = 0  # highest live total since the last changes()
-        self._emptied_to: int | None = None  # live bytes when the cache was last emptied
+        self._window_peak = 0  # highest reserved total since the last changes() or empty_cache()
+        self._pending: list[Op] = []  # ops an empty_cache() settled, not yet handed out
 
     @property
-    def total_live(self) -> int:
-        return sum(self.live.values())
+    def reserved(self) -> dict[int, int]:
+        return self.allocator.reserved
 
     def device_of(self, storage: Any) -> int | None:
         entry = self._storages.get(storage._cdata)
         return None if entry is None else entry[0]
 
     def devices(self) -> list[int]:
-        return sorted(index for index, peak in self.peak.items() if peak)
+        return sorted(index for index, peak in self.reserved_peak.items() if peak)
 
     def place(self, storage: Any, index: int) -> None:
         key = storage._cdata
         if key in self._storages:
             return
-        nbytes = int(storage.nbytes())
-        self._storages[key] = (index, nbytes)
+        block = self.allocator.malloc(index, int(storage.nbytes()))
+        self._storages[key] = (index, block)
         weakref.finalize(storage, self._release, key)
-        live = self.live[index] = self.live.get(index, 0) + nbytes
-        if live > self.peak.get(index, 0):
-            self.peak[index] = live
-        self._window_peak = max(self._window_peak, self.total_live)
+        if block is None:
+            return
+        if self.live[index] > self.peak.get(index, 0):
+            self.peak[index] = self.live[index]
+        reserved = self.allocator.reserved[index]
+        if reserved > self.reserved_peak.get(index, 0):
+            self.reserved_peak[index] = reserved
+        self._window_peak = max(self._window_peak, self.allocator.total_reserved)
 
     def _release(self, key: int) -> None:
         entry = self._storages.pop(key, None)
-        if entry is not None:
-            index, nbytes = entry
-            self.live[index] -= nbytes
+        if entry is not None and entry[1] is not None:
+            self.allocator.free(entry[1])
+
+    def reset_peaks(self, index: int) -> None:
+        """``torch.cuda.reset_peak_memory_stats``: the peaks start again from what is held now."""
+        self.peak[index] = self.live.get(index, 0)
+        self.reserved_peak[index] = self.reserved.get(index, 0)
 
     def empty_cache(self) -> None:
-        """``torch.cuda.empty_cache()``: the next ``changes()`` gives back what is reserved but not live."""
-        self._window_peak = max(self._window_peak, self.total_live)
-        self._emptied_to = self.total_live
+        """``torch.cuda.empty_cache()``: the high-water mark so far is charged, then the freed segments given back."""
+        self._pending = self._settle()
+        self.allocator.empty_cache()
+        now = self.allocator.total_reserved
+        if now < self._reserved:
+            self._pending.append(EmptyCache(mib=(self._reserved - now) / MIB, tag=TENSOR_TAG))
+            self._reserved = now
+        self._window_peak = now
 
     def changes(self) -> list[Op]:
         """The ``alloc``/``empty_cache`` ops (MiB, exact) that bring the charge to what is reserved now."""
-        if self._window_peak <= self._reserved and self._emptied_to is None:
-            # Nothing to charge (asked after every recorded call: most calls place no tensor). Leaving
-            # ``_window_peak`` above the live total here changes no later answer: it stays <= ``_reserved``.
+        if not self._pending and self._window_peak <= self._reserved:
+            # Nothing to charge (asked after every recorded call: most calls place no tensor).
             return []
         return self._settle()
 
     def _settle(self) -> list[Op]:
         """``changes()`` computed in full."""
-        out: list[Op] = []
+        out, self._pending = self._pending, []
         if self._window_peak > self._reserved:
             out.append(Alloc(mib=(self._window_peak - self._reserved) / MIB, tag=TENSOR_TAG))
             self._reserved = self._window_peak
-        if self._emptied_to is not None and self._emptied_to < self._reserved:
-            out.append(EmptyCache(mib=(self._reserved - self._emptied_to) / MIB, tag=TENSOR_TAG))
-            self._reserved = self._emptied_to
-        self._emptied_to = None
-        self._window_peak = self.total_live
+        self._window_peak = self.allocator.total_reserved
         return out
 
 
@@ -398,21 +414,29 @@ class FakeCuda:
         default_stream = _Stream()
         memory = self.memory
 
+        def index_of(device: Any) -> int:
+            return self.current() if device is None else _ordinal(device)
+
         def allocated(device: Any = None) -> int:
-            return memory.live.get(self.current() if device is None else _ordinal(device), 0)
+            return memory.live.get(index_of(device), 0)
+
+        def reserved(device: Any = None) -> int:
+            return memory.reserved.get(index_of(device), 0)
 
         def peak(device: Any = None) -> int:
-            return memory.peak.get(self.current() if device is None else _ordinal(device), 0)
+            return memory.peak.get(index_of(device), 0)
+
+        def reserved_peak(device: Any = None) -> int:
+            return memory.reserved_peak.get(index_of(device), 0)
 
         def reset_peak(device: Any = None) -> None:
-            index = self.current() if device is None else _ordinal(device)
-            memory.peak[index] = memory.live.get(index, 0)
+            memory.reset_peaks(index_of(device))
 
         gpu = self.gpu
         properties = _DeviceProperties(gpu.display, gpu.total_bytes)
 
         def mem_get_info(device: Any = None) -> tuple[int, int]:
-            return gpu.total_bytes - allocated(device), gpu.total_bytes
+            return gpu.total_bytes - reserved(device), gpu.total_bytes
 
         cuda = torch.cuda
         return [
@@ -428,9 +452,9 @@ class FakeCuda:
             (cuda, "set_stream", lambda stream: None),
             (cuda, "stream", lambda stream=None: contextlib.nullcontext(stream)),
             (cuda, "memory_allocated", allocated),
-            (cuda, "memory_reserved", allocated),
+            (cuda, "memory_reserved", reserved),
             (cuda, "max_memory_allocated", peak),
-            (cuda, "max_memory_reserved", peak),
+            (cuda, "max_memory_reserved", reserved_peak),
             (cuda, "reset_peak_memory_stats", reset_peak),
             (cuda, "reset_max_memory_allocated", reset_peak),
             (cuda, "empty_cache", memory.empty_cache),
