@@ -200,6 +200,25 @@ def test_the_cuda_memory_statistics_answer_as_torchs_allocator_would() -> None:
     assert seen == [(512, 2 * MIB), 2 * MIB, (512 + 3 * MIB, 22 * MIB)]
 
 
+def test_a_storage_resized_in_place_frees_its_block_and_takes_a_new_one() -> None:
+    """FSDP2's ``free_storage``/``alloc_storage``: ``untyped_storage().resize_(0)`` after use, back before the next."""
+    seen: list[Any] = []
+
+    def target() -> None:
+        _startup()
+        unsharded = torch.empty(3 * MIB // 4, device="cuda")  # 3 MiB, in a 20 MiB segment
+        seen.append(torch.cuda.memory_allocated())
+        unsharded.untyped_storage().resize_(0)
+        seen.append((torch.cuda.memory_allocated(), torch.cuda.memory_reserved()))
+        unsharded.untyped_storage().resize_(3 * MIB)
+        unsharded.fill_(1.0)
+        seen.append((torch.cuda.memory_allocated(), torch.cuda.memory_reserved(), torch.cuda.max_memory_allocated()))
+
+    cap.capture(target, 1, mode="inline")
+    assert seen == [3 * MIB, (0, 20 * MIB), (3 * MIB, 20 * MIB, 3 * MIB)]  # the cached block served it again
+    assert torch.UntypedStorage.resize_ is not None and torch.empty(4).untyped_storage().resize_(8).nbytes() == 8
+
+
 def test_tensor_memory_charges_the_reserved_high_water_mark_between_recorded_calls() -> None:
     memory = TensorMemory()
     first, second = torch.empty(1024), torch.empty(3 * MIB // 4)  # 4 KiB (small pool), 3 MiB (large pool)

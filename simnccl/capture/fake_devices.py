@@ -30,10 +30,11 @@ Memory is what torch's caching allocator would reserve (``cuda_allocator``: 512-
 segments, best-fit reuse and splitting, ``empty_cache``); ``memory_allocated`` counts rounded blocks and
 ``memory_reserved``/``mem_get_info`` the segments, as torch's do.
 
-Not modelled: storages resized
-in place (FSDP2 frees unsharded parameters with ``storage.resize_(0)``: counted at their first size), and
-tensors of wrapper subclasses (DTensor) whose inner ops run below this mode: their local tensors are counted
-when the subclass's own result is seen.
+A storage resized in place (FSDP2 frees an unsharded parameter with
+``untyped_storage().resize_(0)`` and re-allocates it so) frees its block and takes one of the new size.
+
+Not modelled: tensors of wrapper subclasses (DTensor) whose inner ops run below this mode: their local tensors
+are counted when the subclass's own result is seen.
 """
 
 from __future__ import annotations
@@ -103,8 +104,27 @@ class TensorMemory:
         block = self.allocator.malloc(index, int(storage.nbytes()))
         self._storages[key] = (index, block)
         weakref.finalize(storage, self._release, key)
-        if block is None:
+        if block is not None:
+            self._grown(index)
+
+    def resize(self, storage: Any, nbytes: int) -> None:
+        """``UntypedStorage.resize_`` of a placed storage (FSDP2 frees an unsharded parameter with ``resize_(0)``
+        after use and re-allocates it before the next): as torch's ``resize_bytes``, the new block is taken
+        before the old one is freed (the bytes are copied across)."""
+        key = storage._cdata
+        entry = self._storages.get(key)
+        if entry is None:
             return
+        index, old = entry
+        new = self.allocator.malloc(index, nbytes)
+        self._storages[key] = (index, new)
+        if new is not None:
+            self._grown(index)
+        if old is not None:
+            self.allocator.free(old)
+
+    def _grown(self, index: int) -> None:
+        """After a block was taken on device ``index``: the peaks and the window's high-water mark."""
         if self.live[index] > self.peak.get(index, 0):
             self.peak[index] = self.live[index]
         reserved = self.allocator.reserved[index]
@@ -432,6 +452,13 @@ class FakeCuda:
         def reset_peak(device: Any = None) -> None:
             memory.reset_peaks(index_of(device))
 
+        resize_storage = torch.UntypedStorage.resize_
+
+        def resize(storage: Any, size: int) -> Any:
+            result = resize_storage(storage, size)
+            memory.resize(storage, int(size))
+            return result
+
         gpu = self.gpu
         properties = _DeviceProperties(gpu.display, gpu.total_bytes)
 
@@ -461,6 +488,7 @@ class FakeCuda:
             (cuda, "is_current_stream_capturing", lambda: False),
             # parsed before torch-function handling (it wants a real stream); the stand-in streams are done
             (torch.Tensor, "record_stream", lambda tensor, stream: None),
+            (torch.UntypedStorage, "resize_", resize),  # FSDP2's free_storage/alloc_storage
             (torch.accelerator, "current_stream", lambda device=None: default_stream),
             (torch.accelerator, "set_stream", lambda stream: None),
             (torch.accelerator, "synchronize", lambda device=None: None),
