@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 from simnccl import cost_breakdown
 from simnccl.cli_options import OverrideError, add_common, check_env, check_json_target, env_overrides
 from simnccl.cluster import Cluster, ClusterError, get_gpu_kind
-from simnccl.cost_runs import Finished, default_jobs, progress_reported, run_columns
+from simnccl.cost_runs import Finished, default_jobs, gc_paused, progress_reported, run_columns
 from simnccl.engine import Engine, EngineGuardError, RunOutcome, SimConfig
 from simnccl.ops import NewGroup, Program, SplitGroup
 from simnccl.plain_table import plain_table
@@ -321,6 +321,15 @@ def column_config(
 
 def run_column(
     programs: tuple[Program, ...], cluster: Cluster, release: str, column: Column, seed: int = 0
+) -> ColumnResult:
+    """One column: its simulation and the figures read off it, the cyclic collector paused throughout
+    (``gc_paused``)."""
+    with gc_paused():
+        return _run_column(programs, cluster, release, column, seed)
+
+
+def _run_column(
+    programs: tuple[Program, ...], cluster: Cluster, release: str, column: Column, seed: int
 ) -> ColumnResult:
     config = column_config(programs, cluster, release, column, seed)
     start = time.monotonic()
