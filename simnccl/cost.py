@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 from simnccl import cost_breakdown
 from simnccl.cli_options import OverrideError, add_common, check_env, check_json_target, env_overrides
 from simnccl.cluster import Cluster, ClusterError, get_gpu_kind
-from simnccl.cost_runs import Finished, default_jobs, gc_paused, progress_reported, run_columns
+from simnccl.cost_runs import ColumnRunner, Finished, default_jobs, gc_paused, progress_reported
 from simnccl.engine import Engine, EngineGuardError, RunOutcome, SimConfig
 from simnccl.ops import NewGroup, Program, SplitGroup
 from simnccl.plain_table import plain_table
@@ -559,7 +559,11 @@ def _simulate(
             out.add(lines[added])
             added += 1
 
-    with out.progress_rows([c.name for c in columns], rank_ops(programs)) as bars:
+    # The workers start before the bars do: no thread of ours runs yet, so they may be forked (``ColumnRunner``).
+    with (
+        ColumnRunner(len(columns), jobs) as runner,
+        out.progress_rows([c.name for c in columns], rank_ops(programs)) as bars,
+    ):
 
         def done(index: int, result: ColumnResult) -> None:
             # The journal first: a Ctrl-C that lands while the line is being printed must not leave a column
@@ -571,7 +575,7 @@ def _simulate(
             add_lines()
 
         args = [(programs, cluster, release, column, seed) for column in columns]
-        finished = run_columns(run_column, args, jobs, on_start=bars.start, on_progress=bars.update, on_done=done)
+        finished = runner.run(run_column, args, on_start=bars.start, on_progress=bars.update, on_done=done)
     for index in sorted(lines):  # after Ctrl-C: the columns that finished after one that did not
         if index >= added:
             out.add(lines[index])
