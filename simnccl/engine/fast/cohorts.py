@@ -367,9 +367,10 @@ class Cohorts:
             rt.history_shared = True  # copied on this rank's next own record (the owner's too)
             rt.history_tail.clear()  # already in that content
             rt.hnode = None
-        parent = rt.world.comm_for("cuda") if rt.world is not None else None
-        if parent is not None:
-            parent.seq += cohort.splits
+        if cohort.splits:
+            parent = rt.world.comm_for("cuda") if rt.world is not None else None
+            if parent is not None:
+                parent.seq += cohort.splits
         for bind in cohort.binds:
             rt.handles.setdefault(bind, NON_GROUP_MEMBER)
         failure = cohort.failures.get(rt.rank)

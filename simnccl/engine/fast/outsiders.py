@@ -99,6 +99,13 @@ class Outsiders:
         in which ranks run are unchanged. Each call taken counts for the guard as it would there.
         Returns whether any call was taken.
         """
+        if rt.program is self.cohorts.program:
+            cohort = self.cohorts.by_start.get(rt.pc)
+            if cohort is None or not cohort.broken:
+                # The first rank here decides whether a block starts; a live cohort is joined. (Every call an
+                # outsider may take in the cohorts' program starts a block: checked first, as most calls there
+                # are a live cohort's, and every way below would take nothing here too.)
+                return False
         world = rt.world
         policy = self.policy_active
         if world is None or rt.pending or (policy and not self.shares_decisions):
@@ -111,10 +118,6 @@ class Outsiders:
         entry = table[start]
         if entry is None or rt.rank in entry[1]:
             return False
-        if program is self.cohorts.program:
-            cohort = self.cohorts.by_start.get(start)
-            if cohort is None or not cohort.broken:
-                return False  # the first rank here decides whether a block starts; a live cohort is joined
         if not self._walk(rt, world, start + _WALK_FIRST) or rt.pc < start + _WALK_FIRST:
             return rt.pc > start  # a short run (between two cohorts, say): walked, cheaper than a stretch
         while True:
