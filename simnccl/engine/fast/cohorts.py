@@ -99,7 +99,8 @@ class Cohorts:
 
     def run(self, rt: RankRuntime) -> Waiting:
         """Run a block of world-wide group-creation calls for every rank at once (see the module's doc)."""
-        yield from self.rendezvous.settle(rt)
+        if rt.pending:
+            yield from self.rendezvous.settle(rt)
         start = rt.pc
         cohort = self.by_start.get(start)
         if cohort is None:
