@@ -19,13 +19,16 @@ same process (``BASELINE_PROCESSES`` processes each yielding ``BASELINE_EVENTS``
 from a slower or busier machine can be compared with one from another. ``--command`` then also times the
 columns as the command runs them (``simnccl.cost_runs.run_columns``: worker processes, ``--jobs`` defaulting as
 the command's does, each column's figures measured), in the same run, and prints its ratio to the one-process
-sum. The LAST line is
-exactly::
+sum, and the command's CPU seconds (this process's and its workers', whatever the workers cost to start
+included) with their ratio to the baseline. The LAST line is exactly::
 
-    megatron512_total_s=<x> cpu_s=<c> ratio=<r> worst_policy=<name> worst_s=<y>[ command_s=<z> jobs=<n>]
+    megatron512_total_s=<x> cpu_s=<c> ratio=<r> worst_policy=<name> worst_s=<y>[ <command>]
+
+where ``<command>``, with ``--command`` only, is ``command_s=<z> jobs=<n> command_cpu_s=<u> command_ratio=<q>``
 
 (``total_s``/``worst_s``: wall seconds; ``cpu_s``: the columns' CPU seconds; ``ratio``: ``cpu_s`` over the
-baseline's CPU seconds.)
+baseline's CPU seconds; ``command_s``: the command's wall seconds; ``command_cpu_s``: its CPU seconds, and
+``command_ratio`` those over the baseline's.)
 
 (``megatron512`` is the label for the default sizes; other sizes print ``megatron<world>``.)
 """
@@ -34,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import resource
 import sys
 import time
 from collections.abc import Sequence
@@ -138,10 +142,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"columns: {total:.2f} s wall, {cpu:.2f} CPU s = {cpu / baseline_s:.2f}x the raw simpy baseline")
     tail = ""
     if args.command:
-        command_s, jobs, verdicts = time_command(programs, columns_for(args.policy), args.jobs)
+        command_s, command_cpu, jobs, verdicts = time_command(programs, columns_for(args.policy), args.jobs)
         failed |= any(v != "pass" for v in verdicts)
-        print(f"as the command runs them: {command_s:.2f} s with {jobs} job(s), {total / command_s:.2f}x the sum above")
-        tail = f" command_s={command_s:.3f} jobs={jobs}"
+        print(
+            f"as the command runs them: {command_s:.2f} s with {jobs} job(s), {total / command_s:.2f}x the sum above; "
+            f"{command_cpu:.2f} CPU s (workers included) = {command_cpu / baseline_s:.2f}x the raw simpy baseline"
+        )
+        tail = (
+            f" command_s={command_s:.3f} jobs={jobs} command_cpu_s={command_cpu:.3f}"
+            f" command_ratio={command_cpu / baseline_s:.2f}"
+        )
     if failed:
         print("FAILED: a column did not pass, or the two paths disagree", file=sys.stderr)
     print(
@@ -153,14 +163,23 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def time_command(
     programs: Sequence[Program], columns: Sequence[Column], jobs: int | None
-) -> tuple[float, int, list[str]]:
-    """Every column as ``simnccl cost`` runs it (its column runner, its default ``--jobs``): wall seconds."""
+) -> tuple[float, float, int, list[str]]:
+    """Every column as ``simnccl cost`` runs it (its column runner, its default ``--jobs``): wall seconds, and CPU
+    seconds of this process and of the workers (reaped by the time ``run_columns`` returns)."""
     chosen = jobs if jobs is not None else default_jobs(len(columns), rank_ops(programs))
     cluster = build_cluster(GPU, len(programs), GPUS_PER_NODE)
+    before = _cpu_s()
     start = time.perf_counter()
     finished = run_columns(run_column, [(tuple(programs), cluster, RELEASE, c, 0) for c in columns], chosen)
     wall = time.perf_counter() - start
-    return wall, chosen, [r.verdict if r is not None else "not finished" for r in finished.results]
+    cpu = _cpu_s() - before
+    return wall, cpu, chosen, [r.verdict if r is not None else "not finished" for r in finished.results]
+
+
+def _cpu_s() -> float:
+    """User and system CPU seconds of this process and of its reaped children."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
 if __name__ == "__main__":

@@ -167,6 +167,9 @@ class Pricer:
         self._envs: dict[int, tuple[Mapping[str, str], tuple[tuple[str, str], ...]]] = {}
         self._options: dict[int, tuple[PgOptions, tuple[tuple[str, Any], ...], tuple[str, ...]]] = {}
         self._index: dict[int, tuple[Sequence[int], dict[int, int]]] = {}
+        self._members_of: dict[tuple[int, int], tuple[Sequence[int], Sequence[int], tuple[int, ...]]] = {}
+        # Per (sharing parent's breakdown, members) objects: what a split child's model reads of that parent.
+        self._views: dict[tuple[int, int], tuple[Breakdown, tuple[int, ...], tuple[Any, ...], Breakdown]] = {}
         self._shares: dict[tuple[Any, ...], bool] = {}
         # One CommMemory per rank class (``create(..., shareable=True)``), and the ids of those shared objects.
         self._classes: dict[tuple[Any, ...], CommMemory] = {}
@@ -201,8 +204,7 @@ class Pricer:
         sharing = parent if parent is not None and parent.share_resources else None
         members = None
         if sharing is not None:
-            index = self._rank_index(parent_ranks or ())
-            members = tuple(index[r] for r in ranks)
+            members = self._members(ranks, parent_ranks or ())
         exact = own_share or sharing is not None or not self._layout(shape.node_sizes)[2]
         if shareable and not exact:
             return self._class_memory(shape, env_key, opts, unmodelled)
@@ -287,6 +289,18 @@ class Pricer:
         result = self._layout(tuple(sizes.values()))[0]  # interned: equal layouts share one tuple
         self._sizes[id(ranks)] = (ranks, result)
         return result
+
+    def _members(self, ranks: Sequence[int], parent_ranks: Sequence[int]) -> tuple[int, ...]:
+        """The group's ranks as the parent numbers them: one tuple per (group, parent) rank-list objects, so a
+        group's members share it (and their parent views, ``_parent_view``, are looked up by its identity)."""
+        key = (id(ranks), id(parent_ranks))
+        cached = self._members_of.get(key)
+        if cached is not None and cached[0] is ranks and cached[1] is parent_ranks:
+            return cached[2]
+        index = self._rank_index(parent_ranks)
+        members = tuple(index[r] for r in ranks)
+        self._members_of[key] = (ranks, parent_ranks, members)
+        return members
 
     def _rank_index(self, ranks: Sequence[int]) -> dict[int, int]:
         cached = self._index.get(id(ranks))
@@ -378,11 +392,14 @@ class Pricer:
         ``sizes``/``even``: the run's interned node sizes and whether they are even (``_layout``); the run's layout
         number cannot key a cache shared by runs, the interned tuple can, and this runs only on the run's misses."""
         key: tuple[Any, ...] = (shape.nranks, sizes, rank, env, options, tuple(map(self._read, uses)))
+        view = None
         if parent is not None:
-            key = (*key, id(parent.breakdown), members)
+            assert members is not None
+            view_key, view = self._parent_view(parent.breakdown, members)
+            key = (*key, view_key)
         shared = self._shared.get(key)
-        if shared is not None and (parent is None or shared[0] is parent.breakdown):
-            return shared[1]
+        if shared is not None:
+            return shared
         result = communicator_bytes(
             self.topology,
             shape.nranks,
@@ -394,8 +411,7 @@ class Pricer:
             phase="used" if uses else "init",
             uses=uses,
             rank=rank,
-            parent=None if parent is None else parent.breakdown,
-            members=members,
+            parent=view,  # members: the view numbers the parent's ranks as this group does
             node_sizes=None if even else shape.node_sizes,
             fixed_overhead_bytes=self.fixed_bytes,
             fixed_overhead_source=self.fixed_source,
@@ -404,8 +420,43 @@ class Pricer:
         if len(self._shared) >= _BREAKDOWNS_KEPT:  # full: the older half goes
             for old in list(itertools.islice(self._shared, _BREAKDOWNS_KEPT // 2)):
                 del self._shared[old]
-        self._shared[key] = (None if parent is None else parent.breakdown, result)
+        self._shared[key] = result
         return result
+
+    def _parent_view(self, parent: Breakdown, members: tuple[int, ...]) -> tuple[tuple[Any, ...], Breakdown]:
+        """What a split child's model reads of its sharing parent (``simnccl.nccl.model``: its splitShare, NVLS
+        state, local ranks, channel counts, NET pools and NVLS buffers paid, and the connections it made to the
+        child's members), with the parent's ranks numbered as the child numbers them: as a hashable key, and as
+        a Breakdown to hand the model (whose members are then the identity).
+
+        Why: the child's breakdown depends on the parent only through this view, and members at the same place
+        in groups of the same shape see equal views (the parent is the world's, or a group's, communicator of
+        a rank class); keyed by the view, they are priced once, not once per member (measured: Megatron
+        TP8·PP4·DP16 under NCCL_COMM_SPLIT_SHARE_RESOURCES=1, 4,354 model calls before)."""
+        cached = self._views.get((id(parent), id(members)))
+        if cached is not None and cached[0] is parent and cached[1] is members:
+            return cached[2], cached[3]
+        index = {m: i for i, m in enumerate(members)}
+        connected = frozenset(
+            (channel, index[peer], direction, at) for channel, peer, direction, at in parent.connected if peer in index
+        )
+        layout, channels = parent.layout, parent.channels
+        view_key = (
+            "parent-view",
+            parent.share_resources,
+            layout.nranks,
+            layout.local_ranks,
+            parent.nvls_active,
+            channels.coll,
+            channels.p2p,
+            channels.nvls,
+            parent.nvls_buffers_paid,
+            parent.net_pools_paid,
+            connected,
+        )
+        view = replace(parent, connected=connected)
+        self._views[(id(parent), id(members))] = (parent, members, view_key, view)
+        return view_key, view
 
     def _read(self, use: Use) -> tuple[Any, ...]:
         """What the model reads of a use: its collective, its peers, and which side of the algorithm rule's size
@@ -419,10 +470,10 @@ class Pricer:
 # Bounded (a breakdown with its connections is ~10 KiB): past the bound, the older half is dropped.
 _BREAKDOWNS_KEPT = 10_000
 _PROFILES_KEPT = 32
-_BREAKDOWNS: dict[int, tuple[Profile, dict[tuple[Any, ...], tuple[Breakdown | None, Breakdown]]]] = {}
+_BREAKDOWNS: dict[int, tuple[Profile, dict[tuple[Any, ...], Breakdown]]] = {}
 
 
-def _breakdowns_of(profile: Profile) -> dict[tuple[Any, ...], tuple[Breakdown | None, Breakdown]]:
+def _breakdowns_of(profile: Profile) -> dict[tuple[Any, ...], Breakdown]:
     """The process's breakdown cache for this profile object (by identity: a profile file loaded twice is two
     profiles, and nothing holds a stale one whose id was reused)."""
     entry = _BREAKDOWNS.get(id(profile))

@@ -118,15 +118,44 @@ def process_overheads(outcome: RunOutcome) -> dict[int, dict[str, float]]:
 
 
 def per_rank_totals(outcome: RunOutcome) -> dict[int, dict[str, float]]:
-    """Per rank, the ``ROWS`` figures summed over its communicators, its process overheads included."""
-    comms = communicators(outcome)
+    """Per rank, the ``ROWS`` figures summed over its communicators, its process overheads included.
+
+    The same sums as adding up ``communicators``' entries rank by rank, in the same order (so the same floats),
+    computed once per rank class: ranks holding the same breakdown objects in the same order (ranks of a class
+    share them) share one sum; only the NVLS slots, charged per rank, are added per rank."""
+    figures: dict[int, dict[str, float]] = {}  # id(breakdown) -> its figures, rounded as ``communicators`` does
+    held: dict[int, list[int]] = {}  # rank -> ids of its communicators' breakdowns, in ``communicators``' order
+    slots: dict[int, int] = {}
+    charged = outcome.slots_charged
+    for (_name, _ranks), record in sorted(outcome.groups.items(), key=_natural):
+        for member_rank, member in record.members.items():
+            if member is None:
+                continue
+            memories = member.get("memory")
+            if not memories:
+                continue
+            ids = held.setdefault(member_rank, [])
+            for comm_name, memory in sorted(memories.items()):
+                b = memory.breakdown
+                if id(b) not in figures:
+                    figures[id(b)] = {key: round(value, 4) for key, value in _figures(b).items()}
+                ids.append(id(b))
+                if charged:
+                    slots[member_rank] = slots.get(member_rank, 0) + charged.get((member_rank, comm_name), 0)
+    sums: dict[tuple[int, ...], dict[str, float]] = {}  # per rank class: its communicators' figures summed
     process = process_overheads(outcome)
     totals: dict[int, dict[str, float]] = {}
     for rt in outcome.ranks:
-        row = _empty()
-        for comm in comms.get(rt.rank, ()):
-            for key in row:
-                row[key] += comm[key]
+        ids = tuple(held.get(rt.rank, ()))
+        summed = sums.get(ids)
+        if summed is None:
+            summed = sums[ids] = _empty()
+            for key in summed:
+                if key != "slots":
+                    for figure in ids:
+                        summed[key] += figures[figure][key]
+        row = dict(summed)
+        row["slots"] += slots.get(rt.rank, 0)
         for phase, mib in process.get(rt.rank, {}).items():
             row["cat:process"] += mib
             row["when:init" if phase == "process-first-comm" else "when:first use"] += mib

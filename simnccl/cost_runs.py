@@ -8,16 +8,21 @@ results are identical wherever a column runs (tests/test_cost.py compares serial
 
 Progress: a column's engine counts the rank-ops it has simulated (``Guard.ops``: an op run by one rank, a
 call taken on a fast path counting as it would on the ordinary one); a reporter thread beside the engine
-copies that count into a shared array every ``REPORT_EVERY_S``, and the caller polls the array. Workers use
-the ``spawn`` start method (a fresh interpreter, never a fork of a process whose progress thread is running)
-and ignore SIGINT: Ctrl-C is the parent's to handle, which terminates them. They are processes of our own
-(``multiprocessing.Process`` with a pipe each), not an executor's: stopping a worker in the middle of a column
-is then ``Process.terminate``, a public call, and a worker that dies is seen at once (its sentinel).
+copies that count into a shared array every ``REPORT_EVERY_S``, and the caller polls the array.
+
+Workers (``ColumnRunner``): processes of our own (``multiprocessing.Process`` with a pipe each), not an
+executor's: stopping a worker in the middle of a column is then ``Process.terminate``, a public call, and a
+worker that dies is seen at once (its sentinel). They are started when the runner is entered, before any
+thread of ours (the progress poller, a terminal's bars) runs: then they are *forked* — a copy of this process,
+nothing imported again (a ``spawn`` worker re-imports simnccl: ~0.6 s of CPU each, measured) — and only when
+another thread already runs (forking then could copy a lock that thread holds) are they *spawned*
+(``start_method``). Either way they ignore SIGINT: Ctrl-C is the parent's to handle, which terminates them.
 """
 
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import signal
 import threading
@@ -87,6 +92,22 @@ def progress_reported(counter: Counter) -> Iterator[None]:
         counts[index] = counter.ops
 
 
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """The cyclic collector off for the block (a whole column: building the engine, running it, reading its
+    figures), back as it was after. Why: a column holds millions of small objects alive until its figures are
+    read; with the collector on, every collection of the older generations walks all of them (measured on
+    Megatron 512 ranks: reading a column's figures took ~4x as long with it on). Nothing a column builds needs
+    cycle collection to finish; its cycles are collected once the collector is back."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 def _in_slot(counts: Any, index: int, fn: Callable[..., R], args: tuple[Any, ...]) -> R:
     _SLOT[:] = [counts, index]
     try:
@@ -95,16 +116,14 @@ def _in_slot(counts: Any, index: int, fn: Callable[..., R], args: tuple[Any, ...
         _SLOT[:] = [None, -1]
 
 
-_WORKER_COUNTS: list[Any] = [None]  # in a worker process: the parent's shared counts (inherited at its start)
+def start_method(threads: int | None = None) -> str:
+    """How workers start: ``fork`` while this process runs no thread but the main one (``threads``: how many
+    run, default now), else ``spawn`` (a fork copies only the forking thread, and with it any lock another
+    thread held at that moment, never to be released in the copy)."""
+    import multiprocessing
 
-
-def _worker_init(counts: Any) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's: it stops the workers
-    _WORKER_COUNTS[0] = counts
-
-
-def _in_worker(index: int, fn: Callable[..., R], args: tuple[Any, ...]) -> R:
-    return _in_slot(_WORKER_COUNTS[0], index, fn, args)
+    threads = threading.active_count() if threads is None else threads
+    return "fork" if threads == 1 and "fork" in multiprocessing.get_all_start_methods() else "spawn"
 
 
 @dataclass(slots=True)
@@ -127,33 +146,11 @@ def run_columns(
 ) -> Finished[R]:
     """``fn(*args[i])`` for every column i, ``jobs`` at a time (1: in this process, in order), with
     ``on_start(i)``, ``on_progress(i, rank_ops)`` (from a poller thread) and ``on_done(i, result)`` (in this
-    thread, as each finishes). ``fn`` must be a module-level function (workers import it by name). Ctrl-C
-    returns what finished, ``interrupted`` set and the columns that were running named."""
-    count = len(args)
-    parallel = jobs > 1 and count > 1
-    # One writer per slot, so no lock; shared with the workers only when there are any.
-    counts: Any = get_context("spawn").RawArray("q", [NOT_STARTED] * count) if parallel else [NOT_STARTED] * count
-    finished: Finished[R] = Finished([None] * count)
-    running = [False] * count  # a list, not a set: the poller thread reads it while this thread writes
-    poller = _Poller(counts, running, on_progress)
-    poller.start()
-    try:
-        if not parallel:
-            for index, column_args in enumerate(args):
-                running[index] = True
-                on_start(index)
-                result = _in_slot(counts, index, fn, column_args)
-                running[index] = False
-                finished.results[index] = result
-                on_done(index, result)
-        else:
-            _run_pool(fn, args, jobs, counts, finished, running, on_start, on_done)
-    except KeyboardInterrupt:
-        finished.interrupted = True
-        finished.running = [index for index, now in enumerate(running) if now]
-    finally:
-        poller.stop()
-    return finished
+    thread, as each finishes). ``fn`` must be a module-level function (spawned workers import it by name).
+    Ctrl-C returns what finished, ``interrupted`` set and the columns that were running named. A caller that
+    starts threads of its own meanwhile (progress bars) enters a ``ColumnRunner`` before them instead."""
+    with ColumnRunner(len(args), jobs) as runner:
+        return runner.run(fn, args, on_start=on_start, on_progress=on_progress, on_done=on_done)
 
 
 class WorkerDied(RuntimeError):
@@ -162,54 +159,112 @@ class WorkerDied(RuntimeError):
 
 @dataclass(slots=True, eq=False)
 class _Worker:
-    process: Any  # a spawn-context Process
+    process: Any  # a fork- or spawn-context Process
     conn: Connection
     index: int = -1  # the column it is running (-1: idle)
 
 
-def _worker_main(conn: Connection, counts: Any) -> None:
-    """A worker: run the columns it is sent, one at a time, until told to stop (None)."""
-    _worker_init(counts)
-    while True:
-        task = conn.recv()
-        if task is None:
-            return
-        index, fn, args = task
-        try:
-            reply: tuple[bool, Any] = (True, _in_slot(counts, index, fn, args))
-        except Exception as err:  # handed back: the parent raises it, as if the column ran there
-            reply = (False, err)
-        try:
-            conn.send(reply)
-        except Exception as err:  # an unpicklable result or error: say what it was
-            conn.send((False, RuntimeError(f"column {index}: {type(err).__name__}: {err}")))
+class ColumnRunner:
+    """Where ``count`` columns run: this process (``jobs`` 1, or one column), else ``min(jobs, count)`` worker
+    processes started on entering the runner (forked or spawned, ``start_method``) and stopped on leaving it —
+    terminated when anything (Ctrl-C, a column's error) stops the columns early, so no worker survives and
+    nothing waits for a column to finish. ``run`` runs the columns, once."""
 
+    def __init__(self, count: int, jobs: int) -> None:
+        self.parallel = jobs > 1 and count > 1
+        self.jobs = min(jobs, count)
+        self.count = count
+        self.method = ""  # how the workers were started ("fork" or "spawn"), once they are
+        self.counts: Any = [NOT_STARTED] * count  # per column, its rank-ops so far; shared once workers start
+        self.workers: list[_Worker] = []
+        self._complete = False  # every column handed back: the workers are told to stop, not terminated
 
-def _run_pool(
-    fn: Callable[..., R],
-    args: Sequence[tuple[Any, ...]],
-    jobs: int,
-    counts: Any,
-    finished: Finished[R],
-    running: list[bool],
-    on_start: Callable[[int], None],
-    on_done: Callable[[int, R], None],
-) -> None:
-    """The columns on ``jobs`` worker processes of our own (``spawn``), each sent one column at a time over
-    its pipe. Whatever stops this early (Ctrl-C, a column's error) terminates the workers that still run and
-    joins them, so nothing waits for a column to finish and no worker survives; a worker that dies is an
-    error naming its column, never a wait for a result that cannot come."""
-    ctx = get_context("spawn")
-    workers: list[_Worker] = []
-    queue = list(range(len(args)))
-    stopped_early = True
-    try:
-        for _ in range(min(jobs, len(args))):
+    def __enter__(self) -> ColumnRunner:
+        if self.parallel:
+            try:
+                self._start_workers()
+            except BaseException:
+                self._stop_workers()
+                raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop_workers()
+
+    def _start_workers(self) -> None:
+        self.method = start_method()
+        ctx = get_context(self.method)
+        # One writer per slot, so no lock.
+        self.counts = ctx.RawArray("q", [NOT_STARTED] * self.count)
+        for _ in range(self.jobs):
             ours, theirs = ctx.Pipe()
-            process = ctx.Process(target=_worker_main, args=(theirs, counts), name="simnccl-cost-worker", daemon=True)
+            process = ctx.Process(
+                target=_worker_main, args=(theirs, self.counts), name="simnccl-cost-worker", daemon=True
+            )
             process.start()
             theirs.close()
-            workers.append(_Worker(process, ours))
+            self.workers.append(_Worker(process, ours))
+
+    def _stop_workers(self) -> None:
+        workers, self.workers = self.workers, []
+        for worker in workers:
+            if self._complete:
+                with contextlib.suppress(OSError):
+                    worker.conn.send(None)
+            else:  # Ctrl-C (or an error) while columns run: they are not waited for
+                worker.process.terminate()
+        for worker in workers:
+            worker.process.join()
+            worker.conn.close()
+
+    def run(
+        self,
+        fn: Callable[..., R],
+        args: Sequence[tuple[Any, ...]],
+        *,
+        on_start: Callable[[int], None] = lambda index: None,
+        on_progress: Callable[[int, int], None] = lambda index, ops: None,
+        on_done: Callable[[int, R], None] = lambda index, result: None,
+    ) -> Finished[R]:
+        """Every column (``len(args)``, as many as the runner was made for): see ``run_columns``."""
+        assert len(args) == self.count, (len(args), self.count)
+        finished: Finished[R] = Finished([None] * self.count)
+        running = [False] * self.count  # a list, not a set: the poller thread reads it while this thread writes
+        poller = _Poller(self.counts, running, on_progress)
+        poller.start()  # after the workers started: a fork copies no thread of ours
+        try:
+            if not self.parallel:
+                for index, column_args in enumerate(args):
+                    running[index] = True
+                    on_start(index)
+                    result = _in_slot(self.counts, index, fn, column_args)
+                    running[index] = False
+                    finished.results[index] = result
+                    on_done(index, result)
+            else:
+                self._run_pool(fn, args, finished, running, on_start, on_done)
+                self._complete = True
+        except KeyboardInterrupt:
+            finished.interrupted = True
+            finished.running = [index for index, now in enumerate(running) if now]
+        finally:
+            poller.stop()
+            self._stop_workers()  # done with them: stopped (or terminated, when stopped early) at once
+        return finished
+
+    def _run_pool(
+        self,
+        fn: Callable[..., R],
+        args: Sequence[tuple[Any, ...]],
+        finished: Finished[R],
+        running: list[bool],
+        on_start: Callable[[int], None],
+        on_done: Callable[[int, R], None],
+    ) -> None:
+        """The columns on the workers, each sent one column at a time over its pipe; a worker that dies is an
+        error naming its column, never a wait for a result that cannot come."""
+        counts, workers = self.counts, self.workers
+        queue = list(range(len(args)))
         for worker in workers:
             _send_next(worker, queue, fn, args)
         while any(w.index >= 0 for w in workers):
@@ -231,16 +286,27 @@ def _run_pool(
                 finished.results[index] = result
                 on_done(index, result)
                 _send_next(worker, queue, fn, args)
-        stopped_early = False
-    finally:
-        for worker in workers:
-            if stopped_early:  # Ctrl-C (or an error) while columns run: they are not waited for
-                worker.process.terminate()
-            else:
-                worker.conn.send(None)
-        for worker in workers:
-            worker.process.join()
-            worker.conn.close()
+
+
+def _worker_main(conn: Connection, counts: Any) -> None:
+    """A worker: run the columns it is sent, one at a time, until told to stop (None)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's: it stops the workers
+    # What the worker holds before its first column (a fork: the parent's whole heap) is never walked by the
+    # collector again: no time spent on it, and no page of a fork's heap copied for the collector's writes.
+    gc.freeze()
+    while True:
+        task = conn.recv()
+        if task is None:
+            return
+        index, fn, args = task
+        try:
+            reply: tuple[bool, Any] = (True, _in_slot(counts, index, fn, args))
+        except Exception as err:  # handed back: the parent raises it, as if the column ran there
+            reply = (False, err)
+        try:
+            conn.send(reply)
+        except Exception as err:  # an unpicklable result or error: say what it was
+            conn.send((False, RuntimeError(f"column {index}: {type(err).__name__}: {err}")))
 
 
 def _send_next(worker: _Worker, queue: list[int], fn: Callable[..., Any], args: Sequence[tuple[Any, ...]]) -> None:

@@ -318,6 +318,47 @@ def test_runs_of_one_process_share_breakdowns_keyed_by_what_the_model_reads() ->
     assert children[1] < children[0]  # the second child reused its parent's ring
 
 
+def test_sharing_children_alike_up_to_relabelling_are_priced_once_from_their_parents_view(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Split children that share their parents' resources depend on the parent only through what the model
+    reads of it, numbered as the child numbers its ranks (``Pricer._parent_view``): the first member of four
+    pairs, split from four ranks' own communicators of one world that connected the same ring, is priced by one
+    model call, and each child still costs exactly what pricing it from its very parent costs."""
+    import simnccl.comm_memory as comm_memory
+
+    monkeypatch.setattr(comm_memory, "_BREAKDOWNS", {})
+    one_node = Cluster(get_gpu_kind("h100-80gb"), 1, 8)
+    pricer = Pricer(PROFILE, one_node.node_of)
+    share = {"NCCL_COMM_SPLIT_SHARE_RESOURCES": "1", "NCCL_ALGO": "Ring"}
+    world = tuple(range(8))
+    parents = {rank: pricer.create(world, rank, share) for rank in (0, 2, 4, 6)}
+    for parent in parents.values():
+        pricer.use(parent, "all_reduce", 4 * MIB)
+    calls = []
+    real = comm_memory.communicator_bytes
+    monkeypatch.setattr(comm_memory, "communicator_bytes", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    children = {
+        rank: pricer.create((rank, rank + 1), 0, share, parent=parents[rank], parent_ranks=world) for rank in parents
+    }
+    assert len(calls) == 1
+    for rank, child in children.items():
+        scratch = real(
+            PROFILE.topology,
+            2,
+            2,
+            1,
+            PROFILE.nccl_version,
+            env=share,
+            rank=0,
+            parent=parents[rank].breakdown,
+            members=(rank, rank + 1),
+            fixed_overhead_bytes=pricer.fixed_bytes,
+            fixed_overhead_source=pricer.fixed_source,
+        )
+        assert child.breakdown == scratch
+
+
 def test_the_process_cache_is_bounded_and_drops_its_older_half(monkeypatch: pytest.MonkeyPatch) -> None:
     import simnccl.comm_memory as comm_memory
 

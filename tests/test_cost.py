@@ -234,7 +234,7 @@ def test_ctrl_c_stops_parallel_columns_and_their_workers() -> None:
     )
     assert proc.stdout is not None
     first = proc.stdout.readline()  # --quiet streams a column's line as it finishes
-    workers = _spawned_children(proc.pid)
+    workers = _worker_children(proc.pid)
     proc.send_signal(signal.SIGINT)
     rest, err = proc.communicate(timeout=120)
     assert "torch-default" in first
@@ -244,8 +244,10 @@ def test_ctrl_c_stops_parallel_columns_and_their_workers() -> None:
     assert len(workers) == 2 and not [pid for pid in workers if _alive(pid)]  # stopped, none left behind
 
 
-def _spawned_children(parent: int) -> list[int]:
-    """The ``spawn`` workers whose parent is ``parent`` (Linux /proc)."""
+def _worker_children(parent: int) -> list[int]:
+    """The worker processes whose parent is ``parent`` (Linux /proc): its children, forked or spawned (a
+    spawned worker's command line names ``spawn_main``, a forked one's is the parent's), multiprocessing's
+    resource tracker aside."""
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -256,7 +258,7 @@ def _spawned_children(parent: int) -> list[int]:
                 command = cmdline.read()
         except (OSError, IndexError, ValueError):
             continue  # gone meanwhile
-        if ppid == parent and b"spawn_main" in command:
+        if ppid == parent and b"resource_tracker" not in command:
             found.append(int(entry))
     return found
 

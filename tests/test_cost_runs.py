@@ -6,31 +6,54 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import threading
 import time
 
 import pytest
 
-from simnccl.cost_runs import WorkerDied, run_columns
+from simnccl import cost_runs
+from simnccl.cost_runs import ColumnRunner, WorkerDied, run_columns, start_method
 
 
-def test_parallel_columns_hand_back_results_in_column_order() -> None:
+@pytest.fixture(params=["fork", "spawn"])
+def method(request, monkeypatch) -> str:
+    """Each worker test under both ways of starting workers (``start_method`` picks one per run)."""
+    monkeypatch.setattr(cost_runs, "start_method", lambda: request.param)
+    return request.param
+
+
+def test_workers_are_forked_only_while_no_other_thread_runs() -> None:
+    assert start_method(threads=1) == "fork"
+    assert start_method(threads=2) == "spawn"
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait)
+    other.start()
+    try:
+        with ColumnRunner(2, 2) as runner:
+            assert runner.method == "spawn"
+    finally:
+        stop.set()
+        other.join()
+
+
+def test_parallel_columns_hand_back_results_in_column_order(method: str) -> None:
     done: list[int] = []
     finished = run_columns(int, [("7",), ("8",), ("9",)], 2, on_done=lambda index, result: done.append(index))
     assert finished.results == [7, 8, 9]
     assert sorted(done) == [0, 1, 2] and not finished.interrupted
 
 
-def test_a_columns_error_in_a_worker_is_raised_in_the_caller() -> None:
+def test_a_columns_error_in_a_worker_is_raised_in_the_caller(method: str) -> None:
     with pytest.raises(ValueError, match="invalid literal"):
         run_columns(int, [("1",), ("x",)], 2)
 
 
-def test_a_worker_that_dies_is_an_error_naming_its_column_not_a_wait() -> None:
+def test_a_worker_that_dies_is_an_error_naming_its_column_not_a_wait(method: str) -> None:
     with pytest.raises(WorkerDied, match=r"column [01] ended \(exit code 3\) without a result"):
         run_columns(os._exit, [(3,), (3,)], 2)
 
 
-def test_ctrl_c_terminates_the_workers_in_the_middle_of_a_column() -> None:
+def test_ctrl_c_terminates_the_workers_in_the_middle_of_a_column(method: str) -> None:
     """Ctrl-C (here: a KeyboardInterrupt raised by a timer while the caller waits) when workers are in the
     middle of their columns (a ten-minute sleep): the call returns, interrupted, and no worker is left."""
 

@@ -205,9 +205,9 @@ def test_outsider_calls_walked_per_rank_do_not_grow_with_the_world(policy, monke
     walked = [0]
     real_walk = outsiders.Outsiders._walk
 
-    def counting_walk(self, rt, world, stop):  # type: ignore[no-untyped-def]
+    def counting_walk(self, rt, world, stop, *table):  # type: ignore[no-untyped-def]
         before = rt.pc
-        took = real_walk(self, rt, world, stop)
+        took = real_walk(self, rt, world, stop, *table)
         walked[0] += rt.pc - before
         return took
 

@@ -20,12 +20,17 @@ class CallTable:
         self._tables: dict[int, tuple[Program, list[OutsiderEntry | None]]] = {}
         self._canonical: dict[NewGroup, NewGroup] = {}  # one op object per value (programs keep theirs alive)
         self._keys: dict[int, int] = {}  # id(program's op) -> id(its canonical op)
+        self._last: tuple[Program | None, list[OutsiderEntry | None]] = (None, [])  # most ranks run one program
 
     def table(self, program: Program) -> list[OutsiderEntry | None]:
         """Per op of a program: (key, member index, bind, op) where a rank outside the group might take it as
         an outsider call (a world-wide ``new_group`` with a valid rank list), else None. Built once per Program."""
+        last = self._last
+        if last[0] is program:
+            return last[1]
         cached = self._tables.get(id(program))
         if cached is not None and cached[0] is program:
+            self._last = cached
             return cached[1]
         table: list[OutsiderEntry | None] = []
         canonical = self._canonical
@@ -39,7 +44,7 @@ class CallTable:
                 if not op.use_local_synchronization and isinstance(members, Members):
                     entry = (id(same), members.index, op.bind, same)
             table.append(entry)
-        self._tables[id(program)] = (program, table)
+        self._tables[id(program)] = self._last = (program, table)
         return table
 
     def op_key(self, program: Program, op: NewGroup) -> int:

@@ -99,7 +99,8 @@ class Cohorts:
 
     def run(self, rt: RankRuntime) -> Waiting:
         """Run a block of world-wide group-creation calls for every rank at once (see the module's doc)."""
-        yield from self.rendezvous.settle(rt)
+        if rt.pending:
+            yield from self.rendezvous.settle(rt)
         start = rt.pc
         cohort = self.by_start.get(start)
         if cohort is None:
@@ -367,9 +368,10 @@ class Cohorts:
             rt.history_shared = True  # copied on this rank's next own record (the owner's too)
             rt.history_tail.clear()  # already in that content
             rt.hnode = None
-        parent = rt.world.comm_for("cuda") if rt.world is not None else None
-        if parent is not None:
-            parent.seq += cohort.splits
+        if cohort.splits:
+            parent = rt.world.comm_for("cuda") if rt.world is not None else None
+            if parent is not None:
+                parent.seq += cohort.splits
         for bind in cohort.binds:
             rt.handles.setdefault(bind, NON_GROUP_MEMBER)
         failure = cohort.failures.get(rt.rank)

@@ -99,6 +99,13 @@ class Outsiders:
         in which ranks run are unchanged. Each call taken counts for the guard as it would there.
         Returns whether any call was taken.
         """
+        if rt.program is self.cohorts.program:
+            cohort = self.cohorts.by_start.get(rt.pc)
+            if cohort is None or not cohort.broken:
+                # The first rank here decides whether a block starts; a live cohort is joined. (Every call an
+                # outsider may take in the cohorts' program starts a block: checked first, as most calls there
+                # are a live cohort's, and every way below would take nothing here too.)
+                return False
         world = rt.world
         policy = self.policy_active
         if world is None or rt.pending or (policy and not self.shares_decisions):
@@ -111,11 +118,7 @@ class Outsiders:
         entry = table[start]
         if entry is None or rt.rank in entry[1]:
             return False
-        if program is self.cohorts.program:
-            cohort = self.cohorts.by_start.get(start)
-            if cohort is None or not cohort.broken:
-                return False  # the first rank here decides whether a block starts; a live cohort is joined
-        if not self._walk(rt, world, start + _WALK_FIRST) or rt.pc < start + _WALK_FIRST:
+        if not self._walk(rt, world, start + _WALK_FIRST, table) or rt.pc < start + _WALK_FIRST:
             return rt.pc > start  # a short run (between two cohorts, say): walked, cheaper than a stretch
         while True:
             stopped = self._stretch(rt, world, table)
@@ -295,10 +298,13 @@ class Outsiders:
 
     # ---------------------------------------------------------------- one call at a time
 
-    def _walk(self, rt: RankRuntime, world: Group, stop: int | None) -> bool:
-        """Take the calls at ``rt.pc`` one by one (up to ``stop``, if given)."""
+    def _walk(
+        self, rt: RankRuntime, world: Group, stop: int | None, table: list[OutsiderEntry | None] | None = None
+    ) -> bool:
+        """Take the calls at ``rt.pc`` one by one (up to ``stop``, if given); ``table``: the program's, if known."""
         policy = self.policy_active
-        table = self.calls.table(rt.program)
+        if table is None:
+            table = self.calls.table(rt.program)
         rank = rt.rank
         pc = start = rt.pc
         cohorts = self.cohorts.by_start if rt.program is self.cohorts.program else None
@@ -375,8 +381,16 @@ class Outsiders:
         parent = world.comm_for("cuda")
         state = None if parent is None else parent.state
         cached = rt.outsider_verdicts
-        if cached is not None and cached[:4] == (rt.ctx, world, parent, state):  # compared by identity first
-            return cached[4]
+        if cached is not None:
+            ctx, was_world, was_parent, was_state, verdicts = cached
+            # as tuples compare: each by identity first, by value else
+            if (
+                (ctx is rt.ctx or ctx == rt.ctx)
+                and (was_world is world or was_world == world)
+                and (was_parent is parent or was_parent == parent)
+                and (was_state is state or was_state == state)
+            ):
+                return verdicts
         verdicts = self.plans.setdefault(outsider_key(rt.ctx, world), {})
         rt.outsider_verdicts = (rt.ctx, world, parent, state, verdicts)
         return verdicts
