@@ -126,45 +126,70 @@ def new_group_outside(arguments: Mapping[str, Any]) -> Any:
     world = c10d._world
     with _COUNTER.guard():
         world.group_count += 1
-        world.pg_group_ranks[c10d.GroupMember.NON_GROUP_MEMBER] = {r: i for i, r in enumerate(ranks)}
+        world.pg_group_ranks[c10d.GroupMember.NON_GROUP_MEMBER] = dict(zip(ranks, range(len(ranks)), strict=True))
     return c10d.GroupMember.NON_GROUP_MEMBER
+
+
+class _DefaultGroup:
+    """What a non-member's path reads of the default group, read once per group (and bound device): its rank
+    and size never change, and whether its split source's no-colour split is the stand-in's no-op is asked of
+    torch once (``_get_backend`` only fills an idempotent C++ cache)."""
+
+    __slots__ = ("bound", "covered", "pg", "rank", "size", "split_is_noop")
+
+    def __init__(self, pg: Any, bound: Any) -> None:
+        self.pg = pg
+        self.bound = bound
+        self.rank = pg.rank()
+        self.size = pg.size()
+        # torch delegates to a default group's own new_group; a bound device without an index raises
+        self.covered = not hasattr(pg, "new_group") and (bound is None or bound.index is not None)
+        self.split_is_noop: bool | None = None if bound else True
+
+    def split_covered(self) -> bool:
+        """Whether torch's split-source lookup ends in nothing or the stand-in's no-op no-colour split."""
+        if self.split_is_noop is None:
+            source = self.pg._get_backend(self.bound)  # torch's _get_split_source's first step
+            noop = StandInBackend.perform_nocolor_split
+            self.split_is_noop = not source or type(source).perform_nocolor_split is noop
+        return self.split_is_noop
+
+
+_default: _DefaultGroup | None = None
 
 
 def _outside(arguments: Mapping[str, Any]) -> list[int] | None:
     """The group's ranks (sorted as torch sorts them) when the call is a covered non-member one, else None.
 
     Reads torch's state and changes none of it (``_get_backend`` fills a C++ cache torch's path fills too)."""
+    global _default
     world = c10d._world
     default_pg = world.default_pg
-    raw, timeout = arguments["ranks"], arguments["timeout"]
+    raw, timeout, backend = arguments["ranks"], arguments["timeout"], arguments["backend"]
     if (
         default_pg is None
         or arguments["device_id"] is not None
         or arguments["use_local_synchronization"]
         or type(raw) not in (list, tuple, range)
         or not isinstance(timeout, timedelta)
-        or hasattr(default_pg, "new_group")
+        or (backend and type(backend) is not str and type(backend) is not c10d.Backend)  # Backend() may raise
+        or ("TORCH_DIST_INIT_BARRIER" in os.environ and int(os.environ["TORCH_DIST_INIT_BARRIER"]) == 1)
     ):
         return None
-    state = world.pg_map.get(default_pg)
-    if state is None:
-        return None
-    c10d.Backend(arguments["backend"] or state[0])  # raises ValueError where torch would
-    if int(os.getenv("TORCH_DIST_INIT_BARRIER", "0")) == 1:
+    bound = default_pg.bound_device_id
+    facts = _default
+    if facts is None or facts.pg is not default_pg or facts.bound != bound:
+        facts = _default = _DefaultGroup(default_pg, bound)
+    if not facts.covered or default_pg not in world.pg_map:
         return None
     ranks = [operator.index(rank) for rank in raw]
     if arguments["sort_ranks"]:
         ranks.sort()
-    rank, size = default_pg.rank(), default_pg.size()
-    if not ranks or rank in ranks or len(ranks) > size or len(set(ranks)) != len(ranks):
+    size = facts.size
+    if not ranks or facts.rank in ranks or len(ranks) > size or len(set(ranks)) != len(ranks):
         return None
     if min(ranks) < 0 or max(ranks) >= size or str(world.group_count) in world.pg_names.values():
         return None
-    bound = default_pg.bound_device_id
-    if bound is not None and bound.index is None:
-        return None
-    if bound and not getattr(arguments["pg_options"], "lazy_init", False):
-        source = default_pg._get_backend(bound)  # torch's _get_split_source's first step
-        if source and type(source).perform_nocolor_split is not StandInBackend.perform_nocolor_split:
-            return None  # a real backend's no-colour split: torch's path
-    return ranks
+    if facts.split_is_noop or getattr(arguments["pg_options"], "lazy_init", False) or facts.split_covered():
+        return ranks
+    return None  # a real backend's no-colour split: torch's path
