@@ -202,3 +202,12 @@ def test_megatron_forked_capture_is_byte_identical_with_and_without_the_shortcut
         run = cap.capture(functools.partial(megatron_rank, {"tp": 2, "pp": 2}, {}), 16)
         documents.append(document(run))
     assert documents[0] == documents[1]
+
+
+def test_the_barrier_switch_is_read_from_the_live_environment(monkeypatch) -> None:
+    monkeypatch.delenv("TORCH_DIST_INIT_BARRIER", raising=False)
+    assert not nonmember._barrier_set()
+    monkeypatch.setenv("TORCH_DIST_INIT_BARRIER", "1")
+    assert nonmember._barrier_set()
+    monkeypatch.delenv("TORCH_DIST_INIT_BARRIER")
+    assert not nonmember._barrier_set()

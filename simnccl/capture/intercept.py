@@ -168,7 +168,7 @@ def _enter(rec: _Recorder, name: str, args: Mapping[str, Any]) -> str | None:
     purpose, traffic = current_tags()  # production code's simnccl.tags.group_tags around the call
     if name == "new_group":
         raw = args.get("ranks")
-        ranks = None if raw is None else [int(r) for r in raw]
+        ranks = None if raw is None else list(map(int, raw))
         if ranks is not None and args.get("sort_ranks", True):
             ranks.sort()
         backend = _backend_name(args.get("backend"))
@@ -226,7 +226,8 @@ def _leave(rec: _Recorder, name: str, handle: str | None, result: Any) -> None:
         rec.bind(c10d._get_default_group(), WORLD)
         if rec.checkpoints:
             rec.append(Checkpoint("after_init"))
-    elif handle is not None and isinstance(result, c10d.ProcessGroup):
+    elif handle is not None and type(result) is not int and isinstance(result, c10d.ProcessGroup):
+        # (NON_GROUP_MEMBER is an int; torch's ProcessGroup isinstance check is a Python-level metaclass hook)
         rec.bind(result, handle)
 
 

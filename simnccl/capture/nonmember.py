@@ -157,6 +157,18 @@ class _DefaultGroup:
 
 _default: _DefaultGroup | None = None
 
+# os.environ's own dict (CPython's _Environ keeps it in step with every change): a missing key costs
+# ``os.environ.__contains__`` a KeyError raised and caught, once per call; a dict lookup does not.
+_ENVIRON_DATA = getattr(os.environ, "_data", None)
+_BARRIER_KEY = os.environ.encodekey("TORCH_DIST_INIT_BARRIER") if isinstance(_ENVIRON_DATA, dict) else None
+
+
+def _barrier_set() -> bool:
+    """Whether ``TORCH_DIST_INIT_BARRIER`` is in the environment (torch's barrier-after-init switch)."""
+    if _BARRIER_KEY is not None:
+        return _BARRIER_KEY in _ENVIRON_DATA  # type: ignore[operator]
+    return "TORCH_DIST_INIT_BARRIER" in os.environ
+
 
 def _outside(arguments: Mapping[str, Any]) -> list[int] | None:
     """The group's ranks (sorted as torch sorts them) when the call is a covered non-member one, else None.
@@ -173,7 +185,7 @@ def _outside(arguments: Mapping[str, Any]) -> list[int] | None:
         or type(raw) not in (list, tuple, range)
         or not isinstance(timeout, timedelta)
         or (backend and type(backend) is not str and type(backend) is not c10d.Backend)  # Backend() may raise
-        or ("TORCH_DIST_INIT_BARRIER" in os.environ and int(os.environ["TORCH_DIST_INIT_BARRIER"]) == 1)
+        or (_barrier_set() and int(os.environ["TORCH_DIST_INIT_BARRIER"]) == 1)
     ):
         return None
     bound = default_pg.bound_device_id
@@ -182,7 +194,7 @@ def _outside(arguments: Mapping[str, Any]) -> list[int] | None:
         facts = _default = _DefaultGroup(default_pg, bound)
     if not facts.covered or default_pg not in world.pg_map:
         return None
-    ranks = [operator.index(rank) for rank in raw]
+    ranks = list(map(operator.index, raw))
     if arguments["sort_ranks"]:
         ranks.sort()
     size = facts.size
