@@ -44,7 +44,9 @@ How each piece works, and why it is done that way (torch 2.15.0, CPU only):
   wherever a loaded module holds them (DeviceMesh and user modules bind them at import; ``sys.setprofile``
   would need no patching but made a first DeviceMesh build 20x slower), once per capture, by wrappers that
   record into the running rank's recorder (a module one rank imports records every rank). Collectives are
-  recorded by the backend itself, so functional collectives are seen too.
+  recorded by the backend itself, so functional collectives are seen too. A ``new_group`` for a group the rank
+  is not in (most calls: Megatron at 512 ranks makes ~2,900 per rank, a few dozen as a member) skips torch's
+  path and does only what it leaves behind (``nonmember``; the torch it was checked against only).
 * **One rank at a time.** torch's world (``_World``) is process-global, and real code keeps rank state in
   module globals and reads ``LOCAL_RANK`` from ``os.environ``. torch 2.15's ``multi_threaded_pg``
   (``_install_threaded_pg``: a thread-local ``_World``) swaps the world per thread, but not the environment,

@@ -16,6 +16,7 @@ from typing import Any
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
+from simnccl.capture import nonmember
 from simnccl.capture.recorder import _Recorder, active
 from simnccl.capture.result import Call
 from simnccl.capture.values import _backend_name, _device, _options, _plain, _seconds
@@ -119,6 +120,8 @@ def _intercepted() -> Iterator[None]:
 def _wrapper(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
     """A stand-in for torch's ``name`` that records entry into the active recorder and binds the result."""
     bind = _BINDERS[name].bind
+    # new_group for a group this rank is not in: torch's effects without torch's path (capture.nonmember)
+    outside = nonmember.shortcut_for(original) if name == "new_group" else None
 
     def recorded(*args: Any, **kwargs: Any) -> Any:
         global _DEPTH
@@ -136,7 +139,9 @@ def _wrapper(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
             except (TypeError, ValueError) as err:  # arguments torch will reject itself, just below
                 handle = None
                 recorder.notes.append(f"{name}: arguments not recorded ({err})")
-            result = original(*args, **kwargs)
+            result = nonmember.TORCH if outside is None else outside(arguments)
+            if result is nonmember.TORCH:
+                result = original(*args, **kwargs)
         finally:
             _DEPTH -= 1
         _leave(recorder, name, handle, result)
@@ -163,7 +168,7 @@ def _enter(rec: _Recorder, name: str, args: Mapping[str, Any]) -> str | None:
     purpose, traffic = current_tags()  # production code's simnccl.tags.group_tags around the call
     if name == "new_group":
         raw = args.get("ranks")
-        ranks = None if raw is None else [int(r) for r in raw]
+        ranks = None if raw is None else list(map(int, raw))
         if ranks is not None and args.get("sort_ranks", True):
             ranks.sort()
         backend = _backend_name(args.get("backend"))
@@ -221,7 +226,8 @@ def _leave(rec: _Recorder, name: str, handle: str | None, result: Any) -> None:
         rec.bind(c10d._get_default_group(), WORLD)
         if rec.checkpoints:
             rec.append(Checkpoint("after_init"))
-    elif handle is not None and isinstance(result, c10d.ProcessGroup):
+    elif handle is not None and type(result) is not int and isinstance(result, c10d.ProcessGroup):
+        # (NON_GROUP_MEMBER is an int; torch's ProcessGroup isinstance check is a Python-level metaclass hook)
         rec.bind(result, handle)
 
 

@@ -77,6 +77,7 @@ def _backend_name(backend: Any) -> str | None:
 
 
 _SCALARS = frozenset({type(None), bool, int, float, str})
+_INT_ONLY = frozenset({int})
 
 
 def _plain(value: Any) -> Any:
@@ -88,7 +89,7 @@ def _plain(value: Any) -> Any:
     kind = type(value)
     if kind in _SCALARS:
         return value
-    if (kind is list or kind is tuple) and all(type(v) is int for v in value):
+    if (kind is list or kind is tuple) and set(map(type, value)) <= _INT_ONLY:
         return list(value)
     if value is None or isinstance(value, bool | int | float | str):
         return value
