@@ -26,6 +26,8 @@ from simnccl.testing.strategies import (
     SINGLE_POLICIES,
     SIZES_BYTES,
     Use,
+    _choose,
+    _index,
     cases,
     draw_mesh_shape,
     layouts,
@@ -200,3 +202,11 @@ def test_shrinking_ends_on_the_simplest_case(condition: Callable[[SimCase], bool
         SINGLE_POLICIES[0],
     )
     assert not _families(found) and not any(isinstance(op, Collective) for op in found.programs[0])
+
+
+def test_a_choice_among_more_options_than_one_draw_holds_reaches_every_option() -> None:
+    """Past ``_RADIX`` options, a choice is drawn as several digits: every option is still reachable, and
+    several small decisions packed into one choice each cover their whole range."""
+    assert set(_drawn(st.composite(lambda draw: _index(draw, 300))(), 2000)) == set(range(300))
+    packed = _drawn(st.composite(lambda draw: _choose(draw, 3, 5, 7, 11))(), 800)
+    assert all(len({p[i] for p in packed}) == n for i, n in enumerate((3, 5, 7, 11)))
