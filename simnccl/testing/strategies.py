@@ -1,12 +1,20 @@
 """Hypothesis strategies: clusters, releases, env knobs, policies, and valid SPMD programs built constructively.
 
 Why constructive: a program is valid by the way it is built, not by filtering random op lists (heavy filtering
-ends in ``Unsatisfiable`` and shrinks badly; reference/testing-practices.md). A program is first a *layout* —
-``Family`` steps (a partition of the world, created by every rank in the same order, one ``new_group`` per
-part, all parts bound to one handle as frameworks do) and ``Use`` steps (a collective on a handle, a matched
-send/recv pair, a checkpoint) — and then rendered into one op list per rank. Every step involves either every
-rank (group creation, SPMD collectives) or the two ranks of a pair, and each rank runs its projection of one
-global step order, so no rank can wait for a step another rank has not reached: valid programs cannot deadlock.
+ends in ``Unsatisfiable`` and shrinks badly; reference/testing-practices.md). A program is first a *layout*
+(``simnccl.testing.layout``) — ``Family`` steps (a partition of the world, created by every rank in the same
+order, one ``new_group`` per part, all parts bound to one handle as frameworks do) and ``Use`` steps (a
+collective on a handle, a matched send/recv pair, a checkpoint) — and then rendered into one op list per rank.
+Every step involves either every rank (group creation, SPMD collectives) or the two ranks of a pair, and each
+rank runs its projection of one global step order, so no rank can wait for a step another rank has not
+reached: valid programs cannot deadlock.
+
+Why coarse draws: hypothesis pays per choice (a span, a choice-tree node, a mutation candidate), and a case
+used to be ~50 small choices -- a quarter of a property test's time went to drawing it. A case is now ~15
+choices, each picking among all the options of one decision at once (``_choose``: several small decisions
+read as the digits of one integer of at most ``_RADIX`` values, where hypothesis draws uniformly). Every
+program the fine draws could make can still be made, and each choice shrinks towards its first option, so a
+failing case still shrinks to the smallest cluster, no knobs, the first policy, fewer families and uses.
 
 Mutations (``mutants``) break a valid program in one known way and name the rank to blame, for tests that
 check the simulator *finds* the defect and *names* the culprit (see ``simnccl.testing.mutations``).
@@ -14,6 +22,7 @@ check the simulator *finds* the defect and *names* the culprit (see ``simnccl.te
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -22,29 +31,77 @@ from hypothesis import reject
 from hypothesis import strategies as st
 
 from simnccl.cluster import gpu_kinds
-from simnccl.ops import (
-    MIB,
-    WORLD,
-    AllGather,
-    AllReduce,
-    AllToAll,
-    Barrier,
-    Broadcast,
-    Checkpoint,
-    Collective,
-    InitProcessGroup,
-    NewGroup,
-    Op,
-    Recv,
-    ReduceScatter,
-    Send,
-    SetDevice,
-)
+from simnccl.ops import MIB, WORLD
 from simnccl.policy import BUILTIN, ComposedPolicy, get_policy
 from simnccl.release import RELEASES
 from simnccl.testing.hypothesis_profiles import load_profile, register_profiles, untouched
+from simnccl.testing.layout import (
+    CHECKPOINT_END,
+    CHECKPOINT_GROUPS,
+    CHECKPOINT_INIT,
+    COLLECTIVES,
+    FAMILY_KINDS,
+    PURPOSE,
+    Family,
+    Layout,
+    Step,
+    Use,
+    family_parts,
+    first_use_is_collective,
+    mesh_parts,
+    mesh_shapes,
+    render,
+    traffic_of,
+)
 from simnccl.testing.multicast_room import within_multicast_slots
 from simnccl.testing.replay import SimCase
+
+# Public: the strategies and what they draw from; the layout's names (``simnccl.testing.layout``) stay
+# importable from here, where users' tests found them.
+__all__ = [
+    "BUDGET_MIB",
+    "CHECKPOINT_END",
+    "CHECKPOINT_GROUPS",
+    "CHECKPOINT_INIT",
+    "COLLECTIVES",
+    "ENV_KNOBS",
+    "FAMILY_KINDS",
+    "GPU_KINDS",
+    "NON_BUDGET",
+    "PURPOSE",
+    "RELEASE_KEYS",
+    "SINGLE_POLICIES",
+    "SIZES_BYTES",
+    "ClusterSpec",
+    "Family",
+    "Layout",
+    "Step",
+    "Use",
+    "budgets",
+    "cases",
+    "clusters",
+    "draw_case",
+    "draw_cluster",
+    "draw_env",
+    "draw_family",
+    "draw_layout",
+    "draw_mesh_shape",
+    "draw_policy",
+    "draw_use",
+    "envs",
+    "family_parts",
+    "first_use_is_collective",
+    "gpu_kind_names",
+    "layouts",
+    "mesh_parts",
+    "mesh_shapes",
+    "mutants",
+    "policies",
+    "releases",
+    "render",
+    "single_policies",
+    "traffic_of",
+]
 
 ENV_KNOBS: dict[str, tuple[str, ...]] = {
     "TORCH_DIST_USE_NCCL2": ("0", "1"),
@@ -52,22 +109,7 @@ ENV_KNOBS: dict[str, tuple[str, ...]] = {
     "NCCL_RUNTIME_CONNECT": ("0", "1"),
 }
 
-COLLECTIVES: dict[str, type[Collective]] = {
-    "all_reduce": AllReduce,
-    "all_gather": AllGather,
-    "reduce_scatter": ReduceScatter,
-    "all_to_all": AllToAll,
-    "barrier": Barrier,
-    "broadcast": Broadcast,  # on the world handle only: its src is a global rank, which an SPMD op must share
-}
 SIZES_BYTES = (4 * MIB, 4, 1024, MIB, 64 * MIB)
-
-# Group families, by how their parts are computed from the rank (a 3-axis mesh: outer x mid x inner).
-FAMILY_KINDS = ("tp", "dp", "pp", "ep", "cp", "pairs", "singletons", "world", "colors", "duplicate")
-
-CHECKPOINT_INIT = "init"  # after init_process_group: context + world communicator
-CHECKPOINT_GROUPS = "groups"  # after the last group family (before any later use, in ``layouts``)
-CHECKPOINT_END = "end"
 
 NON_BUDGET = tuple(name for name in BUILTIN if name != "budget")
 
@@ -115,11 +157,23 @@ def clusters(draw: st.DrawFn, *, min_world: int = 1, max_world: int = 8, gpu: st
 
 
 def draw_cluster(draw: st.DrawFn, *, min_world: int = 1, max_world: int = 8, gpu: str | None = None) -> ClusterSpec:
-    nodes = _int(draw, 1, min(2, max_world))
-    low = max(1, -(-min_world // nodes))
-    per_node = _int(draw, low, max(low, min(8, max_world // nodes)))
-    kind = gpu if gpu is not None else _pick(draw, GPU_KINDS)
-    return ClusterSpec(kind, nodes, per_node)
+    """One choice: the node count, GPUs per node and (unless given) the GPU kind together."""
+    shapes = _node_shapes(min_world, max_world)
+    kinds = GPU_KINDS if gpu is None else (gpu,)
+    shape, kind = _choose(draw, len(shapes), len(kinds))
+    nodes, per_node = shapes[shape]
+    return ClusterSpec(kinds[kind], nodes, per_node)
+
+
+@functools.cache
+def _node_shapes(min_world: int, max_world: int) -> tuple[tuple[int, int], ...]:
+    """(nodes, GPUs per node) of 1-2 nodes of 1-8 GPUs, at most ``max_world`` ranks and at least ``min_world``
+    where the node count allows it (the fewest nodes, the fewest GPUs first)."""
+    out = []
+    for nodes in range(1, min(2, max_world) + 1):
+        low = max(1, -(-min_world // nodes))
+        out += [(nodes, per_node) for per_node in range(low, max(low, min(8, max_world // nodes)) + 1)]
+    return tuple(out)
 
 
 def releases() -> st.SearchStrategy[str]:
@@ -133,12 +187,10 @@ def envs(draw: st.DrawFn, knobs: Sequence[str] = tuple(ENV_KNOBS)) -> dict[str, 
 
 
 def draw_env(draw: st.DrawFn, knobs: Sequence[str] = tuple(ENV_KNOBS)) -> dict[str, str]:
-    env: dict[str, str] = {}
-    for knob in knobs:
-        value = _pick(draw, (None, *ENV_KNOBS[knob]))
-        if value is not None:
-            env[knob] = value
-    return env
+    """One choice for all the knobs (each unset -- its first option -- or one of its values)."""
+    options = [(None, *ENV_KNOBS[knob]) for knob in knobs]
+    picked = _choose(draw, *map(len, options))
+    return {knob: values[i] for knob, values, i in zip(knobs, options, picked, strict=True) if i}  # type: ignore[misc]
 
 
 def budgets() -> st.SearchStrategy[str]:
@@ -165,11 +217,16 @@ def draw_policy(draw: st.DrawFn, *, max_parts: int = 3, custom: Sequence[Any] = 
     pool: tuple[Any, ...] = (*(SINGLE_POLICIES if builtins else ()), *custom)
     if not pool:
         raise ValueError("policies(): no policies to draw from (builtins=False and no custom ones)")
-    parts = [_pick(draw, pool)]
-    for _ in range(max_parts - 1):
-        if not draw(_BOOLS):
-            break
-        part = _pick(draw, pool)
+    # The first part and how many parts are tried, in one choice: each further part with probability 1/2, as
+    # a coin per part would (the trailing one bits of ``more``); the extra parts in one more choice.
+    extra = max(0, max_parts - 1)
+    first, more = _choose(draw, len(pool), 2**extra)
+    tries = 0
+    while tries < extra and more >> tries & 1:
+        tries += 1
+    parts = [pool[first]]
+    for i in _choose(draw, *([len(pool)] * tries)) if tries else ():
+        part = pool[i]
         if _policy_kind(part) not in {_policy_kind(p) for p in parts}:
             parts.append(part)
     if all(isinstance(part, str) for part in parts):
@@ -187,109 +244,13 @@ def _policy_kind(part: Any) -> Any:
 # ---------------------------------------------------------------------- layouts
 
 
-@dataclass(frozen=True)
-class Family:
-    """One group family: a partition of the world, created part by part by every rank, bound to ``handle``."""
-
-    handle: str
-    parts: tuple[tuple[int, ...], ...]
-    purpose: str
-
-    def part_of(self, rank: int) -> tuple[int, ...]:
-        return next(p for p in self.parts if rank in p)
-
-
-@dataclass(frozen=True)
-class Use:
-    """A step after group creation: ``kind`` is a collective name, ``"p2p"`` (src sends to dst) or
-    ``"checkpoint"``."""
-
-    kind: str
-    handle: str = WORLD
-    size_bytes: int = 4 * MIB
-    src: int = -1
-    dst: int = -1
-    label: str = ""
-
-
-Step = Family | Use
-
-
-@dataclass(frozen=True)
-class Layout:
-    """An SPMD program before rendering: the world size and the steps in their one global order."""
-
-    world_size: int
-    steps: tuple[Step, ...]
-    annotate: bool = True  # NewGroup.traffic says what the program does on each handle
-
-    @property
-    def families(self) -> tuple[Family, ...]:
-        return tuple(s for s in self.steps if isinstance(s, Family))
-
-    def render(self) -> tuple[tuple[Op, ...], ...]:
-        return render(self)
-
-
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
-def mesh_parts(world: int, shape: tuple[int, int, int], axes: str) -> tuple[tuple[int, ...], ...]:
-    """Groups along ``axes`` (subset of "omi": outer, mid, inner) of a row-major outer x mid x inner mesh."""
-    outer, mid, inner = shape
-    assert outer * mid * inner == world
-    groups: dict[tuple[int, int, int], list[int]] = {}
-    for rank in range(world):
-        o, rest = divmod(rank, mid * inner)
-        m, i = divmod(rest, inner)
-        key = (-1 if "o" in axes else o, -1 if "m" in axes else m, -1 if "i" in axes else i)
-        groups.setdefault(key, []).append(rank)
-    return tuple(sorted(tuple(g) for g in groups.values()))
-
-
-def family_parts(
-    kind: str, world: int, shape: tuple[int, int, int], colors: Sequence[int] = ()
-) -> tuple[tuple[int, ...], ...]:
-    if kind == "tp":
-        return mesh_parts(world, shape, "i")
-    if kind == "pp":
-        return mesh_parts(world, shape, "m")
-    if kind == "dp":
-        return mesh_parts(world, shape, "o")
-    if kind == "ep":
-        return mesh_parts(world, shape, "mi")
-    if kind == "cp":
-        return mesh_parts(world, shape, "oi")
-    if kind == "pairs":
-        return tuple(tuple(range(r, min(r + 2, world))) for r in range(0, world, 2))
-    if kind == "singletons":
-        return tuple((r,) for r in range(world))
-    if kind == "world":
-        return (tuple(range(world)),)
-    if kind == "colors":
-        groups: dict[int, list[int]] = {}
-        for rank in range(world):
-            groups.setdefault(colors[rank] if rank < len(colors) else 0, []).append(rank)
-        return tuple(sorted(tuple(g) for g in groups.values()))
-    raise ValueError(f"unknown family kind {kind!r}")
-
-
-PURPOSE = {
-    "tp": "tp",
-    "pp": "pp",
-    "dp": "dp",
-    "ep": "ep",
-    "cp": "cp",
-    "pairs": "pp",
-    "singletons": "single",
-    "world": "world",
-    "colors": "custom",
-}
-
-
 _INTS: dict[tuple[int, int], st.SearchStrategy[int]] = {}
 _BOOLS = st.booleans()
+
+# How many values one choice may range over. Hypothesis draws a bounded integer uniformly only while the range
+# stays within its distribution's uniform core ([-256, 256] in hypothesis 6.1xx: beyond, small values are
+# favoured), and a choice read as several decisions must keep each one uniform.
+_RADIX = 256
 
 
 def _int(draw: st.DrawFn, low: int, high: int) -> int:
@@ -303,13 +264,43 @@ def _int(draw: st.DrawFn, low: int, high: int) -> int:
 
 def _pick(draw: st.DrawFn, items: Sequence[T]) -> T:
     """``draw(st.sampled_from(items))``, shrinking towards the first item."""
-    return items[_int(draw, 0, len(items) - 1)]
+    return items[_index(draw, len(items))]
+
+
+def _index(draw: st.DrawFn, n: int) -> int:
+    """A uniform index below ``n``, shrinking towards 0: one choice up to ``_RADIX`` values, else one per
+    base-``_RADIX`` digit (the top digit last, a value past ``n`` folded back)."""
+    if n <= _RADIX:
+        return _int(draw, 0, n - 1) if n > 1 else 0
+    value, scale = 0, 1
+    while scale * _RADIX < n:
+        value += _int(draw, 0, _RADIX - 1) * scale
+        scale *= _RADIX
+    value += _int(draw, 0, -(-n // scale) - 1) * scale
+    return value % n
+
+
+def _choose(draw: st.DrawFn, *sizes: int) -> tuple[int, ...]:
+    """One uniform index below each of ``sizes``, as few choices as possible: consecutive decisions whose
+    option counts multiply to at most ``_RADIX`` are the mixed-radix digits of one choice (the first decision
+    the least significant digit). Zero is every first option, so shrinking a choice shrinks its decisions."""
+    out: list[int] = []
+    i = 0
+    while i < len(sizes):
+        group, product = i, 1
+        while group < len(sizes) and (group == i or product * sizes[group] <= _RADIX):
+            product *= sizes[group]
+            group += 1
+        value = _index(draw, product)
+        for size in sizes[i:group]:
+            value, digit = divmod(value, size)
+            out.append(digit)
+        i = group
+    return tuple(out)
 
 
 def draw_mesh_shape(draw: st.DrawFn, world: int) -> tuple[int, int, int]:
-    inner = _pick(draw, _divisors(world))
-    mid = _pick(draw, _divisors(world // inner))
-    return (world // (inner * mid), mid, inner)
+    return _pick(draw, mesh_shapes(world))
 
 
 def draw_family(
@@ -326,11 +317,12 @@ def draw_family(
     kinds = [k for k in FAMILY_KINDS if k != "duplicate" or earlier]
     if multi_rank and world > 1:
         kinds = [k for k in kinds if k not in ("singletons", "duplicate")]
-    kind = _pick(draw, kinds)
+    # The kind and, for a duplicate, its source in one choice; a colour split's colours four ranks a choice.
+    pick, source = _choose(draw, len(kinds), max(1, len(earlier)))
+    kind = kinds[pick]
     if kind == "duplicate":
-        source = _pick(draw, earlier)
-        return Family(f"{source.purpose}{index}", source.parts, source.purpose)
-    colors = [_int(draw, 0, 3) for _ in range(world)] if kind == "colors" else []
+        return Family(f"{earlier[source].purpose}{index}", earlier[source].parts, earlier[source].purpose)
+    colors = list(_choose(draw, *([4] * world))) if kind == "colors" else []
     parts = family_parts(kind, world, shape, colors)
     if multi_rank and world > 1 and all(len(p) == 1 for p in parts):
         parts = family_parts("world", world, shape)
@@ -339,44 +331,40 @@ def draw_family(
 
 def draw_use(draw: st.DrawFn, world: int, fams: Sequence[Family], *, p2p: bool = True) -> Use:
     """A collective on a family handle or the world, a send/recv pair inside one part, or a checkpoint."""
-    target: Family | None = _pick(draw, [*fams, None])  # None: the world handle
-    handle = WORLD if target is None else target.handle
-    parts = (tuple(range(world)),) if target is None else target.parts
-    kinds = [k for k in COLLECTIVES if k != "broadcast" or target is None]
-    multi = [p for p in parts if len(p) > 1]
-    if p2p and multi:
-        kinds.append("p2p")
-    kinds.append("checkpoint")
-    kind = _pick(draw, kinds)
-    size = _pick(draw, SIZES_BYTES)
+    targets: list[Family | None] = [*fams, None]  # None: the world handle
+    menu = _use_menu(world, tuple(targets), p2p)
+    target, kind, size = menu[_index(draw, len(menu))]
     if kind == "checkpoint":
-        return Use("checkpoint", label=f"c{_int(draw, 0, 3)}")
-    if kind == "p2p":
-        part = _pick(draw, multi)
-        i = _int(draw, 0, len(part) - 1)
-        j = _int(draw, 0, len(part) - 2)
-        j = j if j < i else j + 1
-        return Use("p2p", handle, size, src=part[i], dst=part[j])
-    if kind == "barrier":
-        size = 4
+        return Use("checkpoint", label=f"c{size}")
+    handle = WORLD if target is None else target.handle
+    if kind == "p2p":  # an ordered pair of distinct ranks of one part, in one more choice
+        pairs = _p2p_pairs((tuple(range(world)),) if target is None else target.parts)
+        src, dst = pairs[_index(draw, len(pairs))]
+        return Use("p2p", handle, size, src=src, dst=dst)
     return Use(kind, handle, size)
 
 
-def first_use_is_collective(steps: Sequence[Step], initialized: set[str], step: Use) -> list[Step]:
-    """``step``, preceded by a barrier on its handle when its first use would otherwise be a send/recv.
+@functools.lru_cache(maxsize=4096)
+def _use_menu(world: int, targets: tuple[Family | None, ...], p2p: bool) -> tuple[tuple[Any, str, int], ...]:
+    """Every (target, kind, size) a use may be, in one list: a collective (broadcast on the world handle only, a
+    barrier of 4 bytes) or a send/recv (where a part has two ranks) of each size, or a checkpoint (its label
+    number in the size's place). Target first, all-reduce of ``SIZES_BYTES[0]`` first: what shrinking ends on."""
+    menu: list[tuple[Any, str, int]] = []
+    for target in targets:
+        parts = (tuple(range(world)),) if target is None else target.parts
+        kinds = [k for k in COLLECTIVES if k != "broadcast" or target is None]
+        if p2p and any(len(p) > 1 for p in parts):
+            kinds.append("p2p")
+        for kind in kinds:
+            menu += [(target, kind, 4 if kind == "barrier" else size) for size in SIZES_BYTES]
+        menu += [(target, "checkpoint", label) for label in range(4)]
+    return tuple(menu)
 
-    Why: a lazily created communicator (the ``lazy-init`` policy, 2.14's nccl2, a lazy default group) is a
-    rendezvous of *every* member at its first op (reference §B.5: "every member must issue some op on it").
-    A send/recv first use would wait for members that never come, or that come only after waiting on the
-    sender elsewhere. Frameworks meet this by warming groups up with a collective; so do valid programs here.
-    """
-    out: list[Step] = []
-    if step.kind == "p2p" and step.handle not in initialized:
-        out.append(Use("barrier", step.handle, 4))
-    if step.kind != "checkpoint":
-        initialized.add(step.handle)
-    out.append(step)
-    return out
+
+@functools.lru_cache(maxsize=4096)
+def _p2p_pairs(parts: tuple[tuple[int, ...], ...]) -> tuple[tuple[int, int], ...]:
+    """Every (src, dst) of two distinct ranks of one part."""
+    return tuple((src, dst) for part in parts if len(part) > 1 for src in part for dst in part if dst != src)
 
 
 @st.composite
@@ -398,13 +386,48 @@ def layouts(
     ``use_all`` ends with one all_reduce on every family handle and on the world, so every group communicates
     (the eager-vs-lazy memory property). At most ``max_ops`` ops per rank.
     """
-    shape = draw_mesh_shape(draw, world)
+    return draw_layout(
+        draw,
+        world,
+        max_ops=max_ops,
+        max_families=max_families,
+        min_families=min_families,
+        max_uses=max_uses,
+        p2p=p2p,
+        use_all=use_all,
+        annotate=annotate,
+        multi_rank_first=multi_rank_first,
+    )
+
+
+def draw_layout(
+    draw: st.DrawFn,
+    world: int,
+    *,
+    max_ops: int = 30,
+    max_families: int = 5,
+    min_families: int = 0,
+    max_uses: int = 12,
+    p2p: bool = True,
+    use_all: bool = False,
+    annotate: bool | None = None,
+    multi_rank_first: bool = False,
+) -> Layout:
+    """``layouts``, drawn inside the caller's own strategy (no strategy object built per case): the mesh shape,
+    the family count and whether traffic is annotated in one choice, one per family, the use count, one per
+    use (two for a send/recv pair)."""
+    shapes = mesh_shapes(world)
+    low, high = min_families, max(min_families, max_families)
+    shape_i, extra_families, annotated = _choose(draw, len(shapes), high - low + 1, 2 if annotate is None else 1)
+    shape = shapes[shape_i]
+    if annotate is None:
+        annotate = bool(annotated)
     fams: list[Family] = []
     # prologue (3) + groups checkpoint + end checkpoint + the world's use_all all_reduce
     fixed = 5 + (1 if use_all else 0)
     tail = 1 if use_all else 0
     calls = 0
-    wanted = _int(draw, min_families, max(min_families, max_families))
+    wanted = low + extra_families
     while len(fams) < wanted:
         fam = draw_family(draw, world, len(fams), shape, fams, multi_rank=multi_rank_first and not fams)
         if fixed + calls + len(fam.parts) + tail > max_ops:
@@ -422,76 +445,7 @@ def layouts(
     if use_all:
         steps += [Use("all_reduce", f.handle, MIB) for f in fams]
         steps.append(Use("all_reduce", WORLD, MIB))
-    if annotate is None:
-        annotate = draw(_BOOLS)
     return Layout(world, (*fams, *steps), annotate)
-
-
-def traffic_of(layout: Layout) -> dict[str, str]:
-    """What the program does on each family handle: collectives, p2p only, or nothing."""
-    seen: dict[str, set[str]] = {f.handle: set() for f in layout.families}
-    for step in layout.steps:
-        if isinstance(step, Use) and step.handle in seen and step.kind != "checkpoint":
-            seen[step.handle].add("p2p" if step.kind == "p2p" else "collectives")
-    return {h: "collectives" if "collectives" in k else ("p2p" if k else "none") for h, k in seen.items()}
-
-
-def render(layout: Layout) -> tuple[tuple[Op, ...], ...]:
-    """One op tuple per rank; ranks with equal programs share one tuple object.
-
-    Every step but a send/recv pair is every rank's, so a rank's program is the common op list with its own
-    sends and recvs slotted in: ranks without any share the common tuple, and ranks with the same sends and
-    recvs at the same places share one (built once) -- equal programs, one object, without comparing
-    programs op by op."""
-    world = layout.world_size
-    traffic = traffic_of(layout) if layout.annotate else {}
-    common: list[Op] = [SetDevice(), InitProcessGroup(backend="nccl"), Checkpoint(label=CHECKPOINT_INIT)]
-    own: dict[int, list[tuple[int, Op]]] = {}  # rank -> (how many common ops precede it, its send or recv)
-    last_family = max((i for i, s in enumerate(layout.steps) if isinstance(s, Family)), default=-1)
-    if last_family < 0:
-        common.append(Checkpoint(label=CHECKPOINT_GROUPS))
-    for i, step in enumerate(layout.steps):
-        if isinstance(step, Family):
-            for part in step.parts:
-                common.append(
-                    NewGroup(ranks=part, bind=step.handle, purpose=step.purpose, traffic=traffic.get(step.handle))
-                )
-        elif step.kind == "checkpoint":
-            common.append(Checkpoint(label=step.label))
-        elif step.kind == "p2p":
-            at = len(common)
-            own.setdefault(step.src, []).append(
-                (at, Send(peer=step.dst, group=step.handle, size_bytes=step.size_bytes))
-            )
-            own.setdefault(step.dst, []).append(
-                (at, Recv(peer=step.src, group=step.handle, size_bytes=step.size_bytes))
-            )
-        else:
-            common.append(COLLECTIVES[step.kind](group=step.handle, size_bytes=step.size_bytes))
-        if i == last_family:
-            common.append(Checkpoint(label=CHECKPOINT_GROUPS))
-    common.append(Checkpoint(label=CHECKPOINT_END))
-    shared = tuple(common)
-    built: dict[tuple[tuple[int, Op], ...], tuple[Op, ...]] = {}
-    programs = []
-    for rank in range(world):
-        mine = own.get(rank)
-        if mine is None:
-            programs.append(shared)
-            continue
-        key = tuple(mine)
-        program = built.get(key)
-        if program is None:
-            merged: list[Op] = []
-            done = 0
-            for at, op in mine:
-                merged += common[done:at]
-                merged.append(op)
-                done = at
-            merged += common[done:]
-            program = built[key] = tuple(merged)
-        programs.append(program)
-    return tuple(programs)
 
 
 # ---------------------------------------------------------------------- cases
@@ -515,11 +469,42 @@ def cases(
     ``policy``: ``None`` draws a built-in policy; pass ``st.none()`` for torch's defaults, a team's own policy
     object or spec to fix it, or ``policies(custom=[...])`` to draw it among the built-ins).
     """
+    return draw_case(
+        draw,
+        min_world=min_world,
+        max_world=max_world,
+        gpu=gpu,
+        release=release,
+        env=env,
+        policy=policy,
+        **layout_options,
+    )
+
+
+def draw_case(
+    draw: st.DrawFn,
+    *,
+    min_world: int = 1,
+    max_world: int = 8,
+    gpu: str | None = None,
+    release: str | st.SearchStrategy[str] | None = None,
+    env: dict[str, str] | st.SearchStrategy[dict[str, str]] | None = None,
+    policy: Any = None,
+    **layout_options: Any,
+) -> SimCase:
+    """``cases``, drawn inside the caller's own strategy: the cluster in one choice, the release and env knobs
+    in one, the policy in one or two, then the layout (``draw_layout``)."""
     cluster = draw_cluster(draw, min_world=min_world, max_world=max_world, gpu=gpu)
-    chosen_release = _pick(draw, RELEASE_KEYS) if release is None else _value(draw, release)
-    chosen_env = draw_env(draw) if env is None else _value(draw, env)
+    knobs = tuple(ENV_KNOBS) if env is None else ()
+    options = [(None, *ENV_KNOBS[knob]) for knob in knobs]
+    picked = _choose(draw, len(RELEASE_KEYS) if release is None else 1, *map(len, options))
+    chosen_release = RELEASE_KEYS[picked[0]] if release is None else _value(draw, release)
+    if env is None:
+        chosen_env = {knob: values[i] for knob, values, i in zip(knobs, options, picked[1:], strict=True) if i}
+    else:
+        chosen_env = _value(draw, env)
     chosen_policy = draw_policy(draw) if policy is None else _value(draw, policy)
-    layout = draw(layouts(cluster.world_size, **layout_options))  # type: ignore[arg-type]
+    layout = draw_layout(draw, cluster.world_size, **layout_options)
     programs = layout.render()
     if not within_multicast_slots(programs, cluster.gpu, cluster.gpus_per_node):
         reject()  # it would test the node's multicast slots, not the policy (simnccl.testing.multicast_room)
@@ -564,7 +549,7 @@ def mutants(draw: st.DrawFn, kind: str | st.SearchStrategy[str] | None = None, *
         if case_options.get("policy") is None:
             options["policy"] = _MEMBER_ONLY_POLICY
     options.update({k: v for k, v in case_options.items() if v is not None})
-    base = draw(cases(**options))
+    base = draw_case(draw, **options)
     targets = mutations.targets(mutation_kind, base.programs)
     if not targets:
         reject()

@@ -1,0 +1,212 @@
+"""The strategies' coverage, pinned: whatever the draws look like (coarse choices, ``strategies._choose``), every
+kind of program, cluster, release, knob and policy they could make is still made, and shrinking ends on the
+simplest case.
+
+Each test draws many examples under a fixed seed and checks that each feature shows up at least once: a
+feature that can no longer be drawn fails here, instead of silently leaving the property tests blind to it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, find, given, seed, settings
+from hypothesis import strategies as st
+
+from simnccl.ops import WORLD, Barrier, Broadcast, Checkpoint, Collective, NewGroup, Recv, Send
+from simnccl.testing import mutations
+from simnccl.testing.replay import SimCase
+from simnccl.testing.strategies import (
+    COLLECTIVES,
+    ENV_KNOBS,
+    GPU_KINDS,
+    RELEASE_KEYS,
+    SINGLE_POLICIES,
+    SIZES_BYTES,
+    Use,
+    _choose,
+    _index,
+    cases,
+    draw_mesh_shape,
+    layouts,
+    mesh_shapes,
+    mutants,
+    policies,
+)
+
+EXAMPLES = 1500
+
+
+def _drawn(strategy: st.SearchStrategy[Any], count: int = EXAMPLES, at: int = 0) -> list[Any]:
+    """``count`` examples of ``strategy`` under a fixed seed (hypothesis' generate phase only)."""
+    out: list[Any] = []
+
+    @seed(at)
+    @settings(
+        max_examples=count,
+        deadline=None,
+        database=None,
+        derandomize=False,
+        phases=["generate"],
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(strategy)
+    def collect(example: Any) -> None:
+        out.append(example)
+
+    collect()
+    return out
+
+
+def _missing(wanted: set[Any], seen: set[Any]) -> set[Any]:
+    return wanted - seen
+
+
+@pytest.fixture(scope="module")
+def drawn_cases() -> list[SimCase]:
+    return _drawn(cases())
+
+
+def test_every_cluster_shape_gpu_kind_release_and_knob_value_is_drawn(drawn_cases: list[SimCase]) -> None:
+    shapes = {(c.nodes, c.gpus_per_node) for c in drawn_cases}
+    assert not _missing({(1, n) for n in range(1, 9)} | {(2, n) for n in range(1, 5)}, shapes)
+    assert not _missing(set(GPU_KINDS), {c.gpu for c in drawn_cases})
+    assert not _missing(set(RELEASE_KEYS), {c.release for c in drawn_cases})
+    knobs = {(k, dict(c.env).get(k)) for c in drawn_cases for k in ENV_KNOBS}
+    assert not _missing({(k, v) for k, values in ENV_KNOBS.items() for v in (None, *values)}, knobs)
+    assert any(not c.env for c in drawn_cases) and any(len(c.env) == len(ENV_KNOBS) for c in drawn_cases)
+
+
+def test_every_single_policy_and_compositions_of_two_and_three_parts_are_drawn(drawn_cases: list[SimCase]) -> None:
+    specs = [c.policy for c in drawn_cases]
+    assert not _missing(set(SINGLE_POLICIES), set(specs))
+    parts = {len(s.split("+")) for s in specs}
+    assert parts == {1, 2, 3}
+    for spec in specs:  # no policy composed with itself (or two budgets)
+        kinds = [p.split("(")[0] for p in spec.split("+")]
+        assert len(kinds) == len(set(kinds)), spec
+    assert not _missing(set(SINGLE_POLICIES), {p for s in specs for p in s.split("+")[1:]})
+
+
+def test_custom_policies_are_drawn_alone_and_composed() -> None:
+    mine = ("acme-a", "acme-b")
+    drawn = _drawn(policies(custom=mine, builtins=False), 300)
+    assert set(drawn) == {"acme-a", "acme-b", "acme-a+acme-b", "acme-b+acme-a"}
+
+
+def _families(case: SimCase) -> list[tuple[str, str, tuple[tuple[int, ...], ...]]]:
+    """(handle, purpose, parts) of each family, in creation order, read off rank 0's program."""
+    out: dict[str, tuple[str, list[tuple[int, ...]]]] = {}
+    for op in case.programs[0]:
+        if isinstance(op, NewGroup):
+            out.setdefault(op.bind, (op.purpose, []))[1].append(op.ranks)
+    return [(handle, purpose, tuple(parts)) for handle, (purpose, parts) in out.items()]
+
+
+def test_every_group_family_kind_is_drawn(drawn_cases: list[SimCase]) -> None:
+    """tp/pp/dp/ep/cp mesh partitions, pairs, singletons, the world, colour splits, and duplicates."""
+    purposes: set[str] = set()
+    pairs = duplicate = colour_split_of_several = False
+    counts = set()
+    for case in drawn_cases:
+        families = _families(case)
+        counts.add(len(families))
+        for i, (_, purpose, parts) in enumerate(families):
+            purposes.add(purpose)
+            world = case.world_size
+            pairs |= world > 2 and parts == tuple(tuple(range(r, min(r + 2, world))) for r in range(0, world, 2))
+            duplicate |= any(parts == earlier[2] and purpose == earlier[1] for earlier in families[:i])
+            colour_split_of_several |= purpose == "custom" and 1 < len(parts) < world
+    assert not _missing({"tp", "pp", "dp", "ep", "cp", "single", "world", "custom"}, purposes)
+    assert pairs and duplicate and colour_split_of_several
+    assert not _missing(set(range(6)), counts)
+
+
+def test_every_mesh_shape_of_a_world_is_drawn() -> None:
+    shapes = _drawn(st.composite(lambda draw: draw_mesh_shape(draw, 12))(), 400)
+    assert set(shapes) == set(mesh_shapes(12))
+    assert len(mesh_shapes(12)) == 18 and all(o * m * i == 12 for o, m, i in mesh_shapes(12))
+
+
+def test_every_use_kind_size_handle_and_checkpoint_label_is_drawn(drawn_cases: list[SimCase]) -> None:
+    collectives: set[tuple[str, int, bool]] = set()
+    labels: set[str] = set()
+    p2p_on: set[bool] = set()
+    warmed_before_p2p = False
+    for case in drawn_cases:
+        for program in case.programs:
+            for i, op in enumerate(program):
+                if isinstance(op, Collective):
+                    collectives.add((op.name, op.size_bytes, op.group == WORLD))
+                elif isinstance(op, Checkpoint):
+                    labels.add(op.label)
+                elif isinstance(op, Send | Recv):
+                    p2p_on.add(op.group == WORLD)
+                    warmed_before_p2p |= any(isinstance(o, Barrier) and o.group == op.group for o in program[:i])
+    for name in COLLECTIVES:
+        for size in (4,) if name == "barrier" else SIZES_BYTES:
+            on = (True,) if name == "broadcast" else (True, False)
+            assert not _missing({(name, size, world) for world in on}, collectives), (name, size)
+    assert not any(name == Broadcast.name and not world for name, _, world in collectives)
+    assert not _missing({"init", "groups", "end", "c0", "c1", "c2", "c3"}, labels)
+    assert p2p_on == {True, False} and warmed_before_p2p
+
+
+def test_traffic_annotations_are_drawn_on_and_off(drawn_cases: list[SimCase]) -> None:
+    traffic = {op.traffic for c in drawn_cases for op in c.programs[0] if isinstance(op, NewGroup)}
+    # never "p2p": a handle's first use is a collective (``first_use_is_collective`` warms it with a barrier)
+    assert traffic == {None, "collectives", "none"}
+
+
+def test_programs_reach_the_op_limit_and_the_empty_program(drawn_cases: list[SimCase]) -> None:
+    sizes = {c.ops_per_rank() for c in drawn_cases}
+    assert 30 in sizes and 5 in sizes  # prologue (3) + groups + end checkpoints: no family, no use
+
+
+def test_layout_options_are_honoured() -> None:
+    drawn = _drawn(layouts(8, max_ops=40, min_families=2, max_families=3, p2p=False, use_all=True), 200)
+    assert {len(x.families) for x in drawn} == {2, 3}
+    assert not any(isinstance(s, Use) and s.kind == "p2p" for x in drawn for s in x.steps)
+    assert all(max(len(p) for p in x.render()) <= 40 for x in drawn)
+
+
+def test_every_mutation_kind_is_drawn() -> None:
+    drawn = _drawn(mutants(), 300)
+    assert {m.kind for _, m in drawn} == set(mutations.KINDS)
+
+
+@pytest.mark.parametrize(
+    ("condition", "simplest"),
+    [
+        (lambda c: True, "one rank of the first GPU kind, the first release, no knobs, torch's default policy"),
+        (lambda c: c.world_size >= 4 and any(isinstance(op, Send) for op in c.programs[0] + c.programs[1]), "p2p"),
+    ],
+    ids=["anything", "a-send"],
+)
+def test_shrinking_ends_on_the_simplest_case(condition: Callable[[SimCase], bool], simplest: str) -> None:
+    found = find(cases(), condition, settings=settings(database=None, max_examples=2000))
+    if simplest == "p2p":
+        # the fewest ranks and steps that still hold a send: a 4-rank world, a warm-up barrier, one pair
+        assert found.world_size == 4 and found.nodes == 1
+        ops = [op for op in found.programs[0] if not isinstance(op, Checkpoint)]
+        assert [type(op).__name__ for op in ops][-2:] == ["Barrier", "Send"]
+        assert found.policy == SINGLE_POLICIES[0] and not found.env
+        return
+    assert (found.world_size, found.gpu, found.release, found.env, found.policy) == (
+        1,
+        GPU_KINDS[0],
+        RELEASE_KEYS[0],
+        (),
+        SINGLE_POLICIES[0],
+    )
+    assert not _families(found) and not any(isinstance(op, Collective) for op in found.programs[0])
+
+
+def test_a_choice_among_more_options_than_one_draw_holds_reaches_every_option() -> None:
+    """Past ``_RADIX`` options, a choice is drawn as several digits: every option is still reachable, and
+    several small decisions packed into one choice each cover their whole range."""
+    assert set(_drawn(st.composite(lambda draw: _index(draw, 300))(), 2000)) == set(range(300))
+    packed = _drawn(st.composite(lambda draw: _choose(draw, 3, 5, 7, 11))(), 800)
+    assert all(len({p[i] for p in packed}) == n for i, n in enumerate((3, 5, 7, 11)))
