@@ -186,7 +186,7 @@ def test_every_mutation_kind_is_drawn() -> None:
     ids=["anything", "a-send"],
 )
 def test_shrinking_ends_on_the_simplest_case(condition: Callable[[SimCase], bool], simplest: str) -> None:
-    found = find(cases(), condition, settings=settings(database=None, max_examples=2000))
+    found = find(cases(), condition, settings=settings(database=None, max_examples=2000, derandomize=True))
     if simplest == "p2p":
         # the fewest ranks and steps that still hold a send: a 4-rank world, a warm-up barrier, one pair
         assert found.world_size == 4 and found.nodes == 1
