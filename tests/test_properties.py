@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import HealthCheck, assume, find, given, settings
 from hypothesis import strategies as st
+from hypothesis.stateful import run_state_machine_as_test
 
 from simnccl.engine import RunOutcome
 from simnccl.ops import WORLD, Checkpoint, Collective, NewGroup, PointToPoint
@@ -18,6 +19,7 @@ from simnccl.policy import BUILTIN
 from simnccl.testing import harness, mutations
 from simnccl.testing import invariants as inv
 from simnccl.testing.replay import CaseTimeout, SimCase, plugin_registered
+from simnccl.testing.stateful import MAX_OPS as STATEFUL_MAX_OPS
 from simnccl.testing.stateful import GrowingProgram
 from simnccl.testing.strategies import (
     cases,
@@ -180,6 +182,26 @@ class GrowingUnderBuiltins(GrowingProgram):
 
 GrowingUnderBuiltins.TestCase.settings = settings(stateful_step_count=10)
 TestGrowingProgram = GrowingUnderBuiltins.TestCase
+
+
+class GrowingToTheLimit(GrowingProgram):
+    """Grown for longer than a program may get: the longest program simulated is remembered."""
+
+    longest = 0
+
+    def check(self, case: SimCase, outcome: RunOutcome) -> None:
+        super().check(case, outcome)
+        GrowingToTheLimit.longest = max(GrowingToTheLimit.longest, max(len(p) for p in case.programs))
+
+
+def test_a_program_grown_to_its_limit_leaves_a_rule_to_run() -> None:
+    """A user's run with hypothesis' default 50 steps reaches the op limit; it must go on, not raise
+    InvalidDefinition ("No progress can be made")."""
+    run_state_machine_as_test(
+        GrowingToTheLimit,
+        settings=settings(max_examples=8, stateful_step_count=60, derandomize=True, deadline=None, database=None),
+    )
+    assert GrowingToTheLimit.longest >= STATEFUL_MAX_OPS  # the limit was reached
 
 
 # ------------------------------------------------------------------------------------------ mutants

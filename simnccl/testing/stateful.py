@@ -153,6 +153,13 @@ class GrowingProgram(RuleBasedStateMachine):
         self.steps += first_use_is_collective(self.steps, self.initialized, Use("p2p", handle, size, src, dst))
         self.dirty = True
 
+    @precondition(lambda self: self._ops() >= MAX_OPS)
+    @rule()
+    def full(self) -> None:
+        """The program is as long as a generated startup gets: nothing is added. Without a rule valid here,
+        hypothesis would stop a long run with "No progress can be made" (InvalidDefinition) instead of going on
+        checking what was grown."""
+
     @invariant()
     def keeps_invariants(self) -> None:
         if not self.dirty:
