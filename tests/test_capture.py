@@ -697,3 +697,18 @@ def test_inline_and_fork_capture_the_same_programs_under_a_policy() -> None:
     from simnccl import torch_apply
 
     assert torch_apply.current() is None and not dist.is_initialized()  # the policy is gone after capture
+
+
+def _groups_from_iterators() -> None:
+    dist.init_process_group("nccl")
+    dist.new_group(iter([1, 0]))
+    dist.new_group(ranks=(rank for rank in range(2)))
+    dist.new_group(map(int, ["0", "1"]), use_local_synchronization=True)
+
+
+def test_ranks_given_as_an_iterator_are_recorded_and_torch_still_gets_them() -> None:
+    """torch reads ``ranks`` into a list first, so any iterable works; the recording used to exhaust an
+    iterator before torch saw it ("Group rank must be specified", an error real torch never raises)."""
+    run = cap.capture(_groups_from_iterators, 2, mode="inline")
+    assert [op.ranks for op in run.programs[0].ops if isinstance(op, NewGroup)] == [(0, 1)] * 3
+    assert run.simulate().verdict == "pass"

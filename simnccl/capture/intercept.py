@@ -132,6 +132,8 @@ def _wrapper(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
             arguments = bind(args, kwargs)
         except TypeError:
             return original(*args, **kwargs)  # torch raises its own error for bad arguments
+        if name == "new_group":
+            args, kwargs = _ranks_read_once(args, kwargs, arguments)
         _DEPTH += 1
         try:
             try:
@@ -151,6 +153,23 @@ def _wrapper(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
     recorded.__name__ = name
     recorded.__doc__ = original.__doc__
     return recorded
+
+
+def _ranks_read_once(
+    args: tuple[Any, ...], kwargs: dict[str, Any], arguments: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """``ranks`` given as an iterator (a generator, ``map``, ``iter(...)``) is read once, here: the record and torch
+    both get the list. torch 2.15's ``_new_group_with_tag`` makes a list of ``ranks`` before anything else reads
+    it, so torch behaves as with the iterator; reading the iterator for the record and then handing torch the
+    exhausted one made torch see no ranks ("Group rank must be specified"), which real torch never says."""
+    raw = arguments.get("ranks")
+    if not isinstance(raw, Iterator):
+        return args, kwargs
+    ranks = arguments["ranks"] = list(raw)
+    if "ranks" in kwargs:
+        return args, {**kwargs, "ranks": ranks}
+    at = _BINDERS["new_group"].names.index("ranks")
+    return (*args[:at], ranks, *args[at + 1 :]), kwargs
 
 
 def _enter(rec: _Recorder, name: str, args: Mapping[str, Any]) -> str | None:
