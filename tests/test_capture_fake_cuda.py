@@ -211,7 +211,7 @@ def test_a_storage_resized_in_place_frees_its_block_and_takes_a_new_one() -> Non
         unsharded.untyped_storage().resize_(0)
         seen.append((torch.cuda.memory_allocated(), torch.cuda.memory_reserved()))
         unsharded.untyped_storage().resize_(3 * MIB)
-        unsharded.fill_(1.0)
+        unsharded.fill_(1.0)  # a parallel op in this process: later forked ranks must not hang
         seen.append((torch.cuda.memory_allocated(), torch.cuda.memory_reserved(), torch.cuda.max_memory_allocated()))
 
     cap.capture(target, 1, mode="inline")
@@ -372,3 +372,16 @@ def test_cli_bad_step_is_a_clear_message(step: str, message: str, tmp_path: Path
     script.write_text("", encoding="utf-8")
     assert cap.main(["--world", "1", "--step", step, str(script)]) == 2
     assert message in capsys.readouterr().err
+
+
+def _parallel_work() -> None:
+    _startup()
+    torch.ones(4 * MIB, device="cuda").mul_(2)  # large enough for torch's intra-op thread pool
+
+
+def test_forked_ranks_finish_after_this_process_used_torchs_thread_pool() -> None:
+    """GNU OpenMP's pool does not survive fork: a parallel op here, then one in a forked rank, used to hang the
+    rank until it was killed as "no result within 120 s"."""
+    torch.ones(4 * MIB).mul_(2)
+    run = cap.capture(_parallel_work, 2)
+    assert run.programs[0].ops[0].name == "init_process_group"

@@ -148,8 +148,13 @@ def _set_pdeathsig() -> None:
 
 
 def _forked_child(log_path: str) -> None:  # pragma: no cover - a child
-    """What every forked process does first: die with its parent, write its output to ``log_path``."""
+    """What every forked process does first: die with its parent, write its output to ``log_path``, and run
+    torch's intra-op work on this thread only. GNU OpenMP's thread pool does not survive ``fork``: once the
+    parent has run one parallel op (any large tensor op), a child's next parallel op waits forever for threads
+    it does not have, and the rank would be killed as hung. One thread per rank also suits ranks that already
+    share the machine's cores."""
     _set_pdeathsig()
+    torch.set_num_threads(1)
     log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     os.dup2(log, 1)
     os.dup2(log, 2)
