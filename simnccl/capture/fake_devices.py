@@ -18,13 +18,14 @@ startup code but not a training step. Instead, torch's own extension points are 
   storage lives) uncounts it when freed. ``TensorMemory`` keeps live and peak bytes per device, which the
   recorder turns into ``alloc``/``empty_cache`` ops between recorded calls, so the simulator charges them.
 
-CUDA RNG: ``torch.cuda.default_generators`` becomes one CPU generator per device and ``torch.cuda.is_initialized``
-answers True while a rank runs, so torch's own ``torch.cuda.manual_seed``/``manual_seed_all``/``get_rng_state``/
-``set_rng_state``/``seed``/``initial_seed`` run unmodified against them, and ``_lazy_call`` runs each callback at
-once instead of queueing it for a later real ``_lazy_init`` (which used to fail with "CUDA driver version is
-insufficient"). Megatron's ``model_parallel_cuda_manual_seed`` and its ``_CUDA_RNG_STATE_TRACKER`` use exactly
-those paths. Streams, events and the allocator's statistics are small stand-ins (``memory_allocated`` answers
-from ``TensorMemory``).
+CUDA RNG: ``torch.cuda.default_generators`` becomes one generator per device (``cuda_generator``: torch's
+16-byte Philox state over a CPU generator, which DTensor's RNG tracker reads and moves) and
+``torch.cuda.is_initialized`` answers True while a rank runs, so torch's own ``torch.cuda.manual_seed``/
+``manual_seed_all``/``get_rng_state``/``set_rng_state``/``seed``/``initial_seed`` run unmodified against them,
+and ``_lazy_call`` runs each callback at once instead of queueing it for a later real ``_lazy_init`` (which used
+to fail with "CUDA driver version is insufficient"). Megatron's ``model_parallel_cuda_manual_seed`` and its
+``_CUDA_RNG_STATE_TRACKER`` use exactly those paths. Streams, events and the allocator's statistics are small
+stand-ins (``memory_allocated`` answers from ``TensorMemory``).
 
 Memory is what torch's caching allocator would reserve (``cuda_allocator``: 512-byte rounding, 2 MiB and 20 MiB
 segments, best-fit reuse and splitting, ``empty_cache``); ``memory_allocated`` counts rounded blocks and
@@ -33,8 +34,8 @@ segments, best-fit reuse and splitting, ``empty_cache``); ``memory_allocated`` c
 A storage resized in place (FSDP2 frees an unsharded parameter with
 ``untyped_storage().resize_(0)`` and re-allocates it so) frees its block and takes one of the new size.
 
-Not modelled: tensors of wrapper subclasses (DTensor) whose inner ops run below this mode: their local tensors
-are counted when the subclass's own result is seen.
+Wrapper subclasses (DTensor): ``_Placement`` declines their ops (``NotImplemented``, as FakeTensorMode does), so
+the subclass's own dispatch runs with the mode still active and its local tensors are placed and counted.
 """
 
 from __future__ import annotations
@@ -47,10 +48,15 @@ from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
+from torch.utils._python_dispatch import (
+    TorchDispatchMode,
+    is_traceable_wrapper_subclass,
+    is_traceable_wrapper_subclass_type,
+)
 from torch.utils._pytree import tree_leaves
 
 from simnccl.capture.cuda_allocator import Block, CachingAllocator
+from simnccl.capture.cuda_generator import PhiloxStateGenerator
 from simnccl.cluster import GpuKind
 from simnccl.ops import MIB, Alloc, EmptyCache, Op
 
@@ -203,7 +209,7 @@ class _Placement(TorchDispatchMode):
     """Places every storage created inside a placement, or by an op reading a placed one, on its device."""
 
     def __init__(
-        self, memory: TensorMemory, generators: tuple[torch.Generator, ...], current: Callable[[], int]
+        self, memory: TensorMemory, generators: tuple[PhiloxStateGenerator, ...], current: Callable[[], int]
     ) -> None:
         super().__init__()
         self.memory = memory
@@ -212,6 +218,10 @@ class _Placement(TorchDispatchMode):
         self.target: Any = _UNSET  # _UNSET: follow the inputs; None: host memory; an int: that device
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if any(is_traceable_wrapper_subclass_type(t) for t in types):
+            # A wrapper subclass's op (DTensor's): its own dispatch runs first, with this mode still on the stack,
+            # so the local ops it issues (and their factories, copies and random draws) are placed here.
+            return NotImplemented
         kwargs = kwargs or {}
         index = self.target
         device = kwargs.get("device")
@@ -227,10 +237,14 @@ class _Placement(TorchDispatchMode):
                 index = None if storage is None else self.memory.device_of(storage)
                 if index is not None:
                     break
+        drawing = None
         if index is not None and kwargs.get("generator") is None and _draws_random(func):
             # A random op on device N draws from device N's generator (torch.cuda.manual_seed's), not the CPU's.
-            kwargs = {**kwargs, "generator": self.generators[index]}
+            drawing = self.generators[index]
+            kwargs = {**kwargs, "generator": drawing}
         out = func(*args, **kwargs)
+        if drawing is not None:
+            drawing.advance(sum(tensor.numel() for tensor in _tensors(out)))
         if index is not None:
             for tensor in _tensors(out):
                 storage = _storage(tensor)
@@ -311,10 +325,14 @@ class _CudaAsCpu(TorchFunctionMode):
             index = self._index(kwargs["device"])
             if index is not None:
                 moved = {**kwargs, "device": _CPU}
+                drawing = None
                 if name in _RANDOM_FACTORIES and moved.get("generator") is None:
-                    moved["generator"] = self.placement.generators[index]  # the device's generator, as on a GPU
+                    drawing = moved["generator"] = self.placement.generators[index]  # the device's, as on a GPU
                 with self.placement.placing(index):
-                    return func(*args, **moved)
+                    made = func(*args, **moved)
+                if drawing is not None:
+                    drawing.advance(sum(tensor.numel() for tensor in _tensors(made)))
+                return made
         return func(*args, **kwargs)
 
     def _move(self, func: Any, name: str, args: Any, kwargs: Any) -> Any:
@@ -426,7 +444,7 @@ class FakeCuda:
 
     def __post_init__(self) -> None:
         # torch.cuda.default_generators: one per device, so torch's own torch.cuda.random functions run on them
-        self.generators = tuple(torch.Generator() for _ in range(self.count))
+        self.generators = tuple(PhiloxStateGenerator() for _ in range(self.count))
 
     def patches(self) -> list[tuple[Any, str, Any]]:
         """(object, attribute, stand-in) for torch.cuda's RNG, stream, event and memory-statistics API."""

@@ -1,4 +1,7 @@
-"""The stand-in c10d backend: registered under every backend name, records collectives, communicates nothing."""
+"""The stand-in c10d backend: registered under every backend name, records collectives, communicates nothing.
+
+Outputs are still written, deterministically (``collective_values``: as if every rank held this rank's data).
+"""
 
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ from torch._C._distributed_c10d import Backend as C10dBackend
 from torch._C._distributed_c10d import _create_work_from_future
 
 from simnccl.c10d import ProcessContext, _binds_device, nccl_device_fallback
+from simnccl.capture import collective_values as values
 from simnccl.capture.recorder import UNRECORDED, _Recorder, active
 from simnccl.capture.values import _dtype, _nbytes
 from simnccl.ops import (
@@ -128,8 +132,7 @@ class StandInBackend(C10dBackend):
     def allgather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any) -> Any:
         self._record(AllGather, "all_gather", inputs)
         for slots, tensor in zip(outputs, inputs, strict=False):
-            for slot in slots:
-                slot.copy_(tensor)
+            values.gather_into_slots(slots, tensor)
         return self._done(outputs)
 
     def allgather_coalesced(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any) -> Any:
@@ -137,37 +140,46 @@ class StandInBackend(C10dBackend):
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any) -> Any:
         self._record(AllGather, "all_gather_into_tensor", [input])
-        if input.numel() and output.numel() % input.numel() == 0:
-            # clone: FSDP2 gathers in place (its input is a slice of the output)
-            output.view(-1, input.numel()).copy_(input.reshape(1, -1).clone())
+        values.gather_into(output, input)
         return self._done([output])
 
     def all_gather_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any) -> Any:
         self._record(AllGather, "all_gather_into_tensor_coalesced", inputs)
+        for output, tensor in zip(outputs, inputs, strict=False):
+            values.gather_into(output, tensor)
         return self._done(outputs)
 
     def gather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any) -> Any:
         # No gather op in the vocabulary: same members and per-rank payload as an all-gather.
         self._record(AllGather, "gather", inputs)
+        for slots, tensor in zip(outputs, inputs, strict=False):  # the root's slots (empty elsewhere)
+            values.gather_into_slots(slots, tensor)
         return self._done(outputs)
 
     def scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any) -> Any:
         # No scatter op in the vocabulary: a rooted one-to-all transfer like a broadcast.
         self._record(Broadcast, "scatter", outputs, src=self._global[opts.rootRank])
+        for output, chunks in zip(outputs, inputs or [[] for _ in outputs], strict=False):
+            values.own_chunk_of_list(output, chunks, self.rank())  # the root's own chunk; zeros elsewhere
         return self._done(outputs)
 
     def reduce_scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any) -> Any:
         self._record(ReduceScatter, "reduce_scatter", [t for chunk in inputs for t in chunk])
+        for output, chunks in zip(outputs, inputs, strict=False):
+            values.own_chunk_of_list(output, chunks, self.rank())
         return self._done(outputs)
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any) -> Any:
         self._record(ReduceScatter, "reduce_scatter_tensor", [input])
+        values.own_chunk(output, input, self.rank())
         return self._done([output])
 
     def reduce_scatter_single_coalesced(
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any
     ) -> Any:
         self._record(ReduceScatter, "reduce_scatter_tensor_coalesced", inputs)
+        for output, tensor in zip(outputs, inputs, strict=False):
+            values.own_chunk(output, tensor, self.rank())
         return self._done(outputs)
 
     def all_to_all_single(
@@ -179,10 +191,12 @@ class StandInBackend(C10dBackend):
         opts: Any,
     ) -> Any:
         self._record(AllToAll, "all_to_all_single", [input])
+        values.exchange(output, input, self.rank(), self.size(), list(output_splits) + list(input_splits))
         return self._done([output])
 
     def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any) -> Any:
         self._record(AllToAll, "all_to_all", inputs)
+        values.exchange_list(outputs, inputs, self.rank())
         return self._done(outputs)
 
     def barrier(self, opts: Any) -> Any:
@@ -208,6 +222,7 @@ class StandInBackend(C10dBackend):
         return self._p2p(Send, "send", tensors, dst)
 
     def recv(self, tensors: list[torch.Tensor], src: int, tag: int) -> Any:
+        values.zeros(tensors)
         return self._p2p(Recv, "recv", tensors, src)
 
 
