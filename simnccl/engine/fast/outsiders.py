@@ -35,7 +35,7 @@ from simnccl.engine.policy_gate import PolicyGate
 from simnccl.engine.sim import Sim
 from simnccl.engine.state import RankRuntime
 from simnccl.faults import Fault
-from simnccl.ops import NewGroup
+from simnccl.ops import NewGroup, Program
 
 GUARD_EVERY = 0x10000  # the guard checks when its work count reaches a multiple of this (``Guard.tick``)
 _WALK_FIRST = 8  # calls walked before a stretch is tried: short runs (between two cohorts) walk cheaper
@@ -90,6 +90,8 @@ class Outsiders:
         # Per call table: (the table, rank -> the calls it is a member of, ascending); built on first use.
         self._members: dict[int, tuple[list[OutsiderEntry | None], dict[int, list[int]]]] = {}
         self._sharers: Counter[int] | None = None  # ranks per Program object
+        self._program: object = None  # the Program whose call table ``_table`` is (most ranks run one)
+        self._table: list[OutsiderEntry | None] = []
 
     def take(self, rt: RankRuntime) -> bool:
         """Take, in place, the run of ``new_group`` calls at ``rt.pc`` this rank makes as an outsider that
@@ -99,8 +101,11 @@ class Outsiders:
         in which ranks run are unchanged. Each call taken counts for the guard as it would there.
         Returns whether any call was taken.
         """
-        if rt.program is self.cohorts.program:
-            cohort = self.cohorts.by_start.get(rt.pc)
+        program = rt.program
+        start = rt.pc
+        cohorts = self.cohorts
+        if program is cohorts.program:
+            cohort = cohorts.by_start.get(start)
             if cohort is None or not cohort.broken:
                 # The first rank here decides whether a block starts; a live cohort is joined. (Every call an
                 # outsider may take in the cohorts' program starts a block: checked first, as most calls there
@@ -112,9 +117,7 @@ class Outsiders:
             return False
         if self.op_faults or (policy and not self.gate.verified):
             return self._walk(rt, world, None)
-        program = rt.program
-        table = self.calls.table(program)
-        start = rt.pc
+        table = self._table if program is self._program else self._table_of(program)
         entry = table[start]
         if entry is None or rt.rank in entry[1]:
             return False
@@ -125,6 +128,11 @@ class Outsiders:
             if stopped is not _AT_GUARD_CHECK or not self._walk(rt, world, rt.pc + 1):
                 break  # stopped where the walk stops too; else the guard's call, taken as the walk takes it
         return True
+
+    def _table_of(self, program: Program) -> list[OutsiderEntry | None]:
+        """The program's call table, remembered for the next call (saves a lookup per call taken)."""
+        self._program, self._table = program, self.calls.table(program)
+        return self._table
 
     # ---------------------------------------------------------------- a rank's stretch along a track
 
@@ -303,13 +311,25 @@ class Outsiders:
     ) -> bool:
         """Take the calls at ``rt.pc`` one by one (up to ``stop``, if given); ``table``: the program's, if known."""
         policy = self.policy_active
+        program = rt.program
         if table is None:
-            table = self.calls.table(rt.program)
+            table = self._table if program is self._program else self._table_of(program)
         rank = rt.rank
         pc = start = rt.pc
-        cohorts = self.cohorts.by_start if rt.program is self.cohorts.program else None
+        cohorts = self.cohorts.by_start if program is self.cohorts.program else None
         op_faults = self.op_faults
         node = None
+        if policy:  # the rank's shared state (``SharedHistories.node``), its cached answer read here first
+            node = rt.hnode
+            cached_class = rt.policy_class
+            if (
+                node is None
+                or cached_class is None
+                or cached_class[0] is not rt.ctx
+                or cached_class[1] is not rt.world
+                or node.cls is not cached_class[2]
+            ):
+                node = None
         verdicts: dict[int, int | None] | None = None
         keep = self._keep
         setdefault = rt.handles.setdefault
@@ -371,17 +391,19 @@ class Outsiders:
         guard.ops += taken
         rt.counter += counter
         rt.pc = pc
-        if node is not None:
+        if node is not None and pc > start:
             rt.hnode = node
         return pc > start
 
     def _verdicts(self, rt: RankRuntime, world: Group) -> dict[int, int | None]:
         """The outsider plans shared by every rank with this rank's ``outsider_key``; remembered per rank for
         as long as its context, default group and that group's cuda communicator (and its state) stay the same."""
-        parent = world.comm_for("cuda")
+        parent = world.comms.get("cuda")  # ``Group.comm_for``, without the call
         state = None if parent is None else parent.state
         cached = rt.outsider_verdicts
         if cached is not None:
+            if cached[0] is rt.ctx and cached[1] is world and cached[2] is parent and cached[3] is state:
+                return cached[4]  # the usual answer: the same objects as last time
             ctx, was_world, was_parent, was_state, verdicts = cached
             # as tuples compare: each by identity first, by value else
             if (
