@@ -30,11 +30,13 @@ from torch.distributed import distributed_c10d as c10d
 
 from simnccl import capture as cap
 from simnccl.capture.heap import COLLAPSE_MIN_FORKS, _dense_anonymous_ranges, prepare_to_fork
-from simnccl.capture.intercept import _BINDERS, _NEW_GROUP_KEYS, _call_args, _plain_args
+from simnccl.capture.intercept import _BINDERS, _NEW_GROUP_KEYS, _call_args, _enter, _plain_args
 from simnccl.capture.ranks import _frame, _Results
+from simnccl.capture.recorder import _Recorder, built_calls, built_ops
 from simnccl.capture.script import ScriptTarget
 from simnccl.capture.values import _plain
 from simnccl.ops import Checkpoint, NewGroup, PgOptions
+from simnccl.tags import group_tags
 
 pytestmark = pytest.mark.torch
 
@@ -248,6 +250,46 @@ def test_new_groups_argument_fast_path_equals_the_general_conversion(arguments: 
     general = {k: _plain(v) for k, v in _call_args(arguments, keys).items()}
     assert _plain_args(arguments, keys) == general
     assert list(_plain_args(arguments, keys)) == list(general)  # same order: the JSON lists them so
+
+
+def test_a_new_group_recorded_compactly_builds_the_op_and_call_of_every_argument() -> None:
+    """Every NewGroup field differs from its default and from the others, so a compact entry whose values were in
+    another order than NewGroup's fields would build a different op."""
+    arguments = _BINDERS["new_group"].bind(
+        ([5, 3], timedelta(seconds=7), "gloo", ProcessGroupNCCL.Options(), True, "TP_GROUP", 2, True), {}
+    )
+    recorder = _Recorder(0, 0, False)
+    with group_tags("tp", "p2p"):
+        handle = _enter(recorder, "new_group", arguments)
+    assert type(recorder.ops[-1]) is tuple  # kept compact until built
+    (op,) = built_ops(recorder.ops)
+    assert op == NewGroup(
+        ranks=(3, 5),
+        bind=handle,
+        backend="gloo",
+        pg_options=op.pg_options,
+        use_local_synchronization=True,
+        group_desc="TP_GROUP",
+        device_id=2,
+        timeout_s=7.0,
+        purpose="tp",
+        traffic="p2p",
+    )
+    assert handle == "TP_GROUP.1" and isinstance(op.pg_options, PgOptions)
+    assert built_calls(recorder.calls) == (cap.Call("new_group", _plain_args(arguments, _NEW_GROUP_KEYS), handle),)
+
+
+def test_compact_rank_results_are_built_once_and_equal_what_an_inline_rank_records() -> None:
+    recorder = _Recorder(0, 0, False)
+    _enter(recorder, "new_group", _BINDERS["new_group"].bind(([0, 1],), {"group_desc": "tp"}))
+    recorder.append(Checkpoint("end"))
+    results = _Results()
+    for rank in range(2):
+        results.add(rank, _frame(cap.RankCapture(rank, tuple(recorder.ops), tuple(recorder.calls), ())))
+    first, second = results.ranks[0], results.ranks[1]
+    assert first.ops == built_ops(recorder.ops) and first.calls == built_calls(recorder.calls)
+    assert isinstance(first.ops[0], NewGroup) and isinstance(first.calls[0], cap.Call)
+    assert second.ops is first.ops and second.calls is first.calls
 
 
 # ---------------------------------------------------------------------------------------------- shared results

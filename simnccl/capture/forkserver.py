@@ -29,7 +29,7 @@ from typing import Any, NoReturn
 from simnccl.capture.environment import _installed
 from simnccl.capture.heap import prepare_to_fork
 from simnccl.capture.ranks import _DirectForks, _forked_child, _kill_and_reap, _log_tail, _rank_child, _Spec, _warm_up
-from simnccl.capture.recorder import _Recorder
+from simnccl.capture.recorder import _Recorder, built_calls
 from simnccl.capture.result import CaptureError
 from simnccl.capture.script import RANK_VARIABLES, PreloadRefused, ScriptTarget
 
@@ -196,6 +196,6 @@ def _preload(spec: _Spec, target: ScriptTarget) -> list[str]:  # pragma: no cove
     with _installed(recorder, spec.release, spec.world_size, spec.gpus_per_node, spec.cuda):
         modules = target.preload_in(shared)
     if recorder.calls:
-        names = ", ".join(sorted({c.name for c in recorder.calls}))
+        names = ", ".join(sorted({c.name for c in built_calls(recorder.calls)}))
         raise PreloadRefused(f"importing them called {names}, which each rank must do itself")
     return modules

@@ -18,14 +18,12 @@ from torch.distributed import distributed_c10d as c10d
 
 from simnccl.capture import nonmember
 from simnccl.capture.recorder import _Recorder, active
-from simnccl.capture.result import Call
 from simnccl.capture.values import _backend_name, _device, _options, _plain, _seconds
 from simnccl.ops import (
     WORLD,
     Checkpoint,
     DestroyProcessGroup,
     InitProcessGroup,
-    NewGroup,
     SplitGroup,
 )
 from simnccl.tags import current_tags
@@ -163,7 +161,7 @@ def _ranks_read_once(
     it, so torch behaves as with the iterator; reading the iterator for the record and then handing torch the
     exhausted one made torch see no ranks ("Group rank must be specified"), which real torch never says."""
     raw = arguments.get("ranks")
-    if not isinstance(raw, Iterator):
+    if type(raw) is list or not isinstance(raw, Iterator):  # (a list first: most calls, and no ABC check)
         return args, kwargs
     ranks = arguments["ranks"] = list(raw)
     if "ranks" in kwargs:
@@ -194,19 +192,19 @@ def _enter(rec: _Recorder, name: str, args: Mapping[str, Any]) -> str | None:
         desc = args.get("group_desc")
         handle = rec.family(desc or backend or "group", ranks, _world_size() if ranks is None else 0)
         timeout = args.get("timeout")
-        op = NewGroup(
-            ranks=None if ranks is None else tuple(ranks),
-            bind=handle,
-            backend=backend,
-            pg_options=_options(args.get("pg_options")),
-            use_local_synchronization=bool(args.get("use_local_synchronization", False)),
-            group_desc=desc,
-            device_id=_device(args.get("device_id")),  # type: ignore[arg-type]
-            timeout_s=timeout.total_seconds() if type(timeout) is timedelta else _seconds(timeout),
-            purpose=purpose,
-            traffic=traffic,
+        fields = (  # NewGroup's fields in order (the compact form _Recorder.record_new_group keeps)
+            None if ranks is None else tuple(ranks),  # ranks
+            handle,  # bind
+            backend,
+            _options(args.get("pg_options")),
+            bool(args.get("use_local_synchronization", False)),
+            desc,  # group_desc
+            _device(args.get("device_id")),
+            timeout.total_seconds() if type(timeout) is timedelta else _seconds(timeout),  # timeout_s
+            purpose,
+            traffic,
         )
-        rec.record(op, Call(name, _plain_args(args, _NEW_GROUP_KEYS), handle))
+        rec.record_new_group(fields, _plain_args(args, _NEW_GROUP_KEYS), handle)
         return handle
     if name == "split_group":
         split = tuple(tuple(int(r) for r in s) for s in args.get("split_ranks") or ())

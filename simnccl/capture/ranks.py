@@ -29,7 +29,7 @@ import torch.distributed as dist
 
 from simnccl.capture.environment import DEFAULT_GPU, _installed
 from simnccl.capture.heap import frozen_heap, prepare_to_fork
-from simnccl.capture.recorder import _Recorder
+from simnccl.capture.recorder import _Recorder, built_calls, built_ops
 from simnccl.capture.result import Call, CaptureError, RankCapture
 from simnccl.capture_cli import DEFAULT_TIMEOUT_S
 from simnccl.ops import (
@@ -76,6 +76,13 @@ class _Spec:
 
 def _run_rank(spec: _Spec, rank: int) -> RankCapture:
     """Run the target as ``rank`` in this process and return what it called (the environment is restored)."""
+    compact = _run_rank_compact(spec, rank)
+    return RankCapture(rank, built_ops(compact.ops), built_calls(compact.calls), compact.notes)
+
+
+def _run_rank_compact(spec: _Spec, rank: int) -> RankCapture:
+    """``_run_rank`` with the ops and calls as the recorder holds them (compact ``new_group`` entries, see
+    ``_Recorder.record_new_group``): what a forked rank sends, for the parent to build once per distinct list."""
     recorder = _Recorder(rank, rank % spec.gpus_per_node, spec.checkpoints)
     saved_env = dict(os.environ)
     saved_hook = sys.excepthook  # init_process_group installs a "[rankN]" excepthook; keep the process's own
@@ -176,7 +183,7 @@ def _rank_child(spec: _Spec, rank: int, write_fd: int, log_path: str) -> NoRetur
     try:
         _forked_child(log_path)
         try:
-            data = _frame(_run_rank(spec, rank))
+            data = _frame(_run_rank_compact(spec, rank))
         except CaptureError as err:
             data = _frame(str(err))
         except BaseException as err:
@@ -191,7 +198,7 @@ def _rank_child(spec: _Spec, rank: int, write_fd: int, log_path: str) -> NoRetur
 
 def _frame(result: RankCapture | str) -> bytes:
     """A rank's result as bytes: ops, calls and notes pickled apart (the parent shares equal parts), or the
-    failure message."""
+    failure message. Ops and calls may be compact (``_run_rank_compact``): ``_Results`` builds them."""
     if isinstance(result, str):
         parts = [result.encode("utf-8", "replace")]
     else:
@@ -253,13 +260,16 @@ class _Results:
             at += length
         if not ok:
             raise CaptureError(parts[0].decode("utf-8", "replace"))
-        ops, calls, notes = (self._shared(part) for part in parts)
-        self.ranks[rank] = RankCapture(rank, ops, calls, notes)
+        ops, calls, notes = parts
+        self.ranks[rank] = RankCapture(
+            rank, self._shared(ops, built_ops), self._shared(calls, built_calls), self._shared(notes, tuple)
+        )
 
-    def _shared(self, part: bytes) -> Any:
-        key = hashlib.blake2b(part, digest_size=20).digest()
+    def _shared(self, part: bytes, build: Callable[[Any], Any]) -> Any:
+        """``build(unpickled part)``, once per distinct part (the key tells ops, calls and notes apart too)."""
+        key = hashlib.blake2b(part, digest_size=20, person=build.__name__.encode()[:16]).digest()
         if key not in self._parts:
-            self._parts[key] = pickle.loads(part)
+            self._parts[key] = build(pickle.loads(part))
         return self._parts[key]
 
 
@@ -357,10 +367,17 @@ def _run_forked(spec: _Spec, jobs: int, log_dir: str, forks: Any = None) -> list
     pending.reverse()
     running: dict[int, tuple[int, int, float, bytearray, str]] = {}  # fd -> (rank, pid, deadline, data, log)
     failures: dict[int, str] = {}  # rank -> its error message
+    finished: list[int] = []  # pids of ranks that sent their whole result, released once the next ones started
 
     def stop(fd: int) -> None:
         os.close(fd)
         forks.release(running.pop(fd)[1])
+
+    def done(fd: int) -> None:
+        """A rank closed its result pipe: it is exiting. It is reaped after the next ranks are started, so that
+        the wait for its exit (its memory unmapped) does not hold up the next fork."""
+        os.close(fd)
+        finished.append(running.pop(fd)[1])
 
     def failed(rank: int, message: str) -> None:
         failures[rank] = message
@@ -376,6 +393,8 @@ def _run_forked(spec: _Spec, jobs: int, log_dir: str, forks: Any = None) -> list
                     log = os.path.join(log_dir, f"rank_{rank}.log")
                     pid, fd = forks.spawn(rank, log)
                     running[fd] = (rank, pid, time.monotonic() + spec.timeout_s, bytearray(), log)
+                while finished:
+                    forks.release(finished.pop())
                 now = time.monotonic()
                 wait_s = max(0.0, min(entry[2] for entry in running.values()) - now)
                 ready, _, _ = select.select(list(running), [], [], min(wait_s, 1.0))
@@ -387,7 +406,7 @@ def _run_forked(spec: _Spec, jobs: int, log_dir: str, forks: Any = None) -> list
                     if chunk:
                         data.extend(chunk)
                         continue
-                    stop(fd)
+                    done(fd)
                     if not data:
                         failed(rank, f"rank {rank}: the capture process died without a result{_log_tail(log)}")
                         continue
@@ -407,6 +426,8 @@ def _run_forked(spec: _Spec, jobs: int, log_dir: str, forks: Any = None) -> list
     finally:
         for fd in list(running):
             stop(fd)
+        for pid in finished:
+            forks.release(pid)
         forks.close()
     if failures:
         raise CaptureError(failures[min(failures)])

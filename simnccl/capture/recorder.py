@@ -7,7 +7,7 @@ stale copy.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from torch.distributed import distributed_c10d as c10d
@@ -19,6 +19,7 @@ from simnccl.ops import (
     WORLD,
     Checkpoint,
     MemoryCheck,
+    NewGroup,
     Op,
 )
 
@@ -26,7 +27,11 @@ UNRECORDED = "unrecorded"  # the handle of a group whose creation was not seen (
 
 
 class _Recorder:
-    """One rank's ops and calls, group families, and the ProcessGroup -> handle map."""
+    """One rank's ops and calls, group families, and the ProcessGroup -> handle map.
+
+    ``ops`` and ``calls`` may hold a ``new_group`` call in compact form (``record_new_group``); ``built_ops`` and
+    ``built_calls`` turn them into the Ops and Calls they stand for.
+    """
 
     def __init__(self, rank: int, local_rank: int, checkpoints: bool) -> None:
         self.rank = rank
@@ -51,6 +56,16 @@ class _Recorder:
         """``add`` for a call whose arguments are plain already (the recording fast path)."""
         self.calls.append(call)
         self.append(op)
+
+    def record_new_group(self, fields: tuple[Any, ...], args: dict[str, Any], handle: str) -> None:
+        """``record`` of a ``NewGroup`` and its ``new_group`` Call, kept as their values: ``fields`` (NewGroup's
+        field values in order) and ``(args, handle)``. Why: Megatron makes ~2,900 such calls per rank at 512
+        ranks; building two frozen objects per call, then pickling them back to the parent, cost a fifth of a
+        rank's CPU, and every rank but the first sends the parent a list it already has (``ranks._Results``
+        builds each distinct list once)."""
+        self.calls.append((args, handle))
+        self.ops.extend(self.memory.changes())
+        self.ops.append(fields)
 
     def append(self, op: Op) -> None:
         """Append ``op`` after the tensor memory reserved since the last op (``alloc``/``empty_cache`` ops)."""
@@ -99,6 +114,16 @@ class _Recorder:
         if pg is None or pg is c10d.GroupMember.WORLD:
             return WORLD
         return self.handles.get(id(pg), UNRECORDED)
+
+
+def built_ops(items: Iterable[Any]) -> tuple[Op, ...]:
+    """A recorder's ``ops`` as Ops (a compact ``new_group`` entry, a tuple, becomes its ``NewGroup``)."""
+    return tuple(NewGroup(*item) if type(item) is tuple else item for item in items)
+
+
+def built_calls(items: Iterable[Any]) -> tuple[Call, ...]:
+    """A recorder's ``calls`` as Calls (a compact ``new_group`` entry, a tuple, becomes its ``Call``)."""
+    return tuple(Call("new_group", *item) if type(item) is tuple else item for item in items)
 
 
 _ACTIVE: _Recorder | None = None
