@@ -18,7 +18,6 @@ from simnccl.backends import lifecycle
 from simnccl.c10d import NON_GROUP_MEMBER, GroupPlan, Members, TorchError, plan_split_group, split_source, world_ranks
 from simnccl.engine.comms import Comms
 from simnccl.engine.fast.classes import RankClasses
-from simnccl.engine.fast.fanout import MemberFanout
 from simnccl.engine.fast.histories import SharedHistories
 from simnccl.engine.groups import Groups
 from simnccl.engine.memory import Memory
@@ -91,7 +90,6 @@ class Cohorts:
         self.policy_gate = policy_gate
         self.histories = histories
         self.classes = classes
-        self.fanout = MemberFanout(sim, groups, comms, memory)
         self._probes: dict[tuple[object, ...], GroupPlan] = {}  # rank 0's outsider plans in the current block
         self.program = program
         # Per op of the shared program, whether a cohort may take it (ops are immutable: decided once).
@@ -206,10 +204,6 @@ class Cohorts:
         executed = splits = 0
         binds: set[str] = set()
         failed = False
-
-        def fail(rt: RankRuntime, err: TorchError | SimulatedOOM) -> None:
-            cohort.failures[rt.rank] = (rt.pc, err)  # re-raised in that rank's own process
-
         while pc < len(ops) and starts_block(ops[pc]) and not failed:
             op = ops[pc]
             decided: tuple[GroupRequest, GroupDecision] | None = None
@@ -239,17 +233,16 @@ class Cohorts:
                 clock += self.sim.profile.timing.split_s
             self.sim.clock = clock
             child_id = self.comms.registry.new_id() if is_split else None
-            member_plans = ((ranks[rank], plan) for rank, plan in plans.items() if plan.member)
-            if child_id is not None and self.classes.enabled and self.fanout.enabled:  # a split: members fanned out
-                self.fanout.apply(member_plans, op, pc, child_id, clock, self._apply_member_plan, fail)
-            else:
-                for rt, plan in member_plans:
-                    rt.pc = pc
-                    try:
-                        self._apply_member_plan(rt, plan, op, child_id)
-                    except (TorchError, SimulatedOOM) as err:
-                        fail(rt, err)
-            failed = failed or bool(cohort.failures)
+            for rank, plan in plans.items():
+                if not plan.member:
+                    continue
+                rt = ranks[rank]
+                rt.pc = pc
+                try:
+                    self._apply_member_plan(rt, plan, op, child_id)
+                except (TorchError, SimulatedOOM) as err:
+                    cohort.failures[rank] = (pc, err)  # re-raised in that rank's own process
+                    failed = True
             self.sim.clock = None
             self.record(clock, "cohort", pc, op.name, len(plans))
             self.guard.work += len(plans) + 1
