@@ -51,7 +51,6 @@ from __future__ import annotations
 import _thread
 import argparse
 import gc
-import itertools
 import math
 import os
 import resource
@@ -117,23 +116,26 @@ class Partition:
 
 
 def _grid_groups(sizes: Sequence[tuple[str, int]], vary: set[str]) -> tuple[Ranks, ...]:
-    """Groups of a rank grid (first dim fastest): ranks that differ only along ``vary``, one group per fix."""
+    """Groups of a rank grid (first dim fastest): ranks that differ only along ``vary``, one group per fix.
+
+    A group is its first rank plus the same offsets as every other group (sorted once), so building the
+    131,072-rank startup costs one addition per membership, not a sum over the dims per rank."""
     strides: dict[str, int] = {}
     stride = 1
     for name, size in sizes:
         strides[name] = stride
         stride *= size
+
+    def offsets(dims: Sequence[tuple[str, int]]) -> list[int]:
+        """Every combination's offset, the last dim outermost (``itertools.product`` order)."""
+        out = [0]
+        for name, size in dims:
+            out = [o + c * strides[name] for c in range(size) for o in out]
+        return out
+
     fixed = [(n, s) for n, s in sizes if n not in vary]
-    varying = [(n, s) for n, s in sizes if n in vary]
-    groups = []
-    for fix in itertools.product(*(range(s) for _, s in reversed(fixed))):
-        base = sum(c * strides[n] for c, (n, _) in zip(fix, reversed(fixed), strict=True))
-        ranks = [
-            base + sum(c * strides[n] for c, (n, _) in zip(var, varying, strict=True))
-            for var in itertools.product(*(range(s) for _, s in varying))
-        ]
-        groups.append(tuple(sorted(ranks)))
-    return tuple(groups)
+    varying = sorted(offsets([(n, s) for n, s in sizes if n in vary]))
+    return tuple(tuple([base + o for o in varying]) for base in offsets(fixed))
 
 
 def megatron_partitions(world: int, dims: Dims = Dims()) -> tuple[Partition, ...]:

@@ -66,6 +66,29 @@ def test_each_rank_is_a_member_of_one_group_per_covering_partition(startup) -> N
         assert covered == list(range(WORLD)), part.bind
 
 
+def test_grid_groups_are_the_ranks_that_agree_outside_the_varied_dims() -> None:
+    """The fast builder (one offset list per partition) against the definition: ranks of a grid (first dim
+    fastest) grouped by their coordinates in the fixed dims, groups ordered by those coordinates with the
+    last dim outermost, members ascending."""
+    sizes = [("a", 2), ("b", 3), ("c", 2), ("d", 2)]
+    world = 2 * 3 * 2 * 2
+
+    def coords(rank: int) -> dict[str, int]:
+        out = {}
+        for name, size in sizes:
+            rank, out[name] = divmod(rank, size)
+        return out
+
+    for vary in ({"a"}, {"b"}, {"d"}, {"a", "c"}, {"b", "d"}, {"a", "b", "c", "d"}, set()):
+        fixed = [n for n, _ in sizes if n not in vary]
+        by_fix: dict[tuple[int, ...], list[int]] = {}
+        for rank in range(world):
+            c = coords(rank)
+            by_fix.setdefault(tuple(c[n] for n in reversed(fixed)), []).append(rank)
+        expected = tuple(tuple(by_fix[key]) for key in sorted(by_fix))
+        assert bench._grid_groups(sizes, vary) == expected, vary
+
+
 def test_default_layout_at_512_matches_the_brief() -> None:
     big = bench.build_startup(512)
     assert big.new_group_calls == 2765
