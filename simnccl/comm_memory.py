@@ -172,6 +172,8 @@ class Pricer:
         self._views: dict[tuple[int, int], tuple[Breakdown, tuple[int, ...], tuple[Any, ...], Breakdown]] = {}
         # Per (environment, options) key: the settings the model reads of them, and those as a hashable key.
         self._settings: dict[tuple[Any, ...], tuple[NcclSettings, tuple[Any, ...]]] = {}
+        # (id(breakdown held), what the model reads of a use) -> (that breakdown, the next, the parts it adds).
+        self._steps: dict[tuple[int, tuple[Any, ...]], tuple[Breakdown, Breakdown, tuple[Part, ...]]] = {}
         # One CommMemory per rank class (``create(..., shareable=True)``), and the ids of those shared objects.
         self._classes: dict[tuple[Any, ...], CommMemory] = {}
         self._class_ids: set[int] = set()
@@ -341,19 +343,35 @@ class Pricer:
         if key in memory.use_keys:
             return ()
         memory.use_keys.add(key)
+        was_exact = memory.exact
         if collective in P2P_COLLECTIVES:
             new = Use(collective, peers=None if peer is None else (peer,))
             memory.exact = True  # explicit peers are priced on the real rank numbers
         else:
             new = Use(collective, nbytes)
         m = memory
+        # Without a sharing parent (whose state moves) and with the pricing unchanged (a first send/recv makes it
+        # exact), what the rank holds is what the model priced for its inputs so far: the step to the next
+        # breakdown depends on that breakdown and what the model reads of the use only (``_model``'s key), and
+        # is taken once per run.
+        step_key = None
+        if m.parent is None and m.exact == was_exact:
+            step_key = (id(m.breakdown), self._read(new))
+            step = self._steps.get(step_key)
+            if step is not None and step[0] is m.breakdown:
+                memory.uses = (*memory.uses, new)
+                memory.breakdown = step[1]
+                return step[2]
         before = self._priced(m.shape, m.exact, m.env, m.options, m.uses, m.parent, m.members)
         after = self._priced(m.shape, m.exact, m.env, m.options, (*m.uses, new), m.parent, m.members, before=before)
         if after.parts[: len(before.parts)] != before.parts:  # pragma: no cover - the model appends in order
             raise AssertionError("NCCL model: a first use changed what earlier phases paid")
+        paid = after.parts[len(before.parts) :]
+        if step_key is not None and before is m.breakdown:
+            self._steps[step_key] = (before, after, paid)
         memory.uses = (*memory.uses, new)
         memory.breakdown = after
-        return after.parts[len(before.parts) :]
+        return paid
 
     # ------------------------------------------------------------------ the model, cached
 

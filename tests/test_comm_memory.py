@@ -349,6 +349,27 @@ def test_environments_that_mean_the_same_to_nccl_share_one_breakdown(monkeypatch
     assert eager.breakdown == scratch
 
 
+def test_a_first_use_from_a_breakdown_already_stepped_is_taken_without_pricing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Ranks of one class holding the same breakdown step to the same next one on the same kind of first use
+    (what the model reads of it: 4 and 64 MiB alike); after the first, a run takes the step without pricing,
+    paying the same parts. A first send/recv changes the pricing (exact ranks) and is priced afresh."""
+    pricer = Pricer(PROFILE, Cluster(get_gpu_kind("h100-80gb"), 3, 2).node_of)
+    world = tuple(range(6))  # ranks 2 and 4: first on a leaf node each, one class
+    first, second = (pricer.own(pricer.create(world, r, {}, shareable=True), r) for r in (2, 4))
+    assert first.breakdown is second.breakdown
+    paid = pricer.use(first, "all_reduce", 4 * MIB)
+    priced = []
+    real = pricer._priced
+    monkeypatch.setattr(pricer, "_priced", lambda *a, **kw: priced.append(1) or real(*a, **kw))
+    assert pricer.use(second, "all_reduce", 64 * MIB) == paid
+    assert second.breakdown is first.breakdown and priced == []
+    assert second.uses[-1] == Use("all_reduce", 64 * MIB)
+    pricer.use(second, "send", peer=3)
+    assert priced and second.exact
+
+
 def test_sharing_children_alike_up_to_relabelling_are_priced_once_from_their_parents_view(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
