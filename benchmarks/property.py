@@ -11,6 +11,9 @@ What is measured, in ONE process (no xdist), the loop a property test pays per e
    hypothesis run (generation, simulation, checks, hypothesis' own bookkeeping).
 2. **Simulation only**: the same N cases simulated again, without hypothesis: ``sim_programs_per_s``.
 3. **Generation only**: the share of (1) that is neither simulation nor checking.
+4. **Hypothesis' floor**: the same number of examples of a trivial strategy making as many bounded-integer
+   choices as a case makes on average (``FLOOR_DRAWS``), nothing simulated: what hypothesis alone costs an
+   example, below which no strategy or simulator change can take (1).
 
 Every example is checked: a failed invariant exits 1 (a benchmark of a broken simulator measures nothing).
 The cases are derandomized by ``--seed`` so two runs measure the same programs.
@@ -32,6 +35,7 @@ import sys
 import time
 
 from hypothesis import HealthCheck, given, seed, settings
+from hypothesis import strategies as st
 
 from simnccl.testing import invariants as inv
 from simnccl.testing.replay import SimCase
@@ -39,6 +43,34 @@ from simnccl.testing.strategies import cases
 
 WORLD = 8
 MAX_OPS = 30
+# Bounded-integer choices a case of ``cases(min_world=8, max_world=8, max_ops=30)`` makes on average (13.4,
+# counted over 300 cases of seed 0 at 3145d2c): the floor's examples make as many.
+FLOOR_DRAWS = 13
+
+
+def hypothesis_floor(examples: int, seed_value: int) -> float:
+    """CPU seconds hypothesis takes for ``examples`` examples of ``FLOOR_DRAWS`` integer choices each."""
+    choice = st.integers(0, 255)
+
+    @st.composite
+    def choices(draw: st.DrawFn) -> list[int]:  # drawn as ``cases`` draws: inside one composite strategy
+        return [draw(choice) for _ in range(FLOOR_DRAWS)]
+
+    @seed(seed_value)
+    @settings(
+        max_examples=examples,
+        deadline=None,
+        database=None,
+        phases=["generate"],
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(choices())
+    def trivial(values: list[int]) -> None:
+        pass
+
+    cpu_start = time.process_time()
+    trivial()
+    return time.process_time() - cpu_start
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -87,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
         case.run()
     sim_only, sim_only_cpu = time.perf_counter() - start, time.process_time() - cpu_start
 
+    floor_cpu = hypothesis_floor(n, args.seed)
+
     programs_per_s = n / wall
     sim_programs_per_s = n / sim_only
     print(f"  programs:                 {n} (ops per rank: mean {statistics.mean(ops):.1f}, max {max(ops)})")
@@ -102,6 +136,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(f"  simulation only (rerun):  {sim_only:.2f} s  -> {sim_programs_per_s:.0f} programs/s")
     print(f"    in CPU seconds:         {sim_only_cpu:.2f} s  -> {n / sim_only_cpu:.0f} programs/s")
+    print(
+        f"  hypothesis' floor:        {floor_cpu:.2f} CPU s -> {n / floor_cpu:.0f} examples/s "
+        f"({FLOOR_DRAWS} integer choices an example, nothing simulated)"
+    )
     print(f"  target >= 300 programs/s: {'met' if programs_per_s >= 300 else 'NOT met'}")
     print(
         f"programs_per_s={programs_per_s:.1f} sim_programs_per_s={sim_programs_per_s:.1f} "

@@ -36,11 +36,11 @@ from __future__ import annotations
 import functools
 import itertools
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from simnccl.memory import mib_to_bytes
-from simnccl.nccl import Breakdown, Part, Use, communicator_bytes, constants, settings_from
+from simnccl.nccl import Breakdown, NcclSettings, Part, Use, communicator_bytes, constants, settings_from
 from simnccl.ops import NO_OPTIONS, PgOptions
 from simnccl.profiles import Profile
 
@@ -170,7 +170,10 @@ class Pricer:
         self._members_of: dict[tuple[int, int], tuple[Sequence[int], Sequence[int], tuple[int, ...]]] = {}
         # Per (sharing parent's breakdown, members) objects: what a split child's model reads of that parent.
         self._views: dict[tuple[int, int], tuple[Breakdown, tuple[int, ...], tuple[Any, ...], Breakdown]] = {}
-        self._shares: dict[tuple[Any, ...], bool] = {}
+        # Per (environment, options) key: the settings the model reads of them, and those as a hashable key.
+        self._settings: dict[tuple[Any, ...], tuple[NcclSettings, tuple[Any, ...]]] = {}
+        # (id(breakdown held), what the model reads of a use) -> (that breakdown, the next, the parts it adds).
+        self._steps: dict[tuple[int, tuple[Any, ...]], tuple[Breakdown, Breakdown, tuple[Part, ...]]] = {}
         # One CommMemory per rank class (``create(..., shareable=True)``), and the ids of those shared objects.
         self._classes: dict[tuple[Any, ...], CommMemory] = {}
         self._class_ids: set[int] = set()
@@ -271,11 +274,20 @@ class Pricer:
 
     def _split_share(self, env: tuple[tuple[str, str], ...], options: tuple[tuple[str, Any], ...]) -> bool:
         """Whether a communicator created under ``env`` and ``options`` lets its split children share."""
+        return self._settings_of(env, options)[0].split_share
+
+    def _settings_of(
+        self, env: tuple[tuple[str, str], ...], options: tuple[tuple[str, Any], ...]
+    ) -> tuple[NcclSettings, tuple[Any, ...]]:
+        """What the model reads of ``env`` and ``options`` (``settings_from``, all it reads of them), and that as
+        a key: environments that mean the same to NCCL (a knob set to its default, or left unset) share the
+        process's breakdowns (``_model``)."""
         key = (env, options)
-        share = self._shares.get(key)
-        if share is None:
-            share = self._shares[key] = settings_from(dict(env), dict(options)).split_share
-        return share
+        entry = self._settings.get(key)
+        if entry is None:
+            settings = settings_from(dict(env), dict(options))
+            entry = self._settings[key] = (settings, settings_key(settings))
+        return entry
 
     def _node_sizes(self, ranks: Sequence[int]) -> tuple[int, ...]:
         """The group's ranks per node, in rank order (a node counted where it first appears)."""
@@ -331,19 +343,35 @@ class Pricer:
         if key in memory.use_keys:
             return ()
         memory.use_keys.add(key)
+        was_exact = memory.exact
         if collective in P2P_COLLECTIVES:
             new = Use(collective, peers=None if peer is None else (peer,))
             memory.exact = True  # explicit peers are priced on the real rank numbers
         else:
             new = Use(collective, nbytes)
         m = memory
+        # Without a sharing parent (whose state moves) and with the pricing unchanged (a first send/recv makes it
+        # exact), what the rank holds is what the model priced for its inputs so far: the step to the next
+        # breakdown depends on that breakdown and what the model reads of the use only (``_model``'s key), and
+        # is taken once per run.
+        step_key = None
+        if m.parent is None and m.exact == was_exact:
+            step_key = (id(m.breakdown), self._read(new))
+            step = self._steps.get(step_key)
+            if step is not None and step[0] is m.breakdown:
+                memory.uses = (*memory.uses, new)
+                memory.breakdown = step[1]
+                return step[2]
         before = self._priced(m.shape, m.exact, m.env, m.options, m.uses, m.parent, m.members)
         after = self._priced(m.shape, m.exact, m.env, m.options, (*m.uses, new), m.parent, m.members, before=before)
         if after.parts[: len(before.parts)] != before.parts:  # pragma: no cover - the model appends in order
             raise AssertionError("NCCL model: a first use changed what earlier phases paid")
+        paid = after.parts[len(before.parts) :]
+        if step_key is not None and before is m.breakdown:
+            self._steps[step_key] = (before, after, paid)
         memory.uses = (*memory.uses, new)
         memory.breakdown = after
-        return after.parts[len(before.parts) :]
+        return paid
 
     # ------------------------------------------------------------------ the model, cached
 
@@ -388,10 +416,12 @@ class Pricer:
     ) -> Breakdown:
         """``communicator_bytes``, through the process's cache for this profile (``_BREAKDOWNS``): a pure
         function of the key, where a use enters as what the model reads of it (an all_reduce of 4 MiB and one
-        of 64 MiB connect the same), and a sharing parent as the very breakdown it holds, kept beside it.
+        of 64 MiB connect the same), the environment and options as the settings they make (the model reads
+        them only through ``settings_from``), and a sharing parent as the very breakdown it holds, kept beside it.
         ``sizes``/``even``: the run's interned node sizes and whether they are even (``_layout``); the run's layout
         number cannot key a cache shared by runs, the interned tuple can, and this runs only on the run's misses."""
-        key: tuple[Any, ...] = (shape.nranks, sizes, rank, env, options, tuple(map(self._read, uses)))
+        settings = self._settings_of(env, options)[1]
+        key: tuple[Any, ...] = (shape.nranks, sizes, rank, settings, tuple(map(self._read, uses)))
         view = None
         if parent is not None:
             assert members is not None
@@ -463,6 +493,19 @@ class Pricer:
         thresholds it falls (``simnccl.nccl.algorithms``; no size is the rule's default size)."""
         n = self._default_bytes if use.nbytes is None else use.nbytes
         return (use.collective, use.peers, n < self._tree_below, n < self._pat_below)
+
+
+def settings_key(settings: NcclSettings) -> tuple[Any, ...]:
+    """``settings`` as a hashable value, equal exactly when the settings are (sets and NCCL_ALGO's table sorted)."""
+
+    def plain(value: Any) -> Any:
+        if isinstance(value, frozenset | set):
+            return tuple(sorted(value))
+        if isinstance(value, Mapping):
+            return tuple(sorted((k, plain(v)) for k, v in value.items()))
+        return value
+
+    return tuple(plain(getattr(settings, f.name)) for f in fields(settings))
 
 
 # Breakdowns by profile, shared by every engine of the process: a property run simulates thousands of small

@@ -21,6 +21,7 @@ def test_benchmark_prints_its_figures_for_the_programs_it_drew(capsys: pytest.Ca
     lines = capsys.readouterr().out.splitlines()
     assert LAST_LINE.fullmatch(lines[-1]), lines[-1]
     assert any(line.strip().startswith("programs:                 15 ") for line in lines)
+    assert any(line.strip().startswith("hypothesis' floor:") for line in lines)  # hypothesis alone, for scale
 
 
 def test_a_failed_invariant_fails_the_benchmark(

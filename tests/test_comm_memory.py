@@ -318,6 +318,58 @@ def test_runs_of_one_process_share_breakdowns_keyed_by_what_the_model_reads() ->
     assert children[1] < children[0]  # the second child reused its parent's ring
 
 
+def test_environments_that_mean_the_same_to_nccl_share_one_breakdown(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The model reads the environment only through the settings it makes (``settings_from``): knobs set to
+    their defaults price as unset — the very same breakdown, before and after a use — while a knob that
+    changes a setting gets its own, equal to pricing it from scratch."""
+    import simnccl.comm_memory as comm_memory
+
+    monkeypatch.setattr(comm_memory, "_BREAKDOWNS", {})
+    node_of = Cluster(get_gpu_kind("h100-80gb"), 1, 8).node_of
+    defaults = {"NCCL_RUNTIME_CONNECT": "1", "NCCL_COMM_SPLIT_SHARE_RESOURCES": "0"}
+    unset, spelled = Pricer(PROFILE, node_of).create((0, 1), 0, {}), Pricer(PROFILE, node_of)
+    same = spelled.create((0, 1), 0, defaults)
+    assert same.breakdown is unset.breakdown
+    Pricer(PROFILE, node_of).use(unset, "all_reduce", MIB)
+    spelled.use(same, "all_reduce", MIB)
+    assert same.breakdown is unset.breakdown
+    eager_env = {"NCCL_RUNTIME_CONNECT": "0"}
+    eager = Pricer(PROFILE, node_of).create((0, 1), 0, eager_env)
+    assert eager.breakdown != unset.breakdown
+    scratch = communicator_bytes(
+        PROFILE.topology,
+        2,
+        2,
+        1,
+        PROFILE.nccl_version,
+        env=eager_env,
+        fixed_overhead_bytes=spelled.fixed_bytes,
+        fixed_overhead_source=spelled.fixed_source,
+    )
+    assert eager.breakdown == scratch
+
+
+def test_a_first_use_from_a_breakdown_already_stepped_is_taken_without_pricing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Ranks of one class holding the same breakdown step to the same next one on the same kind of first use
+    (what the model reads of it: 4 and 64 MiB alike); after the first, a run takes the step without pricing,
+    paying the same parts. A first send/recv changes the pricing (exact ranks) and is priced afresh."""
+    pricer = Pricer(PROFILE, Cluster(get_gpu_kind("h100-80gb"), 3, 2).node_of)
+    world = tuple(range(6))  # ranks 2 and 4: first on a leaf node each, one class
+    first, second = (pricer.own(pricer.create(world, r, {}, shareable=True), r) for r in (2, 4))
+    assert first.breakdown is second.breakdown
+    paid = pricer.use(first, "all_reduce", 4 * MIB)
+    priced = []
+    real = pricer._priced
+    monkeypatch.setattr(pricer, "_priced", lambda *a, **kw: priced.append(1) or real(*a, **kw))
+    assert pricer.use(second, "all_reduce", 64 * MIB) == paid
+    assert second.breakdown is first.breakdown and priced == []
+    assert second.uses[-1] == Use("all_reduce", 64 * MIB)
+    pricer.use(second, "send", peer=3)
+    assert priced and second.exact
+
+
 def test_sharing_children_alike_up_to_relabelling_are_priced_once_from_their_parents_view(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -197,12 +197,19 @@ _point_to_point = functools.lru_cache(maxsize=512)(conns.point_to_point)
 def _connect(ctx: _Context, ledger: _Ledger, algorithm: str, wanted: Sequence[conns.Connection], paid_at: str) -> None:
     """Charge the connections of ``wanted`` not made yet, grouped by side and transport."""
     c = constants()
-    fresh = conns.unique(wanted, ledger.connected)
+    # ``conns.unique(wanted, ledger.connected)``, marking each connection made as it goes, without copying what
+    # is connected already (a communicator's whole history, copied at each first use).
+    connected = ledger.connected
+    fresh = []
     groups: dict[tuple[str, str], list[conns.Connection]] = {}
     reused = 0
-    for conn in fresh:
-        ledger.connected.add(conn.key)
-        if _parent_has(ctx, conn.key):
+    for conn in wanted:
+        key = conn.key
+        if key in connected:
+            continue
+        connected.add(key)
+        fresh.append(conn)
+        if _parent_has(ctx, key):
             reused += 1
             continue
         groups.setdefault((conn.direction, conn.transport), []).append(conn)
@@ -336,6 +343,24 @@ def _use(ctx: _Context, ledger: _Ledger, use: Use) -> None:
         _algorithm(ctx, ledger, algorithm, paid_at)
 
 
+def _settings(env: Mapping[str, str] | None, options: Mapping[str, Any] | None) -> NcclSettings:
+    """``settings_from``, once per distinct environment and options (a property run prices thousands of
+    communicators under a handful of them); unhashable input is read afresh."""
+    try:
+        key = (tuple(sorted(env.items())) if env else (), tuple(sorted(options.items())) if options else ())
+        cached = _SETTINGS.get(key)
+    except TypeError:
+        return settings_from(env, options)
+    if cached is None:
+        cached = settings_from(env, options)
+        if len(_SETTINGS) < 4096:
+            _SETTINGS[key] = cached
+    return cached
+
+
+_SETTINGS: dict[tuple[Any, ...], NcclSettings] = {}
+
+
 def _as_use(use: Use | str) -> Use:
     return use if isinstance(use, Use) else Use(str(use))
 
@@ -386,7 +411,7 @@ def communicator_bytes(
     topo = topology_for(topology) if isinstance(topology, str) else topology
     layout = Layout(nranks, local_ranks, nodes, rank, tuple(node_sizes or ()))
     version = NcclVersion.parse(nccl_version)
-    settings = settings_from(env, options)
+    settings = _settings(env, options)
     cumem_default = version.feature("cumem_default_since")
     cumem = settings.cumem_supported and (settings.cumem_enable if settings.cumem_enable is not None else cumem_default)
     runtime_connect = version.feature("runtime_connect_since") and cumem and settings.runtime_connect

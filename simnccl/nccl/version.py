@@ -25,12 +25,20 @@ class NcclVersion:
 
     @classmethod
     def parse(cls, text: str) -> NcclVersion:
+        """Raises NcclInputError for a malformed version. Parsed once per text: ``feature`` parses a threshold
+        at every question, and the model asks several per communicator priced."""
+        cached = _PARSED.get((cls, text)) if isinstance(text, str) else None
+        if cached is not None:
+            return cached
         match = _VERSION.match(str(text).strip())
         if not match:
             raise NcclInputError(f"nccl_version: expected MAJOR.MINOR[.PATCH][+patch], e.g. 2.30.7, got {text!r}")
         major, minor, patch, suffix = match.groups()
         patches = frozenset(p for p in suffix.split("+") if p)
-        return cls((int(major), int(minor), int(patch or 0)), patches, str(text).strip())
+        parsed = cls((int(major), int(minor), int(patch or 0)), patches, str(text).strip())
+        if isinstance(text, str) and len(_PARSED) < 1024:  # versions are a handful of texts; bounded all the same
+            _PARSED[(cls, text)] = parsed
+        return parsed
 
     def at_least(self, threshold: str) -> bool:
         return self.numbers >= NcclVersion.parse(threshold).numbers
@@ -49,3 +57,6 @@ class NcclVersion:
 
     def __str__(self) -> str:
         return self.text
+
+
+_PARSED: dict[tuple[type[NcclVersion], str], NcclVersion] = {}

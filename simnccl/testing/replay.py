@@ -15,6 +15,7 @@ spec and dataclass fields (``simnccl.policy.describe_policy``) and the replay re
 
 from __future__ import annotations
 
+import _signal  # signal's C core: ``signal.signal`` wraps every handler it returns in an enum (see _alarm)
 import argparse
 import contextlib
 import json
@@ -44,11 +45,16 @@ class CaseTimeout(RuntimeError):
 
 
 @contextlib.contextmanager
-def _alarm(seconds: float, what: str, error: Callable[[], BaseException] | None = None) -> Iterator[None]:
+def _alarm(
+    seconds: float, what: str | Callable[[], str], error: Callable[[], BaseException] | None = None
+) -> Iterator[None]:
     """Raise ``error()`` after ``seconds`` (main thread on POSIX only; elsewhere a no-op).
 
-    ``error``: the exception class or factory to raise (``simnccl.capture`` raises a BaseException there, which
-    the captured code cannot swallow); None raises CaseTimeout naming ``what``.
+    ``what``: the run it guards, or a function giving it (called only if the alarm fires: a property run
+    guards thousands of cases). ``error``: the exception class or factory to raise (``simnccl.capture`` raises
+    a BaseException there, which the captured code cannot swallow); None raises CaseTimeout naming ``what``.
+    The handler is swapped through ``_signal``, signal's C core: the same calls without converting the
+    previous handler to an enum, which was ~5% of a property run (benchmarks/property.py, sampled).
     """
     if not hasattr(signal, "setitimer") or threading.current_thread() is not threading.main_thread():
         yield
@@ -57,15 +63,16 @@ def _alarm(seconds: float, what: str, error: Callable[[], BaseException] | None 
     def fire(signum: int, frame: Any) -> None:
         if error is not None:
             raise error()
-        raise CaseTimeout(f"{what}: still simulating after {seconds:g} s of wall time (a runaway engine loop)")
+        described = what if isinstance(what, str) else what()
+        raise CaseTimeout(f"{described}: still simulating after {seconds:g} s of wall time (a runaway engine loop)")
 
-    previous = signal.signal(signal.SIGALRM, fire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
+    previous = _signal.signal(signal.SIGALRM, fire)
+    _signal.setitimer(signal.ITIMER_REAL, seconds)
     try:
         yield
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+        _signal.setitimer(signal.ITIMER_REAL, 0)
+        _signal.signal(signal.SIGALRM, previous)
 
 
 @dataclass(frozen=True)
@@ -128,7 +135,7 @@ class SimCase:
             lists: dict[int, list[Op]] = {}
             program = [lists.setdefault(id(p), list(p)) for p in self.programs]
         _count_simulation(self, chosen)
-        with _alarm(CASE_WALL_S, f"a {self.world_size}-rank case under policy {policy_label(chosen)!r}"):
+        with _alarm(CASE_WALL_S, lambda: f"a {self.world_size}-rank case under policy {policy_label(chosen)!r}"):
             outcome = harness.simulate(
                 program,
                 gpu=self.gpu,
