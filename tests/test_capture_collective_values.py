@@ -120,3 +120,22 @@ def test_the_fake_cuda_generator_keeps_torchs_philox_state_protocol() -> None:
     assert generator.initial_seed() == 1234 and not torch.equal(torch.rand(6, generator=generator), drawn)
     with pytest.raises(RuntimeError, match="wrong size"):
         generator.set_state(torch.get_rng_state())
+
+
+def test_ranks_issuing_different_collectives_on_a_group_get_a_note_naming_it() -> None:
+    def branching() -> None:
+        _startup()
+        x = torch.ones(4, device="cuda")
+        for _ in range(1 + dist.get_rank()):  # a data- or rank-dependent loop
+            dist.all_reduce(x)
+
+    def spmd() -> None:
+        _startup()
+        dist.all_reduce(torch.ones(4, device="cuda"))
+
+    run = cap.capture(branching, 2, mode="inline")
+    notes = [n for n in run.notes if "different numbers of collectives" in n]
+    assert len(notes) == 1 and "ranks 0: 1; ranks 1: 2" in notes[0], run.notes
+    assert notes[0] in run.summary()
+    assert run.simulate().verdict == "hang"  # the note explains; it never changes the verdict
+    assert not any("different numbers" in n for n in cap.capture(spmd, 2, mode="inline").notes)

@@ -10,6 +10,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from simnccl.capture.divergence import divergence_note
 from simnccl.capture.environment import DEFAULT_GPU
 from simnccl.capture.intercept import _intercepted
 from simnccl.capture.ranks import _run_forked, _run_inline, _Spec
@@ -174,6 +175,9 @@ def _assemble(
                 notes.append(note)
     if not any(isinstance(op, InitProcessGroup) for p in shared.values() for op in p.ops):
         notes.append("no rank called init_process_group: nothing distributed was captured")
+    diverging = divergence_note(programs)
+    if diverging:
+        notes.append(diverging)
     unmodelled = unmodelled_options(list(shared.values()))
     if unmodelled:
         notes.append(_unmodelled_text(unmodelled))
