@@ -37,8 +37,8 @@ class _Recorder:
         self.rank = rank
         self.local_rank = local_rank
         self.checkpoints = checkpoints
-        self.ops: list[Op] = []
-        self.calls: list[Call] = []
+        self.ops: list[Op | tuple[Any, ...]] = []  # a tuple: a compact new_group (record_new_group)
+        self.calls: list[Call | tuple[dict[str, Any], str]] = []
         self.notes: list[str] = []
         self.handles: dict[int, str] = {}  # id(ProcessGroup) -> handle
         self.groups: list[Any] = []  # keep the ProcessGroups alive so ids stay unique
@@ -64,10 +64,9 @@ class _Recorder:
         rank's CPU, and every rank but the first sends the parent a list it already has (``ranks._Results``
         builds each distinct list once)."""
         self.calls.append((args, handle))
-        self.ops.extend(self.memory.changes())
-        self.ops.append(fields)
+        self.append(fields)
 
-    def append(self, op: Op) -> None:
+    def append(self, op: Op | tuple[Any, ...]) -> None:
         """Append ``op`` after the tensor memory reserved since the last op (``alloc``/``empty_cache`` ops)."""
         self.ops.extend(self.memory.changes())
         self.ops.append(op)
