@@ -19,6 +19,8 @@ offset itself as DTensor does, sees exactly torch's behaviour.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 
 _STATE_BYTES = 16  # torch's CUDA generator state: seed (uint64) then offset (uint64), little-endian
@@ -71,6 +73,10 @@ class PhiloxStateGenerator(torch.Generator):
         as with Philox, what is drawn is a function of the state alone, so a saved state restored draws again
         exactly what followed it."""
         self._reset(self._seed, self._offset + (max(values, 0) + 3) // 4 * 4)
+
+    def advance_past(self, drawn: Iterable[torch.Tensor]) -> None:
+        """``advance`` past every value of the tensors a random op drew into."""
+        self.advance(sum(tensor.numel() for tensor in drawn))
 
     def _reset(self, seed: int, offset: int) -> None:
         self._seed, self._offset = seed & _U64, offset & _U64

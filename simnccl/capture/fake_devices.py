@@ -244,7 +244,7 @@ class _Placement(TorchDispatchMode):
             kwargs = {**kwargs, "generator": drawing}
         out = func(*args, **kwargs)
         if drawing is not None:
-            drawing.advance(sum(tensor.numel() for tensor in _tensors(out)))
+            drawing.advance_past(_tensors(out))
         if index is not None:
             for tensor in _tensors(out):
                 storage = _storage(tensor)
@@ -331,7 +331,7 @@ class _CudaAsCpu(TorchFunctionMode):
                 with self.placement.placing(index):
                     made = func(*args, **moved)
                 if drawing is not None:
-                    drawing.advance(sum(tensor.numel() for tensor in _tensors(made)))
+                    drawing.advance_past(_tensors(made))
                 return made
         return func(*args, **kwargs)
 
