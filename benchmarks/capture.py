@@ -12,15 +12,23 @@ Why: issue 12 asks that Megatron TP8·PP4·DP16 (512 ranks, ~2,900 ``new_group``
   tests/framework_startups.py's ``megatron_startup`` (ranks fork from that process).
 
 Figures per run: wall seconds from start to exit (the import of torch and Megatron included), CPU seconds of the
-whole tree (user + system, children included), the peak of the tree's memory sampled every 0.2 s — as PSS
-(proportional set size: a page shared by N processes counts 1/N to each, so the sum is the memory the tree really
-holds) and as the plain sum of RSS (counts every shared page once per process; an upper bound) — the size of the
+whole tree (user + system, children included), the peak of the tree's memory — as PSS (proportional set size:
+a page shared by N processes counts 1/N to each, so the sum is the memory the tree really holds) and as the plain
+sum of RSS (counts every shared page once per process; an upper bound) — the size of the
 ``--json`` document (cli), and the load average while it ran (the machine is shared: wall time moves with it, CPU
 time much less; a run past ``--limit-s``, default 600 s, is killed and reported with rc -9). Layouts: 8 ranks
 TP2·PP2·DP2, 64 ranks TP8·PP4·DP2, 512 ranks TP8·PP4·DP16; others TP8·PP4 when they divide the world, else TP2·PP2.
 
 The LAST line is exactly ``capture_megatron512_cli_s=<x> api_s=<y> peak_pss_mib=<z>`` (the largest world
 measured; missing figures are ``nan``).
+
+The sampler must not slow what it measures. RSS comes from ``/proc/PID/statm`` (a counter: ~0.05 ms) every
+0.2 s. PSS needs ``/proc/PID/smaps_rollup``, which walks the page tables of a process holding torch (~27 ms each,
+and it holds the process' mmap lock, which a ``fork`` of that process waits for): sampled every 0.2 s it took
+about a fifth of a core and made the 512-rank capture ~17 s slower (81 s against 64 s, API, idle). So PSS is
+sampled only as often as keeps the sampler's own CPU under ``SAMPLER_SHARE`` of one core; the figures line gives
+the sampler's CPU seconds and how many PSS samples were taken. The tree's memory is a plateau (the fork server
+and ``--jobs`` short-lived ranks), so the sparser PSS samples still see its peak.
 """
 
 from __future__ import annotations
@@ -40,6 +48,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "tests" / "megatron_train.py"
 SAMPLE_S = 0.2
+SAMPLER_SHARE = 0.02  # of one core: the most the PSS samples may take (see the docstring)
 LIMIT_S = 600
 
 
@@ -55,13 +64,15 @@ class Figures:
     json_mib: float
     load: float
     programs: str
+    sampler_cpu_s: float
+    pss_samples: int
 
     def line(self) -> str:
         return (
             f"megatron world={self.world} mode={self.mode} rc={self.rc} wall_s={self.wall_s:.1f} "
             f"cpu_s={self.cpu_s:.1f} peak_pss_mib={self.peak_pss_mib:.0f} "
             f"peak_rss_sum_mib={self.peak_rss_sum_mib:.0f} json_mib={self.json_mib:.2f} load={self.load:.1f} "
-            f"{self.programs}"
+            f"sampler_cpu_s={self.sampler_cpu_s:.2f} pss_samples={self.pss_samples} {self.programs}"
         )
 
 
@@ -88,18 +99,47 @@ def tree(pid: int) -> list[int]:
     return out
 
 
-def memory_kib(pid: int) -> tuple[int, int]:
-    """(Pss, Rss) of one process in KiB, (0, 0) when it is gone."""
-    pss = rss = 0
+PAGE_KIB = os.sysconf("SC_PAGE_SIZE") // 1024
+
+
+def rss_kib(pid: int) -> int:
+    """Resident set of one process in KiB from ``statm`` (cheap), 0 when it is gone."""
+    try:
+        return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE_KIB
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def pss_kib(pid: int) -> int:
+    """Proportional set size of one process in KiB from ``smaps_rollup`` (a page-table walk), 0 when it is gone."""
     try:
         for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
             if line.startswith("Pss:"):
-                pss = int(line.split()[1])
-            elif line.startswith("Rss:"):
-                rss = int(line.split()[1])
+                return int(line.split()[1])
     except (OSError, ValueError):
-        return 0, 0
-    return pss, rss
+        return 0
+    return 0
+
+
+class Sampler:
+    """Peak RSS sum every call; peak PSS sum only when the PSS samples so far leave the sampler under
+    ``SAMPLER_SHARE`` of one core (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.peak_pss = self.peak_rss = self.pss_samples = 0
+        self.pss_cpu = 0.0
+        self.started = time.monotonic()
+
+    def sample(self, root: int) -> None:
+        pids = tree(root)
+        self.peak_rss = max(self.peak_rss, sum(rss_kib(p) for p in pids))
+        elapsed = time.monotonic() - self.started
+        if self.pss_samples and self.pss_cpu > SAMPLER_SHARE * elapsed:
+            return
+        cpu_start = time.process_time()
+        self.peak_pss = max(self.peak_pss, sum(pss_kib(p) for p in pids))
+        self.pss_cpu += time.process_time() - cpu_start
+        self.pss_samples += 1
 
 
 def measure(world: int, mode: str, jobs: int | None, limit_s: float = LIMIT_S) -> Figures:
@@ -116,18 +156,17 @@ def measure(world: int, mode: str, jobs: int | None, limit_s: float = LIMIT_S) -
         if jobs is not None:
             env["SIMNCCL_BENCH_JOBS"] = str(jobs)
         before = os.times()
+        sampler_cpu_start = time.process_time()
         started = time.monotonic()
         load_start = os.getloadavg()[0]
         proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        peak_pss = peak_rss = 0
+        sampler = Sampler()
         while proc.poll() is None:
-            pids = tree(proc.pid)
-            sizes = [memory_kib(p) for p in pids]
-            peak_pss = max(peak_pss, sum(s[0] for s in sizes))
-            peak_rss = max(peak_rss, sum(s[1] for s in sizes))
+            sampler.sample(proc.pid)
             if time.monotonic() - started > limit_s:
                 proc.kill()
             time.sleep(SAMPLE_S)
+        sampler_cpu_s = time.process_time() - sampler_cpu_start
         _, err = proc.communicate()
         wall_s = time.monotonic() - started
         after = os.times()
@@ -136,7 +175,18 @@ def measure(world: int, mode: str, jobs: int | None, limit_s: float = LIMIT_S) -
         json_mib = out.stat().st_size / 2**20 if out.exists() else math.nan
         programs = _programs(out) if out.exists() else err.decode(errors="replace").strip().splitlines()[-1:]
     return Figures(
-        world, mode, proc.returncode, wall_s, cpu_s, peak_pss / 1024, peak_rss / 1024, json_mib, load, str(programs)
+        world,
+        mode,
+        proc.returncode,
+        wall_s,
+        cpu_s,
+        sampler.peak_pss / 1024,
+        sampler.peak_rss / 1024,
+        json_mib,
+        load,
+        str(programs),
+        sampler_cpu_s,
+        sampler.pss_samples,
     )
 
 
