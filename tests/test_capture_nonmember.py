@@ -65,6 +65,17 @@ def outcome(call: Callable[[], Any]) -> Any:
     return [type(result).__name__, c10d._world.pg_names.get(result), result.size(), result.rank()]
 
 
+class Index:
+    """A rank given as an object with ``__index__`` (as a numpy integer is): torch reads it with
+    ``operator.index``, and so does the shortcut."""
+
+    def __init__(self, value: int) -> None:
+        self.value = value
+
+    def __index__(self) -> int:
+        return self.value
+
+
 def varied_calls(snapshots: dict[int, list[Any]]) -> None:
     """One rank of 8: non-member calls of every shape the shortcut answers or hands to torch, members, errors."""
     rank = int(__import__("os").environ["RANK"])
@@ -91,6 +102,9 @@ def varied_calls(snapshots: dict[int, list[Any]]) -> None:
         lambda: dist.new_group([], timeout=ten),  # empty: torch's error
         lambda: dist.new_group(others[:2], timeout=ten, backend=7),  # not a backend name: torch's error
         lambda: dist.new_group(iter(others[:2]), timeout=ten),  # an iterator: torch's path
+        lambda: dist.new_group([others[5], Index(others[4])], timeout=ten),  # __index__, unsorted: the shortcut
+        lambda: dist.new_group([others[5], Index(others[4])], timeout=ten, sort_ranks=False),
+        lambda: dist.new_group([others[0], float(others[1])], timeout=ten),  # not integers: torch's error
         lambda: dist.new_group(None, timeout=ten),  # everyone: a member
         lambda: dist.new_group(others[2:4], timeout=ten, device_id=c10d._get_default_group().bound_device_id),
     ]
@@ -106,8 +120,8 @@ def counted() -> Iterator[list[int]]:
     answered = [0]
     original = nonmember.new_group_outside
 
-    def counting(arguments: Any) -> Any:
-        result = original(arguments)
+    def counting(arguments: Any, ranks: list[int] | None = None) -> Any:
+        result = original(arguments, ranks)
         answered[0] += result is NON_MEMBER
         return result
 

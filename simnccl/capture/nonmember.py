@@ -98,7 +98,7 @@ def _applies_to_installed_torch() -> bool:
         return False
 
 
-def shortcut_for(original: Callable[..., Any]) -> Callable[[Mapping[str, Any]], Any] | None:
+def shortcut_for(original: Callable[..., Any]) -> Callable[[Mapping[str, Any], list[int] | None], Any] | None:
     """The shortcut for calls to ``original`` (``new_group_outside``), or None: ``original`` is not torch's own
     ``new_group``, or the installed torch is not the one checked. Called once per capture, before any fork."""
     if original is not getattr(c10d, "new_group", None) or not _applies_to_installed_torch():
@@ -106,19 +106,22 @@ def shortcut_for(original: Callable[..., Any]) -> Callable[[Mapping[str, Any]], 
     current = operator.attrgetter(*CHECKED_FUNCTIONS)
     expected = current(c10d)
 
-    def shortcut(arguments: Mapping[str, Any]) -> Any:
+    def shortcut(arguments: Mapping[str, Any], ranks: list[int] | None = None) -> Any:
         if not _enabled or current(c10d) != expected:  # functions compare by identity
             return TORCH
-        return new_group_outside(arguments)
+        return new_group_outside(arguments, ranks)
 
     return shortcut
 
 
-def new_group_outside(arguments: Mapping[str, Any]) -> Any:
+def new_group_outside(arguments: Mapping[str, Any], ranks: list[int] | None = None) -> Any:
     """``GroupMember.NON_GROUP_MEMBER`` after torch's side effects, when ``new_group(**arguments)`` (every
-    parameter bound) is a call this rank is outside of and the shortcut covers; ``TORCH`` otherwise."""
+    parameter bound) is a call this rank is outside of and the shortcut covers; ``TORCH`` otherwise.
+
+    ``ranks``: ``arguments["ranks"]`` as torch reads them (``operator.index`` of each, sorted when
+    ``sort_ranks``), when the caller has them already (the recorder does); None: read here."""
     try:
-        ranks = _outside(arguments)
+        ranks = _outside(arguments, ranks)
     except Exception:  # whatever torch would raise, torch raises (the checks change nothing)
         return TORCH
     if ranks is None:
@@ -171,7 +174,7 @@ def _barrier_set() -> bool:
     return "TORCH_DIST_INIT_BARRIER" in os.environ
 
 
-def _outside(arguments: Mapping[str, Any]) -> list[int] | None:
+def _outside(arguments: Mapping[str, Any], indexed: list[int] | None = None) -> list[int] | None:
     """The group's ranks (sorted as torch sorts them) when the call is a covered non-member one, else None.
 
     Reads torch's state and changes none of it (``_get_backend`` fills a C++ cache torch's path fills too)."""
@@ -195,9 +198,12 @@ def _outside(arguments: Mapping[str, Any]) -> list[int] | None:
         facts = _default = _DefaultGroup(default_pg, bound)
     if not facts.covered or default_pg not in world.pg_map:
         return None
-    ranks = list(map(operator.index, raw))
-    if arguments["sort_ranks"]:
-        ranks.sort()
+    if indexed is None:
+        ranks = list(map(operator.index, raw))
+        if arguments["sort_ranks"]:
+            ranks.sort()
+    else:
+        ranks = indexed
     size = facts.size
     if not ranks or facts.rank in ranks or len(ranks) > size or len(set(ranks)) != len(ranks):
         return None
