@@ -28,6 +28,21 @@ from simnccl.cli_options import (
 
 DEFAULT_TIMEOUT_S = 120.0
 MODES = ("fork", "inline")
+
+
+def world_problem(world_size: int) -> str | None:
+    """Why a capture may not run ``world_size`` ranks (None: it may). A capture runs every rank (one forked
+    process each, ~0.2 CPU s a Megatron rank), so the world is bounded by ``max_world_size`` before anything
+    is made for it: ``--world 100000000`` is bad input, not hours of forking (nor a list of 10^8 pending
+    ranks)."""
+    from simnccl.limits import current, exceeded
+
+    limit = current().max_world_size
+    if world_size > limit:
+        return exceeded("max_world_size", f"a world of {world_size} ranks", limit)
+    return None
+
+
 DEFAULT_GPU, DEFAULT_RELEASE = "h100-80gb", "2.15"
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -111,6 +126,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         gpu = args.gpu or DEFAULT_GPU
         checked_gpu(gpu)
         checked_policies(args.policy)
+        too_large = world_problem(args.world)  # before torch is imported: a bad world is answered at once
+        if too_large is not None:
+            raise OverrideError("--world", too_large)
     except (MissingPrerequisite, OverrideError) as err:
         out.error(str(err))
         return EXIT_BAD_INPUT

@@ -17,6 +17,7 @@ import dataclasses
 import functools
 import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -366,6 +367,26 @@ def test_cli_bad_input_is_a_clear_message_not_a_traceback(argv: list[str], messa
     assert message in err and "Traceback (most recent call last)" not in err
 
 
+def test_a_world_past_the_limit_is_refused_before_torch_is_imported() -> None:
+    """``--world 100000000`` is bad input answered at once (exit 2, the limit named), not hours of forking: the
+    check runs before the capture imports torch (a fresh interpreter shows it never did)."""
+    code = (
+        "import sys\n"
+        "from simnccl.capture_cli import main\n"
+        f"rc = main(['--world', '100000000', {str(EXAMPLES)!r}, 'mesh2d'])\n"
+        "print('rc', rc, 'torch imported', 'torch' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    assert done.stdout.split() == ["rc", "2", "torch", "imported", "False"], done.stderr
+    assert "--world: a world of 100000000 ranks exceeds the limit max_world_size = 65536" in done.stderr
+
+
+def test_the_capture_world_limit_is_the_one_the_environment_sets(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SIMNCCL_LIMIT_MAX_WORLD_SIZE", "4")
+    with pytest.raises(cap.CaptureError, match="a world of 8 ranks exceeds the limit max_world_size = 4"):
+        cap.capture(examples.device_mesh_2d, 8)
+
+
 def test_cli_code_that_raises_names_the_rank_and_the_error(tmp_path: Path, capsys) -> None:
     script = tmp_path / "boom.py"
     script.write_text(
@@ -389,6 +410,7 @@ def test_cli_code_that_raises_names_the_rank_and_the_error(tmp_path: Path, capsy
         ({"world_size": 2, "gpus_per_node": 0}, "gpus_per_node: expected an integer >= 1"),
         ({"world_size": 2, "mode": "threads"}, "mode: expected one of fork, inline"),
         ({"world_size": 2, "device_type": "xpu"}, "device_type: expected 'cuda' or 'cpu'"),
+        ({"world_size": 10**8}, "world_size: a world of 100000000 ranks exceeds the limit max_world_size"),
     ],
 )
 def test_bad_arguments_raise_capture_error(kwargs: dict[str, Any], message: str) -> None:

@@ -23,7 +23,7 @@ from simnccl.capture.result import (
     _unmodelled_text,
     unmodelled_options,
 )
-from simnccl.capture_cli import DEFAULT_TIMEOUT_S, MODES
+from simnccl.capture_cli import DEFAULT_TIMEOUT_S, MODES, world_problem
 from simnccl.cluster import ClusterError, get_gpu_kind
 from simnccl.ops import (
     InitProcessGroup,
@@ -78,6 +78,9 @@ def capture(
         raise CaptureError(f"gpu: {err}") from None
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise CaptureError(f"world_size: expected an integer >= 1, got {world_size!r}")
+    too_large = world_problem(world_size)
+    if too_large is not None:
+        raise CaptureError(f"world_size: {too_large}")
     per_node = max(d for d in range(1, 9) if world_size % d == 0) if gpus_per_node is None else gpus_per_node
     if isinstance(per_node, bool) or not isinstance(per_node, int) or per_node < 1:
         raise CaptureError(f"gpus_per_node: expected an integer >= 1, got {gpus_per_node!r}")
