@@ -24,6 +24,7 @@ from simnccl.cli_options import (
     checked_release,
     env_overrides,
     normalise_argv,
+    seconds,
 )
 
 DEFAULT_TIMEOUT_S = 120.0
@@ -57,7 +58,7 @@ def capture_parser() -> argparse.ArgumentParser:
     parser.add_argument("--world", type=int, required=True, help="world size (number of simulated ranks)")
     parser.add_argument("--gpus-per-node", type=int, default=None, help="GPUs per node (default: min(world, 8))")
     parser.add_argument("--mode", choices=MODES, default=None, help="fork (default on Linux) or inline")
-    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds per rank")
+    parser.add_argument("--timeout", type=seconds, default=DEFAULT_TIMEOUT_S, help="seconds per rank")
     parser.add_argument("--jobs", type=int, default=None, help="ranks run at a time in fork mode (default: CPUs)")
     parser.add_argument("--simulate", action="store_true", help="replay the Programs in the simulator")
     parser.add_argument(

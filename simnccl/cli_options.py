@@ -43,6 +43,51 @@ class OverrideError(ValueError):
         self.flag = flag
 
 
+def seconds_problem(value: float, shown: str | None = None) -> str | None:
+    """Why ``value`` may not be a wall-clock timeout in seconds (None: it may): not finite, not positive, or
+    past ``max_timeout_s`` (``simnccl/data/limits.toml``). ``shown``: the value as the user wrote it."""
+    import math
+
+    from simnccl.limits import LimitError, exceeded
+    from simnccl.limits import current as current_limits
+
+    if not math.isfinite(value) or value <= 0:
+        return f"expected a positive number of seconds, got {shown if shown is not None else value!r}"
+    try:
+        limit = current_limits().max_timeout_s
+    except LimitError as err:
+        return str(err)
+    if value > limit:
+        return exceeded("max_timeout_s", f"{shown if shown is not None else f'{value:g}'} s", limit)
+    return None
+
+
+def seconds(text: str) -> float:
+    """argparse ``type`` of a wall-clock flag (``--timeout``, ``--stall``): a bad value is a one-line usage error
+    (exit 2) naming the flag, never a run that fails (exit 1) or an overflow deep in a launcher (exit 70)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    problem = seconds_problem(value, text)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(problem)
+    return value
+
+
+def factor(text: str) -> float:
+    """argparse ``type`` of a finite, non-negative multiplier (``--compute-scale``)."""
+    import math
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
+    return value
+
+
 def version_text() -> str:
     return f"simnccl {__version__}"
 

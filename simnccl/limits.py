@@ -43,6 +43,7 @@ class InputLimits:
     max_alloc_mib: float
     max_sim_time_s: float
     max_wall_s: float
+    max_timeout_s: float
 
 
 _INTEGER = {f.name: f.type == "int" for f in fields(InputLimits)}

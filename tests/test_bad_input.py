@@ -554,3 +554,59 @@ def test_ctrl_c_on_a_real_process_exits_130() -> None:
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
     assert "Traceback" not in err and "interrupted (Ctrl-C)" in err
+
+
+# ---------------------------------------------------------------------------------------------- wall-clock flags
+
+_SCENARIO = str(SCENARIOS_DIR / "crash-replaced.toml")
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["capture", "--world", "2", "--timeout", "{value}", "missing.py"],
+        ["real", "run", _SCENARIO, "--timeout", "{value}"],
+        ["real", "run", _SCENARIO, "--stall", "{value}"],
+        ["real", "compare", _SCENARIO, "--torch-timeout", "{value}"],
+        ["real", "diff", "--timeout", "{value}"],
+        ["real", "diff", "--stall", "{value}"],
+        ["real", "calibrate", "--out", "x.toml", "--timeout", "{value}"],
+    ],
+    ids=lambda argv: " ".join(a for a in argv if a != _SCENARIO)[:40],
+)
+@pytest.mark.parametrize("value", ["inf", "nan", "-1", "0", "1e12", "soon"])
+def test_a_wall_clock_flag_out_of_range_is_a_usage_error(capsys, argv: list[str], value: str) -> None:
+    """A timeout that is not a positive finite number of seconds within ``max_timeout_s`` is exit 2 naming the
+    flag, before anything runs: ``real run --timeout inf`` ran every rank into an error and exited 1 (a failed
+    run, as if the scenario had failed), ``capture --timeout 1e12`` and ``real diff --timeout 1e12`` overflowed the
+    OS's clocks (exit 70)."""
+    flag = argv[argv.index("{value}") - 1]
+    with pytest.raises(SystemExit) as exited:
+        main([value if a == "{value}" else a for a in argv])
+    err = re.sub(r"\s+", " ", capsys.readouterr().err)
+    assert exited.value.code == 2, err
+    assert f"argument {flag}: " in err and "Traceback" not in err, err
+    if value == "1e12":
+        assert "1e12 s exceeds the limit max_timeout_s = 86400" in err, err
+
+
+@pytest.mark.parametrize(
+    "argv", [["real", "run", _SCENARIO, "--compute-scale"], ["real", "compare", _SCENARIO, "--tolerance-pct"]]
+)
+@pytest.mark.parametrize("value", ["inf", "nan", "-1"])
+def test_a_factor_flag_that_is_not_finite_and_non_negative_is_a_usage_error(
+    capsys, argv: list[str], value: str
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main([*argv, value])
+    err = re.sub(r"\s+", " ", capsys.readouterr().err)
+    assert exited.value.code == 2 and f"argument {argv[-1]}: expected a finite number >= 0" in err, err
+
+
+def test_the_capture_api_refuses_a_timeout_past_the_limit() -> None:
+    pytest.importorskip("torch")
+    from simnccl import capture as cap
+
+    for value in (float("inf"), float("nan"), 0, 10**12, True):
+        with pytest.raises(cap.CaptureError, match="timeout_s: "):
+            cap.capture(lambda: None, 2, timeout_s=value)

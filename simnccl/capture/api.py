@@ -24,6 +24,7 @@ from simnccl.capture.result import (
     unmodelled_options,
 )
 from simnccl.capture_cli import DEFAULT_TIMEOUT_S, MODES, world_problem
+from simnccl.cli_options import seconds_problem
 from simnccl.cluster import ClusterError, get_gpu_kind
 from simnccl.ops import (
     InitProcessGroup,
@@ -99,8 +100,11 @@ def capture(
         raise CaptureError(f"mode: expected one of {', '.join(MODES)}, got {mode!r}")
     if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1):
         raise CaptureError(f"jobs: expected an integer >= 1 (ranks run at a time), got {jobs!r}")
-    if not isinstance(timeout_s, int | float) or timeout_s <= 0:
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float):
         raise CaptureError(f"timeout_s: expected a positive number of seconds, got {timeout_s!r}")
+    timeout_problem = seconds_problem(float(timeout_s))
+    if timeout_problem is not None:
+        raise CaptureError(f"timeout_s: {timeout_problem}")
     policy = _plain_policy(policy)
     if policy is not None:
         from simnccl.policy import PolicyError, get_policy

@@ -15,7 +15,15 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from simnccl.cli_options import OverrideError, add_common, add_version, apply_overrides, check_json_target
+from simnccl.cli_options import (
+    OverrideError,
+    add_common,
+    add_version,
+    apply_overrides,
+    check_json_target,
+    factor,
+    seconds,
+)
 from simnccl.real.lanes import LANES, LaneError
 from simnccl.real.launch import RunSettings
 from simnccl.result import SummaryLine
@@ -48,20 +56,20 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("scenario", help="scenario TOML file")
     parser.add_argument("--lane", choices=LANES, default="cpu", help="cpu: gloo substituted (default); gpu: NCCL")
     parser.add_argument(
-        "--timeout", type=float, help=f"wall-clock limit of one run in seconds ({_lane_defaults('timeout_s')})"
+        "--timeout", type=seconds, help=f"wall-clock limit of one run in seconds ({_lane_defaults('timeout_s')})"
     )
     parser.add_argument(
         "--torch-timeout",
-        type=float,
+        type=seconds,
         help=f"timeout passed to group creation ({_lane_defaults('torch_timeout_s')}; on the cpu lane hangs are "
         "found by --stall)",
     )
     parser.add_argument(
-        "--stall", type=float, help=f"no progress for this long is a hang ({_lane_defaults('stall_s')})"
+        "--stall", type=seconds, help=f"no progress for this long is a hang ({_lane_defaults('stall_s')})"
     )
     parser.add_argument(
         "--compute-scale",
-        type=float,
+        type=factor,
         help=f"compute ops sleep seconds x this ({_lane_defaults('compute_scale', '')})",
     )
     parser.add_argument("--keep", action="store_true", help="keep the per-rank progress files and logs")
@@ -78,7 +86,7 @@ def _parser() -> argparse.ArgumentParser:
     _common(run)
     compare = sub.add_parser("compare", help="run the simulator and real torch on a scenario, side by side")
     _common(compare)
-    compare.add_argument("--tolerance-pct", type=float, default=10.0, help="GPU lane: allowed memory error (%%)")
+    compare.add_argument("--tolerance-pct", type=factor, default=10.0, help="GPU lane: allowed memory error (%%)")
     diff = sub.add_parser("diff", help="differential test: generated programs on real gloo and in the simulator")
     diff.add_argument("--count", type=int, default=50, help="number of generated cases (2-4 ranks, <= 12 ops)")
     diff.add_argument("--only", type=int, action="append", help="run only case INDEX of the seed (repeatable)")
@@ -86,15 +94,15 @@ def _parser() -> argparse.ArgumentParser:
     diff.add_argument("--verbose", action="store_true", help="print every case in full, not only disagreements")
     diff.add_argument(
         "--stall",
-        type=float,
+        type=seconds,
         help="no progress for this long is a hang on the real side (default 5 s; raise it on a loaded machine)",
     )
-    diff.add_argument("--timeout", type=float, help="wall-clock limit of one case's real run in seconds (default 30)")
+    diff.add_argument("--timeout", type=seconds, help="wall-clock limit of one case's real run in seconds (default 30)")
     add_common(diff, ("--seed",), help={"--seed": "seed of the generated cases (default 0)"})
     calibrate = sub.add_parser("calibrate", help="GPU lane: measure a profile (needs CUDA)")
     calibrate.add_argument("--out", required=True, help="profile TOML to write, e.g. simnccl/profiles/NAME.toml")
     calibrate.add_argument("--gpu-kind", help="simnccl GPU kind key (default: guessed from the device name)")
-    calibrate.add_argument("--timeout", type=float, default=420.0, help="wall-clock limit of the suite in seconds")
+    calibrate.add_argument("--timeout", type=seconds, default=420.0, help="wall-clock limit of the suite in seconds")
     calibrate.add_argument("--json", metavar="FILE", help="also write the raw measurements as JSON")
     add_version(calibrate)
     scen = sub.add_parser("gpu-scenarios", help="write the GPU check scenarios for this machine (gpu_check.sh)")
@@ -283,10 +291,6 @@ def _diff(args: argparse.Namespace, out: Any) -> int:
     from simnccl.real.differential import cases, classify, generate, run_cases, summary
     from simnccl.real.launch import Launcher, RunSettings
 
-    for flag, value in (("--stall", args.stall), ("--timeout", args.timeout)):
-        if value is not None and not 0 < value < float("inf"):
-            out.error(f"{flag}: expected a positive number of seconds, got {value}")
-            return 2
     settings = RunSettings.for_lane("cpu", stall_s=args.stall or 5.0, timeout_s=args.timeout or 30.0)
 
     seed = args.seed if args.seed is not None else 0
