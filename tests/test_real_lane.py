@@ -143,6 +143,16 @@ def test_cli_gpu_lane_and_calibrate_refuse_without_cuda(tmp_path: Path) -> None:
     assert not (tmp_path / "p.toml").exists()
 
 
+@pytest.mark.parametrize("command", ["run", "compare"])
+def test_a_recovery_scenario_is_refused_not_run_into_errors(command: str) -> None:
+    """A [recovery] scenario's groups are made by simnccl.recovery, which the real lanes do not run: the real
+    tier refuses it (exit 2, naming the file and the key) instead of running the bare steps, where every rank
+    met a group that was never created and the run "failed" (exit 1) for a reason that is not the scenario's."""
+    done, _ = run_cli(command, "scenarios/crash-replaced.toml", timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert "crash-replaced.toml: recovery: a [recovery] scenario is simulated only" in done.stderr
+
+
 # ---------------------------------------------------------------------------------------------- acceptance
 
 

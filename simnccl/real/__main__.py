@@ -144,6 +144,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "diff":
             return _diff(args, out)
         scenario = apply_overrides(load_scenario(args.scenario), args)
+        if scenario.recovery is not None:
+            # The memberships of a recovery run are re-formed by simnccl.recovery between segments; the real
+            # lanes run the workload's steps as written, where its groups were never created (every rank then
+            # ended in an error and the run "failed", exit 1, for a reason that is not the scenario's).
+            raise ScenarioError(
+                scenario.source,
+                "recovery",
+                "a [recovery] scenario is simulated only (simnccl.recovery re-forms its process groups between "
+                "segments); the real tier cannot run it: use `simnccl run`",
+            )
         settings = _settings(args)
         if args.command == "run":
             return _run(scenario, settings, args, out)
