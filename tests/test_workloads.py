@@ -666,3 +666,47 @@ def test_shipped_framework_scenarios_cover_every_generator() -> None:
         seen[f"{generator}:{'multi' if nodes > 1 else 'single'}"] = 1
     for name in GENERATORS:
         assert seen.get(f"{name}:single") and seen.get(f"{name}:multi"), name
+
+
+def _broadcast_sources(programs: tuple[Program, ...]) -> list[tuple[int, str, int, tuple[int, ...]]]:
+    """(rank, group, src, the group's global ranks) of every broadcast a rank runs on a group it holds."""
+    world = tuple(range(len(programs)))
+    out = []
+    for rank, program in enumerate(programs):
+        members: dict[str, tuple[int, ...]] = {"world": world}
+        for op in program.ops:
+            if isinstance(op, NewGroup) and op.bind is not None:
+                ranks = world if op.ranks is None else tuple(sorted(op.ranks))
+                if rank in ranks:
+                    members[op.bind] = ranks
+            elif isinstance(op, SplitGroup) and op.bind is not None and op.parent in members:
+                parent = members[op.parent]
+                for part in op.split_ranks:
+                    ranks = tuple(sorted(parent[i] for i in part))
+                    if rank in ranks:
+                        members[op.bind] = ranks
+            elif isinstance(op, Broadcast) and op.group in members:
+                out.append((rank, op.group, op.src, members[op.group]))
+    return out
+
+
+def test_every_broadcast_source_is_a_member_of_its_group() -> None:
+    """``Broadcast.src`` is a global rank (as torch's ``dist.broadcast(src=)`` takes it); real torch refuses a source
+    outside the group ("Global rank 0 is not part of group"). DeepSpeed's pipeline generator broadcast from rank 0
+    on every stage's data-parallel group; DeepSpeed 0.19.8 broadcasts from the group's first rank
+    (``groups._get_broadcast_src_rank``), and the real tier's gloo run of deepspeed-pipe-2nodes failed on it."""
+    from pathlib import Path
+
+    from simnccl.scenario import load_scenario
+
+    checked = 0
+    for path in sorted((Path(__file__).resolve().parent.parent / "scenarios").glob("*.toml")):
+        for rank, group, src, ranks in _broadcast_sources(load_scenario(str(path)).programs):
+            assert src in ranks, f"{path.name}: rank {rank} broadcasts on {group!r} {ranks} from rank {src}"
+            checked += 1
+    for name, args, world in (("deepspeed", {"pp": 4}, 16), ("deepspeed", {"pp": 2, "tied_embeddings": True}, 8)):
+        for rank, group, src, ranks in _broadcast_sources(generate(name, args, world)):
+            assert src in ranks, f"{name} {args}: rank {rank} broadcasts on {group!r} {ranks} from rank {src}"
+            assert src == min(ranks)  # DeepSpeed's source: the group's first global rank
+            checked += 1
+    assert checked > 50

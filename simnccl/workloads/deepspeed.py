@@ -216,8 +216,11 @@ def tied_broadcast_ops(config: Config, world_size: int, rank: int) -> list[Op]:
     return [Broadcast(group="tied_embedding", src=min(g)) for g in tied if rank in g]
 
 
-def engine_ops(config: Config, world_size: int) -> list[Op]:
-    """The engine's and ZeRO's group calls and collectives, identical on every rank (warm-up p2p comes after)."""
+def engine_ops(config: Config, world_size: int, broadcast_src: int = 0) -> list[Op]:
+    """The engine's and ZeRO's group calls and collectives (warm-up p2p comes after), identical on every rank
+    but for ``_broadcast_model``'s source, ``broadcast_src``: DeepSpeed broadcasts from
+    ``groups._get_broadcast_src_rank()``, the first global rank of the rank's data-parallel group
+    (``dist.get_global_rank(group, 0)``): rank 0 for the world clone, the stage's first rank under a pipeline."""
     ops: list[Op] = []
     pipeline = config["pp"] > 1
     if config["ep"] > 1:
@@ -229,7 +232,7 @@ def engine_ops(config: Config, world_size: int) -> list[Op]:
     if not pipeline:
         ops += _new_groups("data_parallel", [tuple(range(world_size))], "dp")  # _clone_world_group()
     if not config["zero_init"]:
-        ops.append(Broadcast(group="data_parallel"))  # _broadcast_model
+        ops.append(Broadcast(group="data_parallel", src=broadcast_src))  # _broadcast_model
     hpz = config["zero_hpz_partition_size"]
     if hpz > 1:
         size = min(hpz, world_size)
@@ -264,6 +267,10 @@ def build(config: Config, world_size: int):
     use_device = config["device_id"] and world_size > 1  # DeepSpeed binds no device on a 1-rank world (#8248)
     pipeline = config["pp"] > 1
     topo = topology(config, world_size) if pipeline else None
+    first_of: dict[int, int] = {}  # rank -> its data-parallel group's first rank (the pipeline's broadcast source)
+    if pipeline:
+        (data_parallel,) = [groups for bind, groups in pipeline_groups(config, world_size) if bind == "data_parallel"]
+        first_of = {rank: min(group) for group in data_parallel for rank in group}
 
     def key(rank: int):
         device = rank % local if use_device else None
@@ -274,7 +281,8 @@ def build(config: Config, world_size: int):
         init = InitProcessGroup(backend="nccl", device_id=device, timeout_s=DEFAULT_PG_TIMEOUT_S)
         per_stage = [] if rank is None else tied_broadcast_ops(config, world_size, rank)
         warm = warmup_ops(config, world_size, rank, topo) if rank is not None else []
-        return [SetDevice(), init, Checkpoint("after_init"), *module, *per_stage, *engine, *warm, Checkpoint("startup")]
+        own = engine if rank is None else engine_ops(config, world_size, first_of[rank])
+        return [SetDevice(), init, Checkpoint("after_init"), *module, *per_stage, *own, *warm, Checkpoint("startup")]
 
     return programs_by_key(world_size, key, ops_for)
 
