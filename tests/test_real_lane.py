@@ -153,6 +153,16 @@ def test_a_recovery_scenario_is_refused_not_run_into_errors(command: str) -> Non
     assert "crash-replaced.toml: recovery: a [recovery] scenario is simulated only" in done.stderr
 
 
+@pytest.mark.parametrize("command", ["run", "compare"])
+def test_a_world_past_the_launchers_limit_is_refused_not_an_internal_error(command: str) -> None:
+    """32 ranks on a launcher of 16 local processes is a lane that cannot run here (exit 2, saying what to do),
+    not an internal error (it was exit 70: the LaunchError escaped the command)."""
+    done, _ = run_cli(command, "scenarios/megatron-tp8-pp2-dp2-4nodes.toml", timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert "32 ranks exceed the real tier's limit of 16 local processes" in done.stderr
+    assert "internal error" not in done.stderr
+
+
 # ---------------------------------------------------------------------------------------------- acceptance
 
 

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from simnccl.ops import Program
-from simnccl.real.lanes import check_gpu_lane, comparability, cpu_programs, cpu_substitutions
+from simnccl.real.lanes import LaneError, check_gpu_lane, comparability, cpu_programs, cpu_substitutions
 from simnccl.real.measure import build_variant_result
 from simnccl.real.programs import programs_to_lists
 from simnccl.real.zygote import LaunchError, Zygote, kill_tree, pid_alive, signal_tree
@@ -197,8 +197,13 @@ class Launcher:
     ) -> dict[str, Any]:
         """Run one world (one rank per program) to a verdict; the Result-shaped dict of it."""
         world = len(programs)
-        if world > settings.max_ranks:
-            raise LaunchError(f"{world} ranks exceed this launcher's limit of {settings.max_ranks} local processes")
+        if world > settings.max_ranks:  # a lane that cannot run here: exit 2 (it was an internal error, exit 70)
+            raise LaneError(
+                f"{world} ranks exceed the real tier's limit of {settings.max_ranks} local processes (one per rank, "
+                f"on this machine): run a scenario with at most {settings.max_ranks} ranks here, or launch it under "
+                "torchrun (`torchrun --nproc-per-node N -m simnccl.real run FILE`): one process per rank, across "
+                "machines"
+            )
         if settings.lane == "gpu":
             check_gpu_lane(world)
         with self._lock:
