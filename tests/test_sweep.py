@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import stat
 import subprocess
 import sys
 import textwrap
@@ -474,6 +475,56 @@ def test_a_bad_matrix_file_exits_2_naming_the_key(
     code, _, err = sweep(capsys, str(path))
     assert code == 2
     assert message in err.replace(str(tmp_path) + os.sep, "") and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("kind", ["device", "fifo", "deep", "huge"])
+def test_a_matrix_file_that_is_not_a_small_regular_toml_file_exits_2(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, kind: str
+) -> None:
+    """``simnccl sweep /dev/zero`` read until the process was killed, a FIFO blocked forever: a matrix file is
+    read only when it is a regular file within max_file_bytes, nested within max_nesting_depth (as a scenario
+    file is)."""
+    path = tmp_path / "m.toml"
+    if kind == "device":
+        path = Path("/dev/zero")
+    elif kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "deep":
+        path.write_text("a = " + "[" * 40 + "]" * 40 + "\n")
+    else:
+        path.write_text("# " + "x" * (2 << 20) + "\n")
+    code, _, err = sweep(capsys, str(path))
+    expected = {
+        "device": "cannot read: not a regular file",
+        "fifo": "cannot read: not a regular file",
+        "deep": "exceeds the limit max_nesting_depth",
+        "huge": "exceeds the limit max_file_bytes",
+    }[kind]
+    assert code == 2 and expected in err and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("flag", ["--csv", "--json"])
+def test_an_output_that_is_not_a_regular_file_is_refused_and_left_as_it_was(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, flag: str
+) -> None:
+    """A sweep rewrites its output whole (a temporary file renamed over it). Over a FIFO or a device that rename
+    replaced the node itself: run as root, ``--csv /dev/zero`` left /dev/zero a CSV file. Refused now (exit 2),
+    the node untouched; nothing else could end, as a FIFO without a reader blocks the writer forever."""
+    fifo = tmp_path / "out"
+    os.mkfifo(fifo)
+    code, _, err = sweep(capsys, "--workload", "vllm tp=2", flag, str(fifo))
+    assert code == 2 and f"{flag}: " in err and "is not a regular file" in err, err
+    assert stat.S_ISFIFO(fifo.lstat().st_mode)
+
+
+def test_an_output_behind_a_symbolic_link_is_written_through_the_link(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    target, link = tmp_path / "results.csv", tmp_path / "latest.csv"
+    link.symlink_to(target)
+    code, _, err = sweep(capsys, "--workload", "vllm tp=2", "--csv", str(link), "-q")
+    assert code == 0, err
+    assert link.is_symlink() and target.is_file() and target.read_text().startswith("index,cell_id")
 
 
 def test_a_matrix_too_large_is_refused_before_any_cell_exists(

@@ -174,6 +174,14 @@ def _target(value: str | None, flag: str) -> Path | None:
     path = Path(value)
     if path.is_dir():
         raise SweepInputError(flag, f"{value!r} is a directory; expected a file to write")
+    if path.exists() and not path.is_file():
+        # the output is replaced whole (a temporary file renamed over it): over a device or a FIFO that rename
+        # replaced the node itself (run as root, --csv /dev/zero left /dev/zero a CSV file)
+        raise SweepInputError(
+            flag,
+            f"{value!r} is not a regular file (a device, a FIFO or a socket); a sweep rewrites its output file "
+            f"whole, so give a file path, or '{STDOUT}' for standard output",
+        )
     if not path.parent.is_dir():
         raise SweepInputError(flag, f"no such directory {str(path.parent)!r} for {value!r}")
     return path

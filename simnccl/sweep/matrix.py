@@ -34,6 +34,8 @@ from typing import Any
 
 from simnccl.cluster import ClusterError, get_gpu_kind
 from simnccl.cost import CostError, parse_knobs
+from simnccl.limits import current as current_limits
+from simnccl.limits import exceeded, file_problem, nesting_depth
 from simnccl.policy import PolicyError, get_policy
 from simnccl.profiles import ProfileError, find_profile
 from simnccl.release import RELEASES
@@ -154,6 +156,12 @@ def digest(data: Any) -> str:
 
 
 def read_matrix_file(path: Path) -> dict[str, Any]:
+    """The matrix TOML, read only when it is a regular file within ``max_file_bytes`` (``/dev/zero`` was read
+    until the process was killed) and nested no deeper than ``max_nesting_depth``."""
+    limits = current_limits()
+    problem = file_problem(path, limits.max_file_bytes)
+    if problem is not None:
+        raise SweepInputError(str(path), problem)
     try:
         with path.open("rb") as handle:
             data = tomllib.load(handle)
@@ -161,8 +169,15 @@ def read_matrix_file(path: Path) -> dict[str, Any]:
         raise SweepInputError(str(path), "no such file") from None
     except OSError as err:
         raise SweepInputError(str(path), f"cannot read: {err.strerror}") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
+    except ValueError as err:  # TOMLDecodeError, UnicodeDecodeError, int()'s own (an integer of > 4300 digits)
         raise SweepInputError(str(path), f"not valid TOML: {err}") from None
+    except RecursionError:  # the parser recurses once per level of nesting
+        raise SweepInputError(str(path), exceeded("max_nesting_depth", "nesting", limits.max_nesting_depth)) from None
+    depth = nesting_depth(data)
+    if depth > limits.max_nesting_depth:
+        raise SweepInputError(
+            str(path), exceeded("max_nesting_depth", f"nesting {depth} deep", limits.max_nesting_depth)
+        )
     _only(data, {"sweep", "workload", "scenario", "axes", "env", "check"}, str(path), "")
     return data
 

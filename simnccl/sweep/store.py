@@ -19,6 +19,7 @@ import csv
 import io
 import json
 import os
+import stat
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -82,7 +83,9 @@ def summary(rows: Iterable[Mapping[str, Any]]) -> dict[str, int]:
 
 
 def _atomic_write(path: Path, text: str) -> None:
-    """Write to a temporary file beside ``path`` and rename it: an interrupted sweep leaves the old file whole."""
+    """Write to a temporary file beside ``path`` and rename it: an interrupted sweep leaves the old file whole.
+    A symbolic link is written through (its target is replaced, the link stays a link)."""
+    path = path.resolve()
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8", newline="") as handle:
@@ -160,8 +163,20 @@ def _typed(key: str, text: str) -> Any:
     return text
 
 
+def _regular(path: Path) -> None:
+    """A file to resume from is a regular file: ``/dev/zero`` would be read until memory runs out, a FIFO
+    blocks forever. (No size limit: a sweep's own output grows with its cells.)"""
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return  # the reader's own error names it
+    if not stat.S_ISREG(mode):
+        raise StoreError(f"{path}: cannot read: not a regular file (folders, devices and pipes are not input files)")
+
+
 def read_csv(path: Path) -> tuple[str | None, list[Row]]:
     """(the matrix fingerprint, the rows) of a sweep CSV; StoreError naming the file when it is not one."""
+    _regular(path)
     try:
         with path.open(encoding="utf-8", newline="") as handle:
             reader = csv.DictReader(handle)
@@ -193,6 +208,7 @@ def read_csv(path: Path) -> tuple[str | None, list[Row]]:
 
 def read_json(path: Path) -> tuple[str | None, Mapping[str, Any] | None, list[Row]]:
     """(the matrix fingerprint, the matrix, the rows) of a sweep JSON document."""
+    _regular(path)
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
