@@ -299,6 +299,21 @@ def test_collective_type_mismatch_is_a_hang_naming_both_ops() -> None:
     assert "rank 1 issued broadcast" in out.hangs[0]["explanation"]
 
 
+@pytest.mark.parametrize("backend", [None, "gloo"])
+def test_a_broadcast_from_outside_its_group_is_torchs_value_error(backend: str | None) -> None:
+    """torch 2.15's broadcast turns ``src`` (a global rank) into a group rank before anything else, and raises
+    for a source outside the group; the engine used to broadcast from the group's first member instead, so a
+    program real torch refuses passed (``simnccl real compare`` on it: sim pass, real error)."""
+    group = NewGroup(ranks=(2, 3), bind="g", backend=backend)
+    program = [*START, group, Broadcast(group="g", src=0, size_bytes=16)]
+    out = simulate(program, gpus_per_node=4)
+    assert out.verdict == "error"
+    assert {e["rank"] for e in out.errors} == {2, 3}
+    assert all(e["type"] == "ValueError" and "Global rank 0 is not part of group" in e["message"] for e in out.errors)
+    fine = simulate([*START, group, Broadcast(group="g", src=3, size_bytes=16)], gpus_per_node=4)
+    assert fine.verdict == "pass"
+
+
 def test_lazy_init_first_op_is_a_rendezvous_of_all_members() -> None:
     lazy = NewGroup(ranks=(0, 1, 2, 3), bind="g", pg_options=PgOptions(lazy_init=True))
     sender = [*START, lazy, Send(peer=1, group="g")]

@@ -76,6 +76,10 @@ class Collectives:
         target = self._group_of(rt, op)
         if target is None:
             return
+        if type(op) is Broadcast and op.src not in target.ranks:
+            # torch 2.15's broadcast first turns src into a group rank (_canonicalize_group_rank ->
+            # get_group_rank), which raises for a source outside the group, before any backend is involved
+            raise TorchError("ValueError", f"Global rank {op.src} is not part of group {target.name!r}")
         comm = self._usable_comm(rt, target, op)
         life = lifecycle(comm.impl)
         if not comm.ready:
