@@ -31,6 +31,7 @@ from typing import Any
 
 from simnccl.limits import DATA_FILE, ENV_PREFIX, LimitError
 from simnccl.limits import current as current_limits
+from simnccl.policy.plans import UserPolicyError
 from simnccl.runner import RunJournal, journal
 
 EXIT_BAD_INPUT = 2
@@ -61,6 +62,14 @@ def guarded(main_fn: MainFn) -> MainFn:
                     return main_fn(argv)
             except LimitError as err:
                 _say(f"error: {err}")
+                return EXIT_BAD_INPUT
+            except UserPolicyError as err:  # the user's policy raised or returned no plan: their input, not ours
+                _reap(children_before)
+                _say(f"error: {_where(record, raw)}: {err}")
+                if err.__cause__ is not None:
+                    _say("the policy's traceback:")
+                    traceback.print_exception(err.__cause__, file=sys.stderr)
+                _partial_report(record)
                 return EXIT_BAD_INPUT
             except KeyboardInterrupt:
                 _reap(children_before)

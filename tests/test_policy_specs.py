@@ -17,6 +17,7 @@ from simnccl.policy import (
     DedupePolicy,
     LazySingleRankPolicy,
     PolicyError,
+    UserPolicyError,
     decides_alike_on_every_rank,
     describe_policy,
     entry_point_names,
@@ -74,6 +75,69 @@ def test_entry_point_names_an_installed_packages_policy(tmp_path: Path, monkeypa
     assert "acme-lazy" in entry_point_names()
     assert get_policy("acme-lazy") == user_policies.LazyAbove()
     assert get_policy("acme-lazy+dedupe").name == "lazy-above+dedupe"
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("user_policies:ProtocolOnly", "ProtocolOnly.on_init is the Policy protocol's stub, which does nothing"),
+        ("user_policies:UnnamedSubclass", "UnnamedSubclass is named 'torch-default', a built-in policy's name"),
+    ],
+)
+def test_a_policy_that_would_run_as_something_else_is_refused_at_load(spec: str, message: str) -> None:
+    """A subclass of the Policy protocol inherits hooks that return None (the engine crashed on them, exit 70);
+    a BasePolicy subclass naming itself without @dataclass runs as 'torch-default' (reported under the
+    built-in's name). Both are refused where the spec is loaded, saying what to write instead."""
+    with pytest.raises(PolicyError) as raised:
+        get_policy(spec)
+    assert message in str(raised.value) and "\n" not in str(raised.value)
+
+
+PROGRAM = [*START, NewGroup(ranks=(0, 1), bind="pair"), AllReduce(group="pair")]
+
+
+@pytest.mark.parametrize(
+    ("policy", "message"),
+    [
+        (user_policies.RaisesOnGroup(), "policy 'raises-on-group': on_group raised RuntimeError: team policy bug"),
+        (user_policies.ReturnsNothing(), "policy 'returns-nothing': on_group returned None; expected a GroupDecision"),
+        (user_policies.RaisesOnInit(), "policy 'raises-on-init': on_init raised KeyError: 'MASTER_ADDR'"),
+    ],
+)
+def test_a_user_policy_that_raises_or_answers_nothing_is_a_user_policy_error(policy: object, message: str) -> None:
+    with pytest.raises(UserPolicyError) as raised:
+        simulate(PROGRAM, policy=policy)  # type: ignore[arg-type]
+    assert message in str(raised.value)
+    causes, cause = [], raised.value.__cause__  # (simpy re-raises a process's exception with it as the cause)
+    while cause is not None:
+        causes.append(type(cause).__name__)
+        cause = cause.__cause__
+    assert not (set(causes) - {"UserPolicyError", "RuntimeError", "KeyError"}), causes
+    if "raised" in message:  # the policy's own exception is kept at the root
+        assert causes[-1] in ("RuntimeError", "KeyError"), causes
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        ("user_policies:RaisesOnGroup", "user_policies.py"),  # the policy's own traceback
+        ("lazy-init+user_policies:ReturnsNothing", "on_group returned None; expected a GroupDecision"),
+    ],
+)
+def test_the_cli_exits_2_for_a_user_policy_error_with_its_traceback(tmp_path: Path, spec: str, expected: str) -> None:
+    """On the command line the user's policy failing is their input (exit 2, the policy's traceback shown),
+    not an internal error (exit 70, "a bug in simnccl") and not a failed check (exit 1)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "simnccl", "cost", "--workload", "vllm", "--tp", "2", "--policy", spec],
+        cwd=TESTS,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "internal error" not in done.stderr and done.stderr.startswith("error: simnccl cost"), done.stderr
+    assert expected in done.stderr
 
 
 def test_scenario_toml_and_the_cli_take_an_import_spec(tmp_path: Path) -> None:

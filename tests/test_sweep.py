@@ -180,13 +180,14 @@ def test_a_crash_and_a_runaway_cell_are_their_rows_on_dask_too(
     statuses = {}
     for name, where in {"local": ["--jobs", "1"], "dask": ["--scheduler", dask_scheduler]}.items():
         code, out, _ = sweep(capsys, *common, *where, "--json", str(tmp_path / f"{name}.json"))
-        assert code == command.EXIT_BUG  # a cell's exception is a bug, whatever else happened
+        assert code == command.EXIT_BAD_INPUT  # the only crash is the user's policy raising: their input
         _, _, rows = read_json(tmp_path / f"{name}.json")
         statuses[name] = [(r["policy"], r["status"]) for r in rows]
         crashed = rows[1]
-        assert crashed["check"] == "RuntimeError: policy bug" and "team_policies.py" in crashed["error"]
+        raised = "UserPolicyError: policy 'raises': on_group raised RuntimeError: policy bug"
+        assert crashed["check"].startswith(raised) and "team_policies.py" in crashed["error"], crashed["check"]
         assert "within the cell's wall-clock limit of 5 s" in rows[2]["check"]
-        assert "#1 crash: RuntimeError: policy bug" in out
+        assert f"#1 crash: {raised}" in out
     assert (
         statuses["local"]
         == statuses["dask"]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from simnccl.policy import BasePolicy, DedupePolicy, GroupDecision, GroupRequest, InitPlan, InitRequest
+from simnccl.policy import BasePolicy, DedupePolicy, GroupDecision, GroupRequest, InitPlan, InitRequest, Policy
 
 
 @dataclass(frozen=True)
@@ -87,3 +87,46 @@ class OwnDevice(BasePolicy):
 
     def on_init(self, request: InitRequest) -> InitPlan:
         return InitPlan(request.backend, request.rank, request.pg_options, {}, "device_id = rank")
+
+
+class ProtocolOnly(Policy):
+    """Wrong: subclasses the ``Policy`` protocol, whose hooks are stubs returning None."""
+
+    name = "protocol-only"
+
+
+class UnnamedSubclass(BasePolicy):
+    """Wrong: ``name = ...`` without @dataclass keeps BasePolicy's field value, 'torch-default'."""
+
+    name = "unnamed-subclass"
+
+
+@dataclass(frozen=True)
+class RaisesOnGroup(BasePolicy):
+    """A policy with a bug: raises for any group of more than one rank."""
+
+    name: str = "raises-on-group"
+
+    def on_group(self, request: GroupRequest, decision: GroupDecision) -> GroupDecision:
+        if len(request.ranks) > 1:
+            raise RuntimeError("team policy bug")
+        return decision
+
+
+@dataclass(frozen=True)
+class ReturnsNothing(BasePolicy):
+    """A policy with a bug: forgets to return the decision."""
+
+    name: str = "returns-nothing"
+
+    def on_group(self, request: GroupRequest, decision: GroupDecision) -> GroupDecision:
+        replace(decision, reuse=False)
+        return None  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class RaisesOnInit(BasePolicy):
+    name: str = "raises-on-init"
+
+    def on_init(self, request: InitRequest) -> InitPlan:
+        raise KeyError("MASTER_ADDR")

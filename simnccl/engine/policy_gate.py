@@ -30,6 +30,7 @@ from simnccl.policy import (
     InitPlan,
     InitRequest,
     Policy,
+    ask_init,
     decide_group,
     decide_split,
     decides_alike_on_every_rank,
@@ -93,10 +94,11 @@ class PolicyGate:
         self._eager_mib: dict[int, tuple[Any, float | None]] = {}
 
     def init(self, rt: RankRuntime, op: InitProcessGroup) -> InitProcessGroup:
-        plan = self.policy.on_init(
+        plan = ask_init(
+            self.policy,
             InitRequest(
                 rt.rank, rt.ctx.world_size, self.release.key, rt.ctx.env, op.backend, op.device_id, op.pg_options
-            )
+            ),
         )
         self._check_init_agrees(rt, plan)
         if plan.env:

@@ -7,11 +7,13 @@ these types; they import neither simpy nor torch (DESIGN rule 2).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from simnccl.ops import NO_OPTIONS, PgOptions
+
+T = TypeVar("T")
 
 TRAFFIC_KINDS = ("collectives", "p2p", "none")
 P2P_PURPOSES = ("pp", "pipeline", "p2p", "embedding")
@@ -160,9 +162,72 @@ def _because(decision: GroupDecision, text: str, **changes: object) -> GroupDeci
     return replace(decision, explanation=explanation, **changes)
 
 
+class UserPolicyError(PolicyError):
+    """A user's policy raised, or returned something that is not a plan or a decision, when a simulation asked
+    it: bad input (exit 2, naming the policy, the hook and the call), neither a simnccl defect (exit 70, as it
+    was) nor a failed check (exit 1). The policy's own exception is the ``__cause__``."""
+
+
+def is_user_policy(policy: object) -> bool:
+    """Whether ``policy`` is (or composes, or wraps) code from outside simnccl: a user's class, or a user's
+    subclass of a built-in. A built-in that raises is simnccl's defect and is not relabelled."""
+    if type(policy).__module__.split(".")[0] != "simnccl":
+        return True
+    parts = getattr(policy, "parts", None) or ((policy.inner,) if hasattr(policy, "inner") else ())
+    return any(is_user_policy(part) for part in parts)
+
+
+def _policy_name(policy: object) -> str:
+    name = getattr(policy, "name", None)
+    return name if isinstance(name, str) else type(policy).__qualname__
+
+
+def _asked(policy: Policy, hook: str, call: Callable[[], T], expected: type, context: Callable[[], str]) -> T:
+    """``call()`` (the policy's ``hook``) checked: a user's policy that raises, or answers with no ``expected``,
+    is ``UserPolicyError`` naming the policy, the hook and ``context()`` (built only then: this is per call)."""
+    try:
+        answer = call()
+    except UserPolicyError:  # a wrapper's inner policy, already named
+        raise
+    except Exception as err:
+        if not is_user_policy(policy):
+            raise
+        raise UserPolicyError(
+            f"policy {_policy_name(policy)!r}: {hook} raised {type(err).__name__}: {err} ({context()})"
+        ) from err
+    if not isinstance(answer, expected):
+        how = {
+            "on_init": "subclass simnccl.policy.BasePolicy, whose on_init returns torch's plan; change what you need",
+            "on_group": "return the decision it was given, changed with dataclasses.replace",
+        }[hook]
+        raise UserPolicyError(
+            f"policy {_policy_name(policy)!r}: {hook} returned {answer!r}; expected "
+            f"{'an' if expected.__name__[0] in 'AEIOU' else 'a'} {expected.__name__} ({how})"
+        )
+    return answer
+
+
+def ask_init(policy: Policy, request: InitRequest) -> InitPlan:
+    """``policy.on_init(request)``; a user's policy that raises or returns no ``InitPlan`` is ``UserPolicyError``."""
+    return _asked(
+        policy,
+        "on_init",
+        lambda: policy.on_init(request),
+        InitPlan,
+        lambda: f"rank {request.rank} of {request.world_size}, init_process_group(backend={request.backend!r})",
+    )
+
+
 def decide_group(policy: Policy, request: GroupRequest) -> GroupDecision:
-    """The policy's full decision for one call, starting from "as the program asked"."""
-    decision = policy.on_group(request, unchanged(request))
+    """The policy's full decision for one call, starting from "as the program asked"; a user's policy that
+    raises or returns no ``GroupDecision`` is ``UserPolicyError``."""
+    decision = _asked(
+        policy,
+        "on_group",
+        lambda: policy.on_group(request, unchanged(request)),
+        GroupDecision,
+        lambda: f"rank {request.rank}, {request.kind}(ranks={list(request.ranks)}, backend={request.backend!r})",
+    )
     if decision.explanation:
         return decision
     if type(decision) is GroupDecision:  # what ``replace`` builds, without its per-field introspection

@@ -160,9 +160,22 @@ def _checked(obj: object, where: str) -> Policy:
         raise PolicyError(f"policy {where}: {type(obj).__name__} object has no on_group/on_init: not a policy")
     if not isinstance(getattr(obj, "name", None), str):
         raise PolicyError(f"policy {where}: a policy needs a 'name' string attribute (BasePolicy has one)")
+    if obj.name in BUILTIN and type(obj) is not BUILTIN[obj.name]:  # type: ignore[attr-defined]
+        # A subclass of BasePolicy that sets ``name = "mine"`` without @dataclass keeps BasePolicy's field value:
+        # its results would be reported under the built-in's name (and beside the built-in's own column).
+        raise PolicyError(
+            f"policy {where}: {type(obj).__qualname__} is named {obj.name!r}, a built-in policy's name, so reports "
+            'would show its results as the built-in\'s; give it its own name: a field `name: str = "..."` in a '
+            "@dataclass(frozen=True) subclass of BasePolicy"
+        )
     for hook in ("on_init", "on_group"):
         if not callable(getattr(obj, hook, None)):
             raise PolicyError(f"policy {where}: no {hook}() (subclass simnccl.policy.BasePolicy to get both)")
+        if getattr(type(obj), hook, None) is getattr(Policy, hook):  # the Protocol's stub: returns None
+            raise PolicyError(
+                f"policy {where}: {type(obj).__qualname__}.{hook} is the Policy protocol's stub, which does "
+                "nothing; subclass simnccl.policy.BasePolicy (torch's defaults) and override what you change"
+            )
     return obj  # type: ignore[return-value]
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from simnccl.cli_options import env_item
+from simnccl.policy.plans import UserPolicyError
 from simnccl.sweep.cell import Cell, expand
 from simnccl.sweep.executors import Executor, ExecutorError, check_address, run_cells
 from simnccl.sweep.matrix import (
@@ -339,8 +340,14 @@ class _Progress:
 
 
 def exit_code(rows: Sequence[Row]) -> int:
+    """0 every cell ok; 70 a cell crashed in simnccl; 2 every crash was a user's policy raising or answering
+    with no plan (``UserPolicyError``: their input, as ``simnccl run`` says); 1 a check failed or a cell
+    stopped."""
     statuses = {row["status"] for row in rows}
     if "crash" in statuses:
+        crashes = [row for row in rows if row["status"] == "crash"]
+        if all(str(row.get("check") or "").startswith(f"{UserPolicyError.__name__}:") for row in crashes):
+            return EXIT_BAD_INPUT
         return EXIT_BUG
     if statuses & {"fail", "stopped"}:
         return EXIT_CHECK_FAILED
