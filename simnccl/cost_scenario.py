@@ -69,6 +69,13 @@ def run_scenario(args: argparse.Namespace, extra: Sequence[str], out: Any) -> in
         check_json_target(args.json)
         _refuse_workload_flags(args, extra)
         scenario = load_scenario(args.scenario)
+        if scenario.recovery is not None:
+            # its process groups are made by simnccl.recovery between segments: pricing the bare steps met
+            # groups never created and printed 0 MiB per device, exit 0, as if that were the startup's cost
+            raise CostError(
+                f"{scenario.source}: recovery: a [recovery] scenario's groups are re-formed by simnccl.recovery, "
+                "which cost does not run; its memory is in `simnccl run` (per segment and checkpoint)"
+            )
         columns = scenario_columns(scenario, args.policy, env_overrides(args), args.variant)
     except (CostError, OverrideError, ScenarioError) as err:
         out.error(str(err))

@@ -301,3 +301,13 @@ def test_jobs_below_one_is_bad_input_for_a_workload_and_a_scenario(capsys, sourc
     """One check of --jobs, before either source is read (the scenario file need not exist)."""
     assert main(["cost", *source, "--jobs", "0"]) == 2
     assert "--jobs: expected a positive integer, got 0" in capsys.readouterr().err
+
+
+def test_a_recovery_scenario_is_refused_not_priced_as_its_bare_steps(capsys) -> None:
+    """A [recovery] scenario's groups come from simnccl.recovery, which cost does not run: pricing its bare
+    steps met groups never created and printed 0 MiB per device with exit 0, a startup cost of nothing."""
+    from conftest import SCENARIOS_DIR
+
+    assert main(["cost", "--scenario", str(SCENARIOS_DIR / "crash-replaced.toml")]) == 2
+    err = capsys.readouterr().err
+    assert "crash-replaced.toml: recovery: a [recovery] scenario's groups are re-formed by simnccl.recovery" in err
