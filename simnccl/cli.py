@@ -15,7 +15,14 @@ from pathlib import Path
 from typing import Any
 
 from simnccl.cli_guard import guarded
-from simnccl.cli_options import OverrideError, add_common, add_version, check_json_target, normalise_argv
+from simnccl.cli_options import (
+    OverrideError,
+    add_common,
+    add_version,
+    check_fr_dir,
+    check_json_target,
+    normalise_argv,
+)
 
 DEFAULT_SCENARIO = "pytorch-199957.toml"
 EXIT_OK, EXIT_EXPECTATIONS, EXIT_BAD_INPUT = 0, 1, 2
@@ -169,6 +176,7 @@ def run_scenarios(args: argparse.Namespace) -> int:
     try:
         check_json_target(args.json)
         check_pictures(args)
+        check_fr_dir(getattr(args, "fr_dir", None))
         scenarios = [apply_overrides(load_scenario(p), args) for p in paths]
     except (ScenarioError, OverrideError, PictureError) as error:
         out.error(str(error))
@@ -192,7 +200,10 @@ def run_scenarios(args: argparse.Namespace) -> int:
                     out.show(lambda console: print_variant(console, variant, explain=args.explain))
                     if args.fr_dir and variant.outcome.fr_dumps:
                         folder = Path(args.fr_dir) / _safe(f"{scenario_name}-{variant.name}")
-                        write_dumps(variant.outcome.fr_dumps, folder)
+                        try:
+                            write_dumps(variant.outcome.fr_dumps, folder)
+                        except OSError as err:  # checked up front; a disk that fills or a folder removed since
+                            raise OverrideError("--fr-dir", f"cannot write {str(folder)!r}: {err.strerror}") from None
                         out.note(f"flight-recorder dumps: {folder}")
                 out.add(variant_summary(scenario_name, variant))
 
@@ -205,6 +216,9 @@ def run_scenarios(args: argparse.Namespace) -> int:
                 )
             except EngineGuardError as error:
                 out.error(stopped_at_a_limit(error, scenario.source))
+                return EXIT_BAD_INPUT
+            except OverrideError as error:  # --fr-dir could not be written after all
+                out.error(str(error))
                 return EXIT_BAD_INPUT
             if not explaining:
                 out.show(lambda console, r=result: print_footer(console, r))

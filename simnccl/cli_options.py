@@ -191,6 +191,21 @@ def check_json_target(target: str | None) -> None:
         raise OverrideError("--json", f"no such directory {str(path.parent)!r} for {target!r}")
 
 
+def check_fr_dir(target: str | None) -> None:
+    """``--fr-dir DIR`` must be a folder, or a path where one can be made, before anything runs (it was an
+    internal error, exit 70, when the dumps were written into a file or a device at the end of a variant)."""
+    if not target:
+        return
+    from pathlib import Path
+
+    path = Path(target)
+    if path.exists() and not path.is_dir():
+        raise OverrideError("--fr-dir", f"{target!r} exists and is not a folder; expected a folder for the dumps")
+    parent = next((p for p in (path, *path.parents) if p.exists()), None)
+    if parent is not None and not parent.is_dir():
+        raise OverrideError("--fr-dir", f"{str(parent)!r} is not a folder, so {target!r} cannot be made")
+
+
 # ---------------------------------------------------------------------------------------------- overrides
 
 

@@ -610,3 +610,30 @@ def test_the_capture_api_refuses_a_timeout_past_the_limit() -> None:
     for value in (float("inf"), float("nan"), 0, 10**12, True):
         with pytest.raises(cap.CaptureError, match="timeout_s: "):
             cap.capture(lambda: None, 2, timeout_s=value)
+
+
+@pytest.mark.parametrize("where", ["file", "under-a-file", "device"])
+def test_fr_dir_that_cannot_be_a_folder_is_exit_2_before_anything_runs(capsys, tmp_path: Path, where: str) -> None:
+    """The dumps were written at the end of a variant: into a file or a device that was an internal error
+    (exit 70) after the simulation had run."""
+    target = {
+        "file": tmp_path / "dumps.txt",
+        "under-a-file": tmp_path / "dumps.txt" / "sub",
+        "device": Path("/dev/null"),
+    }[where]
+    (tmp_path / "dumps.txt").write_text("not a folder\n")
+    code, _, err = _run(capsys, str(SCENARIOS_DIR / "hang-missing-rank.toml"), "--fr-dir", str(target))
+    assert code == 2 and "--fr-dir: " in err and "Traceback" not in err, err
+    assert "not a folder" in err
+
+
+@pytest.mark.parametrize("case", ["/dev/zero", "fifo"])
+def test_replay_of_a_case_that_is_not_a_regular_file_is_exit_2(tmp_path: Path, case: str) -> None:
+    """``python -m simnccl.testing.replay /dev/zero`` read until it was killed; a FIFO blocked forever."""
+    if case == "fifo":
+        case = str(tmp_path / "case.json")
+        os.mkfifo(case)
+    done = subprocess.run(
+        [sys.executable, "-m", "simnccl.testing.replay", case], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 2 and "cannot read: not a regular file" in done.stderr, done.stderr

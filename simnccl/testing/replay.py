@@ -204,7 +204,7 @@ class SimCase:
 
     @classmethod
     def load(cls, path: str | Path) -> SimCase:
-        return cls.from_json(json.loads(Path(path).read_text(encoding="utf-8")))
+        return cls.from_json(_read_case(Path(path)))
 
     def snippet(self) -> str:
         """The case as Python that replays it with ``simnccl.testing.simulate``."""
@@ -426,6 +426,18 @@ def describe(outcome: RunOutcome) -> str:
 EXIT_OK, EXIT_STILL_FAILS, EXIT_BAD_INPUT = 0, 1, 2
 
 
+def _read_case(path: Path) -> Any:
+    """A case file's JSON, read only when it is a regular file within ``max_file_bytes`` (``/dev/zero`` was read
+    until the process was killed); ``ValueError`` says why not."""
+    from simnccl.limits import current as current_limits
+    from simnccl.limits import file_problem
+
+    problem = file_problem(path, current_limits().max_file_bytes)
+    if problem is not None:
+        raise ValueError(problem)
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Replay a case file: simulate it, then re-run the check that failed on it.
 
@@ -444,7 +456,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     try:
-        data = json.loads(Path(args.case).read_text(encoding="utf-8"))
+        data = _read_case(Path(args.case))
         case = SimCase.from_json(data)
         if args.policy:
             case = case.with_(policy=args.policy)
