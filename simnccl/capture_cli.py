@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from simnccl.cli_options import (
+    OutputError,
     OverrideError,
     add_common,
     check_json_target,
@@ -164,7 +165,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     record: dict[str, Any] = {"capture": run.to_json(), "simulated": None}
     try:
         if args.toml:
-            Path(args.toml).write_text(run.to_scenario_toml(args.name, gpu=gpu), encoding="utf-8")
+            try:
+                Path(args.toml).write_text(run.to_scenario_toml(args.name, gpu=gpu), encoding="utf-8")
+            except OSError as err:
+                raise OutputError(f"--toml: cannot write {args.toml!r}: {err.strerror or err}") from None
             out.note(f"wrote {args.toml}")
         if args.simulate:
             simulated = _simulate(run, args, gpu, out)

@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from simnccl.cli_options import OutputError
 from simnccl.limits import DATA_FILE, ENV_PREFIX, LimitError
 from simnccl.limits import current as current_limits
 from simnccl.policy.plans import UserPolicyError
@@ -61,6 +62,10 @@ def guarded(main_fn: MainFn) -> MainFn:
                 with _wall_clock(wall_s):
                     return main_fn(argv)
             except LimitError as err:
+                _say(f"error: {err}")
+                return EXIT_BAD_INPUT
+            except OutputError as err:
+                _reap(children_before)
                 _say(f"error: {err}")
                 return EXIT_BAD_INPUT
             except UserPolicyError as err:  # the user's policy raised or returned no plan: their input, not ours

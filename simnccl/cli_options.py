@@ -35,6 +35,11 @@ _OVERRIDE_HELP = {
 }
 
 
+class OutputError(Exception):
+    """An output file could not be written (a full disk, a folder gone, no permission): exit 2 naming the flag
+    and the file, not an internal error (exit 70)."""
+
+
 class OverrideError(ValueError):
     """A command-line override that cannot apply: the message names the flag (exit 2)."""
 

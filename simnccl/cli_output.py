@@ -23,7 +23,7 @@ from typing import Any, TextIO, TypeVar
 from rich.console import Console, RenderableType
 from rich.text import Text
 
-from simnccl.cli_options import STDOUT
+from simnccl.cli_options import STDOUT, OutputError
 from simnccl.result import SummaryLine, document
 
 PIPE_WIDTH = 4096  # columns when stdout is not a terminal: wide enough that nothing a command prints wraps
@@ -222,5 +222,8 @@ class Output:
             sys.stdout.write(text)
             sys.stdout.flush()
         elif self.json_target is not None:
-            Path(self.json_target).write_text(text, encoding="utf-8")
+            try:
+                Path(self.json_target).write_text(text, encoding="utf-8")
+            except OSError as err:
+                raise OutputError(f"--json: cannot write {self.json_target!r}: {err.strerror or err}") from None
             self.note(f"wrote {self.json_target}")

@@ -637,3 +637,14 @@ def test_replay_of_a_case_that_is_not_a_regular_file_is_exit_2(tmp_path: Path, c
         [sys.executable, "-m", "simnccl.testing.replay", case], capture_output=True, text=True, timeout=60, check=False
     )
     assert done.returncode == 2 and "cannot read: not a regular file" in done.stderr, done.stderr
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs Linux's /dev/full (every write: ENOSPC)")
+@pytest.mark.parametrize("command", ["run", "explain"])
+def test_a_json_output_that_cannot_be_written_is_exit_2_naming_it(capsys, command: str) -> None:
+    """A full disk under ``--json`` was an internal error (exit 70, "a bug in simnccl"); it is the output's
+    problem: exit 2 naming the flag, the file and the reason."""
+    code = main([command, str(SCENARIOS_DIR / "hang-missing-rank.toml"), "--json", "/dev/full", "-q"])
+    err = re.sub(r"\s+", " ", capsys.readouterr().err)
+    assert code == 2, err
+    assert "--json: cannot write '/dev/full': No space left on device" in err and "internal error" not in err
