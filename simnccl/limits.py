@@ -44,6 +44,8 @@ class InputLimits:
     max_sim_time_s: float
     max_wall_s: float
     max_timeout_s: float
+    max_real_cases: int
+    max_real_parallel: int
 
 
 _INTEGER = {f.name: f.type == "int" for f in fields(InputLimits)}

@@ -648,3 +648,24 @@ def test_a_json_output_that_cannot_be_written_is_exit_2_naming_it(capsys, comman
     err = re.sub(r"\s+", " ", capsys.readouterr().err)
     assert code == 2, err
     assert "--json: cannot write '/dev/full': No space left on device" in err and "internal error" not in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--count", "100000000"], "--count: 100000000 cases exceeds the limit max_real_cases"),
+        (["--count", "0"], "--count: expected at least 1 case, got 0"),
+        (["--count", "1", "--parallel", "0"], "--parallel: expected at least 1 world at a time"),
+        (
+            ["--count", "1", "--parallel", "1000"],
+            "--parallel: 1000 worlds at a time exceeds the limit max_real_parallel",
+        ),
+        (["--only", "-3"], "--only: expected case indices >= 0, got -3"),
+    ],
+)
+def test_real_diff_sizes_are_bounded_before_any_case_is_generated(capsys, argv: list[str], message: str) -> None:
+    """``--count 100000000`` generated every case into memory before the first ran; ``--parallel 1000`` would
+    start a thousand real worlds of torch processes at once."""
+    assert main(["real", "diff", *argv]) == 2
+    err = re.sub(r"\s+", " ", capsys.readouterr().err)
+    assert message in err and "Traceback" not in err, err

@@ -294,6 +294,27 @@ def _gpu_scenarios(args: argparse.Namespace) -> int:
     return 0
 
 
+def _diff_size_problem(args: argparse.Namespace) -> str | None:
+    """Why ``real diff``'s sizes may not run (None: they may), checked before any case is generated."""
+    from simnccl.limits import current as current_limits
+    from simnccl.limits import exceeded
+
+    limits = current_limits()
+    cases = len(args.only) if args.only else args.count
+    if args.only and any(index < 0 for index in args.only):
+        return f"--only: expected case indices >= 0, got {min(args.only)}"
+    if cases < 1:
+        return f"--count: expected at least 1 case, got {args.count}"
+    if cases > limits.max_real_cases:
+        return f"--count: {exceeded('max_real_cases', f'{cases} cases', limits.max_real_cases)}"
+    if not 1 <= args.parallel <= limits.max_real_parallel:
+        if args.parallel < 1:
+            return f"--parallel: expected at least 1 world at a time, got {args.parallel}"
+        shown = f"{args.parallel} worlds at a time"
+        return f"--parallel: {exceeded('max_real_parallel', shown, limits.max_real_parallel)}"
+    return None
+
+
 def _diff(args: argparse.Namespace, out: Any) -> int:
     """Each case on real gloo and in the simulator, ``--parallel`` at a time, printed in order as they finish."""
     from concurrent.futures import ThreadPoolExecutor
@@ -302,6 +323,10 @@ def _diff(args: argparse.Namespace, out: Any) -> int:
     from simnccl.real.launch import Launcher, RunSettings
 
     settings = RunSettings.for_lane("cpu", stall_s=args.stall or 5.0, timeout_s=args.timeout or 30.0)
+    problem = _diff_size_problem(args)
+    if problem is not None:
+        out.error(problem)
+        return EXIT_BAD_INPUT
 
     seed = args.seed if args.seed is not None else 0
     chosen = [generate(seed, i) for i in args.only] if args.only else cases(seed, args.count)
@@ -310,7 +335,7 @@ def _diff(args: argparse.Namespace, out: Any) -> int:
     try:
         with (
             out.progress(len(chosen), "cases") as bar,
-            ThreadPoolExecutor(max_workers=max(1, args.parallel)) as pool,
+            ThreadPoolExecutor(max_workers=args.parallel) as pool,
         ):
             for (result,) in pool.map(
                 lambda case: run_cases([case], launcher=launcher, settings=settings, parallel=1), chosen
