@@ -46,6 +46,7 @@ class InputLimits:
     max_timeout_s: float
     max_real_cases: int
     max_real_parallel: int
+    max_capture_jobs: int
 
 
 _INTEGER = {f.name: f.type == "int" for f in fields(InputLimits)}

@@ -411,6 +411,7 @@ def test_cli_code_that_raises_names_the_rank_and_the_error(tmp_path: Path, capsy
         ({"world_size": 2, "mode": "threads"}, "mode: expected one of fork, inline"),
         ({"world_size": 2, "device_type": "xpu"}, "device_type: expected 'cuda' or 'cpu'"),
         ({"world_size": 10**8}, "world_size: a world of 100000000 ranks exceeds the limit max_world_size"),
+        ({"world_size": 2, "jobs": 10**5}, "jobs: 100000 ranks at a time exceeds the limit max_capture_jobs = 64"),
     ],
 )
 def test_bad_arguments_raise_capture_error(kwargs: dict[str, Any], message: str) -> None:

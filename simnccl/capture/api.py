@@ -26,6 +26,8 @@ from simnccl.capture.result import (
 from simnccl.capture_cli import DEFAULT_TIMEOUT_S, MODES, world_problem
 from simnccl.cli_options import seconds_problem
 from simnccl.cluster import ClusterError, get_gpu_kind
+from simnccl.limits import current as current_limits
+from simnccl.limits import exceeded
 from simnccl.ops import (
     InitProcessGroup,
     Program,
@@ -100,6 +102,8 @@ def capture(
         raise CaptureError(f"mode: expected one of {', '.join(MODES)}, got {mode!r}")
     if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1):
         raise CaptureError(f"jobs: expected an integer >= 1 (ranks run at a time), got {jobs!r}")
+    if jobs is not None and jobs > (limit := current_limits().max_capture_jobs):
+        raise CaptureError(f"jobs: {exceeded('max_capture_jobs', f'{jobs} ranks at a time', limit)}")
     if isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float):
         raise CaptureError(f"timeout_s: expected a positive number of seconds, got {timeout_s!r}")
     timeout_problem = seconds_problem(float(timeout_s))
