@@ -669,3 +669,18 @@ def test_real_diff_sizes_are_bounded_before_any_case_is_generated(capsys, argv: 
     assert main(["real", "diff", *argv]) == 2
     err = re.sub(r"\s+", " ", capsys.readouterr().err)
     assert message in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize(
+    ("cluster", "shown"),
+    [({"gpus_per_node": 10**8}, "a cluster of 100000000 ranks"), ({"nodes": 10**7, "gpus_per_node": 8}, "80000000")],
+)
+def test_the_python_harness_bounds_the_cluster_before_making_anything(cluster: dict, shown: str) -> None:
+    """``simnccl.testing.simulate(..., nodes=10**7)`` ran until the machine gave out (a scenario's cluster was
+    bounded, the harness's was not): a user's test with a typo must fail at once, naming the limit."""
+    from simnccl.ops import InitProcessGroup, SetDevice
+    from simnccl.testing import simulate
+
+    with pytest.raises(ValueError, match="exceeds the limit max_world_size = 65536") as raised:
+        simulate([SetDevice(), InitProcessGroup(backend="nccl")], **cluster)
+    assert shown in str(raised.value)

@@ -11,6 +11,8 @@ from collections.abc import Mapping, Sequence
 from simnccl.cluster import Cluster, get_gpu_kind
 from simnccl.engine import Engine, Limits, RunOutcome, SimConfig
 from simnccl.faults import NO_FAULTS, FaultSchedule
+from simnccl.limits import current as current_limits
+from simnccl.limits import exceeded
 from simnccl.ops import Op, Program
 from simnccl.policy import Policy, get_policy
 from simnccl.profiles import find_profile, get_profile
@@ -33,8 +35,15 @@ def simulate(
     policy: str | Policy | None = None,
     faults: FaultSchedule | None = None,
 ) -> RunOutcome:
-    """Run ``program`` (one op list for every rank, or one list per rank) and return the outcome."""
+    """Run ``program`` (one op list for every rank, or one list per rank) and return the outcome.
+
+    The cluster is bounded by ``max_world_size`` (ranks, and GPUs) before anything is made for it, as a scenario's
+    is: ``nodes=10**7`` is a ``ValueError`` naming the limit, not a test that runs until the machine gives out."""
     cluster = Cluster(get_gpu_kind(gpu), nodes, gpus_per_node, ranks_per_node)
+    limit = current_limits().max_world_size
+    for count, what in ((cluster.world_size, "ranks"), (cluster.nodes * cluster.gpus_per_node, "GPUs")):
+        if count > limit:
+            raise ValueError(exceeded("max_world_size", f"a cluster of {count} {what}", limit))
     if program and not isinstance(program[0], Op):
         # The same op list object for several ranks becomes one shared Program (DESIGN rule 8: the engine's
         # fast path needs it); equal but distinct lists stay distinct, which forces the rank-by-rank path.
