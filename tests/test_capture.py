@@ -735,3 +735,22 @@ def test_ranks_given_as_an_iterator_are_recorded_and_torch_still_gets_them() -> 
     run = cap.capture(_groups_from_iterators, 2, mode="inline")
     assert [op.ranks for op in run.programs[0].ops if isinstance(op, NewGroup)] == [(0, 1)] * 3
     assert run.simulate().verdict == "pass"
+
+
+def _groups_forever() -> None:
+    """A rank that loops on group creation and swallows every error: only a BaseException ends it."""
+    dist.init_process_group("nccl")
+    while True:
+        try:
+            dist.new_group([0])
+        except Exception:  # the captured code's own catch-all, which the bound must get past
+            continue
+
+
+@pytest.mark.parametrize("mode", ["inline", "fork"])
+def test_a_rank_that_records_past_max_program_ops_is_stopped(monkeypatch: pytest.MonkeyPatch, mode: str) -> None:
+    """A loop of group calls grew the rank's record (and the parent's) without bound until the rank's timeout;
+    the recorder stops it at ``max_program_ops``, through the code's own ``except Exception``."""
+    monkeypatch.setenv("SIMNCCL_LIMIT_MAX_PROGRAM_OPS", "200")
+    with pytest.raises(cap.CaptureError, match="rank 0: the captured code issued more ops than a Program may hold"):
+        cap.capture(_groups_forever, 2, mode=mode, timeout_s=60)

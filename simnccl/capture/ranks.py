@@ -29,7 +29,7 @@ import torch.distributed as dist
 
 from simnccl.capture.environment import DEFAULT_GPU, _installed
 from simnccl.capture.heap import frozen_heap, prepare_to_fork
-from simnccl.capture.recorder import _Recorder, built_calls, built_ops
+from simnccl.capture.recorder import TooManyOps, _Recorder, built_calls, built_ops
 from simnccl.capture.result import Call, CaptureError, RankCapture
 from simnccl.capture_cli import DEFAULT_TIMEOUT_S
 from simnccl.ops import (
@@ -184,7 +184,7 @@ def _rank_child(spec: _Spec, rank: int, write_fd: int, log_path: str) -> NoRetur
         _forked_child(log_path)
         try:
             data = _frame(_run_rank_compact(spec, rank))
-        except CaptureError as err:
+        except (CaptureError, TooManyOps) as err:
             data = _frame(str(err))
         except BaseException as err:
             data = _frame(_describe_failure(rank, err))
@@ -462,6 +462,8 @@ def _run_inline(spec: _Spec) -> list[RankCapture]:
                 out.append(_run_rank(spec, rank))
         except CaptureError:
             raise
+        except TooManyOps as err:
+            raise CaptureError(str(err)) from None
         except Exception as err:
             raise CaptureError(_describe_failure(rank, err)) from None
     return out

@@ -15,6 +15,8 @@ from torch.distributed import distributed_c10d as c10d
 from simnccl.capture.fake_devices import TensorMemory
 from simnccl.capture.result import Call
 from simnccl.capture.values import _plain
+from simnccl.limits import current as current_limits
+from simnccl.limits import exceeded
 from simnccl.ops import (
     WORLD,
     Checkpoint,
@@ -46,6 +48,7 @@ class _Recorder:
         self.families: dict[str, tuple[str, set[int]]] = {}
         self.family_count: dict[str, int] = {}
         self.memory = TensorMemory()  # the rank's emulated CUDA tensors (simnccl.capture.fake_devices)
+        self.max_ops = current_limits().max_program_ops  # a Program's bound, checked as the rank records
 
     def add(self, op: Op | None, name: str, args: Mapping[str, Any], handle: str | None = None) -> None:
         self.calls.append(Call(name, {k: _plain(v) for k, v in args.items()}, handle))
@@ -70,6 +73,11 @@ class _Recorder:
         """Append ``op`` after the tensor memory reserved since the last op (``alloc``/``empty_cache`` ops)."""
         self.ops.extend(self.memory.changes())
         self.ops.append(op)
+        if len(self.ops) > self.max_ops:
+            raise TooManyOps(
+                f"rank {self.rank}: the captured code issued more ops than a Program may hold: "
+                + exceeded("max_program_ops", f"{len(self.ops)} ops", self.max_ops)
+            )
 
     def finish(self) -> None:
         """Charge the tensor memory reserved after the last recorded call."""
@@ -123,6 +131,12 @@ def built_ops(items: Iterable[Any]) -> tuple[Op, ...]:
 def built_calls(items: Iterable[Any]) -> tuple[Call, ...]:
     """A recorder's ``calls`` as Calls (a compact ``new_group`` entry, a tuple, becomes its ``Call``)."""
     return tuple(Call("new_group", *item) if type(item) is tuple else item for item in items)
+
+
+class TooManyOps(BaseException):
+    """A rank recorded more ops than ``max_program_ops``: a loop of group calls or collectives that would grow
+    the rank's record (and the parent's) without bound. A BaseException, so the captured code's own ``except
+    Exception`` cannot swallow it and loop on; the capture reports it as the rank's failure (exit 2)."""
 
 
 _ACTIVE: _Recorder | None = None
