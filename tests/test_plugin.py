@@ -225,6 +225,21 @@ def test_program_count_is_summed_over_xdist_workers(pytester: pytest.Pytester) -
     short.stdout.fnmatch_lines(["simnccl: only 20 generated programs simulated, fewer than 21"])
 
 
+@pytest.mark.parametrize(("where", "value"), [("flag", "-1"), ("flag", "many"), ("env", "abc"), ("env", "-5")])
+def test_a_bad_minimum_is_a_usage_error(pytester: pytest.Pytester, monkeypatch, where: str, value: str) -> None:
+    """``SIMNCCL_MIN_PROGRAMS=abc`` was read with a bare ``int()`` while the plugin registered its options: a
+    traceback before any test; ``--simnccl-min-programs -1`` was accepted (no minimum). Both: a usage error."""
+    pytester.makepyfile(test_a="def test_a():\n    pass\n")
+    if where == "env":
+        monkeypatch.setenv("SIMNCCL_MIN_PROGRAMS", value)
+        result = run(pytester)
+    else:
+        result = run(pytester, "--simnccl-min-programs", value)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "expected a whole number of programs >= 0" in result.stderr.str()
+    assert "Traceback" not in result.stderr.str()
+
+
 def test_test_modules_register_the_plugin_once(pytester: pytest.Pytester) -> None:
     """The guard test modules use: name the plugin in pytest_plugins only when -p/the entry point didn't."""
     body = textwrap.dedent(

@@ -22,6 +22,7 @@ What it gives a suite:
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 from collections.abc import Callable, Iterator
@@ -81,10 +82,36 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
     group.addoption(
         "--simnccl-min-programs",
-        type=int,
-        default=int(os.environ.get("SIMNCCL_MIN_PROGRAMS", "0")),
+        type=program_count,
+        default=None,
         help="fail the session if fewer generated programs were simulated (env SIMNCCL_MIN_PROGRAMS)",
     )
+
+
+def program_count(text: str) -> int:
+    """``--simnccl-min-programs`` / ``SIMNCCL_MIN_PROGRAMS``: a whole number >= 0. A bad value is a usage error,
+    not a traceback at plugin load (the environment variable was read with a bare ``int()``) nor a silent -1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number of programs >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number of programs >= 0, got {text!r}")
+    return value
+
+
+def _min_programs(config: pytest.Config) -> int:
+    """The minimum asked for: the flag, else ``SIMNCCL_MIN_PROGRAMS``, else 0 (a bad variable: a usage error)."""
+    given = _option(config, "simnccl_min_programs")
+    if given is not None:
+        return int(given)
+    raw = os.environ.get("SIMNCCL_MIN_PROGRAMS")
+    if raw is None:
+        return 0
+    try:
+        return program_count(raw)
+    except argparse.ArgumentTypeError as err:
+        raise pytest.UsageError(f"SIMNCCL_MIN_PROGRAMS: {err}") from None
 
 
 def _option(config: pytest.Config, name: str) -> Any:
@@ -106,6 +133,7 @@ def pytest_configure(config: pytest.Config) -> None:
     register_profiles()
     if os.environ.get(PROFILE_ENV) and untouched():
         load_profile()
+    _min_programs(config)  # a bad SIMNCCL_MIN_PROGRAMS stops the session here, before any test runs
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -213,7 +241,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         workeroutput["simnccl_counts"] = dict(replay.COUNTS)
         workeroutput["simnccl_profile"] = active_profile()
         return
-    minimum = _option(config, "simnccl_min_programs") or 0
+    minimum = _min_programs(config)
     programs = _totals()["programs"]
     if minimum and programs < minimum and session.testscollected:
         _state["shortfall"] = f"simnccl: only {programs} generated programs simulated, fewer than {minimum}"
