@@ -412,6 +412,8 @@ def test_cli_code_that_raises_names_the_rank_and_the_error(tmp_path: Path, capsy
         ({"world_size": 2, "device_type": "xpu"}, "device_type: expected 'cuda' or 'cpu'"),
         ({"world_size": 10**8}, "world_size: a world of 100000000 ranks exceeds the limit max_world_size"),
         ({"world_size": 2, "jobs": 10**5}, "jobs: 100000 ranks at a time exceeds the limit max_capture_jobs = 64"),
+        ({"world_size": 2, "env": {"WORLD_SIZE": "8"}}, "env: WORLD_SIZE is set by the capture for each rank"),
+        ({"world_size": 2, "env": {"RANK": "0", "NCCL_DEBUG": "INFO"}}, "env: RANK is set by the capture"),
     ],
 )
 def test_bad_arguments_raise_capture_error(kwargs: dict[str, Any], message: str) -> None:
@@ -754,3 +756,14 @@ def test_a_rank_that_records_past_max_program_ops_is_stopped(monkeypatch: pytest
     monkeypatch.setenv("SIMNCCL_LIMIT_MAX_PROGRAM_OPS", "200")
     with pytest.raises(cap.CaptureError, match="rank 0: the captured code issued more ops than a Program may hold"):
         cap.capture(_groups_forever, 2, mode=mode, timeout_s=60)
+
+
+def test_every_variable_the_capture_sets_per_rank_is_one_env_may_not_set() -> None:
+    """``--env WORLD_SIZE=8`` captured a different world than ``--world`` and reported it ok: every variable
+    ``rank_env`` sets for the world's shape is refused in ``env``; the rest of ``env`` reaches each rank."""
+    from simnccl.capture.ranks import TORCHRUN_VARIABLES, _Spec
+
+    spec = _Spec(examples.device_mesh_2d, 4, 2, "2.15", {"NCCL_DEBUG": "INFO"}, None, True, False, None, 60.0)
+    env = spec.rank_env(3)
+    assert set(env) - set(TORCHRUN_VARIABLES) == {"NCCL_DEBUG", "TORCH_FR_BUFFER_SIZE"}
+    assert (env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"], env["NCCL_DEBUG"]) == ("3", "1", "4", "INFO")

@@ -13,7 +13,7 @@ import torch.distributed as dist
 from simnccl.capture.divergence import divergence_note
 from simnccl.capture.environment import DEFAULT_GPU
 from simnccl.capture.intercept import _intercepted
-from simnccl.capture.ranks import _run_forked, _run_inline, _Spec
+from simnccl.capture.ranks import TORCHRUN_VARIABLES, _run_forked, _run_inline, _Spec
 from simnccl.capture.result import (
     Call,
     CapturedRun,
@@ -95,6 +95,12 @@ def capture(
         get_release(release)
     except ReleaseError as err:
         raise CaptureError(f"release: {err}") from None
+    clash = [name for name in TORCHRUN_VARIABLES if name in (env or {})]
+    if clash:
+        raise CaptureError(
+            f"env: {', '.join(clash)} is set by the capture for each rank, as torchrun sets it; the world's shape "
+            "comes from world_size and gpus_per_node (--world, --gpus-per-node)"
+        )
     if device_type not in ("cuda", "cpu"):
         raise CaptureError(f"device_type: expected 'cuda' or 'cpu', got {device_type!r}")
     chosen = mode or ("fork" if hasattr(os, "fork") else "inline")

@@ -61,7 +61,7 @@ class _Spec:
 
     def rank_env(self, rank: int) -> dict[str, str]:
         local = rank % self.gpus_per_node
-        return {
+        world = {
             "RANK": str(rank),
             "WORLD_SIZE": str(self.world_size),
             "LOCAL_RANK": str(local),
@@ -69,9 +69,25 @@ class _Spec:
             "GROUP_RANK": str(rank // self.gpus_per_node),
             "MASTER_ADDR": "127.0.0.1",
             "MASTER_PORT": MASTER_PORT,
-            "TORCH_FR_BUFFER_SIZE": "0",  # no flight-recorder hooks: nothing to record, less noise
-            **self.env,
         }
+        return {
+            "TORCH_FR_BUFFER_SIZE": "0",  # no flight-recorder hooks: nothing to record, less noise
+            **self.env,  # never one of TORCHRUN_VARIABLES (capture() refuses them)
+            **world,
+        }
+
+
+# What the capture sets in each rank's environment, as torchrun would: the world's shape comes from the capture's
+# world_size/gpus_per_node, never from ``env`` (``--env RANK=0`` made every rank capture as rank 0, reported ok).
+TORCHRUN_VARIABLES = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+)
 
 
 def _run_rank(spec: _Spec, rank: int) -> RankCapture:
