@@ -30,7 +30,7 @@ from torch.distributed import distributed_c10d as c10d
 
 from simnccl import capture as cap
 from simnccl.capture.heap import COLLAPSE_MIN_FORKS, _dense_anonymous_ranges, prepare_to_fork
-from simnccl.capture.intercept import _BINDERS, _NEW_GROUP_KEYS, _call_args, _enter, _plain_args
+from simnccl.capture.intercept import _BINDERS, _NEW_GROUP_KEYS, _call_args, _enter_new_group, _plain_args
 from simnccl.capture.ranks import _frame, _Results
 from simnccl.capture.recorder import _Recorder, built_calls, built_ops
 from simnccl.capture.script import ScriptTarget
@@ -260,7 +260,7 @@ def test_a_new_group_recorded_compactly_builds_the_op_and_call_of_every_argument
     )
     recorder = _Recorder(0, 0, False)
     with group_tags("tp", "p2p"):
-        handle = _enter(recorder, "new_group", arguments)
+        handle, _ = _enter_new_group(recorder, arguments)
     assert type(recorder.ops[-1]) is tuple  # kept compact until built
     (op,) = built_ops(recorder.ops)
     assert op == NewGroup(
@@ -281,7 +281,7 @@ def test_a_new_group_recorded_compactly_builds_the_op_and_call_of_every_argument
 
 def test_compact_rank_results_are_built_once_and_equal_what_an_inline_rank_records() -> None:
     recorder = _Recorder(0, 0, False)
-    _enter(recorder, "new_group", _BINDERS["new_group"].bind(([0, 1],), {"group_desc": "tp"}))
+    _enter_new_group(recorder, _BINDERS["new_group"].bind(([0, 1],), {"group_desc": "tp"}))
     recorder.append(Checkpoint("end"))
     results = _Results()
     for rank in range(2):

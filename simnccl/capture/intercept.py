@@ -175,7 +175,8 @@ def _ranks_read_once(
 
 
 def _enter(rec: _Recorder, name: str, args: Mapping[str, Any]) -> str | None:
-    """Record the call, before torch runs it; returns the handle its group will be bound to."""
+    """Record the call, before torch runs it; returns the handle its group will be bound to. (``new_group`` goes
+    to ``_enter_new_group``, which also returns the ranks the non-member shortcut reuses.)"""
     if name == "init_process_group":
         op = InitProcessGroup(
             backend=_backend_name(args.get("backend")),
@@ -186,8 +187,6 @@ def _enter(rec: _Recorder, name: str, args: Mapping[str, Any]) -> str | None:
         keys = ("backend", "init_method", "timeout", "device_id", "pg_options")
         rec.add(op, name, _call_args(args, keys), WORLD)
         return WORLD
-    if name == "new_group":
-        return _enter_new_group(rec, args)[0]
     purpose, traffic = current_tags()  # production code's simnccl.tags.group_tags around the call
     if name == "split_group":
         split = tuple(tuple(int(r) for r in s) for s in args.get("split_ranks") or ())
