@@ -16,6 +16,7 @@ from typing import Any
 
 from simnccl.cli_guard import guarded
 from simnccl.cli_options import (
+    OutputError,
     OverrideError,
     add_common,
     add_version,
@@ -203,7 +204,7 @@ def run_scenarios(args: argparse.Namespace) -> int:
                         try:
                             write_dumps(variant.outcome.fr_dumps, folder)
                         except OSError as err:  # checked up front; a disk that fills or a folder removed since
-                            raise OverrideError("--fr-dir", f"cannot write {str(folder)!r}: {err.strerror}") from None
+                            raise OutputError(f"--fr-dir: cannot write {str(folder)!r}: {err.strerror}") from None
                         out.note(f"flight-recorder dumps: {folder}")
                 out.add(variant_summary(scenario_name, variant))
 
@@ -216,9 +217,6 @@ def run_scenarios(args: argparse.Namespace) -> int:
                 )
             except EngineGuardError as error:
                 out.error(stopped_at_a_limit(error, scenario.source))
-                return EXIT_BAD_INPUT
-            except OverrideError as error:  # --fr-dir could not be written after all
-                out.error(str(error))
                 return EXIT_BAD_INPUT
             if not explaining:
                 out.show(lambda console, r=result: print_footer(console, r))

@@ -19,7 +19,7 @@ import csv
 import io
 import json
 import os
-import stat
+import sys
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -27,6 +27,7 @@ from typing import Any
 
 from simnccl import __version__
 from simnccl.cost import ROWS
+from simnccl.limits import file_problem
 
 SCHEMA = "simnccl.sweep"
 SCHEMA_VERSION = 1
@@ -164,14 +165,12 @@ def _typed(key: str, text: str) -> Any:
 
 
 def _regular(path: Path) -> None:
-    """A file to resume from is a regular file: ``/dev/zero`` would be read until memory runs out, a FIFO
-    blocks forever. (No size limit: a sweep's own output grows with its cells.)"""
-    try:
-        mode = path.stat().st_mode
-    except OSError:
-        return  # the reader's own error names it
-    if not stat.S_ISREG(mode):
-        raise StoreError(f"{path}: cannot read: not a regular file (folders, devices and pipes are not input files)")
+    """A file to resume from is a regular file (``limits.file_problem``): ``/dev/zero`` would be read until memory
+    runs out, a FIFO blocks forever. No size limit: a sweep's own output grows with its cells. A file that is not
+    there is the reader's to report."""
+    problem = file_problem(path, sys.maxsize)
+    if problem is not None and path.exists():
+        raise StoreError(f"{path}: {problem}")
 
 
 def read_csv(path: Path) -> tuple[str | None, list[Row]]:
