@@ -262,7 +262,7 @@ def warmup_ops(config: Config, world_size: int, rank: int, topo: Topology | None
 
 
 def build(config: Config, world_size: int):
-    module, engine = module_ops(config, world_size), engine_ops(config, world_size)
+    module = module_ops(config, world_size)
     local = config["local_world_size"]
     use_device = config["device_id"] and world_size > 1  # DeepSpeed binds no device on a 1-rank world (#8248)
     pipeline = config["pp"] > 1
@@ -271,6 +271,9 @@ def build(config: Config, world_size: int):
     if pipeline:
         (data_parallel,) = [groups for bind, groups in pipeline_groups(config, world_size) if bind == "data_parallel"]
         first_of = {rank: min(group) for group in data_parallel for rank in group}
+    # built once per broadcast source (one per stage), not once per rank: the ops are the same objects on every
+    # rank of a stage, and the expert and ZeRO group lists are not rebuilt for each of the world's ranks
+    engines = {src: engine_ops(config, world_size, src) for src in {0, *first_of.values()}}
 
     def key(rank: int):
         device = rank % local if use_device else None
@@ -281,8 +284,8 @@ def build(config: Config, world_size: int):
         init = InitProcessGroup(backend="nccl", device_id=device, timeout_s=DEFAULT_PG_TIMEOUT_S)
         per_stage = [] if rank is None else tied_broadcast_ops(config, world_size, rank)
         warm = warmup_ops(config, world_size, rank, topo) if rank is not None else []
-        own = engine if rank is None else engine_ops(config, world_size, first_of[rank])
-        return [SetDevice(), init, Checkpoint("after_init"), *module, *per_stage, *own, *warm, Checkpoint("startup")]
+        engine = engines[0 if rank is None else first_of[rank]]
+        return [SetDevice(), init, Checkpoint("after_init"), *module, *per_stage, *engine, *warm, Checkpoint("startup")]
 
     return programs_by_key(world_size, key, ops_for)
 
