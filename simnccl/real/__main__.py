@@ -307,9 +307,9 @@ def _diff_size_problem(args: argparse.Namespace) -> str | None:
         return f"--count: expected at least 1 case, got {args.count}"
     if cases > limits.max_real_cases:
         return f"--count: {exceeded('max_real_cases', f'{cases} cases', limits.max_real_cases)}"
-    if not 1 <= args.parallel <= limits.max_real_parallel:
-        if args.parallel < 1:
-            return f"--parallel: expected at least 1 world at a time, got {args.parallel}"
+    if args.parallel < 1:
+        return f"--parallel: expected at least 1 world at a time, got {args.parallel}"
+    if args.parallel > limits.max_real_parallel:
         shown = f"{args.parallel} worlds at a time"
         return f"--parallel: {exceeded('max_real_parallel', shown, limits.max_real_parallel)}"
     return None
