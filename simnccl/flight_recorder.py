@@ -21,12 +21,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from simnccl.dtypes import element_bytes
 from simnccl.release import Impl
 
 FR_VERSION = "2.10"
 DEFAULT_BUFFER_SIZE = 2000
 DEFAULT_DUMP_WAIT_MS = 15_000
-DTYPE_BYTES = {"Float": 4, "Half": 2, "BFloat16": 2, "Double": 8, "Int": 4, "Long": 8, "Byte": 1, "Char": 1}
 RECORDING_IMPLS = (Impl.NCCL2, Impl.NCCL_LAZY, Impl.LEGACY, Impl.GLOO)
 
 
@@ -218,7 +218,7 @@ class FlightRecorder:
 
 
 def numel(size_bytes: int, dtype: str) -> int:
-    return max(1, size_bytes // DTYPE_BYTES.get(dtype, 4))
+    return max(1, size_bytes // element_bytes(dtype))
 
 
 def write_dumps(dumps: Mapping[int, Mapping[str, Any]], directory: str | Path, prefix: str = "rank_") -> list[Path]:

@@ -16,6 +16,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
+from simnccl import dtypes
+
 WORLD = "world"
 
 MIB = 1024 * 1024
@@ -206,7 +208,10 @@ class Collective(Op):
     name: ClassVar[str] = "collective"
     group: str = WORLD
     size_bytes: int = 4 * MIB
-    dtype: str = "Float"
+    dtype: str = dtypes.DEFAULT
+
+    def __post_init__(self) -> None:
+        _check_dtype(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -249,7 +254,10 @@ class PointToPoint(Op):
     peer: int = -1  # required: -1 is "not given" and is rejected, so describe() always shows the peer
     group: str = WORLD
     size_bytes: int = 4 * MIB
-    dtype: str = "Float"
+    dtype: str = dtypes.DEFAULT
+
+    def __post_init__(self) -> None:
+        _check_dtype(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -384,3 +392,10 @@ class Program:
 
     def to_list(self) -> list[dict[str, Any]]:
         return [op.to_dict() for op in self.ops]
+
+
+def _check_dtype(op: Collective | PointToPoint) -> None:
+    """A collective's or p2p's ``dtype`` must be one torch has (``simnccl.dtypes``): an unknown name simulated as
+    a type no member could send, and ran on the real tier as float32."""
+    if not dtypes.is_known(op.dtype):
+        raise ValueError(f"{op.name}: dtype: expected one of {dtypes.expected_text()}, got {op.dtype!r}")

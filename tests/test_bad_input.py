@@ -156,6 +156,20 @@ def test_size_bytes_as_a_float_is_exit_2(capsys, write_scenario) -> None:
     _bad(capsys, write_scenario, text, "workload.steps[2].size_bytes", "expected an integer")
 
 
+@pytest.mark.parametrize(
+    ("step", "expected"),
+    [
+        ('{ op = "all_reduce", dtype = "fp16" }', "got 'fp16'"),  # torch's name is Half
+        ('{ op = "broadcast", dtype = "float32" }', "got 'float32'"),  # a torch attribute, not the dump's name
+        ('{ op = "send", peer = 1, dtype = "Float4_e2m1fn_x2" }', "BFloat16"),  # no collective takes it
+    ],
+)
+def test_an_unknown_dtype_is_exit_2_listing_the_names(capsys, write_scenario, step: str, expected: str) -> None:
+    """A dtype no torch type has simulated as a type nobody else sends and ran on the real tier as float32."""
+    text = _steps(*BASE_STEPS, step)
+    _bad(capsys, write_scenario, text, "workload.steps[2].dtype", "expected one of", "Float,", expected)
+
+
 @pytest.mark.parametrize("op", ["init_process_group", "new_group"])
 @pytest.mark.parametrize("value", ["inf", "nan", "0", "-5", "1e12"])
 def test_op_timeout_out_of_range_is_exit_2(capsys, write_scenario, op: str, value: str) -> None:

@@ -12,25 +12,15 @@ from typing import Any
 import torch
 from torch.distributed import distributed_c10d as c10d
 
+from simnccl.dtypes import by_torch_attribute
 from simnccl.ops import (
     NO_OPTIONS,
     PgOptions,
 )
 from simnccl.torch_apply import modelled_options
 
-# torch dtype -> the c10 ScalarType name torch's flight recorder prints (and simnccl ops use).
-_DTYPE_NAMES = {
-    torch.float32: "Float",
-    torch.float64: "Double",
-    torch.float16: "Half",
-    torch.bfloat16: "BFloat16",
-    torch.int64: "Long",
-    torch.int32: "Int",
-    torch.int16: "Short",
-    torch.int8: "Char",
-    torch.uint8: "Byte",
-    torch.bool: "Bool",
-}
+# torch dtype -> the name simnccl ops carry (the c10 ScalarType name torch's flight recorder prints)
+_DTYPE_NAMES = {getattr(torch, attribute): name for attribute, name in by_torch_attribute().items()}
 
 
 def _seconds(timeout: Any) -> float | None:

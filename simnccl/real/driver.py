@@ -44,6 +44,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from simnccl.dtypes import dtypes
 from simnccl.ops import (
     NCCL_CONFIG_FIELDS,
     WORLD,
@@ -77,19 +78,6 @@ from simnccl.real.programs import program_from_list
 from simnccl.torch_apply import apply as apply_policy
 
 NON_MEMBER = "NON_GROUP_MEMBER"
-
-DTYPES = {
-    "Float": "float32",
-    "Half": "float16",
-    "BFloat16": "bfloat16",
-    "Double": "float64",
-    "Int": "int32",
-    "Long": "int64",
-    "Short": "int16",
-    "Char": "int8",
-    "Byte": "uint8",
-    "Bool": "bool",
-}
 
 
 class CheckFailure(Exception):
@@ -219,7 +207,7 @@ class Driver:
 
     def _tensor(self, size_bytes: int, dtype_name: str, multiple: int = 1) -> Any:
         torch = self.torch
-        dtype = getattr(torch, DTYPES.get(dtype_name, "float32"))
+        dtype = getattr(torch, dtypes()[dtype_name].torch)  # ops carry known names only (simnccl.ops)
         itemsize = torch.empty((), dtype=dtype).element_size()
         numel = max(1, math.ceil(size_bytes / itemsize))
         numel = math.ceil(numel / multiple) * multiple

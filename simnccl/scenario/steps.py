@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
+from simnccl import dtypes
 from simnccl.limits import InputLimits, exceeded
 from simnccl.limits import current as current_limits
 from simnccl.ops import (
@@ -235,6 +236,8 @@ def _check_field(reader: Reader, key: str, name: str, value: Any, world_size: in
         if not (math.isfinite(value) and 0 < value <= 1):
             raise reader.error(key, f"expected a fraction of the GPU's memory in (0, 1], got {value:g}")
         return value
+    if name == "dtype" and not dtypes.is_known(value):
+        raise reader.error(key, f"expected one of {dtypes.expected_text()}, got {brief(value)}")
     if name == "src":
         ranks_in_world(reader, key, (value,), world_size)
     if name == "ranks":
