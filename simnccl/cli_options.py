@@ -214,8 +214,18 @@ def check_fr_dir(target: str | None) -> None:
 # ---------------------------------------------------------------------------------------------- overrides
 
 
-def env_overrides(args: argparse.Namespace) -> dict[str, str]:
-    return dict(getattr(args, "env", None) or [])
+def env_overrides(args: argparse.Namespace, extra_knobs: Sequence[str] = ()) -> dict[str, str]:
+    """``--env`` as a dict, each name and value checked as a scenario's env table is (``env_knobs.env_problem``):
+    a misspelt knob (``--env TORCH_DIST_USE_NCL2=0``) ran torch's default and exited 0. ``extra_knobs``: the
+    scenario's ``[torch] extra_env_knobs``, which ``--env`` may set too."""
+    from simnccl.env_knobs import env_problem
+
+    env = dict(getattr(args, "env", None) or [])
+    for name, value in env.items():
+        problem = env_problem(name, value, extra_knobs)
+        if problem is not None:
+            raise OverrideError("--env", f"{name}: {problem}")
+    return env
 
 
 def checked_policies(specs: Sequence[str] | None) -> list[str]:
@@ -279,7 +289,7 @@ def apply_overrides(scenario: Any, args: argparse.Namespace) -> Any:
     chosen = _selected(scenario, getattr(args, "variant", None))
     gpu = checked_gpu(getattr(args, "gpu", None))
     release = checked_release(getattr(args, "release", None))
-    env = env_overrides(args)
+    env = env_overrides(args, scenario.extra_knobs)
     policies = checked_policies(getattr(args, "policy", None))
     cluster = scenario.cluster
     if gpu is not None and gpu != cluster.gpu:

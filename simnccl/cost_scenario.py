@@ -76,7 +76,7 @@ def run_scenario(args: argparse.Namespace, extra: Sequence[str], out: Any) -> in
                 f"{scenario.source}: recovery: a [recovery] scenario's groups are re-formed by simnccl.recovery, "
                 "which cost does not run; its memory is in `simnccl run` (per segment and checkpoint)"
             )
-        columns = scenario_columns(scenario, args.policy, env_overrides(args), args.variant)
+        columns = scenario_columns(scenario, args.policy, env_overrides(args, scenario.extra_knobs), args.variant)
     except (CostError, OverrideError, ScenarioError) as err:
         out.error(str(err))
         return EXIT_BAD_INPUT

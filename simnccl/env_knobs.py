@@ -43,8 +43,27 @@ def value_problem(name: str, value: str) -> str | None:
     return None
 
 
+# What torchrun sets in each rank's environment, from its own arguments: one value for every rank (an env table,
+# ``--env``) would be wrong for all but one, and the simulation takes the world's shape from [cluster].
+LAUNCHER_VARIABLES = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+)
+
+
 def unknown_knob_message(name: str, extra: Iterable[str] = ()) -> str | None:
-    """None when ``name`` may be set; else why not, with the nearest known name."""
+    """None when ``name`` may be set; else why not, with the nearest known name (or, for a variable the launcher
+    sets per rank, that it cannot be set for every rank: ``--env RANK=3`` was accepted and changed nothing)."""
+    if name in LAUNCHER_VARIABLES:
+        return (
+            f"{name} is set per rank by the launcher (torchrun); simnccl gives every rank its own from the world's "
+            "shape (a scenario's [cluster], a command's --world/--gpus-per-node): it cannot be set for all ranks"
+        )
     if not name.startswith(CHECKED_PREFIXES):
         return None
     known = known_knobs() | frozenset(extra)
@@ -57,3 +76,9 @@ def unknown_knob_message(name: str, extra: Iterable[str] = ()) -> str | None:
         f"unknown environment knob {name!r}: {hint} (known {'/'.join(CHECKED_PREFIXES)}* names: {DATA_FILE}; "
         "declare a newer one with [torch] extra_env_knobs)"
     )
+
+
+def env_problem(name: str, value: str, extra: Iterable[str] = ()) -> str | None:
+    """None when ``name=value`` may be set in a run's environment; else why not (``unknown_knob_message``, then
+    ``value_problem``): the one check for env tables and every command's ``--env``."""
+    return unknown_knob_message(name, extra) or value_problem(name, value)

@@ -1,11 +1,13 @@
-"""Shared fixtures: the repository's scenarios folder, a writer for scenario files under tmp_path, and a loader
-for the benchmark scripts (they are files, not a package)."""
+"""Shared fixtures: the repository's scenarios folder, a writer for scenario files under tmp_path, a loader for
+the benchmark scripts (they are files, not a package), and a check that a block leaves no child process behind."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -23,6 +25,29 @@ def load_benchmark(name: str) -> ModuleType:
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def child_pids() -> set[int]:
+    """This process's children, reaped or not (a zombie is listed until it is reaped); Linux's /proc."""
+    pids: set[int] = set()
+    for task in os.listdir("/proc/self/task"):
+        with open(f"/proc/self/task/{task}/children", encoding="ascii") as listing:
+            pids.update(int(pid) for pid in listing.read().split())
+    return pids
+
+
+@contextlib.contextmanager
+def no_child_left_behind() -> Iterator[None]:
+    """Assert that every child process started inside the block has ended and been reaped when it ends.
+
+    Only the block's own children count: under pytest-xdist a worker may already hold children another test
+    started and keeps (a module's loopback Dask cluster, multiprocessing's resource tracker), and asserting
+    that the process had no child at all (``os.waitpid(-1, WNOHANG)`` raising) failed whenever one ran first.
+    """
+    before = child_pids()
+    yield
+    left = child_pids() - before
+    assert not left, f"children left behind (running or unreaped): {sorted(left)}"
 
 
 # A small valid scenario: two H100 96GB ranks, init and one checkpoint. Tests append or replace pieces.

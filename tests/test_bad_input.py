@@ -348,6 +348,13 @@ def test_unknown_env_knobs_in_variants_and_matrix_are_exit_2(capsys, write_scena
     _bad(capsys, write_scenario, TINY + table, "", "NCCL_MAX_NCHANNEL", "did you mean NCCL_MAX_NCHANNELS?")
 
 
+@pytest.mark.parametrize("name", ["RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT"])
+def test_a_launcher_variable_in_an_env_table_is_exit_2(capsys, write_scenario, name: str) -> None:
+    """torchrun sets these per rank; one value for every rank was accepted and changed nothing."""
+    text = TINY.replace('release = "2.15"', f'release = "2.15"\nenv = {{ {name} = "3" }}')
+    _bad(capsys, write_scenario, text, f"torch.env.{name}", "set per rank by the launcher")
+
+
 def test_other_prefixes_are_not_checked_and_extra_knobs_can_be_declared(capsys, write_scenario) -> None:
     env = 'env = { VLLM_WHATEVER = "1", NCCL_FROM_THE_FUTURE = "1" }\nextra_env_knobs = ["NCCL_FROM_THE_FUTURE"]'
     code, _, err = _run(capsys, str(write_scenario(TINY.replace('release = "2.15"', f'release = "2.15"\n{env}'))))

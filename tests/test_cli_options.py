@@ -259,6 +259,9 @@ BAD_OVERRIDES = {
     "seed": (["--seed", "x"], "argument --seed: invalid int value: 'x'"),
     "env-form": (["--env", "NOEQUALS"], "argument --env: expected VAR=VALUE, got 'NOEQUALS'"),
     "env-value": (["--env", "NCCL_MAX_NCHANNELS=x"], "--env: "),
+    # a misspelt knob ran torch's default and exited 0; a launcher variable was accepted and changed nothing
+    "env-knob": (["--env", "TORCH_DIST_USE_NCL2=0"], "--env: TORCH_DIST_USE_NCL2: unknown environment knob"),
+    "env-launcher": (["--env", "RANK=3"], "--env: RANK: RANK is set per rank by the launcher"),
     "variant": (["--variant", "nope"], "no variant 'nope'"),
 }
 
@@ -277,12 +280,22 @@ def test_bad_override_exits_2_naming_the_flag(capsys: pytest.CaptureFixture[str]
     assert "Traceback" not in err
 
 
-@pytest.mark.parametrize("case", ["policy", "release", "gpu", "env-value"])
+@pytest.mark.parametrize("case", ["policy", "release", "gpu", "env-value", "env-knob", "env-launcher"])
 def test_bad_cost_override_exits_2_naming_the_flag(capsys: pytest.CaptureFixture[str], case: str) -> None:
     argv, message = BAD_OVERRIDES[case]
     code, out, err = _main(capsys, "cost", "--workload", "vllm", "--tp", "2", *argv)
     assert code == EXIT_BAD_INPUT and out == ""
     assert message.split(":")[0] in err
+
+
+def test_env_may_set_a_knob_the_scenario_declares(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """``[torch] extra_env_knobs`` (a knob newer than simnccl's list) applies to ``--env`` as to the file."""
+    path = tmp_path / "s.toml"
+    path.write_text(TINY.replace('release = "2.15"', 'release = "2.15"\nextra_env_knobs = ["NCCL_FROM_THE_FUTURE"]'))
+    code, _, err = _main(capsys, "run", str(path), "--env", "NCCL_FROM_THE_FUTURE=1")
+    assert code == EXIT_OK, err
+    code, _, err = _main(capsys, "run", str(path), "--env", "NCCL_FROM_THE_PAST=1")
+    assert code == EXIT_BAD_INPUT and "--env: NCCL_FROM_THE_PAST: unknown environment knob" in " ".join(err.split())
 
 
 def test_bad_json_target_exits_2_before_running(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
@@ -292,7 +305,7 @@ def test_bad_json_target_exits_2_before_running(capsys: pytest.CaptureFixture[st
 
 
 @pytest.mark.skipif(not HAS_TORCH, reason="the torch commands check torch is installed first")
-@pytest.mark.parametrize("case", ["policy", "release", "gpu"])
+@pytest.mark.parametrize("case", ["policy", "release", "gpu", "env-knob", "env-launcher"])
 def test_bad_capture_and_real_overrides_exit_2(capsys: pytest.CaptureFixture[str], case: str) -> None:
     argv, message = BAD_OVERRIDES[case]
     script = str(REPO / "tests" / "capture_examples.py")

@@ -428,6 +428,9 @@ BAD_FLAGS = [
     (["--workload", "jax tp=2"], "--workload 'jax tp=2': unknown workload generator 'jax'"),
     (["--workload", "megatron tp=2 dp=2 world=8"], "world=8 does not match the 4 ranks"),
     (["--workload", "vllm tp=2", "--env-set", "NCCL_MAX_NCHANNELS"], "--env-set: expected VAR=VALUE items"),
+    # a misspelt knob swept torch's default under the knob's name; a launcher variable changed nothing
+    (["--workload", "vllm tp=2", "--env-set", "TORCH_DIST_USE_NCL2=0"], "--env-set.TORCH_DIST_USE_NCL2: unknown"),
+    (["--workload", "vllm tp=2", "--env", "RANK=1"], "--env.RANK: RANK is set per rank by the launcher"),
     (["--workload", "vllm tp=2", "--accept-verdict", "fine"], "--accept-verdict: unknown verdict 'fine'"),
     (["--workload", "vllm tp=2", "--cell-timeout", "0"], "--cell-timeout: expected a positive number"),
     (["--workload", "vllm tp=2", "--jobs", "0"], "--jobs: expected 1 to 1024 processes"),
@@ -461,6 +464,10 @@ BAD_TOML = [
     (
         '[[workload]]\ngenerator = "vllm"\nargs = { tp = 2 }\n[axes]\nenv = [{ "1X" = "y" }]\n',
         "axes.env[0]: expected an environment",
+    ),
+    (
+        '[[workload]]\ngenerator = "vllm"\nargs = { tp = 2 }\n[axes]\nenv = [{ NCCL_MAX_NCHANNEL = "4" }]\n',
+        "axes.env[0].NCCL_MAX_NCHANNEL: unknown environment knob",
     ),
     ('[[scenario]]\nfile = "missing.toml"\n', "m.toml: scenario[0]: "),
     ("[axes\n", "m.toml: not valid TOML"),

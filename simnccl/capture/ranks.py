@@ -32,6 +32,7 @@ from simnccl.capture.heap import frozen_heap, prepare_to_fork
 from simnccl.capture.recorder import TooManyOps, _Recorder, built_calls, built_ops
 from simnccl.capture.result import Call, CaptureError, RankCapture
 from simnccl.capture_cli import DEFAULT_TIMEOUT_S
+from simnccl.env_knobs import LAUNCHER_VARIABLES
 from simnccl.ops import (
     Checkpoint,
 )
@@ -77,17 +78,9 @@ class _Spec:
         }
 
 
-# What the capture sets in each rank's environment, as torchrun would: the world's shape comes from the capture's
-# world_size/gpus_per_node, never from ``env`` (``--env RANK=0`` made every rank capture as rank 0, reported ok).
-TORCHRUN_VARIABLES = (
-    "RANK",
-    "WORLD_SIZE",
-    "LOCAL_RANK",
-    "LOCAL_WORLD_SIZE",
-    "GROUP_RANK",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-)
+# What the capture sets in each rank's environment, as torchrun would: never from ``env`` (``--env RANK=0`` made
+# every rank capture as rank 0, reported ok).
+TORCHRUN_VARIABLES = LAUNCHER_VARIABLES
 
 
 def _run_rank(spec: _Spec, rank: int) -> RankCapture:

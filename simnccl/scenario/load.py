@@ -176,6 +176,7 @@ def parse_scenario(data: Mapping[str, Any], source: str, base_dir: Path | None =
         faults,
         recovery,
         swarm,
+        tuple(extra_knobs),
     )
     if recovery is not None:
         # Validated here, before any simulation (the orchestrator reads it again when it runs).

@@ -90,6 +90,7 @@ class Scenario:
     faults: FaultSchedule = NO_FAULTS
     recovery: Mapping[str, Any] | None = None  # raw [recovery] table, validated by simnccl.recovery
     fault_swarm: FaultSwarm | None = None  # set when [faults] has a seed
+    extra_knobs: tuple[str, ...] = ()  # [torch] extra_env_knobs: knob names newer than simnccl's list
 
     def variant(self, name: str) -> Variant:
         for v in self.variants:

@@ -34,6 +34,7 @@ from typing import Any
 
 from simnccl.cluster import ClusterError, get_gpu_kind
 from simnccl.cost import CostError, parse_knobs
+from simnccl.env_knobs import env_problem
 from simnccl.limits import current as current_limits
 from simnccl.limits import exceeded, file_problem, nesting_depth
 from simnccl.policy import PolicyError, get_policy
@@ -327,6 +328,9 @@ def check_env(env: Mapping[str, Any], where: str) -> dict[str, str]:
             raise SweepInputError(where, f"expected an environment variable name, got {name!r}")
         if not isinstance(value, str) or "\x00" in value:
             raise SweepInputError(f"{where}.{name}", f"expected a string value, got {value!r}")
+        problem = env_problem(name, value)  # a misspelt knob would sweep torch's default under its name
+        if problem is not None:
+            raise SweepInputError(f"{where}.{name}", problem)
         out[name] = value
     return out
 
