@@ -8,9 +8,11 @@ import subprocess
 import sys
 import time
 import uuid
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from conftest import TINY
 
 pytest.importorskip("torch")
 
@@ -38,7 +40,7 @@ from simnccl.ops import (
 from simnccl.policy import get_policy
 from simnccl.real.compare import compare_variant
 from simnccl.real.lanes import NO_CUDA, CpuLanePolicy, LaneError, check_gpu_lane, cpu_programs, cpu_substitutions
-from simnccl.real.launch import Launcher, RunSettings
+from simnccl.real.launch import Launcher, RunSettings, compute_problem
 from simnccl.real.report import rank_outcomes
 from simnccl.real.zygote import pid_alive
 
@@ -161,6 +163,33 @@ def test_a_world_past_the_launchers_limit_is_refused_not_an_internal_error(comma
     assert done.returncode == 2, done.stderr
     assert "32 ranks exceed the real tier's limit of 16 local processes" in done.stderr
     assert "internal error" not in done.stderr
+
+
+def test_compute_the_settings_would_stop_as_a_hang_is_named_before_anything_runs() -> None:
+    """A compute sleep as long as --stall, or a rank's sleeps adding up to --timeout, made the watcher kill a
+    healthy run and report a hang (exit 1); the settings are at fault, not the program."""
+    programs = [Program((Compute(seconds=100.0), Compute(seconds=100.0))), Program((Compute(seconds=50.0),))]
+    settings = RunSettings.for_lane("cpu", compute_scale=0.01, stall_s=5.0, timeout_s=30.0)  # sleeps of 1 s
+    assert compute_problem(programs, settings) is None
+    too_slow = replace(settings, compute_scale=0.1)  # a 10 s sleep, capped at 2 s: fine for stall 5 s
+    assert compute_problem(programs, too_slow) is None
+    stall = compute_problem(programs, replace(settings, stall_s=0.5))
+    assert stall is not None and "a compute op sleeps 1 s" in stall and "--stall 0.5 s" in stall
+    timeout = compute_problem(programs, replace(settings, compute_scale=0.1, timeout_s=4.0))
+    assert timeout is not None and "rank 0's compute ops sleep 4 s in all" in timeout and "--timeout 4 s" in timeout
+    assert compute_problem(programs, replace(settings, compute_scale=0.0, stall_s=0.1, timeout_s=0.1)) is None
+
+
+def test_a_run_its_own_settings_would_call_hung_is_exit_2(tmp_path: Path) -> None:
+    path = tmp_path / "computes.toml"
+    path.write_text(
+        TINY.replace('{ op = "checkpoint", name = "after_init" },', '{ op = "compute", seconds = 300 },'),
+        encoding="utf-8",
+    )
+    done, mark = run_cli("run", str(path), "--compute-scale", "1", "--stall", "1", timeout=60)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "a compute op sleeps 2 s" in done.stderr and "--stall 1 s" in done.stderr
+    assert not marked_processes(mark)
 
 
 # ---------------------------------------------------------------------------------------------- acceptance

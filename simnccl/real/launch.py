@@ -29,7 +29,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from simnccl.ops import Program
+from simnccl.ops import Compute, Program
 from simnccl.real.lanes import LaneError, check_gpu_lane, comparability, cpu_programs, cpu_substitutions
 from simnccl.real.measure import build_variant_result
 from simnccl.real.programs import programs_to_lists
@@ -79,6 +79,37 @@ class RunSettings:
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
+
+
+def compute_problem(programs: Sequence[Program], settings: RunSettings) -> str | None:
+    """Why these settings would stop the run as hung while it only computes, or None.
+
+    A ``compute`` op sleeps ``seconds x compute_scale``, capped at ``compute_cap_s`` (``Driver``). One sleep as
+    long as ``stall_s`` (no progress from any rank) or a rank's sleeps adding up to ``timeout_s`` made the
+    watcher kill a healthy run and report a hang (exit 1) that the program does not have.
+    """
+    scale, cap = settings.compute_scale, settings.compute_cap_s
+    if scale <= 0:
+        return None
+    longest, busiest, busiest_rank = 0.0, 0.0, 0
+    for rank, program in enumerate(programs):
+        sleeps = [min(op.seconds * scale, cap) for op in program.ops if isinstance(op, Compute)]
+        if sleeps:
+            longest = max(longest, *sleeps)
+            if sum(sleeps) > busiest:
+                busiest, busiest_rank = sum(sleeps), rank
+    how = f"compute seconds x --compute-scale {scale:g}, each sleep capped at {cap:g} s"
+    if longest >= settings.stall_s:
+        return (
+            f"a compute op sleeps {longest:g} s ({how}), not less than --stall {settings.stall_s:g} s: the run would "
+            "be stopped as hung mid-sleep; raise --stall or lower --compute-scale"
+        )
+    if busiest >= settings.timeout_s:
+        return (
+            f"rank {busiest_rank}'s compute ops sleep {busiest:g} s in all ({how}), not less than --timeout "
+            f"{settings.timeout_s:g} s: the run would be stopped as hung; raise --timeout or lower --compute-scale"
+        )
+    return None
 
 
 # ---------------------------------------------------------------------------------------------- one run
@@ -204,6 +235,9 @@ class Launcher:
                 "torchrun (`torchrun --nproc-per-node N -m simnccl.real run FILE`): one process per rank, across "
                 "machines"
             )
+        problem = compute_problem(programs, settings)
+        if problem is not None:  # the run would be stopped as hung by its own settings: exit 2, not a hang (1)
+            raise LaneError(problem)
         if settings.lane == "gpu":
             check_gpu_lane(world)
         with self._lock:
