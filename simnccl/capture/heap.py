@@ -1,4 +1,5 @@
-"""The memory of the process every rank forks from: frozen for the collector, mapped with huge pages.
+"""The memory of the process every rank forks from (frozen for the collector, mapped with huge pages), and the
+collector's pace in a forked rank.
 
 Why: a capture forks one child per rank from a process holding torch and the framework (Megatron-Core: ~740 MiB
 resident, ~410 MiB of it anonymous). ``fork`` copies a page-table entry for every resident anonymous page and the
@@ -15,6 +16,13 @@ CPU for 512 ranks before a rank runs a line. Two things make that cheap:
   fills the holes of a 2 MiB range with zeros: a sparse reservation would grow). Nothing a program can observe
   changes: the same memory, the same contents, only the page size the kernel maps it with. Anywhere it is not
   available (not Linux, an older kernel, THP disabled) it does nothing.
+
+A forked rank itself (``rank_collector``) collects cyclic garbage after ``RANK_GC_THRESHOLD`` tracked allocations
+instead of CPython's 700. A rank lives for one startup (and step), and what it allocates mostly stays: its record
+(a tuple, a dict and a list per ``new_group``) and the framework's rank lists. At the default pace the collector
+ran 22 times in a Megatron rank of a 512-rank world, each younger-generation pass walking that growing record
+again: 17-20 ms of a rank's 140 ms (measured with ``gc.callbacks`` in forked ranks). Garbage that only the
+collector can free (reference cycles) is still freed, after more allocations.
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+RANK_GC_THRESHOLD = 100_000  # tracked allocations before a rank's collection (CPython's default: 700)
 COLLAPSE_MIN_FORKS = 128  # ~1 s once vs ~25-40 ms saved per fork: a sure gain from about a hundred ranks
 DENSE_FRACTION = 0.875  # a mapping at least this resident is collapsed; sparser ones would grow
 MADV_COLLAPSE = 25  # <linux/mman.h>
@@ -45,6 +54,12 @@ def frozen_heap() -> Iterator[None]:
         yield
     finally:
         gc.unfreeze()
+
+
+def rank_collector() -> None:
+    """In a forked rank (never in the capturing process): collect cyclic garbage after ``RANK_GC_THRESHOLD``
+    tracked allocations; the older generations' ratios stay."""
+    gc.set_threshold(RANK_GC_THRESHOLD, *gc.get_threshold()[1:])
 
 
 def prepare_to_fork(forks: int) -> int:

@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from simnccl.capture.environment import DEFAULT_GPU, _installed
-from simnccl.capture.heap import frozen_heap, prepare_to_fork
+from simnccl.capture.heap import frozen_heap, prepare_to_fork, rank_collector
 from simnccl.capture.recorder import TooManyOps, _Recorder, built_calls, built_ops
 from simnccl.capture.result import Call, CaptureError, RankCapture
 from simnccl.capture_cli import DEFAULT_TIMEOUT_S
@@ -191,6 +191,7 @@ def _rank_child(spec: _Spec, rank: int, write_fd: int, log_path: str) -> NoRetur
     code = 0
     try:
         _forked_child(log_path)
+        rank_collector()
         try:
             data = _frame(_run_rank_compact(spec, rank))
         except (CaptureError, TooManyOps) as err:
