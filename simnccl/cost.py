@@ -588,4 +588,6 @@ def _simulate(
             out.add(lines[index])
     if journal is not None:
         journal.lines += [f"stopped   cost  {columns[i].name}: not finished" for i in finished.running]
+        if finished.interrupted:
+            journal.lines += [f"skipped   cost  {columns[i].name}: not started" for i in finished.not_started()]
     return finished

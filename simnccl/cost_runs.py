@@ -134,6 +134,10 @@ class Finished(Generic[R]):
     interrupted: bool = False
     running: list[int] = field(default_factory=list)
 
+    def not_started(self) -> list[int]:
+        """The columns that neither finished nor were running (after Ctrl-C: never begun)."""
+        return [i for i, result in enumerate(self.results) if result is None and i not in self.running]
+
 
 def run_columns(
     fn: Callable[..., R],
@@ -246,7 +250,10 @@ class ColumnRunner:
                 self._complete = True
         except KeyboardInterrupt:
             finished.interrupted = True
-            finished.running = [index for index, now in enumerate(running) if now]
+            # A column a worker was sent is running, whether or not its first count has been seen yet (named
+            # "not finished" either way: the report left such a column out, as if it had never been asked for).
+            sent = {w.index for w in self.workers if w.index >= 0} if self.parallel else set()
+            finished.running = sorted({index for index, now in enumerate(running) if now} | sent)
         finally:
             poller.stop()
             self._stop_workers()  # done with them: stopped (or terminated, when stopped early) at once

@@ -241,6 +241,10 @@ def test_ctrl_c_stops_parallel_columns_and_their_workers() -> None:
     assert proc.returncode == 130, err
     assert "finished  cost  torch-default" in err and "Traceback" not in err
     assert "not finished" in err and len((first + rest).splitlines()) < 9
+    # every column is accounted for: finished, stopped (it was running, or sent to a worker), or not started
+    kinds = (["finished", "cost"], ["stopped", "cost"], ["skipped", "cost"])
+    accounted = [line.split()[2].rstrip(":") for line in err.splitlines() if line.split()[:2] in kinds]
+    assert sorted(accounted) == sorted(column.name for column in cost.columns_for(None)), err
     assert len(workers) == 2 and not [pid for pid in workers if _alive(pid)]  # stopped, none left behind
 
 
