@@ -82,15 +82,25 @@ def test_entry_point_names_an_installed_packages_policy(tmp_path: Path, monkeypa
     [
         ("user_policies:ProtocolOnly", "ProtocolOnly.on_init is the Policy protocol's stub, which does nothing"),
         ("user_policies:UnnamedSubclass", "UnnamedSubclass is named 'torch-default', a built-in policy's name"),
+        ("user_policies:WrongHookName", "WrongHookName overrides neither on_init nor on_group"),
     ],
 )
 def test_a_policy_that_would_run_as_something_else_is_refused_at_load(spec: str, message: str) -> None:
     """A subclass of the Policy protocol inherits hooks that return None (the engine crashed on them, exit 70);
     a BasePolicy subclass naming itself without @dataclass runs as 'torch-default' (reported under the
-    built-in's name). Both are refused where the spec is loaded, saying what to write instead."""
+    built-in's name); one overriding no hook (``decide`` is none) ran as torch's defaults under its own name.
+    Each is refused where the spec is loaded, saying what to write instead."""
     with pytest.raises(PolicyError) as raised:
         get_policy(spec)
     assert message in str(raised.value) and "\n" not in str(raised.value)
+
+
+def test_a_policy_object_handed_to_simulate_is_checked_as_a_loaded_one() -> None:
+    """A test's own policy object ran unchecked while its replay (rebuilt from the case file) was refused."""
+    with pytest.raises(PolicyError, match="WrongHookName overrides neither on_init nor on_group"):
+        simulate([(SetDevice(), InitProcessGroup())] * 2, policy=user_policies.WrongHookName())
+    outcome = simulate([(SetDevice(), InitProcessGroup())] * 2, policy=user_policies.LazyAbove())
+    assert outcome.verdict == "pass"
 
 
 PROGRAM = [*START, NewGroup(ranks=(0, 1), bind="pair"), AllReduce(group="pair")]
@@ -261,7 +271,8 @@ def test_a_case_file_rebuilds_a_policy_from_a_module_only_the_test_session_could
     folder.mkdir()
     (folder / "team_policy_mod.py").write_text(
         "from dataclasses import dataclass\nfrom simnccl.policy import BasePolicy\n\n"
-        "@dataclass(frozen=True)\nclass TeamPolicy(BasePolicy):\n    name: str = 'team'\n    knob: int = 1\n"
+        "@dataclass(frozen=True)\nclass TeamPolicy(BasePolicy):\n    name: str = 'team'\n    knob: int = 1\n\n"
+        "    def on_group(self, request, decision):\n        return decision\n"
     )
     script = textwrap.dedent(
         f"""

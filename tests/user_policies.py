@@ -102,6 +102,16 @@ class UnnamedSubclass(BasePolicy):
 
 
 @dataclass(frozen=True)
+class WrongHookName(BasePolicy):
+    """Wrong: ``decide`` is no hook; the policy would run as torch's defaults under the name 'wrong-hook-name'."""
+
+    name: str = "wrong-hook-name"
+
+    def decide(self, request: GroupRequest, decision: GroupDecision) -> GroupDecision:
+        return replace(decision, pg_options=replace(decision.pg_options, lazy_init=True))
+
+
+@dataclass(frozen=True)
 class RaisesOnGroup(BasePolicy):
     """A policy with a bug: raises for any group of more than one rank."""
 

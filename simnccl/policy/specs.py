@@ -168,6 +168,14 @@ def _checked(obj: object, where: str) -> Policy:
             'would show its results as the built-in\'s; give it its own name: a field `name: str = "..."` in a '
             "@dataclass(frozen=True) subclass of BasePolicy"
         )
+    if _inherits_every_hook_of_base(obj):
+        # Its results would be torch's defaults reported under its name: a hook spelt otherwise (``decide``,
+        # ``on_new_group``) is never called, and nothing said so.
+        raise PolicyError(
+            f"policy {where}: {type(obj).__qualname__} overrides neither on_init nor on_group, so it would run as "
+            "torch's defaults under its own name; override the hook whose answer you change (its signature: "
+            "simnccl.policy.BasePolicy), or use the built-in 'torch-default'"
+        )
     for hook in ("on_init", "on_group"):
         if not callable(getattr(obj, hook, None)):
             raise PolicyError(f"policy {where}: no {hook}() (subclass simnccl.policy.BasePolicy to get both)")
@@ -177,6 +185,15 @@ def _checked(obj: object, where: str) -> Policy:
                 "nothing; subclass simnccl.policy.BasePolicy (torch's defaults) and override what you change"
             )
     return obj  # type: ignore[return-value]
+
+
+def _inherits_every_hook_of_base(obj: object) -> bool:
+    """A BasePolicy subclass (not BasePolicy itself) whose on_init and on_group are both BasePolicy's own."""
+    kind = type(obj)
+    if kind is BasePolicy or not isinstance(obj, BasePolicy):
+        return False
+    own = vars(obj) if hasattr(obj, "__dict__") else {}
+    return all(getattr(kind, hook) is getattr(BasePolicy, hook) and hook not in own for hook in ("on_init", "on_group"))
 
 
 # ---------------------------------------------------------------------- entry points

@@ -63,7 +63,7 @@ def simulate(
         env=dict(env or {}),
         launcher=launcher,
         limits=limits or Limits(),
-        policy=get_policy(policy) if isinstance(policy, str) else policy,
+        policy=None if policy is None else get_policy(policy),  # an object is checked as a loaded spec is
         faults=faults or NO_FAULTS,
     )
     return Engine(config, keep_trace=keep_trace).run()
