@@ -152,7 +152,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             gpu=gpu,
             gpus_per_node=args.gpus_per_node,
             release=release,
-            env=env_overrides(args),
+            env=env_overrides(
+                args, declare="set a newer one in the environment simnccl capture runs in, which every rank inherits"
+            ),
             mode=args.mode,
             timeout_s=args.timeout,
             jobs=args.jobs,

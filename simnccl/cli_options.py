@@ -214,15 +214,23 @@ def check_fr_dir(target: str | None) -> None:
 # ---------------------------------------------------------------------------------------------- overrides
 
 
-def env_overrides(args: argparse.Namespace, extra_knobs: Sequence[str] = ()) -> dict[str, str]:
+def env_overrides(
+    args: argparse.Namespace, extra_knobs: Sequence[str] | None = None, declare: str = ""
+) -> dict[str, str]:
     """``--env`` as a dict, each name and value checked as a scenario's env table is (``env_knobs.env_problem``):
     a misspelt knob (``--env TORCH_DIST_USE_NCL2=0``) ran torch's default and exited 0. ``extra_knobs``: the
-    scenario's ``[torch] extra_env_knobs``, which ``--env`` may set too."""
-    from simnccl.env_knobs import env_problem
+    scenario's ``[torch] extra_env_knobs``, which ``--env`` may set too (None: no scenario, so ``declare`` says
+    how this command can be given a knob newer than simnccl's list)."""
+    from simnccl.env_knobs import SCENARIO_DECLARES, env_problem
 
+    if extra_knobs is not None:
+        declare = SCENARIO_DECLARES + " in the scenario file"
+    declare = (
+        declare or "a newer one can only be set in a scenario file, which declares it with [torch] extra_env_knobs"
+    )
     env = dict(getattr(args, "env", None) or [])
     for name, value in env.items():
-        problem = env_problem(name, value, extra_knobs)
+        problem = env_problem(name, value, extra_knobs or (), declare)
         if problem is not None:
             raise OverrideError("--env", f"{name}: {problem}")
     return env

@@ -56,7 +56,10 @@ LAUNCHER_VARIABLES = (
 )
 
 
-def unknown_knob_message(name: str, extra: Iterable[str] = ()) -> str | None:
+SCENARIO_DECLARES = "declare a newer one with [torch] extra_env_knobs"  # how a scenario file names a newer knob
+
+
+def unknown_knob_message(name: str, extra: Iterable[str] = (), declare: str = SCENARIO_DECLARES) -> str | None:
     """None when ``name`` may be set; else why not, with the nearest known name (or, for a variable the launcher
     sets per rank, that it cannot be set for every rank: ``--env RANK=3`` was accepted and changed nothing)."""
     if name in LAUNCHER_VARIABLES:
@@ -73,12 +76,12 @@ def unknown_knob_message(name: str, extra: Iterable[str] = ()) -> str | None:
     nearest = difflib.get_close_matches(name, same_prefix, n=1, cutoff=0.6)
     hint = f"did you mean {nearest[0]}?" if nearest else "no known knob is close"
     return (
-        f"unknown environment knob {name!r}: {hint} (known {'/'.join(CHECKED_PREFIXES)}* names: {DATA_FILE}; "
-        "declare a newer one with [torch] extra_env_knobs)"
+        f"unknown environment knob {name!r}: {hint} (known {'/'.join(CHECKED_PREFIXES)}* names: {DATA_FILE}; {declare})"
     )
 
 
-def env_problem(name: str, value: str, extra: Iterable[str] = ()) -> str | None:
+def env_problem(name: str, value: str, extra: Iterable[str] = (), declare: str = SCENARIO_DECLARES) -> str | None:
     """None when ``name=value`` may be set in a run's environment; else why not (``unknown_knob_message``, then
-    ``value_problem``): the one check for env tables and every command's ``--env``."""
-    return unknown_knob_message(name, extra) or value_problem(name, value)
+    ``value_problem``): the one check for env tables and every command's ``--env``. ``declare``: how the caller's
+    input names a knob newer than the list (a scenario: ``[torch] extra_env_knobs``)."""
+    return unknown_knob_message(name, extra, declare) or value_problem(name, value)

@@ -298,6 +298,29 @@ def test_env_may_set_a_knob_the_scenario_declares(capsys: pytest.CaptureFixture[
     assert code == EXIT_BAD_INPUT and "--env: NCCL_FROM_THE_PAST: unknown environment knob" in " ".join(err.split())
 
 
+@pytest.mark.parametrize(
+    ("argv", "hint"),
+    [
+        (["run", str(P199957)], "declare a newer one with [torch] extra_env_knobs in the scenario file"),
+        (["cost", "--workload", "vllm", "--tp", "2"], "a newer one can only be set in a scenario file"),
+        (["sweep", "--workload", "vllm tp=2"], "a newer one can only be set in a scenario file's own env"),
+        (["capture", "--world", "2", str(REPO / "tests" / "capture_examples.py")], "every rank inherits"),
+    ],
+    ids=["run", "cost", "sweep", "capture"],
+)
+def test_an_unknown_knob_in_env_says_how_this_command_takes_a_newer_one(
+    capsys: pytest.CaptureFixture[str], argv: list[str], hint: str
+) -> None:
+    """The hint fits the command: only a scenario file has [torch] extra_env_knobs; a capture's ranks inherit
+    the environment it runs in."""
+    if argv[0] == "capture" and not HAS_TORCH:
+        pytest.skip("the capture command checks torch is installed first")
+    at = 3 if argv[0] == "capture" else len(argv)  # capture: flags before the script
+    code, out, err = _main(capsys, *argv[:at], "--env", "NCCL_FROM_THE_FUTURE=1", *argv[at:])
+    assert code == EXIT_BAD_INPUT and out == ""
+    assert "unknown environment knob 'NCCL_FROM_THE_FUTURE'" in err and hint in " ".join(err.split()), err
+
+
 def test_bad_json_target_exits_2_before_running(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     code, out, err = _main(capsys, "run", str(P199957), "--json", str(tmp_path / "missing" / "out.json"))
     assert code == EXIT_BAD_INPUT and out == ""

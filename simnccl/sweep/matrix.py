@@ -321,6 +321,10 @@ def check_policy(spec: str, where: str) -> str:
     return spec
 
 
+# How a sweep sets a knob newer than simnccl's list (its env flags and tables are checked against the list).
+NEWER_KNOB = "a newer one can only be set in a scenario file's own env, declared with [torch] extra_env_knobs"
+
+
 def check_env(env: Mapping[str, Any], where: str) -> dict[str, str]:
     out = {}
     for name, value in env.items():
@@ -328,7 +332,7 @@ def check_env(env: Mapping[str, Any], where: str) -> dict[str, str]:
             raise SweepInputError(where, f"expected an environment variable name, got {name!r}")
         if not isinstance(value, str) or "\x00" in value:
             raise SweepInputError(f"{where}.{name}", f"expected a string value, got {value!r}")
-        problem = env_problem(name, value)  # a misspelt knob would sweep torch's default under its name
+        problem = env_problem(name, value, declare=NEWER_KNOB)  # a misspelt knob would sweep torch's default
         if problem is not None:
             raise SweepInputError(f"{where}.{name}", problem)
         out[name] = value
