@@ -781,6 +781,21 @@ def test_a_rank_that_records_past_max_program_ops_is_stopped(monkeypatch: pytest
         cap.capture(_groups_forever, 2, mode=mode, timeout_s=60)
 
 
+def _init_only() -> None:
+    dist.init_process_group("nccl")
+
+
+def test_capture_env_is_checked_as_the_command_line_env_is() -> None:
+    """``capture(env={"TORCH_DIST_USE_NCL2": "0"})`` captured torch's default branch under a typo: refused before any
+    rank runs, naming the nearest knob and how a newer one reaches the ranks."""
+    with pytest.raises(cap.CaptureError, match=r"env: TORCH_DIST_USE_NCL2: .*did you mean TORCH_DIST_USE_NCCL2\?"):
+        cap.capture(_init_only, 2, env={"TORCH_DIST_USE_NCL2": "0"})
+    with pytest.raises(cap.CaptureError, match="this process's environment, which every rank inherits"):
+        cap.capture(_init_only, 2, env={"NCCL_FROM_THE_FUTURE": "1"})
+    with pytest.raises(cap.CaptureError, match=r"env: TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC: expected an integer"):
+        cap.capture(_init_only, 2, env={"TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC": "soon"})
+
+
 def test_every_variable_the_capture_sets_per_rank_is_one_env_may_not_set() -> None:
     """``--env WORLD_SIZE=8`` captured a different world than ``--world`` and reported it ok: every variable
     ``rank_env`` sets for the world's shape is refused in ``env``; the rest of ``env`` reaches each rank."""

@@ -95,6 +95,28 @@ def test_a_policy_that_would_run_as_something_else_is_refused_at_load(spec: str,
     assert message in str(raised.value) and "\n" not in str(raised.value)
 
 
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"TORCH_DIST_USE_NCL2": "0"}, "did you mean TORCH_DIST_USE_NCCL2?"),
+        ({"RANK": "1"}, "set per rank by the launcher"),
+        ({"TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC": "soon"}, "expected an integer"),
+        ({"NCCL_FROM_THE_FUTURE": "1"}, "name a newer one in extra_env_knobs"),
+    ],
+)
+def test_simulate_checks_env_as_a_scenario_file_does(env: dict[str, str], message: str) -> None:
+    """A misspelt knob in a test's ``simulate(env=...)`` simulated torch's default and the test passed."""
+    with pytest.raises(ValueError, match=f"env: {next(iter(env))}: ") as raised:
+        simulate([(SetDevice(), InitProcessGroup())] * 2, env=env)
+    assert message in str(raised.value)
+
+
+def test_simulate_takes_a_knob_newer_than_the_list_when_named() -> None:
+    program = [(SetDevice(), InitProcessGroup())] * 2
+    env = {"NCCL_FROM_THE_FUTURE": "1", "VLLM_ANYTHING": "x"}  # only torch's and NCCL's prefixes are checked
+    assert simulate(program, env=env, extra_env_knobs=["NCCL_FROM_THE_FUTURE"]).verdict == "pass"
+
+
 def test_a_policy_object_handed_to_simulate_is_checked_as_a_loaded_one() -> None:
     """A test's own policy object ran unchecked while its replay (rebuilt from the case file) was refused."""
     with pytest.raises(PolicyError, match="WrongHookName overrides neither on_init nor on_group"):

@@ -26,6 +26,7 @@ from simnccl.capture.result import (
 from simnccl.capture_cli import DEFAULT_TIMEOUT_S, MODES, world_problem
 from simnccl.cli_options import seconds_problem
 from simnccl.cluster import ClusterError, get_gpu_kind
+from simnccl.env_knobs import env_problem
 from simnccl.limits import current as current_limits
 from simnccl.limits import exceeded
 from simnccl.ops import (
@@ -101,6 +102,12 @@ def capture(
             f"env: {', '.join(clash)} is set by the capture for each rank, as torchrun sets it; the world's shape "
             "comes from world_size and gpus_per_node (--world, --gpus-per-node)"
         )
+    for name, value in (env or {}).items():  # a misspelt knob captured torch's default branch (as --env is checked)
+        problem = env_problem(
+            name, value, (), "set a newer one in this process's environment, which every rank inherits"
+        )
+        if problem is not None:
+            raise CaptureError(f"env: {name}: {problem}")
     if device_type not in ("cuda", "cpu"):
         raise CaptureError(f"device_type: expected 'cuda' or 'cpu', got {device_type!r}")
     chosen = mode or ("fork" if hasattr(os, "fork") else "inline")

@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 
 from simnccl.cluster import Cluster, get_gpu_kind
 from simnccl.engine import Engine, Limits, RunOutcome, SimConfig
+from simnccl.env_knobs import env_problem
 from simnccl.faults import NO_FAULTS, FaultSchedule
 from simnccl.limits import current as current_limits
 from simnccl.limits import exceeded
@@ -34,11 +35,21 @@ def simulate(
     limits: Limits | None = None,
     policy: str | Policy | None = None,
     faults: FaultSchedule | None = None,
+    extra_env_knobs: Sequence[str] = (),
 ) -> RunOutcome:
     """Run ``program`` (one op list for every rank, or one list per rank) and return the outcome.
 
+    ``env`` is checked as a scenario's env table is (``ValueError``): a ``TORCH_*``/``PYTORCH_*``/``NCCL_*`` name
+    torch or NCCL does not read (``TORCH_DIST_USE_NCL2`` simulated torch's default), a value simnccl cannot use,
+    or a launcher variable (``RANK``). ``extra_env_knobs`` names knobs newer than simnccl's list, as a scenario's
+    ``[torch] extra_env_knobs`` does.
+
     The cluster is bounded by ``max_world_size`` (ranks, and GPUs) before anything is made for it, as a scenario's
     is: ``nodes=10**7`` is a ``ValueError`` naming the limit, not a test that runs until the machine gives out."""
+    for name, value in (env or {}).items():
+        problem = env_problem(name, value, extra_env_knobs, "name a newer one in extra_env_knobs")
+        if problem is not None:
+            raise ValueError(f"env: {name}: {problem}")
     cluster = Cluster(get_gpu_kind(gpu), nodes, gpus_per_node, ranks_per_node)
     limit = current_limits().max_world_size
     for count, what in ((cluster.world_size, "ranks"), (cluster.nodes * cluster.gpus_per_node, "GPUs")):
