@@ -221,13 +221,10 @@ def env_overrides(
     a misspelt knob (``--env TORCH_DIST_USE_NCL2=0``) ran torch's default and exited 0. ``extra_knobs``: the
     scenario's ``[torch] extra_env_knobs``, which ``--env`` may set too (None: no scenario, so ``declare`` says
     how this command can be given a knob newer than simnccl's list)."""
-    from simnccl.env_knobs import SCENARIO_DECLARES, env_problem
+    from simnccl.env_knobs import NO_SCENARIO_DECLARES, SCENARIO_DECLARES, env_problem
 
-    if extra_knobs is not None:
-        declare = SCENARIO_DECLARES + " in the scenario file"
-    declare = (
-        declare or "a newer one can only be set in a scenario file, which declares it with [torch] extra_env_knobs"
-    )
+    if not declare:
+        declare = NO_SCENARIO_DECLARES if extra_knobs is None else SCENARIO_DECLARES + " in the scenario file"
     env = dict(getattr(args, "env", None) or [])
     for name, value in env.items():
         problem = env_problem(name, value, extra_knobs or (), declare)

@@ -57,6 +57,8 @@ LAUNCHER_VARIABLES = (
 
 
 SCENARIO_DECLARES = "declare a newer one with [torch] extra_env_knobs"  # how a scenario file names a newer knob
+# What a command without a scenario file (cost --workload, sweep's flags and tables) says instead.
+NO_SCENARIO_DECLARES = "a newer one can only be set in a scenario file's own env, declared with [torch] extra_env_knobs"
 
 
 def unknown_knob_message(name: str, extra: Iterable[str] = (), declare: str = SCENARIO_DECLARES) -> str | None:

@@ -799,9 +799,10 @@ def test_capture_env_is_checked_as_the_command_line_env_is() -> None:
 def test_every_variable_the_capture_sets_per_rank_is_one_env_may_not_set() -> None:
     """``--env WORLD_SIZE=8`` captured a different world than ``--world`` and reported it ok: every variable
     ``rank_env`` sets for the world's shape is refused in ``env``; the rest of ``env`` reaches each rank."""
-    from simnccl.capture.ranks import TORCHRUN_VARIABLES, _Spec
+    from simnccl.capture.ranks import _Spec
+    from simnccl.env_knobs import LAUNCHER_VARIABLES
 
     spec = _Spec(examples.device_mesh_2d, 4, 2, "2.15", {"NCCL_DEBUG": "INFO"}, None, True, False, None, 60.0)
     env = spec.rank_env(3)
-    assert set(env) - set(TORCHRUN_VARIABLES) == {"NCCL_DEBUG", "TORCH_FR_BUFFER_SIZE"}
+    assert set(env) - set(LAUNCHER_VARIABLES) == {"NCCL_DEBUG", "TORCH_FR_BUFFER_SIZE"}
     assert (env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"], env["NCCL_DEBUG"]) == ("3", "1", "4", "INFO")

@@ -13,7 +13,7 @@ import torch.distributed as dist
 from simnccl.capture.divergence import divergence_note
 from simnccl.capture.environment import DEFAULT_GPU
 from simnccl.capture.intercept import _intercepted
-from simnccl.capture.ranks import TORCHRUN_VARIABLES, _run_forked, _run_inline, _Spec
+from simnccl.capture.ranks import _run_forked, _run_inline, _Spec
 from simnccl.capture.result import (
     Call,
     CapturedRun,
@@ -26,7 +26,7 @@ from simnccl.capture.result import (
 from simnccl.capture_cli import DEFAULT_TIMEOUT_S, MODES, world_problem
 from simnccl.cli_options import seconds_problem
 from simnccl.cluster import ClusterError, get_gpu_kind
-from simnccl.env_knobs import env_problem
+from simnccl.env_knobs import LAUNCHER_VARIABLES, env_problem
 from simnccl.limits import current as current_limits
 from simnccl.limits import exceeded
 from simnccl.ops import (
@@ -96,7 +96,8 @@ def capture(
         get_release(release)
     except ReleaseError as err:
         raise CaptureError(f"release: {err}") from None
-    clash = [name for name in TORCHRUN_VARIABLES if name in (env or {})]
+    # (env_problem below refuses these too; this says it in the capture's words, naming every one given)
+    clash = [name for name in LAUNCHER_VARIABLES if name in (env or {})]
     if clash:
         raise CaptureError(
             f"env: {', '.join(clash)} is set by the capture for each rank, as torchrun sets it; the world's shape "

@@ -32,7 +32,6 @@ from simnccl.capture.heap import frozen_heap, prepare_to_fork, rank_collector
 from simnccl.capture.recorder import TooManyOps, _Recorder, built_calls, built_ops
 from simnccl.capture.result import Call, CaptureError, RankCapture
 from simnccl.capture_cli import DEFAULT_TIMEOUT_S
-from simnccl.env_knobs import LAUNCHER_VARIABLES
 from simnccl.ops import (
     Checkpoint,
 )
@@ -73,14 +72,9 @@ class _Spec:
         }
         return {
             "TORCH_FR_BUFFER_SIZE": "0",  # no flight-recorder hooks: nothing to record, less noise
-            **self.env,  # never one of TORCHRUN_VARIABLES (capture() refuses them)
+            **self.env,  # never one of env_knobs.LAUNCHER_VARIABLES (capture() refuses them)
             **world,
         }
-
-
-# What the capture sets in each rank's environment, as torchrun would: never from ``env`` (``--env RANK=0`` made
-# every rank capture as rank 0, reported ok).
-TORCHRUN_VARIABLES = LAUNCHER_VARIABLES
 
 
 def _run_rank(spec: _Spec, rank: int) -> RankCapture:

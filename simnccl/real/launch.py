@@ -96,8 +96,9 @@ def compute_problem(programs: Sequence[Program], settings: RunSettings) -> str |
         sleeps = [min(op.seconds * scale, cap) for op in program.ops if isinstance(op, Compute)]
         if sleeps:
             longest = max(longest, *sleeps)
-            if sum(sleeps) > busiest:
-                busiest, busiest_rank = sum(sleeps), rank
+            total = sum(sleeps)
+            if total > busiest:
+                busiest, busiest_rank = total, rank
     how = f"compute seconds x --compute-scale {scale:g}, each sleep capped at {cap:g} s"
     if longest >= settings.stall_s:
         return (

@@ -34,7 +34,7 @@ from typing import Any
 
 from simnccl.cluster import ClusterError, get_gpu_kind
 from simnccl.cost import CostError, parse_knobs
-from simnccl.env_knobs import env_problem
+from simnccl.env_knobs import NO_SCENARIO_DECLARES, env_problem
 from simnccl.limits import current as current_limits
 from simnccl.limits import exceeded, file_problem, nesting_depth
 from simnccl.policy import PolicyError, get_policy
@@ -321,10 +321,6 @@ def check_policy(spec: str, where: str) -> str:
     return spec
 
 
-# How a sweep sets a knob newer than simnccl's list (its env flags and tables are checked against the list).
-NEWER_KNOB = "a newer one can only be set in a scenario file's own env, declared with [torch] extra_env_knobs"
-
-
 def check_env(env: Mapping[str, Any], where: str) -> dict[str, str]:
     out = {}
     for name, value in env.items():
@@ -332,7 +328,7 @@ def check_env(env: Mapping[str, Any], where: str) -> dict[str, str]:
             raise SweepInputError(where, f"expected an environment variable name, got {name!r}")
         if not isinstance(value, str) or "\x00" in value:
             raise SweepInputError(f"{where}.{name}", f"expected a string value, got {value!r}")
-        problem = env_problem(name, value, declare=NEWER_KNOB)  # a misspelt knob would sweep torch's default
+        problem = env_problem(name, value, declare=NO_SCENARIO_DECLARES)  # a misspelt knob would sweep torch's default
         if problem is not None:
             raise SweepInputError(f"{where}.{name}", problem)
         out[name] = value
