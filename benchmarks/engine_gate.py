@@ -2,10 +2,12 @@
 
 Why: a change that must not change behaviour (cutting ``simnccl/engine`` into rooms, a speed-up) is proven by
 running the same thousands of simulations before and after and finding every outcome identical — not by
-reading the diff. What one case records is ``(verdict, event_count, trace_hash, report_digest)``: the trace
-hash covers every recorded event (times, allocations, meetings, errors, the verdict); the report digest adds
+reading the diff. What one case records is
+``(verdict, event_count, trace_hash, report_digest, semantic_digest)``: the trace hash covers every recorded
+event (times, allocations, meetings, errors, the verdict); the report digest adds
 what the trace does not carry (hang and error reports with their explanations, policy explanations,
-flight-recorder dumps, straggler costs, checkpoints, ops counted, end time).
+flight-recorder dumps, straggler costs, checkpoints, ops counted, end time); a fifth field, the semantic
+digest, is described under ``compare --semantic``.
 
 Run::
 
@@ -25,8 +27,15 @@ Cases (each run on the fast path and on the ordinary per-rank path, ``Engine(fas
   (recovery scenarios through their orchestrator).
 
 A case's id carries a digest of its input, so a drift in generation shows as missing cases, never as a false
-difference. Exit codes: 0 every case identical, 1 a difference or a missing case, 2 bad input.
-The LAST line of ``compare`` is exactly ``compared=<n> identical=<m> differing=<d> missing=<k>``.
+difference. Exit codes: 0 every case identical (with ``--semantic``: identical or equivalent), 1 a difference
+or a missing case, 2 bad input. The LAST line of ``compare`` is exactly
+``compared=<n> identical=<m> equivalent=<e> differing=<d> missing=<k>``.
+
+``compare --semantic`` is for a change that regroups calls into cohort blocks (which changes the trace's
+order and its block records, not what any rank does): a case counts as *equivalent* when its fifth field, the
+semantic digest, agrees — the verdict, the report with policy explanations as a multiset, and every trace
+event except the blocks' own records (``cohort`` lines and cohort meetings) as a multiset, with its time,
+rank, memory and ids. Without the flag, equivalent cases count as differing.
 """
 
 from __future__ import annotations
@@ -34,13 +43,14 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import re
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-SCHEMA = "simnccl-engine-gate/1"
+SCHEMA = "simnccl-engine-gate/2"  # /2: a fifth field, the semantic digest
 SOURCES = ("gen", "mutant", "workload", "scenario")
 MODES = (("fast", True), ("slow", False))
 CASE_WALL_S = 120.0
@@ -65,7 +75,43 @@ def _digest(value: Any) -> str:
     return hashlib.blake2b(repr(value).encode(), digest_size=8).hexdigest()
 
 
-def _record(outcome: Any, explanations: Sequence[Any]) -> list[Any]:
+def _is_block_layout(event: tuple[Any, ...]) -> bool:
+    """A record of how calls were grouped into cohort blocks (a block's per-call line, its meeting), not of
+    what any rank did: a fast path may group calls differently and still do the same thing."""
+    return len(event) > 1 and (event[1] == "cohort" or (event[1] == "meet" and len(event) > 2 and event[2] == "cohort"))
+
+
+_FLOAT = re.compile(r"\d+\.\d+(?:e[+-]?\d+)?")
+
+
+def _canonical(text: str) -> str:
+    """``text`` with every decimal number to 9 places: a time summed in another order (a block's clock against
+    simpy's ``now + (t - now)``) differs in its last bit, which is no difference in what happened."""
+    return _FLOAT.sub(lambda m: f"{float(m.group()):.9f}", text)
+
+
+def _semantic_digest(outcome: Any, explanations: Sequence[Any], events: Sequence[Any] | None) -> str:
+    """What the run did, blind to the fast paths' layout: every trace event but the block-layout ones, as a
+    multiset (events at one time on different ranks have no order a program can see), the policy explanations
+    as a multiset, and the report; times to the nanosecond (``_canonical``). ``events`` is None where the
+    trace was not kept (through the runner)."""
+    kept = None if events is None else sorted(_canonical(repr(e)) for e in events if not _is_block_layout(e))
+    report = (
+        outcome.verdict,
+        outcome.hangs,
+        outcome.errors,
+        sorted(repr(x) for x in explanations),
+        sorted(outcome.fr_dumps.items()),
+        outcome.slowdowns,
+        sorted((label, sorted(per.items())) for label, per in outcome.checkpoints.items()),
+        outcome.ops_executed,
+        outcome.end_time_s,
+        kept,
+    )
+    return _digest(_canonical(repr(report)))
+
+
+def _record(outcome: Any, explanations: Sequence[Any], events: Sequence[Any] | None = None) -> list[Any]:
     report = (
         outcome.hangs,
         outcome.errors,
@@ -76,23 +122,26 @@ def _record(outcome: Any, explanations: Sequence[Any]) -> list[Any]:
         outcome.ops_executed,
         outcome.end_time_s,
     )
-    return [outcome.verdict, outcome.event_count, outcome.trace_hash, _digest(report)]
+    semantic = _semantic_digest(outcome, explanations, events)
+    return [outcome.verdict, outcome.event_count, outcome.trace_hash, _digest(report), semantic]
 
 
-def _run(make: Callable[[], tuple[Any, Sequence[Any]]]) -> list[Any]:
+def _run(make: Callable[[], tuple[Any, ...]]) -> list[Any]:
     """One case's record; an exception is an outcome too (its type and message)."""
     try:
-        outcome, explanations = make()
+        outcome, explanations, *events = make()
     except Exception as err:  # the gate compares what happens, including a raise
-        return ["raise", 0, f"{type(err).__name__}: {err}", ""]
-    return _record(outcome, explanations)
+        raised = f"{type(err).__name__}: {err}"
+        return ["raise", 0, raised, "", _digest(raised)]
+    return _record(outcome, explanations, events[0] if events else None)
 
 
-def _engine_run(config: Any, fast_path: bool) -> tuple[Any, Sequence[Any]]:
+def _engine_run(config: Any, fast_path: bool) -> tuple[Any, Sequence[Any], Sequence[Any]]:
     from simnccl.engine import Engine
 
-    engine = Engine(config, fast_path=fast_path)
-    return engine.run(), engine.explanations
+    engine = Engine(config, keep_trace=True, fast_path=fast_path)
+    outcome = engine.run()
+    return outcome, engine.explanations, engine.sim.trace.events
 
 
 # ---------------------------------------------------------------------------------------------- sources
@@ -275,22 +324,34 @@ def compare(args: argparse.Namespace) -> int:
     except SystemExit as err:
         print(err, file=sys.stderr)
         return 2
-    fields = ("verdict", "event_count", "trace_hash", "report_digest")
+    fields = ("verdict", "event_count", "trace_hash", "report_digest", "semantic_digest")
     missing = sorted(set(before) ^ set(after))
     common = sorted(set(before) & set(after))
     differing = [key for key in common if before[key] != after[key]]
+    # --semantic: a case whose trace differs only in block layout (same events as a multiset, same report)
+    # is equivalent, not differing; every other difference still fails.
+    equivalent = [key for key in differing if args.semantic and before[key][4:] == after[key][4:]]
+    failing = [key for key in differing if key not in set(equivalent)]
     for key in missing[: args.show]:
         print(f"missing in {'after' if key in before else 'before'}: {key}")
-    for key in differing[: args.show]:
+    for key in failing[: args.show]:
         which = [f for f, a, b in zip(fields, before[key], after[key], strict=True) if a != b]
         print(f"differs ({', '.join(which)}): {key}\n  before {before[key]}\n  after  {after[key]}")
     by_source: dict[str, int] = {}
     for key in common:
         by_source[key.split("/", 1)[0]] = by_source.get(key.split("/", 1)[0], 0) + 1
     print(f"per source: {dict(sorted(by_source.items()))}")
+    if args.semantic:
+        by_source = {}
+        for key in equivalent:
+            by_source[key.split("/", 1)[0]] = by_source.get(key.split("/", 1)[0], 0) + 1
+        print(f"equivalent per source: {dict(sorted(by_source.items()))}")
     identical = len(common) - len(differing)
-    print(f"compared={len(common)} identical={identical} differing={len(differing)} missing={len(missing)}")
-    return 0 if not differing and not missing else 1
+    print(
+        f"compared={len(common)} identical={identical} equivalent={len(equivalent)} "
+        f"differing={len(failing)} missing={len(missing)}"
+    )
+    return 0 if not failing and not missing else 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -307,6 +368,11 @@ def main(argv: list[str] | None = None) -> int:
     cmp.add_argument("before")
     cmp.add_argument("after")
     cmp.add_argument("--show", type=int, default=20, help="differences to print")
+    cmp.add_argument(
+        "--semantic",
+        action="store_true",
+        help="a case whose trace differs only in cohort-block layout (same events as a multiset) is equivalent",
+    )
     args = parser.parse_args(argv)
     return record(args) if args.command == "record" else compare(args)
 

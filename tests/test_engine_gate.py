@@ -41,11 +41,11 @@ def test_two_records_of_one_engine_are_identical_and_cover_both_paths(recorded, 
     # 5 generated cases, each with and without faults, plus 2 mutants: every one on both paths
     assert len(cases) == (5 * 2 + 2) * 2
     assert {key.rsplit("/", 1)[1] for key in cases} == {"fast", "slow"}
-    assert all(len(value) == 4 and value[0] in {"pass", "fail", "hang", "error", "raise"} for value in cases.values())
+    assert all(len(value) == 5 and value[0] in {"pass", "fail", "hang", "error", "raise"} for value in cases.values())
     assert gate.main(["compare", str(first), str(second)]) == 0
     assert (
         capsys.readouterr().out.splitlines()[-1]
-        == f"compared={len(cases)} identical={len(cases)} differing=0 missing=0"
+        == f"compared={len(cases)} identical={len(cases)} equivalent=0 differing=0 missing=0"
     )
 
 
@@ -69,6 +69,51 @@ def test_bad_input_exits_2_with_one_line(tmp_path, capsys) -> None:
     bad.write_text('{"schema": "other"}')
     assert gate.main(["compare", str(bad), str(bad)]) == 2
     err = capsys.readouterr().err.strip()
-    assert err == f"engine_gate: {bad}: key 'schema': expected 'simnccl-engine-gate/1' with a 'cases' table"
+    assert err == f"engine_gate: {bad}: key 'schema': expected 'simnccl-engine-gate/2' with a 'cases' table"
     assert gate.main(["record", str(tmp_path / "x.json"), "--only", "nope"]) == 2
     assert "--only: unknown source 'nope'" in capsys.readouterr().err
+
+
+def test_semantic_compare_accepts_a_regrouped_trace_and_nothing_else(recorded, tmp_path, capsys) -> None:
+    """A trace hash and event count that differ with an equal semantic digest (calls regrouped into blocks) are
+    equivalent under --semantic only; a differing semantic digest fails either way."""
+    first, _ = recorded
+    data = json.loads(first.read_text())
+    keys = sorted(data["cases"])
+    data["cases"][keys[0]][1] += 3
+    data["cases"][keys[0]][2] = "0" * 32
+    data["cases"][keys[1]][2] = "1" * 32
+    data["cases"][keys[1]][4] = "2" * 16
+    changed = tmp_path / "regrouped.json"
+    changed.write_text(json.dumps(data))
+    assert gate.main(["compare", str(first), str(changed)]) == 1
+    assert capsys.readouterr().out.splitlines()[-1].endswith("equivalent=0 differing=2 missing=0")
+    assert gate.main(["compare", "--semantic", str(first), str(changed)]) == 1
+    out = capsys.readouterr().out
+    assert f"differs (trace_hash, semantic_digest): {keys[1]}" in out
+    assert out.splitlines()[-1].endswith("equivalent=1 differing=1 missing=0")
+    data["cases"][keys[1]] = json.loads(first.read_text())["cases"][keys[1]]
+    changed.write_text(json.dumps(data))
+    assert gate.main(["compare", "--semantic", str(first), str(changed)]) == 0
+
+
+class _Outcome:
+    verdict, hangs, errors, fr_dumps, slowdowns, checkpoints = "pass", [], [], {}, [], {}
+    ops_executed, end_time_s = 8, 2.0
+
+
+def test_the_semantic_digest_ignores_block_layout_and_order_but_not_what_a_rank_did() -> None:
+    events = [(0.0, 0, "new_group", "g", 1), (0.0, 1, "new_group", "g", 1), (1.0, "meet", "split", ("k",), 2)]
+    layout = [(1.0, "cohort", 3, "new_group", 2), (1.0, "meet", "cohort", ("cohort", 3), 1)]
+    digest = gate._semantic_digest(_Outcome(), [{"a": 1}, {"b": 2}], events)
+    assert gate._semantic_digest(_Outcome(), [{"b": 2}, {"a": 1}], layout + events[::-1]) == digest
+    moved = [(0.5, 0, "new_group", "g", 1), *events[1:]]
+    assert gate._semantic_digest(_Outcome(), [{"a": 1}, {"b": 2}], moved) != digest
+    assert gate._semantic_digest(_Outcome(), [{"a": 1}, {"b": 2}], events[1:]) != digest
+
+    # a time summed in another order differs in its last bit only: the same; a microsecond is not
+    def at(t: float) -> str:
+        return gate._semantic_digest(_Outcome(), [], [(t, *events[0][1:]), *events[1:]])
+
+    assert 0.1 + 0.2 != 0.3 and at(0.1 + 0.2) == at(0.3)
+    assert at(0.300001) != at(0.3)

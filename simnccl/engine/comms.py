@@ -141,11 +141,60 @@ class Comms:
             if comm.impl is Impl.GLOO:
                 self._gloo_singleton(rt, group, op)
             comm.comm_id = self.registry.new_id()
+        self._ready(rt, group, comm, op)
+
+    def _ready(self, rt: RankRuntime, group: Group, comm: Comm, op: Op) -> None:
+        """What follows a communicator's init on one member, once it has its identity."""
+        assert comm.comm_id is not None
         self.registry.members[comm.comm_id] = group.ranks
         self.abort_if_cudamallocasync(rt, comm)
         self.nvls.reserve(rt, comm, group, self.registry.members)
         comm.state = CommState.READY
         self.memory.init_comm(rt, comm, group, op)
+
+    @staticmethod
+    def creates_alone(comm_plan: CommPlan) -> bool:
+        """Whether a cohort block may create this eager communicator on its member alone (``init_alone``): a
+        fake backend's, which meets nobody, touches no device and takes no time (a policy's fake singleton)."""
+        return comm_plan.eager and comm_plan.split_from is None and comm_plan.pair.impl is Impl.FAKE
+
+    def init_alone(self, rt: RankRuntime, group: Group, comm: Comm, op: Op) -> None:
+        """``init`` for a communicator ``creates_alone`` allows: no meeting, a fresh identity."""
+        assert comm.impl is Impl.FAKE and not (lifecycle(comm.impl).communicates and group.size > 1)
+        comm.comm_id = self.registry.new_id()
+        self._ready(rt, group, comm, op)
+
+    def can_bootstrap_together(self, plan: GroupPlan) -> bool:
+        """Whether a cohort block may take this member plan's bootstrap (``bootstrap_together``): one gloo
+        communicator of two or more ranks, under a name no bootstrap has used (a collision is the ordinary
+        path's to report)."""
+        if len(plan.comms) != 1 or len(plan.ranks) < 2:
+            return False
+        comm_plan = plan.comms[0]
+        if comm_plan.pair.impl is not Impl.GLOO or not comm_plan.eager or comm_plan.split_from is not None:
+            return False
+        return self.rendezvous.meetings.get(("bootstrap", plan.name, False)) is None
+
+    def bootstrap_together(self, joining: list[tuple[RankRuntime, Group, Comm, float]], op: Op) -> Meeting:
+        """A gloo group's members bootstrapping in one pass, each arriving at its own time (a cohort block's call,
+        ``can_bootstrap_together``): the meeting ``init`` makes them meet at, completed when the last arrives.
+
+        Why only gloo: its init touches no device memory and binds no NVLS slots, so nothing but this meeting
+        depends on when each member arrives. The caller runs ``finish_together`` at the meeting's end."""
+        self.sockets.used = True
+        first = joining[0][1]
+        meeting = self.rendezvous.open(("bootstrap", first.name, False), "bootstrap", first.name, 0, first.ranks)
+        for rt, group, _comm, at in joining:
+            meeting.arrivals[rt.rank] = Arrival(rt.rank, at, group.ranks, op)
+        self.rendezvous.complete(meeting, self.timing.bootstrap_s(meeting))
+        return meeting
+
+    def finish_together(self, joining: list[tuple[RankRuntime, Group, Comm, float]], meeting: Meeting, op: Op) -> None:
+        """What ``init`` does for each member after its bootstrap meeting, for a ``bootstrap_together``."""
+        comm_id = self.registry.id_for(meeting)
+        for rt, group, comm, _at in joining:
+            comm.comm_id = comm_id
+            self._ready(rt, group, comm, op)
 
     def _gloo_singleton(self, rt: RankRuntime, group: Group, op: Op) -> None:
         """A one-rank ProcessGroupGloo still writes its address under the group's store prefix (measured: a

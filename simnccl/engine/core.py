@@ -115,6 +115,7 @@ class Engine:
         # What callers read after a run (the same objects the rooms own).
         self.meetings = rendezvous.meetings
         self.explanations: list[dict[str, Any]] = gate.explanations
+        self._order_explanations = gate.order_explanations
         self.ledgers = memory.ledgers
         self.checkpoints = memory.checkpoints
         self.group_records = memory.group_records
@@ -136,6 +137,7 @@ class Engine:
                 result.meetings = self.meetings.all()
             return result
         finally:
+            self._order_explanations()  # call order, whatever order ranks decided in (also after a raise)
             if gc_was_enabled:
                 gc.enable()
 

@@ -88,6 +88,7 @@ class PolicyGate:
         self.planner = planner
         self.histories = histories
         self.explanations: list[dict[str, Any]] = []
+        self._explained: dict[tuple[int, tuple[int, ...]], dict[str, Any]] = {}  # call -> its explanation
         self._decisions: dict[tuple[int, tuple[int, ...]], tuple[int, GroupDecision]] = {}
         # id(rank context) -> (that context, its eager_group_mib): a context is replaced, never changed in place,
         # so the per-call price (a scan of the environment) is looked up once per context, not once per ask
@@ -240,20 +241,26 @@ class PolicyGate:
         return replace(op, pg_options=mine.pg_options)
 
     def check_consistent(self, rt: RankRuntime, request: GroupRequest, decision: GroupDecision) -> None:
-        """Every caller of one group-creation call must reach the same plan, or real torch hangs or crashes."""
+        """Every caller of one group-creation call must reach the same plan, or real torch hangs or crashes.
+
+        Each call is explained once (``--explain``): as the group's first member was told, or, for a policy that
+        decides alike on every rank (``verified``), as the first rank to decide was told, which is the same.
+        Which rank decides first depends on the engine's path (a cohort decides as the first member, ranks on
+        their own in time order), so the list must not: ``order_explanations`` sorts it by call."""
         key = (request.history.calls, request.ranks)
         seen = self._decisions.get(key)
         if seen is None:
             self._decisions[key] = (rt.rank, decision)
-            if request.member and request.ranks[0] == rt.rank:
-                self.explanations.append(
-                    {
-                        "call": f"new_group #{request.history.calls + 1}",
-                        "ranks": list(request.ranks),
-                        "plan": decision.describe(),
-                        "explanation": decision.explanation,
-                    }
-                )
+        if key not in self._explained and (self.verified or (request.member and request.ranks[0] == rt.rank)):
+            entry = {
+                "call": f"new_group #{request.history.calls + 1}",
+                "ranks": list(request.ranks),
+                "plan": decision.describe(),
+                "explanation": decision.explanation,
+            }
+            self._explained[key] = entry
+            self.explanations.append(entry)
+        if seen is None:
             return
         other, first = seen
         if first.key() != decision.key():
@@ -263,6 +270,12 @@ class PolicyGate:
                 f"(group-creation call #{request.history.calls + 1}): rank {other}: {first.describe()} "
                 f"({first.explanation}); rank {rt.rank}: {decision.describe()} ({decision.explanation})",
             )
+
+    def order_explanations(self) -> None:
+        """The explanations in call order (``init_process_group`` first), whatever order ranks decided in."""
+        calls = {id(entry) for entry in self._explained.values()}
+        first = [entry for entry in self.explanations if id(entry) not in calls]
+        self.explanations[:] = first + [entry for _key, entry in sorted(self._explained.items())]
 
     def identical_group(
         self, rt: RankRuntime, ranks: tuple[int, ...], backend: str | None, options: PgOptions

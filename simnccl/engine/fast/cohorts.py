@@ -14,8 +14,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from simnccl.backends import lifecycle
-from simnccl.c10d import NON_GROUP_MEMBER, GroupPlan, Members, TorchError, plan_split_group, split_source, world_ranks
+from simnccl.backends import Comm, lifecycle
+from simnccl.c10d import (
+    NON_GROUP_MEMBER,
+    Group,
+    GroupPlan,
+    Members,
+    TorchError,
+    plan_split_group,
+    split_source,
+    world_ranks,
+)
 from simnccl.engine.comms import Comms
 from simnccl.engine.fast.classes import RankClasses
 from simnccl.engine.fast.histories import SharedHistories
@@ -47,6 +56,8 @@ class Cohort:
     failures: dict[int, tuple[int, TorchError | SimulatedOOM]] = field(default_factory=dict)
     history: History | None = None
     counter_end: int = 0
+    wait_pc: int = 0  # the block's first split, where its ranks wait (after reuses: see ``_world_split_at``)
+    late: dict[int, tuple[float, int, Meeting, Op]] = field(default_factory=dict)
 
 
 def starts_block(op: Op) -> bool:
@@ -96,6 +107,7 @@ class Cohorts:
         self.block_starts = tuple(map(starts_block, program.ops)) if program else ()
         self.by_start: dict[int, Cohort] = {}
         self._world_ranks = world_ranks(sim.cluster.world_size)
+        self._no_split = (0, -1)  # calls from which no block reaches a split (``_dead_end``)
 
     def run(self, rt: RankRuntime) -> Waiting:
         """Run a block of world-wide group-creation calls for every rank at once (see the module's doc)."""
@@ -109,53 +121,134 @@ class Cohorts:
             meeting.result = self.env.event()
             cohort = Cohort(start=start, counter=rt.counter, meeting=meeting, history=self.histories.history(rt))
             self.by_start[start] = cohort
-            if not self._opens_with_world_split(rt, rt.program.ops[start]):
-                # Waiting for every rank is only right when the first call is itself world-wide (a split of
-                # the bound default group); a local or members-only creation must not synchronise anyone.
+            split_at = self._world_split_at(rt, start)
+            if split_at is None:
+                # Waiting for every rank is only right when the block reaches a world-wide call (a split of
+                # the bound default group) before doing anything; a local or members-only creation must not
+                # synchronise anyone.
                 cohort.broken = True
+            else:
+                cohort.wait_pc = split_at
         if cohort.broken or not self._eligible(rt, cohort):
             self._break(cohort)
             yield from self._one_call(rt)
             return
-        op = rt.program.ops[start]
+        op = rt.program.ops[cohort.wait_pc]
         cohort.meeting.arrivals[rt.rank] = Arrival(rt.rank, self.env.now, ("split", None), op)
         if len(cohort.meeting.arrivals) == len(self._world_ranks):
             self._apply_block(cohort)
+        rt.pc = cohort.wait_pc  # where the rank waits: the split, past reuses that need nobody
         yield from self.rendezvous.wait(rt, cohort.meeting, op)
+        rt.pc = start
         if cohort.broken:
             yield from self._one_call(rt)
             return
         self._resume_from_block(rt, cohort)
+        behind = cohort.late.get(rt.rank)
+        if behind is not None:
+            # Still in the gloo bootstrap the block ended with, as on the ordinary path: blocked there until it ends.
+            _done, rt.pc, meeting, op = behind
+            yield from self.rendezvous.wait(rt, meeting, op)
+            rt.pc = cohort.end
 
-    def _opens_with_world_split(self, rt: RankRuntime, op: Op) -> bool:
-        """Whether this call is, for this rank, a split of the default group (which every rank joins)."""
+    def _world_split_at(self, rt: RankRuntime, start: int) -> int | None:
+        """Where the block that would start at ``start`` meets every rank: the call that is, for this rank, a
+        split of the default group (which every rank joins), or None when there is none to wait for.
+
+        Calls that take no time and wait for nobody on any rank may come first: ones the policy answers by
+        reuse (no torch call), and purely local creations (a fake group, a lazy communicator: no meeting, no
+        memory) whose non-members do nothing. On the ordinary path every rank walks them at once and waits at
+        that split all the same, so the block starts at the first of them (its ranks shown waiting at the
+        split) and takes them in call order. That needs every rank's answer to be this rank's: no policy or one
+        that answers alike on every rank (``verified``), and each such call checked for every member."""
+        ops = rt.program.ops
+        op = ops[start]
         if rt.world is None or rt.pending:
-            return False
+            return None
         if isinstance(op, SplitGroup):
             parent = rt.world.comm_for("cuda")
             if parent is None or not parent.ready:
-                return False
+                return None
             life = lifecycle(parent.impl)
-            return life.communicates and life.split_is_collective  # gloo's split is a members-only bootstrap
+            return start if life.communicates and life.split_is_collective else None  # gloo: members only
         assert isinstance(op, NewGroup)
         if split_source(self.sim.release, rt.world, rt.world.backend, NO_OPTIONS) is None:
             # The default group can't be split by any call (unbound, lazy, not ready): nothing this call could
             # decide or plan makes it a split, so skip deciding and planning it twice (the call runs next).
-            return False
+            return None
+        if self._no_split[0] < start <= self._no_split[1]:
+            return None
         gate = self.policy_gate
-        if gate.active:
-            members = self.planner.members(op)
-            if not isinstance(members, Members):
-                return False
-            decision = decide_group(gate.policy, gate.group_request(rt, op, members.ranks))
-            if decision.reuse is not None:
-                return False
-            op = gate.effective_op(rt, op, members, decision) or op
+        alike = not gate.active or gate.verified
+        history: History | None = None  # a copy the leading reuses are recorded in, made at the first one
+        counter = rt.counter
+        at = start
+        while True:
+            request = decision = None
+            if gate.active:
+                members = self.planner.members(op)
+                if not isinstance(members, Members):
+                    return None
+                request = gate.group_request(rt, op, members.ranks, history=history)
+                decision = decide_group(gate.policy, request)
+                # a reuse makes no torch call on any rank: nothing to plan
+                effective = None if decision.reuse is not None else gate.effective_op(rt, op, members, decision) or op
+            else:
+                effective = op
+            if effective is not None:
+                try:
+                    plan = self.planner.plan_new_group(rt, effective, counter)
+                except TorchError:
+                    return self._dead_end(start, at)
+                if plan.nocolor_split_on is not None or any(c.split_from is not None for c in plan.comms):
+                    return at
+                if not alike or not self._local_everywhere(effective, counter, plan):
+                    return self._dead_end(start, at)
+                counter += plan.counter_advance
+            elif not alike:
+                return None
+            if request is not None and decision is not None:
+                if history is None:  # the next call is decided on a history that has this one
+                    history = self.histories.history(rt).copy()
+                history.record(request, decision)
+            at += 1
+            if at >= len(ops) or not self.block_starts[at] or not isinstance(ops[at], NewGroup):
+                return self._dead_end(start, at - 1)
+            op = ops[at]
+
+    def _dead_end(self, start: int, at: int) -> None:
+        """No block from ``start``: the calls up to ``at`` lead to no split. A block tried from any call
+        between them would walk the same calls in the same state (counter and history advance alike on every
+        path), so it is not tried (without this, a long run of local calls costs its length squared)."""
+        self._no_split = (start, at)
+
+    def _local_everywhere(self, op: NewGroup, counter: int, plan: GroupPlan) -> bool:
+        """Whether ``op`` (``plan``: one rank's) is a purely local creation on every rank: its members create
+        no communicator now (lazy, none, or a fake backend's: ``creates_alone``), its non-members do nothing but
+        count."""
+        creates_alone = self.comms.creates_alone
+        if plan.nocolor_split_on is not None or any(c.eager and not creates_alone(c) for c in plan.comms):
+            return False
+        members = self.planner.members(op)
+        if not isinstance(members, Members):
+            return False
+        ranks = self.ranks
+        if any(ranks[m].world is None or ranks[m].pending for m in members.ranks):
+            return False  # a member not yet where this rank is: nothing to plan it by
         try:
-            plan = self.planner.plan_new_group(rt, op, rt.counter)
+            for _rank, mine in self.classes.member_plans(ranks, op, members, counter):
+                if any(c.split_from is not None or (c.eager and not creates_alone(c)) for c in mine.comms):
+                    return False
+            outsider = next((r for r in ranks if r.rank not in members.index), None)
+            if outsider is not None:
+                if outsider.world is None or outsider.pending:
+                    return False
+                theirs = self.planner.plan_new_group(outsider, op, counter)
+                if theirs.nocolor_split_on is not None or theirs.comms:
+                    return False
         except TorchError:
             return False
-        return plan.nocolor_split_on is not None or any(c.split_from is not None for c in plan.comms)
+        return True
 
     def _one_call(self, rt: RankRuntime) -> Waiting:
         """The ordinary path for the op at pc, used when a cohort can't take it."""
@@ -204,6 +297,10 @@ class Cohorts:
         executed = splits = 0
         binds: set[str] = set()
         failed = False
+        # Members of a gloo group the block bootstrapped, until the next split waits for them: rank -> (when it
+        # is done, the call, its meeting, the op). A rank still here at the block's end is released at that time.
+        late: dict[int, tuple[float, int, Meeting, Op]] = {}
+        arrived = cohort.meeting.arrivals
         while pc < len(ops) and starts_block(ops[pc]) and not failed:
             op = ops[pc]
             decided: tuple[GroupRequest, GroupDecision] | None = None
@@ -222,6 +319,10 @@ class Cohorts:
                 decided = (request, decision) if request is not None else None
             plans = self._block_plans(op, counter)
             if plans is None:
+                if pc < cohort.wait_pc:  # every rank waited for a split the block does not reach
+                    raise AssertionError(f"cohort at call {cohort.start}: call {pc} can't be taken before its split")
+                # At the split itself the ranks go on one by one, as they would have from there: every rank
+                # joins the split and its members wait for the last (the others settle before they next act).
                 break  # nothing recorded: the ranks decide this call again, one by one
             if decided is not None:
                 assert cohort.history is not None
@@ -229,20 +330,43 @@ class Cohorts:
             is_split = any(
                 p.nocolor_split_on is not None or any(c.split_from is not None for c in p.comms) for p in plans.values()
             )
+            if (pc == cohort.wait_pc) != is_split and pc <= cohort.wait_pc:
+                raise AssertionError(f"cohort at call {cohort.start}: its first split is not call {cohort.wait_pc}")
             if is_split:
+                # Every rank takes part in a split of the default group: it starts when the last one arrives,
+                # which is later than the block's clock for a member still bootstrapping a gloo group.
+                if late:
+                    clock = max(clock, max(at for at, _pc, _m, _op in late.values()))
+                    late.clear()
                 clock += self.sim.profile.timing.split_s
-            self.sim.clock = clock
             child_id = self.comms.registry.new_id() if is_split else None
+            joining: list[tuple[RankRuntime, Group, Comm, float]] = []
             for rank, plan in plans.items():
                 if not plan.member:
                     continue
                 rt = ranks[rank]
                 rt.pc = pc
+                if pc < cohort.wait_pc:  # a call before the first split: each rank made it when it arrived
+                    self.sim.clock = arrived[rank].time_s
+                else:
+                    behind = late.get(rank)
+                    self.sim.clock = clock if behind is None else behind[0]  # where this member is
                 try:
-                    self._apply_member_plan(rt, plan, op, child_id)
+                    joined = self._apply_member_plan(rt, plan, op, child_id)
                 except (TorchError, SimulatedOOM) as err:
                     cohort.failures[rank] = (pc, err)  # re-raised in that rank's own process
                     failed = True
+                    continue
+                if joined is not None:
+                    joining.append((rt, *joined, self.sim.clock))
+            if joining:
+                meeting = self.comms.bootstrap_together(joining, op)
+                done = meeting.completed_at
+                assert done is not None
+                self.sim.clock = done
+                self.comms.finish_together(joining, meeting, op)
+                for member, *_ in joining:
+                    late[member.rank] = (done, pc, meeting, op)
             self.sim.clock = None
             self.record(clock, "cohort", pc, op.name, len(plans))
             self.guard.work += len(plans) + 1
@@ -259,6 +383,7 @@ class Cohorts:
         cohort.executed = executed
         cohort.splits = splits
         cohort.binds = tuple(sorted(binds))
+        cohort.late = late
         if executed == 0:
             self._break(cohort)
             return
@@ -333,8 +458,11 @@ class Cohorts:
         except TorchError:
             return None
         for plan in plans.values():
-            if any(c.eager and c.split_from is None for c in plan.comms):
-                return None  # a fresh bootstrap: members-only meeting, not a world-wide step
+            fresh = [c for c in plan.comms if c.eager and c.split_from is None]
+            if not fresh or all(map(self.comms.creates_alone, fresh)):
+                continue
+            if not (plan.member and self.comms.can_bootstrap_together(plan)):
+                return None  # a fresh NCCL bootstrap: a members-only meeting the block does not take
         return plans
 
     def _outsider_probe(self, op: NewGroup, counter: int) -> GroupPlan:
@@ -348,17 +476,25 @@ class Cohorts:
 
     def _apply_member_plan(
         self, rt: RankRuntime, plan: GroupPlan, op: NewGroup | SplitGroup, child_id: int | None
-    ) -> None:
+    ) -> tuple[Group, Comm] | None:
+        """One member's group as planned; a gloo communicator to bootstrap with the other members is returned
+        (the block completes their meeting once all have joined it)."""
         group = self.groups.group_from_plan(rt, plan)
         if op.bind:
             rt.handles[op.bind] = group
         self.record(self.sim.now(), rt.rank, op.name, plan.name, ranks_digest(plan.ranks))
+        joining = None
         for comm_plan in plan.comms:
             comm = self.comms.attach(group, plan, comm_plan)
             if comm_plan.split_from is None:
+                if self.comms.creates_alone(comm_plan):
+                    self.comms.init_alone(rt, group, comm, op)
+                elif comm_plan.eager:
+                    joining = (group, comm)  # _block_plans took it: a gloo bootstrap (can_bootstrap_together)
                 continue  # lazy: created at first use
             assert child_id is not None
             self.comms.split_child_ready(rt, group, comm, child_id, op)
+        return joining
 
     def _resume_from_block(self, rt: RankRuntime, cohort: Cohort) -> None:
         """Bring one rank's own state to the end of the block (counter, parent sequence, handles, history)."""
