@@ -22,7 +22,8 @@ Cases (each run on the fast path and on the ordinary per-rank path, ``Engine(fas
 * ``gen``: hypothesis-generated cases (``simnccl.testing.strategies.cases``, 1-8 ranks; a batch of 8-16
   ranks) under a fixed seed, each also with a seeded fault schedule (``simnccl.faults.generate``);
 * ``mutant``: generated cases broken by one mutation (``strategies.mutants``);
-* ``workload``: framework startups (every generator) under every ``simnccl cost`` column, some with faults;
+* ``workload``: framework startups (every generator) under every ``simnccl cost`` column, some with faults,
+  and a Megatron startup that runs out of device memory part way (``out_of_memory_cases``);
 * ``scenario``: every variant of every shipped scenario (``simnccl/scenarios/*.toml``), through the runner
   (recovery scenarios through their orchestrator).
 
@@ -47,6 +48,7 @@ import re
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +71,8 @@ WORKLOADS: tuple[tuple[str, dict[str, Any], int, int], ...] = (
     ("deepspeed", {"pp": 2, "zero_stage": 3}, 16, 8),
 )
 WORKLOAD_FAULT_SEEDS = (1, 2, 3)
+# Weights (MiB) that leave an H100-80GB short of memory for a 16-rank Megatron startup's communicators part way.
+OUT_OF_MEMORY_MIB = (76_000, 77_700, 79_000)
 
 
 def _digest(value: Any) -> str:
@@ -90,12 +94,44 @@ def _canonical(text: str) -> str:
     return _FLOAT.sub(lambda m: f"{float(m.group()):.9f}", text)
 
 
-def _semantic_digest(outcome: Any, explanations: Sequence[Any], events: Sequence[Any] | None) -> str:
+def _comm_labels(engine: Any) -> dict[int, str]:
+    """Each communicator id of a run, named by what it is: its group and implementation (a send/recv pair's,
+    its pair too). Ids are numbered in the order communicators come to exist, which a block (one pass, in call
+    order) and ranks on their own (in time order, ties in event order) may number differently for the same
+    communicators; meeting keys carry them."""
+    labels: dict[int, str] = {}
+    for rt in engine.ranks:
+        for group in rt.groups:
+            for comm in group.comms.values():
+                if comm.comm_id is not None:
+                    labels[comm.comm_id] = f"{group.name}:{comm.impl}"
+                for peer, pair in getattr(comm, "pair_comms", {}).items():
+                    labels[pair] = f"{group.name}:{comm.impl}:pair:{sorted((rt.rank, peer))}"
+    return labels
+
+
+def _relabelled(value: Any, labels: dict[int, str]) -> Any:
+    """``value`` with the communicator id in every meeting key (``("coll" | "p2p", id, ...)``) named."""
+    if isinstance(value, tuple):
+        if len(value) > 1 and value[0] in ("coll", "p2p") and isinstance(value[1], int):
+            return (value[0], labels.get(value[1], value[1]), *value[2:])
+        return tuple(_relabelled(v, labels) for v in value)
+    return value
+
+
+def _semantic_digest(
+    outcome: Any, explanations: Sequence[Any], events: Sequence[Any] | None, labels: dict[int, str] | None = None
+) -> str:
     """What the run did, blind to the fast paths' layout: every trace event but the block-layout ones, as a
     multiset (events at one time on different ranks have no order a program can see), the policy explanations
-    as a multiset, and the report; times to the nanosecond (``_canonical``). ``events`` is None where the
-    trace was not kept (through the runner)."""
-    kept = None if events is None else sorted(_canonical(repr(e)) for e in events if not _is_block_layout(e))
+    as a multiset, and the report; times to the nanosecond (``_canonical``), communicators by what they are
+    (``labels``: ``_comm_labels``). ``events`` is None where the trace was not kept (through the runner)."""
+    names = labels or {}
+    kept = (
+        None
+        if events is None
+        else sorted(_canonical(repr(_relabelled(e, names))) for e in events if not _is_block_layout(e))
+    )
     report = (
         outcome.verdict,
         outcome.hangs,
@@ -111,7 +147,12 @@ def _semantic_digest(outcome: Any, explanations: Sequence[Any], events: Sequence
     return _digest(_canonical(repr(report)))
 
 
-def _record(outcome: Any, explanations: Sequence[Any], events: Sequence[Any] | None = None) -> list[Any]:
+def _record(
+    outcome: Any,
+    explanations: Sequence[Any],
+    events: Sequence[Any] | None = None,
+    labels: dict[int, str] | None = None,
+) -> list[Any]:
     report = (
         outcome.hangs,
         outcome.errors,
@@ -122,26 +163,26 @@ def _record(outcome: Any, explanations: Sequence[Any], events: Sequence[Any] | N
         outcome.ops_executed,
         outcome.end_time_s,
     )
-    semantic = _semantic_digest(outcome, explanations, events)
+    semantic = _semantic_digest(outcome, explanations, events, labels)
     return [outcome.verdict, outcome.event_count, outcome.trace_hash, _digest(report), semantic]
 
 
 def _run(make: Callable[[], tuple[Any, ...]]) -> list[Any]:
     """One case's record; an exception is an outcome too (its type and message)."""
     try:
-        outcome, explanations, *events = make()
+        outcome, explanations, *kept = make()
     except Exception as err:  # the gate compares what happens, including a raise
         raised = f"{type(err).__name__}: {err}"
         return ["raise", 0, raised, "", _digest(raised)]
-    return _record(outcome, explanations, events[0] if events else None)
+    return _record(outcome, explanations, *kept)
 
 
-def _engine_run(config: Any, fast_path: bool) -> tuple[Any, Sequence[Any], Sequence[Any]]:
+def _engine_run(config: Any, fast_path: bool) -> tuple[Any, Sequence[Any], Sequence[Any], dict[int, str]]:
     from simnccl.engine import Engine
 
     engine = Engine(config, keep_trace=True, fast_path=fast_path)
     outcome = engine.run()
-    return outcome, engine.explanations, engine.sim.trace.events
+    return outcome, engine.explanations, engine.sim.trace.events, _comm_labels(engine)
 
 
 # ---------------------------------------------------------------------------------------------- sources
@@ -247,6 +288,25 @@ def workload_cases() -> Iterator[tuple[str, Callable[[], list[Any]]]]:
                     yield key, lambda c=faulted, f=fast: _run(lambda: _engine_run(c, f))
 
 
+def out_of_memory_cases() -> Iterator[tuple[str, Callable[[], list[Any]]]]:
+    """A Megatron startup whose communicators run out of device memory part way (weights allocated right after
+    ``init_process_group``), under every cost column: failures inside cohort blocks and the waits they leave."""
+    from simnccl.cost import build_cluster, column_config, columns_for
+    from simnccl.ops import Alloc, InitProcessGroup, Program
+    from simnccl.workloads import generate as workload
+
+    ops = workload("megatron", {"tp": 2, "pp": 2, "dp": 4}, 16)[0].ops
+    at = next(i for i, op in enumerate(ops) if isinstance(op, InitProcessGroup)) + 1
+    cluster = build_cluster("h100-80gb", 16, 8)
+    for mib in OUT_OF_MEMORY_MIB:
+        program = Program((*ops[:at], Alloc(mib=mib), *ops[at:]))
+        for column in columns_for(None):
+            config = column_config((program,) * 16, cluster, "2.15", column)
+            for mode, fast in MODES:
+                key = f"workload/megatron-alloc{mib}/{column.name}/{mode}"
+                yield key, lambda c=config, f=fast: _run(lambda: _engine_run(c, f))
+
+
 def scenario_cases() -> Iterator[tuple[str, Callable[[], list[Any]]]]:
     import simnccl
     from simnccl.runner import config_for, run_variant
@@ -285,7 +345,7 @@ def record(args: argparse.Namespace) -> int:
     makers: dict[str, Callable[[], Iterator[tuple[str, Callable[[], list[Any]]]]]] = {
         "gen": lambda: generated_cases(args.generated, args.generated_big, args.seed),
         "mutant": lambda: mutant_cases(args.mutants, args.seed),
-        "workload": workload_cases,
+        "workload": lambda: chain(workload_cases(), out_of_memory_cases()),
         "scenario": scenario_cases,
     }
     sources = [makers[name]() for name in SOURCES if name in chosen]

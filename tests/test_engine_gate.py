@@ -117,3 +117,15 @@ def test_the_semantic_digest_ignores_block_layout_and_order_but_not_what_a_rank_
 
     assert 0.1 + 0.2 != 0.3 and at(0.1 + 0.2) == at(0.3)
     assert at(0.300001) != at(0.3)
+
+
+def test_the_semantic_digest_names_communicators_by_what_they_are() -> None:
+    """Communicator ids are numbered in the order communicators come to exist, which a block and ranks on their
+    own may number differently: a meeting key's id is named by its communicator's group, so a renumbering is
+    the same run, and a collective on another communicator is not."""
+    events = [(1.0, "meet", "collective", ("coll", 4, 1), 2), (2.0, "meet", "p2p", ("p2p", 6, 0, 1, 1), 2)]
+    renumbered = [(1.0, "meet", "collective", ("coll", 5, 1), 2), (2.0, "meet", "p2p", ("p2p", 7, 0, 1, 1), 2)]
+    digest = gate._semantic_digest(_Outcome(), [], events, {4: "3:nccl2", 6: "5:nccl2"})
+    assert gate._semantic_digest(_Outcome(), [], renumbered, {5: "3:nccl2", 7: "5:nccl2"}) == digest
+    assert gate._semantic_digest(_Outcome(), [], renumbered, {5: "5:nccl2", 7: "3:nccl2"}) != digest
+    assert gate._semantic_digest(_Outcome(), [], renumbered) != gate._semantic_digest(_Outcome(), [], events)

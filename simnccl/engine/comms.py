@@ -152,49 +152,69 @@ class Comms:
         comm.state = CommState.READY
         self.memory.init_comm(rt, comm, group, op)
 
-    @staticmethod
-    def creates_alone(comm_plan: CommPlan) -> bool:
-        """Whether a cohort block may create this eager communicator on its member alone (``init_alone``): a
-        fake backend's, which meets nobody, touches no device and takes no time (a policy's fake singleton)."""
-        return comm_plan.eager and comm_plan.split_from is None and comm_plan.pair.impl is Impl.FAKE
-
-    def init_alone(self, rt: RankRuntime, group: Group, comm: Comm, op: Op) -> None:
-        """``init`` for a communicator ``creates_alone`` allows: no meeting, a fresh identity."""
-        assert comm.impl is Impl.FAKE and not (lifecycle(comm.impl).communicates and group.size > 1)
-        comm.comm_id = self.registry.new_id()
-        self._ready(rt, group, comm, op)
-
     def can_bootstrap_together(self, plan: GroupPlan) -> bool:
-        """Whether a cohort block may take this member plan's bootstrap (``bootstrap_together``): one gloo
-        communicator of two or more ranks, under a name no bootstrap has used (a collision is the ordinary
-        path's to report)."""
+        """Whether a cohort block may take this member plan's bootstrap (``arrive_together``, then
+        ``bootstrap_together``): one gloo or NCCL communicator of two or more ranks, under a name no bootstrap
+        has used (a collision is the ordinary path's to report)."""
         if len(plan.comms) != 1 or len(plan.ranks) < 2:
             return False
         comm_plan = plan.comms[0]
-        if comm_plan.pair.impl is not Impl.GLOO or not comm_plan.eager or comm_plan.split_from is not None:
+        impl = comm_plan.pair.impl
+        if not comm_plan.eager or comm_plan.split_from is not None or not lifecycle(impl).communicates:
             return False
-        return self.rendezvous.meetings.get(("bootstrap", plan.name, False)) is None
+        if impl is not Impl.GLOO and not impl.is_nccl:
+            return False
+        return self.rendezvous.meetings.get(("bootstrap", plan.name, impl.is_nccl)) is None
+
+    def arrive_together(self, rt: RankRuntime, group: Group, comm: Comm, op: Op) -> None:
+        """One member's side of a block's bootstrap, at its own time (``init`` before it meets the others):
+        gloo opens sockets; NCCL binds the device, whose first touch creates the CUDA context."""
+        if comm.impl is Impl.GLOO:
+            self.sockets.used = True
+            return
+        if comm.device is None:
+            comm.device = current_device(rt)
+        if comm.device is not None:
+            self.memory.touch(rt, comm.device, op)
 
     def bootstrap_together(self, joining: list[tuple[RankRuntime, Group, Comm, float]], op: Op) -> Meeting:
-        """A gloo group's members bootstrapping in one pass, each arriving at its own time (a cohort block's call,
-        ``can_bootstrap_together``): the meeting ``init`` makes them meet at, completed when the last arrives.
-
-        Why only gloo: its init touches no device memory and binds no NVLS slots, so nothing but this meeting
-        depends on when each member arrives. The caller runs ``finish_together`` at the meeting's end."""
-        self.sockets.used = True
-        first = joining[0][1]
-        meeting = self.rendezvous.open(("bootstrap", first.name, False), "bootstrap", first.name, 0, first.ranks)
+        """The members of a block's bootstrap that arrived (``arrive_together``), each at its own time: the
+        meeting ``init`` makes them meet at, completed when every member is there. A member that failed before
+        arriving leaves it incomplete, and the others wait there for it, as on the ordinary path."""
+        first, comm = joining[0][1], joining[0][2]
+        key = ("bootstrap", first.name, comm.impl.is_nccl)
+        meeting = self.rendezvous.open(key, "bootstrap", first.name, 0, first.ranks)
         for rt, group, _comm, at in joining:
             meeting.arrivals[rt.rank] = Arrival(rt.rank, at, group.ranks, op)
-        self.rendezvous.complete(meeting, self.timing.bootstrap_s(meeting))
+        if len(meeting.arrivals) == len(meeting.expected):
+            self.rendezvous.complete(meeting, self.timing.bootstrap_s(meeting))
         return meeting
 
-    def finish_together(self, joining: list[tuple[RankRuntime, Group, Comm, float]], meeting: Meeting, op: Op) -> None:
-        """What ``init`` does for each member after its bootstrap meeting, for a ``bootstrap_together``."""
-        comm_id = self.registry.id_for(meeting)
-        for rt, group, comm, _at in joining:
-            comm.comm_id = comm_id
-            self._ready(rt, group, comm, op)
+    def finish_together(self, rt: RankRuntime, group: Group, comm: Comm, meeting: Meeting, op: Op) -> None:
+        """What ``init`` does for one member after its completed bootstrap meeting (``bootstrap_together``)."""
+        comm.comm_id = self.registry.id_for(meeting)
+        self._ready(rt, group, comm, op)
+
+    @staticmethod
+    def creates_alone(plan: GroupPlan, comm_plan: CommPlan) -> bool:
+        """Whether a cohort block may create this eager communicator on its member alone (``init_alone``), as
+        ``init`` does without a meeting: a fake backend's (a policy's fake singleton), or an NCCL one of a
+        one-rank group."""
+        if not comm_plan.eager or comm_plan.split_from is not None:
+            return False
+        impl = comm_plan.pair.impl
+        return impl is Impl.FAKE or (impl.is_nccl and len(plan.ranks) == 1)
+
+    def init_alone(self, rt: RankRuntime, group: Group, comm: Comm, op: Op) -> None:
+        """``init`` for a communicator ``creates_alone`` allows: its device touched, a fresh identity."""
+        assert not (lifecycle(comm.impl).communicates and group.size > 1) and comm.impl is not Impl.GLOO
+        if comm.impl.is_nccl:
+            if comm.device is None:
+                comm.device = current_device(rt)
+            if comm.device is not None:
+                self.memory.touch(rt, comm.device, op)
+        comm.comm_id = self.registry.new_id()
+        self._ready(rt, group, comm, op)
 
     def _gloo_singleton(self, rt: RankRuntime, group: Group, op: Op) -> None:
         """A one-rank ProcessGroupGloo still writes its address under the group's store prefix (measured: a

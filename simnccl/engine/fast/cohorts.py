@@ -1,22 +1,29 @@
 """Cohorts: a block of world-wide group-creation calls taken once for every rank (DESIGN rule 8).
 
 Precondition (checked): every rank runs this same Program object and arrives at the same pc with the same
-group counter and nothing pending. Then each ``new_group``/``split_group`` of the block is, for every rank,
-either a split of the bound default group (members split, everyone else NOCOLOR, all leave together after
-``split_s``) or a purely local lazy creation. The block is applied in one pass: per-member work for members, a
-constant for everyone else — the same outcome as running each rank through each call, without calls x world
-work. Anything else (a fresh eager bootstrap, an error in planning, a rank that is not eligible) ends the
-block, and ranks continue one by one from there.
+group counter and nothing pending. Then each ``new_group``/``split_group`` of the block is, for every rank, one
+of: a split of the bound default group (members split, everyone else NOCOLOR; it starts when the last rank is
+there and takes ``split_s``); a bootstrap of one gloo or NCCL communicator among its members (a gloo twin, an
+nccl-lazy primary: the members meet, each from its own time, and are late for the next split by
+``comm_init_s``); a communicator made on its member alone (a fake backend's, a one-rank NCCL group's); a lazy
+creation; or a call the policy answers by reuse. The block is applied in one pass: per-member work for members,
+a constant for everyone else — the same outcome as running each rank through each call, without calls x world
+work. Ranks wait for each other only at a split, so a block starts at one, or at a run of reuses and purely
+local calls that ends in one (``_world_split_at``). Anything else (a bootstrap under a name in use, an error in
+planning, a rank that is not eligible) ends the block, and ranks continue one by one from there; a member of
+the block's last bootstrap leaves when that bootstrap ends.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from simnccl.backends import Comm, lifecycle
 from simnccl.c10d import (
     NON_GROUP_MEMBER,
+    CommPlan,
     Group,
     GroupPlan,
     Members,
@@ -34,11 +41,12 @@ from simnccl.engine.planning import Planner
 from simnccl.engine.policy_gate import PolicyGate, unchanged_decision
 from simnccl.engine.rendezvous import Rendezvous
 from simnccl.engine.sim import Sim
-from simnccl.engine.state import RankRuntime, Waiting, ranks_digest
+from simnccl.engine.state import ProcessAbort, RankRuntime, Waiting, ranks_digest
 from simnccl.meetings import Arrival, Meeting
 from simnccl.memory import SimulatedOOM
 from simnccl.ops import NO_OPTIONS, WORLD, NewGroup, Op, Program, SplitGroup
 from simnccl.policy import GroupDecision, GroupRequest, History, decide_group
+from simnccl.release import Impl
 
 
 @dataclass(slots=True, eq=False)
@@ -65,6 +73,13 @@ def starts_block(op: Op) -> bool:
     if isinstance(op, NewGroup):
         return not op.use_local_synchronization
     return isinstance(op, SplitGroup) and op.parent == WORLD
+
+
+def _harmless(comm_plan: CommPlan) -> bool:
+    """A communicator made at a call without any effect that takes time or can fail: lazy (made at first use)
+    or a fake backend's. Only such calls may come before a block's first split, where each rank is on its own
+    time (a failure there would be raised at the wrong time)."""
+    return comm_plan.split_from is None and (not comm_plan.eager or comm_plan.pair.impl is Impl.FAKE)
 
 
 def common_program(programs: Sequence[Program]) -> Program | None:
@@ -146,10 +161,14 @@ class Cohorts:
         self._resume_from_block(rt, cohort)
         behind = cohort.late.get(rt.rank)
         if behind is not None:
-            # Still in the gloo bootstrap the block ended with, as on the ordinary path: blocked there until it ends.
+            # Still in the bootstrap the block ended with, as on the ordinary path: blocked there until it ends.
             _done, rt.pc, meeting, op = behind
             yield from self.rendezvous.wait(rt, meeting, op)
-            rt.pc = cohort.end
+        failure = cohort.failures.get(rt.rank)
+        if failure is not None:
+            rt.pc, err = failure
+            raise err
+        rt.pc = cohort.end
 
     def _world_split_at(self, rt: RankRuntime, start: int) -> int | None:
         """Where the block that would start at ``start`` meets every rank: the call that is, for this rank, a
@@ -224,10 +243,9 @@ class Cohorts:
 
     def _local_everywhere(self, op: NewGroup, counter: int, plan: GroupPlan) -> bool:
         """Whether ``op`` (``plan``: one rank's) is a purely local creation on every rank: its members create
-        no communicator now (lazy, none, or a fake backend's: ``creates_alone``), its non-members do nothing but
-        count."""
-        creates_alone = self.comms.creates_alone
-        if plan.nocolor_split_on is not None or any(c.eager and not creates_alone(c) for c in plan.comms):
+        no communicator now that could fail or be seen (lazy, none, or a fake backend's), its non-members do
+        nothing but count."""
+        if plan.nocolor_split_on is not None or not all(map(_harmless, plan.comms)):
             return False
         members = self.planner.members(op)
         if not isinstance(members, Members):
@@ -237,7 +255,7 @@ class Cohorts:
             return False  # a member not yet where this rank is: nothing to plan it by
         try:
             for _rank, mine in self.classes.member_plans(ranks, op, members, counter):
-                if any(c.split_from is not None or (c.eager and not creates_alone(c)) for c in mine.comms):
+                if not all(map(_harmless, mine.comms)):
                     return False
             outsider = next((r for r in ranks if r.rank not in members.index), None)
             if outsider is not None:
@@ -353,7 +371,7 @@ class Cohorts:
                     self.sim.clock = clock if behind is None else behind[0]  # where this member is
                 try:
                     joined = self._apply_member_plan(rt, plan, op, child_id)
-                except (TorchError, SimulatedOOM) as err:
+                except (TorchError, SimulatedOOM, ProcessAbort) as err:
                     cohort.failures[rank] = (pc, err)  # re-raised in that rank's own process
                     failed = True
                     continue
@@ -361,12 +379,18 @@ class Cohorts:
                     joining.append((rt, *joined, self.sim.clock))
             if joining:
                 meeting = self.comms.bootstrap_together(joining, op)
-                done = meeting.completed_at
-                assert done is not None
+                done = meeting.completed_at if meeting.complete else math.inf  # inf: a member never came
                 self.sim.clock = done
-                self.comms.finish_together(joining, meeting, op)
-                for member, *_ in joining:
+                for member, group, comm, _at in joining:
                     late[member.rank] = (done, pc, meeting, op)
+                    if done == math.inf:
+                        failed = True  # the block ends here: its members wait for the one that failed
+                        continue
+                    try:
+                        self.comms.finish_together(member, group, comm, meeting, op)
+                    except (TorchError, SimulatedOOM, ProcessAbort) as err:
+                        cohort.failures[member.rank] = (pc, err)  # raised when its bootstrap ends
+                        failed = True
             self.sim.clock = None
             self.record(clock, "cohort", pc, op.name, len(plans))
             self.guard.work += len(plans) + 1
@@ -459,10 +483,10 @@ class Cohorts:
             return None
         for plan in plans.values():
             fresh = [c for c in plan.comms if c.eager and c.split_from is None]
-            if not fresh or all(map(self.comms.creates_alone, fresh)):
+            if not fresh or all(self.comms.creates_alone(plan, c) for c in fresh):
                 continue
             if not (plan.member and self.comms.can_bootstrap_together(plan)):
-                return None  # a fresh NCCL bootstrap: a members-only meeting the block does not take
+                return None  # a bootstrap the block does not take (several communicators, a name in use)
         return plans
 
     def _outsider_probe(self, op: NewGroup, counter: int) -> GroupPlan:
@@ -477,8 +501,8 @@ class Cohorts:
     def _apply_member_plan(
         self, rt: RankRuntime, plan: GroupPlan, op: NewGroup | SplitGroup, child_id: int | None
     ) -> tuple[Group, Comm] | None:
-        """One member's group as planned; a gloo communicator to bootstrap with the other members is returned
-        (the block completes their meeting once all have joined it)."""
+        """One member's group as planned; a communicator to bootstrap with the other members is returned (the
+        block completes their meeting once all have arrived)."""
         group = self.groups.group_from_plan(rt, plan)
         if op.bind:
             rt.handles[op.bind] = group
@@ -487,17 +511,21 @@ class Cohorts:
         for comm_plan in plan.comms:
             comm = self.comms.attach(group, plan, comm_plan)
             if comm_plan.split_from is None:
-                if self.comms.creates_alone(comm_plan):
+                if not comm_plan.eager:
+                    continue  # lazy: created at first use
+                if self.comms.creates_alone(plan, comm_plan):
                     self.comms.init_alone(rt, group, comm, op)
-                elif comm_plan.eager:
-                    joining = (group, comm)  # _block_plans took it: a gloo bootstrap (can_bootstrap_together)
-                continue  # lazy: created at first use
+                else:  # _block_plans took it: a bootstrap with the other members (can_bootstrap_together)
+                    self.comms.arrive_together(rt, group, comm, op)
+                    joining = (group, comm)
+                continue
             assert child_id is not None
             self.comms.split_child_ready(rt, group, comm, child_id, op)
         return joining
 
     def _resume_from_block(self, rt: RankRuntime, cohort: Cohort) -> None:
-        """Bring one rank's own state to the end of the block (counter, parent sequence, handles, history)."""
+        """Bring one rank's own state to the end of the block (counter, parent sequence, handles, history); its
+        position and any failure of its own are the caller's (after a bootstrap it is still in)."""
         rt.counter = cohort.counter_end
         if cohort.history is not None:
             rt.history = cohort.history  # equal content (checked on arrival): share one object again,
@@ -510,8 +538,3 @@ class Cohorts:
                 parent.seq += cohort.splits
         for bind in cohort.binds:
             rt.handles.setdefault(bind, NON_GROUP_MEMBER)
-        failure = cohort.failures.get(rt.rank)
-        if failure is not None:
-            rt.pc, err = failure
-            raise err
-        rt.pc = cohort.end
