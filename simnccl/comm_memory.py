@@ -169,7 +169,8 @@ class Pricer:
         self._index: dict[int, tuple[Sequence[int], dict[int, int]]] = {}
         self._members_of: dict[tuple[int, int], tuple[Sequence[int], Sequence[int], tuple[int, ...]]] = {}
         # Per (sharing parent's breakdown, members) objects: what a split child's model reads of that parent.
-        self._views: dict[tuple[int, int], tuple[Breakdown, tuple[int, ...], tuple[Any, ...], Breakdown]] = {}
+        self._views: dict[tuple[int, int], tuple[Breakdown, tuple[int, ...], tuple[Any, ...], frozenset[Any]]] = {}
+        self._member_index: dict[int, tuple[tuple[int, ...], dict[int, int]]] = {}  # id(members) -> rank -> index
         # Per (environment, options) key: the settings the model reads of them, and those as a hashable key.
         self._settings: dict[tuple[Any, ...], tuple[NcclSettings, tuple[Any, ...]]] = {}
         # (id(breakdown held), what the model reads of a use) -> (that breakdown, the next, the parts it adds).
@@ -425,11 +426,13 @@ class Pricer:
         view = None
         if parent is not None:
             assert members is not None
-            view_key, view = self._parent_view(parent.breakdown, members)
+            view_key, connected = self._parent_view(parent.breakdown, members)
             key = (*key, view_key)
         shared = self._shared.get(key)
         if shared is not None:
             return shared
+        if parent is not None:
+            view = replace(parent.breakdown, connected=connected)  # built on a miss only
         result = communicator_bytes(
             self.topology,
             shape.nranks,
@@ -453,11 +456,14 @@ class Pricer:
         self._shared[key] = result
         return result
 
-    def _parent_view(self, parent: Breakdown, members: tuple[int, ...]) -> tuple[tuple[Any, ...], Breakdown]:
+    def _parent_view(
+        self, parent: Breakdown, members: tuple[int, ...]
+    ) -> tuple[tuple[Any, ...], frozenset[tuple[Any, ...]]]:
         """What a split child's model reads of its sharing parent (``simnccl.nccl.model``: its splitShare, NVLS
         state, local ranks, channel counts, NET pools and NVLS buffers paid, and the connections it made to the
-        child's members), with the parent's ranks numbered as the child numbers them: as a hashable key, and as
-        a Breakdown to hand the model (whose members are then the identity).
+        child's members), with the parent's ranks numbered as the child numbers them: as a hashable key, and the
+        renumbered connections (the caller builds the Breakdown to hand the model, whose members are then the
+        identity, only when the key is not priced yet).
 
         Why: the child's breakdown depends on the parent only through this view, and members at the same place
         in groups of the same shape see equal views (the parent is the world's, or a group's, communicator of
@@ -466,7 +472,10 @@ class Pricer:
         cached = self._views.get((id(parent), id(members)))
         if cached is not None and cached[0] is parent and cached[1] is members:
             return cached[2], cached[3]
-        index = {m: i for i, m in enumerate(members)}
+        known = self._member_index.get(id(members))
+        if known is None or known[0] is not members:  # one per group's rank tuple, not one per member
+            known = self._member_index[id(members)] = (members, {m: i for i, m in enumerate(members)})
+        index = known[1]
         connected = frozenset(
             (channel, index[peer], direction, at) for channel, peer, direction, at in parent.connected if peer in index
         )
@@ -484,9 +493,8 @@ class Pricer:
             parent.net_pools_paid,
             connected,
         )
-        view = replace(parent, connected=connected)
-        self._views[(id(parent), id(members))] = (parent, members, view_key, view)
-        return view_key, view
+        self._views[(id(parent), id(members))] = (parent, members, view_key, connected)
+        return view_key, connected
 
     def _read(self, use: Use) -> tuple[Any, ...]:
         """What the model reads of a use: its collective, its peers, and which side of the algorithm rule's size

@@ -549,3 +549,15 @@ def test_nvls_needs_three_gpus_from_2_18_to_2_28_3(version: str, two_gpu_nvls: b
     """src/transport/nvls.cc ncclNvlsInit: 'gpuCount <= 2' returned without NVLS until 2.28.7 ('< 2')."""
     assert communicator_bytes("h100-80gb", 2, 2, 1, version).nvls_active is two_gpu_nvls
     assert communicator_bytes("h100-80gb", 3, 3, 1, version).nvls_active
+
+
+def test_a_child_of_more_ranks_than_its_parent_is_refused_with_or_without_members() -> None:
+    """``members`` defaults to the parent's first ranks, valid exactly when the parent has as many: the default
+    is checked by that count, given members rank by rank (the same errors either way)."""
+    parent = communicator_bytes("h100-80gb", 4, 4, 1, "2.28.7")
+    with pytest.raises(NcclInputError, match=r"members: expected 8 ranks of the parent \(0\.\.3\)"):
+        communicator_bytes("h100-80gb", 8, 8, 1, "2.28.7", parent=parent)
+    with pytest.raises(NcclInputError, match=r"members: expected 2 ranks of the parent \(0\.\.3\), got \(0, 4\)"):
+        communicator_bytes("h100-80gb", 2, 2, 1, "2.28.7", parent=parent, members=(0, 4))
+    default = communicator_bytes("h100-80gb", 2, 2, 1, "2.28.7", parent=parent)
+    assert default == communicator_bytes("h100-80gb", 2, 2, 1, "2.28.7", parent=parent, members=(0, 1))

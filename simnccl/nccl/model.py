@@ -425,10 +425,13 @@ def communicator_bytes(
         and layout.local_ranks >= nvls_min_gpus(version)
     )
     shared = parent is not None and parent.share_resources
-    if members is None:
-        members = tuple(range(nranks))
-    members = tuple(members)
-    if parent is not None and (len(members) != nranks or any(not 0 <= m < parent.layout.nranks for m in members)):
+    identity = members is None  # the parent's first nranks ranks: valid exactly when the parent has that many
+    members = tuple(range(nranks)) if members is None else tuple(members)
+    if parent is not None and (
+        nranks > parent.layout.nranks
+        if identity
+        else len(members) != nranks or any(not 0 <= m < parent.layout.nranks for m in members)
+    ):
         raise NcclInputError(
             f"members: expected {nranks} ranks of the parent (0..{parent.layout.nranks - 1}), got {members!r}"
         )
