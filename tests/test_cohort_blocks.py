@@ -1,13 +1,15 @@
 """Cohort blocks (``engine/fast/cohorts.py``) against ranks that each run their own copy of the program.
 
 Why: a block takes world-wide group-creation calls once for every rank. Besides the splits of the default group
-it takes what lies between them: gloo twins (a members-only bootstrap, which makes its members late for the
-next split), fake groups and lazy creations (local to a member), and calls a policy answers by reuse, also
-before the block's first split. Ranks that run distinct Program objects never form a block, so they are the
-reference: the same events (as a multiset, times to the nanosecond: a block sums its clock in another order
-than simpy's ``now``): allocations, bootstraps, checkpoints, ends; the same groups made by the same ranks,
-ledgers, checkpoints, handles, counters, finishing times, errors and policy explanations. Only the record of
-a path may differ (``_layout``).
+it takes what lies between them: gloo twins and nccl-lazy primaries (a members-only bootstrap, which makes its
+members late for the next split), one-rank and fake groups, lazy creations (local to a member), and calls a
+policy answers by reuse, also before the block's first split. Ranks that run distinct Program objects never
+form a block, so for a startup that passes they are the reference: the same events (as a multiset, times to
+the nanosecond: a block sums its clock in another order than simpy's ``now``): allocations, bootstraps,
+checkpoints, ends; the same groups made by the same ranks, ledgers, checkpoints, handles, counters, finishing
+times, errors and policy explanations. Only the record of a path may differ (``_layout``). (Where a rank fails
+inside a block, blocks and ranks on their own already differed before blocks took these calls; those runs are
+checked against the previous engine by ``benchmarks/engine_gate.py``'s out-of-memory cases.)
 """
 
 from __future__ import annotations
