@@ -315,8 +315,8 @@ class Cohorts:
         executed = splits = 0
         binds: set[str] = set()
         failed = False
-        # Members of a gloo group the block bootstrapped, until the next split waits for them: rank -> (when it
-        # is done, the call, its meeting, the op). A rank still here at the block's end is released at that time.
+        # Members of a group the block bootstrapped (gloo or NCCL), until the next split waits for them: rank ->
+        # (when it is done, the call, its meeting, the op). A rank still here at the block's end leaves then.
         late: dict[int, tuple[float, int, Meeting, Op]] = {}
         arrived = cohort.meeting.arrivals
         while pc < len(ops) and starts_block(ops[pc]) and not failed:
@@ -352,7 +352,7 @@ class Cohorts:
                 raise AssertionError(f"cohort at call {cohort.start}: its first split is not call {cohort.wait_pc}")
             if is_split:
                 # Every rank takes part in a split of the default group: it starts when the last one arrives,
-                # which is later than the block's clock for a member still bootstrapping a gloo group.
+                # which is later than the block's clock for a member still bootstrapping a group.
                 if late:
                     clock = max(clock, max(at for at, _pc, _m, _op in late.values()))
                     late.clear()
