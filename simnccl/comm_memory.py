@@ -170,7 +170,6 @@ class Pricer:
         self._members_of: dict[tuple[int, int], tuple[Sequence[int], Sequence[int], tuple[int, ...]]] = {}
         # Per (sharing parent's breakdown, members) objects: what a split child's model reads of that parent.
         self._views: dict[tuple[int, int], tuple[Breakdown, tuple[int, ...], tuple[Any, ...], frozenset[Any]]] = {}
-        self._member_index: dict[int, tuple[tuple[int, ...], dict[int, int]]] = {}  # id(members) -> rank -> index
         # Per (environment, options) key: the settings the model reads of them, and those as a hashable key.
         self._settings: dict[tuple[Any, ...], tuple[NcclSettings, tuple[Any, ...]]] = {}
         # (id(breakdown held), what the model reads of a use) -> (that breakdown, the next, the parts it adds).
@@ -472,10 +471,7 @@ class Pricer:
         cached = self._views.get((id(parent), id(members)))
         if cached is not None and cached[0] is parent and cached[1] is members:
             return cached[2], cached[3]
-        known = self._member_index.get(id(members))
-        if known is None or known[0] is not members:  # one per group's rank tuple, not one per member
-            known = self._member_index[id(members)] = (members, {m: i for i, m in enumerate(members)})
-        index = known[1]
+        index = self._rank_index(members)  # one per group's rank tuple, not one per member
         connected = frozenset(
             (channel, index[peer], direction, at) for channel, peer, direction, at in parent.connected if peer in index
         )

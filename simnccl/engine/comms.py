@@ -119,10 +119,7 @@ class Comms:
         life = lifecycle(comm.impl)
         if comm.impl is Impl.GLOO:
             self.sockets.used = True
-        if comm.device is None and comm.impl.is_nccl:
-            comm.device = current_device(rt)
-        if comm.device is not None and comm.impl.is_nccl:
-            self.memory.touch(rt, comm.device, op)
+        self._touch_device(rt, comm, op)
         if life.communicates and group.size > 1:
             key = ("bootstrap", group.name, comm.impl.is_nccl)
             meeting = self.rendezvous.open(key, "bootstrap", group.name, 0, group.ranks)
@@ -142,6 +139,16 @@ class Comms:
                 self._gloo_singleton(rt, group, op)
             comm.comm_id = self.registry.new_id()
         self._ready(rt, group, comm, op)
+
+    def _touch_device(self, rt: RankRuntime, comm: Comm, op: Op) -> None:
+        """An NCCL communicator's init binds it to the rank's current device, whose first touch creates the CUDA
+        context (other backends use no device)."""
+        if not comm.impl.is_nccl:
+            return
+        if comm.device is None:
+            comm.device = current_device(rt)
+        if comm.device is not None:
+            self.memory.touch(rt, comm.device, op)
 
     def _ready(self, rt: RankRuntime, group: Group, comm: Comm, op: Op) -> None:
         """What follows a communicator's init on one member, once it has its identity."""
@@ -171,11 +178,7 @@ class Comms:
         gloo opens sockets; NCCL binds the device, whose first touch creates the CUDA context."""
         if comm.impl is Impl.GLOO:
             self.sockets.used = True
-            return
-        if comm.device is None:
-            comm.device = current_device(rt)
-        if comm.device is not None:
-            self.memory.touch(rt, comm.device, op)
+        self._touch_device(rt, comm, op)
 
     def bootstrap_together(self, joining: list[tuple[RankRuntime, Group, Comm, float]], op: Op) -> Meeting:
         """The members of a block's bootstrap that arrived (``arrive_together``), each at its own time: the
@@ -208,11 +211,7 @@ class Comms:
     def init_alone(self, rt: RankRuntime, group: Group, comm: Comm, op: Op) -> None:
         """``init`` for a communicator ``creates_alone`` allows: its device touched, a fresh identity."""
         assert not (lifecycle(comm.impl).communicates and group.size > 1) and comm.impl is not Impl.GLOO
-        if comm.impl.is_nccl:
-            if comm.device is None:
-                comm.device = current_device(rt)
-            if comm.device is not None:
-                self.memory.touch(rt, comm.device, op)
+        self._touch_device(rt, comm, op)
         comm.comm_id = self.registry.new_id()
         self._ready(rt, group, comm, op)
 

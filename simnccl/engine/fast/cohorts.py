@@ -75,6 +75,12 @@ def starts_block(op: Op) -> bool:
     return isinstance(op, SplitGroup) and op.parent == WORLD
 
 
+def _is_split(plan: GroupPlan) -> bool:
+    """Whether a rank's plan for a call is its part in a split of the default group (a member's child or a
+    non-member's NOCOLOR): the world-wide step a block meets at."""
+    return plan.nocolor_split_on is not None or any(c.split_from is not None for c in plan.comms)
+
+
 def _harmless(comm_plan: CommPlan) -> bool:
     """A communicator made at a call without any effect that takes time or can fail: lazy (made at first use)
     or a fake backend's. Only such calls may come before a block's first split, where each rank is on its own
@@ -219,7 +225,7 @@ class Cohorts:
                     plan = self.planner.plan_new_group(rt, effective, counter)
                 except TorchError:
                     return self._dead_end(start, at)
-                if plan.nocolor_split_on is not None or any(c.split_from is not None for c in plan.comms):
+                if _is_split(plan):
                     return at
                 if not alike or not self._local_everywhere(effective, counter, plan):
                     return self._dead_end(start, at)
@@ -345,9 +351,7 @@ class Cohorts:
             if decided is not None:
                 assert cohort.history is not None
                 cohort.history.record(*decided)
-            is_split = any(
-                p.nocolor_split_on is not None or any(c.split_from is not None for c in p.comms) for p in plans.values()
-            )
+            is_split = any(map(_is_split, plans.values()))
             if (pc == cohort.wait_pc) != is_split and pc <= cohort.wait_pc:
                 raise AssertionError(f"cohort at call {cohort.start}: its first split is not call {cohort.wait_pc}")
             if is_split:
