@@ -37,7 +37,7 @@ import functools
 import itertools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from simnccl.memory import mib_to_bytes
 from simnccl.nccl import Breakdown, NcclSettings, Part, Use, communicator_bytes, constants, settings_from
@@ -75,9 +75,10 @@ def nccl_env(env: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
     return tuple(sorted((k, v) for k, v in env.items() if k.startswith("NCCL_")))
 
 
-@dataclass(frozen=True, slots=True)
-class Shape:
-    """Where a group's ranks sit: sizes per node in rank order, and the priced rank's index in the group."""
+class Shape(NamedTuple):
+    """Where a group's ranks sit: sizes per node in rank order, and the priced rank's index in the group.
+
+    A named tuple (built and hashed in C): every communicator a startup creates makes one."""
 
     nranks: int
     node_sizes: tuple[int, ...]

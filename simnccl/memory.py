@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from simnccl.ops import MIB
 
 
-@dataclass(frozen=True, slots=True)
-class Owner:
-    """Who holds an allocation: a kind (cuda_context, torch, comm), the rank, and for comms the group/phase."""
+class Owner(NamedTuple):
+    """Who holds an allocation: a kind (cuda_context, torch, comm), the rank, and for comms the group/phase.
+
+    A named tuple, not a frozen dataclass: a startup makes one per allocation and looks it up twice in the
+    ledger's dict, and a tuple is built and hashed in C (a frozen dataclass's ``__init__`` and ``__hash__`` run
+    Python code: measured ~10% of a large column's charging)."""
 
     kind: str
     rank: int
@@ -33,8 +36,9 @@ class Owner:
         return " ".join(parts)
 
 
-@dataclass(frozen=True, slots=True)
-class MemoryEvent:
+class MemoryEvent(NamedTuple):
+    """One change of a ledger (a named tuple for the same reason as ``Owner``: one per allocation)."""
+
     time_s: float
     device: str
     owner: Owner
@@ -71,8 +75,14 @@ class DeviceLedger:
     peak_bytes: int = 0
     by_owner: dict[Owner, int] = field(default_factory=dict)
     by_kind: dict[str, int] = field(default_factory=dict)
-    peak_by_owner_kind: dict[str, int] = field(default_factory=dict)
     timeline: list[MemoryEvent] = field(default_factory=list)
+    # ``by_kind`` as it was at the peak (copied at each new peak; zeros dropped and sorted when read)
+    _peak_kinds: dict[str, int] = field(default_factory=dict, repr=False)
+
+    @property
+    def peak_by_owner_kind(self) -> dict[str, int]:
+        """What each kind of owner held when the device's use peaked (kinds holding nothing left out)."""
+        return {kind: held for kind, held in sorted(self._peak_kinds.items()) if held}
 
     @property
     def free_bytes(self) -> int:
@@ -131,7 +141,7 @@ class DeviceLedger:
         by_kind[owner.kind] = by_kind.get(owner.kind, 0) + delta
         if used > self.peak_bytes:
             self.peak_bytes = used
-            self.peak_by_owner_kind = {kind: held for kind, held in sorted(by_kind.items()) if held}
+            self._peak_kinds = by_kind.copy()
         self.timeline.append(MemoryEvent(time_s, self.device, owner, delta, used, op))
 
     def used_by_kind(self) -> dict[str, int]:

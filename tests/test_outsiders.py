@@ -232,3 +232,25 @@ def test_outsider_calls_walked_per_rank_do_not_grow_with_the_world(policy, monke
     (walked_small, ops_small), (walked_large, ops_large) = per_rank[16], per_rank[32]
     assert ops_large > 1.8 * ops_small  # every rank makes about twice the calls ...
     assert walked_large < 1.2 * walked_small  # ... and walks no more of them
+
+
+@pytest.mark.parametrize("replay_max", [None, 10**9])
+def test_a_long_stretch_enters_the_history_tail_as_one_span(replay_max, monkeypatch) -> None:
+    """A rank's stretch of outsider calls enters its history tail as one ``Span`` (not a copy of thousands of
+    Steps), and its real history is the ordinary path's either way it is built: from the state's snapshot
+    (the default for a long tail) or by replaying the tail, spans expanded (``replay_max`` forces replaying)."""
+    from simnccl.engine.fast import histories
+
+    if replay_max is not None:
+        monkeypatch.setattr(histories, "_REPLAY_MAX", replay_max)
+    knobs = {"tp": 2, "pp": 2, "dp": 16}
+    engine = _engine(knobs, 64, policy="lazy-init", fast_path=True)
+    outcome = engine.run()
+    spans = [e for rt in outcome.ranks for e in rt.history_tail if isinstance(e, histories.Span)]
+    assert spans and max(len(span) for span in spans) > 100
+    assert sum(histories.tail_length(rt.history_tail) for rt in outcome.ranks) > sum(
+        len(rt.history_tail) for rt in outcome.ranks
+    )
+    fast = _facts(engine, outcome)
+    slow_engine = _engine(knobs, 64, policy="lazy-init", fast_path=False)
+    assert fast == _facts(slow_engine, slow_engine.run())

@@ -24,7 +24,7 @@ from simnccl.policy import History
 from simnccl.watchdog import TimeoutAction
 
 if TYPE_CHECKING:
-    from simnccl.engine.fast.histories import HistoryNode, Step
+    from simnccl.engine.fast.histories import HistoryNode, TailEntry
 
 Waiting = Generator[simpy.Event, Any, None]
 
@@ -65,7 +65,7 @@ class RankRuntime:
     # Owned by the fast paths (``engine/fast``): calls taken on shared decisions and not yet recorded in
     # ``history`` (the rank's real history is ``history`` + these); ``hnode`` is the shared state it is in
     # (None: not tracked); two per-rank caches of the outsider path.
-    history_tail: list[Step] = field(default_factory=list)
+    history_tail: list[TailEntry] = field(default_factory=list)
     hnode: HistoryNode | None = None
     policy_class: tuple[Any, ...] | None = None  # (ctx, world, class) cache for SharedHistories.policy_class
     outsider_verdicts: tuple[Any, ...] | None = None  # cache for Outsiders.verdicts

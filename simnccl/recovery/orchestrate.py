@@ -253,7 +253,7 @@ def _combine(kept: list[tuple[RunOutcome, float, float]], verdict: str, report: 
     digest.update(f"verdict:{verdict}".encode())
     if final_start:
         for ledger in final.ledgers.values():
-            ledger.timeline = [replace(e, time_s=final_start + e.time_s) for e in ledger.timeline]
+            ledger.timeline = [e._replace(time_s=final_start + e.time_s) for e in ledger.timeline]
         for record in final.groups.values():
             for info in record.members.values():
                 info["phases"] = {phase: final_start + t for phase, t in info["phases"].items()}

@@ -11,7 +11,9 @@ The policy gate sees ``history``, ``own``, ``recall`` and ``remember``; everythi
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Any
 
 from simnccl.engine.fast.calls import CallTable
@@ -53,6 +55,41 @@ class Step:
         self.effective_id = 0 if self.effective is None else id(self.effective)
 
 
+@dataclass(slots=True, eq=False)
+class Span:
+    """Calls ``first`` to ``last`` (exclusive) of a list of Steps that only grows (an outsider track's), taken
+    by a rank as one entry of its ``history_tail``: a rank's stretch of outsider calls is thousands of Steps
+    long, and copying them into every rank's tail was calls x ranks work and memory (Megatron TP8·PP8·DP64
+    under lazy-init: ~84 million references). ``after``: the state after the last call, as ``Step.after``."""
+
+    steps: list[Step | None]
+    first: int
+    last: int
+    after: HistoryNode
+
+    def __len__(self) -> int:
+        return self.last - self.first
+
+
+TailEntry = Step | Span  # one call taken on a shared decision, or a run of them
+
+
+def tail_length(tail: list[TailEntry]) -> int:
+    """How many calls a rank's ``history_tail`` holds."""
+    return sum(1 if type(entry) is Step else len(entry) for entry in tail)
+
+
+def tail_steps(tail: list[TailEntry]) -> Iterator[Step]:
+    """The Steps of a rank's ``history_tail``, in call order."""
+    for entry in tail:
+        if type(entry) is Step:
+            yield entry
+        else:
+            for step in islice(entry.steps, entry.first, entry.last):
+                assert step is not None  # a track under a policy records a Step for every call it covers
+                yield step
+
+
 Slot = tuple[HistoryNode, int]  # where a decision about to be made is remembered: (state before, op key)
 
 
@@ -79,15 +116,15 @@ class SharedHistories:
             target = tail[-1].after
             snap = target.snapshot
             if (
-                len(tail) > _REPLAY_MAX
-                and snap is not None
+                snap is not None
+                and tail_length(tail) > _REPLAY_MAX
                 and snap.calls == target.calls
                 and snap.digest == target.digest
             ):
                 rt.history = snap.copy()
             else:
                 history = rt.history.copy() if rt.history_shared else rt.history
-                for step in tail:
+                for step in tail_steps(tail):
                     history.record(step.request, step.decision)
                 rt.history = history
             rt.history_shared = False

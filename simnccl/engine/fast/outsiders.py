@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from simnccl.c10d import NON_GROUP_MEMBER, Group, TorchError, outsider_key
 from simnccl.engine.fast.calls import OutsiderEntry
 from simnccl.engine.fast.cohorts import Cohorts
-from simnccl.engine.fast.histories import HistoryNode, SharedHistories, Step
+from simnccl.engine.fast.histories import HistoryNode, SharedHistories, Span, Step
 from simnccl.engine.planning import Planner
 from simnccl.engine.policy_gate import PolicyGate
 from simnccl.engine.sim import Sim
@@ -39,6 +39,8 @@ from simnccl.ops import NewGroup, Program
 
 GUARD_EVERY = 0x10000  # the guard checks when its work count reaches a multiple of this (``Guard.tick``)
 _WALK_FIRST = 8  # calls walked before a stretch is tried: short runs (between two cohorts) walk cheaper
+_STRETCH_AT_ONCE = 64  # a rank more than this many calls from its next membership tries a stretch first
+_SPAN_FROM = 16  # a stretch of more calls enters the rank's history tail as one Span, not a copy of its Steps
 _TRACKS_MAX = 16  # tracks kept per program and outsider plans (the most recently used): a cache, not a limit
 # Why a stretch stopped: at a call the walk stops at too (a membership ...), or short of the guard's check.
 _AT_MEMBERSHIP, _AT_GUARD_CHECK = "membership", "guard"
@@ -121,13 +123,21 @@ class Outsiders:
         entry = table[start]
         if entry is None or rt.rank in entry[1]:
             return False
+        if self._next_membership(rt, table, start) - start > _STRETCH_AT_ONCE:
+            self._stretches(rt, world, table)  # a long run: walking its first calls would be wasted
+            if rt.pc > start:
+                return True
         if not self._walk(rt, world, start + _WALK_FIRST, table) or rt.pc < start + _WALK_FIRST:
             return rt.pc > start  # a short run (between two cohorts, say): walked, cheaper than a stretch
+        self._stretches(rt, world, table)
+        return True
+
+    def _stretches(self, rt: RankRuntime, world: Group, table: list[OutsiderEntry | None]) -> None:
+        """Stretches from ``rt.pc`` on, the guard's calls between them walked (as the walk takes them)."""
         while True:
             stopped = self._stretch(rt, world, table)
             if stopped is not _AT_GUARD_CHECK or not self._walk(rt, world, rt.pc + 1):
                 break  # stopped where the walk stops too; else the guard's call, taken as the walk takes it
-        return True
 
     def _table_of(self, program: Program) -> list[OutsiderEntry | None]:
         """The program's call table, remembered for the next call (saves a lookup per call taken)."""
@@ -170,8 +180,13 @@ class Outsiders:
         guard.ops += taken
         rt.counter += track.counters[last] - track.counters[first]
         if node is not None:
-            rt.history_tail += track.steps[first:last]
-            rt.hnode = track.nodes[last]
+            after = track.nodes[last]
+            assert after is not None
+            if taken > _SPAN_FROM:
+                rt.history_tail.append(Span(track.steps, first, last, after))
+            else:
+                rt.history_tail += track.steps[first:last]
+            rt.hnode = after
         handles = rt.handles
         if not track.binds.keys() <= handles.keys():
             # bound as the walk binds them: each name at its first call in the stretch, in call order
