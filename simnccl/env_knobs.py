@@ -26,7 +26,9 @@ def _data() -> dict[str, Any]:
     return tomllib.loads((importlib.resources.files("simnccl") / "data" / "env_knobs.toml").read_text(encoding="utf-8"))
 
 
+@cache
 def known_knobs() -> frozenset[str]:
+    """Every knob name the data file lists (built once: a property run checks each generated case's env)."""
     return frozenset(name for names in _data()["names"].values() for name in names)
 
 
@@ -71,9 +73,10 @@ def unknown_knob_message(name: str, extra: Iterable[str] = (), declare: str = SC
         )
     if not name.startswith(CHECKED_PREFIXES):
         return None
-    known = known_knobs() | frozenset(extra)
-    if name in known:
+    extra = frozenset(extra)
+    if name in known_knobs() or name in extra:
         return None
+    known = known_knobs() | extra
     same_prefix = sorted(k for k in known if k.split("_", 1)[0] == name.split("_", 1)[0])
     nearest = difflib.get_close_matches(name, same_prefix, n=1, cutoff=0.6)
     hint = f"did you mean {nearest[0]}?" if nearest else "no known knob is close"
