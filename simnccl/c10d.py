@@ -376,7 +376,10 @@ def outsider_key(ctx: ProcessContext, world: Group) -> tuple[object, ...]:
     Why it exists: most of a large startup's calls are made by outsiders, and their plan is the same on every
     rank with an equal key, so the engine plans one outsider per key and reuses the answer (DESIGN rule 8).
     Keep it in step with ``plan_new_group``, ``resolve_backend`` (only TORCH_DIST_USE_NCCL2 of the env) and
-    ``split_source`` (the default group's backend, binding and cuda communicator's lifecycle state).
+    ``split_source`` (the default group's backend, whether it is bound, and its cuda communicator's lifecycle
+    state). Which device the default group is bound to is not in the key: an outsider's plan reads it only to
+    compare it with the call's own ``device_id``, so a call naming one is not shared (``shares_outsider_plan``);
+    with it in the key, the 8 local ranks of every node planned each call 8 times over.
     """
     parent = world.comm_for("cuda")
     return (
@@ -384,9 +387,15 @@ def outsider_key(ctx: ProcessContext, world: Group) -> tuple[object, ...]:
         ctx.device_count,
         ctx.env.get("TORCH_DIST_USE_NCCL2"),
         world.backend,
-        world.bound_device,
+        world.bound_device is not None,
         None if parent is None else (parent.impl, parent.state),
     )
+
+
+def shares_outsider_plan(device_id: int | None) -> bool:
+    """Whether a call's outsider plan may be shared by ranks of one ``outsider_key``: not when it names a
+    ``device_id``, which ``plan_new_group`` compares with each rank's own bound device."""
+    return device_id is None
 
 
 _LAUNCHER_RANK_ENV = ("LOCAL_RANK", "RANK")  # differ on every rank; plan_new_group reads LOCAL_RANK's presence only

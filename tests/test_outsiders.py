@@ -254,3 +254,40 @@ def test_a_long_stretch_enters_the_history_tail_as_one_span(replay_max, monkeypa
     fast = _facts(engine, outcome)
     slow_engine = _engine(knobs, 64, policy="lazy-init", fast_path=False)
     assert fast == _facts(slow_engine, slow_engine.run())
+
+
+def test_a_call_naming_a_device_is_planned_on_each_rank() -> None:
+    """Outsiders share plans across bound devices (``outsider_key`` holds only whether the default group is
+    bound), except for a call naming a ``device_id``: torch compares it with each rank's own bound device, so
+    the ranks bound elsewhere raise even as outsiders. Same outcome as the ordinary path, which plans every rank."""
+    from simnccl.ops import InitProcessGroup, NewGroup, SetDevice
+
+    calls = [NewGroup(ranks=(r, r + 1), bind=f"pair{r}") for r in range(2, 14, 2)]  # outsider calls to share
+    program = Program(
+        (
+            SetDevice(),
+            InitProcessGroup(backend="nccl"),  # 2.15 binds the default group to the rank's device (LOCAL_RANK)
+            *calls,
+            NewGroup(ranks=(2, 3), bind="named", device_id=1),  # rank 1 (bound to 1) plans it first to share
+            *calls,
+        )
+    )
+    cluster = Cluster(get_gpu_kind("h100-80gb"), 2, 8)
+    facts = []
+    for fast_path in (True, False):
+        config = SimConfig(
+            cluster=cluster,
+            release=get_release("2.15"),
+            profile=find_profile(cluster.gpu.key, "2.15"),
+            programs=(program,) * 16,
+            policy=get_policy("lazy-init"),  # every call local and lazy: no block takes them, outsiders do
+        )
+        engine = Engine(config, keep_trace=True, fast_path=fast_path)
+        facts.append(_facts(engine, engine.run()))
+        if fast_path:
+            shared = engine.fast.outsiders.plans
+    fast, slow = facts
+    assert fast == slow
+    assert len(shared) == 1 and len(next(iter(shared.values()))) >= len(calls)  # one key for all 8 devices
+    failed = sorted(error["rank"] for error in fast["errors"])
+    assert failed == [r for r in range(16) if r % 8 != 1]  # bound to device 1: ranks 1 and 9 only

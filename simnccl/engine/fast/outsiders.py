@@ -26,7 +26,7 @@ from bisect import bisect_left
 from collections import Counter
 from dataclasses import dataclass, field
 
-from simnccl.c10d import NON_GROUP_MEMBER, Group, TorchError, outsider_key
+from simnccl.c10d import NON_GROUP_MEMBER, Group, TorchError, outsider_key, shares_outsider_plan
 from simnccl.engine.fast.calls import OutsiderEntry
 from simnccl.engine.fast.cohorts import Cohorts
 from simnccl.engine.fast.histories import HistoryNode, SharedHistories, Span, Step
@@ -434,7 +434,10 @@ class Outsiders:
 
     def _advance(self, rt: RankRuntime, world: Group, op: NewGroup) -> int | None:
         """How far an outsider's plain call advances the counter; None when it is not plain (it raises, or
-        joins a NOCOLOR split): the ordinary path then runs it on every rank."""
+        joins a NOCOLOR split, or names a device, ``shares_outsider_plan``): the ordinary path then runs it on
+        every rank."""
+        if not shares_outsider_plan(op.device_id):
+            return None
         try:
             plan = self.planner.plan_new_group(rt, op, rt.counter)
         except (TorchError, ValueError):
