@@ -401,3 +401,32 @@ steps = [
     assert variant["verdict"] == "pass" and "launched by torchrun" in variant["notes"]
     assert len(variant["ranks"]) == 2 and all(r["status"] == "done" for r in variant["ranks"])
     assert marked_processes(mark) == []
+
+
+def test_knobs_inherited_from_the_launchers_environment_are_reported(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A torch/NCCL/gloo variable in the launcher's environment reaches every real rank, but the simulated side
+    runs the variant's env only: the real result names each one the variant does not set (``inherited_env``),
+    and its note and the comparison say so; a variable the variant sets is the variant's, not inherited."""
+    from simnccl.real.compare import render_comparison_variant
+
+    monkeypatch.setenv("NCCL_DEBUG", "WARN")
+    monkeypatch.setenv("TORCH_DISTRIBUTED_DEBUG", "DETAIL")
+    programs = cpu_programs([_pass_program(r) for r in range(3)])
+    with Launcher() as fresh:  # its zygote starts from this environment
+        real = fresh.run_programs(programs, FAST, env={"TORCH_DISTRIBUTED_DEBUG": "OFF"}, name="inherits")
+    assert real["verdict"] == "pass", json.dumps(real["errors"] + real["hangs"], indent=1)
+    assert real["inherited_env"] == {"NCCL_DEBUG": "WARN"}
+    assert [n for n in real["notes"] if "inherited 1 torch/NCCL/gloo variable(s)" in n and "NCCL_DEBUG=WARN" in n]
+    comparison = compare_variant("inherits", "cpu", _simulate(programs), real, 3, 0.0).to_dict(full=True)
+    assert "simulated side ran without them: NCCL_DEBUG=WARN" in render_comparison_variant(comparison)
+
+
+def test_the_inherited_knobs_note_is_bounded() -> None:
+    from simnccl.real.launch import inherited_knobs, inherited_note
+
+    environ = {f"NCCL_KNOB_{i:02d}": "x" * 500 for i in range(40)} | {"PATH": "/bin", "NCCL_SET": "1"}
+    knobs = inherited_knobs(environ, {"NCCL_SET": "2"})
+    assert len(knobs) == 40 and "PATH" not in knobs and "NCCL_SET" not in knobs
+    note = inherited_note(knobs)
+    assert note is not None and len(note) < 1500 and note.endswith("(and 28 more)")
+    assert inherited_note({}) is None

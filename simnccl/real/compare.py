@@ -20,7 +20,14 @@ from typing import Any
 from simnccl.backends.gloo import SINGLETON_RACE
 from simnccl.ops import Program
 from simnccl.real.lanes import lane_policy
-from simnccl.real.launch import Launcher, RunSettings, installed_release, lane_programs, variant_notes
+from simnccl.real.launch import (
+    Launcher,
+    RunSettings,
+    inherited_note,
+    installed_release,
+    lane_programs,
+    variant_notes,
+)
 from simnccl.real.report import describe_outcome, rank_outcomes
 from simnccl.scenario import Scenario, Variant
 
@@ -333,6 +340,9 @@ def render_comparison_variant(variant: Mapping[str, Any]) -> str:
             lines.append(
                 f"  {row['checkpoint']:<20} {row['device']:<12} {sim_mib:>10} {row['real_mib']:>10.1f} {error:>8}{flag}"
             )
+    note = inherited_note(variant["real"].get("inherited_env") or {})
+    if note:
+        lines.append(f"  note: {note}")
     for reason in variant["reasons"]:
         lines.append(f"  ! {reason}")
     if variant.get("verdict_racy"):

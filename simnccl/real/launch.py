@@ -81,6 +81,39 @@ class RunSettings:
         return dict(self.__dict__)
 
 
+# Variables torch, NCCL or gloo read: a rank inherits them from the launcher's environment unless its variant sets them.
+INHERITED_PREFIXES = ("TORCH_", "PYTORCH_", "NCCL_", "GLOO_")
+_INHERITED_SHOWN = 12  # names listed in the note (the rest counted); values cut to _INHERITED_VALUE_CHARS
+_INHERITED_VALUE_CHARS = 60
+
+
+def inherited_knobs(process_env: Mapping[str, str], variant_env: Mapping[str, str]) -> dict[str, str]:
+    """The torch/NCCL/gloo variables the real ranks inherit from the launcher's environment that the variant
+    does not set, by name.
+
+    Why: the simulated side runs the variant's env only, so a knob exported in the user's shell or GPU CI
+    (``NCCL_BUFFSIZE``, ``TORCH_DIST_USE_NCCL2=0``) changes the real side alone, and a comparison or calibration
+    would read its effect as the model's. Some are needed where the lane runs (``NCCL_SOCKET_IFNAME``), so they
+    are kept, and said."""
+    return {k: v for k, v in sorted(process_env.items()) if k.startswith(INHERITED_PREFIXES) and k not in variant_env}
+
+
+def inherited_note(knobs: Mapping[str, str]) -> str | None:
+    """The report's line for ``inherited_knobs`` (None when there are none); bounded, whatever the environment."""
+    if not knobs:
+        return None
+    shown = [
+        f"{name}={value[:_INHERITED_VALUE_CHARS]}{'...' if len(value) > _INHERITED_VALUE_CHARS else ''}"
+        for name, value in list(knobs.items())[:_INHERITED_SHOWN]
+    ]
+    more = len(knobs) - len(shown)
+    return (
+        f"the real ranks inherited {len(knobs)} torch/NCCL/gloo variable(s) from the launcher's environment that "
+        f"the variant does not set, so the simulated side ran without them: {', '.join(shown)}"
+        + (f" (and {more} more)" if more else "")
+    )
+
+
 def compute_problem(programs: Sequence[Program], settings: RunSettings) -> str | None:
     """Why these settings would stop the run as hung while it only computes, or None.
 
@@ -245,6 +278,9 @@ class Launcher:
             self._runs += 1
             number = self._runs
             zygote = self.zygote
+        inherited = inherited_knobs(zygote.env, env or {})
+        note = inherited_note(inherited)
+        notes = [*notes, note] if note else notes
         run_dir = self.work_dir / f"run{number:04d}"
         run_dir.mkdir(parents=True, exist_ok=True)
         release_file = run_dir / "release"
@@ -310,6 +346,7 @@ class Launcher:
             settings=settings.to_dict(),
         )
         result["wall_s"] = round(time.time() - started, 3)
+        result["inherited_env"] = inherited
         if settings.keep_dir:
             self._keep = True
             result["run_dir"] = str(run_dir)

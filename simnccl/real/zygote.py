@@ -32,6 +32,7 @@ class Zygote:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
         env.setdefault("PYTHONWARNINGS", "ignore")
+        self.env: Mapping[str, str] = env  # what every rank it forks starts from (before its variant's env)
         self.log_path = log_dir / "zygote.log"
         self._log = open(self.log_path, "ab")  # noqa: SIM115
         self.proc = subprocess.Popen(
