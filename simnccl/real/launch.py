@@ -29,6 +29,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from simnccl.env_knobs import CHECKED_PREFIXES
 from simnccl.ops import Compute, Program
 from simnccl.real.lanes import LaneError, check_gpu_lane, comparability, cpu_programs, cpu_substitutions
 from simnccl.real.measure import build_variant_result
@@ -81,8 +82,9 @@ class RunSettings:
         return dict(self.__dict__)
 
 
-# Variables torch, NCCL or gloo read: a rank inherits them from the launcher's environment unless its variant sets them.
-INHERITED_PREFIXES = ("TORCH_", "PYTORCH_", "NCCL_", "GLOO_")
+# Variables torch, NCCL or gloo read (the knob prefixes simnccl checks, and gloo's): a rank inherits them from the
+# launcher's environment unless its variant sets them.
+INHERITED_PREFIXES = (*CHECKED_PREFIXES, "GLOO_")
 _INHERITED_SHOWN = 12  # names listed in the note (the rest counted); values cut to _INHERITED_VALUE_CHARS
 _INHERITED_VALUE_CHARS = 60
 
