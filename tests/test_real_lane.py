@@ -40,7 +40,7 @@ from simnccl.ops import (
 from simnccl.policy import get_policy
 from simnccl.real.compare import compare_variant
 from simnccl.real.lanes import NO_CUDA, CpuLanePolicy, LaneError, check_gpu_lane, cpu_programs, cpu_substitutions
-from simnccl.real.launch import Launcher, RunSettings, compute_problem
+from simnccl.real.launch import INHERITED_PREFIXES, Launcher, RunSettings, compute_problem
 from simnccl.real.report import rank_outcomes
 from simnccl.real.zygote import pid_alive
 
@@ -409,6 +409,9 @@ def test_knobs_inherited_from_the_launchers_environment_are_reported(monkeypatch
     and its note and the comparison say so; a variable the variant sets is the variant's, not inherited."""
     from simnccl.real.compare import render_comparison_variant
 
+    for name in [n for n in os.environ if n.startswith(INHERITED_PREFIXES)]:
+        # this worker's own (importing deepspeed, as a framework test may have, sets PYTORCH_NVML_BASED_CUDA_CHECK)
+        monkeypatch.delenv(name)
     monkeypatch.setenv("NCCL_DEBUG", "WARN")
     monkeypatch.setenv("TORCH_DISTRIBUTED_DEBUG", "DETAIL")
     programs = cpu_programs([_pass_program(r) for r in range(3)])
