@@ -24,7 +24,7 @@ from simnccl.scenario import load_scenario
 pytestmark = pytest.mark.real
 
 
-def _synthetic(profile, world: int) -> dict:
+def _synthetic(profile, world: int, inherited: dict[str, str] | None = None) -> dict:
     results = {}
     for run in suite(world):
         outcome = Engine(
@@ -33,7 +33,7 @@ def _synthetic(profile, world: int) -> dict:
                 release=get_release("2.15"),
                 profile=profile,
                 programs=run.programs,
-                env=dict(run.env),
+                env={**(inherited or {}), **run.env},
                 launcher="torchrun",
             )
         ).run()
@@ -92,6 +92,27 @@ def test_calibrate_fits_only_the_fixed_overheads(tmp_path: Path) -> None:
     assert memory == pytest.approx({"comm_fixed_mib": 10.0, "process_mib": 50.0, "process_first_collective_mib": 300.0})
     assert "least squares" in why["comm_fixed_mib"]
     assert set(memory) == set(FixedOverheads.__dataclass_fields__)
+
+
+def test_calibrate_models_the_knobs_the_measured_ranks_inherited() -> None:
+    """Measured under an NCCL knob exported in the launcher's environment (NCCL_MIN_NCHANNELS=32), the fit
+    finds the true overheads only because the model runs that knob too; a note names it in the profile."""
+    base = find_profile("h200-141gb", "2.15")
+    inherited = {"NCCL_MIN_NCHANNELS": "32"}
+    results = _synthetic(base, 2, inherited)
+    values, _, notes = derive(results, 2, base, inherited=inherited)
+    memory = {k: v for k, v in values.items() if k.endswith("_mib")}
+    assert memory == pytest.approx(
+        {
+            "comm_fixed_mib": base.comm.comm_fixed_mib,
+            "process_mib": base.comm.process_mib,
+            "process_first_collective_mib": base.comm.process_first_collective_mib,
+        },
+        abs=1e-3,
+    )
+    assert any("NCCL_MIN_NCHANNELS=32" in n and "ran with them too" in n for n in notes)
+    blind, _, _ = derive(results, 2, base)  # the model without the knob takes its effect for an overhead
+    assert blind["comm_fixed_mib"] != pytest.approx(base.comm.comm_fixed_mib, abs=1.0)
 
 
 def test_a_negative_residual_is_clamped_and_noted() -> None:

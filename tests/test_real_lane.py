@@ -404,11 +404,9 @@ steps = [
 
 
 def test_knobs_inherited_from_the_launchers_environment_are_reported(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A torch/NCCL/gloo variable in the launcher's environment reaches every real rank, but the simulated side
-    runs the variant's env only: the real result names each one the variant does not set (``inherited_env``),
-    and its note and the comparison say so; a variable the variant sets is the variant's, not inherited."""
-    from simnccl.real.compare import render_comparison_variant
-
+    """A torch/NCCL/gloo variable in the launcher's environment reaches every real rank: the real result names
+    each one the variant does not set (``inherited_env``), and its note says so; a variable the variant sets is
+    the variant's, not inherited."""
     for name in [n for n in os.environ if n.startswith(INHERITED_PREFIXES)]:
         # this worker's own (importing deepspeed, as a framework test may have, sets PYTORCH_NVML_BASED_CUDA_CHECK)
         monkeypatch.delenv(name)
@@ -420,8 +418,73 @@ def test_knobs_inherited_from_the_launchers_environment_are_reported(monkeypatch
     assert real["verdict"] == "pass", json.dumps(real["errors"] + real["hangs"], indent=1)
     assert real["inherited_env"] == {"NCCL_DEBUG": "WARN"}
     assert [n for n in real["notes"] if "inherited 1 torch/NCCL/gloo variable(s)" in n and "NCCL_DEBUG=WARN" in n]
-    comparison = compare_variant("inherits", "cpu", _simulate(programs), real, 3, 0.0).to_dict(full=True)
-    assert "simulated side ran without them: NCCL_DEBUG=WARN" in render_comparison_variant(comparison)
+
+
+def test_a_comparison_simulates_the_knobs_its_real_ranks_inherit(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """``real compare``'s simulated side runs the inherited knobs it can (a comparison of two configurations
+    would call the knob's effect the model's), under the variant's own; the one it cannot run (a name simnccl
+    does not know) is named in the comparison's note. The launcher's environment is read when its zygote starts:
+    a variable set in this process afterwards reaches neither side."""
+    from simnccl.real.compare import compare_scenario, render_comparison_variant
+    from simnccl.scenario import load_scenario
+
+    for name in [n for n in os.environ if n.startswith(INHERITED_PREFIXES)]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("NCCL_DEBUG", "WARN")  # a knob simnccl knows
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")  # gloo's: not a checked prefix, runs on both sides
+    monkeypatch.setenv("NCCL_NOT_A_KNOB_SIMNCCL_KNOWS", "1")
+    path = tmp_path / "two-ranks.toml"
+    path.write_text(
+        '[scenario]\nname = "two-ranks"\n[cluster]\ngpu = "h100-80gb"\nnodes = 1\ngpus_per_node = 2\n'
+        '[torch]\nrelease = "2.15"\n[workload]\nsteps = [\n  { op = "set_device" },\n'
+        '  { op = "init_process_group", backend = "nccl" },\n  { op = "all_reduce", size_mib = 1 },\n]\n'
+        '[[variants]]\nname = "debug-off"\nenv = { TORCH_DISTRIBUTED_DEBUG = "OFF" }\n'
+    )
+    scenario = load_scenario(path)
+    variant = scenario.variants[0]
+    with Launcher() as fresh:
+        inherited = fresh.inherited_env(variant.env)
+        monkeypatch.setenv("NCCL_SET_AFTER_THE_ZYGOTE_STARTED", "1")
+        assert fresh.inherited_env(variant.env) == inherited
+        report = compare_scenario(scenario, FAST, variants=[variant.name], launcher=fresh)
+    (compared,) = report["variants"]
+    assert (
+        compared["real"]["inherited_env"]
+        == inherited
+        == {
+            "GLOO_SOCKET_IFNAME": "lo",
+            "NCCL_DEBUG": "WARN",
+            "NCCL_NOT_A_KNOB_SIMNCCL_KNOWS": "1",
+        }
+    )
+    assert compared["agree"], compared["reasons"]
+    assert compared["sim"]["env"] == {
+        "GLOO_SOCKET_IFNAME": "lo",
+        "NCCL_DEBUG": "WARN",
+        "TORCH_DISTRIBUTED_DEBUG": "OFF",
+    }
+    text = render_comparison_variant(compared)
+    assert "the simulated side ran without NCCL_NOT_A_KNOB_SIMNCCL_KNOWS (a name simnccl does not know" in text
+
+
+def test_inherited_knobs_the_simulator_cannot_run_are_set_apart() -> None:
+    from simnccl.real.launch import inherited_note, simulated_knobs
+
+    inherited = {
+        "NCCL_BUFFSIZE": "8388608",
+        "NCCL_TYPO_KNOB": "1",
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "9",  # outside the range simnccl reads
+        "GLOO_DEVICE_TRANSPORT": "TCP",
+    }
+    runs, cannot = simulated_knobs(inherited)
+    assert runs == {"NCCL_BUFFSIZE": "8388608", "GLOO_DEVICE_TRANSPORT": "TCP"}
+    assert cannot == {"NCCL_TYPO_KNOB": "1", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "9"}
+    assert inherited_note(inherited, runs) is not None
+    assert "ran without NCCL_TYPO_KNOB, TORCH_NCCL_ASYNC_ERROR_HANDLING (" in str(inherited_note(inherited, runs))
+    assert str(inherited_note(runs, runs)).endswith("the simulated side ran with them too")
+    assert "simulated side" not in str(inherited_note(inherited))  # a real run alone has no simulated side
 
 
 def test_the_inherited_knobs_note_is_bounded() -> None:

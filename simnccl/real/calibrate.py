@@ -59,6 +59,7 @@ from simnccl.ops import (
     SetDevice,
 )
 from simnccl.real.lanes import NO_CUDA, LaneError, visible_gpus
+from simnccl.real.launch import inherited_note, simulated_knobs
 
 GROUPS = 4
 SIZE_BYTES = 4 * MIB
@@ -174,19 +175,28 @@ def model_only(base: Any, nccl_version: str | None = None) -> Any:
 
 
 def derive(
-    results: Mapping[str, Mapping[str, Any]], world: int, base: Any, nccl_version: str | None = None
+    results: Mapping[str, Mapping[str, Any]],
+    world: int,
+    base: Any,
+    nccl_version: str | None = None,
+    inherited: Mapping[str, str] | None = None,
 ) -> tuple[dict[str, Any], dict[str, str], list[str]]:
     """The fixed overheads and timings measured by the suite, their derivations, and notes.
 
     ``base``: the built-in profile of this GPU kind (its topology; its timings where unmeasured);
-    ``nccl_version``: the NCCL the measurement ran (default: the base's).
+    ``nccl_version``: the NCCL the measurement ran (default: the base's); ``inherited``: the knobs the measured
+    ranks inherited from the launcher's environment, which the model runs too (else the fit would take their
+    effect for a fixed overhead), and which a note names.
     """
     values: dict[str, Any] = {}
     why: dict[str, str] = {}
     notes: list[str] = []
     k = GROUPS
     model = model_only(base, nccl_version)
-    predicted = {run.name: _simulate(model, run) for run in suite(world)}
+    predicted = {run.name: _simulate(model, run, inherited) for run in suite(world)}
+    note = inherited_note(inherited or {}, simulated_knobs(inherited or {})[0])
+    if note:
+        notes.append(f"measured under inherited knobs: {note}")
 
     def residual(run: str, a: str, b: str) -> tuple[float, float, float] | None:
         """(real growth, model growth, residual) between two checkpoints of a world that passed."""
@@ -341,14 +351,20 @@ def profile_toml(
 # ---------------------------------------------------------------------------------------------- reproduction
 
 
-def reproduce(profile: Any, runs: Sequence[CalRun], results: Mapping[str, Mapping[str, Any]]) -> list[dict]:
-    """The simulator re-runs each calibration world from ``profile``; growth since ``context`` is compared."""
+def reproduce(
+    profile: Any,
+    runs: Sequence[CalRun],
+    results: Mapping[str, Mapping[str, Any]],
+    inherited: Mapping[str, str] | None = None,
+) -> list[dict]:
+    """The simulator re-runs each calibration world from ``profile`` (under the ``inherited`` knobs it can run,
+    as ``derive`` did); growth since ``context`` is compared."""
     rows = []
     for run in runs:
         real = results.get(run.name)
         if real is None or real.get("verdict") != "pass":
             continue
-        outcome = _simulate(profile, run)
+        outcome = _simulate(profile, run, inherited)
         sim_base = _sim_used(outcome, "context")
         real_base = used_at(real, "context")
         for label in [c["name"] for c in real.get("checkpoints", [])]:
@@ -373,8 +389,9 @@ def reproduce(profile: Any, runs: Sequence[CalRun], results: Mapping[str, Mappin
     return rows
 
 
-def _simulate(profile: Any, run: CalRun) -> Any:
-    """The simulator's run of one calibration world under ``profile`` (the installed torch's release rules)."""
+def _simulate(profile: Any, run: CalRun, inherited: Mapping[str, str] | None = None) -> Any:
+    """The simulator's run of one calibration world under ``profile`` (the installed torch's release rules), with
+    the ``inherited`` knobs it can run under the run's own env."""
     from simnccl.cluster import Cluster, get_gpu_kind
     from simnccl.engine import Engine, SimConfig
     from simnccl.real.launch import installed_release
@@ -386,7 +403,7 @@ def _simulate(profile: Any, run: CalRun) -> Any:
         release=get_release(release),
         profile=profile,
         programs=run.programs,
-        env=dict(run.env),
+        env={**simulated_knobs(inherited or {})[0], **run.env},
         launcher="torchrun",
     )
     return Engine(config).run()
@@ -496,6 +513,7 @@ def main(args: Any) -> int:
     started = datetime.datetime.now()
     try:
         with Launcher() as launcher:
+            inherited = launcher.inherited_env()
             for run in runs:
                 results[run.name] = launcher.run_programs(run.programs, settings, env=run.env, name=run.name)
                 print(f"calibrate: {run.name}: {results[run.name]['verdict']} ({results[run.name].get('wall_s')}s)")
@@ -503,7 +521,7 @@ def main(args: Any) -> int:
         print(f"real calibrate: {err}", file=sys.stderr)
         return 2
     nccl_version = measured_nccl_version(facts)
-    values, why, notes = derive(results, world, base, nccl_version)
+    values, why, notes = derive(results, world, base, nccl_version, inherited)
     out = Path(args.out)
     name = out.stem
     text = profile_toml(
@@ -520,7 +538,7 @@ def main(args: Any) -> int:
     profile = parse_profile(text, str(out))  # validate before writing
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text, encoding="utf-8")
-    rows = reproduce(profile, runs, results)
+    rows = reproduce(profile, runs, results, inherited)
     print(f"calibrate: wrote {out} ({(datetime.datetime.now() - started).total_seconds():.0f}s)")
     print("  residual per checkpoint (growth since 'context', model + fitted overheads vs measured):")
     for row in rows:

@@ -26,6 +26,7 @@ from simnccl.real.launch import (
     inherited_note,
     installed_release,
     lane_programs,
+    simulated_knobs,
     variant_notes,
 )
 from simnccl.real.report import describe_outcome, rank_outcomes
@@ -39,9 +40,16 @@ KNOWN_DIFFERENCES = (
 
 
 def simulate(
-    scenario: Scenario, variant: Variant, lane: str, programs: Sequence[Program] | None = None
+    scenario: Scenario,
+    variant: Variant,
+    lane: str,
+    programs: Sequence[Program] | None = None,
+    inherited: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
-    """The simulator's Result-shaped variant dict for what the lane runs (CPU: gloo semantics)."""
+    """The simulator's Result-shaped variant dict for what the lane runs (CPU: gloo semantics).
+
+    ``inherited``: the knobs the real ranks inherit from the launcher's environment (``Launcher.inherited_env``);
+    those simnccl can run are run here too, under the variant's own (``simulated_knobs``)."""
     from simnccl.engine import Engine
     from simnccl.faults import NO_FAULTS
     from simnccl.release import RELEASES, get_release
@@ -55,7 +63,10 @@ def simulate(
     config = config_for(scenario, chosen)
     if programs is None:
         programs = lane_programs(scenario, lane)[0]
-    config = replace(config, programs=tuple(programs), policy=lane_policy(variant.policy, lane), faults=NO_FAULTS)
+    env = {**simulated_knobs(inherited or {})[0], **config.env}
+    config = replace(
+        config, programs=tuple(programs), policy=lane_policy(variant.policy, lane), faults=NO_FAULTS, env=env
+    )
     engine = Engine(config)
     outcome = engine.run()
     result = VariantResult(
@@ -64,7 +75,7 @@ def simulate(
         release=release,
         torch_version=get_release(release).version,
         profile=variant.profile.name,
-        env=dict(variant.env),
+        env=env,
         policy=variant.policy,
         outcome=outcome,
         explanations=engine.explanations,
@@ -268,7 +279,7 @@ def compare_scenario(
     comparisons = []
     try:
         for variant in chosen:
-            sim = simulate(scenario, variant, settings.lane, programs)
+            sim = simulate(scenario, variant, settings.lane, programs, launcher.inherited_env(variant.env))
             real = launcher.run_programs(
                 programs,
                 settings,
@@ -340,7 +351,7 @@ def render_comparison_variant(variant: Mapping[str, Any]) -> str:
             lines.append(
                 f"  {row['checkpoint']:<20} {row['device']:<12} {sim_mib:>10} {row['real_mib']:>10.1f} {error:>8}{flag}"
             )
-    note = inherited_note(variant["real"].get("inherited_env") or {})
+    note = inherited_note(variant["real"].get("inherited_env") or {}, variant["sim"].get("env") or {})
     if note:
         lines.append(f"  note: {note}")
     for reason in variant["reasons"]:

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -331,17 +331,21 @@ def cases(seed: int, count: int, mutations: Sequence[str] = MUTATIONS) -> list[C
 # ---------------------------------------------------------------------------------------------- running
 
 
-def simulate_case(case: Case) -> dict[str, Any]:
-    """The simulator's Result-shaped dict for a case, with gloo semantics on a CPU-less-agnostic cluster."""
+def simulate_case(case: Case, inherited: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The simulator's Result-shaped dict for a case, with gloo semantics on a CPU-less-agnostic cluster.
+
+    ``inherited``: the knobs the real ranks inherit from the launcher's environment; those simnccl can run are
+    run here too (``simulated_knobs``)."""
     from simnccl.cluster import Cluster, get_gpu_kind
     from simnccl.engine import Engine, SimConfig
     from simnccl.policy import BasePolicy
     from simnccl.profiles import find_profile
-    from simnccl.real.launch import installed_release
+    from simnccl.real.launch import installed_release, simulated_knobs
     from simnccl.release import get_release
     from simnccl.result import VariantResult
 
     release_key = installed_release() or "2.15"
+    env = simulated_knobs(inherited or {})[0]
     gpu = get_gpu_kind("h100-80gb")
     config = SimConfig(
         cluster=Cluster(gpu, 1, case.world_size, None),
@@ -350,6 +354,7 @@ def simulate_case(case: Case) -> dict[str, Any]:
         programs=case.programs,
         launcher="spawn",
         policy=BasePolicy(),
+        env=env,
     )
     engine = Engine(config)
     outcome = engine.run()
@@ -359,7 +364,7 @@ def simulate_case(case: Case) -> dict[str, Any]:
         release=release_key,
         torch_version=get_release(release_key).version,
         profile=config.profile.name,
-        env={},
+        env=env,
         policy="torch-default",
         outcome=outcome,
     ).to_dict()
@@ -432,7 +437,7 @@ def run_cases(
 
     def one(case: Case) -> CaseResult:
         real = launcher.run_programs(case.programs, settings, name=case.name, release="")
-        sim = simulate_case(case)
+        sim = simulate_case(case, launcher.inherited_env())
         return CaseResult(case, compare_variant(case.name, "cpu", sim, real, case.world_size, 0.0))
 
     try:

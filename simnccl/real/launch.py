@@ -29,7 +29,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from simnccl.env_knobs import CHECKED_PREFIXES
+from simnccl.env_knobs import CHECKED_PREFIXES, env_problem
 from simnccl.ops import Compute, Program
 from simnccl.real.lanes import LaneError, check_gpu_lane, comparability, cpu_programs, cpu_substitutions
 from simnccl.real.measure import build_variant_result
@@ -93,26 +93,55 @@ def inherited_knobs(process_env: Mapping[str, str], variant_env: Mapping[str, st
     """The torch/NCCL/gloo variables the real ranks inherit from the launcher's environment that the variant
     does not set, by name.
 
-    Why: the simulated side runs the variant's env only, so a knob exported in the user's shell or GPU CI
-    (``NCCL_BUFFSIZE``, ``TORCH_DIST_USE_NCCL2=0``) changes the real side alone, and a comparison or calibration
-    would read its effect as the model's. Some are needed where the lane runs (``NCCL_SOCKET_IFNAME``), so they
-    are kept, and said."""
+    Why: a knob exported in the user's shell or GPU CI (``NCCL_BUFFSIZE``, ``TORCH_DIST_USE_NCCL2=0``) changes
+    what the real ranks do, so a comparison's simulated side must run it too (``simulated_knobs``), or read its
+    effect as the model's. Some are needed where the lane runs (``NCCL_SOCKET_IFNAME``), so they are kept, and
+    said."""
     return {k: v for k, v in sorted(process_env.items()) if k.startswith(INHERITED_PREFIXES) and k not in variant_env}
 
 
-def inherited_note(knobs: Mapping[str, str]) -> str | None:
-    """The report's line for ``inherited_knobs`` (None when there are none); bounded, whatever the environment."""
-    if not knobs:
-        return None
+def simulated_knobs(inherited: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+    """``inherited`` split into the knobs the simulated side of a comparison runs too, and those it cannot: a
+    name simnccl does not know, or a value it cannot use (``env_problem``). Why: the real ranks run them all; a
+    simulated side without them compares, or calibrates, a different configuration."""
+    runs: dict[str, str] = {}
+    cannot: dict[str, str] = {}
+    for name, value in inherited.items():
+        (cannot if env_problem(name, value) is not None else runs)[name] = value
+    return runs, cannot
+
+
+def _listed(knobs: Mapping[str, str], values: bool = True) -> str:
+    """``knobs`` as ``NAME=value`` (or names), bounded: _INHERITED_SHOWN of them, values cut, the rest counted."""
     shown = [
         f"{name}={value[:_INHERITED_VALUE_CHARS]}{'...' if len(value) > _INHERITED_VALUE_CHARS else ''}"
+        if values
+        else name
         for name, value in list(knobs.items())[:_INHERITED_SHOWN]
     ]
     more = len(knobs) - len(shown)
-    return (
+    return ", ".join(shown) + (f" (and {more} more)" if more else "")
+
+
+def inherited_note(knobs: Mapping[str, str], simulated: Mapping[str, str] | None = None) -> str | None:
+    """The report's line for ``inherited_knobs`` (None when there are none); bounded, whatever the environment.
+
+    ``simulated``: the env a comparison's simulated side ran (None for a real run alone): the note then says
+    which inherited knobs it ran too, and which it could not."""
+    if not knobs:
+        return None
+    text = (
         f"the real ranks inherited {len(knobs)} torch/NCCL/gloo variable(s) from the launcher's environment that "
-        f"the variant does not set, so the simulated side ran without them: {', '.join(shown)}"
-        + (f" (and {more} more)" if more else "")
+        f"the variant does not set: {_listed(knobs)}"
+    )
+    if simulated is None:
+        return text
+    without = {k: v for k, v in knobs.items() if simulated.get(k) != v}
+    if not without:
+        return f"{text}; the simulated side ran with them too"
+    return (
+        f"{text}; the simulated side ran without {_listed(without, values=False)} (a name simnccl does not know or "
+        "a value it cannot use), so what they change is not compared"
     )
 
 
@@ -236,6 +265,13 @@ class Launcher:
         if self._zygote is None or self._zygote.proc.poll() is not None:
             self._zygote = Zygote(self.work_dir)
         return self._zygote
+
+    def inherited_env(self, variant_env: Mapping[str, str] | None = None) -> dict[str, str]:
+        """``inherited_knobs`` of the ranks this launcher forks (its zygote's environment, which is fixed when the
+        zygote starts: a later change to this process's environment reaches no rank)."""
+        with self._lock:
+            zygote = self.zygote
+        return inherited_knobs(zygote.env, variant_env or {})
 
     @property
     def zygote_pid(self) -> int | None:
