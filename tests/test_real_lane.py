@@ -178,6 +178,10 @@ def test_compute_the_settings_would_stop_as_a_hang_is_named_before_anything_runs
     timeout = compute_problem(programs, replace(settings, compute_scale=0.1, timeout_s=4.0))
     assert timeout is not None and "rank 0's compute ops sleep 4 s in all" in timeout and "--timeout 4 s" in timeout
     assert compute_problem(programs, replace(settings, compute_scale=0.0, stall_s=0.1, timeout_s=0.1)) is None
+    # torchrun mode stops a rank on its timeout only: a long sleep is fine there, sleeps past the timeout are not
+    assert compute_problem(programs, replace(settings, stall_s=0.5), stall_watched=False) is None
+    timeout_there = compute_problem(programs, replace(settings, compute_scale=0.1, timeout_s=4.0), stall_watched=False)
+    assert timeout_there == timeout
 
 
 def test_a_run_its_own_settings_would_call_hung_is_exit_2(tmp_path: Path) -> None:
@@ -375,7 +379,8 @@ steps = [
     )
     mark = uuid.uuid4().hex
     out = tmp_path / "report.json"
-    env = dict(os.environ, REAL_TEST_MARK=mark, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(INHERITED_PREFIXES)}
+    env.update(REAL_TEST_MARK=mark, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", NCCL_DEBUG="WARN")
     done = subprocess.run(
         [
             str(torchrun),
@@ -401,6 +406,10 @@ steps = [
     assert variant["verdict"] == "pass" and "launched by torchrun" in variant["notes"]
     assert len(variant["ranks"]) == 2 and all(r["status"] == "done" for r in variant["ranks"])
     assert marked_processes(mark) == []
+    # the knob exported around torchrun reached the ranks, and the report says so (torchrun adds its own:
+    # TORCH_NCCL_ASYNC_ERROR_HANDLING=1)
+    assert variant["inherited_env"]["NCCL_DEBUG"] == "WARN"
+    assert [n for n in variant["notes"] if "NCCL_DEBUG=WARN" in n and "inherited" in n]
 
 
 def test_knobs_inherited_from_the_launchers_environment_are_reported(monkeypatch: pytest.MonkeyPatch) -> None:

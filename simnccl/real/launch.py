@@ -145,12 +145,13 @@ def inherited_note(knobs: Mapping[str, str], simulated: Mapping[str, str] | None
     )
 
 
-def compute_problem(programs: Sequence[Program], settings: RunSettings) -> str | None:
+def compute_problem(programs: Sequence[Program], settings: RunSettings, *, stall_watched: bool = True) -> str | None:
     """Why these settings would stop the run as hung while it only computes, or None.
 
     A ``compute`` op sleeps ``seconds x compute_scale``, capped at ``compute_cap_s`` (``Driver``). One sleep as
     long as ``stall_s`` (no progress from any rank) or a rank's sleeps adding up to ``timeout_s`` made the
-    watcher kill a healthy run and report a hang (exit 1) that the program does not have.
+    watcher kill a healthy run and report a hang (exit 1) that the program does not have. ``stall_watched``:
+    whether the run is stopped on ``stall_s`` at all (torchrun mode watches ``timeout_s`` only).
     """
     scale, cap = settings.compute_scale, settings.compute_cap_s
     if scale <= 0:
@@ -164,7 +165,7 @@ def compute_problem(programs: Sequence[Program], settings: RunSettings) -> str |
             if total > busiest:
                 busiest, busiest_rank = total, rank
     how = f"compute seconds x --compute-scale {scale:g}, each sleep capped at {cap:g} s"
-    if longest >= settings.stall_s:
+    if stall_watched and longest >= settings.stall_s:
         return (
             f"a compute op sleeps {longest:g} s ({how}), not less than --stall {settings.stall_s:g} s: the run would "
             "be stopped as hung mid-sleep; raise --stall or lower --compute-scale"

@@ -17,7 +17,16 @@ from pathlib import Path
 from typing import Any
 
 from simnccl.real.lanes import check_gpu_lane
-from simnccl.real.launch import RankWatch, RunSettings, installed_torch_version, lane_programs, run_document
+from simnccl.real.launch import (
+    RankWatch,
+    RunSettings,
+    compute_problem,
+    inherited_knobs,
+    inherited_note,
+    installed_torch_version,
+    lane_programs,
+    run_document,
+)
 from simnccl.real.measure import build_variant_result
 from simnccl.scenario import Scenario, Variant
 
@@ -43,8 +52,17 @@ def torchrun_main(
     if world != len(programs):
         print(f"real: torchrun world of {world} but the scenario has {len(programs)} ranks", file=sys.stderr)
         return 2
+    problem = compute_problem(programs, settings, stall_watched=False)
+    if problem is not None:  # the watchdog would stop a healthy run as hung: bad input, as in local mode
+        print(f"real: {problem}", file=sys.stderr)
+        return 2
     if settings.lane == "gpu":
         check_gpu_lane(int(os.environ.get("LOCAL_WORLD_SIZE", world)))
+    # What this rank inherits from torchrun's environment, read before the variant's env is applied to it.
+    inherited = inherited_knobs(os.environ, variant.env)
+    note = inherited_note(inherited)
+    if note:
+        notes = [*notes, note]
     started = time.time()
     base, _, _ = next(dist.rendezvous("env://", rank, world, timeout=datetime.timedelta(seconds=settings.timeout_s)))
     control = dist.PrefixStore("real/control", base)
@@ -98,7 +116,9 @@ def torchrun_main(
             control.set(f"state/{rank}", snapshot(True))
         if rank == 0:
             with contextlib.suppress(Exception):
-                _torchrun_report(control, world, scenario, variant, settings, started, substitutions, notes, out)
+                _torchrun_report(
+                    control, world, scenario, variant, settings, started, substitutions, notes, out, inherited
+                )
         else:  # let rank 0 read our state before torchrun stops the world on our exit
             control_wait(control, ["report"], 10.0)
         sys.stdout.flush()
@@ -114,7 +134,9 @@ def torchrun_main(
     control.add("finals", 1)
     code = 0
     if rank == 0:
-        code = _torchrun_report(control, world, scenario, variant, settings, started, substitutions, notes, out)
+        code = _torchrun_report(
+            control, world, scenario, variant, settings, started, substitutions, notes, out, inherited
+        )
     else:
         spec.park_max_s = max(0.0, started + settings.timeout_s - time.time())
         control_wait(control, ["report"], spec.park_max_s)
@@ -141,7 +163,9 @@ def _torchrun_report(
     substitutions: list[str],
     notes: list[str],
     out: Callable[[dict[str, Any]], None] | None,
+    inherited: Mapping[str, str],
 ) -> int:
+    """Rank 0's report of the world; ``inherited``: rank 0's ``inherited_knobs`` (its node's environment)."""
     deadline = started + settings.timeout_s
     while time.time() < deadline:
         if int(control.add("finals", 0)) >= world:
@@ -169,6 +193,7 @@ def _torchrun_report(
         notes=[*notes, "launched by torchrun"],
         settings=settings.to_dict(),
     )
+    result["inherited_env"] = dict(inherited)
     report = run_document(scenario, settings.lane, [result])
     from simnccl.real.report import render_run
 
