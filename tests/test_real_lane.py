@@ -505,3 +505,25 @@ def test_the_inherited_knobs_note_is_bounded() -> None:
     note = inherited_note(knobs)
     assert note is not None and len(note) < 1500 and note.endswith("(and 28 more)")
     assert inherited_note({}) is None
+
+
+def test_a_reused_pid_does_not_inherit_an_earlier_ranks_exit() -> None:
+    """With pid_max at 32,768 (this CI machine's), a long-lived zygote forks a new rank with the pid of one it
+    reaped runs ago. The launcher read that old exit as the new rank's: a live rank counted as exited (left out of
+    the stop, and reported with another rank's exit code). A spawn now clears the pid's earlier exit."""
+    import io
+    import threading
+
+    from simnccl.real.zygote import Zygote
+
+    lines = [{"exited": 4242, "code": 0}, {"spawned": 4242, "tag": "run0007/rank1"}, {"spawned": 4343, "tag": "x"}]
+    zygote = Zygote.__new__(Zygote)  # its reader alone, fed the messages a real zygote writes
+    zygote.proc = type("Proc", (), {"stdout": io.BytesIO(b"".join(json.dumps(m).encode() + b"\n" for m in lines))})()
+    zygote._lock = threading.Condition()
+    zygote.exited, zygote._spawned, zygote.ready = {}, {}, False
+    zygote._read()
+    assert zygote._spawned == {"run0007/rank1": 4242, "x": 4343}
+    assert zygote.exit_of(4242) is None
+    zygote.proc.stdout = io.BytesIO(json.dumps({"exited": 4242, "code": -9}).encode() + b"\n")
+    zygote._read()
+    assert zygote.exit_of(4242) is not None and zygote.exit_of(4242)[0] == -9

@@ -434,12 +434,14 @@ class Launcher:
                 if zygote.exit_of(watch.pid) is None:
                     kill_tree(watch.pid)
             zygote.wait_exits(pids, 10.0)
-        survivors = [p for p in pids if pid_alive(p)]
+        # A rank the zygote reaped is gone, whatever now runs under its pid (pids are reused: pid_max can be
+        # 32,768), so only the ones it has not reported are checked, and killed.
+        survivors = [p for p in pids if zygote.exit_of(p) is None and pid_alive(p)]
         if survivors:
             for pid in survivors:
                 kill_tree(pid)
             time.sleep(0.2)
-            survivors = [p for p in pids if pid_alive(p)]
+            survivors = [p for p in pids if zygote.exit_of(p) is None and pid_alive(p)]
             if survivors:
                 raise LaunchError(f"rank processes {survivors} survived SIGKILL")
 

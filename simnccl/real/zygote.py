@@ -69,7 +69,12 @@ class Zygote:
                 if "ready" in msg:
                     self.ready = True
                 elif "spawned" in msg:
-                    self._spawned[str(msg["tag"])] = int(msg["spawned"])
+                    pid = int(msg["spawned"])
+                    self._spawned[str(msg["tag"])] = pid
+                    # A pid the kernel reused (pid_max can be 32,768, and a test suite wraps it in minutes): the
+                    # exit of this zygote's earlier rank with the same pid is not this rank's. The zygote reports
+                    # a child's spawn before its exit, so an exit read before this line is the old one.
+                    self.exited.pop(pid, None)
                 elif "exited" in msg:
                     self.exited[int(msg["exited"])] = (int(msg["code"]), time.time())
                 self._lock.notify_all()
