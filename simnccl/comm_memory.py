@@ -40,7 +40,16 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any, NamedTuple
 
 from simnccl.memory import mib_to_bytes
-from simnccl.nccl import Breakdown, NcclSettings, Part, Use, communicator_bytes, constants, settings_from
+from simnccl.nccl import (
+    Breakdown,
+    NcclSettings,
+    Part,
+    Use,
+    communicator_bytes,
+    constants,
+    settings_from,
+    shared_value,
+)
 from simnccl.ops import NO_OPTIONS, PgOptions
 from simnccl.profiles import Profile
 
@@ -522,31 +531,21 @@ _PROFILES_KEPT = 32
 _BREAKDOWNS: dict[int, tuple[Profile, dict[tuple[Any, ...], Breakdown]]] = {}
 
 
-# The immutable pieces the process's breakdowns hold (parts, the sets of connections made, layouts, channel
-# counts), one object per distinct value. Why: breakdowns of different keys are mostly the same pieces (a property
-# run of 2,000 programs kept 13,382 breakdowns holding 28,109 parts of 805 values and 41,349 sets of 1,047 values
-# with 1.47 million connections in all), and every full collection of the cyclic GC walked each of them: ~0.3 s a
-# collection, most of the GC time of a property run. Bounded: past the bound the table starts afresh (pieces
-# already shared stay shared).
-_PIECES_KEPT = 100_000
-_PIECES: dict[Any, Any] = {}
-
-
 def _compact(breakdown: Breakdown) -> Breakdown:
-    """``breakdown`` holding the process's one object of each of its pieces (equal values, so the same figures)."""
-    if len(_PIECES) >= _PIECES_KEPT:
-        _PIECES.clear()
-    one = _PIECES.setdefault
-    parts = tuple(one(part, part) for part in breakdown.parts)
+    """``breakdown`` holding the process's one object of each of its pieces (``shared_value``: equal values, so
+    the same figures): cached breakdowns of different keys are mostly the same parts, connection sets and layouts
+    (a 2,000-program property run kept 13,382 breakdowns holding 28,109 parts of 805 values), each walked by every
+    full collection of the cyclic GC."""
+    one = shared_value
     return replace(
         breakdown,
-        parts=one(parts, parts),
-        layout=one(breakdown.layout, breakdown.layout),
-        channels=one(breakdown.channels, breakdown.channels),
-        connected=one(breakdown.connected, breakdown.connected),
-        algorithms_connected=one(breakdown.algorithms_connected, breakdown.algorithms_connected),
-        net_pools_paid=one(breakdown.net_pools_paid, breakdown.net_pools_paid),
-        notes=one(breakdown.notes, breakdown.notes),
+        parts=one(tuple(map(one, breakdown.parts))),
+        layout=one(breakdown.layout),
+        channels=one(breakdown.channels),
+        connected=one(breakdown.connected),
+        algorithms_connected=one(breakdown.algorithms_connected),
+        net_pools_paid=one(breakdown.net_pools_paid),
+        notes=one(breakdown.notes),
     )
 
 

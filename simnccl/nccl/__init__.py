@@ -44,7 +44,7 @@ from simnccl.nccl.constants import NcclInputError, constants
 from simnccl.nccl.hardware import Topology, topology_for
 from simnccl.nccl.knobs import NcclSettings, settings_from
 from simnccl.nccl.layout import Layout
-from simnccl.nccl.model import PHASES, communicator_bytes
+from simnccl.nccl.model import PHASES, communicator_bytes, shared_value
 from simnccl.nccl.version import NcclVersion
 
 # The numbered list above, one string per assumption (printed by ``simnccl validate``).
@@ -72,5 +72,6 @@ __all__ = [
     "communicator_bytes",
     "constants",
     "settings_from",
+    "shared_value",
     "topology_for",
 ]

@@ -24,7 +24,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from simnccl.nccl import connections as conns
 from simnccl.nccl.algorithms import P2P, Use, algorithm_for, p2p_peers
@@ -185,24 +185,32 @@ def _parent_has(ctx: _Context, key: tuple[int, int, str, int]) -> bool:
     return (channel, ctx.members[peer], direction, index) in ctx.parent.connected
 
 
+# One object per distinct immutable value the process's model caches hold (connections, and the parts, sets and
+# layouts of cached breakdowns: ``simnccl.comm_memory``). Why: those caches are mostly equal values (a
+# 2,000-program property run kept 30,630 connections of 1,629 values and 41,349 connection sets of 1,047), and
+# every full collection of the cyclic GC walked each copy (~0.3 s a collection). Bounded: past the bound the table
+# starts afresh (values already shared stay shared).
+T = TypeVar("T")
+_SHARED_KEPT = 100_000
+_SHARED: dict[Any, Any] = {}
+
+
+def shared_value(value: T) -> T:
+    """The process's one object equal to ``value`` (``value`` itself the first time)."""
+    if len(_SHARED) >= _SHARED_KEPT:
+        _SHARED.clear()
+    return _SHARED.setdefault(value, value)
+
+
 # The connections an algorithm wants, by layout and channel counts: pure functions of their arguments, asked
 # again for every communicator of the same shape (a property run prices thousands), so computed once per process,
-# with one object per distinct connection (the caches of a 2,000-program property run held 30,630 connections of
-# 1,629 values, each walked by every full collection of the cyclic GC). Bounded: past the bound, the table of
-# connections starts afresh.
-_CONNECTIONS_KEPT = 100_000
-_CONNECTIONS: dict[conns.Connection, conns.Connection] = {}
-
-
+# each connection the process's one object of its value.
 def _cached_connections(
     wanted: Callable[..., list[conns.Connection]],
 ) -> Callable[..., tuple[conns.Connection, ...]]:
     @functools.lru_cache(maxsize=512)
     def cached(*args: Any) -> tuple[conns.Connection, ...]:
-        if len(_CONNECTIONS) >= _CONNECTIONS_KEPT:
-            _CONNECTIONS.clear()
-        one = _CONNECTIONS.setdefault
-        return tuple(one(conn, conn) for conn in wanted(*args))
+        return tuple(map(shared_value, wanted(*args)))
 
     return cached
 

@@ -194,7 +194,7 @@ def derive(
     k = GROUPS
     model = model_only(base, nccl_version)
     predicted = {run.name: _simulate(model, run, inherited) for run in suite(world)}
-    note = inherited_note(inherited or {}, simulated_knobs(inherited or {})[0])
+    note = inherited_note(inherited or {}, simulated_knobs(inherited))
     if note:
         notes.append(f"measured under inherited knobs: {note}")
 
@@ -403,7 +403,7 @@ def _simulate(profile: Any, run: CalRun, inherited: Mapping[str, str] | None = N
         release=get_release(release),
         profile=profile,
         programs=run.programs,
-        env={**simulated_knobs(inherited or {})[0], **run.env},
+        env={**simulated_knobs(inherited), **run.env},
         launcher="torchrun",
     )
     return Engine(config).run()

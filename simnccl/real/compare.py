@@ -63,7 +63,7 @@ def simulate(
     config = config_for(scenario, chosen)
     if programs is None:
         programs = lane_programs(scenario, lane)[0]
-    env = {**simulated_knobs(inherited or {})[0], **config.env}
+    env = {**simulated_knobs(inherited), **config.env}
     config = replace(
         config, programs=tuple(programs), policy=lane_policy(variant.policy, lane), faults=NO_FAULTS, env=env
     )

@@ -345,7 +345,7 @@ def simulate_case(case: Case, inherited: Mapping[str, str] | None = None) -> dic
     from simnccl.result import VariantResult
 
     release_key = installed_release() or "2.15"
-    env = simulated_knobs(inherited or {})[0]
+    env = simulated_knobs(inherited)
     gpu = get_gpu_kind("h100-80gb")
     config = SimConfig(
         cluster=Cluster(gpu, 1, case.world_size, None),

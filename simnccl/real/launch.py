@@ -100,15 +100,11 @@ def inherited_knobs(process_env: Mapping[str, str], variant_env: Mapping[str, st
     return {k: v for k, v in sorted(process_env.items()) if k.startswith(INHERITED_PREFIXES) and k not in variant_env}
 
 
-def simulated_knobs(inherited: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
-    """``inherited`` split into the knobs the simulated side of a comparison runs too, and those it cannot: a
-    name simnccl does not know, or a value it cannot use (``env_problem``). Why: the real ranks run them all; a
-    simulated side without them compares, or calibrates, a different configuration."""
-    runs: dict[str, str] = {}
-    cannot: dict[str, str] = {}
-    for name, value in inherited.items():
-        (cannot if env_problem(name, value) is not None else runs)[name] = value
-    return runs, cannot
+def simulated_knobs(inherited: Mapping[str, str] | None) -> dict[str, str]:
+    """The knobs of ``inherited`` the simulated side of a comparison runs too: those simnccl knows and whose value
+    it can use (``env_problem``). Why: the real ranks run them all; a simulated side without them compares, or
+    calibrates, a different configuration (the others are named by ``inherited_note``)."""
+    return {name: value for name, value in (inherited or {}).items() if env_problem(name, value) is None}
 
 
 def _listed(knobs: Mapping[str, str], values: bool = True) -> str:
