@@ -10,6 +10,7 @@ import time
 import uuid
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import TINY
@@ -530,3 +531,101 @@ def test_a_reused_pid_does_not_inherit_an_earlier_ranks_exit() -> None:
     zygote.proc.stdout = io.BytesIO(json.dumps({"exited": 4242, "code": -9}).encode() + b"\n")
     zygote._read()
     assert zygote.exit_of(4242) is not None and zygote.exit_of(4242)[0] == -9
+
+
+def _run_in_thread(launcher: Launcher, programs: list[Program], settings: RunSettings) -> tuple[Any, dict[str, Any]]:
+    """``run_programs`` in a thread of its own; (the thread, a dict that gets its "result" or its "error")."""
+    import threading
+
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["result"] = launcher.run_programs(programs, settings, name="threaded")
+        except Exception as err:  # handed to the test
+            outcome["error"] = err
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, outcome
+
+
+def _wait_for_ranks(launcher: Launcher, count: int) -> None:
+    deadline = time.monotonic() + 60
+    while len(launcher.all_pids) < count and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(launcher.all_pids) >= count
+
+
+def test_the_zygote_outlives_the_thread_that_started_it() -> None:
+    """``real diff`` runs each case in a pool thread of its own, on one launcher. The zygote had
+    ``PR_SET_PDEATHSIG``, which follows the *thread* that started it: when that thread's case finished first, the
+    kernel killed the zygote and the ranks of the world another thread still ran. They vanished mid-op and the run
+    ended as a hang it never had (the ``real diff`` flake, ~1 in 50 here). A world that runs while the starting
+    thread ends must pass, on the zygote that thread started."""
+    import threading
+
+    programs = [Program((InitProcessGroup(backend="gloo"), Compute(seconds=1.5), AllReduce(size_bytes=64)))] * 2
+    settings = RunSettings.for_lane("cpu", compute_scale=1.0, stall_s=30.0, timeout_s=60.0)
+    with Launcher() as fresh:
+        leave = threading.Event()
+        starter = threading.Thread(target=lambda: (fresh.zygote, leave.wait(60)))
+        starter.start()
+        while fresh.zygote_pid is None:
+            time.sleep(0.01)
+        zygote = fresh.zygote_pid
+        runner, outcome = _run_in_thread(fresh, programs, settings)
+        _wait_for_ranks(fresh, 2)
+        leave.set()  # the starting thread ends while the ranks compute
+        starter.join()
+        runner.join(90)
+        assert "error" not in outcome, outcome.get("error")
+        assert outcome["result"]["verdict"] == "pass", outcome["result"]["end_reason"]
+        assert fresh.zygote_pid == zygote  # the same zygote ran it, not one started again
+
+
+def test_a_zygote_that_dies_mid_run_is_a_launcher_failure_not_a_hang() -> None:
+    """If the zygote dies anyway (the OOM killer, a signal), its ranks die with it, unreported: the run must end
+    as the launcher's failure (LaunchError: exit 70), never wait for the stall and report a hang (exit 1)."""
+    import signal as signals
+
+    from simnccl.real.zygote import LaunchError
+
+    programs = [
+        Program((InitProcessGroup(backend="gloo"), AllReduce(size_bytes=64))),
+        Program((InitProcessGroup(backend="gloo"),)),  # rank 0 waits on it: a hang the stall would report
+    ]
+    settings = RunSettings.for_lane("cpu", stall_s=120.0, timeout_s=150.0, torch_timeout_s=140.0)
+    with Launcher() as fresh:
+        runner, outcome = _run_in_thread(fresh, programs, settings)
+        _wait_for_ranks(fresh, 2)
+        zygote = fresh.zygote_pid
+        assert zygote is not None
+        os.kill(zygote, signals.SIGKILL)
+        runner.join(60)
+        assert not runner.is_alive(), "the run waited on ranks that died with their zygote"
+        assert isinstance(outcome.get("error"), LaunchError), outcome
+        assert f"rank zygote (pid {zygote}) exited with code -9" in str(outcome["error"])
+        for pid in fresh.all_pids:
+            assert not pid_alive(pid)
+
+
+def test_a_launcher_killed_mid_run_leaves_no_zygote_or_rank() -> None:
+    """SIGKILL gives the launcher no chance to stop anything: its zygote sees its stdin close (or its parent
+    change) and kills its ranks; the ranks die with the zygote (their own PR_SET_PDEATHSIG)."""
+    mark = uuid.uuid4().hex
+    env = dict(os.environ, REAL_TEST_MARK=mark, PYTHONPATH=str(REPO))
+    command = [PYTHON, "-m", "simnccl.real", "run", "scenarios/creation-order-hang.toml", "--stall", "100"]
+    proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while len(marked_processes(mark)) < 6 and time.monotonic() < deadline:  # launcher, zygote, 4 ranks
+            time.sleep(0.1)
+        assert len(marked_processes(mark)) >= 6
+    finally:
+        proc.kill()
+        proc.wait(30)
+    deadline = time.monotonic() + 10
+    while marked_processes(mark) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert marked_processes(mark) == [], "a zygote or rank outlived its launcher"

@@ -9,9 +9,15 @@ Protocol (JSON lines): stdin ``{"cmd": "spawn", "tag": ..., "spec": {...}, "log"
 stdout ``{"ready": pid}``, ``{"spawned": pid, "tag": ...}``, ``{"exited": pid, "code": n}`` (negative: signal).
 
 No process is left behind: every rank gets its own process group (the launcher kills it with ``killpg``) and
-``PR_SET_PDEATHSIG=SIGKILL`` (it dies with the zygote); the zygote has ``PR_SET_PDEATHSIG`` on the launcher, kills
-and reaps its children when its stdin closes, and reaps every child that exits (``waitpid``), so no zombie
-outlives a run either.
+``PR_SET_PDEATHSIG=SIGKILL`` (it dies with the zygote, whose one thread forked it); the zygote kills and reaps its
+children when its stdin closes or its launcher process is gone (``getppid`` changes), and reaps every child that
+exits (``waitpid``), so no zombie outlives a run either.
+
+Why the zygote watches its launcher instead of setting ``PR_SET_PDEATHSIG`` on it: that signal follows the
+*thread* that started the process, not the process. A launcher is shared by threads (``real diff`` runs each
+case in a pool thread of its own); when the thread that happened to start the zygote ended, the kernel killed the
+zygote, and with it the ranks of a world another thread was still running: they vanished mid-op, unreported, and
+their run ended as a hang ("no progress") that never happened.
 """
 
 from __future__ import annotations
@@ -77,8 +83,18 @@ def _child(spec_json: str, log: str, parent: int) -> None:
             os._exit(code)
 
 
+def _kill_all(children: set[int]) -> None:
+    """Stopping: nothing of ours survives us (each rank's process group, or the rank alone)."""
+    for pid in sorted(children):
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
 def main() -> int:
-    set_pdeathsig(signal.SIGKILL)
+    launcher = os.getppid()  # watched below: PR_SET_PDEATHSIG would follow the launcher's starting thread
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher decides when we stop
     out = os.dup(1)
     os.dup2(2, 1)  # stray prints (torch warnings) must not corrupt the protocol
@@ -95,6 +111,9 @@ def main() -> int:
     buffer = b""
     running = True
     while running or children:
+        if running and os.getppid() != launcher:  # the launcher process is gone (killed before closing our stdin)
+            running = False
+            _kill_all(children)
         if running:
             readable, _, _ = select.select([0], [], [], 0.02)
             if readable:
@@ -117,12 +136,7 @@ def main() -> int:
                         children.add(pid)
                         _emit(out, {"spawned": pid, "tag": cmd.get("tag")})
             if not running:
-                for pid in sorted(children):  # stopping: nothing of ours survives us
-                    try:
-                        os.killpg(pid, signal.SIGKILL)
-                    except (ProcessLookupError, PermissionError):
-                        with contextlib.suppress(ProcessLookupError):
-                            os.kill(pid, signal.SIGKILL)
+                _kill_all(children)
         else:
             select.select([], [], [], 0.02)
         while children:

@@ -397,6 +397,16 @@ class Launcher:
                 watch.poll()
             if all(w.final is not None or zygote.exit_of(w.pid) is not None for w in watches):
                 return "finished"
+            if zygote.proc.poll() is not None and zygote.drained():
+                if all(w.final is not None or zygote.exit_of(w.pid) is not None for w in watches):
+                    continue  # its last reports came in while it exited: the run finished
+                # Its ranks die with it (PR_SET_PDEATHSIG), and nobody reports their exits: waiting on would end
+                # the run as a hang it never had. The launcher failed, not the program (exit 70, not 1).
+                _stop_orphans([w.pid for w in watches if w.final is None and zygote.exit_of(w.pid) is None])
+                raise LaunchError(
+                    f"the rank zygote (pid {zygote.proc.pid}) exited with code {zygote.proc.returncode} during the "
+                    f"run, and its ranks with it; see {zygote.log_path}:\n{zygote.log_tail()}"
+                )
             last = max(max(w.last_change for w in watches), max((e[1] for e in _exits(zygote, watches)), default=0))
             starting = any(not w.ops and w.final is None for w in watches) and now - started < settings.startup_s
             if now - last > settings.stall_s and not starting:
@@ -440,6 +450,17 @@ class Launcher:
             survivors = [p for p in pids if zygote.exit_of(p) is None and pid_alive(p)]
             if survivors:
                 raise LaunchError(f"rank processes {survivors} survived SIGKILL")
+
+
+def _stop_orphans(pids: list[int], grace_s: float = 5.0) -> None:
+    """Ranks whose zygote died: let their ``PR_SET_PDEATHSIG`` take them, then SIGKILL any left (no rank pid may
+    outlive its run)."""
+    deadline = time.monotonic() + grace_s
+    while any(pid_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    for pid in pids:
+        if pid_alive(pid):
+            kill_tree(pid)
 
 
 def _exits(zygote: Zygote, watches: list[RankWatch]) -> list[tuple[int, float]]:

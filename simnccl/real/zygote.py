@@ -105,6 +105,11 @@ class Zygote:
         with self._lock:
             return self.exited.get(pid)
 
+    def drained(self, timeout_s: float = 2.0) -> bool:
+        """Once the zygote has exited: whether every report it wrote has been read (its pipe at end of file)."""
+        self._reader.join(timeout=timeout_s)
+        return not self._reader.is_alive()
+
     def wait_exits(self, pids: Sequence[int], timeout_s: float) -> bool:
         deadline = time.monotonic() + timeout_s
         with self._lock:
