@@ -610,11 +610,12 @@ def test_a_zygote_that_dies_mid_run_is_a_launcher_failure_not_a_hang() -> None:
             assert not pid_alive(pid)
 
 
-def test_a_launcher_killed_mid_run_leaves_no_zygote_or_rank() -> None:
+def test_a_launcher_killed_mid_run_leaves_no_zygote_or_rank(tmp_path: Path) -> None:
     """SIGKILL gives the launcher no chance to stop anything: its zygote sees its stdin close (or its parent
     change) and kills its ranks; the ranks die with the zygote (their own PR_SET_PDEATHSIG)."""
     mark = uuid.uuid4().hex
-    env = dict(os.environ, REAL_TEST_MARK=mark, PYTHONPATH=str(REPO))
+    # Its run folder is left behind (nothing could remove it): under this test's folder, not /tmp.
+    env = dict(os.environ, REAL_TEST_MARK=mark, PYTHONPATH=str(REPO), TMPDIR=str(tmp_path))
     command = [PYTHON, "-m", "simnccl.real", "run", "scenarios/creation-order-hang.toml", "--stall", "100"]
     proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
