@@ -457,3 +457,21 @@ def test_a_send_recv_pair_across_nodes_has_no_nvls_and_no_slots() -> None:
     held = simulate([_pair_program(r, False) for r in range(4)], nodes=4, gpus_per_node=1)
     assert held.verdict == "pass"
     assert not [name for (rank, name), n in held.slots_charged.items() if "/p2p-" in name and n]
+
+
+def test_a_nodes_class_representative_is_the_first_node_with_its_tree_role() -> None:
+    """A member is priced as its class's representative: the first node of the binary tree over the group's
+    nodes with the same role (root or not, how many child nodes). Pinned against the definition read literally
+    (a scan from node 0), which the one-pass table replaced (that scan was quadratic in the nodes)."""
+    from simnccl.comm_memory import _first_node_like
+
+    def scanned(nodes: int, node: int) -> int:
+        def role(n: int) -> tuple[bool, int]:
+            return n > 0, sum(1 for child in (2 * n + 1, 2 * n + 2) if child < nodes)
+
+        return next(n for n in range(nodes) if role(n) == role(node))
+
+    for nodes in (*range(1, 70), 255, 256, 257):
+        assert [_first_node_like(nodes, node) for node in range(nodes)] == [
+            scanned(nodes, node) for node in range(nodes)
+        ], nodes
