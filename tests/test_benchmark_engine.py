@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from simnccl.engine import Engine
+from simnccl.memory import Owner
 from simnccl.ops import AllReduce, Checkpoint, InitProcessGroup, NewGroup, SetDevice
 
 _PATH = Path(__file__).resolve().parent.parent / "benchmarks" / "engine.py"
@@ -101,6 +102,20 @@ def test_engine_run_passes_and_memory_matches(startup) -> None:
     assert outcome.verdict == "pass"
     assert bench.check_outcome(startup, config, outcome) == []
     assert outcome.ops_executed == WORLD * len(startup.program)
+
+
+def test_ledger_histories_group_the_devices_alike_up_to_relabelling(startup) -> None:
+    """Every device counted once; the startup's devices fall into a few histories (what rank classes would hold),
+    and a device made to differ gets a history of its own."""
+    engine = Engine(bench.make_config(startup, wall_s=60.0))
+    engine.run()
+    ledgers = list(engine.ledgers.values())
+    histories = bench.ledger_histories(ledgers)
+    assert sum(histories) == len(ledgers) == WORLD
+    assert 1 <= len(histories) < len(ledgers) and histories == sorted(histories, reverse=True)
+    ledgers[0].allocate(Owner("torch", 0), 1, time_s=0.0, op=None)  # device 0 leaves its class (of several)
+    after = bench.ledger_histories(ledgers)
+    assert len(after) == len(histories) + 1 and after[-1] == 1 and sum(after) == WORLD
 
 
 def test_check_outcome_catches_a_wrong_expectation(startup) -> None:
