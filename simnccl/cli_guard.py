@@ -49,12 +49,15 @@ class CommandTimeout(BaseException):
     user's policy) can swallow it on the way out."""
 
 
-def guarded(main_fn: MainFn) -> MainFn:
-    """``main_fn`` with the exit-code contract above enforced; ``guarded(main)(argv) -> int``."""
+def guarded(main_fn: MainFn, *, command: Sequence[str] = ()) -> MainFn:
+    """``main_fn`` with the exit-code contract above enforced; ``guarded(main)(argv) -> int``.
+
+    ``command``: the words a subcommand's own entry point stands for (``python -m simnccl.real``, which torchrun
+    launches, is ``simnccl real``): its own timeouts and messages are the subcommand's."""
 
     @functools.wraps(main_fn)
     def run(argv: Sequence[str] | None = None) -> int:
-        raw = list(sys.argv[1:] if argv is None else argv)
+        raw = [*command, *(sys.argv[1:] if argv is None else argv)]
         children_before = _children()
         with journal() as record:
             try:

@@ -511,6 +511,32 @@ def test_an_uncaught_exception_is_exit_70_saying_please_report(capsys, write_sce
     assert f"while running {path} (variant 'default')" in err
 
 
+def test_the_replay_module_entry_point_is_guarded_too(tmp_path: Path) -> None:
+    """``python -m simnccl.testing.replay`` (the command a failing property test prints) ran unguarded: a crash
+    exited 1, which this command means as "the check still fails". Broken from outside (a ``sitecustomize``
+    that makes the simulation raise), it must say internal error and exit 70."""
+    from simnccl.ops import Checkpoint, InitProcessGroup, Program, SetDevice
+    from simnccl.testing.replay import SimCase
+
+    program = Program((SetDevice(0), InitProcessGroup(), Checkpoint(label="x")))
+    case = SimCase(programs=(program.ops, program.ops)).dump(tmp_path / "case.json")
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text(
+        "from simnccl.engine import Engine\n"
+        "def boom(self, *args, **kwargs):\n    raise RuntimeError('simulator defect')\n"
+        "Engine.run = boom\n",
+        encoding="utf-8",
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(hooks), os.environ.get("PYTHONPATH", "")]))
+    command = [sys.executable, "-m", "simnccl.testing.replay", str(case), "--simulate-only"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False, env=env)
+    assert done.returncode == EXIT_SOFTWARE, done.stderr
+    assert "RuntimeError: simulator defect" in done.stderr and "please report" in done.stderr
+    healthy = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+    assert healthy.returncode == 0, healthy.stderr  # the same case, unbroken, passes
+
+
 def test_ctrl_c_is_exit_130_with_what_finished(capsys, write_scenario, monkeypatch) -> None:
     real = runner.run_variant
     calls = []

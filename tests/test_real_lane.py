@@ -630,3 +630,43 @@ def test_a_launcher_killed_mid_run_leaves_no_zygote_or_rank(tmp_path: Path) -> N
     while marked_processes(mark) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert marked_processes(mark) == [], "a zygote or rank outlived its launcher"
+
+
+def test_the_cli_exits_70_when_its_rank_zygote_dies_mid_run(tmp_path: Path) -> None:
+    """Exit codes in a shell script: the zygote's death is simnccl's failure (70), not a hang (1). Through
+    ``python -m simnccl.real`` (the entry torchrun launches), which ran unguarded: its crashes exited 1."""
+    mark = uuid.uuid4().hex
+    env = dict(os.environ, REAL_TEST_MARK=mark, PYTHONPATH=str(REPO), TMPDIR=str(tmp_path))
+    command = [PYTHON, "-m", "simnccl.real", "run", "scenarios/creation-order-hang.toml", "--stall", "100"]
+    proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not _all_past_init(tmp_path, 4) and time.monotonic() < deadline:  # every rank spawned and running
+            time.sleep(0.1)
+        zygotes = [pid for pid in marked_processes(mark) if _parent(pid) == proc.pid]  # the ranks are its children
+        assert len(zygotes) == 1
+        os.kill(zygotes[0], 9)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+        proc.wait(30)
+    assert proc.returncode == 70, err
+    assert f"LaunchError: the rank zygote (pid {zygotes[0]}) exited with code -9 during the run" in err
+    assert marked_processes(mark) == []
+
+
+def _all_past_init(tmp_path: Path, world: int) -> bool:
+    """Whether each of a run's ranks has finished its init_process_group (so the zygote has forked them all)."""
+    ended = 0
+    for progress in tmp_path.glob("real-*/run*/rank*.jsonl"):
+        records = [json.loads(line) for line in progress.read_text().splitlines() if line.endswith("}")]
+        ended += any(r.get("e") == "end" and r.get("i") == 1 for r in records)
+    return ended == world
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("PPid:"))
+    except (OSError, StopIteration, ValueError):
+        return None

@@ -377,4 +377,8 @@ def _diff(args: argparse.Namespace, out: Any) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())  # main() checks for torch before anything imports it
+    # main() checks for torch before anything imports it. Guarded as `simnccl real` is: a crash exits 70, never 1
+    # (exit 1 means a check failed), and Ctrl-C exits 130 with what finished.
+    from simnccl.cli_guard import guarded
+
+    sys.exit(guarded(main, command=("real",))())

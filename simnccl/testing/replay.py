@@ -529,4 +529,7 @@ def _rerun_test(test: str, failure: Mapping[str, Any]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Guarded as every simnccl command is: a crash exits 70, not 1 ("still fails"); a user's policy that raises, 2.
+    from simnccl.cli_guard import guarded
+
+    sys.exit(guarded(main, command=("testing.replay",))())
