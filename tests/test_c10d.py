@@ -173,3 +173,18 @@ def test_split_group_names_hash_the_own_split_and_non_members_join_with_nocolor(
     assert outsider.name == group_name_for(4, (1, 0), True)  # a rank in no split names split_ranks[0]
     with pytest.raises(TorchError, match="cannot have duplicate ranks"):
         plan_split_group(R215, ctx(rank=0), 4, world, ((1, 1, 0),), NO_OPTS, None, None)
+
+
+def test_communicators_share_one_empty_peer_table_until_their_own_first_send() -> None:
+    """A world-wide startup makes millions of communicators that never send: they share one read-only empty
+    table (an empty dict each was ~6% of the engine's memory). A send gives that communicator tables of its own,
+    never touching the shared one or another communicator's."""
+    first, second = (Comm(impl=Impl.NCCL2, group="g", size=2, device=0) for _ in range(2))
+    assert first.pair_comms is second.pair_comms and first.p2p_seq is second.p2p_seq and not first.pair_comms
+    first.add_pair(1, 7)
+    assert [first.next_p2p_seq(0, 1), first.next_p2p_seq(0, 1), first.next_p2p_seq(1, 0)] == [1, 2, 1]
+    assert dict(first.pair_comms) == {1: 7} and dict(first.p2p_seq) == {(0, 1): 2, (1, 0): 1}
+    assert not second.pair_comms and not second.p2p_seq and second.next_p2p_seq(0, 1) == 1
+    assert not Comm(impl=Impl.NCCL2, group="h", size=2, device=0).p2p_seq  # the shared table stayed empty
+    with pytest.raises(TypeError):
+        Comm(impl=Impl.NCCL2, group="h", size=2, device=0).pair_comms[1] = 2  # type: ignore[index]

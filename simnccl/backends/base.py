@@ -8,9 +8,10 @@ allocates GPU memory at all); how much it costs comes from NCCL's mechanics (``s
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from simnccl.release import Impl, Release
 
@@ -22,6 +23,29 @@ class CommState(StrEnum):
     UNINITIALIZED = "uninitialized"
     READY = "ready"
     DESTROYED = "destroyed"
+
+
+class _NoneYet(Mapping[Any, int]):
+    """What a communicator that never sent or received holds: one empty read-only mapping shared by all of them
+    (hashable, so a dataclass takes it as a default). Why: a world-wide startup makes millions of communicators,
+    almost none of which send, and an empty dict each was ~6% of its memory."""
+
+    __slots__ = ()
+
+    def __getitem__(self, key: Any) -> int:
+        raise KeyError(key)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(())
+
+    def __len__(self) -> int:
+        return 0
+
+    def __hash__(self) -> int:
+        return 0
+
+
+_NONE_YET = _NoneYet()
 
 
 @dataclass(slots=True)
@@ -43,9 +67,10 @@ class Comm:
     comm_id: int | None = None
     connected: bool = False
     seq: int = 0
-    pair_comms: dict[int, int] = field(default_factory=dict)
-    pair_attempts: dict[int, int] = field(default_factory=dict)
-    p2p_seq: dict[tuple[int, int], int] = field(default_factory=dict)
+    # Per send/recv peer: its 2-rank pair communicator's id; per (src, dst): the point-to-point calls so far.
+    # Read-only and shared until the first one (``add_pair``, ``next_p2p_seq``).
+    pair_comms: Mapping[int, int] = _NONE_YET
+    p2p_seq: Mapping[tuple[int, int], int] = _NONE_YET
     # The communicator it was split from, and what this rank's communicator holds (simnccl.comm_memory):
     # its breakdown per NCCL mechanism, NVLS multicast slots, the uses connected so far. None until init.
     parent: Comm | None = None
@@ -54,6 +79,19 @@ class Comm:
     @property
     def ready(self) -> bool:
         return self.state is CommState.READY
+
+    def add_pair(self, peer: int, pair_id: int) -> None:
+        """Record the pair communicator made for sends and receives with ``peer``."""
+        pairs = self.pair_comms if isinstance(self.pair_comms, dict) else {}
+        pairs[peer] = pair_id
+        self.pair_comms = pairs
+
+    def next_p2p_seq(self, src: int, dst: int) -> int:
+        """The number of this point-to-point call from ``src`` to ``dst`` (1 for the first)."""
+        seqs = self.p2p_seq if isinstance(self.p2p_seq, dict) else {}
+        seqs[(src, dst)] = n = seqs.get((src, dst), 0) + 1
+        self.p2p_seq = seqs
+        return n
 
 
 @dataclass(frozen=True, slots=True)

@@ -188,8 +188,7 @@ class Collectives:
                 yield from self.comms.init(rt, target, comm, op)
             self._connect(rt, target, comm, op, op.name, op.size_bytes, op.peer)
             channel = comm.comm_id
-        n = comm.p2p_seq.get((src, dst), 0) + 1
-        comm.p2p_seq[(src, dst)] = n
+        n = comm.next_p2p_seq(src, dst)
         label = f"send {src}->{dst}" if isinstance(op, Send) else f"recv {dst}<-{src}"
         entry = self._fr_record(rt, target, comm, label, op.size_bytes, op.dtype, p2p=True)
         meeting = self.rendezvous.open(("p2p", channel, src, dst, n), "p2p", target.name, n, (src, dst))
@@ -214,7 +213,7 @@ class Collectives:
         self.rendezvous.arrive(meeting, rt, (lo, hi), op, duration=self.timing.bootstrap_s)
         yield from self.rendezvous.wait(rt, meeting, op)
         pair_id = self.comms.registry.id_for(meeting)
-        comm.pair_comms[peer] = pair_id
+        comm.add_pair(peer, pair_id)
         pair = Comm(
             impl=comm.impl,
             group=f"{group.name}/p2p-{lo}-{hi}",
