@@ -402,7 +402,7 @@ class Launcher:
                     continue  # its last reports came in while it exited: the run finished
                 # Its ranks die with it (PR_SET_PDEATHSIG), and nobody reports their exits: waiting on would end
                 # the run as a hang it never had. The launcher failed, not the program (exit 70, not 1).
-                _stop_orphans([w.pid for w in watches if w.final is None and zygote.exit_of(w.pid) is None])
+                _stop_orphans([w.pid for w in watches if zygote.exit_of(w.pid) is None])  # parked ones too
                 raise LaunchError(
                     f"the rank zygote (pid {zygote.proc.pid}) exited with code {zygote.proc.returncode} during the "
                     f"run, and its ranks with it; see {zygote.log_path}:\n{zygote.log_tail()}"
