@@ -561,8 +561,8 @@ def test_the_zygote_outlives_the_thread_that_started_it() -> None:
     """``real diff`` runs each case in a pool thread of its own, on one launcher. The zygote had
     ``PR_SET_PDEATHSIG``, which follows the *thread* that started it: when that thread's case finished first, the
     kernel killed the zygote and the ranks of the world another thread still ran. They vanished mid-op and the run
-    ended as a hang it never had (the ``real diff`` flake, ~1 in 50 here). A world that runs while the starting
-    thread ends must pass, on the zygote that thread started."""
+    ended as a hang it never had (the ``real diff`` flake: 5 in 154 runs of its command under load). A world that
+    runs while the starting thread ends must pass, on the zygote that thread started."""
     import threading
 
     programs = [Program((InitProcessGroup(backend="gloo"), Compute(seconds=1.5), AllReduce(size_bytes=64)))] * 2
@@ -610,14 +610,19 @@ def test_a_zygote_that_dies_mid_run_is_a_launcher_failure_not_a_hang() -> None:
             assert not pid_alive(pid)
 
 
+def _start_hung_run(tmp_path: Path, **popen: Any) -> tuple[subprocess.Popen, str]:
+    """``python -m simnccl.real run`` of a scenario that hangs (4 ranks, a long stall), marked as ``run_cli``
+    marks its processes; its run folder under ``tmp_path`` (a launcher killed mid-run cannot remove it)."""
+    mark = uuid.uuid4().hex
+    env = dict(os.environ, REAL_TEST_MARK=mark, PYTHONPATH=str(REPO), TMPDIR=str(tmp_path))
+    command = [PYTHON, "-m", "simnccl.real", "run", "scenarios/creation-order-hang.toml", "--stall", "100"]
+    return subprocess.Popen(command, cwd=REPO, env=env, **popen), mark
+
+
 def test_a_launcher_killed_mid_run_leaves_no_zygote_or_rank(tmp_path: Path) -> None:
     """SIGKILL gives the launcher no chance to stop anything: its zygote sees its stdin close (or its parent
     change) and kills its ranks; the ranks die with the zygote (their own PR_SET_PDEATHSIG)."""
-    mark = uuid.uuid4().hex
-    # Its run folder is left behind (nothing could remove it): under this test's folder, not /tmp.
-    env = dict(os.environ, REAL_TEST_MARK=mark, PYTHONPATH=str(REPO), TMPDIR=str(tmp_path))
-    command = [PYTHON, "-m", "simnccl.real", "run", "scenarios/creation-order-hang.toml", "--stall", "100"]
-    proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc, mark = _start_hung_run(tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 120
         while len(marked_processes(mark)) < 6 and time.monotonic() < deadline:  # launcher, zygote, 4 ranks
@@ -635,10 +640,7 @@ def test_a_launcher_killed_mid_run_leaves_no_zygote_or_rank(tmp_path: Path) -> N
 def test_the_cli_exits_70_when_its_rank_zygote_dies_mid_run(tmp_path: Path) -> None:
     """Exit codes in a shell script: the zygote's death is simnccl's failure (70), not a hang (1). Through
     ``python -m simnccl.real`` (the entry torchrun launches), which ran unguarded: its crashes exited 1."""
-    mark = uuid.uuid4().hex
-    env = dict(os.environ, REAL_TEST_MARK=mark, PYTHONPATH=str(REPO), TMPDIR=str(tmp_path))
-    command = [PYTHON, "-m", "simnccl.real", "run", "scenarios/creation-order-hang.toml", "--stall", "100"]
-    proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc, mark = _start_hung_run(tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 120
         while not _all_past_init(tmp_path, 4) and time.monotonic() < deadline:  # every rank spawned and running

@@ -395,11 +395,11 @@ class Launcher:
             now = time.time()
             for watch in watches:
                 watch.poll()
-            if all(w.final is not None or zygote.exit_of(w.pid) is not None for w in watches):
+            if _all_ended(watches, zygote):
                 return "finished"
             if zygote.proc.poll() is not None and zygote.drained():
-                if all(w.final is not None or zygote.exit_of(w.pid) is not None for w in watches):
-                    continue  # its last reports came in while it exited: the run finished
+                if _all_ended(watches, zygote):  # its last reports came in while it exited
+                    return "finished"
                 # Its ranks die with it (PR_SET_PDEATHSIG), and nobody reports their exits: waiting on would end
                 # the run as a hang it never had. The launcher failed, not the program (exit 70, not 1).
                 _stop_orphans([w.pid for w in watches if zygote.exit_of(w.pid) is None])  # parked ones too
@@ -461,6 +461,11 @@ def _stop_orphans(pids: list[int], grace_s: float = 5.0) -> None:
     for pid in pids:
         if pid_alive(pid):
             kill_tree(pid)
+
+
+def _all_ended(watches: list[RankWatch], zygote: Zygote) -> bool:
+    """Whether every rank has written its final record or been reported exited."""
+    return all(w.final is not None or zygote.exit_of(w.pid) is not None for w in watches)
 
 
 def _exits(zygote: Zygote, watches: list[RankWatch]) -> list[tuple[int, float]]:
