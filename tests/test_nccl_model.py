@@ -521,6 +521,42 @@ def test_resuming_from_the_breakdown_before_a_use_equals_pricing_every_use_again
         before = resumed
 
 
+CONNECT_CASES = [
+    (H100_8, {}, {}),
+    (("h100-80gb", 16, 8, 2, "2.30.7"), {}, {"rank": 9}),
+    (("h100-80gb", 4, 1, 4, "2.30.7"), {"NCCL_RUNTIME_CONNECT": "0"}, {"rank": 2}),
+    (("h100-80gb", 5, 3, 2, "2.30.7"), {}, {"rank": 4, "node_sizes": (2, 3)}),
+    (("a100-80gb", 2, 1, 2, "2.21.5"), {"NCCL_CUMEM_ENABLE": "0"}, {"rank": 1}),
+    (("a100-80gb", 8, 8, 1, "2.21.5"), {"NCCL_ALGO": "tree"}, {"rank": 3}),
+    (("h100-80gb", 32, 8, 4, "2.30.7"), {"NCCL_COLLNET_ENABLE": "1"}, {"rank": 13}),
+]
+
+
+@pytest.mark.parametrize(("layout", "env", "kw"), CONNECT_CASES)
+def test_connect_takes_from_its_table_what_the_connection_by_connection_walk_makes(
+    layout, env, kw, monkeypatch
+) -> None:
+    """``_connect`` takes a communicator's first connections of an algorithm from a table made once per wanted
+    tuple; every breakdown (fresh, each use added, a sharing child of each) must equal the one it gets when it
+    walks every connection (``_walk``, which a sharing parent always takes)."""
+    from simnccl.nccl import model
+
+    taken = []
+    real_takes = model._takes_the_table
+    monkeypatch.setattr(model, "_takes_the_table", lambda *a: taken.append(real_takes(*a)) or taken[-1])
+
+    def priced(**more: object) -> list[Breakdown]:
+        out = [used(*layout, env=env, uses=RESUMED_USES[:k], **kw, **more) for k in range(len(RESUMED_USES) + 1)]
+        parent = used(*layout, env={**env, "NCCL_COMM_SPLIT_SHARE_RESOURCES": "1"}, uses=RESUMED_USES, **kw)
+        out.append(used(*layout, env=env, uses=RESUMED_USES, parent=parent, **kw, **more))
+        return out
+
+    fast = priced()
+    assert any(taken) and not all(taken)  # the table was taken, and (for the sharing child) the walk too
+    monkeypatch.setattr(model, "_takes_the_table", lambda *a: False)
+    assert priced() == fast
+
+
 def test_resume_needs_a_use_to_add() -> None:
     base = used(*H100_8)
     with pytest.raises(NcclInputError, match="resume"):

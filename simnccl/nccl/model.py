@@ -24,7 +24,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, NamedTuple, TypeVar
 
 from simnccl.nccl import connections as conns
 from simnccl.nccl.algorithms import P2P, Use, algorithm_for, p2p_peers
@@ -222,17 +222,64 @@ _collnet_direct = _cached_connections(conns.collnet_direct)
 _point_to_point = _cached_connections(conns.point_to_point)
 
 
-def _connect(ctx: _Context, ledger: _Ledger, algorithm: str, wanted: Sequence[conns.Connection], paid_at: str) -> None:
-    """Charge the connections of ``wanted`` not made yet, grouped by side and transport."""
-    c = constants()
-    # ``conns.unique(wanted, ledger.connected)``, marking each connection made as it goes, without copying what
-    # is connected already (a communicator's whole history, copied at each first use).
-    connected = ledger.connected
+class _Wanted(NamedTuple):
+    """What ``_connect`` reads of one tuple of wanted connections, worked out once per tuple: the keys NCCL dedups
+    on, and, were none of them connected yet, the connections made (first of each key) grouped by side and
+    transport, and the channels they span."""
+
+    keys: tuple[tuple[int, int, str, int], ...]
+    key_set: frozenset[tuple[int, int, str, int]]
+    groups: tuple[tuple[tuple[str, str], tuple[conns.Connection, ...]], ...]  # sorted by (direction, transport)
+    channels: int
+    net_directions: tuple[str, ...]  # sorted directions of the NET connections made
+
+
+_WANTED: dict[int, tuple[tuple[conns.Connection, ...], _Wanted]] = {}  # id(wanted) -> (wanted, what it reads)
+
+
+def _wanted(wanted: Sequence[conns.Connection]) -> _Wanted:
+    """``_Wanted`` of a tuple the connection caches return (one object per distinct value: keyed by identity)."""
+    cached = _WANTED.get(id(wanted))
+    if cached is not None and cached[0] is wanted:
+        return cached[1]
+    keys = tuple(conn.key for conn in wanted)
+    made: dict[tuple[int, int, str, int], conns.Connection] = {}
+    for key, conn in zip(keys, wanted, strict=True):
+        made.setdefault(key, conn)
+    groups: dict[tuple[str, str], list[conns.Connection]] = {}
+    for conn in made.values():
+        groups.setdefault((conn.direction, conn.transport), []).append(conn)
+    result = _Wanted(
+        keys,
+        frozenset(made),
+        tuple((side, tuple(group)) for side, group in sorted(groups.items())),
+        len({conn.channel for conn in made.values()}),
+        tuple(sorted({conn.direction for conn in made.values() if conn.transport == "net"})),
+    )
+    if isinstance(wanted, tuple):  # only an immutable tuple can be remembered by identity
+        if len(_WANTED) >= _SHARED_KEPT:
+            _WANTED.clear()
+        _WANTED[id(wanted)] = (wanted, result)
+    return result
+
+
+def _takes_the_table(ctx: _Context, connected: set[tuple[int, int, str, int]], info: _Wanted) -> bool:
+    """Whether ``_connect`` may take what it makes from ``info``'s table: nothing of it connected yet, and no
+    sharing parent whose connections it would reuse."""
+    return ctx.parent is None and connected.isdisjoint(info.key_set)
+
+
+def _walk(
+    ctx: _Context, connected: set[tuple[int, int, str, int]], info: _Wanted, wanted: Sequence[conns.Connection]
+) -> tuple[tuple[tuple[tuple[str, str], tuple[conns.Connection, ...]], ...], int, tuple[str, ...], int]:
+    """``conns.unique(wanted, connected)``, connection by connection, marking each one made as it goes (without
+    copying what is connected already: a communicator's whole history, copied at each first use): the sides
+    made that the parent has not, the channels and NET directions of every one made, and how many the parent
+    had."""
     fresh = []
     groups: dict[tuple[str, str], list[conns.Connection]] = {}
     reused = 0
-    for conn in wanted:
-        key = conn.key
+    for key, conn in zip(info.keys, wanted, strict=True):
         if key in connected:
             continue
         connected.add(key)
@@ -241,8 +288,27 @@ def _connect(ctx: _Context, ledger: _Ledger, algorithm: str, wanted: Sequence[co
             reused += 1
             continue
         groups.setdefault((conn.direction, conn.transport), []).append(conn)
-    channels = len({conn.channel for conn in fresh})
-    for (direction, transport), group in sorted(groups.items()):
+    sides = tuple((side, tuple(group)) for side, group in sorted(groups.items()))
+    net_directions = tuple(sorted({conn.direction for conn in fresh if conn.transport == "net"}))
+    return sides, len({conn.channel for conn in fresh}), net_directions, reused
+
+
+def _connect(ctx: _Context, ledger: _Ledger, algorithm: str, wanted: Sequence[conns.Connection], paid_at: str) -> None:
+    """Charge the connections of ``wanted`` not made yet, grouped by side and transport.
+
+    Why two ways: a communicator's first use of an algorithm usually finds none of its connections made and no
+    sharing parent, and then what it makes is a function of ``wanted`` alone (``_wanted``, once per tuple, a
+    third of a property run's pricing before); otherwise ``_walk`` checks each connection. Both give the same
+    parts (``test_connect_takes_from_its_table_what_the_connection_by_connection_walk_makes``)."""
+    c = constants()
+    info = _wanted(wanted)
+    connected = ledger.connected
+    if _takes_the_table(ctx, connected, info):
+        connected.update(info.key_set)
+        sides, channels, net_directions, reused = info.groups, info.channels, info.net_directions, 0
+    else:
+        sides, channels, net_directions, reused = _walk(ctx, connected, info, wanted)
+    for (direction, transport), group in sides:
         alloc = connection_allocation(group[0], ctx.topology, ctx.buffers, cumem=ctx.cumem)
         peers = len({conn.peer for conn in group})
         what = (
@@ -256,7 +322,7 @@ def _connect(ctx: _Context, ledger: _Ledger, algorithm: str, wanted: Sequence[co
     if reused:
         ledger.notes.append(f"{algorithm} at {paid_at}: {reused} connection(s) reused from the sharing parent")
     if algorithm == P2P:
-        for direction in sorted({conn.direction for conn in fresh if conn.transport == "net"}):
+        for direction in net_directions:
             _net_pool(ctx, ledger, paid_at, direction, device=ctx.topology.gdr)
 
 
