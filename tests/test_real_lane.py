@@ -610,19 +610,19 @@ def test_a_zygote_that_dies_mid_run_is_a_launcher_failure_not_a_hang() -> None:
             assert not pid_alive(pid)
 
 
-def _start_hung_run(tmp_path: Path, **popen: Any) -> tuple[subprocess.Popen, str]:
+def _start_hung_run(tmp_path: Path, *options: str, **popen: Any) -> tuple[subprocess.Popen, str]:
     """``python -m simnccl.real run`` of a scenario that hangs (4 ranks, a long stall), marked as ``run_cli``
-    marks its processes; its run folder under ``tmp_path`` (a launcher killed mid-run cannot remove it)."""
+    marks its processes; its temporary folder under ``tmp_path`` (``TMPDIR``), where a test can look for it."""
     mark = uuid.uuid4().hex
     env = dict(os.environ, REAL_TEST_MARK=mark, PYTHONPATH=str(REPO), TMPDIR=str(tmp_path))
-    command = [PYTHON, "-m", "simnccl.real", "run", "scenarios/creation-order-hang.toml", "--stall", "100"]
+    command = [PYTHON, "-m", "simnccl.real", "run", "scenarios/creation-order-hang.toml", "--stall", "100", *options]
     return subprocess.Popen(command, cwd=REPO, env=env, **popen), mark
 
 
-def test_a_launcher_killed_mid_run_leaves_no_zygote_or_rank(tmp_path: Path) -> None:
-    """SIGKILL gives the launcher no chance to stop anything: its zygote sees its stdin close (or its parent
-    change) and kills its ranks; the ranks die with the zygote (their own PR_SET_PDEATHSIG)."""
-    proc, mark = _start_hung_run(tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+def _kill_launcher_mid_run(tmp_path: Path, *options: str) -> None:
+    """Start a hung run, SIGKILL its launcher once the launcher, its zygote and 4 ranks are up, and wait until
+    every process it started is gone (failing if one outlives it)."""
+    proc, mark = _start_hung_run(tmp_path, *options, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 120
         while len(marked_processes(mark)) < 6 and time.monotonic() < deadline:  # launcher, zygote, 4 ranks
@@ -635,6 +635,22 @@ def test_a_launcher_killed_mid_run_leaves_no_zygote_or_rank(tmp_path: Path) -> N
     while marked_processes(mark) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert marked_processes(mark) == [], "a zygote or rank outlived its launcher"
+
+
+def test_a_launcher_killed_mid_run_leaves_no_zygote_or_rank_or_folder(tmp_path: Path) -> None:
+    """SIGKILL gives the launcher no chance to stop anything: its zygote sees its stdin close (or its parent
+    change) and kills its ranks; the ranks die with the zygote (their own PR_SET_PDEATHSIG). The launcher's
+    temporary folder goes too (the zygote removes it once its ranks are reaped): a CI runner whose pytest
+    workers are killed at a timeout must not fill ``/tmp`` with one folder per killed run."""
+    _kill_launcher_mid_run(tmp_path)
+    assert list(tmp_path.glob("real-*")) == [], "the killed launcher's temporary folder was left behind"
+
+
+def test_a_killed_launcher_asked_to_keep_its_files_keeps_them(tmp_path: Path) -> None:
+    """``--keep``: the run's files are what the user asked for; the zygote must not remove them."""
+    _kill_launcher_mid_run(tmp_path, "--keep")
+    kept = list(tmp_path.glob("real-*/run*/rank*.jsonl"))
+    assert len(kept) == 4, kept
 
 
 def test_the_cli_exits_70_when_its_rank_zygote_dies_mid_run(tmp_path: Path) -> None:

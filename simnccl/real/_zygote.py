@@ -5,8 +5,15 @@ the first op, and the differential test runs dozens of worlds. Forking from a pr
 (but never touched CUDA or created a process group — the same rule ``multiprocessing``'s forkserver relies on)
 starts a rank in milliseconds.
 
-Protocol (JSON lines): stdin ``{"cmd": "spawn", "tag": ..., "spec": {...}, "log": path}`` | ``{"cmd": "exit"}``;
-stdout ``{"ready": pid}``, ``{"spawned": pid, "tag": ...}``, ``{"exited": pid, "code": n}`` (negative: signal).
+Protocol (JSON lines): stdin ``{"cmd": "spawn", "tag": ..., "spec": {...}, "log": path}`` | ``{"cmd": "keep"}`` |
+``{"cmd": "exit"}``; stdout ``{"ready": pid}``, ``{"spawned": pid, "tag": ...}``, ``{"exited": pid, "code": n}``
+(negative: signal).
+
+``--remove-when-orphaned DIR``: the launcher's own temporary folder (run files, rank logs). A launcher that exits
+removes it itself; one that is killed (SIGKILL, an OOM kill, a pytest worker killed at its timeout) cannot, and a
+CI runner's ``/tmp`` would fill with one folder per killed run. So a zygote that outlives its launcher (stdin at
+end of file without ``exit``, or a new parent) removes it once its ranks are reaped, unless a run asked to keep
+its files (``keep``).
 
 No process is left behind: every rank gets its own process group (the launcher kills it with ``killpg``) and
 ``PR_SET_PDEATHSIG=SIGKILL`` (it dies with the zygote, whose one thread forked it); the zygote kills and reaps its
@@ -27,6 +34,7 @@ import ctypes
 import json
 import os
 import select
+import shutil
 import signal
 import sys
 import traceback
@@ -93,8 +101,19 @@ def _kill_all(children: set[int]) -> None:
                 os.kill(pid, signal.SIGKILL)
 
 
-def main() -> int:
+def _orphan_dir(argv: list[str]) -> str | None:
+    """The folder ``--remove-when-orphaned`` names, if any."""
+    if "--remove-when-orphaned" in argv:
+        at = argv.index("--remove-when-orphaned")
+        if at + 1 < len(argv):
+            return argv[at + 1]
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
     launcher = os.getppid()  # watched below: PR_SET_PDEATHSIG would follow the launcher's starting thread
+    remove = _orphan_dir(sys.argv[1:] if argv is None else argv)
+    orphaned = False
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher decides when we stop
     out = os.dup(1)
     os.dup2(2, 1)  # stray prints (torch warnings) must not corrupt the protocol
@@ -113,13 +132,15 @@ def main() -> int:
     while running or children:
         if running and os.getppid() != launcher:  # the launcher process is gone (killed before closing our stdin)
             running = False
+            orphaned = True
             _kill_all(children)
         if running:
             readable, _, _ = select.select([0], [], [], 0.02)
             if readable:
                 chunk = os.read(0, 1 << 16)
-                if not chunk:
+                if not chunk:  # the launcher closed our stdin without saying exit: it is dead or dying
                     running = False
+                    orphaned = True
                 buffer += chunk
                 while b"\n" in buffer:
                     line, buffer = buffer.split(b"\n", 1)
@@ -128,6 +149,8 @@ def main() -> int:
                     cmd = json.loads(line)
                     if cmd.get("cmd") == "exit":
                         running = False
+                    elif cmd.get("cmd") == "keep":
+                        remove = None
                     elif cmd.get("cmd") == "spawn":
                         pid = os.fork()
                         if pid == 0:
@@ -149,6 +172,8 @@ def main() -> int:
                 break
             children.discard(pid)
             _emit(out, {"exited": pid, "code": os.waitstatus_to_exitcode(status)})
+    if orphaned and remove is not None:  # every rank is reaped: nothing writes there any more
+        shutil.rmtree(remove, ignore_errors=True)
     return 0
 
 

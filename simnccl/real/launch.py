@@ -260,7 +260,8 @@ class Launcher:
     @property
     def zygote(self) -> Zygote:
         if self._zygote is None or self._zygote.proc.poll() is not None:
-            self._zygote = Zygote(self.work_dir)
+            orphaned = self.work_dir if self._own_dir and not self._keep else None  # ours to remove if we are killed
+            self._zygote = Zygote(self.work_dir, remove_when_orphaned=orphaned)
         return self._zygote
 
     def inherited_env(self, variant_env: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -313,6 +314,9 @@ class Launcher:
             self._runs += 1
             number = self._runs
             zygote = self.zygote
+            if settings.keep_dir and not self._keep:  # kept even if this process is killed mid-run
+                self._keep = True
+                zygote.keep_files()
         inherited = inherited_knobs(zygote.env, env or {})
         note = inherited_note(inherited)
         notes = [*notes, note] if note else notes
@@ -383,7 +387,6 @@ class Launcher:
         result["wall_s"] = round(time.time() - started, 3)
         result["inherited_env"] = inherited
         if settings.keep_dir:
-            self._keep = True
             result["run_dir"] = str(run_dir)
         else:
             shutil.rmtree(run_dir, ignore_errors=True)

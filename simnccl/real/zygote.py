@@ -28,15 +28,20 @@ class LaunchError(RuntimeError):
 class Zygote:
     """The launcher's side of ``simnccl.real._zygote``: start it, spawn ranks, learn exits, stop it."""
 
-    def __init__(self, log_dir: Path, start_timeout_s: float = 120.0) -> None:
+    def __init__(
+        self, log_dir: Path, start_timeout_s: float = 120.0, *, remove_when_orphaned: Path | None = None
+    ) -> None:
+        """``remove_when_orphaned``: a folder the zygote removes if it outlives this process (the launcher's own
+        temporary folder: a killed launcher cannot remove it); ``keep_files`` cancels that."""
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
         env.setdefault("PYTHONWARNINGS", "ignore")
         self.env: Mapping[str, str] = env  # what every rank it forks starts from (before its variant's env)
         self.log_path = log_dir / "zygote.log"
         self._log = open(self.log_path, "ab")  # noqa: SIM115
+        orphan_args = [] if remove_when_orphaned is None else ["--remove-when-orphaned", str(remove_when_orphaned)]
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "simnccl.real._zygote"],
+            [sys.executable, "-m", "simnccl.real._zygote", *orphan_args],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._log,
@@ -100,6 +105,13 @@ class Zygote:
                     raise LaunchError(f"the zygote did not spawn rank {tag}:\n{self.log_tail()}")
                 self._lock.wait(0.05)
             return self._spawned.pop(tag)
+
+    def keep_files(self) -> None:
+        """A run asked to keep its files: the zygote must not remove its folder even if it outlives us."""
+        assert self.proc.stdin is not None
+        with self._write_lock, contextlib.suppress(OSError, ValueError):
+            self.proc.stdin.write(b'{"cmd": "keep"}\n')
+            self.proc.stdin.flush()
 
     def exit_of(self, pid: int) -> tuple[int, float] | None:
         with self._lock:
