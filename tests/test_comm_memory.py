@@ -185,6 +185,25 @@ def test_pg_options_map_to_the_model_or_are_listed_unmodelled() -> None:
 # ------------------------------------------------------------------------------------------- what the outcome holds
 
 
+def test_slots_charged_holds_exactly_the_communicators_that_took_slots() -> None:
+    """Two nodes of 8: a node-local group binds NVLS on its node; a group of one rank per node binds nothing
+    (no entry, read as 0), and all such bindings are one shared object that no run changes."""
+    from simnccl.engine import nvls
+
+    local = NewGroup(ranks=tuple(range(8)), bind="local")
+    spread = NewGroup(ranks=(0, 8), bind="spread")
+    out = simulate([*START, local, spread, AllReduce(group="local")], nodes=2, gpus_per_node=8)
+    names = {r.name: set(r.ranks) for (_, ranks), r in out.groups.items() if r.ranks in (local.ranks, spread.ranks)}
+    local_name = next(n for n, members in names.items() if members == set(local.ranks))
+    spread_name = next(n for n, members in names.items() if members == set(spread.ranks))
+    took = {key for key, slots in out.slots_charged.items() if slots}
+    assert set(out.slots_charged) == took  # no zero entries
+    assert {(r, local_name) for r in range(8)} <= took
+    assert not any(name == spread_name for _, name in out.slots_charged)
+    assert out.slots_charged.get((0, spread_name), 0) == 0
+    assert (nvls._NO_SLOTS.slots, nvls._NO_SLOTS.holders, nvls._NO_SLOTS.failure) == (0, frozenset(), None)
+
+
 def test_breakdown_and_multicast_slots_are_reachable_from_the_outcome() -> None:
     out = simulate([*START, NewGroup(ranks=(0, 1), bind="g"), AllReduce(group="g"), Checkpoint(label="x")])
     record = next(r for (name, _), r in out.groups.items() if name != "0")

@@ -208,7 +208,8 @@ class Memory:
                 sum(p.total for p in parts if p.ledger == "host"),
             )
         _, device, host = totals
-        self.charge(rt, comm, [Charge(phase, device)], op, group)
+        owner = Owner("comm", rt.rank, comm.group, phase)  # one object for the device and the host charge
+        self.charge(rt, comm, [Charge(phase, device)], op, group, owner)
         if host:
             ledger = self._host_by_node.get(rt.node)
             if ledger is None:
@@ -217,7 +218,7 @@ class Memory:
                 if ledger is None:
                     ledger = self.host_ledgers[key] = DeviceLedger(key, 2**62)
                 self._host_by_node[rt.node] = ledger
-            ledger.allocate(Owner("comm", rt.rank, comm.group, phase), host, time_s=self.sim.now(), op=op)
+            ledger.allocate(owner, host, time_s=self.sim.now(), op=op)
 
     def _process_charge(self, rt: RankRuntime, device: int, phase: str, num_bytes: int, op: Op) -> None:
         """A profile's once-per-process overhead: held by the process (``PROCESS_OWNER``), not by a group, so
@@ -228,7 +229,18 @@ class Memory:
             ledger.allocate(Owner("comm", rt.rank, PROCESS_OWNER, phase), num_bytes, time_s=now, op=op, nccl=True)
             self.record(now, rt.rank, "alloc", ledger.device, PROCESS_OWNER, phase, num_bytes)
 
-    def charge(self, rt: RankRuntime, comm: Comm, charges: list[Charge], op: Op, group: Group | None) -> None:
+    def charge(
+        self,
+        rt: RankRuntime,
+        comm: Comm,
+        charges: list[Charge],
+        op: Op,
+        group: Group | None,
+        owner: Owner | None = None,
+    ) -> None:
+        """Charge ``charges`` to this rank's device, tagged with its communicator's group and each phase.
+        ``owner``: the tag of a charge of its phase, made by the caller (which tags a host charge with it too:
+        one object, not two equal ones, per communicator a large startup makes)."""
         if comm.device is None or not charges:
             return
         ledger = self.touch(rt, comm.device, op)
@@ -252,7 +264,9 @@ class Memory:
             if charge.num_bytes == 0:
                 continue
             ledger.allocate(
-                Owner("comm", rt.rank, comm.group, charge.phase),
+                owner
+                if owner is not None and owner.phase == charge.phase
+                else Owner("comm", rt.rank, comm.group, charge.phase),
                 charge.num_bytes,
                 time_s=now,
                 op=op,

@@ -125,7 +125,8 @@ class RunOutcome:
     # buffers without GPUDirect RDMA (simnccl.comm_memory; never in the device ledgers).
     host_ledgers: dict[str, DeviceLedger] = field(default_factory=dict)
     # NVLS multicast slots, as the per-node multicast ledger (simnccl.engine.nvls) charged them: held on each
-    # node at the end ("n0": 20), and per (rank, communicator name) what that communicator took at its init.
+    # node at the end ("n0": 20), and per (rank, communicator name) what that communicator took at its init (a
+    # communicator that took none is absent: read ``slots_charged.get((rank, name), 0)``).
     multicast_slots: dict[str, int] = field(default_factory=dict)
     slots_charged: dict[tuple[int, str], int] = field(default_factory=dict)
 
