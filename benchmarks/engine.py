@@ -25,6 +25,9 @@ Figures (per size):
   group) / wall.
 * ``events`` = ``outcome.event_count`` (the engine's recorded trace events; reported, not used in the ratio).
 * ``cpu_s``: this process's CPU seconds over the same span as ``wall`` (on a shared machine the figure to compare).
+* ``peak RSS of the run`` (under a finished size): the kernel's peak RSS count, reset just before ``Engine(...)``
+  and read when ``run()`` returns, so neither an earlier size nor this size's checks count (the process's
+  peak, printed last, has both).
 * ``distinct histories`` (the line under a finished size): the device ledgers grouped by their history up to
   relabelling (``ledger_histories``), the state an engine holding it once per rank class would keep.
 
@@ -328,6 +331,8 @@ class SizeResult:
     note: str = ""
     problems: list[str] = field(default_factory=list)
     histories: list[int] = field(default_factory=list)  # devices per distinct ledger history, largest first
+    run_peak_gib: float = math.nan  # peak RSS from Engine(...) to the end of run() (nan: not measurable here)
+    run_peak_is_process: bool = False  # the peak could not be reset: it is the process's peak so far
 
     @property
     def finished(self) -> bool:
@@ -382,11 +387,13 @@ def run_size(world: int, budget_s: float, mem_cap_bytes: int, dims: Dims = Dims(
     outcome = None
     try:
         with watch:
+            result.run_peak_is_process = not _reset_peak_rss()
             start, cpu_start = time.perf_counter(), time.process_time()
             engine = Engine(config)
             outcome = engine.run()
             result.wall_s = time.perf_counter() - start
             result.cpu_s = time.process_time() - cpu_start
+            result.run_peak_gib = _peak_rss_gib()
             result.histories = ledger_histories(engine.ledgers.values())
             del engine
     except EngineGuardError as err:
@@ -404,6 +411,29 @@ def run_size(world: int, budget_s: float, mem_cap_bytes: int, dims: Dims = Dims(
     del outcome, config, startup
     gc.collect()
     return result
+
+
+def _reset_peak_rss() -> bool:
+    """Start the kernel's peak-RSS count (VmHWM) afresh (Linux: ``5`` to ``/proc/self/clear_refs``), so the next
+    reading is one run's peak, not an earlier size's or the checks'; False where that is not possible."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _peak_rss_gib() -> float:
+    """VmHWM, the peak RSS since the last reset (nan where ``/proc`` has none)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 2**20  # kB
+    except OSError:
+        pass
+    return math.nan
 
 
 def ledger_histories(ledgers: Iterable[DeviceLedger]) -> list[int]:
@@ -478,6 +508,9 @@ def print_table(baseline: Baseline, results: list[SizeResult], ratio: float) -> 
         )
         for p in r.problems:
             print(f"       FAIL: {p}")
+        if r.finished and not math.isnan(r.run_peak_gib):
+            since = "the process's peak so far" if r.run_peak_is_process else "from Engine() to the end of run()"
+            print(f"       peak RSS of the run: {r.run_peak_gib:.2f} GiB ({since})")
         if r.histories:
             shown = ", ".join(f"{n:,}" for n in r.histories[:6]) + (", ..." if len(r.histories) > 6 else "")
             print(

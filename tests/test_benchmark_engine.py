@@ -152,3 +152,17 @@ def test_main_prints_a_parsable_last_line(capsys) -> None:
     parsed = bench.parse_last_line(out[-1])
     assert set(parsed) == {"ratio", "w512_s", "w4096_s", "w16384_s"}
     assert all(math.isnan(v) for v in parsed.values())  # W=512 and the big sizes were not run
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the peak RSS count (VmHWM) is Linux's")
+def test_the_run_peak_rss_counts_from_its_reset_not_an_earlier_allocation() -> None:
+    """The run's peak must not be an earlier size's (or anything allocated before the reset)."""
+    big = b"x" * (300 * 2**20)  # 300 MiB, touched
+    before = bench._peak_rss_gib()
+    del big
+    assert bench._reset_peak_rss()
+    after = bench._peak_rss_gib()
+    assert before - after > 0.25, (before, after)
+    result = bench.run_size(32, 60.0, 8 * 2**30, DIMS)
+    assert result.status == "ok" and not result.run_peak_is_process
+    assert 0 < result.run_peak_gib < before
