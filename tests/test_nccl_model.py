@@ -557,6 +557,16 @@ def test_connect_takes_from_its_table_what_the_connection_by_connection_walk_mak
     assert priced() == fast
 
 
+def test_the_connection_tables_stay_bounded() -> None:
+    """One table per wanted tuple, remembered by identity: a long run making ever new tuples must not grow it
+    past what the connection caches can still hand back."""
+    from simnccl.nccl import model
+
+    for channel in range(model._WANTED_KEPT + 10):
+        model._wanted((Connection(channel, 1, "send", 0, "p2p"),))
+    assert 0 < len(model._WANTED) <= model._WANTED_KEPT
+
+
 def test_resume_needs_a_use_to_add() -> None:
     base = used(*H100_8)
     with pytest.raises(NcclInputError, match="resume"):

@@ -192,6 +192,7 @@ def _parent_has(ctx: _Context, key: tuple[int, int, str, int]) -> bool:
 # starts afresh (values already shared stay shared).
 T = TypeVar("T")
 _SHARED_KEPT = 100_000
+_CONNECTIONS_KEPT = 512  # wanted-connection tuples each connection function keeps (lru)
 _SHARED: dict[Any, Any] = {}
 
 
@@ -208,7 +209,7 @@ def shared_value(value: T) -> T:
 def _cached_connections(
     wanted: Callable[..., list[conns.Connection]],
 ) -> Callable[..., tuple[conns.Connection, ...]]:
-    @functools.lru_cache(maxsize=512)
+    @functools.lru_cache(maxsize=_CONNECTIONS_KEPT)
     def cached(*args: Any) -> tuple[conns.Connection, ...]:
         return tuple(map(shared_value, wanted(*args)))
 
@@ -235,6 +236,11 @@ class _Wanted(NamedTuple):
 
 
 _WANTED: dict[int, tuple[tuple[conns.Connection, ...], _Wanted]] = {}  # id(wanted) -> (wanted, what it reads)
+# A table is asked for again only while its tuple is still in a connection function's cache (a tuple made afresh
+# is another object): as many as those caches hold together (_ring, _tree, _pat, _collnet_direct, _point_to_point).
+# Each holds its tuple's keys (~0.15 MiB for a tuple of a thousand connections), so the bound is what keeps a long
+# property run's memory flat.
+_WANTED_KEPT = 5 * _CONNECTIONS_KEPT
 
 
 def _wanted(wanted: Sequence[conns.Connection]) -> _Wanted:
@@ -257,7 +263,7 @@ def _wanted(wanted: Sequence[conns.Connection]) -> _Wanted:
         tuple(sorted({conn.direction for conn in made.values() if conn.transport == "net"})),
     )
     if isinstance(wanted, tuple):  # only an immutable tuple can be remembered by identity
-        if len(_WANTED) >= _SHARED_KEPT:
+        if len(_WANTED) >= _WANTED_KEPT:
             _WANTED.clear()
         _WANTED[id(wanted)] = (wanted, result)
     return result
