@@ -166,3 +166,18 @@ def test_the_run_peak_rss_counts_from_its_reset_not_an_earlier_allocation() -> N
     result = bench.run_size(32, 60.0, 8 * 2**30, DIMS)
     assert result.status == "ok" and not result.run_peak_is_process
     assert 0 < result.run_peak_gib < before
+
+
+def test_the_materialisation_floor_builds_every_membership_once_and_restores_the_gc(startup) -> None:
+    import gc
+
+    assert gc.isenabled()
+    seconds, count = bench.materialisation_floor(startup)
+    assert count == sum(startup.memberships) and seconds > 0
+    assert gc.isenabled()
+
+
+def test_main_prints_the_floor_under_a_finished_size(capsys) -> None:
+    rc = bench.main(["--quick", "--sizes", "32", "--dims", "2,2,2,2", "--budget", "32=60", "--floor"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "materialisation floor:" in out and "us a membership" in out
