@@ -620,14 +620,15 @@ def _start_hung_run(tmp_path: Path, *options: str, **popen: Any) -> tuple[subpro
 
 
 def _kill_launcher_mid_run(tmp_path: Path, *options: str) -> None:
-    """Start a hung run, SIGKILL its launcher once the launcher, its zygote and 4 ranks are up, and wait until
-    every process it started is gone (failing if one outlives it)."""
+    """Start a hung run, SIGKILL its launcher once the launcher, its zygote and 4 ranks are up and every rank is
+    past its init (so each has written its progress file), and wait until every process it started is gone
+    (failing if one outlives it)."""
     proc, mark = _start_hung_run(tmp_path, *options, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 120
-        while len(marked_processes(mark)) < 6 and time.monotonic() < deadline:  # launcher, zygote, 4 ranks
-            time.sleep(0.1)
-        assert len(marked_processes(mark)) >= 6
+        while time.monotonic() < deadline and not (_all_past_init(tmp_path, 4) and len(marked_processes(mark)) >= 6):
+            time.sleep(0.1)  # launcher, zygote, 4 ranks
+        assert _all_past_init(tmp_path, 4) and len(marked_processes(mark)) >= 6
     finally:
         proc.kill()
         proc.wait(30)
