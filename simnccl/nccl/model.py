@@ -249,19 +249,8 @@ def _wanted(wanted: Sequence[conns.Connection]) -> _Wanted:
     if cached is not None and cached[0] is wanted:
         return cached[1]
     keys = tuple(conn.key for conn in wanted)
-    made: dict[tuple[int, int, str, int], conns.Connection] = {}
-    for key, conn in zip(keys, wanted, strict=True):
-        made.setdefault(key, conn)
-    groups: dict[tuple[str, str], list[conns.Connection]] = {}
-    for conn in made.values():
-        groups.setdefault((conn.direction, conn.transport), []).append(conn)
-    result = _Wanted(
-        keys,
-        frozenset(made),
-        tuple((side, tuple(group)) for side, group in sorted(groups.items())),
-        len({conn.channel for conn in made.values()}),
-        tuple(sorted({conn.direction for conn in made.values() if conn.transport == "net"})),
-    )
+    sides, channels, net_directions, _ = _walk(None, set(), keys, wanted)  # what a fresh, parentless one makes
+    result = _Wanted(keys, frozenset(keys), sides, channels, net_directions)
     if isinstance(wanted, tuple):  # only an immutable tuple can be remembered by identity
         if len(_WANTED) >= _WANTED_KEPT:
             _WANTED.clear()
@@ -276,21 +265,24 @@ def _takes_the_table(ctx: _Context, connected: set[tuple[int, int, str, int]], i
 
 
 def _walk(
-    ctx: _Context, connected: set[tuple[int, int, str, int]], info: _Wanted, wanted: Sequence[conns.Connection]
+    ctx: _Context | None,
+    connected: set[tuple[int, int, str, int]],
+    keys: Sequence[tuple[int, int, str, int]],
+    wanted: Sequence[conns.Connection],
 ) -> tuple[tuple[tuple[tuple[str, str], tuple[conns.Connection, ...]], ...], int, tuple[str, ...], int]:
-    """``conns.unique(wanted, connected)``, connection by connection, marking each one made as it goes (without
-    copying what is connected already: a communicator's whole history, copied at each first use): the sides
-    made that the parent has not, the channels and NET directions of every one made, and how many the parent
-    had."""
+    """``conns.unique(wanted, connected)``, connection by connection (``keys``: theirs), marking each one made as
+    it goes (without copying what is connected already: a communicator's whole history, copied at each first
+    use): the sides made that the sharing parent has not, the channels and NET directions of every one made,
+    and how many the parent had. ``ctx`` None: no parent to ask (how ``_wanted`` makes its table)."""
     fresh = []
     groups: dict[tuple[str, str], list[conns.Connection]] = {}
     reused = 0
-    for key, conn in zip(info.keys, wanted, strict=True):
+    for key, conn in zip(keys, wanted, strict=True):
         if key in connected:
             continue
         connected.add(key)
         fresh.append(conn)
-        if _parent_has(ctx, key):
+        if ctx is not None and _parent_has(ctx, key):
             reused += 1
             continue
         groups.setdefault((conn.direction, conn.transport), []).append(conn)
@@ -313,7 +305,7 @@ def _connect(ctx: _Context, ledger: _Ledger, algorithm: str, wanted: Sequence[co
         connected.update(info.key_set)
         sides, channels, net_directions, reused = info.groups, info.channels, info.net_directions, 0
     else:
-        sides, channels, net_directions, reused = _walk(ctx, connected, info, wanted)
+        sides, channels, net_directions, reused = _walk(ctx, connected, info.keys, wanted)
     for (direction, transport), group in sides:
         alloc = connection_allocation(group[0], ctx.topology, ctx.buffers, cumem=ctx.cumem)
         peers = len({conn.peer for conn in group})
