@@ -93,11 +93,7 @@ class Zygote:
             return ""
 
     def spawn(self, spec: Mapping[str, Any], log: Path, tag: str, timeout_s: float = 30.0) -> int:
-        assert self.proc.stdin is not None
-        line = json.dumps({"cmd": "spawn", "tag": tag, "spec": dict(spec), "log": str(log)}) + "\n"
-        with self._write_lock:
-            self.proc.stdin.write(line.encode())
-            self.proc.stdin.flush()
+        self._send({"cmd": "spawn", "tag": tag, "spec": dict(spec), "log": str(log)})
         deadline = time.monotonic() + timeout_s
         with self._lock:
             while tag not in self._spawned:
@@ -108,9 +104,15 @@ class Zygote:
 
     def keep_files(self) -> None:
         """A run asked to keep its files: the zygote must not remove its folder even if it outlives us."""
+        with contextlib.suppress(OSError, ValueError):  # a dead zygote removes nothing
+            self._send({"cmd": "keep"})
+
+    def _send(self, command: Mapping[str, Any]) -> None:
+        """One protocol line to the zygote (threads share it: one line at a time)."""
         assert self.proc.stdin is not None
-        with self._write_lock, contextlib.suppress(OSError, ValueError):
-            self.proc.stdin.write(b'{"cmd": "keep"}\n')
+        line = json.dumps(command) + "\n"
+        with self._write_lock:
+            self.proc.stdin.write(line.encode())
             self.proc.stdin.flush()
 
     def exit_of(self, pid: int) -> tuple[int, float] | None:
@@ -135,7 +137,7 @@ class Zygote:
         """Stop the zygote: it kills and reaps whatever rank is left, then exits."""
         with contextlib.suppress(OSError, ValueError):
             if self.proc.stdin is not None:
-                self.proc.stdin.write(b'{"cmd": "exit"}\n')
+                self._send({"cmd": "exit"})
                 self.proc.stdin.close()
         try:
             self.proc.wait(timeout=10)
