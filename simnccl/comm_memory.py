@@ -107,11 +107,16 @@ class Shape(NamedTuple):
         raise ValueError(f"rank {self.rank} outside the group")  # pragma: no cover - built by shape_of
 
     def representative(self) -> int:
-        """A rank the mechanics price the same (an even layout): same place on its node, same tree role of its
-        node (has a parent node, how many child nodes) — the first node with that role."""
-        local = self.node_sizes[0]
-        node, at = divmod(self.rank, local)
-        return _first_node_like(len(self.node_sizes), node) * local + at
+        """A rank the mechanics price the same (``representative``)."""
+        return representative(self.node_sizes, self.rank)
+
+
+def representative(node_sizes: tuple[int, ...], rank: int) -> int:
+    """A rank the mechanics price as ``rank`` (an even layout): same place on its node, same tree role of its
+    node (has a parent node, how many child nodes) — the first node with that role."""
+    local = node_sizes[0]
+    node, at = divmod(rank, local)
+    return _first_node_like(len(node_sizes), node) * local + at
 
 
 def _first_node_like(nodes: int, node: int) -> int:
@@ -132,6 +137,21 @@ def _first_of_role(nodes: int) -> dict[tuple[bool, int], int]:
     for n in range(nodes):
         first.setdefault(_role(nodes, n), n)
     return first
+
+
+class _Prefix(NamedTuple):
+    """What ``Pricer.create`` reads of a member list, an environment and options (``Pricer._prefix``)."""
+
+    ranks: Sequence[int]
+    options_object: PgOptions
+    nranks: int
+    node_sizes: tuple[int, ...]
+    even: bool
+    env: tuple[tuple[str, str], ...]
+    options: tuple[tuple[str, Any], ...]
+    unmodelled: tuple[str, ...]
+    own_share: bool  # created with splitShare: its split children share its resources
+    number: int  # its class number: equal for member lists of one size and layout under equal settings
 
 
 @dataclass(slots=True)
@@ -194,8 +214,13 @@ class Pricer:
         # (id(breakdown held), what the model reads of a use) -> (that breakdown, the next, the parts it adds).
         self._steps: dict[tuple[int, tuple[Any, ...]], tuple[Breakdown, Breakdown, tuple[Part, ...]]] = {}
         # One CommMemory per rank class (``create(..., shareable=True)``), and the ids of those shared objects.
-        self._classes: dict[tuple[Any, ...], CommMemory] = {}
+        self._classes: dict[tuple[int, int], CommMemory] = {}  # (prefix class number, representative rank)
         self._class_ids: set[int] = set()
+        # Interned NCCL environment keys; (id(members), id(env key), id(options)) -> what ``create`` reads of them;
+        # (members count, layout number, env key, options, unmodelled) -> its class number.
+        self._env_keys: dict[tuple[tuple[str, str], ...], tuple[tuple[str, str], ...]] = {}
+        self._prefixes: dict[tuple[int, int, int], _Prefix] = {}
+        self._class_numbers: dict[tuple[Any, ...], int] = {}
 
     # ------------------------------------------------------------------ creation
 
@@ -219,36 +244,57 @@ class Pricer:
         Why: a world-wide startup creates millions of communicators that are, per class, the same numbers.
         Raises NcclInputError for a bad NCCL knob or option.
         """
-        shape = Shape(len(ranks), self._node_sizes(ranks), rank_index)
-        env_key = self._env_key(env)
-        opts, unmodelled = self._model_options(options)
-        own_share = self._split_share(env_key, opts)
+        prefix = self._prefix(ranks, env, options)
         sharing = parent if parent is not None and parent.share_resources else None
-        members = None
-        if sharing is not None:
-            members = self._members(ranks, parent_ranks or ())
-        exact = own_share or sharing is not None or not self._layout(shape.node_sizes)[2]
+        exact = prefix.own_share or sharing is not None or not prefix.even
         if shareable and not exact:
-            return self._class_memory(shape, env_key, opts, unmodelled)
-        breakdown = self._priced(shape, exact, env_key, opts, (), sharing, members)
-        return CommMemory(shape, env_key, opts, exact, sharing, members, breakdown, unmodelled=unmodelled)
+            return self._class_memory(prefix, rank_index)
+        shape = Shape(prefix.nranks, prefix.node_sizes, rank_index)
+        members = None if sharing is None else self._members(ranks, parent_ranks or ())
+        breakdown = self._priced(shape, exact, prefix.env, prefix.options, (), sharing, members)
+        return CommMemory(
+            shape, prefix.env, prefix.options, exact, sharing, members, breakdown, unmodelled=prefix.unmodelled
+        )
 
-    def _class_memory(
-        self,
-        shape: Shape,
-        env: tuple[tuple[str, str], ...],
-        options: tuple[tuple[str, Any], ...],
-        unmodelled: tuple[str, ...],
-    ) -> CommMemory:
-        """The one CommMemory of a rank class (its shape names the class's representative rank)."""
-        rank = shape.representative()
-        key = (shape.nranks, self._layout(shape.node_sizes)[1], rank, env, options, unmodelled)
+    def _prefix(self, ranks: Sequence[int], env: Mapping[str, str], options: PgOptions) -> _Prefix:
+        """What ``create`` reads of a member list, an environment and options, once per (member list, NCCL
+        environment, options) objects: every member of a group asks with the group's tuple, and members whose
+        NCCL environments are equal share one (interned) key, so a member hashes no tuple here."""
+        env_key = self._env_key(env)
+        key = (id(ranks), id(env_key), id(options))
+        prefix = self._prefixes.get(key)
+        if prefix is not None and prefix.ranks is ranks and prefix.options_object is options:
+            return prefix
+        node_sizes = self._node_sizes(ranks)
+        _sizes, layout, even = self._layout(node_sizes)
+        opts, unmodelled = self._model_options(options)
+        number = self._class_numbers.setdefault(
+            (len(ranks), layout, env_key, opts, unmodelled), len(self._class_numbers)
+        )
+        prefix = self._prefixes[key] = _Prefix(
+            ranks,
+            options,
+            len(ranks),
+            node_sizes,
+            even,
+            env_key,
+            opts,
+            unmodelled,
+            self._split_share(env_key, opts),
+            number,
+        )
+        return prefix
+
+    def _class_memory(self, prefix: _Prefix, rank_index: int) -> CommMemory:
+        """The one CommMemory of a rank class: the members of a layout (number) at the same representative rank."""
+        rank = representative(prefix.node_sizes, rank_index)
+        key = (prefix.number, rank)
         memory = self._classes.get(key)
         if memory is None:
-            shape = Shape(shape.nranks, shape.node_sizes, rank)
-            breakdown = self._priced(shape, False, env, options, (), None, None)
+            shape = Shape(prefix.nranks, prefix.node_sizes, rank)
+            breakdown = self._priced(shape, False, prefix.env, prefix.options, (), None, None)
             memory = self._classes[key] = CommMemory(
-                shape, env, options, False, None, None, breakdown, unmodelled=unmodelled
+                shape, prefix.env, prefix.options, False, None, None, breakdown, unmodelled=prefix.unmodelled
             )
             self._class_ids.add(id(memory))
         return memory
@@ -268,6 +314,7 @@ class Pricer:
         if cached is not None and cached[0] is env:
             return cached[1]
         key = nccl_env(env)
+        key = self._env_keys.setdefault(key, key)  # interned: equal environments share one key object
         self._envs[id(env)] = (env, key)
         return key
 

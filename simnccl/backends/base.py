@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from simnccl.release import Impl, Release
 
@@ -94,9 +94,9 @@ class Comm:
         return n
 
 
-@dataclass(frozen=True, slots=True)
-class Charge:
-    """A memory charge a lifecycle step asks for: the phase names the ledger owner tag."""
+class Charge(NamedTuple):
+    """A memory charge a lifecycle step asks for: the phase names the ledger owner tag. A named tuple (built in
+    C): every communicator a startup makes charges one."""
 
     phase: str
     num_bytes: int

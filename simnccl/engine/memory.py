@@ -13,6 +13,7 @@ memory and not counted here: the per-node multicast ledger (``simnccl.engine.nvl
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from simnccl.backends import Charge, Comm, lifecycle
@@ -149,11 +150,14 @@ class Memory:
         parent_ranks: tuple[int, ...] | None = None,
         ranks: tuple[int, ...] | None = None,
         phase: str = "init",
+        steady: tuple[DeviceLedger, GroupRecord] | None = None,
     ) -> None:
         """Price a communicator that just finished its init (fresh or split) and charge what init allocates.
 
         ``parent_ranks``: the members of the communicator it was split from (``comm.parent``), which decides
         whether it shares; ``ranks``: the communicator's members when they are not the group's (a p2p pair).
+        ``steady``: the device's ledger and the group's record, from a caller that checked ``is_steady`` (a
+        cohort making a call's members alike): the checks before a charge are then known to do nothing.
         """
         if comm.device is None or not lifecycle(comm.impl).allocates_gpu_memory:
             return
@@ -165,7 +169,12 @@ class Memory:
             members, index, rt.ctx.env, group.options, parent, parent_ranks, shareable=ranks is None
         )
         comm.memory = memory
-        self._pay(rt, comm, phase, memory.breakdown.parts, op, group)
+        self._pay(rt, comm, phase, memory.breakdown.parts, op, group, steady)
+
+    def is_steady(self, rt: RankRuntime, device: int) -> bool:
+        """Whether charging a communicator on this rank's ``device`` now is only booking it (``_book``): the
+        device has its CUDA context and this process's first communicator there, and no injected fault waits."""
+        return device in rt.nccl_devices and device in rt.contexts and rt.rank not in self._oom_at_init
 
     def use_comm(
         self,
@@ -198,8 +207,18 @@ class Memory:
         if paid:
             self._pay(rt, comm, phase, paid, op, group)
 
-    def _pay(self, rt: RankRuntime, comm: Comm, phase: str, parts: tuple[Part, ...], op: Op, group: Group) -> None:
-        """Charge parts of a breakdown: device bytes as one allocation tagged ``phase``, host bytes to the node."""
+    def _pay(
+        self,
+        rt: RankRuntime,
+        comm: Comm,
+        phase: str,
+        parts: tuple[Part, ...],
+        op: Op,
+        group: Group,
+        steady: tuple[DeviceLedger, GroupRecord] | None = None,
+    ) -> None:
+        """Charge parts of a breakdown: device bytes as one allocation tagged ``phase``, host bytes to the node.
+        ``steady``: as for ``init_comm``."""
         totals = self._totals.get(id(parts))
         if totals is None or totals[0] is not parts:  # summed once per breakdown (members of a class share one)
             totals = self._totals[id(parts)] = (
@@ -209,7 +228,10 @@ class Memory:
             )
         _, device, host = totals
         owner = Owner("comm", rt.rank, comm.group, phase)  # one object for the device and the host charge
-        self.charge(rt, comm, [Charge(phase, device)], op, group, owner)
+        if steady is None:
+            self.charge(rt, comm, [Charge(phase, device)], op, group, owner)
+        elif comm.device is not None:
+            self._book(rt, comm, steady[0], (Charge(phase, device),), op, group, owner, steady[1])
         if host:
             ledger = self._host_by_node.get(rt.node)
             if ledger is None:
@@ -258,6 +280,21 @@ class Memory:
         if first_comm:
             rt.nccl_devices.add(comm.device)
             self._process_charge(rt, comm.device, "process-first-comm", self.pricer.process_bytes, op)
+        self._book(rt, comm, ledger, charges, op, group, owner)
+
+    def _book(
+        self,
+        rt: RankRuntime,
+        comm: Comm,
+        ledger: DeviceLedger,
+        charges: Sequence[Charge],
+        op: Op,
+        group: Group | None,
+        owner: Owner | None,
+        record: GroupRecord | None = None,
+    ) -> None:
+        """The charges on the ledger, in the trace and in the group's record (``record``: it, if the caller has
+        it): what ``charge`` does once its checks (context, first communicator, faults) are done."""
         now = self.sim.now()  # no simulated time passes while charging
         member: dict[str, Any] | None = None
         for charge in charges:
@@ -275,7 +312,7 @@ class Memory:
             self.record(now, rt.rank, "alloc", ledger.device, comm.group, charge.phase, charge.num_bytes)
             if group is not None:
                 if member is None:  # looked up at the first real charge, as the record is created only then
-                    members = self.group_record(group, comm).members
+                    members = (record or self.group_record(group, comm)).members
                     member = members.get(rt.rank)
                     if member is None:
                         member = members[rt.rank] = {"device": ledger.device, "bytes": 0, "phases": _NO_PHASES}

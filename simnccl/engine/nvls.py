@@ -127,7 +127,11 @@ class MulticastSlots:
         # id(member tuple) -> (the tuple, ranks per node, ranks per node in node order, that order's number)
         self._per_node: dict[int, tuple[tuple[int, ...], dict[int, int], tuple[int, ...], int]] = {}
         self._layouts: dict[tuple[int, ...], int] = {}  # ranks per node in node order -> its number (a cache key)
-        self._envs: dict[int, tuple[Mapping[str, str], dict[str, str]]] = {}  # id(env) -> (env, its NCCL_* part)
+        # id(env) -> (env, its NCCL_* part, that part's items interned in _env_items)
+        self._envs: dict[int, tuple[Mapping[str, str], dict[str, str], tuple[tuple[str, str], ...]]] = {}
+        self._env_items: dict[tuple[tuple[str, str], ...], tuple[tuple[str, str], ...]] = {}
+        # (id(member tuple), ranks on the node, id(interned env items)) -> (the tuple, ``_nvls_active``'s answer)
+        self._memo: dict[tuple[int, int, int], tuple[tuple[int, ...], tuple[bool, int]]] = {}
 
     def note_parent(self, comm: Comm, parent: Comm | None) -> None:
         """A communicator made by splitting ``parent`` (its sharing of NVLS resources depends on the parent)."""
@@ -156,6 +160,10 @@ class MulticastSlots:
         binding = self._bindings.get(key)
         if binding is None:
             binding = self._bindings[key] = self._bind(rt, comm, group.ranks if ranks is None else ranks, members)
+        self._hold(rt, comm, binding)
+
+    def _hold(self, rt: RankRuntime, comm: Comm, binding: _Binding) -> None:
+        """This rank's communicator holds its node's binding: fails as the binding did, or counts its slots."""
         if binding.failure is not None:
             raise TorchError(ERROR_TYPE, binding.failure)
         if binding.slots:
@@ -216,21 +224,30 @@ class MulticastSlots:
         _, per_node, sizes, layout = entry
         return per_node.get(rt.node, 0), len(per_node), sizes, layout
 
-    def _nccl_env(self, env: Mapping[str, str]) -> dict[str, str]:
-        """A process environment's NCCL_* part, sorted, once per environment object (a rank's never changes)."""
+    def _nccl_env(self, env: Mapping[str, str]) -> tuple[dict[str, str], tuple[tuple[str, str], ...]]:
+        """A process environment's NCCL_* part, sorted, and its items (interned: equal parts share one tuple),
+        once per environment object (a rank's never changes)."""
         cached = self._envs.get(id(env))
         if cached is None or cached[0] is not env:
-            cached = self._envs[id(env)] = (env, {k: v for k, v in sorted(env.items()) if k.startswith("NCCL_")})
-        return cached[1]
+            part = {k: v for k, v in sorted(env.items()) if k.startswith("NCCL_")}
+            items = tuple(part.items())
+            cached = self._envs[id(env)] = (env, part, self._env_items.setdefault(items, items))
+        return cached[1], cached[2]
 
     def _nvls_active(self, rt: RankRuntime, ranks: tuple[int, ...]) -> tuple[bool, int]:
         """Whether NCCL turns NVLS on for this communicator (``simnccl.nccl``), and NCCL_NVLS_ENABLE's value."""
         local, nodes, sizes, layout = self._local(rt, ranks)
-        env = self._nccl_env(rt.ctx.env)
-        cache_key = (len(ranks), local, layout, tuple(env.items()))
+        env, items = self._nccl_env(rt.ctx.env)
+        # Per member tuple, ranks on the node and environment: every member of a group on another node asks
+        # again, and hashing the environment's items each time was most of this call.
+        memo_key = (id(ranks), local, id(items))
+        memo = self._memo.get(memo_key)
+        if memo is not None and memo[0] is ranks:
+            return memo[1]
+        cache_key = (len(ranks), local, layout, items)
         known = self._active.get(cache_key)
         if known is None:  # the process's answer, keyed by the node sizes themselves (layout numbers are per run)
-            shared_key = (len(ranks), local, sizes, cache_key[3])
+            shared_key = (len(ranks), local, sizes, items)
             known = self._process_active.get(shared_key)
         if known is None:
             try:
@@ -242,6 +259,7 @@ class MulticastSlots:
                 known = (False, 0)  # a kind without a topology in gpu_kinds.toml: no NVLS modelled
             self._process_active[shared_key] = known
         self._active[cache_key] = known
+        self._memo[memo_key] = (ranks, known)
         return known
 
     def _shares_parent(

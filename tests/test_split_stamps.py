@@ -1,0 +1,197 @@
+"""Split stamps (``engine/fast/stamps.py``): in a cohort block, a split's members after the first are made from
+what the first one's making decided, and nothing observable changes.
+
+Why: a stamp skips the ordinary path's questions for every member but the first, so it must leave the run
+event for event as the ordinary path does: the trace (its hash and every event), every ledger by owner, every
+group record with its members, every rank's groups, the NVLS ledger, and a failure raised at the same step on
+the same rank. These tests compare runs with stamps on and off where a stamp is taken, where a member must not
+take it (another class, a device without its first communicator yet), and where a member fails inside it
+(NVLS slots exhausted, out of memory).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import pytest
+from conftest import load_benchmark
+
+from simnccl.cluster import Cluster, get_gpu_kind
+from simnccl.engine import Engine, RunOutcome, SimConfig
+from simnccl.engine.fast.stamps import SplitStamp
+from simnccl.memory import Owner
+from simnccl.ops import InitProcessGroup, NewGroup, Program, SetDevice
+from simnccl.profiles import find_profile
+
+bench = load_benchmark("engine")  # the Megatron-style startup every rank runs (one shared Program)
+gate = load_benchmark("engine_gate")
+
+SMALL = bench.Dims(tp=4, cp=1, pp=2, ep=4)
+NVLS_MESSAGE = "Failed to bind NVLink SHARP (NVLS) Multicast memory"
+
+
+def _config(world: int, dims: Any = SMALL, *, gpu: str = "h100-80gb") -> SimConfig:
+    config = bench.make_config(bench.build_startup(world, dims), 120.0)
+    cluster = Cluster(get_gpu_kind(gpu), world // 8, 8)
+    return replace(config, cluster=cluster, profile=find_profile(gpu, "2.15"))
+
+
+def _run(config: SimConfig, *, stamps: bool, sharing_rank: int | None = None) -> tuple[Engine, RunOutcome]:
+    """One run; ``sharing_rank``: a rank whose environment asks for shared split resources (a class of its own)."""
+    engine = Engine(config, keep_trace=True)
+    engine.fast.cohorts.stamps = stamps
+    if sharing_rank is not None:
+        rt = engine.sim.ranks[sharing_rank]
+        rt.ctx = replace(rt.ctx, env={**rt.ctx.env, "NCCL_COMM_SPLIT_SHARE_RESOURCES": "1"})
+    return engine, engine.run()
+
+
+def _facts(engine: Engine, outcome: RunOutcome) -> dict[str, Any]:
+    """The gate's record (verdict, event count, trace hash, reports) plus every event, every ledger by owner
+    and its timeline, the host ledgers, every group's record, every rank's groups, handles and flight recorder
+    groups, NVLS slots."""
+    return {
+        "record": gate._record(outcome, engine.explanations),
+        "trace": outcome.trace,
+        "ledgers": {
+            key: (ledger.used_bytes, ledger.peak_bytes, dict(ledger.by_owner), list(ledger.timeline))
+            for key, ledger in {**outcome.ledgers, **outcome.host_ledgers}.items()
+        },
+        "groups": {key: (rec.impl, rec.via_split, rec.members) for key, rec in outcome.groups.items()},
+        "ranks": [
+            (
+                rt.status,
+                rt.pc,
+                [
+                    (g.name, g.rank_in_group, g.bound_device, {t: c.comm_id for t, c in g.comms.items()})
+                    for g in rt.groups
+                ],
+                {bind: getattr(handle, "name", handle) for bind, handle in rt.handles.items()},
+            )
+            for rt in outcome.ranks
+        ],
+        "flight_recorders": [None if rt.fr is None else repr(rt.fr.groups) for rt in outcome.ranks],
+        "slots": outcome.slots_charged,
+        "errors": outcome.errors,
+    }
+
+
+def _memberships(outcome: RunOutcome) -> int:
+    return sum(len(rt.groups) - 1 for rt in outcome.ranks)  # every group but the default one
+
+
+def test_every_split_member_after_the_first_is_stamped_and_the_run_is_unchanged() -> None:
+    """512 ranks, ~20 groups each, all made by splits of the default group in one block: every membership but
+    each group's first is made by its stamp, and the run equals the ordinary path's event for event."""
+    config = _config(512, bench.Dims())
+    engine, outcome = _run(config, stamps=True)
+    assert outcome.verdict == "pass"
+    groups = len(outcome.groups) - 1  # the default group is no split
+    assert engine.fast.cohorts.stamped == _memberships(outcome) - groups
+    ordinary, plain = _run(config, stamps=False)
+    assert ordinary.fast.cohorts.stamped == 0
+    assert _facts(engine, outcome) == _facts(ordinary, plain)
+
+
+def test_a_member_of_another_class_takes_the_ordinary_path() -> None:
+    """One rank asks for shared split resources (NCCL_COMM_SPLIT_SHARE_RESOURCES=1): its children are planned
+    as sharing, which no stamp of the others' carries, so each of its memberships is made by the ordinary path;
+    where it is a group's first member, that group's stamp is its own and fits no other member."""
+    config = _config(64)
+    engine, outcome = _run(config, stamps=True, sharing_rank=5)
+    assert outcome.verdict == "pass"
+    odd = outcome.ranks[5]
+    assert all(g.comms["cuda"].shared for g in odd.groups[1:])
+    groups = len(outcome.groups) - 1
+    first_of = {rec.ranks[0] for rec in list(outcome.groups.values())[1:]}
+    # every membership but each group's first is stamped, except rank 5's own, and those whose group's
+    # first member is rank 5 (its stamp is a sharing one)
+    own = sum(1 for g in odd.groups[1:] if g.ranks[0] != 5)
+    after_five = sum(len(g.ranks) - 1 for g in odd.groups[1:] if g.ranks[0] == 5)
+    assert 5 in first_of
+    assert engine.fast.cohorts.stamped == _memberships(outcome) - groups - own - after_five
+    assert _facts(engine, outcome) == _facts(*_run(config, stamps=False, sharing_rank=5))
+
+
+def test_a_member_without_its_first_communicator_on_the_device_takes_the_ordinary_path() -> None:
+    """``fits`` asks ``Memory.is_steady``: a member whose device has no communicator of this process yet would
+    pay the process's first-communicator overhead and its context, which only the ordinary path charges."""
+    engine, outcome = _run(_config(16), stamps=True)
+    rt = outcome.ranks[3]
+    device = rt.world.bound_device
+    memory = engine.fast.cohorts.memory
+    assert memory.is_steady(rt, device)
+    rt.nccl_devices.discard(device)
+    assert not memory.is_steady(rt, device)
+    rt.nccl_devices.add(device)
+    rt.contexts.discard(device)
+    assert not memory.is_steady(rt, device)
+    rt.contexts.add(device)
+    memory.fail_next_init(rt.rank)
+    assert not memory.is_steady(rt, device)
+
+
+def _stamp_failures(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, str]]:
+    """Every exception raised out of a stamp's ``make``: (rank, type)."""
+    raised: list[tuple[int, str]] = []
+    make = SplitStamp.make
+
+    def recording(self: SplitStamp, rt: Any, plan: Any) -> None:
+        try:
+            make(self, rt, plan)
+        except Exception as err:
+            raised.append((rt.rank, type(err).__name__))
+            raise
+
+    monkeypatch.setattr(SplitStamp, "make", recording)
+    return raised
+
+
+def test_nvls_slots_run_out_inside_a_stamped_member_as_on_the_ordinary_path(monkeypatch) -> None:
+    """H200 nodes (128 multicast slots, ~10 a communicator, NCCL 2.30: a failed bind is fatal). Node 1 holds
+    ten groups of its own; then groups over both nodes: rank 0 (node 0, the ordinary path) binds, and rank 8,
+    node 1's first member and a stamped one, finds its node's slots exhausted. It and node 1's other members
+    fail with NCCL's error at that call, inside their stamps, and the run is the ordinary path's."""
+    raised = _stamp_failures(monkeypatch)
+    node_one = [NewGroup(ranks=tuple(range(8, 16)), bind=f"n1g{i}") for i in range(10)]
+    both = [NewGroup(ranks=tuple(range(16)), bind=f"all{i}") for i in range(3)]
+    program = Program((SetDevice(), InitProcessGroup(backend="nccl"), *node_one, *both))
+    config = replace(_config(16, gpu="h200-141gb"), programs=[program] * 16)
+    engine, outcome = _run(config, stamps=True)
+    assert outcome.verdict != "pass"
+    assert {rank for rank, kind in raised} == set(range(8, 16))
+    assert {kind for rank, kind in raised} == {"TorchError"}
+    failed = {e["rank"]: e for e in outcome.errors}
+    assert set(range(8, 16)) <= set(failed)
+    assert all(NVLS_MESSAGE in failed[rank]["message"] for rank in range(8, 16))
+    monkeypatch.undo()
+    assert _facts(engine, outcome) == _facts(*_run(config, stamps=False))
+
+
+def test_a_device_that_runs_out_of_memory_inside_a_stamped_member_fails_as_on_the_ordinary_path(monkeypatch) -> None:
+    """Another process holds so much of rank 9's device that its last split child of a group it is not the
+    first member of is 50 MiB short at its init charge: that communicator, made by a stamp, fails with the
+    out-of-memory error NCCL's cudaMalloc gives, at the same call, with everything before it kept, and the run
+    is the ordinary path's."""
+    probe_engine, probe = _run(_config(64), stamps=True)
+    rt = probe.ranks[9]
+    ledger = probe_engine.fast.cohorts.memory.ledger(rt, rt.world.bound_device)
+    key = ledger.device
+    stamped = {rec.name for rec in probe.groups.values() if rec.via_split and rec.ranks[0] != 9}  # 9 not first
+    last_init = [e for e in ledger.timeline if e.owner.phase == "init" and e.owner.group in stamped][-1]
+    spare = ledger.total_bytes - last_init.used_bytes + 50 * 2**20
+
+    def run(stamps: bool) -> tuple[Engine, RunOutcome]:
+        engine = Engine(_config(64), keep_trace=True)
+        engine.fast.cohorts.stamps = stamps
+        engine.fast.cohorts.memory.ledgers[key].allocate(Owner("torch", 9), spare, time_s=0.0, op=None)
+        return engine, engine.run()
+
+    raised = _stamp_failures(monkeypatch)
+    engine, outcome = run(True)
+    assert outcome.verdict == "fail"  # an out-of-memory is the workload failing, not the harness
+    assert raised == [(9, "SimulatedOOM")]
+    assert [e["rank"] for e in outcome.errors if "Failed to CUDA calloc" in e["message"]] == [9]
+    monkeypatch.undo()
+    assert _facts(engine, outcome) == _facts(*run(False))
