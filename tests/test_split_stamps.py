@@ -19,7 +19,8 @@ from conftest import load_benchmark
 
 from simnccl.cluster import Cluster, get_gpu_kind
 from simnccl.engine import Engine, RunOutcome, SimConfig
-from simnccl.engine.fast.stamps import SplitStamp
+from simnccl.engine.fast.stamps import SplitStamps
+from simnccl.engine.memory import Memory
 from simnccl.memory import Owner
 from simnccl.ops import InitProcessGroup, NewGroup, Program, SetDevice
 from simnccl.profiles import find_profile
@@ -50,7 +51,7 @@ def _run(config: SimConfig, *, stamps: bool, sharing_rank: int | None = None) ->
 def _facts(engine: Engine, outcome: RunOutcome) -> dict[str, Any]:
     """The gate's record (verdict, event count, trace hash, reports) plus every event, every ledger by owner
     and its timeline, the host ledgers, every group's record, every rank's groups, handles and flight recorder
-    groups, NVLS slots."""
+    groups, NVLS slots, every communicator id's members, the watchdogs' shortest timeout."""
     return {
         "record": gate._record(outcome, engine.explanations),
         "trace": outcome.trace,
@@ -73,6 +74,8 @@ def _facts(engine: Engine, outcome: RunOutcome) -> dict[str, Any]:
         ],
         "flight_recorders": [None if rt.fr is None else repr(rt.fr.groups) for rt in outcome.ranks],
         "slots": outcome.slots_charged,
+        "communicators": dict(engine.fast.cohorts.comms.registry.members),  # each id's members
+        "shortest_timeout": engine.fast.cohorts.groups.watchdogs.min_timeout_s,
         "errors": outcome.errors,
     }
 
@@ -81,42 +84,66 @@ def _memberships(outcome: RunOutcome) -> int:
     return sum(len(rt.groups) - 1 for rt in outcome.ranks)  # every group but the default one
 
 
-def test_every_split_member_after_the_first_is_stamped_and_the_run_is_unchanged() -> None:
-    """512 ranks, ~20 groups each, all made by splits of the default group in one block: every membership but
-    each group's first is made by its stamp, and the run equals the ordinary path's event for event."""
+def test_every_split_member_of_a_block_is_stamped_and_the_run_is_unchanged() -> None:
+    """512 ranks, ~20 groups each, all made by splits of the default group in one block: every membership is
+    made by a stamp, and the run equals the ordinary path's event for event."""
     config = _config(512, bench.Dims())
     engine, outcome = _run(config, stamps=True)
     assert outcome.verdict == "pass"
-    groups = len(outcome.groups) - 1  # the default group is no split
-    assert engine.fast.cohorts.stamped == _memberships(outcome) - groups
+    assert engine.fast.cohorts.split_stamps.made == _memberships(outcome)
     ordinary, plain = _run(config, stamps=False)
-    assert ordinary.fast.cohorts.stamped == 0
+    assert ordinary.fast.cohorts.split_stamps.made == 0
     assert _facts(engine, outcome) == _facts(ordinary, plain)
 
 
-def test_a_member_of_another_class_takes_the_ordinary_path() -> None:
+def test_children_that_share_their_parents_resources_reuse_its_nvls_slots() -> None:
+    """NCCL_COMM_SPLIT_SHARE_RESOURCES=1 everywhere: each split child shares its parent's resources, and one with
+    as many ranks on its node as the parent reuses the parent's NVLS slots (a tp group of a node's 8 ranks) —
+    which a stamp must note (``note_parent``) as the ordinary path does; and groups with a shorter timeout than
+    the default group's shorten the watchdogs' step."""
+    config = _config(64, bench.Dims(tp=8, cp=1, pp=2, ep=8))
+    program = config.programs[0]
+    shorter = Program(tuple(replace(op, timeout_s=60.0) if isinstance(op, NewGroup) else op for op in program.ops))
+    config = replace(config, env={"NCCL_COMM_SPLIT_SHARE_RESOURCES": "1"}, programs=[shorter] * 64)
+    engine, outcome = _run(config, stamps=True)
+    assert outcome.verdict == "pass"
+    assert engine.fast.cohorts.split_stamps.made == _memberships(outcome)
+    assert engine.fast.cohorts.groups.watchdogs.min_timeout_s == 60.0
+    assert _facts(engine, outcome) == _facts(*_run(config, stamps=False))
+
+
+def test_a_member_of_another_class_is_stamped_with_its_own_plan() -> None:
     """One rank asks for shared split resources (NCCL_COMM_SPLIT_SHARE_RESOURCES=1): its children are planned
-    as sharing, which no stamp of the others' carries, so each of its memberships is made by the ordinary path;
-    where it is a group's first member, that group's stamp is its own and fits no other member."""
+    as sharing (a class of its own); a stamp makes them from its own plan, and the run is the ordinary path's."""
     config = _config(64)
     engine, outcome = _run(config, stamps=True, sharing_rank=5)
     assert outcome.verdict == "pass"
     odd = outcome.ranks[5]
     assert all(g.comms["cuda"].shared for g in odd.groups[1:])
-    groups = len(outcome.groups) - 1
-    first_of = {rec.ranks[0] for rec in list(outcome.groups.values())[1:]}
-    # every membership but each group's first is stamped, except rank 5's own, and those whose group's
-    # first member is rank 5 (its stamp is a sharing one)
-    own = sum(1 for g in odd.groups[1:] if g.ranks[0] != 5)
-    after_five = sum(len(g.ranks) - 1 for g in odd.groups[1:] if g.ranks[0] == 5)
-    assert 5 in first_of
-    assert engine.fast.cohorts.stamped == _memberships(outcome) - groups - own - after_five
+    assert not any(g.comms["cuda"].shared for rt in outcome.ranks if rt.rank != 5 for g in rt.groups)
+    assert engine.fast.cohorts.split_stamps.made == _memberships(outcome)
     assert _facts(engine, outcome) == _facts(*_run(config, stamps=False, sharing_rank=5))
 
 
-def test_a_member_without_its_first_communicator_on_the_device_takes_the_ordinary_path() -> None:
-    """``fits`` asks ``Memory.is_steady``: a member whose device has no communicator of this process yet would
-    pay the process's first-communicator overhead and its context, which only the ordinary path charges."""
+def test_a_member_that_is_not_steady_takes_the_ordinary_path(monkeypatch) -> None:
+    """In a block every member's device already holds its default group's communicator (the split's parent),
+    so members are steady unless a fault is armed, and faults keep blocks out altogether. So the ordinary path
+    is forced here for rank 3, as if it were not steady: its memberships are made by the ordinary path, every
+    other by a stamp, and the run is the same either way."""
+    is_steady = Memory.is_steady
+    monkeypatch.setattr(Memory, "is_steady", lambda self, rt, device: rt.rank != 3 and is_steady(self, rt, device))
+    config = _config(64)
+    engine, outcome = _run(config, stamps=True)
+    assert outcome.verdict == "pass"
+    assert engine.fast.cohorts.split_stamps.made == _memberships(outcome) - (len(outcome.ranks[3].groups) - 1)
+    monkeypatch.undo()
+    assert _facts(engine, outcome) == _facts(*_run(config, stamps=False))
+
+
+def test_steady_means_context_first_communicator_and_no_armed_fault() -> None:
+    """``fits`` asks ``Memory.is_steady``: a member whose device has no CUDA context or no communicator of this
+    process yet, or with an out-of-memory fault armed, would be charged more than its communicator, which only
+    the ordinary path charges."""
     engine, outcome = _run(_config(16), stamps=True)
     rt = outcome.ranks[3]
     device = rt.world.bound_device
@@ -135,23 +162,23 @@ def test_a_member_without_its_first_communicator_on_the_device_takes_the_ordinar
 def _stamp_failures(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, str]]:
     """Every exception raised out of a stamp's ``make``: (rank, type)."""
     raised: list[tuple[int, str]] = []
-    make = SplitStamp.make
+    make = SplitStamps.make
 
-    def recording(self: SplitStamp, rt: Any, plan: Any) -> None:
+    def recording(self: SplitStamps, rt: Any, plan: Any, op: Any, child_id: int) -> None:
         try:
-            make(self, rt, plan)
+            make(self, rt, plan, op, child_id)
         except Exception as err:
             raised.append((rt.rank, type(err).__name__))
             raise
 
-    monkeypatch.setattr(SplitStamp, "make", recording)
+    monkeypatch.setattr(SplitStamps, "make", recording)
     return raised
 
 
 def test_nvls_slots_run_out_inside_a_stamped_member_as_on_the_ordinary_path(monkeypatch) -> None:
     """H200 nodes (128 multicast slots, ~10 a communicator, NCCL 2.30: a failed bind is fatal). Node 1 holds
-    ten groups of its own; then groups over both nodes: rank 0 (node 0, the ordinary path) binds, and rank 8,
-    node 1's first member and a stamped one, finds its node's slots exhausted. It and node 1's other members
+    ten groups of its own; then groups over both nodes: rank 0 binds on node 0, and rank 8, node 1's first
+    member, finds its node's slots exhausted. It and node 1's other members
     fail with NCCL's error at that call, inside their stamps, and the run is the ordinary path's."""
     raised = _stamp_failures(monkeypatch)
     node_one = [NewGroup(ranks=tuple(range(8, 16)), bind=f"n1g{i}") for i in range(10)]
@@ -170,16 +197,16 @@ def test_nvls_slots_run_out_inside_a_stamped_member_as_on_the_ordinary_path(monk
 
 
 def test_a_device_that_runs_out_of_memory_inside_a_stamped_member_fails_as_on_the_ordinary_path(monkeypatch) -> None:
-    """Another process holds so much of rank 9's device that its last split child of a group it is not the
-    first member of is 50 MiB short at its init charge: that communicator, made by a stamp, fails with the
+    """Another process holds so much of rank 9's device that its last split child is 50 MiB short at its init
+    charge: that communicator, made by a stamp, fails with the
     out-of-memory error NCCL's cudaMalloc gives, at the same call, with everything before it kept, and the run
     is the ordinary path's."""
     probe_engine, probe = _run(_config(64), stamps=True)
     rt = probe.ranks[9]
     ledger = probe_engine.fast.cohorts.memory.ledger(rt, rt.world.bound_device)
     key = ledger.device
-    stamped = {rec.name for rec in probe.groups.values() if rec.via_split and rec.ranks[0] != 9}  # 9 not first
-    last_init = [e for e in ledger.timeline if e.owner.phase == "init" and e.owner.group in stamped][-1]
+    splits = {rec.name for rec in probe.groups.values() if rec.via_split}
+    last_init = [e for e in ledger.timeline if e.owner.phase == "init" and e.owner.group in splits][-1]
     spare = ledger.total_bytes - last_init.used_bytes + 50 * 2**20
 
     def run(stamps: bool) -> tuple[Engine, RunOutcome]:

@@ -35,7 +35,7 @@ from simnccl.c10d import (
 from simnccl.engine.comms import Comms
 from simnccl.engine.fast.classes import RankClasses
 from simnccl.engine.fast.histories import SharedHistories
-from simnccl.engine.fast.stamps import SplitStamp
+from simnccl.engine.fast.stamps import SplitStamps
 from simnccl.engine.groups import Groups
 from simnccl.engine.memory import Memory
 from simnccl.engine.planning import Planner
@@ -130,10 +130,10 @@ class Cohorts:
         self.by_start: dict[int, Cohort] = {}
         self._world_ranks = world_ranks(sim.cluster.world_size)
         self._no_split = (0, -1)  # calls from which no block reaches a split (``_dead_end``)
-        # Whether a split's members after the first are made by its stamp (``stamps``; only with rank classes
-        # on, so a run without them takes the ordinary path for every member), and how many were.
+        # Whether a split's members are made by stamps (``stamps``; only with rank classes on, so a run without
+        # them takes the ordinary path for every member).
         self.stamps = True
-        self.stamped = 0
+        self.split_stamps = SplitStamps(sim, comms, memory, groups.watchdogs)
 
     def run(self, rt: RankRuntime) -> Waiting:
         """Run a block of world-wide group-creation calls for every rank at once (see the module's doc)."""
@@ -368,8 +368,7 @@ class Cohorts:
                 clock += self.sim.profile.timing.split_s
             child_id = self.comms.registry.new_id() if is_split else None
             joining: list[tuple[RankRuntime, Group, Comm, float]] = []
-            stamp: SplitStamp | None = None  # a split's members after the first are made alike (``stamps``)
-            stamp_tried = not is_split or not (self.stamps and self.classes.enabled)
+            stamps = self.split_stamps if is_split and self.stamps and self.classes.enabled else None
             for rank, plan in plans.items():
                 if not plan.member:
                     continue
@@ -381,9 +380,9 @@ class Cohorts:
                     behind = late.get(rank)
                     self.sim.clock = clock if behind is None else behind[0]  # where this member is
                 try:
-                    if stamp is not None and stamp.fits(rt, plan):
-                        stamp.make(rt, plan)
-                        self.stamped += 1
+                    if stamps is not None and stamps.fits(rt, plan):
+                        assert child_id is not None
+                        stamps.make(rt, plan, op, child_id)
                         continue
                     joined = self._apply_member_plan(rt, plan, op, child_id)
                 except (TorchError, SimulatedOOM, ProcessAbort) as err:
@@ -392,9 +391,6 @@ class Cohorts:
                     continue
                 if joined is not None:
                     joining.append((rt, *joined, self.sim.clock))
-                elif not stamp_tried:
-                    stamp_tried = True
-                    stamp = SplitStamp.after(self.sim, self.groups, self.comms, self.memory, rt, plan, op, child_id)
             if joining:
                 meeting = self.comms.bootstrap_together(joining, op)
                 done = meeting.completed_at if meeting.complete else math.inf  # inf: a member never came
