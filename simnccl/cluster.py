@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import importlib.resources
 import tomllib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -207,6 +208,19 @@ class Cluster:
     def node_of(self, rank: int) -> int:
         self._check_rank(rank)
         return rank // self._ranks_per_node
+
+    def nodes_of(self, ranks: Sequence[int]) -> list[int]:
+        """``node_of`` of each of ``ranks``, checked once for the list: a group's members are counted per node
+        once per group (pricing, NVLS), and checking rank by rank cost as much as making a member."""
+        if ranks:
+            if not all(type(r) is int for r in ranks):
+                bad = next(r for r in ranks if type(r) is not int)
+                self._check_rank(bad)  # raises (a bool, a float, ...) with the usual text
+            low, high = min(ranks), max(ranks)
+            if low < 0 or high >= self.world_size:
+                self._check_rank(low if low < 0 else high)
+        per_node = self._ranks_per_node
+        return [r // per_node for r in ranks]
 
     def local_rank(self, rank: int) -> int:
         self._check_rank(rank)

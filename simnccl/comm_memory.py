@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, NamedTuple
@@ -142,7 +143,6 @@ def _first_of_role(nodes: int) -> dict[tuple[bool, int], int]:
 class _Prefix(NamedTuple):
     """What ``Pricer.create`` reads of a member list, an environment and options (``Pricer._prefix``)."""
 
-    ranks: Sequence[int]
     options_object: PgOptions
     nranks: int
     node_sizes: tuple[int, ...]
@@ -182,9 +182,17 @@ class CommMemory:
 class Pricer:
     """Breakdowns for one profile on one cluster, cached by everything they depend on."""
 
-    def __init__(self, profile: Profile, node_of: Callable[[int], int]) -> None:
+    def __init__(
+        self,
+        profile: Profile,
+        node_of: Callable[[int], int],
+        nodes_of: Callable[[Sequence[int]], Sequence[int]] | None = None,
+    ) -> None:
+        """``node_of``: a global rank's node; ``nodes_of``: that for a whole member list at once (faster, e.g.
+        ``Cluster.nodes_of``), if the caller has it."""
         self.profile = profile
         self.node_of = node_of
+        self.nodes_of = nodes_of if nodes_of is not None else (lambda ranks: [node_of(r) for r in ranks])
         self.topology = profile.topology
         self.fixed_bytes = mib_to_bytes(profile.comm.comm_fixed_mib)
         self.fixed_source = f"{profile.name}: derivation.comm_fixed_mib"
@@ -216,7 +224,7 @@ class Pricer:
         # One CommMemory per rank class (``create(..., shareable=True)``), and the ids of those shared objects.
         self._classes: dict[tuple[int, int], CommMemory] = {}  # (prefix class number, representative rank)
         self._class_ids: set[int] = set()
-        # Interned NCCL environment keys; (id(members), id(env key), id(options)) -> what ``create`` reads of them;
+        # Interned NCCL environment keys; (id(layout), id(env key), id(options)) -> what ``create`` reads of them;
         # (members count, layout number, env key, options, unmodelled) -> its class number.
         self._env_keys: dict[tuple[tuple[str, str], ...], tuple[tuple[str, str], ...]] = {}
         self._prefixes: dict[tuple[int, int, int], _Prefix] = {}
@@ -257,22 +265,22 @@ class Pricer:
         )
 
     def _prefix(self, ranks: Sequence[int], env: Mapping[str, str], options: PgOptions) -> _Prefix:
-        """What ``create`` reads of a member list, an environment and options, once per (member list, NCCL
-        environment, options) objects: every member of a group asks with the group's tuple, and members whose
-        NCCL environments are equal share one (interned) key, so a member hashes no tuple here."""
+        """What ``create`` reads of a member list, an environment and options, once per (layout, NCCL
+        environment, options) objects: layouts and NCCL environments are interned (equal ones share one
+        object), so a member hashes no tuple here, and groups of one layout share the entry (one per group was
+        ~0.4 KiB a group at 131,072 ranks)."""
         env_key = self._env_key(env)
-        key = (id(ranks), id(env_key), id(options))
+        node_sizes = self._node_sizes(ranks)  # interned: one object per layout
+        key = (id(node_sizes), id(env_key), id(options))
         prefix = self._prefixes.get(key)
-        if prefix is not None and prefix.ranks is ranks and prefix.options_object is options:
+        if prefix is not None and prefix.options_object is options:
             return prefix
-        node_sizes = self._node_sizes(ranks)
         _sizes, layout, even = self._layout(node_sizes)
         opts, unmodelled = self._model_options(options)
         number = self._class_numbers.setdefault(
             (len(ranks), layout, env_key, opts, unmodelled), len(self._class_numbers)
         )
         prefix = self._prefixes[key] = _Prefix(
-            ranks,
             options,
             len(ranks),
             node_sizes,
@@ -360,10 +368,7 @@ class Pricer:
         cached = self._sizes.get(id(ranks))
         if cached is not None and cached[0] is ranks:
             return cached[1]
-        sizes: dict[int, int] = {}
-        for r in ranks:
-            node = self.node_of(r)
-            sizes[node] = sizes.get(node, 0) + 1
+        sizes = Counter(self.nodes_of(ranks))  # in order of first appearance
         result = self._layout(tuple(sizes.values()))[0]  # interned: equal layouts share one tuple
         self._sizes[id(ranks)] = (ranks, result)
         return result

@@ -98,7 +98,7 @@ class DeviceLedger:
             raise ValueError(f"negative allocation {num_bytes} for {owner.label()}")
         if num_bytes == 0:
             return
-        if num_bytes > self.free_bytes:
+        if num_bytes > self.total_bytes - self.used_bytes:  # free_bytes, without a property call per allocation
             raise SimulatedOOM(
                 oom_message(self.device, num_bytes, self.free_bytes, self.total_bytes, nccl=nccl),
                 self.device,

@@ -63,6 +63,22 @@ def test_bytes_are_whole_and_exact() -> None:
     assert mib_to_bytes(1.5) == 1572864
 
 
+def test_nodes_of_a_member_list_are_node_of_each_and_checked_alike() -> None:
+    """``Cluster.nodes_of`` counts a group's members per node at once; it must answer as ``node_of`` would for
+    each rank, and refuse what ``node_of`` refuses, with its text."""
+    cluster = Cluster(get_gpu_kind("h100-80gb"), 4, 8)
+    ranks = (31, 0, 9, 8, 17, 24)
+    assert cluster.nodes_of(ranks) == [cluster.node_of(r) for r in ranks] == [3, 0, 1, 1, 2, 3]
+    assert cluster.nodes_of(()) == []
+    for bad in ((0, 32), (-1, 3), (0, True), (1, 2.0)):
+        with pytest.raises(ClusterError) as listed:
+            cluster.nodes_of(bad)
+        wrong = next(r for r in bad if type(r) is not int or not 0 <= r < 32)
+        with pytest.raises(ClusterError) as single:
+            cluster.node_of(wrong)
+        assert str(listed.value) == str(single.value)
+
+
 def test_unknown_kind_lists_known_keys() -> None:
     with pytest.raises(ClusterError) as err:
         get_gpu_kind("h800")

@@ -481,6 +481,25 @@ def test_the_trace_hash_is_the_hash_of_every_event_in_order_across_batches() -> 
     assert trace.digest() == expected.hexdigest() and trace.count == len(events)
 
 
+def test_an_event_recorded_as_text_hashes_as_its_repr_and_a_wrong_text_fails_a_kept_trace() -> None:
+    """``Trace.record_text``: a caller that builds an event's repr from parts (a call's tail, the clock's text)
+    hashes exactly what ``record`` would; where the trace is kept (every test that reads one), a text that is
+    not the event's repr is an error, not a silently different hash."""
+    from simnccl.engine.sim import Trace
+
+    plain, texted = Trace(keep=False), Trace(keep=True)
+    now = 70.89999999999984
+    for rank in range(3):
+        event = (now, rank, "alloc", "n1:cuda:1", "471", "init", 407430077)
+        plain.record(*event)
+        text = f"({texted.time_text(now)}, {rank!r}, 'alloc', 'n1:cuda:1', '471', 'init', 407430077)"
+        texted.record_text(text, event)
+    assert texted.digest() == plain.digest() and texted.count == plain.count == 3
+    assert texted.time_text(0) == "0" and texted.time_text(0.0) == "0.0"  # an int clock is not a float's
+    with pytest.raises(AssertionError, match="is not the repr"):
+        texted.record_text("(0.0, 1)", (0, 1))
+
+
 def test_runaway_simulation_is_stopped_by_the_guard() -> None:
     program = [*START, *[Compute(seconds=0.0)] * 70_000]
     with pytest.raises(EngineGuardError, match="exceeded 1000 ops"):

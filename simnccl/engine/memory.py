@@ -109,7 +109,7 @@ class Memory:
         self.host_ledgers: dict[str, DeviceLedger] = {}
         self._host_by_node: dict[int, DeviceLedger] = {}  # node -> its entry in host_ledgers
         self._shared = SharedEntries()
-        self.pricer = Pricer(self.profile, self.cluster.node_of)
+        self.pricer = Pricer(self.profile, self.cluster.node_of, self.cluster.nodes_of)
         self._oom_at_init: set[int] = set()  # ranks whose next init charge fails (injected fault)
         self._collective_devices: set[tuple[int, int]] = set()  # (rank, device): its first collective was paid
 
@@ -309,7 +309,12 @@ class Memory:
                 op=op,
                 nccl=True,
             )
-            self.record(now, rt.rank, "alloc", ledger.device, comm.group, charge.phase, charge.num_bytes)
+            trace = self.sim.trace
+            trace.record_text(
+                f"({trace.time_text(now)}, {rt.rank!r}, 'alloc', {ledger.device!r}, {comm.group!r}, "
+                f"{charge.phase!r}, {charge.num_bytes!r})",
+                (now, rt.rank, "alloc", ledger.device, comm.group, charge.phase, charge.num_bytes),
+            )
             if group is not None:
                 if member is None:  # looked up at the first real charge, as the record is created only then
                     members = (record or self.group_record(group, comm)).members

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import importlib.resources
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -130,8 +131,8 @@ class MulticastSlots:
         # id(env) -> (env, its NCCL_* part, that part's items interned in _env_items)
         self._envs: dict[int, tuple[Mapping[str, str], dict[str, str], tuple[tuple[str, str], ...]]] = {}
         self._env_items: dict[tuple[tuple[str, str], ...], tuple[tuple[str, str], ...]] = {}
-        # (id(member tuple), ranks on the node, id(interned env items)) -> (the tuple, ``_nvls_active``'s answer)
-        self._memo: dict[tuple[int, int, int], tuple[tuple[int, ...], tuple[bool, int]]] = {}
+        # (members, ranks on the node, layout number, id(interned env items)) -> ``_nvls_active``'s answer
+        self._memo: dict[tuple[int, int, int, int], tuple[bool, int]] = {}
 
     def note_parent(self, comm: Comm, parent: Comm | None) -> None:
         """A communicator made by splitting ``parent`` (its sharing of NVLS resources depends on the parent)."""
@@ -214,10 +215,7 @@ class MulticastSlots:
         member list. Counted once per member tuple (every member binds), so no member hashes the node list."""
         entry = self._per_node.get(id(ranks))
         if entry is None or entry[0] is not ranks:
-            per_node: dict[int, int] = {}
-            for r in ranks:
-                node = self.cluster.node_of(r)
-                per_node[node] = per_node.get(node, 0) + 1
+            per_node = Counter(self.cluster.nodes_of(ranks))
             sizes = tuple(per_node[n] for n in sorted(per_node))
             layout = self._layouts.setdefault(sizes, len(self._layouts))
             entry = self._per_node[id(ranks)] = (ranks, per_node, sizes, layout)
@@ -238,12 +236,12 @@ class MulticastSlots:
         """Whether NCCL turns NVLS on for this communicator (``simnccl.nccl``), and NCCL_NVLS_ENABLE's value."""
         local, nodes, sizes, layout = self._local(rt, ranks)
         env, items = self._nccl_env(rt.ctx.env)
-        # Per member tuple, ranks on the node and environment: every member of a group on another node asks
-        # again, and hashing the environment's items each time was most of this call.
-        memo_key = (id(ranks), local, id(items))
+        # By the interned environment's identity: every member of a group on another node asks again, and
+        # hashing the environment's items each time was most of this call.
+        memo_key = (len(ranks), local, layout, id(items))
         memo = self._memo.get(memo_key)
-        if memo is not None and memo[0] is ranks:
-            return memo[1]
+        if memo is not None:
+            return memo
         cache_key = (len(ranks), local, layout, items)
         known = self._active.get(cache_key)
         if known is None:  # the process's answer, keyed by the node sizes themselves (layout numbers are per run)
@@ -259,7 +257,7 @@ class MulticastSlots:
                 known = (False, 0)  # a kind without a topology in gpu_kinds.toml: no NVLS modelled
             self._process_active[shared_key] = known
         self._active[cache_key] = known
-        self._memo[memo_key] = (ranks, known)
+        self._memo[memo_key] = known
         return known
 
     def _shares_parent(

@@ -55,8 +55,11 @@ class SplitStamps:
         self.memory = memory
         self.watchdogs = watchdogs
         self._shapes: dict[tuple[int, int], _Shape] = {}  # (id(backend), id(pair)) -> its shape
-        # The call being made: its group's name and member tuple, their stand-in for the trace, and its record.
-        self._call: tuple[str, tuple[int, ...], tuple[int, int, int], GroupRecord | None] = ("", (), (0, 0, 0), None)
+        # The call being made: its group's name and member tuple, their stand-in for the trace, its record, the
+        # repr of its members' trace events after the time and rank, and the op.
+        self._call: tuple[
+            str, tuple[int, ...], tuple[int, int, int], GroupRecord | None, str | None, NewGroup | SplitGroup | None
+        ] = ("", (), (0, 0, 0), None, None, None)
         self.made = 0  # members made by a stamp
 
     def fits(self, rt: RankRuntime, plan: GroupPlan) -> bool:
@@ -84,9 +87,9 @@ class SplitStamps:
         """``rt``'s group and split child as the ordinary path makes them (``Groups.group_from_plan``,
         ``Comms.attach``, ``Comms.split_child_ready``), step for step; ``fits`` was checked."""
         shape = self._shape(plan)
-        name, ranks, digest, record = self._call
-        if name != plan.name or ranks is not plan.ranks:
-            name, ranks, digest, record = plan.name, plan.ranks, ranks_digest(plan.ranks), None
+        name, ranks, digest, record, tail, call_op = self._call
+        if name != plan.name or ranks is not plan.ranks or call_op is not op:
+            name, ranks, digest, record, tail = plan.name, plan.ranks, ranks_digest(plan.ranks), None, None
         group = Group(
             name,
             plan.desc,
@@ -104,7 +107,12 @@ class SplitStamps:
         if op.bind:
             rt.handles[op.bind] = group
         sim = self.sim
-        sim.trace.record(sim.now(), rt.rank, op.name, name, digest)
+        now = sim.now()
+        trace = sim.trace
+        rank = rt.rank
+        if tail is None:
+            tail = f"{op.name!r}, {name!r}, {digest!r})"
+        trace.record_text(f"({trace.time_text(now)}, {rank!r}, {tail}", (now, rank, op.name, name, digest))
         comm_plan = plan.comms[0]
         parent = comm_plan.split_from
         assert parent is not None
@@ -123,7 +131,7 @@ class SplitStamps:
         memory = self.memory
         if record is None:  # the call's first member made here: its record is made (or found) where attach does
             record = memory.group_record(group, comm)
-        self._call = (name, ranks, digest, record)
+        self._call = (name, ranks, digest, record, tail, op)
         comms = self.comms
         comms.nvls.note_parent(comm, parent)
         comm.comm_id = child_id
