@@ -28,11 +28,13 @@ from simnccl.ops import (
     InitProcessGroup,
     NewGroup,
     PgOptions,
+    Program,
     Recv,
     Send,
     SetDevice,
 )
 from simnccl.profiles import find_profile
+from simnccl.release import get_release
 from simnccl.testing import simulate, used_mib
 
 START = [SetDevice(), InitProcessGroup(backend="nccl")]
@@ -202,6 +204,33 @@ def test_slots_charged_holds_exactly_the_communicators_that_took_slots() -> None
     assert not any(name == spread_name for _, name in out.slots_charged)
     assert out.slots_charged.get((0, spread_name), 0) == 0
     assert (nvls._NO_SLOTS.slots, nvls._NO_SLOTS.holders, nvls._NO_SLOTS.failure) == (0, frozenset(), None)
+
+
+def test_a_binding_of_nothing_is_kept_only_where_another_member_on_the_node_asks_for_it() -> None:
+    """A communicator's NVLS binding on a node is shared by its members there. One alone on its node is the
+    only one to ask, so a binding of nothing is not kept for it (most memberships of a large startup); a
+    node-local group's binding is kept, its slots held by its members until the group is destroyed."""
+    from simnccl.engine import Engine, SimConfig
+
+    local = NewGroup(ranks=tuple(range(8)), bind="local")
+    spread = NewGroup(ranks=(0, 8), bind="spread")
+    program = Program((*START, local, spread, DestroyProcessGroup(group="local")))
+    cluster = Cluster(get_gpu_kind("h100-80gb"), 2, 8)
+    config = SimConfig(cluster, get_release("2.15"), find_profile("h100-80gb", "2.15"), [program] * 16)
+    engine = Engine(config)
+    out = engine.run()
+    assert out.verdict == "pass"
+    kept = engine.nvls._bindings
+    ids = {g.name: g.comms["cuda"].comm_id for g in out.ranks[0].groups}
+    names = {r.name: set(r.ranks) for r in out.groups.values()}
+    local_id = ids[next(n for n, m in names.items() if m == set(local.ranks))]
+    spread_id = ids[next(n for n, m in names.items() if m == set(spread.ranks))]
+    assert (0, spread_id) not in kept and (1, spread_id) not in kept
+    local_name = next(n for n, m in names.items() if m == set(local.ranks))
+    assert all(out.slots_charged[(r, local_name)] == SLOTS for r in range(8))  # it took slots on node 0 ...
+    assert (kept[(0, local_id)].slots, kept[(0, local_id)].holders) == (0, set())  # ... all 8 released them
+    world_slots = kept[(0, out.ranks[0].world.comms["cuda"].comm_id)].slots
+    assert engine.nvls.used == {0: world_slots, 1: world_slots}  # the local group's slots are free again
 
 
 def test_breakdown_and_multicast_slots_are_reachable_from_the_outcome() -> None:

@@ -160,7 +160,14 @@ class MulticastSlots:
         key = (rt.node, comm.comm_id)
         binding = self._bindings.get(key)
         if binding is None:
-            binding = self._bindings[key] = self._bind(rt, comm, group.ranks if ranks is None else ranks, members)
+            member_ranks = group.ranks if ranks is None else ranks
+            binding = self._bind(rt, comm, member_ranks, members)
+            # A binding is shared by the communicator's members on this node. A member alone on its node is the
+            # only one ever to ask, and a binding of nothing has no holder to release, so it is not kept: most
+            # memberships of a large startup are alone on their node (a dp or pp group), and an entry each was
+            # millions of entries at 131,072 ranks.
+            if binding is not _NO_SLOTS or self._local(rt, member_ranks)[0] > 1:
+                self._bindings[key] = binding
         self._hold(rt, comm, binding)
 
     def _hold(self, rt: RankRuntime, comm: Comm, binding: _Binding) -> None:

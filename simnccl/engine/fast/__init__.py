@@ -6,12 +6,15 @@ running every rank through every call, at a fraction of the work.
 * ``histories`` — group-creation histories shared between ranks that have seen the same calls, so a policy
   that decides alike on every rank decides once per shared state;
 * ``classes`` — rank classes: members that plan a call alike up to relabelling are planned once per class;
+* ``stamps`` — a cohort's split members made in one pass each, what the plan's shape and the call decide
+  taken once (the ordinary rooms' steps in their order, for a member whose device needs nothing but its
+  communicator);
 * ``calls`` — the per-program table both of the first two key their sharing on.
 
 The rank loop sees ``FastPaths`` (two calls); the policy gate sees ``SharedHistories`` (a rank's history, and
 decisions made before on an equal one); the planner hands a member's plan to ``RankClasses``. No other room
-knows these exist. ``Engine(fast_path=False)`` turns outsider calls, shared decisions and rank classes off
-(tests compare the two); cohorts stay, being the only way a world-wide block is applied.
+knows these exist. ``Engine(fast_path=False)`` turns outsider calls, shared decisions, rank classes and
+stamps off (tests compare the two); cohorts stay, being the only way a world-wide block is applied.
 """
 
 from __future__ import annotations
