@@ -125,8 +125,9 @@ class MulticastSlots:
         self._parents: dict[int, tuple[Comm, Comm]] = {}  # id(child) -> (child, parent): a split's parent
         self._active: dict[tuple[object, ...], tuple[bool, int]] = {}  # this run's, keyed by layout number
         self._process_active = _ACTIVE.setdefault((self.cluster.gpu.key, self.nccl_version), {})
-        # id(member tuple) -> (the tuple, ranks per node, ranks per node in node order, that order's number)
-        self._per_node: dict[int, tuple[tuple[int, ...], dict[int, int], tuple[int, ...], int]] = {}
+        # id(member tuple) -> (the tuple, ranks per node (None: one on each), nodes spanned, ranks per node in
+        # node order, that order's number)
+        self._per_node: dict[int, tuple[tuple[int, ...], dict[int, int] | None, int, tuple[int, ...], int]] = {}
         self._layouts: dict[tuple[int, ...], int] = {}  # ranks per node in node order -> its number (a cache key)
         # id(env) -> (env, its NCCL_* part, that part's items interned in _env_items)
         self._envs: dict[int, tuple[Mapping[str, str], dict[str, str], tuple[tuple[str, str], ...]]] = {}
@@ -219,15 +220,18 @@ class MulticastSlots:
 
     def _local(self, rt: RankRuntime, ranks: tuple[int, ...]) -> tuple[int, int, tuple[int, ...], int]:
         """(ranks on this rank's node, nodes spanned, ranks per node in node order, that order's number) of a
-        member list. Counted once per member tuple (every member binds), so no member hashes the node list."""
+        member list ``rt`` is one of. Counted once per member tuple (every member binds), so no member hashes
+        the node list; a list with one member per node keeps no count per node (a dp or pp group: most groups
+        of a large startup, and a count per node each was a dict per group)."""
         entry = self._per_node.get(id(ranks))
         if entry is None or entry[0] is not ranks:
-            per_node = Counter(self.cluster.nodes_of(ranks))
-            sizes = tuple(per_node[n] for n in sorted(per_node))
+            counts = Counter(self.cluster.nodes_of(ranks))
+            sizes = tuple(counts[n] for n in sorted(counts))
             layout = self._layouts.setdefault(sizes, len(self._layouts))
-            entry = self._per_node[id(ranks)] = (ranks, per_node, sizes, layout)
-        _, per_node, sizes, layout = entry
-        return per_node.get(rt.node, 0), len(per_node), sizes, layout
+            per_node = None if len(counts) == len(ranks) else counts  # None: one member on each node
+            entry = self._per_node[id(ranks)] = (ranks, per_node, len(counts), sizes, layout)
+        _, per_node, nodes, sizes, layout = entry
+        return 1 if per_node is None else per_node[rt.node], nodes, sizes, layout
 
     def _nccl_env(self, env: Mapping[str, str]) -> tuple[dict[str, str], tuple[tuple[str, str], ...]]:
         """A process environment's NCCL_* part, sorted, and its items (interned: equal parts share one tuple),
