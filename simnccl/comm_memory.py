@@ -191,7 +191,6 @@ class Pricer:
         """``node_of``: a global rank's node; ``nodes_of``: that for a whole member list at once (faster, e.g.
         ``Cluster.nodes_of``), if the caller has it."""
         self.profile = profile
-        self.node_of = node_of
         self.nodes_of = nodes_of if nodes_of is not None else (lambda ranks: [node_of(r) for r in ranks])
         self.topology = profile.topology
         self.fixed_bytes = mib_to_bytes(profile.comm.comm_fixed_mib)

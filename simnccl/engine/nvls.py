@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 from simnccl.backends import Comm, lifecycle
 from simnccl.c10d import Group, TorchError
+from simnccl.comm_memory import nccl_env
 from simnccl.engine.sim import Sim
 from simnccl.engine.state import RankRuntime
 from simnccl.nccl import NcclInputError, NcclVersion, communicator_bytes, settings_from
@@ -123,7 +124,8 @@ class MulticastSlots:
         # memory. Readers ask ``charged.get(key, 0)``.
         self.charged: dict[tuple[int, str], int] = {}
         self._parents: dict[int, tuple[Comm, Comm]] = {}  # id(child) -> (child, parent): a split's parent
-        self._active: dict[tuple[object, ...], tuple[bool, int]] = {}  # this run's, keyed by layout number
+        # This run's answers: (members, ranks on the node, layout number, id(interned env items)) -> active, enable
+        self._active: dict[tuple[int, int, int, int], tuple[bool, int]] = {}
         self._process_active = _ACTIVE.setdefault((self.cluster.gpu.key, self.nccl_version), {})
         # id(member tuple) -> (the tuple, ranks per node (None: one on each), nodes spanned, ranks per node in
         # node order, that order's number)
@@ -132,8 +134,6 @@ class MulticastSlots:
         # id(env) -> (env, its NCCL_* part, that part's items interned in _env_items)
         self._envs: dict[int, tuple[Mapping[str, str], dict[str, str], tuple[tuple[str, str], ...]]] = {}
         self._env_items: dict[tuple[tuple[str, str], ...], tuple[tuple[str, str], ...]] = {}
-        # (members, ranks on the node, layout number, id(interned env items)) -> ``_nvls_active``'s answer
-        self._memo: dict[tuple[int, int, int, int], tuple[bool, int]] = {}
 
     def note_parent(self, comm: Comm, parent: Comm | None) -> None:
         """A communicator made by splitting ``parent`` (its sharing of NVLS resources depends on the parent)."""
@@ -238,9 +238,9 @@ class MulticastSlots:
         once per environment object (a rank's never changes)."""
         cached = self._envs.get(id(env))
         if cached is None or cached[0] is not env:
-            part = {k: v for k, v in sorted(env.items()) if k.startswith("NCCL_")}
-            items = tuple(part.items())
-            cached = self._envs[id(env)] = (env, part, self._env_items.setdefault(items, items))
+            items = nccl_env(env)
+            items = self._env_items.setdefault(items, items)
+            cached = self._envs[id(env)] = (env, dict(items), items)
         return cached[1], cached[2]
 
     def _nvls_active(self, rt: RankRuntime, ranks: tuple[int, ...]) -> tuple[bool, int]:
@@ -249,15 +249,12 @@ class MulticastSlots:
         env, items = self._nccl_env(rt.ctx.env)
         # By the interned environment's identity: every member of a group on another node asks again, and
         # hashing the environment's items each time was most of this call.
-        memo_key = (len(ranks), local, layout, id(items))
-        memo = self._memo.get(memo_key)
-        if memo is not None:
-            return memo
-        cache_key = (len(ranks), local, layout, items)
+        cache_key = (len(ranks), local, layout, id(items))
         known = self._active.get(cache_key)
-        if known is None:  # the process's answer, keyed by the node sizes themselves (layout numbers are per run)
-            shared_key = (len(ranks), local, sizes, items)
-            known = self._process_active.get(shared_key)
+        if known is not None:
+            return known
+        shared_key = (len(ranks), local, sizes, items)  # the process's, by the node sizes themselves
+        known = self._process_active.get(shared_key)
         if known is None:
             try:
                 breakdown = communicator_bytes(
@@ -268,7 +265,6 @@ class MulticastSlots:
                 known = (False, 0)  # a kind without a topology in gpu_kinds.toml: no NVLS modelled
             self._process_active[shared_key] = known
         self._active[cache_key] = known
-        self._memo[memo_key] = known
         return known
 
     def _shares_parent(
