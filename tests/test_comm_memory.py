@@ -473,6 +473,28 @@ def test_the_process_cache_is_bounded_and_drops_its_older_half(monkeypatch: pyte
     assert [again.create(tuple(range(n)), 0, {}).breakdown for n in range(1, 8)] == [m.breakdown for m in priced]
 
 
+def test_shared_values_are_one_object_per_value_and_known_again_after_the_table_starts_afresh(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``shared_value`` knows a value it already shares by its id, without hashing it; an equal value made later
+    gets that one object; when the bounded table starts afresh, the ids it knew go with it."""
+    from simnccl.nccl import model
+
+    monkeypatch.setattr(model, "_SHARED", {})
+    monkeypatch.setattr(model, "_SHARED_IDS", set())
+    monkeypatch.setattr(model, "_SHARED_KEPT", 3)
+    first = (1, "a")
+    assert model.shared_value(first) is first
+    copy = tuple([1, "a"])  # equal, another object
+    assert copy is not first and model.shared_value(copy) is first and model.shared_value(first) is first
+    values = [(n, "b") for n in range(3)]
+    assert [model.shared_value(v) for v in values] == values  # the third one found the table full: afresh
+    assert len(model._SHARED) == len(model._SHARED_IDS) <= 3
+    assert set(model._SHARED_IDS) == {id(v) for v in model._SHARED}
+    later = tuple([1, "a"])
+    assert model.shared_value(later) is later  # first went with the old table
+
+
 def _pair_program(rank: int, destroy: bool) -> list:
     """A nccl-lazy group of 4 on one node whose ranks 0 and 1 exchange one send/recv: torch's lazily made 2-rank
     pair communicator for them (store key ``{group}/p2p-0-1-0``)."""

@@ -210,6 +210,33 @@ def test_an_8_link_hopper_gets_16_channels_like_nccl_892() -> None:
     assert channels.coll == 16
 
 
+def test_remembered_channel_counts_are_those_computed_afresh_for_every_input_they_read() -> None:
+    """``channel_counts`` keeps its answers (a property run asks it thousands of times): the answer for a layout,
+    topology, settings, NVLS and parent must be the one computed afresh, and a changed input (another topology
+    object with the same name, other settings, another node layout, a parent) must not get another's answer."""
+    from simnccl.nccl import channels as module
+    from simnccl.nccl.channels import ParentChannels
+
+    h100 = topology_for("h100-80gb")
+    inputs = [
+        (h100, Layout(8, 8, 1), settings_from(), True, None),
+        (h100, Layout(8, 8, 1, rank=5), settings_from(), True, None),  # the rank priced is not read
+        (h100, Layout(8, 8, 1), settings_from({"NCCL_MAX_NCHANNELS": "8"}), True, None),
+        (h100, Layout(8, 8, 1), settings_from(), False, None),
+        (h100, Layout(16, 8, 2), settings_from(), True, None),
+        (h100, Layout(4, 3, 2, node_sizes=(3, 1)), settings_from(), False, None),
+        (h100, Layout(8, 8, 1), settings_from(), True, ParentChannels(8, 8, 0)),
+        (h100.with_changes(nvlink_links=8), Layout(8, 8, 1), settings_from(), False, None),
+        (h100.with_changes(nics_per_node=2), Layout(16, 8, 2), settings_from(), False, None),
+    ]
+    first = [channel_counts(t, lay, s, nvls_active=n, parent=p) for t, lay, s, n, p in inputs]
+    again = [channel_counts(t, lay, s, nvls_active=n, parent=p) for t, lay, s, n, p in inputs]
+    afresh = [module._channel_counts(constants(), t, lay, s, n, p) for t, lay, s, n, p in inputs]
+    assert first == again == afresh
+    assert all(a is b for a, b in zip(first, again, strict=True))  # remembered, not recomputed
+    assert len({(c.coll, c.p2p, c.p2p_per_peer, c.nvls) for c in first}) >= 5  # the inputs do move the answer
+
+
 @pytest.mark.parametrize(
     ("env", "options", "coll", "tables"),
     [

@@ -194,13 +194,21 @@ T = TypeVar("T")
 _SHARED_KEPT = 100_000
 _CONNECTIONS_KEPT = 512  # wanted-connection tuples each connection function keeps (lru)
 _SHARED: dict[Any, Any] = {}
+_SHARED_IDS: set[int] = set()  # ids of the values in _SHARED (each alive while there, so its id is its own)
 
 
 def shared_value(value: T) -> T:
-    """The process's one object equal to ``value`` (``value`` itself the first time)."""
+    """The process's one object equal to ``value`` (``value`` itself the first time). An object that already is
+    the shared one is known by its id (``_SHARED_IDS``, alive while ``_SHARED`` holds it) without hashing it: a
+    breakdown extended by a use is mostly its predecessor's parts, each a dataclass hashed field by field."""
+    if id(value) in _SHARED_IDS:
+        return value
     if len(_SHARED) >= _SHARED_KEPT:
         _SHARED.clear()
-    return _SHARED.setdefault(value, value)
+        _SHARED_IDS.clear()
+    one = _SHARED.setdefault(value, value)
+    _SHARED_IDS.add(id(one))
+    return one
 
 
 # The connections an algorithm wants, by layout and channel counts: pure functions of their arguments, asked

@@ -44,8 +44,17 @@ class NcclVersion:
         return self.numbers >= NcclVersion.parse(threshold).numbers
 
     def feature(self, key: str) -> bool:
-        """Whether the release has the feature whose first version is ``versions.<key>``."""
-        return self.at_least(constants().text(f"versions.{key}"))
+        """Whether the release has the feature whose first version is ``versions.<key>``: remembered per (version
+        text and patches, key, constants), as the model asks it several times per communicator it prices."""
+        c = constants()
+        memo = (self.numbers, self.patches, key, id(c))
+        kept = _FEATURES.get(memo)
+        if kept is not None and kept[0] is c:
+            return kept[1]
+        answer = self.at_least(c.text(f"versions.{key}"))
+        if len(_FEATURES) < 1024:  # a handful of versions x feature keys; bounded all the same
+            _FEATURES[memo] = (c, answer)
+        return answer
 
     @property
     def single_rank_net_shared_defect(self) -> bool:
@@ -60,3 +69,4 @@ class NcclVersion:
 
 
 _PARSED: dict[tuple[type[NcclVersion], str], NcclVersion] = {}
+_FEATURES: dict[tuple[object, ...], tuple[object, bool]] = {}
