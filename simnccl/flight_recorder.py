@@ -165,20 +165,25 @@ class FlightRecorder:
             trace.p2p_seq_id += 1
         else:
             trace.collective_seq_id += 1
-        entry = Entry(
-            record_id=self.next_record_id,
-            pg_id=trace.pg_id,
-            process_group=(trace.name, trace.desc),
-            collective_seq_id=trace.collective_seq_id,
-            p2p_seq_id=trace.p2p_seq_id,
-            op_id=trace.op_id,
-            profiling_name=f"{backend_name}:{op}",
-            time_created_ns=_ns(time_s),
-            input_sizes=[[numel]],
-            output_sizes=[[numel]],
-            dtype=dtype,
-            timeout_ms=round(timeout_s * 1000),
-            is_p2p=p2p,
+        name = _PROFILING_NAMES.get((backend_name, op))
+        if name is None:
+            name = f"{backend_name}:{op}"
+            if len(_PROFILING_NAMES) < 4096:  # backends x op names, and p2p labels: bounded all the same
+                _PROFILING_NAMES[(backend_name, op)] = name
+        entry = Entry(  # positionally, in field order: every collective of a run records one (keywords cost ~50%)
+            self.next_record_id,  # record_id
+            trace.pg_id,
+            (trace.name, trace.desc),  # process_group
+            trace.collective_seq_id,
+            trace.p2p_seq_id,
+            trace.op_id,
+            name,  # profiling_name
+            round(time_s * 1e9),  # time_created_ns (``_ns``)
+            [[numel]],  # input_sizes
+            [[numel]],  # output_sizes
+            dtype,
+            round(timeout_s * 1000),  # timeout_ms
+            p2p,  # is_p2p
         )
         trace.op_id += 1
         self.next_record_id += 1
@@ -192,8 +197,8 @@ class FlightRecorder:
         if entry is None:
             return
         entry.state = "completed"
-        entry.time_discovered_completed_ns = _ns(time_s)
-        entry.duration_ms = max(0.0, (entry.time_discovered_completed_ns - entry.time_created_ns) / 1e6)
+        done = entry.time_discovered_completed_ns = round(time_s * 1e9)  # ``_ns``, inline: once per collective
+        entry.duration_ms = max(0.0, (done - entry.time_created_ns) / 1e6)
 
     def dump(self) -> dict[str, Any]:
         """The pickle payload torch 2.15 writes (``_dump_fr_trace``)."""
@@ -217,8 +222,21 @@ class FlightRecorder:
         }
 
 
+_PROFILING_NAMES: dict[tuple[str, str], str] = {}  # (backend name, op) -> "backend:op"
+
+
 def numel(size_bytes: int, dtype: str) -> int:
-    return max(1, size_bytes // element_bytes(dtype))
+    """Elements of ``size_bytes`` of ``dtype`` (at least one): remembered per (size, dtype), as every collective
+    a run records asks it, and programs use a handful of sizes."""
+    count = _NUMELS.get((size_bytes, dtype))
+    if count is None:
+        count = max(1, size_bytes // element_bytes(dtype))
+        if len(_NUMELS) < 4096:
+            _NUMELS[(size_bytes, dtype)] = count
+    return count
+
+
+_NUMELS: dict[tuple[int, str], int] = {}
 
 
 def write_dumps(dumps: Mapping[int, Mapping[str, Any]], directory: str | Path, prefix: str = "rank_") -> list[Path]:

@@ -123,3 +123,17 @@ def test_fr_trace_with_a_dead_rank_needs_allow_incomplete_ranks(tmp_path: Path) 
     assert "Missing dump files from ranks {1}" in fr_trace(tmp_path)
     output = fr_trace(tmp_path, "--allow-incomplete-ranks")
     assert "we missed FR dumps from ranks ({1})" in output, output
+
+
+def test_an_entrys_element_count_is_its_bytes_over_the_dtypes_size_and_an_unknown_dtype_is_never_remembered() -> None:
+    """``numel`` keeps its answers per (size, dtype): the same answers as computed afresh, at least one element,
+    and a dtype the table lacks raises every time (a remembered answer must not hide it)."""
+    from simnccl.dtypes import element_bytes
+    from simnccl.flight_recorder import numel
+
+    for size, dtype in [(4096, "Float"), (4096, "BFloat16"), (1, "Float"), (0, "Long"), (4096, "Float")]:
+        assert numel(size, dtype) == max(1, size // element_bytes(dtype))
+    assert numel(4096, "Float") == 1024 and numel(4096, "BFloat16") == 2048
+    for _ in range(2):
+        with pytest.raises(KeyError):
+            numel(8, "no-such-dtype")

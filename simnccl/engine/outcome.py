@@ -13,7 +13,7 @@ from typing import Any
 from simnccl.engine.memory import Memory
 from simnccl.engine.nvls import MulticastSlots
 from simnccl.engine.sim import Sim
-from simnccl.engine.state import Block, RankRuntime, RunOutcome, handle_of
+from simnccl.engine.state import Block, RankRuntime, RunOutcome
 from simnccl.engine.timing import Timing
 from simnccl.meetings import Meeting
 from simnccl.watchdog import MonitorAction
@@ -40,7 +40,7 @@ class HangReport:
         if block is not None and stuck is not None and stuck[0] is not block.meeting:
             # Run-ahead splits that completed after the rank started waiting: it is really in the first open one.
             op = rt.program.ops[stuck[1]]
-            block = Block(op, stuck[1], handle_of(op), stuck[0], block.since_s)
+            block = Block(op, stuck[1], stuck[0], block.since_s)
         if block is None:  # pragma: no cover - a running rank at the end means the sim-time cap was hit
             return {
                 "rank": rt.rank,

@@ -19,7 +19,7 @@ import simpy
 from simnccl.backends.gloo import wire_mismatch
 from simnccl.engine.sim import Sim
 from simnccl.engine.sockets import GlooSockets
-from simnccl.engine.state import Block, PeerLost, ProcessAbort, RankRuntime, Waiting, fire_once, handle_of
+from simnccl.engine.state import Block, PeerLost, ProcessAbort, RankRuntime, Waiting, fire_once
 from simnccl.meetings import Arrival, Meeting, MeetingRegistry
 from simnccl.ops import Op
 
@@ -61,7 +61,10 @@ class Rendezvous:
         arrival = meeting.arrivals[rt.rank] = Arrival(rt.rank, self.env.now, payload, op, after)
         if meeting.problem is None:
             first = next(iter(meeting.arrivals.values()))
-            problem = None if first is arrival else self._disagreement(meeting, first, arrival)
+            # Equal payloads never disagree (every branch of ``_disagreement``); the identity test first, as a
+            # bootstrap's payload is its member tuple, one object shared by every member of a large group.
+            agree = first is arrival or first.payload is payload or first.payload == payload
+            problem = None if agree else self._disagreement(meeting, first, arrival)
             if problem:
                 meeting.problem = problem
                 if meeting.abort_on_mismatch and problem.startswith("size mismatch"):
@@ -132,7 +135,7 @@ class Rendezvous:
         now = self.env.now
         if not (meeting.complete and meeting.completed_at <= now) and meeting.fatal is None:
             rt.status = "blocked"
-            rt.block = Block(op, rt.pc, handle_of(op), meeting, now)
+            rt.block = Block(op, rt.pc, meeting, now)
             yield meeting.result if own is None else own
             rt.status = "running"
             rt.block = None
@@ -151,7 +154,7 @@ class Rendezvous:
             first_open = next(((m, p) for m, p in rt.pending if not m.complete), (last, pc))
             rt.status = "blocked"
             op = rt.program.ops[first_open[1]]
-            rt.block = Block(op, first_open[1], handle_of(op), first_open[0], self.env.now)
+            rt.block = Block(op, first_open[1], first_open[0], self.env.now)
             yield last.result
             while not all(m.complete for m, _ in rt.pending):  # pragma: no cover - completion is ordered
                 yield next(m for m, _ in rt.pending if not m.complete).result

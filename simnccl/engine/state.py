@@ -31,11 +31,17 @@ Waiting = Generator[simpy.Event, Any, None]
 
 @dataclass(slots=True)
 class Block:
+    """Where a rank waits: the op (at ``pc``), the meeting, since when. Made at every wait, read only by a hang
+    report, so the program's handle for the group is worked out when read."""
+
     op: Op
     pc: int
-    handle: str
     meeting: Meeting
     since_s: float
+
+    @property
+    def handle(self) -> str:
+        return handle_of(self.op)
 
 
 @dataclass(slots=True)
