@@ -13,6 +13,7 @@ import functools
 import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from simnccl.backends import Comm, lifecycle
 from simnccl.ops import PgOptions
@@ -73,12 +74,11 @@ class ProcessContext:
     env: Mapping[str, str]
 
 
-# Plans are never changed once made, but not frozen: a frozen dataclass's __init__ sets each field through
-# object.__setattr__ (measured: 2.0 us for a GroupPlan against 0.3 us unfrozen), and a world-wide startup makes a
-# GroupPlan and a CommPlan per membership (relabel_member_plan). Nothing hashes a plan (one with a split parent,
-# a Comm, never could be).
-@dataclass(slots=True)
-class CommPlan:
+# Plans are never changed once made, and are named tuples so nothing can change one: a world-wide startup makes a
+# GroupPlan and a CommPlan per membership (relabel_member_plan), and a frozen dataclass's __init__ sets each field
+# through object.__setattr__ (measured: 2.0 us for a GroupPlan), where a named tuple is built in C. Nothing hashes
+# a plan (one with a split parent, a Comm, never could be), and nothing compares one with a plain tuple.
+class CommPlan(NamedTuple):
     """How one device type's backend of a new group comes to exist on a member rank."""
 
     pair: DeviceBackend
@@ -89,8 +89,7 @@ class CommPlan:
     lazy_init: bool
 
 
-@dataclass(slots=True)
-class GroupPlan:
+class GroupPlan(NamedTuple):
     """torch's decision for one ``init_process_group``/``new_group``/``split_group`` call on one rank."""
 
     name: str

@@ -62,6 +62,17 @@ def new_group(
     )
 
 
+def test_a_plan_and_its_communicator_plans_cannot_be_changed_once_made() -> None:
+    """Members of one rank class share plan pieces (``relabel_member_plan`` builds each member's from one
+    template): a plan changed in place would change every member's, so no field of either can be set."""
+    plan = new_group(world_group(), (0, 1))
+    assert plan.member and plan.comms
+    with pytest.raises(AttributeError):
+        plan.rank_in_group = 3  # type: ignore[misc]
+    with pytest.raises(AttributeError):
+        plan.comms[0].device = 2  # type: ignore[misc]
+
+
 def test_group_names_are_the_counter_or_a_sha1_of_ranks_and_counter() -> None:
     assert group_name_for(3, (0, 1), False) == "3"
     expected = hashlib.sha1(b"0_1_3").hexdigest()
