@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 from simnccl.ops import MIB
 
@@ -78,6 +78,7 @@ class DeviceLedger:
     timeline: list[MemoryEvent] = field(default_factory=list)
     # ``by_kind`` as it was at the peak (copied at each new peak; zeros dropped and sorted when read)
     _peak_kinds: dict[str, int] = field(default_factory=dict, repr=False)
+    keeps_timeline: ClassVar[bool] = True  # every change in ``timeline`` (a HostLedger keeps none)
 
     @property
     def peak_by_owner_kind(self) -> dict[str, int]:
@@ -142,7 +143,8 @@ class DeviceLedger:
         if used > self.peak_bytes:
             self.peak_bytes = used
             self._peak_kinds = by_kind.copy()
-        self.timeline.append(MemoryEvent(time_s, self.device, owner, delta, used, op))
+        if self.keeps_timeline:
+            self.timeline.append(MemoryEvent(time_s, self.device, owner, delta, used, op))
 
     def used_by_kind(self) -> dict[str, int]:
         return {kind: held for kind, held in sorted(self.by_kind.items()) if held}
@@ -153,6 +155,15 @@ class DeviceLedger:
             if owner.kind == "comm":
                 out[owner.group] = out.get(owner.group, 0) + held
         return out
+
+
+@dataclass(slots=True)
+class HostLedger(DeviceLedger):
+    """A node's pinned host memory that NCCL holds: what each owner holds, the total and the peak, and no
+    ``timeline`` (it stays empty). Reports give a node's host use and peak only, and a world-wide startup charges
+    the host once per membership: 2.9 million changes at 131,072 ranks that nothing read."""
+
+    keeps_timeline: ClassVar[bool] = False
 
 
 def oom_message(device: str, requested: int, free: int, total: int, *, nccl: bool) -> str:

@@ -16,6 +16,7 @@ from simnccl.comm_memory import (
     unmodelled_for_memory,
 )
 from simnccl.engine.nvls import multicast_data
+from simnccl.memory import HostLedger
 from simnccl.nccl import Use, communicator_bytes
 from simnccl.ops import (
     MODELLED_OPTION_FIELDS,
@@ -254,6 +255,12 @@ def test_pinned_host_memory_is_its_own_ledger() -> None:
     fifo = communicator_bytes(PROFILE.topology, 2, 2, 1, PROFILE.nccl_version).host_bytes
     assert host.used_bytes == 2 * 2 * fifo  # 2 ranks x (world + g)
     assert "host" not in "".join(out.ledgers)
+    # What each owner holds and the peak, but no timeline: nothing reads one, and a large startup changes the host
+    # ledger once per membership.
+    assert isinstance(host, HostLedger) and host.timeline == []
+    assert host.peak_bytes == host.used_bytes == sum(host.by_owner.values())
+    assert {(o.rank, o.group) for o in host.by_owner} == {(0, "0"), (1, "0"), (0, "1"), (1, "1")}
+    assert all(ledger.timeline for ledger in out.ledgers.values())  # the devices keep theirs
 
 
 def test_eager_group_price_is_the_larger_of_a_one_and_a_two_rank_group() -> None:

@@ -23,7 +23,15 @@ from simnccl.engine.config import WorkloadFailure
 from simnccl.engine.rendezvous import Rendezvous
 from simnccl.engine.sim import Sim
 from simnccl.engine.state import GroupRecord, RankRuntime, Snapshot, Waiting, current_device
-from simnccl.memory import DeviceLedger, Owner, SimulatedOOM, oom_message, vllm_check_message, vllm_requested_bytes
+from simnccl.memory import (
+    DeviceLedger,
+    HostLedger,
+    Owner,
+    SimulatedOOM,
+    oom_message,
+    vllm_check_message,
+    vllm_requested_bytes,
+)
 from simnccl.nccl import Part
 from simnccl.ops import Checkpoint, MemoryCheck, Op, SetDevice
 
@@ -106,7 +114,7 @@ class Memory:
         # Pinned host memory NCCL allocates (work FIFO, host-side connection buffers, network buffers without
         # GPUDirect RDMA): a ledger per node, unbounded (the host's memory is not modelled), never in the
         # device figures.
-        self.host_ledgers: dict[str, DeviceLedger] = {}
+        self.host_ledgers: dict[str, HostLedger] = {}
         self._host_by_node: dict[int, DeviceLedger] = {}  # node -> its entry in host_ledgers
         self._shared = SharedEntries()
         self.pricer = Pricer(self.profile, self.cluster.node_of, self.cluster.nodes_of)
@@ -238,7 +246,7 @@ class Memory:
                 key = f"n{rt.node}:host"
                 ledger = self.host_ledgers.get(key)
                 if ledger is None:
-                    ledger = self.host_ledgers[key] = DeviceLedger(key, 2**62)
+                    ledger = self.host_ledgers[key] = HostLedger(key, 2**62)
                 self._host_by_node[rt.node] = ledger
             ledger.allocate(owner, host, time_s=self.sim.now(), op=op)
 

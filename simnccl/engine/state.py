@@ -128,7 +128,8 @@ class RunOutcome:
     slowdowns: list[dict[str, Any]] = field(default_factory=list)  # what each straggler fault cost (Timing)
     meetings: list[Meeting] = field(default_factory=list)  # with keep_trace: every rendezvous (Perfetto trace waits)
     # Pinned host memory NCCL holds, per node ("n0:host"): work FIFOs, host sides of connections, network
-    # buffers without GPUDirect RDMA (simnccl.comm_memory; never in the device ledgers).
+    # buffers without GPUDirect RDMA (simnccl.comm_memory; never in the device ledgers). Each is a HostLedger:
+    # what each owner holds, the total and the peak, and no timeline (nothing reads one).
     host_ledgers: dict[str, DeviceLedger] = field(default_factory=dict)
     # NVLS multicast slots, as the per-node multicast ledger (simnccl.engine.nvls) charged them: held on each
     # node at the end ("n0": 20), and per (rank, communicator name) what that communicator took at its init (a
