@@ -168,7 +168,7 @@ class DeviceLedger:
 class HostLedger(DeviceLedger):
     """A node's pinned host memory that NCCL holds: what each owner holds, the total and the peak, and no
     ``timeline`` (it stays empty). Reports give a node's host use and peak only, and a world-wide startup charges
-    the host once per membership: 2.9 million changes at 131,072 ranks that nothing read."""
+    the host once per communicator: 2.85 million changes at 131,072 ranks that nothing read."""
 
     keeps_timeline: ClassVar[bool] = False
 

@@ -45,7 +45,7 @@ class NcclVersion:
 
     def feature(self, key: str) -> bool:
         """Whether the release has the feature whose first version is ``versions.<key>``: remembered per (version
-        text and patches, key, constants), as the model asks it several times per communicator it prices."""
+        numbers and patches, key, constants), as the model asks it several times per communicator it prices."""
         c = constants()
         memo = (self.numbers, self.patches, key, id(c))
         kept = _FEATURES.get(memo)
