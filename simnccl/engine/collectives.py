@@ -204,7 +204,11 @@ class Collectives:
         self.rendezvous.arrive(meeting, rt, ("p2p", op.size_bytes, op.dtype), op, duration=self.timing.p2p_s)
         yield from self.rendezvous.wait(rt, meeting, op)
         FlightRecorder.complete(entry, self.env.now)
-        self.record(self.env.now, rt.rank, op.name, target.name, src, dst, n)
+        now, trace, name, group_name = self.env.now, self.trace, op.name, target.name  # as op_collective's event
+        trace.record_text(
+            f"({trace.time_text(now)}, {rt.rank!r}, {name!r}, {group_name!r}, {src!r}, {dst!r}, {n!r})",
+            (now, rt.rank, name, group_name, src, dst, n),
+        )
 
     def _pair_comm(self, rt: RankRuntime, group: Group, comm: Comm, op: PointToPoint) -> Generator[Any, Any, int]:
         """A lazily created 2-rank communicator for one peer: a rendezvous with that peer, then its memory."""
