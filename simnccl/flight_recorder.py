@@ -13,6 +13,7 @@ reports completion through its CUDA events); one that never finished stays ``sch
 
 from __future__ import annotations
 
+import functools
 import os
 import pickle
 from collections import deque
@@ -165,11 +166,6 @@ class FlightRecorder:
             trace.p2p_seq_id += 1
         else:
             trace.collective_seq_id += 1
-        name = _PROFILING_NAMES.get((backend_name, op))
-        if name is None:
-            name = f"{backend_name}:{op}"
-            if len(_PROFILING_NAMES) < 4096:  # backends x op names, and p2p labels: bounded all the same
-                _PROFILING_NAMES[(backend_name, op)] = name
         entry = Entry(  # positionally, in field order: every collective of a run records one (keywords cost ~50%)
             self.next_record_id,  # record_id
             trace.pg_id,
@@ -177,7 +173,7 @@ class FlightRecorder:
             trace.collective_seq_id,
             trace.p2p_seq_id,
             trace.op_id,
-            name,  # profiling_name
+            _profiling_name(backend_name, op),  # profiling_name
             round(time_s * 1e9),  # time_created_ns (``_ns``)
             [[numel]],  # input_sizes
             [[numel]],  # output_sizes
@@ -222,21 +218,17 @@ class FlightRecorder:
         }
 
 
-_PROFILING_NAMES: dict[tuple[str, str], str] = {}  # (backend name, op) -> "backend:op"
+# Both are asked once per collective a run records, for a handful of distinct arguments (backends x op names and
+# p2p labels; programs' sizes): remembered, bounded. An unknown dtype raises every time (nothing is kept for it).
+@functools.lru_cache(maxsize=4096)
+def _profiling_name(backend_name: str, op: str) -> str:
+    return f"{backend_name}:{op}"
 
 
+@functools.lru_cache(maxsize=4096)
 def numel(size_bytes: int, dtype: str) -> int:
-    """Elements of ``size_bytes`` of ``dtype`` (at least one): remembered per (size, dtype), as every collective
-    a run records asks it, and programs use a handful of sizes."""
-    count = _NUMELS.get((size_bytes, dtype))
-    if count is None:
-        count = max(1, size_bytes // element_bytes(dtype))
-        if len(_NUMELS) < 4096:
-            _NUMELS[(size_bytes, dtype)] = count
-    return count
-
-
-_NUMELS: dict[tuple[int, str], int] = {}
+    """Elements of ``size_bytes`` of ``dtype`` (at least one)."""
+    return max(1, size_bytes // element_bytes(dtype))
 
 
 def write_dumps(dumps: Mapping[int, Mapping[str, Any]], directory: str | Path, prefix: str = "rank_") -> list[Path]:

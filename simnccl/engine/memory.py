@@ -115,7 +115,7 @@ class Memory:
         # GPUDirect RDMA): a ledger per node, unbounded (the host's memory is not modelled), never in the
         # device figures.
         self.host_ledgers: dict[str, HostLedger] = {}
-        self._host_by_node: dict[int, DeviceLedger] = {}  # node -> its entry in host_ledgers
+        self._host_by_node: dict[int, HostLedger] = {}  # node -> its entry in host_ledgers
         self._shared = SharedEntries()
         self.pricer = Pricer(self.profile, self.cluster.node_of, self.cluster.nodes_of)
         self._oom_at_init: set[int] = set()  # ranks whose next init charge fails (injected fault)

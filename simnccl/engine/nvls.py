@@ -162,12 +162,13 @@ class MulticastSlots:
         binding = self._bindings.get(key)
         if binding is None:
             member_ranks = group.ranks if ranks is None else ranks
-            binding = self._bind(rt, comm, member_ranks, members)
+            local = self._local(rt, member_ranks)  # counted once: the binding and the keeping below both read it
+            binding = self._bind(rt, comm, member_ranks, members, local)
             # A binding is shared by the communicator's members on this node. A member alone on its node is the
             # only one ever to ask, and a binding of nothing has no holder to release, so it is not kept: most
             # memberships of a large startup are alone on their node (a dp or pp group), and an entry each was
             # millions of entries at 131,072 ranks.
-            if binding is not _NO_SLOTS or self._local(rt, member_ranks)[0] > 1:
+            if binding is not _NO_SLOTS or local[0] > 1:
                 self._bindings[key] = binding
         self._hold(rt, comm, binding)
 
@@ -197,9 +198,15 @@ class MulticastSlots:
                 self.sim.trace.record(self.sim.now(), rt.rank, "nvls-release", name, self.used[rt.node])
 
     def _bind(
-        self, rt: RankRuntime, comm: Comm, ranks: tuple[int, ...], members: Mapping[int, tuple[int, ...]]
+        self,
+        rt: RankRuntime,
+        comm: Comm,
+        ranks: tuple[int, ...],
+        members: Mapping[int, tuple[int, ...]],
+        local: tuple[int, int, tuple[int, ...], int],
     ) -> _Binding:
-        active, nvls_enable = self._nvls_active(rt, ranks)
+        """``local``: ``_local(rt, ranks)``."""
+        active, nvls_enable = self._nvls_active(rt, ranks, local)
         if not active or self._shares_parent(rt, comm, ranks, members):
             return _NO_SLOTS
         used = self.used.get(rt.node, 0)
@@ -243,9 +250,12 @@ class MulticastSlots:
             cached = self._envs[id(env)] = (env, dict(items), items)
         return cached[1], cached[2]
 
-    def _nvls_active(self, rt: RankRuntime, ranks: tuple[int, ...]) -> tuple[bool, int]:
-        """Whether NCCL turns NVLS on for this communicator (``simnccl.nccl``), and NCCL_NVLS_ENABLE's value."""
-        local, nodes, sizes, layout = self._local(rt, ranks)
+    def _nvls_active(
+        self, rt: RankRuntime, ranks: tuple[int, ...], local_counts: tuple[int, int, tuple[int, ...], int]
+    ) -> tuple[bool, int]:
+        """Whether NCCL turns NVLS on for this communicator (``simnccl.nccl``), and NCCL_NVLS_ENABLE's value.
+        ``local_counts``: ``_local(rt, ranks)``."""
+        local, nodes, sizes, layout = local_counts
         env, items = self._nccl_env(rt.ctx.env)
         # By the interned environment's identity: every member of a group on another node asks again, and
         # hashing the environment's items each time was most of this call.
