@@ -1,11 +1,14 @@
 """Shared fixtures: the repository's scenarios folder, a writer for scenario files under tmp_path, a loader for
-the benchmark scripts (they are files, not a package), and a check that a block leaves no child process behind."""
+the benchmark scripts (they are files, not a package), a check that a block leaves no child process behind, and
+Ctrl-C restored in a test run started with it ignored."""
 
 from __future__ import annotations
 
 import contextlib
 import importlib.util
 import os
+import signal
+import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -15,6 +18,19 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 SCENARIOS_DIR = REPO / "scenarios"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Give Ctrl-C back to a test run started with SIGINT ignored, so that the processes its tests start get it.
+
+    A shell's background job (``cmd &`` in a script, ``nohup``, some CI runners) starts with SIGINT ignored;
+    Python then installs no KeyboardInterrupt handler, and every process it starts inherits the ignoring. The
+    tests that press Ctrl-C on a real ``simnccl`` process (exit 130, no traceback, no worker left) then
+    measured the launcher's signal disposition, not simnccl: the signal was dropped and the command ran on.
+    A process started from one that handles SIGINT gets the default disposition, as from a terminal.
+    Runs in the controller and in every xdist worker (each loads this file)."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def load_benchmark(name: str) -> ModuleType:
@@ -48,6 +64,17 @@ def no_child_left_behind() -> Iterator[None]:
     yield
     left = child_pids() - before
     assert not left, f"children left behind (running or unreaped): {sorted(left)}"
+
+
+def communicate_or_kill(proc: subprocess.Popen[str], timeout: float) -> tuple[str, str]:
+    """``proc.communicate(timeout)``; past it, the process is killed and reaped and the test fails naming what
+    it printed, rather than leaving a command running after the test that started it."""
+    try:
+        return proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        pytest.fail(f"still running after {timeout:g} s (killed): {proc.args!r}\nstdout: {out}\nstderr: {err}")
 
 
 # A small valid scenario: two H100 96GB ranks, init and one checkpoint. Tests append or replace pieces.

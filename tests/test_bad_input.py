@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import SCENARIOS_DIR, TINY
+from conftest import SCENARIOS_DIR, TINY, communicate_or_kill
 
 from simnccl import runner
 from simnccl.cli import main
@@ -598,7 +598,7 @@ def test_ctrl_c_on_a_real_process_exits_130() -> None:
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
+    _, err = communicate_or_kill(proc, 60)
     assert proc.returncode == 130, err
     assert "Traceback" not in err and "interrupted (Ctrl-C)" in err
 

@@ -20,7 +20,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from conftest import no_child_left_behind
+from conftest import communicate_or_kill, no_child_left_behind
 
 pytest.importorskip("torch")
 
@@ -363,7 +363,7 @@ def test_ctrl_c_during_a_served_capture_exits_130_and_leaves_no_rank_running(tmp
     ranks = [int(p) for p in pids.read_text().split()]
     assert len(ranks) == 2  # both ranks run (each wrote its pid)
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
+    _, err = communicate_or_kill(proc, 60)
     assert proc.returncode == 130, err
     assert "Traceback" not in err
     time.sleep(0.5)  # the ranks die with the fork server (PR_SET_PDEATHSIG) or by its SIGKILL

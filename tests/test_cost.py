@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+from conftest import communicate_or_kill
 
 from simnccl import cost
 from simnccl.cli import main
@@ -236,7 +237,7 @@ def test_ctrl_c_stops_parallel_columns_and_their_workers() -> None:
     first = proc.stdout.readline()  # --quiet streams a column's line as it finishes
     workers = _worker_children(proc.pid)
     proc.send_signal(signal.SIGINT)
-    rest, err = proc.communicate(timeout=120)
+    rest, err = communicate_or_kill(proc, 120)
     assert "torch-default" in first
     assert proc.returncode == 130, err
     assert "finished  cost  torch-default" in err and "Traceback" not in err
