@@ -77,6 +77,15 @@ def communicate_or_kill(proc: subprocess.Popen[str], timeout: float) -> tuple[st
         pytest.fail(f"still running after {timeout:g} s (killed): {proc.args!r}\nstdout: {out}\nstderr: {err}")
 
 
+def at_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make rich see stderr as an interactive terminal that can redraw a line, as a user's shell is: without
+    ``TERM`` set to a real terminal, a run from ``TERM=dumb`` (some CI runners, an editor's shell) draws no bar
+    at all, rightly, and a test of the bar measured its launcher."""
+    monkeypatch.setenv("TTY_COMPATIBLE", "1")
+    monkeypatch.setenv("TTY_INTERACTIVE", "1")
+    monkeypatch.setenv("TERM", "xterm-256color")
+
+
 # A small valid scenario: two H100 96GB ranks, init and one checkpoint. Tests append or replace pieces.
 TINY = """\
 [scenario]

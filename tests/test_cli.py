@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, TINY
+from conftest import REPO, TINY, at_a_terminal
 
 from simnccl.cli import EXIT_BAD_INPUT, EXIT_EXPECTATIONS, EXIT_OK, main
 from simnccl.result import SCHEMA_VERSION
@@ -469,17 +469,12 @@ def test_piped_output_is_not_hard_wrapped() -> None:
 # ---------------------------------------------------------------------------------------------- progress
 
 
-def _force_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("TTY_COMPATIBLE", "1")
-    monkeypatch.setenv("TTY_INTERACTIVE", "1")
-
-
 def test_progress_bar_on_stderr_only_at_a_terminal(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     code, _, err = _run(capsys, str(VLLM_CHECK))
     assert code == EXIT_OK and err == ""  # stderr is not a terminal here: no bar
-    _force_terminal(monkeypatch)
+    at_a_terminal(monkeypatch)
     code, out, err = _run(capsys, str(VLLM_CHECK))
     assert code == EXIT_OK
     assert "variants" in err and "13/13" in err

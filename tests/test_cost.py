@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import communicate_or_kill
+from conftest import at_a_terminal, communicate_or_kill
 
 from simnccl import cost
 from simnccl.cli import main
@@ -196,8 +196,7 @@ def test_a_bar_per_column_at_a_terminal_only(capsys, monkeypatch) -> None:
         monkeypatch.delenv(name, raising=False)
     assert main(SMALL) == 0
     assert capsys.readouterr().err == ""  # stderr is not a terminal here: no bar
-    monkeypatch.setenv("TTY_COMPATIBLE", "1")
-    monkeypatch.setenv("TTY_INTERACTIVE", "1")
+    at_a_terminal(monkeypatch)
     assert main(SMALL) == 0
     out, err = capsys.readouterr()
     assert all(name in err for name in SMALL_COLUMNS) and "100%" in err  # one bar per column, on stderr
