@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+
 import pytest
 from conftest import SCENARIOS_DIR
 
@@ -137,3 +142,26 @@ def test_creation_order_hang_legacy_hangs_later_at_the_collective() -> None:
     assert not any(h["op"].startswith("new_group(") for h in variant.outcome.hangs)
     # legacy got past group creation: the checkpoint after it was reached
     assert variant.checkpoint_used_mib("groups_created") is not None
+
+
+def test_every_shipped_scenario_gives_the_same_document_in_processes_with_other_string_hashes(tmp_path) -> None:
+    """A user's CI reruns a scenario in a new process, and Python salts str hashes per process: a set or dict
+    of names iterated where order reaches the trace would give one trace hash here and another there, which
+    no test inside one process sees. Two processes with different ``PYTHONHASHSEED`` give the same JSON
+    document (trace hashes included) for every shipped scenario, faults and seeds included."""
+    documents = []
+    for seed in ("1", "2"):
+        out = tmp_path / f"seed{seed}.json"
+        done = subprocess.run(
+            [sys.executable, "-m", "simnccl", "run", *map(str, SHIPPED), "--json", str(out), "--quiet"],
+            env={**os.environ, "PYTHONHASHSEED": seed},
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 0, done.stderr
+        documents.append(json.loads(out.read_text(encoding="utf-8")))
+    first, second = documents
+    assert len(first["results"]) == len(SHIPPED)
+    assert [r["trace_hash"] for r in first["results"]] == [r["trace_hash"] for r in second["results"]]
+    assert first == second
