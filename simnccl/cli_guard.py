@@ -6,6 +6,10 @@ also exited 1, so a crash looked like a failed expectation. ``guarded(main)`` ma
 * an uncaught exception is a bug in simnccl: exit 70 (``EX_SOFTWARE`` from sysexits.h), the traceback, and
   one last line saying "please report" with the scenario file(s) the command was running;
 * Ctrl-C (``KeyboardInterrupt``) ends any command with what finished so far and exit 130 (128 + SIGINT);
+* a reader that goes away (``simnccl run ... | head -1``) ends it with exit 141 (128 + SIGPIPE, what a shell
+  reports for a command a closed pipe ended): the scenarios after that point never ran, so neither 0 nor 1 is
+  true (rich's own answer, SystemExit(1), read as "an expectation failed"). Only a closed stdout or stderr
+  counts: a broken pipe to a worker process is a bug like any other exception;
 * the whole command (parsing, workload generators, engine, report) runs under a wall-clock limit
   (``max_wall_s`` in ``simnccl/data/limits.toml``): past it, exit 2 naming the limit — a scenario too large to
   simulate in time is a size problem of the input, like one past any other limit;
@@ -20,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import select
 import signal
 import sys
 import threading
@@ -38,6 +43,7 @@ from simnccl.runner import RunJournal, journal
 EXIT_BAD_INPUT = 2
 EXIT_SOFTWARE = 70  # sysexits.h EX_SOFTWARE: an internal software error
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a command ended by Ctrl-C
+EXIT_OUTPUT_CLOSED = 141  # 128 + SIGPIPE, what a shell reports for a command a closed pipe ended
 OWN_TIMEOUTS = ("real", "capture")  # commands that bound their own time (per run, per rank)
 REAP_GRACE_S = 5.0  # how long stopped children get to exit after SIGTERM before SIGKILL
 
@@ -95,6 +101,10 @@ def guarded(main_fn: MainFn, *, command: Sequence[str] = ()) -> MainFn:
                 return EXIT_BAD_INPUT
             except Exception as err:
                 _reap(children_before)
+                if isinstance(err, BrokenPipeError) and _silence_closed_output():
+                    _say(f"stopped: the output was closed (broken pipe) during simnccl {' '.join(raw)}")
+                    _partial_report(record)
+                    return EXIT_OUTPUT_CLOSED
                 traceback.print_exception(err, file=sys.stderr)
                 _say(
                     f"simnccl: internal error (a bug in simnccl, exit {EXIT_SOFTWARE}) while running "
@@ -106,6 +116,32 @@ def guarded(main_fn: MainFn, *, command: Sequence[str] = ()) -> MainFn:
                 return EXIT_SOFTWARE
 
     return run
+
+
+def _silence_closed_output() -> bool:
+    """Point stdout and stderr, where their reader has gone, at /dev/null (what is still buffered, and the
+    report of what finished, then go nowhere instead of failing again at exit); whether either had gone.
+
+    A pipe's write end whose reader closed polls POLLERR (Linux, macOS); a file or a terminal does not. Where
+    ``poll`` is missing nothing counts as closed, and the broken pipe is reported as the bug it may be."""
+    if not hasattr(select, "poll"):
+        return False
+    closed = False
+    for stream in (sys.__stdout__, sys.__stderr__):
+        try:
+            fd = stream.fileno() if stream is not None else -1
+        except (OSError, ValueError):
+            continue
+        if fd < 0:
+            continue
+        poller = select.poll()
+        poller.register(fd, select.POLLOUT)
+        if any(events & select.POLLERR for _fd, events in poller.poll(0)):
+            closed = True
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, fd)
+            os.close(devnull)
+    return closed
 
 
 def _say(line: str) -> None:

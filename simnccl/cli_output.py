@@ -14,8 +14,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import json
+import os
 import sys
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO, TypeVar
@@ -29,12 +32,44 @@ from simnccl.result import SummaryLine, document
 PIPE_WIDTH = 4096  # columns when stdout is not a terminal: wide enough that nothing a command prints wraps
 
 
+class PipeAwareConsole(Console):
+    """rich's console, except that a reader that went away raises ``BrokenPipeError`` for the command's guard
+    (``simnccl.cli_guard``: exit 141 with what finished) instead of rich's ``SystemExit(1)``, which a script
+    reads as "an expectation failed" although the scenarios after that point never ran."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))
+
+
+def write_all_to_stdout(text: str) -> None:
+    """``text`` on stdout, every byte or an error. Under ``PYTHONUNBUFFERED=1`` (common in CI containers) stdout's
+    binary layer is the raw file, and its text layer drops what a partial ``write`` left over without a word: a
+    JSON document larger than a pipe's buffer, cut short by a reader that went away (or a signal mid-write),
+    ended the command with exit 0 and half a document. Written here in a loop over the binary layer instead,
+    the rest is written or raises (``BrokenPipeError``: the guard's exit 141)."""
+    sys.stdout.flush()
+    buffer = getattr(sys.stdout, "buffer", None)
+    if buffer is None:  # a text-only stream (a test's stand-in): it writes all or raises
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return
+    data = memoryview(text.encode(sys.stdout.encoding or "utf-8"))
+    while data:
+        written = buffer.write(data)
+        if written is None:  # a non-blocking stdout that is full: wait for the reader
+            time.sleep(0.01)
+            continue
+        data = data[written:]
+    buffer.flush()
+
+
 def console_for(stream: TextIO) -> Console:
     """A console that prints user text literally; on a pipe, wide and soft-wrapped (no hard line breaks)."""
     probe = Console(file=stream)
     if probe.is_terminal:
-        return Console(file=stream, markup=False, highlight=False)
-    return Console(file=stream, markup=False, highlight=False, soft_wrap=True, width=PIPE_WIDTH)
+        return PipeAwareConsole(file=stream, markup=False, highlight=False)
+    return PipeAwareConsole(file=stream, markup=False, highlight=False, soft_wrap=True, width=PIPE_WIDTH)
 
 
 class _Live:
@@ -219,8 +254,7 @@ class Output:
     def write_json(self, doc: Mapping[str, Any]) -> None:
         text = json.dumps(doc, indent=2, default=str) + "\n"
         if self.json_target == STDOUT:
-            sys.stdout.write(text)
-            sys.stdout.flush()
+            write_all_to_stdout(text)
         elif self.json_target is not None:
             try:
                 Path(self.json_target).write_text(text, encoding="utf-8")

@@ -1,6 +1,6 @@
 """Bad input never crashes, stalls or exhausts memory: each signature issue 10 measured ends as exit 2 naming
-the file, the key and what was expected — plus the exit codes of the guard (70 a bug, 130 Ctrl-C) and of
-verdicts nobody asked for (1 unless allowed).
+the file, the key and what was expected — plus the exit codes of the guard (70 a bug, 130 Ctrl-C, 141 a reader
+that went away) and of verdicts nobody asked for (1 unless allowed).
 
 Each test runs ``simnccl run`` in-process on a small scenario with one thing wrong; every one is fast (the
 limits are checked before anything is expanded or simulated).
@@ -22,7 +22,7 @@ from conftest import SCENARIOS_DIR, TINY, communicate_or_kill
 
 from simnccl import runner
 from simnccl.cli import main
-from simnccl.cli_guard import EXIT_INTERRUPTED, EXIT_SOFTWARE, guarded
+from simnccl.cli_guard import EXIT_INTERRUPTED, EXIT_OUTPUT_CLOSED, EXIT_SOFTWARE, guarded
 from simnccl.engine import Engine, EngineGuardError, Limits
 from simnccl.faults import Fault, FaultSchedule
 from simnccl.limits import current as current_limits
@@ -601,6 +601,48 @@ def test_ctrl_c_on_a_real_process_exits_130() -> None:
     _, err = communicate_or_kill(proc, 60)
     assert proc.returncode == 130, err
     assert "Traceback" not in err and "interrupted (Ctrl-C)" in err
+
+
+# A few shipped scenarios, several seconds of simulation after the first line is printed.
+_SEVERAL = [str(SCENARIOS_DIR / f"{name}.toml") for name in ("crash-replaced", "pytorch-199957", "vllm-startup-check")]
+
+
+@pytest.mark.parametrize("unbuffered", ["", "1"], ids=["buffered", "PYTHONUNBUFFERED"])
+@pytest.mark.parametrize("json_out", [False, True], ids=["table", "json"])
+def test_a_reader_that_goes_away_ends_the_command_with_141_and_what_finished(unbuffered, json_out) -> None:
+    """``simnccl run ... | head -1``: the scenarios after the reader left never ran, so 0 would be a lie and 1
+    ("an expectation failed", rich's own answer) a wrong one. The shell's code for a command a closed pipe
+    ended, what finished on stderr, no traceback. The JSON document too (written whole at the end: ~250 KB for
+    these three, more than a pipe holds, so the write is still going when the reader leaves), and under
+    PYTHONUNBUFFERED=1, where a partial write was dropped without a word (exit 0)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    if unbuffered:
+        env["PYTHONUNBUFFERED"] = unbuffered
+    argv = [sys.executable, "-m", "simnccl", "run", *_SEVERAL, *(["--json"] if json_out else [])]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    assert proc.stdout is not None and proc.stdout.readline()  # the first line, then the reader goes away
+    proc.stdout.close()
+    try:
+        err = proc.stderr.read().decode() if proc.stderr is not None else ""
+        proc.wait(timeout=120)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == EXIT_OUTPUT_CLOSED == 141, err
+    assert "stopped: the output was closed (broken pipe) during simnccl run" in err and "Traceback" not in err
+    if not json_out:  # the table streams: the first scenario had finished when its line was read
+        assert "  finished  " in err and "crash-replaced.toml  default: pass" in err
+
+
+def test_a_broken_pipe_that_is_not_the_output_is_a_bug(capsys) -> None:
+    """Only a closed stdout or stderr is the reader going away: a pipe to a worker process that broke is a
+    defect like any other (exit 70, the traceback), not a quiet 141."""
+
+    def command(argv: object) -> int:
+        raise BrokenPipeError(32, "Broken pipe (a worker's)")
+
+    assert guarded(command)(["run"]) == EXIT_SOFTWARE
+    assert "BrokenPipeError" in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------------------------------------- wall-clock flags

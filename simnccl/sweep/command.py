@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from simnccl.cli_options import env_item
+from simnccl.cli_output import PipeAwareConsole
 from simnccl.policy.plans import UserPolicyError
 from simnccl.sweep.cell import Cell, expand
 from simnccl.sweep.executors import Executor, ExecutorError, check_address, run_cells
@@ -308,7 +309,6 @@ class _Progress:
         self._bar = None
         if not enabled:
             return
-        from rich.console import Console
         from rich.progress import (
             BarColumn,
             MofNCompleteColumn,
@@ -324,7 +324,7 @@ class _Progress:
             MofNCompleteColumn(),
             TimeElapsedColumn(),
             TimeRemainingColumn(),
-            console=Console(file=stream),
+            console=PipeAwareConsole(file=stream),  # a closed stderr: the guard's exit 141, not rich's exit 1
             transient=False,
         )
         self._task = self._bar.add_task("sweep", total=total, completed=done)
