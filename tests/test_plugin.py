@@ -478,3 +478,49 @@ def test_simnccl_seed_changes_the_seed_only(pytester: pytest.Pytester, monkeypat
     )
     run(pytester, "--simnccl-seed", "99").assert_outcomes(passed=1)
     run(pytester, "--simnccl-seed", "99", "-n", "2").assert_outcomes(passed=1)
+
+
+_DRAWS_AROUND_AN_IMPORT = """\
+import json, os
+from hypothesis import given, settings, strategies as st
+
+def test_imports_a_module_of_constants():
+    import acme_constants  # noqa: F401  -- lazily, as a team's startup code is imported by some tests only
+
+@settings(derandomize=True, database=None)
+@given(st.lists(st.integers(0, 10_000), min_size=30, max_size=30))
+def test_draws(values):
+    with open(os.environ["DRAWN"], "a", encoding="utf-8") as out:
+        out.write(json.dumps(values) + "\\n")
+"""
+
+
+@pytest.mark.parametrize("profile", ["ci", ""], ids=["simnccl-ci", "no-profile"])
+def test_derandomized_examples_are_the_same_whichever_test_ran_first(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, profile: str
+) -> None:
+    """hypothesis draws now and then a constant found in the local modules imported so far, so a derandomized
+    test drew other examples once another test had imported one more module; under xdist which tests ran
+    first in a worker changes every run. With a derandomized session profile (simnccl's ``ci``) the plugin
+    freezes that pool when collection ends (``simnccl.testing.stable_examples``): either order draws the same
+    examples. Without it (control) the orders differ, which shows the check can fail."""
+    pytester.makepyfile(test_order=_DRAWS_AROUND_AN_IMPORT)
+    pytester.makepyfile(acme_constants=f"VALUES = {list(range(7, 10_000, 97))}\n")
+    for name in CI_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    if profile:
+        monkeypatch.setenv("SIMNCCL_HYPOTHESIS_PROFILE", profile)
+    else:
+        monkeypatch.delenv("SIMNCCL_HYPOTHESIS_PROFILE", raising=False)
+    drawn = []
+    imports, draws = "test_imports_a_module_of_constants", "test_draws"
+    for order in ([imports, draws], [draws, imports]):
+        path = pytester.path / f"drawn-{len(drawn)}.jsonl"
+        monkeypatch.setenv("DRAWN", str(path))
+        run(pytester, "-p", "no:cacheprovider", *[f"test_order.py::{name}" for name in order]).assert_outcomes(passed=2)
+        drawn.append(path.read_text(encoding="utf-8").splitlines())
+    assert len(drawn[0]) == len(drawn[1]) == 100
+    if profile:
+        assert drawn[0] == drawn[1]
+    else:
+        assert drawn[0] != drawn[1], "hypothesis no longer draws local constants: the freeze may be moot"

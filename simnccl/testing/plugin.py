@@ -10,7 +10,8 @@ What it gives a suite:
 * fixtures ``simnccl_cluster`` (a ``Cluster`` factory), ``simnccl_simulate`` (``simnccl.testing.simulate``),
   ``simnccl_scenario`` (load and run a scenario file), ``simnccl_seed`` (the ``--simnccl-seed`` value);
 * markers ``gpu``, ``real``, ``slow``, ``property``;
-* hypothesis profiles ``ci`` (derandomized: the same examples every run), ``dev`` (few), ``thorough`` (many),
+* hypothesis profiles ``ci`` (derandomized: the same examples every run, whatever a test imports:
+  ``simnccl.testing.stable_examples``), ``dev`` (few), ``thorough`` (many),
   registered as ``simnccl-ci`` etc. (hypothesis has a ``ci`` of its own), chosen by
   ``SIMNCCL_HYPOTHESIS_PROFILE`` (default ``ci``) unless ``--hypothesis-profile`` names one;
   ``--simnccl-seed N`` turns derandomization off and seeds every hypothesis test with ``N``;
@@ -43,10 +44,11 @@ try:  # hypothesis is a test extra: without it the plugin still gives fixtures, 
         register_profiles,
         untouched,
     )
+    from simnccl.testing.stable_examples import freeze_local_constants
 except ImportError:  # pragma: no cover - exercised only in an environment without hypothesis
     settings = None  # type: ignore[assignment]
     PROFILE_ENV, PROFILES = "SIMNCCL_HYPOTHESIS_PROFILE", {}
-    load_profile = register_profiles = untouched = None  # type: ignore[assignment]
+    load_profile = register_profiles = untouched = freeze_local_constants = None  # type: ignore[assignment]
 
 __all__ = ["PROFILES", "PROFILE_ENV", "is_registered", "load_profile", "register_profiles"]
 
@@ -134,6 +136,13 @@ def pytest_configure(config: pytest.Config) -> None:
     if os.environ.get(PROFILE_ENV) and untouched():
         load_profile()
     _min_programs(config)  # a bad SIMNCCL_MIN_PROGRAMS stops the session here, before any test runs
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    # Every test module is imported now, the same in every xdist worker: a derandomized profile draws the same
+    # examples whatever a test imports later (``simnccl.testing.stable_examples``).
+    if settings is not None and settings.default.derandomize:
+        freeze_local_constants()
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
