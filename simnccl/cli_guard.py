@@ -6,6 +6,7 @@ also exited 1, so a crash looked like a failed expectation. ``guarded(main)`` ma
 * an uncaught exception is a bug in simnccl: exit 70 (``EX_SOFTWARE`` from sysexits.h), the traceback, and
   one last line saying "please report" with the scenario file(s) the command was running;
 * Ctrl-C (``KeyboardInterrupt``) ends any command with what finished so far and exit 130 (128 + SIGINT);
+* a full disk under its output (``> /dev/full``): exit 2 naming it, as for a ``--json`` file, not a bug report;
 * a reader that goes away (``simnccl run ... | head -1``) ends it with exit 141 (128 + SIGPIPE, what a shell
   reports for a command a closed pipe ended): the scenarios after that point never ran, so neither 0 nor 1 is
   true (rich's own answer, SystemExit(1), read as "an expectation failed"). Only a closed stdout or stderr
@@ -22,6 +23,7 @@ does not apply to them, everything else does.
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import os
 import select
@@ -69,7 +71,9 @@ def guarded(main_fn: MainFn, *, command: Sequence[str] = ()) -> MainFn:
             try:
                 wall_s = None if raw[:1] and raw[0] in OWN_TIMEOUTS else current_limits().max_wall_s
                 with _wall_clock(wall_s):
-                    return main_fn(argv)
+                    code = main_fn(argv)
+                    _flush_output()  # a full disk or a closed pipe shows here, inside the guard, not at exit
+                    return code
             except LimitError as err:
                 _say(f"error: {err}")
                 return EXIT_BAD_INPUT
@@ -101,6 +105,11 @@ def guarded(main_fn: MainFn, *, command: Sequence[str] = ()) -> MainFn:
                 return EXIT_BAD_INPUT
             except Exception as err:
                 _reap(children_before)
+                if isinstance(err, OSError) and err.errno in _NO_SPACE:  # the machine's, not simnccl's
+                    _discard_unwritable_output()
+                    _say(f"error: {_where(record, raw)}: cannot write its output: {err.strerror or err}")
+                    _partial_report(record)
+                    return EXIT_BAD_INPUT
                 if isinstance(err, BrokenPipeError) and _silence_closed_output():
                     _say(f"stopped: the output was closed (broken pipe) during simnccl {' '.join(raw)}")
                     _partial_report(record)
@@ -116,6 +125,33 @@ def guarded(main_fn: MainFn, *, command: Sequence[str] = ()) -> MainFn:
                 return EXIT_SOFTWARE
 
     return run
+
+
+_NO_SPACE = frozenset(code for code in (errno.ENOSPC, getattr(errno, "EDQUOT", None)) if code is not None)
+
+
+def _flush_output() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        if stream is not None:
+            stream.flush()
+
+
+def _discard_unwritable_output() -> None:
+    """Point stdout or stderr at /dev/null where it still cannot take what is buffered (a full disk): else the
+    interpreter's last flush fails again at exit, after this guard, and exits 120 with a traceback-like note."""
+    for stream in (sys.stdout, sys.stderr):
+        if stream is None:
+            continue
+        try:
+            stream.flush()
+        except OSError:
+            try:
+                fd = stream.fileno()
+            except (OSError, ValueError):
+                continue
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, fd)
+            os.close(devnull)
 
 
 def _silence_closed_output() -> bool:

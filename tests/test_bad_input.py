@@ -739,6 +739,30 @@ def test_a_json_output_that_cannot_be_written_is_exit_2_naming_it(capsys, comman
     assert "--json: cannot write '/dev/full': No space left on device" in err and "internal error" not in err
 
 
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs Linux's /dev/full (every write: ENOSPC)")
+@pytest.mark.parametrize("unbuffered", ["", "1"], ids=["buffered", "PYTHONUNBUFFERED"])
+@pytest.mark.parametrize("json_out", [False, True], ids=["table", "json"])
+def test_a_full_disk_under_stdout_is_exit_2_naming_it_not_a_bug_report(unbuffered: str, json_out: bool) -> None:
+    """``simnccl run > /dev/full`` (a CI runner's disk filled by its logs) asked the user to report a bug in
+    simnccl (exit 70, the traceback). The machine's problem, as for a ``--json`` file: exit 2, one line saying
+    what could not be written, no traceback, and no second failure at the interpreter's last flush (exit 120)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    if unbuffered:
+        env["PYTHONUNBUFFERED"] = unbuffered
+    with open("/dev/full", "w", encoding="utf-8") as full:
+        done = subprocess.run(
+            [sys.executable, "-m", "simnccl", "run", _SEVERAL[0], *(["--json"] if json_out else [])],
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            timeout=120,
+        )
+    assert done.returncode == 2, done.stderr
+    assert "cannot write its output: No space left on device" in done.stderr
+    assert "Traceback" not in done.stderr and "internal error" not in done.stderr and "Exception" not in done.stderr
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
