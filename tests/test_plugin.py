@@ -487,7 +487,7 @@ from hypothesis import given, settings, strategies as st
 def test_imports_a_module_of_constants():
     import acme_constants  # noqa: F401  -- lazily, as a team's startup code is imported by some tests only
 
-@settings(derandomize=True, database=None)
+@settings(derandomize=DERANDOMIZE, database=None)
 @given(st.lists(st.integers(0, 10_000), min_size=30, max_size=30))
 def test_draws(values):
     with open(os.environ["DRAWN"], "a", encoding="utf-8") as out:
@@ -495,16 +495,20 @@ def test_draws(values):
 """
 
 
-@pytest.mark.parametrize("profile", ["ci", ""], ids=["simnccl-ci", "no-profile"])
+@pytest.mark.parametrize(
+    ("profile", "seed"), [("ci", ()), ("", ("--simnccl-seed", "7")), ("", ())], ids=["simnccl-ci", "seed", "neither"]
+)
 def test_derandomized_examples_are_the_same_whichever_test_ran_first(
-    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, profile: str
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, profile: str, seed: tuple[str, ...]
 ) -> None:
     """hypothesis draws now and then a constant found in the local modules imported so far, so a derandomized
     test drew other examples once another test had imported one more module; under xdist which tests ran
     first in a worker changes every run. With a derandomized session profile (simnccl's ``ci``) the plugin
     freezes that pool when collection ends (``simnccl.testing.stable_examples``): either order draws the same
-    examples. Without it (control) the orders differ, which shows the check can fail."""
-    pytester.makepyfile(test_order=_DRAWS_AROUND_AN_IMPORT)
+    examples. So it does under ``--simnccl-seed`` (a seed given to reproduce a run). With neither (control)
+    the orders differ, which shows the check can fail."""
+    # A seed is ignored by a derandomized test: under --simnccl-seed the test leaves derandomization off.
+    pytester.makepyfile(test_order=f"DERANDOMIZE = {not seed}\n" + _DRAWS_AROUND_AN_IMPORT)
     pytester.makepyfile(acme_constants=f"VALUES = {list(range(7, 10_000, 97))}\n")
     for name in CI_VARIABLES:
         monkeypatch.delenv(name, raising=False)
@@ -517,10 +521,11 @@ def test_derandomized_examples_are_the_same_whichever_test_ran_first(
     for order in ([imports, draws], [draws, imports]):
         path = pytester.path / f"drawn-{len(drawn)}.jsonl"
         monkeypatch.setenv("DRAWN", str(path))
-        run(pytester, "-p", "no:cacheprovider", *[f"test_order.py::{name}" for name in order]).assert_outcomes(passed=2)
+        names = [f"test_order.py::{name}" for name in order]
+        run(pytester, "-p", "no:cacheprovider", *seed, *names).assert_outcomes(passed=2)
         drawn.append(path.read_text(encoding="utf-8").splitlines())
     assert len(drawn[0]) == len(drawn[1]) == 100
-    if profile:
+    if profile or seed:
         assert drawn[0] == drawn[1]
     else:
         assert drawn[0] != drawn[1], "hypothesis no longer draws local constants: the freeze may be moot"

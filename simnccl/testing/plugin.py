@@ -139,10 +139,17 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    # Every test module is imported now, the same in every xdist worker: a derandomized profile draws the same
-    # examples whatever a test imports later (``simnccl.testing.stable_examples``).
-    if settings is not None and settings.default.derandomize:
+    # Every test module is imported now, the same in every xdist worker: a derandomized profile, or a seed given
+    # to reproduce a run (--simnccl-seed, --hypothesis-seed), draws the same examples whatever a test imports
+    # later (``simnccl.testing.stable_examples``).
+    if settings is not None and (settings.default.derandomize or _forced_seed() is not None):
         freeze_local_constants()
+
+
+def _forced_seed() -> object:
+    from hypothesis import core
+
+    return getattr(core, "global_force_seed", None)
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:

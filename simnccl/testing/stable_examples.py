@@ -13,9 +13,10 @@ the CLI fuzz test drew other byte mutants after ``tests/test_bad_input.py`` had 
 imported.
 
 The plugin (``simnccl.testing.plugin``) freezes the pool of local constants when collection has finished, if
-the session's profile is derandomized: every test module is imported by then, the same ones in every worker and
-every run, and a module imported later adds nothing to what examples are drawn from. Random profiles are left
-as hypothesis makes them.
+the session's profile is derandomized or a seed was given to reproduce a run (``--simnccl-seed``,
+``--hypothesis-seed``): every test module is imported by then, the same ones in every worker and every run, and
+a module imported later adds nothing to what examples are drawn from. Random runs are left as hypothesis makes
+them.
 """
 
 from __future__ import annotations
