@@ -19,7 +19,9 @@ add checks::
 
 Rules: a group family (tp/dp/pp-like partition, pairs, singletons, colour splits), a duplicate of a family,
 a collective on a bound handle, a matched send/recv pair. The program is valid by construction
-(``simnccl.testing.strategies``), so any failure is the policy's or the simulator's.
+(``simnccl.testing.strategies``), so any failure is the policy's or the simulator's: a family or a send/recv
+pair that would take a node past its NVLS multicast slots is not added (``simnccl.testing.multicast_room``,
+as ``cases()`` rejects such a program: it would test the hardware, not the policy).
 """
 
 from __future__ import annotations
@@ -28,11 +30,21 @@ from typing import Any
 
 from hypothesis import assume
 from hypothesis import strategies as st
-from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invariant, precondition, rule
+from hypothesis.stateful import (
+    Bundle,
+    MultipleResults,
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    multiple,
+    precondition,
+    rule,
+)
 
 from simnccl.engine import RunOutcome
 from simnccl.ops import WORLD
 from simnccl.testing import invariants as inv
+from simnccl.testing.multicast_room import within_multicast_slots
 from simnccl.testing.replay import SimCase
 from simnccl.testing.strategies import (
     COLLECTIVES,
@@ -113,23 +125,32 @@ class GrowingProgram(RuleBasedStateMachine):
         kind=st.sampled_from([k for k in FAMILY_KINDS if k != "duplicate"]),
         colors=st.lists(st.integers(0, 3), min_size=8, max_size=8),
     )
-    def add_family(self, kind: str, colors: list[int]) -> str:
+    def add_family(self, kind: str, colors: list[int]) -> str | MultipleResults[str]:
         handle = f"{PURPOSE[kind]}{len(self.families)}"
         family = Family(handle, family_parts(kind, self.world, self.shape, colors), PURPOSE[kind])
         return self._add(family)
 
     @precondition(lambda self: self._ops() + 8 <= MAX_OPS)
     @rule(target=handles, source=handles)
-    def add_duplicate(self, source: str) -> str:
+    def add_duplicate(self, source: str) -> str | MultipleResults[str]:
         parts = self.families[source].parts if source in self.families else (tuple(range(self.world)),)
         purpose = self.families[source].purpose if source in self.families else "world"
         return self._add(Family(f"{purpose}{len(self.families)}", parts, purpose))
 
-    def _add(self, family: Family) -> str:
+    def _add(self, family: Family) -> str | MultipleResults[str]:
+        if not self._fits([*self.steps, family]):
+            return multiple()  # nothing added: no handle for later rules
         self.families[family.handle] = family
         self.steps.append(family)
         self.dirty = True
         return family.handle
+
+    def _fits(self, steps: list[Family | Use]) -> bool:
+        """Whether a program of ``steps`` stays within its nodes' NVLS multicast slots under every policy. On an
+        8-GPU H200 node a 13th communicator of two or more local members fails at creation (pytorch#187155), in
+        real life and in the simulator: a program past that tests the hardware, not the policy."""
+        programs = Layout(self.world, tuple(steps)).render()
+        return within_multicast_slots(programs, self.cluster.gpu, self.cluster.gpus_per_node)
 
     @precondition(lambda self: self._ops() < MAX_OPS)
     @rule(
@@ -150,7 +171,11 @@ class GrowingProgram(RuleBasedStateMachine):
         part = data.draw(st.sampled_from(multi), label="part")
         src, dst = data.draw(st.permutations(part), label="order")[:2]
         size = data.draw(st.sampled_from(SIZES_BYTES), label="size")
-        self.steps += first_use_is_collective(self.steps, self.initialized, Use("p2p", handle, size, src, dst))
+        initialized = set(self.initialized)
+        steps = [*self.steps, *first_use_is_collective(self.steps, initialized, Use("p2p", handle, size, src, dst))]
+        if not self._fits(steps):  # the pair's own communicator would take a node past its multicast slots
+            return
+        self.steps, self.initialized = steps, initialized
         self.dirty = True
 
     @precondition(lambda self: self._ops() >= MAX_OPS)
