@@ -650,9 +650,12 @@ def eager_group_mib(profile: Profile, env: Mapping[str, str]) -> float:
     """The most one eagerly created group charges a member at creation, as a budget prices it.
 
     Rank-independent on purpose (every member must reach the same decision): the larger of a one-rank and a
-    two-rank group on one node (the groups #199957 and sglang#35538 measured), at init under ``env`` (with
-    ``NCCL_RUNTIME_CONNECT=0`` that includes the connections); a group of a whole node, where it costs more,
-    is under-priced. Raises NcclInputError for a bad NCCL knob in ``env``.
+    two-rank group on one node (the groups #199957 and sglang#35538 measured), at init under ``env``. With
+    connections made at first use (``NCCL_RUNTIME_CONNECT=1``, the default) that bounds a group of any size
+    and layout (``tests/test_policy.py`` checks 1-8 ranks on 1, 2 and 4 nodes for every GPU kind). With
+    ``NCCL_RUNTIME_CONNECT=0`` init includes the connections, which grow with the layout: a larger group is
+    under-priced (H100: 1,159 MiB for 3 ranks on a node, 2,181 MiB for 4 nodes x 1, against 901), so a
+    budget caps eager groups there, not MiB. Raises NcclInputError for a bad NCCL knob in ``env``.
     """
     key = (profile.name, nccl_env(env))
     cached = _eager_mib.get(key)

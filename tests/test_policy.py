@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 
 import pytest
 
+from simnccl.cluster import gpu_kinds
 from simnccl.ops import AllReduce, Checkpoint, InitProcessGroup, NewGroup, PgOptions, SetDevice
 from simnccl.policy import (
     BUILTIN,
@@ -200,3 +201,41 @@ def test_dedupe_binds_the_identical_group_of_the_same_backend() -> None:
     assert out.verdict == "pass"
     handles = out.ranks[0].handles
     assert handles["c"] is handles["b"] and handles["b"] is not handles["a"]
+
+
+def _most_a_group_costs(profile, env: dict[str, str]) -> tuple[float, str]:
+    """The most a group of 1-8 ranks on each of 1, 2 or 4 nodes charges one member at creation (MiB), and where."""
+    from simnccl.comm_memory import Pricer
+
+    pricer = Pricer(profile, lambda rank: rank // 8)
+    most, where = 0.0, ""
+    for nodes in (1, 2, 4):
+        for per_node in range(1, 9):
+            ranks = tuple(node * 8 + local for node in range(nodes) for local in range(per_node))
+            for index in range(len(ranks)):
+                mib = pricer.create(ranks, index, env).breakdown.init_device_bytes / 2**20
+                if mib > most:
+                    most, where = mib, f"{nodes} node(s) x {per_node}"
+    return most, where
+
+
+@pytest.mark.parametrize("gpu", sorted(gpu_kinds()))
+def test_the_budget_price_of_a_group_bounds_every_layout_unless_connections_are_made_at_init(gpu: str) -> None:
+    """``budget(X)`` prices every eager group at ``eager_group_mib`` (the larger of a one- and a two-rank group on
+    one node): rank-independent, so every member decides alike. With connections made at first use
+    (NCCL_RUNTIME_CONNECT=1, the default) no group of any size or layout costs more at creation, so X bounds
+    the MiB. With NCCL_RUNTIME_CONNECT=0 a larger group does (its connections scale with the layout): there the
+    policy caps eager groups, not MiB, as the README says. If a model change makes the price a bound there
+    too, this test says so and the README's caveat can go."""
+    from simnccl.comm_memory import eager_group_mib
+    from simnccl.profiles import find_profile
+
+    profile = find_profile(gpu, "2.15")
+    most, where = _most_a_group_costs(profile, {})
+    assert most <= eager_group_mib(profile, {}) + 1e-6, f"{gpu}: {where} costs {most:.1f} MiB at creation"
+    connect_at_init = {"NCCL_RUNTIME_CONNECT": "0"}
+    most, where = _most_a_group_costs(profile, connect_at_init)
+    if gpu in ("l4", "rtx3060-12gb"):  # the model prices no group there above the one-rank group, even so
+        assert most <= eager_group_mib(profile, connect_at_init) + 1e-6
+        return
+    assert most > eager_group_mib(profile, connect_at_init), f"{gpu}: the caveat no longer holds ({where})"

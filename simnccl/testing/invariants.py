@@ -166,7 +166,9 @@ def within_budget(
 
     BudgetPolicy makes a ``new_group`` eager only while every member's count of eager NCCL groups created by
     ``new_group`` stays within ``floor(X / per)``; the rest get ``lazy_init``. Eager groups are the only ones
-    that allocate at creation, each at most ``group_bytes`` per member (``eager_group_bytes``). So between the
+    that allocate at creation, each at most ``group_bytes`` per member: ``eager_group_bytes`` while
+    connections are made at first use (the default); with ``NCCL_RUNTIME_CONNECT=0`` a larger group costs more
+    at init, so pass the most one of the program's groups costs (``comm_memory.Pricer``). So between the
     checkpoint ``before`` (after ``init_process_group``: CUDA context + world communicator) and ``after``
     (after group creation, before any use) every device may grow by at most::
 
