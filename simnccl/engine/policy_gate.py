@@ -232,9 +232,7 @@ class PolicyGate:
         mine = decisions[own]
         if mine.reuse is not None:
             if op.bind and rt.rank in splits[own]:
-                existing = self.identical_group(rt, splits[own], parent_backend, mine.pg_options)
-                if existing is not None:
-                    rt.handles[op.bind] = existing
+                rt.handles[op.bind] = self.reused_group(rt, splits[own], parent_backend, mine)
             elif op.bind:
                 rt.handles.setdefault(op.bind, NON_GROUP_MEMBER)
             return None
@@ -280,14 +278,39 @@ class PolicyGate:
     def identical_group(
         self, rt: RankRuntime, ranks: tuple[int, ...], backend: str | None, options: PgOptions
     ) -> Group | None:
-        """The group this rank created earlier with the same ranks, backend name and options (dedupe's key)."""
-        assert rt.world is not None
-        name = (backend or rt.world.backend.requested).lower()
+        """The group a reuse of ``ranks`` binds on this rank, found as ``simnccl.torch_apply`` finds it: the one
+        created earlier with the same ranks, backend name and options (dedupe's key), else the first live one
+        with those ranks. A policy composed after ``dedupe`` may change the backend or options of a call dedupe
+        reuses (``dedupe+nccl-lazy-p2p`` on a pipeline group equal to a tensor-parallel one): real torch still
+        gets the earlier group, and so does the simulation. Only groups a ``new_group`` or ``split_group`` made
+        count, as there: never the default group, which no reuse names (it bound a destroyed group's reuse to the
+        world group where real torch raises). None when no live group has those ranks."""
+        world = rt.world
+        assert world is not None
+        name = (backend or world.backend.requested).lower()
+        first = None
         for group in rt.groups:
-            same = group.ranks == ranks and group.backend.requested == name and group.options == options
-            if same and not group.destroyed:
+            if group.destroyed or group.ranks != ranks or group is world:
+                continue
+            if group.backend.requested == name and group.options == options:
                 return group
-        return None
+            if first is None:
+                first = group
+        return first
+
+    def reused_group(
+        self, rt: RankRuntime, ranks: tuple[int, ...], backend: str | None, decision: GroupDecision
+    ) -> Group:
+        """``identical_group``, or the error ``simnccl.torch_apply`` raises where there is none (the group was
+        destroyed): a member left holding no group would pass here and fail in real torch."""
+        existing = self.identical_group(rt, ranks, backend, decision.pg_options)
+        if existing is None:
+            raise TorchError(
+                "ApplyError",
+                f"policy {self.policy.name!r} reuses group {list(ranks)} ({decision.explanation}), but this process "
+                "holds no live group with those ranks (destroyed)",
+            )
+        return existing
 
     def effective_op(
         self,
@@ -301,9 +324,7 @@ class PolicyGate:
         ``rewritten(op, decision)`` when the caller has it already."""
         if decision.reuse is not None:
             if rt.rank in members.index and op.bind:
-                existing = self.identical_group(rt, members.ranks, decision.backend, decision.pg_options)
-                if existing is not None:
-                    rt.handles[op.bind] = existing
+                rt.handles[op.bind] = self.reused_group(rt, members.ranks, decision.backend, decision)
             elif op.bind:
                 rt.handles.setdefault(op.bind, NON_GROUP_MEMBER)
             return None

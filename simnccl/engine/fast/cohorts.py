@@ -338,7 +338,7 @@ class Cohorts:
                 if effective is None:  # reused by every caller: no torch call, no counter, no split
                     assert cohort.history is not None and request is not None
                     cohort.history.record(request, decision)
-                    self._block_reuse(op, decision)
+                    failed = not self._block_reuse(cohort, pc, op, decision)
                     if op.bind:
                         binds.add(op.bind)
                     executed += 1
@@ -446,16 +446,22 @@ class Cohorts:
             return None, decision, request
         return gate.effective_op(rt, op, members, decision), decision, request
 
-    def _block_reuse(self, op: NewGroup, decision: GroupDecision) -> None:
+    def _block_reuse(self, cohort: Cohort, pc: int, op: NewGroup, decision: GroupDecision) -> bool:
+        """Each member's handle bound to the group its reuse names; False when one has none (its error is
+        raised in its own process, as the per-rank path raises it)."""
         members = self.planner.members(op)
         assert isinstance(members, Members)
         if not op.bind:
-            return
+            return True
+        ok = True
         for rank in members.ranks:
             rt = self.ranks[rank]
-            existing = self.policy_gate.identical_group(rt, members.ranks, decision.backend, decision.pg_options)
-            if existing is not None:
-                rt.handles[op.bind] = existing
+            try:
+                rt.handles[op.bind] = self.policy_gate.reused_group(rt, members.ranks, decision.backend, decision)
+            except TorchError as err:
+                cohort.failures[rank] = (pc, err)
+                ok = False
+        return ok
 
     def _block_plans(self, op: Op, counter: int) -> dict[int, GroupPlan] | None:
         """Every rank's plan that matters for this op, or None when the op can't be taken as a block.
