@@ -182,3 +182,32 @@ def test_deterministic_compares_trace_hashes() -> None:
     other = case([*START, *groups(2), AllReduce(group="g0")])
     verdict = inv.deterministic(c.run(), other.run())
     assert not verdict and "trace hash" in verdict.explanation
+
+
+def test_within_budget_does_not_count_the_process_overhead_a_lazy_default_group_leaves_to_a_group() -> None:
+    """``TORCH_DIST_USE_NCCL2=0`` (legacy: the default group is lazy): the process's first communicator is the
+    first eager group's, so NCCL's once-per-process overhead (82 MiB) lands between ``init`` and ``groups``.
+    It is the world's cost, not a group's: ``within_budget`` counted it and failed a budget that held
+    (470.6 MiB = one 388.6 MiB group + 82 MiB). Found by the thorough profile."""
+    from simnccl.ops import Checkpoint, InitProcessGroup, NewGroup, SetDevice
+    from simnccl.testing import simulate
+
+    groups = [
+        NewGroup(ranks=(r,), bind=f"{purpose}{i}", purpose=purpose)
+        for i, purpose in enumerate(("tp", "tp", "pp"))
+        for r in (0, 1)
+    ]
+    program = [SetDevice(), InitProcessGroup(), Checkpoint(label="init"), *groups, Checkpoint(label="groups")]
+    env = {"TORCH_DIST_USE_NCCL2": "0"}
+    priced = inv.eager_group_bytes("a100-80gb", "2.15", env)
+    out = simulate(program, gpu="a100-80gb", env=env, policy="nccl-lazy-p2p+budget(500)")
+    assert (v := inv.passes(out)), v.explanation
+    paid_by_a_group = [
+        e
+        for e in out.ledgers["n0:cuda:0"].timeline
+        if e.owner.phase == "process-first-comm" and isinstance(e.op, NewGroup)
+    ]
+    assert paid_by_a_group, "the overhead is paid by a group creation here (the case this test is about)"
+    verdict = inv.within_budget(out, budget_mib=500, per_group_mib=priced / 2**20, group_bytes=priced)
+    assert verdict, verdict.explanation
+    assert not inv.within_budget(out, budget_mib=500, per_group_mib=priced / 2**20, group_bytes=priced // 2)
