@@ -149,9 +149,7 @@ def _discard_unwritable_output() -> None:
                 fd = stream.fileno()
             except (OSError, ValueError):
                 continue
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, fd)
-            os.close(devnull)
+            _to_devnull(fd)
 
 
 def _silence_closed_output() -> bool:
@@ -174,10 +172,15 @@ def _silence_closed_output() -> bool:
         poller.register(fd, select.POLLOUT)
         if any(events & select.POLLERR for _fd, events in poller.poll(0)):
             closed = True
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, fd)
-            os.close(devnull)
+            _to_devnull(fd)
     return closed
+
+
+def _to_devnull(fd: int) -> None:
+    """Point file descriptor ``fd`` at /dev/null: what is written to it from now on goes nowhere."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)
 
 
 def _say(line: str) -> None:

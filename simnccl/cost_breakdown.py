@@ -27,7 +27,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from simnccl.engine import RunOutcome
-from simnccl.engine.memory import PROCESS_OWNER
+from simnccl.engine.memory import PROCESS_FIRST_COLLECTIVE, PROCESS_FIRST_COMM, PROCESS_OWNER
 from simnccl.nccl import Breakdown
 from simnccl.plain_table import plain_table
 
@@ -158,7 +158,7 @@ def per_rank_totals(outcome: RunOutcome) -> dict[int, dict[str, float]]:
         row["slots"] += slots.get(rt.rank, 0)
         for phase, mib in process.get(rt.rank, {}).items():
             row["cat:process"] += mib
-            row["when:init" if phase == "process-first-comm" else "when:first use"] += mib
+            row["when:init" if phase == PROCESS_FIRST_COMM else "when:first use"] += mib
         totals[rt.rank] = row
     return totals
 
@@ -246,8 +246,8 @@ def render(columns: Iterable[tuple[str, dict[str, Any]]]) -> str:
                     "-",
                     "-",
                     "-",
-                    _fmt(round(process.get("process-first-comm", 0.0), 1)),
-                    _fmt(round(process.get("process-first-collective", 0.0), 1)),
+                    _fmt(round(process.get(PROCESS_FIRST_COMM, 0.0), 1)),
+                    _fmt(round(process.get(PROCESS_FIRST_COLLECTIVE, 0.0), 1)),
                     "-",
                     "-",
                     "-",

@@ -203,19 +203,17 @@ def test_dedupe_binds_the_identical_group_of_the_same_backend() -> None:
     assert handles["c"] is handles["b"] and handles["b"] is not handles["a"]
 
 
-def _most_a_group_costs(profile, env: dict[str, str]) -> tuple[float, str]:
+def _most_a_group_costs(gpu: str, env: dict[str, str]) -> tuple[float, str]:
     """The most a group of 1-8 ranks on each of 1, 2 or 4 nodes charges one member at creation (MiB), and where."""
-    from simnccl.comm_memory import Pricer
+    from simnccl.testing import invariants as inv
 
-    pricer = Pricer(profile, lambda rank: rank // 8)
     most, where = 0.0, ""
     for nodes in (1, 2, 4):
         for per_node in range(1, 9):
-            ranks = tuple(node * 8 + local for node in range(nodes) for local in range(per_node))
-            for index in range(len(ranks)):
-                mib = pricer.create(ranks, index, env).breakdown.init_device_bytes / 2**20
-                if mib > most:
-                    most, where = mib, f"{nodes} node(s) x {per_node}"
+            group = NewGroup(ranks=tuple(node * 8 + local for node in range(nodes) for local in range(per_node)))
+            mib = inv.group_creation_bytes([[group]], gpu=gpu, release="2.15", env=env, gpus_per_node=8) / 2**20
+            if mib > most:
+                most, where = mib, f"{nodes} node(s) x {per_node}"
     return most, where
 
 
@@ -231,10 +229,10 @@ def test_the_budget_price_of_a_group_bounds_every_layout_unless_connections_are_
     from simnccl.profiles import find_profile
 
     profile = find_profile(gpu, "2.15")
-    most, where = _most_a_group_costs(profile, {})
+    most, where = _most_a_group_costs(gpu, {})
     assert most <= eager_group_mib(profile, {}) + 1e-6, f"{gpu}: {where} costs {most:.1f} MiB at creation"
     connect_at_init = {"NCCL_RUNTIME_CONNECT": "0"}
-    most, where = _most_a_group_costs(profile, connect_at_init)
+    most, where = _most_a_group_costs(gpu, connect_at_init)
     if gpu in ("l4", "rtx3060-12gb"):  # the model prices no group there above the one-rank group, even so
         assert most <= eager_group_mib(profile, connect_at_init) + 1e-6
         return

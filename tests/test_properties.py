@@ -120,29 +120,6 @@ def test_lazy_init_group_that_never_communicates_allocates_nothing(case: SimCase
     assert (v := inv.lazy_unused_allocate_nothing(out, case.programs)), v.explanation
 
 
-def _most_a_group_costs_at_creation(case: SimCase) -> int:
-    """The most any ``new_group`` of the case charges one of its members at an eager creation, by the model."""
-    from simnccl.comm_memory import Pricer
-    from simnccl.profiles import find_profile
-
-    per_node = case.gpus_per_node
-    pricer = Pricer(find_profile(case.gpu, case.release), lambda rank: rank // per_node)
-    calls = {
-        (tuple(range(case.world_size)) if op.ranks is None else tuple(op.ranks), op.pg_options)
-        for program in case.programs
-        for op in program
-        if isinstance(op, NewGroup)
-    }
-    return max(
-        (
-            pricer.create(ranks, index, case.env_dict, options).breakdown.init_device_bytes
-            for ranks, options in calls
-            for index in range(len(ranks))
-        ),
-        default=0,
-    )
-
-
 @given(
     cases(policy=st.none()),
     st.sampled_from((0, 100, 231.1111, 500, 1024, 2048)),
@@ -165,7 +142,10 @@ def test_budget_bounds_memory_at_group_creation(
         spec, per_group_mib = f"{prefix}budget({budget_mib})", priced / 2**20
     else:  # budget(X, per): a user's own figure, here #199957's H100 average whatever the GPU
         spec, per_group_mib = f"{prefix}budget({budget_mib},231.1)", 231.1
-    group_bytes = max(priced, _most_a_group_costs_at_creation(case))
+    most = inv.group_creation_bytes(
+        case.programs, gpu=case.gpu, release=case.release, env=case.env_dict, gpus_per_node=case.gpus_per_node
+    )
+    group_bytes = max(priced, most)
     out = case.run(policy=spec)
     assert (v := inv.passes(out)), v.explanation
     assert (v := inv.within_budget(out, budget_mib=budget_mib, per_group_mib=per_group_mib, group_bytes=group_bytes)), (

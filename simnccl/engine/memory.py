@@ -37,6 +37,9 @@ from simnccl.ops import Checkpoint, MemoryCheck, Op, SetDevice
 
 # The owner "group" of NCCL's once-per-process overheads: the process holds them, no communicator does.
 PROCESS_OWNER = "(nccl process)"
+# Its phases: the overhead of the process's first communicator on a device, and of its first collective there.
+PROCESS_FIRST_COMM = "process-first-comm"
+PROCESS_FIRST_COLLECTIVE = "process-first-collective"
 
 
 def mib_bytes(mib: float) -> int:
@@ -210,7 +213,7 @@ class Memory:
         if first not in self._collective_devices:  # the profile's once-per-process cost at the first collective
             self._collective_devices.add(first)
             self._process_charge(
-                rt, comm.device, "process-first-collective", self.pricer.process_first_collective_bytes, op
+                rt, comm.device, PROCESS_FIRST_COLLECTIVE, self.pricer.process_first_collective_bytes, op
             )
         if paid:
             self._pay(rt, comm, phase, paid, op, group)
@@ -287,7 +290,7 @@ class Memory:
             )
         if first_comm:
             rt.nccl_devices.add(comm.device)
-            self._process_charge(rt, comm.device, "process-first-comm", self.pricer.process_bytes, op)
+            self._process_charge(rt, comm.device, PROCESS_FIRST_COMM, self.pricer.process_bytes, op)
         self._book(rt, comm, ledger, charges, op, group, owner)
 
     def _book(

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from simnccl.c10d import NON_GROUP_MEMBER, Group
-from simnccl.comm_memory import eager_group_mib
+from simnccl.comm_memory import Pricer, eager_group_mib
 from simnccl.engine import RunOutcome
-from simnccl.engine.memory import PROCESS_OWNER
+from simnccl.engine.memory import PROCESS_FIRST_COMM, PROCESS_OWNER
 from simnccl.memory import mib_to_bytes
 from simnccl.ops import WORLD, Collective, NewGroup, Op, PointToPoint, SplitGroup
 from simnccl.profiles import find_profile
@@ -153,6 +153,30 @@ def eager_group_bytes(gpu: str, release: str, env: Mapping[str, str]) -> int:
     return mib_to_bytes(eager_group_mib(find_profile(gpu, release), env))
 
 
+def group_creation_bytes(
+    programs: Sequence[Sequence[Op]], *, gpu: str, release: str, env: Mapping[str, str], gpus_per_node: int
+) -> int:
+    """The most any ``new_group`` of ``programs`` charges one of its members at an eager creation, by the model:
+    the ``group_bytes`` to give ``within_budget`` where ``eager_group_bytes`` does not bound every group (with
+    ``NCCL_RUNTIME_CONNECT=0`` a group of more ranks, or on more nodes, costs more at init)."""
+    pricer = Pricer(find_profile(gpu, release), lambda rank: rank // gpus_per_node)
+    world = tuple(range(len(programs)))
+    calls = {
+        (world if op.ranks is None else tuple(op.ranks), op.pg_options)
+        for program in programs
+        for op in program
+        if isinstance(op, NewGroup)
+    }
+    return max(
+        (
+            pricer.create(ranks, index, env, options).breakdown.init_device_bytes
+            for ranks, options in calls
+            for index in range(len(ranks))
+        ),
+        default=0,
+    )
+
+
 @_replayable
 def within_budget(
     outcome: RunOutcome,
@@ -169,7 +193,7 @@ def within_budget(
     ``new_group`` stays within ``floor(X / per)``; the rest get ``lazy_init``. Eager groups are the only ones
     that allocate at creation, each at most ``group_bytes`` per member: ``eager_group_bytes`` while
     connections are made at first use (the default); with ``NCCL_RUNTIME_CONNECT=0`` a larger group costs more
-    at init, so pass the most one of the program's groups costs (``comm_memory.Pricer``). So between the
+    at init, so pass the most one of the program's groups costs (``group_creation_bytes``). So between the
     checkpoint ``before`` (after ``init_process_group``: CUDA context + world communicator) and ``after``
     (after group creation, before any use) every device may grow by at most::
 
@@ -216,7 +240,7 @@ def _process_overhead_at_group_creation(outcome: RunOutcome, device: str) -> int
         event.delta_bytes
         for event in ledger.timeline
         if event.owner.group == PROCESS_OWNER
-        and event.owner.phase == "process-first-comm"
+        and event.owner.phase == PROCESS_FIRST_COMM
         and isinstance(event.op, NewGroup | SplitGroup)
     )
 

@@ -21,10 +21,9 @@ them.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
-_ORIGINAL: list[Callable[[], Any]] = []  # hypothesis' own scan, while the pool is frozen
+_FROZEN: list[bool] = []  # one entry once the pool is frozen (frozen for the rest of the process)
 
 
 def freeze_local_constants() -> bool:
@@ -37,22 +36,13 @@ def freeze_local_constants() -> bool:
     scan = getattr(providers, "_get_local_constants", None)
     if not callable(scan):
         return False
-    if _ORIGINAL:
+    if _FROZEN:
         return True
     pool = scan()
 
     def frozen() -> Any:
         return pool
 
-    _ORIGINAL.append(scan)
     providers._get_local_constants = frozen
+    _FROZEN.append(True)
     return True
-
-
-def thaw_local_constants() -> None:
-    """Give hypothesis its own scan back (tests that freeze in a process they share)."""
-    if not _ORIGINAL:
-        return
-    from hypothesis.internal.conjecture import providers
-
-    providers._get_local_constants = _ORIGINAL.pop()
