@@ -119,11 +119,22 @@ def _in_slot(counts: Any, index: int, fn: Callable[..., R], args: tuple[Any, ...
 def start_method(threads: int | None = None) -> str:
     """How workers start: ``fork`` while this process runs no thread but the main one (``threads``: how many
     run, default now), else ``spawn`` (a fork copies only the forking thread, and with it any lock another
-    thread held at that moment, never to be released in the copy)."""
+    thread held at that moment, never to be released in the copy). Threads are counted as the OS counts them
+    where it can say (``running_threads``): a thread started below ``threading`` (pytest-xdist's execnet
+    starts its own with ``_thread``) is just as much a hazard, and Python 3.12+ warns of the fork then."""
     import multiprocessing
 
-    threads = threading.active_count() if threads is None else threads
+    threads = running_threads() if threads is None else threads
     return "fork" if threads == 1 and "fork" in multiprocessing.get_all_start_methods() else "spawn"
+
+
+def running_threads() -> int:
+    """This process's threads: the OS's count (``/proc/self/task``) where there is one, else ``threading``'s
+    (which misses threads started with ``_thread`` or by C extensions)."""
+    try:
+        return max(len(os.listdir("/proc/self/task")), threading.active_count())
+    except OSError:
+        return threading.active_count()
 
 
 @dataclass(slots=True)

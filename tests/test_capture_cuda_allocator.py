@@ -3,9 +3,11 @@ best-fit reuse, splitting, coalescing and ``empty_cache`` (c10/cuda/CUDACachingA
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+pytest.importorskip("torch")  # simnccl.capture, the package, drives real torch
 from simnccl.capture.cuda_allocator import Block, CachingAllocator, allocator_sizes
 
 MIB = 1024 * 1024

@@ -6,6 +6,8 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -34,6 +36,24 @@ def test_workers_are_forked_only_while_no_other_thread_runs() -> None:
     finally:
         stop.set()
         other.join()
+
+
+def test_a_thread_started_below_threading_also_rules_out_fork() -> None:
+    """pytest-xdist's execnet starts its threads with ``_thread``, which ``threading.active_count`` never
+    sees: a fork there copies whatever lock such a thread holds (Python 3.12+ warns of it). In a fresh process,
+    so that no thread of this one counts."""
+    code = (
+        "import _thread, sys\n"
+        "from simnccl.cost_runs import start_method\n"
+        "before = start_method()\n"
+        "lock = _thread.allocate_lock(); lock.acquire()\n"
+        "_thread.start_new_thread(lock.acquire, ())\n"
+        "import time; time.sleep(0.05)\n"
+        "print(before, start_method())\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["fork", "spawn"]
 
 
 def test_parallel_columns_hand_back_results_in_column_order(method: str) -> None:
