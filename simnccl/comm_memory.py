@@ -228,6 +228,8 @@ class Pricer:
         self._env_keys: dict[tuple[tuple[str, str], ...], tuple[tuple[str, str], ...]] = {}
         self._prefixes: dict[tuple[int, int, int], _Prefix] = {}
         self._class_numbers: dict[tuple[Any, ...], int] = {}
+        # (id(layout), id(env key), id(options)) -> (options, ``eager_group_bytes``): interned keys, kept options.
+        self._eager_bytes: dict[tuple[int, int, int], tuple[PgOptions, int]] = {}
 
     # ------------------------------------------------------------------ creation
 
@@ -305,6 +307,31 @@ class Pricer:
             )
             self._class_ids.add(id(memory))
         return memory
+
+    def eager_group_bytes(self, ranks: Sequence[int], env: Mapping[str, str], options: PgOptions = NO_OPTIONS) -> int:
+        """What an eager creation of a group of ``ranks`` charges its most expensive member's device: the most
+        any member's communicator holds after init, laid out on this pricer's nodes, and never less than the
+        flat price of a one- or two-rank group on one node (``eager_group_mib``). The price ``budget(X)`` puts
+        on a group.
+
+        Why per layout: with connections made at first use (the default) the flat price bounds every group, so
+        this is that price; with ``NCCL_RUNTIME_CONNECT=0`` init makes the connections, which grow with the
+        layout (H100: 1,159 MiB for 3 ranks on a node, 2,181 MiB for 4 nodes x 1, against 901), and a flat price
+        let a budget be exceeded. Rank-independent (every member asks about the same layout), so members decide
+        alike. Priced without a sharing parent (sharing only lowers it). Once per (layout, NCCL environment,
+        options) objects."""
+        env_key = self._env_key(env)
+        node_sizes = self._node_sizes(ranks)
+        key = (id(node_sizes), id(env_key), id(options))
+        known = self._eager_bytes.get(key)
+        if known is not None and known[0] is options:
+            return known[1]
+        flat = mib_to_bytes(eager_group_mib(self.profile, env))
+        even = self._layout(node_sizes)[2]
+        indices = {representative(node_sizes, i) for i in range(len(ranks))} if even else range(len(ranks))
+        layout = max((self.create(ranks, i, env, options).breakdown.init_device_bytes for i in indices), default=0)
+        self._eager_bytes[key] = (options, max(flat, layout))
+        return max(flat, layout)
 
     def is_shared(self, memory: CommMemory) -> bool:
         """Whether ``memory`` is a rank class's shared object (``create(..., shareable=True)``)."""
@@ -653,9 +680,9 @@ def eager_group_mib(profile: Profile, env: Mapping[str, str]) -> float:
     two-rank group on one node (the groups #199957 and sglang#35538 measured), at init under ``env``. With
     connections made at first use (``NCCL_RUNTIME_CONNECT=1``, the default) that bounds a group of any size
     and layout (``tests/test_policy.py`` checks 1-8 ranks on 1, 2 and 4 nodes for every GPU kind). With
-    ``NCCL_RUNTIME_CONNECT=0`` init includes the connections, which grow with the layout: a larger group is
-    under-priced (H100: 1,159 MiB for 3 ranks on a node, 2,181 MiB for 4 nodes x 1, against 901), so a
-    budget caps eager groups there, not MiB. Raises NcclInputError for a bad NCCL knob in ``env``.
+    ``NCCL_RUNTIME_CONNECT=0`` init includes the connections, which grow with the layout (H100: 1,159 MiB for 3
+    ranks on a node, 2,181 MiB for 4 nodes x 1, against 901): ``Pricer.eager_group_bytes`` prices a group by its
+    layout, never below this. Raises NcclInputError for a bad NCCL knob in ``env``.
     """
     key = (profile.name, nccl_env(env))
     cached = _eager_mib.get(key)

@@ -78,8 +78,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
-from simnccl.comm_memory import eager_group_mib
-from simnccl.ops import BOOL_OPTION_FIELDS, NCCL_CONFIG_FIELDS, NO_OPTIONS, OPTION_FIELDS, PgOptions
+from simnccl.comm_memory import Pricer, nccl_env
+from simnccl.ops import BOOL_OPTION_FIELDS, MIB, NCCL_CONFIG_FIELDS, NO_OPTIONS, OPTION_FIELDS, PgOptions
 from simnccl.policy import (
     NCCL_NAMES,
     GroupDecision,
@@ -163,6 +163,8 @@ class Applied:
     # (ranks, backend or "", PgOptions) -> the group torch returned (or NON_GROUP_MEMBER), first one kept
     groups: dict[tuple[tuple[int, ...], str, PgOptions], Any] = field(default_factory=dict)
     _env_values: dict[str, str] = field(default_factory=dict)
+    # (ranks per node, NCCL environment) -> (its pricer, that environment as a mapping): ``eager_group_mib``
+    _pricers: dict[tuple[int, tuple[tuple[str, str], ...]], tuple[Pricer, dict[str, str]]] = field(default_factory=dict)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -195,11 +197,27 @@ class Applied:
             if _INSTALLED is self:
                 _INSTALLED = None
 
-    def eager_group_mib(self) -> float | None:
-        """One eager communicator's cost on this process's device, from the GPU kind's profile (None: no kind)."""
+    def eager_group_mib(
+        self, ranks: Sequence[int] = (0,), options: PgOptions = NO_OPTIONS, world_size: int = 1
+    ) -> float | None:
+        """What an eager creation of a group of ``ranks`` costs its most expensive member's device, by the GPU
+        kind's profile (``Pricer.eager_group_bytes``), the ranks laid out ``LOCAL_WORLD_SIZE`` to a node as a
+        launcher (torchrun, ``simnccl.real``) sets it, the whole world on one node when unset (None: no kind)."""
         if self.gpu is None:
             return None
-        return eager_group_mib(find_profile(self.gpu, self.release), os.environ)
+        try:
+            local = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", world_size)))
+        except ValueError:
+            local = max(1, world_size)
+        # One pricer per (node size, NCCL environment): os.environ changes in place, so the pricer is handed a
+        # mapping of its NCCL part that stays as it was.
+        key = (local, nccl_env(os.environ))
+        known = self._pricers.get(key)
+        if known is None:
+            pricer = Pricer(find_profile(self.gpu, self.release), lambda rank: rank // local)
+            known = self._pricers[key] = (pricer, dict(key[1]))
+        pricer, env = known
+        return pricer.eager_group_bytes(tuple(ranks), env, options) / MIB
 
     def original(self, name: str) -> Callable[..., Any]:
         return self.originals[("torch.distributed.distributed_c10d", name)]
@@ -283,7 +301,7 @@ class Applied:
             purpose=purpose,
             traffic=traffic,
             history=self.history,
-            eager_group_mib=self.eager_group_mib(),
+            eager_group_mib=self.eager_group_mib(members, modelled_options(caller_options), world_size),
         )
         decision = decide_group(self.policy, request)
         self.history.record(request, decision)
@@ -351,13 +369,13 @@ class Applied:
         request_backend = _resolved(str(c10d.Backend(caller_backend)) if caller_backend else parent_backend)
         caller_options = given.get("pg_options")
         requested = modelled_options(caller_options)
-        per_group = self.eager_group_mib()
+        world_size = dist.get_world_size()
         requests = [
             GroupRequest(
                 kind="split_group",
                 ranks=split,
                 rank=rank,
-                world_size=dist.get_world_size(),
+                world_size=world_size,
                 release=self.release,
                 env=os.environ,
                 backend=request_backend,
@@ -366,7 +384,7 @@ class Applied:
                 purpose=purpose,
                 traffic=traffic,
                 history=self.history,
-                eager_group_mib=per_group,
+                eager_group_mib=self.eager_group_mib(split, requested, world_size),
             )
             for split in splits
         ]

@@ -203,40 +203,43 @@ def test_dedupe_binds_the_identical_group_of_the_same_backend() -> None:
     assert handles["c"] is handles["b"] and handles["b"] is not handles["a"]
 
 
-def _most_a_group_costs(gpu: str, env: dict[str, str]) -> tuple[float, str]:
-    """The most a group of 1-8 ranks on each of 1, 2 or 4 nodes charges one member at creation (MiB), and where."""
-    from simnccl.testing import invariants as inv
-
-    most, where = 0.0, ""
-    for nodes in (1, 2, 4):
-        for per_node in range(1, 9):
-            group = NewGroup(ranks=tuple(node * 8 + local for node in range(nodes) for local in range(per_node)))
-            mib = inv.group_creation_bytes([[group]], gpu=gpu, release="2.15", env=env, gpus_per_node=8) / 2**20
-            if mib > most:
-                most, where = mib, f"{nodes} node(s) x {per_node}"
-    return most, where
+def _layouts() -> list[tuple[str, tuple[int, ...]]]:
+    """Groups of 1-8 ranks on each of 1, 2 or 4 nodes of 8 GPUs: (where, ranks)."""
+    return [
+        (f"{nodes} node(s) x {per_node}", tuple(node * 8 + local for node in range(nodes) for local in range(per_node)))
+        for nodes in (1, 2, 4)
+        for per_node in range(1, 9)
+    ]
 
 
 @pytest.mark.parametrize("gpu", sorted(gpu_kinds()))
-def test_the_budget_price_of_a_group_bounds_every_layout_unless_connections_are_made_at_init(gpu: str) -> None:
-    """``budget(X)`` prices every eager group at ``eager_group_mib`` (the larger of a one- and a two-rank group on
-    one node): rank-independent, so every member decides alike. With connections made at first use
-    (NCCL_RUNTIME_CONNECT=1, the default) no group of any size or layout costs more at creation, so X bounds
-    the MiB. With NCCL_RUNTIME_CONNECT=0 a larger group does (its connections scale with the layout): there the
-    policy caps eager groups, not MiB, as the README says. If a model change makes the price a bound there
-    too, this test says so and the README's caveat can go."""
-    from simnccl.comm_memory import eager_group_mib
+def test_the_budget_price_of_a_group_is_the_most_its_layout_costs_a_member_at_creation(gpu: str) -> None:
+    """``budget(X)`` prices each eager group at ``Pricer.eager_group_bytes``: rank-independent (every member asks
+    about the same layout), so members decide alike, and never below the flat price of a one- or two-rank group
+    on one node (``eager_group_mib``). With connections made at first use (the default) no layout costs more than
+    that flat price, so every group is priced at it. With NCCL_RUNTIME_CONNECT=0 init makes the connections,
+    which grow with the layout: a flat price under-priced those groups (the thorough profile found a device grow
+    1,110.6 MiB under a 900.6 MiB price), so the price follows the layout there."""
+    from simnccl.comm_memory import Pricer, eager_group_mib
     from simnccl.profiles import find_profile
+    from simnccl.testing import invariants as inv
 
     profile = find_profile(gpu, "2.15")
-    most, where = _most_a_group_costs(gpu, {})
-    assert most <= eager_group_mib(profile, {}) + 1e-6, f"{gpu}: {where} costs {most:.1f} MiB at creation"
-    connect_at_init = {"NCCL_RUNTIME_CONNECT": "0"}
-    most, where = _most_a_group_costs(gpu, connect_at_init)
-    if gpu in ("l4", "rtx3060-12gb"):  # the model prices no group there above the one-rank group, even so
-        assert most <= eager_group_mib(profile, connect_at_init) + 1e-6
-        return
-    assert most > eager_group_mib(profile, connect_at_init), f"{gpu}: the caveat no longer holds ({where})"
+    above_flat = []
+    for env in ({}, {"NCCL_RUNTIME_CONNECT": "0"}):
+        pricer = Pricer(profile, lambda rank: rank // 8)
+        flat = eager_group_mib(profile, env) * 2**20
+        for where, ranks in _layouts():
+            group = [[NewGroup(ranks=ranks)]]
+            most = inv.group_creation_bytes(group, gpu=gpu, release="2.15", env=env, gpus_per_node=8)
+            priced = pricer.eager_group_bytes(ranks, env)
+            assert priced == max(flat, most), f"{gpu} {env} {where}: priced {priced}, costs {most}, flat {flat}"
+            if not env:
+                assert most <= flat, f"{gpu}: {where} costs {most / 2**20:.1f} MiB at creation, above the flat price"
+            elif most > flat:
+                above_flat.append(where)
+    if gpu not in ("l4", "rtx3060-12gb"):  # the model prices no group there above the one-rank group, even so
+        assert above_flat, f"{gpu}: no layout costs more than the flat price with NCCL_RUNTIME_CONNECT=0"
 
 
 _TP_THEN_PP = [
@@ -326,3 +329,24 @@ def test_a_reuse_of_an_all_ranks_group_binds_that_group_not_the_default_one() ->
         assert engine.run().verdict == "pass"
         for rt in engine.sim.ranks:
             assert rt.handles["b"] is rt.handles["a"] is not rt.world, f"rank {rt.rank}, fast_path={fast_path}"
+
+
+@pytest.mark.parametrize(("budget_mib", "eager"), [(1024, 0), (2100, 2)])
+def test_budget_prices_a_group_by_its_layout_when_connections_are_made_at_init(budget_mib: int, eager: int) -> None:
+    """With NCCL_RUNTIME_CONNECT=0 a 3-rank group on an A100 node charges its middle rank 1,028.6 MiB at init,
+    more than the flat price of 900.6 MiB: budget(1024) made one such group eager and the device grew past
+    the budget (the thorough profile's case). Priced by its layout, no group fits in 1,024 MiB and two fit in
+    2,100."""
+    program = [SetDevice(), InitProcessGroup(backend="nccl"), Checkpoint(label="init")]
+    program += [NewGroup(ranks=(0, 1, 2), bind=f"tp{i}", purpose="tp") for i in range(3)]
+    program += [Checkpoint(label="groups")]
+    out = simulate(
+        program, gpu="a100-80gb", gpus_per_node=3, env={"NCCL_RUNTIME_CONNECT": "0"}, policy=f"budget({budget_mib})"
+    )
+    assert out.verdict == "pass"
+    grown = {
+        device: snap.used_bytes - out.checkpoints["init"][device].used_bytes
+        for device, snap in out.checkpoints["groups"].items()
+    }
+    assert max(grown.values()) <= budget_mib * 2**20
+    assert max(grown.values()) == pytest.approx(eager * 1028.5556 * 2**20, rel=1e-6)

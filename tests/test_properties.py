@@ -130,13 +130,12 @@ def test_budget_bounds_memory_at_group_creation(
     case: SimCase, budget_mib: float, prefix: str, calibrated: bool
 ) -> None:
     """``budget(X, per)``: between init and the end of group creation each device grows by at most
-    floor(X / per) eager groups x the most one of them charges a member at creation — the profile's flat
-    price (``eager_group_bytes``), which bounds every group when connections are made at first use
-    (NCCL_RUNTIME_CONNECT=1, the default: ``test_policy.py`` pins it), so there the bound
-    ``context + world + X`` holds for a calibrated ``per``. With NCCL_RUNTIME_CONNECT=0 a group of three or
-    more ranks costs more than that price at init (the connections scale with its layout): there the policy
-    caps eager groups, not MiB, and the bound is the count times this program's most expensive group (found by
-    ``--hypothesis-profile simnccl-thorough``: 1,110.6 MiB for a 3-rank group priced at 900.6 MiB)."""
+    floor(X / per) eager groups x the most one of them charges a member at creation (the larger of the profile's
+    flat price, ``eager_group_bytes``, and this program's most expensive group, ``group_creation_bytes``).
+    ``budget(X)`` promises more: it prices each group by its layout (``Pricer.eager_group_bytes``), so each device
+    grows by at most X, also with NCCL_RUNTIME_CONNECT=0, where a group of three or more ranks costs more than the
+    flat price at init (found by the thorough profile twice: 1,110.6 MiB for a 3-rank group priced at 900.6 MiB
+    when the policy priced every group flat; 1,028.6 MiB under budget(1024) when only this test's bound did)."""
     priced = inv.eager_group_bytes(case.gpu, case.release, case.env_dict)
     if calibrated:  # budget(X): the policy prices a group from the profile of the case's GPU kind
         spec, per_group_mib = f"{prefix}budget({budget_mib})", priced / 2**20

@@ -415,4 +415,24 @@ def test_apply_gpu_prices_budget_groups_from_the_profile(solo: dict[str, Any]) -
 
     assert solo["budget_priced_mib"] == pytest.approx(eager_group_bytes("rtx3060-12gb", "2.15", {}) / 2**20, abs=1e-3)
     assert solo["budget_unpriced_mib"] is None
+
+
+def test_apply_prices_a_budget_group_by_its_layout_from_local_world_size(solo: dict[str, Any]) -> None:
+    """Under real torch the layout ``budget(X)`` prices comes from LOCAL_WORLD_SIZE (what torchrun and
+    ``simnccl.real`` set), the whole world on one node when unset: the same figures the simulator prices for
+    those layouts, so both decide alike. NCCL_RUNTIME_CONNECT=0, where the layout matters."""
+    from simnccl.comm_memory import Pricer
+    from simnccl.profiles import find_profile
+
+    env = {"NCCL_RUNTIME_CONNECT": "0"}
+    ranks = (0, 1, 2, 3)
+    expected = {
+        local: Pricer(find_profile("h100-80gb", "2.15"), lambda rank, n=local: rank // n).eager_group_bytes(ranks, env)
+        / 2**20
+        for local in (4, 1)
+    }
+    assert expected[1] > expected[4]  # four nodes cost more than one
+    assert solo["budget_4_ranks_local_4"] == pytest.approx(expected[4], abs=1e-6)
+    assert solo["budget_4_ranks_local_unset"] == pytest.approx(expected[4], abs=1e-6)
+    assert solo["budget_4_ranks_local_1"] == pytest.approx(expected[1], abs=1e-6)
     assert solo["unknown_gpu"].startswith("apply(gpu='tpu-v9')") and "tpu-v9" in solo["unknown_gpu"]

@@ -16,12 +16,11 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from simnccl.c10d import NON_GROUP_MEMBER, Group, Members, TorchError
-from simnccl.comm_memory import eager_group_mib
 from simnccl.engine.memory import Memory
 from simnccl.engine.planning import Planner
 from simnccl.engine.sim import Sim
 from simnccl.engine.state import RankRuntime
-from simnccl.ops import InitProcessGroup, NewGroup, PgOptions, SplitGroup
+from simnccl.ops import MIB, InitProcessGroup, NewGroup, PgOptions, SplitGroup
 from simnccl.policy import (
     BasePolicy,
     GroupDecision,
@@ -90,9 +89,7 @@ class PolicyGate:
         self.explanations: list[dict[str, Any]] = []
         self._explained: dict[tuple[int, tuple[int, ...]], dict[str, Any]] = {}  # call -> its explanation
         self._decisions: dict[tuple[int, tuple[int, ...]], tuple[int, GroupDecision]] = {}
-        # id(rank context) -> (that context, its eager_group_mib): a context is replaced, never changed in place,
-        # so the per-call price (a scan of the environment) is looked up once per context, not once per ask
-        self._eager_mib: dict[int, tuple[Any, float | None]] = {}
+        self._splits: dict[tuple[int, tuple[int, ...]], tuple[SplitGroup, list[tuple[int, ...]]]] = {}
 
     def init(self, rt: RankRuntime, op: InitProcessGroup) -> InitProcessGroup:
         plan = ask_init(
@@ -175,17 +172,8 @@ class PolicyGate:
             purpose=op.purpose,
             traffic=op.traffic,
             history=history if history is not None else self.histories.history(rt),
-            eager_group_mib=self._eager_group_mib(rt),
+            eager_group_mib=self.memory.pricer.eager_group_bytes(members, rt.ctx.env, op.pg_options) / MIB,
         )
-
-    def _eager_group_mib(self, rt: RankRuntime) -> float | None:
-        ctx = rt.ctx
-        cached = self._eager_mib.get(id(ctx))
-        if cached is not None and cached[0] is ctx:
-            return cached[1]
-        mib = eager_group_mib(self.memory.profile, ctx.env)
-        self._eager_mib[id(ctx)] = (ctx, mib)
-        return mib
 
     def group(self, rt: RankRuntime, op: NewGroup) -> NewGroup | None:
         """Ask the policy; check members agree; return the op torch really receives (None: reuse)."""
@@ -218,7 +206,7 @@ class PolicyGate:
     def split(self, rt: RankRuntime, op: SplitGroup, parent: Group) -> SplitGroup | None:
         """``decide_split`` for every split of the call (all recorded, as ``apply`` does); this rank applies
         its own split's decision (or the first split's, when it is in none)."""
-        splits = [tuple(parent.ranks[r] for r in split if 0 <= r < parent.size) for split in op.split_ranks]
+        splits = self._global_splits(op, parent)
         if not splits or any(len(s) != len(raw) or not s for s, raw in zip(splits, op.split_ranks, strict=True)):
             return op  # invalid: torch raises its own error
         parent_backend = parent.backend.requested
@@ -237,6 +225,18 @@ class PolicyGate:
                 rt.handles.setdefault(op.bind, NON_GROUP_MEMBER)
             return None
         return replace(op, pg_options=mine.pg_options)
+
+    def _global_splits(self, op: SplitGroup, parent: Group) -> list[tuple[int, ...]]:
+        """The call's splits in global ranks (invalid indices dropped), one list per op and parent member list,
+        so every rank's requests share the tuples: what is priced and counted per member list
+        (``Pricer.eager_group_bytes``) is then kept once per split, not once per rank that asks."""
+        key = (id(op), parent.ranks)
+        known = self._splits.get(key)
+        if known is not None and known[0] is op:
+            return known[1]
+        splits = [tuple(parent.ranks[r] for r in split if 0 <= r < parent.size) for split in op.split_ranks]
+        self._splits[key] = (op, splits)
+        return splits
 
     def check_consistent(self, rt: RankRuntime, request: GroupRequest, decision: GroupDecision) -> None:
         """Every caller of one group-creation call must reach the same plan, or real torch hangs or crashes.

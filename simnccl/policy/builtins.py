@@ -164,11 +164,12 @@ class BudgetPolicy(BasePolicy):
     name: str = "budget"
     doc: str = "eager while a modelled per-device budget allows, lazy_init after"
     max_mib_per_device: float = 2048.0
-    # MiB one eager group costs; None: the request's ``eager_group_mib`` (the profile of the process's GPU kind).
+    # MiB every eager group costs (a team's own figure: the budget then caps a count, X // per groups); None:
+    # each group at its request's ``eager_group_mib`` (the profile of the GPU kind, by the group's layout).
     per_group_mib: float | None = None
 
     def group_mib(self, request: GroupRequest) -> float:
-        """The price of one eager group: the explicit figure, else the profile's for this device."""
+        """The price of this eager group: the explicit figure, else the profile's for its layout."""
         per = self.per_group_mib if self.per_group_mib is not None else request.eager_group_mib
         if per is None:
             raise PolicyError(
@@ -184,12 +185,23 @@ class BudgetPolicy(BasePolicy):
         if decision.pg_options.lazy_init:
             return decision
         per = self.group_mib(request)
-        worst = max((request.history.eager_by_rank.get(r, 0) for r in request.ranks), default=0)
-        if (worst + 1) * per <= self.max_mib_per_device:
-            return _because(decision, f"budget: eager ({worst + 1} x {per:g} MiB <= {self.max_mib_per_device:g} MiB)")
+        history = request.history
+        worst = max((history.eager_by_rank.get(r, 0) for r in request.ranks), default=0)
+        if self.per_group_mib is not None:  # every group at one figure: a count
+            wanted = f"{worst + 1} x {per:g} MiB"
+            fits = (worst + 1) * per <= self.max_mib_per_device
+        else:  # each group at its own price: what the members' earlier eager groups cost, summed
+            spent = max((history.eager_mib_by_rank.get(r, 0.0) for r in request.ranks), default=0.0)
+            # Said as a count where every group so far cost this one's price (always with connections made at
+            # first use, the default).
+            uniform = spent == worst * per
+            wanted = f"{worst + 1} x {per:g} MiB" if uniform else f"{spent:g} MiB held + {per:g} MiB"
+            fits = spent + per <= self.max_mib_per_device
+        if fits:
+            return _because(decision, f"budget: eager ({wanted} <= {self.max_mib_per_device:g} MiB)")
         return _because(
             decision,
-            f"budget: {worst + 1} x {per:g} MiB would exceed {self.max_mib_per_device:g} MiB: lazy_init",
+            f"budget: {wanted} would exceed {self.max_mib_per_device:g} MiB: lazy_init",
             pg_options=replace(decision.pg_options, lazy_init=True),
         )
 

@@ -60,6 +60,9 @@ class History:
     eager_by_rank: dict[int, int] = field(default_factory=dict)
     created: dict[tuple[tuple[int, ...], str, PgOptions], int] = field(default_factory=dict)
     digest: int = 0  # a running hash of every recorded call: equal histories compare in O(1)
+    # Per rank, the MiB its eager groups cost at creation, each at its request's ``eager_group_mib`` (groups whose
+    # request had no price count nothing here): what ``budget(X)`` has spent of a member's device.
+    eager_mib_by_rank: dict[int, float] = field(default_factory=dict)
 
     def record(self, request: GroupRequest, decision: GroupDecision) -> None:
         """Add one call (made by this process, member or not) and what was decided for it."""
@@ -70,11 +73,16 @@ class History:
         key = (request.ranks, decision.backend or "", decision.pg_options)
         self.created.setdefault(key, self.calls)
         if creates_eager_nccl(request, decision):
+            price = request.eager_group_mib
             for r in request.ranks:
                 self.eager_by_rank[r] = self.eager_by_rank.get(r, 0) + 1
+                if price is not None:
+                    self.eager_mib_by_rank[r] = self.eager_mib_by_rank.get(r, 0.0) + price
 
     def copy(self) -> History:
-        return History(self.calls, dict(self.eager_by_rank), dict(self.created), self.digest)
+        return History(
+            self.calls, dict(self.eager_by_rank), dict(self.created), self.digest, dict(self.eager_mib_by_rank)
+        )
 
 
 def creates_eager_nccl(request: GroupRequest, decision: GroupDecision) -> bool:
@@ -103,8 +111,10 @@ class GroupRequest:
     purpose: str | None
     traffic: str | None
     history: History
-    # What one eagerly created communicator costs this process's device at creation, in MiB, from the simnccl
-    # profile of its GPU kind and torch release (``CommCosts.eager_group_mib``); None where nobody said.
+    # What an eager creation of this group costs its most expensive member's device, in MiB, by the simnccl
+    # profile of the GPU kind and torch release, laid out on the nodes as the group is
+    # (``Pricer.eager_group_bytes``: never below the flat price of a one- or two-rank group on one node, and
+    # that price wherever connections are made at first use, the default); None where nobody said.
     eager_group_mib: float | None = None
 
     @property

@@ -148,8 +148,9 @@ def within_capacity(outcome: RunOutcome) -> Verdict:
 
 
 def eager_group_bytes(gpu: str, release: str, env: Mapping[str, str]) -> int:
-    """The most one eagerly created group can charge a member at creation, on this profile and env
-    (``simnccl.comm_memory.eager_group_mib``, the figure ``budget(X)`` prices a group at)."""
+    """The most a one- or two-rank group on one node charges a member at an eager creation, on this profile and
+    env (``simnccl.comm_memory.eager_group_mib``): the least ``budget(X)`` prices a group at, and what it prices
+    every group at where connections are made at first use (the default)."""
     return mib_to_bytes(eager_group_mib(find_profile(gpu, release), env))
 
 
@@ -200,7 +201,10 @@ def within_budget(
         floor(X / per) * group_bytes
 
     which is ``<= X`` MiB exactly when ``per`` is at least the profile's per-group cost: the promise
-    "context + world + X" holds only for a per-group estimate calibrated to the GPU. NCCL's once-per-process
+    "context + world + X" holds only for a per-group estimate calibrated to the GPU. ``budget(X)`` without
+    ``per`` prices each group by its layout (``Pricer.eager_group_bytes``, never below ``eager_group_bytes``),
+    which keeps this count bound (pass ``per_group_mib = eager_group_bytes / MiB``) and promises more: no device
+    grows by more than X MiB, whatever the layouts and NCCL_RUNTIME_CONNECT. NCCL's once-per-process
     overhead is the world's, not a group's: where a lazy default group leaves it to the first group creation,
     it is not counted as growth.
     """

@@ -366,6 +366,19 @@ def solo(workdir: str) -> dict[str, Any]:
         out["budget_priced_mib"] = priced.eager_group_mib()
     with apply("budget(300)") as unpriced:
         out["budget_unpriced_mib"] = unpriced.eager_group_mib()
+    # budget(X) prices a group by its layout, LOCAL_WORLD_SIZE ranks to a node (one node when unset): with
+    # NCCL_RUNTIME_CONNECT=0 a group spread over nodes costs more at init.
+    saved = {name: os.environ.pop(name, None) for name in ("NCCL_RUNTIME_CONNECT", "LOCAL_WORLD_SIZE")}
+    os.environ["NCCL_RUNTIME_CONNECT"] = "0"
+    with apply("budget(5000)", gpu="h100-80gb") as laid:
+        out["budget_4_ranks_local_unset"] = laid.eager_group_mib((0, 1, 2, 3), world_size=4)
+        for local in ("4", "1"):
+            os.environ["LOCAL_WORLD_SIZE"] = local
+            out[f"budget_4_ranks_local_{local}"] = laid.eager_group_mib((0, 1, 2, 3), world_size=4)
+    for name, value in saved.items():
+        os.environ.pop(name, None)
+        if value is not None:
+            os.environ[name] = value
     try:
         install("budget(300)", gpu="tpu-v9")
         out["unknown_gpu"] = "no error"
