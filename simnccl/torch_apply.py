@@ -160,8 +160,8 @@ class Applied:
     active: bool = False
     originals: dict[tuple[str, str], Callable[..., Any]] = field(default_factory=dict)
     wrappers: dict[str, Callable[..., Any]] = field(default_factory=dict)
-    # (ranks, backend or "", PgOptions) -> the group torch returned (or NON_GROUP_MEMBER), first one kept
-    groups: dict[tuple[tuple[int, ...], str, PgOptions], Any] = field(default_factory=dict)
+    # ((ranks, backend or "", PgOptions), the group torch returned or NON_GROUP_MEMBER), in creation order
+    groups: list[tuple[tuple[tuple[int, ...], str, PgOptions], Any]] = field(default_factory=list)
     _env_values: dict[str, str] = field(default_factory=dict)
     # (ranks per node, NCCL environment) -> (its pricer, that environment as a mapping): ``eager_group_mib``
     _pricers: dict[tuple[int, tuple[tuple[str, str], ...]], tuple[Pricer, dict[str, str]]] = field(default_factory=dict)
@@ -326,7 +326,7 @@ class Applied:
             given["device_id"] = _group_device(decision.device_id)
         self.decisions.append(AppliedCall("new_group", members, decision, True))
         group = original(*bound.args, **bound.kwargs)
-        self.groups.setdefault(_group_key(members, decision), group)
+        self.groups.append((_group_key(members, decision), group))
         return group
 
     def _reused(self, decision: GroupDecision, rank: int) -> Any:
@@ -334,10 +334,14 @@ class Applied:
         assert ranks is not None
         if rank not in ranks:
             return dist.GroupMember.NON_GROUP_MEMBER
-        group = self.groups.get(_group_key(ranks, decision))
-        if not _live(group):
-            # As the simulator does: the first live group this process created with those ranks.
-            group = next((g for (r, _, _), g in self.groups.items() if r == ranks and _live(g)), None)
+        # As the simulator finds it (``PolicyGate.identical_group``): the first live group this process created
+        # with those ranks, backend and options, else with those ranks and backend, else with those ranks.
+        key = _group_key(ranks, decision)
+        live = [(k, g) for k, g in self.groups if k[0] == ranks and _live(g)]
+        group = next(
+            (g for k, g in live if k == key),
+            next((g for k, g in live if k[1] == key[1]), next((g for _, g in live), None)),
+        )
         if group is None:
             raise ApplyError(
                 f"policy {self.policy.name!r} reuses group {list(ranks)} ({decision.explanation}), but this process "
@@ -403,7 +407,7 @@ class Applied:
         self.decisions.append(AppliedCall("split_group", ranks, mine, True))
         group = original(*bound.args, **bound.kwargs)
         if own is not None:
-            self.groups.setdefault(_group_key(ranks, mine), group)
+            self.groups.append((_group_key(ranks, mine), group))
         return group
 
 

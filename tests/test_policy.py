@@ -189,6 +189,49 @@ def test_members_that_plan_differently_are_reported_with_both_plans() -> None:
     assert "rank 1: backend=nccl, pg_options={'lazy_init': True} (odd ranks go lazy)" in error["message"]
 
 
+@pytest.mark.parametrize(
+    "spec", ["dedupe+lazy-init", "lazy-init+dedupe", "dedupe+lazy-single-rank", "dedupe+budget(0)"]
+)
+def test_dedupe_reuses_an_equal_call_whatever_the_composition_made_of_it(spec: str) -> None:
+    """``dedupe`` first in a composition decides on the call as asked, while the group it made was changed by a
+    later part (lazy_init): it compared the two, never found the earlier group and made a duplicate each time
+    (the README's own ``dedupe+lazy-single-rank`` did so for single-rank groups). Either order now reuses."""
+    program = [
+        *START,
+        NewGroup(ranks=(0,), bind="a"),
+        NewGroup(ranks=(0,), bind="b"),
+        NewGroup(ranks=(1,), bind="c"),
+        NewGroup(ranks=(1,), bind="d"),
+        AllReduce(group="b"),
+        AllReduce(group="d"),
+    ]
+    out = simulate(program, policy=spec)
+    assert out.verdict == "pass"
+    for rank, (first, again) in ((0, ("a", "b")), (1, ("c", "d"))):
+        handles = out.ranks[rank].handles
+        assert handles[again] is handles[first], f"{spec}: rank {rank} made a second group"
+        assert handles[first].options.lazy_init  # what the later part made of the first call
+        assert len(out.ranks[rank].groups) == 2, [g.name for g in out.ranks[rank].groups]  # the world and one
+
+
+def test_a_reuse_of_a_group_made_otherwise_binds_its_backends_group_not_another_on_those_ranks() -> None:
+    """``dedupe+budget(0)``: ``b`` reuses ``a``, which the budget made lazy while it leaves the reuse as asked, so
+    no group matches the reuse exactly; it then bound the first group with those ranks, here a gloo group made
+    first: the nccl handle ran on gloo. A group of the reuse's own backend comes first now, in the simulation as
+    in ``simnccl.torch_apply``."""
+    program = [
+        *START,
+        NewGroup(ranks=(0,), backend="gloo", bind="g"),
+        NewGroup(ranks=(0,), bind="a"),
+        NewGroup(ranks=(0,), bind="b"),
+        AllReduce(group="b"),
+    ]
+    out = simulate(program, policy="dedupe+budget(0)")
+    assert out.verdict == "pass"
+    handles = out.ranks[0].handles
+    assert handles["b"] is handles["a"] and handles["a"] is not handles["g"]
+
+
 def test_dedupe_binds_the_identical_group_of_the_same_backend() -> None:
     program = [
         *START,

@@ -300,6 +300,21 @@ def test_dedupe_reuses_without_torch(record: list[dict[str, Any]]) -> None:
             assert "created" in split["explanation"] and "reused" in split["explanation"]
 
 
+def test_dedupe_first_in_a_composition_returns_the_group_a_later_part_made_lazy(record: list[dict[str, Any]]) -> None:
+    """``dedupe+budget(0,200)``: g01 was made lazy by the budget, g01-again asks as g01 asked; dedupe decides on
+    the call as asked and reuses it (it never did: it compared the lazied group with the call as asked). torch
+    is not called, and the very same group object comes back, as the simulation binds it: the reuse (which the
+    budget leaves as it is) matches g01 by ranks and backend, not the gloo group made first on those ranks."""
+    for rank in range(RECORD_WORLD):
+        first = _decision(_call(record, "dedupe+budget", rank, "g01"))
+        assert first["options"].get("lazy_init") and first["torch_called"]
+        again = _call(record, "dedupe+budget", rank, "g01-again")
+        decision = _decision(again)
+        assert decision["reuse"] == [0, 1] and not decision["torch_called"] and again["events"] == []
+        assert not decision["options"].get("lazy_init")  # so only the fallback by backend finds g01
+        assert record[rank]["dedupe+budget"]["facts"]["g01_again_is_g01"]
+
+
 def test_skip_single_rank_makes_a_fake_group(record: list[dict[str, Any]]) -> None:
     for rank in range(RECORD_WORLD):
         g0 = _call(record, "skip-single-rank", rank, "g0")

@@ -278,25 +278,30 @@ class PolicyGate:
     def identical_group(
         self, rt: RankRuntime, ranks: tuple[int, ...], backend: str | None, options: PgOptions
     ) -> Group | None:
-        """The group a reuse of ``ranks`` binds on this rank, found as ``simnccl.torch_apply`` finds it: the one
-        created earlier with the same ranks, backend name and options (dedupe's key), else the first live one
-        with those ranks. A policy composed after ``dedupe`` may change the backend or options of a call dedupe
-        reuses (``dedupe+nccl-lazy-p2p`` on a pipeline group equal to a tensor-parallel one): real torch still
-        gets the earlier group, and so does the simulation. Only groups a ``new_group`` or ``split_group`` made
-        count, as there: never the default group, which no reuse names (it bound a destroyed group's reuse to the
-        world group where real torch raises). None when no live group has those ranks."""
+        """The group a reuse of ``ranks`` binds on this rank, found as ``simnccl.torch_apply`` finds it: the first
+        live one created with the same ranks, backend name and options (dedupe's key), else with those ranks and
+        backend, else with those ranks. A policy composed with ``dedupe`` may change what a call dedupe reuses
+        made, or the reuse itself: ``dedupe+lazy-init`` made the earlier group lazy (same backend: never a
+        group of another backend on those ranks), ``dedupe+nccl-lazy-p2p`` sets the reuse's backend to nccl-lazy
+        where the earlier group is nccl. Real torch gets the earlier group, and so does the simulation. Only
+        groups a ``new_group`` or ``split_group`` made count, as there: never the default group, which no reuse
+        names (it bound a destroyed group's reuse to the world group where real torch raises). None when no live
+        group has those ranks."""
         world = rt.world
         assert world is not None
         name = (backend or world.backend.requested).lower()
-        first = None
+        first = same_backend = None
         for group in rt.groups:
             if group.destroyed or group.ranks != ranks or group is world:
                 continue
-            if group.backend.requested == name and group.options == options:
-                return group
+            if group.backend.requested == name:
+                if group.options == options:
+                    return group
+                if same_backend is None:
+                    same_backend = group
             if first is None:
                 first = group
-        return first
+        return same_backend if same_backend is not None else first
 
     def reused_group(
         self, rt: RankRuntime, ranks: tuple[int, ...], backend: str | None, decision: GroupDecision

@@ -147,7 +147,12 @@ class DedupePolicy(BasePolicy):
         if decision.reuse is not None or decision.use_local_synchronization:
             return decision
         key = (request.ranks, decision.backend or "", decision.pg_options)
-        first = request.history.created.get(key)
+        history = request.history
+        first = history.created.get(key)
+        if first is None and key[1:] == (request.backend or "", request.pg_options):
+            # Deciding on the call as asked (dedupe first in a composition): an equal earlier call counts even
+            # where a later part changed what it created (lazy_init, a backend); the reuse finds that group.
+            first = history.requested.get(key)
         if first is None:
             return decision
         return _because(decision, f"identical to group-creation call #{first}: reused", reuse=request.ranks)

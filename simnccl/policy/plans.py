@@ -63,6 +63,9 @@ class History:
     # Per rank, the MiB its eager groups cost at creation, each at its request's ``eager_group_mib`` (groups whose
     # request had no price count nothing here): what ``budget(X)`` has spent of a member's device.
     eager_mib_by_rank: dict[int, float] = field(default_factory=dict)
+    # As ``created``, keyed by what the call asked for rather than what was decided: a policy composed after
+    # ``dedupe`` (``dedupe+lazy-init``) changes what is created, and an equal later call must still find it.
+    requested: dict[tuple[tuple[int, ...], str, PgOptions], int] = field(default_factory=dict)
 
     def record(self, request: GroupRequest, decision: GroupDecision) -> None:
         """Add one call (made by this process, member or not) and what was decided for it."""
@@ -72,6 +75,7 @@ class History:
             return
         key = (request.ranks, decision.backend or "", decision.pg_options)
         self.created.setdefault(key, self.calls)
+        self.requested.setdefault((request.ranks, request.backend or "", request.pg_options), self.calls)
         if creates_eager_nccl(request, decision):
             price = request.eager_group_mib
             for r in request.ranks:
@@ -81,7 +85,12 @@ class History:
 
     def copy(self) -> History:
         return History(
-            self.calls, dict(self.eager_by_rank), dict(self.created), self.digest, dict(self.eager_mib_by_rank)
+            self.calls,
+            dict(self.eager_by_rank),
+            dict(self.created),
+            self.digest,
+            dict(self.eager_mib_by_rank),
+            dict(self.requested),
         )
 
 

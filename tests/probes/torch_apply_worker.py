@@ -152,6 +152,7 @@ RECORD_SCENARIOS = {  # label: (policy spec, world backend)
     "budget": ("budget(500,200)", "nccl"),
     "nccl-lazy-p2p": ("nccl-lazy-p2p", "nccl"),
     "lazy-init-simrec": ("lazy-init", "simrec"),
+    "dedupe+budget": ("dedupe+budget(0,200)", "nccl"),
 }
 
 
@@ -188,6 +189,8 @@ def record(workdir: str, rank: int, world: int) -> dict[str, Any]:
                     backend, store=store, rank=rank, world_size=world, timeout=TIMEOUT, device_id=torch.device("cpu", 0)
                 ),
             )
+            if spec.startswith("dedupe+"):  # a group of another backend on the same ranks, made first
+                call("g01-gloo", lambda: dist.new_group([0, 1], backend="gloo"))
             g01 = call("g01", lambda: dist.new_group([1, 0]))
             g01b = call("g01-again", lambda: dist.new_group([0, 1]))
             g0 = call("g0", lambda: dist.new_group([0]))
