@@ -214,6 +214,21 @@ def test_dedupe_reuses_an_equal_call_whatever_the_composition_made_of_it(spec: s
         assert len(out.ranks[rank].groups) == 2, [g.name for g in out.ranks[rank].groups]  # the world and one
 
 
+@pytest.mark.parametrize("later", ["lazy-init", "lazy-single-rank", "skip-single-rank", "nccl-lazy-p2p", "budget(0)"])
+def test_a_reuse_is_left_alone_by_the_parts_after_dedupe(later: str) -> None:
+    """A reuse creates nothing, so the parts that change how a group is created leave it as dedupe decided:
+    ``--explain`` said "reused; single-rank group: lazy_init" and the reuse carried a lazy_init (or nccl-lazy)
+    that nothing was created with."""
+    history = History()
+    first = request(ranks=(0,), history=history, purpose="pp", eager_group_mib=100.0)
+    history.record(first, decide_group(get_policy(later), first))
+    again = request(ranks=(0,), history=history, purpose="pp", eager_group_mib=100.0)
+    decision = decide_group(get_policy(f"dedupe+{later}"), again)
+    assert decision.reuse == (0,)
+    assert decision.explanation == "identical to group-creation call #1: reused"
+    assert (decision.backend, decision.pg_options) == (again.backend, again.pg_options)
+
+
 def test_a_reuse_of_a_group_made_otherwise_binds_its_backends_group_not_another_on_those_ranks() -> None:
     """``dedupe+budget(0)``: ``b`` reuses ``a``, which the budget made lazy while it leaves the reuse as asked, so
     no group matches the reuse exactly; it then bound the first group with those ranks, here a gloo group made

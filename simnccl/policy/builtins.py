@@ -35,8 +35,11 @@ class BasePolicy:
         return decision
 
 
-def _is_nccl(decision: GroupDecision, request: GroupRequest) -> bool:
-    return (decision.backend or request.effective_backend) in NCCL_NAMES
+def _creates_nccl(decision: GroupDecision, request: GroupRequest) -> bool:
+    """Whether the decision so far creates an NCCL group: what the built-ins that change how one is created act
+    on. A reuse creates none (``dedupe`` before them in a composition): they leave it as it is, rather than
+    explain a lazy_init or a backend that nothing is created with."""
+    return decision.reuse is None and (decision.backend or request.effective_backend) in NCCL_NAMES
 
 
 @dataclass(frozen=True)
@@ -74,7 +77,7 @@ class LazyInitPolicy(BasePolicy):
         return InitPlan(request.backend, request.device_id, options, {}, "lazy_init on the default group")
 
     def on_group(self, request: GroupRequest, decision: GroupDecision) -> GroupDecision:
-        if not _lazy_supported(request.release) or not _is_nccl(decision, request):
+        if not _lazy_supported(request.release) or not _creates_nccl(decision, request):
             return decision
         return _because(
             decision, "lazy_init: created at first use", pg_options=replace(decision.pg_options, lazy_init=True)
@@ -87,7 +90,7 @@ class LazySingleRankPolicy(BasePolicy):
     doc: str = "PR #203904: lazy_init for single-rank groups when no device is requested"
 
     def on_group(self, request: GroupRequest, decision: GroupDecision) -> GroupDecision:
-        if len(request.ranks) != 1 or decision.device_id is not None or not _is_nccl(decision, request):
+        if len(request.ranks) != 1 or decision.device_id is not None or not _creates_nccl(decision, request):
             return decision
         if not _lazy_supported(request.release):
             return decision
@@ -104,7 +107,7 @@ class SkipSingleRankPolicy(BasePolicy):
     doc: str = "size-1 groups get no NCCL communicator (a fake group: every collective is a local no-op)"
 
     def on_group(self, request: GroupRequest, decision: GroupDecision) -> GroupDecision:
-        if len(request.ranks) != 1 or not _is_nccl(decision, request):
+        if len(request.ranks) != 1 or not _creates_nccl(decision, request):
             return decision
         return _because(
             decision, "single-rank group needs no communication: fake backend (sglang#35538)", backend="fake"
@@ -118,7 +121,7 @@ class NcclLazyP2PPolicy(BasePolicy):
 
     def on_group(self, request: GroupRequest, decision: GroupDecision) -> GroupDecision:
         p2p = request.traffic == "p2p" or (request.traffic is None and request.purpose in P2P_PURPOSES)
-        if not p2p or not _is_nccl(decision, request):
+        if not p2p or not _creates_nccl(decision, request):
             return decision
         return _because(decision, f"p2p traffic ({request.purpose or request.traffic}): nccl-lazy", backend="nccl-lazy")
 
@@ -185,7 +188,7 @@ class BudgetPolicy(BasePolicy):
         return per
 
     def on_group(self, request: GroupRequest, decision: GroupDecision) -> GroupDecision:
-        if not _lazy_supported(request.release) or not _is_nccl(decision, request) or decision.reuse is not None:
+        if not _lazy_supported(request.release) or not _creates_nccl(decision, request):
             return decision
         if decision.pg_options.lazy_init:
             return decision
