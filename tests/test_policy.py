@@ -128,6 +128,24 @@ def test_unknown_policy_specs_are_errors(spec) -> None:
         get_policy(spec)
 
 
+def test_budget_sums_each_groups_own_price_and_says_so_when_they_differ() -> None:
+    """budget(X) spends each eager group's own price (its layout's, ``eager_group_mib``): 100 MiB held and a
+    300 MiB group fit in 400 and not in 399; while every price is equal it still says a count."""
+    history = History()
+    small = request(ranks=(0, 1), history=history, eager_group_mib=100.0)
+    history.record(small, decide_group(get_policy("budget(400)"), small))
+    assert history.eager_mib_by_rank == {0: 100.0, 1: 100.0}
+    large = request(ranks=(0, 1), history=history, eager_group_mib=300.0)
+    fits = decide_group(get_policy("budget(400)"), large)
+    assert not fits.pg_options.lazy_init and "100 MiB held + 300 MiB <= 400 MiB" in fits.explanation
+    over = decide_group(get_policy("budget(399)"), large)
+    assert over.pg_options.lazy_init and "100 MiB held + 300 MiB would exceed 399 MiB" in over.explanation
+    equal = decide_group(get_policy("budget(400)"), request(ranks=(0, 1), history=history, eager_group_mib=100.0))
+    assert "2 x 100 MiB <= 400 MiB" in equal.explanation
+    flat = decide_group(get_policy("budget(400,300)"), large)  # a team's own figure: a count of groups
+    assert flat.pg_options.lazy_init and "2 x 300 MiB would exceed 400 MiB" in flat.explanation
+
+
 def test_budget_spec_parses_both_figures() -> None:
     policy = get_policy("budget(400,388)")
     assert isinstance(policy, BudgetPolicy) and policy.max_mib_per_device == 400 and policy.per_group_mib == 388
