@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from dataclasses import dataclass, replace
+from typing import Any
 
 import pytest
 
@@ -14,6 +15,8 @@ from simnccl.policy import (
     BUILTIN,
     BasePolicy,
     BudgetPolicy,
+    ComposedPolicy,
+    DedupePolicy,
     GroupDecision,
     GroupRequest,
     History,
@@ -329,13 +332,28 @@ _TP_THEN_PP = [
 ]
 
 
+@dataclass(frozen=True)
+class _P2PToNcclLazyEvenOnAReuse(BasePolicy):
+    """A team's own part that sets nccl-lazy on p2p calls without asking whether the decision is a reuse (the
+    built-in nccl-lazy-p2p did so until it learned to leave a reuse alone)."""
+
+    name: str = "p2p-nccl-lazy-even-on-a-reuse"
+
+    def on_group(self, request: GroupRequest, decision: GroupDecision) -> GroupDecision:
+        if request.purpose != "pp":
+            return decision
+        return replace(decision, backend="nccl-lazy", explanation="p2p: nccl-lazy")
+
+
+@pytest.mark.parametrize("later", ["nccl-lazy-p2p", "own"])
 @pytest.mark.parametrize("release", ["2.14", "2.15"])
-def test_a_reuse_whose_backend_a_later_policy_changed_binds_the_earlier_group(release: str) -> None:
-    """``dedupe+nccl-lazy-p2p``: dedupe reuses the tp group for an equal pp group, then nccl-lazy-p2p sets the
+def test_a_reuse_whose_backend_a_later_policy_changed_binds_the_earlier_group(release: str, later: str) -> None:
+    """``dedupe+nccl-lazy-p2p``: dedupe reuses the tp group for an equal pp group, then nccl-lazy-p2p set the
     reused call's backend to nccl-lazy. The simulation looked for a group with that backend, found none and
     left each member's handle unbound (NON_GROUP_MEMBER) — while real torch (``simnccl.torch_apply``) returns
     the earlier group with those ranks. Found by the thorough profile (``same_membership``). Both paths agree
-    now: the handle is the tp group, as under torch-default it is a group of the same members."""
+    now: the handle is the tp group, as under torch-default it is a group of the same members. The built-in now
+    leaves a reuse alone; a team's own part after dedupe (``own``) still changes the reuse's backend."""
     from simnccl.cluster import Cluster, get_gpu_kind
     from simnccl.engine import Engine, SimConfig
     from simnccl.ops import Program
@@ -346,13 +364,16 @@ def test_a_reuse_whose_backend_a_later_policy_changed_binds_the_earlier_group(re
 
     reference = simulate(_TP_THEN_PP, gpus_per_node=2, release=release)
     program = Program(tuple(_TP_THEN_PP))
+    policy: Any = get_policy("dedupe+nccl-lazy-p2p")
+    if later == "own":
+        policy = ComposedPolicy((DedupePolicy(), _P2PToNcclLazyEvenOnAReuse()))
     for fast_path in (True, False):  # the cohort block's reuse and each rank's own
         config = SimConfig(
             cluster=Cluster(get_gpu_kind("h100-80gb"), 1, 2),
             release=get_release(release),
             profile=find_profile("h100-80gb", release),
             programs=[program, program],
-            policy=get_policy("dedupe+nccl-lazy-p2p"),
+            policy=policy,
         )
         engine = Engine(config, fast_path=fast_path)
         out = engine.run()

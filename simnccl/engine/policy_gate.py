@@ -280,10 +280,10 @@ class PolicyGate:
     ) -> Group | None:
         """The group a reuse of ``ranks`` binds on this rank, found as ``simnccl.torch_apply`` finds it: the first
         live one created with the same ranks, backend name and options (dedupe's key), else with those ranks and
-        backend, else with those ranks. A policy composed with ``dedupe`` may change what a call dedupe reuses
-        made, or the reuse itself: ``dedupe+lazy-init`` made the earlier group lazy (same backend: never a
-        group of another backend on those ranks), ``dedupe+nccl-lazy-p2p`` sets the reuse's backend to nccl-lazy
-        where the earlier group is nccl. Real torch gets the earlier group, and so does the simulation. Only
+        backend, else with those ranks. A policy composed with ``dedupe`` may change what the call dedupe reuses
+        made (``dedupe+budget(0)`` made the earlier group lazy: the group of the reuse's backend is it, never one
+        of another backend on those ranks), and a team's own part after dedupe may change the reuse itself (the
+        built-ins leave a reuse alone). Real torch gets the earlier group, and so does the simulation. Only
         groups a ``new_group`` or ``split_group`` made count, as there: never the default group, which no reuse
         names (it bound a destroyed group's reuse to the world group where real torch raises). None when no live
         group has those ranks."""
