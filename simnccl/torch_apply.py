@@ -91,6 +91,7 @@ from simnccl.policy import (
     decide_group,
     decide_split,
     get_policy,
+    reused_group_among,
 )
 from simnccl.profiles import find_profile
 from simnccl.tags import check_traffic, current_tags
@@ -334,14 +335,10 @@ class Applied:
         assert ranks is not None
         if rank not in ranks:
             return dist.GroupMember.NON_GROUP_MEMBER
-        # As the simulator finds it (``PolicyGate.identical_group``): the first live group this process created
-        # with those ranks, backend and options, else with those ranks and backend, else with those ranks.
-        key = _group_key(ranks, decision)
-        live = [(k, g) for k, g in self.groups if k[0] == ranks and _live(g)]
-        group = next(
-            (g for k, g in live if k == key),
-            next((g for k, g in live if k[1] == key[1]), next((g for _, g in live), None)),
-        )
+        # By the simulator's rule (``reused_group_among``), over the live groups this process made with those ranks.
+        _, backend, options = _group_key(ranks, decision)
+        live = ((name, opts, g) for (members, name, opts), g in self.groups if members == ranks and _live(g))
+        group = reused_group_among(live, backend, options)
         if group is None:
             raise ApplyError(
                 f"policy {self.policy.name!r} reuses group {list(ranks)} ({decision.explanation}), but this process "

@@ -33,6 +33,7 @@ from simnccl.policy import (
     decide_group,
     decide_split,
     decides_alike_on_every_rank,
+    reused_group_among,
 )
 
 if TYPE_CHECKING:
@@ -278,30 +279,22 @@ class PolicyGate:
     def identical_group(
         self, rt: RankRuntime, ranks: tuple[int, ...], backend: str | None, options: PgOptions
     ) -> Group | None:
-        """The group a reuse of ``ranks`` binds on this rank, found as ``simnccl.torch_apply`` finds it: the first
-        live one created with the same ranks, backend name and options (dedupe's key), else with those ranks and
-        backend, else with those ranks. A policy composed with ``dedupe`` may change what the call dedupe reuses
-        made (``dedupe+budget(0)`` made the earlier group lazy: the group of the reuse's backend is it, never one
-        of another backend on those ranks), and a team's own part after dedupe may change the reuse itself (the
-        built-ins leave a reuse alone). Real torch gets the earlier group, and so does the simulation. Only
-        groups a ``new_group`` or ``split_group`` made count, as there: never the default group, which no reuse
-        names (it bound a destroyed group's reuse to the world group where real torch raises). None when no live
-        group has those ranks."""
+        """The group a reuse of ``ranks`` binds on this rank, by the rule ``simnccl.torch_apply`` binds by
+        (``reused_group_among``): the same ranks, backend and options, else ranks and backend, else ranks. A
+        policy composed with ``dedupe`` may change what the call dedupe reuses made (``dedupe+budget(0)`` made
+        the earlier group lazy), and a team's own part after dedupe may change the reuse itself (the built-ins
+        leave a reuse alone). Only groups a ``new_group`` or ``split_group`` made count, as there: never the
+        default group, which no reuse names (it bound a destroyed group's reuse to the world group where real
+        torch raises). None when no live group has those ranks."""
         world = rt.world
         assert world is not None
         name = (backend or world.backend.requested).lower()
-        first = same_backend = None
-        for group in rt.groups:
-            if group.destroyed or group.ranks != ranks or group is world:
-                continue
-            if group.backend.requested == name:
-                if group.options == options:
-                    return group
-                if same_backend is None:
-                    same_backend = group
-            if first is None:
-                first = group
-        return same_backend if same_backend is not None else first
+        live = (
+            (group.backend.requested, group.options, group)
+            for group in rt.groups
+            if not group.destroyed and group.ranks == ranks and group is not world
+        )
+        return reused_group_among(live, name, options)
 
     def reused_group(
         self, rt: RankRuntime, ranks: tuple[int, ...], backend: str | None, decision: GroupDecision

@@ -51,6 +51,7 @@ from simnccl.policy.plans import (
     creates_eager_nccl,
     decide_group,
     decide_split,
+    reused_group_among,
     unchanged,
 )
 from simnccl.policy.specs import (
@@ -97,5 +98,6 @@ __all__ = [
     "get_policy",
     "policy_from_description",
     "policy_label",
+    "reused_group_among",
     "unchanged",
 ]

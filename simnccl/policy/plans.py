@@ -7,7 +7,7 @@ these types; they import neither simpy nor torch (DESIGN rule 2).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Protocol, TypeVar
 
@@ -102,6 +102,24 @@ def creates_eager_nccl(request: GroupRequest, decision: GroupDecision) -> bool:
     if backend == "nccl-legacy" or (backend == "nccl" and request.env.get("TORCH_DIST_USE_NCCL2") == "0"):
         return False
     return backend in NCCL_NAMES
+
+
+def reused_group_among(groups: Iterable[tuple[str, PgOptions, T]], backend: str, options: PgOptions) -> T | None:
+    """The group a reuse binds, from a process's live groups with the reused ranks as (backend name, options,
+    group) in creation order: the first with the reuse's backend and options (dedupe's key), else the first with
+    its backend, else the first. Why the middle step: a part after ``dedupe`` may have changed the group the
+    reuse names (made it lazy), and a group of another backend on the same ranks is never it. The simulator
+    (``PolicyGate.identical_group``) and real torch (``simnccl.torch_apply``) both bind by this rule."""
+    first = same_backend = None
+    for name, group_options, group in groups:
+        if name == backend:
+            if group_options == options:
+                return group
+            if same_backend is None:
+                same_backend = group
+        if first is None:
+            first = group
+    return same_backend if same_backend is not None else first
 
 
 @dataclass(frozen=True, slots=True)
