@@ -326,12 +326,18 @@ class Pricer:
         known = self._eager_bytes.get(key)
         if known is not None and known[0] is options:
             return known[1]
-        flat = mib_to_bytes(eager_group_mib(self.profile, env))
+        price = max(mib_to_bytes(eager_group_mib(self.profile, env)), self.most_init_bytes(ranks, env, options))
+        self._eager_bytes[key] = (options, price)
+        return price
+
+    def most_init_bytes(self, ranks: Sequence[int], env: Mapping[str, str], options: PgOptions = NO_OPTIONS) -> int:
+        """The most any member's communicator of a group of ``ranks`` holds on its device after init (no sharing
+        parent): one member per representative where the layout is even (they price alike), every member
+        otherwise."""
+        node_sizes = self._node_sizes(ranks)
         even = self._layout(node_sizes)[2]
         indices = {representative(node_sizes, i) for i in range(len(ranks))} if even else range(len(ranks))
-        layout = max((self.create(ranks, i, env, options).breakdown.init_device_bytes for i in indices), default=0)
-        self._eager_bytes[key] = (options, max(flat, layout))
-        return max(flat, layout)
+        return max((self.create(ranks, i, env, options).breakdown.init_device_bytes for i in indices), default=0)
 
     def is_shared(self, memory: CommMemory) -> bool:
         """Whether ``memory`` is a rank class's shared object (``create(..., shareable=True)``)."""

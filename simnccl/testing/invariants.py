@@ -168,14 +168,7 @@ def group_creation_bytes(
         for op in program
         if isinstance(op, NewGroup)
     }
-    return max(
-        (
-            pricer.create(ranks, index, env, options).breakdown.init_device_bytes
-            for ranks, options in calls
-            for index in range(len(ranks))
-        ),
-        default=0,
-    )
+    return max((pricer.most_init_bytes(ranks, env, options) for ranks, options in calls), default=0)
 
 
 @_replayable
