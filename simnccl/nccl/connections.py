@@ -51,9 +51,7 @@ def ring(layout: Layout, channels: int) -> list[Connection]:
     result = []
     me = layout.rank
     for c in range(channels):
-        order = layout.ring(c)
-        at = order.index(me)
-        prev, nxt = order[at - 1], order[(at + 1) % len(order)]
+        prev, nxt = layout.ring_neighbours(c)
         for peer, direction in ((prev, "recv"), (nxt, "send")):
             if peer != me:
                 transport: Transport = "p2p" if layout.same_node(peer, me) else "net"

@@ -61,10 +61,10 @@ class Layout:
         return max(self.sizes)
 
     def _first(self, node: int) -> int:
-        return _firsts(self.sizes)[node]
+        return _tables(self.sizes)[1][node]
 
     def node_of(self, rank: int) -> int:
-        nodes = _nodes_of(self.sizes)
+        nodes = _tables(self.sizes)[2]
         if rank < len(nodes):
             return nodes[rank] if rank >= 0 else 0
         raise NcclInputError(f"layout: rank {rank} is outside 0..{self.nranks - 1}")
@@ -85,6 +85,35 @@ class Layout:
 
     def ring(self, channel: int) -> list[int]:
         return [r for node in range(self.nodes) for r in self.node_order(node, channel)]
+
+    def ring_neighbours(self, channel: int) -> tuple[int, int]:
+        """The priced rank's previous and next rank in channel ``channel``'s ring (``ring``), without building it.
+
+        Why: ``ring`` lists every rank, so asking each member of a group for its neighbours was quadratic in the
+        group (an uneven 4,095-rank group under ``NCCL_RUNTIME_CONNECT=0`` took 435 s to price, one rank after
+        another). The ring is the nodes' orders one after the other, each a rotation of its node's ranks, so a
+        rank's neighbours are found from its node and place: the same answer in constant time."""
+        sizes = self.sizes
+        firsts = _tables(sizes)[1]
+        me = self.rank
+        node = self.node_of(me)
+        size = sizes[node]
+        rotated = self.nodes > 1
+        shift = channel % size if rotated else 0
+        at = (me - firsts[node] - shift) % size  # my index in my node's order
+        if at > 0:
+            prev = firsts[node] + (at - 1 + shift) % size
+        else:  # the last of the previous node's order (the last node's, from the first)
+            other = (node - 1) % self.nodes
+            other_size = sizes[other]
+            prev = firsts[other] + (other_size - 1 + (channel % other_size if rotated else 0)) % other_size
+        if at + 1 < size:
+            nxt = firsts[node] + (at + 1 + shift) % size
+        else:  # the first of the next node's order (the first node's, from the last)
+            other = (node + 1) % self.nodes
+            other_size = sizes[other]
+            nxt = firsts[other] + (channel % other_size if rotated else 0) % other_size
+        return prev, nxt
 
 
 # Tables by node sizes, built once per process: the connection enumeration asks for a rank's node hundreds of
@@ -109,3 +138,20 @@ def _firsts(sizes: tuple[int, ...]) -> tuple[int, ...]:
 def _nodes_of(sizes: tuple[int, ...]) -> tuple[int, ...]:
     """Each rank's node, by rank."""
     return tuple(node for node, size in enumerate(sizes) for _ in range(size))
+
+
+_TABLES_KEPT = 1024
+_TABLES: dict[int, tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]] = {}
+
+
+def _tables(sizes: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    """(``sizes``, ``_firsts``, ``_nodes_of``) looked up by the tuple's identity: a layout asks for a rank's node
+    once per connection it prices, and the caches above hash the whole tuple each time (tuples don't keep their
+    hash), which made each question cost the group's node count (a 2,048-node group: 2,048 hashed items a
+    question). The entry holds the tuple, so its id is not reused while the entry lives."""
+    entry = _TABLES.get(id(sizes))
+    if entry is None or entry[0] is not sizes:
+        if len(_TABLES) >= _TABLES_KEPT:
+            _TABLES.clear()
+        entry = _TABLES[id(sizes)] = (sizes, _firsts(sizes), _nodes_of(sizes))
+    return entry
