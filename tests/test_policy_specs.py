@@ -65,6 +65,39 @@ def test_bad_specs_are_refused_with_one_line(spec: str, message: str) -> None:
     assert user_policies.CALLS == []  # nothing named by a spec is ever called, only classes instantiated
 
 
+@pytest.mark.parametrize(
+    ("source", "message"),
+    [
+        ("import sys\nsys.exit(0)\n", "failed: SystemExit(0)"),
+        ("class Unwind(BaseException):\n    pass\nraise Unwind('at import')\n", "failed: Unwind('at import')"),
+        (
+            "import sys\nfrom dataclasses import dataclass\nfrom simnccl.policy import BasePolicy\n"
+            "@dataclass(frozen=True)\nclass P(BasePolicy):\n    name: str = 'p'\n"
+            "    def __post_init__(self):\n        sys.exit(3)\n"
+            "    def on_group(self, request, decision):\n        return decision\n",
+            "P() raised SystemExit(3)",
+        ),
+    ],
+)
+def test_a_policy_module_that_exits_or_raises_a_base_exception_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, source: str, message: str
+) -> None:
+    """``sys.exit(0)`` in a policy module once left ``simnccl run`` with exit 0 and nothing printed: a run
+    that checked nothing, reported as passing. A policy's BaseException is its failure: one line, exit 2."""
+    name = f"exiting_policy_{sum(map(ord, source))}"
+    (tmp_path / f"{name}.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(PolicyError) as raised:
+        get_policy(f"{name}:P")
+    assert message in str(raised.value) and "\n" not in str(raised.value)
+
+
+def test_ctrl_c_in_a_policy_is_not_relabelled() -> None:
+    """Only the policy's own failures become policy errors: Ctrl-C still interrupts (exit 130 on the CLI)."""
+    with pytest.raises(KeyboardInterrupt):
+        simulate(PROGRAM, policy=user_policies.InterruptedOnGroup())  # type: ignore[arg-type]
+
+
 def test_entry_point_names_an_installed_packages_policy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A package registers ``[project.entry-points."simnccl.policies"]``; its name works like a built-in's."""
     dist_info = tmp_path / "acme_policies-1.0.dist-info"
@@ -134,6 +167,11 @@ PROGRAM = [*START, NewGroup(ranks=(0, 1), bind="pair"), AllReduce(group="pair")]
         (user_policies.RaisesOnGroup(), "policy 'raises-on-group': on_group raised RuntimeError: team policy bug"),
         (user_policies.ReturnsNothing(), "policy 'returns-nothing': on_group returned None; expected a GroupDecision"),
         (user_policies.RaisesOnInit(), "policy 'raises-on-init': on_init raised KeyError: 'MASTER_ADDR'"),
+        (user_policies.ExitsOnGroup(), "policy 'exits-on-group': on_group raised SystemExit: 0"),
+        (
+            user_policies.RaisesBaseExceptionOnInit(),
+            "policy 'raises-base-exception-on-init': on_init raised PolicyAbort: unwind",
+        ),
     ],
 )
 def test_a_user_policy_that_raises_or_answers_nothing_is_a_user_policy_error(policy: object, message: str) -> None:
@@ -144,9 +182,10 @@ def test_a_user_policy_that_raises_or_answers_nothing_is_a_user_policy_error(pol
     while cause is not None:
         causes.append(type(cause).__name__)
         cause = cause.__cause__
-    assert not (set(causes) - {"UserPolicyError", "RuntimeError", "KeyError"}), causes
+    own = {"RuntimeError", "KeyError", "SystemExit", "PolicyAbort"}
+    assert not (set(causes) - {"UserPolicyError", *own}), causes
     if "raised" in message:  # the policy's own exception is kept at the root
-        assert causes[-1] in ("RuntimeError", "KeyError"), causes
+        assert causes[-1] in own, causes
 
 
 @pytest.mark.parametrize(
@@ -154,6 +193,8 @@ def test_a_user_policy_that_raises_or_answers_nothing_is_a_user_policy_error(pol
     [
         ("user_policies:RaisesOnGroup", "user_policies.py"),  # the policy's own traceback
         ("lazy-init+user_policies:ReturnsNothing", "on_group returned None; expected a GroupDecision"),
+        ("user_policies:ExitsOnGroup", "on_group raised SystemExit: 0"),  # once: exit 0, nothing printed
+        ("user_policies:RaisesBaseExceptionOnInit", "on_init raised PolicyAbort: unwind"),  # once: exit 1
     ],
 )
 def test_the_cli_exits_2_for_a_user_policy_error_with_its_traceback(tmp_path: Path, spec: str, expected: str) -> None:

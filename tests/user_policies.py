@@ -5,6 +5,7 @@ Imported by spec (``user_policies:Name``) with ``tests/`` on ``sys.path`` (pytes
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, replace
 
 from simnccl.policy import BasePolicy, DedupePolicy, GroupDecision, GroupRequest, InitPlan, InitRequest, Policy
@@ -109,6 +110,38 @@ class WrongHookName(BasePolicy):
 
     def decide(self, request: GroupRequest, decision: GroupDecision) -> GroupDecision:
         return replace(decision, pg_options=replace(decision.pg_options, lazy_init=True))
+
+
+@dataclass(frozen=True)
+class ExitsOnGroup(BasePolicy):
+    """A policy that calls ``sys.exit(0)`` in a hook (a leftover debugging exit): not a run that passed."""
+
+    name: str = "exits-on-group"
+
+    def on_group(self, request: GroupRequest, decision: GroupDecision) -> GroupDecision:
+        sys.exit(0)
+
+
+@dataclass(frozen=True)
+class InterruptedOnGroup(BasePolicy):
+    """Ctrl-C arriving while a hook runs."""
+
+    name: str = "interrupted-on-group"
+
+    def on_group(self, request: GroupRequest, decision: GroupDecision) -> GroupDecision:
+        raise KeyboardInterrupt
+
+
+class PolicyAbort(BaseException):
+    """A team's own BaseException (not an Exception), as some code bases use to unwind."""
+
+
+@dataclass(frozen=True)
+class RaisesBaseExceptionOnInit(BasePolicy):
+    name: str = "raises-base-exception-on-init"
+
+    def on_init(self, request: InitRequest) -> InitPlan:
+        raise PolicyAbort("unwind")
 
 
 @dataclass(frozen=True)

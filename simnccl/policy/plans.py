@@ -214,6 +214,19 @@ def is_user_policy(policy: object) -> bool:
     return any(is_user_policy(part) for part in parts)
 
 
+def policy_raised(err: BaseException) -> bool:
+    """Whether ``err``, raised while a user's policy code ran (its import, its constructor, a hook), is the policy's
+    failure. Every ``Exception`` is, and so are ``sys.exit()``, ``GeneratorExit`` and a ``BaseException`` of the
+    policy's own; Ctrl-C and simnccl's own control flow (its timeouts: a BaseException raised by a signal while the
+    policy's code happened to run) are not.
+
+    Why: ``except Exception`` let a hook's ``sys.exit(0)`` end ``simnccl run`` with exit 0 and no report at all, a
+    run that checked nothing reported as passing, and a BaseException of the policy's exit 1, a failed check."""
+    if isinstance(err, Exception):
+        return True
+    return not isinstance(err, KeyboardInterrupt) and type(err).__module__.split(".")[0] != "simnccl"
+
+
 def _policy_name(policy: object) -> str:
     name = getattr(policy, "name", None)
     return name if isinstance(name, str) else type(policy).__qualname__
@@ -226,8 +239,8 @@ def _asked(policy: Policy, hook: str, call: Callable[[], T], expected: type, con
         answer = call()
     except UserPolicyError:  # a wrapper's inner policy, already named
         raise
-    except Exception as err:
-        if not is_user_policy(policy):
+    except BaseException as err:
+        if not policy_raised(err) or not is_user_policy(policy):
             raise
         raise UserPolicyError(
             f"policy {_policy_name(policy)!r}: {hook} raised {type(err).__name__}: {err} ({context()})"

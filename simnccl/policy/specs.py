@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from simnccl.policy.builtins import BUILTIN, BasePolicy, BudgetPolicy, ComposedPolicy
-from simnccl.policy.plans import Policy, PolicyError
+from simnccl.policy.plans import Policy, PolicyError, policy_raised
 
 ENTRY_POINT_GROUP = "simnccl.policies"
 MAX_SPEC_CHARS = 2_000  # a spec is a short line; anything longer is not a policy name (untrusted input)
@@ -83,7 +83,9 @@ def _part(raw: str, spec: str) -> Policy:
     if entry is not None:
         try:
             loaded = entry.load()
-        except Exception as error:  # the user's module failed to import: say which and why, in one line
+        except BaseException as error:  # the user's module failed to import: say which and why, in one line
+            if not policy_raised(error):
+                raise
             raise PolicyError(f"policy {raw!r} (entry point {entry.value!r}): import failed: {error!r}") from None
         return _instantiate(loaded, f"{raw} (entry point {entry.value})")
     known = ", ".join([*BUILTIN, "budget(MiB)", "budget(MiB,per_group_MiB)", *entry_point_names()])
@@ -105,7 +107,9 @@ def _from_import_spec(raw: str) -> Policy:
             f"policy {raw!r}: module {module_name!r} is not importable here ({error}); install the package that "
             "provides it, or run from the folder that holds it"
         ) from None
-    except Exception as error:
+    except BaseException as error:
+        if not policy_raised(error):
+            raise
         raise PolicyError(f"policy {raw!r}: importing {module_name!r} failed: {error!r}") from None
     return _instantiate(_attribute(module, module_name, attribute, f"policy {raw!r}"), raw)
 
@@ -151,6 +155,10 @@ def _instantiate(obj: object, where: str) -> Policy:
                 f"policy {where}: {obj.__qualname__}() needs arguments ({error}); give its fields defaults, or "
                 "name a module-level instance instead"
             ) from None
+        except BaseException as error:
+            if isinstance(error, Exception) or not policy_raised(error):
+                raise  # an Exception is reported as the class's own error, where the caller loads it
+            raise PolicyError(f"policy {where}: {obj.__qualname__}() raised {error!r}") from None
         return _checked(instance, where)
     return _checked(obj, where)
 
@@ -341,8 +349,10 @@ def _load_from_file(module_name: str, path: Path) -> Any:
     sys.modules[module_name] = module
     try:
         loader_spec.loader.exec_module(module)
-    except Exception as error:
+    except BaseException as error:
         del sys.modules[module_name]
+        if not policy_raised(error):
+            raise
         raise PolicyError(f"policy module {module_name!r} from {path}: import failed: {error!r}") from None
     return module
 
