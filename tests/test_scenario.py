@@ -336,6 +336,23 @@ def test_negative_size_mib(write_scenario) -> None:
     _assert_error(write_scenario(_with_steps(steps)), "workload.steps[1].size_mib", "non-negative number of MiB")
 
 
+@pytest.mark.parametrize(
+    ("op", "field", "value"),
+    [
+        ("new_group", "max_ctas", -1),
+        ("new_group", "min_ctas", 0),
+        ("new_group", "nvls_ctas", -1),
+        ("init_process_group", "max_ctas", 0),
+    ],
+)
+def test_an_nccl_config_field_nccl_rejects_is_refused_at_load(write_scenario, op: str, field: str, value: int) -> None:
+    """The model's own rule, asked at load: it once stopped the simulation as "a bug in simnccl" (exit 70)."""
+    steps = f'{{ op = "set_device" }},\n{{ op = "{op}", {field} = {value} }}'
+    _assert_error(
+        write_scenario(_with_steps(steps)), f"workload.steps[1].{field}", "expected an integer >= 1", f"got {value}"
+    )
+
+
 @pytest.mark.parametrize("repeat", [-1, 0])
 def test_non_positive_repeat(write_scenario, repeat: int) -> None:
     steps = f'{{ op = "set_device" }},\n{{ op = "barrier", repeat = {repeat} }}'

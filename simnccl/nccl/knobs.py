@@ -123,6 +123,22 @@ def _proto(raw: str) -> frozenset[str]:
     )
 
 
+def nccl_config_problem(field: str, value: Any) -> str | None:
+    """What is wrong with one ``PgOptions`` field the model reads (``min_ctas``, ``max_ctas``, ``nvls_ctas``...) set
+    to ``value``, as ``settings_from`` would say it (None: nothing, or a field the model does not read).
+
+    Why: a scenario step with ``max_ctas = -1`` passed the loader and then stopped the simulation with this
+    model's error, reported as a bug in simnccl (exit 70); the loader asks here, so it is bad input (exit 2)
+    naming the step's key, by the model's own rule."""
+    if field not in OPTION_KEYS:
+        return None
+    try:
+        settings_from({}, {field: bool(value) if field in ("split_share", "collnet_enable") else value})
+    except NcclInputError as err:
+        return str(err).removeprefix(f"options.{field}: ")
+    return None
+
+
 def settings_from(env: Mapping[str, str] | None = None, options: Mapping[str, Any] | None = None) -> NcclSettings:
     """Settings for one communicator: ``options`` (its config) first, then the environment, which wins.
 

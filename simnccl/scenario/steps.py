@@ -15,6 +15,7 @@ from typing import Any
 from simnccl import dtypes
 from simnccl.limits import InputLimits, exceeded
 from simnccl.limits import current as current_limits
+from simnccl.nccl.knobs import nccl_config_problem
 from simnccl.ops import (
     MIB,
     OP_TYPES,
@@ -185,6 +186,9 @@ def _build_op(
                 options[name] = check_option(name, value)
             except ValueError as err:
                 raise reader.error(key, str(err).removeprefix(f"{name}: ")) from None
+            problem = nccl_config_problem(name, options[name])
+            if problem is not None:
+                raise reader.error(key, problem)
             continue
         if name not in allowed or name == "pg_options":
             expected = sorted(_REVERSE_ALIASES.get((op_type.name, k), k) for k in allowed if k != "pg_options")
