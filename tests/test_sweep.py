@@ -331,6 +331,38 @@ def test_resume_skips_the_rows_already_in_the_file(
     assert code == 0 and "4 cells (4 done, 0 to run)" in err
 
 
+@pytest.mark.parametrize(
+    ("kind", "field", "value", "message"),
+    [
+        ("json", "verdict", 5, "rows[0]: verdict: expected text, got 5"),
+        ("json", "workload", None, "rows[0]: workload: expected text, got None"),
+        ("json", "used_mib", "lots", "rows[0]: used_mib: expected a number, got 'lots'"),
+        ("json", "knobs", [1], "rows[0]: knobs: expected a table, got [1]"),
+        ("csv", "knobs", "5", "line 2: knobs: expected a table, got 5"),
+    ],
+)
+def test_a_resume_file_with_a_wrongly_typed_field_is_refused(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, kind: str, field: str, value: object, message: str
+) -> None:
+    """A damaged or hand-edited row once reached the table and crashed it (exit 70, a bug): bad input, exit 2."""
+    out = tmp_path / f"out.{kind}"
+    assert sweep(capsys, *MATRIX_2x2, "--jobs", "1", f"--{kind}", str(out))[0] == 0
+    if kind == "json":
+        document = json.loads(out.read_text())
+        document["rows"][0][field] = value
+        out.write_text(json.dumps(document))
+    else:
+        with out.open(newline="") as handle:
+            rows = list(csv.DictReader(handle))
+        rows[0][field] = str(value)
+        with out.open("w", newline="") as handle:
+            writer = csv.DictWriter(handle, fieldnames=CSV_FIELDS)
+            writer.writeheader()
+            writer.writerows(rows)
+    code, _, err = sweep(capsys, *MATRIX_2x2, "--jobs", "1", f"--{kind}", str(out), "--resume")
+    assert code == 2 and err.startswith("error: ") and message in err and "\n" not in err.strip(), err
+
+
 def test_resume_runs_stopped_and_crashed_cells_again(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     out = tmp_path / "out.json"
     assert sweep(capsys, *MATRIX_2x2, "--jobs", "1", "--json", str(out))[0] == 0
