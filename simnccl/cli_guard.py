@@ -41,6 +41,7 @@ from simnccl.limits import DATA_FILE, ENV_PREFIX, LimitError
 from simnccl.limits import current as current_limits
 from simnccl.policy.plans import UserPolicyError
 from simnccl.runner import RunJournal, journal
+from simnccl.visible_text import visible
 
 EXIT_BAD_INPUT = 2
 EXIT_SOFTWARE = 70  # sysexits.h EX_SOFTWARE: an internal software error
@@ -184,8 +185,9 @@ def _to_devnull(fd: int) -> None:
 
 
 def _say(line: str) -> None:
-    """Plain text on stderr: user text (file names, keys) is printed literally, never as rich markup."""
-    print(line, file=sys.stderr, flush=True)
+    """Plain text on stderr: user text (file names, keys, a policy's message) is printed literally, never as rich
+    markup, and the terminal controls in it are shown as escapes (``visible``)."""
+    print(visible(line), file=sys.stderr, flush=True)
 
 
 def _where(record: RunJournal, argv: Sequence[str]) -> str:

@@ -19,15 +19,17 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO, TypeVar
 
 from rich.console import Console, RenderableType
+from rich.segment import Segment
 from rich.text import Text
 
 from simnccl.cli_options import STDOUT, OutputError
 from simnccl.result import SummaryLine, document
+from simnccl.visible_text import visible
 
 PIPE_WIDTH = 4096  # columns when stdout is not a terminal: wide enough that nothing a command prints wraps
 
@@ -40,6 +42,15 @@ class PipeAwareConsole(Console):
     def on_broken_pipe(self) -> None:
         self.quiet = True
         raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))
+
+    def _render_buffer(self, buffer: Iterable[Segment]) -> str:
+        """What is printed, with the terminal controls in its text shown as escapes (``visible``): user text in a
+        table cell or a line is printed as it is, never acted on. The console's own styling and control segments
+        are left as they are."""
+        return super()._render_buffer(
+            segment if segment.control or segment.text.isprintable() else Segment(visible(segment.text), segment.style)
+            for segment in buffer
+        )
 
 
 def write_all_to_stdout(text: str) -> None:

@@ -226,6 +226,27 @@ def test_missing_scenario_name(write_scenario) -> None:
     _assert_error(write_scenario(TINY.replace('name = "tiny"\n', "")), "scenario.name", "missing", "a string")
 
 
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ('""', "expected a name, got ''"),
+        ('"  "', "expected a name"),
+        ('"two\\nlines"', r"without control characters, got \\n in"),
+        ('"\\u001b[31mred"', r"got \\x1b in"),
+        ('"right\\u202eleft"', r"got \\u202e in"),
+    ],
+)
+@pytest.mark.parametrize("where", ["scenario", "variant"])
+def test_a_name_a_summary_prints_is_one_visible_line(write_scenario, where: str, name: str, expected: str) -> None:
+    """An empty name printed an empty column, a newline split the summary's one line per variant, an ESC
+    coloured the terminal."""
+    if where == "scenario":
+        text, key = TINY.replace('name = "tiny"', f"name = {name}"), "scenario.name"
+    else:
+        text, key = TINY + f"\n[[variants]]\nname = {name}\n", "variants[0].name"
+    _assert_error(write_scenario(text), key, expected)
+
+
 def test_missing_table(write_scenario) -> None:
     text = TINY.replace('[torch]\nrelease = "2.15"\n', "")
     _assert_error(write_scenario(text), "torch", "missing", "a table")

@@ -92,7 +92,7 @@ def parse_scenario(data: Mapping[str, Any], source: str, base_dir: Path | None =
         raise ScenarioError(source, "", f"tables or arrays nested {depth} deep: " + exceeded_depth(limits))
     top = Reader(source, "", dict(data))
     meta = Reader(source, "scenario", top.get("scenario", dict))
-    name = meta.get("name", str)
+    name = meta.label("name")
     description = meta.get("description", str, "")
     seed = meta.get("seed", int, 0)
     policy = read_policy(meta, "policy", "torch-default")
@@ -121,7 +121,7 @@ def parse_scenario(data: Mapping[str, Any], source: str, base_dir: Path | None =
     variants = []
     for i, raw in enumerate(raw_variants):
         reader = Reader(source, f"variants[{i}]", raw)
-        v_name = reader.get("name", str)
+        v_name = reader.label("name")
         if any(v.name == v_name for v in variants):
             raise reader.error("name", f"duplicate variant name {brief(v_name)}")
         v_release = read_release(reader, "release", release)

@@ -15,6 +15,7 @@ from simnccl.env_knobs import unknown_knob_message, value_problem
 from simnccl.limits import exceeded
 from simnccl.scenario.model import ScenarioError
 from simnccl.table_keys import key_problem
+from simnccl.visible_text import invisible_in
 
 
 class Reader:
@@ -45,6 +46,20 @@ class Reader:
             raise self.error(name, f"expected {what or type_name(kind)}, got a boolean")
         if not isinstance(value, kind):
             raise self.error(name, f"expected {what or type_name(kind)}, got {kind_of(value)} {brief(value)}")
+        return value
+
+    def label(self, name: str) -> str:
+        """A name a report prints in its one-line summary (a scenario's, a variant's): text, not empty, on one
+        line, with no character a terminal acts on (``invisible_in``). Why: an empty name printed an empty
+        column, and a newline in one split the summary's one line per variant in two."""
+        value = self.get(name, str)
+        if not value.strip():
+            raise self.error(name, f"expected a name, got {brief(value)}")
+        bad = invisible_in(value)
+        if bad is not None:
+            raise self.error(
+                name, f"expected a name on one line without control characters, got {bad} in {brief(value)}"
+            )
         return value
 
     def int_list(self, name: str, default: Any = ...) -> tuple[int, ...] | Any:

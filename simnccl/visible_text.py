@@ -1,0 +1,32 @@
+"""User text made visible: the characters a terminal acts on instead of showing, shown as escapes.
+
+Why: a command prints text it did not write (a scenario's and a variant's name, a policy's name and its
+exception's message, a row read back from a sweep's file) and must print it literally. Rich markup is never
+interpreted (``markup=False``), but an ESC in a scenario name still reached the terminal raw and coloured it, and
+a U+202E reversed the rest of its line: text that changes how the report looks, or hides what it says. Each such
+character is printed as its Python escape (``\\x1b``, ``\\u202e``) instead, so what is there is seen.
+"""
+
+from __future__ import annotations
+
+import re
+
+# C0 controls but tab and newline, DEL and the C1 controls, zero-width and direction marks, the line and
+# paragraph separators, the bidirectional embeddings, overrides and isolates, the word joiner and friends, BOM.
+_INVISIBLE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff]")
+
+
+def _escaped(match: re.Match[str]) -> str:
+    return match.group().encode("unicode_escape").decode("ascii")
+
+
+def visible(text: str) -> str:
+    """``text`` with every character a terminal would act on (but tab and newline) written as its escape."""
+    return _INVISIBLE.sub(_escaped, text) if _INVISIBLE.search(text) else text
+
+
+def invisible_in(text: str) -> str | None:
+    """The first such character of ``text``, escaped (None: there is none); newline and tab count too, for text
+    that must stay on one line (a name in a one-line summary)."""
+    match = _INVISIBLE.search(text) or re.search("[\n\t]", text)
+    return None if match is None else match.group().encode("unicode_escape").decode("ascii")
