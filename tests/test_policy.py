@@ -74,7 +74,7 @@ def test_budget_prices_a_group_from_the_request_unless_given() -> None:
 
 def test_torch_default_changes_nothing() -> None:
     decision = decide_group(get_policy("torch-default"), request())
-    assert decision.key() == (None, PgOptions(), False, None, None)
+    assert decision.key() == (None, PgOptions(), False, False, None)
 
 
 def test_lazy_single_rank_only_touches_single_rank_nccl_groups() -> None:
@@ -449,3 +449,21 @@ def test_budget_prices_a_group_by_its_layout_when_connections_are_made_at_init(b
     }
     assert max(grown.values()) <= budget_mib * 2**20
     assert max(grown.values()) == pytest.approx(eager * 1028.5556 * 2**20, rel=1e-6)
+
+
+def test_a_policy_cannot_write_into_the_history_it_is_shown() -> None:
+    """Ranks with equal histories share one History in the simulator: a write would be seen by every rank after
+    the writer, where in production only the writer's process sees it."""
+    history = History()
+    call = request((0, 1))
+    history.record(call, decide_group(BasePolicy(), call))
+    with pytest.raises(TypeError):
+        history.eager_by_rank[0] = 5  # type: ignore[index]
+    with pytest.raises(TypeError):
+        history.created[((0,), "nccl", PgOptions())] = 1  # type: ignore[index]
+    with pytest.raises(AttributeError):
+        history.calls = 0  # type: ignore[misc]
+    copied = history.copy()
+    copied.record(call, decide_group(BasePolicy(), call))
+    assert (history.calls, copied.calls) == (1, 2) and history.eager_by_rank == {0: 1, 1: 1}
+    assert copied.eager_by_rank == {0: 2, 1: 2} and copied.digest != history.digest

@@ -92,6 +92,41 @@ def test_a_policy_module_that_exits_or_raises_a_base_exception_is_refused(
     assert message in str(raised.value) and "\n" not in str(raised.value)
 
 
+FOUR = [*START, NewGroup(ranks=(0, 1, 2, 3), bind="g"), NewGroup(ranks=(0, 1, 2, 3), bind="h"), AllReduce(group="h")]
+
+
+@pytest.mark.parametrize(
+    ("policy", "message"),
+    [
+        (
+            user_policies.ReusesOtherRanks(),
+            "on_group returned reuse=(0, 1); a reuse names the call's own ranks (0, 1, 2, 3)",
+        ),
+        (user_policies.OptionsAsDict(), "on_group returned pg_options={'lazy_init': True}; expected a PgOptions"),
+        (user_policies.UnknownBackend(), "on_group returned backend='bogus-backend'; "),
+    ],
+)
+def test_a_malformed_decision_is_the_policys_error(policy: object, message: str) -> None:
+    """Each reached the engine: a reuse of other ranks was ignored there (the simulation passed; production binds
+    the group it names), the others failed it as a bug in simnccl (exit 70)."""
+    with pytest.raises(UserPolicyError) as raised:
+        simulate(FOUR, gpus_per_node=4, policy=policy)  # type: ignore[arg-type]
+    assert message in str(raised.value) and "rank 0" in str(raised.value)
+
+
+def test_a_decision_subclass_cannot_hide_members_that_disagree() -> None:
+    out = simulate(FOUR, gpus_per_node=4, policy=user_policies.HidesDisagreementInKey())
+    assert out.verdict == "error" and any(e["type"] == "PolicyInconsistency" for e in out.errors), out.errors
+
+
+def test_each_rank_may_name_its_own_device_but_not_only_some() -> None:
+    """``device_id=local_rank`` differs on every rank by nature (it was reported as members disagreeing); whether
+    a device is named must agree."""
+    assert simulate(FOUR, gpus_per_node=4, policy=user_policies.BindsOwnDevice()).verdict == "pass"
+    out = simulate(FOUR, gpus_per_node=4, policy=user_policies.OnlyRank0NamesADevice())
+    assert out.verdict == "error" and any(e["type"] == "PolicyInconsistency" for e in out.errors), out.errors
+
+
 def test_ctrl_c_in_a_policy_is_not_relabelled() -> None:
     """Only the policy's own failures become policy errors: Ctrl-C still interrupts (exit 130 on the CLI)."""
     with pytest.raises(KeyboardInterrupt):
@@ -169,6 +204,11 @@ PROGRAM = [*START, NewGroup(ranks=(0, 1), bind="pair"), AllReduce(group="pair")]
         (user_policies.RaisesOnInit(), "policy 'raises-on-init': on_init raised KeyError: 'MASTER_ADDR'"),
         (user_policies.ExitsOnGroup(), "policy 'exits-on-group': on_group raised SystemExit: 0"),
         (
+            user_policies.FlagsRank0InHistory(),
+            "policy 'flags-rank0-in-history': on_group raised AttributeError: 'mappingproxy' object has no attribute "
+            "'setdefault'",
+        ),
+        (
             user_policies.RaisesBaseExceptionOnInit(),
             "policy 'raises-base-exception-on-init': on_init raised PolicyAbort: unwind",
         ),
@@ -182,7 +222,7 @@ def test_a_user_policy_that_raises_or_answers_nothing_is_a_user_policy_error(pol
     while cause is not None:
         causes.append(type(cause).__name__)
         cause = cause.__cause__
-    own = {"RuntimeError", "KeyError", "SystemExit", "PolicyAbort"}
+    own = {"RuntimeError", "KeyError", "SystemExit", "PolicyAbort", "AttributeError"}
     assert not (set(causes) - {"UserPolicyError", *own}), causes
     if "raised" in message:  # the policy's own exception is kept at the root
         assert causes[-1] in own, causes

@@ -6,6 +6,7 @@ Imported by spec (``user_policies:Name``) with ``tests/`` on ``sys.path`` (pytes
 from __future__ import annotations
 
 import sys
+import time
 from dataclasses import dataclass, replace
 
 from simnccl.policy import BasePolicy, DedupePolicy, GroupDecision, GroupRequest, InitPlan, InitRequest, Policy
@@ -132,6 +133,23 @@ class InterruptedOnGroup(BasePolicy):
         raise KeyboardInterrupt
 
 
+@dataclass(frozen=True)
+class FlagsRank0InHistory(BasePolicy):
+    """Wrong: rank 0 caches a "memory-tight" flag in the history it is shown and every call that sees the flag is
+    lazy. In production only rank 0's process has the flag (members disagree: a hang); a simulator that shared
+    one history between ranks showed it to all, and they agreed."""
+
+    name: str = "flags-rank0-in-history"
+
+    def on_group(self, request: GroupRequest, decision: GroupDecision) -> GroupDecision:
+        flags = request.history.eager_mib_by_rank
+        if request.rank == 0:
+            flags.setdefault(-1, 0.0)  # type: ignore[attr-defined]
+        if -1 in flags:
+            return replace(decision, pg_options=replace(decision.pg_options, lazy_init=True), explanation="tight")
+        return decision
+
+
 class PolicyAbort(BaseException):
     """A team's own BaseException (not an Exception), as some code bases use to unwind."""
 
@@ -173,3 +191,91 @@ class RaisesOnInit(BasePolicy):
 
     def on_init(self, request: InitRequest) -> InitPlan:
         raise KeyError("MASTER_ADDR")
+
+
+LOOPS_ENTERED: list[int] = []  # ranks that entered LoopsForever.on_group
+LOOP_GIVES_UP_S = 20.0
+
+
+@dataclass(frozen=True)
+class LoopsForever(BasePolicy):
+    """A policy that does not return (a busy wait on something that never comes): only a timeout stops it.
+    It gives up after ``LOOP_GIVES_UP_S``, so a harness that failed to stop it makes a test fail, not hang; each
+    rank that enters says so on stderr."""
+
+    name: str = "loops-forever"
+
+    def on_group(self, request: GroupRequest, decision: GroupDecision) -> GroupDecision:
+        LOOPS_ENTERED.append(request.rank)
+        print(f"loops-forever: rank {request.rank} entered", file=sys.stderr, flush=True)
+        gives_up = time.monotonic() + LOOP_GIVES_UP_S
+        while time.monotonic() < gives_up:
+            pass
+        raise RuntimeError(f"gave up after {LOOP_GIVES_UP_S:g} s")
+
+
+@dataclass(frozen=True)
+class ReusesOtherRanks(BasePolicy):
+    """Wrong: answers a repeated 4-rank call with a reuse of the 2-rank group (0, 1). ``torch_apply`` binds the
+    group a reuse names, so production gets the wrong group; the simulator bound the call's own ranks."""
+
+    name: str = "reuses-other-ranks"
+
+    def on_group(self, request: GroupRequest, decision: GroupDecision) -> GroupDecision:
+        if len(request.ranks) == 4 and any(key[0] == request.ranks for key in request.history.created):
+            return replace(decision, reuse=(0, 1), explanation="reuse (0, 1)")
+        return decision
+
+
+@dataclass(frozen=True, slots=True)
+class _AlwaysAgreeing(GroupDecision):
+    def key(self) -> tuple[object, ...]:
+        return ()
+
+
+@dataclass(frozen=True)
+class HidesDisagreementInKey(BasePolicy):
+    """Wrong: odd ranks go lazy, and the decision's own ``key()`` says every rank agrees."""
+
+    name: str = "hides-disagreement-in-key"
+
+    def on_group(self, request: GroupRequest, decision: GroupDecision) -> GroupDecision:
+        options = replace(decision.pg_options, lazy_init=bool(request.rank % 2))
+        d = decision
+        return _AlwaysAgreeing(d.backend, options, d.use_local_synchronization, d.device_id, d.reuse, "odd: lazy")
+
+
+@dataclass(frozen=True)
+class OptionsAsDict(BasePolicy):
+    name: str = "options-as-dict"
+
+    def on_group(self, request: GroupRequest, decision: GroupDecision) -> GroupDecision:
+        return replace(decision, pg_options={"lazy_init": True})  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class UnknownBackend(BasePolicy):
+    name: str = "unknown-backend"
+
+    def on_group(self, request: GroupRequest, decision: GroupDecision) -> GroupDecision:
+        return replace(decision, backend="bogus-backend")
+
+
+@dataclass(frozen=True)
+class BindsOwnDevice(BasePolicy):
+    """Correct: each rank names its own device for the group (``device_id=local_rank``), as torch code does."""
+
+    name: str = "binds-own-device"
+
+    def on_group(self, request: GroupRequest, decision: GroupDecision) -> GroupDecision:
+        return replace(decision, device_id=request.rank, explanation="own device")
+
+
+@dataclass(frozen=True)
+class OnlyRank0NamesADevice(BasePolicy):
+    """Wrong: rank 0 names a device (legacy: inits eagerly), the others do not (they wait for first use)."""
+
+    name: str = "only-rank0-names-a-device"
+
+    def on_group(self, request: GroupRequest, decision: GroupDecision) -> GroupDecision:
+        return replace(decision, device_id=0) if request.rank == 0 else decision

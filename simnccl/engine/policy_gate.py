@@ -78,6 +78,7 @@ class PolicyGate:
         decision is taken as it is; any other policy -- every user policy -- is still asked on every calling
         rank, and its plan compared with the shared one (``confirms``): sharing saves the engine's work, never
         the check."""
+        self.sim = sim
         self.release = sim.release
         self.policy = policy
         self.active = type(policy) is not BasePolicy  # torch's defaults need no gate at all
@@ -93,6 +94,8 @@ class PolicyGate:
         self._splits: dict[tuple[int, tuple[int, ...]], tuple[SplitGroup, list[tuple[int, ...]]]] = {}
 
     def init(self, rt: RankRuntime, op: InitProcessGroup) -> InitProcessGroup:
+        if self.sim.halted is not None:  # as ``decide``
+            raise self.sim.halted
         plan = ask_init(
             self.policy,
             InitRequest(
@@ -140,7 +143,14 @@ class PolicyGate:
         histories = self.histories
         history = histories.history(rt) if self.verified else histories.view(rt)
         request = self.group_request(rt, op, members, history=history)
-        return request, decide_group(self.policy, request)
+        return request, self.decide(request)
+
+    def decide(self, request: GroupRequest) -> GroupDecision:
+        """The policy's decision (``decide_group``), unless the run is ending (``Sim.halt``): then what ends it
+        is raised instead, so a user's policy that looped until a timeout is not entered by the next rank."""
+        if self.sim.halted is not None:
+            raise self.sim.halted
+        return decide_group(self.policy, request)
 
     def agrees(self, rt: RankRuntime, op: NewGroup, step: Any) -> bool:
         """For the outsider fast path: whether this rank, asked itself, reaches the shared plan (a built-in
@@ -195,7 +205,7 @@ class PolicyGate:
         self.check_consistent(rt, request, decision)
         if self.shares and not self.verified:
             step, slot = self.histories.recall(rt, op)
-            if step is not None:
+            if step is not None and step.decision.device_id == decision.device_id:  # each binds its own device
                 return self.effective_op(rt, op, members, step.decision, step.effective)
         history = self.histories.own(rt)
         history.record(request, decision)

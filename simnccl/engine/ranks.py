@@ -153,6 +153,13 @@ class RankLoop:
             self._fail(rt, "oom", TorchError("torch.OutOfMemoryError", str(err)))
         except WorkloadFailure as err:
             self._fail(rt, "check", TorchError("ValueError", str(err)))
+        except GeneratorExit:  # the process closed (the environment dropped): nothing to report
+            raise
+        except BaseException as err:
+            # Not something a rank does (a defect, a user policy's error, a timeout or Ctrl-C): the run ends
+            # here, not when simpy's turn for this process's event comes (``Sim.halt``).
+            self.sim.halt(err)
+            raise
 
     def _fail(self, rt: RankRuntime, kind: str, err: TorchError, *, abort: bool = False) -> None:
         rt.status = "aborted" if kind == "abort" or abort else "error"

@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 import simpy
+import simpy.events
 
 from simnccl.engine.config import EngineGuardError, Limits, SimConfig
 from simnccl.engine.state import RankRuntime
@@ -122,6 +123,7 @@ class Sim:
         "device_type",
         "env",
         "guard",
+        "halted",
         "procs",
         "profile",
         "ranks",
@@ -141,6 +143,27 @@ class Sim:
         self.clock: float | None = None
         self.ranks: list[RankRuntime] = []
         self.procs: dict[int, simpy.Process] = {}
+        self.halted: BaseException | None = None  # what ends the run at once (``halt``)
 
     def now(self) -> float:
         return self.env.now if self.clock is None else self.clock
+
+    def halt(self, err: BaseException) -> None:
+        """End the run with ``err`` (a defect, a user policy's error, a timeout, Ctrl-C: nothing a rank does).
+
+        Why: simpy keeps what a process raises in that process's event and re-raises it only when that event's
+        turn comes, and the other ranks woken by the same event run first, in the same step. A command's
+        wall-clock timeout raised inside a user's policy that loops forever was kept while the next rank entered
+        the same policy, and no second alarm came: the command never ended. So the run remembers ``err``
+        (``halted``: the policy gate raises it instead of asking a policy again) and an event ahead of every
+        other one of this instant raises it out of the run loop at the next step."""
+        if self.halted is None:
+            self.halted = err
+
+        def reraise(_event: simpy.Event) -> None:
+            raise err
+
+        event = self.env.event()
+        event._ok, event._value = True, None  # triggered: processed like any scheduled event
+        event.callbacks.append(reraise)
+        self.env.schedule(event, simpy.events.URGENT - 1)  # before a process's start (URGENT), as StopSimulation

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from types import MappingProxyType
 from typing import Protocol, TypeVar
 
 from simnccl.ops import NO_OPTIONS, PgOptions
+from simnccl.release import RELEASES, ReleaseError, resolve_backend
 
 T = TypeVar("T")
 
@@ -48,50 +50,107 @@ class InitPlan:
     explanation: str = ""
 
 
-@dataclass(slots=True)
+_Created = dict[tuple[tuple[int, ...], str, PgOptions], int]
+
+
 class History:
     """The group-creation calls this process has seen, with the aggregates built-in policies need.
 
-    Maintained by the caller (simulator or ``apply``) in call order, O(members) per call. It is the same on
-    every rank that made the same calls, which is what keeps history-based decisions consistent.
+    Maintained by the caller (simulator or ``apply``) in call order with ``record``, O(members) per call. It is
+    the same on every rank that made the same calls, which is what keeps history-based decisions consistent.
+
+    Read-only to a policy: its tables are read-only views and its counters have no setter. Why: the simulator
+    hands ranks with equal histories one History, so a policy that wrote into it (a flag only rank 0 set) was
+    seen by every rank after it and their decisions agreed; in production each process has its own, only rank 0
+    sees the flag and members disagree (a hang). A policy keeps its own state elsewhere; writing here raises,
+    which the harness reports as the policy's error, in simulation and under real torch alike.
     """
 
-    calls: int = 0
-    eager_by_rank: dict[int, int] = field(default_factory=dict)
-    created: dict[tuple[tuple[int, ...], str, PgOptions], int] = field(default_factory=dict)
-    digest: int = 0  # a running hash of every recorded call: equal histories compare in O(1)
-    # Per rank, the MiB its eager groups cost at creation, each at its request's ``eager_group_mib`` (groups whose
-    # request had no price count nothing here): what ``budget(X)`` has spent of a member's device.
-    eager_mib_by_rank: dict[int, float] = field(default_factory=dict)
-    # As ``created``, keyed by what the call asked for rather than what was decided: a policy composed after
-    # ``dedupe`` (``dedupe+lazy-init``) changes what is created, and an equal later call must still find it.
-    requested: dict[tuple[tuple[int, ...], str, PgOptions], int] = field(default_factory=dict)
+    __slots__ = (
+        "_calls",
+        "_created",
+        "_created_view",
+        "_digest",
+        "_eager_by_rank",
+        "_eager_by_rank_view",
+        "_eager_mib_by_rank",
+        "_eager_mib_by_rank_view",
+        "_requested",
+        "_requested_view",
+    )
+
+    def __init__(self) -> None:
+        self._calls = 0
+        self._digest = 0  # a running hash of every recorded call: equal histories compare in O(1)
+        self._set_tables({}, {}, {}, {})
+
+    def _set_tables(
+        self,
+        eager_by_rank: dict[int, int],
+        created: _Created,
+        eager_mib_by_rank: dict[int, float],
+        requested: _Created,
+    ) -> None:
+        self._eager_by_rank, self._eager_by_rank_view = eager_by_rank, MappingProxyType(eager_by_rank)
+        self._created, self._created_view = created, MappingProxyType(created)
+        self._eager_mib_by_rank, self._eager_mib_by_rank_view = eager_mib_by_rank, MappingProxyType(eager_mib_by_rank)
+        self._requested, self._requested_view = requested, MappingProxyType(requested)
+
+    @property
+    def calls(self) -> int:
+        """Group-creation calls recorded (member or not)."""
+        return self._calls
+
+    @property
+    def digest(self) -> int:
+        return self._digest
+
+    @property
+    def eager_by_rank(self) -> Mapping[int, int]:
+        """Per rank, how many eager NCCL groups it is a member of."""
+        return self._eager_by_rank_view
+
+    @property
+    def created(self) -> Mapping[tuple[tuple[int, ...], str, PgOptions], int]:
+        """(ranks, backend, options) of each group created (not reused) -> the call that first created it."""
+        return self._created_view
+
+    @property
+    def eager_mib_by_rank(self) -> Mapping[int, float]:
+        """Per rank, the MiB its eager groups cost at creation, each at its request's ``eager_group_mib`` (groups
+        whose request had no price count nothing here): what ``budget(X)`` has spent of a member's device."""
+        return self._eager_mib_by_rank_view
+
+    @property
+    def requested(self) -> Mapping[tuple[tuple[int, ...], str, PgOptions], int]:
+        """As ``created``, keyed by what the call asked for rather than what was decided: a policy composed after
+        ``dedupe`` (``dedupe+lazy-init``) changes what is created, and an equal later call must still find it."""
+        return self._requested_view
 
     def record(self, request: GroupRequest, decision: GroupDecision) -> None:
         """Add one call (made by this process, member or not) and what was decided for it."""
-        self.calls += 1
-        self.digest = hash((self.digest, request.kind, request.ranks, request.backend, decision.key()))
+        self._calls += 1
+        self._digest = hash((self._digest, request.kind, request.ranks, request.backend, decision.key()))
         if decision.reuse is not None:
             return
         key = (request.ranks, decision.backend or "", decision.pg_options)
-        self.created.setdefault(key, self.calls)
-        self.requested.setdefault((request.ranks, request.backend or "", request.pg_options), self.calls)
+        self._created.setdefault(key, self._calls)
+        self._requested.setdefault((request.ranks, request.backend or "", request.pg_options), self._calls)
         if creates_eager_nccl(request, decision):
             price = request.eager_group_mib
+            eager, eager_mib = self._eager_by_rank, self._eager_mib_by_rank
             for r in request.ranks:
-                self.eager_by_rank[r] = self.eager_by_rank.get(r, 0) + 1
+                eager[r] = eager.get(r, 0) + 1
                 if price is not None:
-                    self.eager_mib_by_rank[r] = self.eager_mib_by_rank.get(r, 0.0) + price
+                    eager_mib[r] = eager_mib.get(r, 0.0) + price
 
     def copy(self) -> History:
-        return History(
-            self.calls,
-            dict(self.eager_by_rank),
-            dict(self.created),
-            self.digest,
-            dict(self.eager_mib_by_rank),
-            dict(self.requested),
+        other = History.__new__(History)
+        other._calls, other._digest = self._calls, self._digest
+        other._set_tables(
+            dict(self._eager_by_rank), dict(self._created), dict(self._eager_mib_by_rank), dict(self._requested)
         )
+        return other
 
 
 def creates_eager_nccl(request: GroupRequest, decision: GroupDecision) -> bool:
@@ -167,8 +226,10 @@ class GroupDecision:
     explanation: str = ""
 
     def key(self) -> tuple[object, ...]:
-        """What members must agree on (explanations may differ)."""
-        return (self.backend, self.pg_options, self.use_local_synchronization, self.device_id, self.reuse)
+        """What members must agree on (explanations may differ). Whether a device is named, not which: each
+        process binds its own (``device_id=local_rank`` differs on every rank by nature), but one that names a
+        device where another does not inits eagerly where the other waits (legacy)."""
+        return (self.backend, self.pg_options, self.use_local_synchronization, self.device_id is not None, self.reuse)
 
     def describe(self) -> str:
         if self.reuse is not None:
@@ -179,6 +240,8 @@ class GroupDecision:
             parts.append(f"pg_options={options}")
         if self.use_local_synchronization:
             parts.append("use_local_synchronization=True")
+        if self.device_id is not None:
+            parts.append(f"device_id={self.device_id!r}")
         return ", ".join(parts)
 
 
@@ -270,7 +333,10 @@ def ask_init(policy: Policy, request: InitRequest) -> InitPlan:
 
 def decide_group(policy: Policy, request: GroupRequest) -> GroupDecision:
     """The policy's full decision for one call, starting from "as the program asked"; a user's policy that
-    raises or returns no ``GroupDecision`` is ``UserPolicyError``."""
+    raises, returns no ``GroupDecision`` or a malformed one (``decision_problem``) is ``UserPolicyError``.
+
+    The answer is always a plain ``GroupDecision``: a subclass's own ``key()`` (``()`` on every rank) hid members
+    that disagreed from the check that compares them."""
     decision = _asked(
         policy,
         "on_group",
@@ -278,12 +344,57 @@ def decide_group(policy: Policy, request: GroupRequest) -> GroupDecision:
         GroupDecision,
         lambda: f"rank {request.rank}, {request.kind}(ranks={list(request.ranks)}, backend={request.backend!r})",
     )
-    if decision.explanation:
-        return decision
-    if type(decision) is GroupDecision:  # what ``replace`` builds, without its per-field introspection
-        d = decision
-        return GroupDecision(d.backend, d.pg_options, d.use_local_synchronization, d.device_id, d.reuse, "as requested")
-    return replace(decision, explanation="as requested")
+    d = decision
+    if type(d) is not GroupDecision or not d.explanation or d.reuse is not None or d.backend != request.backend:
+        problem = decision_problem(request, d)
+        if problem is not None:
+            if not is_user_policy(policy):
+                raise AssertionError(f"built-in policy {_policy_name(policy)!r}: {problem}")
+            raise UserPolicyError(
+                f"policy {_policy_name(policy)!r}: on_group returned {problem} (rank {request.rank}, "
+                f"{request.kind}(ranks={list(request.ranks)}))"
+            )
+        if type(d) is not GroupDecision or not d.explanation:
+            d = GroupDecision(
+                d.backend,
+                d.pg_options,
+                d.use_local_synchronization,
+                d.device_id,
+                d.reuse,
+                d.explanation or "as requested",
+            )
+    return d
+
+
+def decision_problem(request: GroupRequest, decision: GroupDecision) -> str | None:
+    """What is wrong with a decision's fields for this call (None: nothing): wrong types, a backend torch does not
+    know, or a reuse of other ranks than the call's.
+
+    Why: such a decision reached the engine, which failed on it as a bug in simnccl (exit 70); and a ``reuse`` of
+    other ranks was ignored by the simulator (it binds the call's own ranks) while ``simnccl.torch_apply`` binds the
+    group it names, so the simulation passed what production breaks."""
+    d = decision
+    if d.backend is not None and not isinstance(d.backend, str):
+        return f"backend={d.backend!r}; expected a backend name or None"
+    if not isinstance(d.pg_options, PgOptions):
+        return f"pg_options={d.pg_options!r}; expected a PgOptions (dataclasses.replace the one it was given)"
+    if not isinstance(d.use_local_synchronization, bool):
+        return f"use_local_synchronization={d.use_local_synchronization!r}; expected True or False"
+    if d.device_id is not None and (isinstance(d.device_id, bool) or not isinstance(d.device_id, int | str)):
+        return f"device_id={d.device_id!r}; expected a device index, a device string or None"
+    if d.reuse is not None and (not isinstance(d.reuse, tuple) or d.reuse != request.ranks):
+        return (
+            f"reuse={d.reuse!r}; a reuse names the call's own ranks {request.ranks} (an earlier identical group "
+            "with them is returned), never another group"
+        )
+    if not isinstance(d.explanation, str):
+        return f"explanation={d.explanation!r}; expected text"
+    if d.backend != request.backend and request.release in RELEASES:
+        try:
+            resolve_backend(RELEASES[request.release], d.backend, request.env)
+        except ReleaseError as err:
+            return f"backend={d.backend!r}; {err}"
+    return None
 
 
 def decide_split(policy: Policy, requests: list[GroupRequest]) -> list[GroupDecision]:

@@ -46,7 +46,7 @@ from simnccl.engine.state import ProcessAbort, RankRuntime, Waiting, ranks_diges
 from simnccl.meetings import Arrival, Meeting
 from simnccl.memory import SimulatedOOM
 from simnccl.ops import NO_OPTIONS, WORLD, NewGroup, Op, Program, SplitGroup
-from simnccl.policy import GroupDecision, GroupRequest, History, decide_group
+from simnccl.policy import GroupDecision, GroupRequest, History
 from simnccl.release import Impl
 
 
@@ -220,7 +220,7 @@ class Cohorts:
                 if not isinstance(members, Members):
                     return None
                 request = gate.group_request(rt, op, members.ranks, history=history)
-                decision = decide_group(gate.policy, request)
+                decision = gate.decide(request)
                 # a reuse makes no torch call on any rank: nothing to plan
                 effective = None if decision.reuse is not None else gate.effective_op(rt, op, members, decision) or op
             else:
@@ -440,7 +440,7 @@ class Cohorts:
         rt = self.ranks[members.ranks[0]]
         assert cohort.history is not None
         request = gate.group_request(rt, op, members.ranks, history=cohort.history)
-        decision = decide_group(gate.policy, request)
+        decision = gate.decide(request)
         gate.check_consistent(rt, request, decision)
         if decision.reuse is not None:
             return None, decision, request
