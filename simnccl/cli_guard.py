@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from simnccl.cli_options import OutputError
-from simnccl.limits import DATA_FILE, ENV_PREFIX, LimitError
+from simnccl.limits import DATA_FILE, ENV_PREFIX, LimitError, number_text
 from simnccl.limits import current as current_limits
 from simnccl.policy.plans import UserPolicyError
 from simnccl.runner import RunJournal, journal
@@ -99,7 +99,7 @@ def guarded(main_fn: MainFn, *, command: Sequence[str] = ()) -> MainFn:
                 _reap(children_before)
                 where = _where(record, raw)
                 _say(
-                    f"error: {where}: the command ran past its wall-clock limit max_wall_s = {wall_s:g} s "
+                    f"error: {where}: the command ran past its wall-clock limit max_wall_s = {number_text(wall_s)} s "
                     f"({DATA_FILE}; to raise it for one run, set {ENV_PREFIX}MAX_WALL_S)"
                 )
                 _partial_report(record)

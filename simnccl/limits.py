@@ -86,10 +86,20 @@ def _parse_override(name: str, raw: str, *, integer: bool) -> int | float:
     return value
 
 
+def number_text(number: float) -> str:
+    """A number as written, every digit kept: ``1048576``, ``2592001``, ``1.0000001``. Why: ``%g`` keeps six
+    significant digits, so a limit printed as ``1.04858e+06`` and a value of 2,592,001 past a limit of 2,592,000
+    printed as equal to it."""
+    if isinstance(number, int) and not isinstance(number, bool):
+        return str(number)
+    value = float(number)
+    return str(int(value)) if value.is_integer() and abs(value) < 1e16 else repr(value)
+
+
 def exceeded(name: str, value: object, limit: float) -> str:
     """The message for ``value`` past limit ``name``: the limit's name, value and how to raise it."""
     return (
-        f"{value} exceeds the limit {name} = {limit:g} ({DATA_FILE}; to raise it for one run, set "
+        f"{value} exceeds the limit {name} = {number_text(limit)} ({DATA_FILE}; to raise it for one run, set "
         f"{ENV_PREFIX}{name.upper()})"
     )
 

@@ -86,6 +86,18 @@ def test_a_file_past_the_size_limit_is_refused_before_reading(capsys, write_scen
     _bad(capsys, write_scenario, TINY, "", "max_file_bytes = 100", "SIMNCCL_LIMIT_MAX_FILE_BYTES")
 
 
+def test_limits_and_values_are_printed_with_every_digit(capsys, write_scenario, monkeypatch) -> None:
+    """``%g`` printed a limit of 1,048,576 as 1.04858e+06, and a value one second past a limit as equal to it."""
+    monkeypatch.setenv("SIMNCCL_LIMIT_MAX_FILE_BYTES", "1048576")
+    monkeypatch.setenv("SIMNCCL_LIMIT_MAX_SIM_TIME_S", "2592000")
+    big = TINY + "#" * 1_048_600 + "\n"
+    _bad(capsys, write_scenario, big, "", "max_file_bytes = 1048576 (")
+    text = _steps(*BASE_STEPS, '{ op = "compute", seconds = 2592001 }')
+    _bad(capsys, write_scenario, text, "workload.steps[2].seconds", "2592001 of seconds exceeds", "= 2592000 (")
+    text = _steps(*BASE_STEPS, '{ op = "memory_check", gpu_memory_utilization = 1.0000001 }')
+    _bad(capsys, write_scenario, text, "workload.steps[2].gpu_memory_utilization", "got 1.0000001")
+
+
 @pytest.mark.parametrize("device", ["/dev/zero", "/dev/stdin"])
 def test_a_device_as_the_scenario_file_is_exit_2(capsys, device: str) -> None:
     code, _, err = _run(capsys, device)

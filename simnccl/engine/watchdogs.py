@@ -21,6 +21,7 @@ from simnccl.engine.state import RankRuntime, Waiting
 from simnccl.engine.timing import Timing
 from simnccl.faults import Fault
 from simnccl.flight_recorder import numel
+from simnccl.limits import number_text
 from simnccl.release import DEFAULT_PG_NCCL_TIMEOUT_S, Impl
 from simnccl.watchdog import MonitorAction, TimeoutAction, on_dump_signal, on_timeout, on_watchdog_stuck
 
@@ -74,7 +75,7 @@ class Watchdogs:
             horizon = self.sim.config.limits.max_sim_time_s
             if min(env.peek(), next_deadline) > horizon:
                 raise EngineGuardError(
-                    f"simulated time would pass Limits.max_sim_time_s = {horizon:g} s", "max_sim_time_s"
+                    f"simulated time would pass Limits.max_sim_time_s = {number_text(horizon)} s", "max_sim_time_s"
                 )
             # A wait starts at an event, so steps are measured from the next one: idle time is never walked
             # through in timeout-sized steps (a 1 ms timeout over hours of compute was billions of steps).

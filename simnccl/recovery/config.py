@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from simnccl.cluster import Cluster
-from simnccl.limits import InputLimits, exceeded
+from simnccl.limits import InputLimits, exceeded, number_text
 from simnccl.limits import current as current_limits
 from simnccl.scenario import ScenarioError
 from simnccl.scenario.reader import Reader, finite
@@ -66,12 +66,14 @@ def parse_recovery(
         if value < 1:
             raise reader.error(key, f"expected an integer >= 1, got {value}")
     if slow_factor <= 1:
-        raise reader.error("slow_factor", f"expected a number > 1 (a multiple of the median), got {slow_factor:g}")
+        raise reader.error(
+            "slow_factor", f"expected a number > 1 (a multiple of the median), got {number_text(slow_factor)}"
+        )
     if timeout is not None and timeout <= 0:
-        raise reader.error("timeout_s", f"expected a positive number of seconds, got {timeout:g}")
+        raise reader.error("timeout_s", f"expected a positive number of seconds, got {number_text(timeout)}")
     for key, value in (("monitor_interval_s", monitor), ("restart_s", restart)):
         if value < 0:
-            raise reader.error(key, f"expected a non-negative number of seconds, got {value:g}")
+            raise reader.error(key, f"expected a non-negative number of seconds, got {number_text(value)}")
     if max_recoveries < 0:
         raise reader.error("max_recoveries", f"expected an integer >= 0, got {max_recoveries}")
     assert cluster.ranks_per_node is not None

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from simnccl.env_knobs import unknown_knob_message, value_problem
-from simnccl.limits import exceeded
+from simnccl.limits import exceeded, number_text
 from simnccl.scenario.model import ScenarioError
 from simnccl.table_keys import key_problem
 from simnccl.visible_text import invisible_in
@@ -134,11 +134,14 @@ def finite(
     if not math.isfinite(number):
         raise reader.error(key, f"expected a finite number{unit}, got {brief(value)}")
     if number < minimum:
-        wanted = f"a non-negative number{unit}" if minimum == 0 else f"a number{unit} >= {minimum:g}"
-        raise reader.error(key, f"expected {wanted}, got {number:g}")
+        wanted = f"a non-negative number{unit}" if minimum == 0 else f"a number{unit} >= {number_text(minimum)}"
+        raise reader.error(key, f"expected {wanted}, got {number_text(value)}")
     if maximum is not None and number > maximum:
         raise reader.error(
-            key, exceeded(limit, f"{number:g}{unit}", maximum) if limit else f"expected at most {maximum:g}"
+            key,
+            exceeded(limit, f"{number_text(value)}{unit}", maximum)
+            if limit
+            else f"expected at most {number_text(maximum)}",
         )
     return number
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from simnccl import dtypes
-from simnccl.limits import InputLimits, exceeded
+from simnccl.limits import InputLimits, exceeded, number_text
 from simnccl.limits import current as current_limits
 from simnccl.nccl.knobs import nccl_config_problem
 from simnccl.ops import (
@@ -232,13 +232,13 @@ def _check_field(reader: Reader, key: str, name: str, value: Any, world_size: in
         return finite(reader, key, value, 0, limits.max_sim_time_s, "max_sim_time_s", " of seconds")
     if name == "timeout_s":
         if value <= 0:
-            raise reader.error(key, f"expected a positive number of seconds, got {value:g}")
+            raise reader.error(key, f"expected a positive number of seconds, got {number_text(value)}")
         return finite(reader, key, value, 0, limits.max_sim_time_s, "max_sim_time_s", " of seconds")
     if name == "mib":
         return finite(reader, key, value, 0, limits.max_alloc_mib, "max_alloc_mib", " of MiB")
     if name == "gpu_memory_utilization":
         if not (math.isfinite(value) and 0 < value <= 1):
-            raise reader.error(key, f"expected a fraction of the GPU's memory in (0, 1], got {value:g}")
+            raise reader.error(key, f"expected a fraction of the GPU's memory in (0, 1], got {number_text(value)}")
         return value
     if name == "dtype" and not dtypes.is_known(value):
         raise reader.error(key, f"expected one of {dtypes.expected_text()}, got {brief(value)}")
