@@ -17,6 +17,7 @@ from simnccl.policy.plans import (
     InitRequest,
     Policy,
     PolicyError,
+    _asked,
     _because,
 )
 
@@ -232,14 +233,28 @@ class ComposedPolicy:
         plan = InitPlan(request.backend, request.device_id, request.pg_options, {}, "")
         for part in self.parts:
             request = _with_plan(request, plan)
-            step = part.on_init(request)
+            step = _asked(  # a part that raises or answers no plan is named, not the composition
+                part,
+                "on_init",
+                lambda part=part, request=request: part.on_init(request),
+                InitPlan,
+                lambda request=request: f"rank {request.rank}, init_process_group(backend={request.backend!r})",
+            )
             explanation = "; ".join(t for t in (plan.explanation, step.explanation) if t)
             plan = InitPlan(step.backend, step.device_id, step.pg_options, {**plan.env, **step.env}, explanation)
         return plan
 
     def on_group(self, request: GroupRequest, decision: GroupDecision) -> GroupDecision:
         for part in self.parts:
-            decision = part.on_group(request, decision)
+            # A part that raises or answers no decision is named, not the composition: a user's part that
+            # returned None was reported as the next part's AttributeError.
+            decision = _asked(
+                part,
+                "on_group",
+                lambda part=part, decision=decision: part.on_group(request, decision),
+                GroupDecision,
+                lambda: f"rank {request.rank}, {request.kind}(ranks={list(request.ranks)})",
+            )
         return decision
 
 
