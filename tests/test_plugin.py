@@ -403,6 +403,58 @@ def test_a_rank_dependent_team_policy_fails_with_both_plans_and_a_replay(
     done.stdout.fnmatch_lines(["*check passes: FAILS*PolicyInconsistency*", "still fails: passes"])
 
 
+PROCESS_DEPENDENT = textwrap.dedent(
+    """\
+    import os
+    from dataclasses import dataclass, replace
+
+    from simnccl.ops import InitProcessGroup, NewGroup, SetDevice
+    from simnccl.policy import BasePolicy
+    from simnccl.testing import invariants as inv
+    from simnccl.testing.replay import SimCase
+
+
+    @dataclass(frozen=True)
+    class LazyWhereFlagged(BasePolicy):
+        name: str = "lazy-where-flagged"
+
+        def on_group(self, request, decision):  # state of the process, not of the request: wrong
+            if os.environ.get("TEAM_FLAG") == "1" and request.rank == 1:
+                return replace(decision, pg_options=replace(decision.pg_options, lazy_init=True))
+            return decision
+
+
+    def test_flagged_process(monkeypatch):
+        monkeypatch.setenv("TEAM_FLAG", "1")
+        ops = (SetDevice(), InitProcessGroup(backend="nccl"), NewGroup(ranks=(0, 1), bind="g"))
+        out = SimCase(programs=(ops, ops), policy=LazyWhereFlagged()).run()
+        assert (v := inv.passes(out)), v.explanation
+    """
+)
+
+
+def test_a_replay_that_passes_a_different_simulation_is_not_a_pass(pytester: pytest.Pytester) -> None:
+    """A policy that reads the process's state failed in the test and passes in the replay's fresh process. The
+    replay said "the recorded check(s) pass now", exit 0: a failure that vanished. The trace hash the plugin
+    records tells the two simulations apart."""
+    pytester.makepyfile(test_flag=PROCESS_DEPENDENT)
+    result = run(pytester)
+    result.assert_outcomes(failed=1)
+    line = next(x for x in result.outlines if x.startswith("# replay: python -m simnccl.testing.replay "))
+    path = Path(line.split()[-1])
+    data = json.loads(path.read_text())
+    assert isinstance(data["failure"]["trace_hash"], str) and data["failure"]["simnccl_version"]
+    done = pytester.run(sys.executable, "-m", "simnccl.testing.replay", str(path))
+    assert done.ret == 1, done.stdout.str()
+    done.stdout.fnmatch_lines(["check passes: ok*", "*pass now, but this simulation is not the one that failed*"])
+    # Recorded by another simnccl, a different trace is expected: a note, and the replay judges the check alone.
+    data["failure"]["simnccl_version"] = "0.0.0"
+    path.write_text(json.dumps(data))
+    done = pytester.run(sys.executable, "-m", "simnccl.testing.replay", str(path))
+    assert done.ret == 0, done.stdout.str()
+    done.stdout.fnmatch_lines(["note: the failure was recorded by simnccl 0.0.0*", "the recorded check(s) pass now"])
+
+
 def test_a_failed_memory_property_replays_as_a_failure(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(
         test_budget=textwrap.dedent(

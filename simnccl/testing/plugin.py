@@ -32,6 +32,7 @@ from typing import Any
 
 import pytest
 
+from simnccl import __version__
 from simnccl.testing import replay
 
 try:  # hypothesis is a test extra: without it the plugin still gives fixtures, markers and replay dumps
@@ -214,11 +215,15 @@ def _failure_section(item: pytest.Item) -> tuple[str | None, str, str | None]:
     if case is None:
         return None, "", None
     title = "simnccl: minimal failing case (the last one simulated; hypothesis replays the shrunk example last)"
+    outcome = replay.last_outcome()
     failure = {
         "test": item.nodeid,
         "rootdir": str(item.config.rootpath),
         "checks": replay.failed_checks(),
         "profile_env": os.environ.get(PROFILE_ENV, ""),
+        # the failing simulation, so a replay that passes can tell a fix from a case that is not deterministic
+        "trace_hash": outcome.trace_hash if outcome is not None else None,
+        "simnccl_version": __version__,
     }
     try:
         snippet = case.snippet()

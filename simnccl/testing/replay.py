@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from simnccl import __version__
 from simnccl.engine import Limits, RunOutcome
 from simnccl.ops import NO_OPTIONS, OP_TYPES, Op, PgOptions, retired_field
 from simnccl.policy import PolicyError, describe_policy, policy_from_description, policy_label
@@ -377,6 +378,11 @@ def recheck(case: SimCase, outcome: RunOutcome, notes: Sequence[Mapping[str, Any
     return results
 
 
+def last_outcome() -> RunOutcome | None:
+    """What the last simulation of ``last_case`` returned (None while it runs, or when it raised)."""
+    return _LAST_OUTCOME[0]
+
+
 def last_case() -> SimCase | None:
     """The case most recently simulated, with the policy it ran under (the plugin dumps it on failure)."""
     case, policy = _LAST
@@ -491,6 +497,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         for name, ok, explanation in results:
             print(f"check {name}: {'ok' if ok else 'FAILS'}: {explanation}")
         failing = [name for name, ok, _ in results if not ok]
+        if not failing and _diverged(failure, outcome):
+            return EXIT_STILL_FAILS
         print(f"still fails: {', '.join(failing)}" if failing else "the recorded check(s) pass now")
         return EXIT_STILL_FAILS if failing else EXIT_OK
     test = failure.get("test")
@@ -499,6 +507,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     # An old case file, or one written by hand: the only check known is that a valid program passes.
     print("no recorded check: judging the verdict (a valid program must pass)")
     return EXIT_OK if outcome.verdict == "pass" else EXIT_STILL_FAILS
+
+
+def _diverged(failure: Mapping[str, Any], outcome: RunOutcome) -> bool:
+    """Whether this simulation differs from the failing one the plugin recorded (its trace hash), by the same
+    simnccl: then the case is not deterministic, and "passes now" would hide a failure that comes and goes."""
+    recorded = failure.get("trace_hash")
+    if not isinstance(recorded, str) or recorded == outcome.trace_hash:
+        return False
+    if failure.get("simnccl_version") != __version__:
+        print(
+            f"note: the failure was recorded by simnccl {failure.get('simnccl_version')}, this is {__version__}: "
+            f"its simulation may differ (recorded trace hash {recorded})"
+        )
+        return False
+    print(
+        f"the recorded check(s) pass now, but this simulation is not the one that failed: trace hash "
+        f"{outcome.trace_hash}, recorded {recorded}, by the same simnccl. Something the run depends on is not "
+        "deterministic (a policy reading random numbers, the clock, hash() of a string, or state it kept from "
+        "another case): the failure comes and goes, and it did fail. Exit 1."
+    )
+    return True
 
 
 def _rerun_test(test: str, failure: Mapping[str, Any]) -> int:
