@@ -306,6 +306,20 @@ def test_a_100_by_100_matrix_is_refused_before_it_is_expanded(capsys, write_scen
     _bad(capsys, write_scenario, TINY + extra, "matrix", "10000 variants", "max_variants = 256")
 
 
+def test_a_matrix_beside_variants_names_the_configured_limit(capsys, write_scenario) -> None:
+    """It named the room the [[variants]] left (``max_variants = 254``) as if it were the limit."""
+    values = ", ".join(f'"{i}"' for i in range(255))
+    extra = f'[[variants]]\nname = "a"\n[[variants]]\nname = "b"\n[matrix]\nenv = {{ NCCL_DEBUG = [{values}] }}\n'
+    _bad(
+        capsys,
+        write_scenario,
+        TINY + extra,
+        "matrix",
+        "255 = 255 variants beside 2 [[variants]]",
+        "max_variants = 256 (",
+    )
+
+
 @pytest.mark.parametrize("device", ["/dev/zero", "/dev/stdin"])
 def test_a_device_as_the_profile_is_exit_2(capsys, write_scenario, device: str) -> None:
     text = TINY.replace('release = "2.15"', f'release = "2.15"\nprofile = "{device}"')

@@ -70,7 +70,11 @@ def matrix_variants(reader: Reader, base: MatrixBase, room: int) -> list[Variant
     size = math.prod(len(values) for _, values in axes)
     if size > room:
         shown = " x ".join(str(len(values)) for _, values in axes)
-        raise ScenarioError(reader.source, "matrix", exceeded("max_variants", f"{shown} = {size} variants", room))
+        limit = current_limits().max_variants
+        others = f" beside {limit - room} [[variants]]" if room < limit else ""
+        raise ScenarioError(
+            reader.source, "matrix", exceeded("max_variants", f"{shown} = {size} variants{others}", limit)
+        )
     named = [name for name, values in axes if len(values) > 1]
     cluster = base.cluster
     out = []
