@@ -473,6 +473,8 @@ BAD_FLAGS = [
     (["--workload", "vllm tp=2", "--env", "A=1", "--env-set", "A=1", "--env-set", ""], "matrix: cells #0 and #1 are"),
     ([*MATRIX_3x4x2, "--max-cells", "20"], "--max-cells: the matrix has 24 cells, more than the limit of 20"),
     ([], "--workload: the matrix has no cells"),
+    # the limit each cell's generator checks, named as cost names it (it said "more than the limit of 1048576")
+    (["--workload", "megatron tp=8 pp=4 dp=4096"], "ranks exceeds the limit max_world_size = 65536"),
 ]
 
 

@@ -278,8 +278,9 @@ def check_workload(
             raise SweepInputError(where, f"world={world} does not match the {natural} ranks the knobs imply")
         size = world if world is not None else natural
         assert size is not None
-        if size > MAX_WORLD:
-            raise SweepInputError(where, f"a world of {size} ranks: more than the limit of {MAX_WORLD}")
+        limit = current_limits().max_world_size  # the limit each cell's generator checks, named as cost names it
+        if size > limit:
+            raise SweepInputError(where, exceeded("max_world_size", f"a world of {size} ranks", limit))
         args = dict(args)
         if "local_world_size" in config and "local_world_size" not in args:  # as simnccl cost sets it
             config["local_world_size"] = args["local_world_size"] = min(gpus_per_node, size)
