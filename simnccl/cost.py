@@ -455,7 +455,10 @@ def _setup(
     try:
         natural = generator.world_for(knobs)
     except WorkloadError as err:
-        raise CostError(f"--{err.key.replace('_', '-')}: {err.message}" if err.key else err.message) from None
+        # no key: the world the knobs imply together (past max_world_size); name the knobs given
+        given = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in knobs.items()) or f"--workload {generator.name}"
+        where = f"--{err.key.replace('_', '-')}" if err.key else given
+        raise CostError(f"{where}: {err.message}") from None
     world = args.world if args.world is not None else natural
     if world is None:
         raise CostError(

@@ -153,6 +153,10 @@ def test_boolean_knobs_and_lists(capsys) -> None:
         (["--workload", "vllm", "--tp", "12"], "not whole nodes of 8"),
         (["--workload", "vllm", "--tp"], "needs a value"),
         (["--workload", "vllm", "stray"], "unexpected argument 'stray'"),
+        (  # the knobs that imply the world together are named (the message named none)
+            ["--workload", "megatron", "--tp", "8", "--pp", "4", "--dp", "4096"],
+            "error: --tp 8 --pp 4 --dp 4096: a world of 131072 ranks exceeds the limit max_world_size = 65536",
+        ),
     ],
 )
 def test_bad_input_exits_2_with_a_message(capsys, argv: list[str], text: str) -> None:
