@@ -14,7 +14,6 @@ from typing import Any
 
 from simnccl import dtypes
 from simnccl.limits import InputLimits, exceeded, number_text
-from simnccl.limits import current as current_limits
 from simnccl.nccl.knobs import nccl_config_problem
 from simnccl.ops import (
     MIB,
@@ -128,7 +127,9 @@ def _expand(workload: Reader, steps: list[_Step], world_size: int, limits: Input
         raise workload.error("steps", exceeded("max_expanded_ops", shown, limits.max_expanded_ops))
     for st in steps:
         if not st.per_rank:
-            st.ops = tuple(_build_op(st.reader, st.op_type, st.fields, i, None, world_size) for i in range(st.repeat))
+            st.ops = tuple(
+                _build_op(st.reader, st.op_type, st.fields, i, None, world_size, limits) for i in range(st.repeat)
+            )
     by_steps: dict[tuple[int, ...], Program] = {}
     by_ops: dict[tuple[Op, ...], Program] = {}
     programs = []
@@ -141,7 +142,8 @@ def _expand(workload: Reader, steps: list[_Step], world_size: int, limits: Input
                 st = steps[i]
                 if st.per_rank:
                     ops.extend(
-                        _build_op(st.reader, st.op_type, st.fields, n, rank, world_size) for n in range(st.repeat)
+                        _build_op(st.reader, st.op_type, st.fields, n, rank, world_size, limits)
+                        for n in range(st.repeat)
                     )
                 else:
                     ops.extend(st.ops)
@@ -166,12 +168,19 @@ _FIELD_ALIASES: dict[tuple[str, str], str] = {("checkpoint", "name"): "label"}
 
 
 def _build_op(
-    reader: Reader, op_type: type[Op], raw: Mapping[str, Any], i: int, rank: int | None, world_size: int
+    reader: Reader,
+    op_type: type[Op],
+    raw: Mapping[str, Any],
+    i: int,
+    rank: int | None,
+    world_size: int,
+    limits: InputLimits,
 ) -> Op:
+    """One op of a step, its fields checked. ``limits``: the load's (read once: ``current_limits`` reads the
+    environment, and a step repeated 150,000 times spent most of its load reading it)."""
     allowed = {f.name: f for f in fields(op_type)}
     kwargs: dict[str, Any] = {}
     options: dict[str, Any] = {}
-    limits = current_limits()
     for key, value in raw.items():
         value = _fill(value, i, rank)
         if key == "size_mib" and issubclass(op_type, (Collective, PointToPoint)):
@@ -197,7 +206,9 @@ def _build_op(
             if issubclass(op_type, (Collective, PointToPoint)):
                 expected.append("size_mib")
             raise reader.error(key, f"unknown field for op {op_type.name!r}; expected one of {', '.join(expected)}")
-        kwargs[name] = _check_field(reader, key, name, _coerce(reader, key, value, allowed[name].type), world_size)
+        kwargs[name] = _check_field(
+            reader, key, name, _coerce(reader, key, value, allowed[name].type), world_size, limits
+        )
     if options:
         kwargs["pg_options"] = PgOptions(**options)
     if op_type in (NewGroup, SplitGroup, InitProcessGroup) and kwargs.get("backend") is not None:
@@ -221,9 +232,8 @@ def _build_op(
 _REVERSE_ALIASES = {(op, field): key for (op, key), field in _FIELD_ALIASES.items()}
 
 
-def _check_field(reader: Reader, key: str, name: str, value: Any, world_size: int) -> Any:
+def _check_field(reader: Reader, key: str, name: str, value: Any, world_size: int, limits: InputLimits) -> Any:
     """Ranges of op fields whose values are sizes, times or ranks (the type is already checked)."""
-    limits = current_limits()
     if value is None:
         return value
     if name == "size_bytes":
