@@ -58,7 +58,7 @@ from simnccl.workloads._common import BOOL
 if TYPE_CHECKING:
     from simnccl.cli_output import Output
 
-EXIT_OK, EXIT_BAD_INPUT = 0, 2
+EXIT_OK, EXIT_POLICY_DEFECT, EXIT_BAD_INPUT = 0, 1, 2
 LEGACY_ENV = {"TORCH_DIST_USE_NCCL2": "0"}
 CHECKPOINTS = ("startup", "before_memory_check")
 DEFAULT_POLICIES = tuple(name for name in BUILTIN if name not in ("torch-default", "legacy"))
@@ -97,6 +97,9 @@ class ColumnResult:
     error: str = ""
     summary: dict[str, tuple[float, float, float]] = field(default_factory=dict)
     stopped: bool = False  # the engine's guard stopped it at a size limit: no figures
+    # Its policy made the members of a call disagree (PolicyInconsistency): not a figure of torch's but a defect
+    # of the policy, which would hang or crash real torch; the one thing cost fails on (exit 1).
+    policy_defect: bool = False
     breakdown: dict[str, Any] = field(default_factory=dict)  # simnccl.cost_breakdown.breakdown of the run
 
     def to_dict(self) -> dict[str, Any]:
@@ -106,6 +109,7 @@ class ColumnResult:
             "policy": self.column.policy or "torch-default",
             "verdict": self.verdict,
             "error": self.error,
+            "policy_defect": self.policy_defect,
             "checkpoint": self.checkpoint,
             "wall_s": round(self.wall_s, 3),
             "summary": {k: {"typical": t, "min": lo, "max": hi} for k, (t, lo, hi) in self.summary.items()},
@@ -357,6 +361,7 @@ def _run_column(
         first = outcome.hangs[0]
         error = f"rank {first['rank']} hangs in {first['op']}"
     result = ColumnResult(column, outcome.verdict, per_rank, wall, checkpoint, error)
+    result.policy_defect = any(e["type"] == "PolicyInconsistency" for e in outcome.errors)
     result.summary = {key: summarise(values) for key, values in per_rank.items() if values}
     result.breakdown = cost_breakdown.breakdown(outcome)
     return result
@@ -431,16 +436,18 @@ def rank_ops(programs: Sequence[Program]) -> int:
 
 
 def column_summary(label: str, result: ColumnResult) -> SummaryLine:
-    """A column in one line: typical NCCL and used MiB per device, communicators at startup; ``ok`` is always
-    true (``cost`` reports, it checks nothing: its exit status is 0 whatever the verdicts, 2 only when a
-    column could not be simulated within a limit)."""
+    """A column in one line: typical NCCL and used MiB per device, communicators at startup. ``cost`` reports
+    figures and checks nothing of torch's (a hang or error of torch's defaults is a finding, exit 0); ``ok`` is
+    false only for a policy whose members disagreed (``policy_defect``: exit 1). Why: ``error  ok`` for a
+    PolicyInconsistency, with exit 0, let a CI step that ran ``cost --policy mine`` pass a policy that hangs
+    production."""
     figure = (
         f"NCCL {_cell(result.summary.get('nccl_mib'))} MiB/device, used {_cell(result.summary.get('used_mib'))} "
         f"MiB/device, {_cell(result.summary.get('comms'))} comms at startup"
     )
     if result.error:
         figure += f"; {result.error}"
-    return SummaryLine(label, result.column.name, result.verdict, True, figure)
+    return SummaryLine(label, result.column.name, result.verdict, not result.policy_defect, figure)
 
 
 def _setup(
@@ -550,7 +557,9 @@ def report(
     stopped = [r for r in results if r.stopped]
     for result in stopped:  # no figures: the input is too large for a limit (as for run; exit 2, not a report)
         out.error(f"column {result.column.name}: {result.error}")
-    return EXIT_BAD_INPUT if stopped else EXIT_OK
+    if stopped:
+        return EXIT_BAD_INPUT
+    return EXIT_POLICY_DEFECT if any(r.policy_defect for r in results) else EXIT_OK
 
 
 def _simulate(

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from conftest import at_a_terminal, communicate_or_kill
@@ -319,3 +320,14 @@ def test_a_recovery_scenario_is_refused_not_priced_as_its_bare_steps(capsys) -> 
     assert main(["cost", "--scenario", str(SCENARIOS_DIR / "crash-replaced.toml")]) == 2
     err = capsys.readouterr().err
     assert "crash-replaced.toml: recovery: a [recovery] scenario's groups are re-formed by simnccl.recovery" in err
+
+
+def test_a_policy_whose_members_disagree_fails_cost(capsys, monkeypatch) -> None:
+    """``cost`` checks nothing of torch's, but a PolicyInconsistency is a defect of the policy (real torch hangs):
+    its line said ``error  ok`` and the command exited 0, so a CI step running ``cost --policy mine`` passed it."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent))
+    argv = ["cost", "--workload", "vllm", "--tp", "4", "--gpu", "h100-80gb", "--jobs", "1", "-q"]
+    assert main([*argv, "--policy", "user_policies:LastMemberLazy"]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[4:6] for line in lines] == [["pass", "ok"], ["pass", "ok"], ["error", "FAIL"]], lines
+    assert main([*argv, "--policy", "user_policies:LazyAbove"]) == 0
