@@ -581,3 +581,55 @@ def test_derandomized_examples_are_the_same_whichever_test_ran_first(
         assert drawn[0] == drawn[1]
     else:
         assert drawn[0] != drawn[1], "hypothesis no longer draws local constants: the freeze may be moot"
+
+
+@pytest.mark.parametrize("seed", [(), ("--simnccl-seed", "7")], ids=["simnccl-ci", "seed"])
+def test_a_test_run_alone_draws_what_it_drew_in_the_whole_suite(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, seed: tuple[str, ...]
+) -> None:
+    """The pool was frozen as the collected modules made it, so a test run alone (``pytest NODEID``: what the
+    replay of a failed assertion runs) drew other examples than beside a test module that imports a team's
+    constants, passed, and the replay said "passes now" for a failure that had not gone. Frozen empty, the
+    examples depend on the test and the seed alone."""
+    pytester.makepyfile(test_draws=f"DERANDOMIZE = {not seed}\n" + _DRAWS_AROUND_AN_IMPORT)
+    pytester.makepyfile(test_team="import acme_constants  # noqa: F401\n\ndef test_nothing():\n    pass\n")
+    pytester.makepyfile(acme_constants=f"VALUES = {list(range(7, 10_000, 97))}\n")
+    for name in CI_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    if seed:
+        monkeypatch.delenv("SIMNCCL_HYPOTHESIS_PROFILE", raising=False)
+    else:  # as importing simnccl.testing.strategies loads it
+        monkeypatch.setenv("SIMNCCL_HYPOTHESIS_PROFILE", "ci")
+    drawn = []
+    for selection in (["test_team.py", "test_draws.py"], ["test_draws.py::test_draws"]):
+        path = pytester.path / f"drawn-{len(drawn)}.jsonl"
+        monkeypatch.setenv("DRAWN", str(path))
+        run(pytester, "-p", "no:cacheprovider", *seed, *selection)
+        drawn.append(path.read_text(encoding="utf-8").splitlines())
+    assert len(drawn[0]) == len(drawn[1]) == 100
+    assert drawn[0] == drawn[1]
+
+
+def test_the_replay_reruns_a_failed_assertion_with_the_sessions_seed(pytester: pytest.Pytester) -> None:
+    """A failure found under ``--simnccl-seed`` was re-run without it (other examples: "passes now")."""
+    pytester.makepyfile(
+        test_seeded=textwrap.dedent(
+            """\
+            from hypothesis import given
+            from simnccl.testing.strategies import cases
+
+            @given(cases(min_world=2, max_world=2, release="2.15", env={}))
+            def test_own_assertion(case):
+                out = case.run()
+                assert len(out.trace_hash) < 0, "always fails: the test's own assertion"
+            """
+        )
+    )
+    result = run(pytester, "--simnccl-seed", "9")
+    result.assert_outcomes(failed=1)
+    line = next(x for x in result.outlines if x.startswith("# replay: python -m simnccl.testing.replay "))
+    data = json.loads(Path(line.split()[-1]).read_text())
+    assert data["failure"]["rerun_args"] == ["--simnccl-seed", "9"]
+    done = pytester.run(sys.executable, "-m", "simnccl.testing.replay", line.split()[-1])
+    assert done.ret == 1
+    done.stdout.fnmatch_lines(["*re-running test_seeded.py::test_own_assertion (*--simnccl-seed 9*"])

@@ -224,6 +224,8 @@ def _failure_section(item: pytest.Item) -> tuple[str | None, str, str | None]:
         # the failing simulation, so a replay that passes can tell a fix from a case that is not deterministic
         "trace_hash": outcome.trace_hash if outcome is not None else None,
         "simnccl_version": __version__,
+        # what chose the examples, so a test re-run by the replay draws the ones that failed
+        "rerun_args": _seed_args(item.config),
     }
     try:
         snippet = case.snippet()
@@ -237,6 +239,21 @@ def _failure_section(item: pytest.Item) -> tuple[str | None, str, str | None]:
     command = f"python -m simnccl.testing.replay {path}"
     checks = ", ".join(n["check"] for n in failure["checks"]) or "the test's own assertion (re-runs the test)"
     return title, f"{snippet}\n\n# failed check: {checks}\n# replay: {command}\n", command
+
+
+def _seed_args(config: pytest.Config) -> list[str]:
+    """The options of this session that choose a test's examples (``--simnccl-seed``, hypothesis' seed and
+    profile), as a command line: the replay of a failed assertion runs the test again with them."""
+    args: list[str] = []
+    for flag, dest in (
+        ("--simnccl-seed", "simnccl_seed"),
+        ("--hypothesis-seed", "hypothesis_seed"),
+        ("--hypothesis-profile", "hypothesis_profile"),
+    ):
+        value = _option(config, dest)
+        if value is not None:
+            args += [flag, str(value)]
+    return args
 
 
 def _attach(report: pytest.TestReport, title: str, text: str) -> None:

@@ -541,7 +541,9 @@ def _rerun_test(test: str, failure: Mapping[str, Any]) -> int:
     profile = failure.get("profile_env")
     if isinstance(profile, str) and profile:
         env["SIMNCCL_HYPOTHESIS_PROFILE"] = profile
-    command = [sys.executable, "-m", "pytest", "-p", "no:xdist", "-p", "no:randomly", "-q", test]
+    rerun_args = failure.get("rerun_args")
+    seeded = [str(a) for a in rerun_args] if isinstance(rerun_args, list) else []
+    command = [sys.executable, "-m", "pytest", "-p", "no:xdist", "-p", "no:randomly", "-q", *seeded, test]
     print(f"the failure was the test's own assertion: re-running {test} ({' '.join(command[2:])})", flush=True)
     try:
         done = subprocess.run(command, cwd=cwd, env=env, timeout=CASE_WALL_S * 20, check=False)

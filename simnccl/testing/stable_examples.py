@@ -12,11 +12,13 @@ the CLI fuzz test drew other byte mutants after ``tests/test_bad_input.py`` had 
 450 exited 0 alone, 198 after it), and 1 in 60 generated cases changed after a module of constants was
 imported.
 
-The plugin (``simnccl.testing.plugin``) freezes the pool of local constants when collection has finished, if
-the session's profile is derandomized or a seed was given to reproduce a run (``--simnccl-seed``,
-``--hypothesis-seed``): every test module is imported by then, the same ones in every worker and every run, and
-a module imported later adds nothing to what examples are drawn from. Random runs are left as hypothesis makes
-them.
+The plugin (``simnccl.testing.plugin``) freezes the pool of local constants, empty, when collection has finished,
+if the session's profile is derandomized or a seed was given to reproduce a run (``--simnccl-seed``,
+``--hypothesis-seed``): a test's examples then depend on the test and the seed alone. It froze the pool the
+collected modules made at first; but which modules are collected depends on the command line, and a test run
+alone (``pytest NODEID``, what the replay of a failed assertion runs) drew other examples than in the whole
+suite, passed, and the replay said "passes now" for a failure that had not gone. Random runs are left as
+hypothesis makes them.
 """
 
 from __future__ import annotations
@@ -27,8 +29,8 @@ _FROZEN: list[bool] = []  # one entry once the pool is frozen (frozen for the re
 
 
 def freeze_local_constants() -> bool:
-    """Scan the imported modules once more, then let hypothesis draw from that pool only. True when the pool is
-    frozen (now or before); False when this hypothesis has no such pool (nothing to freeze)."""
+    """Let hypothesis draw from no local constants for the rest of the process. True when the pool is frozen
+    (now or before); False when this hypothesis has no such pool (nothing to freeze)."""
     try:
         from hypothesis.internal.conjecture import providers
     except ImportError:  # pragma: no cover - a hypothesis without the providers module
@@ -38,7 +40,9 @@ def freeze_local_constants() -> bool:
         return False
     if _FROZEN:
         return True
-    pool = scan()
+    pool = _empty_pool(providers)
+    if pool is None:  # pragma: no cover - a hypothesis whose pool is built otherwise: the collected modules'
+        pool = scan()
 
     def frozen() -> Any:
         return pool
@@ -46,3 +50,14 @@ def freeze_local_constants() -> bool:
     providers._get_local_constants = frozen
     _FROZEN.append(True)
     return True
+
+
+def _empty_pool(providers: Any) -> Any:
+    """An empty pool of the kind hypothesis keeps (its ``_local_constants`` before any module is scanned)."""
+    try:
+        sorted_set, by_bits = providers.SortedSet, providers.float_to_int
+        return providers.Constants(
+            integers=sorted_set(), floats=sorted_set(key=by_bits), bytes=sorted_set(), strings=sorted_set()
+        )
+    except (AttributeError, TypeError):
+        return None
