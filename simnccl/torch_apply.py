@@ -88,6 +88,7 @@ from simnccl.policy import (
     InitPlan,
     InitRequest,
     Policy,
+    ask_init,
     decide_group,
     decide_split,
     get_policy,
@@ -243,7 +244,7 @@ class Applied:
             device_id=_device_key(device_id),
             pg_options=modelled_options(caller_options),
         )
-        plan = self.policy.on_init(request)
+        plan = ask_init(self.policy, request)  # a user's policy that raises or answers no plan is named
         for name, value in plan.env.items():
             if name not in self.env_set:
                 self.env_set[name] = os.environ.get(name)

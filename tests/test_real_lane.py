@@ -689,3 +689,72 @@ def _parent(pid: int) -> int | None:
             return next(int(line.split()[1]) for line in f if line.startswith("PPid:"))
     except (OSError, StopIteration, ValueError):
         return None
+
+
+# ---------------------------------------------------------------------------------------------- honest verdicts
+
+_TWO_RANKS = TINY.replace('name = "tiny"', 'name = "two-ranks"').replace(
+    '{ op = "checkpoint", name = "after_init" },',
+    '{ op = "checkpoint", name = "after_init" },\n  { op = "new_group", ranks = [0, 1], bind = "g" },\n'
+    '  { op = "all_reduce", group = "g", size_mib = 1 },',
+)
+
+
+def test_compare_on_the_cpu_lane_fails_a_policy_whose_members_disagree(tmp_path: Path) -> None:
+    """The CPU lane hands gloo the policy's plans without NCCL options: a policy that sets lazy_init on the
+    last member only looked alike on every rank, passed in gloo and in the simulation of it, and compare said
+    ALL AGREE (exit 0) for a policy that hangs NCCL. ``simnccl run`` reports it; so does compare now."""
+    scenario = tmp_path / "two.toml"
+    scenario.write_text(_TWO_RANKS)
+    env_path = f"{REPO}{os.pathsep}{REPO / 'tests'}"
+    mark = uuid.uuid4().hex
+    done = subprocess.run(
+        [PYTHON, "-m", "simnccl.real", "compare", str(scenario), "--policy", "user_policies:LastMemberLazy"],
+        cwd=REPO,
+        env=dict(os.environ, REAL_TEST_MARK=mark, PYTHONPATH=env_path),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "DISAGREEMENT" in done.stdout and "the policy's members disagree under NCCL" in done.stdout
+    assert not marked_processes(mark)
+
+
+def test_under_torchrun_a_run_of_several_variants_is_refused(tmp_path: Path) -> None:
+    """torchrun mode ran the first variant only and reported PASS (exit 0) for the run."""
+    scenario = tmp_path / "two.toml"
+    scenario.write_text(_TWO_RANKS + '\n[[variants]]\nname = "a"\n\n[[variants]]\nname = "b"\n')
+    env = dict(os.environ, RANK="0", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", PYTHONPATH=str(REPO))
+    done = subprocess.run(
+        [PYTHON, "-m", "simnccl.real", "run", str(scenario)], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "under torchrun a launch runs one variant, and this run has 2 (a, b)" in done.stderr
+    assert "choose one with --variant NAME" in done.stderr
+
+
+def test_a_racy_variant_is_not_reported_as_agreeing() -> None:
+    """A variant whose verdict depends on a store-key race compares nothing; it said AGREE and ALL AGREE."""
+    from simnccl.real.__main__ import _closing_line, _comparison_line
+    from simnccl.real.compare import render_comparison_variant
+
+    variant = {
+        "name": "v",
+        "agree": True,
+        "verdict_racy": True,
+        "sim_verdict": "hang",
+        "real_verdict": "pass",
+        "reasons": [],
+        "ranks": [],
+        "memory": [],
+        "sim": {},
+        "real": {},
+    }
+    assert "-> NOT COMPARED (racy)" in render_comparison_variant(variant)
+    line = _comparison_line("s", variant)
+    assert line.verdict == "not-compared" and line.ok and "nothing compared" in line.figure
+    assert _closing_line(True, [variant, {**variant, "verdict_racy": False}]) == (
+        "ALL AGREE (1 of 2 variant(s) not compared: racy)"
+    )
+    assert _closing_line(False, [variant]) == "DISAGREEMENT"

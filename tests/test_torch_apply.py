@@ -451,3 +451,30 @@ def test_apply_prices_a_budget_group_by_its_layout_from_local_world_size(solo: d
     assert solo["budget_4_ranks_local_unset"] == pytest.approx(expected[4], abs=1e-6)
     assert solo["budget_4_ranks_local_1"] == pytest.approx(expected[1], abs=1e-6)
     assert solo["unknown_gpu"].startswith("apply(gpu='tpu-v9')") and "tpu-v9" in solo["unknown_gpu"]
+
+
+def test_a_policy_that_raises_in_on_init_is_named_under_apply(tmp_path: Path) -> None:
+    """``apply()`` called ``on_init`` bare: a bare KeyError, no policy or hook named (``on_group`` was wrapped)."""
+    script = tmp_path / "init_raises.py"
+    script.write_text(
+        "import torch.distributed as dist\n"
+        "import user_policies\n"
+        "from simnccl.policy import UserPolicyError\n"
+        "from simnccl.torch_apply import apply\n"
+        "with apply(user_policies.RaisesOnInit()):\n"
+        "    try:\n"
+        "        dist.init_process_group('gloo', rank=0, world_size=1, store=dist.HashStore())\n"
+        "    except UserPolicyError as err:\n"
+        "        print('named:', err)\n"
+    )
+    tests = Path(__file__).resolve().parent
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        env=dict(os.environ, PYTHONPATH=f"{tests.parent}{os.pathsep}{tests}"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "named: policy 'raises-on-init': on_init raised KeyError: 'MASTER_ADDR'" in done.stdout, done.stdout

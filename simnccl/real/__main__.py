@@ -201,6 +201,15 @@ def _run(scenario: Any, settings: RunSettings, args: argparse.Namespace, out: An
             if args.json is not None:
                 out.write_json(document(out.command, [report], [line]))
 
+        if len(scenario.variants) != 1:
+            # Every variant but the first was dropped, and the report said PASS for what it ran (exit 0).
+            names = ", ".join(v.name for v in scenario.variants)
+            raise ScenarioError(
+                scenario.source,
+                "variants",
+                f"under torchrun a launch runs one variant, and this run has {len(scenario.variants)} ({names}); "
+                "choose one with --variant NAME (one torchrun launch each)",
+            )
         return torchrun_main(scenario, scenario.variants[0], settings, write)
     if settings.lane == "gpu":
         from simnccl.real.lanes import check_gpu_lane
@@ -258,8 +267,16 @@ def _compare(scenario: Any, settings: RunSettings, args: argparse.Namespace, out
     finally:
         launcher.close()
     ok = all(line.ok for line in out.summary)
-    out.print("", "ALL AGREE" if ok else "DISAGREEMENT")
+    out.print("", _closing_line(ok, [v for r in reports for v in r["variants"]]))
     return EXIT_OK if out.finish([_merged(reports, ok)]) else EXIT_FAILED
+
+
+def _closing_line(ok: bool, variants: list[dict[str, Any]]) -> str:
+    """ALL AGREE, saying how many variants were not compared (a racy verdict: nothing can be), or DISAGREEMENT."""
+    if not ok:
+        return "DISAGREEMENT"
+    racy = sum(1 for v in variants if v.get("verdict_racy"))
+    return f"ALL AGREE ({racy} of {len(variants)} variant(s) not compared: racy)" if racy else "ALL AGREE"
 
 
 def _comparison_line(scenario: str, variant: dict[str, Any]) -> SummaryLine:
@@ -269,7 +286,10 @@ def _comparison_line(scenario: str, variant: dict[str, Any]) -> SummaryLine:
         figure += f", memory error up to {max(errors, key=abs):+.1f}%"
     if variant["reasons"]:
         figure += f"; {variant['reasons'][0]}"
-    return SummaryLine(scenario, variant["name"], "agree" if variant["agree"] else "disagree", variant["agree"], figure)
+    state = "agree" if variant["agree"] else "disagree"
+    if variant["agree"] and variant.get("verdict_racy"):  # counted as no disagreement, never as agreement
+        state, figure = "not-compared", figure + "; racy store-key collision: nothing compared"
+    return SummaryLine(scenario, variant["name"], state, variant["agree"], figure)
 
 
 def _gpu_scenarios(args: argparse.Namespace) -> int:

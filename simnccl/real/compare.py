@@ -292,7 +292,13 @@ def compare_scenario(
                 substitutions=substitutions,
                 notes=notes + variant_notes(variant),
             )
-            comparisons.append(compare_variant(variant.name, settings.lane, sim, real, len(programs), tolerance_pct))
+            comparison = compare_variant(variant.name, settings.lane, sim, real, len(programs), tolerance_pct)
+            if settings.lane == "cpu":
+                disagreement = policy_disagreement(scenario, variant)
+                if disagreement is not None:
+                    comparison.reasons.append(disagreement)
+                    comparison.agree = False
+            comparisons.append(comparison)
     finally:
         if own:
             launcher.close()
@@ -307,6 +313,27 @@ def compare_scenario(
         "ok": all(c.agree for c in comparisons),
         "variants": [c.to_dict(full=True) for c in comparisons],
     }
+
+
+def policy_disagreement(scenario: Scenario, variant: Variant) -> str | None:
+    """Where the variant's policy makes the members of a call decide differently under NCCL semantics (what
+    ``simnccl run`` reports as PolicyInconsistency), that, as a reason the comparison cannot agree; else None.
+
+    Why: the CPU lane gives the policy's plans to gloo without their NCCL options and device (``CpuLanePolicy``),
+    so a policy that sets ``lazy_init`` on one rank only looked alike on every rank, passed in both gloo and the
+    simulation of it, and ``real compare`` said ALL AGREE for a policy that hangs NCCL."""
+    if variant.policy in (None, "torch-default"):
+        return None
+    from simnccl.runner import run_variant
+
+    outcome = run_variant(scenario, variant).outcome
+    first = next((e for e in outcome.errors if e["type"] == "PolicyInconsistency"), None)
+    if first is None:
+        return None
+    return (
+        f"the policy's members disagree under NCCL (simnccl run: rank {first['rank']}: PolicyInconsistency: "
+        f"{first['message']}); the CPU lane drops NCCL options and devices, so gloo cannot show it"
+    )
 
 
 def render_comparison(report: Mapping[str, Any]) -> str:
@@ -332,6 +359,8 @@ def render_comparison_variant(variant: Mapping[str, Any]) -> str:
     """One variant's comparison, starting with an empty line (printed as soon as the variant is compared)."""
     lines = []
     mark = "AGREE" if variant["agree"] else "DISAGREE"
+    if variant["agree"] and variant.get("verdict_racy"):
+        mark = "NOT COMPARED (racy)"  # no disagreement to report, and no agreement either
     lines.append("")
     lines.append(
         f"variant {variant['name']}: sim {variant['sim_verdict']} | real {variant['real_verdict']}  -> {mark}"

@@ -43,8 +43,10 @@ from simnccl.policy import (
     InitPlan,
     InitRequest,
     Policy,
+    ask_init,
     get_policy,
 )
+from simnccl.policy.plans import _asked
 from simnccl.real.programs import share_identical
 
 LANES = ("cpu", "gpu")
@@ -139,11 +141,17 @@ class CpuLanePolicy:
         return f"cpu-lane({self.inner.name})"
 
     def on_init(self, request: InitRequest) -> InitPlan:
-        plan = self.inner.on_init(request)
+        plan = ask_init(self.inner, request)  # the inner policy's error is named as its own, not the lane's
         return replace(plan, backend=gloo_backend(plan.backend), device_id=None, pg_options=NO_OPTIONS)
 
     def on_group(self, request: GroupRequest, decision: GroupDecision) -> GroupDecision:
-        decided = self.inner.on_group(request, decision)
+        decided = _asked(
+            self.inner,
+            "on_group",
+            lambda: self.inner.on_group(request, decision),
+            GroupDecision,
+            lambda: f"rank {request.rank}, {request.kind}(ranks={list(request.ranks)})",
+        )
         backend = decided.backend if decided.backend == "fake" else _group_backend(decided.backend)
         return replace(decided, backend=backend, pg_options=NO_OPTIONS, device_id=None)
 
