@@ -206,12 +206,12 @@ def test_program_count_is_summed_over_xdist_workers(pytester: pytest.Pytester) -
             """\
             import pytest
             from simnccl.ops import InitProcessGroup, SetDevice
-            from simnccl.testing.replay import SimCase
+            from simnccl.testing.replay import SimCase, generated
 
             @pytest.mark.parametrize("n", range(4))
             def test_five_programs(n):
-                for _ in range(5):
-                    case = SimCase(programs=((SetDevice(), InitProcessGroup()),) * 2)
+                for _ in range(5):  # as a strategy draws them (only drawn cases count)
+                    case = generated(SimCase(programs=((SetDevice(), InitProcessGroup()),) * 2))
                     case.run()
                     case.run(policy="lazy-init")  # the same program again: one program, two simulations
             """
@@ -633,3 +633,41 @@ def test_the_replay_reruns_a_failed_assertion_with_the_sessions_seed(pytester: p
     done = pytester.run(sys.executable, "-m", "simnccl.testing.replay", line.split()[-1])
     assert done.ret == 1
     done.stdout.fnmatch_lines(["*re-running test_seeded.py::test_own_assertion (*--simnccl-seed 9*"])
+
+
+def test_only_programs_drawn_by_a_strategy_in_tests_that_ran_are_counted(pytester: pytest.Pytester) -> None:
+    """A fixed program run 300 times through the fixture counted 300 "generated programs", and an xfailed test's
+    examples and shrinking counted too: --simnccl-min-programs was met with nothing generated that passed."""
+    pytester.makepyfile(
+        test_counts=textwrap.dedent(
+            """\
+            import pytest
+            from hypothesis import given, settings
+            from simnccl.ops import InitProcessGroup, SetDevice
+            from simnccl.testing.strategies import cases
+
+            def test_handwritten_loop(simnccl_simulate):
+                for _ in range(30):
+                    assert simnccl_simulate([SetDevice(), InitProcessGroup()]).verdict == "pass"
+
+            @pytest.mark.xfail(strict=True)
+            @settings(max_examples=10)
+            @given(cases(min_world=2, max_world=2, release="2.15", env={}))
+            def test_expected_to_fail(case):
+                case.run()
+                assert False
+
+            @settings(max_examples=7)
+            @given(cases(min_world=2, max_world=2, release="2.15", env={}))
+            def test_generated(case):
+                case.run()
+                case.run(policy="legacy")  # the same program under another policy: still one program
+            """
+        )
+    )
+    result = run(pytester, "-p", "no:cacheprovider", "--simnccl-min-programs", "8")
+    result.assert_outcomes(passed=2, xfailed=1)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(
+        ["simnccl: 7 generated programs simulated (44 simulations)*", "*only 7 generated programs simulated*"]
+    )

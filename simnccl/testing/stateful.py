@@ -45,7 +45,7 @@ from simnccl.engine import RunOutcome
 from simnccl.ops import WORLD
 from simnccl.testing import invariants as inv
 from simnccl.testing.multicast_room import within_multicast_slots
-from simnccl.testing.replay import SimCase
+from simnccl.testing.replay import SimCase, generated
 from simnccl.testing.strategies import (
     COLLECTIVES,
     FAMILY_KINDS,
@@ -190,13 +190,15 @@ class GrowingProgram(RuleBasedStateMachine):
         if not self.dirty:
             return
         self.dirty = False
-        self.case = SimCase(
-            programs=Layout(self.world, tuple(self.steps)).render(),
-            gpu=self.cluster.gpu,
-            nodes=self.cluster.nodes,
-            gpus_per_node=self.cluster.gpus_per_node,
-            release=self.release,
-            env=tuple(sorted(self.env.items())),
-            policy=self.policy,
+        self.case = generated(
+            SimCase(
+                programs=Layout(self.world, tuple(self.steps)).render(),
+                gpu=self.cluster.gpu,
+                nodes=self.cluster.nodes,
+                gpus_per_node=self.cluster.gpus_per_node,
+                release=self.release,
+                env=tuple(sorted(self.env.items())),
+                policy=self.policy,
+            )
         )
         self.check(self.case, self.case.run())

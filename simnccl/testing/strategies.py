@@ -54,7 +54,7 @@ from simnccl.testing.layout import (
     traffic_of,
 )
 from simnccl.testing.multicast_room import within_multicast_slots
-from simnccl.testing.replay import SimCase
+from simnccl.testing.replay import SimCase, generated
 
 # Public: the strategies and what they draw from; the layout's names (``simnccl.testing.layout``) stay
 # importable from here, where users' tests found them.
@@ -508,7 +508,7 @@ def draw_case(
     programs = layout.render()
     if not within_multicast_slots(programs, cluster.gpu, cluster.gpus_per_node):
         reject()  # it would test the node's multicast slots, not the policy (simnccl.testing.multicast_room)
-    return SimCase(
+    case = SimCase(
         programs=programs,
         gpu=cluster.gpu,
         nodes=cluster.nodes,
@@ -517,6 +517,7 @@ def draw_case(
         env=tuple(sorted(chosen_env.items())),
         policy=chosen_policy,
     )
+    return generated(case)
 
 
 def _value(draw: st.DrawFn, given: Any) -> Any:
