@@ -210,3 +210,26 @@ def test_a_choice_among_more_options_than_one_draw_holds_reaches_every_option() 
     assert set(_drawn(st.composite(lambda draw: _index(draw, 300))(), 2000)) == set(range(300))
     packed = _drawn(st.composite(lambda draw: _choose(draw, 3, 5, 7, 11))(), 800)
     assert all(len({p[i] for p in packed}) == n for i, n in enumerate((3, 5, 7, 11)))
+
+
+def test_cluster_shapes_keep_the_world_bounds_a_test_states() -> None:
+    """``max_world=3`` drew 2 x 2 = 4 ranks and ``min_world=12`` one node of 12 GPUs: the bounds hold now, and
+    bounds no cluster meets are refused."""
+    from hypothesis.errors import InvalidArgument
+
+    from simnccl.testing.strategies import _node_shapes
+
+    every = {(n, g) for n in (1, 2) for g in range(1, 9)}
+    for low in range(1, 17):
+        for high in range(low, 17):
+            possible = {(n, g) for n, g in every if low <= n * g <= high}
+            if not possible:  # an odd world above 8 on at most two nodes
+                with pytest.raises(InvalidArgument):
+                    _node_shapes(low, high)
+                continue
+            assert set(_node_shapes(low, high)) == possible
+    assert [n * g for n, g in _node_shapes(3, 3)] == [3]
+    assert _node_shapes(1, 8) == tuple((1, g) for g in range(1, 9)) + tuple((2, g) for g in range(1, 5))
+    for low, high in ((5, 2), (17, 20), (0, 0), (2, "8")):
+        with pytest.raises(InvalidArgument):
+            _node_shapes(low, high)  # type: ignore[arg-type]

@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 
 from hypothesis import reject
 from hypothesis import strategies as st
+from hypothesis.errors import InvalidArgument
 
 from simnccl.cluster import gpu_kinds
 from simnccl.ops import MIB, WORLD
@@ -167,12 +168,20 @@ def draw_cluster(draw: st.DrawFn, *, min_world: int = 1, max_world: int = 8, gpu
 
 @functools.cache
 def _node_shapes(min_world: int, max_world: int) -> tuple[tuple[int, int], ...]:
-    """(nodes, GPUs per node) of 1-2 nodes of 1-8 GPUs, at most ``max_world`` ranks and at least ``min_world``
-    where the node count allows it (the fewest nodes, the fewest GPUs first)."""
-    out = []
-    for nodes in range(1, min(2, max_world) + 1):
-        low = max(1, -(-min_world // nodes))
-        out += [(nodes, per_node) for per_node in range(low, max(low, min(8, max_world // nodes)) + 1)]
+    """(nodes, GPUs per node) of 1-2 nodes of 1-8 GPUs with ``min_world`` to ``max_world`` ranks (the fewest
+    nodes, the fewest GPUs first). Why exactly: ``max_world=3`` drew 2 x 2 = 4 ranks, ``max_world=5`` 6, and
+    ``min_world=12`` one node of 12 GPUs; a bound a test states must hold, or it is refused."""
+    for name, value in (("min_world", min_world), ("max_world", max_world)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise InvalidArgument(f"cases(): {name} must be an integer, got {value!r}")
+    out = [
+        (nodes, per_node) for nodes in (1, 2) for per_node in range(1, 9) if min_world <= nodes * per_node <= max_world
+    ]
+    if not out:
+        raise InvalidArgument(
+            f"cases(): no cluster of 1-2 nodes of 1-8 GPUs has {min_world} to {max_world} ranks "
+            "(min_world <= max_world, between 1 and 16)"
+        )
     return tuple(out)
 
 
