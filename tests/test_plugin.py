@@ -671,3 +671,12 @@ def test_only_programs_drawn_by_a_strategy_in_tests_that_ran_are_counted(pyteste
     result.stdout.fnmatch_lines(
         ["simnccl: 7 generated programs simulated (44 simulations)*", "*only 7 generated programs simulated*"]
     )
+
+
+def test_a_misspelt_profile_is_a_usage_error(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytester.makepyfile(test_one="def test_one():\n    pass\n")
+    monkeypatch.setenv("SIMNCCL_HYPOTHESIS_PROFILE", "thorugh")
+    result = run(pytester)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "INTERNALERROR" not in result.stdout.str() + result.stderr.str()
+    result.stderr.fnmatch_lines(["*SIMNCCL_HYPOTHESIS_PROFILE='thorugh': expected one of ci, dev, thorough*"])

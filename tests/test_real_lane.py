@@ -758,3 +758,19 @@ def test_a_racy_variant_is_not_reported_as_agreeing() -> None:
         "ALL AGREE (1 of 2 variant(s) not compared: racy)"
     )
     assert _closing_line(False, [variant]) == "DISAGREEMENT"
+
+
+def test_a_torch_that_does_not_import_is_a_missing_prerequisite(tmp_path: Path) -> None:
+    """A broken torch install stopped the rank zygote and was reported as a bug in simnccl (exit 70)."""
+    broken = tmp_path / "site" / "torch"
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text("raise ImportError('libtorch_cuda.so: cannot open shared object file')\n")
+    scenario = tmp_path / "two.toml"
+    scenario.write_text(_TWO_RANKS)
+    env = dict(os.environ, PYTHONPATH=f"{tmp_path / 'site'}{os.pathsep}{REPO}")
+    done = subprocess.run(
+        [PYTHON, "-m", "simnccl.real", "run", str(scenario)], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "needs a PyTorch that imports" in done.stderr and "libtorch_cuda.so" in done.stderr
+    assert "internal error" not in done.stderr and "Traceback" not in done.stderr

@@ -158,7 +158,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "run":
             return _run(scenario, settings, args, out)
         return _compare(scenario, settings, args, out)
-    except (ScenarioError, OverrideError, LaneError) as err:
+    except (ScenarioError, OverrideError, LaneError, MissingPrerequisite) as err:
         out.error(str(err), prefix="real: ")
         return EXIT_BAD_INPUT
 

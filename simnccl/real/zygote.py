@@ -18,7 +18,21 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from simnccl.prerequisites import MissingPrerequisite
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def torch_import_failure(log: str) -> str | None:
+    """The error that stopped the zygote's ``import torch`` (its last line), if that is what ended it: a broken
+    torch install (a missing shared library, a half-removed package) was reported as a bug in simnccl (exit 70)
+    with a traceback that named a log already deleted."""
+    if "Traceback" not in log or "torch" not in log:
+        return None
+    lines = [line.strip() for line in log.strip().splitlines() if line.strip()]
+    last = lines[-1] if lines else ""
+    kinds = ("ImportError", "ModuleNotFoundError", "OSError", "AttributeError", "RuntimeError")
+    return last if last.split(":", 1)[0].rsplit(".", 1)[-1] in kinds else None
 
 
 class LaunchError(RuntimeError):
@@ -59,8 +73,16 @@ class Zygote:
         with self._lock:
             while not self.ready:
                 if self.proc.poll() is not None or time.monotonic() > deadline:
+                    exited = self.proc.poll() is not None
+                    tail = self.log_tail()
                     self.close()
-                    raise LaunchError(f"the rank zygote did not start; see {self.log_path}:\n{self.log_tail()}")
+                    broken = torch_import_failure(tail) if exited else None
+                    if broken is not None:  # the machine's torch, not simnccl: a missing prerequisite (exit 2)
+                        raise MissingPrerequisite(
+                            f"simnccl real needs a PyTorch that imports (torch>=2.15); importing it failed: {broken}; "
+                            "reinstall it: pip install 'simnccl[real]'"
+                        )
+                    raise LaunchError(f"the rank zygote did not start; see {self.log_path}:\n{tail}")
                 self._lock.wait(0.1)
 
     def _read(self) -> None:

@@ -135,7 +135,10 @@ def pytest_configure(config: pytest.Config) -> None:
     # own hypothesis settings (importing simnccl.testing.strategies loads ``ci`` if nothing else was loaded).
     register_profiles()
     if os.environ.get(PROFILE_ENV) and untouched():
-        load_profile()
+        try:
+            load_profile()
+        except ValueError as err:  # a misspelt profile name: the session's input, not an internal error
+            raise pytest.UsageError(str(err)) from None
     _min_programs(config)  # a bad SIMNCCL_MIN_PROGRAMS stops the session here, before any test runs
 
 
