@@ -103,6 +103,7 @@ FOUR = [*START, NewGroup(ranks=(0, 1, 2, 3), bind="g"), NewGroup(ranks=(0, 1, 2,
             "on_group returned reuse=(0, 1); a reuse names the call's own ranks (0, 1, 2, 3)",
         ),
         (user_policies.OptionsAsDict(), "on_group returned pg_options={'lazy_init': True}; expected a PgOptions"),
+        (user_policies.ExplainedOptionsAsDict(), "returned pg_options={'lazy_init': True}; expected a PgOptions"),
         (user_policies.UnknownBackend(), "on_group returned backend='bogus-backend'; "),
     ],
 )

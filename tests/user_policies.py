@@ -254,6 +254,16 @@ class OptionsAsDict(BasePolicy):
 
 
 @dataclass(frozen=True)
+class ExplainedOptionsAsDict(BasePolicy):
+    """As ``OptionsAsDict``, with an explanation: the answer the quick check once let through."""
+
+    name: str = "explained-options-as-dict"
+
+    def on_group(self, request: GroupRequest, decision: GroupDecision) -> GroupDecision:
+        return replace(decision, pg_options={"lazy_init": True}, explanation="lazy")  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
 class UnknownBackend(BasePolicy):
     name: str = "unknown-backend"
 

@@ -345,7 +345,17 @@ def decide_group(policy: Policy, request: GroupRequest) -> GroupDecision:
         lambda: f"rank {request.rank}, {request.kind}(ranks={list(request.ranks)}, backend={request.backend!r})",
     )
     d = decision
-    if type(d) is not GroupDecision or not d.explanation or d.reuse is not None or d.backend != request.backend:
+    plain = (  # the common answer, checked without the full walk: every field of the type it must have
+        type(d) is GroupDecision
+        and type(d.explanation) is str
+        and d.explanation
+        and d.reuse is None
+        and d.device_id is None
+        and d.backend == request.backend
+        and type(d.pg_options) is PgOptions
+        and type(d.use_local_synchronization) is bool
+    )
+    if not plain:
         problem = decision_problem(request, d)
         if problem is not None:
             if not is_user_policy(policy):
