@@ -51,6 +51,7 @@ from simnccl.nccl import (
     settings_from,
     shared_value,
 )
+from simnccl.nccl.knobs import option_value
 from simnccl.ops import NO_OPTIONS, PgOptions
 from simnccl.profiles import Profile
 
@@ -71,7 +72,7 @@ def model_options(options: PgOptions) -> tuple[tuple[str, Any], ...]:
     for name, key in MODEL_OPTION_FIELDS.items():
         value = getattr(options, name)
         if value is not None:
-            out.append((key, bool(value) if key in ("split_share", "collnet_enable") else value))
+            out.append((key, option_value(key, value)))
     return tuple(out)
 
 

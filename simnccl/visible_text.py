@@ -22,11 +22,11 @@ def _escaped(match: re.Match[str]) -> str:
 
 def visible(text: str) -> str:
     """``text`` with every character a terminal would act on (but tab and newline) written as its escape."""
-    return _INVISIBLE.sub(_escaped, text) if _INVISIBLE.search(text) else text
+    return _INVISIBLE.sub(_escaped, text)
 
 
 def invisible_in(text: str) -> str | None:
     """The first such character of ``text``, escaped (None: there is none); newline and tab count too, for text
     that must stay on one line (a name in a one-line summary)."""
     match = _INVISIBLE.search(text) or re.search("[\n\t]", text)
-    return None if match is None else match.group().encode("unicode_escape").decode("ascii")
+    return None if match is None else _escaped(match)

@@ -32,6 +32,7 @@ from simnccl.table_keys import check_keys
 ALGORITHMS = ("tree", "ring", "collnetdirect", "collnetchain", "nvls", "nvlstree", "pat")
 PROTOCOLS = ("ll", "ll128", "simple")
 OPTION_KEYS = ("max_ctas", "min_ctas", "split_share", "nvls_ctas", "collnet_enable", "cumem_supported")
+FLAG_OPTION_KEYS = ("split_share", "collnet_enable")  # the config fields the model reads as on/off (``option_value``)
 _FUNCTIONS = ("broadcast", "reduce", "allgather", "reducescatter", "allreduce", "sendrecv", "send", "recv")
 
 
@@ -123,6 +124,11 @@ def _proto(raw: str) -> frozenset[str]:
     )
 
 
+def option_value(key: str, value: Any) -> Any:
+    """A config field's value as the model reads it: an on/off field (torch's NCCLConfig holds an int) as a bool."""
+    return bool(value) if key in FLAG_OPTION_KEYS else value
+
+
 def nccl_config_problem(field: str, value: Any) -> str | None:
     """What is wrong with one ``PgOptions`` field the model reads (``min_ctas``, ``max_ctas``, ``nvls_ctas``...) set
     to ``value``, as ``settings_from`` would say it (None: nothing, or a field the model does not read).
@@ -133,7 +139,7 @@ def nccl_config_problem(field: str, value: Any) -> str | None:
     if field not in OPTION_KEYS:
         return None
     try:
-        settings_from({}, {field: bool(value) if field in ("split_share", "collnet_enable") else value})
+        settings_from({}, {field: option_value(field, value)})
     except NcclInputError as err:
         return str(err).removeprefix(f"options.{field}: ")
     return None

@@ -17,8 +17,9 @@ from simnccl.policy.plans import (
     InitRequest,
     Policy,
     PolicyError,
-    _asked,
     _because,
+    ask_group,
+    ask_init,
 )
 
 
@@ -233,13 +234,7 @@ class ComposedPolicy:
         plan = InitPlan(request.backend, request.device_id, request.pg_options, {}, "")
         for part in self.parts:
             request = _with_plan(request, plan)
-            step = _asked(  # a part that raises or answers no plan is named, not the composition
-                part,
-                "on_init",
-                lambda part=part, request=request: part.on_init(request),
-                InitPlan,
-                lambda request=request: f"rank {request.rank}, init_process_group(backend={request.backend!r})",
-            )
+            step = ask_init(part, request)  # a part that raises or answers no plan is named, not the composition
             explanation = "; ".join(t for t in (plan.explanation, step.explanation) if t)
             plan = InitPlan(step.backend, step.device_id, step.pg_options, {**plan.env, **step.env}, explanation)
         return plan
@@ -248,13 +243,7 @@ class ComposedPolicy:
         for part in self.parts:
             # A part that raises or answers no decision is named, not the composition: a user's part that
             # returned None was reported as the next part's AttributeError.
-            decision = _asked(
-                part,
-                "on_group",
-                lambda part=part, decision=decision: part.on_group(request, decision),
-                GroupDecision,
-                lambda: f"rank {request.rank}, {request.kind}(ranks={list(request.ranks)})",
-            )
+            decision = ask_group(part, request, decision)
         return decision
 
 

@@ -331,20 +331,26 @@ def ask_init(policy: Policy, request: InitRequest) -> InitPlan:
     )
 
 
+def ask_group(policy: Policy, request: GroupRequest, decision: GroupDecision) -> GroupDecision:
+    """``policy.on_group(request, decision)``; a user's policy that raises or returns no ``GroupDecision`` is
+    ``UserPolicyError``. Also what a wrapper (a composition, a lane) asks each policy it holds with, so the part
+    at fault is named, not the wrapper."""
+    return _asked(
+        policy,
+        "on_group",
+        lambda: policy.on_group(request, decision),
+        GroupDecision,
+        lambda: f"rank {request.rank}, {request.kind}(ranks={list(request.ranks)}, backend={request.backend!r})",
+    )
+
+
 def decide_group(policy: Policy, request: GroupRequest) -> GroupDecision:
     """The policy's full decision for one call, starting from "as the program asked"; a user's policy that
     raises, returns no ``GroupDecision`` or a malformed one (``decision_problem``) is ``UserPolicyError``.
 
     The answer is always a plain ``GroupDecision``: a subclass's own ``key()`` (``()`` on every rank) hid members
     that disagreed from the check that compares them."""
-    decision = _asked(
-        policy,
-        "on_group",
-        lambda: policy.on_group(request, unchanged(request)),
-        GroupDecision,
-        lambda: f"rank {request.rank}, {request.kind}(ranks={list(request.ranks)}, backend={request.backend!r})",
-    )
-    d = decision
+    d = ask_group(policy, request, unchanged(request))
     plain = (  # the common answer, checked without the full walk: every field of the type it must have
         type(d) is GroupDecision
         and type(d.explanation) is str

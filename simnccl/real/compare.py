@@ -322,8 +322,10 @@ def policy_disagreement(scenario: Scenario, variant: Variant) -> str | None:
     Why: the CPU lane gives the policy's plans to gloo without their NCCL options and device (``CpuLanePolicy``),
     so a policy that sets ``lazy_init`` on one rank only looked alike on every rank, passed in both gloo and the
     simulation of it, and ``real compare`` said ALL AGREE for a policy that hangs NCCL."""
-    if variant.policy in (None, "torch-default"):
-        return None
+    from simnccl.policy import decides_alike_on_every_rank, get_policy
+
+    if variant.policy is None or decides_alike_on_every_rank(get_policy(variant.policy)):
+        return None  # torch's defaults, and simnccl's built-ins, decide alike on every rank: nothing to simulate
     from simnccl.runner import run_variant
 
     outcome = run_variant(scenario, variant).outcome

@@ -43,10 +43,10 @@ from simnccl.policy import (
     InitPlan,
     InitRequest,
     Policy,
+    ask_group,
     ask_init,
     get_policy,
 )
-from simnccl.policy.plans import _asked
 from simnccl.real.programs import share_identical
 
 LANES = ("cpu", "gpu")
@@ -145,13 +145,7 @@ class CpuLanePolicy:
         return replace(plan, backend=gloo_backend(plan.backend), device_id=None, pg_options=NO_OPTIONS)
 
     def on_group(self, request: GroupRequest, decision: GroupDecision) -> GroupDecision:
-        decided = _asked(
-            self.inner,
-            "on_group",
-            lambda: self.inner.on_group(request, decision),
-            GroupDecision,
-            lambda: f"rank {request.rank}, {request.kind}(ranks={list(request.ranks)})",
-        )
+        decided = ask_group(self.inner, request, decision)  # the inner policy's error is named as its own
         backend = decided.backend if decided.backend == "fake" else _group_backend(decided.backend)
         return replace(decided, backend=backend, pg_options=NO_OPTIONS, device_id=None)
 
