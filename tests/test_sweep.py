@@ -387,11 +387,50 @@ def test_a_changed_matrix_is_refused_unless_accepted(capsys: pytest.CaptureFixtu
     assert results(out) == first  # the refused run wrote nothing
     code, _, err = sweep(capsys, *changed, "--jobs", "1", "--json", str(out), "--resume", "--accept-matrix-change")
     assert code == 0
-    assert "2 row(s) of cells no longer in the matrix dropped" in err and "(2 done, 2 to run)" in err
+    assert "(2 done, 2 to run)" in err
     now = results(out)
     kept = {cid for cid, r in first.items() if r["policy"] == "dedupe"}
     assert kept <= set(now) and all(now[cid] == first[cid] for cid in kept)
     assert sorted(r["policy"] for r in now.values()) == ["dedupe", "dedupe", "lazy-init", "lazy-init"]
+
+
+def test_rows_a_changed_matrix_leaves_out_are_kept_beside_the_file(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """--accept-matrix-change once rewrote the file without the rows of cells no longer in the matrix: their
+    results were gone. The file as it was is kept beside it, named after its matrix, and never replaced."""
+    out = tmp_path / "out.csv"
+    assert sweep(capsys, *MATRIX_2x2, "--jobs", "1", "--csv", str(out))[0] == 0
+    old_hash, _ = read_csv(out)
+    before = out.read_bytes()
+    narrowed = MATRIX_2x2[:-2]  # legacy out
+    kept = tmp_path / f"out.matrix-{old_hash}.csv"
+    code, _, err = sweep(capsys, *narrowed, "--jobs", "1", "--csv", str(out), "--resume", "--accept-matrix-change")
+    assert code == 0 and f"2 row(s) of cells no longer in the matrix left {out}; kept in {kept}" in err, err
+    assert "(2 done, 0 to run)" in err
+    assert kept.read_bytes() == before
+    assert sorted(r["policy"] for r in read_csv(out)[1]) == ["dedupe", "dedupe"]
+    out.write_bytes(before)  # the same change again: the kept copy is never replaced
+    code, _, err = sweep(capsys, *narrowed, "--jobs", "1", "--csv", str(out), "--resume", "--accept-matrix-change")
+    assert code == 2 and f"to be kept in {kept}, which already exists" in err and "\n" not in err.strip(), err
+    assert out.read_bytes() == before and kept.read_bytes() == before
+
+
+def test_a_row_not_in_the_matrix_it_was_written_for_is_refused(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """A row of a file whose matrix_hash is this matrix's, but whose cell is not in it (the file edited, or mixed
+    with another sweep's), was dropped with a note and its result lost: refused, naming the file and the row."""
+    out = tmp_path / "out.json"
+    assert sweep(capsys, *MATRIX_2x2, "--jobs", "1", "--json", str(out))[0] == 0
+    document = json.loads(out.read_text())
+    document["rows"][2]["cell_id"] = "0" * 16
+    out.write_text(json.dumps(document))
+    before = out.read_bytes()
+    code, _, err = sweep(capsys, *MATRIX_2x2, "--jobs", "1", "--json", str(out), "--resume")
+    assert code == 2 and err.startswith(f"error: --resume: {out}: row 2 (") and "\n" not in err.strip(), err
+    assert "is not a cell of this matrix, though the file was written for it" in err
+    assert out.read_bytes() == before
 
 
 def test_an_existing_output_file_is_kept_unless_resumed_or_overwritten(

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
+import shutil
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -123,7 +125,8 @@ def add_sweep_parser(sub: Any) -> argparse.ArgumentParser:
     out.add_argument(
         "--accept-matrix-change",
         action="store_true",
-        help="with --resume: keep the rows of cells still in a changed matrix, drop the others, run the rest",
+        help="with --resume: keep the rows of cells still in a changed matrix, run the rest (the file as it was "
+        "is kept as FILE-STEM.matrix-HASH.SUFFIX when rows leave it)",
     )
     out.add_argument("--overwrite", action="store_true", help="replace an existing --json/--csv FILE")
     out.add_argument(
@@ -195,17 +198,28 @@ def _existing(path: Path | None) -> bool:
 
 def _resume_rows(
     args: argparse.Namespace, json_path: Path | None, csv_path: Path | None, matrix: Matrix, cells: Sequence[Cell]
-) -> tuple[dict[str, Row], list[str]]:
-    """The rows of finished cells in the output files, by cell_id (checked against this matrix), and notes."""
+) -> tuple[dict[str, Row], list[str], list[tuple[Path, Path]]]:
+    """The rows of finished cells in the output files, by cell_id (checked against this matrix), notes, and the
+    copies to make before the files are rewritten: (a file, where the file as it was is kept).
+
+    Why rows of cells not in this matrix are never dropped without a trace: resuming rewrites the file with this
+    matrix's rows only, so a dropped row's result would be gone (hours of a large sweep, or all of it when
+    ``--accept-verdict`` changed, as the checks are part of every cell's identity). In a file written for this
+    very matrix such a row means the file was edited or mixed with another sweep's: refused (exit 2), naming the
+    file, the row and why. With ``--accept-matrix-change`` the user changed the matrix on purpose (narrowed it,
+    say), so those rows leave the sweep, but the file as it was is first kept beside it (``_kept_path``) and
+    the note says where; a copy that is already there is never replaced (exit 2)."""
     found = [(flag, p) for flag, p in (("--json", json_path), ("--csv", csv_path)) if _existing(p)]
     if args.resume and json_path is None and csv_path is None:
         raise SweepInputError("--resume", "needs the sweep's file: --json FILE or --csv FILE")
     if args.overwrite:
         if args.resume:
             raise SweepInputError("--overwrite", "choose one of --resume (continue the file) and --overwrite")
-        return {}, []
+        return {}, [], []
     current = matrix.fingerprint()
+    wanted = {cell.cell_id: cell for cell in cells}
     notes: list[str] = []
+    keep: list[tuple[Path, Path]] = []
     rows: dict[str, Row] = {}
     for flag, path in found:
         try:
@@ -225,17 +239,51 @@ def _resume_rows(
                 f"{path} was written for another matrix ({file_hash}, now {current}){changed}; pass "
                 "--accept-matrix-change to keep the rows of cells still in the matrix and run the rest",
             )
+        gone = [row for row in file_rows if row["cell_id"] not in wanted]
+        if gone and file_hash == current:
+            row = gone[0]
+            raise SweepInputError(
+                "--resume",
+                f"{path}: row {row['index']} ({row['workload']}, {row['policy']}, {row['release']}, {row['gpu']}, "
+                f"cell {row['cell_id']}) is not a cell of this matrix, though the file was written for it: the "
+                "file was edited or mixed with another sweep's, and resuming would drop "
+                f"{'this row' if len(gone) == 1 else f'its {len(gone)} such rows'}",
+            )
+        if gone:
+            kept = _kept_path(path, file_hash)
+            if kept.exists() or kept.is_symlink():
+                raise SweepInputError(
+                    "--accept-matrix-change",
+                    f"{path} has {len(gone)} row(s) of cells no longer in the matrix, to be kept in {kept}, "
+                    "which already exists; move it away first",
+                )
+            keep.append((path, kept))
+            notes.append(f"{len(gone)} row(s) of cells no longer in the matrix left {path}; kept in {kept}")
         for row in file_rows:
             rows.setdefault(row["cell_id"], row)
-    wanted = {cell.cell_id: cell for cell in cells}
-    dropped = [cid for cid in rows if cid not in wanted]
-    if dropped:
-        notes.append(f"{len(dropped)} row(s) of cells no longer in the matrix dropped")
     again = [cid for cid, row in rows.items() if cid in wanted and row["status"] not in DONE_STATUSES]
     if again:
         notes.append(f"{len(again)} stopped or crashed cell(s) run again")
     done = {cid: {**row, "index": wanted[cid].index} for cid, row in rows.items() if cid in wanted and cid not in again}
-    return done, notes
+    return done, notes, keep
+
+
+def _kept_path(path: Path, file_hash: str | None) -> Path:
+    """Where the file as it was is kept when a changed matrix leaves some of its rows out: beside it, named after
+    the matrix it was written for (``out.json`` -> ``out.matrix-<hash>.json``). A hash that is not one (a
+    damaged or hand-edited file) is not put in a file name."""
+    tag = file_hash if file_hash and re.fullmatch(r"[0-9a-f]{1,64}", file_hash) else "unknown"
+    return path.with_name(f"{path.stem}.matrix-{tag}{path.suffix}")
+
+
+def _keep_copies(keep: Sequence[tuple[Path, Path]]) -> None:
+    """Copy each file to its keeping place, byte for byte, never over an existing file (SweepInputError)."""
+    for path, kept in keep:
+        try:
+            with path.open("rb") as source, kept.open("xb") as target:
+                shutil.copyfileobj(source, target)
+        except OSError as err:
+            raise SweepInputError("--accept-matrix-change", f"cannot keep {path} as {kept}: {err}") from None
 
 
 def _read(flag: str, path: Path) -> tuple[str | None, Mapping[str, Any] | None, list[Row]]:
@@ -374,13 +422,18 @@ def run_sweep(args: argparse.Namespace, out: TextIO | None = None, err: TextIO |
         executor = _executor(args, count)
         cells = list(expand(matrix))  # the count was checked against --max-cells before this
         _check_distinct(cells)
-        done, notes = _resume_rows(args, json_path, csv_path, matrix, cells)
+        done, notes, keep = _resume_rows(args, json_path, csv_path, matrix, cells)
     except SweepInputError as error:
         err.write(f"error: {error}\n")
         return EXIT_BAD_INPUT
     if args.dry_run:
         _print_cells(cells, done, out, err)
         return EXIT_OK
+    try:
+        _keep_copies(keep)
+    except SweepInputError as error:
+        err.write(f"error: {error}\n")
+        return EXIT_BAD_INPUT
     todo = [cell for cell in cells if cell.cell_id not in done]
     files = _Files(json_path, csv_path, matrix.to_dict(), matrix.fingerprint(), len(cells), done)
     for note in notes:
