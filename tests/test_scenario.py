@@ -522,3 +522,9 @@ def test_matrix_expands_to_the_cartesian_product(write_scenario) -> None:
 def test_matrix_values_are_checked(write_scenario) -> None:
     _assert_error(write_scenario(TINY + '\n[matrix]\nrelease = ["2.99"]\n'), "matrix.release", "unknown torch release")
     _assert_error(write_scenario(TINY + '\n[matrix]\nenv = { X = "1" }\n'), "matrix.env.X", "list of strings")
+
+
+@pytest.mark.parametrize("table", ["[matrix]\n", "[matrix]\nenv = {}\n", "[matrix.env]\n"])
+def test_a_matrix_that_varies_nothing_is_refused(write_scenario, table: str) -> None:
+    """An empty [matrix] once added a variant named "matrix": the scenario's own settings renamed."""
+    _assert_error(write_scenario(TINY + "\n" + table), "matrix", "varies nothing; expected release, policy or env")

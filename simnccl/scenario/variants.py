@@ -43,6 +43,10 @@ def matrix_variants(reader: Reader, base: MatrixBase, room: int) -> list[Variant
 
     Variants are named ``axis=value,...`` over the axes with more than one value, in the order written. The
     product's size is checked against ``max_variants`` (``room`` is what [[variants]] left) before it is taken.
+
+    A matrix that names no axis (an empty ``[matrix]``, or only ``env = {}``) is refused, as an ``[[expect]]``
+    that asserts nothing is: it added one variant named "matrix", the scenario's own settings under another
+    name, so ``[[expect]]`` tables naming "default" no longer matched and a typo'd or forgotten axis went unseen.
     """
     axes: list[tuple[str, list[str]]] = []
     for key in ("release", "policy"):
@@ -67,6 +71,10 @@ def matrix_variants(reader: Reader, base: MatrixBase, room: int) -> list[Variant
                 raise ScenarioError(reader.source, key, problem)
         axes.append((var, values))
     reader.finish()
+    if "release" not in reader.table and "policy" not in reader.table and not env_axes:
+        raise ScenarioError(
+            reader.source, "matrix", "varies nothing; expected release, policy or env (a list of values each)"
+        )
     size = math.prod(len(values) for _, values in axes)
     if size > room:
         shown = " x ".join(str(len(values)) for _, values in axes)
