@@ -524,6 +524,15 @@ def test_matrix_values_are_checked(write_scenario) -> None:
     _assert_error(write_scenario(TINY + '\n[matrix]\nenv = { X = "1" }\n'), "matrix.env.X", "list of strings")
 
 
+@pytest.mark.parametrize("name", ["nccl_from_the_future", "Nccl_New", "NCCL-NEW", "1NCCL", "", "NCCL NEW"])
+def test_extra_env_knobs_must_be_upper_case_env_var_names(write_scenario, name: str) -> None:
+    """torch and NCCL read their variables in upper case, as written: a lowercase knob declared (and set) was
+    accepted and did nothing in production."""
+    text = TINY.replace('release = "2.15"', f'release = "2.15"\nextra_env_knobs = ["NCCL_OK", "{name}"]')
+    _assert_error(write_scenario(text), "torch.extra_env_knobs", "expected upper-case environment variable names")
+    assert repr(name) in str(_assert_error(write_scenario(text), "torch.extra_env_knobs"))
+
+
 @pytest.mark.parametrize("table", ["[matrix]\n", "[matrix]\nenv = {}\n", "[matrix.env]\n"])
 def test_a_matrix_that_varies_nothing_is_refused(write_scenario, table: str) -> None:
     """An empty [matrix] once added a variant named "matrix": the scenario's own settings renamed."""

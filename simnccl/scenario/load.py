@@ -11,7 +11,7 @@ Schema (every table but ``[[variants]]`` and ``[[expect]]`` required unless mark
     [scenario]   name, description?, seed? (int), policy? ("torch-default")
     [cluster]    gpu, nodes?, gpus_per_node, ranks_per_node?
     [torch]      release, profile? (built-in name or path relative to the file), launcher? (torchrun|spawn), env?,
-                 extra_env_knobs? (TORCH_*/PYTORCH_*/NCCL_* names newer than simnccl.env_knobs' list)
+                 extra_env_knobs? (upper-case TORCH_*/PYTORCH_*/NCCL_* names newer than simnccl.env_knobs' list)
     [workload]   steps = [{op = "...", repeat?, on_ranks?, <op fields>}, ...]  |  generator = "...", args?
     [[variants]] name, description?, env?, release?, profile?, policy?
     [matrix]     release? = [...], policy? = [...], env? = {VAR = [...]}   (cartesian product, added to variants)
@@ -36,13 +36,14 @@ from simnccl.limits import current as current_limits
 from simnccl.scenario.expectations import checkpoint_labels, read_expectations
 from simnccl.scenario.fault_table import read_faults
 from simnccl.scenario.model import LAUNCHERS, Scenario, ScenarioError, Variant
-from simnccl.scenario.reader import Reader, brief, str_list
+from simnccl.scenario.reader import Reader, brief
 from simnccl.scenario.steps import read_programs
 from simnccl.scenario.variants import (
     MatrixBase,
     check_env,
     matrix_variants,
     read_cluster,
+    read_extra_knobs,
     read_policy,
     read_profile,
     read_release,
@@ -104,7 +105,7 @@ def parse_scenario(data: Mapping[str, Any], source: str, base_dir: Path | None =
     launcher = torch.get("launcher", str, "torchrun")
     if launcher not in LAUNCHERS:
         raise torch.error("launcher", f"expected one of {', '.join(LAUNCHERS)}, got {brief(launcher)}")
-    extra_knobs = str_list(torch, "extra_env_knobs", "a list of environment variable names") or ()
+    extra_knobs = read_extra_knobs(torch)
     base_env = torch.env("env", extra_knobs)
     profile_ref = torch.get("profile", str, None)
     torch.finish()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import math
 import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +23,9 @@ from simnccl.policy import PolicyError, get_policy
 from simnccl.profiles import Profile, ProfileError, find_profile, get_profile
 from simnccl.release import RELEASES
 from simnccl.scenario.model import ScenarioError, Variant
-from simnccl.scenario.reader import Reader, brief
+from simnccl.scenario.reader import Reader, brief, str_list
+
+ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]*")  # what torch and NCCL read: upper case, as written
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,3 +180,18 @@ def check_knob(source: str, key: str, name: str, extra: Sequence[str]) -> None:
     message = unknown_knob_message(name, extra)
     if message is not None:
         raise ScenarioError(source, key, message)
+
+
+def read_extra_knobs(reader: Reader) -> tuple[str, ...]:
+    """``[torch] extra_env_knobs``: knob names newer than simnccl's list, each an upper-case environment variable
+    name (``ENV_NAME``). Why: environment variables are case-sensitive and torch and NCCL read theirs in upper
+    case, so a declared ``nccl_new`` was accepted, and the env tables that set it changed nothing in production."""
+    names = str_list(reader, "extra_env_knobs", "a list of environment variable names") or ()
+    for name in names:
+        if not ENV_NAME.fullmatch(name):
+            raise reader.error(
+                "extra_env_knobs",
+                f"expected upper-case environment variable names (A-Z, 0-9 and _, not starting with a digit: "
+                f"torch and NCCL read theirs as written), got {brief(name)}",
+            )
+    return names
