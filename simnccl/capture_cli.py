@@ -18,6 +18,7 @@ from typing import Any
 from simnccl.cli_options import (
     OutputError,
     OverrideError,
+    UsageParser,
     add_common,
     check_json_target,
     checked_gpu,
@@ -50,7 +51,7 @@ EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
 
 def capture_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = UsageParser(
         prog="simnccl capture",
         description="Run unmodified torch.distributed code once per simulated rank and record its Programs "
         "(needs torch). Exit 0: captured (and, with --simulate, every variant passed); 1: a simulated variant "

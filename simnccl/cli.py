@@ -18,6 +18,7 @@ from simnccl.cli_guard import guarded
 from simnccl.cli_options import (
     OutputError,
     OverrideError,
+    UsageParser,
     add_common,
     add_version,
     check_fr_dir,
@@ -44,7 +45,7 @@ def _parser() -> argparse.ArgumentParser:
     from simnccl.pictures import add_picture_arguments
     from simnccl.sweep import add_sweep_parser
 
-    parser = argparse.ArgumentParser(prog="simnccl", description=__doc__.splitlines()[0])
+    parser = UsageParser(prog="simnccl", description=__doc__.splitlines()[0])
     add_version(parser)
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser(
@@ -95,6 +96,12 @@ def _parser() -> argparse.ArgumentParser:
         "see simnccl capture --help)",
     )
     return parser
+
+
+def command_parser(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser:
+    """The parser of ``command`` under the top-level ``parser``."""
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return sub.choices[command]
 
 
 def command_parsers() -> dict[str, argparse.ArgumentParser]:
@@ -150,8 +157,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from simnccl.nccl.command import run_validate
 
         return run_validate(args)
-    if extra:
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if extra:  # the command's parser says it: `simnccl run: error: ...`, pointing at `simnccl run --help`
+        command_parser(parser, args.command).error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command == "sweep":
         from simnccl.sweep import run_sweep
 

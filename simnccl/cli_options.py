@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, NoReturn
 
 from simnccl import __version__
 from simnccl.release import RELEASES
@@ -33,6 +33,17 @@ _OVERRIDE_HELP = {
     "--env": "set an environment variable for every variant (repeatable)",
     "--variant": "run only this variant (repeatable; in the order given)",
 }
+
+
+class UsageParser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose usage errors are one line: ``simnccl sweep: error: MESSAGE (see simnccl sweep
+    --help)``, exit 2. Why: bad input is one line (DESIGN rule 11); argparse printed the whole usage first (eleven
+    lines for ``sweep``), so in a CI log the error was the last of a wall of flags. Subcommand parsers made with
+    ``add_subparsers`` are of the same class, so every command of a tree built on it answers alike; ``--help``
+    is untouched."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 class OutputError(Exception):

@@ -422,3 +422,38 @@ def test_real_diff_json_document_and_quiet(capsys: pytest.CaptureFixture[str], t
     (result,) = doc["results"]
     assert result["seed"] == 2 and [c["case"] for c in result["cases"]] == ["seed2-case0"]
     assert doc["summary"][0]["verdict"] == result["cases"][0]["kind"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "prog", "message"),
+    [
+        ([], "simnccl", "the following arguments are required: command"),
+        (["bogus"], "simnccl", "argument command: invalid choice: 'bogus'"),
+        (["run", "--bogus"], "simnccl run", "unrecognized arguments: --bogus"),
+        (["run", "--allow", "nope"], "simnccl run", "argument --allow: unknown verdict(s) nope"),
+        (["validate", "--zzz"], "simnccl validate", "unrecognized arguments: --zzz"),
+        (["sweep", "--jobs", "x"], "simnccl sweep", "argument --jobs: invalid int value: 'x'"),
+        (["capture", "x.py"], "simnccl capture", "the following arguments are required: --world"),
+        (["capture", "--world", "2"], "simnccl capture", "expected -m MODULE or a script path"),
+        (["real"], "simnccl real", "the following arguments are required: command"),
+        (["real", "compare"], "simnccl real compare", "the following arguments are required: scenario"),
+    ],
+)
+def test_a_usage_error_is_one_line_pointing_at_help(
+    capsys: pytest.CaptureFixture[str], argv: list[str], prog: str, message: str
+) -> None:
+    """Bad input is one line: argparse printed the whole usage before the error (eleven lines for sweep)."""
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    out, err = capsys.readouterr()
+    assert exited.value.code == EXIT_BAD_INPUT and out == "", err
+    assert err.startswith(f"{prog}: error: {message}") and err.endswith(f" (see {prog} --help)\n"), err
+    assert err.count("\n") == 1 and "usage:" not in err, err
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["sweep", "--help"], ["real", "compare", "-h"], ["capture", "--help"]])
+def test_help_is_still_the_whole_usage(capsys: pytest.CaptureFixture[str], argv: list[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    out, err = capsys.readouterr()
+    assert exited.value.code == 0 and out.startswith("usage: simnccl") and "options:" in out and err == "", err

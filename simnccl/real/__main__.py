@@ -17,6 +17,7 @@ from typing import Any
 
 from simnccl.cli_options import (
     OverrideError,
+    UsageParser,
     add_common,
     add_version,
     apply_overrides,
@@ -77,9 +78,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="simnccl real", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = UsageParser(prog="simnccl real", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_version(parser)
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run a scenario on real torch.distributed (spawned locally, or under torchrun)")
