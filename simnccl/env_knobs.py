@@ -71,6 +71,13 @@ def unknown_knob_message(name: str, extra: Iterable[str] = (), declare: str = SC
             f"{name} is set per rank by the launcher (torchrun); simnccl gives every rank its own from the world's "
             "shape (a scenario's [cluster], a command's --world/--gpus-per-node): it cannot be set for all ranks"
         )
+    if name != name.upper() and name.upper().startswith(CHECKED_PREFIXES):
+        # Environment variables are case-sensitive and torch and NCCL read theirs in upper case: in production a
+        # lower-case one changes nothing, whatever a simulation or an ``extra_env_knobs`` entry made of it.
+        return (
+            f"environment variable names are case-sensitive: torch and NCCL read {name.upper()!r}, "
+            f"so {name!r} changes nothing"
+        )
     if not name.startswith(CHECKED_PREFIXES):
         return None
     extra = frozenset(extra)

@@ -387,6 +387,20 @@ def test_other_prefixes_are_not_checked_and_extra_knobs_can_be_declared(capsys, 
     assert code == 0, err
 
 
+@pytest.mark.parametrize("name", ["nccl_comm_split_share_resources", "Torch_Dist_Use_Nccl2", "pytorch_cuda_alloc_conf"])
+def test_a_lower_case_knob_is_exit_2_as_production_ignores_it(capsys, write_scenario, name: str) -> None:
+    """torch and NCCL read upper-case names: a lower-case one changed nothing in production, and was accepted."""
+    text = TINY.replace('release = "2.15"', f'release = "2.15"\nenv = {{ {name} = "1" }}')
+    _bad(capsys, write_scenario, text, f"torch.env.{name}", f"torch and NCCL read {name.upper()!r}")
+
+
+def test_simulate_refuses_a_lower_case_knob_even_when_declared() -> None:
+    from simnccl.testing import simulate
+
+    with pytest.raises(ValueError, match="case-sensitive"):
+        simulate([], env={"nccl_new": "1"}, extra_env_knobs=["nccl_new"])
+
+
 @pytest.mark.parametrize("value", ["abc", "99999999999999", "-3"])
 def test_an_integer_knob_with_a_value_simnccl_cannot_use_is_exit_2(capsys, write_scenario, value: str) -> None:
     text = TINY.replace(
