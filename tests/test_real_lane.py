@@ -293,6 +293,48 @@ def test_policy_is_routed_through_apply_on_the_cpu_lane(launcher: Launcher) -> N
     assert group_of[0] == group_of[1], "both handles are the same torch group"
 
 
+_BUDGET_ON_A_GPU = """\
+[scenario]
+name = "budget-on-a-gpu"
+policy = "budget(100)"
+
+[cluster]
+gpu = "h100-80gb"
+gpus_per_node = 1
+
+[torch]
+release = "2.15"
+
+[workload]
+steps = [
+  { op = "init_process_group", backend = "gloo" },
+  { op = "new_group", ranks = [0], backend = "nccl", bind = "g" },
+]
+"""
+
+
+def test_the_gpu_lanes_ranks_price_budget_groups_as_the_simulation_does(
+    launcher: Launcher, write_scenario: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The GPU lane's ranks applied their policy without the GPU kind: ``budget(X)`` raised PolicyError ("needs
+    the cost of one eager communicator") at the first eager NCCL group, a real "error" where the simulation,
+    pricing from the variant's profile, decided. Run here with CUDA faked visible: the rank's policy decides
+    before torch is called (torch's CPU build then refuses the NCCL group, which is not what is checked)."""
+    import simnccl.real.lanes as lanes
+    from simnccl.real.compare import simulate
+    from simnccl.real.launch import run_scenario_real
+    from simnccl.scenario import load_scenario
+
+    monkeypatch.setattr(lanes, "visible_gpus", lambda: 1)
+    scenario = load_scenario(write_scenario(_BUDGET_ON_A_GPU))
+    (real,) = run_scenario_real(scenario, RunSettings.for_lane("gpu", timeout_s=60.0), launcher=launcher)["variants"]
+    assert "PolicyError" not in json.dumps(real["errors"]), real["errors"]
+    sim = simulate(scenario, scenario.variants[0], "gpu")
+    expected = [d["explanation"] for d in sim["decisions"] if d["call"].startswith("new_group")]
+    assert expected and "budget: 1 x " in expected[0] and "lazy_init" in expected[0], expected
+    assert [d["explanation"] for d in real["decisions"] if d["call"] == "new_group"] == expected
+
+
 # ---------------------------------------------------------------------------------------------- failing runs
 
 

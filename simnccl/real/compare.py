@@ -26,6 +26,7 @@ from simnccl.real.launch import (
     inherited_note,
     installed_release,
     lane_programs,
+    rank_gpu,
     simulated_knobs,
     variant_notes,
 )
@@ -280,17 +281,19 @@ def compare_scenario(
     try:
         for variant in chosen:
             sim = simulate(scenario, variant, settings.lane, programs, launcher.inherited_env(variant.env))
+            gpu, gpu_notes = rank_gpu(variant, settings.lane)
             real = launcher.run_programs(
                 programs,
                 settings,
                 policy=variant.policy,
+                gpu=gpu,
                 env=variant.env,
                 set_launcher_env=scenario.launcher == "torchrun",
                 name=variant.name,
                 description=variant.description,
                 release=variant.release,
                 substitutions=substitutions,
-                notes=notes + variant_notes(variant),
+                notes=notes + variant_notes(variant) + gpu_notes,
             )
             comparison = compare_variant(variant.name, settings.lane, sim, real, len(programs), tolerance_pct)
             if settings.lane == "cpu":

@@ -288,6 +288,7 @@ class Launcher:
         settings: RunSettings,
         *,
         policy: str = "torch-default",
+        gpu: str | None = None,
         env: Mapping[str, str] | None = None,
         set_launcher_env: bool = True,
         name: str = "run",
@@ -296,7 +297,9 @@ class Launcher:
         substitutions: Sequence[str] = (),
         notes: Sequence[str] = (),
     ) -> dict[str, Any]:
-        """Run one world (one rank per program) to a verdict; the Result-shaped dict of it."""
+        """Run one world (one rank per program) to a verdict; the Result-shaped dict of it.
+
+        ``gpu``: the simnccl GPU kind each rank hands ``apply(policy, gpu=...)`` (``rank_gpu``)."""
         world = len(programs)
         if world > settings.max_ranks:  # a lane that cannot run here: exit 2 (it was an internal error, exit 70)
             raise LaneError(
@@ -333,6 +336,7 @@ class Launcher:
                 "program": lists[rank],
                 "lane": settings.lane,
                 "policy": policy,
+                "gpu": gpu,
                 "env": dict(env or {}),
                 "local_rank": rank,
                 "local_world_size": world,
@@ -520,6 +524,30 @@ def variant_notes(variant: Variant) -> list[str]:
     return []
 
 
+def rank_gpu(variant: Variant, lane: str) -> tuple[str | None, list[str]]:
+    """The GPU kind a lane's ranks hand ``apply(policy, gpu=...)``, and a note where they can be given none.
+
+    Why: ``budget(X)`` prices each eager NCCL group from the GPU kind's profile, as the simulation prices it from
+    the variant's; the GPU lane's ranks applied their policy without one, so ``budget(X)`` raised PolicyError at
+    the first eager group, a real "error" where the simulation passed. The CPU lane creates no NCCL group (the
+    policy's plans are rewritten to gloo): nothing to price there. ``apply`` prices from the built-in profile of
+    the kind for the installed torch; where there is none it would refuse every policy, so no kind is given and
+    the note says why ``budget(X)`` cannot decide."""
+    if lane != "gpu":
+        return None, []
+    from simnccl.profiles import ProfileError, find_profile
+
+    kind = variant.profile.gpu
+    release = installed_release()
+    if release is None:
+        return kind, []  # a torch simnccl does not model: apply() names it
+    try:
+        find_profile(kind, release)
+    except ProfileError as err:
+        return None, [f"the real ranks cannot price an eager group for budget(X) (apply(gpu={kind!r})): {err}"]
+    return kind, []
+
+
 def run_scenario_real(
     scenario: Scenario,
     settings: RunSettings,
@@ -532,21 +560,24 @@ def run_scenario_real(
     own = launcher is None
     launcher = launcher or Launcher()
     try:
-        results = [
-            launcher.run_programs(
-                programs,
-                settings,
-                policy=variant.policy,
-                env=variant.env,
-                set_launcher_env=scenario.launcher == "torchrun",
-                name=variant.name,
-                description=variant.description,
-                release=variant.release,
-                substitutions=substitutions,
-                notes=notes + variant_notes(variant),
+        results = []
+        for variant in chosen:
+            gpu, gpu_notes = rank_gpu(variant, settings.lane)
+            results.append(
+                launcher.run_programs(
+                    programs,
+                    settings,
+                    policy=variant.policy,
+                    gpu=gpu,
+                    env=variant.env,
+                    set_launcher_env=scenario.launcher == "torchrun",
+                    name=variant.name,
+                    description=variant.description,
+                    release=variant.release,
+                    substitutions=substitutions,
+                    notes=notes + variant_notes(variant) + gpu_notes,
+                )
             )
-            for variant in chosen
-        ]
     finally:
         if own:
             launcher.close()

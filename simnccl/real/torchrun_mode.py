@@ -25,6 +25,7 @@ from simnccl.real.launch import (
     inherited_note,
     installed_torch_version,
     lane_programs,
+    rank_gpu,
     run_document,
 )
 from simnccl.real.measure import build_variant_result
@@ -63,6 +64,8 @@ def torchrun_main(
     note = inherited_note(inherited)
     if note:
         notes = [*notes, note]
+    gpu, gpu_notes = rank_gpu(variant, settings.lane)
+    notes = [*notes, *gpu_notes]
     started = time.time()
     base, _, _ = next(dist.rendezvous("env://", rank, world, timeout=datetime.timedelta(seconds=settings.timeout_s)))
     control = dist.PrefixStore("real/control", base)
@@ -72,6 +75,7 @@ def torchrun_main(
         program=programs[rank].to_list(),
         lane=settings.lane,
         policy=variant.policy,
+        gpu=gpu,
         env=dict(variant.env),
         local_rank=local_rank,
         local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", world)),
