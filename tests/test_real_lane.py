@@ -166,6 +166,29 @@ def test_a_world_past_the_launchers_limit_is_refused_not_an_internal_error(comma
     assert "internal error" not in done.stderr
 
 
+@pytest.mark.parametrize("command", ["run", "compare"])
+def test_a_user_policy_that_raises_on_the_real_ranks_is_bad_input(command: str, tmp_path: Path) -> None:
+    """A user's policy that raises is a defect of the user's input: ``simnccl run`` exits 2 naming the policy,
+    the hook and the exception. On the real ranks it only ended the ranks: ``real run`` reported an "error"
+    (exit 1, a failed check) and ``real compare`` a disagreement (exit 1). The policy here raises on real torch
+    only (the simulation passes), so compare's real side is what must say it."""
+    scenario = tmp_path / "two.toml"
+    scenario.write_text(_TWO_RANKS)
+    done = subprocess.run(
+        [PYTHON, "-m", "simnccl.real", command, str(scenario), "--policy", "user_policies:NcclOnlyUnderTorch"],
+        cwd=REPO,
+        env=dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{REPO / 'tests'}"),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert (
+        "policy 'nccl-only-under-torch': on_group raised RuntimeError: expected an NCCL world, got gloo (rank 0, "
+        "new_group(ranks=[0, 1], backend='gloo'))"
+    ) in done.stderr, done.stderr
+
+
 def test_compute_the_settings_would_stop_as_a_hang_is_named_before_anything_runs() -> None:
     """A compute sleep as long as --stall, or a rank's sleeps adding up to --timeout, made the watcher kill a
     healthy run and report a hang (exit 1); the settings are at fault, not the program."""

@@ -175,6 +175,21 @@ class RaisesOnGroup(BasePolicy):
 
 
 @dataclass(frozen=True)
+class NcclOnlyUnderTorch(BasePolicy):
+    """A policy with a bug that only real torch shows: it asks torch.distributed for the default group's backend
+    and refuses anything but NCCL (on gloo, the CPU lane's backend, it raises); simulated, torch.distributed is
+    never initialised, so it passes the decision through."""
+
+    name: str = "nccl-only-under-torch"
+
+    def on_group(self, request: GroupRequest, decision: GroupDecision) -> GroupDecision:
+        dist = sys.modules.get("torch.distributed")
+        if dist is not None and dist.is_initialized() and dist.get_backend() != "nccl":
+            raise RuntimeError(f"expected an NCCL world, got {dist.get_backend()}")
+        return decision
+
+
+@dataclass(frozen=True)
 class ReturnsNothing(BasePolicy):
     """A policy with a bug: forgets to return the decision."""
 

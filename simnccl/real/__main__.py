@@ -4,8 +4,9 @@ tier's command line.
 ``run`` and ``compare`` take every override of ``simnccl run`` (``--policy``, ``--release``, ``--gpu``, ``--seed``,
 ``--env``, ``--variant``), ``diff`` takes ``--seed``; all three take ``--json [FILE]`` (one document, the shape
 every simnccl command writes) and ``--quiet``, and print each variant (diff: each case) as it finishes.
-Exit codes: 0 pass / agreement; 1 a run that did not pass, or a disagreement; 2 bad input or a lane that cannot run
-here (no CUDA device for the GPU lane, more ranks than GPUs, torch not installed).
+Exit codes: 0 pass / agreement; 1 a run that did not pass, or a disagreement; 2 bad input (a user's policy that
+raised, on the real ranks too, as ``simnccl run`` says) or a lane that cannot run here (no CUDA device for the GPU
+lane, more ranks than GPUs, torch not installed).
 """
 
 from __future__ import annotations

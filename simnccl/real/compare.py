@@ -26,6 +26,7 @@ from simnccl.real.launch import (
     inherited_note,
     installed_release,
     lane_programs,
+    raise_user_policy_error,
     rank_gpu,
     simulated_knobs,
     variant_notes,
@@ -295,6 +296,7 @@ def compare_scenario(
                 substitutions=substitutions,
                 notes=notes + variant_notes(variant) + gpu_notes,
             )
+            raise_user_policy_error(real)  # the simulation asked the policy first, but not with the real env
             comparison = compare_variant(variant.name, settings.lane, sim, real, len(programs), tolerance_pct)
             if settings.lane == "cpu":
                 disagreement = policy_disagreement(scenario, variant)

@@ -31,6 +31,7 @@ from typing import Any
 
 from simnccl.env_knobs import CHECKED_PREFIXES, env_problem
 from simnccl.ops import Compute, Program
+from simnccl.policy import UserPolicyError
 from simnccl.real.lanes import LaneError, check_gpu_lane, comparability, cpu_programs, cpu_substitutions
 from simnccl.real.measure import build_variant_result
 from simnccl.real.programs import programs_to_lists
@@ -479,6 +480,20 @@ def _exits(zygote: Zygote, watches: list[RankWatch]) -> list[tuple[int, float]]:
     return [e for e in (zygote.exit_of(w.pid) for w in watches) if e is not None]
 
 
+_USER_POLICY_ERROR = f"{UserPolicyError.__module__}.{UserPolicyError.__name__}"  # as a rank's final record names it
+
+
+def raise_user_policy_error(result: Mapping[str, Any]) -> None:
+    """Raise the first rank's ``UserPolicyError`` of a real run's result, if a rank ended in one.
+
+    Why: a user's policy that raises (or answers no plan) is a defect of the user's input, which ``simnccl run``
+    reports as exit 2 naming the policy, the hook and the exception; on the real lanes it ended only the ranks,
+    and the run was a real "error" (exit 1, a failed check) for a program that never ran as written."""
+    for error in result.get("errors", []):
+        if error.get("type") == _USER_POLICY_ERROR:
+            raise UserPolicyError(str(error.get("message", "")))
+
+
 def installed_torch_version() -> str:
     try:
         from importlib.metadata import version
@@ -578,6 +593,7 @@ def run_scenario_real(
                     notes=notes + variant_notes(variant) + gpu_notes,
                 )
             )
+            raise_user_policy_error(results[-1])
     finally:
         if own:
             launcher.close()

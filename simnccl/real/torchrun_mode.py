@@ -25,6 +25,7 @@ from simnccl.real.launch import (
     inherited_note,
     installed_torch_version,
     lane_programs,
+    raise_user_policy_error,
     rank_gpu,
     run_document,
 )
@@ -205,4 +206,5 @@ def _torchrun_report(
     if out is not None:
         out(report)
     control.set("report", "1")
+    raise_user_policy_error(result)  # after the report: the other ranks wait for it
     return 0 if result["verdict"] == "pass" else 1
