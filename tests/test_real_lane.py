@@ -189,6 +189,59 @@ def test_a_user_policy_that_raises_on_the_real_ranks_is_bad_input(command: str, 
     ) in done.stderr, done.stderr
 
 
+def _three_variants() -> str:
+    """Two ranks that pass; variants quick, slow (a policy that sleeps 60 s) and never."""
+    return _TWO_RANKS.replace('name = "two-ranks"', 'name = "three-variants"') + (
+        '\n[[variants]]\nname = "quick"\n\n[[variants]]\nname = "slow"\npolicy = "user_policies:SleepsOnGroup"\n'
+        '\n[[variants]]\nname = "never"\n'
+    )
+
+
+@pytest.mark.parametrize("command", ["run", "compare"])
+def test_ctrl_c_after_a_variant_finished_reports_it_in_text_and_json(command: str, tmp_path: Path) -> None:
+    """Ctrl-C leaves a partial report: the real tier said "nothing had finished" and wrote no JSON after a
+    variant had finished. Now the text names what finished, what was stopped and what never started, and the
+    JSON holds the finished variant, marked ``interrupted`` and not ok; exit 130, no traceback."""
+    import signal as signals
+
+    scenario = tmp_path / "three.toml"
+    scenario.write_text(_three_variants())
+    report = tmp_path / "out.json"
+    mark = uuid.uuid4().hex
+    proc = subprocess.Popen(
+        [PYTHON, "-m", "simnccl.real", command, str(scenario), "--stall", "100", "--json", str(report)],
+        cwd=REPO,
+        env=dict(
+            os.environ, REAL_TEST_MARK=mark, PYTHONUNBUFFERED="1", PYTHONPATH=f"{REPO}{os.pathsep}{REPO / 'tests'}"
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        while not (line := proc.stdout.readline()).startswith("variant quick:"):
+            assert line, "the command ended before its first variant finished"
+        proc.send_signal(signals.SIGINT)  # the slow variant's policy sleeps 60 s: it is running now
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+        proc.wait(30)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "nothing had finished" not in err, err
+    assert f"finished  {scenario}  quick: " in err, err
+    assert f"stopped   {scenario}  slow: not finished" in err and f"skipped   {scenario}  never: not started" in err
+    document = json.loads(report.read_text())
+    (result,) = document["results"]
+    assert result["interrupted"] is True and result["not_finished"] == ["slow", "never"]
+    assert [v["name"] for v in result["variants"]] == ["quick"]
+    assert document["ok"] is False and result["ok"] is False, "an interrupted run never reads as passing"
+    deadline = time.monotonic() + 10
+    while marked_processes(mark) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert marked_processes(mark) == []
+
+
 def test_compute_the_settings_would_stop_as_a_hang_is_named_before_anything_runs() -> None:
     """A compute sleep as long as --stall, or a rank's sleeps adding up to --timeout, made the watcher kill a
     healthy run and report a hang (exit 1); the settings are at fault, not the program."""

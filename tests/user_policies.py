@@ -189,6 +189,21 @@ class NcclOnlyUnderTorch(BasePolicy):
         return decision
 
 
+SLEEPS_S = 60.0
+
+
+@dataclass(frozen=True)
+class SleepsOnGroup(BasePolicy):
+    """A slow policy (a lookup that takes its time): sleeps ``SLEEPS_S`` in ``on_group``, then passes the
+    decision; for tests that interrupt a command while a variant is still running."""
+
+    name: str = "sleeps-on-group"
+
+    def on_group(self, request: GroupRequest, decision: GroupDecision) -> GroupDecision:
+        time.sleep(SLEEPS_S)
+        return decision
+
+
 @dataclass(frozen=True)
 class ReturnsNothing(BasePolicy):
     """A policy with a bug: forgets to return the decision."""

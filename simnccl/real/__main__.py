@@ -171,6 +171,51 @@ def _merged(reports: list[dict[str, Any]], ok: bool) -> dict[str, Any]:
     return merged
 
 
+def _journal_running(scenario: Any, variant: str) -> None:
+    """Tell the command's journal (``simnccl.cli_guard``) which variant runs now: an error or a Ctrl-C names it."""
+    from simnccl.runner import current_journal
+
+    journal = current_journal()
+    if journal is not None:
+        journal.running = (scenario.source, variant)
+
+
+def _journal_finished(scenario: Any, variant: str, outcome: str) -> None:
+    """Tell the journal a variant finished: the report of an interrupted command lists it (it said "nothing had
+    finished", the real tier's variants being no simulator results)."""
+    from simnccl.runner import current_journal
+
+    journal = current_journal()
+    if journal is not None:
+        journal.lines.append(f"finished  {scenario.source}  {variant}: {outcome}")
+        journal.running = None
+
+
+def _finish_interrupted(out: Any, scenario: Any, lane: str, reports: list[dict[str, Any]]) -> None:
+    """Ctrl-C: the summary and the JSON document of what finished, marked ``interrupted`` (with the variants that
+    did not finish, each also a summary line that is not ok: an interrupted run never reads as passing), and the
+    journal's lines for the variant that was running and those never started. Why: the real tier wrote no JSON
+    and said "nothing had finished" after variants had run for minutes."""
+    from simnccl.runner import current_journal
+
+    finished = {v["name"] for report in reports for v in report["variants"]}
+    not_finished = [v.name for v in scenario.variants if v.name not in finished]
+    journal = current_journal()
+    for index, name in enumerate(not_finished):
+        out.add(SummaryLine(scenario.name, name, "interrupted", False, "not finished (Ctrl-C)"))
+        if journal is not None:
+            journal.lines.append(
+                f"stopped   {scenario.source}  {name}: not finished"
+                if index == 0
+                else f"skipped   {scenario.source}  {name}: not started"
+            )
+    if journal is not None:
+        journal.running = None  # said above, in order after what finished
+    merged = {"scenario": scenario.name, "source": scenario.source, "lane": lane, **_merged(reports, False)}
+    merged.update(interrupted=True, not_finished=not_finished)
+    out.finish([merged])
+
+
 def _real_figure(variant: dict[str, Any]) -> str:
     from simnccl.real.report import rank_outcomes
 
@@ -216,14 +261,16 @@ def _run(scenario: Any, settings: RunSettings, args: argparse.Namespace, out: An
 
         check_gpu_lane(len(scenario.programs))
     out.print(render_run_header({"scenario": scenario.name, "source": scenario.source, "lane": settings.lane}))
-    reports = []
+    reports: list[dict[str, Any]] = []
     launcher = Launcher()
     try:
         with out.progress(len(scenario.variants), "variants on real torch") as bar:
             for variant in scenario.variants:
+                _journal_running(scenario, variant.name)
                 report = run_scenario_real(scenario, settings, [variant.name], launcher=launcher)
                 reports.append(report)
                 (result,) = report["variants"]
+                _journal_finished(scenario, variant.name, result["verdict"])
                 bar.advance(variant.name)
                 out.print(render_run_variant(result))
                 out.add(
@@ -235,6 +282,9 @@ def _run(scenario: Any, settings: RunSettings, args: argparse.Namespace, out: An
                         _real_figure(result),
                     )
                 )
+    except KeyboardInterrupt:
+        _finish_interrupted(out, scenario, settings.lane, reports)
+        raise  # simnccl.cli_guard: exit 130, the journal's lines say what finished
     finally:
         launcher.close()
     ok = all(line.ok for line in out.summary)
@@ -249,11 +299,12 @@ def _compare(scenario: Any, settings: RunSettings, args: argparse.Namespace, out
         from simnccl.real.lanes import check_gpu_lane
 
         check_gpu_lane(len(scenario.programs))
-    reports = []
+    reports: list[dict[str, Any]] = []
     launcher = Launcher()
     try:
         with out.progress(len(scenario.variants), "variants compared") as bar:
             for variant in scenario.variants:
+                _journal_running(scenario, variant.name)
                 report = compare_scenario(
                     scenario, settings, variants=[variant.name], tolerance_pct=args.tolerance_pct, launcher=launcher
                 )
@@ -261,9 +312,14 @@ def _compare(scenario: Any, settings: RunSettings, args: argparse.Namespace, out
                     out.print(render_comparison_header(report))
                 reports.append(report)
                 (result,) = report["variants"]
+                line = _comparison_line(scenario.name, result)
+                _journal_finished(scenario, variant.name, f"{line.verdict} ({line.figure})")
                 bar.advance(variant.name)
                 out.print(render_comparison_variant(result))
-                out.add(_comparison_line(scenario.name, result))
+                out.add(line)
+    except KeyboardInterrupt:
+        _finish_interrupted(out, scenario, settings.lane, reports)
+        raise  # simnccl.cli_guard: exit 130, the journal's lines say what finished
     finally:
         launcher.close()
     ok = all(line.ok for line in out.summary)
