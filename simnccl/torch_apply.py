@@ -94,7 +94,7 @@ from simnccl.policy import (
     get_policy,
     reused_group_among,
 )
-from simnccl.profiles import find_profile
+from simnccl.profiles import Profile, find_profile, get_profile
 from simnccl.tags import check_traffic, current_tags
 
 __all__ = [
@@ -155,6 +155,8 @@ class Applied:
     policy: Policy
     release: str
     gpu: str | None = None  # simnccl GPU kind: its profile prices an eager group for cost-aware policies
+    # The profile that prices it (``install(profile=...)``, a calibrated one say); None: the kind's built-in one.
+    profile: Profile | None = None
     history: History = field(default_factory=History)
     decisions: list[AppliedCall] = field(default_factory=list)
     # env knob -> the value before this installation first set it (None: it was unset)
@@ -216,7 +218,8 @@ class Applied:
         key = (local, nccl_env(os.environ))
         known = self._pricers.get(key)
         if known is None:
-            pricer = Pricer(find_profile(self.gpu, self.release), lambda rank: rank // local)
+            profile = self.profile if self.profile is not None else find_profile(self.gpu, self.release)
+            pricer = Pricer(profile, lambda rank: rank // local)
             known = self._pricers[key] = (pricer, dict(key[1]))
         pricer, env = known
         return pricer.eager_group_bytes(tuple(ranks), env, options) / MIB
@@ -413,12 +416,23 @@ class Applied:
 # install / uninstall
 
 
-def install(policy: Policy | str, *, release: str | None = None, gpu: str | None = None) -> Applied:
+def install(
+    policy: Policy | str,
+    *,
+    release: str | None = None,
+    gpu: str | None = None,
+    profile: Profile | str | os.PathLike[str] | None = None,
+) -> Applied:
     """Route ``init_process_group``, ``new_group`` and ``split_group`` through ``policy`` in this process.
 
     ``release`` overrides the simnccl release key derived from ``torch.__version__``; ``gpu`` names the simnccl
-    GPU kind whose profile prices an eager group (``budget(X)``). Raises ``ApplyError`` when a policy is already
-    installed, or when no profile models ``gpu`` on this release.
+    GPU kind whose profile prices an eager group (``budget(X)``); ``profile`` (a ``Profile``, a built-in name or a
+    profile file, such as one ``simnccl real calibrate`` wrote) prices it instead of the kind's built-in profile,
+    and names the kind. Why ``profile``: a simulation run with a calibrated profile decides ``budget(X)`` by its
+    prices; production pricing by the built-in one could decide otherwise, so the run that was proven would not
+    be the run made. Raises ``ApplyError`` when a policy is already installed, when no profile models ``gpu`` on
+    this release, or when ``profile`` cannot be read, is for another kind than ``gpu``, or does not cover the
+    release.
     """
     global _INSTALLED
     if not dist.is_available():
@@ -431,12 +445,15 @@ def install(policy: Policy | str, *, release: str | None = None, gpu: str | None
                 f"policy {_INSTALLED.policy.name!r} is already installed in this process; uninstall it first "
                 f"(applied.uninstall()) before installing {resolved.name!r}"
             )
-        if gpu is not None:
+        pricing = None if profile is None else _pricing_profile(profile, gpu, key)
+        if pricing is not None:
+            gpu = pricing.gpu
+        elif gpu is not None:
             try:
                 find_profile(gpu, key)
             except ValueError as err:
                 raise ApplyError(f"apply(gpu={gpu!r}): {err}") from None
-        applied = Applied(policy=resolved, release=key, gpu=gpu)
+        applied = Applied(policy=resolved, release=key, gpu=gpu, profile=pricing)
         applied.wrappers = {name: _wrapper(applied, name) for name in PATCHED_FUNCTIONS}
         for name in PATCHED_FUNCTIONS:
             original = getattr(c10d, name)
@@ -451,6 +468,25 @@ def install(policy: Policy | str, *, release: str | None = None, gpu: str | None
     return applied
 
 
+def _pricing_profile(profile: Profile | str | os.PathLike[str], gpu: str | None, release: str) -> Profile:
+    """``install``'s ``profile``, read and checked as a scenario's ``[torch] profile`` is (ApplyError)."""
+    if isinstance(profile, Profile):
+        found = profile
+    else:
+        try:
+            found = get_profile(profile)
+        except ValueError as err:
+            raise ApplyError(f"apply(profile={os.fspath(profile)!r}): {err}") from None
+    if gpu is not None and found.gpu != gpu:
+        raise ApplyError(f"apply(gpu={gpu!r}, profile=...): profile {found.name!r} is for GPU {found.gpu!r}")
+    if release not in found.releases:
+        raise ApplyError(
+            f"apply(profile=...): profile {found.name!r} does not cover torch release {release!r} "
+            f"(it covers {', '.join(found.releases)})"
+        )
+    return found
+
+
 def uninstall(applied: Applied | None = None) -> None:
     """Uninstall ``applied`` (default: the installed one, if any). Idempotent."""
     target = applied if applied is not None else _INSTALLED
@@ -458,9 +494,15 @@ def uninstall(applied: Applied | None = None) -> None:
         target.uninstall()
 
 
-def apply(policy: Policy | str, *, release: str | None = None, gpu: str | None = None) -> Applied:
+def apply(
+    policy: Policy | str,
+    *,
+    release: str | None = None,
+    gpu: str | None = None,
+    profile: Profile | str | os.PathLike[str] | None = None,
+) -> Applied:
     """``install(policy)``, returned as a context manager that uninstalls on exit."""
-    return install(policy, release=release, gpu=gpu)
+    return install(policy, release=release, gpu=gpu, profile=profile)
 
 
 def current() -> Applied | None:

@@ -411,6 +411,35 @@ def test_the_gpu_lanes_ranks_price_budget_groups_as_the_simulation_does(
     assert [d["explanation"] for d in real["decisions"] if d["call"] == "new_group"] == expected
 
 
+def test_the_gpu_lanes_ranks_price_budget_groups_by_the_variants_calibrated_profile(
+    launcher: Launcher, write_scenario: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A variant run with a calibrated profile (here the built-in one with 300 MiB more per communicator, so
+    ``budget(400)`` goes lazy where the built-in prices would keep the group eager): the real ranks decide by that
+    profile, as the simulation does. Priced by the kind's built-in profile they decided otherwise."""
+    import simnccl.real.lanes as lanes
+    from simnccl.profiles import find_profile
+    from simnccl.real.compare import simulate
+    from simnccl.real.launch import run_scenario_real
+    from simnccl.scenario import load_scenario
+
+    builtin = Path(find_profile("h100-80gb", "2.15").path).read_text(encoding="utf-8")
+    calibrated = builtin.replace('name = "h100-80gb-extrapolated"', 'name = "calibrated"', 1)
+    calibrated = calibrated.replace("comm_fixed_mib = 0.5556", "comm_fixed_mib = 300.5556", 1)
+    assert calibrated.count("calibrated") == 1 and "300.5556" in calibrated
+    write_scenario(calibrated, "calibrated.toml")
+    text = _BUDGET_ON_A_GPU.replace('policy = "budget(100)"', 'policy = "budget(400)"').replace(
+        'release = "2.15"', 'release = "2.15"\nprofile = "calibrated.toml"'
+    )
+    monkeypatch.setattr(lanes, "visible_gpus", lambda: 1)
+    scenario = load_scenario(write_scenario(text))
+    (real,) = run_scenario_real(scenario, RunSettings.for_lane("gpu", timeout_s=60.0), launcher=launcher)["variants"]
+    sim = simulate(scenario, scenario.variants[0], "gpu")
+    expected = [d["explanation"] for d in sim["decisions"] if d["call"].startswith("new_group")]
+    assert expected and "would exceed 400 MiB: lazy_init" in expected[0], expected
+    assert [d["explanation"] for d in real["decisions"] if d["call"] == "new_group"] == expected
+
+
 # ---------------------------------------------------------------------------------------------- failing runs
 
 

@@ -432,6 +432,20 @@ def test_apply_gpu_prices_budget_groups_from_the_profile(solo: dict[str, Any]) -
     assert solo["budget_unpriced_mib"] is None
 
 
+def test_apply_profile_prices_budget_groups_from_that_profile(solo: dict[str, Any]) -> None:
+    """A calibrated profile prices what the simulation run with it priced: by the kind's built-in one, production
+    could decide ``budget(X)`` otherwise than the run that was proven."""
+    from simnccl.testing.invariants import eager_group_bytes
+
+    builtin_mib = eager_group_bytes("rtx3060-12gb", "2.15", {}) / 2**20
+    mib, gpu = solo["budget_profile_mib"]
+    assert mib == pytest.approx(builtin_mib + 100, abs=1e-3) and gpu == "rtx3060-12gb"
+    assert solo["budget_profile_file_mib"] == pytest.approx(builtin_mib, abs=1e-3)
+    assert "is for GPU 'rtx3060-12gb'" in solo["profile_other_gpu"]
+    assert "does not cover torch release '2.14'" in solo["profile_other_release"]
+    assert "/nonexistent/calibrated.toml" in solo["profile_missing_file"]
+
+
 def test_apply_prices_a_budget_group_by_its_layout_from_local_world_size(solo: dict[str, Any]) -> None:
     """Under real torch the layout ``budget(X)`` prices comes from LOCAL_WORLD_SIZE (what torchrun and
     ``simnccl.real`` set), the whole world on one node when unset: the same figures the simulator prices for

@@ -282,12 +282,13 @@ def compare_scenario(
     try:
         for variant in chosen:
             sim = simulate(scenario, variant, settings.lane, programs, launcher.inherited_env(variant.env))
-            gpu, gpu_notes = rank_gpu(variant, settings.lane)
+            gpu, profile, gpu_notes = rank_gpu(variant, settings.lane)
             real = launcher.run_programs(
                 programs,
                 settings,
                 policy=variant.policy,
                 gpu=gpu,
+                profile=profile,
                 env=variant.env,
                 set_launcher_env=scenario.launcher == "torchrun",
                 name=variant.name,

@@ -96,6 +96,9 @@ class RankSpec:
     # The simnccl GPU kind handed to ``apply(policy, gpu=...)`` (GPU lane): its profile prices an eager NCCL group
     # for ``budget(X)``, which without it cannot decide (PolicyError) where the simulation can.
     gpu: str | None = None
+    # The profile file that prices it (``apply(profile=...)``): the variant's own where it is not the kind's
+    # built-in one (a calibrated profile), so the real ranks decide as the simulation that was proven.
+    profile: str | None = None
     env: dict[str, str] = field(default_factory=dict)
     local_rank: int = 0
     local_world_size: int = 1
@@ -499,7 +502,7 @@ class Driver:
         op: Op | None = None
         try:
             policy = lane_policy(self.spec.policy, self.spec.lane)
-            with apply_policy(policy, gpu=self.spec.gpu) as applied:
+            with apply_policy(policy, gpu=self.spec.gpu, profile=self.spec.profile) as applied:
                 self.applied = applied
                 for index, op in enumerate(self.program.ops):
                     self.progress.write(self._start_record(index, op))

@@ -19,6 +19,7 @@ that passes the timeout (torchrun then stops the others), and rank 0 prints the 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import tempfile
@@ -290,6 +291,7 @@ class Launcher:
         *,
         policy: str = "torch-default",
         gpu: str | None = None,
+        profile: str | None = None,
         env: Mapping[str, str] | None = None,
         set_launcher_env: bool = True,
         name: str = "run",
@@ -300,7 +302,7 @@ class Launcher:
     ) -> dict[str, Any]:
         """Run one world (one rank per program) to a verdict; the Result-shaped dict of it.
 
-        ``gpu``: the simnccl GPU kind each rank hands ``apply(policy, gpu=...)`` (``rank_gpu``)."""
+        ``gpu``, ``profile``: the simnccl GPU kind and profile file each rank hands ``apply`` (``rank_gpu``)."""
         world = len(programs)
         if world > settings.max_ranks:  # a lane that cannot run here: exit 2 (it was an internal error, exit 70)
             raise LaneError(
@@ -338,6 +340,7 @@ class Launcher:
                 "lane": settings.lane,
                 "policy": policy,
                 "gpu": gpu,
+                "profile": profile,
                 "env": dict(env or {}),
                 "local_rank": rank,
                 "local_world_size": world,
@@ -539,28 +542,43 @@ def variant_notes(variant: Variant) -> list[str]:
     return []
 
 
-def rank_gpu(variant: Variant, lane: str) -> tuple[str | None, list[str]]:
-    """The GPU kind a lane's ranks hand ``apply(policy, gpu=...)``, and a note where they can be given none.
+def rank_gpu(variant: Variant, lane: str) -> tuple[str | None, str | None, list[str]]:
+    """The GPU kind and the profile file a lane's ranks hand ``apply(policy, gpu=..., profile=...)``, and a note
+    where they can be given none.
 
-    Why: ``budget(X)`` prices each eager NCCL group from the GPU kind's profile, as the simulation prices it from
-    the variant's; the GPU lane's ranks applied their policy without one, so ``budget(X)`` raised PolicyError at
-    the first eager group, a real "error" where the simulation passed. The CPU lane creates no NCCL group (the
-    policy's plans are rewritten to gloo): nothing to price there. ``apply`` prices from the built-in profile of
-    the kind for the installed torch; where there is none it would refuse every policy, so no kind is given and
-    the note says why ``budget(X)`` cannot decide."""
+    Why: ``budget(X)`` prices each eager NCCL group from a profile, as the simulation prices it from the variant's;
+    the GPU lane's ranks applied their policy without one, so ``budget(X)`` raised PolicyError at the first eager
+    group, a real "error" where the simulation passed. They get the variant's own profile (a calibrated one
+    too: priced by the kind's built-in one they could decide otherwise), as a file path, None where it is the
+    kind's built-in one for the installed torch. The CPU lane creates no NCCL group (the policy's plans are
+    rewritten to gloo): nothing to price there. Where no profile covers the installed torch ``apply`` would
+    refuse every policy, so nothing is given and the note says why ``budget(X)`` cannot decide."""
     if lane != "gpu":
-        return None, []
+        return None, None, []
     from simnccl.profiles import ProfileError, find_profile
 
-    kind = variant.profile.gpu
+    profile = variant.profile
+    kind = profile.gpu
     release = installed_release()
     if release is None:
-        return kind, []  # a torch simnccl does not model: apply() names it
+        return kind, None, []  # a torch simnccl does not model: apply() names it
     try:
-        find_profile(kind, release)
+        builtin = find_profile(kind, release)
     except ProfileError as err:
-        return None, [f"the real ranks cannot price an eager group for budget(X) (apply(gpu={kind!r})): {err}"]
-    return kind, []
+        builtin = None
+        problem = str(err)
+    if builtin is not None and builtin == profile:
+        return kind, None, []
+    if release in profile.releases and os.path.isfile(profile.path):
+        return kind, os.path.abspath(profile.path), []
+    if builtin is None:
+        return (
+            None,
+            None,
+            [f"the real ranks cannot price an eager group for budget(X) (apply(gpu={kind!r})): {problem}"],
+        )
+    note = f"profile {profile.name!r} does not cover the installed torch {release}: the real ranks price budget(X)"
+    return kind, None, [f"{note} by {builtin.name!r}"]
 
 
 def run_scenario_real(
@@ -577,13 +595,14 @@ def run_scenario_real(
     try:
         results = []
         for variant in chosen:
-            gpu, gpu_notes = rank_gpu(variant, settings.lane)
+            gpu, profile, gpu_notes = rank_gpu(variant, settings.lane)
             results.append(
                 launcher.run_programs(
                     programs,
                     settings,
                     policy=variant.policy,
                     gpu=gpu,
+                    profile=profile,
                     env=variant.env,
                     set_launcher_env=scenario.launcher == "torchrun",
                     name=variant.name,

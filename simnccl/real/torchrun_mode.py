@@ -65,7 +65,7 @@ def torchrun_main(
     note = inherited_note(inherited)
     if note:
         notes = [*notes, note]
-    gpu, gpu_notes = rank_gpu(variant, settings.lane)
+    gpu, profile, gpu_notes = rank_gpu(variant, settings.lane)
     notes = [*notes, *gpu_notes]
     started = time.time()
     base, _, _ = next(dist.rendezvous("env://", rank, world, timeout=datetime.timedelta(seconds=settings.timeout_s)))
@@ -77,6 +77,7 @@ def torchrun_main(
         lane=settings.lane,
         policy=variant.policy,
         gpu=gpu,
+        profile=profile,
         env=dict(variant.env),
         local_rank=local_rank,
         local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", world)),

@@ -387,6 +387,33 @@ def solo(workdir: str) -> dict[str, Any]:
         out["unknown_gpu"] = "no error"
     except ApplyError as err:
         out["unknown_gpu"] = str(err)
+    # profile= prices from that profile (a calibrated one: here the built-in with 100 MiB more per communicator),
+    # given as an object or a file, and names the kind; one for another kind or release is refused.
+    import dataclasses
+
+    from simnccl.profiles import find_profile
+
+    builtin = find_profile("rtx3060-12gb", "2.15")
+    calibrated = dataclasses.replace(
+        builtin,
+        name="calibrated",
+        releases=("2.15",),
+        comm=dataclasses.replace(builtin.comm, comm_fixed_mib=builtin.comm.comm_fixed_mib + 100),
+    )
+    with apply("budget(300)", profile=calibrated) as by_profile:
+        out["budget_profile_mib"] = [by_profile.eager_group_mib(), by_profile.gpu]
+    with apply("budget(300)", profile=builtin.path, gpu="rtx3060-12gb") as by_file:
+        out["budget_profile_file_mib"] = by_file.eager_group_mib()
+    for name, kwargs in (
+        ("profile_other_gpu", {"profile": calibrated, "gpu": "h100-80gb"}),
+        ("profile_other_release", {"profile": calibrated, "release": "2.14"}),
+        ("profile_missing_file", {"profile": "/nonexistent/calibrated.toml"}),
+    ):
+        try:
+            install("budget(300)", **kwargs)
+            out[name] = "no error"
+        except ApplyError as err:
+            out[name] = str(err)
     return out
 
 
