@@ -610,6 +610,51 @@ def test_a_test_run_alone_draws_what_it_drew_in_the_whole_suite(
     assert drawn[0] == drawn[1]
 
 
+_DRAWS_CASES = """\
+import json, os
+from hypothesis import given
+from simnccl.testing.strategies import cases
+
+@given(cases())
+def test_draws(case):
+    with open(os.environ["DRAWN"], "a", encoding="utf-8") as out:
+        out.write(json.dumps(case.to_json()) + "\\n")
+"""
+
+
+def test_a_hypothesis_seed_chooses_the_examples_of_the_ci_profile(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under the derandomized ``ci`` profile (loaded when the test module imports the strategies) hypothesis
+    ignored ``--hypothesis-seed``: a nightly job passing a new seed each night drew the same examples every
+    night. Now the same seed draws the same examples (also under xdist, and in a later session of the same
+    process), another seed other ones, and no seed the ci examples as before."""
+    pytester.makepyfile(test_draws=_DRAWS_CASES)
+    for name in CI_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv("SIMNCCL_HYPOTHESIS_PROFILE", raising=False)
+
+    def drawn(*args: str, in_process: bool = False) -> list[str]:
+        path = pytester.path / f"drawn-{len(list(pytester.path.glob('drawn-*')))}.jsonl"
+        monkeypatch.setenv("DRAWN", str(path))
+        if in_process:  # hypothesis keeps the profile and the forced seed in module globals
+            result = pytester.runpytest("-p", "no:cacheprovider", *args)
+        else:
+            result = run(pytester, "-p", "no:cacheprovider", *args)
+        result.assert_outcomes(passed=1)
+        return path.read_text(encoding="utf-8").splitlines()
+
+    ci = drawn()
+    seed_1 = drawn("--hypothesis-seed", "1")
+    assert len(ci) == len(seed_1) == 100
+    assert drawn() == ci
+    assert drawn("--hypothesis-seed", "1", "-n", "2") == seed_1
+    assert drawn("--hypothesis-seed", "2") != seed_1
+    assert seed_1 != ci
+    assert drawn("--hypothesis-seed", "1", in_process=True) == seed_1
+    assert drawn(in_process=True) == ci, "a seeded session left its seed behind in the process"
+
+
 def test_the_replay_reruns_a_failed_assertion_with_the_sessions_seed(pytester: pytest.Pytester) -> None:
     """A failure found under ``--simnccl-seed`` was re-run without it (other examples: "passes now")."""
     pytester.makepyfile(

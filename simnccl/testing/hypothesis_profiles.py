@@ -66,10 +66,39 @@ def untouched() -> bool:
 
 
 def load_profile(name: str | None = None) -> str:
-    """Load ``name`` (default: $SIMNCCL_HYPOTHESIS_PROFILE, else ``ci``); returns the registered name loaded."""
+    """Load ``name`` (default: $SIMNCCL_HYPOTHESIS_PROFILE, else ``ci``); returns the registered name loaded.
+
+    Under a forced seed the profile's :func:`seeded` child is loaded: importing the strategies loads ``ci`` at
+    collection, after the plugin applied the seed, and a derandomized ``ci`` would ignore it."""
     chosen = name or os.environ.get(PROFILE_ENV) or DEFAULT_PROFILE
     if chosen not in PROFILES:
         raise ValueError(f"{PROFILE_ENV}={chosen!r}: expected one of {', '.join(PROFILES)}")
-    registered = registered_name(chosen)
+    registered = seeded(registered_name(chosen))
     settings.load_profile(registered)
     return registered
+
+
+def forced_seed() -> object:
+    """The seed hypothesis is told to draw every test's examples from (``--hypothesis-seed``, or the plugin's
+    ``--simnccl-seed``), or None."""
+    from hypothesis import core
+
+    return getattr(core, "global_force_seed", None)
+
+
+def seeded(name: str) -> str:
+    """The registered profile to load for ``name`` in this process: ``name`` itself, or, while a seed is
+    forced and ``name`` is derandomized, a child of it with derandomization off (registered now).
+
+    Why: a derandomized test draws from a hash of its own source and ignores every seed, so a nightly job
+    passing ``--hypothesis-seed`` with a new seed each night under ``ci`` repeated the same examples. Off, the
+    forced seed chooses them: the same seed draws the same examples (in every xdist worker, and in the replay,
+    which passes the seed again), another seed other ones. Everything else (examples, deadline, health checks,
+    no database) is the parent's."""
+    seed = forced_seed()
+    parent = settings.get_profile(name)
+    if seed is None or not parent.derandomize:
+        return name
+    child = f"{name}-seed-{seed}"
+    settings.register_profile(child, parent=parent, derandomize=False)
+    return child

@@ -14,7 +14,8 @@ What it gives a suite:
   ``simnccl.testing.stable_examples``), ``dev`` (few), ``thorough`` (many),
   registered as ``simnccl-ci`` etc. (hypothesis has a ``ci`` of its own), chosen by
   ``SIMNCCL_HYPOTHESIS_PROFILE`` (default ``ci``) unless ``--hypothesis-profile`` names one;
-  ``--simnccl-seed N`` turns derandomization off and seeds every hypothesis test with ``N``;
+  ``--simnccl-seed N`` (or hypothesis' ``--hypothesis-seed N``) turns derandomization off and seeds every
+  hypothesis test with ``N``;
 * on a failing test that simulated something, the last simulated case (hypothesis replays the shrunk
   example last) as a Python snippet, dumped as JSON, with the one command that replays it;
 * a count of generated programs simulated, summed over xdist workers, printed at the end of the session;
@@ -43,13 +44,14 @@ try:  # hypothesis is a test extra: without it the plugin still gives fixtures, 
         PROFILES,
         load_profile,
         register_profiles,
+        seeded,
         untouched,
     )
     from simnccl.testing.stable_examples import freeze_local_constants
 except ImportError:  # pragma: no cover - exercised only in an environment without hypothesis
     settings = None  # type: ignore[assignment]
     PROFILE_ENV, PROFILES = "SIMNCCL_HYPOTHESIS_PROFILE", {}
-    load_profile = register_profiles = untouched = freeze_local_constants = None  # type: ignore[assignment]
+    load_profile = register_profiles = seeded = untouched = freeze_local_constants = None  # type: ignore[assignment]
 
 __all__ = ["PROFILES", "PROFILE_ENV", "is_registered", "load_profile", "register_profiles"]
 
@@ -131,6 +133,10 @@ def pytest_configure(config: pytest.Config) -> None:
         config.addinivalue_line("markers", f"{name}: {text}")
     if settings is None:
         return
+    from hypothesis import core
+
+    # As found, before this plugin or hypothesis' own changes them (pytest_unconfigure gives them back).
+    _state["restore"] = (settings.get_current_profile_name(), core.global_force_seed)
     # Registered always; loaded only when asked for, so a session that merely has simnccl installed keeps its
     # own hypothesis settings (importing simnccl.testing.strategies loads ``ci`` if nothing else was loaded).
     register_profiles()
@@ -157,22 +163,41 @@ def _forced_seed() -> object:
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
-    # After every pytest_configure, hypothesis' own included (it loads --hypothesis-profile there).
-    seed = _option(session.config, "simnccl_seed")
-    if seed is not None and settings is not None:
-        _seed_profile(seed)
-
-
-def _seed_profile(seed: int) -> None:
-    """``--simnccl-seed N`` changes the seed only: the profile the session would have run (simnccl's chosen
-    one while nobody chose another, else the chosen one) with derandomization off (a derandomized profile
-    ignores any seed) and hypothesis' forced seed set, as its own ``--hypothesis-seed`` does. Everything else
-    (examples, deadline, health checks) stays as it was."""
+    # After every pytest_configure, hypothesis' own included (it loads --hypothesis-profile and sets
+    # --hypothesis-seed there), and before collection builds the tests' settings.
+    if settings is None:
+        return
     from hypothesis import core
 
-    base = registered_name_for_session()
-    settings.register_profile(f"{base}-seed-{seed}", parent=settings.get_profile(base), derandomize=False)
-    settings.load_profile(f"{base}-seed-{seed}")
+    seed = _option(session.config, "simnccl_seed")
+    if seed is not None:
+        core.global_force_seed = seed
+        registered_name_for_session()  # simnccl's own flag: simnccl's profile unless another was chosen
+    _seed_profile()
+
+
+def _seed_profile() -> None:
+    """A forced seed (``--simnccl-seed N``, ``--hypothesis-seed N``) changes the seed only: the profile the
+    session runs with, with derandomization off where it was on (a derandomized profile ignores any seed:
+    ``hypothesis_profiles.seeded``). Everything else (examples, deadline, health checks) stays as it was. A
+    session whose profile nobody chose yet gets it when the strategies are imported (``load_profile`` seeds it
+    there): loading ``ci`` here would change the settings of a suite that never uses simnccl's strategies."""
+    if _forced_seed() is None or untouched():
+        return
+    settings.load_profile(seeded(settings.get_current_profile_name()))
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Give back the profile and forced seed the session found. Why: hypothesis keeps both in module globals,
+    so in one process (pytester's in-process runs, a tool calling ``pytest.main`` twice) a seeded session left
+    its seed behind, and the next session, given no seed, drew the seeded examples instead of the ci ones."""
+    restore = _state.pop("restore", None)
+    if restore is None or settings is None:
+        return
+    from hypothesis import core
+
+    profile, seed = restore
+    settings.load_profile(profile)
     core.global_force_seed = seed
 
 
