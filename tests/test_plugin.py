@@ -433,6 +433,54 @@ PROCESS_DEPENDENT = textwrap.dedent(
 )
 
 
+CHECKED_AFTER_A_BASELINE = textwrap.dedent(
+    """\
+    from simnccl.ops import AllReduce, InitProcessGroup, SetDevice
+    from simnccl.testing import invariants as inv
+    from simnccl.testing.replay import SimCase
+
+    START = (SetDevice(), InitProcessGroup(backend="nccl"))
+    HANGS = (START + (AllReduce(),), START)  # rank 1 never joins rank 0's all_reduce
+
+
+    def test_checked_after_a_baseline():
+        out = SimCase(programs=HANGS).run()
+        baseline = SimCase(programs=(START, START)).run()
+        assert baseline.verdict == "pass"
+        assert (v := inv.passes(out)), v.explanation
+
+
+    def test_own_assertion_after_an_expected_failure():
+        assert not inv.passes(SimCase(programs=HANGS).run())  # the test expects this one to fail
+        assert SimCase(programs=(START, START)).run().verdict == "hang"
+    """
+)
+
+
+def test_the_report_names_the_case_the_failed_check_judged(pytester: pytest.Pytester) -> None:
+    """The report and the case file held the last simulation of the test, not the failing one: a test that
+    simulated a passing baseline after the failing case printed the baseline, whose replay passes. A check
+    that failed as the test expected, before the test's own assertion failed on another case, is not it."""
+    pytester.makepyfile(test_baseline=CHECKED_AFTER_A_BASELINE)
+    result = run(pytester)
+    result.assert_outcomes(failed=2)
+    files = [
+        Path(x.split()[-1]) for x in result.outlines if x.startswith("# replay: python -m simnccl.testing.replay ")
+    ]
+    data = {json.loads(path.read_text())["failure"]["test"].split("::")[-1]: path for path in files}
+    hangs = (
+        (SetDevice(), InitProcessGroup(backend="nccl"), AllReduce()),
+        (SetDevice(), InitProcessGroup(backend="nccl")),
+    )
+    checked = data["test_checked_after_a_baseline"]
+    assert SimCase.load(checked).programs == hangs
+    assert [c["check"] for c in json.loads(checked.read_text())["failure"]["checks"]] == ["passes"]
+    assert replay.main([str(checked)]) == 1  # the recorded check fails again on the recorded case
+    own = data["test_own_assertion_after_an_expected_failure"]
+    assert SimCase.load(own).programs == (hangs[1], hangs[1])
+    assert json.loads(own.read_text())["failure"]["checks"] == []
+
+
 def test_a_replay_that_passes_a_different_simulation_is_not_a_pass(pytester: pytest.Pytester) -> None:
     """A policy that reads the process's state failed in the test and passes in the replay's fresh process. The
     replay said "the recorded check(s) pass now", exit 0: a failure that vanished. The trace hash the plugin

@@ -54,7 +54,7 @@ def _replayable(check: Callable[..., Verdict]) -> Callable[..., Verdict]:
         if not verdict:
             from simnccl.testing import replay
 
-            replay.note_failed_check(outcome, check.__name__, args, kwargs)
+            replay.note_failed_check(outcome, check.__name__, args, kwargs, verdict.explanation)
         return verdict
 
     return noted

@@ -16,8 +16,9 @@ What it gives a suite:
   ``SIMNCCL_HYPOTHESIS_PROFILE`` (default ``ci``) unless ``--hypothesis-profile`` names one;
   ``--simnccl-seed N`` (or hypothesis' ``--hypothesis-seed N``) turns derandomization off and seeds every
   hypothesis test with ``N``;
-* on a failing test that simulated something, the last simulated case (hypothesis replays the shrunk
-  example last) as a Python snippet, dumped as JSON, with the one command that replays it;
+* on a failing test that simulated something, the case its failed check judged (else the last simulated
+  case; hypothesis replays the shrunk example last) as a Python snippet, dumped as JSON, with the one
+  command that replays it;
 * a count of generated programs simulated, summed over xdist workers, printed at the end of the session;
   ``--simnccl-min-programs N`` fails the session when fewer were simulated (so "N programs" is checked).
 """
@@ -231,7 +232,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     # Nothing here may raise: an exception in this hook is an INTERNALERROR that, under xdist, loses the
     # failing test altogether (the session can even exit 0). Whatever goes wrong is written into the report.
     try:
-        title, text, command = _failure_section(item)
+        title, text, command = _failure_section(item, str(report.longrepr))
     except Exception as error:  # a bug in simnccl's reporting must never hide the user's failure
         title, text, command = "simnccl: could not report the failing case", f"{type(error).__name__}: {error}", None
     if title is None:
@@ -242,17 +243,20 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         item.user_properties.append(("simnccl_replay", command))
 
 
-def _failure_section(item: pytest.Item) -> tuple[str | None, str, str | None]:
-    """(section title, text, replay command) for a failed test that simulated a case; (None, "", None) else."""
-    case = replay.last_case()
+def _failure_section(item: pytest.Item, failure_text: str) -> tuple[str | None, str, str | None]:
+    """(section title, text, replay command) for a failed test that simulated a case; (None, "", None) else.
+    The case is the one the failed check judged (``replay.failing_case``), not merely the last one simulated."""
+    case, outcome, checks = replay.failing_case(failure_text)
     if case is None:
         return None, "", None
-    title = "simnccl: minimal failing case (the last one simulated; hypothesis replays the shrunk example last)"
-    outcome = replay.last_outcome()
+    title = (
+        "simnccl: minimal failing case (the one the failed check judged, else the last one simulated; "
+        "hypothesis replays the shrunk example last)"
+    )
     failure = {
         "test": item.nodeid,
         "rootdir": str(item.config.rootpath),
-        "checks": replay.failed_checks(),
+        "checks": checks,
         "profile_env": os.environ.get(PROFILE_ENV, ""),
         # the failing simulation, so a replay that passes can tell a fix from a case that is not deterministic
         "trace_hash": outcome.trace_hash if outcome is not None else None,

@@ -149,6 +149,7 @@ class SimCase:
                 limits=limits or CASE_LIMITS,
             )
         _LAST_OUTCOME[0] = outcome
+        _remember(outcome, self, chosen)
         return outcome
 
     # ------------------------------------------------------------------ serialisation
@@ -303,7 +304,15 @@ def share_identical(programs: Sequence[Sequence[Op]]) -> tuple[tuple[Op, ...], .
 COUNTS = {"programs": 0, "simulations": 0}
 _LAST: list[object] = [None, None]  # the last case simulated, and the policy it ran under
 _LAST_OUTCOME: list[RunOutcome | None] = [None]  # what that simulation returned
-_FAILED_CHECKS: list[dict[str, Any]] = []  # invariants that failed on the last case's outcome, in call order
+# This example's simulations, oldest first: (outcome, case, policy). A check is handed an outcome only, and a test
+# may simulate a baseline after the case it then checks; this tells which case an outcome came from. Bounded: a
+# stateful test simulates after every step of one example.
+_RECENT: list[tuple[RunOutcome, SimCase, object]] = []
+_RECENT_MAX = 64
+_JUDGED: list[tuple[RunOutcome, SimCase, object] | None] = [None]  # the simulation the failed checks judged
+_FAILED_CHECKS: list[dict[str, Any]] = []  # invariants that failed on _JUDGED's outcome, in call order
+_EXPLANATIONS: list[str] = []  # what those checks said (to find them in the test's failure)
+_EXAMPLE: list[object] = [None]  # the hypothesis example the records above belong to (None: a plain test)
 
 
 def generated(case: SimCase) -> SimCase:
@@ -320,10 +329,34 @@ def _count_simulation(case: SimCase, policy: object) -> None:
     COUNTS["simulations"] += 1
     if _LAST[0] is not case and getattr(case, "_generated", False):
         COUNTS["programs"] += 1
-    if _LAST[0] is not case or _LAST[1] is not policy:
-        _FAILED_CHECKS.clear()  # notes belong to the case they were made on
+    example = _current_example()
+    if example is not _EXAMPLE[0]:  # what an earlier example simulated and failed is not this example's failure
+        _forget_simulations()
+        _EXAMPLE[0] = example
     _LAST[0], _LAST[1] = case, policy
     _LAST_OUTCOME[0] = None
+
+
+def _current_example() -> object:
+    """The hypothesis example running now (its build context), or None outside one. Read through
+    ``sys.modules``: this module imports no hypothesis, and a process that never imported it runs no example."""
+    control = sys.modules.get("hypothesis.control")
+    current = getattr(control, "currently_in_test_context", None)
+    if current is None or not current():
+        return None
+    return control.current_build_context()  # type: ignore[union-attr]
+
+
+def _remember(outcome: RunOutcome, case: SimCase, policy: object) -> None:
+    _RECENT.append((outcome, case, policy))
+    del _RECENT[:-_RECENT_MAX]
+
+
+def _forget_simulations() -> None:
+    _RECENT.clear()
+    _JUDGED[0] = None
+    _FAILED_CHECKS.clear()
+    _EXPLANATIONS.clear()
 
 
 # Checkers whose failure can be re-checked from the case alone (one outcome, JSON arguments).
@@ -331,12 +364,22 @@ REPLAYABLE_CHECKS = ("passes", "names_culprit", "within_capacity", "within_budge
 _CASE_PROGRAMS = "$case.programs"
 
 
-def note_failed_check(outcome: RunOutcome, name: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
-    """Called by the invariant checkers when one fails: remember it if it judged the last case simulated."""
-    if outcome is not _LAST_OUTCOME[0] or name not in REPLAYABLE_CHECKS:
+def note_failed_check(
+    outcome: RunOutcome, name: str, args: Sequence[Any], kwargs: Mapping[str, Any], explanation: str = ""
+) -> None:
+    """Called by the invariant checkers when one fails: remember it, and the simulation it judged, if that is one
+    of this example's. Why not only the last one: a test that simulated a passing baseline after the failing
+    case reported, and wrote to the case file, the baseline, whose replay then passed."""
+    if name not in REPLAYABLE_CHECKS:
         return
-    case = _LAST[0]
-    programs = case.programs if isinstance(case, SimCase) else None
+    judged = next((r for r in reversed(_RECENT) if r[0] is outcome), None)
+    if judged is None:
+        return
+    if _JUDGED[0] is not judged:  # notes belong to the simulation they were made on
+        _FAILED_CHECKS.clear()
+        _EXPLANATIONS.clear()
+        _JUDGED[0] = judged
+    programs = judged[1].programs
 
     def plain(value: Any) -> Any:
         if programs is not None and _same_programs(value, programs):
@@ -351,6 +394,7 @@ def note_failed_check(outcome: RunOutcome, name: str, args: Sequence[Any], kwarg
     except (TypeError, ValueError):
         return  # arguments the replay could not rebuild: the test is re-run instead
     _FAILED_CHECKS.append(note)
+    _EXPLANATIONS.append(explanation)
 
 
 def _same_programs(value: Any, programs: tuple[tuple[Op, ...], ...]) -> bool:
@@ -363,8 +407,33 @@ def _same_programs(value: Any, programs: tuple[tuple[Op, ...], ...]) -> bool:
 
 
 def failed_checks() -> list[dict[str, Any]]:
-    """The invariant failures noted on the last case simulated (the plugin writes them to the case file)."""
+    """The invariant failures noted on the judged simulation (the plugin writes them to the case file)."""
     return [dict(n) for n in _FAILED_CHECKS]
+
+
+def failing_case(failure_text: str = "") -> tuple[SimCase | None, RunOutcome | None, list[dict[str, Any]]]:
+    """The case a failed test's report shows: (case with the policy it ran under, its outcome, the failed
+    checks to replay on it).
+
+    The simulation the noted failed checks judged, when it is the last one or when ``failure_text`` (the
+    test's failure as printed) quotes what one of those checks said; else the last case simulated, with no
+    check (the test's own assertion, which the replay re-runs). Why the quote: a test may check that a case
+    fails (``assert not passes(out)``) and then fail on its own assertion about another case."""
+    judged = _JUDGED[0]
+    if judged is not None and (judged[0] is _LAST_OUTCOME[0] or _quoted(_EXPLANATIONS, failure_text)):
+        outcome, case, policy = judged
+        return (case if policy == case.policy else case.with_(policy=policy)), outcome, failed_checks()
+    return last_case(), last_outcome(), []
+
+
+def _quoted(explanations: Sequence[str], text: str) -> bool:
+    """Whether ``text`` shows one of ``explanations``: as written (``assert v, v.explanation``), or inside a
+    repr (``assert passes(out)`` prints the verdict), whose middle pytest may cut: its first line's start."""
+    for explanation in explanations:
+        start = explanation.splitlines()[0][:60] if explanation else ""
+        if start and (start in text or repr(start)[1:-1] in text):
+            return True
+    return False
 
 
 def recheck(case: SimCase, outcome: RunOutcome, notes: Sequence[Mapping[str, Any]]) -> list[tuple[str, bool, str]]:
@@ -415,7 +484,8 @@ def plugin_registered() -> bool:
 def reset_last_case() -> None:
     _LAST[0] = _LAST[1] = None
     _LAST_OUTCOME[0] = None
-    _FAILED_CHECKS.clear()
+    _EXAMPLE[0] = None
+    _forget_simulations()
 
 
 # ---------------------------------------------------------------------- command line
