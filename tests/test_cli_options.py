@@ -457,3 +457,14 @@ def test_help_is_still_the_whole_usage(capsys: pytest.CaptureFixture[str], argv:
         main(argv)
     out, err = capsys.readouterr()
     assert exited.value.code == 0 and out.startswith("usage: simnccl") and "options:" in out and err == "", err
+
+
+def test_the_replays_usage_error_is_one_line_too(capsys: pytest.CaptureFixture[str]) -> None:
+    from simnccl.testing.replay import main as replay_main
+
+    with pytest.raises(SystemExit) as exited:
+        replay_main(["case.json", "--bogus"])
+    err = capsys.readouterr().err
+    prog = "python -m simnccl.testing.replay"
+    assert exited.value.code == EXIT_BAD_INPUT and err.startswith(f"{prog}: error: unrecognized arguments: --bogus")
+    assert err.count("\n") == 1 and "usage:" not in err, err

@@ -16,7 +16,6 @@ spec and dataclass fields (``simnccl.policy.describe_policy``) and the replay re
 from __future__ import annotations
 
 import _signal  # signal's C core: ``signal.signal`` wraps every handler it returns in an enum (see _alarm)
-import argparse
 import contextlib
 import json
 import signal
@@ -529,7 +528,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     Exit 0: the recorded check passes now (or, with ``--simulate-only``, the verdict is ``pass``); 1: it
     still fails; 2: the file cannot be read or its policy rebuilt.
     """
-    parser = argparse.ArgumentParser(
+    from simnccl.cli_options import UsageParser  # usage errors are one line, as every simnccl command's
+
+    parser = UsageParser(
         prog="python -m simnccl.testing.replay",
         description="Replay a simnccl case dumped by a failing test, and re-run the check that failed.",
     )
