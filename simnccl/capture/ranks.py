@@ -87,6 +87,7 @@ def _run_rank_compact(spec: _Spec, rank: int) -> RankCapture:
     """``_run_rank`` with the ops and calls as the recorder holds them (compact ``new_group`` entries, see
     ``_Recorder.record_new_group``): what a forked rank sends, for the parent to build once per distinct list."""
     recorder = _Recorder(rank, rank % spec.gpus_per_node, spec.checkpoints)
+    rank_pid = os.getpid()  # the rank; a process the captured code forks is not (see _exit_unless_the_rank)
     saved_env = dict(os.environ)
     saved_hook = sys.excepthook  # init_process_group installs a "[rankN]" excepthook; keep the process's own
     os.environ.update(spec.rank_env(rank))
@@ -99,12 +100,19 @@ def _run_rank_compact(spec: _Spec, rank: int) -> RankCapture:
                 dist.init_process_group(backend=spec.init_backend)
             state = None
             try:
-                state = spec.target()
-            except SystemExit as exit_:  # a script ending with sys.exit(0) finished normally
-                if exit_.code not in (None, 0):
-                    raise CaptureError(f"rank {rank}: the captured code exited with status {exit_.code}") from None
-            if spec.step is not None:
-                _run_step(spec.step, state, recorder)
+                try:
+                    state = spec.target()
+                except SystemExit as exit_:  # a script ending with sys.exit(0) finished normally
+                    if exit_.code not in (None, 0) and os.getpid() == rank_pid:
+                        raise CaptureError(f"rank {rank}: the captured code exited with status {exit_.code}") from None
+                    _exit_unless_the_rank(rank_pid, exit_)
+                _exit_unless_the_rank(rank_pid, None)  # before the step: a forked helper runs no step
+                if spec.step is not None:
+                    _run_step(spec.step, state, recorder)
+            except BaseException as err:
+                _exit_unless_the_rank(rank_pid, err)
+                raise
+            _exit_unless_the_rank(rank_pid, None)
             if spec.final_checkpoint is not None:
                 recorder.append(Checkpoint(spec.final_checkpoint))
             recorder.finish()
@@ -120,6 +128,35 @@ def _run_rank_compact(spec: _Spec, rank: int) -> RankCapture:
         os.environ.update(saved_env)
         sys.excepthook = saved_hook
     return RankCapture(rank, tuple(recorder.ops), tuple(recorder.calls), tuple(recorder.notes))
+
+
+def _exit_unless_the_rank(rank_pid: int, outcome: BaseException | None) -> None:
+    """End this process here, as Python would end it, unless it is the rank (pid ``rank_pid``) itself.
+
+    Why: captured code may ``os.fork()`` a helper (a data-loader worker, a checkpoint writer) that ends with
+    ``sys.exit(0)``, an exception, or by returning and running the rest of the script. Such a process is a copy
+    of the rank, recorder included: left to go on, it would finish the rank's run and report *its* calls as the
+    rank's result, hiding what the rank itself does next (a hang looked like a pass). It has nothing to report:
+    it exits with the status Python would give it (``SystemExit``'s code, 1 after an uncaught exception, 0
+    after returning), its output flushed, without running the step or the rank's cleanup, and what it recorded
+    (into its own copy of the recorder) is dropped with it.
+    """
+    if os.getpid() == rank_pid:
+        return
+    status = 0
+    if isinstance(outcome, SystemExit):
+        if isinstance(outcome.code, int):
+            status = outcome.code & 0xFF
+        elif outcome.code is not None:  # sys.exit("message"): printed, status 1
+            print(outcome.code, file=sys.stderr)
+            status = 1
+    elif outcome is not None:
+        traceback.print_exception(outcome)
+        status = 1
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(status)
 
 
 def _run_step(step: Callable[[Any], Any], state: Any, recorder: _Recorder) -> None:
@@ -181,8 +218,12 @@ def _kill_and_reap(pid: int) -> None:
 
 
 def _rank_child(spec: _Spec, rank: int, write_fd: int, log_path: str) -> NoReturn:  # pragma: no cover - a child
-    """The body of a forked rank: run ``rank``, write its framed result (``_frame``) to ``write_fd``, exit."""
+    """The body of a forked rank: run ``rank``, write its framed result (``_frame``) to ``write_fd``, exit.
+
+    Only this process, the rank, writes: a process the captured code forked ends in ``_run_rank_compact``
+    (``_exit_unless_the_rank``), and one that gets here all the same exits without a word (70: it should not)."""
     code = 0
+    rank_pid = os.getpid()
     try:
         _forked_child(log_path)
         rank_collector()
@@ -192,6 +233,9 @@ def _rank_child(spec: _Spec, rank: int, write_fd: int, log_path: str) -> NoRetur
             data = _frame(str(err))
         except BaseException as err:
             data = _frame(_describe_failure(rank, err))
+        if os.getpid() != rank_pid:
+            code = 70
+            return
         with os.fdopen(write_fd, "wb") as pipe:
             pipe.write(data)
     except BaseException:
@@ -200,15 +244,29 @@ def _rank_child(spec: _Spec, rank: int, write_fd: int, log_path: str) -> NoRetur
         os._exit(code)
 
 
+_HEAD = struct.Struct("<BBQ")  # a frame's head: ok, number of parts, the pid of the process that wrote it
+
+
 def _frame(result: RankCapture | str) -> bytes:
     """A rank's result as bytes: ops, calls and notes pickled apart (the parent shares equal parts), or the
-    failure message. Ops and calls may be compact (``_run_rank_compact``): ``_Results`` builds them."""
+    failure message. Ops and calls may be compact (``_run_rank_compact``): ``_Results`` builds them. The head
+    names the writer's pid, so the parent can tell the rank's frame from anything another process wrote."""
     if isinstance(result, str):
         parts = [result.encode("utf-8", "replace")]
     else:
         parts = [_pickled(part) for part in (result.ops, result.calls, result.notes)]
-    head = struct.pack("<BB", not isinstance(result, str), len(parts))
+    head = _HEAD.pack(not isinstance(result, str), len(parts), os.getpid())
     return head + b"".join(struct.pack("<Q", len(p)) for p in parts) + b"".join(parts)
+
+
+def _frame_size(data: bytes | bytearray) -> int | None:
+    """The length of the frame ``data`` starts with, once its head is complete (None before)."""
+    if len(data) < _HEAD.size:
+        return None
+    _, count, _ = _HEAD.unpack_from(data)
+    if len(data) < _HEAD.size + 8 * count:
+        return None
+    return _HEAD.size + 8 * count + sum(struct.unpack_from(f"<{count}Q", data, _HEAD.size))
 
 
 def _pickled(value: Any) -> bytes:
@@ -254,11 +312,20 @@ class _Results:
         self.ranks: dict[int, RankCapture] = {}
         self._parts: dict[bytes, Any] = {}  # digest of the pickled part -> the part, unpickled once
 
-    def add(self, rank: int, data: bytes) -> None:
-        """Merge ``rank``'s framed result; raises CaptureError with its failure message."""
-        ok, count = struct.unpack_from("<BB", data)
-        lengths = struct.unpack_from(f"<{count}Q", data, 2)
-        at, parts = 2 + 8 * count, []
+    def add(self, rank: int, data: bytes, pid: int | None = None) -> None:
+        """Merge ``rank``'s framed result; raises CaptureError with its failure message, or when ``data`` is
+        not one whole frame written by process ``pid`` (the rank's; None: any), which would mean that something
+        other than the rank answered for it (a process it forked): never dropped in silence, nor believed."""
+        size = _frame_size(data)
+        if size is None or size > len(data):
+            raise CaptureError(f"rank {rank}: its result ended after {len(data)} bytes, incomplete")
+        if size < len(data):
+            raise CaptureError(f"rank {rank}: more than one result came back for it (a process it forked wrote one)")
+        ok, count, writer = _HEAD.unpack_from(data)
+        if pid is not None and writer != pid:
+            raise CaptureError(f"rank {rank}: its result was written by process {writer}, not by the rank ({pid})")
+        lengths = struct.unpack_from(f"<{count}Q", data, _HEAD.size)
+        at, parts = _HEAD.size + 8 * count, []
         for length in lengths:
             parts.append(data[at : at + length])
             at += length
@@ -405,7 +472,7 @@ def _run_forked(spec: _Spec, jobs: int, log_dir: str, forks: Any = None) -> list
                 for fd in ready:
                     if fd not in running:  # stopped above, after a lower rank failed
                         continue
-                    rank, _, _, data, log = running[fd]
+                    rank, pid, _, data, log = running[fd]
                     chunk = os.read(fd, 1 << 20)
                     if chunk:
                         data.extend(chunk)
@@ -415,7 +482,7 @@ def _run_forked(spec: _Spec, jobs: int, log_dir: str, forks: Any = None) -> list
                         failed(rank, f"rank {rank}: the capture process died without a result{_log_tail(log)}")
                         continue
                     try:
-                        results.add(rank, bytes(data))
+                        results.add(rank, bytes(data), pid)
                     except CaptureError as err:
                         failed(rank, f"{err}{_log_tail(log)}")
                 now = time.monotonic()

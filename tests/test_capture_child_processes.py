@@ -1,0 +1,99 @@
+"""Processes the captured code starts itself: a forked helper, a background shell job, a subprocess.
+
+A rank is one process; whatever it starts is not the rank. A helper it forks must not answer for it (its calls
+are not the rank's, and its early exit is not the rank's end), and nothing it leaves running may hold the
+capture up or outlive it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from conftest import no_child_left_behind
+
+pytest.importorskip("torch")
+
+from simnccl import capture as cap
+from simnccl.capture.ranks import _frame, _Results
+from simnccl.ops import NewGroup
+
+pytestmark = pytest.mark.torch
+
+STARTUP = "import os, sys\nimport torch.distributed as dist\ndist.init_process_group('nccl')\nr = dist.get_rank()\n"
+
+# Ranks create two groups in an order that depends on their parity: on real GPUs, a hang.
+BRANCHING = (
+    "if r % 2 == 0:\n    a = dist.new_group([0, 1]); b = dist.new_group([2, 3])\n"
+    "else:\n    b = dist.new_group([2, 3]); a = dist.new_group([0, 1])\n"
+    "dist.barrier()\n"
+)
+
+
+def write(tmp_path: Path, name: str, body: str) -> Path:
+    path = tmp_path / name
+    path.write_text(STARTUP + body, encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize(
+    "helper",
+    [
+        "pid = os.fork()\nif pid == 0:\n    sys.exit(0)\nos.waitpid(pid, 0)\n",
+        "pid = os.fork()\nif pid == 0:\n    raise SystemExit\nos.waitpid(pid, 0)\n",
+        "pid = os.fork()\nif pid == 0:\n    os._exit(0)\nos.waitpid(pid, 0)\n",
+    ],
+    ids=["sys.exit(0)", "SystemExit", "os._exit"],
+)
+def test_a_forked_helper_that_exits_does_not_finish_the_rank(tmp_path: Path, helper: str, capsys) -> None:
+    """The helper's exit is not the rank's: the rank goes on to its hang, which --simulate reports (exit 1)."""
+    path = write(tmp_path, "forkexit.py", helper + BRANCHING)
+    with no_child_left_behind():
+        assert cap.main(["--world", "4", "--simulate", str(path)]) == 1
+    assert "hang" in capsys.readouterr().out
+
+
+def test_a_forked_helper_that_returns_runs_on_but_only_the_rank_is_recorded(tmp_path: Path) -> None:
+    body = (
+        "pid = os.fork()\nif pid == 0:\n    dist.new_group([0, 1], group_desc='from_child')\n"
+        "else:\n    os.waitpid(pid, 0)\n    dist.new_group([0, 1, 2, 3], group_desc='from_parent')\n"
+    )
+    path = write(tmp_path, "forkchild.py", body)
+    with no_child_left_behind():
+        run = cap.capture(cap.script_target(None, str(path), []), 4)
+    for program, calls in zip(run.programs, run.calls, strict=True):
+        assert [op.ranks for op in program.ops if isinstance(op, NewGroup)] == [(0, 1, 2, 3)]
+        assert [c.args["group_desc"] for c in calls if c.name == "new_group"] == ["from_parent"]
+
+
+def test_a_forked_helper_that_returns_in_inline_mode_ends_there(tmp_path: Path) -> None:
+    """Inline, the helper would otherwise return from capture() into the caller's own code."""
+    marker = tmp_path / "returned"
+    body = (
+        "pid = os.fork()\nif pid == 0:\n    dist.new_group([0], group_desc='from_child')\n"
+        "else:\n    os.waitpid(pid, 0)\n"
+    )
+    path = write(tmp_path, "inline.py", body)
+    pid = os.getpid()
+    try:
+        run = cap.capture(cap.script_target(None, str(path), []), 2, mode="inline")
+    finally:
+        if os.getpid() != pid:  # a helper got back here: say so, and end it before it runs pytest on
+            marker.write_text("yes")
+            os._exit(0)
+    assert not marker.exists()
+    assert [c.name for c in run.calls[0]] == ["init_process_group"]
+
+
+def test_a_result_not_written_by_the_rank_or_more_than_one_is_an_error_naming_the_rank() -> None:
+    results = _Results()
+    frame = _frame(cap.RankCapture(2, (), (), ()))
+    with pytest.raises(cap.CaptureError, match=r"rank 2: its result was written by process \d+, not by the rank"):
+        results.add(2, frame, os.getpid() + 1)
+    with pytest.raises(cap.CaptureError, match="rank 2: more than one result came back for it"):
+        results.add(2, frame + frame, os.getpid())
+    with pytest.raises(cap.CaptureError, match="rank 2: its result ended after 5 bytes, incomplete"):
+        results.add(2, frame[:5], os.getpid())
+    results.add(2, frame, os.getpid())
+    assert results.ranks[2].rank == 2
