@@ -201,6 +201,27 @@ def test_cli_no_preload_captures_the_same(tmp_path: Path, capsys: pytest.Capture
     assert "1 new_group" in served
 
 
+def test_a_served_rank_prints_and_its_output_goes_to_its_log(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """Each rank's output goes to its log, shown under a failing rank's error; a print must neither fail (the
+    fork server's stdout closing fd 1 under the rank) nor land in a file the rank opened."""
+    path = tmp_path / "prints.py"
+    other = tmp_path / "other.txt"
+    path.write_text(
+        "import sys\nimport torch.distributed as dist\ndist.init_process_group('nccl')\n"
+        f"f = open({str(other)!r}, 'w')\n"
+        "print('rank', dist.get_rank(), 'ready')\n"
+        "if len(sys.argv) > 1 and dist.get_rank() == 1:\n    sys.exit(3)\n",
+        encoding="utf-8",
+    )
+    assert cap.main(["--world", "2", str(path)]) == 0, capsys.readouterr().err
+    assert "captured 2 ranks" in capsys.readouterr().out
+    assert cap.main(["--world", "2", str(path), "fail"]) == 2
+    err = capsys.readouterr().err
+    assert "rank 1: the captured code exited with status 3" in err
+    assert "rank 1 ready" in err  # the log's tail, under the error
+    assert other.read_text() == ""
+
+
 # ---------------------------------------------------------------------------------------------- recording fast path
 
 

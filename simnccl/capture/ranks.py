@@ -199,13 +199,18 @@ def _forked_child(log_path: str) -> None:  # pragma: no cover - a child
     torch's intra-op work on this thread only. GNU OpenMP's thread pool does not survive ``fork``: once the
     parent has run one parallel op (any large tensor op), a child's next parallel op waits forever for threads
     it does not have, and the rank would be killed as hung. One thread per rank also suits ranks that already
-    share the machine's cores."""
+    share the machine's cores.
+
+    The new ``sys.stdout`` never closes fd 1 (``closefd=False``): a rank forked from the fork server replaces
+    the server's own wrapper, and that one, freed, would otherwise close fd 1 under the rank, whose next
+    ``open()`` then got fd 1 and whose every ``print`` failed (EBADF) or wrote into that file."""
     _set_pdeathsig()
     torch.set_num_threads(1)
     log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     os.dup2(log, 1)
     os.dup2(log, 2)
-    sys.stdout = io.TextIOWrapper(os.fdopen(1, "wb", buffering=0), write_through=True)
+    os.close(log)
+    sys.stdout = io.TextIOWrapper(os.fdopen(1, "wb", buffering=0, closefd=False), write_through=True)
     sys.stderr = sys.stdout
 
 
