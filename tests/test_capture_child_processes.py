@@ -7,7 +7,9 @@ capture up or outlive it.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -97,3 +99,27 @@ def test_a_result_not_written_by_the_rank_or_more_than_one_is_an_error_naming_th
         results.add(2, frame[:5], os.getpid())
     results.add(2, frame, os.getpid())
     assert results.ranks[2].rank == 2
+
+
+@pytest.mark.parametrize(
+    "leaves",
+    [
+        "os.system(f'sleep 60 & echo $! > {PIDS}.{r}')\n",
+        "pid = os.fork()\nif pid == 0:\n    import time\n    time.sleep(60)\n    os._exit(0)\n"
+        "open(f'{PIDS}.{r}', 'w').write(str(pid))\n",
+    ],
+    ids=["background-job", "forked-worker"],
+)
+def test_a_rank_that_leaves_a_process_running_is_not_reported_as_hung(tmp_path: Path, leaves: str) -> None:
+    """The process left behind holds the result pipe (inherited by the job's shell; copied into the worker):
+    the rank's whole result is its end, not the pipe's end of input."""
+    pids = tmp_path / "pid"
+    path = write(tmp_path, "leaves.py", f"PIDS = {str(pids)!r}\n" + leaves + "dist.new_group([0, 1])\n")
+    try:
+        with no_child_left_behind():
+            run = cap.capture(cap.script_target(None, str(path), []), 2, timeout_s=20)
+    finally:
+        for left in tmp_path.glob("pid.*"):  # what the ranks left running (the capture may not end it itself)
+            with contextlib.suppress(ProcessLookupError, ValueError):
+                os.kill(int(left.read_text()), signal.SIGKILL)
+    assert [sum(isinstance(op, NewGroup) for op in p.ops) for p in run.programs] == [1, 1]

@@ -160,6 +160,8 @@ def _serve(spec: _Spec, target: ScriptTarget, sock: socket.socket, log_path: str
         prepare_to_fork(spec.world_size)  # huge pages: every fork copies ~1/512 of the page table entries
         while True:
             data, fds, _, _ = socket.recv_fds(sock, MESSAGE_BYTES, 1)
+            for fd in fds:  # received fds are inheritable: a rank's program (os.system) would keep the pipe open
+                os.set_inheritable(fd, False)
             if not data:
                 return
             request = pickle.loads(data)

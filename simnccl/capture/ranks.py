@@ -230,6 +230,7 @@ def _rank_child(spec: _Spec, rank: int, write_fd: int, log_path: str) -> NoRetur
     code = 0
     rank_pid = os.getpid()
     try:
+        os.set_inheritable(write_fd, False)  # a program the captured code runs (os.system, Popen) never gets it
         _forked_child(log_path)
         rank_collector()
         try:
@@ -450,8 +451,11 @@ def _run_forked(spec: _Spec, jobs: int, log_dir: str, forks: Any = None) -> list
         forks.release(running.pop(fd)[1])
 
     def done(fd: int) -> None:
-        """A rank closed its result pipe: it is exiting. It is reaped after the next ranks are started, so that
-        the wait for its exit (its memory unmapped) does not hold up the next fork."""
+        """A rank sent its whole result, or closed its result pipe: it is exiting. It is reaped after the next
+        ranks are started, so that the wait for its exit (its memory unmapped) does not hold up the next fork.
+
+        Why not wait for end of input once the frame is in: a process the captured code forked and left running
+        (a worker, a background job) holds the pipe's write end too, and the rank would be reported as hung."""
         os.close(fd)
         finished.append(running.pop(fd)[1])
 
@@ -481,8 +485,10 @@ def _run_forked(spec: _Spec, jobs: int, log_dir: str, forks: Any = None) -> list
                     chunk = os.read(fd, 1 << 20)
                     if chunk:
                         data.extend(chunk)
-                        continue
-                    done(fd)
+                        size = _frame_size(data)
+                        if size is None or len(data) < size:
+                            continue
+                    done(fd)  # at end of input, or once the whole frame is in (see done)
                     if not data:
                         failed(rank, f"rank {rank}: the capture process died without a result{_log_tail(log)}")
                         continue
