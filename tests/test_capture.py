@@ -533,6 +533,22 @@ def test_simnccl_cli_forwards_capture(capsys: pytest.CaptureFixture) -> None:
     assert "captured 2 ranks" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("entry", [["simnccl", "capture"], ["simnccl.capture"]], ids=["simnccl", "simnccl.capture"])
+def test_both_entry_points_exit_2_naming_an_unwritable_toml(entry: list[str], tmp_path: Path) -> None:
+    """``python -m simnccl.capture`` is guarded as ``simnccl capture`` is: not a traceback and exit 1 (a check
+    that failed)."""
+    script = tmp_path / "plain.py"
+    script.write_text("import torch.distributed as dist\ndist.init_process_group('nccl')\n", encoding="utf-8")
+    toml = tmp_path / "missing" / "x.toml"
+    command = [sys.executable, "-m", *entry, "--world", "2", "--toml", str(toml), str(script)]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert (
+        proc.stderr.strip().splitlines()[-1] == f"error: --toml: cannot write {str(toml)!r}: No such file or directory"
+    )
+
+
 def test_a_nonzero_exit_status_is_a_failure() -> None:
     def exits() -> None:
         dist.init_process_group("nccl")

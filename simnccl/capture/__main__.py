@@ -1,4 +1,4 @@
-"""``python -m simnccl.capture``: the same command as ``simnccl capture``."""
+"""``python -m simnccl.capture``: the same command as ``simnccl capture``, with its exit codes (``api.main``)."""
 
 import sys
 

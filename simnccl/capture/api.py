@@ -236,7 +236,10 @@ def _shared_calls(per_rank: Sequence[tuple[Call, ...]]) -> tuple[tuple[Call, ...
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m simnccl.capture``: the same command as ``simnccl capture`` (``simnccl.capture_cli``)."""
+    """``python -m simnccl.capture``: the same command as ``simnccl capture`` (``simnccl.capture_cli``), under
+    the same guard (``simnccl.cli_guard``): a crash exits 70 and an unwritable output 2, never 1 (a failed
+    check) with a traceback, and Ctrl-C exits 130 with what finished."""
     from simnccl.capture_cli import main as cli_main
+    from simnccl.cli_guard import guarded
 
-    return cli_main(argv)
+    return guarded(cli_main, command=("capture",))(argv)
