@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -101,25 +102,54 @@ def test_a_result_not_written_by_the_rank_or_more_than_one_is_an_error_naming_th
     assert results.ranks[2].rank == 2
 
 
-@pytest.mark.parametrize(
-    "leaves",
-    [
-        "os.system(f'sleep 60 & echo $! > {PIDS}.{r}')\n",
-        "pid = os.fork()\nif pid == 0:\n    import time\n    time.sleep(60)\n    os._exit(0)\n"
-        "open(f'{PIDS}.{r}', 'w').write(str(pid))\n",
-    ],
-    ids=["background-job", "forked-worker"],
-)
-def test_a_rank_that_leaves_a_process_running_is_not_reported_as_hung(tmp_path: Path, leaves: str) -> None:
-    """The process left behind holds the result pipe (inherited by the job's shell; copied into the worker):
-    the rank's whole result is its end, not the pipe's end of input."""
+# Code that leaves a process running after the rank ends, writing its pid to f"{PIDS}.{r}".
+LEAVES = {
+    "background-job": "os.system(f'sleep 60 & echo $! > {PIDS}.{r}')\n",
+    "subprocess": "import subprocess\nopen(f'{PIDS}.{r}', 'w').write(str(subprocess.Popen(['sleep', '60']).pid))\n",
+    "forked-worker": "pid = os.fork()\nif pid == 0:\n    import time\n    time.sleep(60)\n    os._exit(0)\n"
+    "open(f'{PIDS}.{r}', 'w').write(str(pid))\n",
+}
+
+
+def capture_leaving(tmp_path: Path, leaves: str) -> tuple[cap.CapturedRun, list[int]]:
+    """Capture a 2-rank script that runs ``leaves``: the run, and the pids it left (killed here if still
+    running, so that a failing test leaves nothing behind either)."""
     pids = tmp_path / "pid"
     path = write(tmp_path, "leaves.py", f"PIDS = {str(pids)!r}\n" + leaves + "dist.new_group([0, 1])\n")
     try:
         with no_child_left_behind():
             run = cap.capture(cap.script_target(None, str(path), []), 2, timeout_s=20)
+        left = [int(p.read_text()) for p in sorted(tmp_path.glob("pid.*"))]
+        alive = [pid for pid in left if _running(pid)]
     finally:
-        for left in tmp_path.glob("pid.*"):  # what the ranks left running (the capture may not end it itself)
+        for file in tmp_path.glob("pid.*"):
             with contextlib.suppress(ProcessLookupError, ValueError):
-                os.kill(int(left.read_text()), signal.SIGKILL)
+                os.kill(int(file.read_text()), signal.SIGKILL)
+    return run, alive
+
+
+@pytest.mark.parametrize("leaves", ["background-job", "forked-worker"])
+def test_a_rank_that_leaves_a_process_running_is_not_reported_as_hung(tmp_path: Path, leaves: str) -> None:
+    """The process left behind holds the result pipe (inherited by the job's shell; copied into the worker):
+    the rank's whole result is its end, not the pipe's end of input."""
+    run, _ = capture_leaving(tmp_path, LEAVES[leaves])
     assert [sum(isinstance(op, NewGroup) for op in p.ops) for p in run.programs] == [1, 1]
+
+
+@pytest.mark.parametrize("leaves", list(LEAVES))
+def test_what_a_rank_leaves_running_does_not_outlive_the_capture(tmp_path: Path, leaves: str) -> None:
+    _, alive = capture_leaving(tmp_path, LEAVES[leaves])
+    assert alive == []
+
+
+def _running(pid: int) -> bool:
+    """Running after a moment's grace for a SIGKILL sent just before to land (a zombie is not running)."""
+    for _ in range(100):
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            return False
+        if state == "Z":
+            return False
+        time.sleep(0.05)
+    return True

@@ -28,7 +28,16 @@ from typing import Any, NoReturn
 
 from simnccl.capture.environment import _installed
 from simnccl.capture.heap import prepare_to_fork
-from simnccl.capture.ranks import _DirectForks, _forked_child, _kill_and_reap, _log_tail, _rank_child, _Spec, _warm_up
+from simnccl.capture.ranks import (
+    _DirectForks,
+    _forked_child,
+    _kill_and_reap,
+    _log_tail,
+    _own_group,
+    _rank_child,
+    _Spec,
+    _warm_up,
+)
 from simnccl.capture.recorder import _Recorder, built_calls
 from simnccl.capture.result import CaptureError
 from simnccl.capture.script import RANK_VARIABLES, PreloadRefused, ScriptTarget
@@ -173,6 +182,7 @@ def _serve(spec: _Spec, target: ScriptTarget, sock: socket.socket, log_path: str
                     signal.signal(signal.SIGINT, signal.default_int_handler)
                     signal.signal(signal.SIGTERM, signal.SIG_DFL)
                     _rank_child(spec, rank, fds[0], rank_log)
+                _own_group(pid)
                 os.close(fds[0])
                 children.add(pid)
                 sock.send(pickle.dumps(("forked", pid)))

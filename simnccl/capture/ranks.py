@@ -214,8 +214,27 @@ def _forked_child(log_path: str) -> None:  # pragma: no cover - a child
     sys.stderr = sys.stdout
 
 
+def _own_group(pid: int) -> None:
+    """Make rank ``pid`` the leader of a process group of its own (0: this process), inherited by whatever the
+    captured code starts (a background job, a subprocess, a forked worker), so ``_kill_and_reap`` ends it all.
+
+    Called by the rank and by the process that forked it, so the group exists before either goes on (whichever
+    comes second finds it done, or the rank gone: nothing to do).
+    """
+    with contextlib.suppress(OSError):
+        os.setpgid(pid, 0)
+
+
 def _kill_and_reap(pid: int) -> None:
-    """SIGKILL ``pid``, a child of this process, if it still runs, and reap it."""
+    """SIGKILL ``pid``, a rank forked by this process, with everything still in its process group
+    (``_own_group``), and reap it.
+
+    Why the group: only the rank dies with its parent (``PR_SET_PDEATHSIG``); a process the captured code
+    started (``subprocess.Popen(["sleep", "1000"])``) would be reparented and outlive the capture. One that
+    left the group itself (``setsid``, ``start_new_session=True``) is out of reach, as it would be of torchrun.
+    """
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL)
     with contextlib.suppress(ChildProcessError):
@@ -230,6 +249,7 @@ def _rank_child(spec: _Spec, rank: int, write_fd: int, log_path: str) -> NoRetur
     code = 0
     rank_pid = os.getpid()
     try:
+        _own_group(0)
         os.set_inheritable(write_fd, False)  # a program the captured code runs (os.system, Popen) never gets it
         _forked_child(log_path)
         rank_collector()
@@ -366,6 +386,7 @@ class _DirectForks:
         if pid == 0:  # pragma: no cover - the child's coverage is not collected
             os.close(read_fd)
             _rank_child(self.spec, rank, write_fd, log_path)
+        _own_group(pid)
         os.close(write_fd)
         return pid, read_fd
 
