@@ -117,6 +117,28 @@ def test_a_module_reading_rank_at_import_is_imported_by_every_rank(script) -> No
     assert [p.ops for p in run.programs] == [p.ops for p in plain.programs]
 
 
+@pytest.mark.parametrize("copies", ["dict(os.environ)", "os.environ.copy()", "{k: v for k, v in os.environ.items()}"])
+def test_a_module_keeping_a_copy_of_the_environment_is_imported_by_every_rank(script, copies: str) -> None:
+    """The preload's copy lacks RANK: every rank would read the same default from it, where each rank importing
+    the module itself reads its own (here: one group per rank, not one for all)."""
+    keeps_copy = COUNTED + f'ENV = {copies}\nRANK_AT_IMPORT = int(ENV.get("RANK", "-1"))\n'
+    path, count = script("envcopy", keeps_copy)
+    path.write_text(path.read_text() + "dist.new_group([max(counted_envcopy.RANK_AT_IMPORT, 0)], group_desc='env')\n")
+    run = cap.capture(cap.script_target(None, str(path), []), 2)
+    (note,) = run.notes
+    assert "importing 'counted_envcopy' kept a copy of the environment (counted_envcopy.ENV)" in note
+    assert [[op.ranks for op in p.ops if isinstance(op, NewGroup)][-1] for p in run.programs] == [(0,), (1,)]
+    assert importers(count) == 1 + 2
+
+
+def test_a_module_scanning_the_environment_for_its_prefix_is_still_preloaded(script) -> None:
+    scans = COUNTED + 'MINE = {k: v for k, v in os.environ.items() if k.startswith("MINE_")}\n'
+    path, count = script("envscan", scans)
+    run = cap.capture(cap.script_target(None, str(path), []), 2)
+    assert run.notes == ()
+    assert importers(count) == 1
+
+
 def test_only_the_leading_imports_are_preloaded(tmp_path: Path) -> None:
     path = tmp_path / "lead.py"
     path.write_text(

@@ -18,10 +18,14 @@ itself, as before. An import after the script's own first statement (say, after 
 inside a function is not preloaded: the rank imports it, in order. Imports that fail are left to the rank, which
 then reports the error itself.
 
-Limits: a module that copies the whole environment at import gets it without the per-rank variables (walks are not
-refused: libraries scan the environment for their own prefixes); environment reads below Python (``getenv`` in a C
-extension at load time) are not seen; a script whose imports depend on such reads can be captured with preloading
-off (``script_target(..., preload=False)``, ``simnccl capture --no-preload``).
+A module that keeps a copy of the whole environment at import (``ENV = dict(os.environ)``, a module-level mapping
+holding every variable) is refused too: its copy lacks the per-rank variables, so a later ``ENV.get("RANK")`` would
+give every rank the same answer. Walks that keep no such copy are not refused (libraries scan the environment for
+their own prefixes).
+
+Limits: a copy kept deeper than a module global (in an object's attribute) is not seen; environment reads below
+Python (``getenv`` in a C extension at load time) are not seen; a script whose imports depend on such reads can be
+captured with preloading off (``script_target(..., preload=False)``, ``simnccl capture --no-preload``).
 """
 
 from __future__ import annotations
@@ -104,8 +108,9 @@ class ScriptTarget:
         saved_argv = sys.argv[:]
         sys.argv = [self.module or self.path or "", *self.argv]
         try:
-            with _watched_environment(environment) as reads:
+            with _watched_environment(environment) as (reads, walks):
                 for name in wanted:
+                    before = set(sys.modules)
                     with contextlib.suppress(Exception):  # the rank imports it again and reports the error
                         if _import(name):
                             self.imported.append(name)
@@ -113,6 +118,14 @@ class ScriptTarget:
                         raise PreloadRefused(
                             f"importing {name!r} read {', '.join(sorted(reads))} from the environment, which differs "
                             "per rank: every rank imports the script's modules itself"
+                        )
+                    copy = _environment_copy(set(sys.modules) - before, environment) if walks else None
+                    walks.clear()
+                    if copy is not None:
+                        raise PreloadRefused(
+                            f"importing {name!r} kept a copy of the environment ({copy}), made without "
+                            f"{'/'.join(RANK_VARIABLES)}, which differ per rank: every rank imports the script's "
+                            "modules itself"
                         )
         finally:
             sys.argv = saved_argv
@@ -197,30 +210,56 @@ def _inert_def(statement: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
 
 class _WatchedEnviron(os._Environ):  # type: ignore[misc,name-defined]
     """``os.environ`` over the same storage, noting reads of the per-rank variables by name (``[]``, ``get``,
-    ``in``, ``os.getenv``). Walks over the whole environment are not refused: libraries scan it for their own
-    prefixes at import (networkx does, under Megatron-Core), and the per-rank variables are absent then."""
+    ``in``, ``os.getenv``) and walks over the whole of it (``walks``: ``dict(os.environ)``, ``.copy()``,
+    ``.items()``). A walk alone is not refused: libraries scan the environment for their own prefixes at import
+    (networkx does, under Megatron-Core), and the per-rank variables are absent then; only a walk that left a
+    copy of the whole environment in a module is (``_environment_copy``)."""
 
-    def __init__(self, base: Any, reads: set[str]) -> None:
+    def __init__(self, base: Any, reads: set[str], walks: list[bool]) -> None:
         super().__init__(base._data, base.encodekey, base.decodekey, base.encodevalue, base.decodevalue)
         self._reads = reads
+        self._walks = walks
 
     def __getitem__(self, key: str) -> str:
         if key in RANK_VARIABLES:
             self._reads.add(key)
         return super().__getitem__(key)
 
+    def __iter__(self) -> Iterator[str]:
+        self._walks.append(True)
+        return super().__iter__()
+
+
+def _environment_copy(modules: set[str], environment: Mapping[str, str]) -> str | None:
+    """``module.NAME`` of a module-level mapping among ``modules`` holding every variable of ``environment``:
+    a copy (``ENV = dict(os.environ)``) whose later ``ENV.get("RANK")`` would find no rank in any rank, where
+    each rank importing it itself finds its own. Copies kept deeper (in an object) are not seen."""
+    if not environment:
+        return None
+    for module_name in sorted(modules):
+        namespace = getattr(sys.modules.get(module_name), "__dict__", None)
+        for name, value in (namespace or {}).items():
+            if not isinstance(value, Mapping) or isinstance(value, os._Environ):  # os.environ itself is live
+                continue
+            with contextlib.suppress(Exception):  # a mapping of the module's own that does not like being read
+                if len(value) >= len(environment) and all(key in value for key in environment):
+                    return f"{module_name}.{name}"
+    return None
+
 
 @contextlib.contextmanager
-def _watched_environment(environment: Mapping[str, str]) -> Iterator[set[str]]:
-    """``os.environ`` replaced by ``environment`` (watched) for the block; the process's own restored after."""
+def _watched_environment(environment: Mapping[str, str]) -> Iterator[tuple[set[str], list[bool]]]:
+    """``os.environ`` replaced by ``environment`` (watched) for the block; the process's own restored after.
+    Yields the per-rank variables read by name, and the walks (one entry each; cleared by the caller)."""
     reads: set[str] = set()
+    walks: list[bool] = []
     original = os.environ
     saved = dict(original)
     original.clear()
     original.update(environment)
-    os.environ = _WatchedEnviron(original, reads)  # noqa: B003 - same storage, only reads are watched
+    os.environ = _WatchedEnviron(original, reads, walks)  # noqa: B003 - same storage, only reads are watched
     try:
-        yield reads
+        yield reads, walks
     finally:
         os.environ = original  # noqa: B003 - the original object back
         original.clear()
