@@ -234,3 +234,28 @@ def test_legacy_ends_a_merely_stalled_rank_one_heartbeat_after_the_dump_signal()
 def test_nccl2_leaves_a_stalled_rank_alone() -> None:
     out = run()
     assert [e["rank"] for e in out.errors] == [0] and out.ranks[1].status == "blocked"
+
+
+# ---------------------------------------------------------------------------------------------- short timeouts
+
+
+def _late_peer(backend: str, timeout_s: float, late_s: float) -> list[list]:
+    """Rank 1 comes ``late_s`` late to an all_reduce on a group with timeout ``timeout_s``, made mid-run."""
+    head = [
+        SetDevice(),
+        InitProcessGroup(backend="gloo"),
+        NewGroup((0, 1), backend=backend, bind="a", timeout_s=timeout_s),
+    ]
+    return [[*head, AllReduce(group="a")], [*head, Compute(seconds=late_s), AllReduce(group="a")]]
+
+
+@pytest.mark.parametrize("backend", ["nccl", "gloo"])
+def test_a_timeout_shorter_than_the_default_fires_on_a_wait_that_would_end_later(backend: str) -> None:
+    """Regression: the run stepped by the shortest timeout known when the step began (600 s), so a 1 s timeout of
+    a group made inside that step never fired on a wait that started and ended within it: rank 1 coming 5 s late
+    passed, where real torch (gloo: "Timed out waiting 1000ms") fails rank 0 at 1 s."""
+    out = simulate(_late_peer(backend, 1.0, 5.0), gpus_per_node=2)
+    assert out.verdict == "hang", out.verdict
+    (hang,) = [h for h in out.hangs if h["rank"] == 0]
+    assert hang["timeout_s"] == pytest.approx(1.0) and hang["since_s"] < 1.0, hang
+    assert simulate(_late_peer(backend, 10.0, 5.0), gpus_per_node=2).verdict == "pass"

@@ -87,8 +87,15 @@ class Watchdogs:
                 env.timeout(step_end - env.now)
                 step_end = max(step_end, env.peek())
             step = env.step
+            shortest = self.min_timeout_s
             while env.peek() <= step_end:
                 step()
+                if self.min_timeout_s < shortest:
+                    # A group with a shorter timeout was made inside this step: a wait on it starts no earlier
+                    # than now, so the step must end by now + its timeout, or a wait that starts and ends
+                    # inside the step would never be checked (a 1 s timeout under a 5 s late peer passed).
+                    shortest = self.min_timeout_s
+                    step_end = max(min(step_end, env.now + shortest), env.now)
 
     def _due_timeouts(self) -> list[tuple[float, RankRuntime, TimeoutAction]]:
         due = []
