@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import assume, given
+from hypothesis import strategies as st
 
 from simnccl.explain import explain
 from simnccl.faults import Fault, FaultSchedule
@@ -259,3 +261,32 @@ def test_a_timeout_shorter_than_the_default_fires_on_a_wait_that_would_end_later
     (hang,) = [h for h in out.hangs if h["rank"] == 0]
     assert hang["timeout_s"] == pytest.approx(1.0) and hang["since_s"] < 1.0, hang
     assert simulate(_late_peer(backend, 10.0, 5.0), gpus_per_node=2).verdict == "pass"
+
+
+@given(
+    backend=st.sampled_from(["nccl", "gloo"]),
+    timeout_ds=st.integers(5, 500),  # tenths of a second
+    delays_ds=st.lists(st.integers(0, 1000), min_size=2, max_size=4),
+)
+def test_a_group_timeout_fires_exactly_when_a_wait_outlasts_it(
+    backend: str, timeout_ds: int, delays_ds: list[int]
+) -> None:
+    """Every rank of a group with timeout T computes for its own time, then all of them all_reduce on it: the run
+    passes when no rank waits T for the last one, and does not when one waits longer (by more than a margin for
+    the collective's own time). The engine gate's thousands of cases never made a short timeout straddle a wait,
+    which is how a 1 s timeout that never fired went unseen."""
+    timeout_s, delays = timeout_ds / 10, [d / 10 for d in delays_ds]
+    waits = [max(delays) - d for d in delays]
+    assume(all(abs(w - timeout_s) > 0.05 for w in waits))
+    world = len(delays)
+    head = [
+        SetDevice(),
+        InitProcessGroup(backend="gloo"),
+        NewGroup(tuple(range(world)), backend=backend, bind="a", timeout_s=timeout_s),
+    ]
+    programs = [[*head, Compute(seconds=d), AllReduce(group="a", size_bytes=32)] for d in delays]
+    out = simulate(programs, gpus_per_node=world)
+    late = sorted(r for r, w in enumerate(waits) if w > timeout_s)
+    assert (out.verdict == "pass") == (not late), (out.verdict, late, out.hangs)
+    timed_out = sorted(h["rank"] for h in out.hangs if h.get("timeout_s") is not None)
+    assert set(late) <= set(timed_out) or out.verdict != "hang", (late, out.hangs)
