@@ -42,3 +42,48 @@ def test_generated_programs_agree_between_simulator_and_real_gloo() -> None:
     assert kinds.count("agree") >= 35, summary(results)
     verdicts = {r.comparison.real["verdict"] for r in results}
     assert {"pass", "hang"} <= verdicts, "the cases exercise both outcomes"
+
+
+def test_ctrl_c_stops_the_queued_cases_and_leaves_a_partial_report(tmp_path) -> None:
+    """Ctrl-C during ``real diff``: its pool ran every queued case before the interrupt was seen, and nothing
+    was written. Now the queued cases never start, the running world ends, and the JSON holds the cases that
+    finished, marked ``interrupted`` and not ok; exit 130, no traceback, no process left."""
+    import json
+    import signal
+    import subprocess
+    import sys
+    import uuid
+    from pathlib import Path
+
+    from tests.test_real_lane import marked_processes
+
+    repo = Path(__file__).resolve().parent.parent
+    report = tmp_path / "diff.json"
+    mark = uuid.uuid4().hex
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "simnccl.real", "diff", "--count", "40", "--parallel", "1", "--json", str(report)],
+        cwd=repo,
+        env=dict(os.environ, REAL_TEST_MARK=mark, PYTHONUNBUFFERED="1", PYTHONPATH=str(repo)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        while "(sim " not in (line := proc.stdout.readline()):
+            assert line, "the command ended before its first case finished"
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+        proc.wait(30)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err, err
+    (result,) = json.loads(report.read_text())["results"]
+    assert result["interrupted"] is True and 1 <= len(result["cases"]) < 40
+    assert len(result["cases"]) + len(result["not_finished"]) == 40
+    assert json.loads(report.read_text())["ok"] is False, "an interrupted diff never reads as passing"
+    deadline = time.monotonic() + 10
+    while marked_processes(mark) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert marked_processes(mark) == []

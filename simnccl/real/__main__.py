@@ -408,11 +408,10 @@ def _diff(args: argparse.Namespace, out: Any) -> int:
     chosen = [generate(seed, i) for i in args.only] if args.only else cases(seed, args.count)
     results = []
     launcher = Launcher()
+    # Not a ``with``: leaving one waits for every queued case, so Ctrl-C went on running all of them.
+    pool = ThreadPoolExecutor(max_workers=args.parallel)
     try:
-        with (
-            out.progress(len(chosen), "cases") as bar,
-            ThreadPoolExecutor(max_workers=args.parallel) as pool,
-        ):
+        with out.progress(len(chosen), "cases") as bar:
             for (result,) in pool.map(
                 lambda case: run_cases([case], launcher=launcher, settings=settings, parallel=1), chosen
             ):
@@ -434,9 +433,22 @@ def _diff(args: argparse.Namespace, out: Any) -> int:
                         f"sim {sim} | real {real}, mutation {mutation}",
                     )
                 )
+    except KeyboardInterrupt:
+        pool.shutdown(wait=False, cancel_futures=True)  # queued cases never start
+        launcher.close()  # the running worlds end with it
+        _diff_interrupted(out, seed, chosen, results)
+        raise  # simnccl.cli_guard: exit 130
     finally:
+        pool.shutdown(wait=False, cancel_futures=True)
         launcher.close()
     out.print(summary(results))
+    document = _diff_document(seed, results)
+    return EXIT_OK if out.finish([document], show_summary=False) else EXIT_FAILED
+
+
+def _diff_document(seed: int, results: Sequence[Any]) -> dict[str, Any]:
+    from simnccl.real.differential import classify, summary
+
     records = [
         {
             "case": r.case.name,
@@ -448,8 +460,25 @@ def _diff(args: argparse.Namespace, out: Any) -> int:
         }
         for r in results
     ]
-    document = {"seed": seed, "summary": summary(results), "cases": records}
-    return EXIT_OK if out.finish([document], show_summary=False) else EXIT_FAILED
+    return {"seed": seed, "summary": summary(results), "cases": records}
+
+
+def _diff_interrupted(out: Any, seed: int, chosen: Sequence[Any], results: Sequence[Any]) -> None:
+    """Ctrl-C: the summary and the JSON document of the cases that finished, marked ``interrupted`` with the
+    cases that did not (each a summary line that is not ok, so the document's ``ok`` is false). Why: the pool
+    ran every queued case before the interrupt was seen, and nothing was written."""
+    from simnccl.runner import current_journal
+
+    done = {r.case.name for r in results}
+    not_finished = [case.name for case in chosen if case.name not in done]
+    for name in not_finished:
+        out.add(SummaryLine(f"diff seed {seed}", name, "interrupted", False, "not finished (Ctrl-C)"))
+    journal = current_journal()
+    if journal is not None:
+        journal.lines.append(f"finished  diff seed {seed}: {len(done)} of {len(chosen)} cases")
+    document = _diff_document(seed, results)
+    document.update(interrupted=True, not_finished=not_finished)
+    out.finish([document], show_summary=False)
 
 
 if __name__ == "__main__":
