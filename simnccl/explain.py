@@ -104,10 +104,32 @@ def _behind(graph: WaitForGraph, waiting: list[int], missing: list[int]) -> str:
     return " (" + "; ".join(notes) + ")" if notes else ""
 
 
+def _recovery(variant: VariantResult) -> str:
+    """What a run that passed only after recovering from a failure went through (empty: it never failed). Why: a
+    crash the recovery replaced said "nothing to explain", though a rank died and steps were re-done."""
+    entry = next((e for e in variant.explanations if e.get("call") == "recovery"), None)
+    if entry is None or not entry.get("recoveries"):
+        return ""
+    failures = [
+        f"rank {e['rank']} failed at t={e['time_s']:.3f} s ({e['type']}: {e['message'].splitlines()[0]})"
+        for e in variant.outcome.errors
+        if isinstance(e.get("time_s"), int | float)
+    ]
+    replaced = entry.get("replacement_devices") or []
+    parts = [*failures, str(entry["plan"])]
+    if replaced:
+        parts.append(f"replacement device{'s' if len(replaced) > 1 else ''} {', '.join(map(str, replaced))}")
+    return "; ".join(parts) + "."
+
+
 def explain(variant: VariantResult) -> str:
     outcome = variant.outcome
     slow = [_slowdown(item) for item in outcome.slowdowns]
     if outcome.verdict == "pass":
+        recovered = _recovery(variant)
+        if recovered:
+            finished = f"{variant.name}: every rank finished its program after a recovery: {recovered}"
+            return finished + (" It ran more slowly than it could: " + " ".join(slow) if slow else "")
         if slow:
             return f"{variant.name}: every rank finished its program, but more slowly than it could: " + " ".join(slow)
         return f"{variant.name}: every rank finished its program; nothing to explain."

@@ -266,6 +266,17 @@ def test_the_result_json_carries_the_recovery_story() -> None:
     assert [d["call"] for d in decisions if d["call"].startswith("segment")] == ["segment 1", "segment 2"]
 
 
+def test_explain_tells_what_a_recovered_run_went_through() -> None:
+    """A crash the recovery replaced was "nothing to explain", though a rank died and steps were re-done."""
+    from simnccl.explain import explain
+
+    variant = run_scenario(load_scenario(SCENARIOS_DIR / "crash-replaced.toml")).variants[0]
+    text = explain(variant)
+    assert variant.verdict == "pass" and "nothing to explain" not in text, text
+    assert "after a recovery: rank 2 failed at t=2.600 s (Crash: injected fault: crash rank 2" in text, text
+    assert "12/12 steps committed, 2 lost and re-done, 1 recovery; replacement device n0:cuda:6." in text, text
+
+
 # ---------------------------------------------------------------------------------------------- bad input
 
 
