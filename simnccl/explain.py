@@ -30,12 +30,21 @@ def _ranks(ranks: list[int] | tuple[int, ...]) -> str:
     return "ranks " + ", ".join(map(str, ranks))
 
 
+def _duration(seconds: float) -> str:
+    """A span as read: a link slowed 4x under a 1 MiB all_reduce costs microseconds, which "0.000 s" hid."""
+    if seconds == 0 or seconds >= 0.1:
+        return f"{seconds:.3f} s"
+    if seconds >= 1e-4:
+        return f"{seconds * 1e3:.3f} ms"
+    return f"{seconds * 1e6:.3f} us"
+
+
 def _slowdown(item: dict[str, Any]) -> str:
     factor = f"{item['factor']:g}x"
     if item["kind"] == "straggler":
         return (
-            f"Rank {item['rank']} is a straggler: its local work ran {factor} slower, {item['extra_s']:.3f} s extra "
-            "in all; the ranks that waited for it at the next collective are not at fault."
+            f"Rank {item['rank']} is a straggler: its local work ran {factor} slower, {_duration(item['extra_s'])} "
+            "extra in all; the ranks that waited for it at the next collective are not at fault."
         )
     if not item["ops"]:
         return f"The link {item['link']} was slowed {factor}, but no collective or send/recv crossed it."
@@ -43,7 +52,7 @@ def _slowdown(item: dict[str, Any]) -> str:
     return (
         f"The link {item['link']} is the straggler: it ran {factor} slower, and the {item['ops']} collective or "
         f"point-to-point operation{'s' if item['ops'] != 1 else ''} whose communicator spans it (group"
-        f"{'s' if len(item['groups']) != 1 else ''} {groups}) took {item['extra_s']:.3f} s longer in all; every "
+        f"{'s' if len(item['groups']) != 1 else ''} {groups}) took {_duration(item['extra_s'])} longer in all; every "
         "rank's own work was on time."
     )
 

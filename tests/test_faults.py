@@ -181,6 +181,22 @@ def test_explain_names_the_slow_link_not_the_ranks_that_waited() -> None:
     assert "every rank's own work was on time" in text
 
 
+def test_explain_gives_a_small_slowdown_in_a_unit_that_shows_it() -> None:
+    """A link slowed under a small collective costs microseconds: "took 0.000 s longer" hid it."""
+    from simnccl.explain import _duration
+
+    assert [_duration(s) for s in (0.0, 2.5, 0.1, 0.0123, 7.3107e-05)] == [
+        "0.000 s",
+        "2.500 s",
+        "0.100 s",
+        "12.300 ms",
+        "73.107 us",
+    ]
+    slow = run_links(Fault("link-straggler", 0, factor=4.0, peer=2))
+    text = explain(VariantResult("v", "", "2.15", "2.15.0", "p", {}, "torch-default", slow))
+    assert " 0.000 s longer" not in text, text
+
+
 def test_explain_names_a_rank_straggler_in_a_passing_run() -> None:
     slow = run(Fault("straggler", 1, factor=4.0))
     text = explain(VariantResult("v", "", "2.15", "2.15.0", "p", {}, "torch-default", slow))
