@@ -438,16 +438,17 @@ def rank_ops(programs: Sequence[Program]) -> int:
 def column_summary(label: str, result: ColumnResult) -> SummaryLine:
     """A column in one line: typical NCCL and used MiB per device, communicators at startup. ``cost`` reports
     figures and checks nothing of torch's (a hang or error of torch's defaults is a finding, exit 0); ``ok`` is
-    false only for a policy whose members disagreed (``policy_defect``: exit 1). Why: ``error  ok`` for a
-    PolicyInconsistency, with exit 0, let a CI step that ran ``cost --policy mine`` pass a policy that hangs
-    production."""
+    false only for a policy whose members disagreed (``policy_defect``: exit 1) and for a column a limit stopped
+    (``stopped``: no figures, exit 2). Why: ``error  ok`` for a PolicyInconsistency, with exit 0, let a CI step
+    that ran ``cost --policy mine`` pass a policy that hangs production; and a stopped column's ``ok`` made the
+    JSON say ``"ok": true`` for a command that exited 2."""
     figure = (
         f"NCCL {_cell(result.summary.get('nccl_mib'))} MiB/device, used {_cell(result.summary.get('used_mib'))} "
         f"MiB/device, {_cell(result.summary.get('comms'))} comms at startup"
     )
     if result.error:
         figure += f"; {result.error}"
-    return SummaryLine(label, result.column.name, result.verdict, not result.policy_defect, figure)
+    return SummaryLine(label, result.column.name, result.verdict, not (result.policy_defect or result.stopped), figure)
 
 
 def _setup(
@@ -551,7 +552,14 @@ def report(
     if getattr(args, "breakdown", False):
         out.print("")
         out.print(cost_breakdown.render((r.column.name, r.breakdown) for r in results))
-    out.finish([{**document, "seed": seed, "columns": [r.to_dict() for r in results]}])
+    document = {**document, "seed": seed, "columns": [r.to_dict() for r in results]}
+    if finished.interrupted:
+        # What finished, marked: each column not finished is also a summary line that is not ok, so the
+        # document's "ok" is false (as ``simnccl real`` does). Why: the document said "ok": true with no columns.
+        for name in missing:
+            out.add(SummaryLine(label, name, "interrupted", False, "not finished (Ctrl-C)"))
+        document.update(interrupted=True, not_finished=missing)
+    out.finish([document])
     if finished.interrupted:
         raise KeyboardInterrupt  # simnccl.cli_guard: exit 130, stops the workers, prints the journal's lines
     stopped = [r for r in results if r.stopped]

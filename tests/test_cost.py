@@ -213,7 +213,9 @@ def test_a_bar_per_column_at_a_terminal_only(capsys, monkeypatch) -> None:
     json.loads(out)  # the document alone
 
 
-def test_ctrl_c_leaves_the_columns_that_finished(capsys, monkeypatch) -> None:
+def test_ctrl_c_leaves_the_columns_that_finished(capsys, monkeypatch, tmp_path) -> None:
+    """The table and the --json document of what finished; the document is not ok and names what did not
+    finish (it said ``"ok": true`` with no columns and no interrupted marker)."""
     real = cost.run_column
 
     def legacy_is_interrupted(programs, cluster, release, column, seed):
@@ -222,13 +224,24 @@ def test_ctrl_c_leaves_the_columns_that_finished(capsys, monkeypatch) -> None:
         return real(programs, cluster, release, column, seed)
 
     monkeypatch.setattr(cost, "run_column", legacy_is_interrupted)
-    assert main([*SMALL, "--jobs", "1"]) == 130
+    target = tmp_path / "cost.json"
+    assert main([*SMALL, "--jobs", "1", "--json", str(target)]) == 130
     out, err = capsys.readouterr()
     header = next(line for line in out.splitlines() if line.startswith("per rank"))
     assert header.split()[2:] == ["torch-default"]  # the partial table: the column that finished
     assert "interrupted (Ctrl-C): not finished: legacy, lazy-init" in out
     assert "finished  cost  torch-default: pass" in err and "stopped   cost  legacy: not finished" in err
     assert "Traceback" not in err
+    doc = json.loads(target.read_text())
+    (result,) = doc["results"]
+    assert doc["ok"] is False and result["interrupted"] is True
+    assert result["not_finished"] == ["legacy", "lazy-init"]
+    assert [c["column"] for c in result["columns"]] == ["torch-default"]
+    assert [(line["variant"], line["ok"]) for line in doc["summary"]] == [
+        ("torch-default", True),
+        ("legacy", False),
+        ("lazy-init", False),
+    ]
 
 
 def test_ctrl_c_stops_parallel_columns_and_their_workers() -> None:
@@ -245,7 +258,9 @@ def test_ctrl_c_stops_parallel_columns_and_their_workers() -> None:
     assert "torch-default" in first
     assert proc.returncode == 130, err
     assert "finished  cost  torch-default" in err and "Traceback" not in err
-    assert "not finished" in err and len((first + rest).splitlines()) < 9
+    assert "not finished" in err
+    lines = (first + rest).splitlines()  # --quiet: a line per column, those not finished FAIL
+    assert len(lines) <= 9 and any("  interrupted  FAIL  not finished (Ctrl-C)" in line for line in lines), lines
     # every column is accounted for: finished, stopped (it was running, or sent to a worker), or not started
     kinds = (["finished", "cost"], ["stopped", "cost"], ["skipped", "cost"])
     accounted = [line.split()[2].rstrip(":") for line in err.splitlines() if line.split()[:2] in kinds]
@@ -280,12 +295,16 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def test_a_column_stopped_at_a_limit_is_exit_2_naming_it(capsys, monkeypatch) -> None:
+def test_a_column_stopped_at_a_limit_is_exit_2_naming_it(capsys, monkeypatch, tmp_path) -> None:
     """A column the engine's guard stopped has no figures: the table says so, the exit status is 2 (too large an
     input for a limit, as for run), and the message names the limit to raise."""
     monkeypatch.setenv("SIMNCCL_LIMIT_MAX_SIM_TIME_S", "0.001")
-    assert main([*SMALL, "--variant", "legacy"]) == 2
+    target = tmp_path / "cost.json"
+    assert main([*SMALL, "--variant", "legacy", "--json", str(target)]) == 2
     out, err = capsys.readouterr()
+    doc = json.loads(target.read_text())  # the document agrees with the exit code: the column is not ok
+    assert doc["ok"] is False and [line["ok"] for line in doc["summary"]] == [False]
+    assert "legacy  error  FAIL" in out
     assert "verdict" in out and "legacy: simulation stopped: simulated time would pass" in " ".join(out.split())
     flat = " ".join(err.split())
     assert "column legacy: simulation stopped" in flat and "set SIMNCCL_LIMIT_MAX_SIM_TIME_S" in flat
