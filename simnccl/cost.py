@@ -97,9 +97,11 @@ class ColumnResult:
     error: str = ""
     summary: dict[str, tuple[float, float, float]] = field(default_factory=dict)
     stopped: bool = False  # the engine's guard stopped it at a size limit: no figures
-    # Its policy made the members of a call disagree (PolicyInconsistency): not a figure of torch's but a defect
-    # of the policy, which would hang or crash real torch; the one thing cost fails on (exit 1).
+    # A defect of its policy, not a figure of torch's (exit 1): its members disagreed (PolicyInconsistency, which
+    # would hang or crash real torch), or the startup errors or hangs under it where torch's default of the same
+    # startup passes (``judge``). ``defect`` says which.
     policy_defect: bool = False
+    defect: str = ""
     breakdown: dict[str, Any] = field(default_factory=dict)  # simnccl.cost_breakdown.breakdown of the run
 
     def to_dict(self) -> dict[str, Any]:
@@ -110,11 +112,19 @@ class ColumnResult:
             "verdict": self.verdict,
             "error": self.error,
             "policy_defect": self.policy_defect,
+            "defect": self.defect,
+            # its figures are those of the moment the run died or hung, not the whole startup's cost
+            "partial": self.partial,
             "checkpoint": self.checkpoint,
             "wall_s": round(self.wall_s, 3),
             "summary": {k: {"typical": t, "min": lo, "max": hi} for k, (t, lo, hi) in self.summary.items()},
             "breakdown": self.breakdown,
         }
+
+    @property
+    def partial(self) -> bool:
+        """The run died, hung or ran out of memory before the startup finished: its figures are of that moment."""
+        return not self.stopped and self.verdict != "pass"
 
 
 # ---------------------------------------------------------------------------------------------- arguments
@@ -240,6 +250,45 @@ def only_columns(columns: list[Column], only: Sequence[str] | None) -> list[Colu
     return [c for c in columns if c.name in only]
 
 
+NOT_POLICIES = ("torch-default", "legacy")  # torch's own behaviours: a hang under them is a finding about torch
+
+
+def baseline_of(column: Column, columns: Sequence[Column]) -> Column | None:
+    """The column a policy column is judged against: torch's default on the same startup (the same env,
+    release and profile, no policy), one of ``columns`` where there is one, else a new one to run as well;
+    None for a column that is no policy's (torch's default, legacy: what they do is torch's finding)."""
+    if column.policy is None or column.policy in NOT_POLICIES:
+        return None
+    for other in columns:
+        if (other.policy, other.env, other.release, other.profile) == (
+            None,
+            column.env,
+            column.release,
+            column.profile,
+        ):
+            return other
+    return Column("torch-default (baseline)", dict(column.env), None, column.release, column.profile)
+
+
+def judge(result: ColumnResult, baseline: ColumnResult | None) -> None:
+    """Mark ``result`` a policy defect where its startup errors, hangs or runs out of memory although
+    ``baseline`` (torch's default on the same startup) passes. Why: such a policy column read ``error  ok``
+    with smaller MiB than torch's default (it died before allocating the rest), exit 0: a policy that breaks
+    the startup looked like a saving."""
+    if result.policy_defect:
+        result.defect = result.defect or "its members disagreed (PolicyInconsistency): real torch hangs or crashes"
+    elif baseline is not None and result.partial and baseline.verdict == "pass":
+        result.policy_defect = True
+        result.defect = (
+            f"it {_died(result.verdict)} where torch's default on the same startup passes "
+            f"({baseline.column.name}): a defect of the policy"
+        )
+
+
+def _died(verdict: str) -> str:
+    return "hung" if verdict == "hang" else "died"
+
+
 # ---------------------------------------------------------------------------------------------- measuring
 
 
@@ -362,6 +411,8 @@ def _run_column(
         error = f"rank {first['rank']} hangs in {first['op']}"
     result = ColumnResult(column, outcome.verdict, per_rank, wall, checkpoint, error)
     result.policy_defect = any(e["type"] == "PolicyInconsistency" for e in outcome.errors)
+    if result.policy_defect:
+        result.defect = "its members disagreed (PolicyInconsistency): real torch hangs or crashes"
     result.summary = {key: summarise(values) for key, values in per_rank.items() if values}
     result.breakdown = cost_breakdown.breakdown(outcome)
     return result
@@ -379,7 +430,12 @@ def _headline(message: str) -> str:
 # ---------------------------------------------------------------------------------------------- output
 
 
-def _cell(summary: tuple[float, float, float] | None) -> str:
+PARTIAL_ROWS = ("comms", "nccl_mib", "used_mib")  # figures that grow as the startup goes on
+
+
+def _cell(summary: tuple[float, float, float] | None, died: str = "") -> str:
+    """``typical [min-max]``; ``died`` ("died", "hung"): the run stopped early, so the figure is marked as that
+    moment's, never to be read as the startup's (smaller) cost."""
     if summary is None:
         return "-"
     typical, lo, hi = summary
@@ -387,7 +443,13 @@ def _cell(summary: tuple[float, float, float] | None) -> str:
     def fmt(v: float) -> str:
         return f"{v:,.0f}" if float(v).is_integer() else f"{v:,.1f}"
 
-    return fmt(typical) if lo == hi else f"{fmt(typical)} [{fmt(lo)}-{fmt(hi)}]"
+    text = fmt(typical) if lo == hi else f"{fmt(typical)} [{fmt(lo)}-{fmt(hi)}]"
+    return f"{text} ({died})" if died else text
+
+
+def _row_cell(result: ColumnResult, key: str) -> str:
+    died = _died(result.verdict) if result.partial and key in PARTIAL_ROWS else ""
+    return _cell(result.summary.get(key), died)
 
 
 def render(results: Sequence[ColumnResult], missing: Sequence[str] = ()) -> str:
@@ -395,11 +457,12 @@ def render(results: Sequence[ColumnResult], missing: Sequence[str] = ()) -> str:
     header = ["per rank", *(r.column.name for r in results)]
     rows = [header]
     for key, label in ROWS:
-        rows.append([label, *(_cell(r.summary.get(key)) for r in results)])
+        rows.append([label, *(_row_cell(r, key) for r in results)])
     rows.append(["verdict", *(r.verdict for r in results)])
     rows.append(["sim wall s", *(f"{r.wall_s:.2f}" for r in results)])
     lines = plain_table(rows)
     notes = [f"{r.column.name}: {r.error}" for r in results if r.error]
+    notes += [f"{r.column.name}: FAIL: {r.defect}" for r in results if r.policy_defect]
     checkpoints = sorted({r.checkpoint for r in results if r.checkpoint})
     lines.append("")
     lines.append(
@@ -407,6 +470,8 @@ def render(results: Sequence[ColumnResult], missing: Sequence[str] = ()) -> str:
         + (", ".join(repr(c) for c in checkpoints) or "(none: end of run)")
         + "; legacy = TORCH_DIST_USE_NCCL2=0 (the same as policy 'legacy')"
     )
+    if any(r.partial for r in results):
+        lines.append("(died), (hung): the figures when the run stopped there, not the startup's whole cost")
     lines += [f"  {n}" for n in notes]
     if missing:
         lines.append(f"interrupted (Ctrl-C): not finished: {', '.join(missing)}")
@@ -443,11 +508,13 @@ def column_summary(label: str, result: ColumnResult) -> SummaryLine:
     that ran ``cost --policy mine`` pass a policy that hangs production; and a stopped column's ``ok`` made the
     JSON say ``"ok": true`` for a command that exited 2."""
     figure = (
-        f"NCCL {_cell(result.summary.get('nccl_mib'))} MiB/device, used {_cell(result.summary.get('used_mib'))} "
-        f"MiB/device, {_cell(result.summary.get('comms'))} comms at startup"
+        f"NCCL {_row_cell(result, 'nccl_mib')} MiB/device, used {_row_cell(result, 'used_mib')} "
+        f"MiB/device, {_row_cell(result, 'comms')} comms at startup"
     )
     if result.error:
         figure += f"; {result.error}"
+    if result.defect:
+        figure += f"; {result.defect}"
     return SummaryLine(label, result.column.name, result.verdict, not (result.policy_defect or result.stopped), figure)
 
 
@@ -544,10 +611,12 @@ def report(
     programs, cluster, release, columns = work
     out.print(title)  # at once: the columns may take a while
     seed = args.seed if args.seed is not None else 0
-    jobs = args.jobs if args.jobs is not None else default_jobs(len(columns), rank_ops(programs))
-    finished = _simulate(out, label, (programs, cluster, release, seed), columns, jobs)
-    results = [r for r in finished.results if r is not None]
-    missing = [c.name for c, r in zip(columns, finished.results, strict=True) if r is None]
+    runs, baselines = with_baselines(columns)
+    jobs = args.jobs if args.jobs is not None else default_jobs(len(runs), rank_ops(programs))
+    finished = _simulate(out, label, (programs, cluster, release, seed), (runs, baselines, len(columns)), jobs)
+    shown = finished.results[: len(columns)]
+    results = [r for r in shown if r is not None]
+    missing = [c.name for c, r in zip(columns, shown, strict=True) if r is None]
     out.print(render(results, missing))
     if getattr(args, "breakdown", False):
         out.print("")
@@ -570,19 +639,49 @@ def report(
     return EXIT_POLICY_DEFECT if any(r.policy_defect for r in results) else EXIT_OK
 
 
+def with_baselines(columns: Sequence[Column]) -> tuple[list[Column], list[int | None]]:
+    """The columns to run: ``columns``, then the baselines (``baseline_of``) none of them is, run but not shown;
+    and per column to run, the index of its baseline (None: not judged)."""
+    runs = list(columns)
+    baselines: list[int | None] = []
+    for column in columns:
+        base = baseline_of(column, runs)
+        if base is not None and not any(base is other for other in runs):
+            runs.append(base)
+        baselines.append(None if base is None else next(i for i, c in enumerate(runs) if c is base))
+    return runs, baselines + [None] * (len(runs) - len(columns))
+
+
 def _simulate(
-    out: Output, label: str, common: tuple[tuple[Program, ...], Cluster, str, int], columns: Sequence[Column], jobs: int
+    out: Output,
+    label: str,
+    common: tuple[tuple[Program, ...], Cluster, str, int],
+    plan: tuple[Sequence[Column], Sequence[int | None], int],
+    jobs: int,
 ) -> Finished[ColumnResult]:
-    """Every column through ``run_column``, a progress bar per column; summary lines in column order as soon
-    as a column and those before it are done; Ctrl-C leaves what finished (and the journal says what ran)."""
+    """Every column of ``plan`` (columns to run, each one's baseline index, how many are shown: the rest are
+    baselines only) through ``run_column``, a progress bar per column; summary lines of the shown columns in
+    column order as soon as a column, its baseline (``judge``) and those before it are done; Ctrl-C leaves what
+    finished (and the journal says what ran)."""
     programs, cluster, release, seed = common
+    columns, baselines, shown = plan
     journal = current_journal()
+    results: dict[int, ColumnResult] = {}
     lines: dict[int, SummaryLine] = {}
     added = 0
 
+    def line_for(index: int) -> SummaryLine:
+        base = baselines[index]
+        judge(results[index], results.get(base) if base is not None else None)
+        return column_summary(label, results[index])
+
     def add_lines() -> None:
         nonlocal added
-        while added in lines:
+        while added < shown and added in results:
+            base = baselines[added]
+            if base is not None and base not in results:
+                return  # judged once its baseline is done
+            lines[added] = line_for(added)
             out.add(lines[added])
             added += 1
 
@@ -598,14 +697,14 @@ def _simulate(
             if journal is not None:
                 journal.lines.append(f"finished  cost  {result.column.name}: {result.verdict}")
             bars.done(index)
-            lines[index] = column_summary(label, result)
+            results[index] = result
             add_lines()
 
         args = [(programs, cluster, release, column, seed) for column in columns]
         finished = runner.run(run_column, args, on_start=bars.start, on_progress=bars.update, on_done=done)
-    for index in sorted(lines):  # after Ctrl-C: the columns that finished after one that did not
-        if index >= added:
-            out.add(lines[index])
+    for index in sorted(results):  # after Ctrl-C: the columns that finished after one that did not
+        if added <= index < shown and index not in lines:
+            out.add(line_for(index))
     if journal is not None:
         journal.lines += [f"stopped   cost  {columns[i].name}: not finished" for i in finished.running]
         if finished.interrupted:

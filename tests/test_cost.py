@@ -350,3 +350,35 @@ def test_a_policy_whose_members_disagree_fails_cost(capsys, monkeypatch) -> None
     lines = capsys.readouterr().out.splitlines()
     assert [line.split()[4:6] for line in lines] == [["pass", "ok"], ["pass", "ok"], ["error", "FAIL"]], lines
     assert main([*argv, "--policy", "user_policies:LazyAbove"]) == 0
+
+
+REINIT = ["cost", "--workload", "megatron", "--tp", "2", "--dp", "2", "--reinit-cycles", "2", "--jobs", "1"]
+
+
+@pytest.mark.parametrize("only", [[], ["--variant", "dedupe"]], ids=["all-columns", "policy-column-only"])
+def test_a_policy_that_breaks_a_startup_torch_passes_fails_cost(capsys, only) -> None:
+    """A policy column that dies where torch's default on the same startup passes is a defect of the policy:
+    it read ``error  ok`` with smaller MiB than torch's default (it died before allocating the rest), exit 0.
+    Now FAIL, exit 1, its figures marked as the moment it died; judged against torch's default also when
+    ``--variant`` leaves that column out (run, not shown)."""
+    assert main([*REINIT, "--policy", "dedupe", *only, "--json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    by_name = {line["variant"]: line for line in doc["summary"]}
+    assert doc["ok"] is False and by_name["dedupe"]["ok"] is False and by_name["dedupe"]["verdict"] == "error"
+    assert "(died) MiB/device" in by_name["dedupe"]["figure"]
+    assert "where torch's default on the same startup passes" in by_name["dedupe"]["figure"]
+    (dedupe,) = [c for c in doc["results"][0]["columns"] if c["column"] == "dedupe"]
+    assert dedupe["policy_defect"] and dedupe["partial"]
+    shown = [c["column"] for c in doc["results"][0]["columns"]]
+    assert shown == (["dedupe"] if only else ["torch-default", "legacy", "dedupe"])
+    if not only:  # torch's own columns pass: not judged
+        assert by_name["torch-default"]["ok"] and by_name["legacy"]["ok"]
+
+
+def test_torch_hanging_or_dying_under_its_defaults_is_a_finding_not_a_failure(capsys) -> None:
+    """The same rule does not judge torch: where torch's default itself dies, a policy column dying too is no
+    defect of the policy (exit 0), only its figures are marked."""
+    argv = ["cost", "--scenario", str(Path(__file__).resolve().parents[1] / "scenarios" / "lazy-first-step-oom.toml")]
+    assert main([*argv, "--variant", "legacy", "-q"]) == 0
+    line = capsys.readouterr().out
+    assert "legacy  fail  ok" in line and "(died) MiB/device" in line
