@@ -87,7 +87,8 @@ def guarded(main_fn: MainFn, *, command: Sequence[str] = ()) -> MainFn:
                 _say(f"error: {_where(record, raw)}: {err}")
                 if err.__cause__ is not None:
                     _say("the policy's traceback:")
-                    traceback.print_exception(err.__cause__, file=sys.stderr)
+                    cause = err.__cause__
+                    _to_stderr(lambda: traceback.print_exception(cause, file=sys.stderr))
                 _partial_report(record)
                 return EXIT_BAD_INPUT
             except KeyboardInterrupt:
@@ -115,7 +116,8 @@ def guarded(main_fn: MainFn, *, command: Sequence[str] = ()) -> MainFn:
                     _say(f"stopped: the output was closed (broken pipe) during simnccl {' '.join(raw)}")
                     _partial_report(record)
                     return EXIT_OUTPUT_CLOSED
-                traceback.print_exception(err, file=sys.stderr)
+                bug = err
+                _to_stderr(lambda: traceback.print_exception(bug, file=sys.stderr))
                 _say(
                     f"simnccl: internal error (a bug in simnccl, exit {EXIT_SOFTWARE}) while running "
                     f"{_where(record, raw)}: {type(err).__name__}: {err}"
@@ -186,8 +188,21 @@ def _to_devnull(fd: int) -> None:
 
 def _say(line: str) -> None:
     """Plain text on stderr: user text (file names, keys, a policy's message) is printed literally, never as rich
-    markup, and the terminal controls in it are shown as escapes (``visible``)."""
-    print(visible(line), file=sys.stderr, flush=True)
+    markup, and the terminal controls in it are shown as escapes (``visible``).
+
+    A stderr whose reader went away (``... 2>&1 | head -3``) takes nothing more and is pointed at /dev/null: the
+    guard says its lines from its ``except`` handlers, and a BrokenPipeError raised there escaped the guard and
+    ended an error's exit 2 (or a Ctrl-C's 130) as exit 1, "a check failed"; the error's own code must win."""
+    _to_stderr(lambda: print(visible(line), file=sys.stderr, flush=True))
+
+
+def _to_stderr(write: Callable[[], None]) -> None:
+    """``write()`` to stderr, or nothing when stderr's reader has gone (``_silence_closed_output``)."""
+    try:
+        write()
+    except BrokenPipeError:
+        if not _silence_closed_output():
+            raise
 
 
 def _where(record: RunJournal, argv: Sequence[str]) -> str:

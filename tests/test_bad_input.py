@@ -674,6 +674,36 @@ def test_a_reader_that_goes_away_ends_the_command_with_141_and_what_finished(unb
         assert "  finished  " in err and "crash-replaced.toml  default: pass" in err
 
 
+_RAISES = {
+    "user-policy": "from simnccl.policy.plans import UserPolicyError as E\n"
+    "try:\n    raise RuntimeError('the policy')\nexcept RuntimeError as c:\n    raise E('boom') from c",
+    "limit": "from simnccl.limits import LimitError as E\nraise E('bad limit')",
+    "output": "from simnccl.cli_options import OutputError as E\nraise E('cannot write')",
+    "ctrl-c": "raise KeyboardInterrupt",
+    "bug": "raise RuntimeError('a bug')",
+}
+
+
+@pytest.mark.parametrize(
+    ("raised", "code"),
+    [("user-policy", 2), ("limit", 2), ("output", 2), ("ctrl-c", EXIT_INTERRUPTED), ("bug", EXIT_SOFTWARE)],
+)
+def test_a_closed_stderr_keeps_the_errors_own_exit_code(raised: str, code: int) -> None:
+    """``simnccl explain ... --policy mine:Raises 2>&1 | head -3``: the guard's lines about the error met a closed
+    stderr, the BrokenPipeError escaped its handler and the command exited 1 ("a check failed") instead of 2.
+    The error's own code wins; what cannot be said is dropped."""
+    body = "\n".join(f"    {line}" for line in _RAISES[raised].splitlines())
+    script = "import sys\nfrom simnccl.cli_guard import guarded\ndef work(argv):\n"
+    script += f"{body}\nsys.exit(guarded(work)(['run']))\n"
+    read, write = os.pipe()
+    os.close(read)  # the reader went away before the command said anything
+    try:
+        proc = subprocess.run([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=write, timeout=120)
+    finally:
+        os.close(write)
+    assert proc.returncode == code, proc.stdout
+
+
 def test_a_broken_pipe_that_is_not_the_output_is_a_bug(capsys) -> None:
     """Only a closed stdout or stderr is the reader going away: a pipe to a worker process that broke is a
     defect like any other (exit 70, the traceback), not a quiet 141."""
