@@ -154,6 +154,10 @@ def test_boolean_knobs_and_lists(capsys) -> None:
         (["--workload", "vllm", "--tp", "12"], "not whole nodes of 8"),
         (["--workload", "vllm", "--tp"], "needs a value"),
         (["--workload", "vllm", "stray"], "unexpected argument 'stray'"),
+        (  # a size past max_alloc_mib, as a scenario's alloc is refused (it simulated an OOM, exit 0)
+            ["--workload", "vllm", "--tp", "2", "--pynccl-mib", "1e30"],
+            "error: --pynccl-mib: 1e+30 MiB exceeds the limit max_alloc_mib = 1048576",
+        ),
         (  # the knobs that imply the world together are named (the message named none)
             ["--workload", "megatron", "--tp", "8", "--pp", "4", "--dp", "4096"],
             "error: --tp 8 --pp 4 --dp 4096: a world of 131072 ranks exceeds the limit max_world_size = 65536",

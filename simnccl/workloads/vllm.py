@@ -37,6 +37,8 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 
+from simnccl.limits import current as current_limits
+from simnccl.limits import exceeded, number_text
 from simnccl.ops import Alloc, Checkpoint, InitProcessGroup, MemoryCheck, NewGroup, Op, SetDevice, SplitGroup
 from simnccl.workloads._common import (
     BOOL,
@@ -96,6 +98,11 @@ def natural_world(config: Config) -> int | None:
 
 def check(config: Config, world_size: int) -> None:
     _sizes(config, world_size)
+    # A size like any allocation's: past the limit a scenario's alloc step is refused at, so a huge figure
+    # (1e30) is bad input (exit 2), not a simulated OOM reported as torch's finding (exit 0).
+    limit = current_limits().max_alloc_mib
+    if config["pynccl_mib"] > limit:
+        raise WorkloadError("pynccl_mib", exceeded("max_alloc_mib", f"{number_text(config['pynccl_mib'])} MiB", limit))
     if config["enable_eplb"] and not config["moe"]:
         raise WorkloadError("enable_eplb", "EPLB needs an MoE model (set moe = true)")
     if not 0.0 < config["gpu_memory_utilization"] <= 1.0:
