@@ -14,7 +14,10 @@ summarised as ``typical [min-max]`` over ranks (typical = the most common value)
   backend repeat a group the rank already held (the default group included);
 * ``NCCL comms at startup``: communicators that allocated GPU memory on the rank (fresh, split or pair);
 * ``NCCL MiB / device`` and ``used MiB / device``: the communicators' memory, and everything on the device
-  (CUDA context included) at the startup checkpoint.
+  (CUDA context included);
+* ``peak used MiB / device``: the device's highest use over the whole run.
+
+Every row but the peak is read at one moment: the startup checkpoint where there is one, else the end of the run.
 
 The Programs are generated once; the columns then run in this process or in worker processes (``--jobs``;
 ``simnccl.cost_runs``), each with its progress bar on a terminal, and Ctrl-C prints the table of the columns
@@ -72,6 +75,10 @@ ROWS = (
     ("nccl_mib", "NCCL MiB / device"),
     ("used_mib", "used MiB / device"),
 )
+# The device's highest use over the whole run: the rows above are read at one moment (the checkpoint, else the
+# end of the run), which may be below it (groups destroyed at the end read 0 comms). Not one of ``ROWS``, which
+# are also the sweep's figures.
+PEAK_ROW = ("peak_mib", "peak used MiB / device")
 
 
 class CostError(ValueError):
@@ -116,6 +123,8 @@ class ColumnResult:
             # its figures are those of the moment the run died or hung, not the whole startup's cost
             "partial": self.partial,
             "checkpoint": self.checkpoint,
+            # the moment every comms/MiB figure is read at ("peak_mib" aside: the whole run's highest)
+            "read_at": f"checkpoint {self.checkpoint}" if self.checkpoint else "end of run",
             "wall_s": round(self.wall_s, 3),
             "summary": {k: {"typical": t, "min": lo, "max": hi} for k, (t, lo, hi) in self.summary.items()},
             "breakdown": self.breakdown,
@@ -299,7 +308,7 @@ def _calls(program: Program) -> int:
 def measure(outcome: RunOutcome, programs: Sequence[Program]) -> tuple[dict[str, list[float]], str | None]:
     """Per-rank figures from a finished run (and the checkpoint the MiB rows are read at)."""
     calls_by_program: dict[int, int] = {}
-    per_rank: dict[str, list[float]] = {key: [] for key, _ in ROWS}
+    per_rank: dict[str, list[float]] = {key: [] for key, _ in (*ROWS, PEAK_ROW)}
     checkpoint = next((c for c in CHECKPOINTS if c in outcome.checkpoints), None)
     snaps = outcome.checkpoints.get(checkpoint, {}) if checkpoint else {}
     comm_bytes: dict[int, int] = {}
@@ -340,19 +349,24 @@ def measure(outcome: RunOutcome, programs: Sequence[Program]) -> tuple[dict[str,
         if rt.current_device is not None:
             device = f"n{rt.node}:cuda:{rt.current_device}"
         snap = snaps.get(device) if device else None
+        ledger = outcome.ledgers.get(device) if device is not None else None
+        # Every MiB row of a rank at one moment: the checkpoint where there is one (its communicators too, not
+        # the end of run's: they read 1,695.9 NCCL MiB beside 704.6 used when groups came after the checkpoint),
+        # else the end of the run; the peak row says how far either is below the run's highest use.
         if snap is not None:
             used = snap.used_bytes / 2**20
-        elif device is not None and device in outcome.ledgers:
-            used = outcome.ledgers[device].used_bytes / 2**20
+            nccl_bytes, comms = snap.comms_by_rank.get(rt.rank, (0, 0))
         else:
-            used = 0.0
+            used = ledger.used_bytes / 2**20 if ledger is not None else 0.0
+            nccl_bytes, comms = comm_bytes.get(rt.rank, 0), len(comm_count.get(rt.rank, ()))
         per_rank["calls"].append(calls)
         per_rank["groups"].append(groups)
         per_rank["singletons"].append(singletons)
         per_rank["duplicates"].append(duplicates)
-        per_rank["comms"].append(len(comm_count.get(rt.rank, ())))
-        per_rank["nccl_mib"].append(comm_bytes.get(rt.rank, 0) / 2**20)
+        per_rank["comms"].append(comms)
+        per_rank["nccl_mib"].append(nccl_bytes / 2**20)
         per_rank["used_mib"].append(used)
+        per_rank[PEAK_ROW[0]].append(ledger.peak_bytes / 2**20 if ledger is not None else 0.0)
     return per_rank, checkpoint
 
 
@@ -430,7 +444,7 @@ def _headline(message: str) -> str:
 # ---------------------------------------------------------------------------------------------- output
 
 
-PARTIAL_ROWS = ("comms", "nccl_mib", "used_mib")  # figures that grow as the startup goes on
+PARTIAL_ROWS = ("comms", "nccl_mib", "used_mib", "peak_mib")  # figures that grow as the startup goes on
 
 
 def _cell(summary: tuple[float, float, float] | None, died: str = "") -> str:
@@ -456,7 +470,7 @@ def render(results: Sequence[ColumnResult], missing: Sequence[str] = ()) -> str:
     """The table of the columns that finished; ``missing``: columns Ctrl-C stopped (named below it)."""
     header = ["per rank", *(r.column.name for r in results)]
     rows = [header]
-    for key, label in ROWS:
+    for key, label in (*ROWS, PEAK_ROW):
         rows.append([label, *(_row_cell(r, key) for r in results)])
     rows.append(["verdict", *(r.verdict for r in results)])
     rows.append(["sim wall s", *(f"{r.wall_s:.2f}" for r in results)])
@@ -466,9 +480,9 @@ def render(results: Sequence[ColumnResult], missing: Sequence[str] = ()) -> str:
     checkpoints = sorted({r.checkpoint for r in results if r.checkpoint})
     lines.append("")
     lines.append(
-        "cells: typical [min-max] over ranks; MiB at checkpoint "
-        + (", ".join(repr(c) for c in checkpoints) or "(none: end of run)")
-        + "; legacy = TORCH_DIST_USE_NCCL2=0 (the same as policy 'legacy')"
+        "cells: typical [min-max] over ranks; comms and MiB at checkpoint "
+        + (", ".join(repr(c) for c in checkpoints) or "(none: the end of the run)")
+        + ", peak over the whole run; legacy = TORCH_DIST_USE_NCCL2=0 (the same as policy 'legacy')"
     )
     if any(r.partial for r in results):
         lines.append("(died), (hung): the figures when the run stopped there, not the startup's whole cost")
@@ -507,9 +521,10 @@ def column_summary(label: str, result: ColumnResult) -> SummaryLine:
     (``stopped``: no figures, exit 2). Why: ``error  ok`` for a PolicyInconsistency, with exit 0, let a CI step
     that ran ``cost --policy mine`` pass a policy that hangs production; and a stopped column's ``ok`` made the
     JSON say ``"ok": true`` for a command that exited 2."""
+    moment = f"at {result.checkpoint!r}" if result.checkpoint else "at the end of the run"
     figure = (
         f"NCCL {_row_cell(result, 'nccl_mib')} MiB/device, used {_row_cell(result, 'used_mib')} "
-        f"MiB/device, {_row_cell(result, 'comms')} comms at startup"
+        f"MiB/device, {_row_cell(result, 'comms')} comms {moment}; peak {_row_cell(result, 'peak_mib')} MiB/device"
     )
     if result.error:
         figure += f"; {result.error}"

@@ -386,3 +386,61 @@ def test_torch_hanging_or_dying_under_its_defaults_is_a_finding_not_a_failure(ca
     assert main([*argv, "--variant", "legacy", "-q"]) == 0
     line = capsys.readouterr().out
     assert "legacy  fail  ok" in line and "(died) MiB/device" in line
+
+
+_STEPS = """[scenario]
+name = "{name}"
+[cluster]
+gpu = "h100-80gb"
+nodes = 1
+gpus_per_node = 4
+[torch]
+release = "2.15"
+[workload]
+steps = [
+  {{ op = "set_device" }},
+  {{ op = "init_process_group", backend = "nccl" }},
+{steps}
+]
+[[variants]]
+name = "default"
+"""
+LATE = """  { op = "checkpoint", name = "startup" },
+  { op = "new_group", ranks = [0, 1, 2, 3], bind = "w{i}", repeat = 6 },
+  { op = "checkpoint", name = "after" },"""
+DESTROY = """  { op = "new_group", ranks = [0, 1], bind = "a" },
+  { op = "new_group", ranks = [2, 3], bind = "a" },
+  { op = "new_group", ranks = [0, 1, 2, 3], bind = "w{i}", repeat = 6 },
+  { op = "all_reduce", group = "a", size_mib = 8 },
+  { op = "checkpoint", name = "after_groups" },
+  { op = "destroy_process_group" },"""
+
+
+def _one_column(capsys, tmp_path, name: str, steps: str) -> dict:
+    path = tmp_path / f"{name}.toml"
+    path.write_text(_STEPS.format(name=name, steps=steps))
+    (col,) = cost_json(capsys, "--scenario", str(path))["columns"]
+    return {key: row["typical"] for key, row in col["summary"].items()} | {"read_at": col["read_at"]}
+
+
+def test_every_row_is_read_at_one_moment_and_the_peak_is_shown(capsys, tmp_path) -> None:
+    """The rows were read at different moments: used MiB at the checkpoint, NCCL MiB and comms at the end of
+    the run (groups made after the checkpoint read 1,695.9 NCCL MiB beside 704.6 used), and with no checkpoint
+    everything was the end of the run's current use, below the run's peak without a word (groups destroyed at
+    the end: 1,726.4 MiB and 0 comms for a run that peaked at 3,634.9). Now one moment per column, named, and
+    the run's peak beside it (what ``simnccl run`` reports)."""
+    late = _one_column(capsys, tmp_path, "late-groups", LATE)
+    assert late["read_at"] == "checkpoint startup"
+    assert (late["comms"], late["nccl_mib"], late["used_mib"], late["peak_mib"]) == (1, 312.6, 704.6, 2087.9)
+    destroy = _one_column(capsys, tmp_path, "destroy-at-end", DESTROY)
+    assert destroy["read_at"] == "end of run"
+    assert (destroy["used_mib"], destroy["peak_mib"]) == (1726.4, 3634.9)
+
+
+def test_the_peak_row_holds_a_communicator_made_after_the_checkpoint(capsys) -> None:
+    """vLLM's V2 model runner makes a communicator after the startup checkpoint: the table said 2,561.9 used MiB
+    for a run whose peak (``simnccl run``) is 2,792.4."""
+    argv = ["--workload", "vllm", "--tp", "2", "--pp", "2", "--v2-model-runner", "--variant", "torch-default"]
+    (col,) = cost_json(capsys, *argv)["columns"]
+    assert (typical(col, "used_mib"), typical(col, "peak_mib")) == (2561.9, 2792.4)
+    assert col["read_at"] == "checkpoint before_memory_check"

@@ -90,6 +90,9 @@ class Snapshot:
     free_bytes: int
     time_s: float
     rank: int
+    # per rank on the device: (bytes its communicators hold, communicators that allocated at init or as a
+    # pair): so ``simnccl cost`` reads its NCCL rows at the same moment as the device's use
+    comms_by_rank: dict[int, tuple[int, int]] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
