@@ -239,8 +239,17 @@ def test_a_failed_check_exits_1_and_says_why(capsys: pytest.CaptureFixture[str])
     argv = ["--workload", "vllm tp=4", "--policy", "torch-default", "--policy", "legacy", "--max-used-mib", "1000"]
     code, out, _ = sweep(capsys, *argv, "--jobs", "1")
     assert code == command.EXIT_CHECK_FAILED
-    assert "#0 fail: used 2,719.9 MiB/device > 1,000.0" in out  # legacy allocates nothing at startup: ok
+    assert "#0 fail: peak used 2,719.9 MiB/device > 1,000.0" in out  # legacy allocates nothing at startup: ok
     assert "#1 " not in out
+
+
+def test_the_used_mib_cap_holds_over_the_whole_run(capsys: pytest.CaptureFixture[str]) -> None:
+    """vLLM's V2 model runner makes a communicator after its startup check: used MiB there is 2,561.9, the run's
+    peak 2,792.4. A cap of 2,700 passed, read at the checkpoint; it holds over the whole run."""
+    argv = ["--workload", "vllm tp=2 pp=2 v2-model-runner", "--max-used-mib", "2700", "--jobs", "1"]
+    code, out, _ = sweep(capsys, *argv)
+    assert code == command.EXIT_CHECK_FAILED, out
+    assert "#0 fail: peak used 2,792.4 MiB/device > 2,700.0" in out
 
 
 def test_scenario_variants_are_cells_and_their_expectations_the_check(

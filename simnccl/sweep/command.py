@@ -94,7 +94,12 @@ def add_sweep_parser(sub: Any) -> argparse.ArgumentParser:
         metavar="VERDICT",
         help="a workload cell is ok with this verdict (repeatable; default pass)",
     )
-    cells.add_argument("--max-used-mib", type=float, default=None, help="a cell fails above this used MiB/device")
+    cells.add_argument(
+        "--max-used-mib",
+        type=float,
+        default=None,
+        help="a cell fails when a device's peak use over the run exceeds this (MiB)",
+    )
     run = parser.add_argument_group("running")
     run.add_argument(
         "--cell-timeout",
