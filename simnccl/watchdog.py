@@ -55,8 +55,8 @@ OP_TYPES = {
 @dataclass(frozen=True, slots=True)
 class TimeoutAction:
     """``outcome``: "abort" (the process dies), "raise" (the call raises), "hang" (nothing happens).
-    ``kind`` names what acted in the result's errors: the collective ``timeout`` watchdog or the
-    ``heartbeat`` monitor."""
+    ``kind`` names what acted in the result's errors: the collective ``timeout`` watchdog, the
+    ``heartbeat`` monitor, or an NCCL async error (``abort``, ``error``: see ``on_async_error``)."""
 
     outcome: str
     dump: bool
@@ -150,7 +150,10 @@ def on_timeout(
 
 
 def on_async_error(env: Mapping[str, str], *, rank: int) -> TimeoutAction:
-    """An NCCL async error on a communicator (a peer died, a network error): the watchdog's error path."""
+    """An NCCL async error on a communicator (a peer died, a network error): the watchdog's error path.
+
+    Its ``kind`` is never "timeout": nothing timed out, the rank failed on its own, so a rank that raises
+    (CleanUpOnly) or aborts is an error of the run, not a symptom of a hang."""
     text = (
         f"[Rank {rank}] NCCL Async Error: ncclRemoteError: A call failed possibly due to a network error or a "
         "remote process exiting prematurely."
@@ -161,7 +164,7 @@ def on_async_error(env: Mapping[str, str], *, rank: int) -> TimeoutAction:
     if mode == 0:
         return TimeoutAction("hang", dump, wait_s, "", text, True)
     if mode == 2:
-        return TimeoutAction("raise", dump, wait_s, "torch.distributed.DistBackendError", text, True)
+        return TimeoutAction("raise", dump, wait_s, "torch.distributed.DistBackendError", text, True, kind="error")
     return TimeoutAction(
         "abort",
         dump,
@@ -169,6 +172,7 @@ def on_async_error(env: Mapping[str, str], *, rank: int) -> TimeoutAction:
         "SIGABRT",
         f"{text}\nAborting process on rank {rank} due to error - nccl hit async error",
         True,
+        kind="abort",
     )
 
 

@@ -111,6 +111,26 @@ def test_nccl_error_aborts_after_the_dump_wait() -> None:
     assert out.verdict == "error"
 
 
+@pytest.mark.parametrize("fault", [Fault("nccl-error", 1, at_op=5), Fault("nccl-error", 1, at_s=0.5)])
+def test_nccl_error_under_clean_up_only_is_an_error_the_rank_raised(fault) -> None:
+    """CleanUpOnly: the rank's call raises DistBackendError: an error of the run (it was filed as a watchdog
+    timeout: verdict hang), and the others' report says rank 1 raised, not that it died."""
+    out = run(fault, env={"TORCH_NCCL_ASYNC_ERROR_HANDLING": "2"})
+    assert out.verdict == "error"
+    (err,) = [e for e in out.errors if e["rank"] == 1]
+    assert err["kind"] == "error" and err["type"] == "torch.distributed.DistBackendError"
+    assert out.ranks[1].status == "error"
+    explanation = next(h for h in out.hangs if h["rank"] == 0)["explanation"]
+    assert "rank 1 raised torch.distributed.DistBackendError: [Rank 1] NCCL Async Error" in explanation
+    assert "died" not in explanation
+
+
+def test_nccl_error_at_a_time_aborts_as_an_error_not_a_timeout() -> None:
+    out = run(Fault("nccl-error", 1, at_s=0.5))
+    (err,) = [e for e in out.errors if e["rank"] == 1]
+    assert err["kind"] == "abort" and out.verdict == "error"
+
+
 @pytest.mark.parametrize(
     "fault",
     [

@@ -142,7 +142,7 @@ class RankLoop:
         except Crash as err:
             self._fail(rt, "crash", err, abort=True)
         except AsyncError as err:
-            self._fail(rt, "timeout" if err.action.outcome != "abort" else "abort", err, abort=True)
+            self._fail(rt, err.action.kind, err, abort=err.action.outcome == "abort")
         except ProcessAbort as err:
             self._fail(rt, "abort", err)
         except PeerLost as err:

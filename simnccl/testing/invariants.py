@@ -103,7 +103,7 @@ def blamed_ranks(outcome: RunOutcome) -> set[int]:
         for clause in str(h["explanation"]).split("; "):
             died = _DIED.match(clause)
             if died and int(died.group(1)) in timed_out:
-                continue  # "rank N died: <watchdog timeout>" is a symptom of the same hang
+                continue  # "rank N died: / raised <watchdog timeout>" is a symptom of the same hang
             named.update(int(r) for r in _RANK.findall(clause))
             for listed in _RANKS_SUBJECT.findall(clause):
                 named.update(int(r) for r in listed.split(",") if r.strip())
@@ -111,7 +111,7 @@ def blamed_ranks(outcome: RunOutcome) -> set[int]:
 
 
 _RANK = re.compile(r"\brank (\d+)\b")
-_DIED = re.compile(r"^rank (\d+) died: ")
+_DIED = re.compile(r"^rank (\d+) (?:died: |raised )")
 _RANKS_SUBJECT = re.compile(r"(?:^|: )ranks \[([0-9, ]+)\]")  # "...: ranks [1, 3] already bootstrapped ..."
 
 
