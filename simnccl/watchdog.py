@@ -149,11 +149,19 @@ def on_timeout(
     )
 
 
+NO_HANDLING = (
+    "its communicator hit an NCCL error and TORCH_NCCL_ASYNC_ERROR_HANDLING=0 (NoHandling) only logs it: nothing "
+    "tears the communicator down, so the op never completes"
+)
+
+
 def on_async_error(env: Mapping[str, str], *, rank: int) -> TimeoutAction:
     """An NCCL async error on a communicator (a peer died, a network error): the watchdog's error path.
 
     Its ``kind`` is never "timeout": nothing timed out, the rank failed on its own, so a rank that raises
-    (CleanUpOnly) or aborts is an error of the run, not a symptom of a hang."""
+    (CleanUpOnly) or aborts is an error of the run, not a symptom of a hang. Under NoHandling ("hang") the
+    watchdog only logs the error and the broken communicator never completes the op: the engine keeps the rank
+    stuck in it (``Injection.stall``)."""
     text = (
         f"[Rank {rank}] NCCL Async Error: ncclRemoteError: A call failed possibly due to a network error or a "
         "remote process exiting prematurely."
@@ -162,7 +170,7 @@ def on_async_error(env: Mapping[str, str], *, rank: int) -> TimeoutAction:
     wait_s = dump_wait_s(env, dump)
     mode = async_error_handling(env)
     if mode == 0:
-        return TimeoutAction("hang", dump, wait_s, "", text, True)
+        return TimeoutAction("hang", dump, wait_s, "", text, True, kind="nccl-error")
     if mode == 2:
         return TimeoutAction("raise", dump, wait_s, "torch.distributed.DistBackendError", text, True, kind="error")
     return TimeoutAction(

@@ -131,6 +131,18 @@ def test_nccl_error_at_a_time_aborts_as_an_error_not_a_timeout() -> None:
     assert err["kind"] == "abort" and out.verdict == "error"
 
 
+@pytest.mark.parametrize("fault", [Fault("nccl-error", 1, at_op=5), Fault("nccl-error", 1, at_s=0.5)])
+def test_nccl_error_under_no_handling_hangs_the_rank_in_its_op(fault) -> None:
+    """NoHandling logs the error and leaves the communicator broken: the op never completes (it did, and the
+    run passed), and the report says why."""
+    out = run(fault, env={"TORCH_NCCL_ASYNC_ERROR_HANDLING": "0"})
+    assert out.verdict == "hang" and not out.errors
+    hangs = {h["rank"]: h for h in out.hangs}
+    assert hangs[1]["op_index"] == (5 if fault.at_op is not None else 4)  # at 0.5 s: inside the compute
+    assert "NoHandling" in hangs[1]["explanation"] and "NCCL Async Error" in hangs[1]["explanation"]
+    assert hangs[0]["waiting_for"] == [1] and "NoHandling" in hangs[0]["explanation"]
+
+
 @pytest.mark.parametrize(
     "fault",
     [

@@ -19,7 +19,7 @@ from simnccl.engine.timing import Timing
 from simnccl.engine.watchdogs import Watchdogs
 from simnccl.faults import Fault, FaultSchedule, validate
 from simnccl.ops import Program
-from simnccl.watchdog import on_async_error
+from simnccl.watchdog import NO_HANDLING, on_async_error
 
 
 class Injection:
@@ -78,8 +78,7 @@ class Injection:
             action = on_async_error(rt.ctx.env, rank=rt.rank)
             if action.dump:
                 self.watchdogs.dump_all(self.env.now)
-            if action.outcome != "hang":
-                procs[rt.rank].interrupt(action)
+            procs[rt.rank].interrupt(Crash(fault, stall=True) if action.outcome == "hang" else action)
         elif fault.kind in ("stall", "watchdog-stuck"):
             procs[rt.rank].interrupt(Crash(fault, stall=True))
 
@@ -111,7 +110,7 @@ class Injection:
             if action.dump:
                 self.watchdogs.dump_all(self.env.now)
             if action.outcome == "hang":
-                return
+                yield from self.stall(rt, fault)
             if action.wait_s:
                 yield self.env.timeout(action.wait_s)
             raise AsyncError(action)
@@ -119,7 +118,10 @@ class Injection:
     def stall(self, rt: RankRuntime, fault: Fault) -> Waiting:
         """The rank stops issuing ops but stays alive (it still answers a flight-recorder dump). A
         ``watchdog-stuck`` rank is stuck in a CUDA/NCCL call with its watchdog thread: its own collective
-        timeouts never fire, and only legacy's heartbeat monitor can end it (``simnccl.watchdog``)."""
+        timeouts never fire, and only legacy's heartbeat monitor can end it (``simnccl.watchdog``). An
+        ``nccl-error`` under ``TORCH_NCCL_ASYNC_ERROR_HANDLING=0`` (NoHandling) lands here too: the watchdog
+        only logs the error and nothing tears the broken communicator down, so the op never completes and the
+        rank hangs in it — the error must not simply vanish."""
         op = rt.program.ops[min(rt.pc, len(rt.program.ops) - 1)]
         meeting = self.rendezvous.open(("stall", rt.rank), "stall", "", 0, ())
         if fault.kind == "watchdog-stuck":
@@ -128,6 +130,12 @@ class Injection:
                 "CUDA/NCCL call"
             )
             self.watchdogs.arm_monitor(rt, fault)
+        elif fault.kind == "nccl-error":
+            self.watchdogs.report.broken.add(rt.rank)
+            meeting.problem = (
+                f"injected fault: {fault.describe()} — {NO_HANDLING}; the watchdog logged: "
+                f"{on_async_error(rt.ctx.env, rank=rt.rank).message}"
+            )
         else:
             meeting.problem = f"injected fault: {fault.describe()} — the rank stopped issuing ops"
         yield from self.rendezvous.wait(rt, meeting, op)

@@ -16,7 +16,7 @@ from simnccl.engine.sim import Sim
 from simnccl.engine.state import Block, RankRuntime, RunOutcome
 from simnccl.engine.timing import Timing
 from simnccl.meetings import Meeting
-from simnccl.watchdog import MonitorAction
+from simnccl.watchdog import NO_HANDLING, MonitorAction
 
 
 class HangReport:
@@ -25,6 +25,7 @@ class HangReport:
         self.env = sim.env
         self.timing = timing
         self.stuck = stuck
+        self.broken: set[int] = set()  # ranks stuck in an op of a communicator an NCCL error broke (NoHandling)
 
     def entry(
         self,
@@ -105,6 +106,8 @@ class HangReport:
         if rt.block is not None and rt.block.meeting.kind == "stall":
             if rt.rank in self.stuck:
                 return f"is stuck in a CUDA/NCCL call with its watchdog, before {rt.block.op.describe()}"
+            if rt.rank in self.broken:
+                return f"is stuck in {rt.block.op.describe()}: {NO_HANDLING}"
             return f"is stalled before {rt.block.op.describe()} (injected fault)"
         if rt.block is not None:
             m = rt.block.meeting
@@ -124,6 +127,8 @@ class HangReport:
                     "its watchdog thread is stuck too, and no heartbeat monitor watches it "
                     "(only legacy ProcessGroupNCCL has one, unless TORCH_NCCL_BLOCKING_WAIT=1)"
                 )
+            if rt.rank in self.broken:
+                return None, "under NoHandling the watchdog only logs the error and any timeout; nothing ends the op"
             return None, "a stalled process issues nothing that could time out"
         if meeting.kind in ("split", "split-color"):
             return (
