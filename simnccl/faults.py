@@ -133,12 +133,18 @@ def validate(fault: Fault, programs: Sequence[Program]) -> None:
 
 def check_program_faults_distinct(faults: Sequence[Fault]) -> None:
     """At most one program fault (skip, mismatch) per rank and op: both rewrite that op, and a skipped
-    collective has no size left to mismatch."""
-    seen: dict[tuple[int, int | None], Fault] = {}
+    collective has no size left to mismatch. Likewise at most one timed fault (crash, stall, nccl-error, ...)
+    per rank and op: the engine acts out one fault before an op (``Injection.op_faults``), so a second one
+    silently replaced the first while the printed schedule still showed both."""
+    seen: dict[tuple[str, int, int | None], Fault] = {}
     for fault in faults:
-        if fault.kind not in PROGRAM_FAULTS:
+        if fault.kind in PROGRAM_FAULTS:
+            where = "program"
+        elif fault.kind in TIMED_FAULTS and fault.at_op is not None:
+            where = "timed"
+        else:
             continue
-        first = seen.setdefault((fault.rank, fault.at_op), fault)
+        first = seen.setdefault((where, fault.rank, fault.at_op), fault)
         if first is not fault:
             raise FaultError(f"faults {first.describe()} and {fault.describe()} hit the same op of one rank")
 
@@ -203,5 +209,8 @@ def generate(
             faults.append(Fault(kind, rank))
         else:
             candidates = [i for i, op in enumerate(ops) if isinstance(op, (Collective, NewGroup))] or [0]
-            faults.append(Fault(kind, rank, at_op=rng.choice(candidates)))
+            at_op = rng.choice(candidates)
+            if any(f.kind in TIMED_FAULTS and (f.rank, f.at_op) == (rank, at_op) for f in faults):
+                continue  # one timed fault per op (check_program_faults_distinct)
+            faults.append(Fault(kind, rank, at_op=at_op))
     return FaultSchedule(seed, tuple(sorted(pool)), tuple(faults))

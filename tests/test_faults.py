@@ -298,6 +298,33 @@ def test_a_straggler_at_a_time_is_rejected_not_ignored() -> None:
         )
 
 
+@pytest.mark.parametrize("second", ["stall", "nccl-error", "crash", "watchdog-stuck"])
+def test_two_timed_faults_on_one_op_are_refused_or_never_generated(tmp_path, capsys, second: str) -> None:
+    """A crash and a second timed fault on the same op of one rank: the engine acts out one fault per op, so
+    the second silently replaced the crash (a printed crash that never happened). Bad input in a file (exit 2,
+    naming both); never drawn by a swarm."""
+    from simnccl.cli import main
+    from simnccl.faults import TIMED_FAULTS, generate
+    from simnccl.ops import AllReduce, InitProcessGroup, Program, SetDevice
+
+    with pytest.raises(FaultError, match="hit the same op"):
+        apply_to_programs(FaultSchedule(None, (), (Fault("crash", 1, at_op=5), Fault(second, 1, at_op=5))), PROGRAMS)
+    program = Program((SetDevice(), InitProcessGroup(), AllReduce(size_bytes=8)))
+    for seed in range(300):
+        faults = generate(seed, [program] * 2, classes=sorted(TIMED_FAULTS), max_faults=4).faults
+        hit = [(f.rank, f.at_op) for f in faults]
+        assert len(hit) == len(set(hit)), (seed, faults)
+    path = tmp_path / "twice.toml"
+    path.write_text(
+        '[scenario]\nname = "twice"\n[cluster]\ngpu = "h100-80gb"\ngpus_per_node = 2\n[torch]\nrelease = "2.15"\n'
+        '[workload]\nsteps = [{ op = "set_device" }, { op = "init_process_group" }, { op = "all_reduce" }]\n'
+        '[faults]\ninject = [{ kind = "crash", rank = 1, at_op = 2 }, '
+        f'{{ kind = "{second}", rank = 1, at_op = 2 }}]\n'
+    )
+    assert main(["run", str(path)]) == 2
+    assert f"crash rank 1 at op 2 and {second} rank 1 at op 2 hit the same op" in capsys.readouterr().err
+
+
 def test_two_program_faults_on_one_op_are_refused_or_never_generated(tmp_path) -> None:
     """A skip and a mismatch on the same op of one rank: bad input in a file (exit 2), never drawn by a swarm."""
     from simnccl.cli import main
