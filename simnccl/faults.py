@@ -47,6 +47,17 @@ TIMED_FAULTS = ("crash", "gpu-crash", "stall", "nccl-error", "watchdog-stuck")
 # Faults that slow a rank or a link by ``factor`` for the whole run.
 STRAGGLER_FAULTS = ("straggler", "link-straggler")
 FAULT_KINDS = PROGRAM_FAULTS + RUNTIME_FAULTS
+# The optional fields each kind acts on. Anything else given is refused, not ignored: a crash with a factor, an
+# oom-at-init at an op (it fails the rank's next communicator init, whenever that is), a store-timeout at a time
+# (its at_op picks which bootstrap) would otherwise read as a fault the run never had.
+FAULT_FIELDS: dict[str, tuple[str, ...]] = {
+    **dict.fromkeys(PROGRAM_FAULTS, ("at_op",)),
+    **dict.fromkeys(TIMED_FAULTS, ("at_op", "at_s")),
+    "straggler": ("factor",),
+    "link-straggler": ("factor", "peer"),
+    "oom-at-init": (),
+    "store-timeout": ("at_op",),
+}
 
 
 class FaultError(ValueError):
@@ -120,6 +131,8 @@ def validate(fault: Fault, programs: Sequence[Program]) -> None:
             )
     if fault.kind in TIMED_FAULTS and fault.at_op is None and fault.at_s is None:
         raise FaultError(f"fault {fault.describe()}: needs at_op or at_s")
+    if fault.at_op is not None and fault.at_s is not None:
+        raise FaultError(f"fault {fault.describe()}: give at_op or at_s, not both")
     if fault.at_s is not None and not (fault.at_s >= 0 and math.isfinite(fault.at_s)):
         raise FaultError(f"fault {fault.describe()}: at_s must be a time >= 0 and finite")
     if fault.kind == "link-straggler":
@@ -129,6 +142,23 @@ def validate(fault: Fault, programs: Sequence[Program]) -> None:
             )
     elif fault.peer is not None:
         raise FaultError(f"fault {fault.describe()}: peer is only meaningful for a link-straggler")
+    unused = unused_fields(fault.kind, given_fields(fault))
+    if unused:
+        raise FaultError(f"fault {fault.describe()}: {unused[0]} is not used by a fault of kind {fault.kind!r}")
+
+
+def given_fields(fault: Fault) -> tuple[str, ...]:
+    """The optional fields a fault sets (a factor of 1 is the default: not set)."""
+    values = {"at_op": fault.at_op, "at_s": fault.at_s, "peer": fault.peer}
+    return tuple(name for name, value in values.items() if value is not None) + (
+        ("factor",) if fault.factor != 1.0 else ()
+    )
+
+
+def unused_fields(kind: str, given: Sequence[str]) -> list[str]:
+    """The fields of ``given`` that a fault of ``kind`` does not act on (``FAULT_FIELDS``)."""
+    uses = FAULT_FIELDS.get(kind, ())
+    return [name for name in given if name not in uses]
 
 
 def check_program_faults_distinct(faults: Sequence[Fault]) -> None:

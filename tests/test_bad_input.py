@@ -247,6 +247,26 @@ def test_fault_time_out_of_range_is_exit_2(capsys, write_scenario, value: str) -
     _bad(capsys, write_scenario, _steps(*BASE_STEPS, extra=extra), "faults.inject[0].at_s")
 
 
+@pytest.mark.parametrize(
+    ("fault", "field"),
+    [
+        ('kind = "oom-at-init", rank = 0, at_op = 1', "at_op"),
+        ('kind = "oom-at-init", rank = 0, at_s = 1.0', "at_s"),
+        ('kind = "store-timeout", rank = 0, at_s = 1.0', "at_s"),
+        ('kind = "crash", rank = 0, at_op = 1, factor = 3', "factor"),
+        ('kind = "crash", rank = 0, at_op = 1, factor = 1', "factor"),
+        ('kind = "skip", rank = 0, at_op = 2, at_s = 1.0', "at_s"),
+        ('kind = "crash", rank = 0, at_op = 1, at_s = 1.0', "at_s"),
+    ],
+)
+def test_a_fault_field_its_kind_does_not_use_is_exit_2(capsys, write_scenario, fault: str, field: str) -> None:
+    """A field the fault's kind ignores read as a fault the run never had (an OOM at op 1, a crash at both an op
+    and a time): refused, naming the fault and the field."""
+    steps = (*BASE_STEPS, '{ op = "all_reduce" }')
+    extra = f'[faults]\ninject = [{{ kind = "stall", rank = 1, at_op = 2 }}, {{ {fault} }}]\n'
+    _bad(capsys, write_scenario, _steps(*steps, extra=extra), f"faults.inject[1].{field}")
+
+
 @pytest.mark.parametrize("value", ["nan", "inf"])
 def test_expectation_numbers_must_be_finite(capsys, write_scenario, value: str) -> None:
     extra = f'[[expect]]\ncheckpoint = "after_init"\nused_mib = {value}\n'

@@ -274,6 +274,10 @@ def test_link_stragglers_are_generated_printed_and_replayed() -> None:
         (Fault("link-straggler", 0, factor=float("nan"), peer=1), "finite number >= 1"),
         (Fault("straggler", 0, factor=2.0, peer=1), "only meaningful for a link-straggler"),
         (Fault("watchdog-stuck", 0), "needs at_op or at_s"),
+        (Fault("crash", 0, at_op=1, at_s=1.0), "not both"),
+        (Fault("crash", 0, at_op=1, factor=3.0), "factor is not used by a fault of kind 'crash'"),
+        (Fault("oom-at-init", 0, at_op=1), "at_op is not used by a fault of kind 'oom-at-init'"),
+        (Fault("store-timeout", 0, at_s=1.0), "at_s is not used by a fault of kind 'store-timeout'"),
         (Fault("crash", 0, at_s=-1.0), "at_s must be a time >= 0"),
     ],
 )

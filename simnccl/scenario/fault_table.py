@@ -8,6 +8,7 @@ from simnccl.faults import (
     FaultSchedule,
     check_program_faults_distinct,
     generate,
+    unused_fields,
     validate,
 )
 from simnccl.limits import InputLimits, exceeded
@@ -41,6 +42,11 @@ def read_faults(
             peer=item.get("peer", int, None),
         )
         item.finish()
+        unused = unused_fields(fault.kind, [name for name in ("at_op", "at_s", "factor", "peer") if name in raw])
+        if unused:  # even a factor of 1 on a crash: the kind does not use the field at all
+            raise item.error(unused[0], f"not used by a fault of kind {fault.kind!r}")
+        if "at_op" in raw and "at_s" in raw:
+            raise item.error("at_s", "give at_op or at_s, not both")
         try:
             validate(fault, programs)
         except FaultError as err:
