@@ -67,10 +67,27 @@ class TimeoutAction:
     kind: str = "timeout"
 
 
-def blocking_wait(env: Mapping[str, str]) -> bool:
+# Legacy ProcessGroupNCCL's deprecated spellings (torch 2.15's c10d/ProcessGroupNCCL.hpp lists each after the
+# TORCH_ name: getCvar* takes the first one set). nccl2's header lists no such aliases, so only legacy reads them.
+LEGACY_ALIASES = {
+    "TORCH_NCCL_BLOCKING_WAIT": "NCCL_BLOCKING_WAIT",
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "NCCL_ASYNC_ERROR_HANDLING",
+}
+
+
+def _knob(env: Mapping[str, str], name: str, impl: Impl | None, default: str) -> str:
+    """``name``'s value as ``impl`` reads it: legacy falls back to the deprecated alias where ``name`` is unset."""
+    if name in env:
+        return env[name]
+    if impl is Impl.LEGACY and LEGACY_ALIASES[name] in env:
+        return env[LEGACY_ALIASES[name]]
+    return default
+
+
+def blocking_wait(env: Mapping[str, str], impl: Impl | None) -> bool:
     """Whether ``TORCH_NCCL_BLOCKING_WAIT`` is on ("1" or "true"): one rule for both the timeout path and the
     heartbeat monitor, so they never disagree on whether a watchdog exists."""
-    return env.get("TORCH_NCCL_BLOCKING_WAIT", "0").strip().lower() in ("1", "true")
+    return _knob(env, "TORCH_NCCL_BLOCKING_WAIT", impl, "0").strip().lower() in ("1", "true")
 
 
 def dump_wait_s(env: Mapping[str, str], dump: bool) -> float:
@@ -78,8 +95,8 @@ def dump_wait_s(env: Mapping[str, str], dump: bool) -> float:
     return dump_wait_ms(env) / 1000 if dump else 0.0
 
 
-def async_error_handling(env: Mapping[str, str]) -> int:
-    value = env.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3").strip()
+def async_error_handling(env: Mapping[str, str], impl: Impl | None) -> int:
+    value = _knob(env, "TORCH_NCCL_ASYNC_ERROR_HANDLING", impl, "3").strip()
     return int(value) if value in ("0", "1", "2", "3") else 3
 
 
@@ -122,7 +139,7 @@ def on_timeout(
         f"[Rank {rank}] Watchdog caught collective operation timeout: {work} ran for {ms} milliseconds "
         "before timing out."
     )
-    if blocking_wait(env):
+    if blocking_wait(env, impl):
         return TimeoutAction(
             "raise",
             False,
@@ -133,7 +150,7 @@ def on_timeout(
         )
     dump = dump_on_timeout(env)
     wait_s = dump_wait_s(env, dump)
-    mode = async_error_handling(env)
+    mode = async_error_handling(env, impl)
     if mode == 0:
         return TimeoutAction("hang", dump, wait_s, "", timeout_text, True)
     if mode == 2:
@@ -155,8 +172,9 @@ NO_HANDLING = (
 )
 
 
-def on_async_error(env: Mapping[str, str], *, rank: int) -> TimeoutAction:
-    """An NCCL async error on a communicator (a peer died, a network error): the watchdog's error path.
+def on_async_error(env: Mapping[str, str], impl: Impl | None, *, rank: int) -> TimeoutAction:
+    """An NCCL async error on a communicator (a peer died, a network error): the watchdog's error path, under
+    the rank's ``impl`` (None: no NCCL process group yet).
 
     Its ``kind`` is never "timeout": nothing timed out, the rank failed on its own, so a rank that raises
     (CleanUpOnly) or aborts is an error of the run, not a symptom of a hang. Under NoHandling ("hang") the
@@ -168,7 +186,7 @@ def on_async_error(env: Mapping[str, str], *, rank: int) -> TimeoutAction:
     )
     dump = dump_on_timeout(env)
     wait_s = dump_wait_s(env, dump)
-    mode = async_error_handling(env)
+    mode = async_error_handling(env, impl)
     if mode == 0:
         return TimeoutAction("hang", dump, wait_s, "", text, True, kind="nccl-error")
     if mode == 2:
@@ -231,7 +249,7 @@ def _env_bool(env: Mapping[str, str], name: str, default: bool) -> bool:
 
 def heartbeat_monitor(impl: Impl, env: Mapping[str, str]) -> tuple[bool, int] | None:
     """``(enabled, heartbeat timeout s)`` for a process whose default group runs ``impl``; None: no monitor."""
-    if impl is not Impl.LEGACY or blocking_wait(env):
+    if impl is not Impl.LEGACY or blocking_wait(env, impl):
         return None
     timeout = _env_int(env, "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC", DEFAULT_HEARTBEAT_TIMEOUT_S)
     return _env_bool(env, "TORCH_NCCL_ENABLE_MONITORING", True), max(timeout, 1)

@@ -162,7 +162,7 @@ def test_blocking_wait_creates_no_watchdog_hence_no_monitor() -> None:
 def test_blocking_wait_is_read_one_way_by_the_timeout_and_the_monitor(value, on) -> None:
     """The timeout path and the heartbeat monitor must agree on whether legacy runs a watchdog."""
     env = {"TORCH_NCCL_BLOCKING_WAIT": value}
-    assert blocking_wait(env) is on
+    assert blocking_wait(env, Impl.LEGACY) is on
     assert (heartbeat_monitor(Impl.LEGACY, env) is None) is on
     action = on_timeout(Impl.LEGACY, "collective", env, rank=0, seq=1, op_name="all_reduce", numel=1, timeout_s=1)
     assert action is not None and ("blocking wait" in action.message) is on
@@ -290,3 +290,29 @@ def test_a_group_timeout_fires_exactly_when_a_wait_outlasts_it(
     assert (out.verdict == "pass") == (not late), (out.verdict, late, out.hangs)
     timed_out = sorted(h["rank"] for h in out.hangs if h.get("timeout_s") is not None)
     assert set(late) <= set(timed_out) or out.verdict != "hang", (late, out.hangs)
+
+
+@pytest.mark.parametrize("release", ["2.15", "2.14"])
+def test_legacy_reads_the_deprecated_nccl_aliases_where_the_torch_names_are_unset(release) -> None:
+    """Legacy ProcessGroupNCCL reads NCCL_ASYNC_ERROR_HANDLING / NCCL_BLOCKING_WAIT after the TORCH_ names
+    (ProcessGroupNCCL.hpp); they were accepted and ignored, so the run aborted where torch hangs or raises."""
+    legacy = {"TORCH_DIST_USE_NCCL2": "0"} if release == "2.15" else {}
+
+    def legacy_run(env):
+        return simulate(PROGRAM, env={**legacy, **env}, faults=STALL, release=release)
+
+    def rank0(out):
+        return [e["kind"] for e in out.errors if e["rank"] == 0]
+
+    # NoHandling: the watchdog does not abort; legacy's heartbeat monitor ends the process on the dump signal
+    assert rank0(legacy_run({"NCCL_ASYNC_ERROR_HANDLING": "0"})) == ["heartbeat"]
+    (error,) = [e for e in legacy_run({"NCCL_BLOCKING_WAIT": "1"}).errors if e["rank"] == 0]
+    assert "timed out in blocking wait" in error["message"]
+    both = legacy_run({"NCCL_ASYNC_ERROR_HANDLING": "0", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3"})
+    assert rank0(both) == ["timeout"]  # the TORCH_ name wins: the watchdog aborts
+
+
+def test_nccl2_does_not_read_the_deprecated_aliases() -> None:
+    out = run({"NCCL_ASYNC_ERROR_HANDLING": "0", "NCCL_BLOCKING_WAIT": "1"})
+    (error,) = [e for e in out.errors if e["rank"] == 0]
+    assert error["kind"] == "timeout" and "Aborting process on rank 0" in error["message"]

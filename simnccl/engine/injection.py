@@ -75,7 +75,7 @@ class Injection:
             for victim in self._victims(rt, fault):
                 procs[victim.rank].interrupt(Crash(fault))
         elif fault.kind == "nccl-error":
-            action = on_async_error(rt.ctx.env, rank=rt.rank)
+            action = on_async_error(rt.ctx.env, self.watchdogs.world_impl(rt), rank=rt.rank)
             if action.dump:
                 self.watchdogs.dump_all(self.env.now)
             procs[rt.rank].interrupt(Crash(fault, stall=True) if action.outcome == "hang" else action)
@@ -106,7 +106,7 @@ class Injection:
         if fault.kind in ("stall", "watchdog-stuck"):
             yield from self.stall(rt, fault)
         if fault.kind == "nccl-error":
-            action = on_async_error(rt.ctx.env, rank=rt.rank)
+            action = on_async_error(rt.ctx.env, self.watchdogs.world_impl(rt), rank=rt.rank)
             if action.dump:
                 self.watchdogs.dump_all(self.env.now)
             if action.outcome == "hang":
@@ -134,7 +134,7 @@ class Injection:
             self.watchdogs.report.broken.add(rt.rank)
             meeting.problem = (
                 f"injected fault: {fault.describe()} — {NO_HANDLING}; the watchdog logged: "
-                f"{on_async_error(rt.ctx.env, rank=rt.rank).message}"
+                f"{on_async_error(rt.ctx.env, self.watchdogs.world_impl(rt), rank=rt.rank).message}"
             )
         else:
             meeting.problem = f"injected fault: {fault.describe()} — the rank stopped issuing ops"

@@ -164,7 +164,7 @@ class Watchdogs:
         watchdog timed out (and set it), every live legacy process dumps, waits one heartbeat timeout and is
         terminated (torch's "collective timeout or exception" path) — a stalled or stuck process included,
         unless something ended it before."""
-        impl = self._world_impl(rt) if rt.status in ("running", "blocked") else None
+        impl = self.world_impl(rt) if rt.status in ("running", "blocked") else None
         if impl is not Impl.LEGACY:
             return
         source = rt.rank if rt.timed_out else min((r.rank for r in self.ranks if r.timed_out), default=-1)
@@ -179,7 +179,7 @@ class Watchdogs:
         """Start the stuck rank's heartbeat monitor clock, if its default group has one (legacy only)."""
         if rt.rank in self.stuck:
             return
-        impl = self._world_impl(rt)
+        impl = self.world_impl(rt)
         action = None
         if impl is not None:
             start_s = self.monitor_start[rt.rank]
@@ -190,7 +190,7 @@ class Watchdogs:
             self.monitor_action[rt.rank] = action
             self.env.process(self._monitor(rt, action))
 
-    def _world_impl(self, rt: RankRuntime) -> Impl | None:
+    def world_impl(self, rt: RankRuntime) -> Impl | None:
         """The implementation behind this rank's live default group (whose watchdog the monitor watches)."""
         if rt.world is None or rt.world.destroyed or rt.rank not in self.monitor_start:
             return None
