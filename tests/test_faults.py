@@ -143,6 +143,24 @@ def test_nccl_error_under_no_handling_hangs_the_rank_in_its_op(fault) -> None:
     assert hangs[0]["waiting_for"] == [1] and "NoHandling" in hangs[0]["explanation"]
 
 
+@pytest.mark.parametrize("kind", ["stall", "crash"])
+def test_a_fault_after_a_split_the_rank_ran_ahead_of_strikes_when_the_split_ends(kind: str) -> None:
+    """Rank 1 is no member of [4..7]: it runs ahead of that NOCOLOR split and settles at its end (0.55 s), where
+    its next op starts, as ranks 0, 2 and 3 do. A fault at that op struck at its arrival at the split (0.40 s): a
+    stalled rank was "stuck since t=0.400 s" while the split it was in went on until 0.55 s."""
+    program = [
+        *START,
+        NewGroup((0, 1, 2, 3), bind="tp"),
+        NewGroup((4, 5, 6, 7), bind="tp"),
+        AllReduce(group="tp", size_bytes=2**20),
+    ]
+    faults = FaultSchedule(None, (), (Fault(kind, 1, at_op=4),))
+    out = simulate(program, gpus_per_node=8, faults=faults, keep_trace=True)
+    (struck,) = [e for e in out.trace if e[1:3] == (1, "fault")]
+    entered = {h["rank"]: h["since_s"] for h in out.hangs if h["rank"] != 1}
+    assert entered and set(entered.values()) == {struck[0]}, (struck, entered)
+
+
 @pytest.mark.parametrize(
     "fault",
     [

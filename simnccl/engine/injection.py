@@ -96,7 +96,10 @@ class Injection:
         ] or [rt]
 
     def inject(self, rt: RankRuntime, fault: Fault) -> Waiting:
-        """An op-indexed fault, before the op runs."""
+        """An op-indexed fault, before the op runs: once the NOCOLOR splits this rank ran ahead of are complete,
+        where the op would start (``Rendezvous.settle``). A stall there said the rank was stuck since its arrival
+        at the split, before the split it was still in had ended."""
+        yield from self.rendezvous.settle(rt)
         self.record(self.env.now, rt.rank, "fault", fault.kind, rt.pc)
         if fault.kind in ("crash", "gpu-crash"):
             for victim in self._victims(rt, fault):
