@@ -37,6 +37,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from simnccl.backends.gloo import RECV_TIMED_OUT
 from simnccl.flight_recorder import dump_on_timeout, dump_wait_ms
 from simnccl.release import Impl
 
@@ -126,9 +127,7 @@ def on_timeout(
             False,
         )
     if impl is Impl.GLOO:
-        return TimeoutAction(
-            "raise", False, 0.0, "RuntimeError", f"[gloo] Timed out waiting {ms}ms for {op_name} to complete", False
-        )
+        return TimeoutAction("raise", False, 0.0, "RuntimeError", RECV_TIMED_OUT.format(ms=ms), False)
     if not impl.is_nccl:
         return None
     work = (

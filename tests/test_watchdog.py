@@ -68,7 +68,8 @@ def test_gloo_raises_at_its_30_minute_default() -> None:
     program = [SetDevice(), InitProcessGroup(backend="gloo"), AllReduce(), AllReduce()]
     out = run(program=program)
     (error,) = [e for e in out.errors if e["rank"] == 0]
-    assert error["message"].startswith("[gloo] Timed out waiting 1800000ms")
+    # torch 2.15's gloo, measured (3 ranks, one late): what a log shows, so an error_contains copied from one matches
+    assert error["message"].endswith("unbound_buffer.cc:78] Timed out waiting 1800000ms for recv operation to complete")
 
 
 def test_a_split_never_times_out() -> None:

@@ -50,6 +50,15 @@ WIRE_FAMILY = {
     "barrier": "barrier",
 }
 
+# What a rank waiting on a late peer raises at its timeout (measured on torch 2.15's gloo, 3 ranks, one 8 s late
+# to an all_reduce under timeout=3 s: "unbound_buffer.cc:78] Timed out waiting 3000ms for recv operation to
+# complete" on the waiting rank; a rank whose pending *send* slot is the one that expires prints the same with
+# ":129" and "send", which this model does not tell apart).
+RECV_TIMED_OUT = (
+    "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting {ms}ms "
+    "for recv operation to complete"
+)
+
 PEER_CLOSED = (
     "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:561] Connection closed by peer "
     "(rank {peer}). This is typically caused by a remote worker crashing. Check the logs of the remote worker "
