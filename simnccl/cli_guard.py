@@ -88,7 +88,7 @@ def guarded(main_fn: MainFn, *, command: Sequence[str] = ()) -> MainFn:
                 if err.__cause__ is not None:
                     _say("the policy's traceback:")
                     cause = err.__cause__
-                    _to_stderr(lambda: traceback.print_exception(cause, file=sys.stderr))
+                    _to_stderr(lambda: _print_traceback(cause))
                 _partial_report(record)
                 return EXIT_BAD_INPUT
             except KeyboardInterrupt:
@@ -117,7 +117,7 @@ def guarded(main_fn: MainFn, *, command: Sequence[str] = ()) -> MainFn:
                     _partial_report(record)
                     return EXIT_OUTPUT_CLOSED
                 bug = err
-                _to_stderr(lambda: traceback.print_exception(bug, file=sys.stderr))
+                _to_stderr(lambda: _print_traceback(bug))
                 _say(
                     f"simnccl: internal error (a bug in simnccl, exit {EXIT_SOFTWARE}) while running "
                     f"{_where(record, raw)}: {type(err).__name__}: {err}"
@@ -128,6 +128,12 @@ def guarded(main_fn: MainFn, *, command: Sequence[str] = ()) -> MainFn:
                 return EXIT_SOFTWARE
 
     return run
+
+
+def _print_traceback(error: BaseException) -> None:
+    """``error``'s traceback on stderr, user text in it made visible (``simnccl.visible_text``): a policy's
+    exception message (or a path, a name it quotes) is the user's text, and an ESC in it reached the terminal raw."""
+    sys.stderr.write(visible("".join(traceback.format_exception(error))))
 
 
 _NO_SPACE = frozenset(code for code in (errno.ENOSPC, getattr(errno, "EDQUOT", None)) if code is not None)
