@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
+from pathlib import Path
 from typing import Any, NoReturn
 
 from simnccl import __version__
@@ -194,6 +195,19 @@ def normalise_argv(
     return out
 
 
+def unwritable_folder(folder: Path) -> str | None:
+    """Why a file cannot be made in ``folder`` (None: one can): tried, with a file made and removed at once.
+    Why try: permissions do not tell (root passes every access check, and sysfs or a read-only mount still
+    refuses), and a long run must not fail at its very end for a path it could have refused up front."""
+    import tempfile
+
+    try:
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".simnccl-", suffix=".probe"):
+            return None
+    except OSError as err:
+        return err.strerror or str(err)
+
+
 def check_json_target(target: str | None) -> None:
     """``--json FILE`` must be writable before anything runs (a long run must not fail at its very end)."""
     if target is None or target == STDOUT:
@@ -205,6 +219,9 @@ def check_json_target(target: str | None) -> None:
         raise OverrideError("--json", f"{target!r} is a directory; expected a file to write")
     if not path.parent.is_dir():
         raise OverrideError("--json", f"no such directory {str(path.parent)!r} for {target!r}")
+    problem = unwritable_folder(path.parent)
+    if problem is not None:
+        raise OverrideError("--json", f"cannot write in {str(path.parent)!r} for {target!r}: {problem}")
 
 
 def check_fr_dir(target: str | None) -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from simnccl.cli_options import unwritable_folder
 from simnccl.prerequisites import MissingPrerequisite, require_matplotlib
 from simnccl.result import ScenarioResult
 
@@ -73,6 +74,9 @@ def check_pictures(args: argparse.Namespace) -> None:
             raise PictureError(f"{option} {path}: the folder {folder} does not exist")
         if path.exists() and not path.is_file():
             raise PictureError(f"{option} {path}: exists and is not a regular file")
+        problem = unwritable_folder(folder)
+        if problem is not None:
+            raise PictureError(f"{option} {path}: cannot write in the folder {folder}: {problem}")
     if getattr(args, "plot", None) is not None:
         try:
             require_matplotlib(f"simnccl {args.command} --plot")

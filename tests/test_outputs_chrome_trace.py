@@ -243,3 +243,15 @@ def test_a_trace_path_that_cannot_be_written_is_refused_before_running(
     assert code == 2
     assert message.format(path=path, folder=path.parent) in " ".join(captured.err.split())
     assert captured.out == "" and not path.exists()
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs /proc, a folder nobody can create a file in")
+@pytest.mark.parametrize("flag", ["--trace", "--plot", "--json"])
+def test_a_folder_that_refuses_files_is_refused_before_running(capsys: pytest.CaptureFixture[str], flag: str) -> None:
+    """A folder that exists but takes no file (sysfs, /proc, a read-only mount; root passes every permission
+    check) was found only when the report was written, after the whole run."""
+    suffix = ".png" if flag == "--plot" else ".json"
+    code = main(["run", str(SCENARIOS_DIR / "creation-order-hang.toml"), flag, f"/proc/simnccl{suffix}"])
+    captured = capsys.readouterr()
+    assert code == 2 and "cannot write in" in captured.err and "/proc" in captured.err, captured.err
+    assert captured.out == "", "nothing ran"
