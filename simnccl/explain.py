@@ -70,9 +70,13 @@ def _monitor(hang: dict[str, Any]) -> str:
             f" {seen[0].upper()}{seen[1:]}, dumped the flight recorder and only logged that it would have "
             "terminated the process (TORCH_NCCL_ENABLE_MONITORING=0): nothing ends it."
         )
+    # The times add up as written: detection, the dump's wait, one more heartbeat, termination (the dump's wait
+    # was left out: "at t=960, waited another 480 s and terminated at t=1455").
+    dump_s = monitor["terminate_at_s"] - monitor["detected_at_s"] - monitor["heartbeat_timeout_s"]
+    dumped = f"dumped the flight recorder ({dump_s:g} s)" if dump_s > 1e-9 else "dumped the flight recorder"
     return (
-        f" {seen[0].upper()}{seen[1:]} (TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC={heartbeat}), dumped the flight "
-        f"recorder, waited another {heartbeat} and terminated the process at t={monitor['terminate_at_s']:.3f} s."
+        f" {seen[0].upper()}{seen[1:]} (TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC={heartbeat}), {dumped}, waited another "
+        f"{heartbeat} and terminated the process at t={monitor['terminate_at_s']:.3f} s."
     )
 
 

@@ -221,6 +221,8 @@ def test_explain_tells_the_monitors_timeline() -> None:
     text = explain(VariantResult("v", "", "2.15", "2.15.0", "p", {}, "torch-default", stuck(LEGACY)))
     assert "Legacy's heartbeat monitor saw no watchdog heartbeat at t=960.000 s" in text
     assert "terminated the process at t=1455.000 s" in text
+    # the times add up as written: 960 + a 15 s dump wait + 480 = 1455 (the dump's wait was left out)
+    assert "dumped the flight recorder (15 s), waited another 480 s and terminated" in text, text
 
 
 def test_legacy_ends_a_merely_stalled_rank_one_heartbeat_after_the_dump_signal() -> None:
