@@ -149,7 +149,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="price a scenario file's workload: one column per variant (instead of --workload)",
     )
-    parser.add_argument("--gpus-per-node", type=int, default=8, help="GPUs (= ranks) per node (default 8)")
+    parser.add_argument("--gpus-per-node", type=int, default=None, help="GPUs (= ranks) per node (default 8)")
     parser.add_argument("--world", type=int, default=None, help="world size, when the knobs don't pin it down")
     parser.add_argument(
         "--jobs",
@@ -495,6 +495,9 @@ def render(results: Sequence[ColumnResult], missing: Sequence[str] = ()) -> str:
 # ---------------------------------------------------------------------------------------------- entry
 
 
+DEFAULT_GPUS_PER_NODE = 8
+
+
 def build_cluster(gpu: str, world: int, gpus_per_node: int) -> Cluster:
     """Whole nodes of ``gpus_per_node`` GPUs (one node when the world is smaller); public for the benchmark."""
     if gpus_per_node < 1:
@@ -559,9 +562,11 @@ def _setup(
         raise CostError(f"--world: expected a positive integer, got {world}")
     if args.world is not None and natural is not None and natural != args.world:
         raise CostError(f"--world {args.world} does not match the {natural} ranks the knobs imply")
+    # None: not given (with --scenario it is refused: the scenario's [cluster] names it)
+    gpus_per_node = DEFAULT_GPUS_PER_NODE if args.gpus_per_node is None else args.gpus_per_node
     if "local_world_size" in {p.name for p in generator.params} and "local_world_size" not in knobs:
-        knobs["local_world_size"] = min(args.gpus_per_node, world)
-    cluster = build_cluster(args.gpu or DEFAULT_GPU, world, args.gpus_per_node)
+        knobs["local_world_size"] = min(gpus_per_node, world)
+    cluster = build_cluster(args.gpu or DEFAULT_GPU, world, gpus_per_node)
     try:
         profile = find_profile(cluster.gpu.key, release)
     except ProfileError as err:

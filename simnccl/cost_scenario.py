@@ -57,9 +57,12 @@ def _refuse_workload_flags(args: argparse.Namespace, extra: Sequence[str]) -> No
         ("--gpu", args.gpu),
         ("--release", args.release),
         ("--world", args.world),
+        ("--gpus-per-node", args.gpus_per_node),
     ):
         if given is not None:
-            raise CostError(f"{flag}: not with --scenario (the scenario file names its workload, GPU and release)")
+            raise CostError(
+                f"{flag}: not with --scenario (the scenario file names its workload, cluster, GPU and release)"
+            )
     if extra:
         raise CostError(f"unexpected argument {extra[0]!r}: framework knobs go with --workload, not --scenario")
 

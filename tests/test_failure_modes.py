@@ -158,6 +158,7 @@ def test_cost_compares_the_nvls_workarounds(capsys) -> None:
     ("argv", "text"),
     [
         (["--gpu", "h100-80gb"], "--gpu: not with --scenario"),
+        (["--gpus-per-node", "1"], "--gpus-per-node: not with --scenario"),  # was ignored in silence
         (["--tp", "8"], "framework knobs go with --workload"),
         (["--variant", "nope"], "--variant: no column 'nope'"),
         (["--policy", "fastest"], "--policy: unknown policy 'fastest'"),
