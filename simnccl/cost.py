@@ -498,6 +498,11 @@ def render(results: Sequence[ColumnResult], missing: Sequence[str] = ()) -> str:
 DEFAULT_GPUS_PER_NODE = 8
 
 
+def _knob_flags(workload: str, knobs: Mapping[str, Any]) -> str:
+    """The flags that gave ``knobs`` (``--tp 8 --pp 4``), for an error about what they imply together."""
+    return " ".join(f"--{k.replace('_', '-')} {v}" for k, v in knobs.items()) or f"--workload {workload}"
+
+
 def build_cluster(gpu: str, world: int, gpus_per_node: int) -> Cluster:
     """Whole nodes of ``gpus_per_node`` GPUs (one node when the world is smaller); public for the benchmark."""
     if gpus_per_node < 1:
@@ -549,8 +554,7 @@ def _setup(
         natural = generator.world_for(knobs)
     except WorkloadError as err:
         # no key: the world the knobs imply together (past max_world_size); name the knobs given
-        given = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in knobs.items()) or f"--workload {generator.name}"
-        where = f"--{err.key.replace('_', '-')}" if err.key else given
+        where = f"--{err.key.replace('_', '-')}" if err.key else _knob_flags(generator.name, knobs)
         raise CostError(f"{where}: {err.message}") from None
     world = args.world if args.world is not None else natural
     if world is None:
@@ -577,7 +581,9 @@ def _setup(
     try:
         programs = generator(knobs, world)
     except WorkloadError as err:
-        flag = f"--{err.key.replace('_', '-')}" if err.key else "arguments"
+        # no key: the world as a whole (--world, or the knobs that imply it), not some "arguments"
+        world_flags = "--world" if args.world is not None else _knob_flags(generator.name, knobs)
+        flag = f"--{err.key.replace('_', '-')}" if err.key else world_flags
         raise CostError(f"{flag}: {err.message}") from None
     return generator, knobs, programs, cluster, release, columns
 

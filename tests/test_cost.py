@@ -162,6 +162,10 @@ def test_boolean_knobs_and_lists(capsys) -> None:
             ["--workload", "megatron", "--tp", "8", "--pp", "4", "--dp", "4096"],
             "error: --tp 8 --pp 4 --dp 4096: a world of 131072 ranks exceeds the limit max_world_size = 65536",
         ),
+        (  # a world given outright is named so (the message said "arguments")
+            ["--workload", "deepspeed", "--world", "1000000000"],
+            "error: --world: a world of 1000000000 ranks exceeds the limit max_world_size = 65536",
+        ),
     ],
 )
 def test_bad_input_exits_2_with_a_message(capsys, argv: list[str], text: str) -> None:
