@@ -162,3 +162,20 @@ def test_validate_exits_0_when_the_goal_holds_and_2_on_bad_data(monkeypatch: pyt
     err = io.StringIO()
     assert run_validate(argparse.Namespace(json=False), out=io.StringIO(), err=err) == 2
     assert err.getvalue().startswith("error: nccl_published.toml")
+
+
+def test_simnccl_validate_takes_the_output_flags_every_command_takes(
+    capsys: pytest.CaptureFixture[str], tmp_path
+) -> None:
+    """README: every command takes --json [FILE], -q and --version; validate refused all three (exit 2)."""
+    target = tmp_path / "v.json"
+    assert main(["validate", "-q", "--json", str(target)]) == 1
+    out = capsys.readouterr().out
+    assert out.startswith("Goal (") and out.count("\n") == 1, out  # -q: the verdict line alone
+    payload = json.loads(target.read_text(encoding="utf-8"))
+    assert payload["ok"] is False and payload["goal"]["met"] is False and payload["schema_version"] == 1
+    assert main(["validate", "--json", str(tmp_path / "missing" / "v.json")]) == 2
+    assert "--json: no such directory" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exited:
+        main(["validate", "--version"])
+    assert exited.value.code == 0 and capsys.readouterr().out.startswith("simnccl ")

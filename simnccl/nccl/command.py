@@ -1,4 +1,4 @@
-"""``simnccl validate [--json]``: the NCCL memory model against every published figure.
+"""``simnccl validate [--json [FILE]] [-q]``: the NCCL memory model against every published figure.
 
 Prints the validation table (predicted vs published, error, leave-one-out error), the fitted parameters and
 the points they were fitted to, the figures the model cannot express and why, the qualitative claims checked,
@@ -11,8 +11,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import TextIO
 
+from simnccl.cli_options import STDOUT, add_output_options, check_json_target
 from simnccl.nccl import UNMEASURED_ASSUMPTIONS
 from simnccl.nccl.constants import NcclInputError
 from simnccl.nccl.validation import MEDIAN_TOLERANCE, POINT_TOLERANCE, Table, validation_table
@@ -27,7 +29,7 @@ def add_validate_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentPar
         help="the NCCL memory model against every published figure (predicted vs published, leave-one-out)",
         description=__doc__.splitlines()[0],
     )
-    parser.add_argument("--json", action="store_true", help="print the table as JSON (schema_version 1)")
+    add_output_options(parser)  # --json [FILE], -q, --version: as every simnccl command
     return parser
 
 
@@ -76,29 +78,52 @@ def print_table(table: Table, out: TextIO) -> None:
     w("\nUnmeasured assumptions of the model (simnccl.nccl)\n")
     for i, assumption in enumerate(UNMEASURED_ASSUMPTIONS, 1):
         w(f"  {i}. {assumption}\n")
+    w("\n" + _goal_line(table) + "\n")
+
+
+def _goal_line(table: Table) -> str:
+    """The verdict line (the last of the table; alone under ``--quiet``)."""
     counted = sum(1 for r in table.rows if r.counted)
     verdict = "MET" if table.goal_met else "MISSED"
-    w(
-        f"\nGoal (every point within {POINT_TOLERANCE:.0%}, median within {MEDIAN_TOLERANCE:.0%}, in-sample and "
+    line = (
+        f"Goal (every point within {POINT_TOLERANCE:.0%}, median within {MEDIAN_TOLERANCE:.0%}, in-sample and "
         f"leave-one-out): {verdict}. {counted} points counted; median |error| {table.median_error:.2%}, "
         f"median |LOO error| {table.median_loo_error:.2%}"
     )
     if table.misses:
-        w(f"; outside {POINT_TOLERANCE:.0%}: {', '.join(r.point.id for r in table.misses)}")
-    w(".\n")
+        line += f"; outside {POINT_TOLERANCE:.0%}: {', '.join(r.point.id for r in table.misses)}"
+    return line + "."
 
 
 def run_validate(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
     """Run ``simnccl validate``; returns the exit code."""
     out = out or sys.stdout
     err = err or sys.stderr
+    target = getattr(args, "json", None)
+    if isinstance(target, str):
+        try:
+            check_json_target(target)  # before anything runs, as every command
+        except ValueError as error:
+            err.write(f"error: {error}\n")
+            return EXIT_BAD_INPUT
     try:
         table = validation_table()
     except NcclInputError as error:
         err.write(f"error: {error}\n")
         return EXIT_BAD_INPUT
-    if getattr(args, "json", False):
-        out.write(json.dumps(table.to_dict(), indent=2) + "\n")
+    target = getattr(args, "json", None)
+    document = {**table.to_dict(), "ok": table.goal_met}  # "ok" as in every simnccl command's document
+    if target in (True, STDOUT):  # True: a caller's namespace from before --json took a FILE
+        out.write(json.dumps(document, indent=2) + "\n")
+        return EXIT_OK if table.goal_met else EXIT_GOAL_MISSED
+    if getattr(args, "quiet", False):
+        out.write(_goal_line(table) + "\n")
     else:
         print_table(table, out)
+    if target:
+        try:
+            Path(target).write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
+        except OSError as error:
+            err.write(f"error: --json: cannot write {target!r}: {error.strerror or error}\n")
+            return EXIT_BAD_INPUT
     return EXIT_OK if table.goal_met else EXIT_GOAL_MISSED
