@@ -26,10 +26,8 @@ from simnccl.real.launch import (
     inherited_note,
     installed_release,
     lane_programs,
-    raise_user_policy_error,
-    rank_gpu,
+    run_variant_real,
     simulated_knobs,
-    variant_notes,
 )
 from simnccl.real.report import describe_outcome, rank_outcomes
 from simnccl.scenario import Scenario, Variant
@@ -282,22 +280,8 @@ def compare_scenario(
     try:
         for variant in chosen:
             sim = simulate(scenario, variant, settings.lane, programs, launcher.inherited_env(variant.env))
-            gpu, profile, gpu_notes = rank_gpu(variant, settings.lane)
-            real = launcher.run_programs(
-                programs,
-                settings,
-                policy=variant.policy,
-                gpu=gpu,
-                profile=profile,
-                env=variant.env,
-                set_launcher_env=scenario.launcher == "torchrun",
-                name=variant.name,
-                description=variant.description,
-                release=variant.release,
-                substitutions=substitutions,
-                notes=notes + variant_notes(variant) + gpu_notes,
-            )
-            raise_user_policy_error(real)  # the simulation asked the policy first, but not with the real env
+            # raises a user policy's error on the real ranks: the simulation asked it first, not with the real env
+            real = run_variant_real(launcher, scenario, variant, programs, settings, substitutions, notes)
             comparison = compare_variant(variant.name, settings.lane, sim, real, len(programs), tolerance_pct)
             if settings.lane == "cpu":
                 disagreement = policy_disagreement(scenario, variant)

@@ -581,6 +581,36 @@ def rank_gpu(variant: Variant, lane: str) -> tuple[str | None, str | None, list[
     return kind, None, [f"{note} by {builtin.name!r}"]
 
 
+def run_variant_real(
+    launcher: Launcher,
+    scenario: Scenario,
+    variant: Variant,
+    programs: Sequence[Program],
+    settings: RunSettings,
+    substitutions: Sequence[str],
+    notes: Sequence[str],
+) -> dict[str, Any]:
+    """One variant's world on real torch (its policy, GPU kind and profile, env), the Result-shaped dict; a
+    user policy that raised on the real ranks is raised again here (``raise_user_policy_error``)."""
+    gpu, profile, gpu_notes = rank_gpu(variant, settings.lane)
+    result = launcher.run_programs(
+        programs,
+        settings,
+        policy=variant.policy,
+        gpu=gpu,
+        profile=profile,
+        env=variant.env,
+        set_launcher_env=scenario.launcher == "torchrun",
+        name=variant.name,
+        description=variant.description,
+        release=variant.release,
+        substitutions=substitutions,
+        notes=[*notes, *variant_notes(variant), *gpu_notes],
+    )
+    raise_user_policy_error(result)
+    return result
+
+
 def run_scenario_real(
     scenario: Scenario,
     settings: RunSettings,
@@ -593,26 +623,10 @@ def run_scenario_real(
     own = launcher is None
     launcher = launcher or Launcher()
     try:
-        results = []
-        for variant in chosen:
-            gpu, profile, gpu_notes = rank_gpu(variant, settings.lane)
-            results.append(
-                launcher.run_programs(
-                    programs,
-                    settings,
-                    policy=variant.policy,
-                    gpu=gpu,
-                    profile=profile,
-                    env=variant.env,
-                    set_launcher_env=scenario.launcher == "torchrun",
-                    name=variant.name,
-                    description=variant.description,
-                    release=variant.release,
-                    substitutions=substitutions,
-                    notes=notes + variant_notes(variant) + gpu_notes,
-                )
-            )
-            raise_user_policy_error(results[-1])
+        results = [
+            run_variant_real(launcher, scenario, variant, programs, settings, substitutions, notes)
+            for variant in chosen
+        ]
     finally:
         if own:
             launcher.close()
