@@ -514,7 +514,9 @@ def plan_split_group(
             mine = split
             break
     _check_lazy_init_supported(release, options)
-    timeout = timeout_s if timeout_s is not None else parent.timeout_s
+    # l.6964: the backend's default (``_get_default_timeout`` of the parent's backend *name*), never the parent's
+    # own timeout: a child of a 7200 s nccl world times out at 600 s (real gloo: parent 7 s, child 30 min).
+    timeout = timeout_s if timeout_s is not None else release.default_timeout_s(parent.backend.requested)
     name = group_name_for(counter, mine if mine is not None else split_ranks[0], True)
     desc = group_desc or "undefined"
     collective = lifecycle(parent_comm.impl).split_is_collective

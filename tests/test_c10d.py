@@ -18,8 +18,9 @@ from simnccl.c10d import (
     plan_split_group,
     split_source,
 )
-from simnccl.ops import PgOptions
+from simnccl.ops import AllReduce, Compute, InitProcessGroup, PgOptions, SetDevice, SplitGroup
 from simnccl.release import MISMATCHED_BOUND_DEVICE, Impl, get_release, resolve_backend
+from simnccl.testing import simulate
 
 R215 = get_release("2.15")
 R214 = get_release("2.14")
@@ -199,3 +200,24 @@ def test_communicators_share_one_empty_peer_table_until_their_own_first_send() -
     assert not Comm(impl=Impl.NCCL2, group="h", size=2, device=0).p2p_seq  # the shared table stayed empty
     with pytest.raises(TypeError):
         Comm(impl=Impl.NCCL2, group="h", size=2, device=0).pair_comms[1] = 2  # type: ignore[index]
+
+
+def test_split_group_children_take_the_backends_default_timeout_not_the_parents() -> None:
+    # torch l.6964: _get_default_timeout(parent backend name); real gloo: a 7 s or 3600 s parent, a 0:30:00 child.
+    world = world_group()
+    world.timeout_s = 7200.0
+    assert plan_split_group(R215, ctx(), 4, world, ((0, 1),), NO_OPTS, None, None).timeout_s == 600
+    assert plan_split_group(R215, ctx(), 4, world, ((0, 1),), NO_OPTS, None, 42.0).timeout_s == 42
+    gloo = world_group(backend="gloo")
+    gloo.timeout_s = 7.0
+    assert plan_split_group(R215, ctx(), 4, gloo, ((0, 1),), NO_OPTS, None, None).timeout_s == 1800
+
+
+def test_a_late_rank_on_a_split_child_of_a_long_timeout_world_times_out_at_the_nccl_default() -> None:
+    # The child's 600 s, not the world's 7200 s: rank 1 arriving at 1000 s is too late.
+    split = SplitGroup(split_ranks=((0, 1),), bind="g")
+    start = [SetDevice(), InitProcessGroup(timeout_s=7200), split]
+    out = simulate([[*start, AllReduce(group="g")], [*start, Compute(seconds=1000), AllReduce(group="g")]])
+    assert out.verdict != "pass"
+    assert out.errors[0]["rank"] == 0 and out.errors[0]["kind"] == "timeout"
+    assert "Timeout(ms)=600000" in out.errors[0]["message"]
