@@ -18,6 +18,7 @@ from typing import NamedTuple
 from simnccl.backends import Comm, lifecycle
 from simnccl.ops import PgOptions
 from simnccl.release import (
+    DEFAULT_DEVICE_BACKEND,
     MISMATCHED_BOUND_DEVICE,
     NCCL2_NO_CUDA,
     NO_SPLIT_PARENT,
@@ -139,6 +140,11 @@ def _check_gpus(pair: DeviceBackend, ctx: ProcessContext) -> None:
         raise TorchError("ValueError", "ProcessGroupNCCL is only supported with GPUs, no GPUs found!")
 
 
+def _device_type(device_id: int | str) -> str:
+    """The torch device type of a ``device_id``: an int is the (CUDA) accelerator's index (l.2601)."""
+    return device_id.split(":", 1)[0] if isinstance(device_id, str) else "cuda"
+
+
 def _validate_device_id(device_id: int | str | None, ctx: ProcessContext) -> int | None:
     """``init_process_group`` device_id checks (l.2455-2789); returns the cuda index or None."""
     if device_id is None:
@@ -172,8 +178,12 @@ def plan_init(
     options: PgOptions,
 ) -> GroupPlan:
     """``init_process_group``: the default group "0", every rank a member, no split source."""
-    config = resolve_backend(release, backend, ctx.env, has_cuda=ctx.device_count > 0)
     bound = _validate_device_id(device_id, ctx)
+    if backend is None and device_id is not None:
+        # l.2632-2635: the device type's default backend ("cuda" -> "nccl", "cpu" -> "gloo"), so it gets that
+        # name's timeout and get_backend(); only without a device_id does None become "undefined".
+        backend = DEFAULT_DEVICE_BACKEND[_device_type(device_id)]
+    config = resolve_backend(release, backend, ctx.env, has_cuda=ctx.device_count > 0)
     cuda = config.accelerator
     if cuda is not None:
         _check_gpus(cuda, ctx)

@@ -221,3 +221,23 @@ def test_a_late_rank_on_a_split_child_of_a_long_timeout_world_times_out_at_the_n
     assert out.verdict != "pass"
     assert out.errors[0]["rank"] == 0 and out.errors[0]["kind"] == "timeout"
     assert "Timeout(ms)=600000" in out.errors[0]["message"]
+
+
+@pytest.mark.parametrize("device_id", [1, "cuda:1"])
+def test_init_without_a_backend_but_with_a_cuda_device_id_is_nccl(device_id) -> None:
+    # torch l.2632-2635: default_device_backend_map["cuda"] = "nccl": get_backend() == "nccl", 10 minutes.
+    plan = plan_init(R215, ctx(), None, device_id, None, NO_OPTS)
+    assert plan.backend.requested == "nccl" and plan.timeout_s == 600
+    assert plan.bound_device == 1 and [c.pair.impl for c in plan.comms] == [Impl.NCCL2]
+
+
+def test_init_without_a_backend_but_with_a_cpu_device_id_is_gloo() -> None:
+    plan = plan_init(R215, ctx(gpus=0), None, "cpu:0", None, NO_OPTS)
+    assert plan.backend.requested == "gloo" and plan.timeout_s == 1800
+    assert [c.pair.impl for c in plan.comms] == [Impl.GLOO]
+
+
+def test_init_without_a_backend_or_device_id_is_undefined_with_the_30_minute_default() -> None:
+    plan = plan_init(R215, ctx(), None, None, None, NO_OPTS)
+    assert plan.backend.requested == "undefined" and plan.timeout_s == 1800
+    assert [(c.pair.name, c.pair.impl) for c in plan.comms] == [("nccl", Impl.NCCL2)]
