@@ -487,6 +487,17 @@ def _split_share_requested(env: Mapping[str, str], options: PgOptions) -> bool:
     return env.get("NCCL_COMM_SPLIT_SHARE_RESOURCES") == "1"
 
 
+def _legacy_guess_device(parent: Comm, ctx: ProcessContext) -> int:
+    """Legacy ``ProcessGroupNCCL::split`` connects the child eagerly on ``guessDeviceId()``: the bound device,
+    else the device the parent's communicator was made on (``usedDeviceIdxs_``), else global rank % GPU count.
+
+    Why: an unbound legacy parent still supports splitting, and its child is a communicator on a GPU; with no
+    device the child was charged nothing and its first collective failed inside the simulator."""
+    if parent.device is not None:
+        return parent.device
+    return ctx.rank % ctx.device_count
+
+
 def plan_split_group(
     release: Release,
     ctx: ProcessContext,
@@ -549,12 +560,15 @@ def plan_split_group(
         )
     members = tuple(parent.ranks[r] for r in mine)
     child_impl = Impl.NCCL2 if parent_comm.impl is Impl.NCCL_LAZY else parent_comm.impl
+    device = parent.bound_device
+    if device is None and parent_comm.impl is Impl.LEGACY:
+        device = _legacy_guess_device(parent_comm, ctx)
     comm = CommPlan(
         pair=DeviceBackend(pair.device_type, pair.name, child_impl),
         eager=True,
         split_from=parent_comm if collective else None,
         shared=_split_share_requested(ctx.env, options),
-        device=parent.bound_device,
+        device=device,
         lazy_init=False,
     )
     return GroupPlan(

@@ -241,3 +241,26 @@ def test_init_without_a_backend_or_device_id_is_undefined_with_the_30_minute_def
     plan = plan_init(R215, ctx(), None, None, None, NO_OPTS)
     assert plan.backend.requested == "undefined" and plan.timeout_s == 1800
     assert [(c.pair.name, c.pair.impl) for c in plan.comms] == [("nccl", Impl.NCCL2)]
+
+
+def test_a_split_child_of_an_unbound_legacy_parent_is_a_communicator_on_the_guessed_device() -> None:
+    # legacy ProcessGroupNCCL::split: supportsSplitting() is true and the child connects eagerly on
+    # guessDeviceId(): the device the parent's communicator was made on, else global rank % GPU count.
+    world = world_group(backend="nccl-legacy", c=ctx(rank=1))
+    assert world.bound_device is None
+    world.comms["cuda"].state = CommState.READY  # its first collective made it, on cuda:3
+    world.comms["cuda"].device = 3
+    plan = plan_split_group(R215, ctx(rank=1), 4, world, ((0, 1),), NO_OPTS, None, None)
+    assert plan.bound_device is None and [c.device for c in plan.comms] == [3]
+    world.comms["cuda"].device = None
+    plan = plan_split_group(R215, ctx(rank=1), 4, world, ((0, 1),), NO_OPTS, None, None)
+    assert [c.device for c in plan.comms] == [1]
+
+
+def test_a_collective_on_a_split_child_of_an_unbound_legacy_world_runs_and_is_charged() -> None:
+    start = [SetDevice(), InitProcessGroup(backend="nccl-legacy"), AllReduce()]
+    program = [*start, SplitGroup(split_ranks=((0, 1),), bind="g"), AllReduce(group="g")]
+    out = simulate([program, program])
+    assert out.verdict == "pass"
+    child = next(g for g in out.groups.values() if g.via_split)
+    assert all(m["bytes"] > 0 for m in child.members.values())
