@@ -30,6 +30,9 @@ from simnccl.release import (
 )
 
 NON_GROUP_MEMBER = -100  # GroupMember.NON_GROUP_MEMBER
+GLOO_HAS_NO_NOCOLOR_SPLIT = (
+    "'torch._C._distributed_c10d.ProcessGroupGloo' object has no attribute 'perform_nocolor_split'"
+)
 
 
 class TorchError(Exception):
@@ -55,6 +58,7 @@ class Group:
     options: PgOptions
     comms: dict[str, Comm] = field(default_factory=dict)
     destroyed: bool = False
+    bound_cpu: bool = False  # bound to cpu:N (``bound_device`` names cuda indices only)
 
     @property
     def size(self) -> int:
@@ -105,6 +109,7 @@ class GroupPlan(NamedTuple):
     nocolor_split_on: Comm | None = None
     counter_advance: int = 1
     rank_in_group: int = -1
+    bound_cpu: bool = False
 
 
 def group_name_for(counter: int, ranks: tuple[int, ...] | list[int], use_local_synchronization: bool) -> str:
@@ -203,6 +208,7 @@ def plan_init(
         options=options,
         comms=comms,
         rank_in_group=ctx.rank,
+        bound_cpu=bound is None and device_id is not None and _device_type(device_id) == "cpu",
     )
 
 
@@ -232,17 +238,21 @@ def _fresh_comm_plan(
 
 
 def split_source(release: Release, world: Group, requested: BackendConfig, options: PgOptions) -> Comm | None:
-    """``_get_split_source`` (l.2790) gated by l.2934ff: bound default pg, splittable, same backend name."""
-    if world.bound_device is None or options.lazy_init:
+    """``_get_split_source`` (l.2790) gated by l.2934ff: bound default pg, splittable, same backend name.
+
+    The source is the default group's backend on its bound device's type: cpu for ``device_id='cpu:N'``
+    (gloo's, which a gloo world also serves cuda with)."""
+    if (world.bound_device is None and not world.bound_cpu) or options.lazy_init:
         return None
-    parent_pair = world.backend.for_device("cuda")
+    device_type = "cuda" if world.bound_device is not None else "cpu"
+    parent_pair = world.backend.for_device(device_type)
     if parent_pair is None:
         return None
-    parent = world.comm_for(parent_pair.device_type)
+    parent = world.comm_for(device_type) or next((c for c in world.comms.values() if c.impl is parent_pair.impl), None)
     if parent is None or not lifecycle(parent.impl).supports_splitting(parent):
         return None
     if release.split_source_matches_name:
-        wanted = requested.for_device("cuda")
+        wanted = requested.for_device(device_type)
         if wanted is None or wanted.name != parent_pair.name:
             return None
     return parent
@@ -323,6 +333,10 @@ def plan_new_group(
     desc = group_desc or "undefined"
     parent = split_source(release, world, config, options)
     if not member:
+        if parent is not None and parent.impl is Impl.GLOO:
+            # l.3020 calls split_from.perform_nocolor_split(...), which ProcessGroupGloo lacks (real gloo, world 3:
+            # the non-member of new_group([0, 1]) raises this; the members connect a fresh gloo group).
+            raise TorchError("AttributeError", GLOO_HAS_NO_NOCOLOR_SPLIT)
         return GroupPlan(
             name=name,
             desc=desc,
@@ -339,7 +353,8 @@ def plan_new_group(
     for pair in _distinct_backends(config):
         if pair.impl.is_nccl:
             _check_gpus(pair, ctx)
-        if parent is not None and pair.device_type == "cuda":
+        if parent is not None and pair.device_type == "cuda" and parent.impl.is_nccl:
+            # gloo's creator ignores split_from: its members bootstrap fresh (l.752)
             child_impl = Impl.NCCL2 if parent.impl is Impl.NCCL_LAZY else parent.impl
             shared = _split_share_requested(ctx.env, options)
             comms.append(
@@ -401,6 +416,7 @@ def outsider_key(ctx: ProcessContext, world: Group) -> tuple[object, ...]:
         ctx.env.get("TORCH_DIST_USE_NCCL2"),
         world.backend,
         world.bound_device is not None,
+        world.bound_cpu,
         None if parent is None else (parent.impl, parent.state),
     )
 
@@ -437,6 +453,7 @@ def member_key(ctx: ProcessContext, world: Group) -> tuple[object, ...]:
         "LOCAL_RANK" in ctx.env,
         world.backend,
         world.bound_device is None,
+        world.bound_cpu,
         fallback,
         None if parent is None else (parent.impl, parent.state),
     )

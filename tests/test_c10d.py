@@ -264,3 +264,18 @@ def test_a_collective_on_a_split_child_of_an_unbound_legacy_world_runs_and_is_ch
     assert out.verdict == "pass"
     child = next(g for g in out.groups.values() if g.via_split)
     assert all(m["bytes"] > 0 for m in child.members.values())
+
+
+@pytest.mark.parametrize("device_id", ["cpu:0", 1])
+def test_a_device_bound_gloo_world_is_a_split_source_that_cannot_nocolor_split(device_id) -> None:
+    c = ctx(rank=3)
+    plan = plan_init(R215, c, "gloo", device_id, None, NO_OPTS)
+    world = Group(plan.name, plan.desc, plan.ranks, 3, plan.backend, plan.bound_device, plan.timeout_s, NO_OPTS)
+    world.bound_cpu = plan.bound_cpu
+    world.comms["cuda"] = Comm(Impl.GLOO, "0", 4, None)
+    world.comms["cuda"].state = CommState.READY
+    with pytest.raises(TorchError) as err:
+        new_group(world, (0, 1), c=c)
+    assert err.value.type_name == "AttributeError" and "perform_nocolor_split" in err.value.message
+    member = new_group(world, (2, 3), c=c)  # gloo's creator ignores split_from: a fresh bootstrap
+    assert member.member and [cp.split_from for cp in member.comms] == [None]

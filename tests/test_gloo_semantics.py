@@ -244,6 +244,31 @@ def test_gloo_split_members_with_diverged_counters_never_meet() -> None:
     assert {h["kind"] for h in out.hangs} == {"bootstrap"}
 
 
+# ------------------------------------------------------------------------------------------- bound gloo world
+
+
+@pytest.mark.parametrize("device_id", ["cpu:0", 0])
+def test_new_group_under_a_device_bound_gloo_world_fails_its_non_members_only(device_id: str | int) -> None:
+    # real (world 3, device_id=cpu:0): _get_split_source returns the ProcessGroupGloo, so rank 2, outside
+    # new_group([0, 1]), gets AttributeError: '...ProcessGroupGloo' object has no attribute 'perform_nocolor_split';
+    # ranks 0 and 1 build group "1" (a fresh gloo bootstrap) and use it.
+    init = InitProcessGroup(backend="gloo", device_id=device_id)
+    new = NewGroup(ranks=(0, 1), bind="g")
+    member = [init, new, AllReduce(group="g")]
+    out = simulate([member, member, [init, new]], gpus_per_node=1 if device_id == 0 else 0, ranks_per_node=3)
+    assert [status(out, r) for r in range(3)] == ["done", "done", "error"]
+    assert out.errors[0]["type"] == "AttributeError"
+    assert out.errors[0]["message"] == (
+        "'torch._C._distributed_c10d.ProcessGroupGloo' object has no attribute 'perform_nocolor_split'"
+    )
+
+
+def test_new_group_under_an_unbound_gloo_world_leaves_non_members_alone() -> None:
+    new = NewGroup(ranks=(0, 1), bind="g")
+    member = [GLOO, new, AllReduce(group="g")]
+    assert run([member, member, [GLOO, new]]).verdict == "pass"
+
+
 # ------------------------------------------------------------------------------------------- one-rank groups
 
 

@@ -121,6 +121,7 @@ class Groups:
             bound_device=plan.bound_device,
             timeout_s=plan.timeout_s,
             options=plan.options,
+            bound_cpu=plan.bound_cpu,
         )
         rt.groups.append(group)
         self.watchdogs.group_made(plan.timeout_s)
