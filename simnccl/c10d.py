@@ -306,7 +306,9 @@ def plan_new_group(
     timeout_s: float | None,
 ) -> GroupPlan:
     """``new_group`` → ``_new_group_with_tag`` (l.7150-7300) → ``_new_process_group_helper`` (l.2934)."""
-    if device_id is not None and device_id != world.bound_device:
+    world_bound = world.bound_device is not None or world.bound_cpu
+    if device_id is not None and world_bound and device_id != world.bound_device:
+        # l.7172: checked only against a bound default group; an unbound one lets the new group bind its own.
         raise TorchError("AssertionError", MISMATCHED_BOUND_DEVICE)
     requested = backend if backend else world.backend.requested
     config = resolve_backend(release, requested, ctx.env, has_cuda=ctx.device_count > 0)
@@ -348,7 +350,7 @@ def plan_new_group(
             options=options,
             nocolor_split_on=parent,
         )
-    bound = world.bound_device
+    bound = world.bound_device if device_id is None else device_id  # l.7170 / l.3044: the new pg's bound device
     comms: list[CommPlan] = []
     for pair in _distinct_backends(config):
         if pair.impl.is_nccl:

@@ -279,3 +279,21 @@ def test_a_device_bound_gloo_world_is_a_split_source_that_cannot_nocolor_split(d
     assert err.value.type_name == "AttributeError" and "perform_nocolor_split" in err.value.message
     member = new_group(world, (2, 3), c=c)  # gloo's creator ignores split_from: a fresh bootstrap
     assert member.member and [cp.split_from for cp in member.comms] == [None]
+
+
+def test_new_group_device_id_on_an_unbound_default_group_binds_the_new_group() -> None:
+    # torch l.7170-7175: the mismatch is checked only against a bound default group; the new group is bound to
+    # device_id (l.3044), and legacy connects it eagerly there (l.3204).
+    world = world_group(release=R215, backend="nccl-legacy")
+    assert world.bound_device is None
+    plan = new_group(world, (0, 1), device_id=2)
+    assert plan.bound_device == 2 and [(c.device, c.eager) for c in plan.comms] == [(2, True)]
+    assert not new_group(world, (1, 2), device_id=2).member  # a non-member: no split source, no error
+
+
+def test_new_group_device_id_on_a_cpu_bound_default_group_is_a_mismatch() -> None:
+    plan = plan_init(R215, ctx(gpus=0), "gloo", "cpu:0", None, NO_OPTS)
+    world = Group(plan.name, plan.desc, plan.ranks, 0, plan.backend, plan.bound_device, plan.timeout_s, NO_OPTS)
+    world.bound_cpu = plan.bound_cpu
+    with pytest.raises(TorchError, match="Mismatched bound device"):
+        new_group(world, (0, 1), c=ctx(gpus=0), device_id=0)
