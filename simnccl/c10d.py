@@ -150,12 +150,20 @@ def _device_type(device_id: int | str) -> str:
     return device_id.split(":", 1)[0] if isinstance(device_id, str) else "cuda"
 
 
+DEVICE_ID_WITHOUT_INDEX = (
+    "init_process_group device_id parameter must be a device with a valid index, e.g. cpu:0 or cuda:0"
+)
+
+
 def _validate_device_id(device_id: int | str | None, ctx: ProcessContext) -> int | None:
     """``init_process_group`` device_id checks (l.2455-2789); returns the cuda index or None."""
     if device_id is None:
         return None
     if isinstance(device_id, str):
         if device_id.startswith("cpu"):
+            if not device_id.startswith("cpu:"):
+                # l.2966: the cpu type passes the accelerator checks (l.2610); _new_process_group_helper wants an index
+                raise TorchError("ValueError", DEVICE_ID_WITHOUT_INDEX)
             return None
         if not device_id.startswith("cuda:"):
             raise TorchError("ValueError", "Please use a device_id with index.")

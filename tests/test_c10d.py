@@ -297,3 +297,14 @@ def test_new_group_device_id_on_a_cpu_bound_default_group_is_a_mismatch() -> Non
     world.bound_cpu = plan.bound_cpu
     with pytest.raises(TorchError, match="Mismatched bound device"):
         new_group(world, (0, 1), c=ctx(gpus=0), device_id=0)
+
+
+def test_a_cpu_device_id_without_an_index_is_torchs_value_error() -> None:
+    # torch l.2966 (real gloo: device_id=torch.device("cpu") fails init on every rank with this text)
+    for backend in ("gloo", None):
+        with pytest.raises(TorchError) as err:
+            plan_init(R215, ctx(gpus=0), backend, "cpu", None, NO_OPTS)
+        assert err.value.type_name == "ValueError"
+        assert err.value.message == (
+            "init_process_group device_id parameter must be a device with a valid index, e.g. cpu:0 or cuda:0"
+        )
