@@ -322,9 +322,15 @@ def plan_new_group(
     config = resolve_backend(release, requested, ctx.env, has_cuda=ctx.device_count > 0)
     _check_lazy_init_supported(release, options)
     timeout = timeout_s if timeout_s is not None else release.default_timeout_s(config.requested)
-    group = ranks if isinstance(ranks, Members) else validate_ranks(ranks, ctx.world_size)
-    members = group.ranks
-    rank_in_group = group.index.get(ctx.rank)
+    if isinstance(ranks, Members):
+        members, rank_in_group = ranks.ranks, ranks.index.get(ctx.rank)
+    elif use_local_synchronization and ranks is not None and ctx.rank not in ranks:
+        # l.7206 tests membership on the raw list before validating it: a non-member returns even from a list
+        # with duplicates, out-of-range ranks, or none at all, which raises on the members.
+        members, rank_in_group = tuple(ranks), None
+    else:
+        group = validate_ranks(ranks, ctx.world_size)
+        members, rank_in_group = group.ranks, group.index.get(ctx.rank)
     member = rank_in_group is not None
     if use_local_synchronization and not member:
         # l.7206: returns before _process_group_name, so the counter does not advance on non-members.

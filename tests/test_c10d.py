@@ -308,3 +308,14 @@ def test_a_cpu_device_id_without_an_index_is_torchs_value_error() -> None:
         assert err.value.message == (
             "init_process_group device_id parameter must be a device with a valid index, e.g. cpu:0 or cuda:0"
         )
+
+
+@pytest.mark.parametrize("ranks", [(0, 0, 9), ()])
+def test_local_synchronization_non_members_return_before_the_ranks_are_validated(ranks) -> None:
+    # torch l.7206 (real gloo, world 3, ranks [0, 0, 9]: rank 0 raises the duplicate error, ranks 1 and 2 get -100)
+    world = world_group(c=ctx(rank=1))
+    plan = new_group(world, ranks, c=ctx(rank=1), local_sync=True)
+    assert not plan.member and plan.counter_advance == 0 and plan.nocolor_split_on is None
+    if ranks:
+        with pytest.raises(TorchError, match="must not contain duplicate entries"):
+            new_group(world_group(), ranks, local_sync=True)
