@@ -244,6 +244,18 @@ def test_gloo_split_members_with_diverged_counters_never_meet() -> None:
     assert {h["kind"] for h in out.hangs} == {"bootstrap"}
 
 
+def test_split_group_of_a_parent_the_rank_is_not_in_is_torchs_value_error() -> None:
+    # real (world 3): rank 2 holds -100 for g; split_group(parent_pg=g) raises
+    # "ValueError: Global rank 2 is not part of the parent group -100"; ranks 0 and 1 split g.
+    program = [GLOO, NewGroup(ranks=(0, 1), bind="g"), SplitGroup(parent="g", split_ranks=((0,), (1,)))]
+    out = run([program] * 3)
+    assert [status(out, r) for r in range(3)] == ["done", "done", "error"]
+    assert (out.errors[0]["type"], out.errors[0]["message"]) == (
+        "ValueError",
+        "Global rank 2 is not part of the parent group -100",
+    )
+
+
 # ------------------------------------------------------------------------------------------- bound gloo world
 
 

@@ -17,6 +17,7 @@ from simnccl.ops import (
     Broadcast,
     DestroyProcessGroup,
     InitProcessGroup,
+    NewGroup,
     Op,
     Program,
     Recv,
@@ -35,6 +36,7 @@ GLOO = InitProcessGroup(backend="gloo")
 SIZE = 96
 BCAST = Broadcast(size_bytes=SIZE, src=0)
 SPLIT = SplitGroup(split_ranks=((0, 1),), bind="s")
+NEW_G = NewGroup(ranks=(0, 1), bind="g")
 
 PROBES: dict[str, list[list[Op]]] = {
     # a peer that destroys its groups closes its sockets: the pending send fails at once
@@ -57,6 +59,12 @@ PROBES: dict[str, list[list[Op]]] = {
         [GLOO, SPLIT, AllReduce(group="s", size_bytes=SIZE)],
         [GLOO, SPLIT, AllReduce(group="s", size_bytes=SIZE)],
         [GLOO],
+    ],
+    # split_group of a parent rank 2 is not in: torch's ValueError on rank 2, the others split
+    "split-of-a-non-member-parent": [
+        [GLOO, NEW_G, SplitGroup(parent="g", split_ranks=((0,), (1,)))],
+        [GLOO, NEW_G, SplitGroup(parent="g", split_ranks=((0,), (1,)))],
+        [GLOO, NEW_G, SplitGroup(parent="g", split_ranks=((0,), (1,)))],
     ],
     # a broadcast tree missing rank 2: the root hangs, ranks 1 and 3 complete
     "partial-broadcast": [
@@ -105,3 +113,9 @@ def test_real_mismatch_outcomes(results: dict[str, CaseResult]) -> None:
     partial = _real(results["partial-broadcast"])
     assert partial["verdict"] == "hang"
     assert [h["rank"] for h in partial["hangs"]] == [0]
+
+
+def test_real_split_of_a_non_member_parent_text(results: dict[str, CaseResult]) -> None:
+    errors = _real(results["split-of-a-non-member-parent"])["errors"]
+    assert [(e["rank"], e["type"]) for e in errors] == [(2, "ValueError")]
+    assert errors[0]["message"] == "Global rank 2 is not part of the parent group -100"

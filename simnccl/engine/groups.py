@@ -70,7 +70,11 @@ class Groups:
         require_world(rt)
         parent = resolve(rt, op.parent)
         if not isinstance(parent, Group):
-            raise TorchError("RuntimeError", f"split_group: this rank is not a member of the parent {op.parent!r}")
+            # torch l.6838-6861: the handle is NON_GROUP_MEMBER (-100), registered with the last group this rank
+            # was left out of; the empty-list check comes first.
+            if not op.split_ranks:
+                raise TorchError("ValueError", "split_ranks cannot be None or empty")
+            raise TorchError("ValueError", f"Global rank {rt.rank} is not part of the parent group {parent}")
         if self.policy_gate.active:
             decided = self.policy_gate.split(rt, op, parent)
             if decided is None:

@@ -315,7 +315,7 @@ class Driver:
         dist = self.dist
         parent = self._group(op.parent)
         if parent is NON_MEMBER:
-            raise RuntimeError(f"split_group: this rank is not a member of the parent {op.parent!r}")
+            parent = dist.GroupMember.NON_GROUP_MEMBER  # what the program holds: torch raises its own error
         kwargs: dict[str, Any] = {"parent_pg": parent, "split_ranks": [list(s) for s in op.split_ranks]}
         timeout = self._timeout(op.timeout_s)
         if timeout is not None:
