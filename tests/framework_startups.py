@@ -15,8 +15,8 @@ comes from:
   ``ParallelDims(...).build_mesh()``, after the trainer's ``set_device``.
 * ``deepspeed_startup``: deepspeed 0.19.8's real ``deepspeed.init_distributed()``, ``PipelineModule`` (layers
   without parameters: the generator models the groups, not the layers), and the ``deepspeed.utils.groups``
-  functions the engine calls, in the engine's order (``deepspeed.initialize`` itself, with ZeRO-2 and a training
-  step, is captured in ``framework_training.py``).
+  functions the engine calls, in the engine's order, after the real ``deepspeed.zero.Init`` for ``zero_init``
+  (``deepspeed.initialize`` itself, with ZeRO-2 and a training step, is captured in ``framework_training.py``).
 """
 
 from __future__ import annotations
@@ -146,6 +146,8 @@ def deepspeed_startup(knobs: Mapping[str, Any]) -> None:
 
     torch.cuda.set_device(_local_rank())
     deepspeed.init_distributed()
+    if knobs.get("zero_init", False):
+        _deepspeed_zero_init(knobs)
     pp, mp = knobs.get("pp", 1), knobs.get("mp", 1)
     world = dist.get_world_size()
     if pp > 1:
@@ -165,8 +167,22 @@ def deepspeed_startup(knobs: Mapping[str, Any]) -> None:
     if knobs.get("zero_quantized_gradients", False):
         groups._get_local_all_to_all_group()
     groups._get_data_parallel_group()  # the engine's data-parallel group: a world clone without a pipeline
-    if knobs.get("zero_hpz_partition_size", 1) > 1:
+    if knobs.get("zero_hpz_partition_size", 1) > 1 and groups._get_zero_param_intra_parallel_group() is None:
+        # the ZeRO-3 optimizer's hpZ groups, unless zero.Init made them (runtime/zero/stage3.py:271-272)
         groups._create_zero_param_parallel_group(knobs["zero_hpz_partition_size"])
+
+
+def _deepspeed_zero_init(knobs: Mapping[str, Any]) -> None:
+    """The real ``deepspeed.zero.Init`` (ZeRO-3) with the knobs' config, entered as a training script does to
+    build its model before ``deepspeed.initialize``; it creates the hpZ groups itself."""
+    import deepspeed
+
+    config = {
+        "train_micro_batch_size_per_gpu": 1,
+        "zero_optimization": {"stage": 3, "zero_hpz_partition_size": knobs.get("zero_hpz_partition_size", 1)},
+    }
+    with deepspeed.zero.Init(config_dict_or_path=config):
+        pass
 
 
 # ---------------------------------------------------------------------------------------------- Megatron re-init

@@ -87,7 +87,7 @@ def torchtitan() -> None:
 
 @pytest.fixture(scope="module")
 def deepspeed() -> None:
-    modules = ("deepspeed", "deepspeed.runtime.pipe.module", "deepspeed.utils.groups")
+    modules = ("deepspeed", "deepspeed.runtime.pipe.module", "deepspeed.utils.groups", "deepspeed.runtime.zero")
     _require("deepspeed", *modules, importing=startups.deepspeed_on_cuda())
 
 

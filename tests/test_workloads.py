@@ -121,6 +121,7 @@ def test_registry_has_the_five_frameworks_with_sources() -> None:
         ("torchtitan", {"tp": 8, "ep": 3}, "ep", "must divide"),
         ("deepspeed", {"pp": 4, "dp": 4}, "dp", "does not match"),
         ("deepspeed", {"zero_hpz_partition_size": 8}, "zero_hpz_partition_size", "stage 3"),
+        ("deepspeed", {"pp": 2, "zero_stage": 3, "zero_init": True}, "zero_init", "PipelineEngine refuses ZeRO-3"),
     ],
 )
 def test_bad_arguments_name_the_key(name: str, args: dict, key: str, text: str) -> None:
@@ -577,16 +578,17 @@ def test_deepspeed_moe_hpz_and_quantized_gradient_groups() -> None:
     program = generate("deepspeed", args, 16)[0]
     binds = [op.bind for op in new_groups(program)]
     assert binds == (
-        ["expert_data_parallel"] * 4
+        ["zero_param_intra"] * 2  # zero.Init makes them, before deepspeed.initialize
+        + ["expert_data_parallel"] * 4
         + ["expert_parallel"] * 4
         + ["local_all_to_all"] * 2
         + ["global_all_to_all"] * 8
         + ["data_parallel"]
-        + ["zero_param_intra"] * 2
     )
     groups = [op.ranks for op in new_groups(program)]
-    assert groups[0] == (0, 4, 8, 12) and groups[4] == (0, 1, 2, 3)
-    assert groups[8] == tuple(range(8)) and groups[10] == (0, 8)
+    assert groups[0] == tuple(range(8))
+    assert groups[2] == (0, 4, 8, 12) and groups[6] == (0, 1, 2, 3)
+    assert groups[10] == tuple(range(8)) and groups[12] == (0, 8)
     assert not any(isinstance(op, Broadcast) for op in program.ops)  # zero.Init: no _broadcast_model
 
 

@@ -19,14 +19,19 @@ the real 0.19.8 code up to the engine (which needs CUDA tensors) and checks this
    pipe groups, and the slice groups (W singletons when mp == 1); with ``tied_embeddings``, the tied groups
    (first and last stage per data and model index), then ``_synchronize_tied_weights``: a broadcast of the tied
    weight from the first stage on each, by its members.
-3. The engine's ``_configure_distributed_model``: MoE expert and expert-data groups
+3. ZeRO-3's ``zero.Init`` (``zero_init``), which the training script enters to build its model before
+   ``deepspeed.initialize``: with ``zero_hpz_partition_size > 1`` it creates the hpZ groups
+   (``_create_zero_param_parallel_group``, runtime/zero/partition_parameters.py:1117-1119), then sets the
+   device (:1139).
+4. The engine's ``_configure_distributed_model``: MoE expert and expert-data groups
    (``_create_expert_and_data_parallel``, legacy ordering, ``ep > 1``), the quantized-gradient local
    all-to-all groups (``zero_quantized_gradients``), then the data-parallel group: the grid's with a
    pipeline, else ``_clone_world_group()`` — another ``new_group(range(W))``. Then ``_broadcast_model`` (a
    broadcast on the data-parallel group) unless ``zero_init`` (ZeRO-3's ``zero.Init``).
-4. ZeRO-3 with ``zero_hpz_partition_size > 1``: ``_create_zero_param_parallel_group`` (contiguous blocks),
-   when the optimizer is configured (after step 3).
-5. ``PipelineEngine``: an ``all_reduce`` of the parameter counts on the model group, then the warm-up
+5. ZeRO-3 with ``zero_hpz_partition_size > 1`` and no ``zero.Init``: ``_create_zero_param_parallel_group``
+   (contiguous blocks) when the optimizer is configured (after step 4; runtime/zero/stage3.py:271-272 skips
+   it when ``zero.Init`` made the groups).
+6. ``PipelineEngine``: an ``all_reduce`` of the parameter counts on the model group, then the warm-up
    "send a 0" to the next stage / receive from the previous one, on the default group, by stage parity.
 
 Payload sizes of the broadcasts are the op's default (the model decides them). Not modelled: the 1-bit /
@@ -95,6 +100,8 @@ def check(config: Config, world_size: int) -> None:
             raise WorkloadError("zero_hpz_partition_size", f"the world of {world_size} is not divisible by {hpz}")
     if config["zero_init"] and config["zero_stage"] != 3:
         raise WorkloadError("zero_init", "zero.Init is a ZeRO stage 3 feature")
+    if config["zero_init"] and pp > 1:  # runtime/pipe/engine.py:76-77 asserts ZeRO stage < 2
+        raise WorkloadError("zero_init", "deepspeed 0.19.8's PipelineEngine refuses ZeRO-3 (zero.Init) with pp > 1")
     if config["tied_embeddings"] and pp == 1:
         raise WorkloadError("tied_embeddings", "tied layers across stages need pp > 1")
     if config["zero_quantized_gradients"]:
@@ -216,6 +223,24 @@ def tied_broadcast_ops(config: Config, world_size: int, rank: int) -> list[Op]:
     return [Broadcast(group="tied_embedding", src=min(g)) for g in tied if rank in g]
 
 
+def hpz_groups(config: Config, world_size: int) -> list[Op]:
+    """``_create_zero_param_parallel_group``: the hpZ groups, contiguous blocks of ``zero_hpz_partition_size``."""
+    hpz = config["zero_hpz_partition_size"]
+    if hpz == 1:
+        return []
+    size = min(hpz, world_size)
+    return _new_groups("zero_param_intra", [tuple(range(i, i + size)) for i in range(0, world_size, size)], "zero_hpz")
+
+
+def zero_init_ops(config: Config, world_size: int) -> list[Op]:
+    """``deepspeed.zero.Init.__init__`` (``zero_init``), before ``deepspeed.initialize``: the hpZ groups first
+    (runtime/zero/partition_parameters.py:1117-1119), so they come before the engine's world clone, which
+    matters for hang analysis (every rank must create groups in the same order); then ``set_device`` (:1139)."""
+    if not config["zero_init"]:
+        return []
+    return [*hpz_groups(config, world_size), SetDevice()]
+
+
 def engine_ops(config: Config, world_size: int, broadcast_src: int = 0) -> list[Op]:
     """The engine's and ZeRO's group calls and collectives (warm-up p2p comes after), identical on every rank
     but for ``_broadcast_model``'s source, ``broadcast_src``: DeepSpeed broadcasts from
@@ -233,12 +258,8 @@ def engine_ops(config: Config, world_size: int, broadcast_src: int = 0) -> list[
         ops += _new_groups("data_parallel", [tuple(range(world_size))], "dp")  # _clone_world_group()
     if not config["zero_init"]:
         ops.append(Broadcast(group="data_parallel", src=broadcast_src))  # _broadcast_model
-    hpz = config["zero_hpz_partition_size"]
-    if hpz > 1:
-        size = min(hpz, world_size)
-        ops += _new_groups(
-            "zero_param_intra", [tuple(range(i, i + size)) for i in range(0, world_size, size)], "zero_hpz"
-        )
+    if not config["zero_init"]:  # the ZeRO-3 optimizer's, unless zero.Init made them (stage3.py:271-272)
+        ops += hpz_groups(config, world_size)
     if pipeline:
         ops.append(AllReduce(group="model", size_bytes=16))  # the parameter-count all_reduce
     return ops
@@ -274,6 +295,7 @@ def build(config: Config, world_size: int):
     # built once per broadcast source (one per stage), not once per rank: the ops are the same objects on every
     # rank of a stage, and the expert and ZeRO group lists are not rebuilt for each of the world's ranks
     engines = {src: engine_ops(config, world_size, src) for src in {0, *first_of.values()}}
+    zero_init = zero_init_ops(config, world_size)
 
     def key(rank: int):
         device = rank % local if use_device else None
@@ -285,7 +307,17 @@ def build(config: Config, world_size: int):
         per_stage = [] if rank is None else tied_broadcast_ops(config, world_size, rank)
         warm = warmup_ops(config, world_size, rank, topo) if rank is not None else []
         engine = engines[0 if rank is None else first_of[rank]]
-        return [SetDevice(), init, Checkpoint("after_init"), *module, *per_stage, *engine, *warm, Checkpoint("startup")]
+        return [
+            SetDevice(),
+            init,
+            Checkpoint("after_init"),
+            *zero_init,
+            *module,
+            *per_stage,
+            *engine,
+            *warm,
+            Checkpoint("startup"),
+        ]
 
     return programs_by_key(world_size, key, ops_for)
 
