@@ -174,7 +174,8 @@ def deepspeed_startup(knobs: Mapping[str, Any]) -> None:
 
 def _deepspeed_zero_init(knobs: Mapping[str, Any]) -> None:
     """The real ``deepspeed.zero.Init`` (ZeRO-3) with the knobs' config, entered as a training script does to
-    build its model before ``deepspeed.initialize``; it creates the hpZ groups itself."""
+    build its model before ``deepspeed.initialize``; it creates the hpZ groups itself, and broadcasts each
+    parameter built under it on the world group: the model here has one, the generator emits one."""
     import deepspeed
 
     config = {
@@ -182,7 +183,7 @@ def _deepspeed_zero_init(knobs: Mapping[str, Any]) -> None:
         "zero_optimization": {"stage": 3, "zero_hpz_partition_size": knobs.get("zero_hpz_partition_size", 1)},
     }
     with deepspeed.zero.Init(config_dict_or_path=config):
-        pass
+        torch.nn.Linear(4, 4, bias=False)
 
 
 # ---------------------------------------------------------------------------------------------- Megatron re-init

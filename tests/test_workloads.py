@@ -589,7 +589,8 @@ def test_deepspeed_moe_hpz_and_quantized_gradient_groups() -> None:
     assert groups[0] == tuple(range(8))
     assert groups[2] == (0, 4, 8, 12) and groups[6] == (0, 1, 2, 3)
     assert groups[10] == tuple(range(8)) and groups[12] == (0, 8)
-    assert not any(isinstance(op, Broadcast) for op in program.ops)  # zero.Init: no _broadcast_model
+    # zero.Init's parameter broadcast on the world group, before the groups; no _broadcast_model
+    assert [op for op in program.ops if isinstance(op, Broadcast)] == [Broadcast(group="world", src=0)]
 
 
 # ---------------------------------------------------------------------------------------------- scenario hook

@@ -22,7 +22,8 @@ the real 0.19.8 code up to the engine (which needs CUDA tensors) and checks this
 3. ZeRO-3's ``zero.Init`` (``zero_init``), which the training script enters to build its model before
    ``deepspeed.initialize``: with ``zero_hpz_partition_size > 1`` it creates the hpZ groups
    (``_create_zero_param_parallel_group``, runtime/zero/partition_parameters.py:1117-1119), then sets the
-   device (:1139).
+   device (:1139); each parameter the model then creates is broadcast from rank 0 over the default world group
+   (``_post_init_method`` :1248 -> ``_zero_init_param`` :1200-1206): one broadcast here.
 4. The engine's ``_configure_distributed_model``: MoE expert and expert-data groups
    (``_create_expert_and_data_parallel``, legacy ordering, ``ep > 1``), the quantized-gradient local
    all-to-all groups (``zero_quantized_gradients``), then the data-parallel group: the grid's with a
@@ -233,12 +234,16 @@ def hpz_groups(config: Config, world_size: int) -> list[Op]:
 
 
 def zero_init_ops(config: Config, world_size: int) -> list[Op]:
-    """``deepspeed.zero.Init.__init__`` (``zero_init``), before ``deepspeed.initialize``: the hpZ groups first
+    """``deepspeed.zero.Init`` (``zero_init``), before ``deepspeed.initialize``: the hpZ groups first
     (runtime/zero/partition_parameters.py:1117-1119), so they come before the engine's world clone, which
-    matters for hang analysis (every rank must create groups in the same order); then ``set_device`` (:1139)."""
+    matters for hang analysis (every rank must create groups in the same order); then ``set_device`` (:1139);
+    then, as the model is built, ``_post_init_method`` (:1248) broadcasts every parameter from rank 0 on the
+    default world group (``_zero_init_param``, :1200-1206). One broadcast stands for them all: what the
+    memory depends on is the world communicator's first use (since torch 2.15 it allocates its buffers, and
+    under a lazy policy creates the communicator), which a generator that leaves it out understates."""
     if not config["zero_init"]:
         return []
-    return [*hpz_groups(config, world_size), SetDevice()]
+    return [*hpz_groups(config, world_size), SetDevice(), Broadcast(group="world", src=0)]
 
 
 def engine_ops(config: Config, world_size: int, broadcast_src: int = 0) -> list[Op]:
