@@ -15,7 +15,8 @@ comes from:
   ``ParallelDims(...).build_mesh()``, after the trainer's ``set_device``.
 * ``deepspeed_startup``: deepspeed 0.19.8's real ``deepspeed.init_distributed()``, ``PipelineModule`` (layers
   without parameters: the generator models the groups, not the layers), and the ``deepspeed.utils.groups``
-  functions the engine calls, in the engine's order, after the real ``deepspeed.zero.Init`` for ``zero_init``
+  functions the engine calls and its real ``_broadcast_model`` (on a one-parameter model, or a ``MoE`` layer),
+  in the engine's order, after the real ``deepspeed.zero.Init`` for ``zero_init``
   (``deepspeed.initialize`` itself, with ZeRO-2 and a training step, is captured in ``framework_training.py``).
 """
 
@@ -162,14 +163,49 @@ def deepspeed_startup(knobs: Mapping[str, Any]) -> None:
             layers[0] = layers[-1] = TiedLayerSpec("embedding", _TiedEmbedding)
         module = PipelineModule(layers, topology=topology, partition_method="uniform")
         groups.mpu = module.mpu()  # what PipelineEngine hands the engine (deepspeed.initialize(mpu=...))
-    if knobs.get("ep", 1) > 1:
-        groups._create_expert_and_data_parallel(knobs["ep"])  # deepspeed.moe.layer.MoE.set_deepspeed_parallelism
+    model = _deepspeed_model(knobs)
+    for layer in model.modules():  # engine.py:2150-2157: a MoE layer creates its expert groups
+        if hasattr(layer, "set_deepspeed_parallelism"):
+            layer.set_deepspeed_parallelism(False)
     if knobs.get("zero_quantized_gradients", False):
         groups._get_local_all_to_all_group()
     groups._get_data_parallel_group()  # the engine's data-parallel group: a world clone without a pipeline
+    if not knobs.get("zero_init", False):
+        _deepspeed_broadcast_model(model)
     if knobs.get("zero_hpz_partition_size", 1) > 1 and groups._get_zero_param_intra_parallel_group() is None:
         # the ZeRO-3 optimizer's hpZ groups, unless zero.Init made them (runtime/zero/stage3.py:271-272)
         groups._create_zero_param_parallel_group(knobs["zero_hpz_partition_size"])
+
+
+def _deepspeed_model(knobs: Mapping[str, Any]) -> torch.nn.Module:
+    """The engine's model: one dense parameter (a broadcast on the data-parallel group), or with ``ep > 1`` a
+    real ``deepspeed.moe.layer.MoE`` with one local expert: its gate's weight (dense) and its expert's weight
+    (an expert-data-parallel broadcast), in that order, as the generator emits them."""
+    expert = torch.nn.Linear(4, 4, bias=False)
+    if knobs.get("ep", 1) == 1:
+        return expert
+    from deepspeed.moe.layer import MoE
+
+    return MoE(4, expert, num_experts=knobs["ep"], ep_size=knobs["ep"])
+
+
+def _deepspeed_broadcast_model(model: torch.nn.Module) -> None:
+    """The real ``DeepSpeedEngine._broadcast_model`` (engine.py:2038-2056) on the attributes
+    ``_configure_distributed_model`` gives the engine (engine.py:2160-2171), after moving the model to the
+    device as it does (engine.py:2093-2094): building a whole engine would need an optimizer and a config."""
+    from types import SimpleNamespace
+
+    from deepspeed.runtime.engine import DeepSpeedEngine
+    from deepspeed.utils import groups
+
+    model.to(torch.device("cuda", _local_rank()))
+    engine = SimpleNamespace(
+        dist_backend="nccl",
+        module=model,
+        seq_data_parallel_group=groups._get_sequence_data_parallel_group(),
+        expert_data_parallel_group=groups._get_expert_data_parallel_group_dict(),
+    )
+    DeepSpeedEngine._broadcast_model(engine)
 
 
 def _deepspeed_zero_init(knobs: Mapping[str, Any]) -> None:

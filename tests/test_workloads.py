@@ -573,6 +573,23 @@ def test_deepspeed_pipeline_grid_groups_and_warmup() -> None:
     assert run(programs, 1, 8).verdict == "pass"
 
 
+def test_deepspeed_moe_broadcasts_its_experts_on_the_expert_data_parallel_group() -> None:
+    """``_broadcast_model`` (deepspeed 0.19.8 engine.py:2050-2056) broadcasts the expert parameters on each rank's
+    expert-data-parallel group from its first rank: that communicator's first use, and its buffers, at startup."""
+    programs = generate("deepspeed", {"ep": 4}, 8)  # expert-data-parallel groups (0, 4), (1, 5), (2, 6), (3, 7)
+    for rank, program in enumerate(programs):
+        broadcasts = [op for op in program.ops if isinstance(op, Broadcast)]
+        assert broadcasts == [Broadcast(group="data_parallel"), Broadcast(group="expert_data_parallel", src=rank % 4)]
+    without = tuple(
+        Program(tuple(op for op in p.ops if getattr(op, "group", None) != "expert_data_parallel")) for p in programs
+    )
+    for policy in (None, "lazy-init"):
+        assert (
+            used(run(programs, 1, 8, policy=policy), "startup")[0]
+            > used(run(without, 1, 8, policy=policy), "startup")[0]
+        )
+
+
 def test_deepspeed_moe_hpz_and_quantized_gradient_groups() -> None:
     args = {"ep": 4, "zero_stage": 3, "zero_init": True, "zero_hpz_partition_size": 8, "zero_quantized_gradients": True}
     program = generate("deepspeed", args, 16)[0]

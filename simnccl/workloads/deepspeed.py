@@ -6,7 +6,8 @@ Follows **deepspeed 0.19.8** (the PyPI release): ``deepspeed/constants.py`` (``d
 ``deepspeed/runtime/pipe/module.py`` (``PipelineModule``: world group, grid, tied groups and
 ``_synchronize_tied_weights``), ``deepspeed/runtime/pipe/topology.py`` (``ProcessTopology``,
 ``PipelineParallelGrid``) and ``deepspeed/runtime/pipe/engine.py``. tests/test_framework_fidelity.py captures
-the real 0.19.8 code up to the engine (which needs CUDA tensors) and checks this generator against it op for op.
+the real 0.19.8 code (``zero.Init``, the groups, the engine's ``_broadcast_model``; not the ``PipelineEngine``)
+and checks this generator against it op for op.
 
 1. ``set_device(LOCAL_RANK)``; ``init_process_group(backend="nccl", timeout=10 min,
    device_id=cuda:LOCAL_RANK)`` (torch >= 2.3, and a world larger than one rank: #8248): the world is eager
@@ -27,8 +28,9 @@ the real 0.19.8 code up to the engine (which needs CUDA tensors) and checks this
 4. The engine's ``_configure_distributed_model``: MoE expert and expert-data groups
    (``_create_expert_and_data_parallel``, legacy ordering, ``ep > 1``), the quantized-gradient local
    all-to-all groups (``zero_quantized_gradients``), then the data-parallel group: the grid's with a
-   pipeline, else ``_clone_world_group()`` — another ``new_group(range(W))``. Then ``_broadcast_model`` (a
-   broadcast on the data-parallel group) unless ``zero_init`` (ZeRO-3's ``zero.Init``).
+   pipeline, else ``_clone_world_group()`` — another ``new_group(range(W))``. Then ``_broadcast_model``
+   (engine.py:2038-2056) unless ``zero_init`` (ZeRO-3's ``zero.Init``): a broadcast on the data-parallel group
+   and, with ``ep > 1``, one on the rank's expert-data-parallel group (the MoE expert parameters).
 5. ZeRO-3 with ``zero_hpz_partition_size > 1`` and no ``zero.Init``: ``_create_zero_param_parallel_group``
    (contiguous blocks) when the optimizer is configured (after step 4; runtime/zero/stage3.py:271-272 skips
    it when ``zero.Init`` made the groups).
@@ -246,11 +248,15 @@ def zero_init_ops(config: Config, world_size: int) -> list[Op]:
     return [*hpz_groups(config, world_size), SetDevice(), Broadcast(group="world", src=0)]
 
 
-def engine_ops(config: Config, world_size: int, broadcast_src: int = 0) -> list[Op]:
+def engine_ops(config: Config, world_size: int, broadcast_src: int = 0, expert_src: int | None = None) -> list[Op]:
     """The engine's and ZeRO's group calls and collectives (warm-up p2p comes after), identical on every rank
-    but for ``_broadcast_model``'s source, ``broadcast_src``: DeepSpeed broadcasts from
+    but for ``_broadcast_model``'s sources, ``broadcast_src``: DeepSpeed broadcasts from
     ``groups._get_broadcast_src_rank()``, the first global rank of the rank's data-parallel group
-    (``dist.get_global_rank(group, 0)``): rank 0 for the world clone, the stage's first rank under a pipeline."""
+    (``dist.get_global_rank(group, 0)``): rank 0 for the world clone, the stage's first rank under a pipeline;
+    ``expert_src`` (``ep > 1``): the first global rank of the rank's expert-data-parallel group, from which
+    ``_broadcast_model`` broadcasts the MoE expert parameters on that group (engine.py:2050-2053,
+    ``groups._get_expert_broadcast_src_rank``). One broadcast per group stands for all the parameters: what
+    the memory depends on is each communicator's first use, which the expert-data-parallel one gets here."""
     ops: list[Op] = []
     pipeline = config["pp"] > 1
     if config["ep"] > 1:
@@ -261,8 +267,10 @@ def engine_ops(config: Config, world_size: int, broadcast_src: int = 0) -> list[
             ops += _new_groups(bind, groups, "zero_all_to_all")
     if not pipeline:
         ops += _new_groups("data_parallel", [tuple(range(world_size))], "dp")  # _clone_world_group()
-    if not config["zero_init"]:
-        ops.append(Broadcast(group="data_parallel", src=broadcast_src))  # _broadcast_model
+    if not config["zero_init"]:  # _broadcast_model: the dense parameters, then (a MoE layer's) the experts'
+        ops.append(Broadcast(group="data_parallel", src=broadcast_src))
+        if expert_src is not None:
+            ops.append(Broadcast(group="expert_data_parallel", src=expert_src))
     if not config["zero_init"]:  # the ZeRO-3 optimizer's, unless zero.Init made them (stage3.py:271-272)
         ops += hpz_groups(config, world_size)
     if pipeline:
@@ -297,21 +305,29 @@ def build(config: Config, world_size: int):
     if pipeline:
         (data_parallel,) = [groups for bind, groups in pipeline_groups(config, world_size) if bind == "data_parallel"]
         first_of = {rank: min(group) for group in data_parallel for rank in group}
-    # built once per broadcast source (one per stage), not once per rank: the ops are the same objects on every
-    # rank of a stage, and the expert and ZeRO group lists are not rebuilt for each of the world's ranks
-    engines = {src: engine_ops(config, world_size, src) for src in {0, *first_of.values()}}
+    expert_of: dict[int, int] = {}  # rank -> its expert-data-parallel group's first rank (ep > 1)
+    if config["ep"] > 1 and not config["zero_init"]:
+        (expert_data,) = [
+            groups for bind, groups in expert_groups(config, world_size) if bind == "expert_data_parallel"
+        ]
+        expert_of = {rank: min(group) for group in expert_data for rank in group}
+    # built once per pair of broadcast sources (data-parallel: one per stage; expert: one per expert-data-parallel
+    # group), not once per rank: the ops are the same objects on every rank sharing them, and the expert and ZeRO
+    # group lists are not rebuilt for each of the world's ranks
+    sources = {(first_of.get(rank, 0), expert_of.get(rank)) for rank in range(world_size)}
+    engines = {pair: engine_ops(config, world_size, *pair) for pair in sources}
     zero_init = zero_init_ops(config, world_size)
 
     def key(rank: int):
         device = rank % local if use_device else None
-        return (device, rank if pipeline else None)
+        return (device, rank if pipeline else None, expert_of.get(rank))
 
     def ops_for(k) -> list[Op]:
-        device, rank = k
+        device, rank, expert_src = k
         init = InitProcessGroup(backend="nccl", device_id=device, timeout_s=DEFAULT_PG_TIMEOUT_S)
         per_stage = [] if rank is None else tied_broadcast_ops(config, world_size, rank)
         warm = warmup_ops(config, world_size, rank, topo) if rank is not None else []
-        engine = engines[0 if rank is None else first_of[rank]]
+        engine = engines[(0 if rank is None else first_of[rank], expert_src)]
         return [
             SetDevice(),
             init,
