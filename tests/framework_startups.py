@@ -9,7 +9,8 @@ comes from:
 * ``megatron_startup``: megatron-core 0.19.2. ``megatron/training/initialize.py::_initialize_distributed`` is
   re-typed (``megatron.training`` needs Python >= 3.12: it imports ``typing.override``): ``set_device`` then
   ``init_process_group(backend, world_size, rank, timeout)``; then the real
-  ``parallel_state.initialize_model_parallel`` with the arguments ``_initialize_distributed`` passes, and,
+  ``parallel_state.initialize_model_parallel`` with the arguments ``_initialize_distributed`` passes, then
+  (``training``, the default) ``initialize_megatron``'s ``_compile_dependencies`` barrier, re-typed too, and,
   for ``all_gather_group``, the real ``create_all_gather_groups`` as ``training.get_model`` calls it.
 * ``torchtitan_startup``: torchtitan 0.3.0's real ``init_distributed(CommConfig())`` and
   ``ParallelDims(...).build_mesh()``, after the trainer's ``set_device``.
@@ -42,7 +43,8 @@ def _local_rank() -> int:
 
 
 def megatron_startup(knobs: Mapping[str, Any], nccl_config_path: str | None = None) -> None:
-    """``_initialize_distributed`` + ``initialize_model_parallel`` (+ ``create_all_gather_groups``).
+    """``_initialize_distributed`` + ``initialize_model_parallel`` (+ ``_compile_dependencies``' barrier, +
+    ``create_all_gather_groups``).
 
     ``nccl_config_path``: the ``--nccl-communicator-config-path`` YAML holding ``knobs["nccl_comm_cfgs"]``
     (written by the caller before the capture forks).
@@ -76,6 +78,11 @@ def megatron_startup(knobs: Mapping[str, Any], nccl_config_path: str | None = No
         high_priority_stream_groups=knobs.get("high_priority_stream_groups"),
         sharp_enabled_group=knobs.get("sharp_enabled_group"),
     )
+    if knobs.get("training", True):
+        # initialize_megatron, after finish_mpu_init (:146): _init_autoresume (no autoresume: nothing) and
+        # _compile_dependencies (:155), which ends in a world barrier (:185); its rank-0 compile_helpers() (a C++
+        # build, no collective) is left out. test_megatron_training_entry_source_has_the_barrier pins these lines.
+        dist.barrier()
     if knobs.get("all_gather_group", False):
         parallel_state.create_all_gather_groups(
             for_expert_parallelism=knobs.get("ep", 1) > 1, timeout=timedelta(minutes=minutes)

@@ -4,7 +4,8 @@
 Megatron is imported at the top, as training scripts do, so the capture's fork server imports it once for every
 rank (``simnccl.capture.script``); ``main()`` runs under the ``__main__`` guard in each rank, with that rank's
 environment. The calls are ``tests/framework_startups.py::megatron_startup``'s for the same ``tp``/``pp``
-(``_initialize_distributed`` re-typed, then the real ``initialize_model_parallel``), so the CLI's capture can
+(``_initialize_distributed`` re-typed, the real ``initialize_model_parallel``, then ``initialize_megatron``'s
+``_compile_dependencies`` barrier, re-typed), so the CLI's capture can
 be checked against the Python API's and the generator's.
 """
 
@@ -32,6 +33,7 @@ def main() -> None:
     parallel_state.initialize_model_parallel(
         args.tp, args.pp, None, distributed_timeout_minutes=10, order="tp-cp-ep-dp-pp"
     )
+    dist.barrier()  # initialize_megatron's _compile_dependencies (megatron/training/initialize.py:185)
 
 
 if __name__ == "__main__":

@@ -66,15 +66,35 @@ def test_megatron_table_side_by_side(capsys) -> None:
     rows = {line[:21].strip(): line[21:].split() for line in lines[3:12]}
     assert rows["new_group calls"] == ["299", "299", "299"]
     # 19 NCCL groups (the EGTP family included) + the default group; first-stage ranks add the position-embedding
-    # singleton
-    assert rows["NCCL comms at startup"] == ["20", "[20-21]", "0", "8"]
-    assert rows["used MiB / device"] == ["5,547.1", "[5,547.1-5,935.7]", "392", "2,408.4"]
+    # singleton. initialize_megatron's barrier uses the default group (legacy: creates it)
+    assert rows["NCCL comms at startup"] == ["20", "[20-21]", "1", "8"]
+    assert rows["used MiB / device"] == [
+        "7,551.6",
+        "[7,551.6-8,020.1]",
+        "2,709",
+        "[2,709-2,789]",
+        "4,412.9",
+        "[4,412.9-4,492.9]",
+    ]
     assert rows["verdict"] == ["pass", "pass", "pass"]
     assert "MiB at checkpoint 'startup'" in out
 
 
 def test_megatron_json_rows_from_the_simulation(capsys) -> None:
-    payload = cost_json(capsys, "--workload", "megatron", "--tp", "4", "--policy", "skip-single-rank", "--world", "8")
+    # initialize_model_parallel alone (--training false: no initialize_megatron barrier), whose groups this prices
+    argv = [
+        "--workload",
+        "megatron",
+        "--tp",
+        "4",
+        "--training",
+        "false",
+        "--policy",
+        "skip-single-rank",
+        "--world",
+        "8",
+    ]
+    payload = cost_json(capsys, *argv)
     assert payload["world"] == 8 and payload["knobs"]["tp"] == 4
     default, legacy, skip = payload["columns"]
     assert [default["column"], legacy["column"], skip["column"]] == ["torch-default", "legacy", "skip-single-rank"]

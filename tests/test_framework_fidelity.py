@@ -35,6 +35,7 @@ from simnccl import capture as cap
 from simnccl.ops import (
     Alloc,
     AllReduce,
+    Barrier,
     Checkpoint,
     Collective,
     NewGroup,
@@ -229,6 +230,38 @@ MEGATRON_CASES = {
 def test_megatron_initialize_model_parallel_equals_the_generator(megatron, captured, case: str) -> None:
     world, knobs = MEGATRON_CASES[case]
     assert_same_startup(captured("megatron", knobs, world), generate("megatron", knobs, world))
+
+
+def test_megatron_training_entry_source_has_the_barrier(megatron) -> None:
+    """``megatron.training`` does not import on Python 3.11 (it needs 3.12), so ``megatron_startup`` re-types its
+    ``initialize_megatron``; this reads the installed 0.19.2 source to pin what it re-types: after
+    ``finish_mpu_init()`` (``_initialize_distributed``: ``initialize_model_parallel``), ``initialize_megatron``
+    calls ``_init_autoresume()`` and ``_compile_dependencies()``, which ends in a world ``barrier()`` — the
+    collective the generator's ``training`` knob emits (the default group's first use)."""
+    import ast
+
+    import megatron.core
+
+    path = Path(megatron.core.__file__).parent.parent / "training" / "initialize.py"
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    functions = {node.name: node for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)}
+
+    def calls(function: ast.FunctionDef) -> list[str]:
+        found = [node for node in ast.walk(function) if isinstance(node, ast.Call)]
+        found.sort(key=lambda node: (node.lineno, node.col_offset))
+        return [ast.unparse(node) for node in found]
+
+    entry = [c for c in calls(functions["initialize_megatron"]) if c.endswith("()") and "(" not in c[:-2]]
+    assert entry[entry.index("finish_mpu_init()") :][:3] == [
+        "finish_mpu_init()",
+        "_init_autoresume()",
+        "_compile_dependencies()",
+    ]
+    assert calls(functions["_compile_dependencies"])[-1] == "torch.distributed.barrier()"
+    assert "barrier" not in " ".join(calls(functions["_initialize_distributed"]))
+    generated = generate("megatron", {"tp": 2}, 8)[0].ops
+    assert generated[-2:] == (Barrier(group="world"), Checkpoint("startup"))
+    assert Barrier(group="world") not in generate("megatron", {"tp": 2, "training": False}, 8)[0].ops
 
 
 MEGATRON_SCRIPT = Path(__file__).parent / "megatron_train.py"

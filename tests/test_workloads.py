@@ -314,13 +314,13 @@ def test_megatron_options_gloo_expert_and_hierarchical_groups() -> None:
     # SHARP on dp_replica: each rank barriers on its inter-partial expert-DP group in every expert-DP iteration
     # from the one that created it (expert-DP groups (0,4,8,12), (1,5,9,13), ... in that order)
     for rank, count in ((0, 4), (1, 3), (3, 1), (15, 1)):
-        barriers = [op for op in programs[rank].ops if isinstance(op, Barrier)]
+        barriers = [op for op in programs[rank].ops if isinstance(op, Barrier) and op.group != "world"]
         assert barriers == [Barrier(group="edp_l1")] * count, rank
     assert programs[0] is programs[4] and programs[0] is not programs[1]
 
 
 def test_megatron_memory_on_2_15_legacy_and_dedupe() -> None:
-    programs = generate("megatron", {"tp": 8, "pp": 2}, 32)
+    programs = generate("megatron", {"tp": 8, "pp": 2, "training": False}, 32)  # initialize_model_parallel alone
     default = used(run(programs, 4, 8), "startup")
     # 19 NCCL groups per rank (22 held - 3 gloo; the EGTP family included) + the default group; +1
     # position-embedding group (one rank) on stage 0.
@@ -337,6 +337,26 @@ def test_megatron_memory_on_2_15_legacy_and_dedupe() -> None:
     distinct = list(dict.fromkeys(sets[16]))
     assert len(distinct) == 7
     assert dedupe[16] == pytest.approx(CONTEXT_MIB + PROCESS_MIB + priced_mib([world, *distinct], 16, 4, 8), abs=0.1)
+
+
+def test_megatron_training_entry_barrier_uses_the_world_communicator() -> None:
+    """``initialize_megatron``'s ``_compile_dependencies`` barrier (megatron/training/initialize.py:185), on by
+    default: the default group's first use, so 2.15 allocates its connections and the process's first collective,
+    and legacy creates it, where ``initialize_model_parallel`` alone leaves every communicator unused (legacy: none)."""
+    training = generate("megatron", {"tp": 4}, 8)
+    alone = generate("megatron", {"tp": 4, "training": False}, 8)
+    assert training[0].ops[-2:] == (Barrier(group="world"), Checkpoint("startup"))
+    assert training[0].ops[:-2] == alone[0].ops[:-1]
+    for env in ({}, {"TORCH_DIST_USE_NCCL2": "0"}):
+        more = used(run(training, 1, 8, env=env), "startup")[0] - used(run(alone, 1, 8, env=env), "startup")[0]
+        assert more > PROFILE.comm.process_first_collective_mib, env
+    assert used(run(alone, 1, 8, env={"TORCH_DIST_USE_NCCL2": "0"}), "startup")[0] == CONTEXT_MIB
+    # a test suite's re-init cycles (Utils glue) do not go through initialize_megatron
+    cycled = generate("megatron", {"tp": 4, "reinit_cycles": 2}, 8)
+    assert cycled[0].ops == generate("megatron", {"tp": 4, "reinit_cycles": 2, "training": False}, 8)[0].ops
+    with pytest.raises(WorkloadError, match="does not go through initialize_megatron") as info:
+        generate("megatron", {"tp": 4, "reinit_cycles": 2, "training": True}, 8)
+    assert info.value.key == "training"
 
 
 # ---------------------------------------------------------------------------------------------- vLLM

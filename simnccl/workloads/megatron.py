@@ -1,4 +1,5 @@
-"""Megatron-Core startup: ``initialize_model_parallel`` on every rank, in Megatron's own order.
+"""Megatron-Core startup: ``initialize_model_parallel`` on every rank, in Megatron's own order, then (``training``)
+the training entry's world barrier.
 
 Follows **megatron-core 0.19.2** (the PyPI wheel): ``megatron/core/parallel_state.py``
 (``initialize_model_parallel``, ``create_group``, ``get_nccl_options``, ``RankGenerator``,
@@ -37,6 +38,15 @@ tests/test_framework_fidelity.py captures the real 0.19.2 code and checks this g
   ``create_all_gather_groups`` after ``initialize_model_parallel``: ``DATA_PARALLEL_GROUP_WITH_CP_AG`` per
   DP-with-CP group, and ``EXPERT_DATA_PARALLEL_GROUP_AG`` per expert-DP group when ep > 1, without pg_options
   (training passes no NCCL configs there).
+* ``training`` (default: true, false with ``reinit_cycles > 1``): the startup of Megatron-LM's training entry
+  point, ``pretrain_*`` / ``initialize_megatron`` (megatron/training/initialize.py), which most users run: after
+  ``initialize_model_parallel`` (``finish_mpu_init``, :146) it calls ``_compile_dependencies()`` (:155), whose
+  world ``torch.distributed.barrier()`` (:185) is the default group's first collective (``pretrain``'s start-time
+  ``all_reduce`` follows on the same group). Since torch 2.15 that first use allocates the world communicator's
+  buffers, and under legacy or a lazy policy creates it, so leaving it out would understate memory: false is
+  for code that calls ``initialize_model_parallel`` itself (megatron-core as a library, its unit tests). A
+  test suite's re-init cycles go through its ``Utils`` glue, not ``initialize_megatron``: ``training = true``
+  with ``reinit_cycles > 1`` is refused.
 * ``reinit_cycles`` / ``reinit_destroy``: the startup repeated as a test suite's destroy_model_parallel +
   initialize_model_parallel cycles, destroying only the gloo groups (the leak of Megatron-LM#6897) or every
   group made (PR #6902): ``simnccl.workloads.reinit``.
@@ -46,7 +56,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from simnccl.ops import NO_OPTIONS, Barrier, Checkpoint, InitProcessGroup, NewGroup, Op, PgOptions, Program, SetDevice
+from simnccl.ops import (
+    NO_OPTIONS,
+    WORLD,
+    Barrier,
+    Checkpoint,
+    InitProcessGroup,
+    NewGroup,
+    Op,
+    PgOptions,
+    Program,
+    SetDevice,
+)
 from simnccl.workloads._common import (
     BOOL,
     INT,
@@ -121,6 +142,13 @@ PARAMS = (
     Param("gtp_remat_groups", BOOL, True, "the GTP weight-remat singleton families (False: not 0.19.2's startup)"),
     Param("distributed_timeout_minutes", INT, 10, "--distributed-timeout-minutes (Megatron's default 10)", 1),
     Param("backend", STR, "nccl", "--distributed-backend", choices=("nccl",)),
+    Param(
+        "training",
+        BOOL,
+        None,
+        "the training entry's startup (pretrain / initialize_megatron): _compile_dependencies' world barrier after "
+        "initialize_model_parallel (default: true; false with reinit_cycles > 1)",
+    ),
     *REINIT_PARAMS,
 )
 
@@ -220,6 +248,12 @@ def natural_world(config: Config) -> int | None:
 
 def check(config: Config, world_size: int) -> None:
     _check_order(config["order"])
+    if config["training"] and config["reinit_cycles"] > 1:
+        raise WorkloadError(
+            "training",
+            "reinit cycles are a test suite's Utils glue, which does not go through initialize_megatron; "
+            "set training = false (or leave it out) with reinit_cycles > 1",
+        )
     dp = _dp(config, world_size)
     tp, pp, cp, ep = config["tp"], config["pp"], config["cp"], config["ep"]
     etp = config["etp"] if config["etp"] is not None else tp
@@ -555,6 +589,9 @@ def startup_ops(config: Config, world_size: int, edp_index: int | None = None) -
             )
             batch = []
 
+    if training(config):  # initialize_megatron -> _compile_dependencies: a world barrier (initialize.py:155, :185)
+        b.ops.append(Barrier(group=WORLD))
+
     if config["all_gather_group"]:  # training.get_model: create_all_gather_groups(nccl_comm_cfgs=None)
         for ranks in decoder.get_ranks("dp-cp"):
             b.create(ranks, "DATA_PARALLEL_GROUP_WITH_CP_AG", "dp_cp_ag", cfg=None, purpose="dp")
@@ -564,6 +601,14 @@ def startup_ops(config: Config, world_size: int, edp_index: int | None = None) -
 
     b.ops.append(Checkpoint("startup"))
     return b.ops
+
+
+def training(config: Config) -> bool:
+    """Whether the startup is the training entry's (``initialize_megatron``): the ``training`` knob, by default
+    true for one startup and false for a test suite's re-init cycles (``reinit_cycles > 1``)."""
+    if config["training"] is not None:
+        return config["training"]
+    return config["reinit_cycles"] == 1
 
 
 def build(config: Config, world_size: int) -> tuple[Program, ...]:
