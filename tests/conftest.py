@@ -117,3 +117,21 @@ def write_scenario(tmp_path: Path) -> Callable[..., Path]:
         return path
 
     return write
+
+
+def marked_processes(mark: str) -> list[int]:
+    """Pids of live processes whose environment carries ``mark`` (everything a launch started inherits it)."""
+    from simnccl.real.zygote import pid_alive
+
+    found = []
+    needle = f"REAL_TEST_MARK={mark}".encode()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if needle in f.read().split(b"\0") and pid_alive(int(entry)):
+                    found.append(int(entry))
+        except OSError:
+            continue
+    return found

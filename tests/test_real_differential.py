@@ -55,7 +55,7 @@ def test_ctrl_c_stops_the_queued_cases_and_leaves_a_partial_report(tmp_path) -> 
     import uuid
     from pathlib import Path
 
-    from tests.test_real_lane import marked_processes
+    from conftest import marked_processes
 
     repo = Path(__file__).resolve().parent.parent
     report = tmp_path / "diff.json"

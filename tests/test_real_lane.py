@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import TINY
+from conftest import TINY, marked_processes
 
 pytest.importorskip("torch")
 
@@ -50,22 +50,6 @@ pytestmark = pytest.mark.real
 REPO = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
 FAST = RunSettings.for_lane("cpu", torch_timeout_s=3.0, stall_s=5.0, timeout_s=40.0)
-
-
-def marked_processes(mark: str) -> list[int]:
-    """Pids of live processes whose environment carries ``mark`` (everything a launch started inherits it)."""
-    found = []
-    needle = f"REAL_TEST_MARK={mark}".encode()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                if needle in f.read().split(b"\0") and pid_alive(int(entry)):
-                    found.append(int(entry))
-        except OSError:
-            continue
-    return found
 
 
 def run_cli(*args: str, timeout: float = 240) -> tuple[subprocess.CompletedProcess, str]:
