@@ -172,11 +172,24 @@ def check_program_faults_distinct(faults: Sequence[Fault]) -> None:
             where = "program"
         elif fault.kind in TIMED_FAULTS and fault.at_op is not None:
             where = "timed"
+        elif fault.kind in ONCE_PER_RANK:
+            where = fault.kind
         else:
             continue
         first = seen.setdefault((where, fault.rank, fault.at_op), fault)
-        if first is not fault:
-            raise FaultError(f"faults {first.describe()} and {fault.describe()} hit the same op of one rank")
+        if first is fault:
+            continue
+        if where in ONCE_PER_RANK:
+            raise FaultError(f"faults {first.describe()} and {fault.describe()} {ONCE_PER_RANK[where]}")
+        raise FaultError(f"faults {first.describe()} and {fault.describe()} hit the same op of one rank")
+
+
+# Faults of which a rank holds one: a second one was accepted and silently had no effect of its own.
+ONCE_PER_RANK = {
+    "straggler": "both slow one rank: only one factor would apply",
+    "oom-at-init": "both fail one rank's next communicator init: it fails once",
+    "store-timeout": "both time out the same bootstrap of one rank: it times out once",
+}
 
 
 def apply_to_programs(schedule: FaultSchedule, programs: Sequence[Program]) -> list[Program]:
@@ -229,13 +242,18 @@ def generate(
                 continue  # one rewrite per op (check_program_faults_distinct)
             faults.append(Fault(kind, rank, at_op=at_op))
         elif kind == "straggler":
-            faults.append(Fault(kind, rank, factor=round(rng.uniform(1.5, 10.0), 2)))
+            factor = round(rng.uniform(1.5, 10.0), 2)  # drawn first: the stream of draws stays as it was
+            if any(f.kind == kind and f.rank == rank for f in faults):
+                continue  # one factor per rank (check_program_faults_distinct)
+            faults.append(Fault(kind, rank, factor=factor))
         elif kind == "link-straggler":
             if world < 2:
                 continue
             peer = rng.choice([r for r in range(world) if r != rank])
             faults.append(Fault(kind, rank, factor=round(rng.uniform(1.5, 10.0), 2), peer=peer))
         elif kind in ("oom-at-init", "store-timeout"):
+            if any(f.kind == kind and f.rank == rank for f in faults):
+                continue  # it acts once per rank (check_program_faults_distinct)
             faults.append(Fault(kind, rank))
         else:
             candidates = [i for i, op in enumerate(ops) if isinstance(op, (Collective, NewGroup))] or [0]

@@ -347,6 +347,37 @@ def test_two_timed_faults_on_one_op_are_refused_or_never_generated(tmp_path, cap
     assert f"crash rank 1 at op 2 and {second} rank 1 at op 2 hit the same op" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("first", "second", "says"),
+    [
+        ('kind = "straggler", rank = 1, factor = 2', 'kind = "straggler", rank = 1, factor = 8', "only one factor"),
+        ('kind = "oom-at-init", rank = 1', 'kind = "oom-at-init", rank = 1', "it fails once"),
+    ],
+)
+def test_two_faults_a_rank_holds_once_are_refused_or_never_generated(
+    tmp_path, capsys, first: str, second: str, says: str
+) -> None:
+    """Two stragglers on one rank: the second factor silently replaced the first; two oom-at-init faults acted
+    once. The schedule printed both. Bad input in a file (exit 2, naming both); never drawn by a swarm."""
+    from simnccl.cli import main
+    from simnccl.faults import ONCE_PER_RANK, generate
+    from simnccl.ops import AllReduce, InitProcessGroup, Program, SetDevice
+
+    program = Program((SetDevice(), InitProcessGroup(), AllReduce(size_bytes=8)))
+    for seed in range(300):
+        faults = generate(seed, [program] * 2, classes=sorted(ONCE_PER_RANK), max_faults=4).faults
+        held = [(f.kind, f.rank) for f in faults]
+        assert len(held) == len(set(held)), (seed, faults)
+    path = tmp_path / "twice.toml"
+    path.write_text(
+        '[scenario]\nname = "twice"\n[cluster]\ngpu = "h100-80gb"\ngpus_per_node = 2\n[torch]\nrelease = "2.15"\n'
+        '[workload]\nsteps = [{ op = "set_device" }, { op = "init_process_group" }, { op = "all_reduce" }]\n'
+        f"[faults]\ninject = [{{ {first} }}, {{ {second} }}]\n"
+    )
+    assert main(["run", str(path)]) == 2
+    assert says in capsys.readouterr().err
+
+
 def test_two_program_faults_on_one_op_are_refused_or_never_generated(tmp_path) -> None:
     """A skip and a mismatch on the same op of one rank: bad input in a file (exit 2), never drawn by a swarm."""
     from simnccl.cli import main
