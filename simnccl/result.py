@@ -17,7 +17,7 @@ has ``monitor``: ``{"reason", "detected_at_s", "terminate_at_s", "heartbeat_time
 (the sticky health-check mark a watchdog abort leaves), ``errors`` (``kind`` "heartbeat" when the monitor ended
 the process), ``slowdowns`` (what each straggler fault cost: ``{"kind": "straggler", "rank", "factor",
 "extra_s"}`` or ``{"kind": "link-straggler", "link", "ranks", "factor", "ops", "extra_s", "groups"}``),
-``expectations``, ``event_count``,
+``faults_unacted`` (each scheduled fault that never struck, described, with why), ``expectations``, ``event_count``,
 ``trace_hash``, ``end_time_s``, ``decisions`` (the policy's plan and one-line explanation per
 group-creation call, as seen by the group's first member; only for a policy other than torch-default).
 """
@@ -194,6 +194,7 @@ class VariantResult:
             "unhealthy_ranks": [rt.rank for rt in outcome.ranks if rt.unhealthy],
             "errors": outcome.errors,
             "slowdowns": outcome.slowdowns,
+            "faults_unacted": outcome.faults_unacted,
             "expectations": [{"key": e.key, "ok": e.ok, "message": e.message} for e in self.expectations],
             "decisions": self.explanations,
             "event_count": outcome.event_count,

@@ -396,3 +396,35 @@ def test_two_program_faults_on_one_op_are_refused_or_never_generated(tmp_path) -
         '[faults]\ninject = [{ kind = "skip", rank = 0, at_op = 2 }, { kind = "mismatch", rank = 0, at_op = 2 }]\n'
     )
     assert main(["run", str(path)]) == 2
+
+
+def test_a_fault_that_never_struck_is_reported_with_why(tmp_path, capsys) -> None:
+    """A crash at a time after the rank had finished, a stall at an op past its program's end... A run that passes
+    said nothing of a fault that never acted: as if the policy had survived it. Each is reported, with why."""
+    import json
+
+    from simnccl.cli import main
+
+    path = tmp_path / "late.toml"
+    path.write_text(
+        '[scenario]\nname = "late"\n[cluster]\ngpu = "h100-80gb"\ngpus_per_node = 2\n[torch]\nrelease = "2.15"\n'
+        '[workload]\nsteps = [{ op = "set_device" }, { op = "init_process_group" }, { op = "all_reduce" }]\n'
+        '[faults]\ninject = [{ kind = "crash", rank = 1, at_s = 500 }]\n'
+    )
+    assert main(["run", str(path), "--json", str(tmp_path / "o.json")]) == 0
+    out = capsys.readouterr().out
+    (variant,) = json.loads((tmp_path / "o.json").read_text())["results"][0]["variants"]
+    assert variant["faults_unacted"] == ["crash rank 1 at t=500s: never acted (the rank had ended before then)"]
+    assert "fault crash rank 1 at t=500s: never acted" in out
+    stalled = simulate(
+        [SetDevice(), InitProcessGroup(backend="nccl"), AllReduce()],
+        faults=FaultSchedule(None, (), (Fault("stall", 0, at_op=1), Fault("crash", 1, at_op=2))),
+    )
+    assert stalled.faults_unacted == ["crash rank 1 at op 2: never acted (the rank never reached that op)"]
+    full = simulate(
+        [SetDevice(), InitProcessGroup(backend="nccl"), AllReduce()],
+        faults=FaultSchedule(None, (), (Fault("oom-at-init", 0),)),
+    )
+    assert full.faults_unacted == [], "the world's init struck"
+    none = simulate([SetDevice()], faults=FaultSchedule(None, (), (Fault("oom-at-init", 1),)))
+    assert none.faults_unacted == ["oom-at-init rank 1: never acted (the rank made no communicator after it was armed)"]

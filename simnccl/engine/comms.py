@@ -74,6 +74,10 @@ class Comms:
         """Arm a ``store-timeout`` fault: that bootstrap of this rank never gets the unique id."""
         self._store_timeout.add((rank, at_op))
 
+    def store_fault_armed(self, rank: int, at_op: int | None) -> bool:
+        """Whether this ``store-timeout`` fault is still waiting for its bootstrap (it never acted)."""
+        return (rank, at_op) in self._store_timeout
+
     # ---------------------------------------------------------------- creation and bootstrap
 
     def create(self, rt: RankRuntime, group: Group, plan: GroupPlan, op: Op) -> Waiting:

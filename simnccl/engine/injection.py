@@ -41,7 +41,10 @@ class Injection:
         self.rendezvous = rendezvous
         self.watchdogs = watchdogs
         self.schedule = schedule
+        self.memory = memory
+        self.comms = comms
         self.op_faults: dict[tuple[int, int], Fault] = {}  # (rank, op index) -> the fault before that op
+        self._struck: set[int] = set()  # ids of the op and timed faults that struck (``unacted``)
         for fault in schedule.runtime():
             validate(fault, programs)
             if fault.kind == "straggler":
@@ -69,6 +72,7 @@ class Injection:
         rt = self.ranks[fault.rank]
         if rt.status in ("done", "error", "aborted"):
             return
+        self._struck.add(id(fault))
         self.record(self.env.now, rt.rank, "fault", fault.kind)
         procs = self.sim.procs
         if fault.kind in ("crash", "gpu-crash"):
@@ -81,6 +85,33 @@ class Injection:
             procs[rt.rank].interrupt(Crash(fault, stall=True) if action.outcome == "hang" else action)
         elif fault.kind in ("stall", "watchdog-stuck"):
             procs[rt.rank].interrupt(Crash(fault, stall=True))
+
+    def unacted(self) -> list[str]:
+        """The scheduled faults that never acted, described, with why: at the end of a run.
+
+        Why: a fault that never struck leaves a run that passes as if it had survived it (a crash at t=100 s of a
+        rank that finished at t=50 s, a stall at an op the rank never reached, an oom-at-init with no init left):
+        the schedule printed it, and nothing said it did nothing. Stragglers always act (on whatever ran)."""
+        out = []
+        for fault in self.schedule.runtime():
+            if fault.kind in ("straggler", "link-straggler"):
+                continue
+            if fault.kind == "oom-at-init":
+                if not self.memory.init_fault_armed(fault.rank):
+                    continue
+                why = "the rank made no communicator after it was armed"
+            elif fault.kind == "store-timeout":
+                if not self.comms.store_fault_armed(fault.rank, fault.at_op):
+                    continue
+                why = "the rank made no bootstrap where it was armed"
+            elif id(fault) in self._struck:
+                continue
+            elif fault.at_s is not None:
+                why = "the rank had ended before then" if self.env.now >= fault.at_s else "the run ended before then"
+            else:
+                why = "the rank never reached that op"
+            out.append(f"{fault.describe()}: never acted ({why})")
+        return out
 
     def _victims(self, rt: RankRuntime, fault: Fault) -> list[RankRuntime]:
         """A GPU crash takes down every live process using that GPU."""
@@ -100,6 +131,7 @@ class Injection:
         where the op would start (``Rendezvous.settle``). A stall there said the rank was stuck since its arrival
         at the split, before the split it was still in had ended."""
         yield from self.rendezvous.settle(rt)
+        self._struck.add(id(fault))
         self.record(self.env.now, rt.rank, "fault", fault.kind, rt.pc)
         if fault.kind in ("crash", "gpu-crash"):
             for victim in self._victims(rt, fault):

@@ -128,6 +128,10 @@ class Memory:
         """Arm an ``oom-at-init`` fault: this rank's next communicator init runs out of memory."""
         self._oom_at_init.add(rank)
 
+    def init_fault_armed(self, rank: int) -> bool:
+        """Whether this rank's ``oom-at-init`` fault is still waiting for an init (it never acted)."""
+        return rank in self._oom_at_init
+
     def ledger(self, rt: RankRuntime, index: int) -> DeviceLedger:
         """The ledger of device ``index`` on this rank's node (validated by the cluster on first use)."""
         key = (rt.node, index)
