@@ -9,6 +9,7 @@ device, so one rank's communicators eat another rank's startup margin when they 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, NamedTuple
 
@@ -171,6 +172,22 @@ class HostLedger(DeviceLedger):
     the host once per communicator: 2.85 million changes at 131,072 ranks that nothing read."""
 
     keeps_timeline: ClassVar[bool] = False
+
+
+def comm_holdings(ledgers: Iterable[DeviceLedger]) -> dict[int, tuple[int, int]]:
+    """Per rank, over ``ledgers``: the bytes its communicators hold, and how many communicators it holds that
+    allocated at init or as a send/recv pair. One rule for what counts as a rank's communicators, read where
+    ``simnccl cost`` reads its rows: at a checkpoint (``Snapshot.comms_by_rank``) or at the end of a run."""
+    held_bytes: dict[int, int] = {}
+    groups: dict[int, set[str]] = {}
+    for ledger in ledgers:
+        for owner, held in ledger.by_owner.items():
+            if owner.kind != "comm":
+                continue
+            held_bytes[owner.rank] = held_bytes.get(owner.rank, 0) + held
+            if owner.phase in ("init", "p2p-pair"):
+                groups.setdefault(owner.rank, set()).add(owner.group)
+    return {rank: (held, len(groups.get(rank, ()))) for rank, held in held_bytes.items()}
 
 
 def oom_message(device: str, requested: int, free: int, total: int, *, nccl: bool) -> str:

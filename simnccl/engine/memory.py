@@ -28,6 +28,7 @@ from simnccl.memory import (
     HostLedger,
     Owner,
     SimulatedOOM,
+    comm_holdings,
     oom_message,
     vllm_check_message,
     vllm_requested_bytes,
@@ -415,14 +416,6 @@ class Memory:
         if index is None:
             return
         ledger = self.ledger(rt, index)
-        comm_bytes: dict[int, int] = {}
-        comm_groups: dict[int, set[str]] = {}
-        for owner, held in ledger.by_owner.items():
-            if owner.kind == "comm":
-                comm_bytes[owner.rank] = comm_bytes.get(owner.rank, 0) + held
-                if owner.phase in ("init", "p2p-pair"):
-                    comm_groups.setdefault(owner.rank, set()).add(owner.group)
-        comms = {rank: (held, len(comm_groups.get(rank, ()))) for rank, held in comm_bytes.items()}
         per_device[ledger.device] = Snapshot(
-            ledger.device, ledger.used_bytes, ledger.free_bytes, self.env.now, rt.rank, comms
+            ledger.device, ledger.used_bytes, ledger.free_bytes, self.env.now, rt.rank, comm_holdings((ledger,))
         )
