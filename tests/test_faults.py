@@ -320,28 +320,43 @@ def test_a_straggler_at_a_time_is_rejected_not_ignored() -> None:
         )
 
 
+def _two_rank_scenario(tmp_path, inject: str):
+    """A two-rank scenario of set_device, init and one all_reduce, with ``[faults] inject = [inject]``."""
+    path = tmp_path / "twice.toml"
+    path.write_text(
+        '[scenario]\nname = "twice"\n[cluster]\ngpu = "h100-80gb"\ngpus_per_node = 2\n[torch]\nrelease = "2.15"\n'
+        '[workload]\nsteps = [{ op = "set_device" }, { op = "init_process_group" }, { op = "all_reduce" }]\n'
+        f"[faults]\ninject = [{inject}]\n"
+    )
+    return path
+
+
+def _never_drawn_twice(classes, key) -> None:
+    """A swarm of ``classes`` (300 seeds, 2 ranks, up to 4 faults) never draws two of them with the same
+    ``key``; faults of other kinds the schedule holds are not looked at."""
+    from simnccl.faults import generate
+    from simnccl.ops import AllReduce, InitProcessGroup, Program, SetDevice
+
+    program = Program((SetDevice(), InitProcessGroup(), AllReduce(size_bytes=8)))
+    for seed in range(300):
+        faults = generate(seed, [program] * 2, classes=sorted(classes), max_faults=4).faults
+        keys = [key(f) for f in faults if f.kind in classes]
+        assert len(keys) == len(set(keys)), (seed, faults)
+
+
 @pytest.mark.parametrize("second", ["stall", "nccl-error", "crash", "watchdog-stuck"])
 def test_two_timed_faults_on_one_op_are_refused_or_never_generated(tmp_path, capsys, second: str) -> None:
     """A crash and a second timed fault on the same op of one rank: the engine acts out one fault per op, so
     the second silently replaced the crash (a printed crash that never happened). Bad input in a file (exit 2,
     naming both); never drawn by a swarm."""
     from simnccl.cli import main
-    from simnccl.faults import TIMED_FAULTS, generate
-    from simnccl.ops import AllReduce, InitProcessGroup, Program, SetDevice
+    from simnccl.faults import TIMED_FAULTS
 
     with pytest.raises(FaultError, match="hit the same op"):
         apply_to_programs(FaultSchedule(None, (), (Fault("crash", 1, at_op=5), Fault(second, 1, at_op=5))), PROGRAMS)
-    program = Program((SetDevice(), InitProcessGroup(), AllReduce(size_bytes=8)))
-    for seed in range(300):
-        faults = generate(seed, [program] * 2, classes=sorted(TIMED_FAULTS), max_faults=4).faults
-        hit = [(f.rank, f.at_op) for f in faults]
-        assert len(hit) == len(set(hit)), (seed, faults)
-    path = tmp_path / "twice.toml"
-    path.write_text(
-        '[scenario]\nname = "twice"\n[cluster]\ngpu = "h100-80gb"\ngpus_per_node = 2\n[torch]\nrelease = "2.15"\n'
-        '[workload]\nsteps = [{ op = "set_device" }, { op = "init_process_group" }, { op = "all_reduce" }]\n'
-        '[faults]\ninject = [{ kind = "crash", rank = 1, at_op = 2 }, '
-        f'{{ kind = "{second}", rank = 1, at_op = 2 }}]\n'
+    _never_drawn_twice(TIMED_FAULTS, lambda f: (f.rank, f.at_op))
+    path = _two_rank_scenario(
+        tmp_path, f'{{ kind = "crash", rank = 1, at_op = 2 }}, {{ kind = "{second}", rank = 1, at_op = 2 }}'
     )
     assert main(["run", str(path)]) == 2
     assert f"crash rank 1 at op 2 and {second} rank 1 at op 2 hit the same op" in capsys.readouterr().err
@@ -360,40 +375,21 @@ def test_two_faults_a_rank_holds_once_are_refused_or_never_generated(
     """Two stragglers on one rank: the second factor silently replaced the first; two oom-at-init faults acted
     once. The schedule printed both. Bad input in a file (exit 2, naming both); never drawn by a swarm."""
     from simnccl.cli import main
-    from simnccl.faults import ONCE_PER_RANK, generate
-    from simnccl.ops import AllReduce, InitProcessGroup, Program, SetDevice
+    from simnccl.faults import ONCE_PER_RANK
 
-    program = Program((SetDevice(), InitProcessGroup(), AllReduce(size_bytes=8)))
-    for seed in range(300):
-        faults = generate(seed, [program] * 2, classes=sorted(ONCE_PER_RANK), max_faults=4).faults
-        held = [(f.kind, f.rank) for f in faults]
-        assert len(held) == len(set(held)), (seed, faults)
-    path = tmp_path / "twice.toml"
-    path.write_text(
-        '[scenario]\nname = "twice"\n[cluster]\ngpu = "h100-80gb"\ngpus_per_node = 2\n[torch]\nrelease = "2.15"\n'
-        '[workload]\nsteps = [{ op = "set_device" }, { op = "init_process_group" }, { op = "all_reduce" }]\n'
-        f"[faults]\ninject = [{{ {first} }}, {{ {second} }}]\n"
-    )
-    assert main(["run", str(path)]) == 2
+    _never_drawn_twice(ONCE_PER_RANK, lambda f: (f.kind, f.rank))
+    assert main(["run", str(_two_rank_scenario(tmp_path, f"{{ {first} }}, {{ {second} }}"))]) == 2
     assert says in capsys.readouterr().err
 
 
 def test_two_program_faults_on_one_op_are_refused_or_never_generated(tmp_path) -> None:
     """A skip and a mismatch on the same op of one rank: bad input in a file (exit 2), never drawn by a swarm."""
     from simnccl.cli import main
-    from simnccl.faults import PROGRAM_FAULTS, generate
-    from simnccl.ops import AllReduce, InitProcessGroup, Program, SetDevice
+    from simnccl.faults import PROGRAM_FAULTS
 
-    program = Program((SetDevice(), InitProcessGroup(), AllReduce(size_bytes=8)))
-    for seed in range(300):
-        faults = generate(seed, [program] * 2, classes=sorted(PROGRAM_FAULTS), max_faults=4).faults
-        hit = [(f.rank, f.at_op) for f in faults if f.kind in PROGRAM_FAULTS]
-        assert len(hit) == len(set(hit)), (seed, faults)
-    path = tmp_path / "twice.toml"
-    path.write_text(
-        '[scenario]\nname = "twice"\n[cluster]\ngpu = "h100-80gb"\ngpus_per_node = 2\n[torch]\nrelease = "2.15"\n'
-        '[workload]\nsteps = [{ op = "set_device" }, { op = "init_process_group" }, { op = "all_reduce" }]\n'
-        '[faults]\ninject = [{ kind = "skip", rank = 0, at_op = 2 }, { kind = "mismatch", rank = 0, at_op = 2 }]\n'
+    _never_drawn_twice(PROGRAM_FAULTS, lambda f: (f.rank, f.at_op))
+    path = _two_rank_scenario(
+        tmp_path, '{ kind = "skip", rank = 0, at_op = 2 }, { kind = "mismatch", rank = 0, at_op = 2 }'
     )
     assert main(["run", str(path)]) == 2
 

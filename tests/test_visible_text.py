@@ -58,3 +58,6 @@ def test_a_policy_message_with_controls_reaches_stderr_escaped(tmp_path: Path) -
     first = done.stderr.splitlines()[0]
     assert first.startswith("error: ") and "raised RuntimeError: \\x1b[2J\\x1b[31mcleared" in first
     assert "\x1b" not in first
+    # the policy's traceback too: it was printed raw, so its last line cleared and recoloured the terminal
+    assert "\x1b" not in done.stderr and "loud_policy.py" in done.stderr, done.stderr
+    assert done.stderr.count("RuntimeError: \\x1b[2J\\x1b[31mcleared") == 2, done.stderr

@@ -319,13 +319,3 @@ class OnlyRank0NamesADevice(BasePolicy):
 
     def on_group(self, request: GroupRequest, decision: GroupDecision) -> GroupDecision:
         return replace(decision, device_id=0) if request.rank == 0 else decision
-
-
-@dataclass(frozen=True)
-class RaisesWithTerminalControls(BasePolicy):
-    """A policy whose exception message carries terminal controls (an OSC title sequence, a bidi override)."""
-
-    name: str = "raises-with-controls"
-
-    def on_group(self, request: GroupRequest, decision: GroupDecision) -> GroupDecision:
-        raise RuntimeError("boom \x1b]0;PWNED\x07 \u202etxt.exe")
