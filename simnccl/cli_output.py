@@ -227,6 +227,13 @@ class Output:
             with self._paused():
                 self.out.print(Text(line.text()), soft_wrap=True)
 
+    def not_finished(self, label: str, names: Sequence[str]) -> dict[str, Any]:
+        """Ctrl-C: each of ``names`` (variants, columns, cases) is a summary line that is not ok, so the document's
+        ``ok`` is false (an interrupted run never reads as passing); returns the marks for its result record."""
+        for name in names:
+            self.add(SummaryLine(label, name, "interrupted", False, "not finished (Ctrl-C)"))
+        return {"interrupted": True, "not_finished": list(names)}
+
     # ------------------------------------------------------------------------------------------ progress
 
     def progress(self, total: int, what: str) -> contextlib.AbstractContextManager[_Bar]:

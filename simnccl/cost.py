@@ -642,9 +642,7 @@ def report(
     if finished.interrupted:
         # What finished, marked: each column not finished is also a summary line that is not ok, so the
         # document's "ok" is false (as ``simnccl real`` does). Why: the document said "ok": true with no columns.
-        for name in missing:
-            out.add(SummaryLine(label, name, "interrupted", False, "not finished (Ctrl-C)"))
-        document.update(interrupted=True, not_finished=missing)
+        document.update(out.not_finished(label, missing))
     out.finish([document])
     if finished.interrupted:
         raise KeyboardInterrupt  # simnccl.cli_guard: exit 130, stops the workers, prints the journal's lines

@@ -201,18 +201,16 @@ def _finish_interrupted(out: Any, scenario: Any, lane: str, reports: list[dict[s
     finished = {v["name"] for report in reports for v in report["variants"]}
     not_finished = [v.name for v in scenario.variants if v.name not in finished]
     journal = current_journal()
-    for index, name in enumerate(not_finished):
-        out.add(SummaryLine(scenario.name, name, "interrupted", False, "not finished (Ctrl-C)"))
-        if journal is not None:
+    if journal is not None:
+        for index, name in enumerate(not_finished):
             journal.lines.append(
                 f"stopped   {scenario.source}  {name}: not finished"
                 if index == 0
                 else f"skipped   {scenario.source}  {name}: not started"
             )
-    if journal is not None:
         journal.running = None  # said above, in order after what finished
     merged = {"scenario": scenario.name, "source": scenario.source, "lane": lane, **_merged(reports, False)}
-    merged.update(interrupted=True, not_finished=not_finished)
+    merged.update(out.not_finished(scenario.name, not_finished))
     out.finish([merged])
 
 
@@ -471,14 +469,11 @@ def _diff_interrupted(out: Any, seed: int, chosen: Sequence[Any], results: Seque
 
     done = {r.case.name for r in results}
     not_finished = [case.name for case in chosen if case.name not in done]
-    for name in not_finished:
-        out.add(SummaryLine(f"diff seed {seed}", name, "interrupted", False, "not finished (Ctrl-C)"))
+    marks = out.not_finished(f"diff seed {seed}", not_finished)
     journal = current_journal()
     if journal is not None:
         journal.lines.append(f"finished  diff seed {seed}: {len(done)} of {len(chosen)} cases")
-    document = _diff_document(seed, results)
-    document.update(interrupted=True, not_finished=not_finished)
-    out.finish([document], show_summary=False)
+    out.finish([{**_diff_document(seed, results), **marks}], show_summary=False)
 
 
 if __name__ == "__main__":
