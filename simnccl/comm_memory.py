@@ -153,6 +153,9 @@ class _Prefix(NamedTuple):
     unmodelled: tuple[str, ...]
     own_share: bool  # created with splitShare: its split children share its resources
     number: int  # its class number: equal for member lists of one size and layout under equal settings
+    # Per group rank, the rank the mechanics price it as (``representative``), where the layout is even: one
+    # table per layout, so a member's class is an index, not a walk up its node's tree role.
+    representatives: Sequence[int]
 
 
 @dataclass(slots=True)
@@ -188,11 +191,15 @@ class Pricer:
         profile: Profile,
         node_of: Callable[[int], int],
         nodes_of: Callable[[Sequence[int]], Sequence[int]] | None = None,
+        node_counts: Callable[[Sequence[int]], Mapping[int, int]] | None = None,
     ) -> None:
         """``node_of``: a global rank's node; ``nodes_of``: that for a whole member list at once (faster, e.g.
         ``Cluster.nodes_of``), if the caller has it."""
         self.profile = profile
         self.nodes_of = nodes_of if nodes_of is not None else (lambda ranks: [node_of(r) for r in ranks])
+        # Ranks per node of a member list, nodes in order of first appearance (``node_counts``: the caller's, if
+        # it counts them already, e.g. ``Sim.node_counts``).
+        self.node_counts = node_counts if node_counts is not None else (lambda ranks: Counter(self.nodes_of(ranks)))
         self.topology = profile.topology
         self.fixed_bytes = mib_to_bytes(profile.comm.comm_fixed_mib)
         self.fixed_source = f"{profile.name}: derivation.comm_fixed_mib"
@@ -231,6 +238,7 @@ class Pricer:
         self._class_numbers: dict[tuple[Any, ...], int] = {}
         # (id(layout), id(env key), id(options)) -> (options, ``eager_group_bytes``): interned keys, kept options.
         self._eager_bytes: dict[tuple[int, int, int], tuple[PgOptions, int]] = {}
+        self._representative_tables: dict[tuple[int, ...], tuple[int, ...]] = {}  # even layout -> its table
 
     # ------------------------------------------------------------------ creation
 
@@ -258,7 +266,8 @@ class Pricer:
         sharing = parent if parent is not None and parent.share_resources else None
         exact = prefix.own_share or sharing is not None or not prefix.even
         if shareable and not exact:
-            return self._class_memory(prefix, rank_index)
+            memory = self._classes.get((prefix.number, prefix.representatives[rank_index]))
+            return memory if memory is not None else self._class_memory(prefix, rank_index)
         shape = Shape(prefix.nranks, prefix.node_sizes, rank_index)
         members = None if sharing is None else self._members(ranks, parent_ranks or ())
         breakdown = self._priced(shape, exact, prefix.env, prefix.options, (), sharing, members)
@@ -279,6 +288,7 @@ class Pricer:
             return prefix
         _sizes, layout, even = self._layout(node_sizes)
         opts, unmodelled = self._model_options(options)
+        representatives = self._representatives(node_sizes) if even else ()
         number = self._class_numbers.setdefault(
             (len(ranks), layout, env_key, opts, unmodelled), len(self._class_numbers)
         )
@@ -292,12 +302,25 @@ class Pricer:
             unmodelled,
             self._split_share(env_key, opts),
             number,
+            representatives,
         )
         return prefix
 
+    def _representatives(self, node_sizes: tuple[int, ...]) -> tuple[int, ...]:
+        """``representative(node_sizes, i)`` for every group rank ``i`` of an even layout, once per layout."""
+        table = self._representative_tables.get(node_sizes)
+        if table is None:
+            local = node_sizes[0]
+            table = self._representative_tables[node_sizes] = tuple(
+                first * local + at
+                for first in (_first_node_like(len(node_sizes), node) for node in range(len(node_sizes)))
+                for at in range(local)
+            )
+        return table
+
     def _class_memory(self, prefix: _Prefix, rank_index: int) -> CommMemory:
         """The one CommMemory of a rank class: the members of a layout (number) at the same representative rank."""
-        rank = representative(prefix.node_sizes, rank_index)
+        rank = prefix.representatives[rank_index]
         key = (prefix.number, rank)
         memory = self._classes.get(key)
         if memory is None:
@@ -401,7 +424,7 @@ class Pricer:
         cached = self._sizes.get(id(ranks))
         if cached is not None and cached[0] is ranks:
             return cached[1]
-        sizes = Counter(self.nodes_of(ranks))  # in order of first appearance
+        sizes = self.node_counts(ranks)  # in order of first appearance
         result = self._layout(tuple(sizes.values()))[0]  # interned: equal layouts share one tuple
         self._sizes[id(ranks)] = (ranks, result)
         return result

@@ -36,6 +36,8 @@ from simnccl.memory import (
 from simnccl.nccl import Part
 from simnccl.ops import Checkpoint, MemoryCheck, Op, SetDevice
 
+_new_tuple = tuple.__new__
+
 # The owner "group" of NCCL's once-per-process overheads: the process holds them, no communicator does.
 PROCESS_OWNER = "(nccl process)"
 # Its phases: the overhead of the process's first communicator on a device, and of its first collective there.
@@ -121,7 +123,7 @@ class Memory:
         self.host_ledgers: dict[str, HostLedger] = {}
         self._host_by_node: dict[int, HostLedger] = {}  # node -> its entry in host_ledgers
         self._shared = SharedEntries()
-        self.pricer = Pricer(self.profile, self.cluster.node_of, self.cluster.nodes_of)
+        self.pricer = Pricer(self.profile, self.cluster.node_of, self.cluster.nodes_of, sim.node_counts)
         self._oom_at_init: set[int] = set()  # ranks whose next init charge fails (injected fault)
         self._collective_devices: set[tuple[int, int]] = set()  # (rank, device): its first collective was paid
 
@@ -243,20 +245,26 @@ class Memory:
                 sum(p.total for p in parts if p.ledger == "host"),
             )
         _, device, host = totals
-        owner = Owner("comm", rt.rank, comm.group, phase)  # one object for the device and the host charge
+        # One object for the device and the host charge (built as ``Owner(...)`` is, in C: one per communicator).
+        owner = _new_tuple(Owner, ("comm", rt.rank, comm.group, phase))
         if steady is None:
             self.charge(rt, comm, [Charge(phase, device)], op, group, owner)
-        elif comm.device is not None:
-            self._book(rt, comm, steady[0], (Charge(phase, device),), op, group, owner, steady[1])
+        elif comm.device is not None and device:
+            self._book_one(rt, comm, steady[0], owner, device, op, group, steady[1])
         if host:
             ledger = self._host_by_node.get(rt.node)
             if ledger is None:
-                key = f"n{rt.node}:host"
-                ledger = self.host_ledgers.get(key)
-                if ledger is None:
-                    ledger = self.host_ledgers[key] = HostLedger(key, 2**62)
-                self._host_by_node[rt.node] = ledger
+                ledger = self._host_ledger(rt.node)
             ledger.allocate(owner, host, time_s=self.sim.now(), op=op)
+
+    def _host_ledger(self, node: int) -> HostLedger:
+        """The node's pinned host memory ledger, made at its first charge."""
+        key = f"n{node}:host"
+        ledger = self.host_ledgers.get(key)
+        if ledger is None:
+            ledger = self.host_ledgers[key] = HostLedger(key, 2**62)
+        self._host_by_node[node] = ledger
+        return ledger
 
     def _process_charge(self, rt: RankRuntime, device: int, phase: str, num_bytes: int, op: Op) -> None:
         """A profile's once-per-process overhead: held by the process (``PROCESS_OWNER``), not by a group, so
@@ -311,39 +319,58 @@ class Memory:
     ) -> None:
         """The charges on the ledger, in the trace and in the group's record (``record``: it, if the caller has
         it): what ``charge`` does once its checks (context, first communicator, faults) are done."""
-        now = self.sim.now()  # no simulated time passes while charging
-        member: dict[str, Any] | None = None
         for charge in charges:
-            if charge.num_bytes == 0:
-                continue
-            ledger.allocate(
-                owner
-                if owner is not None and owner.phase == charge.phase
-                else Owner("comm", rt.rank, comm.group, charge.phase),
-                charge.num_bytes,
-                time_s=now,
-                op=op,
-                nccl=True,
-            )
-            trace = self.sim.trace
-            trace.record_text(
-                f"({trace.time_text(now)}, {rt.rank!r}, 'alloc', {ledger.device!r}, {comm.group!r}, "
-                f"{charge.phase!r}, {charge.num_bytes!r})",
-                (now, rt.rank, "alloc", ledger.device, comm.group, charge.phase, charge.num_bytes),
-            )
-            if group is not None:
-                if member is None:  # looked up at the first real charge, as the record is created only then
-                    members = (record or self.group_record(group, comm)).members
-                    member = members.get(rt.rank)
-                    if member is None:
-                        member = members[rt.rank] = {"device": ledger.device, "bytes": 0, "phases": _NO_PHASES}
-                member["bytes"] += charge.num_bytes
-                if charge.phase not in member["phases"]:
-                    member["phases"] = self._shared.phases(member["phases"], charge.phase, now)
-        if member is not None and comm.memory is not None:  # this rank's communicators of the group
+            if charge.num_bytes:
+                owned = owner is not None and owner.phase == charge.phase
+                self._book_one(
+                    rt,
+                    comm,
+                    ledger,
+                    owner if owned else Owner("comm", rt.rank, comm.group, charge.phase),
+                    charge.num_bytes,
+                    op,
+                    group,
+                    record,
+                )
+
+    def _book_one(
+        self,
+        rt: RankRuntime,
+        comm: Comm,
+        ledger: DeviceLedger,
+        owner: Owner,
+        num_bytes: int,
+        op: Op,
+        group: Group | None,
+        record: GroupRecord | None,
+    ) -> None:
+        """One charge (``owner``: its tag, phase included; ``num_bytes`` > 0) on the ledger, in the trace and in
+        the group's record, and the rank's breakdown of its communicator there."""
+        now = self.sim.now()  # no simulated time passes while charging
+        ledger.allocate(owner, num_bytes, time_s=now, op=op, nccl=True)
+        trace = self.sim.trace
+        rank = rt.rank
+        name = comm.group
+        phase = owner.phase
+        trace.record_text(
+            f"({trace.time_text(now)}, {rank!r}, 'alloc', {ledger.device!r}, {name!r}, {phase!r}, {num_bytes!r})",
+            (now, rank, "alloc", ledger.device, name, phase, num_bytes),
+        )
+        if group is None:
+            return
+        members = (record or self.group_record(group, comm)).members  # the record is created at a first charge
+        member = members.get(rank)
+        if member is None:
+            member = members[rank] = {"device": ledger.device, "bytes": 0, "phases": _NO_PHASES}
+        member["bytes"] += num_bytes
+        shared = self._shared
+        if phase not in member["phases"]:
+            member["phases"] = shared.phases(member["phases"], phase, now)
+        memory = comm.memory
+        if memory is not None:  # this rank's communicators of the group
             memories = member.get("memory")
-            if memories is None or memories.get(comm.group) is not comm.memory:
-                member["memory"] = self._shared.memories(memories, comm.group, comm.memory)
+            if memories is None or memories.get(name) is not memory:
+                member["memory"] = shared.memories(memories, name, memory)
 
     def release_comm(self, rt: RankRuntime, comm: Comm, op: Op) -> None:
         """Free what this rank's part of a destroyed communicator (and its p2p pair communicators) holds."""

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import functools
 import importlib.resources
-from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -170,10 +169,7 @@ class MulticastSlots:
             # millions of entries at 131,072 ranks.
             if binding is not _NO_SLOTS or local[0] > 1:
                 self._bindings[key] = binding
-        self._hold(rt, comm, binding)
-
-    def _hold(self, rt: RankRuntime, comm: Comm, binding: _Binding) -> None:
-        """This rank's communicator holds its node's binding: fails as the binding did, or counts its slots."""
+        # This rank's communicator holds its node's binding: fails as the binding did, or counts its slots.
         if binding.failure is not None:
             raise TorchError(ERROR_TYPE, binding.failure)
         if binding.slots:
@@ -232,7 +228,7 @@ class MulticastSlots:
         of a large startup, and a count per node each was a dict per group)."""
         entry = self._per_node.get(id(ranks))
         if entry is None or entry[0] is not ranks:
-            counts = Counter(self.cluster.nodes_of(ranks))
+            counts = self.sim.node_counts(ranks)
             sizes = tuple(counts[n] for n in sorted(counts))
             layout = self._layouts.setdefault(sizes, len(self._layouts))
             per_node = None if len(counts) == len(ranks) else counts  # None: one member on each node

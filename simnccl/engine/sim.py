@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import hashlib
 import time
+from collections import Counter
+from collections.abc import Sequence
 from typing import Any
 
 import simpy
@@ -117,6 +119,7 @@ class Sim:
     of ``env.now``; ``now()`` is the time every room stamps what it does with."""
 
     __slots__ = (
+        "_last_counts",
         "clock",
         "cluster",
         "config",
@@ -144,6 +147,20 @@ class Sim:
         self.ranks: list[RankRuntime] = []
         self.procs: dict[int, simpy.Process] = {}
         self.halted: BaseException | None = None  # what ends the run at once (``halt``)
+        self._last_counts: tuple[Sequence[int], Counter[int]] = ((), Counter())
+
+    def node_counts(self, ranks: Sequence[int]) -> Counter[int]:
+        """Ranks per node of a member list (checked by ``Cluster.nodes_of``), nodes in order of first appearance.
+
+        Why the last list's answer is kept: a new group's member is priced (``comm_memory.Pricer``) and binds
+        its NVLS slots (``engine.nvls``) by its group's layout, each counted once per member list, and the two
+        asked for the same list one after the other; counting it twice was a tenth of making a member. One entry
+        only: it holds the list it answers for, so no other list can take its identity. Callers read it, never
+        change it."""
+        last = self._last_counts
+        if last[0] is not ranks:
+            last = self._last_counts = (ranks, Counter(self.cluster.nodes_of(ranks)))
+        return last[1]
 
     def now(self) -> float:
         return self.env.now if self.clock is None else self.clock

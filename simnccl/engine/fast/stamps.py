@@ -32,6 +32,8 @@ from simnccl.engine.watchdogs import Watchdogs
 from simnccl.ops import NewGroup, SplitGroup
 from simnccl.release import Impl
 
+_READY = CommState.READY
+
 
 class _Shape:
     """What a plan's shape decides for every member with it: the device types its communicator serves and
@@ -46,6 +48,26 @@ class _Shape:
         self.abort_possible = impl in (Impl.NCCL2, Impl.NCCL_LAZY) and release_aborts
 
 
+class _Call:
+    """The call being made, and what its members share: its group's name, members and their stand-in for the
+    trace, the repr of its members' trace events after the time and rank, its record (made at its first member
+    made here, where ``Comms.attach`` makes it), and the plan shape last met."""
+
+    __slots__ = ("backend", "child_id", "digest", "name", "op", "pair", "ranks", "record", "shape", "tail")
+
+    def __init__(self, name: str, ranks: tuple[int, ...], op: NewGroup | SplitGroup | None, child_id: int) -> None:
+        self.name = name
+        self.ranks = ranks
+        self.op = op
+        self.child_id = child_id
+        self.digest = ranks_digest(ranks) if ranks else (0, 0, 0)
+        self.tail = "" if op is None else f"{op.name!r}, {name!r}, {self.digest!r})"
+        self.record: GroupRecord | None = None
+        self.backend: BackendConfig | None = None
+        self.pair: object = None
+        self.shape: _Shape | None = None
+
+
 class SplitStamps:
     """The block's stamps: per plan shape and per call, what every member shares (see the module's doc)."""
 
@@ -55,11 +77,7 @@ class SplitStamps:
         self.memory = memory
         self.watchdogs = watchdogs
         self._shapes: dict[tuple[int, int], _Shape] = {}  # (id(backend), id(pair)) -> its shape
-        # The call being made: its group's name and member tuple, their stand-in for the trace, its record, the
-        # repr of its members' trace events after the time and rank, and the op.
-        self._call: tuple[
-            str, tuple[int, ...], tuple[int, int, int], GroupRecord | None, str | None, NewGroup | SplitGroup | None
-        ] = ("", (), (0, 0, 0), None, None, None)
+        self._call = _Call("", (), None, -1)
         self.made = 0  # members made by a stamp
 
     def fits(self, rt: RankRuntime, plan: GroupPlan) -> bool:
@@ -86,22 +104,25 @@ class SplitStamps:
     def make(self, rt: RankRuntime, plan: GroupPlan, op: NewGroup | SplitGroup, child_id: int) -> None:
         """``rt``'s group and split child as the ordinary path makes them (``Groups.group_from_plan``,
         ``Comms.attach``, ``Comms.split_child_ready``), step for step; ``fits`` was checked."""
-        shape = self._shape(plan)
-        name, ranks, digest, record, tail, call_op = self._call
-        if name != plan.name or ranks is not plan.ranks or call_op is not op:
-            name, ranks, digest, record, tail = plan.name, plan.ranks, ranks_digest(plan.ranks), None, None
-        group = Group(
-            name,
-            plan.desc,
-            ranks,
-            plan.rank_in_group,
-            plan.backend,
-            plan.bound_device,
-            plan.timeout_s,
-            plan.options,
-        )
+        call = self._call
+        ranks = plan.ranks
+        if call.op is not op or call.ranks is not ranks or call.child_id != child_id or call.name != plan.name:
+            call = self._call = _Call(plan.name, ranks, op, child_id)
+        comm_plan = plan.comms[0]
+        pair = comm_plan.pair
+        backend = plan.backend
+        shape = call.shape
+        if shape is None or call.backend is not backend or call.pair is not pair:
+            shape = call.shape = self._shape(plan)
+            call.backend = backend
+            call.pair = pair
+        name = call.name
+        timeout_s = plan.timeout_s
+        group = Group(name, plan.desc, ranks, plan.rank_in_group, backend, plan.bound_device, timeout_s, plan.options)
         rt.groups.append(group)
-        self.watchdogs.group_made(plan.timeout_s)
+        watchdogs = self.watchdogs
+        if timeout_s < watchdogs.min_timeout_s:
+            watchdogs.group_made(timeout_s)
         if rt.fr is not None:
             rt.fr.group(name, plan.desc, ranks)
         if op.bind:
@@ -110,38 +131,38 @@ class SplitStamps:
         now = sim.now()
         trace = sim.trace
         rank = rt.rank
-        if tail is None:
-            tail = f"{op.name!r}, {name!r}, {digest!r})"
-        trace.record_text(f"({trace.time_text(now)}, {rank!r}, {tail}", (now, rank, op.name, name, digest))
-        comm_plan = plan.comms[0]
+        trace.record_text(f"({trace.time_text(now)}, {rank!r}, {call.tail}", (now, rank, op.name, name, call.digest))
         parent = comm_plan.split_from
         assert parent is not None
+        device = comm_plan.device
         comm = Comm(
-            impl=comm_plan.pair.impl,
+            impl=pair.impl,
             group=name,
             size=len(ranks),
-            device=comm_plan.device,
+            device=device,
             lazy_init=comm_plan.lazy_init,
             via_split=True,
             shared=comm_plan.shared,
             parent=parent,
         )
+        group_comms = group.comms
         for device_type in shape.device_types:
-            group.comms[device_type] = comm
+            group_comms[device_type] = comm
         memory = self.memory
+        record = call.record
         if record is None:  # the call's first member made here: its record is made (or found) where attach does
-            record = memory.group_record(group, comm)
-        self._call = (name, ranks, digest, record, tail, op)
+            record = call.record = memory.group_record(group, comm)
         comms = self.comms
-        comms.nvls.note_parent(comm, parent)
+        if comm.shared:
+            comms.nvls.note_parent(comm, parent)
         comm.comm_id = child_id
         members = comms.registry.members
         members[child_id] = ranks
         if shape.abort_possible:
             comms.abort_if_cudamallocasync(rt, comm)
         comms.nvls.reserve(rt, comm, group, members)
-        comm.state = CommState.READY
-        parent_ranks = None if parent.comm_id is None else members.get(parent.comm_id)
-        steady = (memory.ledger(rt, comm_plan.device), record)
-        memory.init_comm(rt, comm, group, op, parent_ranks=parent_ranks, steady=steady)
+        comm.state = _READY
+        parent_id = parent.comm_id
+        parent_ranks = None if parent_id is None else members.get(parent_id)
+        memory.init_comm(rt, comm, group, op, parent_ranks=parent_ranks, steady=(memory.ledger(rt, device), record))
         self.made += 1
