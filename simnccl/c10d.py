@@ -475,6 +475,9 @@ def member_key(ctx: ProcessContext, world: Group) -> tuple[object, ...]:
     )
 
 
+_new_tuple = tuple.__new__
+
+
 def relabel_member_plan(template: GroupPlan, members: Members, rank: int, name: str, world: Group) -> GroupPlan:
     """``template`` (a member's plan for a call) as ``rank``'s plan for an equal call on ``members`` named
     ``name``: valid when ``rank``'s ``member_key`` equals the template rank's and the call's ``device_id`` (if
@@ -487,30 +490,39 @@ def relabel_member_plan(template: GroupPlan, members: Members, rank: int, name: 
         parent = world.comm_for("cuda")
         comms = tuple(
             [
-                CommPlan(
-                    c.pair,
-                    c.eager,
-                    None if c.split_from is None else parent,
-                    c.shared,
-                    c.device if bound is None else bound,
-                    c.lazy_init,
+                _new_tuple(
+                    CommPlan,
+                    (
+                        c.pair,
+                        c.eager,
+                        None if c.split_from is None else parent,
+                        c.shared,
+                        c.device if bound is None else bound,
+                        c.lazy_init,
+                    ),
                 )
                 for c in comms
             ]
         )
-    return GroupPlan(  # positional, in field order: this runs once per member of every group of a startup
-        name,
-        template.desc,
-        members.ranks,
-        True,
-        template.backend,
-        template.bound_device if bound is None else bound,
-        template.timeout_s,
-        template.options,
-        comms,
-        None,
-        template.counter_advance,
-        members.index[rank],
+    # In field order, built as the named tuples' own constructors build them but in C (theirs is Python code):
+    # this runs once per member of every group of a startup.
+    return _new_tuple(
+        GroupPlan,
+        (
+            name,
+            template.desc,
+            members.ranks,
+            True,
+            template.backend,
+            template.bound_device if bound is None else bound,
+            template.timeout_s,
+            template.options,
+            comms,
+            None,
+            template.counter_advance,
+            members.index[rank],
+            False,
+        ),
     )
 
 

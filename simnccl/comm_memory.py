@@ -370,7 +370,20 @@ class Pricer:
     def own(self, memory: CommMemory, rank_index: int) -> CommMemory:
         """Rank ``rank_index``'s own copy of a class's shared ``memory``, to connect its uses on."""
         shape = Shape(memory.shape.nranks, memory.shape.node_sizes, rank_index)
-        return replace(memory, shape=shape, use_keys=set(memory.use_keys))
+        # Field by field, not ``dataclasses.replace`` (which inspects the fields on every call): every rank's
+        # first collective on every group it uses makes one.
+        return CommMemory(
+            shape,
+            memory.env,
+            memory.options,
+            memory.exact,
+            memory.parent,
+            memory.members,
+            memory.breakdown,
+            memory.uses,
+            set(memory.use_keys),
+            memory.unmodelled,
+        )
 
     def _env_key(self, env: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
         """``nccl_env(env)``, once per environment object (a rank's never changes)."""
