@@ -348,6 +348,21 @@ class MemoryCheck(Op):
 
 
 @dataclass(frozen=True, slots=True)
+class Raise(Op):
+    """A framework's own check that always fails at this point: the rank raises ``error_type(message)`` and ends.
+
+    Why an op and not a refusal of the arguments: when the real framework checks only after it has made groups
+    and run collectives (DeepSpeed's ``PipelineEngine`` asserts ZeRO stage < 2 after the engine's groups and
+    broadcasts), those communicators exist and hold memory when the rank dies, and peers still waiting on the rank
+    hang or fail; the program runs up to here as the real one does, then fails as it does.
+    """
+
+    name: ClassVar[str] = "raise"
+    error_type: str = "AssertionError"
+    message: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class Checkpoint(Op):
     """A named measurement point: the device's used/free memory as the rank passes it."""
 
@@ -376,6 +391,7 @@ OP_TYPES: dict[str, type[Op]] = {
         Free,
         EmptyCache,
         MemoryCheck,
+        Raise,
         Checkpoint,
     )
 }

@@ -19,6 +19,8 @@ comes from:
   functions the engine calls and its real ``_broadcast_model`` (on a one-parameter model, or a ``MoE`` layer),
   in the engine's order, after the real ``deepspeed.zero.Init`` for ``zero_init``
   (``deepspeed.initialize`` itself, with ZeRO-2 and a training step, is captured in ``framework_training.py``).
+* ``deepspeed_pipeline_engine_startup``: the real ``deepspeed.initialize`` of a ``PipelineModule``: the whole
+  ``PipelineEngine`` startup, or where its ZeRO-stage assertion stops it.
 """
 
 from __future__ import annotations
@@ -182,6 +184,40 @@ def deepspeed_startup(knobs: Mapping[str, Any]) -> None:
     if knobs.get("zero_hpz_partition_size", 1) > 1 and groups._get_zero_param_intra_parallel_group() is None:
         # the ZeRO-3 optimizer's hpZ groups, unless zero.Init made them (runtime/zero/stage3.py:271-272)
         groups._create_zero_param_parallel_group(knobs["zero_hpz_partition_size"])
+
+
+def deepspeed_pipeline_engine_startup(knobs: Mapping[str, Any]) -> None:
+    """The real ``deepspeed.initialize`` of a ``PipelineModule`` (``pp`` > 1, ``mp``, ``zero_stage`` 0-2; ZeRO-3's
+    engine reads device properties a capture without a GPU does not have): the whole ``PipelineEngine``, or its
+    failing check, which is marked by a checkpoint ``raised <type>: <message>`` (the captured code may not raise).
+    One parameter per stage: one ``_broadcast_model`` broadcast, as the generator emits."""
+    import deepspeed
+    from deepspeed.runtime.pipe.module import LayerSpec, PipelineModule
+    from deepspeed.runtime.pipe.topology import PipeDataParallelTopology, PipeModelDataParallelTopology
+
+    from simnccl import capture
+
+    torch.cuda.set_device(_local_rank())
+    deepspeed.init_distributed()
+    pp, mp = knobs["pp"], knobs.get("mp", 1)
+    dp = dist.get_world_size() // (pp * mp)
+    topology = (
+        PipeModelDataParallelTopology(num_pp=pp, num_mp=mp, num_dp=dp)
+        if mp > 1
+        else PipeDataParallelTopology(num_pp=pp, num_dp=dp)
+    )
+    layers = [LayerSpec(torch.nn.Linear, 4, 4, bias=False) for _ in range(pp)]
+    module = PipelineModule(layers, topology=topology, partition_method="uniform")
+    config = {
+        "train_batch_size": dp,
+        "train_micro_batch_size_per_gpu": 1,
+        "zero_optimization": {"stage": knobs.get("zero_stage", 2)},
+        "optimizer": {"type": "Adam", "params": {"lr": 1e-3, "torch_adam": True}},
+    }
+    try:
+        deepspeed.initialize(model=module, model_parameters=module.parameters(), config=config)
+    except AssertionError as err:
+        capture.checkpoint(f"raised AssertionError: {err}")
 
 
 def _deepspeed_model(knobs: Mapping[str, Any]) -> torch.nn.Module:

@@ -42,8 +42,10 @@ from simnccl.ops import (
     Op,
     PgOptions,
     Program,
+    Raise,
     Recv,
     Send,
+    SetDevice,
     SplitGroup,
 )
 from simnccl.scenario import load_scenario
@@ -151,6 +153,7 @@ STARTUPS: dict[str, Callable[..., None]] = {
     "megatron": startups.megatron_startup,
     "torchtitan": startups.torchtitan_startup,
     "deepspeed": startups.deepspeed_startup,
+    "deepspeed-pipeline-engine": startups.deepspeed_pipeline_engine_startup,
 }
 
 
@@ -451,10 +454,11 @@ def test_torchtitan_full_dtensor_has_fewer_real_memberships_than_spmd_types(torc
 DEEPSPEED_CASES = {
     # id: (world, the deepspeed generator's knobs)
     "zero2-dp8": (8, {}),
-    "pipe4-tied-embeddings": (16, {"pp": 4, "tied_embeddings": True}),
-    "pipe2-mp2": (8, {"pp": 2, "mp": 2}),
+    # ZeRO-1 with a pipeline: the PipelineEngine asserts stage < 2 (the pipeline-engine cases below)
+    "pipe4-tied-embeddings": (16, {"pp": 4, "tied_embeddings": True, "zero_stage": 1}),
+    "pipe2-mp2": (8, {"pp": 2, "mp": 2, "zero_stage": 1}),
     "moe-ep4-quantized-gradients": (16, {"ep": 4, "zero_quantized_gradients": True}),
-    "moe-ep2-pipe2": (16, {"pp": 2, "ep": 2}),
+    "moe-ep2-pipe2": (16, {"pp": 2, "ep": 2, "zero_stage": 1}),
     "zero3-init-dp8": (8, {"zero_stage": 3, "zero_init": True}),
     "zero3-hpz8": (16, {"zero_stage": 3, "zero_init": True, "zero_hpz_partition_size": 8}),
 }
@@ -473,6 +477,42 @@ def test_deepspeed_startup_equals_the_generator(deepspeed, captured, case: str) 
     world, knobs = DEEPSPEED_CASES[case]
     run = captured("deepspeed", knobs, world)
     assert_same_startup(run, generate("deepspeed", knobs, world), payload=False, keep=_before_the_pipeline_engine)
+
+
+DEEPSPEED_PIPELINE_ENGINE_CASES = {
+    # id: (world, the deepspeed generator's knobs), deepspeed.initialize run whole
+    "pipe2-zero1": (4, {"pp": 2, "zero_stage": 1}),
+    "pipe2-zero2-asserts": (4, {"pp": 2, "zero_stage": 2}),
+    "pipe2-mp2-zero2-asserts": (8, {"pp": 2, "mp": 2, "zero_stage": 2}),
+}
+
+
+def _until_raised(ops: Sequence[Op]) -> list[Op]:
+    """A captured ``deepspeed.initialize``'s ops as the generator spells them: the engine's own ``set_device``
+    (``_set_distributed_vars``, engine.py:1943; the device the rank already has) and the model's tensors left out,
+    and the startup's ``raised <type>: <message>`` checkpoint read as the ``raise`` op it marks, which ends it."""
+    out: list[Op] = []
+    for op in ops:
+        if isinstance(op, Alloc) or (isinstance(op, SetDevice) and out):
+            continue
+        if isinstance(op, Checkpoint) and op.label.startswith("raised "):
+            error_type, message = op.label.removeprefix("raised ").split(": ", 1)
+            return [*out, Raise(error_type=error_type, message=message)]
+        out.append(op)
+    return out
+
+
+@pytest.mark.parametrize("case", list(DEEPSPEED_PIPELINE_ENGINE_CASES))
+def test_deepspeed_pipeline_engine_startup_equals_the_generator(deepspeed, captured, case: str) -> None:
+    """The whole ``PipelineEngine`` (parameter-count all_reduce, warm-up send/recv) with ZeRO-1, and with ZeRO-2
+    where it stops: every rank raises its ZeRO-stage ``AssertionError`` (runtime/pipe/engine.py:76-77) after the
+    engine's groups and broadcast, which the generator simulated as a startup that passed."""
+    world, knobs = DEEPSPEED_PIPELINE_ENGINE_CASES[case]
+    run = captured("deepspeed-pipeline-engine", knobs, world)
+    generated = generate("deepspeed", knobs, world)
+    for rank in range(world):
+        real = rows(_until_raised(run.programs[rank].ops), payload=False)
+        assert real == rows(generated[rank].ops, payload=False), f"rank {rank}"
 
 
 def test_deepspeed_default_timeout_is_ten_minutes(deepspeed, captured) -> None:

@@ -20,6 +20,7 @@ from simnccl.ops import (
     MemoryCheck,
     NewGroup,
     Program,
+    Raise,
     Recv,
     Send,
     SetDevice,
@@ -121,7 +122,6 @@ def test_registry_has_the_five_frameworks_with_sources() -> None:
         ("torchtitan", {"tp": 8, "ep": 3}, "ep", "must divide"),
         ("deepspeed", {"pp": 4, "dp": 4}, "dp", "does not match"),
         ("deepspeed", {"zero_hpz_partition_size": 8}, "zero_hpz_partition_size", "stage 3"),
-        ("deepspeed", {"pp": 2, "zero_stage": 3, "zero_init": True}, "zero_init", "PipelineEngine refuses ZeRO-3"),
     ],
 )
 def test_bad_arguments_name_the_key(name: str, args: dict, key: str, text: str) -> None:
@@ -582,7 +582,7 @@ def test_deepspeed_pipeline_grid_groups_and_warmup() -> None:
     assert fams["data_parallel"] == [(0, 1, 2, 3), (4, 5, 6, 7)]
     assert fams["pipe"] == [(0, 4), (1, 5), (2, 6), (3, 7)]
     assert fams["slice"] == [(r,) for r in range(8)]
-    programs = generate("deepspeed", {"pp": 4}, 8)  # stages of 2 ranks
+    programs = generate("deepspeed", {"pp": 4, "zero_stage": 1}, 8)  # stages of 2 ranks
     assert len({id(p) for p in programs}) == 8
     p2p = [[(type(op).__name__, op.peer) for op in p.ops if isinstance(op, Send | Recv)] for p in programs]
     assert p2p[0] == [("Send", 2)]  # stage 0 (even): send only
@@ -591,6 +591,34 @@ def test_deepspeed_pipeline_grid_groups_and_warmup() -> None:
     assert p2p[7] == [("Recv", 5)]  # last stage
     assert any(isinstance(op, AllReduce) and op.group == "model" for op in programs[0].ops)
     assert run(programs, 1, 8).verdict == "pass"
+
+
+@pytest.mark.parametrize(
+    "args",
+    [{"pp": 2}, {"pp": 2, "zero_stage": 3}, {"pp": 2, "zero_stage": 3, "zero_init": True, "tied_embeddings": True}],
+)
+def test_deepspeed_pipeline_with_zero_2_or_3_fails_with_the_pipeline_engines_assertion(args: dict) -> None:
+    """deepspeed 0.19.8's ``PipelineEngine.__init__`` runs ``DeepSpeedEngine.__init__`` (runtime/pipe/engine.py:73:
+    the engine's groups and its ``_broadcast_model``), then asserts ZeRO stage < 2 (:76-77): every rank dies there,
+    holding the communicators it made, before the parameter-count all_reduce and the warm-up. The generator
+    simulated a startup that passed (and refused zero_init with pp > 1 as bad input, exit 2)."""
+    programs = generate("deepspeed", args, 8)
+    for program in programs:
+        assert program.ops[-1] == Raise(
+            error_type="AssertionError", message="ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism"
+        )
+        assert not any(isinstance(op, Send | Recv | AllReduce) or op == Checkpoint("startup") for op in program.ops)
+        assert any(op.bind == "data_parallel" for op in new_groups(program))  # the grid's, before the assertion
+    outcome = run(programs, 1, 8)
+    assert outcome.verdict == "fail"
+    assert [(e["rank"], e["kind"], e["type"], e["message"]) for e in outcome.errors] == [
+        (rank, "check", "AssertionError", "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism")
+        for rank in range(8)
+    ]
+    # what the engine made before the assertion is held: the eager world's splits and the broadcasts' buffers
+    after_init = used(outcome, "after_init")
+    assert all(ledger.used_bytes / 2**20 > after_init[0] for ledger in outcome.ledgers.values())
+    assert run(generate("deepspeed", {**args, "zero_stage": 1, "zero_init": False}, 8), 1, 8).verdict == "pass"
 
 
 def test_deepspeed_moe_broadcasts_its_experts_on_the_expert_data_parallel_group() -> None:

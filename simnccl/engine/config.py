@@ -23,7 +23,12 @@ class EngineGuardError(RuntimeError):
 
 
 class WorkloadFailure(Exception):
-    """The workload's own check failed on this rank (vLLM's startup memory check)."""
+    """The workload's own check failed on this rank (vLLM's startup memory check, a ``raise`` op).
+    ``type_name``: the exception the real workload raises there, reported as the rank's error type."""
+
+    def __init__(self, message: str, type_name: str = "ValueError") -> None:
+        super().__init__(message)
+        self.type_name = type_name
 
 
 @dataclass(frozen=True, slots=True)

@@ -43,6 +43,7 @@ from simnccl.ops import (
     InitProcessGroup,
     MemoryCheck,
     NewGroup,
+    Raise,
     SetDevice,
     SplitGroup,
 )
@@ -105,6 +106,7 @@ class Engine:
             Free: allocator.op_free,
             EmptyCache: allocator.op_empty_cache,
             MemoryCheck: memory.op_memory_check,
+            Raise: memory.op_raise,
             Checkpoint: memory.op_checkpoint,
         }
         # every Collective goes to op_collective, every PointToPoint to op_p2p

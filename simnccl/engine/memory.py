@@ -1,6 +1,6 @@
 """Devices and memory: each device's ledger, each node's pinned host memory, CUDA contexts, what a
 communicator costs at init and at the first use of each collective kind (and to which group record), and the
-ops a rank runs on its own device (set_device, memory_check, checkpoint; alloc, free and empty_cache are the
+ops a rank runs on its own device (set_device, memory_check, raise, checkpoint; alloc, free and empty_cache are the
 caching allocator's, ``simnccl.engine.caching_allocator``).
 
 Why a room: every byte the simulator reports goes through ``charge`` or a local op here, tagged with its
@@ -34,7 +34,7 @@ from simnccl.memory import (
     vllm_requested_bytes,
 )
 from simnccl.nccl import Part
-from simnccl.ops import Checkpoint, MemoryCheck, Op, SetDevice
+from simnccl.ops import Checkpoint, MemoryCheck, Op, Raise, SetDevice
 
 _new_tuple = tuple.__new__
 
@@ -432,6 +432,11 @@ class Memory:
             raise WorkloadFailure(
                 vllm_check_message(f"cuda:{index}", free, total, op.gpu_memory_utilization, requested)
             )
+
+    def op_raise(self, rt: RankRuntime, op: Raise) -> Waiting:
+        """The framework's own failing check: the rank ends with its exception, holding what it made so far."""
+        yield from self.rendezvous.settle(rt)
+        raise WorkloadFailure(op.message, type_name=op.error_type)
 
     def op_checkpoint(self, rt: RankRuntime, op: Checkpoint) -> Waiting:
         yield from self.rendezvous.settle(rt)

@@ -152,7 +152,7 @@ class RankLoop:
         except SimulatedOOM as err:
             self._fail(rt, "oom", TorchError("torch.OutOfMemoryError", str(err)))
         except WorkloadFailure as err:
-            self._fail(rt, "check", TorchError("ValueError", str(err)))
+            self._fail(rt, "check", TorchError(err.type_name, str(err)))
         except GeneratorExit:  # the process closed (the environment dropped): nothing to report
             raise
         except BaseException as err:

@@ -21,6 +21,7 @@ where it was) and one after it (outcome, wall times, measurement). What each op 
   skipped; GPU lane 0.01, capped at 2 s) — recorded in the op's detail.
 * ``alloc``: ``torch.empty`` of that many MiB on the current device (GPU lane); skipped on the CPU lane.
 * ``memory_check``: vLLM's startup check against ``mem_get_info`` (GPU lane); skipped on the CPU lane, recorded.
+* ``raise``: the framework's failing check; the rank ends as a ``check`` failure with the op's type and message.
 * ``checkpoint``: a measurement under the checkpoint's label.
 
 Every group a rank creates stays referenced until the process ends (``Driver.kept``): ``destroy_process_group``
@@ -67,6 +68,7 @@ from simnccl.ops import (
     PgOptions,
     PointToPoint,
     Program,
+    Raise,
     ReduceScatter,
     Send,
     SetDevice,
@@ -81,7 +83,7 @@ NON_MEMBER = "NON_GROUP_MEMBER"
 
 
 class CheckFailure(Exception):
-    """The workload's own check failed on this rank (vLLM's startup memory check)."""
+    """The workload's own check failed on this rank (vLLM's startup memory check, a ``raise`` op)."""
 
 
 @dataclass
@@ -444,6 +446,9 @@ class Driver:
             )
         return f"free {free / 2**20:.0f} MiB >= requested {requested / 2**20:.0f} MiB"
 
+    def op_raise(self, op: Raise) -> str:
+        raise CheckFailure(f"{op.error_type}: {op.message}")
+
     def op_checkpoint(self, op: Checkpoint) -> str:
         return f"checkpoint {op.label!r}"
 
@@ -461,6 +466,7 @@ class Driver:
             Free: self.op_free,
             EmptyCache: self.op_empty_cache,
             MemoryCheck: self.op_memory_check,
+            Raise: self.op_raise,
             Checkpoint: self.op_checkpoint,
         }
         handler = table.get(type(op))

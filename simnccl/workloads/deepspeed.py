@@ -6,8 +6,9 @@ Follows **deepspeed 0.19.8** (the PyPI release): ``deepspeed/constants.py`` (``d
 ``deepspeed/runtime/pipe/module.py`` (``PipelineModule``: world group, grid, tied groups and
 ``_synchronize_tied_weights``), ``deepspeed/runtime/pipe/topology.py`` (``ProcessTopology``,
 ``PipelineParallelGrid``) and ``deepspeed/runtime/pipe/engine.py``. tests/test_framework_fidelity.py captures
-the real 0.19.8 code (``zero.Init``, the groups, the engine's ``_broadcast_model``; not the ``PipelineEngine``)
-and checks this generator against it op for op.
+the real 0.19.8 code (``zero.Init``, the groups, the engine's ``_broadcast_model``, and ``deepspeed.initialize``
+of a ``PipelineModule``: the whole ``PipelineEngine`` with ZeRO-1, its assertion with ZeRO-2) and checks this
+generator against it op for op.
 
 1. ``set_device(LOCAL_RANK)``; ``init_process_group(backend="nccl", timeout=10 min,
    device_id=cuda:LOCAL_RANK)`` (torch >= 2.3, and a world larger than one rank: #8248): the world is eager
@@ -36,6 +37,10 @@ and checks this generator against it op for op.
    it when ``zero.Init`` made the groups).
 6. ``PipelineEngine``: an ``all_reduce`` of the parameter counts on the model group, then the warm-up
    "send a 0" to the next stage / receive from the previous one, on the default group, by stage parity.
+   With ZeRO stage 2 or 3 (``zero_init`` included) it never gets there: ``PipelineEngine.__init__`` first runs
+   ``DeepSpeedEngine.__init__`` (runtime/pipe/engine.py:73: steps 4 and 5, its groups and broadcasts), then
+   asserts the stage is below 2 (:76-77), so every rank ends in that ``AssertionError`` (a ``raise`` op),
+   holding the communicators it made; the all_reduce (:153) and the warm-up (:225-235) never run.
 
 Payload sizes of the broadcasts are the op's default (the model decides them). Not modelled: the 1-bit /
 compressed communication backends' ``world_group``, MiCS, sequence parallelism, AutoEP, the ``mp_size > 1``
@@ -46,18 +51,30 @@ from __future__ import annotations
 
 import itertools
 
-from simnccl.ops import AllReduce, Broadcast, Checkpoint, InitProcessGroup, NewGroup, Op, Recv, Send, SetDevice
+from simnccl.ops import AllReduce, Broadcast, Checkpoint, InitProcessGroup, NewGroup, Op, Raise, Recv, Send, SetDevice
 from simnccl.workloads._common import BOOL, INT, Config, Generator, Param, WorkloadError, programs_by_key
 
 Ranks = tuple[int, ...]
 
 DEFAULT_PG_TIMEOUT_S = 10 * 60.0  # deepspeed/constants.py default_pg_timeout (0.19.8)
 
+# runtime/pipe/engine.py:76-77 (0.19.8): ``assert self.zero_optimization_stage() < ZeroStageEnum.gradients, ...``
+PIPELINE_ZERO_ERROR = Raise(
+    error_type="AssertionError", message="ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism"
+)
+
 PARAMS = (
     Param("dp", INT, None, "data-parallel size (default: world / (pp*mp))", minimum=1),
     Param("pp", INT, 1, "pipeline stages (PipelineModule num_stages); 1 = no pipeline engine", minimum=1),
     Param("mp", INT, 1, "model (tensor-slicing) parallel size of the pipeline topology", minimum=1),
-    Param("zero_stage", INT, 2, "zero_optimization.stage", minimum=0, choices=(0, 1, 2, 3)),
+    Param(
+        "zero_stage",
+        INT,
+        2,
+        "zero_optimization.stage (with pp > 1, 2 and 3 fail: the PipelineEngine asserts stage < 2)",
+        minimum=0,
+        choices=(0, 1, 2, 3),
+    ),
     Param("zero_init", BOOL, False, "ZeRO-3 zero.Init: the engine skips _broadcast_model"),
     Param("zero_hpz_partition_size", INT, 1, "ZeRO++ hpZ secondary partition size (stage 3)", minimum=1),
     Param("zero_quantized_gradients", BOOL, False, "ZeRO++ qgZ: the local all-to-all groups"),
@@ -103,8 +120,6 @@ def check(config: Config, world_size: int) -> None:
             raise WorkloadError("zero_hpz_partition_size", f"the world of {world_size} is not divisible by {hpz}")
     if config["zero_init"] and config["zero_stage"] != 3:
         raise WorkloadError("zero_init", "zero.Init is a ZeRO stage 3 feature")
-    if config["zero_init"] and pp > 1:  # runtime/pipe/engine.py:76-77 asserts ZeRO stage < 2
-        raise WorkloadError("zero_init", "deepspeed 0.19.8's PipelineEngine refuses ZeRO-3 (zero.Init) with pp > 1")
     if config["tied_embeddings"] and pp == 1:
         raise WorkloadError("tied_embeddings", "tied layers across stages need pp > 1")
     if config["zero_quantized_gradients"]:
@@ -273,9 +288,16 @@ def engine_ops(config: Config, world_size: int, broadcast_src: int = 0, expert_s
             ops.append(Broadcast(group="expert_data_parallel", src=expert_src))
     if not config["zero_init"]:  # the ZeRO-3 optimizer's, unless zero.Init made them (stage3.py:271-272)
         ops += hpz_groups(config, world_size)
-    if pipeline:
+    if pipeline and not pipeline_refuses_zero(config):
         ops.append(AllReduce(group="model", size_bytes=16))  # the parameter-count all_reduce
     return ops
+
+
+def pipeline_refuses_zero(config: Config) -> bool:
+    """Whether ``PipelineEngine`` asserts on this config (runtime/pipe/engine.py:76-77): ZeRO stage 2 or 3 with a
+    pipeline. Not a refusal of the arguments: the assertion runs after ``DeepSpeedEngine.__init__`` (:73) has made
+    the engine's groups and run its broadcasts, which the simulated startup does, then fails as the real one."""
+    return config["pp"] > 1 and config["zero_stage"] >= 2
 
 
 def warmup_ops(config: Config, world_size: int, rank: int, topo: Topology | None = None) -> list[Op]:
@@ -326,19 +348,13 @@ def build(config: Config, world_size: int):
         device, rank, expert_src = k
         init = InitProcessGroup(backend="nccl", device_id=device, timeout_s=DEFAULT_PG_TIMEOUT_S)
         per_stage = [] if rank is None else tied_broadcast_ops(config, world_size, rank)
-        warm = warmup_ops(config, world_size, rank, topo) if rank is not None else []
         engine = engines[(0 if rank is None else first_of[rank], expert_src)]
-        return [
-            SetDevice(),
-            init,
-            Checkpoint("after_init"),
-            *zero_init,
-            *module,
-            *per_stage,
-            *engine,
-            *warm,
-            Checkpoint("startup"),
-        ]
+        if pipeline_refuses_zero(config):
+            end: list[Op] = [PIPELINE_ZERO_ERROR]  # the PipelineEngine's assertion, before its warm-up
+        else:
+            warm = warmup_ops(config, world_size, rank, topo) if rank is not None else []
+            end = [*warm, Checkpoint("startup")]
+        return [SetDevice(), init, Checkpoint("after_init"), *zero_init, *module, *per_stage, *engine, *end]
 
     return programs_by_key(world_size, key, ops_for)
 
