@@ -12,6 +12,7 @@ member of a group it created still gets the handle bound, to ``NON_GROUP_MEMBER`
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
@@ -360,6 +361,27 @@ class Raise(Op):
     name: ClassVar[str] = "raise"
     error_type: str = "AssertionError"
     message: str = ""
+
+    def __post_init__(self) -> None:
+        problem = type_name_problem(self.error_type)
+        if problem is not None:
+            raise ValueError(f"raise: error_type: {problem}")
+        if not isinstance(self.message, str):
+            raise ValueError(f"raise: message: expected a string, got {self.message!r}")
+
+
+_TYPE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+_MAX_TYPE_NAME = 200
+
+
+def type_name_problem(value: object) -> str | None:
+    """What is wrong with ``value`` as a ``raise`` op's ``error_type``, or None. It is reported as the rank's
+    error type, where a name like Python's is expected: a dotted name of at most ``_MAX_TYPE_NAME`` characters
+    (``torch.distributed.DistBackendError``), not text a terminal could take for a control sequence."""
+    if isinstance(value, str) and len(value) <= _MAX_TYPE_NAME and _TYPE_NAME.fullmatch(value):
+        return None
+    shown = repr(value) if not isinstance(value, str) or len(value) <= 60 else repr(value[:60]) + "..."
+    return f"expected a dotted Python name of at most {_MAX_TYPE_NAME} characters (e.g. 'AssertionError'), got {shown}"
 
 
 @dataclass(frozen=True, slots=True)

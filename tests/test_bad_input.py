@@ -182,6 +182,22 @@ def test_an_unknown_dtype_is_exit_2_listing_the_names(capsys, write_scenario, st
     _bad(capsys, write_scenario, text, "workload.steps[2].dtype", "expected one of", "Float,", expected)
 
 
+@pytest.mark.parametrize(
+    ("value", "shown"),
+    [
+        ('"\\u001b[31mEvil"', "'\\x1b[31mEvil'"),  # a terminal control sequence, shown escaped
+        ('""', "got ''"),
+        ('"a..b"', "got 'a..b'"),
+        (f'"{"E" * 201}"', "..."),  # past the length limit: shown cut
+    ],
+)
+def test_a_raise_op_whose_error_type_is_not_a_python_name_is_exit_2(capsys, write_scenario, value, shown) -> None:
+    """A raise op's error_type is reported as the rank's error type: anything but a dotted name is refused at
+    load, not an internal error (exit 70) from the op's own check."""
+    text = _steps(*BASE_STEPS, f'{{ op = "raise", error_type = {value}, message = "m" }}')
+    _bad(capsys, write_scenario, text, "workload.steps[2].error_type", "dotted Python name", shown)
+
+
 @pytest.mark.parametrize("op", ["init_process_group", "new_group"])
 @pytest.mark.parametrize("value", ["inf", "nan", "0", "-5", "1e12"])
 def test_op_timeout_out_of_range_is_exit_2(capsys, write_scenario, op: str, value: str) -> None:

@@ -29,6 +29,7 @@ from simnccl.ops import (
     SplitGroup,
     check_option,
     retired_field,
+    type_name_problem,
 )
 from simnccl.release import RELEASES, ReleaseError, resolve_backend
 from simnccl.scenario.reader import Reader, brief, finite, kind_of, ranks_in_world
@@ -250,6 +251,8 @@ def _check_field(reader: Reader, key: str, name: str, value: Any, world_size: in
         if not (math.isfinite(value) and 0 < value <= 1):
             raise reader.error(key, f"expected a fraction of the GPU's memory in (0, 1], got {number_text(value)}")
         return value
+    if name == "error_type" and (problem := type_name_problem(value)) is not None:
+        raise reader.error(key, problem)
     if name == "dtype" and not dtypes.is_known(value):
         raise reader.error(key, f"expected one of {dtypes.expected_text()}, got {brief(value)}")
     if name == "src":
