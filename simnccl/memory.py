@@ -54,13 +54,22 @@ _new_tuple = tuple.__new__
 
 
 class SimulatedOOM(RuntimeError):
-    """The CUDA out-of-memory error a real process would get, raised at the op that caused it."""
+    """The CUDA out-of-memory error a real process would get, raised at the op that caused it.
 
-    def __init__(self, message: str, device: str, requested_bytes: int, free_bytes: int) -> None:
+    ``comm_group``: the name of the communicator (``Comm.group``) whose NCCL allocation failed, None for a
+    tensor's. Why: torch raises a tensor's OOM as ``torch.OutOfMemoryError`` but never an NCCL one: NCCL's failed
+    calloc comes back as an NCCL error, whose Python type depends on the backend that owns the communicator
+    (``simnccl.engine.ranks.oom_error``).
+    """
+
+    def __init__(
+        self, message: str, device: str, requested_bytes: int, free_bytes: int, *, comm_group: str | None = None
+    ) -> None:
         super().__init__(message)
         self.device = device
         self.requested_bytes = requested_bytes
         self.free_bytes = free_bytes
+        self.comm_group = comm_group
 
 
 def to_mib(num_bytes: int | float) -> float:
@@ -115,6 +124,7 @@ class DeviceLedger:
                 self.device,
                 num_bytes,
                 self.free_bytes,
+                comm_group=owner.group if nccl else None,
             )
         self._apply(owner, num_bytes, time_s, op)
 

@@ -8,6 +8,7 @@ from simnccl.comm_memory import one_node_mib
 from simnccl.engine import EngineGuardError, Limits
 from simnccl.nccl import communicator_bytes
 from simnccl.ops import (
+    Alloc,
     AllReduce,
     Broadcast,
     Checkpoint,
@@ -16,6 +17,7 @@ from simnccl.ops import (
     InitProcessGroup,
     MemoryCheck,
     NewGroup,
+    Op,
     PgOptions,
     Recv,
     Send,
@@ -355,6 +357,31 @@ def test_oom_is_reported_at_the_op_that_caused_it() -> None:
     (error,) = out.errors
     assert error["kind"] == "oom" and error["op"].startswith("new_group(ranks=[0], bind='s")
     assert "Failed to CUDA calloc" in error["message"]
+
+
+@pytest.mark.parametrize(
+    ("env", "with_collectives", "type_name"),
+    [({}, False, "RuntimeError"), (LEGACY, True, "torch.distributed.DistBackendError")],
+    ids=["nccl2", "legacy"],
+)
+def test_an_nccl_oom_is_raised_as_the_backends_nccl_error_not_torchs_oom(
+    env: dict[str, str], with_collectives: bool, type_name: str
+) -> None:
+    # torch 2.15 raises NCCL's failed calloc as nccl2's NCCLException (a std::exception: RuntimeError) or legacy's
+    # DistBackendError; torch.OutOfMemoryError is a tensor's (startup code catching one misses the other).
+    program: list[Op] = [*START]
+    for i in range(60):  # legacy pays a group's communicator at its first collective
+        program += [NewGroup(ranks=(0,), bind=f"s{i}"), *([AllReduce(group=f"s{i}")] if with_collectives else [])]
+    out = simulate(program, gpu="rtx3060-12gb", gpus_per_node=1, env=env)
+    (error,) = out.errors
+    assert error["kind"] == "oom" and "Failed to CUDA calloc" in error["message"]
+    assert error["type"] == type_name
+
+
+def test_a_tensor_oom_is_torchs_out_of_memory_error() -> None:
+    out = simulate([*START, Alloc(mib=1e6)], gpus_per_node=1)
+    (error,) = out.errors
+    assert (error["kind"], error["type"]) == ("oom", "torch.OutOfMemoryError")
 
 
 def test_memory_check_uses_vllms_formula_and_message() -> None:

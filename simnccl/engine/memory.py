@@ -219,9 +219,7 @@ class Memory:
         first = (rt.rank, comm.device)
         if first not in self._collective_devices:  # the profile's once-per-process cost at the first collective
             self._collective_devices.add(first)
-            self._process_charge(
-                rt, comm.device, PROCESS_FIRST_COLLECTIVE, self.pricer.process_first_collective_bytes, op
-            )
+            self._process_charge(rt, comm, PROCESS_FIRST_COLLECTIVE, self.pricer.process_first_collective_bytes, op)
         if paid:
             self._pay(rt, comm, phase, paid, op, group)
 
@@ -266,13 +264,20 @@ class Memory:
         self._host_by_node[node] = ledger
         return ledger
 
-    def _process_charge(self, rt: RankRuntime, device: int, phase: str, num_bytes: int, op: Op) -> None:
-        """A profile's once-per-process overhead: held by the process (``PROCESS_OWNER``), not by a group, so
-        destroying the communicator that paid it frees nothing of it."""
+    def _process_charge(self, rt: RankRuntime, comm: Comm, phase: str, num_bytes: int, op: Op) -> None:
+        """A profile's once-per-process overhead on ``comm``'s device: held by the process (``PROCESS_OWNER``),
+        not by a group, so destroying the communicator that paid it frees nothing of it. Its OOM names ``comm``,
+        whose init or first collective ran out (the backend that owns it decides the error torch raises)."""
         if num_bytes:
-            ledger = self.ledger(rt, device)
+            assert comm.device is not None
+            ledger = self.ledger(rt, comm.device)
             now = self.sim.now()
-            ledger.allocate(Owner("comm", rt.rank, PROCESS_OWNER, phase), num_bytes, time_s=now, op=op, nccl=True)
+            owner = Owner("comm", rt.rank, PROCESS_OWNER, phase)
+            try:
+                ledger.allocate(owner, num_bytes, time_s=now, op=op, nccl=True)
+            except SimulatedOOM as err:
+                err.comm_group = comm.group
+                raise
             self.record(now, rt.rank, "alloc", ledger.device, PROCESS_OWNER, phase, num_bytes)
 
     def charge(
@@ -300,10 +305,11 @@ class Memory:
                 ledger.device,
                 wanted,
                 0,
+                comm_group=comm.group,
             )
         if first_comm:
             rt.nccl_devices.add(comm.device)
-            self._process_charge(rt, comm.device, PROCESS_FIRST_COMM, self.pricer.process_bytes, op)
+            self._process_charge(rt, comm, PROCESS_FIRST_COMM, self.pricer.process_bytes, op)
         self._book(rt, comm, ledger, charges, op, group, owner)
 
     def _book(

@@ -24,12 +24,35 @@ from simnccl.engine.state import AsyncError, Crash, PeerLost, ProcessAbort, Rank
 from simnccl.flight_recorder import FlightRecorder, buffer_size
 from simnccl.memory import SimulatedOOM
 from simnccl.ops import Collective, NewGroup, Program
+from simnccl.release import Impl
 from simnccl.watchdog import TimeoutAction
 
 if TYPE_CHECKING:
     from simnccl.engine.fast import FastPaths
 
 Handler = Callable[[RankRuntime, Any], Waiting | None]
+
+
+def oom_error(rt: RankRuntime, err: SimulatedOOM) -> TorchError:
+    """The error torch 2.15 raises for an out-of-memory: ``torch.OutOfMemoryError`` for a tensor's allocation, but
+    NCCL's failed calloc (a communicator's init or first collective) is an NCCL error, typed by the backend that
+    owns the communicator. Why it matters: startup code that catches one type and not the other behaves
+    differently in production, so the simulator must not name a type torch never raises there.
+
+    * legacy ``ProcessGroupNCCL``: ``C10D_NCCL_CHECK`` throws ``DistBackendError``
+      (torch/include/torch/csrc/distributed/c10d/NCCLUtils.hpp:76-85);
+    * nccl2 and nccl-lazy (``c10d::nccl2::ProcessGroupNCCL``): ``NCCL_CHECK`` and ``NCCLBootstrap::createNcclComm``
+      throw ``NCCLException``, a plain ``std::exception`` (torch/include/torch/csrc/distributed/c10d/nccl2/
+      ProcessGroupNCCL.hpp:79, 95-99), which torch's binding turns into ``RuntimeError``
+      (torch/include/torch/csrc/Exceptions.h:113).
+    """
+    if err.comm_group is None:
+        return TorchError("torch.OutOfMemoryError", str(err))
+    name = err.comm_group.split("/p2p-")[0]  # a legacy p2p pair is named "<group>/p2p-<lo>-<hi>"
+    impls = [c.impl for g in reversed(rt.groups) if g.name == name for c in g.comms.values() if c.impl.is_nccl]
+    assert impls, f"no NCCL communicator of group {name!r} on rank {rt.rank} ran out of memory"
+    type_name = "torch.distributed.DistBackendError" if impls[0] is Impl.LEGACY else "RuntimeError"
+    return TorchError(type_name, str(err))
 
 
 def make_ranks(config: SimConfig, programs: Sequence[Program]) -> list[RankRuntime]:
@@ -150,7 +173,7 @@ class RankLoop:
         except TorchError as err:
             self._fail(rt, "error", err)
         except SimulatedOOM as err:
-            self._fail(rt, "oom", TorchError("torch.OutOfMemoryError", str(err)))
+            self._fail(rt, "oom", oom_error(rt, err))
         except WorkloadFailure as err:
             self._fail(rt, "check", TorchError(err.type_name, str(err)))
         except GeneratorExit:  # the process closed (the environment dropped): nothing to report
