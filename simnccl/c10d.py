@@ -59,6 +59,10 @@ class Group:
     comms: dict[str, Comm] = field(default_factory=dict)
     destroyed: bool = False
     bound_cpu: bool = False  # bound to cpu:N (``bound_device`` names cuda indices only)
+    # C++ ``ProcessGroup::splitCounter_`` (ProcessGroup.hpp:205-206,1218): per split_group call on this parent
+    # without a group_desc (keyed by the call's counter, so planning a call twice counts it once), its index.
+    # None until the first such call: most groups are never split.
+    split_calls: dict[int, int] | None = None
 
     @property
     def size(self) -> int:
@@ -543,6 +547,23 @@ def _legacy_guess_device(parent: Comm, ctx: ProcessContext) -> int:
     return ctx.rank % ctx.device_count
 
 
+def _split_desc(parent: Group, parent_comm: Comm, counter: int) -> str:
+    """The child's desc when split_group gets no group_desc: C++ ``ProcessGroup::splitGroup`` names it
+    ``"<parent desc>:split:<n>"``, n counting this parent's split_group calls without a desc, on members and
+    non-members alike (real gloo, 2 ranks: ``default_pg:split:0``, then ``:split:1`` on both, an explicit desc
+    in between counts nothing). Why it matters: the desc is what the flight recorder and torch's logs name.
+
+    Legacy ``ProcessGroupNCCL`` is the exception (l.6889-6890): Python names it after the backend's
+    ``comm_split_count()``, the ncclCommSplit calls its communicators made (new_group splits and NOCOLOR splits
+    included), which this model does not count yet: it keeps ``"undefined"`` there."""
+    if parent_comm.impl is Impl.LEGACY:
+        return "undefined"
+    if parent.split_calls is None:
+        parent.split_calls = {}
+    index = parent.split_calls.setdefault(counter, len(parent.split_calls))
+    return f"{parent.desc}:split:{index}"
+
+
 def plan_split_group(
     release: Release,
     ctx: ProcessContext,
@@ -584,7 +605,7 @@ def plan_split_group(
     # own timeout: a child of a 7200 s nccl world times out at 600 s (real gloo: parent 7 s, child 30 min).
     timeout = timeout_s if timeout_s is not None else release.default_timeout_s(parent.backend.requested)
     name = group_name_for(counter, mine if mine is not None else split_ranks[0], True)
-    desc = group_desc or "undefined"
+    desc = group_desc if group_desc is not None else _split_desc(parent, parent_comm, counter)
     collective = lifecycle(parent_comm.impl).split_is_collective
     if mine is None:
         return GroupPlan(

@@ -187,6 +187,22 @@ def test_split_group_names_hash_the_own_split_and_non_members_join_with_nocolor(
         plan_split_group(R215, ctx(rank=0), 4, world, ((1, 1, 0),), NO_OPTS, None, None)
 
 
+@pytest.mark.parametrize("backend", ["nccl", "gloo"])
+def test_split_group_without_a_desc_names_the_child_parent_desc_split_n(backend: str) -> None:
+    # C++ ProcessGroup::splitGroup; real gloo (2 ranks): default_pg:split:0, an explicit desc counts nothing,
+    # then :split:1 on both ranks, the one left out of the first split included.
+    world, world1 = world_group(backend=backend), world_group(backend=backend, c=ctx(rank=1))
+    first = plan_split_group(R215, ctx(rank=0), 4, world, ((0,),), NO_OPTS, None, None)
+    plan_split_group(R215, ctx(rank=1), 4, world1, ((0,),), NO_OPTS, None, None)  # rank 1 is in no split
+    assert first.desc == "default_pg:split:0"
+    assert plan_split_group(R215, ctx(rank=0), 5, world, ((0, 1),), NO_OPTS, "given", None).desc == "given"
+    again = plan_split_group(R215, ctx(rank=0), 6, world, ((0, 1),), NO_OPTS, None, None)
+    assert again.desc == plan_split_group(R215, ctx(rank=1), 6, world1, ((0, 1),), NO_OPTS, None, None).desc
+    assert again.desc == "default_pg:split:1"
+    # planning one call again (a cohort that gave the call back to the ordinary path) counts it once
+    assert plan_split_group(R215, ctx(rank=0), 6, world, ((0, 1),), NO_OPTS, None, None).desc == again.desc
+
+
 def test_communicators_share_one_empty_peer_table_until_their_own_first_send() -> None:
     """A world-wide startup makes millions of communicators that never send: they share one read-only empty
     table (an empty dict each was ~6% of the engine's memory). A send gives that communicator tables of its own,
