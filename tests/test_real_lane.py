@@ -905,3 +905,54 @@ def test_a_torch_that_does_not_import_is_a_missing_prerequisite(tmp_path: Path) 
     assert done.returncode == 2, done.stdout + done.stderr
     assert "needs a PyTorch that imports" in done.stderr and "libtorch_cuda.so" in done.stderr
     assert "internal error" not in done.stderr and "Traceback" not in done.stderr
+
+
+_RAISES = _TWO_RANKS.replace('name = "two-ranks"', 'name = "raises"').replace(
+    '{ op = "all_reduce", group = "g", size_mib = 1 },',
+    '{ op = "all_reduce", group = "g", size_mib = 1 },\n'
+    '  { op = "raise", on_ranks = [0], message = "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism" },\n'
+    '  { op = "raise", on_ranks = [1], error_type = "torch.distributed.DistBackendError", message = "pp: 2 of 3" },\n'
+    '  { op = "checkpoint", name = "never" },',
+)
+
+
+def test_a_raise_op_ends_the_real_rank_as_the_simulators_check_with_its_type_and_message(tmp_path: Path) -> None:
+    """The real driver reported a ``raise`` op's rank with type ``CheckFailure`` and the message
+    ``'<error_type>: <message>'``, where the simulator reports the op's own type and message: the real run, and
+    the real side of a comparison, did not say which exception the framework raised. Both sides now say the same,
+    and the run ends as the simulator's does (verdict fail, exit 1; compare agrees, exit 0)."""
+    scenario = tmp_path / "raises.toml"
+    scenario.write_text(_RAISES)
+    expected = [
+        (0, "check", "AssertionError", "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism"),
+        (1, "check", "torch.distributed.DistBackendError", "pp: 2 of 3"),
+    ]
+
+    def errors(result: dict) -> list[tuple]:
+        return [(e["rank"], e["kind"], e["type"], e["message"]) for e in result["errors"]]
+
+    sim = subprocess.run(
+        [PYTHON, "-m", "simnccl", "run", str(scenario), "--json", str(tmp_path / "sim.json")],
+        env=dict(os.environ, PYTHONPATH=str(REPO)),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    (sim_variant,) = json.loads((tmp_path / "sim.json").read_text())["results"][0]["variants"]
+    assert (sim_variant["verdict"], errors(sim_variant)) == ("fail", expected)
+
+    real, mark = run_cli("run", str(scenario), "--json", str(tmp_path / "real.json"))
+    assert real.returncode == sim.returncode == 1, real.stdout + real.stderr
+    (real_variant,) = json.loads((tmp_path / "real.json").read_text())["results"][0]["variants"]
+    assert (real_variant["verdict"], real_variant["end_reason"]) == ("fail", "finished")
+    assert errors(real_variant) == expected and real_variant["hangs"] == []
+    assert "error rank 1 (check): torch.distributed.DistBackendError: pp: 2 of 3" in real.stdout
+    assert not marked_processes(mark)
+
+    compared, mark = run_cli("compare", str(scenario), "--json", str(tmp_path / "compare.json"))
+    assert compared.returncode == 0 and "ALL AGREE" in compared.stdout, compared.stdout + compared.stderr
+    (variant,) = json.loads((tmp_path / "compare.json").read_text())["results"][0]["variants"]
+    assert errors(variant["sim"]) == errors(variant["real"]) == expected
+    assert not marked_processes(mark)
+    for done in (sim, real, compared):
+        assert "Traceback" not in done.stdout + done.stderr

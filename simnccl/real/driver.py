@@ -83,7 +83,15 @@ NON_MEMBER = "NON_GROUP_MEMBER"
 
 
 class CheckFailure(Exception):
-    """The workload's own check failed on this rank (vLLM's startup memory check, a ``raise`` op)."""
+    """The workload's own check failed on this rank (vLLM's startup memory check, a ``raise`` op).
+
+    ``type_name``: the exception the real framework raises there (vLLM's check: ``ValueError``; a ``raise`` op:
+    its ``error_type``), reported as the rank's error type, as the simulator's ``WorkloadFailure`` does: this
+    class's own name would say nothing about which check failed and differ from the simulated side."""
+
+    def __init__(self, message: str, type_name: str = "ValueError") -> None:
+        super().__init__(message)
+        self.type_name = type_name
 
 
 @dataclass
@@ -447,7 +455,7 @@ class Driver:
         return f"free {free / 2**20:.0f} MiB >= requested {requested / 2**20:.0f} MiB"
 
     def op_raise(self, op: Raise) -> str:
-        raise CheckFailure(f"{op.error_type}: {op.message}")
+        raise CheckFailure(op.message, type_name=op.error_type)
 
     def op_checkpoint(self, op: Checkpoint) -> str:
         return f"checkpoint {op.label!r}"
@@ -522,19 +530,20 @@ class Driver:
                 final["decisions"] = [_decision_text(call) for call in applied.decisions]
         except BaseException as exc:
             kind = "check" if isinstance(exc, CheckFailure) else classify(exc)
+            type_name = exc.type_name if isinstance(exc, CheckFailure) else _qualified(exc)
             self.progress.write(
                 {
                     "e": "end",
                     "i": index,
                     "outcome": kind,
-                    "detail": f"{type(exc).__name__}: {str(exc)[:2000]}",
+                    "detail": f"{type_name}: {str(exc)[:2000]}",
                     "t": time.time(),
                 }
             )
             final.update(
                 status="error",
                 kind=kind,
-                type=_qualified(exc),
+                type=type_name,
                 message=str(exc)[:2000],
                 op=op.describe() if op is not None else "",
                 traceback=traceback.format_exc()[-4000:],

@@ -68,8 +68,7 @@ def render_run_variant(variant: Mapping[str, Any]) -> str:
     for rank, outcome in rank_outcomes(variant).items():
         lines.append(f"  rank {rank}: {describe_outcome(outcome)}")
     for error in variant.get("errors", []):
-        message = str(error.get("message", "")).splitlines()
-        lines.append(f"  error rank {error['rank']} ({error['kind']}): {message[0][:200] if message else ''}")
+        lines.append(f"  error rank {error['rank']} ({error['kind']}): {_error_headline(error)}")
     for checkpoint in variant.get("checkpoints", []):
         for device in checkpoint["devices"]:
             lines.append(
@@ -78,3 +77,14 @@ def render_run_variant(variant: Mapping[str, Any]) -> str:
                 f"non-torch {device.get('non_torch_mib', 0):.1f})"
             )
     return "\n".join(lines)
+
+
+def _error_headline(error: Mapping[str, Any]) -> str:
+    """``type: first line of the message`` as the simulator prints an error, so a check names the exception the
+    framework raised; the launcher's own records of a dead process (type ``signal``/``exit``) say it in words."""
+    lines = str(error.get("message", "")).splitlines()
+    first = lines[0][:200] if lines else ""
+    kind = error.get("type", "")
+    if not kind or kind in ("signal", "exit"):
+        return first
+    return f"{kind}: {first}" if first else kind
