@@ -22,6 +22,7 @@ from simnccl.release import (
     MISMATCHED_BOUND_DEVICE,
     NCCL2_NO_CUDA,
     NO_SPLIT_PARENT,
+    SPLIT_PARENT_NOT_INITIALIZED,
     BackendConfig,
     DeviceBackend,
     Impl,
@@ -564,6 +565,22 @@ def _split_desc(parent: Group, parent_comm: Comm, counter: int) -> str:
     return f"{parent.desc}:split:{index}"
 
 
+def check_split_parent_initialized(parent: Group) -> None:
+    """C++ ``ProcessGroup::splitGroup``'s ``TORCH_CHECK(getBackend(deviceType)->isInitialized(), ...)`` on every
+    backend of the parent, after Python's checks of the split lists and before any split (2.15 libtorch_cpu; its
+    text is a RuntimeError on every parent rank, members and non-members alike).
+
+    Why only legacy: its ``supportsSplitting()`` is true even before its lazy communicator exists
+    (ProcessGroupNCCL.hpp:837-839), so Python's support check (l.6877) lets it through and this check is what
+    refuses a split before the parent's first collective; its ``isInitialized()`` is false while it holds no
+    communicator. Gloo's is always true, and an uninitialised lazy nccl2 parent is refused earlier, by
+    ``supportsSplitting()``. A legacy parent holding only send/recv pair communicators counts as initialised
+    in torch; the simulator refuses it here too (it does not model the fresh child that would follow)."""
+    for comm in parent.comms.values():
+        if comm.impl is Impl.LEGACY and not comm.ready:
+            raise TorchError("RuntimeError", SPLIT_PARENT_NOT_INITIALIZED)
+
+
 def plan_split_group(
     release: Release,
     ctx: ProcessContext,
@@ -601,6 +618,7 @@ def plan_split_group(
             mine = split
             break
     _check_lazy_init_supported(release, options)
+    check_split_parent_initialized(parent)
     # l.6964: the backend's default (``_get_default_timeout`` of the parent's backend *name*), never the parent's
     # own timeout: a child of a 7200 s nccl world times out at 600 s (real gloo: parent 7 s, child 30 min).
     timeout = timeout_s if timeout_s is not None else release.default_timeout_s(parent.backend.requested)

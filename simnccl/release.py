@@ -57,6 +57,10 @@ NCCL2_NO_CUDA = "nccl2 requires at least one CUDA device"
 LEGACY_NO_CUDA = "ProcessGroupNCCL is only supported with GPUs, no GPUs found!"
 MISMATCHED_BOUND_DEVICE = "Mismatched bound device between new pg and the default pg."
 NO_SPLIT_PARENT = "No backend for the parent process group or its backend does not support splitting"
+SPLIT_PARENT_NOT_INITIALIZED = (
+    "Parent process group backend is not initialized; pass device_id when creating it or run a collective before "
+    "split_group"
+)
 CUDAMALLOCASYNC_TRACKER = (
     "cudaMallocAsync does not yet support attachAllocatorTraceTracker. If you need it, please file an issue "
     "describing your use case."

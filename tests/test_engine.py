@@ -25,7 +25,7 @@ from simnccl.ops import (
     SplitGroup,
 )
 from simnccl.profiles import find_profile
-from simnccl.release import LEGACY_NO_CUDA, NCCL2_NO_CUDA, NO_SPLIT_PARENT
+from simnccl.release import LEGACY_NO_CUDA, NCCL2_NO_CUDA, NO_SPLIT_PARENT, SPLIT_PARENT_NOT_INITIALIZED
 from simnccl.testing import simulate, used_mib
 
 START = [SetDevice(), InitProcessGroup(backend="nccl")]
@@ -439,6 +439,20 @@ def test_split_group_on_an_uninitialised_lazy_parent_is_refused() -> None:
     out = simulate(lazy_world)
     assert out.verdict == "error"
     assert out.errors[0]["message"] == NO_SPLIT_PARENT
+
+
+@pytest.mark.parametrize(("backend", "env"), [("nccl-legacy", {}), ("nccl", LEGACY)])
+def test_split_group_before_a_legacy_parents_first_collective_raises_torchs_not_initialized_error(backend, env) -> None:
+    # legacy supportsSplitting() is true (ProcessGroupNCCL.hpp:837-839); C++ ProcessGroup::splitGroup then checks
+    # isInitialized(), false until the lazy communicator exists, on every parent rank, non-members included.
+    start = [SetDevice(), InitProcessGroup(backend=backend)]
+    split = SplitGroup(split_ranks=((0, 1),), bind="s")
+    out = simulate([*start, split], gpus_per_node=3, env=env)
+    assert out.verdict == "error"
+    assert {(e["rank"], e["type"], e["message"]) for e in out.errors} == {
+        (r, "RuntimeError", SPLIT_PARENT_NOT_INITIALIZED) for r in range(3)
+    }
+    assert simulate([*start, AllReduce(), split], gpus_per_node=3, env=env).verdict == "pass"
 
 
 def test_split_group_members_split_and_the_rank_in_no_split_joins_with_nocolor() -> None:

@@ -19,5 +19,10 @@ class LegacyLifecycle(Lifecycle):
         # Legacy ignores lazy_init; only a bound device makes it eager.
         return bound
 
+    def supports_splitting(self, comm: Comm) -> bool:
+        # ProcessGroupNCCL.hpp:837-839: always true, initialised or not. Its lazy communicator is checked later,
+        # by C++ ProcessGroup::splitGroup's isInitialized() (``c10d.check_split_parent_initialized``).
+        return True
+
     def p2p_uses_pair_comm(self, comm: Comm, *, bound: bool) -> bool:
         return not bound
