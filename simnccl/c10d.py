@@ -554,11 +554,12 @@ def _split_desc(parent: Group, parent_comm: Comm, counter: int) -> str:
     non-members alike (real gloo, 2 ranks: ``default_pg:split:0``, then ``:split:1`` on both, an explicit desc
     in between counts nothing). Why it matters: the desc is what the flight recorder and torch's logs name.
 
-    Legacy ``ProcessGroupNCCL`` is the exception (l.6889-6890): Python names it after the backend's
-    ``comm_split_count()``, the ncclCommSplit calls its communicators made (new_group splits and NOCOLOR splits
-    included), which this model does not count yet: it keeps ``"undefined"`` there."""
+    Legacy ``ProcessGroupNCCL`` is the exception (l.6889-6890, the only backend with ``comm_split_count``):
+    Python names it ``"<parent desc>:split:<comm_split_count()>"``, the ncclCommSplit calls this rank's
+    communicator of the parent made so far (``NCCLComm::split`` counts each on its source, NOCOLOR included), so
+    ``new_group`` splits count, and the C++ count is never taken."""
     if parent_comm.impl is Impl.LEGACY:
-        return "undefined"
+        return f"{parent.desc}:split:{parent_comm.splits}"
     if parent.split_calls is None:
         parent.split_calls = {}
     index = parent.split_calls.setdefault(counter, len(parent.split_calls))

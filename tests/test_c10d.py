@@ -18,7 +18,7 @@ from simnccl.c10d import (
     plan_split_group,
     split_source,
 )
-from simnccl.ops import AllReduce, Compute, InitProcessGroup, PgOptions, SetDevice, SplitGroup
+from simnccl.ops import AllReduce, Compute, InitProcessGroup, NewGroup, PgOptions, SetDevice, SplitGroup
 from simnccl.release import MISMATCHED_BOUND_DEVICE, Impl, get_release, resolve_backend
 from simnccl.testing import simulate
 
@@ -201,6 +201,27 @@ def test_split_group_without_a_desc_names_the_child_parent_desc_split_n(backend:
     assert again.desc == "default_pg:split:1"
     # planning one call again (a cohort that gave the call back to the ordinary path) counts it once
     assert plan_split_group(R215, ctx(rank=0), 6, world, ((0, 1),), NO_OPTS, None, None).desc == again.desc
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["cohort-block", "rank-by-rank"])
+def test_a_legacy_split_group_without_a_desc_is_named_after_the_parents_ncclcommsplit_count(shared: bool) -> None:
+    # distributed_c10d.py:6889-6890: legacy's comm_split_count(), the ncclCommSplit calls this rank's parent
+    # communicator made (NCCLComm::split counts each on its source): new_group splits and NOCOLOR splits count, a
+    # split_group with a desc too. One op list for every rank takes the calls as one cohort block; distinct
+    # lists take them rank by rank: both must count alike.
+    program = [
+        SetDevice(),
+        InitProcessGroup(backend="nccl-legacy", device_id=0),  # bound: every group below splits the world
+        NewGroup(ranks=(0, 1), bind="a"),  # rank 2 joins with NOCOLOR
+        NewGroup(ranks=(1, 2), bind="b"),
+        SplitGroup(split_ranks=((0, 1, 2),), bind="s"),
+        SplitGroup(split_ranks=((0,),), group_desc="given"),
+        SplitGroup(split_ranks=((0, 1, 2),), bind="t"),
+    ]
+    out = simulate(program if shared else [list(program) for _ in range(3)], nodes=3, gpus_per_node=1)
+    assert out.verdict == "pass"
+    descs = {(rt.handles["s"].desc, rt.handles["t"].desc) for rt in out.ranks}
+    assert descs == {("default_pg:split:2", "default_pg:split:4")}
 
 
 def test_communicators_share_one_empty_peer_table_until_their_own_first_send() -> None:

@@ -68,6 +68,9 @@ class Comm:
     comm_id: int | None = None
     connected: bool = False
     seq: int = 0
+    # The ncclCommSplit calls this rank made on it, member and NOCOLOR alike: NCCLComm::ncclCommSplitCounter_
+    # (NCCLUtils.hpp:364), which legacy's comm_split_count() sums to name a split_group child without a desc.
+    splits: int = 0
     # Per send/recv peer: its 2-rank pair communicator's id; per (src, dst): the point-to-point calls so far.
     # Read-only and shared until the first one (``add_pair``, ``next_p2p_seq``).
     pair_comms: Mapping[int, int] = _NONE_YET

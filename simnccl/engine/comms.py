@@ -258,6 +258,7 @@ class Comms:
     def _split_meeting(self, parent: Comm) -> Meeting:
         """The next op in the parent communicator's sequence: splits and collectives share it, as in NCCL."""
         parent.seq += 1
+        parent.splits += 1
         assert parent.comm_id is not None
         members = self.registry.members[parent.comm_id]
         return self.rendezvous.open(("coll", parent.comm_id, parent.seq), "split", parent.group, parent.seq, members)

@@ -61,6 +61,9 @@ class Cohort:
     end: int = 0
     executed: int = 0
     splits: int = 0
+    # Of ``splits``, those already counted on every rank's parent communicator (``Comm.splits``): a split_group
+    # in the block names its child after that count, so the block's earlier splits are counted before it plans.
+    splits_counted: int = 0
     binds: tuple[str, ...] = ()
     failures: dict[int, tuple[int, TorchError | SimulatedOOM]] = field(default_factory=dict)
     history: History | None = None
@@ -346,6 +349,9 @@ class Cohorts:
                     continue
                 op = effective
                 decided = (request, decision) if request is not None else None
+            if isinstance(op, SplitGroup) and splits > cohort.splits_counted:
+                self._count_splits(splits - cohort.splits_counted)
+                cohort.splits_counted = splits
             plans = self._block_plans(op, counter)
             if plans is None:
                 if pc < cohort.wait_pc:  # every rank waited for a split the block does not reach
@@ -463,6 +469,15 @@ class Cohorts:
                 ok = False
         return ok
 
+    def _count_splits(self, n: int) -> None:
+        """Count ``n`` of the block's splits on every rank's default-group communicator, as each rank's
+        ``Comms._split_meeting`` does on the ordinary path: a ``split_group`` the block plans next reads it (legacy
+        names the child after it). Only before such a call, which plans every rank anyway."""
+        for rt in self.ranks:
+            parent = rt.world.comm_for("cuda") if rt.world is not None else None
+            if parent is not None:
+                parent.splits += n
+
     def _block_plans(self, op: Op, counter: int) -> dict[int, GroupPlan] | None:
         """Every rank's plan that matters for this op, or None when the op can't be taken as a block.
 
@@ -556,5 +571,6 @@ class Cohorts:
             parent = rt.world.comm_for("cuda") if rt.world is not None else None
             if parent is not None:
                 parent.seq += cohort.splits
+                parent.splits += cohort.splits - cohort.splits_counted
         for bind in cohort.binds:
             rt.handles.setdefault(bind, NON_GROUP_MEMBER)
