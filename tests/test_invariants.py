@@ -12,6 +12,7 @@ from simnccl.ops import (
     AllReduce,
     Barrier,
     Checkpoint,
+    Compute,
     InitProcessGroup,
     NewGroup,
     Recv,
@@ -77,6 +78,37 @@ def test_watchdog_timeouts_blame_nobody_by_themselves() -> None:
     assert 0 in timed_out
     assert 0 not in inv.blamed_ranks(out)
     assert 1 in inv.blamed_ranks(out)
+
+
+def _straggler(seconds: float, timeout_s: float | None) -> SimCase:
+    """Rank 1 computes for ``seconds`` before an all_reduce on a group of timeout ``timeout_s``."""
+    head = [*START, NewGroup(ranks=(0, 1), bind="g", timeout_s=timeout_s)]
+    return case([[*head, AllReduce(group="g")], [*head, Compute(seconds=seconds), AllReduce(group="g")]])
+
+
+def test_may_time_out_only_where_a_timeout_is_within_reach_of_the_computes() -> None:
+    assert inv.may_time_out(_straggler(5.0, 1.0).programs)
+    assert inv.may_time_out(_straggler(0.0, 1.0).programs)  # within the intrinsic margin
+    assert not inv.may_time_out(_straggler(5.0, 30.0).programs)
+    assert not inv.may_time_out(_straggler(5.0, None).programs)  # a default timeout is 10 minutes at least
+    assert inv.may_time_out(_straggler(700.0, None).programs)
+
+
+def test_passes_or_times_out_accepts_a_straggler_past_a_short_timeout_and_rejects_a_deadlock() -> None:
+    timed = _straggler(5.0, 1.0)
+    untimed = timed.with_(programs=inv.without_timeouts(timed.programs))
+    assert not any(getattr(op, "timeout_s", None) for p in untimed.programs for op in p)
+    out = timed.run()
+    assert not inv.passes(out)
+    assert inv.passes_or_times_out(out, untimed.run())
+    assert inv.passes_or_times_out(_straggler(0.5, 1.0).run(), untimed.run())  # it passed
+    # rank 1 skips the all_reduce: its peer times out too, but the run without short timeouts does not pass
+    head = [*START, NewGroup(ranks=(0, 1), bind="g", timeout_s=1.0)]
+    deadlock = case([[*head, AllReduce(group="g")], head])
+    verdict = inv.passes_or_times_out(
+        deadlock.run(), deadlock.with_(programs=inv.without_timeouts(deadlock.programs)).run()
+    )
+    assert not verdict and "defaults" in verdict.explanation
 
 
 def test_a_send_recv_first_use_of_a_lazy_group_hangs() -> None:

@@ -190,9 +190,10 @@ def test_failure_prints_the_shrunk_case_and_the_replay_command(pytester: pytest.
     line = next(x for x in result.outlines if x.startswith("# replay: python -m simnccl.testing.replay "))
     path = Path(line.split()[-1])
     case = SimCase.load(path)
-    # Shrunk: one rank, the smallest program the generator makes (set_device, init, three checkpoints).
+    # Shrunk: one rank, the smallest program the generator makes (set_device, init, one new_group of the rank,
+    # three checkpoints: the simplest family count is one, see simnccl.testing.strategies).
     assert case.world_size == 1
-    assert len(case.programs[0]) == 5
+    assert len(case.programs[0]) == 6
     assert replay.main([str(path), "--simulate-only"]) == 0  # it passes: the property, not the program, was wrong
     data = json.loads(path.read_text())
     assert data["failure"]["test"].endswith("::test_valid_programs_hang") and data["failure"]["checks"] == []
@@ -368,7 +369,7 @@ TEAM_SUITE = textwrap.dedent(
         assert (v := inv.passes(out)), v.explanation
 
 
-    @given(case=cases(policy="torch-default", min_world=2, max_world=2, release="2.15", env={}))
+    @given(case=cases(policy="torch-default", min_world=2, max_world=2, release="2.15", env={}, timing=False))
     @settings(max_examples=10)
     def test_fixtures_work_inside_given(case, simnccl_simulate, simnccl_cluster):
         assert simnccl_cluster().world_size == 2

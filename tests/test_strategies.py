@@ -15,13 +15,28 @@ import pytest
 from hypothesis import HealthCheck, find, given, seed, settings
 from hypothesis import strategies as st
 
-from simnccl.ops import WORLD, Barrier, Broadcast, Checkpoint, Collective, NewGroup, Recv, Send
+from simnccl.ops import (
+    WORLD,
+    Barrier,
+    Broadcast,
+    Checkpoint,
+    Collective,
+    Compute,
+    InitProcessGroup,
+    NewGroup,
+    Recv,
+    Send,
+)
+from simnccl.testing import invariants as inv
 from simnccl.testing import mutations
 from simnccl.testing.replay import SimCase
 from simnccl.testing.strategies import (
     COLLECTIVES,
+    COMPUTE_SECONDS,
     ENV_KNOBS,
     GPU_KINDS,
+    GROUP_TIMEOUTS_S,
+    INIT_TIMEOUTS_S,
     RELEASE_KEYS,
     SINGLE_POLICIES,
     SIZES_BYTES,
@@ -124,6 +139,33 @@ def test_every_group_family_kind_is_drawn(drawn_cases: list[SimCase]) -> None:
     assert not _missing(set(range(6)), counts)
 
 
+def test_nearly_every_case_makes_a_group(drawn_cases: list[SimCase]) -> None:
+    """A program with no new_group tests no group-creation policy, yet counted as an example passed: a third of
+    the draws were such programs. Now nearly none (no family stays drawable: see the test above)."""
+    groupless = sum(not any(isinstance(op, NewGroup) for op in c.programs[0]) for c in drawn_cases)
+    assert groupless <= len(drawn_cases) // 20, f"{groupless} of {len(drawn_cases)} cases make no group"
+
+
+def test_timeouts_and_stragglers_are_drawn_rarely_and_some_timeouts_fire(drawn_cases: list[SimCase]) -> None:
+    """Every group and init timeout and every straggler's compute is drawn, a straggler's peers then wait on a
+    barrier, most programs cannot time out, and some drawn timeouts fire (a short group timeout that never fired
+    went unseen by thousands of generated cases that drew neither)."""
+    group_timeouts = {op.timeout_s for c in drawn_cases for op in c.programs[0] if isinstance(op, NewGroup)}
+    init_timeouts = {op.timeout_s for c in drawn_cases for op in c.programs[0] if isinstance(op, InitProcessGroup)}
+    assert group_timeouts == {None, *GROUP_TIMEOUTS_S} and init_timeouts == {None, *INIT_TIMEOUTS_S}
+    seconds: set[float] = set()
+    for case in drawn_cases:
+        for program in case.programs:
+            for i, op in enumerate(program):
+                if isinstance(op, Compute):
+                    seconds.add(op.seconds)
+                    assert isinstance(program[i + 1], Barrier), case.snippet()
+    assert seconds == set(COMPUTE_SECONDS)
+    timed = [c for c in drawn_cases if inv.may_time_out(c.programs)]
+    assert len(timed) < len(drawn_cases) // 3
+    assert any(c.run().verdict != "pass" for c in timed)
+
+
 def test_every_mesh_shape_of_a_world_is_drawn() -> None:
     shapes = _drawn(st.composite(lambda draw: draw_mesh_shape(draw, 12))(), 400)
     assert set(shapes) == set(mesh_shapes(12))
@@ -201,7 +243,10 @@ def test_shrinking_ends_on_the_simplest_case(condition: Callable[[SimCase], bool
         (),
         SINGLE_POLICIES[0],
     )
-    assert not _families(found) and not any(isinstance(op, Collective) for op in found.programs[0])
+    # One group of the one rank, not none: the simplest family count is one, since all-zero choices are also how
+    # hypothesis completes a share of its early examples, and a zero meaning "no group" kept those groupless.
+    assert _families(found) == [("tp0", "tp", ((0,),))]
+    assert not any(isinstance(op, Collective | Compute) or getattr(op, "timeout_s", None) for op in found.programs[0])
 
 
 def test_a_choice_among_more_options_than_one_draw_holds_reaches_every_option() -> None:

@@ -13,7 +13,7 @@ import functools
 import math
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from simnccl.c10d import NON_GROUP_MEMBER, Group
@@ -21,7 +21,7 @@ from simnccl.comm_memory import Pricer, eager_group_mib
 from simnccl.engine import RunOutcome
 from simnccl.engine.memory import PROCESS_FIRST_COMM, PROCESS_OWNER
 from simnccl.memory import mib_to_bytes
-from simnccl.ops import WORLD, Collective, NewGroup, Op, PointToPoint, SplitGroup
+from simnccl.ops import WORLD, Collective, Compute, InitProcessGroup, NewGroup, Op, PointToPoint, SplitGroup
 from simnccl.profiles import find_profile
 
 MIB = 2**20
@@ -82,6 +82,73 @@ def passes(outcome: RunOutcome) -> Verdict:
     lines += [_hang_text(h) for h in outcome.hangs[:4]]
     lines += [_error_text(e) for e in outcome.errors[:4]]
     return _fail("; ".join(lines))
+
+
+# A bound on how long a rank of a generated program waits for its peers when none of them computes: every rank
+# issues the same steps, so a wait is another rank's op still running (communicator inits, bootstraps, store
+# barriers: measured under 1 s in generated programs of up to 16 ranks, where 0.1 s timeouts fire), not a
+# straggler's work. Generous on purpose: it only decides which programs ``may_time_out``.
+INTRINSIC_WAIT_S = 5.0
+
+# The shortest timeout torch gives a group created without one (``_get_default_timeout``: 10 minutes for NCCL).
+_SHORTEST_DEFAULT_TIMEOUT_S = 600.0
+
+
+def may_time_out(programs: Sequence[Sequence[Op]]) -> bool:
+    """Whether some wait in ``programs`` might outlast a timeout: the shortest timeout any group or
+    ``init_process_group`` was given (a default one counts as 10 minutes) is no longer than every rank's
+    computes together plus ``INTRINSIC_WAIT_S``.
+
+    Why a bound and not a prediction: which op a rank waits at for a straggler, and under which group's
+    timeout, depends on the policy (lazy creation moves the wait) and on which ranks share a part. A program
+    that cannot time out must pass (``passes``); one that may must pass, or be stopped by timeouts alone and
+    pass without them (``passes_or_times_out``)."""
+    computes = sum(op.seconds for program in programs for op in program if isinstance(op, Compute))
+    timeouts = [
+        op.timeout_s
+        for program in programs
+        for op in program
+        if isinstance(op, InitProcessGroup | NewGroup | SplitGroup) and op.timeout_s is not None
+    ]
+    return min((*timeouts, _SHORTEST_DEFAULT_TIMEOUT_S)) <= computes + INTRINSIC_WAIT_S
+
+
+def without_timeouts(programs: Sequence[Sequence[Op]]) -> tuple[tuple[Op, ...], ...]:
+    """``programs`` with every group's and ``init_process_group``'s timeout back at its default (ranks that
+    shared a program still share one): what a program that timed out must do instead, pass."""
+    done: dict[int, tuple[Op, ...]] = {}
+    out = []
+    for program in programs:
+        if id(program) not in done:
+            done[id(program)] = tuple(
+                replace(op, timeout_s=None) if isinstance(op, InitProcessGroup | NewGroup | SplitGroup) else op
+                for op in program
+            )
+        out.append(done[id(program)])
+    return tuple(out)
+
+
+# What a watchdog, a timed-out wait or the heartbeat monitor files: the errors of a wait that outlasted its
+# timeout, on the rank that waited and on the ranks its abort left waiting.
+_TIMEOUT_KINDS = frozenset({"timeout", "heartbeat"})
+
+
+def passes_or_times_out(outcome: RunOutcome, untimed: RunOutcome) -> Verdict:
+    """A valid program that ``may_time_out`` passes, or is stopped by timeouts alone: every error a timed-out
+    wait's, and ``untimed`` -- the same run with every timeout at its default (``without_timeouts``) -- passes.
+
+    Why the second run: a deadlock's ranks time out too (their watchdogs file the same errors), so the errors
+    alone cannot tell a straggler outlasting a short timeout from a policy that broke the program."""
+    if passes(outcome):
+        return _ok("every rank finished its program")
+    other = [e for e in outcome.errors if e["kind"] not in _TIMEOUT_KINDS]
+    if other or not outcome.errors:
+        lines = [f"verdict {outcome.verdict!r}, not stopped by timeouts alone"]
+        lines += [_error_text(e) for e in other[:4]] or [_hang_text(h) for h in outcome.hangs[:4]]
+        return _fail("; ".join(lines))
+    if not (v := passes(untimed)):
+        return _fail(f"it timed out, and with its timeouts at their defaults it does not pass either: {v.explanation}")
+    return _ok(f"stopped by timeouts alone ({_error_text(outcome.errors[0])}); passes with default timeouts")
 
 
 def blamed_ranks(outcome: RunOutcome) -> set[int]:

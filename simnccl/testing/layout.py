@@ -4,9 +4,10 @@ into one op list per rank.
 Why apart from the strategies: what a program skeleton *is* (a partition of the world per family, a use per
 step, the checkpoints between) and how it becomes ops is plain data, read by the strategies that draw it
 (``simnccl.testing.strategies``), by ``GrowingProgram`` that grows one rule by rule, and by the mutations; no
-hypothesis here. Every step involves either every rank (group creation, SPMD collectives) or the two ranks of
-a pair, and each rank runs its projection of one global step order, so no rank can wait for a step another
-rank has not reached: rendered programs cannot deadlock.
+hypothesis here. Every step involves either every rank (group creation, SPMD collectives), the two ranks of
+a pair or one straggler's compute, and each rank runs its projection of one global step order, so no rank can
+wait for a step another rank has not reached: rendered programs cannot deadlock (though a wait for a straggler
+may outlast a short timeout: ``simnccl.testing.invariants.may_time_out``).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from simnccl.ops import (
     Broadcast,
     Checkpoint,
     Collective,
+    Compute,
     InitProcessGroup,
     NewGroup,
     Op,
@@ -52,11 +54,15 @@ CHECKPOINT_END = "end"
 
 @dataclass(frozen=True)
 class Family:
-    """One group family: a partition of the world, created part by part by every rank, bound to ``handle``."""
+    """One group family: a partition of the world, created part by part by every rank, bound to ``handle``.
+
+    ``timeout_s``: every part's ``new_group(timeout=...)`` (None: the backend's default), as a framework passes
+    one timeout to each group of a kind."""
 
     handle: str
     parts: tuple[tuple[int, ...], ...]
     purpose: str
+    timeout_s: float | None = None
 
     def part_of(self, rank: int) -> tuple[int, ...]:
         return next(p for p in self.parts if rank in p)
@@ -64,7 +70,8 @@ class Family:
 
 @dataclass(frozen=True)
 class Use:
-    """A step after group creation: ``kind`` is a collective name, ``"p2p"`` (src sends to dst) or
+    """A step after group creation: ``kind`` is a collective name, ``"p2p"`` (src sends to dst), ``"compute"``
+    (rank ``src`` alone works for ``seconds``: a straggler the others wait for at their next shared step) or
     ``"checkpoint"``."""
 
     kind: str
@@ -73,6 +80,7 @@ class Use:
     src: int = -1
     dst: int = -1
     label: str = ""
+    seconds: float = 0.0
 
 
 Step = Family | Use
@@ -85,6 +93,7 @@ class Layout:
     world_size: int
     steps: tuple[Step, ...]
     annotate: bool = True  # NewGroup.traffic says what the program does on each handle
+    init_timeout_s: float | None = None  # init_process_group(timeout=...); None: the backend's default
 
     @property
     def families(self) -> tuple[Family, ...]:
@@ -170,7 +179,7 @@ def first_use_is_collective(steps: Sequence[Step], initialized: set[str], step: 
     out: list[Step] = []
     if step.kind == "p2p" and step.handle not in initialized:
         out.append(Use("barrier", step.handle, 4))
-    if step.kind != "checkpoint":
+    if step.kind not in ("checkpoint", "compute"):  # neither touches a communicator
         initialized.add(step.handle)
     out.append(step)
     return out
@@ -180,7 +189,7 @@ def traffic_of(layout: Layout) -> dict[str, str]:
     """What the program does on each family handle: collectives, p2p only, or nothing."""
     seen: dict[str, set[str]] = {f.handle: set() for f in layout.families}
     for step in layout.steps:
-        if isinstance(step, Use) and step.handle in seen and step.kind != "checkpoint":
+        if isinstance(step, Use) and step.handle in seen and step.kind not in ("checkpoint", "compute"):
             seen[step.handle].add("p2p" if step.kind == "p2p" else "collectives")
     return {h: "collectives" if "collectives" in k else ("p2p" if k else "none") for h, k in seen.items()}
 
@@ -188,13 +197,14 @@ def traffic_of(layout: Layout) -> dict[str, str]:
 def render(layout: Layout) -> tuple[tuple[Op, ...], ...]:
     """One op tuple per rank; ranks with equal programs share one tuple object.
 
-    Every step but a send/recv pair is every rank's, so a rank's program is the common op list with its own
-    sends and recvs slotted in: ranks without any share the common tuple, and ranks with the same sends and
-    recvs at the same places share one (built once) -- equal programs, one object, without comparing
-    programs op by op."""
+    Every step but a send/recv pair or a straggler's compute is every rank's, so a rank's program is the common
+    op list with its own sends, recvs and computes slotted in: ranks without any share the common tuple, and
+    ranks with the same own ops at the same places share one (built once) -- equal programs, one object,
+    without comparing programs op by op."""
     world = layout.world_size
     traffic = traffic_of(layout) if layout.annotate else {}
-    common: list[Op] = [SetDevice(), InitProcessGroup(backend="nccl"), Checkpoint(label=CHECKPOINT_INIT)]
+    init = InitProcessGroup(backend="nccl", timeout_s=layout.init_timeout_s)
+    common: list[Op] = [SetDevice(), init, Checkpoint(label=CHECKPOINT_INIT)]
     own: dict[int, list[tuple[int, Op]]] = {}  # rank -> (how many common ops precede it, its send or recv)
     last_family = max((i for i, s in enumerate(layout.steps) if isinstance(s, Family)), default=-1)
     if last_family < 0:
@@ -203,10 +213,18 @@ def render(layout: Layout) -> tuple[tuple[Op, ...], ...]:
         if isinstance(step, Family):
             for part in step.parts:
                 common.append(
-                    NewGroup(ranks=part, bind=step.handle, purpose=step.purpose, traffic=traffic.get(step.handle))
+                    NewGroup(
+                        ranks=part,
+                        bind=step.handle,
+                        timeout_s=step.timeout_s,
+                        purpose=step.purpose,
+                        traffic=traffic.get(step.handle),
+                    )
                 )
         elif step.kind == "checkpoint":
             common.append(Checkpoint(label=step.label))
+        elif step.kind == "compute":  # the straggler's own op, slotted in as a send or recv is
+            own.setdefault(step.src, []).append((len(common), Compute(seconds=step.seconds)))
         elif step.kind == "p2p":
             at = len(common)
             own.setdefault(step.src, []).append(

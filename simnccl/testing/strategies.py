@@ -16,6 +16,19 @@ read as the digits of one integer of at most ``_RADIX`` values, where hypothesis
 program the fine draws could make can still be made, and each choice shrinks towards its first option, so a
 failing case still shrinks to the smallest cluster, no knobs, the first policy, fewer families and uses.
 
+Why nearly every program makes a group: a program that makes none tests no group-creation policy, yet counts
+as an example passed, and a third of the draws were such programs. The family count is drawn with its simplest
+value at *one* family (so shrinking still ends on one small group) and no family as its last, rare option;
+all-zero choices are not only what shrinking ends on but also how hypothesis completes a share of its early
+examples (a novel prefix, then the simplest choices), so a zero meaning "no group" kept one example in ten
+groupless whatever the odds.
+
+Why timeouts and computes: a rare straggler (one rank computing alone, ``Use("compute")``) and rare
+per-family and ``init_process_group`` timeouts, some short enough to fire, put watchdog timeouts and
+time-dependent waits into generated programs (a short group timeout that never fired went unseen by thousands
+of generated cases that had neither). ``simnccl.testing.invariants.may_time_out`` tells a program that cannot
+time out (it must pass) from one that may (``passes_or_times_out``); ``timing=False`` draws neither.
+
 Mutations (``mutants``) break a valid program in one known way and name the rank to blame, for tests that
 check the simulator *finds* the defect and *names* the culprit (see ``simnccl.testing.mutations``).
 """
@@ -65,9 +78,12 @@ __all__ = [
     "CHECKPOINT_GROUPS",
     "CHECKPOINT_INIT",
     "COLLECTIVES",
+    "COMPUTE_SECONDS",
     "ENV_KNOBS",
     "FAMILY_KINDS",
     "GPU_KINDS",
+    "GROUP_TIMEOUTS_S",
+    "INIT_TIMEOUTS_S",
     "NON_BUDGET",
     "PURPOSE",
     "RELEASE_KEYS",
@@ -111,6 +127,18 @@ ENV_KNOBS: dict[str, tuple[str, ...]] = {
 }
 
 SIZES_BYTES = (4 * MIB, 4, 1024, MIB, 64 * MIB)
+
+# Rare timing draws (see the module docstring). A straggler computes for one of COMPUTE_SECONDS; a family's
+# groups take one of GROUP_TIMEOUTS_S with probability 1/4 (else the backend's default), init_process_group
+# one of INIT_TIMEOUTS_S with probability 2/8. Why these: 1 s and 30 s fire on a 5 s or 45 s straggler (and 1 s
+# may on a slow communicator init), 1800 s never does; twelve 45 s computes stay under the NCCL default of 600 s.
+COMPUTE_SECONDS = (0.5, 5.0, 45.0)
+GROUP_TIMEOUTS_S = (1800.0, 30.0, 1.0)
+INIT_TIMEOUTS_S = (1800.0, 30.0)
+_GROUP_TIMEOUT_MENU: tuple[float | None, ...] = (*[None] * 9, *GROUP_TIMEOUTS_S)
+_INIT_TIMEOUT_MENU: tuple[float | None, ...] = (*[None] * 6, *INIT_TIMEOUTS_S)
+# With no lower bound, each family count from one up is drawn this many times as often as no family at all.
+_FAMILY_COUNT_WEIGHT = 6
 
 NON_BUDGET = tuple(name for name in BUILTIN if name != "budget")
 
@@ -320,31 +348,40 @@ def draw_family(
     earlier: Sequence[Family] = (),
     *,
     multi_rank: bool = False,
+    timing: bool = False,
 ) -> Family:
     """One family. ``duplicate`` re-creates an earlier family's parts under a new handle (DeviceMesh does);
-    ``multi_rank`` asks for a family with a part of two or more ranks (when the world has two ranks)."""
+    ``multi_rank`` asks for a family with a part of two or more ranks (when the world has two ranks);
+    ``timing`` draws its timeout (rarely one of ``GROUP_TIMEOUTS_S``) in one more choice."""
     kinds = [k for k in FAMILY_KINDS if k != "duplicate" or earlier]
     if multi_rank and world > 1:
         kinds = [k for k in kinds if k not in ("singletons", "duplicate")]
     # The kind and, for a duplicate, its source in one choice; a colour split's colours four ranks a choice.
     pick, source = _choose(draw, len(kinds), max(1, len(earlier)))
+    timeout_s = _pick(draw, _GROUP_TIMEOUT_MENU) if timing else None
     kind = kinds[pick]
     if kind == "duplicate":
-        return Family(f"{earlier[source].purpose}{index}", earlier[source].parts, earlier[source].purpose)
+        dup = earlier[source]
+        return Family(f"{dup.purpose}{index}", dup.parts, dup.purpose, timeout_s)
     colors = list(_choose(draw, *([4] * world))) if kind == "colors" else []
     parts = family_parts(kind, world, shape, colors)
     if multi_rank and world > 1 and all(len(p) == 1 for p in parts):
         parts = family_parts("world", world, shape)
-    return Family(f"{PURPOSE[kind]}{index}", parts, PURPOSE[kind])
+    return Family(f"{PURPOSE[kind]}{index}", parts, PURPOSE[kind], timeout_s)
 
 
-def draw_use(draw: st.DrawFn, world: int, fams: Sequence[Family], *, p2p: bool = True) -> Use:
-    """A collective on a family handle or the world, a send/recv pair inside one part, or a checkpoint."""
+def draw_use(draw: st.DrawFn, world: int, fams: Sequence[Family], *, p2p: bool = True, timing: bool = False) -> Use:
+    """A collective on a family handle or the world, a send/recv pair inside one part, a checkpoint, or (with
+    ``timing``, rarely) one rank's compute before a barrier on a handle (``draw_layout`` adds the barrier)."""
     targets: list[Family | None] = [*fams, None]  # None: the world handle
-    menu = _use_menu(world, tuple(targets), p2p)
+    menu = _use_menu(world, tuple(targets), p2p, timing)
     target, kind, size = menu[_index(draw, len(menu))]
     if kind == "checkpoint":
         return Use("checkpoint", label=f"c{size}")
+    if kind == "compute":  # the straggler and the handle its peers then wait on, in one more choice
+        src, on = _choose(draw, world, len(targets))
+        handle = WORLD if targets[on] is None else targets[on].handle  # type: ignore[union-attr]
+        return Use("compute", handle, src=src, seconds=COMPUTE_SECONDS[size])
     handle = WORLD if target is None else target.handle
     if kind == "p2p":  # an ordered pair of distinct ranks of one part, in one more choice
         pairs = _p2p_pairs((tuple(range(world)),) if target is None else target.parts)
@@ -354,10 +391,14 @@ def draw_use(draw: st.DrawFn, world: int, fams: Sequence[Family], *, p2p: bool =
 
 
 @functools.lru_cache(maxsize=4096)
-def _use_menu(world: int, targets: tuple[Family | None, ...], p2p: bool) -> tuple[tuple[Any, str, int], ...]:
+def _use_menu(
+    world: int, targets: tuple[Family | None, ...], p2p: bool, timing: bool = False
+) -> tuple[tuple[Any, str, int], ...]:
     """Every (target, kind, size) a use may be, in one list: a collective (broadcast on the world handle only, a
     barrier of 4 bytes) or a send/recv (where a part has two ranks) of each size, or a checkpoint (its label
-    number in the size's place). Target first, all-reduce of ``SIZES_BYTES[0]`` first: what shrinking ends on."""
+    number in the size's place), and with ``timing`` a compute of each of ``COMPUTE_SECONDS`` (its index in the
+    size's place; once, not per target: rare, and last). Target first, all-reduce of ``SIZES_BYTES[0]`` first:
+    what shrinking ends on."""
     menu: list[tuple[Any, str, int]] = []
     for target in targets:
         parts = (tuple(range(world)),) if target is None else target.parts
@@ -367,6 +408,8 @@ def _use_menu(world: int, targets: tuple[Family | None, ...], p2p: bool) -> tupl
         for kind in kinds:
             menu += [(target, kind, 4 if kind == "barrier" else size) for size in SIZES_BYTES]
         menu += [(target, "checkpoint", label) for label in range(4)]
+    if timing:
+        menu += [(None, "compute", i) for i in range(len(COMPUTE_SECONDS))]
     return tuple(menu)
 
 
@@ -389,11 +432,13 @@ def layouts(
     use_all: bool = False,
     annotate: bool | None = None,
     multi_rank_first: bool = False,
+    timing: bool = True,
 ) -> Layout:
     """Families first, then uses: the ``groups`` checkpoint sits between (used by the budget invariant).
 
     ``use_all`` ends with one all_reduce on every family handle and on the world, so every group communicates
-    (the eager-vs-lazy memory property). At most ``max_ops`` ops per rank.
+    (the eager-vs-lazy memory property). At most ``max_ops`` ops per rank. ``timing=False`` draws no timeout
+    and no straggler's compute.
     """
     return draw_layout(
         draw,
@@ -406,6 +451,7 @@ def layouts(
         use_all=use_all,
         annotate=annotate,
         multi_rank_first=multi_rank_first,
+        timing=timing,
     )
 
 
@@ -421,13 +467,25 @@ def draw_layout(
     use_all: bool = False,
     annotate: bool | None = None,
     multi_rank_first: bool = False,
+    timing: bool = True,
 ) -> Layout:
     """``layouts``, drawn inside the caller's own strategy (no strategy object built per case): the mesh shape,
-    the family count and whether traffic is annotated in one choice, one per family, the use count, one per
-    use (two for a send/recv pair)."""
+    whether traffic is annotated in one choice, the family count and the init timeout in one, one per family
+    (two with ``timing``), the use count, one per use (two for a send/recv pair or a compute)."""
     shapes = mesh_shapes(world)
-    low, high = min_families, max(min_families, max_families)
-    shape_i, extra_families, annotated = _choose(draw, len(shapes), high - low + 1, 2 if annotate is None else 1)
+    counts = _family_counts(min_families, max(min_families, max_families))
+    init_menu = _INIT_TIMEOUT_MENU if timing else (None,)
+    # Two choices whatever the world: one whose size follows the world (the mesh shape), one that does not (the
+    # family count, 31 values, and the init timeout). Why: when shrinking changes the cluster, a choice
+    # that packed both split in two for one world and not for another, every later choice read another
+    # decision, and a send found on 2 x 2 ranks no longer shrank to 1 x 4.
+    # Without timing (mutants), the one choice as before, so that their draws and shrinking stay as they were.
+    if timing:
+        shape_i, annotated = _choose(draw, len(shapes), 2 if annotate is None else 1)
+        count_i, init_i = _choose(draw, len(counts), len(init_menu))
+    else:
+        shape_i, count_i, annotated = _choose(draw, len(shapes), len(counts), 2 if annotate is None else 1)
+        init_i = 0
     shape = shapes[shape_i]
     if annotate is None:
         annotate = bool(annotated)
@@ -436,9 +494,14 @@ def draw_layout(
     fixed = 5 + (1 if use_all else 0)
     tail = 1 if use_all else 0
     calls = 0
-    wanted = low + extra_families
+    wanted = counts[count_i]
+    if wanted == 0 and counts[0] > 0:
+        # No family, drawn as one family's choices thrown away. Why: hypothesis ranks a shorter list of
+        # choices simpler, so without them "no family" (the last count) outranked "one family" (the first),
+        # and shrinking ended on no group again, or stalled on the way.
+        draw_family(draw, world, 0, shape, timing=timing)
     while len(fams) < wanted:
-        fam = draw_family(draw, world, len(fams), shape, fams, multi_rank=multi_rank_first and not fams)
+        fam = draw_family(draw, world, len(fams), shape, fams, multi_rank=multi_rank_first and not fams, timing=timing)
         if fixed + calls + len(fam.parts) + tail > max_ops:
             if len(fams) >= min_families:
                 break
@@ -449,12 +512,27 @@ def draw_layout(
     steps: list[Step] = []
     initialized: set[str] = set()
     for _ in range(_int(draw, 0, max(0, min(max_uses, budget)))):
-        steps += first_use_is_collective(steps, initialized, draw_use(draw, world, fams, p2p=p2p))
+        use = draw_use(draw, world, fams, p2p=p2p, timing=timing)
+        steps += first_use_is_collective(steps, initialized, use)
+        if use.kind == "compute":  # a straggler is waited for where it next meets its peers: under that timeout
+            steps += first_use_is_collective(steps, initialized, Use("barrier", use.handle, 4))
     steps = steps[:budget]
+    if steps and steps[-1].kind == "compute":  # cut from its barrier: nobody would wait for the straggler
+        steps.pop()
     if use_all:
         steps += [Use("all_reduce", f.handle, MIB) for f in fams]
         steps.append(Use("all_reduce", WORLD, MIB))
-    return Layout(world, (*fams, *steps), annotate)
+    return Layout(world, (*fams, *steps), annotate, init_menu[init_i])
+
+
+@functools.cache
+def _family_counts(low: int, high: int) -> tuple[int, ...]:
+    """The family counts a choice's values stand for, the simplest first. With ``low`` 0: one family first,
+    each count up to ``high`` ``_FAMILY_COUNT_WEIGHT`` times, no family once, last (why: the module
+    docstring); with a lower bound, each count from ``low`` to ``high`` once, as before."""
+    if low > 0 or high == 0:
+        return tuple(range(low, high + 1))
+    return (*(n for n in range(1, high + 1) for _ in range(_FAMILY_COUNT_WEIGHT)), 0)
 
 
 # ---------------------------------------------------------------------- cases
@@ -551,7 +629,14 @@ def mutants(draw: st.DrawFn, kind: str | st.SearchStrategy[str] | None = None, *
     from simnccl.testing import mutations
 
     mutation_kind = _pick(draw, mutations.KINDS) if kind is None else _value(draw, kind)
-    options: dict[str, Any] = {"min_world": 2, "use_all": True, "min_families": 1, "multi_rank_first": True}
+    # No timing draws: a straggler's timeout would blame the straggler, not the mutation's culprit.
+    options: dict[str, Any] = {
+        "min_world": 2,
+        "use_all": True,
+        "min_families": 1,
+        "multi_rank_first": True,
+        "timing": False,
+    }
     if mutation_kind in ("reorder_new_groups", "member_only"):  # two groups to swap, or one to mix with
         options["min_families"] = 2
     if mutation_kind == "member_only":
