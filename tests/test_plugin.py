@@ -369,7 +369,7 @@ TEAM_SUITE = textwrap.dedent(
         assert (v := inv.passes(out)), v.explanation
 
 
-    @given(case=cases(policy="torch-default", min_world=2, max_world=2, release="2.15", env={}, timing=False))
+    @given(case=cases(policy="torch-default", min_world=2, max_world=2, release="2.15", env={}))
     @settings(max_examples=10)
     def test_fixtures_work_inside_given(case, simnccl_simulate, simnccl_cluster):
         assert simnccl_cluster().world_size == 2

@@ -28,7 +28,7 @@ from simnccl.ops import (
     Send,
 )
 from simnccl.testing import invariants as inv
-from simnccl.testing import mutations
+from simnccl.testing import mutations, strategies
 from simnccl.testing.replay import SimCase
 from simnccl.testing.strategies import (
     COLLECTIVES,
@@ -38,12 +38,15 @@ from simnccl.testing.strategies import (
     GROUP_TIMEOUTS_S,
     INIT_TIMEOUTS_S,
     RELEASE_KEYS,
+    SAFE_TIMEOUT_S,
     SINGLE_POLICIES,
     SIZES_BYTES,
+    STRAGGLER_BUDGET_S,
     Use,
     _choose,
     _index,
     cases,
+    draw_layout,
     draw_mesh_shape,
     layouts,
     mesh_shapes,
@@ -146,24 +149,72 @@ def test_nearly_every_case_makes_a_group(drawn_cases: list[SimCase]) -> None:
     assert groupless <= len(drawn_cases) // 20, f"{groupless} of {len(drawn_cases)} cases make no group"
 
 
-def test_timeouts_and_stragglers_are_drawn_rarely_and_some_timeouts_fire(drawn_cases: list[SimCase]) -> None:
-    """Every group and init timeout and every straggler's compute is drawn, a straggler's peers then wait on a
-    barrier, most programs cannot time out, and some drawn timeouts fire (a short group timeout that never fired
-    went unseen by thousands of generated cases that drew neither)."""
-    group_timeouts = {op.timeout_s for c in drawn_cases for op in c.programs[0] if isinstance(op, NewGroup)}
-    init_timeouts = {op.timeout_s for c in drawn_cases for op in c.programs[0] if isinstance(op, InitProcessGroup)}
-    assert group_timeouts == {None, *GROUP_TIMEOUTS_S} and init_timeouts == {None, *INIT_TIMEOUTS_S}
+def _timing_drawn(drawn: list[SimCase]) -> tuple[set[float | None], set[float | None], set[float]]:
+    """The group timeouts, init timeouts and straggler computes of ``drawn``, each compute checked to be
+    followed by the barrier its peers wait for it at."""
+    group_timeouts = {op.timeout_s for c in drawn for op in c.programs[0] if isinstance(op, NewGroup)}
+    init_timeouts = {op.timeout_s for c in drawn for op in c.programs[0] if isinstance(op, InitProcessGroup)}
     seconds: set[float] = set()
-    for case in drawn_cases:
+    for case in drawn:
         for program in case.programs:
             for i, op in enumerate(program):
                 if isinstance(op, Compute):
                     seconds.add(op.seconds)
                     assert isinstance(program[i + 1], Barrier), case.snippet()
+    return group_timeouts, init_timeouts, seconds
+
+
+def test_default_cases_draw_timeouts_and_stragglers_that_never_fire(drawn_cases: list[SimCase]) -> None:
+    """A program whose own timeouts fire fails under any policy, so it is no counterexample to a user's
+    policy, yet about 1 in 100 default draws timed out and a user's ``passes`` failed on it. Default draws
+    still carry timeouts and stragglers, but only timeouts no wait can reach: ``may_time_out`` is false for
+    every one, also where many uses leave room for many stragglers."""
+    group_timeouts, init_timeouts, seconds = _timing_drawn(drawn_cases)
+    assert group_timeouts == {None, *(t for t in GROUP_TIMEOUTS_S if t >= SAFE_TIMEOUT_S)}
+    assert init_timeouts == {None, *(t for t in INIT_TIMEOUTS_S if t >= SAFE_TIMEOUT_S)}
     assert seconds == set(COMPUTE_SECONDS)
-    timed = [c for c in drawn_cases if inv.may_time_out(c.programs)]
-    assert len(timed) < len(drawn_cases) // 3
+    assert not [c.snippet() for c in drawn_cases if inv.may_time_out(c.programs)][:1]
+    long = _drawn(cases(max_uses=60, max_ops=150), 300)
+    assert not [c.snippet() for c in long if inv.may_time_out(c.programs)][:1]
+
+
+def _last_option(strategy: st.SearchStrategy[int]) -> int:
+    """A stand-in for hypothesis' ``draw`` that takes every choice's last option (the layout draws only
+    integers, through ``_int``)."""
+    return next(high for (_, high), known in strategies._INTS.items() if known is strategy)
+
+
+def test_a_default_layout_of_nothing_but_stragglers_stops_at_the_budget() -> None:
+    """Every choice its last option: every use a 45 s straggler, sixty of them. Drawn at random, a program
+    rarely has more than three, so the budget is pinned here: by default the computes stop at
+    ``STRAGGLER_BUDGET_S`` and no timeout is within their reach; with ``timeouts_may_fire`` they do not stop."""
+    capped = draw_layout(_last_option, 8, max_uses=60, max_ops=150)
+    computes = [s.seconds for s in capped.steps if isinstance(s, Use) and s.kind == "compute"]
+    assert sum(computes) == STRAGGLER_BUDGET_S and set(computes) == {max(COMPUTE_SECONDS)}
+    assert not inv.may_time_out(capped.render())
+    free = draw_layout(_last_option, 8, max_uses=60, max_ops=150, timeouts_may_fire=True)
+    assert sum(s.seconds for s in free.steps if isinstance(s, Use) and s.kind == "compute") > STRAGGLER_BUDGET_S
+    assert inv.may_time_out(free.render())
+
+
+def test_timeouts_may_fire_draws_short_timeouts_and_some_fire() -> None:
+    """``cases(timeouts_may_fire=True)`` (simnccl's own property tests) draws every group and init timeout,
+    short ones included, most programs still cannot time out, and some drawn timeouts fire (a short group
+    timeout that never fired went unseen by thousands of generated cases that drew neither)."""
+    drawn = _drawn(cases(timeouts_may_fire=True), 800)
+    group_timeouts, init_timeouts, seconds = _timing_drawn(drawn)
+    assert group_timeouts == {None, *GROUP_TIMEOUTS_S} and init_timeouts == {None, *INIT_TIMEOUTS_S}
+    assert seconds == set(COMPUTE_SECONDS)
+    timed = [c for c in drawn if inv.may_time_out(c.programs)]
+    assert len(timed) < len(drawn) // 3
     assert any(c.run().verdict != "pass" for c in timed)
+
+
+def test_timeouts_may_fire_without_timing_is_refused() -> None:
+    from hypothesis.errors import InvalidArgument
+
+    with pytest.raises(InvalidArgument, match="timeouts_may_fire"):
+        _drawn(cases(timing=False, timeouts_may_fire=True), 1)
 
 
 def test_every_mesh_shape_of_a_world_is_drawn() -> None:

@@ -24,10 +24,15 @@ examples (a novel prefix, then the simplest choices), so a zero meaning "no grou
 groupless whatever the odds.
 
 Why timeouts and computes: a rare straggler (one rank computing alone, ``Use("compute")``) and rare
-per-family and ``init_process_group`` timeouts, some short enough to fire, put watchdog timeouts and
-time-dependent waits into generated programs (a short group timeout that never fired went unseen by thousands
-of generated cases that had neither). ``simnccl.testing.invariants.may_time_out`` tells a program that cannot
-time out (it must pass) from one that may (``passes_or_times_out``); ``timing=False`` draws neither.
+per-family and ``init_process_group`` timeouts put watchdog timeouts and time-dependent waits into generated
+programs (a short group timeout that never fired went unseen by thousands of generated cases that had neither).
+Why they never fire by default: a program whose own timeouts fire fails in production under any policy, so it
+is no counterexample to a user's policy, and a suite asserting ``passes`` on ``cases()`` must not fail for it.
+So a default draw's stragglers compute ``STRAGGLER_BUDGET_S`` at most in all, and it draws only timeouts of
+``SAFE_TIMEOUT_S`` or more, twice that plus ``invariants.INTRINSIC_WAIT_S`` (torch's shortest default, 600 s,
+is too): ``invariants.may_time_out`` is false for every one. ``timeouts_may_fire=True`` also draws short timeouts that
+fire on a straggler (simnccl's own property tests: ``may_time_out``, ``passes_or_times_out``);
+``timing=False`` draws neither timeouts nor stragglers.
 
 Mutations (``mutants``) break a valid program in one known way and name the rank to blame, for tests that
 check the simulator *finds* the defect and *names* the culprit (see ``simnccl.testing.mutations``).
@@ -49,6 +54,7 @@ from simnccl.ops import MIB, WORLD
 from simnccl.policy import BUILTIN, ComposedPolicy, get_policy
 from simnccl.release import RELEASES
 from simnccl.testing.hypothesis_profiles import load_profile, register_profiles, untouched
+from simnccl.testing.invariants import INTRINSIC_WAIT_S
 from simnccl.testing.layout import (
     CHECKPOINT_END,
     CHECKPOINT_GROUPS,
@@ -87,8 +93,10 @@ __all__ = [
     "NON_BUDGET",
     "PURPOSE",
     "RELEASE_KEYS",
+    "SAFE_TIMEOUT_S",
     "SINGLE_POLICIES",
     "SIZES_BYTES",
+    "STRAGGLER_BUDGET_S",
     "ClusterSpec",
     "Family",
     "Layout",
@@ -129,14 +137,26 @@ ENV_KNOBS: dict[str, tuple[str, ...]] = {
 SIZES_BYTES = (4 * MIB, 4, 1024, MIB, 64 * MIB)
 
 # Rare timing draws (see the module docstring). A straggler computes for one of COMPUTE_SECONDS; a family's
-# groups take one of GROUP_TIMEOUTS_S with probability 1/4 (else the backend's default), init_process_group
-# one of INIT_TIMEOUTS_S with probability 2/8. Why these: 1 s and 30 s fire on a 5 s or 45 s straggler (and 1 s
-# may on a slow communicator init), 1800 s never does; twelve 45 s computes stay under the NCCL default of 600 s.
+# groups take a drawn timeout with probability 1/4 (else the backend's default), and so does init_process_group.
+# With timeouts_may_fire, one of GROUP_TIMEOUTS_S or INIT_TIMEOUTS_S: 1 s and 30 s fire on a 5 s or 45 s
+# straggler (and 1 s may on a slow communicator init), 1800 s never does. By default only those of them at least
+# SAFE_TIMEOUT_S, and a program's stragglers compute STRAGGLER_BUDGET_S at most in all: no wait reaches a timeout.
 COMPUTE_SECONDS = (0.5, 5.0, 45.0)
 GROUP_TIMEOUTS_S = (1800.0, 30.0, 1.0)
 INIT_TIMEOUTS_S = (1800.0, 30.0)
-_GROUP_TIMEOUT_MENU: tuple[float | None, ...] = (*[None] * 9, *GROUP_TIMEOUTS_S)
-_INIT_TIMEOUT_MENU: tuple[float | None, ...] = (*[None] * 6, *INIT_TIMEOUTS_S)
+STRAGGLER_BUDGET_S = 6 * max(COMPUTE_SECONDS)
+# Twice what may_time_out allows for: 550 s, under torch's shortest default (600 s), so a default stays safe too.
+SAFE_TIMEOUT_S = 2 * (STRAGGLER_BUDGET_S + INTRINSIC_WAIT_S)
+
+
+@functools.cache
+def _timeout_menu(timeouts: tuple[float, ...], may_fire: bool) -> tuple[float | None, ...]:
+    """The backend's default (None) three times as often as a drawn timeout, the default first (shrinking ends
+    on it); without ``may_fire``, only the timeouts of ``timeouts`` at least ``SAFE_TIMEOUT_S``."""
+    kept = timeouts if may_fire else tuple(t for t in timeouts if t >= SAFE_TIMEOUT_S)
+    return (*[None] * (3 * len(kept)), *kept)
+
+
 # With no lower bound, each family count from one up is drawn this many times as often as no family at all.
 _FAMILY_COUNT_WEIGHT = 6
 
@@ -349,16 +369,18 @@ def draw_family(
     *,
     multi_rank: bool = False,
     timing: bool = False,
+    timeouts_may_fire: bool = False,
 ) -> Family:
     """One family. ``duplicate`` re-creates an earlier family's parts under a new handle (DeviceMesh does);
     ``multi_rank`` asks for a family with a part of two or more ranks (when the world has two ranks);
-    ``timing`` draws its timeout (rarely one of ``GROUP_TIMEOUTS_S``) in one more choice."""
+    ``timing`` draws its timeout (rarely one of ``GROUP_TIMEOUTS_S``, only a safe one unless
+    ``timeouts_may_fire``) in one more choice."""
     kinds = [k for k in FAMILY_KINDS if k != "duplicate" or earlier]
     if multi_rank and world > 1:
         kinds = [k for k in kinds if k not in ("singletons", "duplicate")]
     # The kind and, for a duplicate, its source in one choice; a colour split's colours four ranks a choice.
     pick, source = _choose(draw, len(kinds), max(1, len(earlier)))
-    timeout_s = _pick(draw, _GROUP_TIMEOUT_MENU) if timing else None
+    timeout_s = _pick(draw, _timeout_menu(GROUP_TIMEOUTS_S, timeouts_may_fire)) if timing else None
     kind = kinds[pick]
     if kind == "duplicate":
         dup = earlier[source]
@@ -433,12 +455,14 @@ def layouts(
     annotate: bool | None = None,
     multi_rank_first: bool = False,
     timing: bool = True,
+    timeouts_may_fire: bool = False,
 ) -> Layout:
     """Families first, then uses: the ``groups`` checkpoint sits between (used by the budget invariant).
 
     ``use_all`` ends with one all_reduce on every family handle and on the world, so every group communicates
     (the eager-vs-lazy memory property). At most ``max_ops`` ops per rank. ``timing=False`` draws no timeout
-    and no straggler's compute.
+    and no straggler's compute; ``timeouts_may_fire=True`` draws short timeouts a straggler may outlast (see
+    the module docstring).
     """
     return draw_layout(
         draw,
@@ -452,6 +476,7 @@ def layouts(
         annotate=annotate,
         multi_rank_first=multi_rank_first,
         timing=timing,
+        timeouts_may_fire=timeouts_may_fire,
     )
 
 
@@ -468,13 +493,16 @@ def draw_layout(
     annotate: bool | None = None,
     multi_rank_first: bool = False,
     timing: bool = True,
+    timeouts_may_fire: bool = False,
 ) -> Layout:
     """``layouts``, drawn inside the caller's own strategy (no strategy object built per case): the mesh shape,
     whether traffic is annotated in one choice, the family count and the init timeout in one, one per family
     (two with ``timing``), the use count, one per use (two for a send/recv pair or a compute)."""
+    if timeouts_may_fire and not timing:
+        raise InvalidArgument("cases(): timeouts_may_fire=True needs timing=True (timing=False draws no timeout)")
     shapes = mesh_shapes(world)
     counts = _family_counts(min_families, max(min_families, max_families))
-    init_menu = _INIT_TIMEOUT_MENU if timing else (None,)
+    init_menu = _timeout_menu(INIT_TIMEOUTS_S, timeouts_may_fire) if timing else (None,)
     # Two choices whatever the world: one whose size follows the world (the mesh shape), one that does not (the
     # family count, 31 values, and the init timeout). Why: when shrinking changes the cluster, a choice
     # that packed both split in two for one world and not for another, every later choice read another
@@ -499,9 +527,18 @@ def draw_layout(
         # No family, drawn as one family's choices thrown away. Why: hypothesis ranks a shorter list of
         # choices simpler, so without them "no family" (the last count) outranked "one family" (the first),
         # and shrinking ended on no group again, or stalled on the way.
-        draw_family(draw, world, 0, shape, timing=timing)
+        draw_family(draw, world, 0, shape, timing=timing, timeouts_may_fire=timeouts_may_fire)
     while len(fams) < wanted:
-        fam = draw_family(draw, world, len(fams), shape, fams, multi_rank=multi_rank_first and not fams, timing=timing)
+        fam = draw_family(
+            draw,
+            world,
+            len(fams),
+            shape,
+            fams,
+            multi_rank=multi_rank_first and not fams,
+            timing=timing,
+            timeouts_may_fire=timeouts_may_fire,
+        )
         if fixed + calls + len(fam.parts) + tail > max_ops:
             if len(fams) >= min_families:
                 break
@@ -511,8 +548,13 @@ def draw_layout(
     budget = max(0, max_ops - fixed - calls)
     steps: list[Step] = []
     initialized: set[str] = set()
+    computed = 0.0
     for _ in range(_int(draw, 0, max(0, min(max_uses, budget)))):
         use = draw_use(draw, world, fams, p2p=p2p, timing=timing)
+        if use.kind == "compute" and not timeouts_may_fire:
+            if computed + use.seconds > STRAGGLER_BUDGET_S:  # drawn, not kept: its wait might reach a timeout
+                continue
+            computed += use.seconds
         steps += first_use_is_collective(steps, initialized, use)
         if use.kind == "compute":  # a straggler is waited for where it next meets its peers: under that timeout
             steps += first_use_is_collective(steps, initialized, Use("barrier", use.handle, 4))
@@ -555,6 +597,11 @@ def cases(
     Fixed values are used as given; strategies are drawn from; ``None`` draws from the full range (for
     ``policy``: ``None`` draws a built-in policy; pass ``st.none()`` for torch's defaults, a team's own policy
     object or spec to fix it, or ``policies(custom=[...])`` to draw it among the built-ins).
+
+    Timeouts and stragglers are drawn so that no wait can reach a timeout: a correct policy ``passes`` every
+    case. ``timeouts_may_fire=True`` also draws short timeouts a straggler may outlast (assert
+    ``invariants.passes_or_times_out`` where ``invariants.may_time_out``); ``timing=False`` draws neither
+    timeouts nor stragglers. Other ``layout_options``: see ``layouts``.
     """
     return draw_case(
         draw,
