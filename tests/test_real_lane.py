@@ -479,6 +479,13 @@ def test_gloo_size_overflow_aborts_and_is_an_error_on_both(launcher: Launcher) -
     assert sim["verdict"] == "error"
     comparison = compare_variant("abort", "cpu", sim, real, 2, 0.0)
     assert comparison.blocked_agree
+    # rank 0 (it receives 8 floats into 4) dies of SIGABRT on both sides; real rank 1 then loses its peer, where
+    # the simulator aborts it too: a named gap, and still a disagreement
+    by_rank = {e["rank"]: e for e in real["errors"]}
+    assert (by_rank[0]["kind"], by_rank[0]["exit_code"]) == ("abort", -6)
+    assert (by_rank[1]["kind"], by_rank[1]["type"]) == ("peer-lost", "RuntimeError"), real["errors"]
+    assert not comparison.agree and comparison.known_gap == "gloo-mismatch-survivor"
+    assert comparison.reasons == ["rank 1 error: simulated abort SIGABRT, real peer-lost RuntimeError"]
 
 
 # ---------------------------------------------------------------------------------------------- torchrun
@@ -956,3 +963,26 @@ def test_a_raise_op_ends_the_real_rank_as_the_simulators_check_with_its_type_and
     assert not marked_processes(mark)
     for done in (sim, real, compared):
         assert "Traceback" not in done.stdout + done.stderr
+
+
+_SIZE_MISMATCH = TINY.replace('name = "tiny"', 'name = "size-mismatch"').replace(
+    '{ op = "checkpoint", name = "after_init" },',
+    '{ op = "all_reduce", size_bytes = 16, on_ranks = [0] },\n'
+    '  { op = "all_reduce", size_bytes = 32, on_ranks = [1] },',
+)
+
+
+def test_compare_reports_a_rank_whose_error_kind_differs_and_exits_1(tmp_path: Path) -> None:
+    """Same verdict (error), same ranks failed, but real gloo's rank 1 fails as peer-lost where the simulator
+    aborts it: compare said ALL AGREE (exit 0) before it compared each failed rank's kind and type."""
+    scenario = tmp_path / "mismatch.toml"
+    scenario.write_text(_SIZE_MISMATCH)
+    done, mark = run_cli("compare", str(scenario), "--json", str(tmp_path / "compare.json"))
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "! rank 1 error: simulated abort SIGABRT, real peer-lost RuntimeError" in done.stdout, done.stdout
+    assert "known simulator gap gloo-mismatch-survivor" in done.stdout and "DISAGREEMENT" in done.stdout
+    (variant,) = json.loads((tmp_path / "compare.json").read_text())["results"][0]["variants"]
+    assert (variant["sim_verdict"], variant["real_verdict"], variant["agree"]) == ("error", "error", False)
+    assert [row["same_error"] for row in variant["ranks"]] == [True, False]
+    assert "Traceback" not in done.stdout + done.stderr
+    assert not marked_processes(mark)

@@ -3,9 +3,19 @@
 CPU lane: the simulator runs the same gloo-rewritten programs (``simnccl.real.lanes.cpu_programs``) under the same
 wrapped policy (``CpuLanePolicy``) at the installed torch release, without the scenario's fault injection — so
 both sides answer the same question. Agreement means: the same verdict, the same set of ranks that did not finish
-(stuck or failed), and — for a hang — the same stuck ranks. Where each rank stopped (op index) is printed for
-both and marked when it differs, but it is not part of agreement: which rank of a colliding gloo bootstrap wins
-the race is decided by timing in real life (see ``KNOWN_DIFFERENCES``).
+(stuck or failed), for a hang the same stuck ranks, and for each rank that failed on both sides the same error
+kind and exception type (``error_differences``). Where each rank stopped (op index) is printed for both and
+marked when it differs, but it is not part of agreement: which rank of a colliding gloo bootstrap wins the race is
+decided by timing in real life (see ``KNOWN_DIFFERENCES``).
+
+Why kind and type: a simulator that names an exception torch never raises there (``torch.OutOfMemoryError``
+where NCCL's failure is a ``RuntimeError``), or calls a peer's lost connection an abort, would otherwise pass
+compare with the same verdict. Error messages are not compared, not even in part: the real ones carry socket
+addresses, PIDs, times and torch's build paths, and the simulator's say what failed in its own words; what a
+message decides (an OOM, a timeout, a lost peer) is already in the kind the real side classifies it by. The
+backends cannot differ between the sides: the CPU lane gives both gloo (NCCL names rewritten alike), the GPU lane
+both the scenario's NCCL, so a type is compared as written; the one naming difference, a process death, is
+translated explicitly (``real_error_type``).
 
 GPU lane: the scenario's own programs; per checkpoint and device, simulated MiB, measured MiB and the error in
 percent; a value outside ``tolerance_pct`` is a disagreement, as is a different verdict.
@@ -13,6 +23,7 @@ percent; a value outside ``tolerance_pct`` is a disagreement, as is a different 
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -156,15 +167,67 @@ def verdict_racy(sim: Mapping[str, Any]) -> bool:
     return _mentions(sim, VERDICT_RACE_TEXTS)
 
 
+def real_error_type(error: Mapping[str, Any]) -> str:
+    """The exception type of a real rank's error, named as the simulator names it.
+
+    The one class of legitimate difference: a process that died without a final record is the launcher's own
+    record, typed ``signal`` (or ``exit`` for an exit code) with the code in ``exit_code``; the simulator names a
+    process death by its signal (``SIGABRT`` for gloo's ``EnforceNotMet`` or NCCL's watchdog abort). So a signal
+    becomes its name; ``exit`` stays ``exit``, which the simulator never reports: a disagreement, as it should be.
+    Every other type is compared as written (both sides qualify it alike: ``torch.distributed.DistBackendError``,
+    ``torch.OutOfMemoryError``, a builtin bare)."""
+    kind = str(error.get("type", ""))
+    code = error.get("exit_code")
+    if kind != "signal" or not isinstance(code, int) or code >= 0:
+        return kind
+    try:
+        return signal.Signals(-code).name
+    except ValueError:
+        return f"signal {-code}"
+
+
+def error_differences(sim: Mapping[str, Any], real: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Per rank that failed on both sides, where the error kind or exception type differ: ``{"rank", "sim_kind",
+    "sim_type", "real_kind", "real_type"}``.
+
+    Failed means an error that is not a hang on either side: a rank stuck on one side is compared as a hang
+    (``stuck``), because which timeout ends it — the group's timeout in the simulator, ``--torch-timeout`` or
+    the stall detector in the real run — depends on the run's settings, not on what the simulator models. A rank
+    that failed on one side and finished on the other is a difference in the ranks that did not finish; one that
+    failed on one side and hung on the other is only marked in its row (``same_status``)."""
+    hung = {int(h["rank"]) for side in (sim, real) for h in side.get("hangs", [])}
+    sim_errors = {int(e["rank"]): e for e in sim.get("errors", [])}
+    real_errors = {int(e["rank"]): e for e in real.get("errors", [])}
+    out = []
+    for rank in sorted((sim_errors.keys() & real_errors.keys()) - hung):
+        s, r = sim_errors[rank], real_errors[rank]
+        found = {
+            "rank": rank,
+            "sim_kind": str(s.get("kind", "")),
+            "sim_type": str(s.get("type", "")),
+            "real_kind": str(r.get("kind", "")),
+            "real_type": real_error_type(r),
+        }
+        if (found["sim_kind"], found["sim_type"]) != (found["real_kind"], found["real_type"]):
+            out.append(found)
+    return out
+
+
+def describe_error_difference(found: Mapping[str, Any]) -> str:
+    return (
+        f"rank {found['rank']} error: simulated {found['sim_kind']} {found['sim_type'] or '-'}, "
+        f"real {found['real_kind']} {found['real_type'] or '-'}"
+    )
+
+
 def known_gap(sim: Mapping[str, Any], real: Mapping[str, Any]) -> str | None:
     """A difference explained by a documented simulator gap on gloo (see KNOWN_GAPS), else None.
 
     Only called for what differs; each rule matches one gap's signature, so anything else stays a disagreement.
-    Every gap found so far is closed (below), so there is no rule: a new gap adds its entry and its rule here.
     """
     sim_stuck = {int(h["rank"]) for h in sim.get("hangs", [])}
     real_stuck = {int(h["rank"]) for h in real.get("hangs", [])}
-    if sim_stuck == real_stuck and sim["verdict"] == real["verdict"]:
+    if sim_stuck == real_stuck and sim["verdict"] == real["verdict"] and not error_differences(sim, real):
         return None
     return next((gap for gap, rule in _GAP_RULES.items() if rule(sim, real)), None)
 
@@ -177,15 +240,48 @@ def known_gap(sim: Mapping[str, Any], real: Mapping[str, Any]) -> str | None:
 # - gloo-peer-closed: destroying the default group, or dying, closes the rank's sockets; peers whose algorithm
 #   talks to it directly fail at once with "Connection closed by peer";
 # - gloo-partial-collective: broadcast is a binomial tree; members whose ancestors and children are in complete.
-KNOWN_GAPS: dict[str, str] = {}
-_GAP_RULES: dict[str, Callable[[Mapping[str, Any], Mapping[str, Any]], bool]] = {}
+# Open (found once compare matched each failed rank's error kind and type): gloo-mismatch-survivor, below.
+GLOO_ABORT_TEXT = "gloo::EnforceNotMet"  # the simulator's message for a gloo size-mismatch abort (engine.rendezvous)
+
+KNOWN_GAPS: dict[str, str] = {
+    "gloo-mismatch-survivor": (
+        "a size mismatch of one gloo algorithm: the simulator aborts every rank in the collective; real gloo "
+        "aborts only a rank that receives more bytes than it posted (EnforceNotMet: op.preamble.length <= "
+        "op.nbytes), and a peer that does not then fails with 'Connection reset by peer' (peer-lost)"
+    ),
+}
+
+
+def _gloo_mismatch_survivor(sim: Mapping[str, Any], real: Mapping[str, Any]) -> bool:
+    """Both end in error with the same ranks unfinished, some real rank died of SIGABRT, and every difference is
+    a rank the simulator aborted for a gloo size mismatch that real gloo failed as peer-lost."""
+    if sim["verdict"] != "error" or real["verdict"] != "error" or sim.get("hangs") or real.get("hangs"):
+        return False
+    if {int(e["rank"]) for e in sim.get("errors", [])} != {int(e["rank"]) for e in real.get("errors", [])}:
+        return False
+    if not any(real_error_type(e) == "SIGABRT" for e in real.get("errors", [])):
+        return False
+    aborted = {int(e["rank"]) for e in sim.get("errors", []) if GLOO_ABORT_TEXT in str(e.get("message", ""))}
+    found = error_differences(sim, real)
+    return bool(found) and all(
+        d["rank"] in aborted
+        and (d["sim_kind"], d["sim_type"]) == ("abort", "SIGABRT")
+        and d["real_kind"] == "peer-lost"
+        for d in found
+    )
+
+
+_GAP_RULES: dict[str, Callable[[Mapping[str, Any], Mapping[str, Any]], bool]] = {
+    "gloo-mismatch-survivor": _gloo_mismatch_survivor,
+}
 
 
 def compare_variant(
     name: str, lane: str, sim: dict[str, Any], real: dict[str, Any], world_size: int, tolerance_pct: float
 ) -> VariantComparison:
-    """Agreement: the same verdict, and the same ranks blocked (not finished) and stuck — except where the
-    simulator reports a store-key collision (``racy``), whose real outcome depends on connection order."""
+    """Agreement: the same verdict, the same ranks blocked (not finished) and stuck, and the same error kind and
+    type on each rank that failed on both sides (``error_differences``) — except where the simulator reports a
+    store-key collision (``racy``), whose real outcome depends on connection order."""
     sim_ranks = rank_outcomes(sim, world_size)
     real_ranks = rank_outcomes(real, world_size)
     is_racy = racy(sim)
@@ -197,6 +293,8 @@ def compare_variant(
         reasons.append(f"ranks that did not finish: simulated {blocked_sim}, real {blocked_real}")
     if sim["verdict"] == real["verdict"] == "hang" and stuck(sim_ranks) != stuck(real_ranks):
         reasons.append(f"stuck ranks: simulated {stuck(sim_ranks)}, real {stuck(real_ranks)}")
+    differing = error_differences(sim, real)
+    reasons += [describe_error_difference(found) for found in differing]
     ranks = []
     for rank in range(world_size):
         s, r = sim_ranks[rank], real_ranks[rank]
@@ -207,6 +305,7 @@ def compare_variant(
                 "real": describe_outcome(r),
                 "same_status": s["status"] == r["status"],
                 "same_op": s.get("op_index") == r.get("op_index"),
+                "same_error": all(found["rank"] != rank for found in differing),
             }
         )
     memory = []
@@ -362,6 +461,8 @@ def render_comparison_variant(variant: Mapping[str, Any]) -> str:
     lines.append(f"  {'rank':>4}  {'simulated':<{width}}  real")
     for row in variant["ranks"]:
         flag = "" if row["same_status"] and row["same_op"] else ("  (op differs)" if row["same_status"] else "  <>")
+        if not row.get("same_error", True):
+            flag += "  (error differs)"
         lines.append(f"  {row['rank']:>4}  {row['sim']:<{width}}  {row['real']}{flag}")
     if variant["memory"]:
         lines.append(f"  {'checkpoint':<20} {'device':<12} {'sim MiB':>10} {'real MiB':>10} {'error %':>8}")

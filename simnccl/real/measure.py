@@ -308,6 +308,7 @@ def build_variant_result(
                         "rank": rank,
                         "kind": kind,
                         "type": "signal" if code < 0 else "exit",
+                        "exit_code": code,  # real compare names the signal (SIGABRT) as the simulator does
                         "message": message,
                         "op": (current or {}).get("op", "<between ops>"),
                         "time_s": round(state.get("exit_t", time.time()) - started_at, 3),

@@ -1,0 +1,124 @@
+"""real compare's per-rank error check: each rank that failed on both sides must fail with the same error kind and
+exception type. Both sides are built here without processes or a GPU: the simulated side in the Result shape the
+engine writes, the real side through ``build_variant_result`` from the final records the rank driver writes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from simnccl.real.compare import (
+    KNOWN_GAPS,
+    compare_variant,
+    error_differences,
+    real_error_type,
+    render_comparison_variant,
+)
+from simnccl.real.measure import build_variant_result
+
+
+def _sim(verdict: str, errors: list[dict[str, Any]], hangs: list[dict[str, Any]] = ()) -> dict[str, Any]:
+    return {"verdict": verdict, "errors": errors, "hangs": list(hangs), "checkpoints": [], "env": {}}
+
+
+def _sim_error(rank: int, kind: str, type_name: str, message: str = "it failed") -> dict[str, Any]:
+    return {"rank": rank, "kind": kind, "type": type_name, "message": message, "op": "alloc(...)", "time_s": 1.0}
+
+
+def _real(*states: dict[str, Any]) -> dict[str, Any]:
+    return build_variant_result(
+        name="v",
+        description="",
+        lane="gpu",
+        policy="torch-default",
+        env={},
+        release="2.15",
+        torch_version="2.15.0",
+        rank_states=list(states),
+        reason="finished",
+        started_at=0.0,
+    )
+
+
+def _failed(rank: int, kind: str, type_name: str, message: str = "it failed") -> dict[str, Any]:
+    """A rank whose driver caught the exception and wrote its final record."""
+    final = {"e": "final", "status": "error", "kind": kind, "type": type_name, "message": message, "t": 1.0}
+    return {"rank": rank, "final": final, "exit_code": 1, "exit_t": 1.0}
+
+
+def _died(rank: int, exit_code: int) -> dict[str, Any]:
+    """A rank that died without a final record (the launcher's own record of it)."""
+    return {"rank": rank, "exit_code": exit_code, "exit_t": 1.0, "log_tail": "terminate called ..."}
+
+
+def _done(rank: int) -> dict[str, Any]:
+    return {"rank": rank, "final": {"e": "final", "status": "done", "t": 1.0}, "exit_code": 0, "exit_t": 1.0}
+
+
+def test_a_simulated_exception_type_torch_does_not_raise_is_a_disagreement() -> None:
+    """The simulator names torch.OutOfMemoryError where NCCL's out-of-memory is a RuntimeError (nccl2): same
+    verdict, same failed ranks — compare said AGREE before it compared types."""
+    sim = _sim("fail", [_sim_error(0, "oom", "torch.OutOfMemoryError"), _sim_error(1, "oom", "RuntimeError")])
+    real = _real(_failed(0, "oom", "RuntimeError"), _failed(1, "oom", "RuntimeError"))
+    assert real["verdict"] == "fail"
+    comparison = compare_variant("v", "gpu", sim, real, 2, 10.0)
+    assert not comparison.agree
+    assert comparison.reasons == ["rank 0 error: simulated oom torch.OutOfMemoryError, real oom RuntimeError"]
+    assert [row["same_error"] for row in comparison.ranks] == [False, True]
+    text = render_comparison_variant(comparison.to_dict(full=True))
+    assert "(error differs)" in text and "! rank 0 error: simulated oom torch.OutOfMemoryError" in text
+
+
+def test_a_different_error_kind_of_one_type_is_a_disagreement() -> None:
+    sim = _sim("error", [_sim_error(0, "error", "RuntimeError"), _sim_error(1, "error", "RuntimeError")])
+    real = _real(_failed(0, "error", "RuntimeError"), _failed(1, "peer-lost", "RuntimeError"))
+    comparison = compare_variant("v", "cpu", sim, real, 2, 0.0)
+    assert not comparison.agree
+    assert comparison.reasons == ["rank 1 error: simulated error RuntimeError, real peer-lost RuntimeError"]
+    assert comparison.known_gap is None
+
+
+def test_messages_are_not_compared() -> None:
+    """Real messages carry addresses, PIDs and build paths; only kind and type must match."""
+    sim = _sim("fail", [_sim_error(0, "check", "ValueError", "free memory 10.0 GiB < 12.0 GiB")])
+    real = _real(_failed(0, "check", "ValueError", "Free memory on device (9.87/79.1 GiB) on startup, pid 4242"))
+    assert compare_variant("v", "gpu", sim, real, 1, 10.0).agree
+
+
+def test_a_dead_process_is_named_by_its_signal_as_the_simulator_names_it() -> None:
+    """The launcher types a process death ``signal`` and keeps the code; the simulator names the signal."""
+    sim = _sim("error", [_sim_error(0, "abort", "SIGABRT")])
+    assert compare_variant("v", "cpu", sim, _real(_died(0, -6)), 1, 0.0).agree
+    killed = compare_variant("v", "cpu", sim, _real(_died(0, -9)), 1, 0.0)
+    assert killed.reasons == ["rank 0 error: simulated abort SIGABRT, real abort SIGKILL"]
+    exited = compare_variant("v", "cpu", _sim("error", [_sim_error(0, "crash", "SIGABRT")]), _real(_died(0, 3)), 1, 0)
+    assert exited.reasons == ["rank 0 error: simulated crash SIGABRT, real crash exit"]
+    assert real_error_type({"type": "signal", "exit_code": -250}) == "signal 250"
+    assert real_error_type({"type": "signal"}) == "signal", "no code: nothing is made up"
+
+
+def test_a_rank_hung_on_either_side_is_compared_as_a_hang_not_by_its_timeout_error() -> None:
+    """Which timeout ends a stuck rank (the group's in the simulator, the launcher's in the real run) is a
+    setting of the run: the hang is compared (stuck ranks), the error record of its timeout is not."""
+    hang = {"rank": 0, "op": "all_reduce", "op_index": 1, "kind": "collective", "waiting_for": [1]}
+    sim = _sim("hang", [_sim_error(0, "timeout", "torch.distributed.DistBackendError")], [hang])
+    real = _real({"rank": 0, "current": {"op": "all_reduce", "i": 1}, "killed": True}, _done(1))
+    assert real["verdict"] == "hang" and real["errors"] == []
+    assert error_differences(sim, real) == []
+    assert compare_variant("v", "cpu", sim, real, 2, 0.0).agree
+
+
+_ABORT = "terminate called after throwing an instance of 'gloo::EnforceNotMet'\n  what():  Received data size ..."
+
+
+def test_the_gloo_mismatch_survivor_is_a_named_gap_and_still_a_disagreement() -> None:
+    """Real gloo aborts only the rank that receives too much; its peer fails as peer-lost where the simulator
+    aborts it too. compare still disagrees (the simulator is wrong about that rank); ``real diff`` can tell the
+    gap from a new one."""
+    sim = _sim("error", [_sim_error(0, "abort", "SIGABRT", _ABORT), _sim_error(1, "abort", "SIGABRT", _ABORT)])
+    real = _real(_died(0, -6), _failed(1, "peer-lost", "RuntimeError", "Connection reset by peer"))
+    comparison = compare_variant("v", "cpu", sim, real, 2, 0.0)
+    assert not comparison.agree
+    assert comparison.reasons == ["rank 1 error: simulated abort SIGABRT, real peer-lost RuntimeError"]
+    assert comparison.known_gap == "gloo-mismatch-survivor" and comparison.known_gap in KNOWN_GAPS
+    other = _real(_died(0, -6), _failed(1, "error", "RuntimeError", "something else"))
+    assert compare_variant("v", "cpu", sim, other, 2, 0.0).known_gap is None, "another difference is no gap"
