@@ -6,8 +6,8 @@ marked unhealthy) under "Waiting <n> ms for health check and flight recorder dum
 ``TORCH_NCCL_ASYNC_ERROR_HANDLING`` decides: 0 NoHandling (log only: the process stays hung), 1 TearDown and
 3 SkipCleanUp (the default; abort the process), 2 CleanUpOnly (abort the communicator; the waiting call
 raises). ``TORCH_NCCL_BLOCKING_WAIT=1`` makes ``wait()`` itself raise at the timeout. gloo's wait raises at
-its timeout. A store wait (the unique-id exchange of a bootstrap) raises ``DistStoreError``. A blocking
-``ncclCommSplit`` has no timeout at all.
+its timeout. In an NCCL bootstrap only a member still waiting for the unique id in the store times out
+(``on_unique_id_wait``); one inside ``ncclCommInitRank``, like a blocking ``ncclCommSplit``, has no timeout at all.
 
 The heartbeat monitor (``on_watchdog_stuck``, ``on_dump_signal``) watches the watchdog itself. Only legacy
 ``ProcessGroupNCCL`` has one: the 2.15 wheel's ``ProcessGroupNCCL.hpp`` declares ``HeartbeatMonitor`` and
@@ -116,7 +116,7 @@ def on_timeout(
     ms = round(timeout_s * 1000)
     if kind in ("split", "split-color"):
         return None
-    if kind == "bootstrap":
+    if kind == "bootstrap":  # a gloo store exchange, or a key collision (NCCL's own: ``on_unique_id_wait``)
         return TimeoutAction(
             "raise",
             False,
@@ -163,6 +163,51 @@ def on_timeout(
         f"aborting\nAborting process on rank {rank} due to timeout - timeout watchdog detected operation timeout",
         True,
     )
+
+
+# torch 2.15's texts for a member of an NCCL group whose unique id never reached it (strings of the 2.15 libtorch_cuda
+# and libtorch_cpu). The store's keys, as TCPStore prints them ("/" + every PrefixStore's "<prefix>/<key>"): the
+# default store is PrefixStore("default_pg", TCPStore), each group adds "<group name>/" then "<device>/" (checked
+# against 2.15's own stores: get("0") prints "/default_pg/1//cuda//0"). Legacy's key is its ncclCommCounter_,
+# "0" for a group's first communicator; nccl2's NCCLBootstrap adds a PrefixStore named after the communicator
+# (the group's name) and the key "nccl_storekey_<generation>", 0 for the first bootstrap.
+STORE_WAIT_TIMEOUT = "wait timeout after {ms}ms, keys: {keys}"
+LEGACY_UNIQUE_ID_ERROR = (
+    "[{group_rank}] is setting up NCCL communicator and retrieving ncclUniqueId from [0] via c10d key-value store "
+    "by key '{key}', but store->get('{key}') got error: {error}. This may indicate a possible application crash on "
+    "rank 0 or a network set up issue."
+)
+
+
+def unique_id_wait_s(impl: Impl, *, group_timeout_s: float, store_timeout_s: float) -> float:
+    """How long a member waits in the store for the unique id: legacy's ``store->get`` runs under the default
+    store's own timeout (``init_process_group`` sets it to its timeout: ``store.set_timeout``), not the group's;
+    nccl2's ``NCCLBootstrap`` calls ``store->wait(keys, timeout)`` with the group's."""
+    return store_timeout_s if impl is Impl.LEGACY else group_timeout_s
+
+
+def on_unique_id_wait(
+    impl: Impl, *, group_rank: int, group: str, in_store: bool, timeout_s: float
+) -> TimeoutAction | None:
+    """A member of an NCCL group's bootstrap that the others never joined, as torch 2.15 ends it.
+
+    ``in_store``: the member still waits in the store for the unique id (group rank 0 never published it, or the
+    member's own store never answers). Then the store times out after ``timeout_s`` (``unique_id_wait_s``): legacy
+    wraps the store's DistStoreError in a DistBackendError; nccl2's ``exchangeUniqueIds`` lets it through. Else the
+    member is inside ``ncclCommInitRank`` (group rank 0 after publishing, the others once they read the id), which
+    in NCCL's default blocking mode has no timeout and no watchdog yet: None, nothing ends it here (legacy's
+    heartbeat monitor may, on another rank's dump signal)."""
+    if not in_store:
+        return None
+    ms = round(timeout_s * 1000)
+    if impl is Impl.LEGACY:
+        key = "0"
+        error = STORE_WAIT_TIMEOUT.format(ms=ms, keys=f"/default_pg/{group}//cuda//{key}")
+        text = LEGACY_UNIQUE_ID_ERROR.format(group_rank=group_rank, key=key, error=error)
+        return TimeoutAction("raise", False, 0.0, "torch.distributed.DistBackendError", text, False)
+    keys = f"/default_pg/{group}//cuda//{group}/nccl_storekey_0"
+    text = STORE_WAIT_TIMEOUT.format(ms=ms, keys=keys)
+    return TimeoutAction("raise", False, 0.0, "torch.distributed.DistStoreError", text, False)
 
 
 NO_HANDLING = (

@@ -319,3 +319,87 @@ def test_nccl2_does_not_read_the_deprecated_aliases() -> None:
     out = run({"NCCL_ASYNC_ERROR_HANDLING": "0", "NCCL_BLOCKING_WAIT": "1"})
     (error,) = [e for e in out.errors if e["rank"] == 0]
     assert error["kind"] == "timeout" and "Aborting process on rank 0" in error["message"]
+
+
+# ------------------------------------------------------------------------------- a bootstrap the others never join
+
+
+def _bootstrap(late_rank: int, late_s: float = 5000.0, faults: FaultSchedule | None = None, env=None):
+    """Ranks 0 and 1 make group "1" (timeout 120 s; the default group's, hence the store's, is 600 s) and run a
+    collective on it; ``late_rank`` first computes ``late_s`` seconds (before new_group), -1: nobody. Its communicator
+    is bootstrapped fresh over the store: legacy's lazily (``env=LEGACY``), else nccl-lazy's (nccl2's bootstrap)."""
+    backend = "nccl" if env == LEGACY else "nccl-lazy"
+    head = [SetDevice(), InitProcessGroup(backend="nccl"), NewGroup((0, 1), backend=backend, bind="g", timeout_s=120)]
+    programs = [[*head, AllReduce(group="g")] for _ in range(2)]
+    if late_rank >= 0:
+        programs[late_rank].insert(2, Compute(seconds=late_s))
+    return simulate(programs, env=env, faults=faults)
+
+
+def _legacy_text(group_rank: int, ms: int) -> str:
+    return (
+        f"[{group_rank}] is setting up NCCL communicator and retrieving ncclUniqueId from [0] via c10d key-value "
+        f"store by key '0', but store->get('0') got error: wait timeout after {ms}ms, keys: /default_pg/1//cuda//0. "
+        "This may indicate a possible application crash on rank 0 or a network set up issue."
+    )
+
+
+def test_legacy_members_time_out_in_the_store_after_its_own_timeout_when_rank_0_never_published() -> None:
+    """torch 2.15's legacy ProcessGroupNCCL: a member reads the unique id with store->get under the default store's
+    timeout (init_process_group's 600 s, not the group's 120 s) and wraps the store's error in DistBackendError.
+    Rank 0 comes later, publishes and blocks in ncclCommInitRank, which has no timeout: still a hang."""
+    out = _bootstrap(late_rank=0, env=LEGACY)
+    (error,) = out.errors
+    assert (error["rank"], error["kind"], error["type"]) == (1, "timeout", "torch.distributed.DistBackendError")
+    assert error["message"] == _legacy_text(1, 600000)
+    hangs = {h["rank"]: h for h in out.hangs}
+    assert hangs[1]["timeout_s"] == pytest.approx(600.0)
+    assert error["time_s"] == pytest.approx(hangs[1]["since_s"] + 600.0)
+    assert out.verdict == "hang" and out.ranks[0].status == "blocked"
+    assert hangs[0]["timeout_s"] is None and hangs[0]["detected_at_s"] is None
+    assert "ncclCommInitRank" in hangs[0]["watchdog"] and "heartbeat monitor" in hangs[0]["watchdog"]
+
+
+def test_nccl2_family_members_raise_the_stores_own_error_after_the_group_timeout() -> None:
+    out = _bootstrap(late_rank=0)
+    (error,) = out.errors
+    assert (error["rank"], error["type"]) == (1, "torch.distributed.DistStoreError")
+    assert error["message"] == "wait timeout after 120000ms, keys: /default_pg/1//cuda//1/nccl_storekey_0"
+    assert next(h for h in out.hangs if h["rank"] == 1)["timeout_s"] == pytest.approx(120.0)
+    assert out.verdict == "hang" and out.ranks[0].status == "blocked"
+
+
+@pytest.mark.parametrize("env", [None, LEGACY])
+def test_group_rank_0_blocks_in_init_without_a_timeout_and_the_report_says_so(env) -> None:
+    """Rank 0 published the unique id and never waits in the store: it must not raise the store's error; it stays
+    in ncclCommInitRank, and the run still ends as a hang naming both ranks."""
+    out = _bootstrap(late_rank=-1, faults=FaultSchedule(None, (), (Fault("stall", 1, at_op=2),)), env=env)
+    assert out.verdict == "hang" and not out.errors
+    hangs = {h["rank"]: h for h in out.hangs}
+    assert set(hangs) == {0, 1}
+    assert hangs[0]["kind"] == "bootstrap" and hangs[0]["timeout_s"] is None and hangs[0]["waiting_for"] == [1]
+    assert hangs[0]["watchdog"].startswith("group rank 0 published the NCCL unique id")
+
+
+@pytest.mark.parametrize(("env", "raised"), [(None, "torch.distributed.DistStoreError"), (LEGACY, None)])
+def test_a_store_fault_on_group_rank_0_times_out_its_store_wait_only_under_nccl2(env, raised) -> None:
+    """nccl2's rank 0 waits for its own key, so a store that never answers times it out; legacy's rank 0 only
+    writes the id, so it blocks in init. Either way rank 1 never gets the id and times out in the store."""
+    faults = FaultSchedule(None, (), (Fault("store-timeout", 0),))
+    out = _bootstrap(late_rank=-1, faults=faults, env=env)
+    types = {e["rank"]: e["type"] for e in out.errors}
+    assert types.get(0) == raised
+    assert types[1] == ("torch.distributed.DistBackendError" if env else "torch.distributed.DistStoreError")
+    assert out.verdict == "hang"
+    if raised is None:
+        (root,) = [h for h in out.hangs if h["rank"] == 0]
+        assert root["timeout_s"] is None and "ncclCommInitRank" in root["watchdog"]
+
+
+def test_a_member_whose_own_store_fails_names_rank_0_as_blocked_in_init() -> None:
+    out = _bootstrap(late_rank=-1, faults=FaultSchedule(None, (), (Fault("store-timeout", 1),)), env=LEGACY)
+    (error,) = out.errors
+    assert error["rank"] == 1 and error["message"] == _legacy_text(1, 600000)
+    faulted = next(h for h in out.hangs if h["rank"] == 1)
+    assert "rank 0 is blocked in ncclCommInitRank" in faulted["explanation"]
+    assert next(h for h in out.hangs if h["rank"] == 0)["timeout_s"] is None

@@ -26,6 +26,30 @@ from simnccl.ops import Op
 from simnccl.release import CUDAMALLOCASYNC_TRACKER, Impl
 
 
+def unique_id_stage(meeting: Meeting, rank: int, impl: Impl) -> str | None:
+    """Where a member of an NCCL group's bootstrap that has not completed is, as torch 2.15 runs it: "store" (it
+    still waits for the unique id there) or "init" (inside ``ncclCommInitRank``, waiting for the other members).
+
+    Why: the bootstrap is one meeting, but its members are not in one place. Group rank 0 writes the unique id
+    and never reads the store (legacy) or finds its own key at once (nccl2); the others read it once rank 0 wrote
+    it. So only the members that never got the id (rank 0 not there yet, or their own store faulted) can time
+    out in the store; the rest block in init. None: not an NCCL unique-id exchange modelled so (gloo's, or a key
+    collision, whose members wait as before)."""
+    tag = meeting.key[0]
+    if tag == "store-fault":
+        faulted = True
+    elif tag == "bootstrap" and meeting.problem is None:
+        faulted = False
+    else:
+        return None
+    if not meeting.key[-1]:  # the key's last element: whether the communicator is an NCCL one
+        return None
+    root = meeting.expected[0]
+    if rank == root:  # legacy's rank 0 only writes the id: a store that never answers leaves it in init
+        return "store" if faulted and impl is not Impl.LEGACY else "init"
+    return "store" if faulted or root not in meeting.arrivals else "init"
+
+
 class CommRegistry:
     """Communicator identities (what an ncclUniqueId names) and each one's members."""
 
@@ -132,7 +156,7 @@ class Comms:
             armed = (rt.rank, rt.pc) if (rt.rank, rt.pc) in self._store_timeout else (rt.rank, None)
             if armed in self._store_timeout:
                 self._store_timeout.discard(armed)
-                key = ("store-fault", rt.rank, group.name)
+                key = ("store-fault", rt.rank, group.name, comm.impl.is_nccl)
                 meeting = self.rendezvous.open(key, "bootstrap", group.name, 0, group.ranks)
                 meeting.problem = "injected fault: store-timeout — this rank's store never returns the unique id"
             self.rendezvous.arrive(meeting, rt, group.ranks, op, duration=self.timing.bootstrap_s)

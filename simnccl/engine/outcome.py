@@ -10,19 +10,28 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from simnccl.engine.comms import unique_id_stage
 from simnccl.engine.memory import Memory
 from simnccl.engine.nvls import MulticastSlots
 from simnccl.engine.sim import Sim
 from simnccl.engine.state import Block, RankRuntime, RunOutcome
 from simnccl.engine.timing import Timing
 from simnccl.meetings import Meeting
+from simnccl.release import Impl
 from simnccl.watchdog import NO_HANDLING, MonitorAction
+
+INIT_BLOCKS = (
+    "group rank 0 published the NCCL unique id, so this rank is inside ncclCommInitRank, waiting for every member; "
+    "in NCCL's default blocking mode it has no timeout and the communicator has no watchdog yet: nothing ends it"
+)
+INIT_LEGACY_MONITOR = " but legacy's heartbeat monitor, once another rank's watchdog timeout signals a dump"
 
 
 class HangReport:
     def __init__(self, sim: Sim, timing: Timing, stuck: Mapping[int, MonitorAction | None]) -> None:
         """``stuck``: the ranks whose watchdog is stuck with them (the Watchdogs room's, read here)."""
         self.env = sim.env
+        self.device_type = sim.device_type
         self.timing = timing
         self.stuck = stuck
         self.broken: set[int] = set()  # ranks stuck in an op of a communicator an NCCL error broke (NoHandling)
@@ -112,8 +121,16 @@ class HangReport:
         if rt.block is not None:
             m = rt.block.meeting
             where = f"group {m.group!r}" if m.group else "its parent communicator"
+            if m.kind == "bootstrap" and self._unique_id_stage(rt, m) == "init":
+                return f"is blocked in ncclCommInitRank in {rt.block.op.describe()} (bootstrap of {where})"
             return f"is blocked in {rt.block.op.describe()} ({m.kind} {m.seq} on {where})"
         return "is still running"
+
+    def _unique_id_stage(self, rt: RankRuntime, meeting: Meeting) -> str | None:
+        """``unique_id_stage`` of ``rt`` in its bootstrap ``meeting``, under the group's implementation."""
+        group = next((g for g in reversed(rt.groups) if g.name == meeting.group), None)
+        comm = None if group is None else group.comm_for(self.device_type)
+        return None if comm is None else unique_id_stage(meeting, rt.rank, comm.impl)
 
     def _timeout_for(self, rt: RankRuntime, meeting: Meeting) -> tuple[float | None, str]:
         group = rt.world
@@ -136,6 +153,17 @@ class HangReport:
                 "ncclCommSplit blocks on the host with no timeout; only the job's own timeout ends it",
             )
         if meeting.kind == "bootstrap":
+            comm = None if group is None else group.comm_for(self.device_type)
+            stage = self._unique_id_stage(rt, meeting)
+            if stage == "init":
+                return None, INIT_BLOCKS + (
+                    INIT_LEGACY_MONITOR if comm is not None and comm.impl is Impl.LEGACY else ""
+                )
+            if stage == "store" and comm is not None and comm.impl is Impl.LEGACY:
+                return rt.world.timeout_s if rt.world is not None else timeout, (
+                    "the store get of the NCCL unique id times out after the default store's timeout "
+                    "(init_process_group's)"
+                )
             return timeout, "the store wait for the NCCL unique id times out after the group's timeout"
         return timeout, "the watchdog aborts the collective after the group's timeout"
 

@@ -13,6 +13,7 @@ import math
 from typing import Any
 
 from simnccl.c10d import Group
+from simnccl.engine.comms import unique_id_stage
 from simnccl.engine.config import EngineGuardError
 from simnccl.engine.outcome import HangReport
 from simnccl.engine.sim import Sim
@@ -23,7 +24,15 @@ from simnccl.faults import Fault
 from simnccl.flight_recorder import numel
 from simnccl.limits import number_text
 from simnccl.release import DEFAULT_PG_NCCL_TIMEOUT_S, Impl
-from simnccl.watchdog import MonitorAction, TimeoutAction, on_dump_signal, on_timeout, on_watchdog_stuck
+from simnccl.watchdog import (
+    MonitorAction,
+    TimeoutAction,
+    on_dump_signal,
+    on_timeout,
+    on_unique_id_wait,
+    on_watchdog_stuck,
+    unique_id_wait_s,
+)
 
 
 class Watchdogs:
@@ -110,18 +119,32 @@ class Watchdogs:
             if comm is None:
                 continue
             op = block.op
-            action = on_timeout(
-                comm.impl,
-                block.meeting.kind,
-                rt.ctx.env,
-                rank=rt.rank,
-                seq=block.meeting.seq,
-                op_name=op.name,
-                numel=numel(getattr(op, "size_bytes", 4), getattr(op, "dtype", "Float")),
-                timeout_s=group.timeout_s,
-            )
+            meeting = block.meeting
+            stage = unique_id_stage(meeting, rt.rank, comm.impl) if meeting.kind == "bootstrap" else None
+            if stage is not None:
+                store_s = rt.world.timeout_s if rt.world is not None else group.timeout_s
+                wait_s = unique_id_wait_s(comm.impl, group_timeout_s=group.timeout_s, store_timeout_s=store_s)
+                action = on_unique_id_wait(
+                    comm.impl,
+                    group_rank=group.ranks.index(rt.rank),
+                    group=group.name,
+                    in_store=stage == "store",
+                    timeout_s=wait_s,
+                )
+            else:
+                wait_s = group.timeout_s
+                action = on_timeout(
+                    comm.impl,
+                    meeting.kind,
+                    rt.ctx.env,
+                    rank=rt.rank,
+                    seq=meeting.seq,
+                    op_name=op.name,
+                    numel=numel(getattr(op, "size_bytes", 4), getattr(op, "dtype", "Float")),
+                    timeout_s=group.timeout_s,
+                )
             if action is not None:
-                due.append((block.since_s + group.timeout_s, rt, action))
+                due.append((block.since_s + wait_s, rt, action))
         due.sort(key=lambda item: (item[0], item[1].rank))
         return due
 
@@ -143,6 +166,11 @@ class Watchdogs:
         self.record(at, rt.rank, "timeout", action.outcome, entry["kind"], entry["seq"])
         if action.dump:
             self.dump_all(at)
+        meeting = None if rt.block is None else rt.block.meeting
+        leaves = action.outcome in ("abort", "raise") and meeting is not None and meeting.kind == "bootstrap"
+        if leaves and meeting is not None and not meeting.complete:
+            # It left the bootstrap: a member arriving later must not complete the communicator with it.
+            meeting.arrivals.pop(rt.rank, None)
         if action.outcome in ("abort", "raise"):
             self.sim.procs[rt.rank].interrupt(action)
 
