@@ -68,7 +68,8 @@ WORKLOADS: tuple[tuple[str, dict[str, Any], int, int], ...] = (
     ("torchtitan", {"tp": 2}, 16, 8),
     ("torchtitan", {"tp": 2, "dp_replicate": 2, "device_id": True}, 16, 8),
     ("deepspeed", {}, 16, 8),
-    ("deepspeed", {"pp": 2, "zero_stage": 3}, 16, 8),
+    ("deepspeed", {"pp": 2, "zero_stage": 3}, 16, 8),  # PipelineEngine's ZeRO assertion after the engine's groups
+    ("deepspeed", {"pp": 2, "zero_stage": 1}, 16, 8),  # the whole pipeline startup: parameter all_reduce, warm-up
 )
 WORKLOAD_FAULT_SEEDS = (1, 2, 3)
 # Weights (MiB) that leave an H100-80GB short of memory for a 16-rank Megatron startup's communicators part way.
