@@ -122,3 +122,24 @@ def test_the_gloo_mismatch_survivor_is_a_named_gap_and_still_a_disagreement() ->
     assert comparison.known_gap == "gloo-mismatch-survivor" and comparison.known_gap in KNOWN_GAPS
     other = _real(_died(0, -6), _failed(1, "error", "RuntimeError", "something else"))
     assert compare_variant("v", "cpu", sim, other, 2, 0.0).known_gap is None, "another difference is no gap"
+
+
+def test_a_rank_that_raised_on_one_side_and_hung_on_the_other_is_a_disagreement() -> None:
+    """Verdict error on both sides and ranks 0 and 1 unfinished on both, but the simulator has rank 0 fail and
+    rank 1 stuck, real torch the other way round: the rows said ``<>`` and compare said AGREE before."""
+    hang = {"rank": 1, "op": "all_reduce(size_bytes=64)", "op_index": 2, "kind": "collective", "waiting_for": [0]}
+    sim = _sim("error", [_sim_error(0, "peer-lost", "RuntimeError")], [hang])
+    stuck = {"rank": 0, "current": {"name": "all_reduce", "op": "all_reduce(size_bytes=64)", "i": 2}, "killed": True}
+    failed = _failed(1, "peer-lost", "RuntimeError")
+    failed["final"]["op"] = "all_reduce(size_bytes=64)"
+    real = _real(stuck, failed)
+    assert real["verdict"] == "error"
+    comparison = compare_variant("v", "cpu", sim, real, 2, 0.0)
+    assert not comparison.agree
+    assert comparison.blocked_agree, "the same ranks did not finish: the old checks all passed"
+    assert comparison.reasons == [
+        "rank 0: simulated error [peer-lost] at alloc(...), real hang [collective] at #2 all_reduce(size_bytes=64)",
+        "rank 1: simulated hang [collective] at #2 all_reduce(size_bytes=64) waiting for [0], real error [peer-lost]"
+        " at all_reduce(size_bytes=64)",
+    ]
+    assert comparison.known_gap is None

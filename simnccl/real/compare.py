@@ -3,8 +3,9 @@
 CPU lane: the simulator runs the same gloo-rewritten programs (``simnccl.real.lanes.cpu_programs``) under the same
 wrapped policy (``CpuLanePolicy``) at the installed torch release, without the scenario's fault injection — so
 both sides answer the same question. Agreement means: the same verdict, the same set of ranks that did not finish
-(stuck or failed), for a hang the same stuck ranks, and for each rank that failed on both sides the same error
-kind and exception type (``error_differences``). Where each rank stopped (op index) is printed for both and
+(stuck or failed), for a hang the same stuck ranks, no rank that raised on one side and is stuck on the other
+(``status_differences``), and for each rank that failed on both sides the same error kind and exception type
+(``error_differences``). Where each rank stopped (op index) is printed for both and
 marked when it differs, but it is not part of agreement: which rank of a colliding gloo bootstrap wins the race is
 decided by timing in real life (see ``KNOWN_DIFFERENCES``).
 
@@ -194,7 +195,7 @@ def error_differences(sim: Mapping[str, Any], real: Mapping[str, Any]) -> list[d
     (``stuck``), because which timeout ends it — the group's timeout in the simulator, ``--torch-timeout`` or
     the stall detector in the real run — depends on the run's settings, not on what the simulator models. A rank
     that failed on one side and finished on the other is a difference in the ranks that did not finish; one that
-    failed on one side and hung on the other is only marked in its row (``same_status``)."""
+    failed on one side and hung on the other is a difference of its own (``status_differences``)."""
     hung = {int(h["rank"]) for side in (sim, real) for h in side.get("hangs", [])}
     sim_errors = {int(e["rank"]): e for e in sim.get("errors", [])}
     real_errors = {int(e["rank"]): e for e in real.get("errors", [])}
@@ -210,6 +211,24 @@ def error_differences(sim: Mapping[str, Any], real: Mapping[str, Any]) -> list[d
         }
         if (found["sim_kind"], found["sim_type"]) != (found["real_kind"], found["real_type"]):
             out.append(found)
+    return out
+
+
+def status_differences(
+    sim_ranks: Mapping[int, Mapping[str, Any]], real_ranks: Mapping[int, Mapping[str, Any]]
+) -> list[str]:
+    """A reason per rank that raised on one side and is stuck on the other.
+
+    Why its own check: the verdict and the set of ranks that did not finish can match while two ranks swap how
+    they ended (say, a verdict of error with rank 0 failed and rank 1 stuck in the simulation, the other way
+    round for real); ``error_differences`` skips a rank stuck on either side and the stuck ranks are compared
+    only when both verdicts are a hang, so nothing else notices. A rank done on one side only is already a
+    difference in the ranks that did not finish."""
+    out = []
+    for rank, s in sim_ranks.items():
+        r = real_ranks[rank]
+        if {s["status"], r["status"]} == {"error", "hang"}:
+            out.append(f"rank {rank}: simulated {describe_outcome(s)}, real {describe_outcome(r)}")
     return out
 
 
@@ -295,6 +314,7 @@ def compare_variant(
         reasons.append(f"stuck ranks: simulated {stuck(sim_ranks)}, real {stuck(real_ranks)}")
     differing = error_differences(sim, real)
     reasons += [describe_error_difference(found) for found in differing]
+    reasons += status_differences(sim_ranks, real_ranks)
     ranks = []
     for rank in range(world_size):
         s, r = sim_ranks[rank], real_ranks[rank]
