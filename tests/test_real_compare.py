@@ -143,3 +143,43 @@ def test_a_rank_that_raised_on_one_side_and_hung_on_the_other_is_a_disagreement(
         " at all_reduce(size_bytes=64)",
     ]
     assert comparison.known_gap is None
+
+
+def _stuck(rank: int, index: int, name: str, op: str) -> dict[str, Any]:
+    """A rank the launcher killed while it was in op ``index`` (its start record, no end)."""
+    return {"rank": rank, "current": {"name": name, "op": op, "i": index}, "killed": True}
+
+
+def test_a_rank_stuck_in_another_op_is_a_disagreement() -> None:
+    """Both hang with rank 0 stuck, but the simulator has it in the bootstrap of new_group #1 where real torch has
+    it in the all_reduce #2 after it: compare said AGREE before (the row said '(op differs)')."""
+    hang = {"rank": 0, "op": "new_group(ranks=[0, 1])", "op_index": 1, "kind": "bootstrap", "waiting_for": [1]}
+    sim = _sim("hang", [], [hang])
+    real = _real(_stuck(0, 2, "all_reduce", "all_reduce(size_bytes=64)"), _done(1))
+    assert real["verdict"] == "hang"
+    comparison = compare_variant("v", "cpu", sim, real, 2, 0.0)
+    assert not comparison.agree
+    assert comparison.reasons == [
+        "rank 0 stuck in another op: simulated #1 new_group(ranks=[0, 1]) [bootstrap], real #2"
+        " all_reduce(size_bytes=64) [collective]"
+    ]
+    text = render_comparison_variant(comparison.to_dict(full=True))
+    assert "(op differs)" in text and "! rank 0 stuck in another op" in text
+
+
+def test_the_kind_of_a_hang_inside_the_same_op_is_not_compared() -> None:
+    """What inside an op a rank waits for is beyond the real run: gloo's split_group is a members-only bootstrap
+    in the simulator, and the real side can only name the op (split); an NCCL collective on a lazily initialized
+    communicator is stuck in its bootstrap. The same op agrees, whatever the kinds."""
+    hang = {"rank": 0, "op": "split_group(ranks=[[0, 1]])", "op_index": 1, "kind": "bootstrap", "waiting_for": [1]}
+    real = _real(_stuck(0, 1, "split_group", "split_group(ranks=[[0, 1]])"), _done(1))
+    assert real["hangs"][0]["kind"] == "split"
+    assert compare_variant("v", "cpu", _sim("hang", [], [hang]), real, 2, 0.0).agree
+
+
+def test_a_rank_stuck_between_ops_on_the_real_side_is_in_another_op() -> None:
+    """A real rank killed between two ops is in none: no op index, and no kind (it said collective)."""
+    hang = {"rank": 0, "op": "barrier()", "op_index": 3, "kind": "collective", "waiting_for": [1]}
+    real = _real({"rank": 0, "current": None, "killed": True}, _done(1))
+    comparison = compare_variant("v", "cpu", _sim("hang", [], [hang]), real, 2, 0.0)
+    assert comparison.reasons == ["rank 0 stuck in another op: simulated #3 barrier() [collective], real <between ops>"]

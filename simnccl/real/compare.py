@@ -4,10 +4,12 @@ CPU lane: the simulator runs the same gloo-rewritten programs (``simnccl.real.la
 wrapped policy (``CpuLanePolicy``) at the installed torch release, without the scenario's fault injection — so
 both sides answer the same question. Agreement means: the same verdict, the same set of ranks that did not finish
 (stuck or failed), for a hang the same stuck ranks, no rank that raised on one side and is stuck on the other
-(``status_differences``), and for each rank that failed on both sides the same error kind and exception type
-(``error_differences``). Where each rank stopped (op index) is printed for both and
-marked when it differs, but it is not part of agreement: which rank of a colliding gloo bootstrap wins the race is
-decided by timing in real life (see ``KNOWN_DIFFERENCES``).
+(``status_differences``), for each rank that failed on both sides the same error kind and exception type
+(``error_differences``), and for each rank stuck on both sides the same op (``stuck_op_differences``; what
+inside the op it waits for, the hang's kind, is printed but not compared: the real run cannot see it). Where
+each rank stopped (op index) is printed for both and marked when it differs. Where the simulator reports a
+store-key collision (``racy``) only the verdict counts (``verdict_racy``: not even that): which rank of a
+colliding gloo bootstrap wins the race is decided by timing in real life (see ``KNOWN_DIFFERENCES``).
 
 Why kind and type: a simulator that names an exception torch never raises there (``torch.OutOfMemoryError``
 where NCCL's failure is a ``RuntimeError``), or calls a peer's lost connection an abort, would otherwise pass
@@ -232,6 +234,34 @@ def status_differences(
     return out
 
 
+def stuck_op_differences(
+    sim_ranks: Mapping[int, Mapping[str, Any]], real_ranks: Mapping[int, Mapping[str, Any]]
+) -> list[str]:
+    """A reason per rank stuck on both sides in a different op of its program (by index: both sides run the same
+    programs, so the same index is the same op).
+
+    Why the op and not the hang's kind: the real run records the op a rank started and did not end (the driver
+    synchronizes the device after each op, so an NCCL collective cannot run ahead of its record), and that is
+    all it can see; its kind is read off the op's name (``measure.OP_KIND``). The simulator's kind says what
+    inside the op the rank waits for: a ``bootstrap`` inside a collective on a lazily initialized communicator,
+    inside ``split_group`` on gloo (a members-only bootstrap, which real gloo reports as ``split``), a ``split``
+    inside ``new_group``, ``ncclCommInitRank`` or the store in an NCCL bootstrap. Comparing kinds would call
+    those disagreements; both kinds are printed. Which timeout ends the hang is a setting of the run (see
+    ``error_differences``)."""
+    out = []
+    for rank, s in sim_ranks.items():
+        r = real_ranks[rank]
+        if s["status"] == r["status"] == "hang" and s.get("op_index") != r.get("op_index"):
+            out.append(f"rank {rank} stuck in another op: simulated {_stuck_in(s)}, real {_stuck_in(r)}")
+    return out
+
+
+def _stuck_in(outcome: Mapping[str, Any]) -> str:
+    index = outcome.get("op_index")
+    where = outcome.get("op") or "?"
+    return (where if index is None else f"#{index} {where}") + (f" [{outcome['kind']}]" if outcome.get("kind") else "")
+
+
 def describe_error_difference(found: Mapping[str, Any]) -> str:
     return (
         f"rank {found['rank']} error: simulated {found['sim_kind']} {found['sim_type'] or '-'}, "
@@ -298,9 +328,11 @@ _GAP_RULES: dict[str, Callable[[Mapping[str, Any], Mapping[str, Any]], bool]] = 
 def compare_variant(
     name: str, lane: str, sim: dict[str, Any], real: dict[str, Any], world_size: int, tolerance_pct: float
 ) -> VariantComparison:
-    """Agreement: the same verdict, the same ranks blocked (not finished) and stuck, and the same error kind and
-    type on each rank that failed on both sides (``error_differences``) — except where the simulator reports a
-    store-key collision (``racy``), whose real outcome depends on connection order."""
+    """Agreement: the same verdict, the same ranks blocked (not finished) and stuck, each rank failed on both
+    sides or stuck on both (``status_differences``), the same error kind and type on each rank that failed on
+    both (``error_differences``) and the same op on each rank stuck on both (``stuck_op_differences``) — except
+    where the simulator reports a store-key collision (``racy``), whose real outcome depends on connection
+    order."""
     sim_ranks = rank_outcomes(sim, world_size)
     real_ranks = rank_outcomes(real, world_size)
     is_racy = racy(sim)
@@ -315,6 +347,7 @@ def compare_variant(
     differing = error_differences(sim, real)
     reasons += [describe_error_difference(found) for found in differing]
     reasons += status_differences(sim_ranks, real_ranks)
+    reasons += stuck_op_differences(sim_ranks, real_ranks)
     ranks = []
     for rank in range(world_size):
         s, r = sim_ranks[rank], real_ranks[rank]

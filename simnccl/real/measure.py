@@ -329,7 +329,8 @@ def build_variant_result(
                     "op_index": record.get("i"),
                     "group": record.get("group") or record.get("handle") or "",
                     "handle": record.get("handle", ""),
-                    "kind": OP_KIND.get(record.get("name", ""), "collective"),
+                    # between ops: in no op, so of no kind (not a collective)
+                    "kind": OP_KIND.get(record.get("name", ""), "collective") if record else "",
                     "seq": record.get("seq", 0),
                     "waiting_for": _members_waiting(rank, stuck_at, record),
                     "since_s": round(record.get("t", started_at) - started_at, 3),
