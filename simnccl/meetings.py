@@ -35,6 +35,8 @@ class Meeting:
     problem: str | None = None
     fatal: str | None = None  # a mismatch the backend turns into a process abort (gloo), not a hang
     abort_on_mismatch: bool = False
+    # gloo, members disagreeing on sizes: global rank -> how it leaves (backends.gloo.Fate), decided per arrival
+    fates: dict[int, Any] | None = None
     completed_at: float | None = None
     result: Any = None
 

@@ -146,8 +146,8 @@ def test_destroy_closes_the_default_group_only_subgroups_live_on_in_their_handle
 
 
 def test_an_aborted_process_closes_its_sockets_too() -> None:
-    # a size mismatch aborts ranks 0 and 1 (gloo::EnforceNotMet, SIGABRT); rank 2 waits on rank 0 on the world
-    # group and fails as its peer's sockets close (real: "Read error ...: Connection reset by peer")
+    # a size mismatch aborts rank 0 (it receives 2 x SIZE / 4 bytes into SIZE / 4: gloo::EnforceNotMet, SIGABRT),
+    # rank 1 loses it; rank 2 waits on rank 0 on the world group and fails as its peer's sockets close too
     pair = NewGroup(ranks=(0, 1), bind="g")
     out = run(
         [
@@ -156,7 +156,7 @@ def test_an_aborted_process_closes_its_sockets_too() -> None:
             [GLOO, pair, Recv(peer=0, size_bytes=SIZE)],
         ]
     )
-    assert [status(out, r) for r in range(3)] == ["abort", "abort", "peer-lost"]
+    assert [status(out, r) for r in range(3)] == ["abort", "peer-lost", "peer-lost"]
 
 
 def test_direct_peers_follow_gloo_s_algorithms() -> None:
@@ -192,6 +192,61 @@ def test_gloo_collective_mismatches_end_as_real_gloo_does(a: Op, b: Op, verdict:
     assert out.verdict == verdict
     if verdict == "hang":
         assert "different gloo algorithms" in out.hangs[0]["explanation"]
+
+
+# Measured on torch 2.15.0 gloo (CPU, FileStore, timeout 8 s): one op per rank, each rank's buffer in floats, and
+# how each rank left it. abort: SIGABRT, "[enforce fail at .../tcp/pair.cc:464] op.preamble.length <= op.nbytes. 8
+# vs 4. Received data size doesn't match expected size"; peer-lost: RuntimeError "Read error ...: Connection reset
+# by peer" (or, for some neighbours, "Connection closed by peer") within 0.1 s; hang: "Timed out waiting 8000ms".
+MEASURED = [
+    (AllReduce, (4, 8), "abort peer-lost"),
+    (AllReduce, (8, 4), "peer-lost abort"),
+    (AllReduce, (4, 4, 8), "peer-lost abort peer-lost"),
+    (AllReduce, (8, 4, 4), "peer-lost peer-lost abort"),
+    (AllReduce, (4, 8, 4), "abort peer-lost peer-lost"),
+    (AllReduce, (8, 8, 4), "peer-lost peer-lost abort"),
+    (AllReduce, (4, 4, 4, 8), "done done done hang"),  # same segments: rank 3 waits on messages never sent
+    (AllReduce, (8, 4, 4, 4), "hang done done done"),
+    (AllReduce, (1000, 2000), "abort peer-lost"),
+    (AllReduce, (2000, 1000, 1000), "peer-lost peer-lost abort"),
+    (Broadcast, (4, 8), "done done"),  # a recv larger than the message completes
+    (Broadcast, (8, 4), "done abort"),
+    (Broadcast, (8, 4, 4), "done abort abort"),
+    (Broadcast, (4, 4, 8), "done done done"),
+    (Broadcast, (4, 8, 8, 8), "done done done done"),
+    (Broadcast, (8, 4, 4, 4), "done abort abort peer-lost"),  # rank 3's parent is rank 1
+    (AllGather, (4, 8), "abort done"),
+    (AllGather, (8, 4), "done abort"),
+    (AllGather, (4, 4, 8), "abort peer-lost peer-lost"),
+    (AllGather, (8, 4, 4), "peer-lost abort peer-lost"),
+    (ReduceScatter, (8, 16), "abort peer-lost"),  # torch's input: an allreduce of it
+    (AllToAll, (8, 16), "abort peer-lost"),  # inputs; every chunk of the larger rank is too large
+    (AllToAll, (12, 12, 24), "abort abort peer-lost"),
+]
+
+
+@pytest.mark.parametrize(("op", "floats", "expected"), MEASURED)
+def test_a_gloo_size_mismatch_ends_each_rank_as_real_gloo_does(
+    op: type, floats: tuple[int, ...], expected: str
+) -> None:
+    """Real gloo checks sizes per message: only a rank that receives more than it posted aborts, its peers still
+    waiting on it lose it, and members whose messages all fit complete (the simulator aborted every rank)."""
+    out = run([[GLOO, op(size_bytes=4 * n)] for n in floats])
+    assert " ".join(status(out, r) for r in range(len(floats))) == expected
+    for error in out.errors:
+        if error["kind"] == "abort":
+            assert "op.preamble.length <= op.nbytes" in error["message"] and error["type"] == "SIGABRT"
+        if error["kind"] == "peer-lost":
+            assert error["type"] == "RuntimeError"
+            assert "Connection reset by peer" in error["message"] or "Connection closed by peer" in error["message"]
+
+
+@pytest.mark.parametrize(("sent", "posted", "expected"), [(32, 16, "done abort"), (16, 32, "done done")])
+def test_a_gloo_recv_smaller_than_its_send_aborts_the_receiver(sent: int, posted: int, expected: str) -> None:
+    # real: send 8 floats into a recv of 4: the receiver aborts (EnforceNotMet), the sender completes; a recv
+    # larger than the message completes (the simulator left both waiting: a hang)
+    out = run([[GLOO, Send(peer=1, size_bytes=sent)], [GLOO, Recv(peer=0, size_bytes=posted)]])
+    assert " ".join(status(out, r) for r in range(2)) == expected
 
 
 def test_wire_mismatch_rules() -> None:

@@ -110,18 +110,16 @@ def test_a_rank_hung_on_either_side_is_compared_as_a_hang_not_by_its_timeout_err
 _ABORT = "terminate called after throwing an instance of 'gloo::EnforceNotMet'\n  what():  Received data size ..."
 
 
-def test_the_gloo_mismatch_survivor_is_a_named_gap_and_still_a_disagreement() -> None:
-    """Real gloo aborts only the rank that receives too much; its peer fails as peer-lost where the simulator
-    aborts it too. compare still disagrees (the simulator is wrong about that rank); ``real diff`` can tell the
-    gap from a new one."""
-    sim = _sim("error", [_sim_error(0, "abort", "SIGABRT", _ABORT), _sim_error(1, "abort", "SIGABRT", _ABORT)])
+def test_a_gloo_mismatch_survivor_aborted_by_the_simulator_is_a_plain_disagreement() -> None:
+    """Real gloo aborts only the rank that receives too much; its peer fails as peer-lost. The simulator now does
+    so too (agree); a simulator that aborts the peer as well is no longer excused by a known gap."""
     real = _real(_died(0, -6), _failed(1, "peer-lost", "RuntimeError", "Connection reset by peer"))
-    comparison = compare_variant("v", "cpu", sim, real, 2, 0.0)
-    assert not comparison.agree
+    sim = _sim("error", [_sim_error(0, "abort", "SIGABRT", _ABORT), _sim_error(1, "peer-lost", "RuntimeError")])
+    assert compare_variant("v", "cpu", sim, real, 2, 0.0).agree
+    both = _sim("error", [_sim_error(0, "abort", "SIGABRT", _ABORT), _sim_error(1, "abort", "SIGABRT", _ABORT)])
+    comparison = compare_variant("v", "cpu", both, real, 2, 0.0)
+    assert not comparison.agree and comparison.known_gap is None and KNOWN_GAPS == {}
     assert comparison.reasons == ["rank 1 error: simulated abort SIGABRT, real peer-lost RuntimeError"]
-    assert comparison.known_gap == "gloo-mismatch-survivor" and comparison.known_gap in KNOWN_GAPS
-    other = _real(_died(0, -6), _failed(1, "error", "RuntimeError", "something else"))
-    assert compare_variant("v", "cpu", sim, other, 2, 0.0).known_gap is None, "another difference is no gap"
 
 
 def test_a_rank_that_raised_on_one_side_and_hung_on_the_other_is_a_disagreement() -> None:

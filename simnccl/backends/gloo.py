@@ -10,12 +10,19 @@ FileStore (pinned in the simulator by ``tests/test_gloo_semantics.py``, on real 
   barrier or all_to_all; broadcast vs barrier; all_gather vs reduce_scatter all time out with ``Timed out waiting
   ...ms for recv/send operation to complete``). torch runs ``reduce_scatter_tensor`` as an allreduce, so
   all_reduce vs reduce_scatter of one size *completes* (``WIRE_FAMILY``).
-* **Sizes.** One algorithm with different sizes: a rank that receives more bytes than it posted aborts the
-  process (``gloo::EnforceNotMet ... op.preamble.length <= op.nbytes ... Received data size doesn't match
-  expected size``, SIGABRT); what its peers see then is its sockets closing (all_reduce, reduce_scatter,
-  all_to_all: ``Read error ...: Connection reset by peer``; a broadcast root or an all_gather rank that received
-  no more than it posted may complete first). The simulator aborts every member (the verdict, error, and the
-  unfinished ranks are the same; the generated differential programs use one size throughout).
+* **Sizes.** One algorithm with different sizes: gloo checks sizes per message, not per collective. Each rank
+  sends and posts recvs sized from its own buffer only; a rank that receives a message larger than the recv it
+  posted aborts the process (``gloo::EnforceNotMet ... op.preamble.length <= op.nbytes. 8 vs 4. Received data
+  size doesn't match expected size``, SIGABRT); a smaller message completes the recv. A rank still waiting on
+  the dead one fails at once as its sockets close (``Read error ...: Connection reset by peer``, sometimes
+  ``Connection closed by peer``: peer-lost), a rank whose messages all fit completes, one left waiting on
+  messages never sent times out (all_reduce of 4 floats on three ranks, 8 on the fourth: the segments match, the
+  three complete, the fourth waits). ``wire_fates`` runs the algorithms' messages (``_steps``) to decide each
+  rank; send/recv likewise (a recv smaller than its send aborts the receiver, the sender completes). The
+  measured cases are pinned in ``tests/test_gloo_semantics.py`` (``MEASURED``). Racy in real runs, so not
+  decided alike every time: whether an aborting rank's own messages got out before it died (all_gather and
+  all_to_all on 2 ranks: its peer completed in some runs, lost it in others; the model follows the majority
+  measured per algorithm).
 * **Closed peers.** A ProcessGroupGloo closes its sockets when freed (gloo has no shutdown), and a process
   closes all of them when it dies: a peer already waiting on it, or one that later posts an operation towards
   it, fails at once with ``RuntimeError: [.../gloo/transport/tcp/pair.cc:561] Connection closed by peer
@@ -36,6 +43,10 @@ FileStore (pinned in the simulator by ``tests/test_gloo_semantics.py``, on real 
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
 
 from simnccl.backends.base import Lifecycle
 from simnccl.release import Impl, Release
@@ -139,3 +150,188 @@ class GlooLifecycle(Lifecycle):
 
     def eager_at_creation(self, release: Release, *, bound: bool, lazy_init: bool) -> bool:
         return True
+
+
+# What a rank whose peer died with unread data on their socket raises (measured, a size mismatch on 2 ranks: the
+# rank that did not abort; with 3+ ranks a neighbour whose own writes were all read may see PEER_CLOSED instead,
+# which real runs of one program do not decide the same way each time; both are peer-lost, a RuntimeError).
+PEER_RESET = (
+    "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:545] Read error (rank {peer}): Connection "
+    "reset by peer. This is typically caused by a remote worker hanging or bugs in the application. Check the logs "
+    "of the remote worker before reporting an error."
+)
+
+SIZE_ENFORCE = (
+    "terminate called after throwing an instance of 'gloo::EnforceNotMet'\n  what():  [enforce fail at "
+    "/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:464] op.preamble.length <= op.nbytes. "
+    "{got} vs {posted}. Received data size doesn't match expected size. Is there a distributed collective "
+    "mismatch in your code?"
+)
+
+# One step of a gloo algorithm on one rank: ("send" | "recv", peer group rank, bytes) or ("wait_send" | "wait_recv",)
+Step = tuple[Any, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Fate:
+    """How one rank leaves a gloo operation whose members disagree on sizes (``wire_fates``).
+
+    ``kind``: ``done`` (it completed, maybe with wrong data), ``abort`` (it received ``got`` bytes into a buffer of
+    ``posted``: gloo::EnforceNotMet, SIGABRT), ``peer-lost`` (it still waits on ``peer``, which aborts: its socket
+    closes under it) or ``stuck`` (it waits on a rank that never sends or receives: until its timeout)."""
+
+    kind: str
+    peer: int | None = None
+    got: int = 0
+    posted: int = 0
+
+
+def _steps(family: str, nbytes: int, index: int, size: int, root: int, elem: int) -> list[Step]:
+    """The sends, recvs and waits of gloo's ``family`` algorithm on group rank ``index`` for its own buffer of
+    ``nbytes``, in program order, transcribed from gloo (allreduce.cc ring, broadcast.cc binomial tree,
+    allgather.cc ring, alltoall.cc): every size a rank sends or posts derives from its own buffer only, which is
+    why members that disagree can complete, abort or wait, each on its own."""
+    steps: list[Step] = []
+    if family == "allreduce":
+        nxt, prv = (index + 1) % size, (index - 1) % size  # gloo: recvRank = rank + 1, sendRank = rank - 1
+        seg = -(-((nbytes + 2 * size - 1) // (2 * size)) // elem) * elem
+        nseg = -(-max(-(-nbytes // seg), 2 * size) // size) * size
+        per = nseg // size
+
+        def lengths(first: int, i: int) -> tuple[int, int]:
+            send_off = ((first * per + i) * seg) % (nseg * seg)
+            recv_off = (((first + 1) * per + i) * seg) % (nseg * seg)
+            return min(seg, nbytes - send_off), min(seg, nbytes - recv_off)
+
+        for first in (index + 1, index):  # reduce-scatter, then allgather
+            for i in range(nseg):
+                if i >= 2:
+                    sent, got = lengths(first, i - 2)
+                    steps += [("wait_recv",)] * (got > 0) + [("wait_send",)] * (sent > 0)
+                if i < nseg - 2:
+                    sent, got = lengths(first, i)
+                    steps += [("recv", nxt, got)] * (got > 0) + [("send", prv, sent)] * (sent > 0)
+    elif family == "broadcast":
+        vrank, sends = (index - root) % size, 0
+        dim = (size - 1).bit_length()
+        mask = (1 << dim) - 1
+        for i in range(dim):
+            mask ^= 1 << i
+            vpeer = vrank ^ (1 << i)
+            if vrank & mask or vpeer >= size:
+                continue
+            if vrank & (1 << i):
+                steps += [("recv", (vpeer + root) % size, nbytes), ("wait_recv",)]
+            else:
+                steps.append(("send", (vpeer + root) % size, nbytes))
+                sends += 1
+        steps += [("wait_send",)] * sends
+    elif family == "allgather":
+        chunks = (nbytes // 2, nbytes - nbytes // 2)
+        for i in range((size - 1) * 2):
+            if i >= 2:
+                steps += [("wait_send",), ("wait_recv",)]
+            steps += [("send", (index + 1) % size, chunks[i & 1]), ("recv", (index - 1) % size, chunks[i & 1])]
+        steps += [("wait_send",), ("wait_recv",)] * min(2, (size - 1) * 2)
+    elif family == "alltoall":
+        chunk = nbytes // size
+        for i in range(1, size):
+            steps += [("send", (index + i) % size, chunk), ("recv", (index - i) % size, chunk)]
+        steps += [("wait_send",), ("wait_recv",)] * (size - 1)
+    return steps
+
+
+def wire_fates(scripts: Mapping[int, list[Step]], *, aborts_first: bool = False) -> dict[int, Fate]:
+    """Run gloo's point-to-point protocol over the members present (group rank -> its steps): a message between
+    two ranks is delivered once the receiver has posted a recv for it (per direction, in order); a wait takes one
+    completed op of its kind. A message larger than the recv posted for it aborts the receiver
+    (``op.preamble.length <= op.nbytes``); a smaller one completes it, and the sender's send completes either way
+    (it was written). A dead rank sends nothing more. A rank left waiting is ``peer-lost`` when an op it has
+    posted is towards an aborted rank, ``stuck`` otherwise. Members absent from ``scripts`` never take part.
+
+    When an abort happens relative to the aborting rank's own sends is measured, not derived: by default aborts
+    are taken last, after every other delivery possible (all_gather, 4 vs 8 floats on 2 ranks: the aborting
+    rank's messages got out, its peer completes, 4 runs of 4); ``aborts_first`` takes them before (all_to_all,
+    4 vs 8 floats on 2 ranks and 4, 4, 8 on 3: the larger rank loses its peers, 4 runs of 4)."""
+    pc = dict.fromkeys(scripts, 0)
+    done = {r: {"wait_send": 0, "wait_recv": 0} for r in scripts}
+    outbox: dict[tuple[int, int], list[int]] = {}  # (src, dst) -> bytes of messages sent, not yet delivered
+    posted: dict[tuple[int, int], list[int]] = {}  # (src, dst) -> bytes of recvs dst posted from src
+    fates: dict[int, Fate] = {}
+
+    def oversized() -> list[tuple[int, int, int, int]]:
+        return [
+            (dst, src, queue[0], recvs[0])
+            for (src, dst), queue in outbox.items()
+            if queue and (recvs := posted.get((src, dst))) and queue[0] > recvs[0] and not {src, dst} & fates.keys()
+        ]
+
+    while True:
+        moved = True
+        while moved:
+            moved = False
+            for rank, steps in scripts.items():
+                while rank not in fates and pc[rank] < len(steps):
+                    step = steps[pc[rank]]
+                    if step[0] == "send":
+                        outbox.setdefault((rank, step[1]), []).append(step[2])
+                    elif step[0] == "recv":
+                        posted.setdefault((step[1], rank), []).append(step[2])
+                    elif done[rank][step[0]]:
+                        done[rank][step[0]] -= 1
+                    else:
+                        break
+                    pc[rank] += 1
+                    moved = True
+            if aborts_first and oversized():
+                break
+            for (src, dst), queue in outbox.items():
+                recvs = posted.get((src, dst))
+                while queue and recvs and queue[0] <= recvs[0] and not {src, dst} & fates.keys():
+                    queue.pop(0), recvs.pop(0)
+                    done[src]["wait_send"] += 1
+                    done[dst]["wait_recv"] += 1
+                    moved = True
+        found = oversized()
+        if not found:
+            break
+        for dst, src, got, want in found:
+            if dst in fates:
+                continue
+            fates[dst] = Fate("abort", src, got, want)
+            for (sender, receiver), queue in outbox.items():  # what dst had asked for was written: those sends
+                if receiver == dst:  # complete on their senders (all_gather, 2 ranks: the peer completes)
+                    n = min(len(queue), len(posted.get((sender, dst), ())))
+                    del queue[:n], posted[(sender, dst)][:n]
+                    done[sender]["wait_send"] += n
+    aborted = {r for r, f in fates.items() if f.kind == "abort"}
+    for rank, steps in scripts.items():
+        if rank in fates:
+            continue
+        if pc[rank] == len(steps):
+            fates[rank] = Fate("done")
+            continue
+        towards = [d for (s, d), q in outbox.items() if s == rank and q] + [
+            s for (s, d), q in posted.items() if d == rank and q
+        ]
+        lost = next((p for p in sorted(set(towards)) if p in aborted), None)
+        fates[rank] = Fate("stuck") if lost is None else Fate("peer-lost", lost)
+    return fates
+
+
+def mismatch_fates(op_name: str, nbytes: Mapping[int, int], size: int, root: int, elem: int) -> dict[int, Fate]:
+    """Each present member's ``Fate`` in a gloo collective whose members (group rank -> its buffer's bytes) disagree
+    on size; ``root`` is the broadcast's group root, ``elem`` the element size (allreduce segments by it)."""
+    family = WIRE_FAMILY.get(op_name, op_name)
+    scripts = {i: _steps(family, n, i, size, root, elem) for i, n in nbytes.items()}
+    return wire_fates(scripts, aborts_first=family == "alltoall")
+
+
+def p2p_fates(src: int, dst: int, nbytes: Mapping[int, int]) -> dict[int, Fate]:
+    """A gloo send/recv pair of different sizes (global rank -> bytes; either may be absent)."""
+    scripts = {}
+    if src in nbytes:
+        scripts[src] = [("send", dst, nbytes[src]), ("wait_send",)]
+    if dst in nbytes:
+        scripts[dst] = [("recv", src, nbytes[dst]), ("wait_recv",)]
+    return wire_fates(scripts)

@@ -201,6 +201,7 @@ class Collectives:
         label = f"send {src}->{dst}" if isinstance(op, Send) else f"recv {dst}<-{src}"
         entry = self._fr_record(rt, target, comm, label, op.size_bytes, op.dtype, p2p=True)
         meeting = self.rendezvous.open(("p2p", channel, src, dst, n), "p2p", target.name, n, (src, dst))
+        meeting.abort_on_mismatch = comm.impl is _GLOO  # a recv smaller than the send aborts (backends/gloo.py)
         self.rendezvous.arrive(meeting, rt, ("p2p", op.size_bytes, op.dtype), op, duration=self.timing.p2p_s)
         yield from self.rendezvous.wait(rt, meeting, op)
         FlightRecorder.complete(entry, self.env.now)

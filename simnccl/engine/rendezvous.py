@@ -16,10 +16,11 @@ from typing import Any
 
 import simpy
 
-from simnccl.backends.gloo import wire_mismatch
+from simnccl.backends.gloo import SIZE_ENFORCE, Fate, mismatch_fates, p2p_fates, wire_mismatch
+from simnccl.dtypes import element_bytes
 from simnccl.engine.sim import Sim
 from simnccl.engine.sockets import GlooSockets
-from simnccl.engine.state import Block, PeerLost, ProcessAbort, RankRuntime, Waiting, fire_once
+from simnccl.engine.state import Block, PeerLost, ProcessAbort, RankRuntime, Waiting
 from simnccl.meetings import Arrival, Meeting, MeetingRegistry
 from simnccl.ops import Op
 
@@ -68,8 +69,10 @@ class Rendezvous:
             if problem:
                 meeting.problem = problem
                 if meeting.abort_on_mismatch and problem.startswith("size mismatch"):
-                    self._abort(meeting, problem)
-        if meeting.problem is None and len(meeting.arrivals) == len(meeting.expected):
+                    meeting.fates = {}
+        if meeting.fates is not None:
+            self._decide(meeting)
+        elif meeting.problem is None and len(meeting.arrivals) == len(meeting.expected):
             self.complete(meeting, duration(meeting))
 
     def _disagreement(self, meeting: Meeting, first: Arrival, this: Arrival) -> str | None:
@@ -107,16 +110,49 @@ class Rendezvous:
             )
         return None
 
-    def _abort(self, meeting: Meeting, problem: str) -> None:
-        """gloo enforces sizes: a mismatched collective aborts every process already in it, and later ones."""
-        meeting.fatal = (
-            "terminate called after throwing an instance of 'gloo::EnforceNotMet'\n  what():  Received data size "
-            f"doesn't match expected size. Is there a distributed collective mismatch in your code? ({problem})"
-        )
-        self.record(self.env.now, "abort-meeting", meeting.key)
-        meeting.result.succeed()
-        for event in self._releases.get(id(meeting), {}).values():  # gloo broadcast members wait on their own
-            fire_once(event)
+    def _decide(self, meeting: Meeting) -> None:
+        """gloo enforces sizes per message, not per collective: run the algorithm's messages over the members in
+        (``backends.gloo.wire_fates``) and release each rank that completes or aborts; the others keep waiting
+        (on a rank not in yet, or until their timeout), and those waiting on a rank that aborts fail when its
+        sockets close (``GlooSockets``). A decided rank keeps its fate: later arrivals only add messages."""
+        first = next(iter(meeting.arrivals.values()))
+        if meeting.kind == "p2p":
+            src, dst = meeting.key[2], meeting.key[3]
+            fates = p2p_fates(src, dst, {r: a.payload[1] for r, a in meeting.arrivals.items()})
+        else:
+            expected = meeting.expected
+            src = getattr(first.op, "src", expected[0])
+            by_index = mismatch_fates(
+                first.payload[0],
+                {expected.index(r): a.payload[1] for r, a in meeting.arrivals.items()},
+                len(expected),
+                expected.index(src) if src in expected else 0,
+                element_bytes(first.payload[2]),
+            )
+            fates = {
+                expected[i]: Fate(f.kind, None if f.peer is None else expected[f.peer], f.got, f.posted)
+                for i, f in by_index.items()
+            }
+        old = meeting.fates or {}
+        for rank, prev in old.items():
+            if prev.kind in ("done", "abort"):
+                fates[rank] = prev
+        meeting.fates = fates
+        releases = self.releases(meeting)
+        for rank, fate in fates.items():
+            if fate.kind == "abort" and meeting.fatal is None:
+                meeting.fatal = SIZE_ENFORCE.format(got=fate.got, posted=fate.posted) + f" ({meeting.problem})"
+                self.record(self.env.now, "abort-meeting", meeting.key)
+            prev = old.get(rank)
+            if fate.kind in ("done", "abort") and (prev is None or prev.kind != fate.kind):
+                event = releases.get(rank)
+                if event is None or event.triggered:
+                    event = releases[rank] = self.env.event()
+                event.succeed()
+        if self.sockets.closed:
+            self.sockets.recheck(meeting)
+        if not meeting.result.triggered:
+            meeting.result.succeed()  # wakes the members already waiting on the meeting: each checks its own fate
 
     def complete(self, meeting: Meeting, duration_s: float) -> None:
         done_at = max(self.env.now, meeting.ready_time()) + duration_s
@@ -127,20 +163,36 @@ class Rendezvous:
         self.env.timeout(delay).callbacks.append(lambda _ev: event.succeed())
 
     def wait(self, rt: RankRuntime, meeting: Meeting, op: Op, own: simpy.Event | None = None) -> Waiting:
-        """Block until the meeting completes (or ``own``, this rank's release from it, fires)."""
-        if self.sockets.closed and not meeting.complete and meeting.fatal is None:
+        """Block until the meeting completes (or ``own``, this rank's release from it, fires); in a gloo size
+        mismatch, until this rank's own fate is decided (``_decide``)."""
+        if self.sockets.closed and not meeting.complete:
             peer = self.sockets.closed_peer(rt.rank, meeting)
             if peer is not None:
                 raise PeerLost(peer)
         now = self.env.now
-        if not (meeting.complete and meeting.completed_at <= now) and meeting.fatal is None:
+        if not (meeting.complete and meeting.completed_at <= now) and self._fate(meeting, rt.rank) is None:
             rt.status = "blocked"
             rt.block = Block(op, rt.pc, meeting, now)
             yield meeting.result if own is None else own
+            while meeting.fates is not None and self._fate(meeting, rt.rank) is None:
+                event = self.releases(meeting).get(rt.rank)
+                if event is None or event.triggered:
+                    event = self._releases[id(meeting)][rt.rank] = self.env.event()
+                yield event
             rt.status = "running"
             rt.block = None
-        if meeting.fatal is not None:
-            raise ProcessAbort(meeting.fatal)
+        fate = self._fate(meeting, rt.rank)
+        if fate is not None and fate.kind == "abort":
+            raise ProcessAbort(SIZE_ENFORCE.format(got=fate.got, posted=fate.posted) + f" ({meeting.problem})")
+
+    @staticmethod
+    def _fate(meeting: Meeting, rank: int) -> Fate | None:
+        """This rank's decided way out of a gloo size mismatch (done or abort); None while it waits, or none."""
+        fates = meeting.fates
+        if fates is None:
+            return None
+        fate = fates.get(rank)
+        return fate if fate is not None and fate.kind in ("done", "abort") else None
 
     def settle(self, rt: RankRuntime) -> Iterable[simpy.Event]:
         """Wait for this rank's run-ahead NOCOLOR splits before it does anything observable (``yield from``

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from simnccl.backends import Comm
-from simnccl.backends.gloo import PEER_CLOSED, direct_peers
+from simnccl.backends.gloo import PEER_CLOSED, PEER_RESET, direct_peers
 from simnccl.engine.sim import Sim
 from simnccl.engine.state import RankRuntime
 from simnccl.meetings import Meeting
@@ -41,18 +41,28 @@ class GlooSockets:
                 continue
             closed.add(rt.rank)  # not traced: only what it does to a waiting peer is (a closed idle socket is not)
             for member in self.comm_members.get(comm.comm_id, ()):
-                other = self.ranks[member]
-                if other is rt or other.status != "blocked" or other.block is None or other.timed_out:
-                    continue
-                if member in self.peer_lost:
-                    continue
-                peer = self.closed_peer(member, other.block.meeting)
-                if peer is not None:
-                    self.peer_lost.add(member)
-                    self.record(self.sim.now(), member, "peer-closed", peer, comm.group)
-                    message = PEER_CLOSED.format(peer=peer)
-                    cause = TimeoutAction("raise", False, 0.0, "RuntimeError", message, False, kind="peer-lost")
-                    self.sim.procs[member].interrupt(cause)
+                if member != rt.rank:
+                    self._fail_if_lost(member, comm.group)
+
+    def recheck(self, meeting: Meeting) -> None:
+        """A gloo size mismatch decided again on an arrival (``Rendezvous._decide``): a member already blocked in
+        it that now waits on a rank whose sockets closed earlier fails now, not at its timeout."""
+        if self.closed.get(meeting.key[1]):
+            for member in meeting.arrivals:
+                self._fail_if_lost(member, meeting.group)
+
+    def _fail_if_lost(self, member: int, group: str) -> None:
+        other = self.ranks[member]
+        if other.status != "blocked" or other.block is None or other.timed_out or member in self.peer_lost:
+            return
+        peer = self.closed_peer(member, other.block.meeting)
+        if peer is not None:
+            self.peer_lost.add(member)
+            self.record(self.sim.now(), member, "peer-closed", peer, group)
+            # a rank that aborted in a size mismatch dies with the data it refused unread: reset
+            message = (PEER_RESET if other.block.meeting.fates else PEER_CLOSED).format(peer=peer)
+            cause = TimeoutAction("raise", False, 0.0, "RuntimeError", message, False, kind="peer-lost")
+            self.sim.procs[member].interrupt(cause)
 
     def closed_peer(self, rank: int, meeting: Meeting) -> int | None:
         """A peer ``rank``'s part of this gloo operation reads or writes directly that has closed its sockets
@@ -60,6 +70,10 @@ class GlooSockets:
         if meeting.kind not in ("collective", "p2p") or meeting.key[0] not in ("coll", "p2p"):
             return None
         closed = self.closed.get(meeting.key[1])
+        if meeting.fates is not None:  # a gloo size mismatch: the messages decided who waits on whom
+            fate = meeting.fates.get(rank)
+            lost = fate is not None and fate.kind == "peer-lost" and closed and fate.peer in closed
+            return fate.peer if lost else None
         arrival = meeting.arrivals.get(rank)
         if not closed or arrival is None:
             return None

@@ -289,40 +289,11 @@ def known_gap(sim: Mapping[str, Any], real: Mapping[str, Any]) -> str | None:
 # - gloo-peer-closed: destroying the default group, or dying, closes the rank's sockets; peers whose algorithm
 #   talks to it directly fail at once with "Connection closed by peer";
 # - gloo-partial-collective: broadcast is a binomial tree; members whose ancestors and children are in complete.
-# Open (found once compare matched each failed rank's error kind and type): gloo-mismatch-survivor, below.
-GLOO_ABORT_TEXT = "gloo::EnforceNotMet"  # the simulator's message for a gloo size-mismatch abort (engine.rendezvous)
+# - gloo-mismatch-survivor: gloo checks sizes per message; only a rank receiving more than it posted aborts, a
+#   rank still waiting on it fails as peer-lost, and the others complete or wait (backends.gloo.wire_fates).
+KNOWN_GAPS: dict[str, str] = {}
 
-KNOWN_GAPS: dict[str, str] = {
-    "gloo-mismatch-survivor": (
-        "a size mismatch of one gloo algorithm: the simulator aborts every rank in the collective; real gloo "
-        "aborts only a rank that receives more bytes than it posted (EnforceNotMet: op.preamble.length <= "
-        "op.nbytes), and a peer that does not then fails with 'Connection reset by peer' (peer-lost)"
-    ),
-}
-
-
-def _gloo_mismatch_survivor(sim: Mapping[str, Any], real: Mapping[str, Any]) -> bool:
-    """Both end in error with the same ranks unfinished, some real rank died of SIGABRT, and every difference is
-    a rank the simulator aborted for a gloo size mismatch that real gloo failed as peer-lost."""
-    if sim["verdict"] != "error" or real["verdict"] != "error" or sim.get("hangs") or real.get("hangs"):
-        return False
-    if {int(e["rank"]) for e in sim.get("errors", [])} != {int(e["rank"]) for e in real.get("errors", [])}:
-        return False
-    if not any(real_error_type(e) == "SIGABRT" for e in real.get("errors", [])):
-        return False
-    aborted = {int(e["rank"]) for e in sim.get("errors", []) if GLOO_ABORT_TEXT in str(e.get("message", ""))}
-    found = error_differences(sim, real)
-    return bool(found) and all(
-        d["rank"] in aborted
-        and (d["sim_kind"], d["sim_type"]) == ("abort", "SIGABRT")
-        and d["real_kind"] == "peer-lost"
-        for d in found
-    )
-
-
-_GAP_RULES: dict[str, Callable[[Mapping[str, Any], Mapping[str, Any]], bool]] = {
-    "gloo-mismatch-survivor": _gloo_mismatch_survivor,
-}
+_GAP_RULES: dict[str, Callable[[Mapping[str, Any], Mapping[str, Any]], bool]] = {}
 
 
 def compare_variant(
