@@ -266,8 +266,7 @@ class Pricer:
         sharing = parent if parent is not None and parent.share_resources else None
         exact = prefix.own_share or sharing is not None or not prefix.even
         if shareable and not exact:
-            memory = self._classes.get((prefix.number, prefix.representatives[rank_index]))
-            return memory if memory is not None else self._class_memory(prefix, rank_index)
+            return self._class_memory(prefix, rank_index)
         shape = Shape(prefix.nranks, prefix.node_sizes, rank_index)
         members = None if sharing is None else self._members(ranks, parent_ranks or ())
         breakdown = self._priced(shape, exact, prefix.env, prefix.options, (), sharing, members)
@@ -310,11 +309,8 @@ class Pricer:
         """``representative(node_sizes, i)`` for every group rank ``i`` of an even layout, once per layout."""
         table = self._representative_tables.get(node_sizes)
         if table is None:
-            local = node_sizes[0]
             table = self._representative_tables[node_sizes] = tuple(
-                first * local + at
-                for first in (_first_node_like(len(node_sizes), node) for node in range(len(node_sizes)))
-                for at in range(local)
+                representative(node_sizes, i) for i in range(sum(node_sizes))
             )
         return table
 
