@@ -23,6 +23,7 @@ from simnccl.engine.memory import PROCESS_FIRST_COMM, PROCESS_OWNER
 from simnccl.memory import mib_to_bytes
 from simnccl.ops import WORLD, Collective, Compute, InitProcessGroup, NewGroup, Op, PointToPoint, SplitGroup
 from simnccl.profiles import find_profile
+from simnccl.release import DEFAULT_PG_NCCL_TIMEOUT_S, DEFAULT_PG_TIMEOUT_S
 
 MIB = 2**20
 
@@ -91,7 +92,7 @@ def passes(outcome: RunOutcome) -> Verdict:
 INTRINSIC_WAIT_S = 5.0
 
 # The shortest timeout torch gives a group created without one (``_get_default_timeout``: 10 minutes for NCCL).
-_SHORTEST_DEFAULT_TIMEOUT_S = 600.0
+_SHORTEST_DEFAULT_TIMEOUT_S = min(DEFAULT_PG_NCCL_TIMEOUT_S, DEFAULT_PG_TIMEOUT_S)
 
 
 def may_time_out(programs: Sequence[Sequence[Op]]) -> bool:
