@@ -573,13 +573,27 @@ def check_split_parent_initialized(parent: Group) -> None:
 
     Why only legacy: its ``supportsSplitting()`` is true even before its lazy communicator exists
     (ProcessGroupNCCL.hpp:837-839), so Python's support check (l.6877) lets it through and this check is what
-    refuses a split before the parent's first collective; its ``isInitialized()`` is false while it holds no
-    communicator. Gloo's is always true, and an uninitialised lazy nccl2 parent is refused earlier, by
-    ``supportsSplitting()``. A legacy parent holding only send/recv pair communicators counts as initialised
-    in torch; the simulator refuses it here too (it does not model the fresh child that would follow)."""
+    refuses a split before the parent's first collective. Gloo's is always true, and an uninitialised lazy nccl2
+    parent is refused earlier, by ``supportsSplitting()``.
+
+    Legacy's ``isInitialized()`` is "``devNCCLCommMap_`` is not empty and every communicator in it is
+    initialized", and an unbatched send/recv's pair communicator lives in that map too (key ``"lo:hi"``): a
+    rank that holds only pair communicators passes, one that holds none raises. Per rank, as torch checks it;
+    what such a parent's split then does is ``legacy_split_has_parent_comm``'s."""
     for comm in parent.comms.values():
-        if comm.impl is Impl.LEGACY and not comm.ready:
+        if comm.impl is Impl.LEGACY and not comm.ready and not comm.pair_comms:
             raise TorchError("RuntimeError", SPLIT_PARENT_NOT_INITIALIZED)
+
+
+def legacy_split_has_parent_comm(parent_comm: Comm) -> bool:
+    """Whether legacy ``ProcessGroupNCCL::split`` finds a communicator of the parent to split: it looks only under
+    the device key (``getKeyFromDevice``), where the lazy communicator of the parent's first collective lives.
+
+    Why it matters: a parent that passed ``isInitialized()`` on send/recv pair communicators alone has none there.
+    A member's child (``eagerConnectSingleDevice``, ``getNCCLComm`` with ``split_from``) then splits nothing and
+    bootstraps fresh over its own store, members only; a non-member's ``performNocolorSplit`` only logs the
+    missing communicator and calls ``NCCLComm::split`` on the null pointer (``Comms.nocolor_split``)."""
+    return parent_comm.impl is not Impl.LEGACY or parent_comm.ready
 
 
 def plan_split_group(
@@ -648,11 +662,12 @@ def plan_split_group(
     device = parent.bound_device
     if device is None and parent_comm.impl is Impl.LEGACY:
         device = _legacy_guess_device(parent_comm, ctx)
+    splits = legacy_split_has_parent_comm(parent_comm)
     comm = CommPlan(
         pair=DeviceBackend(pair.device_type, pair.name, child_impl),
         eager=True,
-        split_from=parent_comm if collective else None,
-        shared=_split_share_requested(ctx.env, options),
+        split_from=parent_comm if collective and splits else None,
+        shared=splits and _split_share_requested(ctx.env, options),
         device=device,
         lazy_init=False,
     )

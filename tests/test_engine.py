@@ -697,3 +697,56 @@ def test_a_finished_engine_is_freed_without_the_cyclic_gc(policy) -> None:
         if was_enabled:
             gc.enable()
     assert outcome.verdict == "pass"
+
+
+def _p2p_then_split(sends: dict[int, int], world: int) -> list[list[Op]]:
+    """Legacy world of ``world`` ranks: each ``src: dst`` of ``sends`` is one unbatched send/recv (a lazy pair
+    communicator; the parent's own communicator is never made), then ``split_group([[0, 1]])`` and an
+    all_reduce on the child where a rank is in it."""
+    programs: list[list[Op]] = [[SetDevice(), InitProcessGroup(backend="nccl-legacy")] for _ in range(world)]
+    for src, dst in sends.items():
+        programs[src].append(Send(peer=dst))
+        programs[dst].append(Recv(peer=src))
+    for rank, program in enumerate(programs):
+        program.append(SplitGroup(split_ranks=((0, 1),), bind="s"))
+        if rank in (0, 1):
+            program.append(AllReduce(group="s"))
+    return programs
+
+
+def test_split_group_of_a_legacy_parent_holding_only_p2p_pair_communicators_bootstraps_the_child_fresh() -> None:
+    # ProcessGroupNCCL::isInitialized() (2.15) is "devNCCLCommMap_ non-empty and every communicator in it
+    # initialized"; a send/recv's pair communicator lives in that map under "lo:hi", so the parent counts as
+    # initialized and split() goes on. The child's eagerConnectSingleDevice finds no parent communicator under
+    # the device key, so it splits nothing: a fresh members-only bootstrap over the child's store.
+    out = simulate(_p2p_then_split({0: 1}, 2))
+    assert out.verdict == "pass", out.errors
+    for rt in out.ranks:
+        child = rt.handles["s"].comm_for("cuda")
+        assert child.ready and not child.via_split and child.parent is None
+        assert rt.handles["s"].desc == "default_pg:split:0"  # comm_split_count(): no ncclCommSplit made yet
+        parent = rt.world.comm_for("cuda")
+        assert not parent.ready and parent.splits == 0 and parent.pair_comms
+
+
+def test_split_group_of_a_legacy_parent_checks_initialization_per_rank() -> None:
+    # Rank 2 made no communicator of the parent: its isInitialized() is false and it raises, alone; ranks 0 and 1
+    # (pair communicator) make the child between them.
+    out = simulate(_p2p_then_split({0: 1}, 3), gpus_per_node=3)
+    assert out.verdict == "error"
+    assert [(e["rank"], e["type"], e["message"]) for e in out.errors] == [
+        (2, "RuntimeError", SPLIT_PARENT_NOT_INITIALIZED)
+    ]
+    assert [rt.status for rt in out.ranks] == ["done", "done", "error"]
+
+
+def test_a_non_member_whose_legacy_parent_holds_only_pair_communicators_dies_in_the_nocolor_split() -> None:
+    # 2.15's performNocolorSplit finds no communicator under the device key, logs it, and calls NCCLComm::split
+    # on the null pointer, which reads source->rank_ first (libtorch_cuda.so 2.15: the null check only logs):
+    # the process dies of SIGSEGV. The members' child does not need it.
+    out = simulate(_p2p_then_split({0: 1, 1: 2}, 3), gpus_per_node=3)
+    assert out.verdict == "error"
+    (error,) = out.errors
+    assert (error["rank"], error["kind"], error["type"]) == (2, "abort", "SIGSEGV")
+    assert error["message"].startswith("No parent communicator exists for nocolor split")
+    assert [rt.status for rt in out.ranks] == ["done", "done", "aborted"]

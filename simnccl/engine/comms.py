@@ -25,6 +25,15 @@ from simnccl.meetings import Arrival, Meeting
 from simnccl.ops import Op
 from simnccl.release import CUDAMALLOCASYNC_TRACKER, Impl
 
+# A legacy parent that passed ``isInitialized()`` on send/recv pair communicators alone has no communicator under the
+# device key: 2.15's ``performNocolorSplit`` logs this (its own text) and calls ``NCCLComm::split`` on the null
+# pointer, whose first act reads ``source->rank_`` (libtorch_cuda.so 2.15, disassembled: the null check only logs).
+NOCOLOR_WITHOUT_PARENT = (
+    "No parent communicator exists for nocolor split\n"
+    "Segmentation fault: legacy ProcessGroupNCCL's performNocolorSplit called NCCLComm::split on a null parent "
+    "communicator (this rank's only communicators of the parent group are send/recv pair communicators)"
+)
+
 
 def unique_id_stage(meeting: Meeting, rank: int, impl: Impl) -> str | None:
     """Where a member of an NCCL group's bootstrap that has not completed is, as torch 2.15 runs it: "store" (it
@@ -293,6 +302,8 @@ class Comms:
         Run-ahead is limited to consecutive splits of one parent, so a pending split always completes before
         a later one on the same parent, and the rank's real position is its earliest incomplete split.
         """
+        if parent.comm_id is None:
+            raise ProcessAbort(NOCOLOR_WITHOUT_PARENT, signal="SIGSEGV")
         if rt.pending and rt.pending[-1][0].key[1] != parent.comm_id:
             return self._settled_nocolor_split(rt, parent, op)
         meeting = self._split_meeting(parent)

@@ -205,8 +205,10 @@ class AsyncError(TorchError):
 
 
 class ProcessAbort(TorchError):
-    def __init__(self, message: str) -> None:
-        super().__init__("SIGABRT", message)
+    """The process dies of a signal (its type name): SIGABRT for torch's and gloo's aborts, SIGSEGV for a crash."""
+
+    def __init__(self, message: str, signal: str = "SIGABRT") -> None:
+        super().__init__(signal, message)
 
 
 class PeerLost(TorchError):

@@ -504,6 +504,9 @@ class Cohorts:
                 plans = {}
                 for rt in ranks:
                     assert rt.world is not None
+                    parent = rt.world.comm_for("cuda")
+                    if parent is None or not parent.ready:
+                        return None  # not a split on this rank (legacy: raises, bootstraps fresh, or crashes)
                     plans[rt.rank] = plan_split_group(
                         self.sim.release,
                         rt.ctx,
