@@ -187,7 +187,13 @@ def unique_id_wait_s(impl: Impl, *, group_timeout_s: float, store_timeout_s: flo
 
 
 def on_unique_id_wait(
-    impl: Impl, *, group_rank: int, group: str, in_store: bool, timeout_s: float
+    impl: Impl,
+    *,
+    group_rank: int,
+    group: str,
+    in_store: bool,
+    timeout_s: float,
+    pair: tuple[int, int, int] | None = None,
 ) -> TimeoutAction | None:
     """A member of an NCCL group's bootstrap that the others never joined, as torch 2.15 ends it.
 
@@ -196,16 +202,26 @@ def on_unique_id_wait(
     wraps the store's DistStoreError in a DistBackendError; nccl2's ``exchangeUniqueIds`` lets it through. Else the
     member is inside ``ncclCommInitRank`` (group rank 0 after publishing, the others once they read the id), which
     in NCCL's default blocking mode has no timeout and no watchdog yet: None, nothing ends it here (legacy's
-    heartbeat monitor may, on another rank's dump signal)."""
+    heartbeat monitor may, on another rank's dump signal).
+
+    ``pair``: the bootstrap is a send/recv pair communicator's of ``group`` (its two group ranks, lower first, and
+    nccl-lazy's attempt number), whose pair rank 1 is the one that reads. Legacy's ``broadcastUniqueNCCLID`` keys
+    a single p2p op's id by ``getKeySendRecv`` ("lo:hi") instead of its communicator counter, in the group's own
+    store; nccl-lazy's pair is an nccl2 group named ``<group>/p2p-<lo>-<hi>-<attempt>`` over a store prefixed with
+    that name, with the group's timeout."""
     if not in_store:
         return None
     ms = round(timeout_s * 1000)
     if impl is Impl.LEGACY:
-        key = "0"
+        key = "0" if pair is None else f"{pair[0]}:{pair[1]}"
         error = STORE_WAIT_TIMEOUT.format(ms=ms, keys=f"/default_pg/{group}//cuda//{key}")
         text = LEGACY_UNIQUE_ID_ERROR.format(group_rank=group_rank, key=key, error=error)
         return TimeoutAction("raise", False, 0.0, "torch.distributed.DistBackendError", text, False)
-    keys = f"/default_pg/{group}//cuda//{group}/nccl_storekey_0"
+    if pair is None:
+        keys = f"/default_pg/{group}//cuda//{group}/nccl_storekey_0"
+    else:
+        name = f"{group}/p2p-{pair[0]}-{pair[1]}-{pair[2]}"
+        keys = f"/default_pg/{group}//cuda//{name}/{name}/nccl_storekey_0"
     text = STORE_WAIT_TIMEOUT.format(ms=ms, keys=keys)
     return TimeoutAction("raise", False, 0.0, "torch.distributed.DistStoreError", text, False)
 

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from simnccl.explain import explain
 from simnccl.faults import Fault, FaultSchedule
-from simnccl.ops import AllReduce, Compute, InitProcessGroup, NewGroup, SetDevice
+from simnccl.ops import AllReduce, Compute, InitProcessGroup, NewGroup, Recv, Send, SetDevice
 from simnccl.release import Impl
 from simnccl.result import VariantResult
 from simnccl.testing import simulate
@@ -403,3 +403,59 @@ def test_a_member_whose_own_store_fails_names_rank_0_as_blocked_in_init() -> Non
     faulted = next(h for h in out.hangs if h["rank"] == 1)
     assert "rank 0 is blocked in ncclCommInitRank" in faulted["explanation"]
     assert next(h for h in out.hangs if h["rank"] == 0)["timeout_s"] is None
+
+
+# ---------------------------------------------------------------------------- a p2p pair bootstrap the peer never joins
+
+
+def _pair(backend: str, late_rank: int, faults: FaultSchedule | None = None):
+    """World of 3; group "1" is global ranks 1 and 2 (group ranks 0 and 1; timeout 120 s; the default group's,
+    hence the store's, is 600 s). Global 2 sends to global 1 over a lazily made pair communicator, one of them
+    (``late_rank``; -1: nobody) first computing 5000 s."""
+    head = [SetDevice(), InitProcessGroup(backend="nccl-legacy")]
+    group = NewGroup((1, 2), backend=backend, bind="g", timeout_s=120)
+    programs = [[*head, group], [*head, group, Recv(peer=2, group="g")], [*head, group, Send(peer=1, group="g")]]
+    if late_rank >= 0:
+        programs[late_rank].insert(3, Compute(seconds=5000.0))
+    return simulate(programs, gpus_per_node=3, faults=faults)
+
+
+def test_a_legacy_pair_bootstrap_times_out_in_the_store_by_key_lo_hi_of_group_ranks() -> None:
+    """Legacy's unbatched send/recv bootstraps a 2-rank communicator keyed getKeySendRecv(rank, peer) = "lo:hi" in
+    group ranks ("0:1" here, not the global "1:2"); pair rank 0 (group rank 0, global 1) publishes the id, the
+    other reads it with store->get under the default store's timeout. Global 1 is late: global 2 raises after
+    600 s, then global 1 publishes and blocks in ncclCommInitRank for a peer that left: a hang with no deadline."""
+    out = _pair("nccl-legacy", late_rank=1)
+    (error,) = out.errors
+    assert (error["rank"], error["kind"], error["type"]) == (2, "timeout", "torch.distributed.DistBackendError")
+    assert error["message"] == (
+        "[1] is setting up NCCL communicator and retrieving ncclUniqueId from [0] via c10d key-value store by key "
+        "'0:1', but store->get('0:1') got error: wait timeout after 600000ms, keys: /default_pg/1//cuda//0:1. "
+        "This may indicate a possible application crash on rank 0 or a network set up issue."
+    )
+    hangs = {h["rank"]: h for h in out.hangs}
+    assert error["time_s"] == pytest.approx(hangs[2]["since_s"] + 600.0)
+    assert out.verdict == "hang" and out.ranks[1].status == "blocked"
+    assert hangs[1]["timeout_s"] is None and "ncclCommInitRank" in hangs[1]["watchdog"]
+
+
+def test_a_nccl_lazy_pair_bootstrap_times_out_after_the_groups_timeout_with_the_stores_error() -> None:
+    out = _pair("nccl-lazy", late_rank=1)
+    (error,) = out.errors
+    assert (error["rank"], error["type"]) == (2, "torch.distributed.DistStoreError")
+    assert error["message"] == (
+        "wait timeout after 120000ms, keys: /default_pg/1//cuda//1/p2p-0-1-0/1/p2p-0-1-0/nccl_storekey_0"
+    )
+    assert next(h for h in out.hangs if h["rank"] == 2)["timeout_s"] == pytest.approx(120.0)
+
+
+@pytest.mark.parametrize("backend", ["nccl-legacy", "nccl-lazy"])
+def test_pair_rank_0_waiting_for_a_late_peer_blocks_in_init_without_a_timeout(backend) -> None:
+    """The pair's rank 0 published the id and waits in ncclCommInitRank: nothing times it out, and the report
+    names the wait for what it is."""
+    out = _pair(backend, late_rank=2)
+    assert out.verdict == "pass" and not out.errors  # the late peer comes at last: init completes
+    stuck = _pair(backend, late_rank=-1, faults=FaultSchedule(None, (), (Fault("stall", 2, at_op=3),)))
+    assert stuck.verdict == "hang" and not stuck.errors
+    (hang,) = [h for h in stuck.hangs if h["rank"] == 1]
+    assert hang["timeout_s"] is None and hang["watchdog"].startswith("group rank 0 published the NCCL unique id")

@@ -223,7 +223,10 @@ class Collectives:
         if comm.device is None:
             comm.device = current_device(rt)
         key = ("pair", group.name, lo, hi, attempt)
-        meeting = self.rendezvous.open(key, "bootstrap", f"{group.name}/p2p-{lo}-{hi}-{attempt}", 0, (lo, hi))
+        # Expected in pair-rank order: pair rank 0, the lower *group* rank, publishes the unique id and the other
+        # reads it from the store (``comms.unique_id_stage``); in a split group it may be the higher global rank.
+        pair_ranks = (lo, hi) if group.ranks.index(lo) < group.ranks.index(hi) else (hi, lo)
+        meeting = self.rendezvous.open(key, "bootstrap", f"{group.name}/p2p-{lo}-{hi}-{attempt}", 0, pair_ranks)
         self.rendezvous.arrive(meeting, rt, (lo, hi), op, duration=self.timing.bootstrap_s)
         yield from self.rendezvous.wait(rt, meeting, op)
         pair_id = self.comms.registry.id_for(meeting)

@@ -43,20 +43,41 @@ def unique_id_stage(meeting: Meeting, rank: int, impl: Impl) -> str | None:
     and never reads the store (legacy) or finds its own key at once (nccl2); the others read it once rank 0 wrote
     it. So only the members that never got the id (rank 0 not there yet, or their own store faulted) can time
     out in the store; the rest block in init. None: not an NCCL unique-id exchange modelled so (gloo's, or a key
-    collision, whose members wait as before)."""
+    collision, whose members wait as before).
+
+    A send/recv pair communicator's bootstrap (``"pair"``, legacy and nccl-lazy only: both NCCL) is the same
+    exchange between two: its pair rank 0, ``expected[0]``, publishes and the other reads."""
     tag = meeting.key[0]
     if tag == "store-fault":
         faulted = True
-    elif tag == "bootstrap" and meeting.problem is None:
+    elif tag in ("bootstrap", "pair") and meeting.problem is None:
         faulted = False
     else:
         return None
-    if not meeting.key[-1]:  # the key's last element: whether the communicator is an NCCL one
+    if tag != "pair" and not meeting.key[-1]:  # the key's last element: whether the communicator is an NCCL one
         return None
     root = meeting.expected[0]
     if rank == root:  # legacy's rank 0 only writes the id: a store that never answers leaves it in init
         return "store" if faulted and impl is not Impl.LEGACY else "init"
     return "store" if faulted or root not in meeting.arrivals else "init"
+
+
+def bootstrap_group(meeting: Meeting) -> str:
+    """The name of the group whose communicator a bootstrap meeting makes: a pair communicator's meeting is named
+    after the pair (``<group>/p2p-<lo>-<hi>-<attempt>``, as nccl-lazy names it) and belongs to the group in its
+    key. Why: the watchdog and the hang report find the group (its timeouts, its implementation) by this name."""
+    return meeting.key[1] if meeting.key[0] == "pair" else meeting.group
+
+
+def pair_in_group(meeting: Meeting, group_ranks: tuple[int, ...]) -> tuple[int, int, int] | None:
+    """A pair communicator's bootstrap as torch names it: its two *group* ranks, lower first, and its attempt
+    (None for any other meeting). Why: torch keys the pair by group ranks (legacy's ``getKeySendRecv``
+    ``"lo:hi"``, nccl-lazy's ``p2p-lo-hi-N``); the meeting is keyed by global ranks."""
+    if meeting.key[0] != "pair":
+        return None
+    _tag, _group, lo, hi, attempt = meeting.key
+    a, b = sorted((group_ranks.index(lo), group_ranks.index(hi)))
+    return a, b, attempt
 
 
 class CommRegistry:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from simnccl.engine.comms import unique_id_stage
+from simnccl.engine.comms import bootstrap_group, unique_id_stage
 from simnccl.engine.memory import Memory
 from simnccl.engine.nvls import MulticastSlots
 from simnccl.engine.sim import Sim
@@ -128,14 +128,16 @@ class HangReport:
 
     def _unique_id_stage(self, rt: RankRuntime, meeting: Meeting) -> str | None:
         """``unique_id_stage`` of ``rt`` in its bootstrap ``meeting``, under the group's implementation."""
-        group = next((g for g in reversed(rt.groups) if g.name == meeting.group), None)
+        name = bootstrap_group(meeting)
+        group = next((g for g in reversed(rt.groups) if g.name == name), None)
         comm = None if group is None else group.comm_for(self.device_type)
         return None if comm is None else unique_id_stage(meeting, rt.rank, comm.impl)
 
     def _timeout_for(self, rt: RankRuntime, meeting: Meeting) -> tuple[float | None, str]:
         group = rt.world
+        name = bootstrap_group(meeting)
         for g in rt.groups:
-            if g.name == meeting.group:
+            if g.name == name:
                 group = g
         timeout = group.timeout_s if group is not None else None
         if meeting.kind == "stall":

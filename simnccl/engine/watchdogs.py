@@ -13,7 +13,7 @@ import math
 from typing import Any
 
 from simnccl.c10d import Group
-from simnccl.engine.comms import unique_id_stage
+from simnccl.engine.comms import bootstrap_group, pair_in_group, unique_id_stage
 from simnccl.engine.config import EngineGuardError
 from simnccl.engine.outcome import HangReport
 from simnccl.engine.sim import Sim
@@ -112,7 +112,7 @@ class Watchdogs:
             if rt.status != "blocked" or rt.timed_out or rt.block is None or rt.rank in self.sockets.peer_lost:
                 continue
             block = rt.block
-            group = self._group_named(rt, block.meeting.group)
+            group = self._group_named(rt, bootstrap_group(block.meeting))
             if group is None:
                 continue
             comm = group.comm_for(self.sim.device_type)
@@ -130,6 +130,7 @@ class Watchdogs:
                     group=group.name,
                     in_store=stage == "store",
                     timeout_s=wait_s,
+                    pair=pair_in_group(meeting, group.ranks),
                 )
             else:
                 wait_s = group.timeout_s
