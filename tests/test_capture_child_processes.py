@@ -109,16 +109,31 @@ LEAVES = {
     "forked-worker": "pid = os.fork()\nif pid == 0:\n    import time\n    time.sleep(60)\n    os._exit(0)\n"
     "open(f'{PIDS}.{r}', 'w').write(str(pid))\n",
 }
+# Code that leaves a process running in a session of its own, out of reach of the rank's process group.
+ESCAPES = {
+    "new-session": "import subprocess\n"
+    "open(f'{PIDS}.{r}', 'w').write(str(subprocess.Popen(['sleep', '300'], start_new_session=True).pid))\n",
+    "new-session-detached": "import subprocess\nopen(f'{PIDS}.{r}', 'w').write(str(subprocess.Popen(['sleep', '300'], "
+    "start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).pid))\n",
+    "setsid": "os.system(f'setsid sleep 300 & echo $! > {PIDS}.{r}')\n",
+    "double-fork": "pid = os.fork()\nif pid == 0:\n    os.setsid()\n    daemon = os.fork()\n    if daemon == 0:\n"
+    "        os.execvp('sleep', ['sleep', '300'])\n    open(f'{PIDS}.{r}', 'w').write(str(daemon))\n    os._exit(0)\n"
+    "os.waitpid(pid, 0)\n",
+}
+LEAVES.update(ESCAPES)
 
 
-def capture_leaving(tmp_path: Path, leaves: str) -> tuple[cap.CapturedRun, list[int]]:
+def capture_leaving(
+    tmp_path: Path, leaves: str, *, mode: str | None = None, preload: bool = True
+) -> tuple[cap.CapturedRun, list[int]]:
     """Capture a 2-rank script that runs ``leaves``: the run, and the pids it left (killed here if still
     running, so that a failing test leaves nothing behind either)."""
     pids = tmp_path / "pid"
     path = write(tmp_path, "leaves.py", f"PIDS = {str(pids)!r}\n" + leaves + "dist.new_group([0, 1])\n")
     try:
         with no_child_left_behind():
-            run = cap.capture(cap.script_target(None, str(path), []), 2, timeout_s=20)
+            target = cap.script_target(None, str(path), [], preload=preload)
+            run = cap.capture(target, 2, timeout_s=20, mode=mode)
         left = [int(p.read_text()) for p in sorted(tmp_path.glob("pid.*"))]
         alive = [pid for pid in left if _running(pid)]
     finally:
@@ -140,6 +155,38 @@ def test_a_rank_that_leaves_a_process_running_is_not_reported_as_hung(tmp_path: 
 def test_what_a_rank_leaves_running_does_not_outlive_the_capture(tmp_path: Path, leaves: str) -> None:
     _, alive = capture_leaving(tmp_path, LEAVES[leaves])
     assert alive == []
+
+
+@pytest.mark.parametrize("leaves", list(LEAVES))
+@pytest.mark.parametrize("how", ["forked-directly", "inline"])
+def test_what_a_rank_leaves_running_does_not_outlive_the_capture_without_the_fork_server(
+    tmp_path: Path, leaves: str, how: str
+) -> None:
+    """As above, with the ranks forked from the capturing process itself (no preload), and run inline in it.
+    One in a session of its own (``ESCAPES``) is out of the rank's process group: it was re-parented to init
+    and ran on. The rank is a child subreaper now, its orphans stay in its tree, and the tree is killed before
+    the rank ends. Inline, nothing was killed at all: whatever the captured code left ran on."""
+    mode = "inline" if how == "inline" else None
+    run, alive = capture_leaving(tmp_path, LEAVES[leaves], mode=mode, preload=False)
+    assert [sum(isinstance(op, NewGroup) for op in p.ops) for p in run.programs] == [1, 1]
+    assert alive == []
+
+
+def test_what_a_rank_that_crashed_left_in_a_session_of_its_own_does_not_outlive_the_capture(tmp_path: Path) -> None:
+    """A rank killed by a signal cannot end its own tree: its orphans are re-parented to the fork server (a
+    subreaper), which kills them before it exits."""
+    pids = tmp_path / "pid"
+    crash = "import signal\nos.kill(os.getpid(), signal.SIGKILL)\n"
+    path = write(tmp_path, "crash.py", f"PIDS = {str(pids)!r}\n" + ESCAPES["new-session"] + crash)
+    try:
+        with no_child_left_behind(), pytest.raises(cap.CaptureError, match="died without a result"):
+            cap.capture(cap.script_target(None, str(path), []), 2, timeout_s=20)
+        left = [int(p.read_text()) for p in sorted(tmp_path.glob("pid.*"))]
+        assert left and [pid for pid in left if _running(pid)] == []
+    finally:
+        for file in tmp_path.glob("pid.*"):
+            with contextlib.suppress(ProcessLookupError, ValueError):
+                os.kill(int(file.read_text()), signal.SIGKILL)
 
 
 def _running(pid: int) -> bool:

@@ -12,7 +12,8 @@ end of that rank's result pipe (``socket.send_fds``), it forks the rank (``ranks
 (which rank runs, each rank's deadline, killing an overrunning one) and reads each result pipe itself, exactly
 as for ranks it forks directly. On end of input (the capturer closed the socket, or died: the server has
 ``PR_SET_PDEATHSIG``) or SIGTERM (``simnccl``'s Ctrl-C guard) the server kills and reaps every rank still
-running, then exits; ranks die with the server (their own ``PR_SET_PDEATHSIG``).
+running, and every process re-parented to it (it is a child subreaper), then exits; ranks die with the server
+(their own ``PR_SET_PDEATHSIG``).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from simnccl.capture.ranks import (
 from simnccl.capture.recorder import _Recorder, built_calls
 from simnccl.capture.result import CaptureError
 from simnccl.capture.script import RANK_VARIABLES, PreloadRefused, ScriptTarget
+from simnccl.process_tree import become_subreaper, kill_descendants
 
 MESSAGE_BYTES = 1 << 16  # every message is a short tuple
 SERVER_EXIT_S = 10.0  # how long the server gets to reap its ranks and exit once told to, before SIGKILL
@@ -157,6 +159,7 @@ def _serve(spec: _Spec, target: ScriptTarget, sock: socket.socket, log_path: str
     code = 0
     try:
         _forked_child(log_path)
+        become_subreaper()  # a rank killed before it ended its own tree leaves it to us (see finally)
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the capturer, which ends us
         signal.signal(signal.SIGTERM, _raise_stop)
         try:
@@ -196,6 +199,7 @@ def _serve(spec: _Spec, target: ScriptTarget, sock: socket.socket, log_path: str
     finally:
         for pid in sorted(children):
             _kill_and_reap(pid)
+        kill_descendants(os.getpid())  # orphans of ranks that died without ending their own tree (a crash)
         os._exit(code)
 
 

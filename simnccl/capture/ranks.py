@@ -35,6 +35,7 @@ from simnccl.capture_cli import DEFAULT_TIMEOUT_S
 from simnccl.ops import (
     Checkpoint,
 )
+from simnccl.process_tree import become_subreaper, descendants, has_children, has_exited, kill_descendants, subreaper
 
 MASTER_PORT = "29500"
 STARTUP_CHECKPOINT = "startup"  # before a captured step: what startup left on each device
@@ -226,13 +227,19 @@ def _own_group(pid: int) -> None:
 
 
 def _kill_and_reap(pid: int) -> None:
-    """SIGKILL ``pid``, a rank forked by this process, with everything still in its process group
-    (``_own_group``), and reap it.
+    """SIGKILL ``pid``, a rank forked by this process, with every process it started, and reap it.
 
-    Why the group: only the rank dies with its parent (``PR_SET_PDEATHSIG``); a process the captured code
-    started (``subprocess.Popen(["sleep", "1000"])``) would be reparented and outlive the capture. One that
-    left the group itself (``setsid``, ``start_new_session=True``) is out of reach, as it would be of torchrun.
+    Why: only the rank dies with its parent (``PR_SET_PDEATHSIG``); a process the captured code started
+    (``subprocess.Popen(["sleep", "1000"])``) would be reparented and outlive the capture. Those still in the
+    rank's process group (``_own_group``) die with it (``killpg``, also where there is no ``/proc``). One that
+    left the group (``setsid``, ``start_new_session=True``, a daemon's double fork) is still in the rank's
+    tree on Linux, the rank being a subreaper (``_rank_child``): a rank still running is stopped (it forks no
+    more) and its tree killed first (``kill_descendants``). A rank that ended on its own ended its tree itself.
     """
+    if not has_exited(pid):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGSTOP)
+        kill_descendants(pid)
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)
     with contextlib.suppress(ProcessLookupError):
@@ -250,6 +257,7 @@ def _rank_child(spec: _Spec, rank: int, write_fd: int, log_path: str) -> NoRetur
     rank_pid = os.getpid()
     try:
         _own_group(0)
+        become_subreaper()  # what the captured code starts stays in our tree, even in a session of its own
         os.set_inheritable(write_fd, False)  # a program the captured code runs (os.system, Popen) never gets it
         _forked_child(log_path)
         rank_collector()
@@ -267,7 +275,17 @@ def _rank_child(spec: _Spec, rank: int, write_fd: int, log_path: str) -> NoRetur
     except BaseException:
         code = 70
     finally:
+        _end_descendants()
         os._exit(code)
+
+
+def _end_descendants() -> None:  # pragma: no cover - a child
+    """Kill whatever this process (a rank, a subreaper) still has running before it exits: its orphans would
+    otherwise be re-parented past it, out of the capture's reach. Checked first with one system call: most
+    ranks start nothing."""
+    with contextlib.suppress(Exception):
+        if has_children():
+            kill_descendants(os.getpid())
 
 
 _HEAD = struct.Struct("<BBQ")  # a frame's head: ok, number of parts, the pid of the process that wrote it
@@ -561,7 +579,7 @@ def _run_inline(spec: _Spec) -> list[RankCapture]:
     out = []
     for rank in range(spec.world_size):
         try:
-            with _deadline(spec.timeout_s, rank):
+            with _deadline(spec.timeout_s, rank), _ending_what_it_starts():
                 out.append(_run_rank(spec, rank))
         except CaptureError:
             raise
@@ -570,3 +588,22 @@ def _run_inline(spec: _Spec) -> list[RankCapture]:
         except Exception as err:
             raise CaptureError(_describe_failure(rank, err)) from None
     return out
+
+
+@contextlib.contextmanager
+def _ending_what_it_starts() -> Iterator[None]:
+    """Kill every process started inside the block (by an inline rank) once it ends, as a forked rank's are.
+
+    Inline, the rank is this process: what the captured code starts is our child (or, orphaned, our child
+    again: this process is a subreaper inside the block, and only there). Processes that were already our
+    descendants before the block, and what they start, are left alone; one that another thread of this
+    process starts during the block is not told apart from the rank's, and is killed too.
+    """
+    me = os.getpid()
+    before = frozenset(descendants(me))
+    with subreaper():
+        try:
+            yield
+        finally:
+            if os.getpid() == me:  # not in a process the captured code forked (it exits at once)
+                kill_descendants(me, spare=before)
