@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -773,6 +775,42 @@ def _kill_launcher_mid_run(tmp_path: Path, *options: str) -> None:
     while marked_processes(mark) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert marked_processes(mark) == [], "a zygote or rank outlived its launcher"
+
+
+@pytest.mark.parametrize("policy", ["StartsADaemon", "StartsADetachedDaemon"])
+@pytest.mark.parametrize("ends", ["passes", "hangs"])
+def test_a_process_a_rank_starts_in_a_session_of_its_own_does_not_outlive_the_run(
+    policy: str, ends: str, tmp_path: Path
+) -> None:
+    """Out of the rank's process group, such a process escaped the killpg, was re-parented to init and ran on
+    after ``real run`` exited. Each rank is a child subreaper now and kills its tree before it ends (passes),
+    and the zygote, a subreaper too, kills what a rank killed by the launcher left (hangs: rank 0 waits in an
+    all_reduce rank 1 skips). The run still ends on time, with its verdict (nothing waits on the daemon's copy
+    of the rank's output: it is the rank's log file)."""
+    scenario = tmp_path / "two.toml"
+    both = '{ op = "all_reduce", group = "g", size_mib = 1 },'
+    hang = '{ op = "all_reduce", group = "g", size_mib = 1, on_ranks = [0] },'
+    assert both in _TWO_RANKS
+    scenario.write_text(_TWO_RANKS if ends == "passes" else _TWO_RANKS.replace(both, hang))
+    mark = uuid.uuid4().hex
+    try:
+        done = subprocess.run(
+            [PYTHON, "-m", "simnccl.real", "run", str(scenario), "--policy", f"user_policies:{policy}", "--stall", "2"],
+            cwd=REPO,
+            env=dict(os.environ, REAL_TEST_MARK=mark, PYTHONPATH=f"{REPO}{os.pathsep}{REPO / 'tests'}"),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == (0 if ends == "passes" else 1), done.stdout + done.stderr
+        deadline = time.monotonic() + 5
+        while marked_processes(mark) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert marked_processes(mark) == [], "a process a rank started outlived the run"
+    finally:
+        for pid in marked_processes(mark):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def test_a_launcher_killed_mid_run_leaves_no_zygote_or_rank_or_folder(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ Imported by spec (``user_policies:Name``) with ``tests/`` on ``sys.path`` (pytes
 
 from __future__ import annotations
 
+import subprocess
 import sys
 import time
 from dataclasses import dataclass, replace
@@ -190,6 +191,29 @@ class NcclOnlyUnderTorch(BasePolicy):
 
 
 SLEEPS_S = 60.0
+
+
+@dataclass(frozen=True)
+class StartsADaemon(BasePolicy):
+    """A policy that starts a helper process in a session of its own (``sleep 300``, standing in for a cache
+    daemon) on the real ranks only (where torch.distributed is initialized), and leaves it running. It keeps
+    the rank's stdout and stderr; ``StartsADetachedDaemon``'s does not."""
+
+    name: str = "starts-a-daemon"
+    detached: bool = False
+
+    def on_group(self, request: GroupRequest, decision: GroupDecision) -> GroupDecision:
+        dist = sys.modules.get("torch.distributed")
+        if dist is not None and dist.is_initialized():
+            quiet = subprocess.DEVNULL if self.detached else None
+            subprocess.Popen(["sleep", "300"], start_new_session=True, stdin=quiet, stdout=quiet, stderr=quiet)
+        return decision
+
+
+@dataclass(frozen=True)
+class StartsADetachedDaemon(StartsADaemon):
+    name: str = "starts-a-detached-daemon"
+    detached: bool = True
 
 
 @dataclass(frozen=True)

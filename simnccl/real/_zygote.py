@@ -18,7 +18,10 @@ its files (``keep``).
 No process is left behind: every rank gets its own process group (the launcher kills it with ``killpg``) and
 ``PR_SET_PDEATHSIG=SIGKILL`` (it dies with the zygote, whose one thread forked it); the zygote kills and reaps its
 children when its stdin closes or its launcher process is gone (``getppid`` changes), and reaps every child that
-exits (``waitpid``), so no zombie outlives a run either.
+exits (``waitpid``), so no zombie outlives a run either. On Linux the ranks and the zygote are child subreapers
+(``simnccl.process_tree``): a process a rank's code starts in a session of its own (out of the ``killpg``'s
+reach) stays in the rank's tree, which the rank kills before it exits; if the rank is killed first, its orphans
+come to the zygote, which kills them.
 
 Why the zygote watches its launcher instead of setting ``PR_SET_PDEATHSIG`` on it: that signal follows the
 *thread* that started the process, not the process. A launcher is shared by threads (``real diff`` runs each
@@ -38,6 +41,8 @@ import shutil
 import signal
 import sys
 import traceback
+
+from simnccl.process_tree import become_subreaper, has_children, kill_descendants
 
 PR_SET_PDEATHSIG = 1
 
@@ -67,6 +72,7 @@ def _child(spec_json: str, log: str, parent: int) -> None:
     try:
         os.setpgid(0, 0)
         set_pdeathsig(signal.SIGKILL)
+        become_subreaper()  # what the rank's code starts stays in its tree, even in a session of its own
         if os.getppid() != parent:  # the zygote died between fork and prctl
             os._exit(75)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -87,6 +93,8 @@ def _child(spec_json: str, log: str, parent: int) -> None:
         try:
             sys.stdout.flush()
             sys.stderr.flush()
+            if has_children():  # one system call: most ranks start nothing
+                kill_descendants(os.getpid())
         finally:
             os._exit(code)
 
@@ -99,6 +107,13 @@ def _kill_all(children: set[int]) -> None:
         except (ProcessLookupError, PermissionError):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+def _end_strays(children: set[int]) -> None:
+    """Kill every process re-parented to us (we are a subreaper), and what it started: the orphans of a rank
+    that ended without ending its own tree (killed by the launcher, a crash). Only a dead rank's orphans come
+    to us; a running rank, a subreaper itself, keeps its own."""
+    kill_descendants(os.getpid(), spare=frozenset(children))
 
 
 def _orphan_dir(argv: list[str]) -> str | None:
@@ -125,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     import simnccl.torch_apply  # noqa: F401
 
     me = os.getpid()
+    become_subreaper()  # a rank killed before it ended its own tree leaves it to us (see _end_strays)
     children: set[int] = set()
     _emit(out, {"ready": me})
     buffer = b""
@@ -162,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
                 _kill_all(children)
         else:
             select.select([], [], [], 0.02)
-        while children:
+        while True:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
@@ -170,8 +186,11 @@ def main(argv: list[str] | None = None) -> int:
                 break
             if pid == 0:
                 break
-            children.discard(pid)
-            _emit(out, {"exited": pid, "code": os.waitstatus_to_exitcode(status)})
+            if pid in children:  # not a stray (_end_strays), which the launcher never heard of
+                children.discard(pid)
+                _emit(out, {"exited": pid, "code": os.waitstatus_to_exitcode(status)})
+                _end_strays(children)
+    _end_strays(children)
     if orphaned and remove is not None:  # every rank is reaped: nothing writes there any more
         shutil.rmtree(remove, ignore_errors=True)
     return 0
