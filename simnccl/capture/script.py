@@ -233,7 +233,10 @@ class _WatchedEnviron(os._Environ):  # type: ignore[misc,name-defined]
 def _environment_copy(modules: set[str], environment: Mapping[str, str]) -> str | None:
     """``module.NAME`` of a module-level mapping among ``modules`` holding every variable of ``environment``:
     a copy (``ENV = dict(os.environ)``) whose later ``ENV.get("RANK")`` would find no rank in any rank, where
-    each rank importing it itself finds its own. Copies kept deeper (in an object) are not seen."""
+    each rank importing it itself finds its own. Copies kept deeper (in a class or an object, in a nested
+    container, as a list of items) are not seen, and README says so: finding them means walking everything
+    the imports reach, and a str-to-str dict is not even tracked by the garbage collector (``gc`` cannot list
+    it), so no cheap check exists; ``--no-preload`` is the remedy."""
     if not environment:
         return None
     for module_name in sorted(modules):
