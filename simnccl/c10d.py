@@ -662,6 +662,10 @@ def plan_split_group(
     device = parent.bound_device
     if device is None and parent_comm.impl is Impl.LEGACY:
         device = _legacy_guess_device(parent_comm, ctx)
+    elif device is None:
+        # ncclCommSplit makes the child on the parent communicator's device: an unbound parent that split (2.14's
+        # nccl2 after its first collective) has one. With none, the child's first collective crashed the simulator.
+        device = parent_comm.device
     splits = legacy_split_has_parent_comm(parent_comm)
     comm = CommPlan(
         pair=DeviceBackend(pair.device_type, pair.name, child_impl),

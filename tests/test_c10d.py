@@ -303,6 +303,17 @@ def test_a_collective_on_a_split_child_of_an_unbound_legacy_world_runs_and_is_ch
     assert all(m["bytes"] > 0 for m in child.members.values())
 
 
+def test_a_collective_on_a_split_child_of_an_unbound_2_14_nccl2_world_runs_on_the_parents_device() -> None:
+    # 2.14's nccl2 binds no device without device_id; its first collective makes the communicator, which
+    # ncclCommSplit splits on its own device. The child had no device, and its collective crashed the simulator.
+    start = [SetDevice(), InitProcessGroup(), AllReduce()]
+    program = [*start, SplitGroup(split_ranks=((0, 1),), bind="g"), AllReduce(group="g")]
+    out = simulate([program, program], release="2.14", env={"TORCH_DIST_USE_NCCL2": "1"})
+    assert out.verdict == "pass"
+    child = next(g for g in out.groups.values() if g.via_split)
+    assert all(m["bytes"] > 0 for m in child.members.values())
+
+
 @pytest.mark.parametrize("device_id", ["cpu:0", 1])
 def test_a_device_bound_gloo_world_is_a_split_source_that_cannot_nocolor_split(device_id) -> None:
     c = ctx(rank=3)
