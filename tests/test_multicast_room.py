@@ -10,7 +10,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from simnccl.ops import InitProcessGroup, NewGroup, Op, SetDevice
+from simnccl.ops import AllReduce, InitProcessGroup, NewGroup, Op, SetDevice, SplitGroup
 from simnccl.testing import invariants as inv
 from simnccl.testing.multicast_room import (
     communicators_per_node,
@@ -50,6 +50,19 @@ def test_groups_of_one_member_per_node_take_no_slot_there() -> None:
     ops: tuple[Op, ...] = (SetDevice(), InitProcessGroup(backend="nccl"))
     ops += tuple(NewGroup(ranks=(i, 8 + i), bind=f"x{i}") for i in range(8))
     assert communicators_per_node((ops,) * world, 8) == {0: 1, 1: 1}  # the world group only
+
+
+def test_split_group_children_take_slots_as_groups_do() -> None:
+    """A split_group child is a communicator of its own: cases() draws splits, and a program of splits past the
+    slots was not rejected (counted as the world group alone), then failed under every policy."""
+    ops: tuple[Op, ...] = (SetDevice(), InitProcessGroup(backend="nccl"), AllReduce())
+    ops += tuple(SplitGroup(split_ranks=((0, 1, 2, 3), (4, 5, 6, 7)), bind=f"s{i}") for i in range(12))
+    assert communicators_per_node((ops,) * 8, 8) == {0: 25}  # the world group + 12 x two children
+    assert not within_multicast_slots((ops,) * 8, "h200-141gb", 8)
+    family = NewGroup(ranks=(0, 1, 2, 3), bind="f")  # a family's part splits into its own children
+    split = SplitGroup(split_ranks=((0, 1),), parent="f", bind="c")
+    lower = (SetDevice(), InitProcessGroup(backend="nccl"), family, AllReduce(group="f"), split)
+    assert communicators_per_node((lower,) * 4, 8) == {0: 3}  # world, f, c = (0, 1); 2 and 3 are no members
 
 
 @given(cases(gpu="h200-141gb", min_world=8, max_world=8, policy=st.none()))

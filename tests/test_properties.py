@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import run_state_machine_as_test
 
 from simnccl.engine import RunOutcome
-from simnccl.ops import WORLD, Checkpoint, Collective, NewGroup, PointToPoint
+from simnccl.ops import WORLD, Checkpoint, Collective, DestroyProcessGroup, NewGroup, PointToPoint, SplitGroup
 from simnccl.policy import BUILTIN
 from simnccl.testing import harness, mutations
 from simnccl.testing import invariants as inv
@@ -63,19 +63,24 @@ def _valid_run_holds(case: SimCase, out: RunOutcome, policy: str | None = None) 
 @given(cases())
 def test_generated_programs_are_valid_spmd_programs(case: SimCase) -> None:
     """The generator's own contract: at most 30 ops per rank, identical programs shared, every rank issues
-    the same group-creation calls in the same order, every used handle is bound first."""
+    the same group-creation calls (new_group, split_group) and destroys in the same order, every used handle is
+    bound first and not destroyed, and a split's parent ran a collective before it (torch: initialized)."""
     assert case.ops_per_rank() <= MAX_OPS
     distinct = {id(p) for p in case.programs}
     assert len(distinct) == len(set(case.programs)), "equal programs must be one shared object"
-    creation = [[op for op in p if isinstance(op, NewGroup)] for p in case.programs]
+    creation = [[op for op in p if isinstance(op, NewGroup | SplitGroup | DestroyProcessGroup)] for p in case.programs]
     assert all(c == creation[0] for c in creation)
     for program in case.programs:
-        bound = {WORLD}
+        bound, warm = {WORLD}, set()
         for op in program:
-            if isinstance(op, NewGroup):
+            if isinstance(op, NewGroup | SplitGroup):
+                assert not isinstance(op, SplitGroup) or op.parent in warm, op
                 bound.add(op.bind)
+            elif isinstance(op, DestroyProcessGroup):
+                bound.remove(op.group)
             elif isinstance(op, Collective | PointToPoint):
                 assert op.group in bound
+                warm.add(op.group)
     assert sum(isinstance(op, Checkpoint) and op.label == "groups" for op in case.programs[0]) == 1
 
 
@@ -93,6 +98,18 @@ def test_valid_program_passes_under_any_policy(case: SimCase) -> None:
 def test_valid_program_passes_under_each_policy(policy: str, data: st.DataObject) -> None:
     """What a user's suite asserts: a default case (its timeouts never fire) passes under a correct policy."""
     case = data.draw(cases(policy=_builtin_spec(policy)))
+    out = case.run()
+    assert (v := inv.passes(out)), v.explanation
+    assert (v := inv.within_capacity(out)), v.explanation
+
+
+@pytest.mark.parametrize("policy", [*BUILTIN, *COMPOSITIONS])
+@given(data=st.data())
+def test_valid_program_with_a_split_group_passes_under_each_policy(policy: str, data: st.DataObject) -> None:
+    """cases() drew no split_group, so a policy that mishandles splits passed every user's suite: default cases
+    that split (a quarter of them) pass under every built-in policy, as under torch's default."""
+    case = data.draw(cases(policy=_builtin_spec(policy)))
+    assume(any(isinstance(op, SplitGroup) for op in case.programs[0]))
     out = case.run()
     assert (v := inv.passes(out)), v.explanation
     assert (v := inv.within_capacity(out)), v.explanation

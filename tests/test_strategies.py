@@ -22,10 +22,12 @@ from simnccl.ops import (
     Checkpoint,
     Collective,
     Compute,
+    DestroyProcessGroup,
     InitProcessGroup,
     NewGroup,
     Recv,
     Send,
+    SplitGroup,
 )
 from simnccl.testing import invariants as inv
 from simnccl.testing import mutations, strategies
@@ -147,6 +149,35 @@ def test_nearly_every_case_makes_a_group(drawn_cases: list[SimCase]) -> None:
     the draws were such programs. Now nearly none (no family stays drawable: see the test above)."""
     groupless = sum(not any(isinstance(op, NewGroup) for op in c.programs[0]) for c in drawn_cases)
     assert groupless <= len(drawn_cases) // 20, f"{groupless} of {len(drawn_cases)} cases make no group"
+
+
+def test_split_group_is_drawn_and_its_children_used_and_destroyed(drawn_cases: list[SimCase]) -> None:
+    """cases() never drew ``split_group``, so a user's policy that mishandles splits was never exercised. Now a
+    share of programs split the world or a family after the parent's first collective (torch requires it
+    initialized) and later run collectives on the children; some split leaving non-members, with ranks out of
+    order, and some destroy a child."""
+    split = child_used = destroyed = 0
+    parents: set[bool] = set()
+    non_members = reordered = False
+    for case in drawn_cases:
+        children: set[str] = set()
+        used = False
+        for op in case.programs[0]:
+            if isinstance(op, SplitGroup):
+                children.add(op.bind)
+                parents.add(op.parent == WORLD)
+                whole = op.parent == WORLD and len(op.split_ranks) == 1
+                non_members |= whole and len(op.split_ranks[0]) < case.world_size
+                reordered |= any(list(s) != sorted(s) for s in op.split_ranks)
+            elif isinstance(op, Collective) and op.group in children:
+                used = True
+            elif isinstance(op, DestroyProcessGroup) and op.group in children:
+                destroyed += 1
+        split += bool(children)
+        child_used += used
+    assert split > len(drawn_cases) // 6, f"{split} of {len(drawn_cases)} cases split"
+    assert child_used > len(drawn_cases) // 20, f"{child_used} of {len(drawn_cases)} cases use a split child"
+    assert parents == {True, False} and non_members and reordered and destroyed
 
 
 def _timing_drawn(drawn: list[SimCase]) -> tuple[set[float | None], set[float | None], set[float]]:

@@ -322,10 +322,15 @@ def lazy_unused_allocate_nothing(outcome: RunOutcome, programs: Sequence[Sequenc
     on that rank (a dedupe policy may bind two handles to one group); the default group counts too, since
     ``lazy-init`` makes it lazy as well. Checked against the ledgers' whole
     timelines, so an allocation that was freed again still counts.
+
+    A ``split_group`` child is no such group: ncclCommSplit makes its communicator at the call, whatever
+    ``lazy_init`` says (``simnccl.c10d.plan_split_group``), so no policy can leave it unallocated.
     """
+    split_handles = {op.bind for program in programs for op in program if isinstance(op, SplitGroup) and op.bind}
     unused: dict[int, dict[str, Group]] = {}
     for rt in outcome.ranks:
         used = {id(rt.handles[h]) for h in _used_handles(programs, rt.rank) if h in rt.handles}
+        used |= {id(rt.handles[h]) for h in split_handles if h in rt.handles}
         for group in rt.groups:
             if id(group) in used:
                 continue

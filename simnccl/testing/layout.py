@@ -27,6 +27,7 @@ from simnccl.ops import (
     Checkpoint,
     Collective,
     Compute,
+    DestroyProcessGroup,
     InitProcessGroup,
     NewGroup,
     Op,
@@ -34,6 +35,7 @@ from simnccl.ops import (
     ReduceScatter,
     Send,
     SetDevice,
+    SplitGroup,
 )
 
 COLLECTIVES: dict[str, type[Collective]] = {
@@ -71,7 +73,8 @@ class Family:
 @dataclass(frozen=True)
 class Use:
     """A step after group creation: ``kind`` is a collective name, ``"p2p"`` (src sends to dst), ``"compute"``
-    (rank ``src`` alone works for ``seconds``: a straggler the others wait for at their next shared step) or
+    (rank ``src`` alone works for ``seconds``: a straggler the others wait for at their next shared step),
+    ``"destroy"`` (``destroy_process_group`` of the handle on every rank; the handle is not used after) or
     ``"checkpoint"``."""
 
     kind: str
@@ -83,7 +86,25 @@ class Use:
     seconds: float = 0.0
 
 
-Step = Family | Use
+@dataclass(frozen=True)
+class Split:
+    """One ``split_group`` call of every rank: each group bound to ``parent`` (the world, or each rank's part of
+    a family) split into ``split_ranks`` (ranks *of the parent group*, as torch takes them, the same on every
+    rank), the child bound to ``handle``. ``parts`` are the children in global ranks (every parent part's
+    splits); a rank in none of them gets ``NON_GROUP_MEMBER`` for ``handle``, as torch returns it.
+
+    Why every rank: torch requires every rank of the parent to enter the call (NCCL's ncclCommSplit is a
+    collective over the parent; a rank in no split joins with NOCOLOR), and a family's parts cover the world."""
+
+    handle: str
+    parent: str
+    split_ranks: tuple[tuple[int, ...], ...]
+    parts: tuple[tuple[int, ...], ...]
+    purpose: str = "split"
+    timeout_s: float | None = None
+
+
+Step = Family | Use | Split
 
 
 @dataclass(frozen=True)
@@ -168,6 +189,32 @@ def mesh_shapes(world: int) -> tuple[tuple[int, int, int], ...]:
     )
 
 
+def split_children(
+    parent_parts: Sequence[tuple[int, ...]], split_ranks: Sequence[tuple[int, ...]]
+) -> tuple[tuple[int, ...], ...]:
+    """The child groups, in global ranks, of splitting each of ``parent_parts`` into ``split_ranks`` (parent
+    group ranks, each child in its split's order: a position is a group rank). A split naming a rank past a
+    part's size is no child of that part (``Split`` draws only splits within every part)."""
+    return tuple(
+        tuple(part[r] for r in split) for part in parent_parts for split in split_ranks if max(split) < len(part)
+    )
+
+
+def split_patterns(size: int) -> tuple[tuple[tuple[int, ...], ...], ...]:
+    """Every ``split_ranks`` a ``Split`` of a parent of ``size`` ranks may take, the simplest first: for each
+    block size dividing ``size`` (largest first), contiguous blocks, strided blocks, the first block alone (the
+    other ranks join as non-members) and contiguous blocks in reversed order (a position is a group rank)."""
+    out: list[tuple[tuple[int, ...], ...]] = []
+    for block in sorted(_divisors(size), reverse=True):
+        count = size // block
+        blocks = tuple(tuple(range(i * block, (i + 1) * block)) for i in range(count))
+        strided = tuple(tuple(range(j, size, count)) for j in range(count))
+        for pattern in (blocks, strided, blocks[:1], tuple(b[::-1] for b in blocks)):
+            if pattern not in out:
+                out.append(pattern)
+    return tuple(out)
+
+
 def first_use_is_collective(steps: Sequence[Step], initialized: set[str], step: Use) -> list[Step]:
     """``step``, preceded by a barrier on its handle when its first use would otherwise be a send/recv.
 
@@ -179,17 +226,17 @@ def first_use_is_collective(steps: Sequence[Step], initialized: set[str], step: 
     out: list[Step] = []
     if step.kind == "p2p" and step.handle not in initialized:
         out.append(Use("barrier", step.handle, 4))
-    if step.kind not in ("checkpoint", "compute"):  # neither touches a communicator
+    if step.kind not in ("checkpoint", "compute", "destroy"):  # none makes a communicator ready
         initialized.add(step.handle)
     out.append(step)
     return out
 
 
 def traffic_of(layout: Layout) -> dict[str, str]:
-    """What the program does on each family handle: collectives, p2p only, or nothing."""
-    seen: dict[str, set[str]] = {f.handle: set() for f in layout.families}
+    """What the program does on each family's and split child's handle: collectives, p2p only, or nothing."""
+    seen: dict[str, set[str]] = {s.handle: set() for s in layout.steps if isinstance(s, Family | Split)}
     for step in layout.steps:
-        if isinstance(step, Use) and step.handle in seen and step.kind not in ("checkpoint", "compute"):
+        if isinstance(step, Use) and step.handle in seen and step.kind not in ("checkpoint", "compute", "destroy"):
             seen[step.handle].add("p2p" if step.kind == "p2p" else "collectives")
     return {h: "collectives" if "collectives" in k else ("p2p" if k else "none") for h, k in seen.items()}
 
@@ -221,8 +268,21 @@ def render(layout: Layout) -> tuple[tuple[Op, ...], ...]:
                         traffic=traffic.get(step.handle),
                     )
                 )
+        elif isinstance(step, Split):
+            common.append(
+                SplitGroup(
+                    split_ranks=step.split_ranks,
+                    parent=step.parent,
+                    bind=step.handle,
+                    timeout_s=step.timeout_s,
+                    purpose=step.purpose,
+                    traffic=traffic.get(step.handle),
+                )
+            )
         elif step.kind == "checkpoint":
             common.append(Checkpoint(label=step.label))
+        elif step.kind == "destroy":
+            common.append(DestroyProcessGroup(group=step.handle))
         elif step.kind == "compute":  # the straggler's own op, slotted in as a send or recv is
             own.setdefault(step.src, []).append((len(common), Compute(seconds=step.seconds)))
         elif step.kind == "p2p":

@@ -15,19 +15,31 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from simnccl.engine.nvls import multicast_data, slots_per_node
-from simnccl.ops import WORLD, NewGroup, Op, PointToPoint
+from simnccl.ops import WORLD, NewGroup, Op, PointToPoint, SplitGroup
 
 
 def communicators_per_node(programs: Sequence[Sequence[Op]], gpus_per_node: int) -> dict[int, int]:
-    """Per node: the most communicators with two or more members on it that the programs can create."""
+    """Per node: the most communicators with two or more members on it that the programs can create (a
+    ``split_group`` child counts as a group: a communicator of its own, split from its parent's)."""
     world = len(programs)
     # (what, its members, what tells it from another of the same members)
     groups: set[tuple[object, tuple[int, ...], object]] = {(WORLD, tuple(range(world)), 0)}
     for rank, program in enumerate(programs):
         seen: dict[tuple[object, ...], int] = {}
+        members: dict[str | None, tuple[int, ...]] = {WORLD: tuple(range(world))}  # this rank's groups, by handle
         for op in program:
+            made: tuple[int, ...] | None = None
             if isinstance(op, NewGroup):
-                ranks = tuple(range(world)) if op.ranks is None else tuple(sorted(op.ranks))
+                made = tuple(range(world)) if op.ranks is None else tuple(op.ranks)
+            elif isinstance(op, SplitGroup) and op.parent in members:
+                parent = members[op.parent]
+                mine = next((s for s in op.split_ranks if parent.index(rank) in s), None)
+                if mine is not None and all(0 <= r < len(parent) for r in mine):
+                    made = tuple(parent[r] for r in mine)
+            if made is not None:
+                ranks = tuple(sorted(made))
+                if rank in ranks:
+                    members[op.bind] = made
                 key = (op.bind, ranks)
                 seen[key] = seen.get(key, 0) + 1
                 groups.add((op.bind, ranks, seen[key]))  # the same handle re-made with the same ranks: another

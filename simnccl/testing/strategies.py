@@ -34,6 +34,11 @@ is too): ``invariants.may_time_out`` is false for every one. ``timeouts_may_fire
 fire on a straggler (simnccl's own property tests: ``may_time_out``, ``passes_or_times_out``);
 ``timing=False`` draws neither timeouts nor stragglers.
 
+Why splits: a policy decides ``split_group`` calls too (``decide_split``), and a program that never split left
+a policy that mishandles them unexercised. A ``Split`` is a use: every rank calls it (torch requires every
+parent rank to), on the world or a family once a collective ran on it (torch requires the parent initialized:
+``_splittable``), and later uses take its child's handle like a family's, or destroy it (``_destroyable``).
+
 Mutations (``mutants``) break a valid program in one known way and name the rank to blame, for tests that
 check the simulator *finds* the defect and *names* the culprit (see ``simnccl.testing.mutations``).
 """
@@ -64,6 +69,7 @@ from simnccl.testing.layout import (
     PURPOSE,
     Family,
     Layout,
+    Split,
     Step,
     Use,
     family_parts,
@@ -71,6 +77,8 @@ from simnccl.testing.layout import (
     mesh_parts,
     mesh_shapes,
     render,
+    split_children,
+    split_patterns,
     traffic_of,
 )
 from simnccl.testing.multicast_room import within_multicast_slots
@@ -96,10 +104,12 @@ __all__ = [
     "SAFE_TIMEOUT_S",
     "SINGLE_POLICIES",
     "SIZES_BYTES",
+    "SPLIT_WEIGHT",
     "STRAGGLER_BUDGET_S",
     "ClusterSpec",
     "Family",
     "Layout",
+    "Split",
     "Step",
     "Use",
     "budgets",
@@ -125,6 +135,8 @@ __all__ = [
     "releases",
     "render",
     "single_policies",
+    "split_children",
+    "split_patterns",
     "traffic_of",
 ]
 
@@ -156,6 +168,10 @@ def _timeout_menu(timeouts: tuple[float, ...], may_fire: bool) -> tuple[float | 
     kept = timeouts if may_fire else tuple(t for t in timeouts if t >= SAFE_TIMEOUT_S)
     return (*[None] * (3 * len(kept)), *kept)
 
+
+# How many of a use's options each handle a split may be made of stands for (see ``_use_menu``): a handle offers
+# about 40 other uses, so about one use in ten where one parent is ready is a split.
+SPLIT_WEIGHT = 10
 
 # With no lower bound, each family count from one up is drawn this many times as often as no family at all.
 _FAMILY_COUNT_WEIGHT = 6
@@ -392,11 +408,24 @@ def draw_family(
     return Family(f"{PURPOSE[kind]}{index}", parts, PURPOSE[kind], timeout_s)
 
 
-def draw_use(draw: st.DrawFn, world: int, fams: Sequence[Family], *, p2p: bool = True, timing: bool = False) -> Use:
-    """A collective on a family handle or the world, a send/recv pair inside one part, a checkpoint, or (with
-    ``timing``, rarely) one rank's compute before a barrier on a handle (``draw_layout`` adds the barrier)."""
-    targets: list[Family | None] = [*fams, None]  # None: the world handle
-    menu = _use_menu(world, tuple(targets), p2p, timing)
+def draw_use(
+    draw: st.DrawFn,
+    world: int,
+    fams: Sequence[Family | Split],
+    *,
+    p2p: bool = True,
+    timing: bool = False,
+    splittable: Sequence[str] = (),
+    destroyable: Sequence[str] = (),
+    splits: int = 0,
+    timeouts_may_fire: bool = False,
+) -> Use | Split:
+    """A collective on a family handle or the world, a send/recv pair inside one part, a checkpoint, (with
+    ``timing``, rarely) one rank's compute before a barrier on a handle (``draw_layout`` adds the barrier),
+    a ``split_group`` of a handle of ``splittable`` (the world's or a family's; the ``splits``-th) or a
+    ``destroy_process_group`` of a split child of ``destroyable``."""
+    targets: list[Family | Split | None] = [*fams, None]  # None: the world handle
+    menu = _use_menu(world, tuple(targets), p2p, timing, tuple(splittable), tuple(destroyable))
     target, kind, size = menu[_index(draw, len(menu))]
     if kind == "checkpoint":
         return Use("checkpoint", label=f"c{size}")
@@ -405,6 +434,10 @@ def draw_use(draw: st.DrawFn, world: int, fams: Sequence[Family], *, p2p: bool =
         handle = WORLD if targets[on] is None else targets[on].handle  # type: ignore[union-attr]
         return Use("compute", handle, src=src, seconds=COMPUTE_SECONDS[size])
     handle = WORLD if target is None else target.handle
+    if kind == "split":  # how the parent splits and (with timing) the child's timeout, in one more choice
+        return _draw_split(draw, world, target, splits, timing, timeouts_may_fire)
+    if kind == "destroy":
+        return Use("destroy", handle)
     if kind == "p2p":  # an ordered pair of distinct ranks of one part, in one more choice
         pairs = _p2p_pairs((tuple(range(world)),) if target is None else target.parts)
         src, dst = pairs[_index(draw, len(pairs))]
@@ -412,17 +445,43 @@ def draw_use(draw: st.DrawFn, world: int, fams: Sequence[Family], *, p2p: bool =
     return Use(kind, handle, size)
 
 
+def _draw_split(
+    draw: st.DrawFn, world: int, parent: Family | None, index: int, timing: bool, timeouts_may_fire: bool
+) -> Split:
+    """A split of ``parent`` (None: the world) by one of ``split_patterns`` of its smallest part, so that every
+    split names ranks of every part (a rank past it would be torch's error, not the policy's)."""
+    parts = (tuple(range(world)),) if parent is None else parent.parts
+    patterns = split_patterns(min(map(len, parts)))
+    menu = _timeout_menu(GROUP_TIMEOUTS_S, timeouts_may_fire) if timing else (None,)
+    pattern, timeout = _choose(draw, len(patterns), len(menu))
+    split_ranks = patterns[pattern]
+    return Split(
+        f"split{index}",
+        WORLD if parent is None else parent.handle,
+        split_ranks,
+        split_children(parts, split_ranks),
+        timeout_s=menu[timeout],
+    )
+
+
 @functools.lru_cache(maxsize=4096)
 def _use_menu(
-    world: int, targets: tuple[Family | None, ...], p2p: bool, timing: bool = False
+    world: int,
+    targets: tuple[Family | Split | None, ...],
+    p2p: bool,
+    timing: bool = False,
+    splittable: tuple[str, ...] = (),
+    destroyable: tuple[str, ...] = (),
 ) -> tuple[tuple[Any, str, int], ...]:
     """Every (target, kind, size) a use may be, in one list: a collective (broadcast on the world handle only, a
     barrier of 4 bytes) or a send/recv (where a part has two ranks) of each size, or a checkpoint (its label
-    number in the size's place), and with ``timing`` a compute of each of ``COMPUTE_SECONDS`` (its index in the
+    number in the size's place), a split (``SPLIT_WEIGHT`` entries, of a ``splittable`` handle) or a destroy (of
+    a ``destroyable`` one), and with ``timing`` a compute of each of ``COMPUTE_SECONDS`` (its index in the
     size's place; once, not per target: rare, and last). Target first, all-reduce of ``SIZES_BYTES[0]`` first:
     what shrinking ends on."""
     menu: list[tuple[Any, str, int]] = []
     for target in targets:
+        handle = WORLD if target is None else target.handle
         parts = (tuple(range(world)),) if target is None else target.parts
         kinds = [k for k in COLLECTIVES if k != "broadcast" or target is None]
         if p2p and any(len(p) > 1 for p in parts):
@@ -430,6 +489,10 @@ def _use_menu(
         for kind in kinds:
             menu += [(target, kind, 4 if kind == "barrier" else size) for size in SIZES_BYTES]
         menu += [(target, "checkpoint", label) for label in range(4)]
+        if handle in splittable:
+            menu += [(target, "split", i) for i in range(SPLIT_WEIGHT)]
+        if handle in destroyable:
+            menu.append((target, "destroy", 0))
     if timing:
         menu += [(None, "compute", i) for i in range(len(COMPUTE_SECONDS))]
     return tuple(menu)
@@ -456,13 +519,14 @@ def layouts(
     multi_rank_first: bool = False,
     timing: bool = True,
     timeouts_may_fire: bool = False,
+    splits: bool = True,
 ) -> Layout:
     """Families first, then uses: the ``groups`` checkpoint sits between (used by the budget invariant).
 
     ``use_all`` ends with one all_reduce on every family handle and on the world, so every group communicates
     (the eager-vs-lazy memory property). At most ``max_ops`` ops per rank. ``timing=False`` draws no timeout
     and no straggler's compute; ``timeouts_may_fire=True`` draws short timeouts a straggler may outlast (see
-    the module docstring).
+    the module docstring). ``splits=False`` draws no ``split_group`` (and so no destroy of a split child).
     """
     return draw_layout(
         draw,
@@ -477,6 +541,7 @@ def layouts(
         multi_rank_first=multi_rank_first,
         timing=timing,
         timeouts_may_fire=timeouts_may_fire,
+        splits=splits,
     )
 
 
@@ -494,10 +559,11 @@ def draw_layout(
     multi_rank_first: bool = False,
     timing: bool = True,
     timeouts_may_fire: bool = False,
+    splits: bool = True,
 ) -> Layout:
     """``layouts``, drawn inside the caller's own strategy (no strategy object built per case): the mesh shape,
     whether traffic is annotated in one choice, the family count and the init timeout in one, one per family
-    (two with ``timing``), the use count, one per use (two for a send/recv pair or a compute)."""
+    (two with ``timing``), the use count, one per use (two for a send/recv pair, a compute or a split)."""
     if timeouts_may_fire and not timing:
         raise InvalidArgument("cases(): timeouts_may_fire=True needs timing=True (timing=False draws no timeout)")
     shapes = mesh_shapes(world)
@@ -548,9 +614,34 @@ def draw_layout(
     budget = max(0, max_ops - fixed - calls)
     steps: list[Step] = []
     initialized: set[str] = set()
+    children: list[Split] = []  # split children not destroyed: handles later uses may take
+    destroyed: set[tuple[int, ...]] = set()  # the member lists of destroyed children
     computed = 0.0
     for _ in range(_int(draw, 0, max(0, min(max_uses, budget)))):
-        use = draw_use(draw, world, fams, p2p=p2p, timing=timing)
+        splittable = _splittable(fams, initialized) if splits else ()
+        destroyable = _destroyable(world, fams, children)
+        use = draw_use(
+            draw,
+            world,
+            (*fams, *children),
+            p2p=p2p,
+            timing=timing,
+            splittable=splittable,
+            destroyable=destroyable,
+            splits=len([s for s in steps if isinstance(s, Split)]),
+            timeouts_may_fire=timeouts_may_fire,
+        )
+        if isinstance(use, Split):
+            if _sorted_parts(use) & destroyed:  # drawn, not kept: see ``_destroyable``
+                continue
+            steps.append(use)
+            children.append(use)
+            continue
+        if use.kind == "destroy":
+            steps.append(use)
+            destroyed |= next(_sorted_parts(c) for c in children if c.handle == use.handle)
+            children = [c for c in children if c.handle != use.handle]
+            continue
         if use.kind == "compute" and not timeouts_may_fire:
             if computed + use.seconds > STRAGGLER_BUDGET_S:  # drawn, not kept: its wait might reach a timeout
                 continue
@@ -559,12 +650,56 @@ def draw_layout(
         if use.kind == "compute":  # a straggler is waited for where it next meets its peers: under that timeout
             steps += first_use_is_collective(steps, initialized, Use("barrier", use.handle, 4))
     steps = steps[:budget]
-    if steps and steps[-1].kind == "compute":  # cut from its barrier: nobody would wait for the straggler
+    while use_all and len(steps) + len(_live_children(steps)) > budget:  # room for their all_reduce at the end
+        steps.pop()
+    last = steps[-1] if steps else None
+    if isinstance(last, Use) and last.kind == "compute":  # cut from its barrier: nobody would wait for the straggler
         steps.pop()
     if use_all:
-        steps += [Use("all_reduce", f.handle, MIB) for f in fams]
+        live = _live_children(steps)
+        steps += [Use("all_reduce", f.handle, MIB) for f in (*fams, *live)]
         steps.append(Use("all_reduce", WORLD, MIB))
     return Layout(world, (*fams, *steps), annotate, init_menu[init_i])
+
+
+def _splittable(fams: Sequence[Family], initialized: set[str]) -> tuple[str, ...]:
+    """The handles a ``split_group`` may split now: the world's and the families', once a collective ran on them.
+
+    Why a collective first: torch requires the parent to be initialized (its docstring: "communicators are
+    initialized"). A lazy parent (2.14's legacy default, nccl2 on 2.14, ``lazy_init``, a policy's lazy group)
+    has no communicator before its first collective: legacy refuses the split ("Parent process group backend
+    is not initialized"), a lazy nccl2 one does not support splitting. After one, every release and backend
+    splits it. Split children are no parents here: their non-members hold NON_GROUP_MEMBER, and a split is
+    every parent rank's call."""
+    return tuple(h for h in (WORLD, *(f.handle for f in fams)) if h in initialized)
+
+
+def _sorted_parts(step: Family | Split) -> set[tuple[int, ...]]:
+    return {tuple(sorted(p)) for p in step.parts}
+
+
+def _destroyable(world: int, fams: Sequence[Family], children: Sequence[Split]) -> tuple[str, ...]:
+    """The live split children whose groups no other live handle has the ranks of.
+
+    Why: a policy may reuse an identical group (``dedupe``), binding two handles to one group; destroying one
+    handle then destroys the other's group too, where torch's default keeps two. For the same reason no split
+    is kept after a destroy whose children have a destroyed child's ranks: ``dedupe`` decides on its history of
+    calls, which records no destroy, and reuses the destroyed group (the simulator refuses that reuse). Both are
+    programs the default passes and a reusing policy fails, for the program's sake, not the policy's."""
+    out = []
+    for child in children:
+        others = {tuple(range(world))}
+        for other in (*fams, *children):
+            if other is not child:
+                others |= _sorted_parts(other)
+        if not _sorted_parts(child) & others:
+            out.append(child.handle)
+    return tuple(out)
+
+
+def _live_children(steps: Sequence[Step]) -> list[Split]:
+    destroyed = {s.handle for s in steps if isinstance(s, Use) and s.kind == "destroy"}
+    return [s for s in steps if isinstance(s, Split) and s.handle not in destroyed]
 
 
 @functools.cache
@@ -683,6 +818,7 @@ def mutants(draw: st.DrawFn, kind: str | st.SearchStrategy[str] | None = None, *
         "min_families": 1,
         "multi_rank_first": True,
         "timing": False,
+        "splits": False,  # a mutation breaks new_group calls; its base keeps the draws it had
     }
     if mutation_kind in ("reorder_new_groups", "member_only"):  # two groups to swap, or one to mix with
         options["min_families"] = 2
