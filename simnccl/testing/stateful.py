@@ -18,7 +18,10 @@ add checks::
     TestMyPolicyGrows = MyPolicyGrows.TestCase
 
 Rules: a group family (tp/dp/pp-like partition, pairs, singletons, colour splits), a duplicate of a family,
-a collective on a bound handle, a matched send/recv pair. The program is valid by construction
+a collective on a bound handle, a matched send/recv pair, a straggler (one rank computes, then all barrier).
+Families and ``init_process_group`` take timeouts as ``cases()`` draws them by default: the backend's, or one
+no straggler's wait can reach (``invariants.may_time_out`` stays false), so ``passes`` stays the check.
+The program is valid by construction
 (``simnccl.testing.strategies``), so any failure is the policy's or the simulator's: a family or a send/recv
 pair that would take a node past its NVLS multicast slots is not added (``simnccl.testing.multicast_room``,
 as ``cases()`` rejects such a program: it would test the hardware, not the policy).
@@ -48,9 +51,14 @@ from simnccl.testing.multicast_room import within_multicast_slots
 from simnccl.testing.replay import SimCase, generated
 from simnccl.testing.strategies import (
     COLLECTIVES,
+    COMPUTE_SECONDS,
     FAMILY_KINDS,
+    GROUP_TIMEOUTS_S,
+    INIT_TIMEOUTS_S,
     PURPOSE,
+    SAFE_TIMEOUT_S,
     SIZES_BYTES,
+    STRAGGLER_BUDGET_S,
     ClusterSpec,
     Family,
     Layout,
@@ -67,6 +75,11 @@ from simnccl.testing.strategies import (
 __all__ = ["MAX_OPS", "GrowingProgram"]
 
 MAX_OPS = 30  # ops per rank: the size of a generated startup (strategies' default)
+
+# As cases() by default: the backend's default or a timeout no drawn straggler's wait can reach (invariants.
+# may_time_out stays false), so ``passes`` stays the right check after every step.
+_TIMEOUTS = st.sampled_from((None, *(t for t in GROUP_TIMEOUTS_S if t >= SAFE_TIMEOUT_S)))
+_INIT_TIMEOUTS = st.sampled_from((None, *(t for t in INIT_TIMEOUTS_S if t >= SAFE_TIMEOUT_S)))
 
 
 class GrowingProgram(RuleBasedStateMachine):
@@ -89,6 +102,8 @@ class GrowingProgram(RuleBasedStateMachine):
         self.dirty = False
         self.case: SimCase | None = None
         self.policy: Any = None
+        self.init_timeout_s: float | None = None
+        self.computed = 0.0  # seconds of stragglers' compute so far, at most STRAGGLER_BUDGET_S
 
     # ------------------------------------------------------------------ what subclasses choose
 
@@ -106,9 +121,10 @@ class GrowingProgram(RuleBasedStateMachine):
 
     # ------------------------------------------------------------------ rules
 
-    @initialize(target=handles, release=releases(), env=envs(), data=st.data())
-    def start(self, release: str, env: dict[str, str], data: st.DataObject) -> str:
+    @initialize(target=handles, release=releases(), env=envs(), init_timeout=_INIT_TIMEOUTS, data=st.data())
+    def start(self, release: str, env: dict[str, str], init_timeout: float | None, data: st.DataObject) -> str:
         self.cluster = self.draw_cluster(data)
+        self.init_timeout_s = init_timeout
         self.release, self.env = release, env
         self.policy = self.draw_policy(data)
         self.world = self.cluster.world_size
@@ -116,26 +132,31 @@ class GrowingProgram(RuleBasedStateMachine):
         self.dirty = True
         return WORLD
 
+    def _layout(self, steps: list[Family | Use] | None = None) -> Layout:
+        steps = self.steps if steps is None else steps
+        return Layout(self.world, tuple(steps), init_timeout_s=self.init_timeout_s)
+
     def _ops(self) -> int:
-        return max(len(p) for p in Layout(self.world, tuple(self.steps)).render())
+        return max(len(p) for p in self._layout().render())
 
     @precondition(lambda self: self._ops() + 8 <= MAX_OPS)
     @rule(
         target=handles,
         kind=st.sampled_from([k for k in FAMILY_KINDS if k != "duplicate"]),
         colors=st.lists(st.integers(0, 3), min_size=8, max_size=8),
+        timeout=_TIMEOUTS,
     )
-    def add_family(self, kind: str, colors: list[int]) -> str | MultipleResults[str]:
+    def add_family(self, kind: str, colors: list[int], timeout: float | None) -> str | MultipleResults[str]:
         handle = f"{PURPOSE[kind]}{len(self.families)}"
-        family = Family(handle, family_parts(kind, self.world, self.shape, colors), PURPOSE[kind])
+        family = Family(handle, family_parts(kind, self.world, self.shape, colors), PURPOSE[kind], timeout)
         return self._add(family)
 
     @precondition(lambda self: self._ops() + 8 <= MAX_OPS)
-    @rule(target=handles, source=handles)
-    def add_duplicate(self, source: str) -> str | MultipleResults[str]:
+    @rule(target=handles, source=handles, timeout=_TIMEOUTS)
+    def add_duplicate(self, source: str, timeout: float | None) -> str | MultipleResults[str]:
         parts = self.families[source].parts if source in self.families else (tuple(range(self.world)),)
         purpose = self.families[source].purpose if source in self.families else "world"
-        return self._add(Family(f"{purpose}{len(self.families)}", parts, purpose))
+        return self._add(Family(f"{purpose}{len(self.families)}", parts, purpose, timeout))
 
     def _add(self, family: Family) -> str | MultipleResults[str]:
         if not self._fits([*self.steps, family]):
@@ -149,7 +170,7 @@ class GrowingProgram(RuleBasedStateMachine):
         """Whether a program of ``steps`` stays within its nodes' NVLS multicast slots under every policy. On an
         8-GPU H200 node a 13th communicator of two or more local members fails at creation (pytorch#187155), in
         real life and in the simulator: a program past that tests the hardware, not the policy."""
-        programs = Layout(self.world, tuple(steps)).render()
+        programs = self._layout(steps).render()
         return within_multicast_slots(programs, self.cluster.gpu, self.cluster.gpus_per_node)
 
     @precondition(lambda self: self._ops() < MAX_OPS)
@@ -178,6 +199,19 @@ class GrowingProgram(RuleBasedStateMachine):
         self.steps, self.initialized = steps, initialized
         self.dirty = True
 
+    @precondition(lambda self: self._ops() + 2 < MAX_OPS)
+    @rule(handle=handles, seconds=st.sampled_from(COMPUTE_SECONDS), data=st.data())
+    def add_straggler(self, handle: str, seconds: float, data: st.DataObject) -> None:
+        """One rank computes alone, then every rank barriers on ``handle`` (as ``cases()`` draws a straggler):
+        the others wait for it there, under that group's timeout, which the budget keeps out of reach."""
+        if self.computed + seconds > STRAGGLER_BUDGET_S:
+            return
+        src = data.draw(st.integers(0, self.world - 1), label="straggler")
+        self.steps.append(Use("compute", handle, src=src, seconds=seconds))
+        self.steps += first_use_is_collective(self.steps, self.initialized, Use("barrier", handle, 4))
+        self.computed += seconds
+        self.dirty = True
+
     @precondition(lambda self: self._ops() >= MAX_OPS)
     @rule()
     def full(self) -> None:
@@ -192,7 +226,7 @@ class GrowingProgram(RuleBasedStateMachine):
         self.dirty = False
         self.case = generated(
             SimCase(
-                programs=Layout(self.world, tuple(self.steps)).render(),
+                programs=self._layout().render(),
                 gpu=self.cluster.gpu,
                 nodes=self.cluster.nodes,
                 gpus_per_node=self.cluster.gpus_per_node,
