@@ -9,7 +9,7 @@ both right. Mirrors src/transport/generic.cc (ring, tree, PAT), src/enqueue.cc (
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Literal
 
@@ -61,25 +61,53 @@ def ring(layout: Layout, channels: int) -> list[Connection]:
 
 def tree_neighbours(layout: Layout, channel: int, max_children: int) -> list[int]:
     """This rank's tree parent and children: a chain inside the node, a binary tree over node heads."""
-    me = layout.rank
+    return next(_tree_neighbours(layout, range(channel, channel + 1), max_children))[1]
+
+
+def _tree_neighbours(layout: Layout, channels: Iterable[int], max_children: int) -> Iterator[tuple[int, list[int]]]:
+    """``tree_neighbours`` for each of ``channels``, with what does not depend on the channel found once.
+
+    Why arithmetic: the chain is the node's order in the channel (``Layout.node_order``, a rotation of the
+    node's ranks), so the rank's place in it and its neighbours need no list built and searched, and the head of
+    another node is its order's first rank; a sharing world prices every one of its ranks on its own
+    (``simnccl.comm_memory``), each over every channel (32 on H100): 131,072 orders for 4,096 ranks."""
+    me, multi = layout.rank, layout.nodes > 1
     node = layout.node_of(me)
-    order = layout.node_order(node, channel)
-    at = order.index(me)
-    neighbours = []
-    if at > 0:
-        neighbours.append(order[at - 1])
-    if at + 1 < len(order):
-        neighbours.append(order[at + 1])
-    if at == 0 and layout.nodes > 1:  # the node's head talks to the heads of its parent and child nodes
+    first, size = layout.node_first(node), layout.sizes[node]
+    nodes = []  # the nodes whose heads this node's head talks to: its parent node, then its children
+    if multi:
         nodes = [(node - 1) // 2] if node > 0 else []
         nodes += [child for child in (2 * node + 1, 2 * node + 2) if child < layout.nodes][:max_children]
-        neighbours += [layout.node_order(other, channel)[0] for other in nodes]
-    return neighbours
+    heads = [(layout.node_first(other), layout.sizes[other]) for other in nodes]
+    for channel in channels:
+        shift = channel % size if multi else 0
+        at = (me - first - shift) % size  # my index in the node's order
+        neighbours = []
+        if at > 0:
+            neighbours.append(first + (at - 1 + shift) % size)
+        if at + 1 < size:
+            neighbours.append(first + (at + 1 + shift) % size)
+        if at == 0:  # the node's head talks to the heads of its parent and child nodes (only across nodes)
+            neighbours += [head + channel % count for head, count in heads]
+        yield channel, neighbours
 
 
 def tree(layout: Layout, channels: int, max_children: int = 2) -> list[Connection]:
-    """Per channel: both directions with the tree parent and each child (ncclTransportTreeConnect)."""
-    return [conn for c in range(channels) for conn in _both_ways(layout, c, tree_neighbours(layout, c, max_children))]
+    """Per channel: both directions with the tree parent and each child (ncclTransportTreeConnect).
+
+    ``_both_ways`` written out, the node table looked up once: this runs for every rank of a sharing world."""
+    me = layout.rank
+    nodes_of = layout.nodes_by_rank()
+    mine = nodes_of[me]
+    result = []
+    for c, neighbours in _tree_neighbours(layout, range(channels), max_children):
+        for peer in neighbours:
+            if peer == me:
+                continue
+            transport: Transport = "p2p" if nodes_of[peer] == mine else "net"
+            result.append(Connection(c, peer, "recv", 0, transport))
+            result.append(Connection(c, peer, "send", 0, transport))
+    return result
 
 
 def pat(layout: Layout, channels: int) -> list[Connection]:

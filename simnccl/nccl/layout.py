@@ -60,9 +60,6 @@ class Layout:
     def max_local_ranks(self) -> int:
         return max(self.sizes)
 
-    def _first(self, node: int) -> int:
-        return _tables(self.sizes)[1][node]
-
     def node_of(self, rank: int) -> int:
         nodes = _tables(self.sizes)[2]
         if rank < len(nodes):
@@ -72,6 +69,15 @@ class Layout:
     def same_node(self, a: int, b: int) -> bool:
         return self.node_of(a) == self.node_of(b)
 
+    def nodes_by_rank(self) -> tuple[int, ...]:
+        """Each rank's node, by rank: one table for a caller asking about many ranks (``node_of`` finds the
+        table on every question)."""
+        return _tables(self.sizes)[2]
+
+    def node_first(self, node: int) -> int:
+        """The lowest rank on ``node``."""
+        return _tables(self.sizes)[1][node]
+
     def node_order(self, node: int, channel: int) -> list[int]:
         """The node's ranks in channel ``channel``'s ring order.
 
@@ -79,7 +85,7 @@ class Layout:
         nodes each channel enters a node through a different GPU (one per NIC), modelled as a rotation by
         ``channel mod ranks on the node``.
         """
-        first, size = self._first(node), self.sizes[node]
+        first, size = self.node_first(node), self.sizes[node]
         shift = channel % size if self.nodes > 1 else 0
         return [first + (i + shift) % size for i in range(size)]
 

@@ -22,6 +22,7 @@ and once per process (the first communicator), beyond the mechanics above.
 from __future__ import annotations
 
 import functools
+import operator
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple, TypeVar
@@ -251,12 +252,16 @@ _WANTED: dict[int, tuple[tuple[conns.Connection, ...], _Wanted]] = {}  # id(want
 _WANTED_KEPT = 5 * _CONNECTIONS_KEPT
 
 
+# ``Connection.key`` in C: a table's keys are taken for every connection of every rank a sharing world prices.
+_KEY = operator.attrgetter("channel", "peer", "direction", "conn_index")
+
+
 def _wanted(wanted: Sequence[conns.Connection]) -> _Wanted:
     """``_Wanted`` of a tuple the connection caches return (one object per distinct value: keyed by identity)."""
     cached = _WANTED.get(id(wanted))
     if cached is not None and cached[0] is wanted:
         return cached[1]
-    keys = tuple(conn.key for conn in wanted)
+    keys = tuple(map(_KEY, wanted))
     sides, channels, net_directions, _ = _walk(None, set(), keys, wanted)  # what a fresh, parentless one makes
     result = _Wanted(keys, frozenset(keys), sides, channels, net_directions)
     if isinstance(wanted, tuple):  # only an immutable tuple can be remembered by identity
