@@ -110,7 +110,7 @@ __all__ = [
     "uninstall",
 ]
 
-PATCHED_FUNCTIONS = ("init_process_group", "new_group", "split_group")
+PATCHED_FUNCTIONS = ("init_process_group", "new_group", "split_group", "destroy_process_group")
 # Modules whose attribute is the original function (callers use all of them; device_mesh binds the names
 # at import, which happens inside ``import torch.distributed``).
 PATCHED_MODULES = ("torch.distributed", "torch.distributed.distributed_c10d", "torch.distributed.device_mesh")
@@ -166,6 +166,8 @@ class Applied:
     wrappers: dict[str, Callable[..., Any]] = field(default_factory=dict)
     # ((ranks, backend or "", PgOptions), the group torch returned or NON_GROUP_MEMBER), in creation order
     groups: list[tuple[tuple[tuple[int, ...], str, PgOptions], Any]] = field(default_factory=list)
+    # a group a reuse returned -> how many calls it was returned to beyond the one that created it (its handles)
+    extra_handles: dict[Any, int] = field(default_factory=dict)
     _env_values: dict[str, str] = field(default_factory=dict)
     # (ranks per node, NCCL environment) -> (its pricer, that environment as a mapping): ``eager_group_mib``
     _pricers: dict[tuple[int, tuple[tuple[str, str], ...]], tuple[Pricer, dict[str, str]]] = field(default_factory=dict)
@@ -349,7 +351,41 @@ class Applied:
                 "holds no live group with those ranks created under this policy (destroyed, or created before "
                 "the policy was installed)"
             )
+        self.extra_handles[group] = self.extra_handles.get(group, 0) + 1
         return group
+
+    # ------------------------------------------------------------------ destroy_process_group
+
+    def destroy_process_group(self, *args: Any, **kwargs: Any) -> None:
+        """torch's destroy, except for a group a reuse returned to more than one call: destroying one of those
+        handles only drops it, and the group is destroyed with its last one. A destroy that happens is recorded
+        in the ``History`` (``record_destroy``), so a policy never reuses the group. As the simulator's
+        ``PolicyGate.drops_handle`` and ``destroyed``.
+
+        Why: under torch's default each of those calls made its own group, so a program may destroy one and keep
+        using another; torch's destroy of the shared object broke that program, and the policy, deciding on a
+        history that kept the destroyed group, reused it (ApplyError) where torch's default made a new one."""
+        original = self.original("destroy_process_group")
+        if not self.active or not dist.is_initialized():
+            return original(*args, **kwargs)
+        group = _SIGNATURES["destroy_process_group"].bind(*args, **kwargs).arguments.get("group")
+        world = group is None or group is c10d._get_default_group()
+        if not world and (group is dist.GroupMember.NON_GROUP_MEMBER or group not in c10d._world.pg_map):
+            return original(*args, **kwargs)  # torch returns or raises its own error
+        extra = 0 if world else self.extra_handles.get(group, 0)
+        if extra:
+            self.extra_handles[group] = extra - 1
+            return None
+        result = original(*args, **kwargs)
+        if world:
+            self.extra_handles.clear()
+            self.history.record_destroy(None)
+        else:
+            self.extra_handles.pop(group, None)
+            ranks = next((key[0] for key, made in self.groups if made is group), None)
+            if ranks is not None:  # a group made before the policy was installed is none of its history's
+                self.history.record_destroy(ranks)
+        return result
 
     # ------------------------------------------------------------------ split_group
 

@@ -382,6 +382,21 @@ def test_dedupe_on_gloo_returns_the_same_objects(gloo: list[dict[str, Any]]) -> 
         assert facts["split_all_reduce"] == 10.0 + rank
 
 
+def test_dedupe_on_gloo_destroys_a_shared_group_with_its_last_handle_and_never_reuses_it(
+    gloo: list[dict[str, Any]],
+) -> None:
+    """``dedupe`` returned one group to two equal calls, and ``destroy_process_group`` of one handle destroyed it
+    under the other; the history recorded no destroy, so an equal later call reused the dead group (ApplyError)
+    where torch's default makes a new one. As in the simulator (tests/test_policy.py)."""
+    for facts in gloo:
+        assert facts["kept_by_other_handle"] == [True, 2.0]
+        assert facts["gone_with_last_handle"]
+        assert facts["recreated"] == [True, 2.0]
+        assert facts["after_world"] == [True, 2.0]
+        # init, new_group, its reuse, the new_group after the destroy, init again, new_group after it
+        assert facts["destroy_torch_called"] == [True, True, False, True, True, True]
+
+
 # ---------------------------------------------------------------------------------------------------------
 # 3-4. imports, install / uninstall
 
@@ -394,7 +409,8 @@ def test_simnccl_imports_torch_only_on_apply(solo: dict[str, Any]) -> None:
 
 def test_install_uninstall_restore_the_exact_functions(solo: dict[str, Any]) -> None:
     names = solo["before"]
-    assert len(names) == 9 and all(names.values())  # 3 functions x torch.distributed, c10d, device_mesh
+    # 4 functions x torch.distributed and c10d, and device_mesh's new_group, split_group and init_process_group
+    assert len(names) == 11 and all(names.values())
     assert not any(solo["during_is_original"].values())
     assert solo["during_one_wrapper_per_name"]
     for key in ("after", "after_second_uninstall", "after_exception"):

@@ -149,7 +149,13 @@ class Groups:
             target = resolve(rt, op.group)
             if not isinstance(target, Group):
                 return
+            if self.policy_gate.active and self.policy_gate.drops_handle(target):
+                # a reuse gave this group another handle, which keeps it (``PolicyGate.drops_handle``)
+                self.record(self.env.now, rt.rank, "destroy-handle", op.group)
+                return
             groups = [target]
+        if self.policy_gate.active:
+            self.policy_gate.destroyed(rt, groups, world=op.group == WORLD)
         for group in sorted(groups, key=lambda g: g.name, reverse=True):
             self.comms.destroy(rt, group, op)
         self.record(self.env.now, rt.rank, "destroy", op.group)

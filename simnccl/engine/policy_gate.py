@@ -92,6 +92,8 @@ class PolicyGate:
         self._explained: dict[tuple[int, tuple[int, ...]], dict[str, Any]] = {}  # call -> its explanation
         self._decisions: dict[tuple[int, tuple[int, ...]], tuple[int, GroupDecision]] = {}
         self._splits: dict[tuple[int, tuple[int, ...]], tuple[SplitGroup, list[tuple[int, ...]]]] = {}
+        # id(group) -> the handles a reuse returned it to, beyond the call that created it (``reused_group``)
+        self._extra_handles: dict[int, int] = {}
 
     def init(self, rt: RankRuntime, op: InitProcessGroup) -> InitProcessGroup:
         if self.sim.halted is not None:  # as ``decide``
@@ -230,8 +232,10 @@ class PolicyGate:
             history.record(request, decision)
         mine = decisions[own]
         if mine.reuse is not None:
-            if op.bind and rt.rank in splits[own]:
-                rt.handles[op.bind] = self.reused_group(rt, splits[own], parent_backend, mine)
+            if rt.rank in splits[own]:  # resolved as ``effective_op`` does
+                group = self.reused_group(rt, splits[own], parent_backend, mine)
+                if op.bind:
+                    rt.handles[op.bind] = group
             elif op.bind:
                 rt.handles.setdefault(op.bind, NON_GROUP_MEMBER)
             return None
@@ -318,7 +322,26 @@ class PolicyGate:
                 f"policy {self.policy.name!r} reuses group {list(ranks)} ({decision.explanation}), but this process "
                 "holds no live group with those ranks (destroyed)",
             )
+        self._extra_handles[id(existing)] = self._extra_handles.get(id(existing), 0) + 1
         return existing
+
+    def drops_handle(self, group: Group) -> bool:
+        """Whether a ``destroy_process_group`` of ``group`` only drops one of its handles: a reuse returned it
+        to more than one call, and the other handles still hold it. ``simnccl.torch_apply`` counts the same
+        references and skips torch's destroy then. Why: under torch's default those calls made separate groups,
+        so destroying one and using another is a correct program; destroying the shared group broke it."""
+        extra = self._extra_handles.get(id(group), 0)
+        if not extra:
+            return False
+        self._extra_handles[id(group)] = extra - 1
+        return True
+
+    def destroyed(self, rt: RankRuntime, groups: list[Group], world: bool) -> None:
+        """``groups`` are destroyed on this rank (``world``: the default group, and every group with it): the
+        rank's history records it (``History.record_destroy``), so a policy never reuses them."""
+        for group in groups:
+            self._extra_handles.pop(id(group), None)
+        self.histories.own(rt).record_destroy(None if world else groups[0].ranks)
 
     def effective_op(
         self,
@@ -331,8 +354,12 @@ class PolicyGate:
         """The op torch receives (None: reuse, with the handle bound here); ``effective`` is
         ``rewritten(op, decision)`` when the caller has it already."""
         if decision.reuse is not None:
-            if rt.rank in members.index and op.bind:
-                rt.handles[op.bind] = self.reused_group(rt, members.ranks, decision.backend, decision)
+            # A member resolves the reuse even when the program keeps no handle: real torch returns the group
+            # all the same (a reference, ``drops_handle``), or raises where there is none.
+            if rt.rank in members.index:
+                group = self.reused_group(rt, members.ranks, decision.backend, decision)
+                if op.bind:
+                    rt.handles[op.bind] = group
             elif op.bind:
                 rt.handles.setdefault(op.bind, NON_GROUP_MEMBER)
             return None

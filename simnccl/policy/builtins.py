@@ -145,6 +145,12 @@ class ShareResourcesPolicy(BasePolicy):
 
 @dataclass(frozen=True)
 class DedupePolicy(BasePolicy):
+    """A group this process destroyed is never reused (``History.record_destroy``): an equal later call creates
+    it anew. Two handles of one reused group are two references: destroying one leaves the group to the other,
+    and the group is destroyed with its last handle (the simulator's ``PolicyGate`` and ``simnccl.torch_apply``
+    count them alike), so a program that destroys one of two equal groups and keeps using the other runs as
+    under torch's default."""
+
     name: str = "dedupe"
     doc: str = "identical rank sets (same backend and options) reuse the first group, e.g. DeviceMesh duplicates"
 
@@ -159,6 +165,10 @@ class DedupePolicy(BasePolicy):
             # where a later part changed what it created (lazy_init, a backend); the reuse finds that group.
             first = history.requested.get(key)
         if first is None:
+            if (
+                history.destroyed and frozenset(request.ranks) in history.destroyed
+            ):  # said, because a non-member of it cannot know (see History)
+                return _because(decision, f"group {list(request.ranks)} was destroyed in this process: created anew")
             return decision
         return _because(decision, f"identical to group-creation call #{first}: reused", reuse=request.ranks)
 

@@ -70,6 +70,7 @@ class History:
         "_calls",
         "_created",
         "_created_view",
+        "_destroyed",
         "_digest",
         "_eager_by_rank",
         "_eager_by_rank_view",
@@ -82,6 +83,7 @@ class History:
     def __init__(self) -> None:
         self._calls = 0
         self._digest = 0  # a running hash of every recorded call: equal histories compare in O(1)
+        self._destroyed: frozenset[frozenset[int]] = frozenset()
         self._set_tables({}, {}, {}, {})
 
     def _set_tables(
@@ -116,6 +118,11 @@ class History:
         return self._created_view
 
     @property
+    def destroyed(self) -> frozenset[frozenset[int]]:
+        """The rank sets of groups this process destroyed (``record_destroy``) and has not created since."""
+        return self._destroyed
+
+    @property
     def eager_mib_by_rank(self) -> Mapping[int, float]:
         """Per rank, the MiB its eager groups cost at creation, each at its request's ``eager_group_mib`` (groups
         whose request had no price count nothing here): what ``budget(X)`` has spent of a member's device."""
@@ -134,6 +141,8 @@ class History:
         if decision.reuse is not None:
             return
         key = (request.ranks, decision.backend or "", decision.pg_options)
+        if self._destroyed:
+            self._destroyed -= {frozenset(request.ranks)}
         self._created.setdefault(key, self._calls)
         self._requested.setdefault((request.ranks, request.backend or "", request.pg_options), self._calls)
         if creates_eager_nccl(request, decision):
@@ -144,9 +153,36 @@ class History:
                 if price is not None:
                     eager_mib[r] = eager_mib.get(r, 0.0) + price
 
+    def record_destroy(self, ranks: tuple[int, ...] | None) -> None:
+        """This process destroyed its last handle of a group with ``ranks`` (None: the default group, and with it
+        every group): ``created`` and ``requested`` forget every group with those ranks (in any order), so
+        ``dedupe`` creates an equal later call anew, as torch's default does, rather than reuse a group that is
+        gone.
+
+        Why every group with the ranks, not the one destroyed: a reuse binds by ranks first
+        (``reused_group_among``), so a remembered sibling could bind another backend's group, and a split child's
+        ranks may be listed in another order than the call that made it; creating is what torch's default does
+        anyway. ``calls`` is unchanged (a destroy is no group-creation call: members and
+        non-members still number the next call alike, which is what the members-agree check compares).
+
+        Only the process that destroyed knows: a non-member of the group records nothing, and a later equal
+        call with non-members is decided differently on them (reuse) than on the members (create), which the
+        simulator reports as ``PolicyInconsistency`` (real torch would hang: only the members call torch)."""
+        members = None if ranks is None else frozenset(ranks)
+        self._digest = hash((self._digest, "destroy", None if ranks is None else tuple(sorted(ranks))))
+        if members is None:
+            self._created.clear()
+            self._requested.clear()
+            self._destroyed = frozenset()
+            return
+        for table in (self._created, self._requested):
+            for key in [key for key in table if len(key[0]) == len(members) and frozenset(key[0]) == members]:
+                del table[key]
+        self._destroyed |= {members}
+
     def copy(self) -> History:
         other = History.__new__(History)
-        other._calls, other._digest = self._calls, self._digest
+        other._calls, other._digest, other._destroyed = self._calls, self._digest, self._destroyed
         other._set_tables(
             dict(self._eager_by_rank), dict(self._created), dict(self._eager_mib_by_rank), dict(self._requested)
         )

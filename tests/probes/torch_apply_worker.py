@@ -277,6 +277,34 @@ def gloo(workdir: str, rank: int, world: int) -> dict[str, Any]:
         out["split_all_reduce"] = mine.item()
         dist.barrier(group=both)
         dist.destroy_process_group()
+
+    # dedupe and destroys: one of two equal handles destroyed leaves the group to the other; the group goes
+    # with its last handle, and an equal later call (or one after the default group was destroyed and made
+    # again) creates a new group rather than reuse the dead one.
+    with apply("dedupe") as applied:
+        store = dist.FileStore(os.path.join(workdir, "destroy"), world)
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=TIMEOUT)
+        first = dist.new_group([0, 1])
+        second = dist.new_group([0, 1])
+        dist.destroy_process_group(first)
+        tensor = torch.ones(1)
+        dist.all_reduce(tensor, group=second)
+        out["kept_by_other_handle"] = [second is first, tensor.item()]
+        dist.destroy_process_group(second)
+        out["gone_with_last_handle"] = second not in c10d._world.pg_map
+        again = dist.new_group([0, 1])
+        tensor = torch.ones(1)
+        dist.all_reduce(tensor, group=again)
+        out["recreated"] = [again is not first, tensor.item()]
+        dist.destroy_process_group()
+        store = dist.FileStore(os.path.join(workdir, "destroy-world"), world)
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=TIMEOUT)
+        after_world = dist.new_group([0, 1])
+        tensor = torch.ones(1)
+        dist.all_reduce(tensor, group=after_world)
+        out["after_world"] = [after_world is not again, tensor.item()]
+        out["destroy_torch_called"] = [c.torch_called for c in applied.decisions]
+        dist.destroy_process_group()
     return out
 
 
@@ -306,7 +334,8 @@ def solo(workdir: str) -> dict[str, Any]:
     out["applied_type"] = type(applied).__name__
     modules = [sys.modules[m] for m in torch_apply.PATCHED_MODULES]
     names = torch_apply.PATCHED_FUNCTIONS
-    originals = {(m.__name__, n): getattr(m, n) for m in modules for n in names}
+    # device_mesh imports new_group and split_group but not destroy_process_group: only what a module has
+    originals = {(m.__name__, n): getattr(m, n) for m in modules for n in names if hasattr(m, n)}
 
     def state() -> dict[str, bool]:
         return {f"{m}.{n}": getattr(sys.modules[m], n) is f for (m, n), f in originals.items()}
@@ -314,7 +343,7 @@ def solo(workdir: str) -> dict[str, Any]:
     out["before"] = state()
     applied = install("dedupe")
     out["during_is_original"] = state()
-    out["during_one_wrapper_per_name"] = all(getattr(m, n) is applied.wrappers[n] for m in modules for n in names)
+    out["during_one_wrapper_per_name"] = all(getattr(sys.modules[m], n) is applied.wrappers[n] for m, n in originals)
     try:
         install("legacy")
         out["nested"] = "no error"

@@ -457,13 +457,13 @@ class Cohorts:
         raised in its own process, as the per-rank path raises it)."""
         members = self.planner.members(op)
         assert isinstance(members, Members)
-        if not op.bind:
-            return True
         ok = True
         for rank in members.ranks:
             rt = self.ranks[rank]
-            try:
-                rt.handles[op.bind] = self.policy_gate.reused_group(rt, members.ranks, decision.backend, decision)
+            try:  # resolved without a handle too, as ``PolicyGate.effective_op`` does
+                group = self.policy_gate.reused_group(rt, members.ranks, decision.backend, decision)
+                if op.bind:
+                    rt.handles[op.bind] = group
             except TorchError as err:
                 cohort.failures[rank] = (pc, err)
                 ok = False
