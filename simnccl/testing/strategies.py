@@ -37,7 +37,8 @@ fire on a straggler (simnccl's own property tests: ``may_time_out``, ``passes_or
 Why splits: a policy decides ``split_group`` calls too (``decide_split``), and a program that never split left
 a policy that mishandles them unexercised. A ``Split`` is a use: every rank calls it (torch requires every
 parent rank to), on the world or a family once a collective ran on it (torch requires the parent initialized:
-``_splittable``), and later uses take its child's handle like a family's, or destroy it (``_destroyable``).
+``_splittable``), and later uses take its child's handle like a family's, or destroy it: any live child, also one
+another handle has the ranks of, and a later split may make its ranks again (destroy-then-recreate).
 
 Mutations (``mutants``) break a valid program in one known way and name the rank to blame, for tests that
 check the simulator *finds* the defect and *names* the culprit (see ``simnccl.testing.mutations``).
@@ -615,11 +616,10 @@ def draw_layout(
     steps: list[Step] = []
     initialized: set[str] = set()
     children: list[Split] = []  # split children not destroyed: handles later uses may take
-    destroyed: set[tuple[int, ...]] = set()  # the member lists of destroyed children
     computed = 0.0
     for _ in range(_int(draw, 0, max(0, min(max_uses, budget)))):
         splittable = _splittable(fams, initialized) if splits else ()
-        destroyable = _destroyable(world, fams, children)
+        destroyable = tuple(c.handle for c in children)
         use = draw_use(
             draw,
             world,
@@ -632,14 +632,11 @@ def draw_layout(
             timeouts_may_fire=timeouts_may_fire,
         )
         if isinstance(use, Split):
-            if _sorted_parts(use) & destroyed:  # drawn, not kept: see ``_destroyable``
-                continue
             steps.append(use)
             children.append(use)
             continue
         if use.kind == "destroy":
             steps.append(use)
-            destroyed |= next(_sorted_parts(c) for c in children if c.handle == use.handle)
             children = [c for c in children if c.handle != use.handle]
             continue
         if use.kind == "compute" and not timeouts_may_fire:
@@ -672,29 +669,6 @@ def _splittable(fams: Sequence[Family], initialized: set[str]) -> tuple[str, ...
     splits it. Split children are no parents here: their non-members hold NON_GROUP_MEMBER, and a split is
     every parent rank's call."""
     return tuple(h for h in (WORLD, *(f.handle for f in fams)) if h in initialized)
-
-
-def _sorted_parts(step: Family | Split) -> set[tuple[int, ...]]:
-    return {tuple(sorted(p)) for p in step.parts}
-
-
-def _destroyable(world: int, fams: Sequence[Family], children: Sequence[Split]) -> tuple[str, ...]:
-    """The live split children whose groups no other live handle has the ranks of.
-
-    Why: a policy may reuse an identical group (``dedupe``), binding two handles to one group; destroying one
-    handle then destroys the other's group too, where torch's default keeps two. For the same reason no split
-    is kept after a destroy whose children have a destroyed child's ranks: ``dedupe`` decides on its history of
-    calls, which records no destroy, and reuses the destroyed group (the simulator refuses that reuse). Both are
-    programs the default passes and a reusing policy fails, for the program's sake, not the policy's."""
-    out = []
-    for child in children:
-        others = {tuple(range(world))}
-        for other in (*fams, *children):
-            if other is not child:
-                others |= _sorted_parts(other)
-        if not _sorted_parts(child) & others:
-            out.append(child.handle)
-    return tuple(out)
 
 
 def _live_children(steps: Sequence[Step]) -> list[Split]:
