@@ -180,6 +180,44 @@ def test_split_group_is_drawn_and_its_children_used_and_destroyed(drawn_cases: l
     assert parents == {True, False} and non_members and reordered and destroyed
 
 
+def _destroy_patterns(case: SimCase) -> tuple[bool, bool]:
+    """Whether any rank's program (1) destroys a handle whose members another live handle of that rank has, and
+    (2) makes a group again with the members of one it destroyed before. Members are global ranks, sorted."""
+    one_of_two = recreated = False
+    for rank, program in enumerate(case.programs):
+        live: dict[str, tuple[int, ...]] = {WORLD: tuple(range(case.world_size))}
+        gone: set[tuple[int, ...]] = set()
+        for op in program:
+            members: tuple[int, ...] | None = None
+            if isinstance(op, NewGroup) and op.ranks is not None and rank in op.ranks:
+                members = tuple(sorted(op.ranks))
+            elif isinstance(op, SplitGroup) and op.parent in live:
+                parent = live[op.parent]
+                mine = next((s for s in op.split_ranks if parent.index(rank) in s), None)
+                members = None if mine is None else tuple(sorted(parent[i] for i in mine))
+            elif isinstance(op, DestroyProcessGroup) and op.group in live:
+                members = live.pop(op.group)
+                one_of_two |= members in live.values()
+                gone.add(members)
+                continue
+            if members is not None and getattr(op, "bind", None):
+                recreated |= members in gone
+                live[op.bind] = members
+    return one_of_two, recreated
+
+
+def test_destroy_then_recreate_and_destroying_one_of_two_equal_handles_are_drawn(
+    drawn_cases: list[SimCase],
+) -> None:
+    """Both patterns were kept out of every user's programs because the built-in ``dedupe`` mishandled them (it
+    reused a destroyed group, and destroyed a group another handle still had): a failure that vanished from
+    every suite using ``cases()``. They are drawn now; ``dedupe`` handles both (destroy-then-recreate with ranks
+    outside the group is its documented PolicyInconsistency)."""
+    found = [_destroy_patterns(c) for c in drawn_cases]
+    assert any(one for one, _ in found), "no case destroys one of two handles with the same members"
+    assert any(again for _, again in found), "no case makes a destroyed group's members again"
+
+
 def _timing_drawn(drawn: list[SimCase]) -> tuple[set[float | None], set[float | None], set[float]]:
     """The group timeouts, init timeouts and straggler computes of ``drawn``, each compute checked to be
     followed by the barrier its peers wait for it at."""

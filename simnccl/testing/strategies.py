@@ -94,6 +94,7 @@ __all__ = [
     "CHECKPOINT_INIT",
     "COLLECTIVES",
     "COMPUTE_SECONDS",
+    "DESTROY_WEIGHT",
     "ENV_KNOBS",
     "FAMILY_KINDS",
     "GPU_KINDS",
@@ -173,6 +174,9 @@ def _timeout_menu(timeouts: tuple[float, ...], may_fire: bool) -> tuple[float | 
 # How many of a use's options each handle a split may be made of stands for (see ``_use_menu``): a handle offers
 # about 40 other uses, so about one use in ten where one parent is ready is a split.
 SPLIT_WEIGHT = 10
+# Likewise for destroying a split child: with one entry, 5 of 1,500 cases destroyed one (seed 0), so a policy's
+# handling of destroys (dedupe's reuse, handles sharing a group, destroy-then-recreate) was all but never met.
+DESTROY_WEIGHT = 20
 
 # With no lower bound, each family count from one up is drawn this many times as often as no family at all.
 _FAMILY_COUNT_WEIGHT = 6
@@ -420,13 +424,15 @@ def draw_use(
     destroyable: Sequence[str] = (),
     splits: int = 0,
     timeouts_may_fire: bool = False,
+    recreatable: Sequence[Split] = (),
 ) -> Use | Split:
     """A collective on a family handle or the world, a send/recv pair inside one part, a checkpoint, (with
     ``timing``, rarely) one rank's compute before a barrier on a handle (``draw_layout`` adds the barrier),
-    a ``split_group`` of a handle of ``splittable`` (the world's or a family's; the ``splits``-th) or a
+    a ``split_group`` of a handle of ``splittable`` (the world's or a family's; the ``splits``-th), the same split
+    again as one of ``recreatable`` (destroyed children whose parent is splittable: destroy-then-recreate) or a
     ``destroy_process_group`` of a split child of ``destroyable``."""
     targets: list[Family | Split | None] = [*fams, None]  # None: the world handle
-    menu = _use_menu(world, tuple(targets), p2p, timing, tuple(splittable), tuple(destroyable))
+    menu = _use_menu(world, tuple(targets), p2p, timing, tuple(splittable), tuple(destroyable), len(recreatable))
     target, kind, size = menu[_index(draw, len(menu))]
     if kind == "checkpoint":
         return Use("checkpoint", label=f"c{size}")
@@ -437,6 +443,9 @@ def draw_use(
     handle = WORLD if target is None else target.handle
     if kind == "split":  # how the parent splits and (with timing) the child's timeout, in one more choice
         return _draw_split(draw, world, target, splits, timing, timeouts_may_fire)
+    if kind == "resplit":  # a destroyed child's split made again, under a handle of its own
+        old = recreatable[size]
+        return Split(f"split{splits}", old.parent, old.split_ranks, old.parts, timeout_s=old.timeout_s)
     if kind == "destroy":
         return Use("destroy", handle)
     if kind == "p2p":  # an ordered pair of distinct ranks of one part, in one more choice
@@ -473,11 +482,13 @@ def _use_menu(
     timing: bool = False,
     splittable: tuple[str, ...] = (),
     destroyable: tuple[str, ...] = (),
+    resplits: int = 0,
 ) -> tuple[tuple[Any, str, int], ...]:
     """Every (target, kind, size) a use may be, in one list: a collective (broadcast on the world handle only, a
     barrier of 4 bytes) or a send/recv (where a part has two ranks) of each size, or a checkpoint (its label
     number in the size's place), a split (``SPLIT_WEIGHT`` entries, of a ``splittable`` handle) or a destroy (of
-    a ``destroyable`` one), and with ``timing`` a compute of each of ``COMPUTE_SECONDS`` (its index in the
+    a ``destroyable`` one), a split made again (``SPLIT_WEIGHT`` entries for each of ``resplits`` destroyed children,
+    the index in the size's place), and with ``timing`` a compute of each of ``COMPUTE_SECONDS`` (its index in the
     size's place; once, not per target: rare, and last). Target first, all-reduce of ``SIZES_BYTES[0]`` first:
     what shrinking ends on."""
     menu: list[tuple[Any, str, int]] = []
@@ -493,7 +504,8 @@ def _use_menu(
         if handle in splittable:
             menu += [(target, "split", i) for i in range(SPLIT_WEIGHT)]
         if handle in destroyable:
-            menu.append((target, "destroy", 0))
+            menu += [(target, "destroy", 0)] * DESTROY_WEIGHT
+    menu += [(None, "resplit", i) for i in range(resplits) for _ in range(2 * SPLIT_WEIGHT)]
     if timing:
         menu += [(None, "compute", i) for i in range(len(COMPUTE_SECONDS))]
     return tuple(menu)
@@ -616,6 +628,7 @@ def draw_layout(
     steps: list[Step] = []
     initialized: set[str] = set()
     children: list[Split] = []  # split children not destroyed: handles later uses may take
+    destroyed: list[Split] = []  # split children destroyed: a later split may make them again
     computed = 0.0
     for _ in range(_int(draw, 0, max(0, min(max_uses, budget)))):
         splittable = _splittable(fams, initialized) if splits else ()
@@ -630,6 +643,7 @@ def draw_layout(
             destroyable=destroyable,
             splits=len([s for s in steps if isinstance(s, Split)]),
             timeouts_may_fire=timeouts_may_fire,
+            recreatable=[s for s in destroyed if s.parent in splittable],
         )
         if isinstance(use, Split):
             steps.append(use)
@@ -637,6 +651,7 @@ def draw_layout(
             continue
         if use.kind == "destroy":
             steps.append(use)
+            destroyed += [c for c in children if c.handle == use.handle]
             children = [c for c in children if c.handle != use.handle]
             continue
         if use.kind == "compute" and not timeouts_may_fire:
