@@ -33,6 +33,7 @@ class Meeting:
     expected: tuple[int, ...]
     arrivals: dict[int, Arrival] = field(default_factory=dict)
     problem: str | None = None
+    note: str | None = None  # why a member it waits for will never come, where that does not stop it completing
     fatal: str | None = None  # a mismatch the backend turns into a process abort (gloo), not a hang
     abort_on_mismatch: bool = False
     # gloo, members disagreeing on sizes: global rank -> how it leaves (backends.gloo.Fate), decided per arrival

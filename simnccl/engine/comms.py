@@ -11,9 +11,11 @@ step takes comes from ``Timing``.
 
 from __future__ import annotations
 
+from typing import Any
+
 from simnccl.backends import Comm, CommState, lifecycle
-from simnccl.backends.gloo import SINGLETON_RACE
-from simnccl.c10d import CommPlan, Group, GroupPlan
+from simnccl.backends.gloo import SINGLETON_RACE, STALE_ADDRESS
+from simnccl.c10d import CommPlan, Group, GroupPlan, TorchError
 from simnccl.engine.memory import Memory
 from simnccl.engine.nvls import MulticastSlots
 from simnccl.engine.rendezvous import Rendezvous
@@ -33,6 +35,43 @@ NOCOLOR_WITHOUT_PARENT = (
     "Segmentation fault: legacy ProcessGroupNCCL's performNocolorSplit called NCCLComm::split on a null parent "
     "communicator (this rank's only communicators of the parent group are send/recv pair communicators)"
 )
+
+# A re-init's bootstrap that reads the destroyed incarnation's value under its store key (``Comms.stale_writer``).
+STALE_RACE = (
+    "whether a re-initialised group reads the destroyed incarnation's value or its peer's new one depends on the "
+    "order of the store writes: the outcome is racy (ranks that re-initialise in lockstep may pass)"
+)
+STALE_KEY = (
+    "stale store key: destroy_process_group resets the group counter, so the re-initialised default group and "
+    "its new groups reuse the destroyed incarnation's names, and {store} still holds the value rank {writer} "
+    "wrote under group name {name!r} for the destroyed incarnation's bootstrap ({what}); " + STALE_RACE
+)
+STORE_KEPT = {
+    "torchrun": "torchrun's agent store, which outlives destroy_process_group,",
+    "spawn": "rank 0's store, up until rank 0 destroys its default group,",
+}
+# NCCL's bootstrap root (bootstrap.cc ``bootstrapRoot``) closes its listening socket once every rank checked in,
+# so a stale unique id names a port nobody listens on: ``sendToRoot``'s ``ncclSocketConnect`` (socket.cc) retries
+# ECONNREFUSED RETRY_REFUSED_TIMES (2e4) times, SLEEP_INT (1 ms) apart, then fails with ncclRemoteError, which
+# torch's NCCL check raises as a DistBackendError.
+NCCL_REFUSED_RETRY_S = 2e4 * 1e-3
+NCCL_STALE_ID = (
+    "NCCL error in: ProcessGroupNCCL.cpp, remote process exited or there was a network error, NCCL version "
+    "{version}\nncclRemoteError: A call failed possibly due to a network error or a remote process exiting "
+    "prematurely.\nLast error:\nsocketStartConnect: exceeded retries (20000)\n{stale}"
+)
+STALE_WHAT = {
+    True: "a unique id naming the destroyed communicator's bootstrap root, which no longer listens",
+    False: "its gloo address, whose listener is gone",
+}
+
+
+def bootstrap_key(name: str, is_nccl: bool, incarnation: int) -> tuple[Any, ...]:
+    """The meeting key of a bootstrap under group ``name`` in the rank's ``incarnation`` of the default group.
+    Why the incarnation: a re-init reuses names (destroy resets the group counter) for a new bootstrap, not a
+    collision with the destroyed one's; the first incarnation's key keeps its old shape, and the last element
+    says whether the communicator is an NCCL one (``unique_id_stage``)."""
+    return ("bootstrap", name, is_nccl) if incarnation == 0 else ("bootstrap", name, incarnation, is_nccl)
 
 
 def unique_id_stage(meeting: Meeting, rank: int, impl: Impl) -> str | None:
@@ -112,6 +151,7 @@ class Comms:
         sockets: GlooSockets,
         registry: CommRegistry,
     ) -> None:
+        self.sim = sim
         self.env = sim.env
         self.release = sim.release
         self.record = sim.trace.record
@@ -179,7 +219,7 @@ class Comms:
             self.sockets.used = True
         self._touch_device(rt, comm, op)
         if life.communicates and group.size > 1:
-            key = ("bootstrap", group.name, comm.impl.is_nccl)
+            key = bootstrap_key(group.name, comm.impl.is_nccl, rt.incarnation)
             meeting = self.rendezvous.open(key, "bootstrap", group.name, 0, group.ranks)
             if rt.rank in meeting.arrivals or meeting.complete:
                 meeting = self._collision(meeting, rt, group, op)
@@ -189,6 +229,10 @@ class Comms:
                 key = ("store-fault", rt.rank, group.name, comm.impl.is_nccl)
                 meeting = self.rendezvous.open(key, "bootstrap", group.name, 0, group.ranks)
                 meeting.problem = "injected fault: store-timeout — this rank's store never returns the unique id"
+            elif rt.incarnation and meeting.problem is None:
+                stale = self.stale_writer(rt, group, comm.impl.is_nccl)
+                if stale is not None:
+                    yield from self._read_stale(rt, group, comm, meeting, stale)
             self.rendezvous.arrive(meeting, rt, group.ranks, op, duration=self.timing.bootstrap_s)
             yield from self.rendezvous.wait(rt, meeting, op)
             comm.comm_id = self.registry.id_for(meeting)
@@ -197,6 +241,57 @@ class Comms:
                 self._gloo_singleton(rt, group, op)
             comm.comm_id = self.registry.new_id()
         self._ready(rt, group, comm, op)
+
+    def stale_writer(self, rt: RankRuntime, group: Group, is_nccl: bool) -> int | None:
+        """The rank whose value from a destroyed incarnation ``rt`` reads in this re-init's bootstrap, or None.
+
+        Why: torch keys a bootstrap by group name ("default_pg/<name>/..."), and a re-init reuses the names. The
+        keys last as long as the store: under torchrun the agent's store outlives every destroy (measured on 2.15
+        with TORCHELASTIC_USE_AGENT_STORE); under spawn rank 0 hosts it and its destroy drops it, so only a rank
+        re-initialising before rank 0 destroyed can read the old incarnation's keys. What is read: NCCL's
+        group rank 0 publishes the unique id and never reads it, the others read group rank 0's key; gloo's
+        every member reads every other member's address. The value read is taken as the old one whatever the
+        arrival order (the new write may come first: a race the harness never resolves in the user's favour)."""
+        if self.sim.config.launcher == "torchrun":
+            earlier: range | tuple[int, ...] = range(rt.incarnation - 1, -1, -1)
+        else:
+            host = self.sim.ranks[0].incarnation
+            earlier = (host,) if host < rt.incarnation else ()
+        index = group.ranks.index(rt.rank)
+        if is_nccl and index == 0:
+            return None
+        for incarnation in earlier:
+            old = self.rendezvous.meetings.get(bootstrap_key(group.name, is_nccl, incarnation))
+            if old is None:
+                continue
+            if is_nccl:
+                if old.expected[0] in old.arrivals:
+                    return old.expected[0]
+                continue
+            writer = next((r for r in old.arrivals if old.expected.index(r) != index), None)
+            if writer is not None:
+                return writer
+        return None
+
+    def _read_stale(self, rt: RankRuntime, group: Group, comm: Comm, meeting: Meeting, writer: int) -> Waiting:
+        """A re-init's member that read a destroyed incarnation's value (``stale_writer``) fails as torch does.
+
+        gloo: the address is the old ProcessGroupGloo's, whose listener is gone; connection refused comes back
+        at once and gloo's connect loop retries at once, so ``connectFullMesh`` raises within the step (measured
+        on 2.15: well before the timeout). NCCL: the unique id names the old bootstrap root; the connect retries
+        for ``NCCL_REFUSED_RETRY_S`` and ``ncclCommInitRank`` fails; the members that read the new id wait for
+        it in ``ncclCommInitRank`` with no timeout, and their hang report says why (``meeting.note``)."""
+        launcher = self.sim.config.launcher
+        store = STORE_KEPT.get(launcher, launcher)
+        what = STALE_WHAT[comm.impl.is_nccl]
+        stale = STALE_KEY.format(store=store, writer=writer, name=group.name, what=what)
+        self.record(self.env.now, rt.rank, "stale-key", group.name, writer)
+        meeting.note = meeting.note or stale  # a member that read the new values waits for this one in vain
+        if not comm.impl.is_nccl:
+            raise TorchError("RuntimeError", STALE_ADDRESS.format(peer=writer, stale=stale))
+        yield self.env.timeout(NCCL_REFUSED_RETRY_S)
+        message = NCCL_STALE_ID.format(version=self.sim.profile.nccl_version, stale=stale)
+        raise TorchError("torch.distributed.DistBackendError", message)
 
     def _touch_device(self, rt: RankRuntime, comm: Comm, op: Op) -> None:
         """An NCCL communicator's init binds it to the rank's current device, whose first touch creates the CUDA
@@ -217,11 +312,12 @@ class Comms:
         comm.state = CommState.READY
         self.memory.init_comm(rt, comm, group, op)
 
-    def can_bootstrap_together(self, plan: GroupPlan) -> bool:
+    def can_bootstrap_together(self, plan: GroupPlan, incarnation: int) -> bool:
         """Whether a cohort block may take this member plan's bootstrap (``arrive_together``, then
         ``bootstrap_together``): one gloo or NCCL communicator of two or more ranks, under a name no bootstrap
-        has used (a collision is the ordinary path's to report)."""
-        if len(plan.comms) != 1 or len(plan.ranks) < 2:
+        has used (a collision is the ordinary path's to report), in the first incarnation of the default group
+        (a re-init's may read a destroyed incarnation's keys: ``stale_writer``)."""
+        if incarnation or len(plan.comms) != 1 or len(plan.ranks) < 2:
             return False
         comm_plan = plan.comms[0]
         impl = comm_plan.pair.impl
@@ -229,7 +325,7 @@ class Comms:
             return False
         if impl is not Impl.GLOO and not impl.is_nccl:
             return False
-        return self.rendezvous.meetings.get(("bootstrap", plan.name, impl.is_nccl)) is None
+        return self.rendezvous.meetings.get(bootstrap_key(plan.name, impl.is_nccl, 0)) is None
 
     def arrive_together(self, rt: RankRuntime, group: Group, comm: Comm, op: Op) -> None:
         """One member's side of a block's bootstrap, at its own time (``init`` before it meets the others):
@@ -243,7 +339,7 @@ class Comms:
         meeting ``init`` makes them meet at, completed when every member is there. A member that failed before
         arriving leaves it incomplete, and the others wait there for it, as on the ordinary path."""
         first, comm = joining[0][1], joining[0][2]
-        key = ("bootstrap", first.name, comm.impl.is_nccl)
+        key = bootstrap_key(first.name, comm.impl.is_nccl, 0)  # a block takes the first incarnation's only
         meeting = self.rendezvous.open(key, "bootstrap", first.name, 0, first.ranks)
         for rt, group, _comm, at in joining:
             meeting.arrivals[rt.rank] = Arrival(rt.rank, at, group.ranks, op)
@@ -277,7 +373,7 @@ class Comms:
         """A one-rank ProcessGroupGloo still writes its address under the group's store prefix (measured: a
         ``new_group([0])`` adds one store key), though it waits for nobody. Under a name another group bootstraps
         with (diverged counters) the keys collide: record it, so both sides report the store-key race."""
-        key = ("bootstrap", group.name, False)
+        key = bootstrap_key(group.name, False, rt.incarnation)
         meeting = self.rendezvous.meetings.get(key)
         if meeting is None:
             meeting = self.rendezvous.open(key, "bootstrap", group.name, 0, group.ranks)

@@ -142,6 +142,8 @@ class Groups:
                 # reference to the default group here; subgroups live on in the program's handles (frameworks
                 # keep them in globals, and so does real.driver), so peers waiting on those keep waiting.
                 self.sockets.close(rt, list(rt.world.comms.values()))
+            if rt.world is not None:
+                rt.incarnation += 1  # a re-init's bootstraps reuse this incarnation's names (counter reset)
             rt.world = None
             rt.handles.clear()
             rt.counter = 1

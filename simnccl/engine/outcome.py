@@ -94,6 +94,8 @@ class HangReport:
         explanations = []
         if meeting.problem:
             explanations.append(meeting.problem)
+        if meeting.note:
+            explanations.append(meeting.note)
         if not missing and meeting.completed_at is not None and meeting.completed_at > self.env.now:
             slow = [link.name for link in self.timing.slow_links if self.timing.spans(link, meeting.expected)]
             explanations.append(

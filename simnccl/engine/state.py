@@ -59,6 +59,10 @@ class RankRuntime:
     world: Group | None = None
     handles: dict[str, Group | int] = field(default_factory=dict)
     counter: int = 1
+    # How many default groups this rank destroyed: which incarnation its bootstraps belong to. Why: a re-init
+    # reuses the destroyed incarnation's group names (destroy resets the counter), and whether its store still
+    # holds their keys depends on the launcher (``Comms.stale_writer``).
+    incarnation: int = 0
     groups: list[Group] = field(default_factory=list)
     block: Block | None = None
     pending: list[tuple[Meeting, int]] = field(default_factory=list)

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from simnccl.backends.gloo import SINGLETON_RACE
+from simnccl.engine.comms import STALE_RACE
 from simnccl.ops import Program
 from simnccl.real.lanes import lane_policy
 from simnccl.real.launch import (
@@ -145,7 +146,9 @@ def stuck(outcomes: Mapping[int, Mapping[str, Any]]) -> list[int]:
 RACE_TEXTS = ("store key collision",)
 # A collision with a one-rank gloo group's key: even whether the colliding bootstrap succeeds is decided by the
 # order of two store writes, so not even pass/no-pass is comparable. The engine appends SINGLETON_RACE whole.
-VERDICT_RACE_TEXTS = (SINGLETON_RACE,)
+# A re-init whose bootstrap reads the destroyed incarnation's value under a reused name (the store outlived the
+# destroy): which value a rank reads is decided by the order of the store writes, so is the verdict.
+VERDICT_RACE_TEXTS = (SINGLETON_RACE, STALE_RACE)
 
 
 def _texts(sim: Mapping[str, Any]) -> list[str]:

@@ -519,11 +519,11 @@ class Cohorts:
                     )
         except TorchError:
             return None
-        for plan in plans.values():
+        for rank, plan in plans.items():
             fresh = [c for c in plan.comms if c.eager and c.split_from is None]
             if not fresh or all(self.comms.creates_alone(plan, c) for c in fresh):
                 continue
-            if not (plan.member and self.comms.can_bootstrap_together(plan)):
+            if not (plan.member and self.comms.can_bootstrap_together(plan, ranks[rank].incarnation)):
                 return None  # a bootstrap the block does not take (several communicators, a name in use)
         return plans
 

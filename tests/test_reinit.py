@@ -1,0 +1,108 @@
+"""Re-initialising the default process group: destroy_process_group, then init_process_group again.
+
+Measured on torch 2.15 (CPU gloo; a program of init, all_reduce, destroy, init, new_group([0, 1]), all_reduce):
+destroy resets the group counter, so the new default group is "0" again and the first new_group is "1". Under
+mp.spawn rank 0 hosts the store and its destroy drops it: the re-init bootstraps in a fresh store and passes,
+even with rank 0 re-initialising 3 s late. Under torchrun the agent's store outlives the destroy: the re-init's
+keys find the destroyed incarnation's values, and with rank 0 late rank 1 read rank 0's old gloo address and
+raised "Gloo connectFullMesh failed ... Connection refused" at once (in lockstep it passed: a race).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from simnccl.engine import RunOutcome
+from simnccl.engine.comms import NCCL_REFUSED_RETRY_S, STALE_RACE
+from simnccl.ops import WORLD, AllReduce, Compute, DestroyProcessGroup, InitProcessGroup, NewGroup, Op, SetDevice
+from simnccl.real.compare import verdict_racy
+from simnccl.testing import simulate
+
+
+def reinit(backend: str, *, late: float = 0.0, late_before_destroy: bool = False) -> list[list[Op]]:
+    """The measured program for ranks 0 and 1; rank 0 computes ``late`` seconds after (or before) its destroy."""
+    delay = [Compute(seconds=late)] if late else []
+    programs = []
+    for rank in (0, 1):
+        wait = delay if rank == 0 else []
+        programs.append(
+            [
+                SetDevice(),
+                InitProcessGroup(backend=backend),
+                AllReduce(group=WORLD, size_bytes=1024),
+                *(wait if late_before_destroy else []),
+                DestroyProcessGroup(group=WORLD),
+                *([] if late_before_destroy else wait),
+                InitProcessGroup(backend=backend),
+                NewGroup(ranks=(0, 1), bind="b"),
+                AllReduce(group="b", size_bytes=1024),
+            ]
+        )
+    return programs
+
+
+def run(programs: list[list[Op]], launcher: str) -> RunOutcome:
+    return simulate(programs, gpus_per_node=2, launcher=launcher)
+
+
+@pytest.mark.parametrize("backend", ["gloo", "nccl"])
+@pytest.mark.parametrize("late", [0.0, 3.0])
+def test_a_reinit_under_spawn_bootstraps_in_a_fresh_store_and_names_the_first_new_group_1(
+    backend: str, late: float
+) -> None:
+    out = run(reinit(backend, late=late), "spawn")
+    assert out.verdict == "pass", (out.errors, out.hangs)
+    assert sorted(name for name, _ranks in out.groups) == ["0", "1"]
+
+
+def test_a_gloo_reinit_under_torchrun_reads_the_destroyed_incarnations_address_and_fails_at_once() -> None:
+    out = run(reinit("gloo", late=3.0), "torchrun")
+    assert out.verdict == "error"
+    assert not out.hangs
+    assert [(e["rank"], e["type"]) for e in out.errors] == [(0, "RuntimeError"), (1, "RuntimeError")]
+    for error in out.errors:
+        assert error["message"].startswith("Gloo connectFullMesh failed with [")
+        assert "timed out connecting: SO_ERROR: Connection refused" in error["message"]
+        assert "torchrun's agent store, which outlives destroy_process_group" in error["message"]
+        assert STALE_RACE in error["message"]
+    # not after the group's timeout (1800 s): gloo's connect retries end at once
+    assert max(e["time_s"] for e in out.errors) < 60
+
+
+def test_an_nccl_reinit_under_torchrun_reads_the_destroyed_unique_id_and_its_root_waits_in_init() -> None:
+    out = run(reinit("nccl"), "torchrun")
+    assert [(e["rank"], e["type"]) for e in out.errors] == [(1, "torch.distributed.DistBackendError")]
+    error = out.errors[0]
+    assert "ncclRemoteError" in error["message"] and "socketStartConnect: exceeded retries" in error["message"]
+    assert "stale store key" in error["message"] and STALE_RACE in error["message"]
+    reinit_at = min(h["since_s"] for h in out.hangs)
+    assert error["time_s"] == pytest.approx(reinit_at + NCCL_REFUSED_RETRY_S)
+    # group rank 0 published a fresh id and never reads: it waits in ncclCommInitRank, which has no timeout
+    [hang] = out.hangs
+    assert (hang["rank"], hang["op"], hang["timeout_s"]) == (0, "init_process_group()", None)
+    assert "stale store key" in hang["explanation"] and "torchrun's agent store" in hang["explanation"]
+    assert verdict_racy({"hangs": out.hangs, "errors": out.errors})
+
+
+def test_a_reinit_under_spawn_before_rank_0_destroyed_reads_rank_0s_store() -> None:
+    # rank 0 hosts the store: until its destroy drops it, rank 1's re-init finds the old incarnation's keys
+    out = run(reinit("gloo", late=3.0, late_before_destroy=True), "spawn")
+    assert out.verdict == "error"
+    first = next(e for e in out.errors if e["rank"] == 1)
+    assert first["type"] == "RuntimeError"
+    assert "Connection refused" in first["message"]
+    assert "rank 0's store, up until rank 0 destroys its default group" in first["message"]
+    # rank 0 re-initialises in a fresh store and waits there for rank 1, which raised: told why
+    [hang] = out.hangs
+    assert hang["rank"] == 0 and "stale store key" in hang["explanation"]
+
+
+def test_two_live_groups_under_one_name_are_still_a_store_key_collision() -> None:
+    # diverged counters (rank 2 skips new_group([0, 1])): rank 2 bootstraps [0, 2] under "1", which ranks 0 and 1
+    # already bootstrapped as [0, 1]; no destroy, so this is not a stale key but a collision that never completes
+    pair, other = NewGroup(ranks=(0, 1), bind="a"), NewGroup(ranks=(0, 2), bind="b")
+    gloo = InitProcessGroup(backend="gloo")
+    out = simulate([[gloo, pair, other], [gloo, pair, other], [gloo, other]], gpus_per_node=0, ranks_per_node=3)
+    assert out.verdict == "hang"
+    assert any("store key collision under group name '1'" in h["explanation"] for h in out.hangs)
+    assert not any("stale store key" in h["explanation"] for h in out.hangs)
