@@ -383,22 +383,26 @@ def test_a_policy_whose_members_disagree_fails_cost(capsys, monkeypatch) -> None
 REINIT = ["cost", "--workload", "megatron", "--tp", "2", "--dp", "2", "--reinit-cycles", "2", "--jobs", "1"]
 
 
-@pytest.mark.parametrize("only", [[], ["--variant", "dedupe"]], ids=["all-columns", "policy-column-only"])
-def test_a_policy_that_breaks_a_startup_torch_passes_fails_cost(capsys, only) -> None:
+BROKEN = "user_policies:ReusesDestroyed"
+
+
+@pytest.mark.parametrize("only", [[], ["--variant", BROKEN]], ids=["all-columns", "policy-column-only"])
+def test_a_policy_that_breaks_a_startup_torch_passes_fails_cost(capsys, monkeypatch, only) -> None:
     """A policy column that dies where torch's default on the same startup passes is a defect of the policy:
     it read ``error  ok`` with smaller MiB than torch's default (it died before allocating the rest), exit 0.
     Now FAIL, exit 1, its figures marked as the moment it died; judged against torch's default also when
-    ``--variant`` leaves that column out (run, not shown)."""
-    assert main([*REINIT, "--policy", "dedupe", *only, "--json"]) == 1
+    ``--variant`` leaves that column out (run, not shown). (The built-in dedupe broke this startup until it
+    recorded destroys; a team's policy that reuses a destroyed group still does.)"""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent))
+    assert main([*REINIT, "--policy", BROKEN, *only, "--json"]) == 1
     doc = json.loads(capsys.readouterr().out)
     by_name = {line["variant"]: line for line in doc["summary"]}
-    assert doc["ok"] is False and by_name["dedupe"]["ok"] is False and by_name["dedupe"]["verdict"] == "error"
-    assert "(died) MiB/device" in by_name["dedupe"]["figure"]
-    assert "where torch's default on the same startup passes" in by_name["dedupe"]["figure"]
-    (dedupe,) = [c for c in doc["results"][0]["columns"] if c["column"] == "dedupe"]
-    assert dedupe["policy_defect"] and dedupe["partial"]
+    assert doc["ok"] is False and by_name[BROKEN]["ok"] is False and by_name[BROKEN]["verdict"] == "error"
+    assert "(died) MiB/device" in by_name[BROKEN]["figure"]
+    (broken,) = [c for c in doc["results"][0]["columns"] if c["column"] == BROKEN]
+    assert broken["policy_defect"] and broken["partial"]
     shown = [c["column"] for c in doc["results"][0]["columns"]]
-    assert shown == (["dedupe"] if only else ["torch-default", "legacy", "dedupe"])
+    assert shown == ([BROKEN] if only else ["torch-default", "legacy", BROKEN])
     if not only:  # torch's own columns pass: not judged
         assert by_name["torch-default"]["ok"] and by_name["legacy"]["ok"]
 

@@ -326,6 +326,19 @@ class UnknownBackend(BasePolicy):
 
 
 @dataclass(frozen=True)
+class ReusesDestroyed(BasePolicy):
+    """Wrong: answers a call with the ranks of a group this process destroyed by reusing that dead group (what
+    the built-in dedupe did before its history recorded destroys): torch raises at the reuse."""
+
+    name: str = "reuses-destroyed"
+
+    def on_group(self, request: GroupRequest, decision: GroupDecision) -> GroupDecision:
+        if frozenset(request.ranks) in request.history.destroyed:
+            return replace(decision, reuse=request.ranks, explanation="reuse the destroyed group")
+        return decision
+
+
+@dataclass(frozen=True)
 class BindsOwnDevice(BasePolicy):
     """Correct: each rank names its own device for the group (``device_id=local_rank``), as torch code does."""
 
