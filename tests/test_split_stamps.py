@@ -140,8 +140,30 @@ def test_a_member_that_is_not_steady_takes_the_ordinary_path(monkeypatch) -> Non
     assert _facts(engine, outcome) == _facts(*_run(config, stamps=False))
 
 
+def test_make_declines_a_member_it_does_not_make_having_made_nothing(monkeypatch) -> None:
+    """``make`` checks the member itself (one pass over the plan): for a member a stamp does not make (here rank
+    3, as if not steady) it answers False and leaves the rank untouched, so the block makes it by the ordinary
+    path; every other member it makes and answers True."""
+    is_steady = Memory.is_steady
+    monkeypatch.setattr(Memory, "is_steady", lambda self, rt, device: rt.rank != 3 and is_steady(self, rt, device))
+    answers: dict[int, set[tuple[bool, int]]] = {}
+    make = SplitStamps.make
+
+    def recording(self: SplitStamps, rt: Any, plan: Any, op: Any, child_id: int) -> bool:
+        before = (len(rt.groups), len(rt.handles))
+        made = make(self, rt, plan, op, child_id)
+        answers.setdefault(rt.rank, set()).add((made, len(rt.groups) - before[0] + len(rt.handles) - before[1]))
+        return made
+
+    monkeypatch.setattr(SplitStamps, "make", recording)
+    _engine, outcome = _run(_config(64), stamps=True)
+    assert outcome.verdict == "pass"
+    assert answers[3] == {(False, 0)}
+    assert all(seen <= {(True, 1), (True, 2)} for rank, seen in answers.items() if rank != 3)
+
+
 def test_steady_means_context_first_communicator_and_no_armed_fault() -> None:
-    """``fits`` asks ``Memory.is_steady``: a member whose device has no CUDA context or no communicator of this
+    """``make`` asks ``Memory.is_steady``: a member whose device has no CUDA context or no communicator of this
     process yet, or with an out-of-memory fault armed, would be charged more than its communicator, which only
     the ordinary path charges."""
     engine, outcome = _run(_config(16), stamps=True)
@@ -164,9 +186,9 @@ def _stamp_failures(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, str]]:
     raised: list[tuple[int, str]] = []
     make = SplitStamps.make
 
-    def recording(self: SplitStamps, rt: Any, plan: Any, op: Any, child_id: int) -> None:
+    def recording(self: SplitStamps, rt: Any, plan: Any, op: Any, child_id: int) -> bool:
         try:
-            make(self, rt, plan, op, child_id)
+            return make(self, rt, plan, op, child_id)
         except Exception as err:
             raised.append((rt.rank, type(err).__name__))
             raise

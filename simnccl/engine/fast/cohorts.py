@@ -386,10 +386,10 @@ class Cohorts:
                     behind = late.get(rank)
                     self.sim.clock = clock if behind is None else behind[0]  # where this member is
                 try:
-                    if stamps is not None and stamps.fits(rt, plan):
+                    if stamps is not None:
                         assert child_id is not None
-                        stamps.make(rt, plan, op, child_id)
-                        continue
+                        if stamps.make(rt, plan, op, child_id):
+                            continue
                     joined = self._apply_member_plan(rt, plan, op, child_id)
                 except (TorchError, SimulatedOOM, ProcessAbort) as err:
                     cohort.failures[rank] = (pc, err)  # re-raised in that rank's own process

@@ -36,16 +36,17 @@ _READY = CommState.READY
 
 
 class _Shape:
-    """What a plan's shape decides for every member with it: the device types its communicator serves and
-    whether this release's cudaMallocAsync defect can abort its init."""
+    """What a plan's shape decides for every member with it: the device types its communicator serves, whether
+    this release's cudaMallocAsync defect can abort its init, and whether its backend is one a stamp makes."""
 
-    __slots__ = ("abort_possible", "backend", "device_types", "pair_name")
+    __slots__ = ("abort_possible", "backend", "device_types", "pair_name", "stampable")
 
     def __init__(self, backend: BackendConfig, pair_name: str, impl: Impl, release_aborts: bool) -> None:
         self.backend = backend
         self.pair_name = pair_name
         self.device_types = tuple(p.device_type for p in backend.pairs if p.name == pair_name)
         self.abort_possible = impl in (Impl.NCCL2, Impl.NCCL_LAZY) and release_aborts
+        self.stampable = impl.is_nccl and lifecycle(impl).allocates_gpu_memory  # NCCL with device memory
 
 
 class _Call:
@@ -80,19 +81,6 @@ class SplitStamps:
         self._call = _Call("", (), None, -1)
         self.made = 0  # members made by a stamp
 
-    def fits(self, rt: RankRuntime, plan: GroupPlan) -> bool:
-        """Whether a stamp makes ``rt``'s member ``plan`` of a split: one communicator, a split child, NCCL with
-        device memory, on a bound device, and the member steady (``Memory.is_steady``)."""
-        if len(plan.comms) != 1:
-            return False
-        comm_plan = plan.comms[0]
-        parent = comm_plan.split_from
-        device = comm_plan.device
-        if parent is None or device is None:
-            return False
-        impl = comm_plan.pair.impl
-        return impl.is_nccl and lifecycle(impl).allocates_gpu_memory and self.memory.is_steady(rt, device)
-
     def _shape(self, plan: GroupPlan) -> _Shape:
         pair = plan.comms[0].pair
         shape = self._shapes.get((id(plan.backend), id(pair)))
@@ -101,14 +89,24 @@ class SplitStamps:
             self._shapes[(id(plan.backend), id(pair))] = shape
         return shape
 
-    def make(self, rt: RankRuntime, plan: GroupPlan, op: NewGroup | SplitGroup, child_id: int) -> None:
+    def make(self, rt: RankRuntime, plan: GroupPlan, op: NewGroup | SplitGroup, child_id: int) -> bool:
         """``rt``'s group and split child as the ordinary path makes them (``Groups.group_from_plan``,
-        ``Comms.attach``, ``Comms.split_child_ready``), step for step; ``fits`` was checked."""
+        ``Comms.attach``, ``Comms.split_child_ready``), step for step; False, having made nothing, when a stamp
+        does not make this member: not one communicator, not a split child, not NCCL with device memory, no
+        bound device, or the member not steady (``Memory.is_steady``). Why one method: the checks read what the
+        making reads (the plan's communicator, its call and shape), once per member."""
+        comm_plans = plan.comms
+        if len(comm_plans) != 1:
+            return False
+        comm_plan = comm_plans[0]
+        parent = comm_plan.split_from
+        device = comm_plan.device
+        if parent is None or device is None:
+            return False
         call = self._call
         ranks = plan.ranks
         if call.op is not op or call.ranks is not ranks or call.child_id != child_id or call.name != plan.name:
-            call = self._call = _Call(plan.name, ranks, op, child_id)
-        comm_plan = plan.comms[0]
+            call = self._call = _Call(plan.name, ranks, op, child_id)  # a cache only: made for a misfit too
         pair = comm_plan.pair
         backend = plan.backend
         shape = call.shape
@@ -116,6 +114,9 @@ class SplitStamps:
             shape = call.shape = self._shape(plan)
             call.backend = backend
             call.pair = pair
+        memory = self.memory
+        if not shape.stampable or not memory.is_steady(rt, device):
+            return False
         name = call.name
         timeout_s = plan.timeout_s
         group = Group(name, plan.desc, ranks, plan.rank_in_group, backend, plan.bound_device, timeout_s, plan.options)
@@ -132,9 +133,6 @@ class SplitStamps:
         trace = sim.trace
         rank = rt.rank
         trace.record_text(f"({trace.time_text(now)}, {rank!r}, {call.tail}", (now, rank, op.name, name, call.digest))
-        parent = comm_plan.split_from
-        assert parent is not None
-        device = comm_plan.device
         comm = Comm(
             impl=pair.impl,
             group=name,
@@ -148,7 +146,6 @@ class SplitStamps:
         group_comms = group.comms
         for device_type in shape.device_types:
             group_comms[device_type] = comm
-        memory = self.memory
         record = call.record
         if record is None:  # the call's first member made here: its record is made (or found) where attach does
             record = call.record = memory.group_record(group, comm)
@@ -166,3 +163,4 @@ class SplitStamps:
         parent_ranks = None if parent_id is None else members.get(parent_id)
         memory.init_comm(rt, comm, group, op, parent_ranks=parent_ranks, steady=(memory.ledger(rt, device), record))
         self.made += 1
+        return True
