@@ -19,6 +19,7 @@ from conftest import load_benchmark
 
 from simnccl.cluster import Cluster, get_gpu_kind
 from simnccl.engine import Engine, RunOutcome, SimConfig
+from simnccl.engine.comms import Comms
 from simnccl.engine.fast.stamps import SplitStamps
 from simnccl.engine.memory import Memory
 from simnccl.memory import Owner
@@ -160,6 +161,33 @@ def test_make_declines_a_member_it_does_not_make_having_made_nothing(monkeypatch
     assert outcome.verdict == "pass"
     assert answers[3] == {(False, 0)}
     assert all(seen <= {(True, 1), (True, 2)} for rank, seen in answers.items() if rank != 3)
+
+
+@pytest.mark.parametrize("conf", [None, "expandable_segments:True"])
+def test_a_stamp_asks_the_cudamallocasync_check_only_where_the_allocator_is_configured(monkeypatch, conf) -> None:
+    """torch 2.15 aborts a process whose PYTORCH_CUDA_ALLOC_CONF picks cudaMallocAsync at its first NCCL
+    communicator (``Comms.abort_if_cudamallocasync``). A process without that variable can't abort so, and a
+    stamp does not ask for it (asking was a call per membership); with the variable set, every stamped member
+    is checked, and the run is the ordinary path's either way."""
+    asked: list[int] = []
+    check = Comms.abort_if_cudamallocasync
+
+    def counting(self: Comms, rt: Any, comm: Any) -> None:
+        asked.append(rt.rank)
+        check(self, rt, comm)
+
+    monkeypatch.setattr(Comms, "abort_if_cudamallocasync", counting)
+    config = _config(64)
+    if conf is not None:
+        config = replace(config, env={"PYTORCH_CUDA_ALLOC_CONF": conf})
+    engine, outcome = _run(config, stamps=True)
+    assert outcome.verdict == "pass"
+    made = engine.fast.cohorts.split_stamps.made
+    assert made == _memberships(outcome)
+    # Each rank's default group asks on the ordinary path; a stamped member only where the variable is set.
+    assert len(asked) == 64 + (made if conf is not None else 0)
+    monkeypatch.undo()
+    assert _facts(engine, outcome) == _facts(*_run(config, stamps=False))
 
 
 def test_steady_means_context_first_communicator_and_no_armed_fault() -> None:

@@ -520,7 +520,10 @@ class Cohorts:
         except TorchError:
             return None
         for rank, plan in plans.items():
-            fresh = [c for c in plan.comms if c.eager and c.split_from is None]
+            comms = plan.comms
+            if len(comms) == 1 and comms[0].split_from is not None:
+                continue  # a split child (most members of a block): nothing fresh to bootstrap, no list made
+            fresh = [c for c in comms if c.eager and c.split_from is None]
             if not fresh or all(self.comms.creates_alone(plan, c) for c in fresh):
                 continue
             if not (plan.member and self.comms.can_bootstrap_together(plan, ranks[rank].incarnation)):

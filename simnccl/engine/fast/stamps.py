@@ -155,7 +155,7 @@ class SplitStamps:
         comm.comm_id = child_id
         members = comms.registry.members
         members[child_id] = ranks
-        if shape.abort_possible:
+        if shape.abort_possible and "PYTORCH_CUDA_ALLOC_CONF" in rt.ctx.env:  # without it, nothing to abort
             comms.abort_if_cudamallocasync(rt, comm)
         comms.nvls.reserve(rt, comm, group, members)
         comm.state = _READY
