@@ -14,7 +14,18 @@ import pytest
 
 from simnccl.engine import RunOutcome
 from simnccl.engine.comms import NCCL_REFUSED_RETRY_S, STALE_RACE
-from simnccl.ops import WORLD, AllReduce, Compute, DestroyProcessGroup, InitProcessGroup, NewGroup, Op, SetDevice
+from simnccl.ops import (
+    WORLD,
+    AllReduce,
+    Compute,
+    DestroyProcessGroup,
+    InitProcessGroup,
+    NewGroup,
+    Op,
+    Recv,
+    Send,
+    SetDevice,
+)
 from simnccl.real.compare import verdict_racy
 from simnccl.testing import simulate
 
@@ -106,3 +117,58 @@ def test_two_live_groups_under_one_name_are_still_a_store_key_collision() -> Non
     assert out.verdict == "hang"
     assert any("store key collision under group name '1'" in h["explanation"] for h in out.hangs)
     assert not any("stale store key" in h["explanation"] for h in out.hangs)
+
+
+def reinit_p2p(*, late: float = 0.0, late_before_destroy: bool = False) -> list[list[Op]]:
+    """Ranks 0 and 1 on unbound legacy ProcessGroupNCCL: a send/recv (a lazily made pair communicator, its unique
+    id under store key '0:1'), destroy, re-init, the same send/recv; rank 0 computes ``late`` seconds after (or
+    before) its destroy."""
+    delay = [Compute(seconds=late)] if late else []
+    programs = []
+    for rank, p2p in ((0, Send(peer=1)), (1, Recv(peer=0))):
+        wait = delay if rank == 0 else []
+        programs.append(
+            [
+                SetDevice(),
+                InitProcessGroup(backend="nccl-legacy"),
+                p2p,
+                *(wait if late_before_destroy else []),
+                DestroyProcessGroup(group=WORLD),
+                *([] if late_before_destroy else wait),
+                InitProcessGroup(backend="nccl-legacy"),
+                p2p,
+            ]
+        )
+    return programs
+
+
+def test_a_legacy_send_recv_after_a_reinit_under_torchrun_reads_the_destroyed_pairs_unique_id() -> None:
+    # getKeySendRecv has no counter: the re-init's pair reads '0:1', which the agent store still holds
+    out = run(reinit_p2p(), "torchrun")
+    assert [(e["rank"], e["type"], e["op"]) for e in out.errors] == [
+        (1, "torch.distributed.DistBackendError", "recv(peer=0)")
+    ]
+    error = out.errors[0]
+    assert "ncclRemoteError" in error["message"] and "socketStartConnect: exceeded retries" in error["message"]
+    assert "stale store key" in error["message"] and "under store key '0:1'" in error["message"]
+    assert STALE_RACE in error["message"]
+    # pair rank 0 published a fresh id and waits in ncclCommInitRank, which has no timeout
+    [hang] = out.hangs
+    assert (hang["rank"], hang["op"], hang["timeout_s"]) == (0, "send(peer=1)", None)
+    assert error["time_s"] == pytest.approx(hang["since_s"] + NCCL_REFUSED_RETRY_S)
+    assert "stale store key" in hang["explanation"] and "torchrun's agent store" in hang["explanation"]
+    assert verdict_racy({"hangs": out.hangs, "errors": out.errors})
+
+
+@pytest.mark.parametrize("late", [0.0, 3.0])
+def test_a_legacy_send_recv_after_a_reinit_under_spawn_bootstraps_in_a_fresh_store(late: float) -> None:
+    out = run(reinit_p2p(late=late), "spawn")
+    assert out.verdict == "pass", (out.errors, out.hangs)
+
+
+def test_a_legacy_send_recv_reinit_under_spawn_before_rank_0_destroyed_reads_rank_0s_store() -> None:
+    out = run(reinit_p2p(late=3.0, late_before_destroy=True), "spawn")
+    assert [(e["rank"], e["op"]) for e in out.errors] == [(1, "recv(peer=0)")]
+    assert "rank 0's store, up until rank 0 destroys its default group" in out.errors[0]["message"]
+    [hang] = out.hangs
+    assert hang["rank"] == 0 and "stale store key" in hang["explanation"]

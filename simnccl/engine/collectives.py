@@ -18,7 +18,7 @@ import simpy
 from simnccl.backends import LIFECYCLES, Comm, CommState
 from simnccl.backends.gloo import broadcast_needs
 from simnccl.c10d import Group, TorchError
-from simnccl.engine.comms import Comms
+from simnccl.engine.comms import STALE_PAIR_WHAT, Comms
 from simnccl.engine.memory import Memory
 from simnccl.engine.rendezvous import Rendezvous
 from simnccl.engine.sim import Sim
@@ -220,6 +220,10 @@ class Collectives:
         lo, hi = sorted((rt.rank, peer))
         attempt = self._pair_attempts.get((group.name, lo, hi, rt.rank), 0)
         self._pair_attempts[(group.name, lo, hi, rt.rank)] = attempt + 1
+        if comm.impl is Impl.LEGACY:
+            # legacy's key ("<lo>:<hi>") has no counter: its meetings are told apart by the default group's
+            # incarnation only, so a re-init's pair finds the destroyed one's (``Comms.stale_pair_writer``)
+            attempt = rt.incarnation
         if comm.device is None:
             comm.device = current_device(rt)
         key = ("pair", group.name, lo, hi, attempt)
@@ -227,6 +231,12 @@ class Collectives:
         # reads it from the store (``comms.unique_id_stage``); in a split group it may be the higher global rank.
         pair_ranks = (lo, hi) if group.ranks.index(lo) < group.ranks.index(hi) else (hi, lo)
         meeting = self.rendezvous.open(key, "bootstrap", f"{group.name}/p2p-{lo}-{hi}-{attempt}", 0, pair_ranks)
+        if rt.incarnation and comm.impl is Impl.LEGACY and meeting.problem is None:
+            writer = self.comms.stale_pair_writer(rt, group, pair_ranks)
+            if writer is not None:
+                a, b = sorted((group.ranks.index(lo), group.ranks.index(hi)))
+                what = STALE_PAIR_WHAT.format(lo=a, hi=b)
+                yield from self.comms.read_stale(rt, group, comm, meeting, writer, what)
         self.rendezvous.arrive(meeting, rt, (lo, hi), op, duration=self.timing.bootstrap_s)
         yield from self.rendezvous.wait(rt, meeting, op)
         pair_id = self.comms.registry.id_for(meeting)

@@ -64,6 +64,12 @@ STALE_WHAT = {
     True: "a unique id naming the destroyed communicator's bootstrap root, which no longer listens",
     False: "its gloo address, whose listener is gone",
 }
+# Legacy ProcessGroupNCCL's unbound send/recv publishes its pair communicator's unique id under getKeySendRecv
+# ("<lo>:<hi>" of group ranks), a key without any counter, so a re-init's pair reuses it whatever it did before.
+STALE_PAIR_WHAT = (
+    "the unique id of the send/recv pair communicator of group ranks {lo} and {hi}, under store key '{lo}:{hi}', "
+    "naming the destroyed communicator's bootstrap root, which no longer listens"
+)
 
 
 def bootstrap_key(name: str, is_nccl: bool, incarnation: int) -> tuple[Any, ...]:
@@ -232,7 +238,7 @@ class Comms:
             elif rt.incarnation and meeting.problem is None:
                 stale = self.stale_writer(rt, group, comm.impl.is_nccl)
                 if stale is not None:
-                    yield from self._read_stale(rt, group, comm, meeting, stale)
+                    yield from self.read_stale(rt, group, comm, meeting, stale)
             self.rendezvous.arrive(meeting, rt, group.ranks, op, duration=self.timing.bootstrap_s)
             yield from self.rendezvous.wait(rt, meeting, op)
             comm.comm_id = self.registry.id_for(meeting)
@@ -252,15 +258,10 @@ class Comms:
         group rank 0 publishes the unique id and never reads it, the others read group rank 0's key; gloo's
         every member reads every other member's address. The value read is taken as the old one whatever the
         arrival order (the new write may come first: a race the harness never resolves in the user's favour)."""
-        if self.sim.config.launcher == "torchrun":
-            earlier: range | tuple[int, ...] = range(rt.incarnation - 1, -1, -1)
-        else:
-            host = self.sim.ranks[0].incarnation
-            earlier = (host,) if host < rt.incarnation else ()
         index = group.ranks.index(rt.rank)
         if is_nccl and index == 0:
             return None
-        for incarnation in earlier:
+        for incarnation in self._kept_incarnations(rt):
             old = self.rendezvous.meetings.get(bootstrap_key(group.name, is_nccl, incarnation))
             if old is None:
                 continue
@@ -273,17 +274,46 @@ class Comms:
                 return writer
         return None
 
-    def _read_stale(self, rt: RankRuntime, group: Group, comm: Comm, meeting: Meeting, writer: int) -> Waiting:
+    def stale_pair_writer(self, rt: RankRuntime, group: Group, pair_ranks: tuple[int, int]) -> int | None:
+        """The rank whose unique id from a destroyed incarnation ``rt`` reads in a re-init's legacy send/recv pair
+        bootstrap (``Collectives._pair_comm``, ``pair_ranks`` in pair-rank order), or None.
+
+        Why: legacy keys the pair's id by getKeySendRecv, "<lo>:<hi>" of group ranks with no counter, under the
+        group's name, so a re-init's pair reads the very key its destroyed incarnation's pair used, for as long
+        as the store keeps it (``stale_writer``). Pair rank 0 publishes and never reads; pair rank 1 reads. (The
+        pair meeting is keyed by legacy's incarnation, ``pair_key``.)"""
+        if rt.rank != pair_ranks[1]:
+            return None
+        lo, hi = sorted(pair_ranks)
+        for incarnation in self._kept_incarnations(rt):
+            old = self.rendezvous.meetings.get(("pair", group.name, lo, hi, incarnation))
+            if old is not None and old.expected[0] in old.arrivals:
+                return old.expected[0]
+        return None
+
+    def _kept_incarnations(self, rt: RankRuntime) -> range | tuple[int, ...]:
+        """The destroyed incarnations whose store keys ``rt``'s re-init can still read, newest first: under torchrun
+        the agent's store outlives every destroy; under spawn rank 0 hosts the store and its destroy drops it, so
+        only rank 0's current incarnation, while ``rt`` is already past it."""
+        if self.sim.config.launcher == "torchrun":
+            return range(rt.incarnation - 1, -1, -1)
+        host = self.sim.ranks[0].incarnation
+        return (host,) if host < rt.incarnation else ()
+
+    def read_stale(
+        self, rt: RankRuntime, group: Group, comm: Comm, meeting: Meeting, writer: int, what: str | None = None
+    ) -> Waiting:
         """A re-init's member that read a destroyed incarnation's value (``stale_writer``) fails as torch does.
 
         gloo: the address is the old ProcessGroupGloo's, whose listener is gone; connection refused comes back
         at once and gloo's connect loop retries at once, so ``connectFullMesh`` raises within the step (measured
         on 2.15: well before the timeout). NCCL: the unique id names the old bootstrap root; the connect retries
         for ``NCCL_REFUSED_RETRY_S`` and ``ncclCommInitRank`` fails; the members that read the new id wait for
-        it in ``ncclCommInitRank`` with no timeout, and their hang report says why (``meeting.note``)."""
+        it in ``ncclCommInitRank`` with no timeout, and their hang report says why (``meeting.note``). ``what``:
+        the value read, where not the group bootstrap's (a send/recv pair's unique id)."""
         launcher = self.sim.config.launcher
         store = STORE_KEPT.get(launcher, launcher)
-        what = STALE_WHAT[comm.impl.is_nccl]
+        what = what or STALE_WHAT[comm.impl.is_nccl]
         stale = STALE_KEY.format(store=store, writer=writer, name=group.name, what=what)
         self.record(self.env.now, rt.rank, "stale-key", group.name, writer)
         meeting.note = meeting.note or stale  # a member that read the new values waits for this one in vain
