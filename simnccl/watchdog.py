@@ -116,7 +116,7 @@ def on_timeout(
     ms = round(timeout_s * 1000)
     if kind in ("split", "split-color"):
         return None
-    if kind == "bootstrap":  # a gloo store exchange, or a key collision (NCCL's own: ``on_unique_id_wait``)
+    if kind == "bootstrap":  # an NCCL key collision (NCCL's own: ``on_unique_id_wait``; gloo's: ``on_gloo_...``)
         return TimeoutAction(
             "raise",
             False,
@@ -177,6 +177,39 @@ LEGACY_UNIQUE_ID_ERROR = (
     "by key '{key}', but store->get('{key}') got error: {error}. This may indicate a possible application crash on "
     "rank 0 or a network set up issue."
 )
+
+
+# torch 2.15's ProcessGroupGloo whose peer never joins: connectFullMesh (gloo transport/tcp) sets its own address
+# under gloo's device prefix "0/" + its group rank, then waits for each other member's key in group-rank order,
+# one store wait per key under the group's timeout; the first that never comes raises the store's DistStoreError.
+# Measured on CPU (two processes, new_group([0, 1], timeout=3 s) on rank 0 alone): "wait timeout after 3000ms,
+# keys: /default_pg/0//1//cpu//0/1" -- a new group's store is the default group's ("0/") prefixed with its name.
+GLOO_STORE_KEYS = {True: "/default_pg/{group}//cpu//0/{peer}", False: "/default_pg/0//{group}//cpu//0/{peer}"}
+
+
+def on_gloo_bootstrap_wait(*, group: str, default: bool, peer: int, timeout_s: float) -> TimeoutAction:
+    """A member of a gloo group's bootstrap (``default``: the default group's) still waiting for group rank
+    ``peer``'s address in the store when the group's timeout passes, as torch 2.15 ends it. Why not the NCCL
+    text: gloo exchanges addresses, no unique id, and raises the store's own wait timeout (measured)."""
+    keys = GLOO_STORE_KEYS[default].format(group=group, peer=peer)
+    text = STORE_WAIT_TIMEOUT.format(ms=round(timeout_s * 1000), keys=keys)
+    return TimeoutAction("raise", False, 0.0, "torch.distributed.DistStoreError", text, False)
+
+
+# Under spawn (env:// without torchrun's agent store) rank 0 hosts the default group's TCPStore, whose server
+# waits for every rank to connect before init_process_group goes on. Measured on CPU (rank 1 never calls
+# init_process_group, timeout 3 s, then 6 s): after 4 s, then 7 s, "Timed out after 4 seconds waiting for clients.
+# 1/2 clients joined." -- one second past the timeout; rank 0 counts itself.
+STORE_HOST_WAIT_EXTRA_S = 1.0
+STORE_HOST_TIMEOUT = "Timed out after {seconds:g} seconds waiting for clients. {joined}/{world} clients joined."
+
+
+def on_store_host_wait(*, joined: int, world: int, timeout_s: float) -> tuple[float, TimeoutAction]:
+    """Rank 0 under spawn, creating the default group's store, whose ``world - joined`` ranks never connected:
+    how long it waits and what it raises. Why apart from gloo's key wait: it never reaches the backend."""
+    wait_s = timeout_s + STORE_HOST_WAIT_EXTRA_S
+    text = STORE_HOST_TIMEOUT.format(seconds=wait_s, joined=joined, world=world)
+    return wait_s, TimeoutAction("raise", False, 0.0, "torch.distributed.DistStoreError", text, False)
 
 
 def unique_id_wait_s(impl: Impl, *, group_timeout_s: float, store_timeout_s: float) -> float:

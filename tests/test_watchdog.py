@@ -459,3 +459,44 @@ def test_pair_rank_0_waiting_for_a_late_peer_blocks_in_init_without_a_timeout(ba
     assert stuck.verdict == "hang" and not stuck.errors
     (hang,) = [h for h in stuck.hangs if h["rank"] == 1]
     assert hang["timeout_s"] is None and hang["watchdog"].startswith("group rank 0 published the NCCL unique id")
+
+
+# ---------------------------------------------------------------------------- a gloo bootstrap the peer never joins
+
+
+def test_a_gloo_bootstrap_whose_peer_never_joins_raises_the_stores_wait_timeout_for_its_address() -> None:
+    """Measured on torch 2.15 CPU (two processes; rank 0 alone calls new_group([0, 1], timeout=3 s)): after 3 s
+    connectFullMesh's store wait for group rank 1's address raises DistStoreError 'wait timeout after 3000ms, keys:
+    /default_pg/0//1//cpu//0/1' -- gloo exchanges addresses, not an NCCL unique id."""
+    gloo = InitProcessGroup(backend="gloo")
+    late = NewGroup(ranks=(0, 1), bind="b", timeout_s=3)
+    out = simulate([[gloo, late], [gloo, Compute(seconds=5000.0)]], gpus_per_node=0, ranks_per_node=2)
+    (error,) = out.errors
+    assert (error["rank"], error["type"]) == (0, "torch.distributed.DistStoreError")
+    assert error["message"] == "wait timeout after 3000ms, keys: /default_pg/0//1//cpu//0/1"
+    (hang,) = out.hangs
+    assert error["time_s"] == pytest.approx(hang["since_s"] + 3.0)
+
+
+def test_a_gloo_default_group_member_waits_for_the_first_absent_group_ranks_address() -> None:
+    # torchrun: rank 1 reads the agent's store, rank 0 never comes; gloo waits for the keys in group-rank order
+    gloo = InitProcessGroup(backend="gloo", timeout_s=5)
+    out = simulate([[Compute(seconds=5000.0), gloo], [gloo], [gloo]], gpus_per_node=0, ranks_per_node=3)
+    messages = {e["rank"]: e["message"] for e in out.errors if e["rank"] != 0}
+    assert messages == {
+        1: "wait timeout after 5000ms, keys: /default_pg/0//cpu//0/0",
+        2: "wait timeout after 5000ms, keys: /default_pg/0//cpu//0/0",
+    }
+
+
+def test_under_spawn_rank_0_times_out_waiting_for_store_clients_one_second_past_the_timeout() -> None:
+    """Measured on torch 2.15 CPU under env:// without an agent store (rank 1 never calls init_process_group,
+    timeout 3 s, then 6 s): rank 0's store server raises after 4 s, then 7 s, 'Timed out after 4 seconds waiting
+    for clients. 1/2 clients joined.'"""
+    gloo = InitProcessGroup(backend="gloo", timeout_s=3)
+    out = simulate([[gloo], [Compute(seconds=5000.0), gloo]], gpus_per_node=0, ranks_per_node=2, launcher="spawn")
+    (error,) = [e for e in out.errors if e["rank"] == 0]
+    assert error["type"] == "torch.distributed.DistStoreError"
+    assert error["message"] == "Timed out after 4 seconds waiting for clients. 1/2 clients joined."
+    hang = next(h for h in out.hangs if h["rank"] == 0)
+    assert error["time_s"] == pytest.approx(hang["since_s"] + 4.0)

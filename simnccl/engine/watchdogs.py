@@ -28,6 +28,8 @@ from simnccl.watchdog import (
     MonitorAction,
     TimeoutAction,
     on_dump_signal,
+    on_gloo_bootstrap_wait,
+    on_store_host_wait,
     on_timeout,
     on_unique_id_wait,
     on_watchdog_stuck,
@@ -132,6 +134,21 @@ class Watchdogs:
                     timeout_s=wait_s,
                     pair=pair_in_group(meeting, group.ranks),
                 )
+            elif (
+                comm.impl is Impl.GLOO
+                and meeting.kind == "bootstrap"
+                and self._hosts_store(rt, group, meeting.key[0] == "store-fault")
+            ):
+                joined = 1 + sum(1 for r in group.ranks if r != rt.rank and r in meeting.arrivals)
+                wait_s, action = on_store_host_wait(joined=joined, world=group.size, timeout_s=group.timeout_s)
+            elif comm.impl is Impl.GLOO and meeting.kind == "bootstrap":
+                wait_s = group.timeout_s
+                # gloo waits for each other member's address in group-rank order: the first that never came
+                others = [r for r in group.ranks if r != rt.rank]
+                peer = next((r for r in others if r not in meeting.arrivals), others[0])
+                action = on_gloo_bootstrap_wait(
+                    group=group.name, default=group is rt.world, peer=group.ranks.index(peer), timeout_s=wait_s
+                )
             else:
                 wait_s = group.timeout_s
                 action = on_timeout(
@@ -148,6 +165,12 @@ class Watchdogs:
                 due.append((block.since_s + wait_s, rt, action))
         due.sort(key=lambda item: (item[0], item[1].rank))
         return due
+
+    def _hosts_store(self, rt: RankRuntime, group: Group, faulted: bool) -> bool:
+        """Whether ``rt`` waits in ``group``'s bootstrap as the host of the default group's store: rank 0 under
+        spawn, whose store server waits for every rank to connect before any backend starts (measured); not
+        where an injected store fault (``faulted``) is what it waits on."""
+        return self.sim.config.launcher == "spawn" and rt.rank == 0 and group is rt.world and not faulted
 
     @staticmethod
     def _group_named(rt: RankRuntime, name: str) -> Group | None:
