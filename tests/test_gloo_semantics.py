@@ -111,6 +111,29 @@ def test_a_partial_broadcast_completes_where_the_tree_does_not_need_the_missing_
     assert next(h for h in out.hangs if h["rank"] == 1)["op"].startswith("recv")
 
 
+def test_a_member_running_another_algorithm_at_the_broadcast_s_tag_is_missing_to_the_tree() -> None:
+    # real (seed104-case33): 4 ranks, rank 2 skips a broadcast from 0 and all_to_alls at its tag (another slot):
+    # the root hangs in its send to 2, ranks 1 and 3 complete the broadcast and hang in the next all_to_all
+    bcast, a2a = Broadcast(size_bytes=SIZE, src=0), AllToAll(size_bytes=SIZE)
+    out = run([[GLOO, bcast, a2a], [GLOO, bcast, a2a], [GLOO, a2a], [GLOO, bcast, a2a]])
+    assert {h["rank"]: h["op"].split("(")[0] for h in out.hangs} == {
+        0: "broadcast",
+        1: "all_to_all",
+        2: "all_to_all",
+        3: "all_to_all",
+    }
+    # real, the same with the odd rank arriving first and root 1 (virtual ranks 3, 0, 1, 2): only rank 2, rank 0's
+    # parent, waits on it; the root and rank 3 complete
+    bcast = Broadcast(size_bytes=SIZE, src=1)
+    out = run([[GLOO, a2a], [GLOO, bcast, a2a], [GLOO, bcast, a2a], [GLOO, bcast, a2a]])
+    assert {h["rank"]: h["op"].split("(")[0] for h in out.hangs} == {
+        0: "all_to_all",
+        1: "all_to_all",
+        2: "broadcast",
+        3: "all_to_all",
+    }
+
+
 @pytest.mark.parametrize("ranks", [2, 3, 4])
 def test_a_full_gloo_broadcast_still_completes_together(ranks: int) -> None:
     out = run([[GLOO, Broadcast(size_bytes=SIZE, src=ranks - 1), AllReduce(size_bytes=SIZE)]] * ranks)

@@ -35,7 +35,8 @@ FileStore (pinned in the simulator by ``tests/test_gloo_semantics.py``, on real 
   modelled: the simulator reports a timeout as the hang it ends.
 * **Partial collectives.** gloo collectives are point-to-point algorithms. Rings (all_reduce, reduce_scatter,
   all_gather), the dissemination barrier and all_to_all need every member, but broadcast is a binomial tree: with
-  a member missing, the ranks whose parent chain and children are all in complete (``broadcast_needs``).
+  a member missing, the ranks whose parent chain and children are all in complete (``broadcast_needs``). A
+  member that issued another algorithm at the broadcast's tag is missing to it (another slot; seed104-case33).
 * **One-rank groups** still write their key under the group's store prefix (``SINGLETON_RACE``).
 * **Split.** ``ProcessGroupGloo::split`` builds a fresh gloo context over a store prefixed with the new group's
   hashed name (members only; a non-member returns ``NON_GROUP_MEMBER`` at once): it is a members-only bootstrap,

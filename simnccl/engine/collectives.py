@@ -124,10 +124,15 @@ class Collectives:
         """A gloo broadcast is a binomial tree of sends and recvs, not one rendezvous: a member leaves as soon
         as its ancestors and children have joined (``broadcast_needs``), so the root and subtrees that do not
         depend on a missing rank complete, and only the ranks that wait on it hang. Each member waits on its own
-        event; the meeting completing (everyone in) releases the rest at its end."""
+        event; the meeting completing (everyone in) releases the rest at its end.
+
+        A member that issued another gloo algorithm at this tag sends on another slot (``wire_mismatch``
+        ``"hang"``): to the tree it is simply missing, so the problem it sets on the meeting does not stop the
+        ranks that never talk to it (real, seed104-case33: rank 2 skips a broadcast from 0 and all_to_alls at its
+        tag; ranks 1 and 3 complete the broadcast). A size mismatch among the broadcasters does (``fates``)."""
         waits = self.rendezvous.releases(meeting)
         waits[rt.rank] = self.env.event()
-        if meeting.problem is None:
+        if meeting.problem is None or (meeting.fates is None and self._broadcasters_agree(meeting)):
             if meeting.complete:
                 assert meeting.completed_at is not None
                 release_at = meeting.completed_at
@@ -149,16 +154,25 @@ class Collectives:
         released = self._tree_released.setdefault(id(meeting), set())
         expected = meeting.expected
         position = {r: i for i, r in enumerate(expected)}
-        src = getattr(next(iter(meeting.arrivals.values())).op, "src", 0)
+        joined = {r for r, a in meeting.arrivals.items() if type(a.op) is Broadcast}
+        src = next(a.op.src for a in meeting.arrivals.values() if isinstance(a.op, Broadcast))
         root = position.get(src, 0)
         ready = []
         for rank in sorted(waits):
             if rank in released:
                 continue
             needs = broadcast_needs(position[rank], len(expected), root)
-            if all(expected[i] in meeting.arrivals for i in needs):
+            if all(expected[i] in joined for i in needs):
                 ready.append(rank)
         return ready
+
+    @staticmethod
+    def _broadcasters_agree(meeting: Meeting) -> bool:
+        """Whether the meeting's problem is only members that issued another algorithm at this tag: every
+        broadcast arrival carries one payload (a size mismatch among them is gloo's per-message ``fates``, and a
+        mix of both is left to hang rather than guessed)."""
+        payloads = {a.payload for a in meeting.arrivals.values() if type(a.op) is Broadcast}
+        return len(payloads) == 1
 
     def _fr_record(
         self, rt: RankRuntime, group: Group, comm: Comm, op: str, size_bytes: int, dtype: str, *, p2p: bool
