@@ -385,3 +385,26 @@ def test_a_one_rank_group_s_key_colliding_with_a_real_group_is_a_verdict_race() 
             real["hangs"] = [{"rank": 0, "op": "new_group", "kind": "bootstrap"}]
         comparison = compare_variant("singleton", "cpu", sim, real, 3, 0.0)
         assert classify(CaseResult(case, comparison)) == "racy"
+
+
+def test_a_collision_of_groups_complete_under_one_name_is_a_verdict_race() -> None:
+    # seed124-case38: [0, 2] and [1, 3] both bootstrap under one name (ranks 1 and 3 skipped a new_group), every
+    # member of each there; each writes its group-rank key, then reads its peers'. Real runs of that program
+    # passed 4 times in 10 and hung 6: a member reads its own group's address or the other's, by the order of the
+    # writes. With rank 3 not skipping, [1, 3] lacks a member under that name and the hang is certain.
+    from simnccl.backends.gloo import COMPLETE_COLLISION_RACE
+    from simnccl.ops import Program
+    from simnccl.real.compare import compare_variant
+    from simnccl.real.differential import Case, CaseResult, classify, simulate_case
+    from simnccl.real.programs import share_identical
+
+    evens, odds = NewGroup(ranks=(0, 2), bind="g"), NewGroup(ranks=(1, 3), bind="g")
+    both, odd_only = [GLOO, evens, odds], [GLOO, odds]
+    for programs, race in (([both, odd_only, both, odd_only], True), ([both, odd_only, both, both], False)):
+        out = run(programs)
+        assert out.verdict == "hang"
+        assert any(COMPLETE_COLLISION_RACE in h["explanation"] for h in out.hangs) is race
+        case = Case(0, 0, 4, share_identical([Program(tuple(p)) for p in programs]), ("collision",))
+        real = {"verdict": "pass", "hangs": [], "errors": []}
+        comparison = compare_variant("collision", "cpu", simulate_case(case), real, 4, 0.0)
+        assert classify(CaseResult(case, comparison)) == ("racy" if race else "disagree")

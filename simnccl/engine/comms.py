@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from simnccl.backends import Comm, CommState, lifecycle
-from simnccl.backends.gloo import SINGLETON_RACE, STALE_ADDRESS
+from simnccl.backends.gloo import COMPLETE_COLLISION_RACE, SINGLETON_RACE, STALE_ADDRESS
 from simnccl.c10d import CommPlan, Group, GroupPlan, TorchError
 from simnccl.engine.memory import Memory
 from simnccl.engine.nvls import MulticastSlots
@@ -240,6 +240,8 @@ class Comms:
                 if stale is not None:
                     yield from self.read_stale(rt, group, comm, meeting, stale)
             self.rendezvous.arrive(meeting, rt, group.ranks, op, duration=self.timing.bootstrap_s)
+            if comm.impl is Impl.GLOO:
+                self._mark_complete_collision(meeting)
             yield from self.rendezvous.wait(rt, meeting, op)
             comm.comm_id = self.registry.id_for(meeting)
         else:
@@ -419,6 +421,20 @@ class Comms:
                 f"{SINGLETON_RACE}"
             )
             self.record(self.env.now, rt.rank, "collision", group.name)
+
+    @staticmethod
+    def _mark_complete_collision(meeting: Meeting) -> None:
+        """A gloo store-key collision where every colliding group has all its members under the name: the real
+        verdict is the order of the store writes (``COMPLETE_COLLISION_RACE``), so say so. The run still hangs
+        here; a member still missing, as after a skipped new_group, makes the hang certain and is not marked."""
+        problem = meeting.problem
+        if problem is None or not problem.startswith("store key collision") or COMPLETE_COLLISION_RACE in problem:
+            return
+        groups = {arrival.payload for arrival in meeting.arrivals.values()}
+        if len(groups) > 1 and all(
+            {r for r, a in meeting.arrivals.items() if a.payload == g} == set(g) for g in groups
+        ):
+            meeting.problem = f"{problem}; {COMPLETE_COLLISION_RACE}"
 
     def _collision(self, meeting: Meeting, rt: RankRuntime, group: Group, op: Op) -> Meeting:
         """A second bootstrap under a name already used: a meeting that can never complete, explained."""

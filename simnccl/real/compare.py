@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from simnccl.backends.gloo import SINGLETON_RACE
+from simnccl.backends.gloo import COMPLETE_COLLISION_RACE, SINGLETON_RACE
 from simnccl.engine.comms import STALE_RACE
 from simnccl.ops import Program
 from simnccl.real.lanes import lane_policy
@@ -144,11 +144,12 @@ def stuck(outcomes: Mapping[int, Mapping[str, Any]]) -> list[int]:
 
 
 RACE_TEXTS = ("store key collision",)
-# A collision with a one-rank gloo group's key: even whether the colliding bootstrap succeeds is decided by the
-# order of two store writes, so not even pass/no-pass is comparable. The engine appends SINGLETON_RACE whole.
-# A re-init whose bootstrap reads the destroyed incarnation's value under a reused name (the store outlived the
-# destroy): which value a rank reads is decided by the order of the store writes, so is the verdict.
-VERDICT_RACE_TEXTS = (SINGLETON_RACE, STALE_RACE)
+# A collision with a one-rank gloo group's key, or one where every colliding group is complete under the name:
+# even whether the colliding bootstraps succeed is decided by the order of the store writes, so not even
+# pass/no-pass is comparable. The engine appends these texts whole. A re-init whose bootstrap reads the
+# destroyed incarnation's value under a reused name (the store outlived the destroy): which value a rank reads
+# is decided by the order of the store writes, so is the verdict.
+VERDICT_RACE_TEXTS = (SINGLETON_RACE, COMPLETE_COLLISION_RACE, STALE_RACE)
 
 
 def _texts(sim: Mapping[str, Any]) -> list[str]:
