@@ -124,7 +124,8 @@ def _recovery(variant: VariantResult) -> str:
     if entry is None or not entry.get("recoveries"):
         return ""
     failures = [
-        f"rank {e['rank']} failed at t={e['time_s']:.3f} s ({e['type']}: {e['message'].splitlines()[0]})"
+        f"rank {e['rank']} failed at t={e['time_s']:.3f} s ({e['type']}"
+        + (f": {line})" if (line := next(iter(e["message"].splitlines()), "")) else ")")
         for e in variant.outcome.errors
         if isinstance(e.get("time_s"), int | float)
     ]

@@ -19,6 +19,7 @@ from simnccl.ops import (
     NewGroup,
     Op,
     PgOptions,
+    Raise,
     Recv,
     Send,
     SetDevice,
@@ -201,6 +202,15 @@ def test_nccl_lazy_first_send_is_a_rendezvous_with_the_peer() -> None:
     (hang,) = out.hangs
     assert hang["rank"] == 0 and hang["waiting_for"] == [1]
     assert "rank 1 finished its program without joining" in hang["explanation"]
+
+
+def test_a_peer_that_raised_with_an_empty_message_is_named_by_its_type_in_the_hang_report() -> None:
+    # a bare ``assert`` raises AssertionError with no message: the report's first line of it raised IndexError
+    out = simulate(
+        [[InitProcessGroup(backend="gloo"), AllReduce(size_bytes=96)], [InitProcessGroup(backend="gloo"), Raise()]]
+    )
+    (hang,) = out.hangs
+    assert hang["explanation"] == "rank 1 raised AssertionError"
 
 
 def test_nccl2_send_recv_ride_the_group_communicator() -> None:

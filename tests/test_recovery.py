@@ -277,6 +277,20 @@ def test_explain_tells_what_a_recovered_run_went_through() -> None:
     assert "12/12 steps committed, 2 lost and re-done, 1 recovery; replacement device n0:cuda:6." in text, text
 
 
+def test_explain_names_a_recovered_failure_with_an_empty_message_by_its_type() -> None:
+    """A bare ``assert`` fails with no message; its first line raised IndexError in the recovery story."""
+    from types import SimpleNamespace
+
+    from simnccl.explain import _recovery
+
+    error = {"rank": 2, "time_s": 2.6, "type": "AssertionError", "message": ""}
+    variant = SimpleNamespace(
+        explanations=[{"call": "recovery", "recoveries": 1, "plan": "1 recovery"}],
+        outcome=SimpleNamespace(errors=[error]),
+    )
+    assert _recovery(variant) == "rank 2 failed at t=2.600 s (AssertionError); 1 recovery."
+
+
 # ---------------------------------------------------------------------------------------------- bad input
 
 

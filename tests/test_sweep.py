@@ -727,3 +727,13 @@ def test_property_campaign_on_several_xdist_gateways_sums_the_program_count(pyte
     assert len(ran) >= 2, ran  # tests ran on more than one gateway, and each test's programs once
     assert sorted(int(n) for ns in ran.values() for n in ns) == list(range(9))
     assert set(ran) <= {"ran-on-gw0", "ran-on-gw1", "ran-on-gw2"}
+
+
+def test_a_cell_whose_rank_raised_with_an_empty_message_says_why_by_its_type() -> None:
+    # a bare ``assert`` raises AssertionError with no message: its first line raised IndexError in the sweep
+    from simnccl.ops import InitProcessGroup, Raise
+    from simnccl.sweep.cell import _why
+    from simnccl.testing import simulate
+
+    out = simulate([[InitProcessGroup(backend="gloo")], [InitProcessGroup(backend="gloo"), Raise()]])
+    assert _why(out) == " (rank 1: AssertionError)"

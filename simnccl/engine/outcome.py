@@ -113,7 +113,9 @@ class HangReport:
         if rt.status in ("error", "aborted") and rt.error is not None:
             # An aborted process died; one that raised (a Python error, CleanUpOnly's DistBackendError) did not.
             how = "raised" if rt.status == "error" else "died:"
-            return f"{how} {rt.error.type_name}: {rt.error.message.splitlines()[0]}"
+            # an empty message (a bare ``assert``) has no first line: torch prints the type alone
+            first = next(iter(rt.error.message.splitlines()), "")
+            return f"{how} {rt.error.type_name}" + (f": {first}" if first else "")
         if rt.block is not None and rt.block.meeting.kind == "stall":
             if rt.rank in self.stuck:
                 return f"is stuck in a CUDA/NCCL call with its watchdog, before {rt.block.op.describe()}"

@@ -157,7 +157,8 @@ def _simulate_scenario(cell: Cell, limits: Limits) -> tuple[RunOutcome, tuple[Pr
 def _why(outcome: RunOutcome) -> str:
     if outcome.errors:
         first = outcome.errors[0]
-        return f" (rank {first['rank']}: {first['type']}: {str(first['message']).splitlines()[0]})"
+        line = next(iter(str(first["message"]).splitlines()), "")  # empty for a bare ``assert``
+        return f" (rank {first['rank']}: {first['type']}" + (f": {line})" if line else ")")
     if outcome.hangs:
         first = outcome.hangs[0]
         return f" (rank {first['rank']} hangs in {first['op']})"
