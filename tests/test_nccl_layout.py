@@ -12,26 +12,26 @@ from simnccl.nccl.layout import Layout
 
 
 def _layouts(max_nodes: int, max_size: int):
-    """Every even and uneven layout up to ``max_nodes`` nodes of up to ``max_size`` ranks each."""
+    """Every even and uneven layout up to ``max_nodes`` nodes of up to ``max_size`` ranks each, as seen by each of
+    its ranks: (node sizes, rank, that rank's Layout)."""
     for nodes in range(1, max_nodes + 1):
         for sizes in itertools.product(range(1, max_size + 1), repeat=nodes):
             even = len(set(sizes)) == 1
-            yield sizes, even
+            nranks = sum(sizes)
+            for rank in range(nranks):
+                node = next(n for n in range(len(sizes)) if rank < sum(sizes[: n + 1]))
+                yield sizes, rank, Layout(nranks, sizes[node], len(sizes), rank, () if even else sizes)
 
 
 def test_ring_neighbours_are_the_rings_for_every_rank_and_channel() -> None:
     checked = 0
-    for sizes, even in _layouts(4, 4):
-        nranks = sum(sizes)
-        for rank in range(nranks):
-            node = next(n for n in range(len(sizes)) if rank < sum(sizes[: n + 1]))
-            layout = Layout(nranks, sizes[node], len(sizes), rank, () if even else sizes)
-            for channel in range(9):
-                order = layout.ring(channel)
-                at = order.index(rank)
-                expected = (order[at - 1], order[(at + 1) % len(order)])
-                assert layout.ring_neighbours(channel) == expected, (sizes, rank, channel)
-                checked += 1
+    for sizes, rank, layout in _layouts(4, 4):
+        for channel in range(9):
+            order = layout.ring(channel)
+            at = order.index(rank)
+            expected = (order[at - 1], order[(at + 1) % len(order)])
+            assert layout.ring_neighbours(channel) == expected, (sizes, rank, channel)
+            checked += 1
     assert checked > 10_000
 
 
@@ -75,16 +75,12 @@ def _tree_neighbours_by_the_orders(layout: Layout, channel: int, max_children: i
 
 def test_tree_neighbours_are_the_node_orders_for_every_rank_and_channel() -> None:
     checked = 0
-    for sizes, even in _layouts(4, 4):
-        nranks = sum(sizes)
-        for rank in range(nranks):
-            node = next(n for n in range(len(sizes)) if rank < sum(sizes[: n + 1]))
-            layout = Layout(nranks, sizes[node], len(sizes), rank, () if even else sizes)
-            for channel in range(9):
-                for max_children in (0, 1, 2):
-                    expected = _tree_neighbours_by_the_orders(layout, channel, max_children)
-                    assert tree_neighbours(layout, channel, max_children) == expected, (sizes, rank, channel)
-                    checked += 1
+    for sizes, rank, layout in _layouts(4, 4):
+        for channel in range(9):
+            for max_children in (0, 1, 2):
+                expected = _tree_neighbours_by_the_orders(layout, channel, max_children)
+                assert tree_neighbours(layout, channel, max_children) == expected, (sizes, rank, channel)
+                checked += 1
     assert checked > 30_000
 
 
