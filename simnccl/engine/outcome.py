@@ -132,17 +132,13 @@ class HangReport:
 
     def _unique_id_stage(self, rt: RankRuntime, meeting: Meeting) -> str | None:
         """``unique_id_stage`` of ``rt`` in its bootstrap ``meeting``, under the group's implementation."""
-        name = bootstrap_group(meeting)
-        group = next((g for g in reversed(rt.groups) if g.name == name), None)
+        group = rt.group_named(bootstrap_group(meeting))
         comm = None if group is None else group.comm_for(self.device_type)
         return None if comm is None else unique_id_stage(meeting, rt.rank, comm.impl)
 
     def _timeout_for(self, rt: RankRuntime, meeting: Meeting) -> tuple[float | None, str]:
-        group = rt.world
-        name = bootstrap_group(meeting)
-        for g in rt.groups:
-            if g.name == name:
-                group = g
+        named = rt.group_named(bootstrap_group(meeting))
+        group = rt.world if named is None else named
         timeout = group.timeout_s if group is not None else None
         if meeting.kind == "stall":
             if rt.rank in self.stuck:

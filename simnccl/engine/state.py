@@ -86,6 +86,14 @@ class RankRuntime:
     warnings: list[str] = field(default_factory=list)
     finished_at: float | None = None
 
+    def group_named(self, name: str) -> Group | None:
+        """The latest group named ``name`` this rank made. Why the latest: a re-init of the default group reuses
+        names (destroy resets the counter), and the newest group of a name is the one a wait belongs to."""
+        for group in reversed(self.groups):
+            if group.name == name:
+                return group
+        return None
+
 
 @dataclass(frozen=True, slots=True)
 class Snapshot:

@@ -114,7 +114,7 @@ class Watchdogs:
             if rt.status != "blocked" or rt.timed_out or rt.block is None or rt.rank in self.sockets.peer_lost:
                 continue
             block = rt.block
-            group = self._group_named(rt, bootstrap_group(block.meeting))
+            group = rt.group_named(bootstrap_group(block.meeting))
             if group is None:
                 continue
             comm = group.comm_for(self.sim.device_type)
@@ -171,13 +171,6 @@ class Watchdogs:
         spawn, whose store server waits for every rank to connect before any backend starts (measured); not
         where an injected store fault (``faulted``) is what it waits on."""
         return self.sim.config.launcher == "spawn" and rt.rank == 0 and group is rt.world and not faulted
-
-    @staticmethod
-    def _group_named(rt: RankRuntime, name: str) -> Group | None:
-        for group in reversed(rt.groups):
-            if group.name == name:
-                return group
-        return None
 
     def _fire(self, rt: RankRuntime, action: TimeoutAction, at: float) -> None:
         rt.timed_out = True
