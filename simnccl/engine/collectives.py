@@ -18,7 +18,7 @@ import simpy
 from simnccl.backends import LIFECYCLES, Comm, CommState
 from simnccl.backends.gloo import broadcast_needs
 from simnccl.c10d import Group, TorchError
-from simnccl.engine.comms import STALE_PAIR_WHAT, Comms
+from simnccl.engine.comms import STALE_PAIR_WHAT, Comms, pair_in_group
 from simnccl.engine.memory import Memory
 from simnccl.engine.rendezvous import Rendezvous
 from simnccl.engine.sim import Sim
@@ -248,8 +248,9 @@ class Collectives:
         if rt.incarnation and comm.impl is Impl.LEGACY and meeting.problem is None:
             writer = self.comms.stale_pair_writer(rt, group, pair_ranks)
             if writer is not None:
-                a, b = sorted((group.ranks.index(lo), group.ranks.index(hi)))
-                what = STALE_PAIR_WHAT.format(lo=a, hi=b)
+                pair = pair_in_group(meeting, group.ranks)
+                assert pair is not None  # a pair meeting
+                what = STALE_PAIR_WHAT.format(lo=pair[0], hi=pair[1])
                 yield from self.comms.read_stale(rt, group, comm, meeting, writer, what)
         self.rendezvous.arrive(meeting, rt, (lo, hi), op, duration=self.timing.bootstrap_s)
         yield from self.rendezvous.wait(rt, meeting, op)

@@ -11,6 +11,7 @@ step takes comes from ``Timing``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from simnccl.backends import Comm, CommState, lifecycle
@@ -263,13 +264,11 @@ class Comms:
         index = group.ranks.index(rt.rank)
         if is_nccl and index == 0:
             return None
+        if is_nccl:
+            return self._stale_publisher(rt, lambda incarnation: bootstrap_key(group.name, True, incarnation))
         for incarnation in self._kept_incarnations(rt):
-            old = self.rendezvous.meetings.get(bootstrap_key(group.name, is_nccl, incarnation))
+            old = self.rendezvous.meetings.get(bootstrap_key(group.name, False, incarnation))
             if old is None:
-                continue
-            if is_nccl:
-                if old.expected[0] in old.arrivals:
-                    return old.expected[0]
                 continue
             writer = next((r for r in old.arrivals if old.expected.index(r) != index), None)
             if writer is not None:
@@ -287,8 +286,14 @@ class Comms:
         if rt.rank != pair_ranks[1]:
             return None
         lo, hi = sorted(pair_ranks)
+        return self._stale_publisher(rt, lambda incarnation: ("pair", group.name, lo, hi, incarnation))
+
+    def _stale_publisher(self, rt: RankRuntime, key_in: Callable[[int], tuple[Any, ...]]) -> int | None:
+        """The publisher (expected first) of the newest bootstrap, among the incarnations whose keys ``rt``'s store
+        still holds (``_kept_incarnations``), that its publisher reached: the unique id a reader finds under the
+        key. ``key_in``: the bootstrap's meeting key in a given incarnation."""
         for incarnation in self._kept_incarnations(rt):
-            old = self.rendezvous.meetings.get(("pair", group.name, lo, hi, incarnation))
+            old = self.rendezvous.meetings.get(key_in(incarnation))
             if old is not None and old.expected[0] in old.arrivals:
                 return old.expected[0]
         return None
