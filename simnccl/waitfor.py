@@ -15,12 +15,15 @@ Deterministic: ranks and edges are visited in sorted order, so the same hangs al
 
 from __future__ import annotations
 
+import re
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 MAX_CYCLE_WAITS_SHOWN = 8
+# an nccl-lazy pair communicator's bootstrap, '<group>/p2p-<lo>-<hi>-<attempt>': the call is the name less its attempt
+PAIR_ATTEMPT = re.compile(r"(.*/p2p-\d+-\d+)-\d+")
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,8 +41,11 @@ class Wait:
 
     @property
     def place(self) -> tuple[str, str, int]:
-        """The rendezvous the waiter is in: two waits at one place are ranks that are in the same call."""
-        return (self.group, self.kind, self.seq)
+        """The rendezvous the waiter is in: two waits at one place are ranks that are in the same call. An
+        nccl-lazy pair's bootstrap is one call whatever attempt number each rank put in its name: two ranks whose
+        process-wide counters differ wait in it under different names (a broken store key, not a call order)."""
+        pair = PAIR_ATTEMPT.fullmatch(self.group) if self.kind == "bootstrap" else None
+        return (self.group if pair is None else pair[1], self.kind, self.seq)
 
     def where(self) -> str:
         if self.group:

@@ -6,8 +6,10 @@ import pytest
 
 from simnccl.comm_memory import one_node_mib
 from simnccl.engine import EngineGuardError, Limits
+from simnccl.explain import explain
 from simnccl.nccl import communicator_bytes
 from simnccl.ops import (
+    WORLD,
     Alloc,
     AllReduce,
     Broadcast,
@@ -27,6 +29,7 @@ from simnccl.ops import (
 )
 from simnccl.profiles import find_profile
 from simnccl.release import LEGACY_NO_CUDA, NCCL2_NO_CUDA, NO_SPLIT_PARENT, SPLIT_PARENT_NOT_INITIALIZED
+from simnccl.result import VariantResult
 from simnccl.testing import simulate, used_mib
 
 START = [SetDevice(), InitProcessGroup(backend="nccl")]
@@ -202,6 +205,71 @@ def test_nccl_lazy_first_send_is_a_rendezvous_with_the_peer() -> None:
     (hang,) = out.hangs
     assert hang["rank"] == 0 and hang["waiting_for"] == [1]
     assert "rank 1 finished its program without joining" in hang["explanation"]
+
+
+def _lazy_pairs_then_group_0_2(*earlier: tuple[int, int]) -> list[list[Op]]:
+    """World of 4 on nccl-lazy, then new_group([0, 2]) (nccl-lazy, lazy_init: a fresh nccl-lazy group, not a split
+    nccl2 child; timeout 120 s) where global 0 sends to global 2, group ranks 0 and 1. Before it, each pair in
+    ``earlier`` makes a pair communicator, global ranks: in the world when ``(0, 1)``, else in a new_group of
+    the two (also ``(0, 1)`` in group ranks)."""
+    programs: list[list[Op]] = [[SetDevice(), InitProcessGroup(backend="nccl-lazy")] for _ in range(4)]
+    options = PgOptions(lazy_init=True)
+    for i, (a, b) in enumerate(earlier):
+        handle = WORLD
+        if (a, b) != (0, 1):
+            handle = f"e{i}"
+            for program in programs:
+                program.append(NewGroup((a, b), backend="nccl-lazy", bind=handle, pg_options=options))
+        programs[a].append(Send(peer=b, group=handle))
+        programs[b].append(Recv(peer=a, group=handle))
+    for program in programs:
+        program.append(NewGroup((0, 2), backend="nccl-lazy", bind="g", timeout_s=120, pg_options=options))
+    programs[0].append(Send(peer=2, group="g"))
+    programs[2].append(Recv(peer=0, group="g"))
+    return programs
+
+
+def test_nccl_lazy_pair_names_differ_when_the_ranks_process_wide_counters_differ() -> None:
+    """torch 2.15's LazyBackend names a pair '<group>/p2p-<lo>-<hi>-<n>' of group ranks, n from nextPairAttempt: a
+    process-wide static keyed by the two group ranks alone, shared by every group. Global 0 made a (0, 1) pair in
+    the world, global 2 none: in group [0, 2] (group ranks 0, 1 again) rank 0 publishes under '1/p2p-0-1-1' and
+    rank 2 reads '1/p2p-0-1-0', so rank 2 times out in the store after the group's timeout and rank 0 stays in
+    ncclCommInitRank. The simulator used to count attempts per group, and passed."""
+    out = simulate(_lazy_pairs_then_group_0_2((0, 1)), gpus_per_node=4)
+    assert out.verdict == "hang"
+    (error,) = out.errors
+    assert (error["rank"], error["kind"], error["type"]) == (2, "timeout", "torch.distributed.DistStoreError")
+    assert error["message"] == (
+        "wait timeout after 120000ms, keys: /default_pg/1//cuda//1/p2p-0-1-0/1/p2p-0-1-0/nccl_storekey_0"
+    )
+    hangs = {h["rank"]: h for h in out.hangs}
+    assert (hangs[0]["group"], hangs[2]["group"]) == ("1/p2p-0-1-1", "1/p2p-0-1-0")
+    assert hangs[0]["timeout_s"] is None and "ncclCommInitRank" in hangs[0]["watchdog"]
+    assert out.ranks[0].status == "blocked"
+    for rank in (0, 2):
+        assert "rank 0 (pair rank 0, which publishes the unique id) '1/p2p-0-1-1'" in hangs[rank]["explanation"]
+        assert "rank 2 (pair rank 1, which reads it) '1/p2p-0-1-0'" in hangs[rank]["explanation"]
+        assert "LazyBackend::nextPairAttempt" in hangs[rank]["explanation"]
+    text = explain(VariantResult("v", "", "2.15", "2.15.0", "p", {}, "torch-default", out))
+    assert "LazyBackend::nextPairAttempt" in text and "Circular wait" not in text
+
+
+def test_nccl_lazy_pair_names_agree_when_both_ranks_made_as_many_earlier_pairs() -> None:
+    """Global 0 made its (0, 1) pair in the world and global 2 its own in group [2, 3] (group ranks 0, 1 too):
+    both counters stand at 1, so both name the pair '2/p2p-0-1-1' ([0, 2] is group '2', made after [2, 3])."""
+    out = simulate(_lazy_pairs_then_group_0_2((0, 1), (2, 3)), gpus_per_node=4)
+    assert out.verdict == "pass" and not out.errors
+
+
+def test_a_nccl_lazy_pair_of_a_subgroup_is_named_by_its_group_ranks() -> None:
+    """Global ranks 1 and 2 are group ranks 0 and 1 of new_group([1, 2]): the pair is '1/p2p-0-1-0', as
+    LazyBackend names it, not '1/p2p-1-2-0'."""
+    options = PgOptions(lazy_init=True)
+    head = [SetDevice(), InitProcessGroup(backend="nccl-lazy"), NewGroup((1, 2), bind="g", pg_options=options)]
+    out = simulate([head, [*head, Send(peer=2, group="g")], head], gpus_per_node=3)
+    assert out.verdict == "hang"
+    (hang,) = out.hangs
+    assert (hang["rank"], hang["group"], hang["waiting_for"]) == (1, "1/p2p-0-1-0", [2])
 
 
 def test_a_peer_that_raised_with_an_empty_message_is_named_by_its_type_in_the_hang_report() -> None:

@@ -22,6 +22,7 @@ from simnccl.ops import (
     InitProcessGroup,
     NewGroup,
     Op,
+    PgOptions,
     Recv,
     Send,
     SetDevice,
@@ -175,3 +176,24 @@ def test_a_legacy_send_recv_reinit_under_spawn_before_rank_0_destroyed_reads_ran
     assert "rank 0's store, up until rank 0 destroys its default group" in out.errors[0]["message"]
     [hang] = out.hangs
     assert hang["rank"] == 0 and "stale store key" in hang["explanation"]
+
+
+def test_nccl_lazys_pair_counter_survives_the_reinit() -> None:
+    """LazyBackend::nextPairAttempt is a process-wide static: a destroy does not reset it. Global 0 made a pair
+    with global 1 (group ranks 0, 1) before the re-init and global 2 none, so in the re-init's new_group([0, 2])
+    (group ranks 0, 1 again) rank 0 names the pair '1/p2p-0-1-1' and rank 2 '1/p2p-0-1-0': they never meet. The
+    re-init's group "1" is fresh, so a counter per group would pass it."""
+    lazy = NewGroup(ranks=(0, 2), backend="nccl-lazy", bind="g", timeout_s=120, pg_options=PgOptions(lazy_init=True))
+    head = [SetDevice(), InitProcessGroup(backend="nccl-lazy")]
+    tail = [DestroyProcessGroup(group=WORLD), InitProcessGroup(backend="nccl-lazy"), lazy]
+    late = [DestroyProcessGroup(group=WORLD), Compute(seconds=5.0), *tail[1:]]  # after rank 0's store is gone
+    programs = [
+        [*head, Send(peer=1), *tail, Send(peer=2, group="g")],
+        [*head, Recv(peer=0), *late],
+        [*head, *late, Recv(peer=0, group="g")],
+    ]
+    out = simulate(programs, gpus_per_node=3, launcher="spawn")
+    assert [(e["rank"], e["kind"], e["op"]) for e in out.errors] == [(2, "timeout", "recv(peer=0, group='g')")]
+    assert "/1/p2p-0-1-0/nccl_storekey_0" in out.errors[0]["message"]
+    [hang] = [h for h in out.hangs if h["rank"] == 0]
+    assert hang["group"] == "1/p2p-0-1-1" and "LazyBackend::nextPairAttempt" in hang["explanation"]

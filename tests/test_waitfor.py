@@ -53,6 +53,16 @@ def test_ranks_waiting_on_each_other_inside_one_rendezvous_are_not_a_circular_wa
     assert not cycle.circular
 
 
+def test_two_ranks_in_one_nccl_lazy_pair_bootstrap_under_different_attempts_are_not_a_circular_wait() -> None:
+    # LazyBackend::nextPairAttempt is per process: two ranks may put different attempts in one pair's name
+    pair = [hang(0, [2], group="1/p2p-0-1-1", kind="bootstrap", seq=0)]
+    pair.append(hang(2, [0], group="1/p2p-0-1-0", kind="bootstrap", seq=0))
+    [cycle] = WaitForGraph.from_hangs(pair).cycles()
+    assert not cycle.circular
+    other = [hang(0, [2], group="1/p2p-0-1-0", kind="bootstrap", seq=0), hang(2, [0], group="1/p2p-0-2-0")]
+    assert WaitForGraph.from_hangs(other).cycles()[0].circular  # another pair, or another call, still is
+
+
 def test_a_sink_is_the_straggler_behind_a_chain() -> None:
     # 0 waits for 1, 1 waits for 2, 2 waits for nobody (stalled: a hang entry without waiting_for), 3 for 5 (done).
     graph = WaitForGraph.from_hangs([hang(0, [1]), hang(1, [2], seq=2), hang(2, [], kind="stall"), hang(3, [5])])

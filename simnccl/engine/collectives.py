@@ -18,7 +18,7 @@ import simpy
 from simnccl.backends import LIFECYCLES, Comm, CommState
 from simnccl.backends.gloo import broadcast_needs
 from simnccl.c10d import Group, TorchError
-from simnccl.engine.comms import STALE_PAIR_WHAT, Comms, pair_in_group
+from simnccl.engine.comms import LAZY_PAIR_ATTEMPTS, STALE_PAIR_WHAT, Comms, pair_in_group
 from simnccl.engine.memory import Memory
 from simnccl.engine.rendezvous import Rendezvous
 from simnccl.engine.sim import Sim
@@ -42,7 +42,10 @@ class Collectives:
         self.comms = comms
         self.memory = memory
         self.timing = timing
-        self._pair_attempts: dict[tuple[str, int, int, int], int] = {}
+        # nccl-lazy's LazyBackend::nextPairAttempt, per process: (rank, lower group rank, higher) -> next attempt
+        self._pair_attempts: dict[tuple[int, int, int], int] = {}
+        # (group, lo, hi[, incarnation]) -> {rank: (its attempt, its meeting)}: the nccl-lazy pair each rank opened
+        self._lazy_pairs: dict[tuple[Any, ...], dict[int, tuple[int, Meeting]]] = {}
         self._tree_released: dict[int, set[int]] = {}  # id(gloo broadcast) -> members already released
 
     def _usable_comm(self, rt: RankRuntime, group: Group, op: Op) -> Comm:
@@ -225,6 +228,41 @@ class Collectives:
             (now, rt.rank, name, group_name, src, dst, n),
         )
 
+    def _lazy_pair_meeting(self, rt: RankRuntime, group: Group, pair_ranks: tuple[int, int]) -> Meeting:
+        """``rt``'s bootstrap meeting of an nccl-lazy pair communicator, under the name torch gives it:
+        ``<group>/p2p-<lo>-<hi>-<attempt>`` of the pair's *group* ranks (LazyBackend::channelFor).
+
+        Why per rank: the attempt is LazyBackend::nextPairAttempt, a function-static map keyed by the two group
+        ranks alone, one per process, shared by every nccl-lazy group and kept across destroy and re-init
+        (``rt.rank`` is the process; its runtime outlives a re-init). Two ranks that made different numbers of
+        pair communicators for these group ranks in other groups name the pair differently and bootstrap under
+        different store prefixes: each waits in its own meeting, the reader (pair rank 1) times out in the store
+        and the publisher blocks in ncclCommInitRank, and both meetings' notes say why. A re-init's meetings also
+        carry the incarnation, so a group name reused after the destroy never joins a destroyed one's meeting."""
+        lo, hi = sorted(pair_ranks)
+        glo, ghi = sorted((group.ranks.index(lo), group.ranks.index(hi)))
+        attempt = self._pair_attempts.get((rt.rank, glo, ghi), 0)
+        self._pair_attempts[(rt.rank, glo, ghi)] = attempt + 1
+        incarnation = (rt.incarnation,) if rt.incarnation else ()
+        key = ("pair", group.name, lo, hi, attempt, *incarnation)
+        meeting = self.rendezvous.open(key, "bootstrap", f"{group.name}/p2p-{glo}-{ghi}-{attempt}", 0, pair_ranks)
+        opened = self._lazy_pairs.setdefault((group.name, lo, hi, *incarnation), {})
+        opened[rt.rank] = (attempt, meeting)
+        other = next((r for r in opened if r != rt.rank), None)
+        if other is not None and opened[other][0] != attempt:
+            note = LAZY_PAIR_ATTEMPTS.format(
+                name=group.name,
+                glo=glo,
+                ghi=ghi,
+                publisher=pair_ranks[0],
+                reader=pair_ranks[1],
+                first=opened[pair_ranks[0]][0],
+                second=opened[pair_ranks[1]][0],
+            )
+            for _attempt, their in opened.values():
+                their.note = their.note or note
+        return meeting
+
     def _pair_comm(self, rt: RankRuntime, group: Group, comm: Comm, op: PointToPoint) -> Generator[Any, Any, int]:
         """A lazily created 2-rank communicator for one peer: a rendezvous with that peer, then its memory."""
         peer = op.peer
@@ -232,19 +270,19 @@ class Collectives:
         if existing is not None:
             return existing
         lo, hi = sorted((rt.rank, peer))
-        attempt = self._pair_attempts.get((group.name, lo, hi, rt.rank), 0)
-        self._pair_attempts[(group.name, lo, hi, rt.rank)] = attempt + 1
+        if comm.device is None:
+            comm.device = current_device(rt)
+        # Expected in pair-rank order: pair rank 0, the lower *group* rank, publishes the unique id and the other
+        # reads it from the store (``comms.unique_id_stage``); in a split group it may be the higher global rank.
+        pair_ranks = (lo, hi) if group.ranks.index(lo) < group.ranks.index(hi) else (hi, lo)
         if comm.impl is Impl.LEGACY:
             # legacy's key ("<lo>:<hi>") has no counter: its meetings are told apart by the default group's
             # incarnation only, so a re-init's pair finds the destroyed one's (``Comms.stale_pair_writer``)
             attempt = rt.incarnation
-        if comm.device is None:
-            comm.device = current_device(rt)
-        key = ("pair", group.name, lo, hi, attempt)
-        # Expected in pair-rank order: pair rank 0, the lower *group* rank, publishes the unique id and the other
-        # reads it from the store (``comms.unique_id_stage``); in a split group it may be the higher global rank.
-        pair_ranks = (lo, hi) if group.ranks.index(lo) < group.ranks.index(hi) else (hi, lo)
-        meeting = self.rendezvous.open(key, "bootstrap", f"{group.name}/p2p-{lo}-{hi}-{attempt}", 0, pair_ranks)
+            key: tuple[Any, ...] = ("pair", group.name, lo, hi, attempt)
+            meeting = self.rendezvous.open(key, "bootstrap", f"{group.name}/p2p-{lo}-{hi}-{attempt}", 0, pair_ranks)
+        else:
+            meeting = self._lazy_pair_meeting(rt, group, pair_ranks)
         if rt.incarnation and comm.impl is Impl.LEGACY and meeting.problem is None:
             writer = self.comms.stale_pair_writer(rt, group, pair_ranks)
             if writer is not None:

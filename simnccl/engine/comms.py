@@ -72,6 +72,19 @@ STALE_PAIR_WHAT = (
     "naming the destroyed communicator's bootstrap root, which no longer listens"
 )
 
+# nccl-lazy names a pair communicator '<group>/p2p-<lo>-<hi>-<n>' of the pair's group ranks, n from
+# LazyBackend::nextPairAttempt: one counter per process, keyed by those two group ranks alone, for every group.
+LAZY_PAIR_ATTEMPTS = (
+    "ranks {publisher} and {reader} name their nccl-lazy pair communicator differently, so they bootstrap under "
+    "different store prefixes and never meet: rank {publisher} (pair rank 0, which publishes the unique id) "
+    "'{name}/p2p-{glo}-{ghi}-{first}', rank {reader} (pair rank 1, which reads it) '{name}/p2p-{glo}-{ghi}-{second}'. "
+    "The last number is LazyBackend::nextPairAttempt, a counter of the process keyed only by the pair's group ranks "
+    "({glo}, {ghi}) and shared by every nccl-lazy group, never reset (not even by destroy_process_group): rank "
+    "{publisher} made {first} pair communicator(s) for group ranks {glo} and {ghi} in other groups before this "
+    "one, rank {reader} made {second}. Both processes must have made as many nccl-lazy pair communicators for "
+    "these group ranks before this one"
+)
+
 
 def bootstrap_key(name: str, is_nccl: bool, incarnation: int) -> tuple[Any, ...]:
     """The meeting key of a bootstrap under group ``name`` in the rank's ``incarnation`` of the default group.
@@ -121,7 +134,7 @@ def pair_in_group(meeting: Meeting, group_ranks: tuple[int, ...]) -> tuple[int, 
     ``"lo:hi"``, nccl-lazy's ``p2p-lo-hi-N``); the meeting is keyed by global ranks."""
     if meeting.key[0] != "pair":
         return None
-    _tag, _group, lo, hi, attempt = meeting.key
+    _tag, _group, lo, hi, attempt = meeting.key[:5]  # a re-init's nccl-lazy key adds its incarnation
     a, b = sorted((group_ranks.index(lo), group_ranks.index(hi)))
     return a, b, attempt
 
