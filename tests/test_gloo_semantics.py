@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from simnccl.backends.gloo import broadcast_needs, direct_peers, wire_mismatch
+from simnccl.backends.gloo import broadcast_leavers, broadcast_needs, direct_peers, wire_mismatch
 from simnccl.engine import RunOutcome
 from simnccl.ops import (
     AllGather,
@@ -21,9 +21,11 @@ from simnccl.ops import (
     InitProcessGroup,
     NewGroup,
     Op,
+    Program,
     Recv,
     ReduceScatter,
     Send,
+    SetDevice,
     SplitGroup,
 )
 from simnccl.testing import simulate
@@ -144,6 +146,65 @@ def test_a_full_gloo_broadcast_still_completes_together(ranks: int) -> None:
 def test_broadcast_needs_is_the_parent_chain_and_the_children() -> None:
     assert [broadcast_needs(i, 4) for i in range(4)] == [(1, 2), (0, 3), (0,), (0, 1)]
     assert broadcast_needs(3, 4, root=3) == (0, 1)  # the root's children: virtual ranks 1 and 2
+
+
+def test_broadcast_leavers_with_one_root_are_the_ranks_whose_needs_joined() -> None:
+    # one root: a rank completes exactly when its parent chain and children are in (``broadcast_needs``)
+    for size in range(1, 7):
+        for root in range(size):
+            for joined_bits in range(1 << size):
+                joined = [i for i in range(size) if joined_bits >> i & 1]
+                expected = {i for i in joined if all(n in joined for n in broadcast_needs(i, size, root))}
+                assert broadcast_leavers(dict.fromkeys(joined, root), size) == expected, (size, root, joined)
+
+
+@pytest.mark.parametrize(
+    ("roots", "hung"),
+    [
+        ((0, 0, 0, 1), []),  # real: rank 3's parent in root 1's tree is rank 1, which sends to it in root 0's
+        ((0, 0, 0, 2), [1, 3]),  # real: rank 3 waits on rank 2; rank 1's send to rank 3 is never received
+        ((0, 2, 0, 3), [0, 3]),  # real
+        ((1, 0, 0, 0), [0, 1, 2, 3]),  # real: the root waits to receive, nobody sends
+        ((0, 1), [0, 1]),  # real: both send, neither receives
+        ((1, 0, 0), [0, 1, 2]),  # real diff seed0-case21: the simulator passed it
+    ],
+)
+def test_a_broadcast_whose_members_name_different_roots_runs_each_ones_tree(roots: tuple[int, ...], hung) -> None:
+    # Each member runs the binomial tree of the root it names (measured, tests/test_real_gloo_semantics.py): the
+    # simulator ignored the root and passed every such broadcast.
+    out = run([[GLOO, Broadcast(size_bytes=SIZE, src=root)] for root in roots])
+    assert [r for r in range(len(roots)) if status(out, r) == "hang"] == hung
+    assert out.verdict == ("hang" if hung else "pass")
+    if hung:
+        assert "broadcast root mismatch at sequence number 1 of group '0'" in str(out.hangs)
+
+
+def test_an_nccl_broadcast_whose_members_name_different_roots_hangs() -> None:
+    # NCCL lays the broadcast out from the root each rank names: not measured (no GPU), reported as a hang of
+    # every member with the reason, never a pass
+    programs = [
+        [SetDevice(rank), InitProcessGroup(), Broadcast(size_bytes=SIZE, src=root)] for rank, root in ((0, 0), (1, 1))
+    ]
+    out = simulate(programs, gpu="h100-80gb")
+    assert out.verdict == "hang"
+    assert sorted(h["rank"] for h in out.hangs) == [0, 1]
+    assert "broadcast root mismatch" in str(out.hangs) and "NCCL" in str(out.hangs)
+
+
+def test_an_all_to_all_size_mismatch_is_compared_as_racy() -> None:
+    # real (seed2-case11, 6 runs): ranks 0 and 1 abort every time; rank 2, which sent twice the bytes, lost a
+    # peer 5 times and completed once. The simulator reports peer-lost and says the outcome is timing, so
+    # ``real diff`` compares only the verdict there.
+    from simnccl.real.compare import racy
+    from simnccl.real.differential import Case, simulate_case
+    from simnccl.real.programs import share_identical
+
+    programs = [[GLOO, AllToAll(size_bytes=SIZE * (2 if rank == 2 else 1))] for rank in range(3)]
+    sim = simulate_case(Case(0, 0, 3, share_identical([Program(tuple(p)) for p in programs]), ("a2a",)))
+    assert [(e["rank"], e["kind"]) for e in sim["errors"]] == [(0, "abort"), (1, "abort"), (2, "peer-lost")]
+    assert racy(sim)
+    balanced = [[GLOO, AllReduce(size_bytes=SIZE * (2 if rank == 2 else 1))] for rank in range(3)]
+    assert not racy(simulate_case(Case(0, 1, 3, share_identical([Program(tuple(p)) for p in balanced]), ("ar",))))
 
 
 def test_a_peer_that_failed_with_an_exception_keeps_its_sockets_open() -> None:

@@ -73,6 +73,40 @@ PROBES: dict[str, list[list[Op]]] = {
         [GLOO],
         [GLOO, BCAST],
     ],
+    # members naming different roots each run their own root's tree (``broadcast_leavers``). Rank 3 names 1:
+    # in the tree of root 1 its parent is rank 1, which sends to it in the tree of root 0 too: all complete
+    "broadcast-another-root-on-a-matching-edge": [
+        [GLOO, BCAST],
+        [GLOO, BCAST],
+        [GLOO, BCAST],
+        [GLOO, Broadcast(size_bytes=SIZE, src=1)],
+    ],
+    # rank 3 names 2: it waits on rank 2 (a leaf of root 0's tree), and rank 1's send to it is never received
+    "broadcast-one-rank-names-another-root": [
+        [GLOO, BCAST],
+        [GLOO, BCAST],
+        [GLOO, BCAST],
+        [GLOO, Broadcast(size_bytes=SIZE, src=2)],
+    ],
+    # ranks 1 and 3 name 2 and 3: only ranks 1 and 2 get out
+    "broadcast-two-ranks-name-other-roots": [
+        [GLOO, BCAST],
+        [GLOO, Broadcast(size_bytes=SIZE, src=2)],
+        [GLOO, BCAST],
+        [GLOO, Broadcast(size_bytes=SIZE, src=3)],
+    ],
+    # the root names another root: it waits to receive, nobody sends; every rank hangs
+    "broadcast-root-names-another-root": [
+        [GLOO, Broadcast(size_bytes=SIZE, src=1)],
+        [GLOO, BCAST],
+        [GLOO, BCAST],
+        [GLOO, BCAST],
+    ],
+    # two ranks each naming itself: both send, neither receives
+    "broadcast-both-roots": [
+        [GLOO, BCAST],
+        [GLOO, Broadcast(size_bytes=SIZE, src=1)],
+    ],
 }
 
 
@@ -113,6 +147,11 @@ def test_real_mismatch_outcomes(results: dict[str, CaseResult]) -> None:
     partial = _real(results["partial-broadcast"])
     assert partial["verdict"] == "hang"
     assert [h["rank"] for h in partial["hangs"]] == [0]
+    assert _real(results["broadcast-another-root-on-a-matching-edge"])["verdict"] == "pass"
+    assert [h["rank"] for h in _real(results["broadcast-one-rank-names-another-root"])["hangs"]] == [1, 3]
+    assert [h["rank"] for h in _real(results["broadcast-two-ranks-name-other-roots"])["hangs"]] == [0, 3]
+    assert [h["rank"] for h in _real(results["broadcast-root-names-another-root"])["hangs"]] == [0, 1, 2, 3]
+    assert [h["rank"] for h in _real(results["broadcast-both-roots"])["hangs"]] == [0, 1]
 
 
 def test_real_split_of_a_non_member_parent_text(results: dict[str, CaseResult]) -> None:

@@ -101,6 +101,16 @@ COMPLETE_COLLISION_RACE = (
 )
 
 
+# A gloo all_to_all whose members disagree on size: a member that receives more than it posted aborts, and the
+# member that sent too much completes only if every peer's message reached it before that peer died. Measured
+# (real diff seed2-case11, 3 ranks, rank 2 sending twice the bytes): rank 2 lost a peer in 5 runs of 6 and
+# completed in 1; ranks 0 and 1 aborted in all 6. The simulator reports the first; which one happens is timing.
+ALLTOALL_SIZE_RACE = (
+    "in gloo's all_to_all whether a member that sent too much reads its peers' messages before they abort is "
+    "decided by timing"
+)
+
+
 def wire_mismatch(a: tuple[str, int, str], b: tuple[str, int, str]) -> str | None:
     """How two collectives at one tag of a gloo group end: None (they run as one), ``"hang"`` (different
     algorithms: different slots, nobody matches) or ``"abort"`` (one algorithm, different sizes: someone
@@ -160,6 +170,51 @@ def broadcast_needs(index: int, size: int, root: int = 0) -> tuple[int, ...]:
         u -= 1 << (u.bit_length() - 1)
         needs.add(u)
     return tuple(sorted((n + root) % size for n in needs))
+
+
+def broadcast_leavers(roots: Mapping[int, int], size: int) -> frozenset[int]:
+    """The group ranks that complete a gloo broadcast, ``roots`` mapping each group rank that joined it to the
+    root (a group rank) it named; a rank not in ``roots`` has not joined.
+
+    Each rank runs the binomial tree of its own root: it receives from its parent there, then sends to its
+    children there (``broadcast_needs``: a send completes only once the receiver has posted a recv from this
+    sender, a recv only once that sender sends). So a rank completes when its recv is matched by a parent that
+    has the data itself (its own root, or matched in turn up the chain) and every child it sends to names it as
+    its parent. With one root this is ``broadcast_needs`` (ancestors and children joined). With members naming
+    different roots no pair agrees on every edge, and the ranks that wait on a disagreeing edge hang: measured
+    on real gloo, 3 ranks with one naming another member as the root all hang (real diff seed0-case21)."""
+
+    def parent(i: int) -> int | None:
+        v = (i - roots[i]) % size
+        return None if v == 0 else (v - (1 << (v.bit_length() - 1)) + roots[i]) % size
+
+    def children(i: int) -> list[int]:
+        root = roots[i]
+        return [(c + root) % size for c in _tree_children((i - root) % size, size)]
+
+    has_data: dict[int, bool] = {}
+    for start in roots:
+        path: list[int] = []
+        on_path: set[int] = set()
+        i = start
+        while True:
+            known = has_data.get(i)
+            if known is not None:
+                value = known
+                break
+            p = parent(i)
+            if p is None:  # its own root: it has the data
+                value = has_data[i] = True
+                break
+            if i in on_path or p not in roots or i not in children(p):
+                value = False  # its recv is never matched (or a cycle of matched recvs with no root)
+                break
+            path.append(i)
+            on_path.add(i)
+            i = p
+        for j in path:
+            has_data[j] = value
+    return frozenset(i for i in roots if has_data.get(i) and all(c in roots and parent(c) == i for c in children(i)))
 
 
 class GlooLifecycle(Lifecycle):

@@ -16,7 +16,7 @@ from typing import Any
 import simpy
 
 from simnccl.backends import LIFECYCLES, Comm, CommState
-from simnccl.backends.gloo import broadcast_needs
+from simnccl.backends.gloo import broadcast_leavers
 from simnccl.c10d import Group, TorchError
 from simnccl.engine.comms import LAZY_PAIR_ATTEMPTS, STALE_PAIR_WHAT, Comms, pair_in_group
 from simnccl.engine.memory import Memory
@@ -100,7 +100,11 @@ class Collectives:
         members = self.comms.registry.members.setdefault(comm.comm_id, target.ranks)
         meeting = self.rendezvous.open(("coll", comm.comm_id, comm.seq), "collective", target.name, comm.seq, members)
         meeting.abort_on_mismatch = comm.impl is _GLOO
-        payload = (op.name, op.size_bytes, op.dtype)
+        # A broadcast's payload names its root (a group rank here, as the backends see it): members naming
+        # different roots do not run one broadcast (``Rendezvous._disagreement``), whatever their sizes.
+        payload: tuple[Any, ...] = (op.name, op.size_bytes, op.dtype)
+        if type(op) is Broadcast:
+            payload = (*payload, target.ranks.index(op.src))
         self.rendezvous.arrive(meeting, rt, payload, op, duration=self.timing.collective_s)
         if meeting.abort_on_mismatch and isinstance(op, Broadcast) and len(members) > 2:
             yield from self._wait_tree(rt, meeting, op)
@@ -152,30 +156,24 @@ class Collectives:
         yield from self.rendezvous.wait(rt, meeting, op, waits[rt.rank])
 
     def _tree_ready(self, meeting: Meeting, waits: Mapping[int, simpy.Event]) -> list[int]:
-        """Members in the broadcast, not yet released, whose tree neighbours (``broadcast_needs``) are all in.
-        O(members x log members) per arrival, and only while the broadcast is incomplete."""
+        """Members in the broadcast, not yet released, that get out of it (``broadcast_leavers``: with one root,
+        those whose tree neighbours are all in; members naming different roots each run their own root's tree).
+        O(members x log members) per arrival, and only while the broadcast is incomplete or mismatched."""
         released = self._tree_released.setdefault(id(meeting), set())
         expected = meeting.expected
         position = {r: i for i, r in enumerate(expected)}
-        joined = {r for r, a in meeting.arrivals.items() if type(a.op) is Broadcast}
-        src = next(a.op.src for a in meeting.arrivals.values() if isinstance(a.op, Broadcast))
-        root = position.get(src, 0)
-        ready = []
-        for rank in sorted(waits):
-            if rank in released:
-                continue
-            needs = broadcast_needs(position[rank], len(expected), root)
-            if all(expected[i] in joined for i in needs):
-                ready.append(rank)
-        return ready
+        # Each broadcaster's root as it named it (members that disagree each run their own root's tree).
+        roots = {position[r]: a.payload[3] for r, a in meeting.arrivals.items() if type(a.op) is Broadcast}
+        leavers = broadcast_leavers(roots, len(expected))
+        return [rank for rank in sorted(waits) if rank not in released and position[rank] in leavers]
 
     @staticmethod
     def _broadcasters_agree(meeting: Meeting) -> bool:
         """Whether the meeting's problem is only members that issued another algorithm at this tag: every
         broadcast arrival carries one payload (a size mismatch among them is gloo's per-message ``fates``, and a
         mix of both is left to hang rather than guessed)."""
-        payloads = {a.payload for a in meeting.arrivals.values() if type(a.op) is Broadcast}
-        return len(payloads) == 1
+        payloads = {a.payload[:3] for a in meeting.arrivals.values() if type(a.op) is Broadcast}
+        return len(payloads) == 1  # the root aside: members naming different roots are ``_tree_ready``'s
 
     def _fr_record(
         self, rt: RankRuntime, group: Group, comm: Comm, op: str, size_bytes: int, dtype: str, *, p2p: bool

@@ -16,13 +16,27 @@ from typing import Any
 
 import simpy
 
-from simnccl.backends.gloo import SIZE_ENFORCE, Fate, mismatch_fates, p2p_fates, wire_mismatch
+from simnccl.backends.gloo import ALLTOALL_SIZE_RACE, SIZE_ENFORCE, Fate, mismatch_fates, p2p_fates, wire_mismatch
 from simnccl.dtypes import element_bytes
 from simnccl.engine.sim import Sim
 from simnccl.engine.sockets import GlooSockets
 from simnccl.engine.state import Block, PeerLost, ProcessAbort, RankRuntime, Waiting
 from simnccl.meetings import Arrival, Meeting, MeetingRegistry
 from simnccl.ops import Op
+
+
+def root_mismatch(meeting: Meeting, first: Arrival, this: Arrival) -> str:
+    """Why a broadcast whose members named different roots is not one broadcast. gloo (measured): each member
+    runs the binomial tree of its own root, so a rank whose parent sends elsewhere never receives and a rank
+    whose child waits on another parent never completes its send (``broadcast_leavers`` says who gets out).
+    NCCL: its ring or tree is laid out from the root each rank names, so ranks wait for data that is never sent;
+    not measured on NCCL (no GPU lane run yet), reported as a hang of the members still in it."""
+    backend = "gloo" if meeting.abort_on_mismatch else "NCCL"
+    return (
+        f"broadcast root mismatch at sequence number {meeting.seq} of group {meeting.group!r}: rank {first.rank} "
+        f"issued {first.op.describe()}, rank {this.rank} issued {this.op.describe()} — {backend} lays the "
+        "broadcast out from the root each rank names, so ranks wait for data their parent never sends them"
+    )
 
 
 class Rendezvous:
@@ -87,6 +101,8 @@ class Rendezvous:
                 )
             return None
         a, b = first.payload, this.payload
+        if a[0] == b[0] == "broadcast" and a[3:] != b[3:]:
+            return root_mismatch(meeting, first, this)
         if meeting.abort_on_mismatch:  # gloo: what the wire does, not what the user meant (backends/gloo.py)
             how = wire_mismatch(a, b)
             if how is None:
@@ -104,9 +120,10 @@ class Rendezvous:
                 f"rank {first.rank} issued {first.op.describe()}, rank {this.rank} issued {this.op.describe()}"
             )
         if a[0] != "split" and a[1:] != b[1:]:
+            race = f"; {ALLTOALL_SIZE_RACE}" if meeting.abort_on_mismatch and a[0] == b[0] == "all_to_all" else ""
             return (
                 f"size mismatch at sequence number {meeting.seq} of group {meeting.group!r}: "
-                f"rank {first.rank} {a[0]} of {a[1]} bytes ({a[2]}), rank {this.rank} {b[1]} bytes ({b[2]})"
+                f"rank {first.rank} {a[0]} of {a[1]} bytes ({a[2]}), rank {this.rank} {b[1]} bytes ({b[2]}){race}"
             )
         return None
 

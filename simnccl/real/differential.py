@@ -4,7 +4,9 @@ Each case is a world of 2–4 ranks, at most 12 ops per rank, built from one glo
 program is valid SPMD and must pass): ``init_process_group("gloo")``, group families created by every rank in
 the same order (``new_group`` per part; members bind the handle), members-only ``use_local_synchronization``
 groups, ``split_group`` of the world, collectives on the world or a family handle (sometimes also issued by
-non-members, which torch turns into a warning), send/recv pairs, and a final ``destroy_process_group``. Not every
+non-members, which torch turns into a warning) of a drawn size and broadcast root, send/recv pairs on the world
+or within one group, a group's destroy by its members, a straggling rank (a short ``Compute``), and a final
+``destroy_process_group``. Not every
 unmutated program passes: a members-only ``use_local_synchronization`` group advances the group counter on its
 members only (torch 2.15 ``_process_group_name``), so a later world-wide ``new_group`` gets different names on
 members and non-members — a real hang both sides must find.
@@ -16,7 +18,10 @@ About half the cases are then broken in one known way on one rank (the *mutation
   (each group's own order is unchanged, so nothing mismatches — ranks wait on each other);
 * ``skip-new-group``: the rank leaves out one ``new_group`` call (its later group names shift);
 * ``swap-creation``: the rank creates two adjacent groups in the opposite order (the creation-order bug);
-* ``skip-recv``: the receiving rank of a send/recv pair leaves out its ``recv``.
+* ``skip-recv``: the receiving rank of a send/recv pair leaves out its ``recv``;
+* ``resize``: the rank issues one of its collectives or sends with twice the bytes (gloo's size-mismatch fates);
+* ``wrong-root``: the rank names another member as one broadcast's root;
+* ``raise``: the rank raises (a Python error, as a failed check would) before one of its ops.
 
 Both sides must agree on the ranks that did not finish (hang/no-hang per rank); ``classify`` sorts each case
 into: ``agree`` (verdict and blocked/stuck ranks), ``racy`` (a store-key collision: real gloo connects whichever
@@ -34,7 +39,7 @@ import json
 import random
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from simnccl.ops import (
@@ -45,11 +50,14 @@ from simnccl.ops import (
     Barrier,
     Broadcast,
     Collective,
+    Compute,
     DestroyProcessGroup,
     InitProcessGroup,
     NewGroup,
     Op,
+    PointToPoint,
     Program,
+    Raise,
     Recv,
     ReduceScatter,
     Send,
@@ -59,7 +67,20 @@ from simnccl.real.programs import share_identical
 
 MAX_OPS = 12
 SIZE_BYTES = 96  # 24 floats: divisible by every group size up to 4, so no rank rounds differently
-MUTATIONS = ("skip-collective", "swap-collectives", "skip-new-group", "swap-creation", "skip-recv")
+# Sizes a collective or send/recv is drawn with: each a multiple of 12 bytes (3 floats x 4 ranks), so none rounds
+# differently on any group of up to 4 ranks; 96 most often, as before.
+SIZES_BYTES = (96, 96, 96, 48, 192, 9600)
+STRAGGLER_S = (0.2, 0.5)  # a rank's Compute before a step: well under the real side's stall window
+MUTATIONS = (
+    "skip-collective",
+    "swap-collectives",
+    "skip-new-group",
+    "swap-creation",
+    "skip-recv",
+    "resize",
+    "wrong-root",
+    "raise",
+)
 COLLECTIVE_KINDS: dict[str, type[Collective]] = {
     "all_reduce": AllReduce,
     "broadcast": Broadcast,
@@ -80,6 +101,16 @@ class Case:
     mutation: str | None = None
     mutated_rank: int | None = None
     mutation_detail: str = ""
+    # Every group handle the program made, with its parts (global ranks): what a mutation needs to know of a
+    # group (``wrong-root`` picks another member of the root's part).
+    handle_parts: tuple[tuple[str, tuple[tuple[int, ...], ...]], ...] = ()
+
+    def part_of(self, handle: str, rank: int) -> tuple[int, ...]:
+        """The part of ``handle`` that ``rank`` is in (empty when it is in none)."""
+        if handle == WORLD:
+            return tuple(range(self.world_size))
+        parts = dict(self.handle_parts).get(handle, ())
+        return next((p for p in parts if rank in p), ())
 
     @property
     def name(self) -> str:
@@ -130,8 +161,9 @@ def generate(seed: int, index: int, mutate: bool | None = None) -> Case:
     n = rng.choice((2, 3, 4, 4))
     per_rank: list[list[Op]] = [[InitProcessGroup(backend="gloo")] for _ in range(n)]
     steps = ["init"]
-    # handle -> (parts, members issue only?) ; parts: tuples of global ranks
+    # handle -> its parts (tuples of global ranks), while the group lives; ``made``: every handle ever made
     handles: dict[str, tuple[tuple[int, ...], ...]] = {WORLD: (tuple(range(n)),)}
+    made: dict[str, tuple[tuple[int, ...], ...]] = {}
     counter = 0
 
     def room(cost: dict[int, int]) -> bool:
@@ -139,8 +171,8 @@ def generate(seed: int, index: int, mutate: bool | None = None) -> Case:
 
     for _ in range(rng.randint(3, 9)):
         kind = rng.choices(
-            ("family", "local", "split", "collective", "p2p"),
-            weights=(3, 1, 1, 6, 2),
+            ("family", "local", "split", "collective", "p2p", "destroy", "straggler"),
+            weights=(3, 1, 1, 6, 2, 1, 1),
         )[0]
         if kind == "family":
             parts = rng.choice(_partitions(rng, n))
@@ -183,30 +215,61 @@ def generate(seed: int, index: int, mutate: bool | None = None) -> Case:
             name = rng.choice(sorted(COLLECTIVE_KINDS))
             members = sorted(r for p in parts for r in p)
             issuers = members if rng.random() < 0.7 else list(range(n))
+            size = rng.choice(SIZES_BYTES)
+            root = rng.randrange(4)  # each part's root: its member at this index (modulo its size)
             if not room(dict.fromkeys(issuers, 1)):
                 continue
             for r in issuers:
                 part = next((p for p in parts if r in p), None)
                 if name == "broadcast":
-                    op: Op = Broadcast(group=handle, size_bytes=SIZE_BYTES, src=part[0] if part else 0)
+                    op: Op = Broadcast(group=handle, size_bytes=size, src=part[root % len(part)] if part else 0)
                 else:
-                    op = COLLECTIVE_KINDS[name](group=handle, size_bytes=SIZE_BYTES)
+                    op = COLLECTIVE_KINDS[name](group=handle, size_bytes=size)
                 per_rank[r].append(op)
-            steps.append(f"{name}({handle})" + ("" if issuers == members else " incl. non-members"))
-        else:
-            if n < 2:
-                continue
-            src, dst = rng.sample(range(n), 2)
+            steps.append(f"{name}({handle}, {size} B)" + ("" if issuers == members else " incl. non-members"))
+        elif kind == "p2p":
+            # On the world, or within one part of a group (peers are global ranks, as torch takes them).
+            within = [(h, p) for h in sorted(handles) for p in handles[h] if len(p) >= 2]
+            handle, part = rng.choice(within) if rng.random() < 0.4 else (WORLD, tuple(range(n)))
+            src, dst = rng.sample(part, 2)
+            size = rng.choice(SIZES_BYTES)
             if not room({src: 1, dst: 1}):
                 continue
-            per_rank[src].append(Send(peer=dst, size_bytes=SIZE_BYTES))
-            per_rank[dst].append(Recv(peer=src, size_bytes=SIZE_BYTES))
-            steps.append(f"send {src}->{dst}")
+            per_rank[src].append(Send(peer=dst, group=handle, size_bytes=size))
+            per_rank[dst].append(Recv(peer=src, group=handle, size_bytes=size))
+            steps.append(f"send {src}->{dst}" + ("" if handle == WORLD else f" on {handle}"))
+        elif kind == "destroy":
+            subgroups = sorted(h for h in handles if h != WORLD)
+            if not subgroups:
+                continue
+            handle = rng.choice(subgroups)
+            holders = sorted(r for p in handles[handle] for r in p)  # members only: a non-member holds no group
+            if not room(dict.fromkeys(holders, 1)):
+                continue
+            for r in holders:
+                per_rank[r].append(DestroyProcessGroup(group=handle))
+            made[handle] = handles.pop(handle)
+            steps.append(f"destroy {handle}")
+        else:
+            rank = rng.randrange(n)
+            seconds = rng.choice(STRAGGLER_S)
+            if not room({rank: 1}):
+                continue
+            per_rank[rank].append(Compute(seconds=seconds))
+            steps.append(f"rank {rank} straggles {seconds} s")
     if rng.random() < 0.3:
         for r in range(n):
             per_rank[r].append(DestroyProcessGroup())
         steps.append("destroy")
-    case = Case(seed, index, n, share_identical([Program(tuple(ops)) for ops in per_rank]), tuple(steps))
+    made.update((h, p) for h, p in handles.items() if h != WORLD)
+    case = Case(
+        seed,
+        index,
+        n,
+        share_identical([Program(tuple(ops)) for ops in per_rank]),
+        tuple(steps),
+        handle_parts=tuple(sorted(made.items())),
+    )
     if mutate is None:
         mutate = rng.random() < 0.55
     if mutate:
@@ -231,6 +294,7 @@ def _with(case: Case, rank: int, ops: list[Op], mutation: str, detail: str) -> C
         mutation,
         rank,
         detail,
+        case.handle_parts,
     )
 
 
@@ -307,12 +371,59 @@ def _skip_recv(case: Case, rng: random.Random) -> Case | None:
     return _with(case, r, ops, "skip-recv", f"left out #{i} {removed.describe()}")
 
 
+def _resize(case: Case, rng: random.Random) -> Case | None:
+    spot = _pick(rng, case, lambda ops, i: isinstance(ops[i], Collective | Send) and ops[i].name != "barrier")
+    if spot is None:
+        return None
+    r, i = spot
+    ops = list(case.programs[r].ops)
+    op = ops[i]
+    assert isinstance(op, Collective | PointToPoint)
+    ops[i] = replace(op, size_bytes=op.size_bytes * 2)
+    return _with(case, r, ops, "resize", f"#{i} {op.describe()} with {op.size_bytes * 2} bytes")
+
+
+def _wrong_root(case: Case, rng: random.Random) -> Case | None:
+    def ok(ops: list[Op], i: int) -> bool:
+        op = ops[i]
+        return (
+            isinstance(op, Broadcast)
+            and len(case.part_of(op.group, op.src)) > 1
+            and op.src in case.part_of(op.group, op.src)
+        )
+
+    spot = _pick(rng, case, ok)
+    if spot is None:
+        return None
+    r, i = spot
+    ops = list(case.programs[r].ops)
+    op = ops[i]
+    assert isinstance(op, Broadcast)
+    others = [m for m in case.part_of(op.group, op.src) if m != op.src]
+    src = rng.choice(others)
+    ops[i] = replace(op, src=src)
+    return _with(case, r, ops, "wrong-root", f"#{i} {op.describe()} rooted at {src}")
+
+
+def _raise(case: Case, rng: random.Random) -> Case | None:
+    spot = _pick(rng, case, lambda ops, i: i > 0)  # after init: a rank that never joins is another test
+    if spot is None:
+        return None
+    r, i = spot
+    ops = list(case.programs[r].ops)
+    ops.insert(i, Raise(error_type="AssertionError", message="injected by real diff"))
+    return _with(case, r, ops[:MAX_OPS], "raise", f"raises before #{i}")
+
+
 _MUTATORS: dict[str, Callable[[Case, random.Random], Case | None]] = {
     "skip-collective": _skip_collective,
     "swap-collectives": _swap_collectives,
     "skip-new-group": _skip_new_group,
     "swap-creation": _swap_creation,
     "skip-recv": _skip_recv,
+    "resize": _resize,
+    "wrong-root": _wrong_root,
+    "raise": _raise,
 }
 
 
