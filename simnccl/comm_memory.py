@@ -305,6 +305,10 @@ class Pricer:
         )
         return prefix
 
+    def for_members(self, ranks: Sequence[int]) -> MembersPricing:
+        """``create`` for the members of one group (``ranks``), each asking once per environment object."""
+        return MembersPricing(self, ranks)
+
     def _representatives(self, node_sizes: tuple[int, ...]) -> tuple[int, ...]:
         """``representative(node_sizes, i)`` for every group rank ``i`` of an even layout, once per layout."""
         table = self._representative_tables.get(node_sizes)
@@ -734,3 +738,42 @@ def eager_group_mib(profile: Profile, env: Mapping[str, str]) -> float:
 
 
 _eager_mib: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[Profile, float]] = {}
+
+
+class MembersPricing:
+    """``Pricer.create(ranks, index, env, options, parent, parent_ranks, shareable=True)`` for the members of one
+    group, with what ``create`` reads of the member list, environment and options (``Pricer._prefix``) asked once
+    per NCCL environment (``nccl_env``, interned) and options, and a member priced by its class taken straight
+    from the class's entry.
+
+    Why: at a world-wide startup every member of a call asked ``_prefix`` for the same member list (and, within
+    a rank class, the same environment and options) and rebuilt the same cache key; the answer is that of
+    ``create``, the same object, for every member."""
+
+    __slots__ = ("_prefixes", "pricer", "ranks")
+
+    def __init__(self, pricer: Pricer, ranks: Sequence[int]) -> None:
+        self.pricer = pricer
+        self.ranks = ranks
+        # id(interned NCCL environment) -> it, the options, what ``_prefix`` answers for them
+        self._prefixes: dict[int, tuple[tuple[tuple[str, str], ...], PgOptions, _Prefix]] = {}
+
+    def create(
+        self,
+        index: int,
+        env: Mapping[str, str],
+        options: PgOptions,
+        parent: CommMemory | None,
+        parent_ranks: Sequence[int] | None,
+    ) -> CommMemory:
+        """``pricer.create(ranks, index, env, options, parent, parent_ranks, shareable=True)``."""
+        pricer = self.pricer
+        env_key = pricer._env_key(env)  # interned: the members of a rank class share it
+        entry = self._prefixes.get(id(env_key))
+        if entry is None or entry[0] is not env_key or entry[1] is not options:
+            entry = self._prefixes[id(env_key)] = (env_key, options, pricer._prefix(self.ranks, env, options))
+        prefix = entry[2]
+        if prefix.even and not prefix.own_share and (parent is None or not parent.share_resources):
+            memory = pricer._classes.get((prefix.number, prefix.representatives[index]))
+            return memory if memory is not None else pricer._class_memory(prefix, index)
+        return pricer.create(self.ranks, index, env, options, parent, parent_ranks, shareable=True)

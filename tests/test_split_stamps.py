@@ -20,6 +20,7 @@ from conftest import load_benchmark
 from simnccl.cluster import Cluster, get_gpu_kind
 from simnccl.engine import Engine, RunOutcome, SimConfig
 from simnccl.engine.comms import Comms
+from simnccl.engine.fast.cohorts import Cohorts
 from simnccl.engine.fast.stamps import SplitStamps
 from simnccl.engine.memory import Memory
 from simnccl.memory import Owner
@@ -141,26 +142,33 @@ def test_a_member_that_is_not_steady_takes_the_ordinary_path(monkeypatch) -> Non
     assert _facts(engine, outcome) == _facts(*_run(config, stamps=False))
 
 
-def test_make_declines_a_member_it_does_not_make_having_made_nothing(monkeypatch) -> None:
-    """``make`` checks the member itself (one pass over the plan): for a member a stamp does not make (here rank
-    3, as if not steady) it answers False and leaves the rank untouched, so the block makes it by the ordinary
-    path; every other member it makes and answers True."""
+def test_members_a_stamp_does_not_make_in_the_middle_of_a_call_take_the_ordinary_path(monkeypatch) -> None:
+    """``make_members`` makes a call's members in one pass, asking per member only whether this member's plan is
+    the call's and the member steady; a member that is not (rank 3, as if not steady; rank 5, a class of its
+    own that plans shared split resources) in the middle of a call is made by the ordinary path or from its own
+    plan at its place in member order, the members after it by the stamp again, and the run is the ordinary
+    path's."""
     is_steady = Memory.is_steady
     monkeypatch.setattr(Memory, "is_steady", lambda self, rt, device: rt.rank != 3 and is_steady(self, rt, device))
-    answers: dict[int, set[tuple[bool, int]]] = {}
-    make = SplitStamps.make
+    ordinary: list[int] = []
+    apply_member_plan = Cohorts._apply_member_plan
 
-    def recording(self: SplitStamps, rt: Any, plan: Any, op: Any, child_id: int) -> bool:
-        before = (len(rt.groups), len(rt.handles))
-        made = make(self, rt, plan, op, child_id)
-        answers.setdefault(rt.rank, set()).add((made, len(rt.groups) - before[0] + len(rt.handles) - before[1]))
-        return made
+    def counting(self: Cohorts, rt: Any, plan: Any, op: Any, child_id: Any) -> Any:
+        ordinary.append(rt.rank)
+        return apply_member_plan(self, rt, plan, op, child_id)
 
-    monkeypatch.setattr(SplitStamps, "make", recording)
-    _engine, outcome = _run(_config(64), stamps=True)
+    monkeypatch.setattr(Cohorts, "_apply_member_plan", counting)
+    config = _config(64)
+    engine, outcome = _run(config, stamps=True, sharing_rank=5)
     assert outcome.verdict == "pass"
-    assert answers[3] == {(False, 0)}
-    assert all(seen <= {(True, 1), (True, 2)} for rank, seen in answers.items() if rank != 3)
+    assert set(ordinary) == {3} and len(ordinary) == len(outcome.ranks[3].groups) - 1
+    assert engine.fast.cohorts.split_stamps.made == _memberships(outcome) - len(ordinary)
+    assert all(g.comms["cuda"].shared for g in outcome.ranks[5].groups[1:])
+    # Rank 3 and 5 sit inside calls with members on both sides (the tp group of ranks 0-3 and 4-7, dp groups).
+    assert any(g.ranks[0] < 3 < g.ranks[-1] for g in outcome.ranks[3].groups[1:])
+    assert any(g.ranks[0] < 5 < g.ranks[-1] for g in outcome.ranks[5].groups[1:])
+    monkeypatch.undo()
+    assert _facts(engine, outcome) == _facts(*_run(config, stamps=False, sharing_rank=5))
 
 
 @pytest.mark.parametrize("conf", [None, "expandable_segments:True"])
@@ -210,18 +218,19 @@ def test_steady_means_context_first_communicator_and_no_armed_fault() -> None:
 
 
 def _stamp_failures(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, str]]:
-    """Every exception raised out of a stamp's ``make``: (rank, type)."""
+    """Every failure a call's ``make_members`` kept (in every test using this, its members are all stamped):
+    (rank, type)."""
     raised: list[tuple[int, str]] = []
-    make = SplitStamps.make
+    make_members = SplitStamps.make_members
 
-    def recording(self: SplitStamps, rt: Any, plan: Any, op: Any, child_id: int) -> bool:
-        try:
-            return make(self, rt, plan, op, child_id)
-        except Exception as err:
-            raised.append((rt.rank, type(err).__name__))
-            raise
+    def recording(self: SplitStamps, *args: Any) -> bool:
+        failures = args[7]
+        before = set(failures)
+        failed = make_members(self, *args)
+        raised.extend((rank, type(failures[rank][1]).__name__) for rank in failures if rank not in before)
+        return failed
 
-    monkeypatch.setattr(SplitStamps, "make", recording)
+    monkeypatch.setattr(SplitStamps, "make_members", recording)
     return raised
 
 

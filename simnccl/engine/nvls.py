@@ -226,6 +226,14 @@ class MulticastSlots:
         member list ``rt`` is one of. Counted once per member tuple (every member binds), so no member hashes
         the node list; a list with one member per node keeps no count per node (a dp or pp group: most groups
         of a large startup, and a count per node each was a dict per group)."""
+        _, per_node, nodes, sizes, layout = self._layout_of(ranks)
+        return 1 if per_node is None else per_node[rt.node], nodes, sizes, layout
+
+    def _layout_of(
+        self, ranks: tuple[int, ...]
+    ) -> tuple[tuple[int, ...], dict[int, int] | None, int, tuple[int, ...], int]:
+        """``_local``'s count of a member list, whatever the node: (the list, ranks per node (None: one on
+        each), nodes spanned, ranks per node in node order, that order's number)."""
         entry = self._per_node.get(id(ranks))
         if entry is None or entry[0] is not ranks:
             counts = self.sim.node_counts(ranks)
@@ -233,8 +241,7 @@ class MulticastSlots:
             layout = self._layouts.setdefault(sizes, len(self._layouts))
             per_node = None if len(counts) == len(ranks) else counts  # None: one member on each node
             entry = self._per_node[id(ranks)] = (ranks, per_node, len(counts), sizes, layout)
-        _, per_node, nodes, sizes, layout = entry
-        return 1 if per_node is None else per_node[rt.node], nodes, sizes, layout
+        return entry
 
     def _nccl_env(self, env: Mapping[str, str]) -> tuple[dict[str, str], tuple[tuple[str, str], ...]]:
         """A process environment's NCCL_* part, sorted, and its items (interned: equal parts share one tuple),
@@ -286,3 +293,56 @@ class MulticastSlots:
         if parent_ranks is None:
             return False
         return self._local(rt, parent_ranks)[0] == self._local(rt, ranks)[0]
+
+
+class CallSlots:
+    """``MulticastSlots.reserve`` for the members of one call (one communicator id, one member list), asking once
+    per call what is the same for all of them: the member list's count per node, and per (ranks on the node,
+    environment) whether NCCL turns NVLS on.
+
+    Why: at a world-wide startup most memberships are the first (often the only) member of their communicator on
+    their node, so each one counted, looked up and asked the NCCL model's cache the same questions about the same
+    member list. The rules stay ``MulticastSlots``'s: a binding is made by ``_bind`` and kept as ``reserve``
+    keeps it, so a member reserved here and one reserved there leave the ledger alike."""
+
+    __slots__ = ("_active", "_layout", "comm_id", "members", "ranks", "slots")
+
+    def __init__(
+        self, slots: MulticastSlots, ranks: tuple[int, ...], comm_id: int, members: Mapping[int, tuple[int, ...]]
+    ) -> None:
+        self.slots = slots
+        self.ranks = ranks
+        self.comm_id = comm_id
+        self.members = members
+        self._layout = slots._layout_of(ranks)
+        self._active: dict[tuple[int, int], tuple[Mapping[str, str], bool]] = {}  # (local, id(env)) -> env, active
+
+    def reserve(self, rt: RankRuntime, comm: Comm) -> None:
+        """``slots.reserve(rt, comm, group, members)`` for ``comm``, this call's communicator on ``rt`` (an NCCL
+        communicator with device memory, ``comm.comm_id`` this call's id, ``group.ranks`` this call's ranks)."""
+        slots = self.slots
+        key = (rt.node, self.comm_id)
+        binding = slots._bindings.get(key)
+        if binding is None:
+            _, per_node, nodes, sizes, layout = self._layout
+            local = 1 if per_node is None else per_node[rt.node]
+            env = rt.ctx.env
+            known = self._active.get((local, id(env)))
+            if known is None or known[0] is not env:
+                active = slots._nvls_active(rt, self.ranks, (local, nodes, sizes, layout))[0]
+                known = self._active[(local, id(env))] = (env, active)
+            # Not active: ``_bind`` answers no slots without asking anything else.
+            binding = (
+                slots._bind(rt, comm, self.ranks, self.members, (local, nodes, sizes, layout))
+                if known[1]
+                else _NO_SLOTS
+            )
+            if binding is not _NO_SLOTS or local > 1:
+                slots._bindings[key] = binding
+        if binding.failure is not None:
+            raise TorchError(ERROR_TYPE, binding.failure)
+        if binding.slots:
+            binding.holders.add(rt.rank)
+            slots.charged[(rt.rank, comm.group)] = binding.slots
+        elif slots.charged:
+            slots.charged.pop((rt.rank, comm.group), None)

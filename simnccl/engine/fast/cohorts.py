@@ -374,29 +374,35 @@ class Cohorts:
                 clock += self.sim.profile.timing.split_s
             child_id = self.comms.registry.new_id() if is_split else None
             joining: list[tuple[RankRuntime, Group, Comm, float]] = []
-            stamps = self.split_stamps if is_split and self.stamps and self.classes.enabled else None
-            for rank, plan in plans.items():
-                if not plan.member:
-                    continue
-                rt = ranks[rank]
-                rt.pc = pc
-                if pc < cohort.wait_pc:  # a call before the first split: each rank made it when it arrived
-                    self.sim.clock = arrived[rank].time_s
-                else:
-                    behind = late.get(rank)
-                    self.sim.clock = clock if behind is None else behind[0]  # where this member is
-                try:
-                    if stamps is not None:
-                        assert child_id is not None
-                        if stamps.make(rt, plan, op, child_id):
-                            continue
-                    joined = self._apply_member_plan(rt, plan, op, child_id)
-                except (TorchError, SimulatedOOM, ProcessAbort) as err:
-                    cohort.failures[rank] = (pc, err)  # re-raised in that rank's own process
-                    failed = True
-                    continue
-                if joined is not None:
-                    joining.append((rt, *joined, self.sim.clock))
+            if is_split and self.stamps and self.classes.enabled:
+                # A split: every member is where the block's clock is (``late`` was emptied above).
+                assert child_id is not None and not late
+                stamps = self.split_stamps
+                failures = cohort.failures
+                member = self._apply_member_plan
+                failed = (
+                    stamps.make_members(ranks, plans.items(), op, child_id, pc, clock, member, failures, joining)
+                    or failed
+                )
+            else:
+                for rank, plan in plans.items():
+                    if not plan.member:
+                        continue
+                    rt = ranks[rank]
+                    rt.pc = pc
+                    if pc < cohort.wait_pc:  # a call before the first split: each rank made it when it arrived
+                        self.sim.clock = arrived[rank].time_s
+                    else:
+                        behind = late.get(rank)
+                        self.sim.clock = clock if behind is None else behind[0]  # where this member is
+                    try:
+                        joined = self._apply_member_plan(rt, plan, op, child_id)
+                    except (TorchError, SimulatedOOM, ProcessAbort) as err:
+                        cohort.failures[rank] = (pc, err)  # re-raised in that rank's own process
+                        failed = True
+                        continue
+                    if joined is not None:
+                        joining.append((rt, *joined, self.sim.clock))
             if joining:
                 meeting = self.comms.bootstrap_together(joining, op)
                 done = meeting.completed_at if meeting.complete else math.inf  # inf: a member never came

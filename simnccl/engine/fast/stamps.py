@@ -22,13 +22,18 @@ engine gate checks it on thousands of simulations, ``tests/test_split_stamps.py`
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Sequence
+
 from simnccl.backends import Comm, CommState, lifecycle
-from simnccl.c10d import BackendConfig, Group, GroupPlan
+from simnccl.c10d import BackendConfig, Group, GroupPlan, TorchError
+from simnccl.comm_memory import MembersPricing
 from simnccl.engine.comms import Comms
 from simnccl.engine.memory import Memory
+from simnccl.engine.nvls import CallSlots
 from simnccl.engine.sim import Sim
-from simnccl.engine.state import GroupRecord, RankRuntime, ranks_digest
+from simnccl.engine.state import GroupRecord, ProcessAbort, RankRuntime, ranks_digest
 from simnccl.engine.watchdogs import Watchdogs
+from simnccl.memory import SimulatedOOM
 from simnccl.ops import NewGroup, SplitGroup
 from simnccl.release import Impl
 
@@ -52,9 +57,23 @@ class _Shape:
 class _Call:
     """The call being made, and what its members share: its group's name, members and their stand-in for the
     trace, the repr of its members' trace events after the time and rank, its record (made at its first member
-    made here, where ``Comms.attach`` makes it), and the plan shape last met."""
+    made here, where ``Comms.attach`` makes it), the plan shape last met, and its NVLS binding and pricing per
+    call (``CallSlots``, ``MembersPricing``: made at its first member made here)."""
 
-    __slots__ = ("backend", "child_id", "digest", "name", "op", "pair", "ranks", "record", "shape", "tail")
+    __slots__ = (
+        "backend",
+        "child_id",
+        "digest",
+        "name",
+        "op",
+        "pair",
+        "pricing",
+        "ranks",
+        "record",
+        "shape",
+        "slots",
+        "tail",
+    )
 
     def __init__(self, name: str, ranks: tuple[int, ...], op: NewGroup | SplitGroup | None, child_id: int) -> None:
         self.name = name
@@ -67,6 +86,13 @@ class _Call:
         self.backend: BackendConfig | None = None
         self.pair: object = None
         self.shape: _Shape | None = None
+        self.slots: CallSlots | None = None
+        self.pricing: MembersPricing | None = None
+
+
+# What makes a member by the ordinary path (``Cohorts._apply_member_plan``): a communicator to bootstrap with the
+# other members, if any.
+Ordinary = Callable[[RankRuntime, GroupPlan, NewGroup | SplitGroup, int], "tuple[Group, Comm] | None"]
 
 
 class SplitStamps:
@@ -89,78 +115,146 @@ class SplitStamps:
             self._shapes[(id(plan.backend), id(pair))] = shape
         return shape
 
-    def make(self, rt: RankRuntime, plan: GroupPlan, op: NewGroup | SplitGroup, child_id: int) -> bool:
-        """``rt``'s group and split child as the ordinary path makes them (``Groups.group_from_plan``,
-        ``Comms.attach``, ``Comms.split_child_ready``), step for step; False, having made nothing, when a stamp
-        does not make this member: not one communicator, not a split child, not NCCL with device memory, no
-        bound device, or the member not steady (``Memory.is_steady``). Why one method: the checks read what the
-        making reads (the plan's communicator, its call and shape), once per member."""
+    def _fit(self, rt: RankRuntime, plan: GroupPlan, op: NewGroup | SplitGroup, child_id: int) -> _Call | None:
+        """The call ``rt``'s plan is a member of, with its shape, if a stamp makes this member; None when it does
+        not: not one communicator, not a split child, not NCCL with device memory, no bound device, or the member
+        not steady (``Memory.is_steady``)."""
         comm_plans = plan.comms
         if len(comm_plans) != 1:
-            return False
+            return None
         comm_plan = comm_plans[0]
-        parent = comm_plan.split_from
         device = comm_plan.device
-        if parent is None or device is None:
-            return False
+        if comm_plan.split_from is None or device is None:
+            return None
         call = self._call
         ranks = plan.ranks
         if call.op is not op or call.ranks is not ranks or call.child_id != child_id or call.name != plan.name:
             call = self._call = _Call(plan.name, ranks, op, child_id)  # a cache only: made for a misfit too
         pair = comm_plan.pair
         backend = plan.backend
-        shape = call.shape
-        if shape is None or call.backend is not backend or call.pair is not pair:
-            shape = call.shape = self._shape(plan)
+        if call.shape is None or call.backend is not backend or call.pair is not pair:
+            call.shape = self._shape(plan)
             call.backend = backend
             call.pair = pair
-        memory = self.memory
-        if not shape.stampable or not memory.is_steady(rt, device):
-            return False
-        name = call.name
-        timeout_s = plan.timeout_s
-        group = Group(name, plan.desc, ranks, plan.rank_in_group, backend, plan.bound_device, timeout_s, plan.options)
-        rt.groups.append(group)
-        watchdogs = self.watchdogs
-        if timeout_s < watchdogs.min_timeout_s:
-            watchdogs.group_made(timeout_s)
-        if rt.fr is not None:
-            rt.fr.group(name, plan.desc, ranks)
-        if op.bind:
-            rt.handles[op.bind] = group
+        if not call.shape.stampable or not self.memory.is_steady(rt, device):
+            return None
+        return call
+
+    def make_members(
+        self,
+        ranks: Sequence[RankRuntime],
+        plans: Iterable[tuple[int, GroupPlan]],
+        op: NewGroup | SplitGroup,
+        child_id: int,
+        pc: int,
+        clock: float,
+        ordinary: Ordinary,
+        failures: dict[int, tuple[int, TorchError | SimulatedOOM | ProcessAbort]],
+        joining: list[tuple[RankRuntime, Group, Comm, float]],
+    ) -> bool:
+        """Every member of a split call (``plans``: each rank's plan, in order) at ``pc`` and ``clock``, as the
+        block's member loop makes them: by a stamp where ``_fit`` says one makes it (asked only of a member whose
+        plan is not the call's last one met, or that is not steady), else by ``ordinary`` (a
+        communicator it returns joins ``joining``), in member order, so the trace is the ordinary path's. A
+        member's failure is kept in ``failures`` (rank -> (pc, error)) and the next member is made. Whether one
+        failed.
+
+        A stamp makes its member as ``Groups.group_from_plan``, ``Comms.attach`` and ``Comms.split_child_ready``
+        would, step for step; what is the same for every member of the call is asked once (its record, its
+        trace text after the time and rank, its NVLS layout and activity, its pricing), not per member."""
         sim = self.sim
-        now = sim.now()
         trace = sim.trace
-        rank = rt.rank
-        trace.record_text(f"({trace.time_text(now)}, {rank!r}, {call.tail}", (now, rank, op.name, name, call.digest))
-        comm = Comm(
-            impl=pair.impl,
-            group=name,
-            size=len(ranks),
-            device=device,
-            lazy_init=comm_plan.lazy_init,
-            via_split=True,
-            shared=comm_plan.shared,
-            parent=parent,
-        )
-        group_comms = group.comms
-        for device_type in shape.device_types:
-            group_comms[device_type] = comm
-        record = call.record
-        if record is None:  # the call's first member made here: its record is made (or found) where attach does
-            record = call.record = memory.group_record(group, comm)
         comms = self.comms
-        if comm.shared:
-            comms.nvls.note_parent(comm, parent)
-        comm.comm_id = child_id
-        members = comms.registry.members
-        members[child_id] = ranks
-        if shape.abort_possible and "PYTORCH_CUDA_ALLOC_CONF" in rt.ctx.env:  # without it, nothing to abort
-            comms.abort_if_cudamallocasync(rt, comm)
-        comms.nvls.reserve(rt, comm, group, members)
-        comm.state = _READY
-        parent_id = parent.comm_id
-        parent_ranks = None if parent_id is None else members.get(parent_id)
-        memory.init_comm(rt, comm, group, op, parent_ranks=parent_ranks, steady=(memory.ledger(rt, device), record))
-        self.made += 1
-        return True
+        nvls = comms.nvls
+        registry = comms.registry.members
+        memory = self.memory
+        watchdogs = self.watchdogs
+        bind = op.bind
+        is_steady = memory.is_steady
+        failed = False
+        for rank, plan in plans:
+            if not plan.member:
+                continue
+            rt = ranks[rank]
+            rt.pc = pc
+            sim.clock = clock
+            try:
+                # ``_fit``, with the call's shape asked again only where this member's plan is another one's.
+                comm_plans = plan.comms
+                comm_plan = comm_plans[0] if len(comm_plans) == 1 else None
+                call = self._call
+                if (
+                    comm_plan is None
+                    or call.ranks is not plan.ranks
+                    or call.backend is not plan.backend
+                    or call.pair is not comm_plan.pair
+                    or call.name != plan.name
+                    or call.op is not op
+                    or call.child_id != child_id
+                    or comm_plan.split_from is None
+                    or (device := comm_plan.device) is None
+                    or (shape := call.shape) is None
+                    or not shape.stampable
+                    or not is_steady(rt, device)
+                ):
+                    call = self._fit(rt, plan, op, child_id)
+                    if call is None:
+                        joined = ordinary(rt, plan, op, child_id)
+                        if joined is not None:
+                            joining.append((rt, *joined, sim.clock))
+                        continue
+                    comm_plan = plan.comms[0]
+                    device = comm_plan.device
+                    shape = call.shape
+                    assert shape is not None
+                parent = comm_plan.split_from
+                assert parent is not None and device is not None
+                name = call.name
+                members = call.ranks
+                desc = plan.desc
+                timeout_s = plan.timeout_s
+                group = Group(
+                    name, desc, members, plan.rank_in_group, plan.backend, plan.bound_device, timeout_s, plan.options
+                )
+                rt.groups.append(group)
+                if timeout_s < watchdogs.min_timeout_s:
+                    watchdogs.group_made(timeout_s)
+                if rt.fr is not None:
+                    rt.fr.group(name, desc, members)
+                if bind:
+                    rt.handles[bind] = group
+                trace.record_text(
+                    f"({trace.time_text(clock)}, {rank!r}, {call.tail}", (clock, rank, op.name, name, call.digest)
+                )
+                comm = Comm(
+                    comm_plan.pair.impl, name, len(members), device, comm_plan.lazy_init, True, comm_plan.shared
+                )
+                comm.parent = parent
+                group_comms = group.comms
+                for device_type in shape.device_types:
+                    group_comms[device_type] = comm
+                record = call.record
+                if record is None:  # the call's first member made here: its record is made (or found) as attach does
+                    record = call.record = memory.group_record(group, comm)
+                    call.slots = CallSlots(nvls, members, child_id, registry)
+                    call.pricing = memory.pricer.for_members(members)
+                if comm.shared:
+                    nvls.note_parent(comm, parent)
+                comm.comm_id = child_id
+                registry[child_id] = members
+                if shape.abort_possible and "PYTORCH_CUDA_ALLOC_CONF" in rt.ctx.env:  # without it, nothing to abort
+                    comms.abort_if_cudamallocasync(rt, comm)
+                call.slots.reserve(rt, comm)
+                comm.state = _READY
+                parent_id = parent.comm_id
+                parent_ranks = None if parent_id is None else registry.get(parent_id)
+                # ``Memory.init_comm``, priced and paid as a steady member is (``is_steady``).
+                comm.memory = call.pricing.create(
+                    group.rank_in_group, rt.ctx.env, group.options, parent.memory, parent_ranks
+                )
+                memory.pay_steady_init(rt, comm, op, group, memory.ledger(rt, device), record)
+                self.made += 1
+            except (TorchError, SimulatedOOM, ProcessAbort) as err:
+                failures[rank] = (pc, err)  # re-raised in that rank's own process
+                failed = True
+        return failed
