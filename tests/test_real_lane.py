@@ -1022,3 +1022,20 @@ def test_compare_agrees_rank_by_rank_on_a_gloo_size_mismatch(tmp_path: Path) -> 
     assert [row["same_error"] for row in variant["ranks"]] == [True, True]
     assert "Traceback" not in done.stdout + done.stderr
     assert not marked_processes(mark)
+
+
+def test_a_groups_own_shorter_timeout_wins_over_the_runs_torch_timeout(launcher: Launcher) -> None:
+    """The driver passed the run's torch timeout (CPU lane: 90 s) to every group, so a program's own short
+    ``new_group(timeout=...)`` never ran on the real side: its rank stalled until the launcher killed it where
+    the simulator had it end with gloo's timeout. The op's own timeout now wins where it is shorter."""
+    group = NewGroup(ranks=(0, 1), bind="g", timeout_s=1.0)
+    programs = [
+        Program((InitProcessGroup(backend="gloo"), group, AllReduce(group="g", size_bytes=64))),
+        Program((InitProcessGroup(backend="gloo"), group)),
+    ]
+    settings = RunSettings.for_lane("cpu", stall_s=20.0, timeout_s=40.0)
+    assert settings.torch_timeout_s is not None and settings.torch_timeout_s > settings.stall_s
+    real = launcher.run_programs(programs, settings, name="own-timeout")
+    assert real["verdict"] == "hang" and real["end_reason"] == "finished"
+    (hang,) = real["hangs"]
+    assert hang["rank"] == 0 and hang["watchdog"].startswith("torch/gloo timeout"), hang

@@ -8,7 +8,7 @@ where it was) and one after it (outcome, wall times, measurement). What each op 
 
 * ``set_device``: ``torch.cuda.set_device`` (GPU lane); skipped on the CPU lane.
 * ``init_process_group``: over the launcher's store (FileStore/TCPStore, or torchrun's env:// store), with the
-  run's torch timeout when one is set (CPU lane: short, so a hang ends as a gloo/store timeout).
+  run's torch timeout when one is set (CPU lane), or the op's own where that is shorter.
 * ``new_group`` / ``split_group``: handles are bound only on members, like the simulator: a member's result
   overwrites the handle; a non-member's ``NON_GROUP_MEMBER`` never overwrites an existing one.
   ``purpose``/``traffic`` go to the policy through ``apply``.
@@ -180,8 +180,13 @@ class Driver:
     # ------------------------------------------------------------------ helpers
 
     def _timeout(self, op_timeout_s: float | None, init: bool = False) -> datetime.timedelta | None:
-        """The run's torch timeout when it sets one (CPU lane), else the op's own (None: torch's default)."""
+        """The run's torch timeout when it sets one (CPU lane), else the op's own (None: torch's default); the
+        op's own where it is shorter. Why: the run's is a safety net for ops that name none or a long one, while a
+        short one is the program's behaviour (its ranks end with gloo's timeout, and its peers see what that
+        does), which the simulated side runs too."""
         seconds = self.spec.torch_timeout_s if self.spec.torch_timeout_s is not None else op_timeout_s
+        if seconds is not None and op_timeout_s is not None:
+            seconds = min(seconds, op_timeout_s)
         if init and self.spec.init_timeout_s is not None and seconds is not None:
             seconds = max(seconds, self.spec.init_timeout_s)
         return None if seconds is None else datetime.timedelta(seconds=seconds)
