@@ -395,6 +395,17 @@ def test_split_group_of_a_parent_the_rank_is_not_in_is_torchs_value_error() -> N
     )
 
 
+def test_splits_of_two_parents_under_one_hashed_name_do_not_collide() -> None:
+    # real (seed23-case11, 3 of 3 runs): family g = [[0, 1], [2, 3]], each part splits its own group by [[0, 1]]:
+    # one hashed name on every rank (same group ranks, same counter), yet all complete and the all_reduce on the
+    # split passes: the child's store is prefixed on its parent's, whose names differ. The simulator keyed both
+    # bootstraps by the bare name and hung ranks 2 and 3 as a store-key collision.
+    family = [NewGroup(ranks=(0, 1), bind="g"), NewGroup(ranks=(2, 3), bind="g")]
+    split = SplitGroup(parent="g", split_ranks=((0, 1),), bind="s")
+    out = run([[GLOO, *family, split, AllReduce(group="s", size_bytes=SIZE)]] * 4)
+    assert out.verdict == "pass", out.hangs
+
+
 # ------------------------------------------------------------------------------------------- bound gloo world
 
 

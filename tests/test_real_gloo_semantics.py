@@ -37,6 +37,8 @@ SIZE = 96
 BCAST = Broadcast(size_bytes=SIZE, src=0)
 SPLIT = SplitGroup(split_ranks=((0, 1),), bind="s")
 NEW_G = NewGroup(ranks=(0, 1), bind="g")
+FAMILY = [NewGroup(ranks=(0, 1), bind="f"), NewGroup(ranks=(2, 3), bind="f")]
+SPLIT_F = SplitGroup(parent="f", split_ranks=((0, 1),), bind="sf")
 
 PROBES: dict[str, list[list[Op]]] = {
     # a peer that destroys its groups closes its sockets: the pending send fails at once
@@ -66,6 +68,8 @@ PROBES: dict[str, list[list[Op]]] = {
         [GLOO, NEW_G, SplitGroup(parent="g", split_ranks=((0,), (1,)))],
         [GLOO, NEW_G, SplitGroup(parent="g", split_ranks=((0,), (1,)))],
     ],
+    # the two parts of family f split their own group by [[0, 1]]: one hashed name, two parent store prefixes
+    "splits-of-two-parents-under-one-name": [[GLOO, *FAMILY, SPLIT_F, AllReduce(group="sf", size_bytes=SIZE)]] * 4,
     # a broadcast tree missing rank 2: the root hangs, ranks 1 and 3 complete
     "partial-broadcast": [
         [GLOO, BCAST],
@@ -144,6 +148,7 @@ def test_real_mismatch_outcomes(results: dict[str, CaseResult]) -> None:
     assert _real(results["allreduce-vs-reduce-scatter"])["verdict"] == "pass"
     assert _real(results["allreduce-vs-broadcast"])["verdict"] == "hang"
     assert _real(results["split-members-only"])["verdict"] == "pass"
+    assert _real(results["splits-of-two-parents-under-one-name"])["verdict"] == "pass"
     partial = _real(results["partial-broadcast"])
     assert partial["verdict"] == "hang"
     assert [h["rank"] for h in partial["hangs"]] == [0]

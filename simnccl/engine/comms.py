@@ -94,6 +94,13 @@ def bootstrap_key(name: str, is_nccl: bool, incarnation: int) -> tuple[Any, ...]
     return ("bootstrap", name, is_nccl) if incarnation == 0 else ("bootstrap", name, incarnation, is_nccl)
 
 
+def store_name(group: Group | GroupPlan) -> str:
+    """The name a group's bootstrap is keyed by in the store: its name under its store prefix (a split of a
+    non-default group: the parent's, ``plan_split_group``), so two groups of one name under different parents do
+    not collide."""
+    return group.store_prefix + group.name
+
+
 def unique_id_stage(meeting: Meeting, rank: int, impl: Impl) -> str | None:
     """Where a member of an NCCL group's bootstrap that has not completed is, as torch 2.15 runs it: "store" (it
     still waits for the unique id there) or "init" (inside ``ncclCommInitRank``, waiting for the other members).
@@ -239,7 +246,7 @@ class Comms:
             self.sockets.used = True
         self._touch_device(rt, comm, op)
         if life.communicates and group.size > 1:
-            key = bootstrap_key(group.name, comm.impl.is_nccl, rt.incarnation)
+            key = bootstrap_key(store_name(group), comm.impl.is_nccl, rt.incarnation)
             meeting = self.rendezvous.open(key, "bootstrap", group.name, 0, group.ranks)
             if rt.rank in meeting.arrivals or meeting.complete:
                 meeting = self._collision(meeting, rt, group, op)
@@ -278,9 +285,9 @@ class Comms:
         if is_nccl and index == 0:
             return None
         if is_nccl:
-            return self._stale_publisher(rt, lambda incarnation: bootstrap_key(group.name, True, incarnation))
+            return self._stale_publisher(rt, lambda incarnation: bootstrap_key(store_name(group), True, incarnation))
         for incarnation in self._kept_incarnations(rt):
-            old = self.rendezvous.meetings.get(bootstrap_key(group.name, False, incarnation))
+            old = self.rendezvous.meetings.get(bootstrap_key(store_name(group), False, incarnation))
             if old is None:
                 continue
             writer = next((r for r in old.arrivals if old.expected.index(r) != index), None)
@@ -375,7 +382,7 @@ class Comms:
             return False
         if impl is not Impl.GLOO and not impl.is_nccl:
             return False
-        return self.rendezvous.meetings.get(bootstrap_key(plan.name, impl.is_nccl, 0)) is None
+        return self.rendezvous.meetings.get(bootstrap_key(store_name(plan), impl.is_nccl, 0)) is None
 
     def arrive_together(self, rt: RankRuntime, group: Group, comm: Comm, op: Op) -> None:
         """One member's side of a block's bootstrap, at its own time (``init`` before it meets the others):
@@ -389,7 +396,7 @@ class Comms:
         meeting ``init`` makes them meet at, completed when every member is there. A member that failed before
         arriving leaves it incomplete, and the others wait there for it, as on the ordinary path."""
         first, comm = joining[0][1], joining[0][2]
-        key = bootstrap_key(first.name, comm.impl.is_nccl, 0)  # a block takes the first incarnation's only
+        key = bootstrap_key(store_name(first), comm.impl.is_nccl, 0)  # a block takes the first incarnation's only
         meeting = self.rendezvous.open(key, "bootstrap", first.name, 0, first.ranks)
         for rt, group, _comm, at in joining:
             meeting.arrivals[rt.rank] = Arrival(rt.rank, at, group.ranks, op)
@@ -423,7 +430,7 @@ class Comms:
         """A one-rank ProcessGroupGloo still writes its address under the group's store prefix (measured: a
         ``new_group([0])`` adds one store key), though it waits for nobody. Under a name another group bootstraps
         with (diverged counters) the keys collide: record it, so both sides report the store-key race."""
-        key = bootstrap_key(group.name, False, rt.incarnation)
+        key = bootstrap_key(store_name(group), False, rt.incarnation)
         meeting = self.rendezvous.meetings.get(key)
         if meeting is None:
             meeting = self.rendezvous.open(key, "bootstrap", group.name, 0, group.ranks)

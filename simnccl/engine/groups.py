@@ -89,6 +89,7 @@ class Groups:
             op.pg_options,
             op.group_desc,
             op.timeout_s,
+            parent_is_default=parent is rt.world,
         )
         return self._follow(rt, plan, op)
 
@@ -126,6 +127,7 @@ class Groups:
             timeout_s=plan.timeout_s,
             options=plan.options,
             bound_cpu=plan.bound_cpu,
+            store_prefix=plan.store_prefix,
         )
         rt.groups.append(group)
         self.watchdogs.group_made(plan.timeout_s)
