@@ -406,6 +406,41 @@ def test_splits_of_two_parents_under_one_hashed_name_do_not_collide() -> None:
     assert out.verdict == "pass", out.hangs
 
 
+# ------------------------------------------------------------------------------------------- after a destroy
+
+G = NewGroup(ranks=(0, 1), bind="g")
+DESTROY_G = DestroyProcessGroup(group="g")
+
+
+def test_an_all_reduce_on_a_destroyed_gloo_group_runs_on_its_pairs() -> None:
+    # real (3 of 3 runs): both members all_reduce on g after destroying it: both complete. The simulator raised
+    # torch's "Invalid process group specified", which only destroy/get_backend raise for an unregistered group.
+    out = run([[GLOO, G, DESTROY_G, AllReduce(group="g", size_bytes=SIZE)]] * 2)
+    assert out.verdict == "pass", out.errors
+
+
+def test_an_all_reduce_on_a_destroyed_gloo_group_by_one_member_waits_for_the_other() -> None:
+    # real (3 of 3 runs): rank 0 all_reduces on g after destroying it, rank 1 does not: rank 0 hangs there, and a
+    # world all_reduce after it leaves rank 1 waiting for rank 0
+    out = run(
+        [
+            [GLOO, G, DESTROY_G, AllReduce(group="g", size_bytes=SIZE), AllReduce(size_bytes=SIZE)],
+            [GLOO, G, DESTROY_G, AllReduce(size_bytes=SIZE)],
+        ]
+    )
+    assert out.verdict == "hang"
+    assert [status(out, r) for r in range(2)] == ["hang", "hang"]
+
+
+@pytest.mark.parametrize(
+    "op", [Broadcast(group="g", size_bytes=SIZE, src=0), Send(peer=1, group="g", size_bytes=SIZE)], ids=str
+)
+def test_a_broadcast_or_send_on_a_destroyed_group_is_torchs_value_error(op: Op) -> None:
+    # real (3 of 3 runs): broadcast's src and send's peer are looked up in the unregistered group: ValueError
+    out = run([[GLOO, G, DESTROY_G, op], [GLOO, G, DESTROY_G]])
+    assert [(e["rank"], e["type"]) for e in out.errors] == [(0, "ValueError")]
+
+
 # ------------------------------------------------------------------------------------------- bound gloo world
 
 

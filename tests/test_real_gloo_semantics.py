@@ -39,6 +39,7 @@ SPLIT = SplitGroup(split_ranks=((0, 1),), bind="s")
 NEW_G = NewGroup(ranks=(0, 1), bind="g")
 FAMILY = [NewGroup(ranks=(0, 1), bind="f"), NewGroup(ranks=(2, 3), bind="f")]
 SPLIT_F = SplitGroup(parent="f", split_ranks=((0, 1),), bind="sf")
+DESTROY_G = DestroyProcessGroup(group="g")
 
 PROBES: dict[str, list[list[Op]]] = {
     # a peer that destroys its groups closes its sockets: the pending send fails at once
@@ -70,6 +71,14 @@ PROBES: dict[str, list[list[Op]]] = {
     ],
     # the two parts of family f split their own group by [[0, 1]]: one hashed name, two parent store prefixes
     "splits-of-two-parents-under-one-name": [[GLOO, *FAMILY, SPLIT_F, AllReduce(group="sf", size_bytes=SIZE)]] * 4,
+    # a destroyed gloo group keeps its pairs: an all_reduce on its handle runs (both: done; one: it waits), while
+    # broadcast's src is looked up in the unregistered group (torch's ValueError)
+    "all-reduce-after-destroy": [[GLOO, NEW_G, DESTROY_G, AllReduce(group="g", size_bytes=SIZE)]] * 2,
+    "all-reduce-after-destroy-by-one": [
+        [GLOO, NEW_G, DESTROY_G, AllReduce(group="g", size_bytes=SIZE), AllReduce(size_bytes=SIZE)],
+        [GLOO, NEW_G, DESTROY_G, AllReduce(size_bytes=SIZE)],
+    ],
+    "broadcast-after-destroy": [[GLOO, NEW_G, DESTROY_G, Broadcast(group="g", size_bytes=SIZE, src=0)]] * 2,
     # a broadcast tree missing rank 2: the root hangs, ranks 1 and 3 complete
     "partial-broadcast": [
         [GLOO, BCAST],
@@ -149,6 +158,10 @@ def test_real_mismatch_outcomes(results: dict[str, CaseResult]) -> None:
     assert _real(results["allreduce-vs-broadcast"])["verdict"] == "hang"
     assert _real(results["split-members-only"])["verdict"] == "pass"
     assert _real(results["splits-of-two-parents-under-one-name"])["verdict"] == "pass"
+    assert _real(results["all-reduce-after-destroy"])["verdict"] == "pass"
+    assert [h["rank"] for h in _real(results["all-reduce-after-destroy-by-one"])["hangs"]] == [0, 1]
+    bcast = _real(results["broadcast-after-destroy"])["errors"]
+    assert [(e["rank"], e["type"]) for e in bcast] == [(0, "ValueError"), (1, "ValueError")]
     partial = _real(results["partial-broadcast"])
     assert partial["verdict"] == "hang"
     assert [h["rank"] for h in partial["hangs"]] == [0]

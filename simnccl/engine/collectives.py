@@ -26,10 +26,13 @@ from simnccl.engine.state import RankRuntime, Waiting, current_device, fire_once
 from simnccl.engine.timing import Timing
 from simnccl.flight_recorder import RECORDING_IMPLS, Entry, FlightRecorder, numel
 from simnccl.meetings import Meeting
-from simnccl.ops import Broadcast, Collective, Op, PointToPoint, Send
+from simnccl.ops import AllGather, AllReduce, AllToAll, Broadcast, Collective, Op, PointToPoint, ReduceScatter, Send
 from simnccl.release import Impl
 
 _GLOO = Impl.GLOO  # a module constant: an enum member looked up on its class costs ~0.1 us, asked per collective
+# The collectives torch 2.15 runs on a destroyed group's handle: none of them asks the unregistered group for a rank
+# or its backend (broadcast's src, send/recv's peer and barrier's device do, and raise ValueError).
+_RUN_AFTER_DESTROY = (AllReduce, AllGather, ReduceScatter, AllToAll)
 
 
 class Collectives:
@@ -70,7 +73,22 @@ class Collectives:
 
     @staticmethod
     def _group_of(rt: RankRuntime, op: Collective | PointToPoint) -> Group | None:
-        """The group the op runs on; None (with torch's warning) where this rank is not a member."""
+        """The group the op runs on; None (with torch's warning) where this rank is not a member.
+
+        A gloo group this rank destroyed still runs an all_reduce, all_gather, reduce_scatter or all_to_all on
+        its handle: torch 2.15's destroy_process_group(pg) unregisters pg and calls its shutdown, which leaves a
+        ProcessGroupGloo's pairs connected, and those collectives never look the group up (measured: both members
+        all_reduce after the destroy and complete; one does and waits for the other). NCCL's shutdown tears its
+        communicators down (unmeasured here: it stays torch's ValueError)."""
+        handle = rt.handles.get(op.group)
+        if (
+            isinstance(handle, Group)
+            and handle.destroyed
+            and type(op) in _RUN_AFTER_DESTROY
+            and handle.comms
+            and all(c.impl is _GLOO and c.comm_id is not None for c in handle.comms.values())
+        ):
+            return handle
         target = resolve(rt, op.group)
         if not isinstance(target, Group):
             rt.warnings.append(f"Running {op.name} on global rank {rt.rank} which does not belong to the given group.")
@@ -88,7 +106,7 @@ class Collectives:
             raise TorchError("ValueError", f"Global rank {op.src} is not part of group {target.name!r}")
         comm = self._usable_comm(rt, target, op)
         life = LIFECYCLES[comm.impl]
-        if not comm.ready:
+        if not comm.ready and not target.destroyed:  # a destroyed gloo group's pairs stay connected (_group_of)
             yield from self.comms.init(rt, target, comm, op)
         if not life.communicates:
             return

@@ -171,6 +171,9 @@ class Driver:
         # whether a peer waiting on a destroyed subgroup fails or waits would hang on Python reference counts.
         self.kept: list[Any] = []
         self.seq: dict[int, int] = {}
+        # Each group's members, read while it is registered: torch forgets a destroyed group's (a KeyError in
+        # get_process_group_ranks), while a program may still call a collective on its handle, which torch runs.
+        self.members: dict[int, list[int]] = {}
         self.p2p_seq: dict[tuple[int, int, int], int] = {}
         self.allocations: dict[str, list[Any]] = {}  # alloc tag -> its live tensors
         self.notes: list[str] = []
@@ -219,12 +222,9 @@ class Driver:
             name = pg.group_name
         except Exception:
             name = ""
-        return {
-            "handle": handle,
-            "group": name,
-            "members": list(self.dist.get_process_group_ranks(pg)),
-            "seq": self.seq.get(id(pg), 0) + 1,
-        }
+        if id(pg) not in self.members:
+            self.members[id(pg)] = list(self.dist.get_process_group_ranks(pg))
+        return {"handle": handle, "group": name, "members": self.members[id(pg)], "seq": self.seq.get(id(pg), 0) + 1}
 
     def _tensor(self, size_bytes: int, dtype_name: str, multiple: int = 1) -> Any:
         torch = self.torch
@@ -287,6 +287,7 @@ class Driver:
     def _bind(self, bind: str | None, group: Any, member: bool) -> None:
         if member:
             self.kept.append(group)
+            self.members[id(group)] = list(self.dist.get_process_group_ranks(group))
         if not bind:
             return
         if member:
