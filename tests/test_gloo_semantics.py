@@ -207,6 +207,23 @@ def test_an_all_to_all_size_mismatch_is_compared_as_racy() -> None:
     assert not racy(simulate_case(Case(0, 1, 3, share_identical([Program(tuple(p)) for p in balanced]), ("ar",))))
 
 
+def test_a_barrier_a_member_left_for_good_is_compared_as_racy() -> None:
+    # real (seed27-case3, 6 runs): rank 0 skips the barrier and destroys the world; ranks 1 and 3 lose the peer
+    # every time, rank 2 loses it 3 times and hangs 3 times. The simulator reports every member losing it and
+    # says the outcome is timing, so ``real diff`` compares only the verdict there.
+    from simnccl.real.compare import racy
+    from simnccl.real.differential import Case, simulate_case
+    from simnccl.real.programs import share_identical
+
+    programs = [[GLOO, DestroyProcessGroup()]] + [[GLOO, Barrier(), DestroyProcessGroup()]] * 3
+    sim = simulate_case(Case(0, 0, 4, share_identical([Program(tuple(p)) for p in programs]), ("barrier",)))
+    assert [(e["rank"], e["kind"]) for e in sim["errors"]] == [(1, "peer-lost"), (2, "peer-lost"), (3, "peer-lost")]
+    assert racy(sim)
+    # a collective other than a barrier stays compared rank by rank
+    reduced = [[GLOO, DestroyProcessGroup()]] + [[GLOO, AllReduce(size_bytes=SIZE), DestroyProcessGroup()]] * 3
+    assert not racy(simulate_case(Case(0, 1, 4, share_identical([Program(tuple(p)) for p in reduced]), ("ar",))))
+
+
 def test_a_peer_that_failed_with_an_exception_keeps_its_sockets_open() -> None:
     # real, 3 ranks: rank 1 destroys; rank 0 (recv from 1) fails Connection closed by peer; rank 2, receiving from
     # rank 0, times out ("Timed out waiting 4000ms for recv operation"): rank 0 is alive, its sockets open

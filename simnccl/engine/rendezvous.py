@@ -185,7 +185,7 @@ class Rendezvous:
         if self.sockets.closed and not meeting.complete:
             peer = self.sockets.closed_peer(rt.rank, meeting)
             if peer is not None:
-                raise PeerLost(peer)
+                raise PeerLost(peer, op.name)
         now = self.env.now
         if not (meeting.complete and meeting.completed_at <= now) and self._fate(meeting, rt.rank) is None:
             rt.status = "blocked"

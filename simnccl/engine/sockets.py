@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from simnccl.backends import Comm
-from simnccl.backends.gloo import PEER_CLOSED, PEER_RESET, direct_peers
+from simnccl.backends.gloo import PEER_CLOSED, PEER_RESET, barrier_race, direct_peers
 from simnccl.engine.sim import Sim
 from simnccl.engine.state import RankRuntime
 from simnccl.meetings import Meeting
@@ -61,6 +61,7 @@ class GlooSockets:
             self.record(self.sim.now(), member, "peer-closed", peer, group)
             # a rank that aborted in a size mismatch dies with the data it refused unread: reset
             message = (PEER_RESET if other.block.meeting.fates else PEER_CLOSED).format(peer=peer)
+            message += barrier_race(other.block.op.name)
             cause = TimeoutAction("raise", False, 0.0, "RuntimeError", message, False, kind="peer-lost")
             self.sim.procs[member].interrupt(cause)
 

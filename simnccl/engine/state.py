@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import simpy
 
-from simnccl.backends.gloo import PEER_CLOSED
+from simnccl.backends.gloo import PEER_CLOSED, barrier_race
 from simnccl.c10d import Group, ProcessContext, TorchError
 from simnccl.faults import Fault
 from simnccl.flight_recorder import FlightRecorder
@@ -226,5 +226,5 @@ class ProcessAbort(TorchError):
 class PeerLost(TorchError):
     """A gloo operation towards a peer whose sockets are closed (it destroyed its groups, or died)."""
 
-    def __init__(self, peer: int) -> None:
-        super().__init__("RuntimeError", PEER_CLOSED.format(peer=peer))
+    def __init__(self, peer: int, op_name: str = "") -> None:
+        super().__init__("RuntimeError", PEER_CLOSED.format(peer=peer) + barrier_race(op_name))
