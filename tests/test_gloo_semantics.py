@@ -449,6 +449,18 @@ def test_an_all_reduce_on_a_destroyed_gloo_group_by_one_member_waits_for_the_oth
     assert [status(out, r) for r in range(2)] == ["hang", "hang"]
 
 
+def test_a_timeout_on_a_destroyed_gloo_group_raises_torchs_value_error() -> None:
+    # real (seed23-case34, 2 of 2 runs): rank 3's all_reduce on a destroyed 2 s group times out, and torch's
+    # @_exception_logger, asking get_backend for the unregistered group, raises "ValueError: Process group <...>
+    # is not initialized in the world group map" in place of gloo's timeout. The rank waited its whole timeout:
+    # a hang, as every timeout in the simulator, ended by that error
+    group = NewGroup(ranks=(0, 1), bind="g", timeout_s=1.0)
+    out = run([[GLOO, group, DESTROY_G, AllReduce(group="g", size_bytes=SIZE)], [GLOO, group, DESTROY_G]])
+    assert out.verdict == "hang" and [h["rank"] for h in out.hangs] == [0]
+    assert [(e["rank"], e["kind"], e["type"]) for e in out.errors] == [(0, "timeout", "ValueError")]
+    assert "is not initialized in the world group map" in out.errors[0]["message"]
+
+
 @pytest.mark.parametrize(
     "op", [Broadcast(group="g", size_bytes=SIZE, src=0), Send(peer=1, group="g", size_bytes=SIZE)], ids=str
 )

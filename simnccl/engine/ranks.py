@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import simpy
 
-from simnccl.c10d import ProcessContext, TorchError
+from simnccl.c10d import Group, ProcessContext, TorchError
 from simnccl.engine.config import SimConfig, WorkloadFailure
 from simnccl.engine.injection import Injection
 from simnccl.engine.rendezvous import Rendezvous
@@ -23,7 +23,7 @@ from simnccl.engine.sockets import GlooSockets
 from simnccl.engine.state import AsyncError, Crash, PeerLost, ProcessAbort, RankRuntime, Waiting
 from simnccl.flight_recorder import FlightRecorder, buffer_size
 from simnccl.memory import SimulatedOOM
-from simnccl.ops import Collective, NewGroup, Program
+from simnccl.ops import Collective, NewGroup, PointToPoint, Program
 from simnccl.release import Impl
 from simnccl.watchdog import TimeoutAction
 
@@ -83,6 +83,23 @@ def make_ranks(config: SimConfig, programs: Sequence[Program]) -> list[RankRunti
             )
         )
     return ranks
+
+
+# get_backend's error for a group torch no longer knows (l.2212-2215); the real text names the group's repr.
+UNREGISTERED_GROUP = (
+    "Process group <torch.distributed.distributed_c10d.ProcessGroup object> is not initialized in the world group "
+    "map. Please initialize the group first."
+)
+
+
+def _on_destroyed_group(rt: RankRuntime) -> bool:
+    """Whether the rank's current op is a collective or send/recv on the handle of a group it destroyed."""
+    ops = rt.program.ops
+    op = ops[rt.pc] if rt.pc < len(ops) else None
+    if not isinstance(op, Collective | PointToPoint):
+        return False
+    target = rt.handles.get(op.group)
+    return isinstance(target, Group) and target.destroyed
 
 
 class RankLoop:
@@ -185,6 +202,13 @@ class RankLoop:
             raise
 
     def _fail(self, rt: RankRuntime, kind: str, err: TorchError, *, abort: bool = False) -> None:
+        if not abort and kind in ("timeout", "peer-lost", "error") and _on_destroyed_group(rt):
+            # torch 2.15's @_exception_logger builds its log record with get_backend(group), which raises this
+            # for a destroyed (unregistered) group in place of the op's own error (measured: a gloo all_reduce
+            # on a destroyed group's handle that times out ends so). A timeout stays a hang, as every timeout
+            # here: the rank waited its whole timeout first.
+            err = TorchError("ValueError", UNREGISTERED_GROUP)
+            kind = kind if kind == "timeout" else "error"
         rt.status = "aborted" if kind == "abort" or abort else "error"
         rt.error = err
         rt.error_kind = kind
