@@ -224,6 +224,25 @@ def test_a_barrier_a_member_left_for_good_is_compared_as_racy() -> None:
     assert not racy(simulate_case(Case(0, 1, 4, share_identical([Program(tuple(p)) for p in reduced]), ("ar",))))
 
 
+def test_members_timing_out_together_are_compared_as_racy() -> None:
+    # real (seed3-case41, 7 runs): ranks 0 and 1 both root a broadcast on a 2 s group and wait for each other;
+    # both time out in 4 runs, one of them loses the peer (its closed pairs) in 3. The simulator reports both
+    # timing out and says which is timing; one member timing out alone is not racy.
+    from simnccl.real.compare import racy
+    from simnccl.real.differential import Case, simulate_case
+    from simnccl.real.programs import share_identical
+
+    group = NewGroup(ranks=(0, 1), bind="g", timeout_s=2.0)
+    both = [[GLOO, group, Broadcast(group="g", size_bytes=SIZE, src=r)] for r in range(2)]
+    sim = simulate_case(Case(0, 0, 2, share_identical([Program(tuple(p)) for p in both]), ("both",)))
+    ended = {"end_reason": "finished"}  # a real run that went on until the timeouts fired
+    assert [h["rank"] for h in sim["hangs"]] == [0, 1] and racy(sim, ended)
+    assert not racy(sim, {"end_reason": "no progress for 5s"}), "stopped before any timeout fired: compared"
+    alone = [[GLOO, group, AllReduce(group="g", size_bytes=SIZE)], [GLOO, group]]
+    sim = simulate_case(Case(0, 1, 2, share_identical([Program(tuple(p)) for p in alone]), ("alone",)))
+    assert [h["rank"] for h in sim["hangs"]] == [0] and not racy(sim, ended)
+
+
 def test_a_peer_that_failed_with_an_exception_keeps_its_sockets_open() -> None:
     # real, 3 ranks: rank 1 destroys; rank 0 (recv from 1) fails Connection closed by peer; rank 2, receiving from
     # rank 0, times out ("Timed out waiting 4000ms for recv operation"): rank 0 is alive, its sockets open

@@ -120,6 +120,15 @@ BARRIER_PEER_RACE = (
     "by timing"
 )
 
+# Members of one gloo collective or send/recv whose timeouts fall due together: a member that times out closes its
+# pairs, so each other one either times out itself or first sees the closed socket ("Connection closed by peer").
+# Measured (real diff seed3-case41, 2 ranks both rooting a broadcast on a 2 s group): both timed out in 4 runs of 7,
+# one lost the peer in 3. The simulator reports every member timing out; which one happens is timing.
+TIMEOUT_TIE_RACE = (
+    "members of this gloo operation time out together: whether each times out or first sees a peer's closed "
+    "socket is decided by timing"
+)
+
 
 def barrier_race(op_name: str) -> str:
     """What a peer-lost message of an op adds: the barrier's race (``BARRIER_PEER_RACE``), or nothing."""

@@ -10,8 +10,10 @@ shortest group timeout, and after each slice the due watchdogs act — so a hang
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any
 
+from simnccl.backends.gloo import TIMEOUT_TIE_RACE
 from simnccl.c10d import Group
 from simnccl.engine.comms import bootstrap_group, pair_in_group, unique_id_stage
 from simnccl.engine.config import EngineGuardError
@@ -110,6 +112,10 @@ class Watchdogs:
 
     def _due_timeouts(self) -> list[tuple[float, RankRuntime, TimeoutAction]]:
         due = []
+        # (deadline, gloo operation) -> indexes in ``due`` of members raising there then (``TIMEOUT_TIE_RACE``,
+        # marked where they are all of its members: measured so, when every member arrived and the operation
+        # still cannot run; members timing out together while another never came are left as they were)
+        together: dict[tuple[float, int, int], list[int]] = {}
         for rt in self.ranks:
             if rt.status != "blocked" or rt.timed_out or rt.block is None or rt.rank in self.sockets.peer_lost:
                 continue
@@ -162,7 +168,15 @@ class Watchdogs:
                     timeout_s=group.timeout_s,
                 )
             if action is not None:
+                if comm.impl is Impl.GLOO and action.outcome == "raise" and meeting.kind in ("collective", "p2p"):
+                    key = (block.since_s + wait_s, id(meeting), len(meeting.expected))
+                    together.setdefault(key, []).append(len(due))
                 due.append((block.since_s + wait_s, rt, action))
+        for (_, _, members), indexes in together.items():
+            if len(indexes) == members > 1:
+                for i in indexes:
+                    at, member, action = due[i]
+                    due[i] = (at, member, replace(action, message=f"{action.message} ({TIMEOUT_TIE_RACE})"))
         due.sort(key=lambda item: (item[0], item[1].rank))
         return due
 
