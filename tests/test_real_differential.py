@@ -21,7 +21,9 @@ from simnccl.real.zygote import pid_alive
 
 pytestmark = pytest.mark.real
 
-SEED = int(os.environ.get("REAL_DIFF_SEED", "2"))
+# Seed 3: its 52 cases draw every mutation class (seed 2 no longer drew swap-collectives and skip-new-group once the
+# generator drew element types, group timeouts, splits of groups and two more classes).
+SEED = int(os.environ.get("REAL_DIFF_SEED", "3"))
 COUNT = int(os.environ.get("REAL_DIFF_COUNT", "52"))
 
 

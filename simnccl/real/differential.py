@@ -3,13 +3,16 @@
 Each case is a world of 2–4 ranks, at most 12 ops per rank, built from one global step order (so the unmutated
 program is valid SPMD and must pass): ``init_process_group("gloo")``, group families created by every rank in
 the same order (``new_group`` per part; members bind the handle), members-only ``use_local_synchronization``
-groups, ``split_group`` of the world, collectives on the world or a family handle (sometimes also issued by
-non-members, which torch turns into a warning) of a drawn size and broadcast root, send/recv pairs on the world
-or within one group, a group's destroy by its members, a straggling rank (a short ``Compute``), and a final
-``destroy_process_group``. Not every
+groups (some with a short timeout), ``split_group`` of the world or of a group whose parts are one size (called by
+the parent's members only, as torch 2.15 requires; each part splits its own group by the same group ranks),
+collectives on the world or a family handle (sometimes also issued by non-members, which torch turns into a
+warning) of a drawn size, element type and broadcast root, send/recv pairs on the world or within one group, a
+group's destroy by its members, a straggling rank (a short ``Compute``), and a final ``destroy_process_group``.
+Not every
 unmutated program passes: a members-only ``use_local_synchronization`` group advances the group counter on its
 members only (torch 2.15 ``_process_group_name``), so a later world-wide ``new_group`` gets different names on
-members and non-members — a real hang both sides must find.
+members and non-members — a real hang both sides must find (a split of a group advances it on the parent's members
+only, alike).
 
 About half the cases are then broken in one known way on one rank (the *mutation classes*):
 
@@ -21,7 +24,9 @@ About half the cases are then broken in one known way on one rank (the *mutation
 * ``skip-recv``: the receiving rank of a send/recv pair leaves out its ``recv``;
 * ``resize``: the rank issues one of its collectives or sends with twice the bytes (gloo's size-mismatch fates);
 * ``wrong-root``: the rank names another member as one broadcast's root;
-* ``raise``: the rank raises (a Python error, as a failed check would) before one of its ops.
+* ``raise``: the rank raises (a Python error, as a failed check would) before one of its ops;
+* ``use-after-destroy``: a rank that destroyed a subgroup issues an all_reduce on its handle afterwards;
+* ``wrong-group``: the rank issues one of its collectives on another group it is a member of.
 
 Both sides must agree on the ranks that did not finish (hang/no-hang per rank); ``classify`` sorts each case
 into: ``agree`` (verdict and blocked/stuck ranks), ``racy`` (a store-key collision: real gloo connects whichever
@@ -42,6 +47,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
 
+from simnccl.dtypes import element_bytes
 from simnccl.ops import (
     WORLD,
     AllGather,
@@ -70,6 +76,12 @@ SIZE_BYTES = 96  # 24 floats: divisible by every group size up to 4, so no rank 
 # Sizes a collective or send/recv is drawn with: each a multiple of 12 bytes (3 floats x 4 ranks), so none rounds
 # differently on any group of up to 4 ranks; 96 most often, as before.
 SIZES_BYTES = (96, 96, 96, 48, 192, 9600)
+# Element types a collective or send/recv is drawn with (gloo runs each of them, measured): float32 most often, as
+# before. An 8-byte type takes 96 bytes where 48 was drawn (6 elements would round on a group of 4).
+DTYPES = ("Float",) * 10 + ("Double", "Half", "BFloat16", "Int", "Long", "Byte")
+# A short torch timeout some new_group families are drawn with: below real diff's stall windows (5 s in the tests,
+# 10 s in a sweep), so a rank that waits in the group ends with gloo's timeout, and peers see what that does.
+GROUP_TIMEOUT_S = 2.0
 STRAGGLER_S = (0.2, 0.5)  # a rank's Compute before a step: well under the real side's stall window
 MUTATIONS = (
     "skip-collective",
@@ -80,6 +92,8 @@ MUTATIONS = (
     "resize",
     "wrong-root",
     "raise",
+    "use-after-destroy",
+    "wrong-group",
 )
 COLLECTIVE_KINDS: dict[str, type[Collective]] = {
     "all_reduce": AllReduce,
@@ -155,6 +169,19 @@ def _partitions(rng: random.Random, n: int) -> list[tuple[tuple[int, ...], ...]]
     return options
 
 
+def _payload(rng: random.Random) -> tuple[int, str]:
+    """A drawn size and element type; the size stays a multiple of 4 elements (no group of <= 4 rounds it)."""
+    size = rng.choice(SIZES_BYTES)
+    dtype = rng.choice(DTYPES)
+    if size % (element_bytes(dtype) * 4):
+        size = SIZE_BYTES
+    return size, dtype
+
+
+def _dtype_note(dtype: str) -> str:
+    return "" if dtype == "Float" else f" {dtype}"
+
+
 def generate(seed: int, index: int, mutate: bool | None = None) -> Case:
     """One case, a pure function of ``(seed, index)``."""
     rng = random.Random(seed * 100_003 + index)
@@ -164,6 +191,9 @@ def generate(seed: int, index: int, mutate: bool | None = None) -> Case:
     # handle -> its parts (tuples of global ranks), while the group lives; ``made``: every handle ever made
     handles: dict[str, tuple[tuple[int, ...], ...]] = {WORLD: (tuple(range(n)),)}
     made: dict[str, tuple[tuple[int, ...], ...]] = {}
+    # handle -> the ranks that called its creating op (a non-member among them holds NON_GROUP_MEMBER; one that
+    # never called holds nothing, and a collective on the handle would be a NameError, not a program to compare)
+    callers_of: dict[str, tuple[int, ...]] = {WORLD: tuple(range(n))}
     counter = 0
 
     def room(cost: dict[int, int]) -> bool:
@@ -180,12 +210,14 @@ def generate(seed: int, index: int, mutate: bool | None = None) -> Case:
                 continue
             counter += 1
             handle = f"g{counter}"
+            timeout = GROUP_TIMEOUT_S if rng.random() < 0.15 else None
             for part in parts:
-                op = NewGroup(ranks=part, bind=handle)
+                op = NewGroup(ranks=part, bind=handle, timeout_s=timeout)
                 for r in range(n):
                     per_rank[r].append(op)
             handles[handle] = parts
-            steps.append(f"family {handle}={[list(p) for p in parts]}")
+            callers_of[handle] = tuple(range(n))
+            steps.append(f"family {handle}={[list(p) for p in parts]}" + (f" timeout {timeout:g} s" if timeout else ""))
         elif kind == "local":
             size = rng.randint(1, n)
             members = tuple(sorted(rng.sample(range(n), size)))
@@ -197,47 +229,59 @@ def generate(seed: int, index: int, mutate: bool | None = None) -> Case:
             for r in members:
                 per_rank[r].append(op)
             handles[handle] = (members,)
+            callers_of[handle] = members
             steps.append(f"local {handle}={list(members)}")
         elif kind == "split":
-            parts = rng.choice(_partitions(rng, n))
-            if not room(dict.fromkeys(range(n), 1)):
+            # Of the world, or of a group whose parts are all one size: torch 2.15's split_group is called by
+            # the parent's members only (a non-member's handle raises), each part splitting its own group by the
+            # same group ranks.
+            parents = [h for h in sorted(handles) if h != WORLD and len({len(p) for p in handles[h]}) == 1]
+            parent = rng.choice(parents) if parents and rng.random() < 0.4 else WORLD
+            parent_parts = handles[parent]
+            split = rng.choice(_partitions(rng, len(parent_parts[0])))
+            callers = sorted(r for p in parent_parts for r in p)
+            if not room(dict.fromkeys(callers, 1)):
                 continue
             counter += 1
             handle = f"s{counter}"
-            op = SplitGroup(split_ranks=parts, bind=handle)
-            for r in range(n):
+            op = SplitGroup(split_ranks=split, parent=parent, bind=handle)
+            for r in callers:
                 per_rank[r].append(op)
-            handles[handle] = parts
-            steps.append(f"split {handle}={[list(p) for p in parts]}")
+            handles[handle] = tuple(tuple(p[i] for i in s) for p in parent_parts for s in split)
+            callers_of[handle] = tuple(callers) if parent != WORLD else tuple(range(n))
+            steps.append(f"split {handle}={[list(p) for p in split]}" + ("" if parent == WORLD else f" of {parent}"))
         elif kind == "collective":
             handle = rng.choice(sorted(handles))
             parts = handles[handle]
             name = rng.choice(sorted(COLLECTIVE_KINDS))
             members = sorted(r for p in parts for r in p)
-            issuers = members if rng.random() < 0.7 else list(range(n))
-            size = rng.choice(SIZES_BYTES)
+            issuers = members if rng.random() < 0.7 else list(callers_of[handle])
+            size, dtype = _payload(rng)
             root = rng.randrange(4)  # each part's root: its member at this index (modulo its size)
             if not room(dict.fromkeys(issuers, 1)):
                 continue
             for r in issuers:
                 part = next((p for p in parts if r in p), None)
                 if name == "broadcast":
-                    op: Op = Broadcast(group=handle, size_bytes=size, src=part[root % len(part)] if part else 0)
+                    src = part[root % len(part)] if part else 0
+                    op: Op = Broadcast(group=handle, size_bytes=size, dtype=dtype, src=src)
                 else:
-                    op = COLLECTIVE_KINDS[name](group=handle, size_bytes=size)
+                    op = COLLECTIVE_KINDS[name](group=handle, size_bytes=size, dtype=dtype)
                 per_rank[r].append(op)
-            steps.append(f"{name}({handle}, {size} B)" + ("" if issuers == members else " incl. non-members"))
+            steps.append(
+                f"{name}({handle}, {size} B{_dtype_note(dtype)})" + ("" if issuers == members else " incl. non-members")
+            )
         elif kind == "p2p":
             # On the world, or within one part of a group (peers are global ranks, as torch takes them).
             within = [(h, p) for h in sorted(handles) for p in handles[h] if len(p) >= 2]
             handle, part = rng.choice(within) if rng.random() < 0.4 else (WORLD, tuple(range(n)))
             src, dst = rng.sample(part, 2)
-            size = rng.choice(SIZES_BYTES)
+            size, dtype = _payload(rng)
             if not room({src: 1, dst: 1}):
                 continue
-            per_rank[src].append(Send(peer=dst, group=handle, size_bytes=size))
-            per_rank[dst].append(Recv(peer=src, group=handle, size_bytes=size))
-            steps.append(f"send {src}->{dst}" + ("" if handle == WORLD else f" on {handle}"))
+            per_rank[src].append(Send(peer=dst, group=handle, size_bytes=size, dtype=dtype))
+            per_rank[dst].append(Recv(peer=src, group=handle, size_bytes=size, dtype=dtype))
+            steps.append(f"send {src}->{dst}" + ("" if handle == WORLD else f" on {handle}") + _dtype_note(dtype))
         elif kind == "destroy":
             subgroups = sorted(h for h in handles if h != WORLD)
             if not subgroups:
@@ -415,6 +459,63 @@ def _raise(case: Case, rng: random.Random) -> Case | None:
     return _with(case, r, ops[:MAX_OPS], "raise", f"raises before #{i}")
 
 
+def _use_after_destroy(case: Case, rng: random.Random) -> Case | None:
+    """A rank that destroyed a subgroup issues an all_reduce on its handle afterwards (before any world destroy)."""
+
+    def ok(ops: list[Op], i: int) -> bool:
+        op = ops[i]
+        return isinstance(op, DestroyProcessGroup) and op.group != WORLD and len(ops) < MAX_OPS
+
+    spot = _pick(rng, case, ok)
+    if spot is None:
+        return None
+    r, i = spot
+    ops = list(case.programs[r].ops)
+    destroyed = ops[i]
+    assert isinstance(destroyed, DestroyProcessGroup)
+    end = next((j for j in range(i + 1, len(ops)) if ops[j] == DestroyProcessGroup()), len(ops))
+    at = rng.randint(i + 1, end)
+    ops.insert(at, AllReduce(group=destroyed.group, size_bytes=SIZE_BYTES))
+    return _with(case, r, ops, "use-after-destroy", f"all_reduce on {destroyed.group!r} at #{at}, destroyed at #{i}")
+
+
+def _live_handles(case: Case, rank: int, ops: Sequence[Op], i: int) -> list[str]:
+    """The handles naming a group of ``rank`` (a member) that is alive at its op ``i``."""
+    live = [WORLD]
+    for op in ops[:i]:
+        if isinstance(op, NewGroup | SplitGroup) and op.bind and case.part_of(op.bind, rank):
+            live.append(op.bind)
+        elif isinstance(op, DestroyProcessGroup):
+            live = [] if op.group == WORLD else [h for h in live if h != op.group]
+    return sorted(set(live))
+
+
+def _wrong_group(case: Case, rng: random.Random) -> Case | None:
+    """The rank issues one of its collectives on another group it is a member of (a broadcast keeps its root's
+    index in the part, so the root is a member of the new group)."""
+    spots = [
+        (r, i, h)
+        for r, p in enumerate(case.programs)
+        for i, op in enumerate(p.ops)
+        if isinstance(op, Collective)
+        for h in _live_handles(case, r, p.ops, i)
+        if h != op.group
+    ]
+    if not spots:
+        return None
+    r, i, handle = rng.choice(spots)
+    ops = list(case.programs[r].ops)
+    op = ops[i]
+    assert isinstance(op, Collective)
+    if isinstance(op, Broadcast):
+        old = case.part_of(op.group, r) or (op.src,)
+        new = case.part_of(handle, r)
+        ops[i] = replace(op, group=handle, src=new[old.index(op.src) % len(new)] if op.src in old else new[0])
+    else:
+        ops[i] = replace(op, group=handle)
+    return _with(case, r, ops, "wrong-group", f"#{i} {op.describe()} on {handle!r}")
+
+
 _MUTATORS: dict[str, Callable[[Case, random.Random], Case | None]] = {
     "skip-collective": _skip_collective,
     "swap-collectives": _swap_collectives,
@@ -424,6 +525,8 @@ _MUTATORS: dict[str, Callable[[Case, random.Random], Case | None]] = {
     "resize": _resize,
     "wrong-root": _wrong_root,
     "raise": _raise,
+    "use-after-destroy": _use_after_destroy,
+    "wrong-group": _wrong_group,
 }
 
 
