@@ -169,7 +169,11 @@ class MulticastSlots:
             # millions of entries at 131,072 ranks.
             if binding is not _NO_SLOTS or local[0] > 1:
                 self._bindings[key] = binding
-        # This rank's communicator holds its node's binding: fails as the binding did, or counts its slots.
+        self.hold(rt, comm, binding)
+
+    def hold(self, rt: RankRuntime, comm: Comm, binding: _Binding) -> None:
+        """This rank's communicator holds its node's binding: fails as the binding did, or counts its slots (one
+        rule for ``reserve`` and a call's ``CallSlots``)."""
         if binding.failure is not None:
             raise TorchError(ERROR_TYPE, binding.failure)
         if binding.slots:
@@ -339,10 +343,4 @@ class CallSlots:
             )
             if binding is not _NO_SLOTS or local > 1:
                 slots._bindings[key] = binding
-        if binding.failure is not None:
-            raise TorchError(ERROR_TYPE, binding.failure)
-        if binding.slots:
-            binding.holders.add(rt.rank)
-            slots.charged[(rt.rank, comm.group)] = binding.slots
-        elif slots.charged:
-            slots.charged.pop((rt.rank, comm.group), None)
+        slots.hold(rt, comm, binding)
