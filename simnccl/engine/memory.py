@@ -171,14 +171,11 @@ class Memory:
         parent_ranks: tuple[int, ...] | None = None,
         ranks: tuple[int, ...] | None = None,
         phase: str = "init",
-        steady: tuple[DeviceLedger, GroupRecord] | None = None,
     ) -> None:
         """Price a communicator that just finished its init (fresh or split) and charge what init allocates.
 
         ``parent_ranks``: the members of the communicator it was split from (``comm.parent``), which decides
         whether it shares; ``ranks``: the communicator's members when they are not the group's (a p2p pair).
-        ``steady``: the device's ledger and the group's record, from a caller that checked ``is_steady`` (a
-        cohort making a call's members alike): the checks before a charge are then known to do nothing.
         """
         if comm.device is None or not lifecycle(comm.impl).allocates_gpu_memory:
             return
@@ -190,7 +187,7 @@ class Memory:
             members, index, rt.ctx.env, group.options, parent, parent_ranks, shareable=ranks is None
         )
         comm.memory = memory
-        self._pay(rt, comm, phase, memory.breakdown.parts, op, group, steady)
+        self._pay(rt, comm, phase, memory.breakdown.parts, op, group)
 
     def is_steady(self, rt: RankRuntime, device: int) -> bool:
         """Whether charging a communicator on this rank's ``device`` now is only booking it (``_book``): the
@@ -237,7 +234,8 @@ class Memory:
         steady: tuple[DeviceLedger, GroupRecord] | None = None,
     ) -> None:
         """Charge parts of a breakdown: device bytes as one allocation tagged ``phase``, host bytes to the node.
-        ``steady``: as for ``init_comm``."""
+        ``steady``: the device's ledger and the group's record, from a caller that checked ``is_steady``
+        (``pay_steady_init``): the checks before a charge are then known to do nothing."""
         totals = self._totals.get(id(parts))
         if totals is None or totals[0] is not parts:  # summed once per breakdown (members of a class share one)
             totals = self._totals[id(parts)] = (
@@ -261,50 +259,11 @@ class Memory:
     def pay_steady_init(
         self, rt: RankRuntime, comm: Comm, op: Op, group: Group, ledger: DeviceLedger, record: GroupRecord
     ) -> None:
-        """``_pay(rt, comm, "init", comm.memory.breakdown.parts, op, group, steady=(ledger, record))`` in one step,
-        for a cohort's stamp (``comm`` priced, on a device, ``is_steady``): the charge's checks are known to do
-        nothing, and a member's first charge in its group (every member of a call a stamp makes) is booked here,
-        as ``_book_one`` books it. Why: three calls per membership of a world-wide startup were a tenth of
-        making it."""
+        """A cohort stamp's charge of a priced communicator's init (on a device, ``is_steady``): ``_pay`` with the
+        device's ledger and the group's record, so the charge's checks, known to do nothing, are skipped."""
         memory = comm.memory
         assert memory is not None
-        parts = memory.breakdown.parts
-        totals = self._totals.get(id(parts))
-        if totals is None or totals[0] is not parts:
-            totals = self._totals[id(parts)] = (
-                parts,
-                sum(p.total for p in parts if p.ledger == "device"),
-                sum(p.total for p in parts if p.ledger == "host"),
-            )
-        _, device, host = totals
-        rank = rt.rank
-        name = comm.group
-        owner = _new_tuple(Owner, ("comm", rank, name, "init"))
-        if device:
-            members = record.members
-            if rank in members:  # not its first charge in the group: the general booking
-                self._book_one(rt, comm, ledger, owner, device, op, group, record)
-            else:
-                now = self.sim.now()
-                ledger.allocate(owner, device, time_s=now, op=op, nccl=True)
-                trace = self.sim.trace
-                tail = self._alloc_tail
-                if tail[0] != name or tail[1] != "init" or tail[2] != device or type(device) is not int:
-                    tail = self._alloc_tail = (name, "init", device, f"{name!r}, 'init', {device!r})")
-                key = ledger.device
-                trace.record_text(
-                    f"({trace.time_text(now)}, {rank!r}, 'alloc', {key!r}, {tail[3]}",
-                    (now, rank, "alloc", key, name, "init", device),
-                )
-                shared = self._shared
-                entry = {"device": key, "bytes": device, "phases": shared.phases(_NO_PHASES, "init", now)}
-                entry["memory"] = shared.memories(None, name, memory)
-                members[rank] = entry
-        if host:
-            host_ledger = self._host_by_node.get(rt.node)
-            if host_ledger is None:
-                host_ledger = self._host_ledger(rt.node)
-            host_ledger.allocate(owner, host, time_s=self.sim.now(), op=op)
+        self._pay(rt, comm, "init", memory.breakdown.parts, op, group, (ledger, record))
 
     def _host_ledger(self, node: int) -> HostLedger:
         """The node's pinned host memory ledger, made at its first charge."""
