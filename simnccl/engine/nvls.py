@@ -157,23 +157,31 @@ class MulticastSlots:
             return
         if not lifecycle(comm.impl).allocates_gpu_memory:
             return
+        self.reserve_in(rt, comm, group.ranks if ranks is None else ranks, members)
+
+    def reserve_in(
+        self,
+        rt: RankRuntime,
+        comm: Comm,
+        ranks: tuple[int, ...],
+        members: Mapping[int, tuple[int, ...]],
+        layout: tuple[tuple[int, ...], dict[int, int] | None, int, tuple[int, ...], int] | None = None,
+    ) -> None:
+        """``reserve`` for an NCCL communicator with device memory whose members are ``ranks``; ``layout``:
+        ``_layout_of(ranks)``, from a caller that counted it once for many members (a call's ``CallSlots``)."""
         key = (rt.node, comm.comm_id)
         binding = self._bindings.get(key)
         if binding is None:
-            member_ranks = group.ranks if ranks is None else ranks
-            local = self._local(rt, member_ranks)  # counted once: the binding and the keeping below both read it
-            binding = self._bind(rt, comm, member_ranks, members, local)
+            _, per_node, nodes, sizes, number = self._layout_of(ranks) if layout is None else layout
+            local = (1 if per_node is None else per_node[rt.node], nodes, sizes, number)
+            binding = self._bind(rt, comm, ranks, members, local)
             # A binding is shared by the communicator's members on this node. A member alone on its node is the
             # only one ever to ask, and a binding of nothing has no holder to release, so it is not kept: most
             # memberships of a large startup are alone on their node (a dp or pp group), and an entry each was
             # millions of entries at 131,072 ranks.
             if binding is not _NO_SLOTS or local[0] > 1:
                 self._bindings[key] = binding
-        self.hold(rt, comm, binding)
-
-    def hold(self, rt: RankRuntime, comm: Comm, binding: _Binding) -> None:
-        """This rank's communicator holds its node's binding: fails as the binding did, or counts its slots (one
-        rule for ``reserve`` and a call's ``CallSlots``)."""
+        # This rank's communicator holds its node's binding: fails as the binding did, or counts its slots.
         if binding.failure is not None:
             raise TorchError(ERROR_TYPE, binding.failure)
         if binding.slots:
@@ -300,47 +308,22 @@ class MulticastSlots:
 
 
 class CallSlots:
-    """``MulticastSlots.reserve`` for the members of one call (one communicator id, one member list), asking once
-    per call what is the same for all of them: the member list's count per node, and per (ranks on the node,
-    environment) whether NCCL turns NVLS on.
+    """``MulticastSlots.reserve`` for the members of one call (one communicator id, one member list), with the
+    member list's count per node made once per call, not looked up per member.
 
     Why: at a world-wide startup most memberships are the first (often the only) member of their communicator on
-    their node, so each one counted, looked up and asked the NCCL model's cache the same questions about the same
-    member list. The rules stay ``MulticastSlots``'s: a binding is made by ``_bind`` and kept as ``reserve``
-    keeps it, so a member reserved here and one reserved there leave the ledger alike."""
+    their node. The rules stay ``MulticastSlots``'s (``reserve_in``), so a member reserved here and one reserved
+    there leave the ledger alike."""
 
-    __slots__ = ("_active", "_layout", "comm_id", "members", "ranks", "slots")
+    __slots__ = ("_layout", "members", "ranks", "slots")
 
-    def __init__(
-        self, slots: MulticastSlots, ranks: tuple[int, ...], comm_id: int, members: Mapping[int, tuple[int, ...]]
-    ) -> None:
+    def __init__(self, slots: MulticastSlots, ranks: tuple[int, ...], members: Mapping[int, tuple[int, ...]]) -> None:
         self.slots = slots
         self.ranks = ranks
-        self.comm_id = comm_id
         self.members = members
         self._layout = slots._layout_of(ranks)
-        self._active: dict[tuple[int, int], tuple[Mapping[str, str], bool]] = {}  # (local, id(env)) -> env, active
 
     def reserve(self, rt: RankRuntime, comm: Comm) -> None:
         """``slots.reserve(rt, comm, group, members)`` for ``comm``, this call's communicator on ``rt`` (an NCCL
-        communicator with device memory, ``comm.comm_id`` this call's id, ``group.ranks`` this call's ranks)."""
-        slots = self.slots
-        key = (rt.node, self.comm_id)
-        binding = slots._bindings.get(key)
-        if binding is None:
-            _, per_node, nodes, sizes, layout = self._layout
-            local = 1 if per_node is None else per_node[rt.node]
-            env = rt.ctx.env
-            known = self._active.get((local, id(env)))
-            if known is None or known[0] is not env:
-                active = slots._nvls_active(rt, self.ranks, (local, nodes, sizes, layout))[0]
-                known = self._active[(local, id(env))] = (env, active)
-            # Not active: ``_bind`` answers no slots without asking anything else.
-            binding = (
-                slots._bind(rt, comm, self.ranks, self.members, (local, nodes, sizes, layout))
-                if known[1]
-                else _NO_SLOTS
-            )
-            if binding is not _NO_SLOTS or local > 1:
-                slots._bindings[key] = binding
-        slots.hold(rt, comm, binding)
+        communicator with device memory whose group's ranks are this call's)."""
+        self.slots.reserve_in(rt, comm, self.ranks, self.members, self._layout)

@@ -236,7 +236,7 @@ class SplitStamps:
                 record = call.record
                 if record is None:  # the call's first member made here: its record is made (or found) as attach does
                     record = call.record = memory.group_record(group, comm)
-                    call.slots = CallSlots(nvls, members, child_id, registry)
+                    call.slots = CallSlots(nvls, members, registry)
                     call.pricing = memory.pricer.for_members(members)
                 if comm.shared:
                     nvls.note_parent(comm, parent)
