@@ -28,6 +28,7 @@ from rich.segment import Segment
 from rich.text import Text
 
 from simnccl.cli_options import STDOUT, OutputError
+from simnccl.interrupt_deferral import deferred_interrupt
 from simnccl.result import SummaryLine, document
 from simnccl.visible_text import visible
 
@@ -38,6 +39,12 @@ class PipeAwareConsole(Console):
     """rich's console, except that a reader that went away raises ``BrokenPipeError`` for the command's guard
     (``simnccl.cli_guard``: exit 141 with what finished) instead of rich's ``SystemExit(1)``, which a script
     reads as "an expectation failed" although the scenarios after that point never ran."""
+
+    def _check_buffer(self) -> None:
+        """rich's write of the buffer, with Ctrl-C held until the buffer is written and emptied
+        (``simnccl.interrupt_deferral``): else a line written but not yet emptied is written again."""
+        with deferred_interrupt():
+            super()._check_buffer()
 
     def on_broken_pipe(self) -> None:
         self.quiet = True
@@ -221,11 +228,13 @@ class Output:
             self.err.print(Text.assemble((prefix, "red"), message))
 
     def add(self, line: SummaryLine) -> None:
-        """A variant finished: under --quiet its line is printed now (streamed); always kept for the end."""
-        self.summary.append(line)
-        if self.quiet and self.json_target != STDOUT:
-            with self._paused():
-                self.out.print(Text(line.text()), soft_wrap=True)
+        """A variant finished: under --quiet its line is printed now (streamed); always kept for the end. Both or
+        neither: a Ctrl-C meanwhile waits for them, so a line kept is a line printed."""
+        with deferred_interrupt():
+            self.summary.append(line)
+            if self.quiet and self.json_target != STDOUT:
+                with self._paused():
+                    self.out.print(Text(line.text()), soft_wrap=True)
 
     def not_finished(self, label: str, names: Sequence[str]) -> dict[str, Any]:
         """Ctrl-C: each of ``names`` (variants, columns, cases) is a summary line that is not ok, so the document's
