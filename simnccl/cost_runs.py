@@ -33,6 +33,8 @@ from multiprocessing.connection import Connection
 from multiprocessing.connection import wait as connection_wait
 from typing import Any, Generic, TypeVar
 
+from simnccl.interrupt_deferral import deferred_interrupt
+
 REPORT_EVERY_S = 0.1  # how often a running column's rank-ops are copied out, and the bars redrawn
 # Below this many rank-ops per column (world size x ops per rank), ``--jobs`` defaults to this process:
 # starting a worker (a fresh interpreter importing simnccl, ~0.5 s of CPU) costs more than such a column
@@ -253,9 +255,10 @@ class ColumnRunner:
                     running[index] = True
                     on_start(index)
                     result = _in_slot(self.counts, index, fn, column_args)
-                    running[index] = False
-                    finished.results[index] = result
-                    on_done(index, result)
+                    with deferred_interrupt():  # a result kept is a result reported (on_done), or neither
+                        running[index] = False
+                        finished.results[index] = result
+                        on_done(index, result)
             else:
                 self._run_pool(fn, args, finished, running, on_start, on_done)
                 self._complete = True
@@ -297,12 +300,13 @@ class ColumnRunner:
                 if worker.conn in ready or worker.process.sentinel in ready:
                     replies.append((worker.index, worker, _reply(worker)))
             for index, worker, result in sorted(replies, key=lambda item: item[0]):  # in column order
-                worker.index = -1
-                if not running[index]:
-                    on_start(index)
-                running[index] = False
-                finished.results[index] = result
-                on_done(index, result)
+                with deferred_interrupt():  # a result kept is a result reported (on_done), or neither
+                    worker.index = -1
+                    if not running[index]:
+                        on_start(index)
+                    running[index] = False
+                    finished.results[index] = result
+                    on_done(index, result)
                 _send_next(worker, queue, fn, args)
 
 

@@ -10,9 +10,12 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
+from typing import IO
 
 import pytest
 
@@ -67,14 +70,43 @@ def no_child_left_behind() -> Iterator[None]:
 
 
 def communicate_or_kill(proc: subprocess.Popen[str], timeout: float) -> tuple[str, str]:
-    """``proc.communicate(timeout)``; past it, the process is killed and reaped and the test fails naming what
-    it printed, rather than leaving a command running after the test that started it."""
+    """What ``proc`` prints until it ends, as ``proc.communicate(timeout)`` returns it; past the timeout, the
+    process is killed and reaped and the test fails naming what it printed, rather than leaving a command running
+    after the test that started it.
+
+    Read through the process's own file objects, not their descriptors as ``Popen.communicate`` reads: after a
+    test's ``proc.stdout.readline()``, the lines that arrived in the same chunk sit in the file object's buffer,
+    and communicate never returns them (a line the command printed went missing from the test's view)."""
+    read: dict[str, str] = {}
+
+    def drain(name: str, stream: IO[str] | None) -> None:
+        if stream is not None:
+            with stream:
+                read[name] = stream.read()
+
+    readers = [
+        threading.Thread(target=drain, args=(name, stream), daemon=True)
+        for name, stream in (("out", proc.stdout), ("err", proc.stderr))
+    ]
+    for reader in readers:
+        reader.start()
+    deadline = time.monotonic() + timeout
     try:
-        return proc.communicate(timeout=timeout)
+        proc.wait(timeout)
+        for reader in readers:  # a child of the command may hold the pipe open past its end: bounded too
+            reader.join(max(deadline - time.monotonic(), 0.0))
+        if any(reader.is_alive() for reader in readers):
+            raise subprocess.TimeoutExpired(proc.args, timeout)
     except subprocess.TimeoutExpired:
         proc.kill()
-        out, err = proc.communicate()
-        pytest.fail(f"still running after {timeout:g} s (killed): {proc.args!r}\nstdout: {out}\nstderr: {err}")
+        proc.wait()
+        for reader in readers:
+            reader.join(10)
+        pytest.fail(
+            f"still running after {timeout:g} s (killed): {proc.args!r}\n"
+            f"stdout: {read.get('out', '')}\nstderr: {read.get('err', '')}"
+        )
+    return read.get("out", ""), read.get("err", "")
 
 
 def at_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
