@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from simnccl.backends.gloo import broadcast_leavers, broadcast_needs, direct_peers, wire_mismatch
+from simnccl.backends.gloo import allreduce_waits, broadcast_leavers, broadcast_needs, direct_peers, wire_mismatch
 from simnccl.engine import RunOutcome
 from simnccl.ops import (
     AllGather,
@@ -17,6 +17,7 @@ from simnccl.ops import (
     AllToAll,
     Barrier,
     Broadcast,
+    Compute,
     DestroyProcessGroup,
     InitProcessGroup,
     NewGroup,
@@ -80,6 +81,37 @@ def test_only_ring_neighbours_of_the_closed_rank_fail_the_rest_keep_waiting() ->
     ring = [GLOO, AllReduce(size_bytes=SIZE)]
     out = run([ring, ring, ring, [GLOO, DestroyProcessGroup()]])
     assert [status(out, r) for r in range(4)] == ["peer-lost", "hang", "peer-lost", "done"]
+
+
+@pytest.mark.parametrize("closes_first", [False, True])
+@pytest.mark.parametrize("ring_op", [AllReduce(size_bytes=SIZE), ReduceScatter(size_bytes=SIZE)])
+def test_a_ring_member_waiting_on_its_recv_is_not_failed_by_its_send_peer_closing(
+    ring_op: Op, closes_first: bool
+) -> None:
+    # real (torch 2.15 gloo, 4 ranks, rank 0 never joins, rank 2 destroys before or after 1 and 3 joined): gloo's
+    # ring receives from rank + 1 and sends to rank - 1, waiting on the recv first; rank 1 (recv from 2) fails,
+    # rank 3 (recv from 0, which never sends; its send to 2 is on another buffer) waits until its timeout
+    late = [Compute(seconds=1.0)] if closes_first else []
+    destroy = [GLOO, *([] if closes_first else [Compute(seconds=1.0)]), DestroyProcessGroup()]
+    out = run([[GLOO], [GLOO, *late, ring_op], destroy, [GLOO, *late, ring_op]])
+    assert [status(out, r) for r in range(4)] == ["done", "peer-lost", "done", "hang"]
+
+
+def test_a_ring_member_with_no_first_recv_waits_on_its_send_and_misses_its_recv_peer_closing() -> None:
+    # real diff seed25-case19, reduced: rank 1 roots a broadcast of twice the bytes ranks 2 and 3 expect; they
+    # abort, rank 0 loses its parent (3). 48 bytes of Int on 4 ranks leave rank 1's first reduce-scatter segment
+    # past the end: it posts no recv from 2, waits on its send to 0 (alive, never joining) and hangs on real gloo
+    small, big = Broadcast(size_bytes=48, src=1), Broadcast(size_bytes=96, src=1)
+    rs = ReduceScatter(size_bytes=48, dtype="Int")
+    out = run([[GLOO, small, rs], [GLOO, big, rs], [GLOO, small, rs], [GLOO, small, rs]])
+    assert [status(out, r) for r in range(4)] == ["peer-lost", "hang", "abort", "abort"]
+
+
+def test_allreduce_waits_follow_gloo_s_ring_and_its_segments() -> None:
+    assert [allreduce_waits(SIZE, 4, i, 4) for i in range(4)] == [(1, 3), (2, 0), (3, 1), (0, 2)]
+    assert allreduce_waits(48, 4, 1, 4) == (0, 2)  # its reduce-scatter segments lie past the end: send first
+    assert allreduce_waits(SIZE, 4, 0, 2) == (1, 1)
+    assert allreduce_waits(SIZE, 4, 0, 1) == ()
 
 
 def test_broadcast_fails_the_closed_root_s_children_only() -> None:

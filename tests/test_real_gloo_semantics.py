@@ -15,6 +15,7 @@ pytest.importorskip("torch")
 from simnccl.ops import (
     AllReduce,
     Broadcast,
+    Compute,
     DestroyProcessGroup,
     InitProcessGroup,
     NewGroup,
@@ -79,6 +80,21 @@ PROBES: dict[str, list[list[Op]]] = {
         [GLOO, NEW_G, DESTROY_G, AllReduce(size_bytes=SIZE)],
     ],
     "broadcast-after-destroy": [[GLOO, NEW_G, DESTROY_G, Broadcast(group="g", size_bytes=SIZE, src=0)]] * 2,
+    # gloo's ring allreduce waits on its recv from rank + 1 first: rank 2 closing fails rank 1 (recv from 2),
+    # not rank 3 (recv from 0, which never joins; its send to 2 is on another buffer)
+    "ring-send-peer-closes": [
+        [GLOO],
+        [GLOO, AllReduce(size_bytes=SIZE)],
+        [GLOO, Compute(seconds=1.0), DestroyProcessGroup()],
+        [GLOO, AllReduce(size_bytes=SIZE)],
+    ],
+    # seed25-case19, reduced: 48 B of Int leave rank 1 no first recv; it waits on its send to 0 and hangs
+    "ring-no-first-recv": [
+        [GLOO, Broadcast(size_bytes=48, src=1), ReduceScatter(size_bytes=48, dtype="Int")],
+        [GLOO, Broadcast(size_bytes=96, src=1), ReduceScatter(size_bytes=48, dtype="Int")],
+        [GLOO, Broadcast(size_bytes=48, src=1), ReduceScatter(size_bytes=48, dtype="Int")],
+        [GLOO, Broadcast(size_bytes=48, src=1), ReduceScatter(size_bytes=48, dtype="Int")],
+    ],
     # a broadcast tree missing rank 2: the root hangs, ranks 1 and 3 complete
     "partial-broadcast": [
         [GLOO, BCAST],
@@ -162,6 +178,8 @@ def test_real_mismatch_outcomes(results: dict[str, CaseResult]) -> None:
     assert [h["rank"] for h in _real(results["all-reduce-after-destroy-by-one"])["hangs"]] == [0, 1]
     bcast = _real(results["broadcast-after-destroy"])["errors"]
     assert [(e["rank"], e["type"]) for e in bcast] == [(0, "ValueError"), (1, "ValueError")]
+    assert [h["rank"] for h in _real(results["ring-send-peer-closes"])["hangs"]] == [3]
+    assert [h["rank"] for h in _real(results["ring-no-first-recv"])["hangs"]] == [1]
     partial = _real(results["partial-broadcast"])
     assert partial["verdict"] == "hang"
     assert [h["rank"] for h in partial["hangs"]] == [0]

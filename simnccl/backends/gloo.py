@@ -30,9 +30,13 @@ FileStore (pinned in the simulator by ``tests/test_gloo_semantics.py``, on real 
   peer``). ``destroy_process_group()``
   frees the default group (torch holds its only reference); a subgroup lives on while the program holds it
   (frameworks keep theirs in globals; so does ``simnccl.real.driver``), and a peer waiting on it keeps waiting (seed3-
-  case47). Only peers the algorithm talks to directly fail (``direct_peers``); a rank that is merely idle or
-  failed with a Python exception keeps its sockets open. A gloo timeout also closes the rank's pair, not
-  modelled: the simulator reports a timeout as the hang it ends.
+  case47). Only peers the algorithm talks to directly fail (``direct_peers``), and only once they wait on the
+  closed socket: a pair signals the close to the buffers with an op pending on it, so gloo's ring allreduce
+  (all_reduce, reduce_scatter), which waits on its recv from ``rank + 1`` before its send to ``rank - 1`` (two
+  buffers), keeps waiting on a live recv peer that never sends while its send peer is closed, before or after it
+  entered (``allreduce_waits``); allgather sends and receives on one buffer, so either neighbour fails it. A rank
+  that is merely idle or failed with a Python exception keeps its sockets open. A gloo timeout also closes the
+  rank's pair, not modelled: the simulator reports a timeout as the hang it ends.
 * **Partial collectives.** gloo collectives are point-to-point algorithms. Rings (all_reduce, reduce_scatter,
   all_gather), the dissemination barrier and all_to_all need every member, but broadcast is a binomial tree: with
   a member missing, the ranks whose parent chain and children are all in complete (``broadcast_needs``). A
@@ -284,6 +288,45 @@ class Fate:
     posted: int = 0
 
 
+def _allreduce_segments(nbytes: int, size: int, elem: int) -> tuple[int, int]:
+    """gloo's ring allreduce layout of ``nbytes``: (segment bytes, number of segments, a multiple of ``size``)."""
+    seg = -(-((nbytes + 2 * size - 1) // (2 * size)) // elem) * elem
+    return seg, -(-max(-(-nbytes // seg), 2 * size) // size) * size
+
+
+def _allreduce_lengths(nbytes: int, size: int, elem: int, first: int, i: int) -> tuple[int, int]:
+    """(send, recv) bytes of iteration ``i`` of a ring allreduce phase starting at segment block ``first`` (the
+    reduce-scatter phase of group rank r has first = r + 1, the allgather phase r); 0 or less: nothing posted."""
+    seg, nseg = _allreduce_segments(nbytes, size, elem)
+    per = nseg // size
+    send_off = ((first * per + i) * seg) % (nseg * seg)
+    recv_off = (((first + 1) * per + i) * seg) % (nseg * seg)
+    return min(seg, nbytes - send_off), min(seg, nbytes - recv_off)
+
+
+def allreduce_waits(nbytes: int, elem: int, index: int, size: int) -> tuple[int, ...]:
+    """The neighbours group rank ``index`` of gloo's ring allreduce (all_reduce, reduce_scatter) waits on first,
+    in order: only a closed socket under the op it is waiting on fails it, so which comes first decides.
+
+    Why per buffer (gloo ``allreduce.cc`` ring, ``tcp/pair.cc`` ``signalException``): the ring receives from
+    ``index + 1`` into a scratch buffer and sends to ``index - 1`` from the output buffer, and waits on the recv
+    first. A pair whose socket closes signals only the buffers with an op pending on it, so a rank waiting on
+    its recv from a live peer that never sends is not woken when its send peer closes (it waits until its
+    timeout); it fails once it waits on the send. A buffer whose first segment is empty posts no recv (48 bytes
+    of Int on 4 ranks: rank 1's reduce-scatter segments lie past the end), so that rank waits on its send first
+    (real diff seed25-case19). Measured on torch 2.15 gloo, 4 ranks, rank 0 never entering, rank 2 closing before
+    or after ranks 1 and 3 entered: rank 1 (recv from 2) fails, rank 3 (send to 2, recv from 0) hangs, either
+    way; rank 3 destroying while 0-2 wait: rank 2 (recv from 3) fails, rank 0 (recv from 1, which sends, then
+    its send to 3) fails, rank 1 waits."""
+    if size <= 1:
+        return ()
+    nxt, prv = (index + 1) % size, (index - 1) % size
+    sent, got = _allreduce_lengths(nbytes, size, elem, index + 1, 0)
+    if got > 0:
+        return (nxt, prv) if sent > 0 else (nxt,)
+    return (prv, nxt)  # its first send (or, with neither first segment posted, a later op) comes first
+
+
 def _steps(family: str, nbytes: int, index: int, size: int, root: int, elem: int) -> list[Step]:
     """The sends, recvs and waits of gloo's ``family`` algorithm on group rank ``index`` for its own buffer of
     ``nbytes``, in program order, transcribed from gloo (allreduce.cc ring, broadcast.cc binomial tree,
@@ -292,14 +335,10 @@ def _steps(family: str, nbytes: int, index: int, size: int, root: int, elem: int
     steps: list[Step] = []
     if family == "allreduce":
         nxt, prv = (index + 1) % size, (index - 1) % size  # gloo: recvRank = rank + 1, sendRank = rank - 1
-        seg = -(-((nbytes + 2 * size - 1) // (2 * size)) // elem) * elem
-        nseg = -(-max(-(-nbytes // seg), 2 * size) // size) * size
-        per = nseg // size
+        nseg = _allreduce_segments(nbytes, size, elem)[1]
 
         def lengths(first: int, i: int) -> tuple[int, int]:
-            send_off = ((first * per + i) * seg) % (nseg * seg)
-            recv_off = (((first + 1) * per + i) * seg) % (nseg * seg)
-            return min(seg, nbytes - send_off), min(seg, nbytes - recv_off)
+            return _allreduce_lengths(nbytes, size, elem, first, i)
 
         for first in (index + 1, index):  # reduce-scatter, then allgather
             for i in range(nseg):

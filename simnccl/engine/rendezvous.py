@@ -88,6 +88,9 @@ class Rendezvous:
             self._decide(meeting)
         elif meeting.problem is None and len(meeting.arrivals) == len(meeting.expected):
             self.complete(meeting, duration(meeting))
+        elif self.sockets.closed:
+            # a gloo ring member whose neighbour joins may go on to wait on a closed peer (``allreduce_waits``)
+            self.sockets.recheck(meeting)
 
     def _disagreement(self, meeting: Meeting, first: Arrival, this: Arrival) -> str | None:
         """Why two arrivals at one key can't be the same operation (what torch/NCCL would trip on)."""

@@ -11,7 +11,15 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from simnccl.backends import Comm
-from simnccl.backends.gloo import PEER_CLOSED, PEER_RESET, barrier_race, direct_peers
+from simnccl.backends.gloo import (
+    PEER_CLOSED,
+    PEER_RESET,
+    WIRE_FAMILY,
+    allreduce_waits,
+    barrier_race,
+    direct_peers,
+)
+from simnccl.dtypes import element_bytes
 from simnccl.engine.sim import Sim
 from simnccl.engine.state import RankRuntime
 from simnccl.meetings import Meeting
@@ -45,8 +53,9 @@ class GlooSockets:
                     self._fail_if_lost(member, comm.group)
 
     def recheck(self, meeting: Meeting) -> None:
-        """A gloo size mismatch decided again on an arrival (``Rendezvous._decide``): a member already blocked in
-        it that now waits on a rank whose sockets closed earlier fails now, not at its timeout."""
+        """An arrival at a gloo operation on a communicator with closed sockets (a size mismatch decided again,
+        ``Rendezvous._decide``, or a ring member's neighbour joining, ``Rendezvous.arrive``): a member already
+        blocked in it that now waits on a rank whose sockets closed earlier fails now, not at its timeout."""
         if self.closed.get(meeting.key[1]):
             for member in meeting.arrivals:
                 self._fail_if_lost(member, meeting.group)
@@ -81,6 +90,16 @@ class GlooSockets:
         expected = meeting.expected
         if meeting.kind == "p2p":
             peers: Sequence[int] = [r for r in expected if r != rank]
+        elif WIRE_FAMILY.get(arrival.op.name) == "allreduce":
+            # the ring waits on one neighbour at a time: a closed one fails it only once it waits on it, and it
+            # never gets past a live neighbour that is not in the operation (``allreduce_waits``)
+            _, nbytes, dtype = arrival.payload
+            index = expected.index(rank)
+            for i in allreduce_waits(nbytes, element_bytes(dtype), index, len(expected)):
+                peer = expected[i]
+                if peer not in meeting.arrivals:
+                    return peer if peer in closed else None
+            return None
         else:
             op = arrival.op
             src = getattr(op, "src", None)
