@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
+from simnccl.report import replaced_timeout_text
 from simnccl.result import VariantResult
 from simnccl.waitfor import Cycle, WaitForGraph
 
@@ -151,10 +152,12 @@ def explain(variant: VariantResult) -> str:
     for error in outcome.errors:
         if error["kind"] in ("timeout", "heartbeat"):
             continue
-        first = error["message"].splitlines()[0] if error["message"] else ""
-        paragraphs.append(
-            f"Rank {error['rank']} died at t={error['time_s']:.3f} s in {error['op']}: {error['type']}: {first}."
-        )
+        # the sentence's own full stop ends it: torch's messages often end in one ("... the group first.")
+        first = error["message"].splitlines()[0].rstrip(".") if error["message"] else ""
+        text = f"Rank {error['rank']} died at t={error['time_s']:.3f} s in {error['op']}: {error['type']}: {first}."
+        if error.get("replaced_timeout"):  # the wait it ended is no hang entry: tell it here
+            text += f" torch {replaced_timeout_text(error['replaced_timeout'])}."
+        paragraphs.append(text)
     graphs = WaitForGraph.by_segment(outcome.hangs)
     for graph in graphs.values():
         paragraphs.extend(_cycle(graph, cycle) for cycle in graph.cycles() if cycle.circular)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from rich.console import Console
@@ -277,8 +277,22 @@ def hang_lines(hangs: Sequence[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def replaced_timeout_text(hang: Mapping[str, Any]) -> str:
+    """Why an error came where a timeout fired: the hang entry torch's error replaced (an error's
+    ``replaced_timeout``), in words. Why: torch's text there (a gloo op on a destroyed group's handle, "Process
+    group <...> is not initialized in the world group map") names neither the wait nor whom it waited for."""
+    waiting = list(hang.get("waiting_for", ()))
+    whom = f"waiting for {ranks_text(waiting)}" if waiting else "waiting for no rank"
+    timeout = hang.get("timeout_s")
+    after = f"after {timeout:g} s " if isinstance(timeout, int | float) else ""
+    where = f"{hang.get('kind', '?')} {hang.get('seq', '?')} on group {hang.get('group', '')!r}"
+    why = hang.get("explanation") or ""
+    return f"raised in place of its timeout, {after}in {where}, {whom}" + (f": {why}" if why else "")
+
+
 def error_lines(errors: Sequence[dict[str, Any]]) -> list[str]:
-    """One line per (kind, op, exception type): the lowest rank's message stands for the others'."""
+    """One line per (kind, op, exception type): the lowest rank's message stands for the others'; an error torch
+    raised where a timeout fired says after it what the rank waited for (``replaced_timeout_text``)."""
     alike: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
     for error in errors:
         alike[(error.get("kind", "error"), error.get("op", "?"), error.get("type", "?"))].append(error)
@@ -290,6 +304,8 @@ def error_lines(errors: Sequence[dict[str, Any]]) -> list[str]:
         if len(items) > 1:
             last_line += f" (rank {first['rank']}'s message; the others' alike)"
         lines.append(f"{kind}: {ranks_text(e['rank'] for e in items)} in {op}: {type_name}: {last_line}")
+        if first.get("replaced_timeout"):
+            lines[-1] += f" ({replaced_timeout_text(first['replaced_timeout'])})"
     return lines
 
 

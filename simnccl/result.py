@@ -15,7 +15,8 @@ expectation held) and ``variants``. Each variant: ``name``, ``verdict``
 (``[{"rank", "op", "group", "seq", "waiting_for", ...}]``; a process legacy's heartbeat monitor acted on also
 has ``monitor``: ``{"reason", "detected_at_s", "terminate_at_s", "heartbeat_timeout_s"}``), ``unhealthy_ranks``
 (the sticky health-check mark a watchdog abort leaves), ``errors`` (``kind`` "heartbeat" when the monitor ended
-the process), ``slowdowns`` (what each straggler fault cost: ``{"kind": "straggler", "rank", "factor",
+the process; ``replaced_timeout``, a hang entry, where torch raised the error in place of a timeout: a gloo op
+on a destroyed group's handle), ``slowdowns`` (what each straggler fault cost: ``{"kind": "straggler", "rank", "factor",
 "extra_s"}`` or ``{"kind": "link-straggler", "link", "ranks", "factor", "ops", "extra_s", "groups"}``),
 ``faults_unacted`` (each scheduled fault that never struck, described, with why), ``expectations``, ``event_count``,
 ``trace_hash``, ``end_time_s``, ``decisions`` (the policy's plan and one-line explanation per

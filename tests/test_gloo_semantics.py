@@ -11,6 +11,7 @@ import pytest
 
 from simnccl.backends.gloo import allreduce_waits, broadcast_leavers, broadcast_needs, direct_peers, wire_mismatch
 from simnccl.engine import RunOutcome
+from simnccl.explain import explain
 from simnccl.ops import (
     AllGather,
     AllReduce,
@@ -29,6 +30,8 @@ from simnccl.ops import (
     SetDevice,
     SplitGroup,
 )
+from simnccl.report import error_lines
+from simnccl.result import VariantResult
 from simnccl.testing import simulate
 
 GLOO = InitProcessGroup(backend="gloo")
@@ -488,28 +491,58 @@ def test_an_all_reduce_on_a_destroyed_gloo_group_runs_on_its_pairs() -> None:
 
 
 def test_an_all_reduce_on_a_destroyed_gloo_group_by_one_member_waits_for_the_other() -> None:
-    # real (3 of 3 runs): rank 0 all_reduces on g after destroying it, rank 1 does not: rank 0 hangs there, and a
-    # world all_reduce after it leaves rank 1 waiting for rank 0
+    # real (3 of 3 runs, stopped by the stall detector before the timeout): rank 0 all_reduces on g after
+    # destroying it, rank 1 does not: rank 0 waits there, and a world all_reduce after it leaves rank 1 waiting
+    # for rank 0. The simulator runs on to g's timeout, where torch raises its ValueError on rank 0 (a Python
+    # error keeps rank 0's sockets open: rank 1 still waits)
     out = run(
         [
             [GLOO, G, DESTROY_G, AllReduce(group="g", size_bytes=SIZE), AllReduce(size_bytes=SIZE)],
             [GLOO, G, DESTROY_G, AllReduce(size_bytes=SIZE)],
         ]
     )
-    assert out.verdict == "hang"
-    assert [status(out, r) for r in range(2)] == ["hang", "hang"]
+    assert [status(out, r) for r in range(2)] == ["error", "hang"]
+    assert out.errors[0]["replaced_timeout"]["waiting_for"] == [1]
+    assert out.hangs[0]["waiting_for"] == [0]
 
 
-def test_a_timeout_on_a_destroyed_gloo_group_raises_torchs_value_error() -> None:
-    # real (seed23-case34, 2 of 2 runs): rank 3's all_reduce on a destroyed 2 s group times out, and torch's
-    # @_exception_logger, asking get_backend for the unregistered group, raises "ValueError: Process group <...>
-    # is not initialized in the world group map" in place of gloo's timeout. The rank waited its whole timeout:
-    # a hang, as every timeout in the simulator, ended by that error
+def test_a_timeout_on_a_destroyed_gloo_group_is_torchs_value_error_not_a_hang() -> None:
+    # real (seed23-case34, 2 of 2 runs; a 2-process probe: all_reduce, all_gather_into_tensor, reduce_scatter_tensor and
+    # all_to_all_single alike): rank 0's op on a destroyed 1 s group times out, and torch's @_exception_logger,
+    # asking get_backend(group=...) for the unregistered group, raises "ValueError: Process group <...> is not
+    # initialized in the world group map" in place of gloo's timeout: the rank raised (an error the program could
+    # catch), it is not stuck. What it waited for stays with the error.
     group = NewGroup(ranks=(0, 1), bind="g", timeout_s=1.0)
     out = run([[GLOO, group, DESTROY_G, AllReduce(group="g", size_bytes=SIZE)], [GLOO, group, DESTROY_G]])
-    assert out.verdict == "hang" and [h["rank"] for h in out.hangs] == [0]
-    assert [(e["rank"], e["kind"], e["type"]) for e in out.errors] == [(0, "timeout", "ValueError")]
+    assert out.verdict == "error" and out.hangs == []
+    assert [(e["rank"], e["kind"], e["type"]) for e in out.errors] == [(0, "error", "ValueError")]
     assert "is not initialized in the world group map" in out.errors[0]["message"]
+    waited = out.errors[0]["replaced_timeout"]
+    assert (waited["op_index"], waited["waiting_for"], waited["timeout_s"]) == (3, [1], 1.0)
+    assert waited["explanation"] == "rank 1 finished its program without joining"
+
+
+def test_the_report_and_explain_say_what_a_destroyed_group_s_timeout_waited_for() -> None:
+    # torch's ValueError names only a group object: the run report and explain add the wait it replaced
+    group = NewGroup(ranks=(0, 1), bind="g", timeout_s=1.0)
+    out = run([[GLOO, group, DESTROY_G, AllReduce(group="g", size_bytes=SIZE)], [GLOO, group, DESTROY_G]])
+    why = (
+        "raised in place of its timeout, after 1 s in collective 1 on group '1', waiting for rank 1: rank 1 "
+        "finished its program without joining"
+    )
+    [line] = error_lines(out.errors)
+    assert line.endswith(f"Please initialize the group first. ({why})")
+    text = explain(VariantResult("v", "", "2.15", "2.15.0", "p", {}, "torch-default", out))
+    assert f"Please initialize the group first. torch {why}." in text and ".." not in text
+
+
+def test_a_timeout_on_a_live_gloo_group_stays_a_hang() -> None:
+    # the same wait on a group nobody destroyed: gloo's own timeout, a hang
+    group = NewGroup(ranks=(0, 1), bind="g", timeout_s=1.0)
+    out = run([[GLOO, group, AllReduce(group="g", size_bytes=SIZE)], [GLOO, group]])
+    assert out.verdict == "hang" and [h["rank"] for h in out.hangs] == [0]
+    assert [(e["kind"], e["type"]) for e in out.errors] == [("timeout", "RuntimeError")]
+    assert "replaced_timeout" not in out.errors[0]
 
 
 @pytest.mark.parametrize(

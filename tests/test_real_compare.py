@@ -107,6 +107,39 @@ def test_a_rank_hung_on_either_side_is_compared_as_a_hang_not_by_its_timeout_err
     assert compare_variant("v", "cpu", sim, real, 2, 0.0).agree
 
 
+_UNREGISTERED = "Process group <...> is not initialized in the world group map. Please initialize the group first."
+
+
+def _destroyed_timeout() -> dict[str, Any]:
+    """The simulator's rank 0: its all_reduce #3 on a destroyed gloo group timed out and torch raised ValueError."""
+    waited = {"rank": 0, "op": "all_reduce(group='g')", "op_index": 3, "kind": "collective", "waiting_for": [1]}
+    return {**_sim_error(0, "error", "ValueError", _UNREGISTERED), "replaced_timeout": waited}
+
+
+def test_a_timeout_torch_replaced_by_an_error_agrees_with_the_real_error() -> None:
+    """A gloo op on a destroyed group's handle times out and torch raises ValueError in its place: the real run
+    that got there (the group's timeout under the stall window: seed23-case34) saw an error, as the simulator."""
+    sim = _sim("error", [_destroyed_timeout()])
+    failed = _failed(0, "error", "ValueError", _UNREGISTERED)
+    failed["final"]["op"] = "all_reduce(group='g')"
+    real = _real(failed, _done(1))
+    assert real["verdict"] == "error"
+    assert compare_variant("v", "cpu", sim, real, 2, 0.0).agree
+
+
+def test_a_timeout_torch_replaced_by_an_error_is_a_hang_where_the_real_run_stopped_the_rank_first() -> None:
+    """The simulator runs on to the group's timeout (an error); the real run's stall detector may kill the rank
+    first (a hang). Which timeout ends a wait is a setting of the run: the simulated rank counts as the hang it
+    was, verdict included; a rank that ended otherwise on the real side still differs."""
+    sim = _sim("error", [_destroyed_timeout()])
+    real = _real(_stuck(0, 3, "all_reduce", "all_reduce(group='g')"), _done(1))
+    assert real["verdict"] == "hang"
+    assert compare_variant("v", "cpu", sim, real, 2, 0.0).agree
+    assert sim["verdict"] == "error" and sim["hangs"] == [], "the simulator's own result is left alone"
+    finished = compare_variant("v", "cpu", sim, _real(_done(0), _done(1)), 2, 0.0)
+    assert not finished.agree and finished.reasons[0] == "verdict: simulated error, real pass"
+
+
 _ABORT = "terminate called after throwing an instance of 'gloo::EnforceNotMet'\n  what():  Received data size ..."
 
 

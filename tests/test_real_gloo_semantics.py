@@ -41,6 +41,7 @@ NEW_G = NewGroup(ranks=(0, 1), bind="g")
 FAMILY = [NewGroup(ranks=(0, 1), bind="f"), NewGroup(ranks=(2, 3), bind="f")]
 SPLIT_F = SplitGroup(parent="f", split_ranks=((0, 1),), bind="sf")
 DESTROY_G = DestroyProcessGroup(group="g")
+SHORT_G = NewGroup(ranks=(0, 1), bind="g", timeout_s=1.0)
 
 PROBES: dict[str, list[list[Op]]] = {
     # a peer that destroys its groups closes its sockets: the pending send fails at once
@@ -94,6 +95,13 @@ PROBES: dict[str, list[list[Op]]] = {
         [GLOO, Broadcast(size_bytes=96, src=1), ReduceScatter(size_bytes=48, dtype="Int")],
         [GLOO, Broadcast(size_bytes=48, src=1), ReduceScatter(size_bytes=48, dtype="Int")],
         [GLOO, Broadcast(size_bytes=48, src=1), ReduceScatter(size_bytes=48, dtype="Int")],
+    ],
+    # an all_reduce on a destroyed group's handle by one member that times out (1 s, inside the stall window):
+    # torch's exception logger
+    # raises its ValueError in place of gloo's timeout, an error on both sides (not a hang)
+    "all-reduce-after-destroy-times-out": [
+        [GLOO, SHORT_G, DESTROY_G, AllReduce(group="g", size_bytes=SIZE)],
+        [GLOO, SHORT_G, DESTROY_G],
     ],
     # a broadcast tree missing rank 2: the root hangs, ranks 1 and 3 complete
     "partial-broadcast": [
@@ -188,6 +196,13 @@ def test_real_mismatch_outcomes(results: dict[str, CaseResult]) -> None:
     assert [h["rank"] for h in _real(results["broadcast-two-ranks-name-other-roots"])["hangs"]] == [0, 3]
     assert [h["rank"] for h in _real(results["broadcast-root-names-another-root"])["hangs"]] == [0, 1, 2, 3]
     assert [h["rank"] for h in _real(results["broadcast-both-roots"])["hangs"]] == [0, 1]
+
+
+def test_real_timeout_on_a_destroyed_group_is_torchs_value_error(results: dict[str, CaseResult]) -> None:
+    real = _real(results["all-reduce-after-destroy-times-out"])
+    assert real["hangs"] == []
+    assert [(e["rank"], e["kind"], e["type"]) for e in real["errors"]] == [(0, "error", "ValueError")]
+    assert "is not initialized in the world group map" in real["errors"][0]["message"]
 
 
 def test_real_split_of_a_non_member_parent_text(results: dict[str, CaseResult]) -> None:

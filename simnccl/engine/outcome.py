@@ -185,16 +185,17 @@ def outcome(
     settled: dict[int, tuple[Meeting, list[int], str]] = {}
     for rt in ranks:
         if rt.status in ("error", "aborted") and rt.error is not None:
-            errors.append(
-                {
-                    "rank": rt.rank,
-                    "kind": rt.error_kind,
-                    "type": rt.error.type_name,
-                    "message": rt.error.message,
-                    "op": rt.error_op,
-                    "time_s": rt.finished_at,
-                }
-            )
+            error = {
+                "rank": rt.rank,
+                "kind": rt.error_kind,
+                "type": rt.error.type_name,
+                "message": rt.error.message,
+                "op": rt.error_op,
+                "time_s": rt.finished_at,
+            }
+            if rt.replaced_timeout is not None:
+                error["replaced_timeout"] = rt.replaced_timeout
+            errors.append(error)
     for rt in ranks:
         if rt.timeout_hang is not None:
             hangs.append(rt.timeout_hang)

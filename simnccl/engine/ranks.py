@@ -203,12 +203,18 @@ class RankLoop:
 
     def _fail(self, rt: RankRuntime, kind: str, err: TorchError, *, abort: bool = False) -> None:
         if not abort and kind in ("timeout", "peer-lost", "error") and _on_destroyed_group(rt):
-            # torch 2.15's @_exception_logger builds its log record with get_backend(group), which raises this
-            # for a destroyed (unregistered) group in place of the op's own error (measured: a gloo all_reduce
-            # on a destroyed group's handle that times out ends so). A timeout stays a hang, as every timeout
-            # here: the rank waited its whole timeout first.
+            # torch 2.15's @_exception_logger builds its log record with get_backend(kwargs["group"]), which
+            # raises this for a destroyed (unregistered) group in place of the op's own error (measured: a gloo
+            # all_reduce, all_gather_into_tensor, reduce_scatter_tensor or all_to_all_single on a destroyed 2 s
+            # group's handle, its peer absent, raises it after 2 s; with the group passed by position the logger
+            # asks the default group, and gloo's timeout RuntimeError comes through: ops here are called with
+            # group=, as the real driver calls them). So a timeout here is no hang but an error the program can
+            # catch: the hang entry moves under the error (``replaced_timeout``), as what the rank waited for,
+            # for whom and why, which torch's text (a group object) does not say.
             err = TorchError("ValueError", UNREGISTERED_GROUP)
-            kind = kind if kind == "timeout" else "error"
+            if kind == "timeout":
+                rt.replaced_timeout, rt.timeout_hang = rt.timeout_hang, None
+            kind = "error"
         rt.status = "aborted" if kind == "abort" or abort else "error"
         rt.error = err
         rt.error_kind = kind

@@ -83,6 +83,9 @@ class RankRuntime:
     timed_out: bool = False
     unhealthy: bool = False
     timeout_hang: dict[str, Any] | None = None
+    # The hang entry of a timeout torch turned into the rank's error (a gloo op on a destroyed group's handle:
+    # ``RankLoop._fail``), kept with that error: what the rank waited for, and why
+    replaced_timeout: dict[str, Any] | None = None
     warnings: list[str] = field(default_factory=list)
     finished_at: float | None = None
 

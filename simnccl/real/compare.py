@@ -50,6 +50,7 @@ from simnccl.real.launch import (
     run_variant_real,
     simulated_knobs,
 )
+from simnccl.real.measure import verdict_of
 from simnccl.real.report import describe_outcome, rank_outcomes
 from simnccl.scenario import Scenario, Variant
 
@@ -318,6 +319,24 @@ KNOWN_GAPS: dict[str, str] = {}
 _GAP_RULES: dict[str, Callable[[Mapping[str, Any], Mapping[str, Any]], bool]] = {}
 
 
+def stuck_until_timeout(sim: dict[str, Any], real: Mapping[str, Any]) -> dict[str, Any]:
+    """``sim`` with each error torch raised in place of a timeout (an error's ``replaced_timeout``: a gloo op on a
+    destroyed group's handle) turned back into the hang it was until then, where the real run left that rank
+    stuck; the verdict follows (``measure.verdict_of``). ``sim`` itself where there is none.
+
+    Why: the simulator always runs to the group's timeout, and there torch raises a ValueError (an error); the
+    real run may stop the rank first (the stall detector, ``--torch-timeout``), and then saw it stuck. Which
+    timeout ends a wait is a setting of the run, not something the simulator models (``error_differences``), so
+    a rank stuck in the real run is compared as stuck; one that raised there is compared by its error."""
+    real_stuck = {int(h["rank"]) for h in real.get("hangs", [])}
+    back = [e for e in sim.get("errors", []) if e.get("replaced_timeout") and int(e["rank"]) in real_stuck]
+    if not back:
+        return sim
+    errors = [e for e in sim["errors"] if not any(e is b for b in back)]
+    hangs = sorted([*sim.get("hangs", []), *(e["replaced_timeout"] for e in back)], key=lambda h: int(h["rank"]))
+    return {**sim, "errors": errors, "hangs": hangs, "verdict": verdict_of(errors, hangs)}
+
+
 def compare_variant(
     name: str, lane: str, sim: dict[str, Any], real: dict[str, Any], world_size: int, tolerance_pct: float
 ) -> VariantComparison:
@@ -325,7 +344,9 @@ def compare_variant(
     sides or stuck on both (``status_differences``), the same error kind and type on each rank that failed on
     both (``error_differences``) and the same op on each rank stuck on both (``stuck_op_differences``) — except
     where the simulator reports a store-key collision (``racy``), whose real outcome depends on connection
-    order."""
+    order. A simulated error that replaced a timeout counts as the hang it was where the real rank is stuck
+    (``stuck_until_timeout``)."""
+    sim = stuck_until_timeout(sim, real)
     sim_ranks = rank_outcomes(sim, world_size)
     real_ranks = rank_outcomes(real, world_size)
     is_racy = racy(sim, real)
