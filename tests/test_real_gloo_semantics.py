@@ -97,8 +97,7 @@ PROBES: dict[str, list[list[Op]]] = {
         [GLOO, Broadcast(size_bytes=48, src=1), ReduceScatter(size_bytes=48, dtype="Int")],
     ],
     # an all_reduce on a destroyed group's handle by one member that times out (1 s, inside the stall window):
-    # torch's exception logger
-    # raises its ValueError in place of gloo's timeout, an error on both sides (not a hang)
+    # torch's exception logger raises its ValueError in place of gloo's timeout, an error on both sides (not a hang)
     "all-reduce-after-destroy-times-out": [
         [GLOO, SHORT_G, DESTROY_G, AllReduce(group="g", size_bytes=SIZE)],
         [GLOO, SHORT_G, DESTROY_G],
