@@ -154,7 +154,11 @@ def explain(variant: VariantResult) -> str:
             continue
         # the sentence's own full stop ends it: torch's messages often end in one ("... the group first.")
         first = error["message"].splitlines()[0].rstrip(".") if error["message"] else ""
-        text = f"Rank {error['rank']} died at t={error['time_s']:.3f} s in {error['op']}: {error['type']}: {first}."
+        # "died" only where the process did (a crash, gloo's SIGABRT); the rest raised an exception the program
+        # could have caught, and a reader takes "died" for a crash to look for in the logs
+        ended = "died" if error["kind"] in ("crash", "abort") else "raised"
+        when = f"Rank {error['rank']} {ended} at t={error['time_s']:.3f} s in {error['op']}"
+        text = f"{when}: {error['type']}: {first}."
         if error.get("replaced_timeout"):  # the wait it ended is no hang entry: tell it here
             text += f" torch {replaced_timeout_text(error['replaced_timeout'])}."
         paragraphs.append(text)

@@ -536,6 +536,22 @@ def test_the_report_and_explain_say_what_a_destroyed_group_s_timeout_waited_for(
     assert f"Please initialize the group first. torch {why}." in text and ".." not in text
 
 
+def test_explain_says_died_only_of_a_process_that_died() -> None:
+    # a size mismatch: the rank that receives more than it posted aborts (SIGABRT, its process dies); its peer
+    # raises "Connection reset by peer", an exception its program could catch; and the destroyed handle's
+    # ValueError above is raised too
+    out = run([[GLOO, AllReduce(size_bytes=SIZE)], [GLOO, AllReduce(size_bytes=2 * SIZE)]])
+    kinds = {e["rank"]: e["kind"] for e in out.errors}
+    assert sorted(kinds.values()) == ["abort", "peer-lost"]
+    text = explain(VariantResult("v", "", "2.15", "2.15.0", "p", {}, "torch-default", out))
+    for rank, kind in kinds.items():
+        assert f"Rank {rank} {'died' if kind == 'abort' else 'raised'} at t=" in text, text
+    group = NewGroup(ranks=(0, 1), bind="g", timeout_s=1.0)
+    out = run([[GLOO, group, DESTROY_G, AllReduce(group="g", size_bytes=SIZE)], [GLOO, group, DESTROY_G]])
+    text = explain(VariantResult("v", "", "2.15", "2.15.0", "p", {}, "torch-default", out))
+    assert "Rank 0 raised at t=" in text and "died" not in text, text
+
+
 def test_a_timeout_on_a_live_gloo_group_stays_a_hang() -> None:
     # the same wait on a group nobody destroyed: gloo's own timeout, a hang
     group = NewGroup(ranks=(0, 1), bind="g", timeout_s=1.0)
