@@ -7,6 +7,8 @@ through the differential harness and check that both sides agree, plus the real 
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from simnccl.backends.gloo import allreduce_waits, broadcast_leavers, broadcast_needs, direct_peers, wire_mismatch
@@ -240,6 +242,25 @@ def test_an_all_to_all_size_mismatch_is_compared_as_racy() -> None:
     assert racy(sim)
     balanced = [[GLOO, AllReduce(size_bytes=SIZE * (2 if rank == 2 else 1))] for rank in range(3)]
     assert not racy(simulate_case(Case(0, 1, 3, share_identical([Program(tuple(p)) for p in balanced]), ("ar",))))
+
+
+def test_a_two_member_all_gather_size_mismatch_is_compared_as_racy() -> None:
+    # real (seed67-case27, 8 runs): in a 2-rank group, the rank gathering half the bytes aborts every time; its
+    # peer, which sent twice the bytes, completed 4 times and lost the peer 4 times. The simulator reports it
+    # completing and says the outcome is timing, so ``real diff`` compares only the verdict there; three members
+    # are not measured and stay compared rank by rank.
+    from simnccl.real.compare import racy
+    from simnccl.real.differential import Case, simulate_case
+    from simnccl.real.programs import share_identical
+
+    def gather(world: int, big: int) -> dict[str, Any]:
+        programs = [[GLOO, AllGather(size_bytes=SIZE * (2 if rank == big else 1))] for rank in range(world)]
+        return simulate_case(Case(0, world, world, share_identical([Program(tuple(p)) for p in programs]), ("ag",)))
+
+    two = gather(2, 0)
+    assert [(e["rank"], e["kind"]) for e in two["errors"]] == [(1, "abort")]
+    assert racy(two)
+    assert not racy(gather(3, 2))
 
 
 def test_a_barrier_a_member_left_for_good_is_compared_as_racy() -> None:

@@ -114,6 +114,17 @@ ALLTOALL_SIZE_RACE = (
     "decided by timing"
 )
 
+# A two-member gloo all_gather whose members disagree on size: the member that receives more than it posted aborts,
+# and the one that sent too much completes only if the aborting member's message reached it before that member
+# died. Measured (real diff seed67-case27, 2-rank split group, rank 1 gathering twice the bytes): rank 2 aborted in
+# 8 runs of 8; rank 1 completed in 4 and lost its peer in 4. The simulator reports it completing; which one happens
+# is timing. Groups of more members are not measured, so they are compared rank by rank.
+ALLGATHER_SIZE_RACE = (
+    "in a two-member gloo all_gather whether the member that sent too much reads its peer's message before the "
+    "peer aborts is decided by timing"
+)
+
+
 # A gloo barrier a member left for good (it skipped the barrier and closed its sockets): every other member fails
 # with "Connection closed by peer" or waits, depending on whether its peers' messages of the barrier's earlier
 # rounds got out before those peers failed. Measured (real diff seed27-case3, 4 ranks, rank 0 skips the barrier and

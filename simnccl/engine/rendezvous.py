@@ -16,7 +16,15 @@ from typing import Any
 
 import simpy
 
-from simnccl.backends.gloo import ALLTOALL_SIZE_RACE, SIZE_ENFORCE, Fate, mismatch_fates, p2p_fates, wire_mismatch
+from simnccl.backends.gloo import (
+    ALLGATHER_SIZE_RACE,
+    ALLTOALL_SIZE_RACE,
+    SIZE_ENFORCE,
+    Fate,
+    mismatch_fates,
+    p2p_fates,
+    wire_mismatch,
+)
 from simnccl.dtypes import element_bytes
 from simnccl.engine.sim import Sim
 from simnccl.engine.sockets import GlooSockets
@@ -37,6 +45,18 @@ def root_mismatch(meeting: Meeting, first: Arrival, this: Arrival) -> str:
         f"issued {first.op.describe()}, rank {this.rank} issued {this.op.describe()} — {backend} lays the "
         "broadcast out from the root each rank names, so ranks wait for data their parent never sends them"
     )
+
+
+def _size_race(op_a: str, op_b: str, members: int) -> str:
+    """What a gloo size mismatch's message adds where its outcome was measured to be timing (``real diff``
+    compares only the verdict there): all_to_all, and all_gather of two members; nothing elsewhere."""
+    if op_a != op_b:
+        return ""
+    if op_a == "all_to_all":
+        return f"; {ALLTOALL_SIZE_RACE}"
+    if op_a == "all_gather" and members == 2:
+        return f"; {ALLGATHER_SIZE_RACE}"
+    return ""
 
 
 class Rendezvous:
@@ -123,7 +143,7 @@ class Rendezvous:
                 f"rank {first.rank} issued {first.op.describe()}, rank {this.rank} issued {this.op.describe()}"
             )
         if a[0] != "split" and a[1:] != b[1:]:
-            race = f"; {ALLTOALL_SIZE_RACE}" if meeting.abort_on_mismatch and a[0] == b[0] == "all_to_all" else ""
+            race = _size_race(a[0], b[0], len(meeting.expected)) if meeting.abort_on_mismatch else ""
             return (
                 f"size mismatch at sequence number {meeting.seq} of group {meeting.group!r}: "
                 f"rank {first.rank} {a[0]} of {a[1]} bytes ({a[2]}), rank {this.rank} {b[1]} bytes ({b[2]}){race}"
