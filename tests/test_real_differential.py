@@ -89,3 +89,46 @@ def test_ctrl_c_stops_the_queued_cases_and_leaves_a_partial_report(tmp_path) -> 
     while marked_processes(mark) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert marked_processes(mark) == []
+
+
+def test_a_ctrl_c_while_a_case_is_reported_lets_its_line_finish(tmp_path, monkeypatch, capsys) -> None:
+    """A case handed back is kept (the JSON document's ``cases``) and reported (its --quiet line), or neither: a
+    Ctrl-C landing while it was reported kept a case that had no line, neither its own nor "not finished".
+    The real side is stood in by the simulated one (agreeing cases), the Ctrl-C by a real SIGINT sent while the
+    first case is classified."""
+    import json
+    import signal
+
+    from simnccl.cli_guard import guarded
+    from simnccl.real import __main__ as real_main
+    from simnccl.real import differential
+    from simnccl.real.compare import compare_variant
+
+    def simulated_only(chosen, **_kwargs):
+        return [
+            differential.CaseResult(case, compare_variant(case.name, "cpu", sim, sim, case.world_size, 0.0))
+            for case in chosen
+            for sim in [differential.simulate_case(case)]
+        ]
+
+    real_classify = differential.classify
+    sent: list[str] = []
+
+    def interrupted_classify(result):
+        if not sent:
+            sent.append(result.case.name)
+            os.kill(os.getpid(), signal.SIGINT)
+        return real_classify(result)
+
+    monkeypatch.setattr(differential, "run_cases", simulated_only)
+    monkeypatch.setattr(differential, "classify", interrupted_classify)
+    target = tmp_path / "diff.json"
+    argv = ["diff", "--count", "3", "--parallel", "1", "--quiet", "--json", str(target)]
+    assert guarded(real_main.main, command=("real",))(argv) == 130
+    lines = capsys.readouterr().out.splitlines()
+    named = [line.split("  ")[1] for line in lines]
+    document = json.loads(target.read_text())
+    (result,) = document["results"]
+    kept = [record["case"] for record in result["cases"]]
+    assert sent[0] in kept and sorted(kept + result["not_finished"]) == sorted(named), (lines, result)
+    assert len(named) == len(set(named)) == 3, lines

@@ -26,6 +26,7 @@ from simnccl.cli_options import (
     factor,
     seconds,
 )
+from simnccl.interrupt_deferral import deferred_interrupt
 from simnccl.real.lanes import LANES, LaneError
 from simnccl.real.launch import RunSettings
 from simnccl.result import SummaryLine
@@ -266,20 +267,21 @@ def _run(scenario: Any, settings: RunSettings, args: argparse.Namespace, out: An
             for variant in scenario.variants:
                 _journal_running(scenario, variant.name)
                 report = run_scenario_real(scenario, settings, [variant.name], launcher=launcher)
-                reports.append(report)
-                (result,) = report["variants"]
-                _journal_finished(scenario, variant.name, result["verdict"])
-                bar.advance(variant.name)
-                out.print(render_run_variant(result))
-                out.add(
-                    SummaryLine(
-                        scenario.name,
-                        variant.name,
-                        result["verdict"],
-                        result["verdict"] == "pass",
-                        _real_figure(result),
+                with deferred_interrupt():  # a variant kept is a variant reported, or neither (Ctrl-C waits)
+                    reports.append(report)
+                    (result,) = report["variants"]
+                    _journal_finished(scenario, variant.name, result["verdict"])
+                    bar.advance(variant.name)
+                    out.print(render_run_variant(result))
+                    out.add(
+                        SummaryLine(
+                            scenario.name,
+                            variant.name,
+                            result["verdict"],
+                            result["verdict"] == "pass",
+                            _real_figure(result),
+                        )
                     )
-                )
     except KeyboardInterrupt:
         _finish_interrupted(out, scenario, settings.lane, reports)
         raise  # simnccl.cli_guard: exit 130, the journal's lines say what finished
@@ -306,15 +308,16 @@ def _compare(scenario: Any, settings: RunSettings, args: argparse.Namespace, out
                 report = compare_scenario(
                     scenario, settings, variants=[variant.name], tolerance_pct=args.tolerance_pct, launcher=launcher
                 )
-                if not reports:
-                    out.print(render_comparison_header(report))
-                reports.append(report)
-                (result,) = report["variants"]
-                line = _comparison_line(scenario.name, result)
-                _journal_finished(scenario, variant.name, f"{line.verdict} ({line.figure})")
-                bar.advance(variant.name)
-                out.print(render_comparison_variant(result))
-                out.add(line)
+                with deferred_interrupt():  # a variant kept is a variant reported, or neither (Ctrl-C waits)
+                    if not reports:
+                        out.print(render_comparison_header(report))
+                    reports.append(report)
+                    (result,) = report["variants"]
+                    line = _comparison_line(scenario.name, result)
+                    _journal_finished(scenario, variant.name, f"{line.verdict} ({line.figure})")
+                    bar.advance(variant.name)
+                    out.print(render_comparison_variant(result))
+                    out.add(line)
     except KeyboardInterrupt:
         _finish_interrupted(out, scenario, settings.lane, reports)
         raise  # simnccl.cli_guard: exit 130, the journal's lines say what finished
@@ -413,24 +416,25 @@ def _diff(args: argparse.Namespace, out: Any) -> int:
             for (result,) in pool.map(
                 lambda case: run_cases([case], launcher=launcher, settings=settings, parallel=1), chosen
             ):
-                results.append(result)
-                kind = classify(result)
-                bar.advance(result.case.name)
-                sim, real = result.comparison.sim["verdict"], result.comparison.real["verdict"]
-                mutation = result.case.mutation or "none"
-                if args.verbose or kind == "disagree":
-                    out.print(result.describe(), "")
-                else:
-                    out.print(f"{result.case.name}: {kind} (sim {sim}, real {real}, mutation {mutation})")
-                out.add(
-                    SummaryLine(
-                        f"diff seed {seed}",
-                        result.case.name,
-                        kind,
-                        kind != "disagree",
-                        f"sim {sim} | real {real}, mutation {mutation}",
+                with deferred_interrupt():  # a case kept is a case reported, or neither (Ctrl-C waits)
+                    results.append(result)
+                    kind = classify(result)
+                    bar.advance(result.case.name)
+                    sim, real = result.comparison.sim["verdict"], result.comparison.real["verdict"]
+                    mutation = result.case.mutation or "none"
+                    if args.verbose or kind == "disagree":
+                        out.print(result.describe(), "")
+                    else:
+                        out.print(f"{result.case.name}: {kind} (sim {sim}, real {real}, mutation {mutation})")
+                    out.add(
+                        SummaryLine(
+                            f"diff seed {seed}",
+                            result.case.name,
+                            kind,
+                            kind != "disagree",
+                            f"sim {sim} | real {real}, mutation {mutation}",
+                        )
                     )
-                )
     except KeyboardInterrupt:
         pool.shutdown(wait=False, cancel_futures=True)  # queued cases never start
         launcher.close()  # the running worlds end with it
