@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from simnccl import limits as input_limits
 from simnccl.engine import Engine, Limits, SimConfig
 from simnccl.expect import check, unexpected_verdict
+from simnccl.interrupt_deferral import deferred_interrupt
 from simnccl.policy import get_policy
 from simnccl.recovery import run_recovery
 from simnccl.release import get_release
@@ -148,9 +149,11 @@ def run_scenario(
     for variant in chosen:
         if record is not None:
             record.running = (scenario.source, variant.name)
-        result.variants.append(run_variant(scenario, variant, keep_trace=keep_trace, limits=limits, allow=allow))
-        if record is not None:
-            record.running = None
-        if on_variant is not None:
-            on_variant(result.variants[-1])
+        finished = run_variant(scenario, variant, keep_trace=keep_trace, limits=limits, allow=allow)
+        with deferred_interrupt():  # a variant the journal keeps is a variant reported (on_variant), or neither
+            result.variants.append(finished)
+            if record is not None:
+                record.running = None
+            if on_variant is not None:
+                on_variant(finished)
     return result

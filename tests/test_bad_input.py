@@ -632,6 +632,29 @@ def test_ctrl_c_is_exit_130_with_what_finished(capsys, write_scenario, monkeypat
     assert f"stopped   {path}  second: not finished" in err
 
 
+def test_a_ctrl_c_while_a_variant_is_reported_lets_its_line_finish(capsys, write_scenario, monkeypatch) -> None:
+    """A variant the journal says finished has its --quiet line: a Ctrl-C landing while it was reported (here a
+    real SIGINT while its summary line is made) kept it in the journal with no line on stdout."""
+    import simnccl.report as report
+
+    real = report.variant_summary
+    sent: list[str] = []
+
+    def interrupted_summary(scenario_name, variant):
+        if not sent:
+            sent.append(variant.name)
+            os.kill(os.getpid(), signal.SIGINT)
+        return real(scenario_name, variant)
+
+    monkeypatch.setattr(report, "variant_summary", interrupted_summary)  # the CLI imports it when it runs
+    path = write_scenario(TINY + '[[variants]]\nname = "first"\n[[variants]]\nname = "second"\n')
+    code = main(["run", str(path), "--quiet"])
+    out, err = capsys.readouterr()
+    assert code == EXIT_INTERRUPTED
+    assert f"finished  {path}  first: pass (expectations hold)" in err
+    assert [line.split("  ")[1] for line in out.splitlines()] == ["first"], out
+
+
 def test_the_wall_clock_limit_covers_the_whole_command(capsys, write_scenario, monkeypatch) -> None:
     monkeypatch.setenv("SIMNCCL_LIMIT_MAX_WALL_S", "0.2")
 
