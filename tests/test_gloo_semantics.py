@@ -173,6 +173,29 @@ def test_a_member_running_another_algorithm_at_the_broadcast_s_tag_is_missing_to
     }
 
 
+@pytest.mark.parametrize("other", [AllReduce(size_bytes=96), ReduceScatter(size_bytes=48, dtype="Int")])
+@pytest.mark.parametrize("late", [(), (0, 3)])
+def test_broadcasters_of_different_sizes_beside_another_algorithm_end_by_their_messages(
+    other: Op, late: tuple[int, ...]
+) -> None:
+    # real (torch 2.15 gloo, probes bc-only2-ar and bc-only2-rs-int): ranks 0 and 3 run another algorithm at the
+    # tag of a broadcast from 1 (another slot: missing to the tree); rank 1 broadcasts 96 B, rank 2 posts 48 B.
+    # Rank 2 receives 96 B from its parent, the root (SIGABRT); rank 3's ring sends to rank 2 and loses it; the
+    # root waits on its send to rank 3, rank 0 on its ring recv from rank 1: both hang. ``late``: those ranks
+    # arrive after the broadcasters, so the size mismatch is found before the other algorithm is.
+    delay = [Compute(seconds=1.0)] if late else []
+    out = run(
+        [
+            [GLOO, *delay, other],
+            [GLOO, Broadcast(size_bytes=96, dtype="BFloat16", src=1), other],
+            [GLOO, Broadcast(size_bytes=48, dtype="BFloat16", src=1), other],
+            [GLOO, *delay, other],
+        ]
+    )
+    assert [status(out, r) for r in range(4)] == ["hang", "hang", "abort", "peer-lost"]
+    assert {h["rank"]: h["op"].split("(")[0] for h in out.hangs} == {0: other.name, 1: "broadcast"}
+
+
 @pytest.mark.parametrize("ranks", [2, 3, 4])
 def test_a_full_gloo_broadcast_still_completes_together(ranks: int) -> None:
     out = run([[GLOO, Broadcast(size_bytes=SIZE, src=ranks - 1), AllReduce(size_bytes=SIZE)]] * ranks)

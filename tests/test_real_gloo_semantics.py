@@ -102,6 +102,14 @@ PROBES: dict[str, list[list[Op]]] = {
         [GLOO, SHORT_G, DESTROY_G, AllReduce(group="g", size_bytes=SIZE)],
         [GLOO, SHORT_G, DESTROY_G],
     ],
+    # ranks 0 and 3 all_reduce at the tag of a broadcast from 1 (another slot: missing to the tree), whose
+    # broadcasters disagree on size: rank 2 receives 96 B into 48 (abort), rank 3's ring loses rank 2, 0 and 1 hang
+    "broadcast-sizes-beside-another-algorithm": [
+        [GLOO, AllReduce(size_bytes=SIZE)],
+        [GLOO, Broadcast(size_bytes=96, dtype="BFloat16", src=1), AllReduce(size_bytes=SIZE)],
+        [GLOO, Broadcast(size_bytes=48, dtype="BFloat16", src=1), AllReduce(size_bytes=SIZE)],
+        [GLOO, AllReduce(size_bytes=SIZE)],
+    ],
     # a broadcast tree missing rank 2: the root hangs, ranks 1 and 3 complete
     "partial-broadcast": [
         [GLOO, BCAST],
@@ -187,6 +195,9 @@ def test_real_mismatch_outcomes(results: dict[str, CaseResult]) -> None:
     assert [(e["rank"], e["type"]) for e in bcast] == [(0, "ValueError"), (1, "ValueError")]
     assert [h["rank"] for h in _real(results["ring-send-peer-closes"])["hangs"]] == [3]
     assert [h["rank"] for h in _real(results["ring-no-first-recv"])["hangs"]] == [1]
+    mixed = _real(results["broadcast-sizes-beside-another-algorithm"])
+    assert [h["rank"] for h in mixed["hangs"]] == [0, 1]
+    assert [(e["rank"], e["kind"]) for e in mixed["errors"]] == [(2, "abort"), (3, "peer-lost")]
     partial = _real(results["partial-broadcast"])
     assert partial["verdict"] == "hang"
     assert [h["rank"] for h in partial["hangs"]] == [0]

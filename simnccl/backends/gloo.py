@@ -41,6 +41,9 @@ FileStore (pinned in the simulator by ``tests/test_gloo_semantics.py``, on real 
   all_gather), the dissemination barrier and all_to_all need every member, but broadcast is a binomial tree: with
   a member missing, the ranks whose parent chain and children are all in complete (``broadcast_needs``). A
   member that issued another algorithm at the broadcast's tag is missing to it (another slot; seed104-case33).
+  If the broadcasters also disagree on size, the messages decide each of them (``wire_fates`` without the
+  missing members), and a ring member beside them fails once its neighbour aborts (4 ranks, 0 and 3 all_reduce
+  at the tag of a broadcast from 1 of 96 B that rank 2 posts 48 B for: 2 aborts, 3 loses it, 0 and 1 hang).
 * **One-rank groups** still write their key under the group's store prefix (``SINGLETON_RACE``); groups that
   collide under one name with all their members there may each read their own keys (``COMPLETE_COLLISION_RACE``).
 * **Split.** ``ProcessGroupGloo::split`` builds a fresh gloo context over a store prefixed with the new group's

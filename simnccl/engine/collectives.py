@@ -154,7 +154,8 @@ class Collectives:
         A member that issued another gloo algorithm at this tag sends on another slot (``wire_mismatch``
         ``"hang"``): to the tree it is simply missing, so the problem it sets on the meeting does not stop the
         ranks that never talk to it (real, seed104-case33: rank 2 skips a broadcast from 0 and all_to_alls at its
-        tag; ranks 1 and 3 complete the broadcast). A size mismatch among the broadcasters does (``fates``)."""
+        tag; ranks 1 and 3 complete the broadcast). A size mismatch among the broadcasters, beside such members
+        or not, is decided per message instead (``fates``: ``Rendezvous._broadcast_beside_another_algorithm``)."""
         waits = self.rendezvous.releases(meeting)
         waits[rt.rank] = self.env.event()
         if meeting.problem is None or (meeting.fates is None and self._broadcasters_agree(meeting)):
@@ -188,8 +189,9 @@ class Collectives:
     @staticmethod
     def _broadcasters_agree(meeting: Meeting) -> bool:
         """Whether the meeting's problem is only members that issued another algorithm at this tag: every
-        broadcast arrival carries one payload (a size mismatch among them is gloo's per-message ``fates``, and a
-        mix of both is left to hang rather than guessed)."""
+        broadcast arrival carries one payload (a size mismatch among them is gloo's per-message ``fates``, also
+        beside members of another algorithm; with members naming different roots as well it is left to hang
+        rather than guessed)."""
         payloads = {a.payload[:3] for a in meeting.arrivals.values() if type(a.op) is Broadcast}
         return len(payloads) == 1  # the root aside: members naming different roots are ``_tree_ready``'s
 

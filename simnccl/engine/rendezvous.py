@@ -104,6 +104,8 @@ class Rendezvous:
                 meeting.problem = problem
                 if meeting.abort_on_mismatch and problem.startswith("size mismatch"):
                     meeting.fates = {}
+        if meeting.problem is not None and meeting.abort_on_mismatch and meeting.kind == "collective":
+            self._broadcast_beside_another_algorithm(meeting)
         if meeting.fates is not None:
             self._decide(meeting)
         elif meeting.problem is None and len(meeting.arrivals) == len(meeting.expected):
@@ -150,12 +152,44 @@ class Rendezvous:
             )
         return None
 
+    def _broadcast_beside_another_algorithm(self, meeting: Meeting) -> None:
+        """A gloo broadcast whose broadcasters disagree on size while other members issued another algorithm at
+        its tag: those members send on another slot, so to the tree they are simply missing, and the size
+        mismatch among the broadcasters is decided per message as in any gloo size mismatch (``_decide``), not
+        left to hang. Measured on torch 2.15 gloo (4 ranks, 0 and 3 all_reduce or reduce_scatter at the tag of a
+        broadcast from 1 of 96 B, rank 2 posting 48 B): rank 2 aborts, rank 3 loses its ring neighbour 2, ranks
+        0 and 1 hang. Members naming different roots stay ``Collectives._tree_ready``'s (no fates)."""
+        casts = [a for a in meeting.arrivals.values() if a.payload[0] == "broadcast"]
+        if len(casts) < 2 or len(casts) == len(meeting.arrivals) or len({a.payload[3] for a in casts}) > 1:
+            return
+        larger = next((a for a in casts if a.payload[1] != casts[0].payload[1]), None)
+        if larger is None:
+            return
+        other = next(a for a in meeting.arrivals.values() if a.payload[0] != "broadcast")
+        meeting.problem = (
+            f"{self._disagreement(meeting, other, casts[0])}; and among the broadcasters, "
+            f"{self._disagreement(meeting, casts[0], larger)}"
+        )
+        if meeting.fates is None:
+            meeting.fates = {}
+
+    @staticmethod
+    def _on_the_wire(meeting: Meeting) -> dict[int, Arrival]:
+        """The arrivals whose messages decide a gloo size mismatch: all of them, or in a broadcast beside
+        another algorithm (``_broadcast_beside_another_algorithm``) the broadcasters only."""
+        arrivals = meeting.arrivals
+        casts = {r: a for r, a in arrivals.items() if a.payload[0] == "broadcast"}
+        if casts and len(casts) < len(arrivals) and len({a.payload[1] for a in casts.values()}) > 1:
+            return casts
+        return arrivals
+
     def _decide(self, meeting: Meeting) -> None:
         """gloo enforces sizes per message, not per collective: run the algorithm's messages over the members in
         (``backends.gloo.wire_fates``) and release each rank that completes or aborts; the others keep waiting
         (on a rank not in yet, or until their timeout), and those waiting on a rank that aborts fail when its
         sockets close (``GlooSockets``). A decided rank keeps its fate: later arrivals only add messages."""
-        first = next(iter(meeting.arrivals.values()))
+        arrivals = self._on_the_wire(meeting)
+        first = next(iter(arrivals.values()))
         if meeting.kind == "p2p":
             src, dst = meeting.key[2], meeting.key[3]
             fates = p2p_fates(src, dst, {r: a.payload[1] for r, a in meeting.arrivals.items()})
@@ -164,7 +198,7 @@ class Rendezvous:
             src = getattr(first.op, "src", expected[0])
             by_index = mismatch_fates(
                 first.payload[0],
-                {expected.index(r): a.payload[1] for r, a in meeting.arrivals.items()},
+                {expected.index(r): a.payload[1] for r, a in arrivals.items()},
                 len(expected),
                 expected.index(src) if src in expected else 0,
                 element_bytes(first.payload[2]),

@@ -80,8 +80,8 @@ class GlooSockets:
         if meeting.kind not in ("collective", "p2p") or meeting.key[0] not in ("coll", "p2p"):
             return None
         closed = self.closed.get(meeting.key[1])
-        if meeting.fates is not None:  # a gloo size mismatch: the messages decided who waits on whom
-            fate = meeting.fates.get(rank)
+        if meeting.fates is not None and rank in meeting.fates:  # a gloo size mismatch: the messages decided
+            fate = meeting.fates[rank]  # who waits on whom (a member on another slot is not in them: below)
             lost = fate is not None and fate.kind == "peer-lost" and closed and fate.peer in closed
             return fate.peer if lost else None
         arrival = meeting.arrivals.get(rank)
@@ -93,11 +93,13 @@ class GlooSockets:
         elif WIRE_FAMILY.get(arrival.op.name) == "allreduce":
             # the ring waits on one neighbour at a time: a closed one fails it only once it waits on it, and it
             # never gets past a live neighbour that is not in the operation (``allreduce_waits``)
+            # a neighbour that issued another algorithm at the tag (another slot) is not in the ring either
             _, nbytes, dtype = arrival.payload
             index = expected.index(rank)
             for i in allreduce_waits(nbytes, element_bytes(dtype), index, len(expected)):
                 peer = expected[i]
-                if peer not in meeting.arrivals:
+                other = meeting.arrivals.get(peer)
+                if other is None or WIRE_FAMILY.get(other.payload[0]) != "allreduce":
                     return peer if peer in closed else None
             return None
         else:
