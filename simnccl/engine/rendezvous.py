@@ -159,13 +159,12 @@ class Rendezvous:
         left to hang. Measured on torch 2.15 gloo (4 ranks, 0 and 3 all_reduce or reduce_scatter at the tag of a
         broadcast from 1 of 96 B, rank 2 posting 48 B): rank 2 aborts, rank 3 loses its ring neighbour 2, ranks
         0 and 1 hang. Members naming different roots stay ``Collectives._tree_ready``'s (no fates)."""
-        casts = [a for a in meeting.arrivals.values() if a.payload[0] == "broadcast"]
-        if len(casts) < 2 or len(casts) == len(meeting.arrivals) or len({a.payload[3] for a in casts}) > 1:
+        beside = self._broadcasters_beside(meeting)
+        if beside is None or len({a.payload[3] for a in beside.values()}) > 1:
             return
-        larger = next((a for a in casts if a.payload[1] != casts[0].payload[1]), None)
-        if larger is None:
-            return
-        other = next(a for a in meeting.arrivals.values() if a.payload[0] != "broadcast")
+        casts = list(beside.values())
+        larger = next(a for a in casts if a.payload[1] != casts[0].payload[1])
+        other = next(a for r, a in meeting.arrivals.items() if r not in beside)
         meeting.problem = (
             f"{self._disagreement(meeting, other, casts[0])}; and among the broadcasters, "
             f"{self._disagreement(meeting, casts[0], larger)}"
@@ -174,14 +173,20 @@ class Rendezvous:
             meeting.fates = {}
 
     @staticmethod
-    def _on_the_wire(meeting: Meeting) -> dict[int, Arrival]:
-        """The arrivals whose messages decide a gloo size mismatch: all of them, or in a broadcast beside
-        another algorithm (``_broadcast_beside_another_algorithm``) the broadcasters only."""
+    def _broadcasters_beside(meeting: Meeting) -> dict[int, Arrival] | None:
+        """The broadcasters of a gloo broadcast that disagree on size beside members that issued another
+        algorithm at its tag (None: not that mix)."""
         arrivals = meeting.arrivals
         casts = {r: a for r, a in arrivals.items() if a.payload[0] == "broadcast"}
-        if casts and len(casts) < len(arrivals) and len({a.payload[1] for a in casts.values()}) > 1:
-            return casts
-        return arrivals
+        if not casts or len(casts) == len(arrivals) or len({a.payload[1] for a in casts.values()}) < 2:
+            return None
+        return casts
+
+    def _on_the_wire(self, meeting: Meeting) -> dict[int, Arrival]:
+        """The arrivals whose messages decide a gloo size mismatch: all of them, or in a broadcast beside
+        another algorithm (``_broadcast_beside_another_algorithm``) the broadcasters only."""
+        beside = self._broadcasters_beside(meeting)
+        return meeting.arrivals if beside is None else beside
 
     def _decide(self, meeting: Meeting) -> None:
         """gloo enforces sizes per message, not per collective: run the algorithm's messages over the members in
