@@ -263,8 +263,8 @@ def test_an_all_to_all_size_mismatch_is_compared_as_racy() -> None:
     sim = simulate_case(Case(0, 0, 3, share_identical([Program(tuple(p)) for p in programs]), ("a2a",)))
     assert [(e["rank"], e["kind"]) for e in sim["errors"]] == [(0, "abort"), (1, "abort"), (2, "peer-lost")]
     assert racy(sim)
-    balanced = [[GLOO, AllReduce(size_bytes=SIZE * (2 if rank == 2 else 1))] for rank in range(3)]
-    assert not racy(simulate_case(Case(0, 1, 3, share_identical([Program(tuple(p)) for p in balanced]), ("ar",))))
+    ring = [[GLOO, AllReduce(size_bytes=SIZE * (2 if rank == 2 else 1))] for rank in range(4)]
+    assert not racy(simulate_case(Case(0, 1, 4, share_identical([Program(tuple(p)) for p in ring]), ("ar",))))
 
 
 def test_a_two_member_all_gather_size_mismatch_is_compared_as_racy() -> None:
@@ -284,6 +284,21 @@ def test_a_two_member_all_gather_size_mismatch_is_compared_as_racy() -> None:
     assert [(e["rank"], e["kind"]) for e in two["errors"]] == [(1, "abort")]
     assert racy(two)
     assert not racy(gather(3, 2))
+
+
+@pytest.mark.parametrize("op", [AllReduce, ReduceScatter])
+def test_a_three_member_ring_allreduce_size_mismatch_is_compared_as_racy(op: type[AllReduce | ReduceScatter]) -> None:
+    # real (seed94-case7, 4 runs): in 3 ranks, rank 2 reduce_scattering twice the bytes hung 3 times and lost its
+    # peer once; the others aborted or lost a peer every time. The simulator reports the peer lost and says the
+    # outcome is timing; four members are not measured and stay compared rank by rank (the all_to_all test).
+    from simnccl.real.compare import racy
+    from simnccl.real.differential import Case, simulate_case
+    from simnccl.real.programs import share_identical
+
+    programs = [[GLOO, op(size_bytes=2 * SIZE if rank == 2 else SIZE)] for rank in range(3)]
+    sim = simulate_case(Case(0, 0, 3, share_identical([Program(tuple(p)) for p in programs]), ("ring",)))
+    assert sorted(e["kind"] for e in sim["errors"]) == ["abort", "peer-lost", "peer-lost"]
+    assert racy(sim)
 
 
 def test_a_barrier_a_member_left_for_good_is_compared_as_racy() -> None:
@@ -665,6 +680,31 @@ def test_a_one_rank_group_s_key_colliding_with_a_real_group_is_a_verdict_race() 
             real["hangs"] = [{"rank": 0, "op": "new_group", "kind": "bootstrap"}]
         comparison = compare_variant("singleton", "cpu", sim, real, 3, 0.0)
         assert classify(CaseResult(case, comparison)) == "racy"
+
+
+@pytest.mark.parametrize("together", [True, False])
+def test_a_later_group_complete_under_a_name_taken_before_is_a_verdict_race(together: bool) -> None:
+    # seed92-case29: a local-synchronization group advances ranks 0 and 2's counter, so their new_group([0, 2])
+    # takes the name [1, 3] already bootstrapped under. Both leave an all_reduce together and each writes its
+    # address over the earlier key just before reading its peer's: real runs passed 4 times in 8 and hung 4.
+    # A member coming later reads the earlier group's key before its peer writes: the hang is certain.
+    from simnccl.backends.gloo import COMPLETE_COLLISION_RACE
+    from simnccl.ops import Program
+    from simnccl.real.compare import verdict_racy
+    from simnccl.real.differential import Case, simulate_case
+    from simnccl.real.programs import share_identical
+
+    local = NewGroup(ranks=(0, 2), bind="l1", use_local_synchronization=True)
+    pair, odds = NewGroup(ranks=(0, 2), bind="g2"), NewGroup(ranks=(1, 3), bind="g2")
+    late = [] if together else [Compute(seconds=1.0)]
+    evens = [GLOO, local, AllReduce(group="l1", size_bytes=SIZE)]
+    programs = [[*evens, pair, odds], [GLOO, pair, odds], [*evens, *late, pair, odds], [GLOO, pair, odds]]
+    out = run(programs)
+    assert out.verdict == "hang" and sorted(h["rank"] for h in out.hangs) == [0, 2]
+    assert all("already bootstrapped ranks [1, 3]" in h["explanation"] for h in out.hangs)
+    assert all((COMPLETE_COLLISION_RACE in h["explanation"]) is together for h in out.hangs)
+    case = Case(0, 0, 4, share_identical([Program(tuple(p)) for p in programs]), ("late",))
+    assert verdict_racy(simulate_case(case)) is together
 
 
 def test_a_collision_of_groups_complete_under_one_name_is_a_verdict_race() -> None:

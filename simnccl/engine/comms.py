@@ -190,6 +190,9 @@ class Comms:
         self.nvls = MulticastSlots(sim)  # NVLS multicast slots per node, bound at init, freed at destroy
         self._split_results: dict[int, dict[tuple[int, ...], int | Meeting]] = {}
         self._store_timeout: set[tuple[int, int | None]] = set()  # (rank, op index or None: the next bootstrap)
+        # A later group bootstrapping under a name one already bootstrapped with: (name's key, its ranks) -> the
+        # stuck meeting of each member there and when it came (``_collision``)
+        self._late_collisions: dict[tuple[Any, ...], dict[int, tuple[Meeting, float]]] = {}
 
     def fail_store(self, rank: int, at_op: int | None) -> None:
         """Arm a ``store-timeout`` fault: that bootstrap of this rank never gets the unique id."""
@@ -249,7 +252,9 @@ class Comms:
             key = bootstrap_key(store_name(group), comm.impl.is_nccl, rt.incarnation)
             meeting = self.rendezvous.open(key, "bootstrap", group.name, 0, group.ranks)
             if rt.rank in meeting.arrivals or meeting.complete:
-                meeting = self._collision(meeting, rt, group, op)
+                earlier, meeting = meeting, self._collision(meeting, rt, group, op)
+                if comm.impl is Impl.GLOO:
+                    self._late_colliders(earlier, rt, group, meeting)
             armed = (rt.rank, rt.pc) if (rt.rank, rt.pc) in self._store_timeout else (rt.rank, None)
             if armed in self._store_timeout:
                 self._store_timeout.discard(armed)
@@ -473,6 +478,24 @@ class Comms:
         if len(first.payload) == 1:
             stuck.problem += f"; {SINGLETON_RACE}"
         return stuck
+
+    def _late_colliders(self, meeting: Meeting, rt: RankRuntime, group: Group, stuck: Meeting) -> None:
+        """A later gloo group colliding with one that already bootstrapped under its name (``meeting``): when
+        every member of the later group comes at one moment, each writes its own address over the earlier
+        group's key just before it reads its peers', so whether each reads its own group's keys is the order of
+        the store writes, as for groups that bootstrap together (``COMPLETE_COLLISION_RACE``): say so on each
+        member's stuck meeting. Measured (real diff seed92-case29: ranks 0 and 2 leave an all_reduce together
+        and make [0, 2] under the name [1, 3] took, their counter one ahead after a local-synchronization group):
+        passed 4 times in 8, hung 4. A member missing, or coming later (the first reads the earlier group's key
+        before its peer writes), makes the hang certain and is not marked."""
+        earlier = next(iter(meeting.arrivals.values())).payload
+        if not meeting.complete or len(earlier) == 1 or set(group.ranks) == set(earlier):
+            return  # the earlier group never bootstrapped, is one rank's (``SINGLETON_RACE``), or is this one again
+        late = self._late_collisions.setdefault((meeting.key, group.ranks), {})
+        late[rt.rank] = (stuck, self.env.now)
+        if set(late) == set(group.ranks) and len({at for _, at in late.values()}) == 1:
+            for each, _at in late.values():
+                each.problem = f"{each.problem}; {COMPLETE_COLLISION_RACE}"
 
     # ---------------------------------------------------------------- splits
 

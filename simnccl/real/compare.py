@@ -33,6 +33,7 @@ from typing import Any
 
 from simnccl.backends.gloo import (
     ALLGATHER_SIZE_RACE,
+    ALLREDUCE_SIZE_RACE,
     ALLTOALL_SIZE_RACE,
     BARRIER_PEER_RACE,
     COMPLETE_COLLISION_RACE,
@@ -154,7 +155,13 @@ def stuck(outcomes: Mapping[int, Mapping[str, Any]]) -> list[int]:
 # ... and a gloo all_to_all of mismatched sizes: whether the member that sent too much completes is timing; and a
 # gloo barrier a member left for good: whether the others fail or wait is timing (seed27-case3: rank 2 lost its
 # peer in 3 runs of 6 and hung in 3).
-RACE_TEXTS = ("store key collision", ALLTOALL_SIZE_RACE, ALLGATHER_SIZE_RACE, BARRIER_PEER_RACE)
+RACE_TEXTS = (
+    "store key collision",
+    ALLTOALL_SIZE_RACE,
+    ALLGATHER_SIZE_RACE,
+    ALLREDUCE_SIZE_RACE,
+    BARRIER_PEER_RACE,
+)
 # Members of a gloo operation timing out together: whether each times out or sees a peer's closed socket first is
 # timing (seed3-case41: both timed out in 4 runs of 7, one lost the peer in 3); only where the real run went on
 # until its timeouts fired (it ended by itself): one the stall detector stopped before saw no timeout fire.
@@ -181,7 +188,8 @@ def _mentions(sim: Mapping[str, Any], needles: Sequence[str]) -> bool:
 def racy(sim: Mapping[str, Any], real: Mapping[str, Any] | None = None) -> bool:
     """Whether the simulator found two groups bootstrapping under one store name (real gloo then connects
     whichever peers come first, so which of the colliding ranks finish is decided by timing), a gloo all_to_all,
-    or two-member all_gather, of mismatched sizes (whether the member that sent too much completes is timing too),
+    two-member all_gather or three-member ring allreduce of mismatched sizes (whether the member that sent too much
+    completes, or loses its peer, is timing too),
     or a gloo barrier a member
     left for good (whether each other member fails or waits is timing); or, where the ``real`` run ended by itself,
     members of a gloo operation timing out together (whether each times out or first sees a closed peer)."""
