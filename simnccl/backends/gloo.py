@@ -128,15 +128,16 @@ ALLGATHER_SIZE_RACE = (
 )
 
 
-# A three-member gloo ring allreduce (all_reduce, reduce_scatter) whose members disagree on size: a member that
-# receives more than it posted aborts, and the member with the larger buffer either loses its peer or is left
-# waiting on a message never sent, by timing. Measured (real diff seed94-case7, rank 2 reduce_scattering twice
-# the bytes): ranks 0 and 1 lost a peer and aborted in 4 runs of 4; rank 2 hung in 3 and lost its peer in 1
-# (seed41-case12, rank 1 all_reducing twice the bytes, did both over earlier sessions). The simulator reports the
-# peer lost. Other member counts are not measured, so they are compared rank by rank.
+# A gloo ring allreduce (all_reduce, reduce_scatter) of three or more members whose members disagree on size: a
+# member that receives more than it posted aborts, and the member with the larger buffer either loses its peer or
+# is left waiting on a message never sent, by timing. Measured (real diff seed94-case7, 3 ranks, rank 2
+# reduce_scattering twice the bytes: ranks 0 and 1 aborted or lost a peer in 4 runs of 4, rank 2 hung in 3 and lost
+# its peer in 1; seed116-case4, 4 ranks, rank 1 all_reducing twice the bytes: it hung in 2 runs of 3 and lost its
+# peer in 1; seed41-case12, 3 ranks, did both over earlier sessions). The simulator reports the peer lost. Two
+# members are not measured, so they are compared rank by rank.
 ALLREDUCE_SIZE_RACE = (
-    "in a three-member gloo ring allreduce whether the member with the larger buffer loses its peer or waits on "
-    "a message never sent is decided by timing"
+    "in a gloo ring allreduce of three or more members whether the member with the larger buffer loses its peer "
+    "or waits on a message never sent is decided by timing"
 )
 
 

@@ -50,15 +50,15 @@ def root_mismatch(meeting: Meeting, first: Arrival, this: Arrival) -> str:
 
 def _size_race(op_a: str, op_b: str, members: int) -> str:
     """What a gloo size mismatch's message adds where its outcome was measured to be timing (``real diff``
-    compares only the verdict there): all_to_all, all_gather of two members and the ring allreduce of three;
-    nothing elsewhere."""
+    compares only the verdict there): all_to_all, all_gather of two members and the ring allreduce of three or
+    more; nothing elsewhere."""
     if op_a != op_b:
         return ""
     if op_a == "all_to_all":
         return f"; {ALLTOALL_SIZE_RACE}"
     if op_a == "all_gather" and members == 2:
         return f"; {ALLGATHER_SIZE_RACE}"
-    if op_a in ("all_reduce", "reduce_scatter") and members == 3:
+    if op_a in ("all_reduce", "reduce_scatter") and members >= 3:
         return f"; {ALLREDUCE_SIZE_RACE}"
     return ""
 

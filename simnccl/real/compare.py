@@ -188,7 +188,7 @@ def _mentions(sim: Mapping[str, Any], needles: Sequence[str]) -> bool:
 def racy(sim: Mapping[str, Any], real: Mapping[str, Any] | None = None) -> bool:
     """Whether the simulator found two groups bootstrapping under one store name (real gloo then connects
     whichever peers come first, so which of the colliding ranks finish is decided by timing), a gloo all_to_all,
-    two-member all_gather or three-member ring allreduce of mismatched sizes (whether the member that sent too much
+    two-member all_gather or ring allreduce of three or more of mismatched sizes (whether the member that sent too much
     completes, or loses its peer, is timing too),
     or a gloo barrier a member
     left for good (whether each other member fails or waits is timing); or, where the ``real`` run ended by itself,
