@@ -342,17 +342,24 @@ def _with(case: Case, rank: int, ops: list[Op], mutation: str, detail: str) -> C
     )
 
 
-def _pick(rng: random.Random, case: Case, predicate: Callable[[list[Op], int], bool]) -> tuple[int, int] | None:
-    spots = [(r, i) for r, p in enumerate(case.programs) for i in range(len(p.ops)) if predicate(list(p.ops), i)]
-    return rng.choice(spots) if spots else None
+def _pick(
+    rng: random.Random, case: Case, predicate: Callable[[list[Op], int], bool]
+) -> tuple[int, int, list[Op]] | None:
+    """A spot ``predicate`` accepts, drawn at random: the rank, the op's index and a copy of that rank's ops for the
+    mutator to change (None: no spot)."""
+    programs = [list(p.ops) for p in case.programs]
+    spots = [(r, i) for r, ops in enumerate(programs) for i in range(len(ops)) if predicate(ops, i)]
+    if not spots:
+        return None
+    r, i = rng.choice(spots)
+    return r, i, programs[r]
 
 
 def _skip_collective(case: Case, rng: random.Random) -> Case | None:
     spot = _pick(rng, case, lambda ops, i: isinstance(ops[i], Collective))
     if spot is None:
         return None
-    r, i = spot
-    ops = list(case.programs[r].ops)
+    r, i, ops = spot
     removed = ops.pop(i)
     return _with(case, r, ops, "skip-collective", f"left out #{i} {removed.describe()}")
 
@@ -369,8 +376,7 @@ def _swap_collectives(case: Case, rng: random.Random) -> Case | None:
     spot = _pick(rng, case, ok)
     if spot is None:
         return None
-    r, i = spot
-    ops = list(case.programs[r].ops)
+    r, i, ops = spot
     ops[i], ops[i + 1] = ops[i + 1], ops[i]
     return _with(case, r, ops, "swap-collectives", f"swapped #{i} and #{i + 1}")
 
@@ -379,8 +385,7 @@ def _skip_new_group(case: Case, rng: random.Random) -> Case | None:
     spot = _pick(rng, case, lambda ops, i: isinstance(ops[i], NewGroup) and not ops[i].use_local_synchronization)
     if spot is None:
         return None
-    r, i = spot
-    ops = list(case.programs[r].ops)
+    r, i, ops = spot
     removed = ops.pop(i)
     return _with(case, r, ops, "skip-new-group", f"left out #{i} {removed.describe()}")
 
@@ -399,8 +404,7 @@ def _swap_creation(case: Case, rng: random.Random) -> Case | None:
     spot = _pick(rng, case, ok)
     if spot is None:
         return None
-    r, i = spot
-    ops = list(case.programs[r].ops)
+    r, i, ops = spot
     ops[i], ops[i + 1] = ops[i + 1], ops[i]
     return _with(case, r, ops, "swap-creation", f"swapped #{i} and #{i + 1}")
 
@@ -409,8 +413,7 @@ def _skip_recv(case: Case, rng: random.Random) -> Case | None:
     spot = _pick(rng, case, lambda ops, i: isinstance(ops[i], Recv))
     if spot is None:
         return None
-    r, i = spot
-    ops = list(case.programs[r].ops)
+    r, i, ops = spot
     removed = ops.pop(i)
     return _with(case, r, ops, "skip-recv", f"left out #{i} {removed.describe()}")
 
@@ -419,8 +422,7 @@ def _resize(case: Case, rng: random.Random) -> Case | None:
     spot = _pick(rng, case, lambda ops, i: isinstance(ops[i], Collective | Send) and ops[i].name != "barrier")
     if spot is None:
         return None
-    r, i = spot
-    ops = list(case.programs[r].ops)
+    r, i, ops = spot
     op = ops[i]
     assert isinstance(op, Collective | PointToPoint)
     ops[i] = replace(op, size_bytes=op.size_bytes * 2)
@@ -439,8 +441,7 @@ def _wrong_root(case: Case, rng: random.Random) -> Case | None:
     spot = _pick(rng, case, ok)
     if spot is None:
         return None
-    r, i = spot
-    ops = list(case.programs[r].ops)
+    r, i, ops = spot
     op = ops[i]
     assert isinstance(op, Broadcast)
     others = [m for m in case.part_of(op.group, op.src) if m != op.src]
@@ -453,8 +454,7 @@ def _raise(case: Case, rng: random.Random) -> Case | None:
     spot = _pick(rng, case, lambda ops, i: i > 0)  # after init: a rank that never joins is another test
     if spot is None:
         return None
-    r, i = spot
-    ops = list(case.programs[r].ops)
+    r, i, ops = spot
     ops.insert(i, Raise(error_type="AssertionError", message="injected by real diff"))
     return _with(case, r, ops[:MAX_OPS], "raise", f"raises before #{i}")
 
@@ -469,8 +469,7 @@ def _use_after_destroy(case: Case, rng: random.Random) -> Case | None:
     spot = _pick(rng, case, ok)
     if spot is None:
         return None
-    r, i = spot
-    ops = list(case.programs[r].ops)
+    r, i, ops = spot
     destroyed = ops[i]
     assert isinstance(destroyed, DestroyProcessGroup)
     end = next((j for j in range(i + 1, len(ops)) if ops[j] == DestroyProcessGroup()), len(ops))
