@@ -172,8 +172,7 @@ class MulticastSlots:
         key = (rt.node, comm.comm_id)
         binding = self._bindings.get(key)
         if binding is None:
-            _, per_node, nodes, sizes, number = self._layout_of(ranks) if layout is None else layout
-            local = (1 if per_node is None else per_node[rt.node], nodes, sizes, number)
+            local = self._local_in(rt, self._layout_of(ranks) if layout is None else layout)
             binding = self._bind(rt, comm, ranks, members, local)
             # A binding is shared by the communicator's members on this node. A member alone on its node is the
             # only one ever to ask, and a binding of nothing has no holder to release, so it is not kept: most
@@ -238,8 +237,15 @@ class MulticastSlots:
         member list ``rt`` is one of. Counted once per member tuple (every member binds), so no member hashes
         the node list; a list with one member per node keeps no count per node (a dp or pp group: most groups
         of a large startup, and a count per node each was a dict per group)."""
-        _, per_node, nodes, sizes, layout = self._layout_of(ranks)
-        return 1 if per_node is None else per_node[rt.node], nodes, sizes, layout
+        return self._local_in(rt, self._layout_of(ranks))
+
+    @staticmethod
+    def _local_in(
+        rt: RankRuntime, layout: tuple[tuple[int, ...], dict[int, int] | None, int, tuple[int, ...], int]
+    ) -> tuple[int, int, tuple[int, ...], int]:
+        """``_local`` from a member list's ``_layout_of`` count already at hand."""
+        _, per_node, nodes, sizes, number = layout
+        return 1 if per_node is None else per_node[rt.node], nodes, sizes, number
 
     def _layout_of(
         self, ranks: tuple[int, ...]
