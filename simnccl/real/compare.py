@@ -152,9 +152,10 @@ def stuck(outcomes: Mapping[int, Mapping[str, Any]]) -> list[int]:
     return [r for r, o in outcomes.items() if o["status"] == "hang"]
 
 
-# ... and a gloo all_to_all of mismatched sizes: whether the member that sent too much completes is timing; and a
-# gloo barrier a member left for good: whether the others fail or wait is timing (seed27-case3: rank 2 lost its
-# peer in 3 runs of 6 and hung in 3).
+# ... and a gloo all_to_all, two-member all_gather or ring allreduce of three or more of mismatched sizes: whether
+# the member that sent too much completes is timing (each race's measurement stands beside it in backends.gloo);
+# and a gloo barrier a member left for good: whether the others fail or wait is timing (seed27-case3: rank 2 lost
+# its peer in 3 runs of 6 and hung in 3).
 RACE_TEXTS = (
     "store key collision",
     ALLTOALL_SIZE_RACE,
@@ -188,11 +189,10 @@ def _mentions(sim: Mapping[str, Any], needles: Sequence[str]) -> bool:
 def racy(sim: Mapping[str, Any], real: Mapping[str, Any] | None = None) -> bool:
     """Whether the simulator found two groups bootstrapping under one store name (real gloo then connects
     whichever peers come first, so which of the colliding ranks finish is decided by timing), a gloo all_to_all,
-    two-member all_gather or ring allreduce of three or more of mismatched sizes (whether the member that sent too much
-    completes, or loses its peer, is timing too),
-    or a gloo barrier a member
-    left for good (whether each other member fails or waits is timing); or, where the ``real`` run ended by itself,
-    members of a gloo operation timing out together (whether each times out or first sees a closed peer)."""
+    two-member all_gather or ring allreduce of three or more members of mismatched sizes (whether the member that
+    sent too much completes, or loses its peer, is timing too), or a gloo barrier a member left for good (whether
+    each other member fails or waits is timing); or, where the ``real`` run ended by itself, members of a gloo
+    operation timing out together (whether each times out or first sees a closed peer)."""
     if _mentions(sim, RACE_TEXTS):
         return True
     return real is not None and real.get("end_reason") == "finished" and _mentions(sim, TIMEOUT_RACE_TEXTS)
