@@ -2,7 +2,7 @@
 
 Each probe is a small program run on real gloo (CPU processes, through the differential harness) and in the
 simulator; both must agree on the verdict and on which ranks did not finish, and the real run must show the
-measured figure (the error kind and text). All probes run in one launcher, in parallel, with a short stall
+measured figure (the error kind and text). All probes run in one launcher, eight at a time, with a short stall
 detector, so the file takes a few seconds; every rank process is reaped.
 """
 
@@ -42,6 +42,11 @@ FAMILY = [NewGroup(ranks=(0, 1), bind="f"), NewGroup(ranks=(2, 3), bind="f")]
 SPLIT_F = SplitGroup(parent="f", split_ranks=((0, 1),), bind="sf")
 DESTROY_G = DestroyProcessGroup(group="g")
 SHORT_G = NewGroup(ranks=(0, 1), bind="g", timeout_s=1.0)
+# gloo's init does not hold a rank until every peer is out of init (its peers connect to a listening socket the
+# kernel accepts for it): on a loaded machine a starved rank can still be bootstrapping when a faster peer aborts
+# in the next collective, and it then fails in init_process_group. A probe whose rank dies early first completes
+# an all_reduce of every rank, which no rank finishes before every rank has joined it
+SETTLED = (GLOO, AllReduce(size_bytes=SIZE))
 
 PROBES: dict[str, list[list[Op]]] = {
     # a peer that destroys its groups closes its sockets: the pending send fails at once
@@ -82,19 +87,28 @@ PROBES: dict[str, list[list[Op]]] = {
     ],
     "broadcast-after-destroy": [[GLOO, NEW_G, DESTROY_G, Broadcast(group="g", size_bytes=SIZE, src=0)]] * 2,
     # gloo's ring allreduce waits on its recv from rank + 1 first: rank 2 closing fails rank 1 (recv from 2),
-    # not rank 3 (recv from 0, which never joins; its send to 2 is on another buffer)
+    # not rank 3 (recv from 0, which never joins; its send to 2 is on another buffer). Rank 2 closes only after
+    # a message from each peer: a peer's init is done by then whatever the load (a second of compute alone left
+    # a starved rank still connecting when rank 2 closed, and it failed in init_process_group). The two seconds
+    # after are for ranks 1 and 3 to post their all_reduce: one posted on a pair already closed fails at once
     "ring-send-peer-closes": [
-        [GLOO],
-        [GLOO, AllReduce(size_bytes=SIZE)],
-        [GLOO, Compute(seconds=1.0), DestroyProcessGroup()],
-        [GLOO, AllReduce(size_bytes=SIZE)],
+        [GLOO, Send(peer=2, size_bytes=SIZE)],
+        [GLOO, Send(peer=2, size_bytes=SIZE), AllReduce(size_bytes=SIZE)],
+        [
+            GLOO,
+            *(Recv(peer=p, size_bytes=SIZE) for p in (0, 1, 3)),
+            Compute(seconds=2.0),
+            DestroyProcessGroup(),
+        ],
+        [GLOO, Send(peer=2, size_bytes=SIZE), AllReduce(size_bytes=SIZE)],
     ],
-    # seed25-case19, reduced: 48 B of Int leave rank 1 no first recv; it waits on its send to 0 and hangs
+    # seed25-case19, reduced: 48 B of Int leave rank 1 no first recv; it waits on its send to 0 and hangs.
+    # The first all_reduce (SETTLED) only makes sure every rank is out of init before rank 2 aborts
     "ring-no-first-recv": [
-        [GLOO, Broadcast(size_bytes=48, src=1), ReduceScatter(size_bytes=48, dtype="Int")],
-        [GLOO, Broadcast(size_bytes=96, src=1), ReduceScatter(size_bytes=48, dtype="Int")],
-        [GLOO, Broadcast(size_bytes=48, src=1), ReduceScatter(size_bytes=48, dtype="Int")],
-        [GLOO, Broadcast(size_bytes=48, src=1), ReduceScatter(size_bytes=48, dtype="Int")],
+        [*SETTLED, Broadcast(size_bytes=48, src=1), ReduceScatter(size_bytes=48, dtype="Int")],
+        [*SETTLED, Broadcast(size_bytes=96, src=1), ReduceScatter(size_bytes=48, dtype="Int")],
+        [*SETTLED, Broadcast(size_bytes=48, src=1), ReduceScatter(size_bytes=48, dtype="Int")],
+        [*SETTLED, Broadcast(size_bytes=48, src=1), ReduceScatter(size_bytes=48, dtype="Int")],
     ],
     # an all_reduce on a destroyed group's handle by one member that times out (1 s, inside the stall window):
     # torch's exception logger raises its ValueError in place of gloo's timeout, an error on both sides (not a hang)
@@ -105,10 +119,10 @@ PROBES: dict[str, list[list[Op]]] = {
     # ranks 0 and 3 all_reduce at the tag of a broadcast from 1 (another slot: missing to the tree), whose
     # broadcasters disagree on size: rank 2 receives 96 B into 48 (abort), rank 3's ring loses rank 2, 0 and 1 hang
     "broadcast-sizes-beside-another-algorithm": [
-        [GLOO, AllReduce(size_bytes=SIZE)],
-        [GLOO, Broadcast(size_bytes=96, dtype="BFloat16", src=1), AllReduce(size_bytes=SIZE)],
-        [GLOO, Broadcast(size_bytes=48, dtype="BFloat16", src=1), AllReduce(size_bytes=SIZE)],
-        [GLOO, AllReduce(size_bytes=SIZE)],
+        [*SETTLED, AllReduce(size_bytes=SIZE)],
+        [*SETTLED, Broadcast(size_bytes=96, dtype="BFloat16", src=1), AllReduce(size_bytes=SIZE)],
+        [*SETTLED, Broadcast(size_bytes=48, dtype="BFloat16", src=1), AllReduce(size_bytes=SIZE)],
+        [*SETTLED, AllReduce(size_bytes=SIZE)],
     ],
     # a broadcast tree missing rank 2: the root hangs, ranks 1 and 3 complete
     "partial-broadcast": [
@@ -162,7 +176,8 @@ def results() -> dict[str, CaseResult]:
     ]
     settings = RunSettings.for_lane("cpu", stall_s=2.5, timeout_s=30.0)
     with Launcher() as launcher:
-        done = run_cases(chosen, launcher=launcher, settings=settings, parallel=len(chosen))
+        # eight worlds at a time: every world at once starved ranks for seconds on a loaded 2-core CI machine
+        done = run_cases(chosen, launcher=launcher, settings=settings, parallel=8)
     assert not [p for p in launcher.all_pids if pid_alive(p)], "a rank process outlived the run"
     return {r.case.steps[0]: r for r in done}
 
