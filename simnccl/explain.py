@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
+from simnccl.backends.gloo import CROSS_WIRED_TYPE
 from simnccl.report import replaced_timeout_text
 from simnccl.result import VariantResult
 from simnccl.waitfor import Cycle, WaitForGraph
@@ -155,8 +156,11 @@ def explain(variant: VariantResult) -> str:
         # the sentence's own full stop ends it: torch's messages often end in one ("... the group first.")
         first = error["message"].splitlines()[0].rstrip(".") if error["message"] else ""
         # "died" only where the process did (a crash, gloo's SIGABRT); the rest raised an exception the program
-        # could have caught, and a reader takes "died" for a crash to look for in the logs
+        # could have caught, and a reader takes "died" for a crash to look for in the logs. The cross-wired check
+        # is the simulator's own: real torch raises nothing there
         ended = "died" if error["kind"] in ("crash", "abort") else "raised"
+        if error["type"] == CROSS_WIRED_TYPE:
+            ended = "was stopped by simnccl's check"
         when = f"Rank {error['rank']} {ended} at t={error['time_s']:.3f} s in {error['op']}"
         text = f"{when}: {error['type']}: {first}."
         if error.get("replaced_timeout"):  # the wait it ended is no hang entry: tell it here

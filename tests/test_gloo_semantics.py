@@ -733,3 +733,105 @@ def test_a_collision_of_groups_complete_under_one_name_is_a_verdict_race() -> No
         real = {"verdict": "pass", "hangs": [], "errors": []}
         comparison = compare_variant("collision", "cpu", simulate_case(case), real, 4, 0.0)
         assert classify(CaseResult(case, comparison)) == ("racy" if race else "disagree")
+
+
+# ------------------------------------------------------------------------------------------- cross-wired groups
+
+# seed111-case9's shape: ranks 0, 2 and 3 make a local-synchronization group, so their counter runs one ahead of
+# rank 1's, and rank 0 makes [1, 3] before [0, 2]. Under name '2' rank 1 bootstraps [1, 3] as group rank 0 and
+# rank 2 [0, 2] as group rank 1; under '3' ranks 0 and 3 the same: each group-rank key is written once.
+_LOCAL = NewGroup(ranks=(0, 2, 3), bind="l", use_local_synchronization=True)
+_ODDS, _EVENS = NewGroup(ranks=(1, 3), bind="g"), NewGroup(ranks=(0, 2), bind="g")
+
+
+def _wired(out: RunOutcome) -> list[tuple[Any, ...]]:
+    """The trace's cross-wired events: (time, rank, "cross-wired", name, the ranks wired in group-rank order)."""
+    return [e for e in out.trace if len(e) > 2 and e[2] == "cross-wired"]
+
+
+def _cross_wired(*tail: list[Op]) -> list[list[Op]]:
+    heads = [[GLOO, _LOCAL, _ODDS, _EVENS], [GLOO, _EVENS, _ODDS], [GLOO, _LOCAL, _EVENS, _ODDS]]
+    heads.append(heads[2])
+    return [[*head, *ops] for head, ops in zip(heads, tail, strict=True)]
+
+
+def test_two_groups_of_one_size_whose_group_ranks_differ_bootstrap_cross_wired() -> None:
+    # real (seed111-case9, 4 runs of 4, and tests/test_real_gloo_cross_wiring.py): both bootstraps complete, gloo
+    # connecting ranks 1 and 2 under '2' and 0 and 3 under '3'. The simulator reported a store-key collision hang.
+    out = simulate(_cross_wired([], [], [], []), gpus_per_node=0, ranks_per_node=4, keep_trace=True)
+    assert out.verdict == "pass", out.hangs
+    wired = sorted((e[1], e[3], tuple(e[4])) for e in _wired(out))
+    assert wired == [(0, "3", (0, 3)), (1, "2", (1, 2)), (2, "2", (1, 2)), (3, "3", (0, 3))]
+
+
+@pytest.mark.parametrize(
+    "ops",
+    [
+        [[AllReduce(group="g", size_bytes=SIZE)]] * 4,
+        [[Broadcast(group="g", size_bytes=SIZE, src=0)], [Broadcast(group="g", size_bytes=SIZE, src=1)]] * 2,
+        [
+            [Send(group="g", peer=2, size_bytes=SIZE)],
+            [Send(group="g", peer=3, size_bytes=SIZE)],
+            [Recv(group="g", peer=0, size_bytes=SIZE)],
+            [Recv(group="g", peer=1, size_bytes=SIZE)],
+        ],
+    ],
+    ids=["all_reduce", "broadcast", "send-recv"],
+)
+def test_an_op_on_a_cross_wired_group_is_the_simulator_s_check(ops: list[list[Op]]) -> None:
+    # real gloo runs each of these between 1 and 2 and between 0 and 3, on their data, and raises nothing
+    # (tests/test_real_gloo_cross_wiring.py): the simulator stops every rank there, naming whom it is wired to
+    from simnccl.backends.gloo import CROSS_WIRED_TYPE
+
+    out = run(_cross_wired(*ops))
+    assert out.verdict == "fail" and not out.hangs
+    assert [(e["rank"], e["kind"], e["type"]) for e in out.errors] == [(r, "check", CROSS_WIRED_TYPE) for r in range(4)]
+    wires = {0: "[0, 3]", 1: "[1, 2]", 2: "[1, 2]", 3: "[0, 3]"}
+    for error in out.errors:
+        assert f"gloo connected this rank to ranks {wires[error['rank']]}" in error["message"]
+        assert f"this {error['op'].split('(')[0]} runs between those ranks" in error["message"]
+    text = explain(VariantResult("v", "", "2.15", "2.15.0", "p", {}, "torch-default", out))
+    assert text.count("was stopped by simnccl's check at t=") == 4 and "raised" not in text, text
+
+
+def test_a_second_writer_of_a_group_rank_a_cross_wired_member_wrote_is_a_collision() -> None:
+    # [0, 1, 2] and [3, 4, 5] under one name (rank 4 skipped the first new_group): rank 4 writes group rank 1's key
+    # next to rank 0's group rank 0, then rank 1, a second later, writes group rank 1's key again. Its payload is
+    # the first arrival's, which the rendezvous alone would take as no disagreement and complete the meeting.
+    first, second = NewGroup(ranks=(0, 1, 2), bind="a"), NewGroup(ranks=(3, 4, 5), bind="b")
+    late = [GLOO, Compute(seconds=1.0), first, second]
+    programs = [[GLOO, first, second], late, late, [GLOO, first, second], [GLOO, second], [GLOO, first, second]]
+    out = simulate(programs, gpus_per_node=0, ranks_per_node=6, keep_trace=True)
+    assert out.verdict == "hang"
+    assert not _wired(out)
+    problems = {h["rank"]: h["explanation"] for h in out.hangs}
+    assert "rank 4 bootstraps ranks [3, 4, 5], rank 1 bootstraps ranks [0, 1, 2], both as group rank 1" in problems[0]
+
+
+def test_groups_of_different_sizes_under_one_name_stay_a_collision() -> None:
+    # a 3-rank and a 2-rank group under one name: gloo's keys do not pair them (unmeasured): a collision, as before
+    first, second = NewGroup(ranks=(0, 1, 2), bind="a"), NewGroup(ranks=(3, 4), bind="b")
+    programs = [[GLOO, first, second]] * 3 + [[GLOO, second], [GLOO, first, second]]
+    out = simulate(programs, gpus_per_node=0, ranks_per_node=5, keep_trace=True)
+    assert out.verdict == "hang"
+    assert any("store key collision" in h["explanation"] for h in out.hangs)
+    assert not _wired(out)
+
+
+def test_real_diff_counts_a_cross_wired_op_as_a_known_gap_not_an_agreement() -> None:
+    # real gloo runs the op (pass); the simulator's verdict is fail. Not an agreement, not a disagreement either:
+    # the known gap ``gloo-cross-wired``; a real rank failing at that same op is no longer that gap.
+    from simnccl.real.compare import compare_variant
+    from simnccl.real.differential import Case, CaseResult, classify, simulate_case
+    from simnccl.real.programs import share_identical
+
+    programs = _cross_wired(*[[AllReduce(group="g", size_bytes=SIZE)]] * 4)
+    case = Case(0, 0, 4, share_identical([Program(tuple(p)) for p in programs]), ("cross-wired",))
+    sim = simulate_case(case)
+    assert sim["verdict"] == "fail"
+    comparison = compare_variant("x", "cpu", sim, {"verdict": "pass", "hangs": [], "errors": []}, 4, 0.0)
+    assert classify(CaseResult(case, comparison)) == "known-gap" and comparison.known_gap == "gloo-cross-wired"
+    failed = {"rank": 1, "kind": "error", "type": "RuntimeError", "op": sim["errors"][1]["op"], "message": "x"}
+    real = {"verdict": "error", "hangs": [], "errors": [failed]}
+    comparison = compare_variant("x", "cpu", sim, real, 4, 0.0)
+    assert classify(CaseResult(case, comparison)) == "disagree"

@@ -46,6 +46,8 @@ FileStore (pinned in the simulator by ``tests/test_gloo_semantics.py``, on real 
   at the tag of a broadcast from 1 of 96 B that rank 2 posts 48 B for: 2 aborts, 3 loses it, 0 and 1 hang).
 * **One-rank groups** still write their key under the group's store prefix (``SINGLETON_RACE``); groups that
   collide under one name with all their members there may each read their own keys (``COMPLETE_COLLISION_RACE``).
+  Groups of one size under one name whose members' group ranks differ write each key once: gloo connects the
+  writers, cross-wired (``engine.store_collisions``, ``CROSS_WIRED``).
 * **Split.** ``ProcessGroupGloo::split`` builds a fresh gloo context over a store prefixed with the new group's
   hashed name (members only; a non-member returns ``NON_GROUP_MEMBER`` at once): it is a members-only bootstrap,
   not a collective on the parent as ``ncclCommSplit`` is (``split_is_collective``).
@@ -107,6 +109,18 @@ COMPLETE_COLLISION_RACE = (
     "on the order of the store writes"
 )
 
+
+# An op on a group whose gloo bootstrap another group of its size joined by group rank under one name, each
+# group-rank key written once (``engine.store_collisions``, measured there): gloo connected the writers, so the op runs
+# between the wrong ranks and raises nothing. The simulator stops the rank there, as a check of its own
+# (``CROSS_WIRED_TYPE``), since nothing in a real run would show it.
+CROSS_WIRED = (
+    "simnccl check: group {name!r} of ranks {group} bootstrapped under a store name that a group of ranks {other} "
+    "also bootstrapped under (diverged group counters), each group-rank key written once, so gloo connected "
+    "this rank to ranks {wire} (in group-rank order) in place of {group}. On torch 2.15 gloo this {op} runs "
+    "between those ranks, on their data, and raises nothing"
+)
+CROSS_WIRED_TYPE = "CrossWiredGroup"
 
 # A gloo all_to_all whose members disagree on size: a member that receives more than it posted aborts, and the
 # member that sent too much completes only if every peer's message reached it before that peer died. Measured

@@ -16,9 +16,10 @@ from typing import Any
 import simpy
 
 from simnccl.backends import LIFECYCLES, Comm, CommState
-from simnccl.backends.gloo import broadcast_leavers
+from simnccl.backends.gloo import CROSS_WIRED_TYPE, broadcast_leavers
 from simnccl.c10d import Group, TorchError
 from simnccl.engine.comms import LAZY_PAIR_ATTEMPTS, STALE_PAIR_WHAT, Comms, pair_in_group
+from simnccl.engine.config import WorkloadFailure
 from simnccl.engine.memory import Memory
 from simnccl.engine.rendezvous import Rendezvous
 from simnccl.engine.sim import Sim
@@ -45,6 +46,7 @@ class Collectives:
         self.comms = comms
         self.memory = memory
         self.timing = timing
+        self._wires = comms.cross_wiring.wires  # empty unless a gloo bootstrap cross-wired (asked per op)
         # nccl-lazy's LazyBackend::nextPairAttempt, per process: (rank, lower group rank, higher) -> next attempt
         self._pair_attempts: dict[tuple[int, int, int], int] = {}
         # (group, lo, hi[, incarnation]) -> {rank: (its attempt, its meeting)}: the nccl-lazy pair each rank opened
@@ -112,6 +114,8 @@ class Collectives:
             return
         if comm.impl.is_nccl:
             self.memory.touch(rt, comm.device, op)
+        if self._wires:
+            self._cross_wired(comm, target, op)
         self._connect(rt, target, comm, op, op.name, op.size_bytes)
         comm.seq += 1
         entry = self._fr_record(rt, target, comm, op.name, op.size_bytes, op.dtype, p2p=False)
@@ -136,6 +140,13 @@ class Collectives:
             f"({trace.time_text(now)}, {rt.rank!r}, {name!r}, {group_name!r}, {seq!r})",
             (now, rt.rank, name, group_name, seq),
         )
+
+    def _cross_wired(self, comm: Comm, target: Group, op: Op) -> None:
+        """Stop a rank at its first op on a gloo communicator a store-key collision cross-wired
+        (``engine.store_collisions``): real gloo would run it between other ranks, on their data, without an error."""
+        text = self.comms.cross_wiring.failure(comm.comm_id, target.name, target.ranks, op.name)
+        if text is not None:
+            raise WorkloadFailure(text, CROSS_WIRED_TYPE)
 
     def _connect(
         self, rt: RankRuntime, group: Group, comm: Comm, op: Op, collective: str, nbytes: int, peer: int | None = None
@@ -230,6 +241,8 @@ class Collectives:
         else:
             if not comm.ready:
                 yield from self.comms.init(rt, target, comm, op)
+            if self._wires:
+                self._cross_wired(comm, target, op)
             self._connect(rt, target, comm, op, op.name, op.size_bytes, op.peer)
             channel = comm.comm_id
         n = comm.next_p2p_seq(src, dst)

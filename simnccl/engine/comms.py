@@ -23,6 +23,7 @@ from simnccl.engine.rendezvous import Rendezvous
 from simnccl.engine.sim import Sim
 from simnccl.engine.sockets import GlooSockets
 from simnccl.engine.state import ProcessAbort, RankRuntime, Waiting, current_device
+from simnccl.engine.store_collisions import CrossWiring, mark_complete_collision
 from simnccl.engine.timing import Timing
 from simnccl.meetings import Arrival, Meeting
 from simnccl.ops import Op
@@ -188,6 +189,7 @@ class Comms:
         self.sockets = sockets
         self.registry = registry
         self.nvls = MulticastSlots(sim)  # NVLS multicast slots per node, bound at init, freed at destroy
+        self.cross_wiring = CrossWiring(registry.members, sim)  # gloo bootstraps two groups joined by group rank
         self._split_results: dict[int, dict[tuple[int, ...], int | Meeting]] = {}
         self._store_timeout: set[tuple[int, int | None]] = set()  # (rank, op index or None: the next bootstrap)
         # A later group bootstrapping under a name one already bootstrapped with: (name's key, its ranks) -> the
@@ -265,11 +267,18 @@ class Comms:
                 stale = self.stale_writer(rt, group, comm.impl.is_nccl)
                 if stale is not None:
                     yield from self.read_stale(rt, group, comm, meeting, stale)
-            self.rendezvous.arrive(meeting, rt, group.ranks, op, duration=self.timing.bootstrap_s)
+            payload = group.ranks  # or, gloo, the first group's: one that another joins by group rank
+            if comm.impl is Impl.GLOO and meeting.problem is None and meeting.arrivals:
+                payload = self.cross_wiring.payload(meeting, rt.rank, group.ranks)
+            self.rendezvous.arrive(meeting, rt, payload, op, duration=self.timing.bootstrap_s)
             if comm.impl is Impl.GLOO:
-                self._mark_complete_collision(meeting)
+                mark_complete_collision(meeting)
             yield from self.rendezvous.wait(rt, meeting, op)
             comm.comm_id = self.registry.id_for(meeting)
+            if comm.impl is Impl.GLOO and self.cross_wiring.joined(meeting):
+                self._ready(rt, group, comm, op)  # then its members are the ranks that met, not this group's
+                self.cross_wiring.connect(meeting, rt.rank, group.name, comm.comm_id)
+                return
         else:
             if comm.impl is Impl.GLOO:
                 self._gloo_singleton(rt, group, op)
@@ -451,20 +460,6 @@ class Comms:
                 f"{SINGLETON_RACE}"
             )
             self.record(self.env.now, rt.rank, "collision", group.name)
-
-    @staticmethod
-    def _mark_complete_collision(meeting: Meeting) -> None:
-        """A gloo store-key collision where every colliding group has all its members under the name: the real
-        verdict is the order of the store writes (``COMPLETE_COLLISION_RACE``), so say so. The run still hangs
-        here; a member still missing, as after a skipped new_group, makes the hang certain and is not marked."""
-        problem = meeting.problem
-        if problem is None or not problem.startswith("store key collision") or COMPLETE_COLLISION_RACE in problem:
-            return
-        groups = {arrival.payload for arrival in meeting.arrivals.values()}
-        if len(groups) > 1 and all(
-            {r for r, a in meeting.arrivals.items() if a.payload == g} == set(g) for g in groups
-        ):
-            meeting.problem = f"{problem}; {COMPLETE_COLLISION_RACE}"
 
     def _collision(self, meeting: Meeting, rt: RankRuntime, group: Group, op: Op) -> Meeting:
         """A second bootstrap under a name already used: a meeting that can never complete, explained."""

@@ -32,7 +32,7 @@ Both sides must agree on the ranks that did not finish (hang/no-hang per rank); 
 into: ``agree`` (verdict and blocked/stuck ranks), ``racy`` (a store-key collision: real gloo connects whichever
 colliding peer comes first, so only pass/no-pass is compared — and not even that when the collision is with a
 one-rank group's key, where the order of two store writes decides whether the bootstrap succeeds),
-``known-gap`` (a difference explained by a documented simulator gap, ``simnccl.real.compare.KNOWN_GAPS``) and
+``known-gap`` (a difference explained by a documented gap, ``simnccl.real.compare.KNOWN_GAPS``) and
 ``disagree``. A case is identified by
 ``(seed, index)``; ``describe`` prints it as a replayable program and ``python -m simnccl.real diff --seed S --only I``
 runs it again.
