@@ -808,6 +808,20 @@ def test_a_second_writer_of_a_group_rank_a_cross_wired_member_wrote_is_a_collisi
     assert "rank 4 bootstraps ranks [3, 4, 5], rank 1 bootstraps ranks [0, 1, 2], both as group rank 1" in problems[0]
 
 
+def test_a_joined_bootstrap_waits_for_the_writer_of_each_key_still_unwritten() -> None:
+    # [0, 1, 2] and [3, 4, 5] under one name, only rank 0 (group rank 0) and rank 4 (group rank 1 of the other)
+    # there: the meeting waits for group rank 2's key, rank 2's; rank 1's key is written (by rank 4). (Rank 4's
+    # entry, made at its own timeout after rank 0 left at its own, names rank 0 too, as any gloo bootstrap's.)
+    first, second = NewGroup(ranks=(0, 1, 2), bind="a"), NewGroup(ranks=(3, 4, 5), bind="b")
+    programs = [[GLOO, first, second], [GLOO, second], [GLOO, second], [GLOO, first, second]]
+    programs += [[GLOO, second], [GLOO, first, second]]
+    out = run(programs)
+    assert out.verdict == "hang"
+    waits = {h["rank"]: h["waiting_for"] for h in out.hangs}
+    assert waits[0] == [2], out.hangs
+    assert "rank 2 finished its program without joining" in next(h for h in out.hangs if h["rank"] == 0)["explanation"]
+
+
 def test_groups_of_different_sizes_under_one_name_stay_a_collision() -> None:
     # a 3-rank and a 2-rank group under one name: gloo's keys do not pair them (unmeasured): a collision, as before
     first, second = NewGroup(ranks=(0, 1, 2), bind="a"), NewGroup(ranks=(3, 4), bind="b")

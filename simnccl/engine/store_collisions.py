@@ -80,6 +80,8 @@ class CrossWiring:
         if first.payload is ranks or first.payload == ranks:
             return ranks
         self._groups.setdefault(id(meeting), {})[rank] = ranks
+        # the meeting waits for its key's writers: this rank in place of the first group's rank at its group rank
+        meeting.expected = (*meeting.expected[:index], rank, *meeting.expected[index + 1 :])
         return first.payload
 
     def joined(self, meeting: Meeting) -> bool:
@@ -90,10 +92,10 @@ class CrossWiring:
         """A joined meeting's communicator, on one member once it is ready: its members are the ranks that met,
         in group-rank order, not the member's group; an op on it is the check's (``failure``)."""
         groups = self._groups[id(meeting)]
-        own = {r: groups.get(r, arrival.payload) for r, arrival in meeting.arrivals.items()}
-        ranks = tuple(sorted(own, key=lambda r: own[r].index(r)))
+        own = [groups.get(r, arrival.payload) for r, arrival in meeting.arrivals.items()]
+        ranks = meeting.expected  # in group-rank order, each the writer of its key (``payload``)
         self._members[comm_id] = ranks
-        self.wires[comm_id] = (ranks, tuple(dict.fromkeys(own.values())))
+        self.wires[comm_id] = (ranks, tuple(dict.fromkeys(own)))
         self._record(self._env.now, rank, "cross-wired", name, ranks)
 
     def failure(self, comm_id: Any, name: str, group: tuple[int, ...], op_name: str) -> str | None:
