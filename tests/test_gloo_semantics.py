@@ -196,6 +196,33 @@ def test_broadcasters_of_different_sizes_beside_another_algorithm_end_by_their_m
     assert {h["rank"]: h["op"].split("(")[0] for h in out.hangs} == {0: other.name, 1: "broadcast"}
 
 
+def test_a_size_mismatch_beside_another_algorithm_ends_by_its_messages() -> None:
+    # real (tests/test_real_gloo_semantics.py, 5 runs of 5): ranks 0 to 2 all_gather 96, 192 and 96 B at the tag
+    # of rank 3's barrier. The barrier is on another slot, missing to the ring: rank 2 receives 192 B into 96 and
+    # aborts, rank 1 (its ring neighbour) and rank 3 (its barrier peer) lose it, rank 0 waits on rank 3. The
+    # simulator ran the barrier member as one of the all_gather's and aborted it too. Then the ring allreduce
+    # (4 runs of 4): rank 0's 192 B abort rank 3, rank 2's barrier loses its peer 3 (it aborted rank 2 before).
+    out = run(
+        [
+            [GLOO, AllGather(size_bytes=96)],
+            [GLOO, AllGather(size_bytes=192)],
+            [GLOO, AllGather(size_bytes=96)],
+            [GLOO, Barrier()],
+        ]
+    )
+    assert [status(out, r) for r in range(4)] == ["hang", "peer-lost", "abort", "peer-lost"]
+    assert "and among the members of all_gather, size mismatch" in out.hangs[0]["explanation"]
+    out = run(
+        [
+            [GLOO, AllReduce(size_bytes=192)],
+            [GLOO, AllReduce(size_bytes=96)],
+            [GLOO, Barrier()],
+            [GLOO, AllReduce(size_bytes=96)],
+        ]
+    )
+    assert [status(out, r) for r in (2, 3)] == ["peer-lost", "abort"]
+
+
 @pytest.mark.parametrize("ranks", [2, 3, 4])
 def test_a_full_gloo_broadcast_still_completes_together(ranks: int) -> None:
     out = run([[GLOO, Broadcast(size_bytes=SIZE, src=ranks - 1), AllReduce(size_bytes=SIZE)]] * ranks)

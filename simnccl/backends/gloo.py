@@ -43,7 +43,9 @@ FileStore (pinned in the simulator by ``tests/test_gloo_semantics.py``, on real 
   member that issued another algorithm at the broadcast's tag is missing to it (another slot; seed104-case33).
   If the broadcasters also disagree on size, the messages decide each of them (``wire_fates`` without the
   missing members), and a ring member beside them fails once its neighbour aborts (4 ranks, 0 and 3 all_reduce
-  at the tag of a broadcast from 1 of 96 B that rank 2 posts 48 B for: 2 aborts, 3 loses it, 0 and 1 hang).
+  at the tag of a broadcast from 1 of 96 B that rank 2 posts 48 B for: 2 aborts, 3 loses it, 0 and 1 hang). Any
+  algorithm's size mismatch beside another algorithm is decided the same way, the other members missing to it
+  (ranks 0 to 2 all_gather 96, 192 and 96 B beside rank 3's barrier: 2 aborts, 1 and 3 lose it, 0 hangs).
 * **One-rank groups** still write their key under the group's store prefix (``SINGLETON_RACE``); groups that
   collide under one name with all their members there may each read their own keys (``COMPLETE_COLLISION_RACE``).
   Groups of one size under one name whose members' group ranks differ write each key once: gloo connects the

@@ -166,7 +166,7 @@ class Collectives:
         ``"hang"``): to the tree it is simply missing, so the problem it sets on the meeting does not stop the
         ranks that never talk to it (real, seed104-case33: rank 2 skips a broadcast from 0 and all_to_alls at its
         tag; ranks 1 and 3 complete the broadcast). A size mismatch among the broadcasters, beside such members
-        or not, is decided per message instead (``fates``: ``Rendezvous._broadcast_beside_another_algorithm``)."""
+        or not, is decided per message instead (``fates``: ``Rendezvous._mismatch_beside_another_algorithm``)."""
         waits = self.rendezvous.releases(meeting)
         waits[rt.rank] = self.env.event()
         if meeting.problem is None or (meeting.fates is None and self._broadcasters_agree(meeting)):

@@ -21,6 +21,7 @@ from simnccl.backends.gloo import (
     ALLREDUCE_SIZE_RACE,
     ALLTOALL_SIZE_RACE,
     SIZE_ENFORCE,
+    WIRE_FAMILY,
     Fate,
     mismatch_fates,
     p2p_fates,
@@ -109,7 +110,7 @@ class Rendezvous:
                 if meeting.abort_on_mismatch and problem.startswith("size mismatch"):
                     meeting.fates = {}
         if meeting.problem is not None and meeting.abort_on_mismatch and meeting.kind == "collective":
-            self._broadcast_beside_another_algorithm(meeting)
+            self._mismatch_beside_another_algorithm(meeting)
         if meeting.fates is not None:
             self._decide(meeting)
         elif meeting.problem is None and len(meeting.arrivals) == len(meeting.expected):
@@ -156,40 +157,48 @@ class Rendezvous:
             )
         return None
 
-    def _broadcast_beside_another_algorithm(self, meeting: Meeting) -> None:
-        """A gloo broadcast whose broadcasters disagree on size while other members issued another algorithm at
-        its tag: those members send on another slot, so to the tree they are simply missing, and the size
-        mismatch among the broadcasters is decided per message as in any gloo size mismatch (``_decide``), not
-        left to hang. Measured on torch 2.15 gloo (4 ranks, 0 and 3 all_reduce or reduce_scatter at the tag of a
-        broadcast from 1 of 96 B, rank 2 posting 48 B): rank 2 aborts, rank 3 loses its ring neighbour 2, ranks
-        0 and 1 hang. Members naming different roots stay ``Collectives._tree_ready``'s (no fates)."""
-        beside = self._broadcasters_beside(meeting)
-        if beside is None or len({a.payload[3] for a in beside.values()}) > 1:
+    def _mismatch_beside_another_algorithm(self, meeting: Meeting) -> None:
+        """A gloo collective whose members of one algorithm disagree on size while other members issued another
+        algorithm at its tag: those members send on another slot, so to the first algorithm they are simply
+        missing, and its size mismatch is decided per message as in any gloo size mismatch (``_decide``), not
+        left to hang. Measured on torch 2.15 gloo, 4 ranks: 0 and 3 all_reduce or reduce_scatter at the tag of a
+        broadcast from 1 of 96 B that rank 2 posts 48 B for: rank 2 aborts, rank 3 loses its ring neighbour 2,
+        ranks 0 and 1 hang (4 runs of 4); ranks 0 to 2 all_gather 96, 192 and 96 B while rank 3 runs a barrier:
+        rank 2 aborts, ranks 1 (its ring neighbour) and 3 (its barrier peer) lose it, rank 0 hangs. Members of a
+        broadcast naming different roots stay ``Collectives._tree_ready``'s (no fates)."""
+        beside = self._mismatched_beside(meeting)
+        if beside is None:
             return
         casts = list(beside.values())
+        if casts[0].payload[0] == "broadcast" and len({a.payload[3] for a in casts}) > 1:
+            return
         larger = next(a for a in casts if a.payload[1] != casts[0].payload[1])
         other = next(a for r, a in meeting.arrivals.items() if r not in beside)
+        name = casts[0].payload[0]
+        among = "the broadcasters" if name == "broadcast" else f"the members of {name}"
         meeting.problem = (
-            f"{self._disagreement(meeting, other, casts[0])}; and among the broadcasters, "
+            f"{self._disagreement(meeting, other, casts[0])}; and among {among}, "
             f"{self._disagreement(meeting, casts[0], larger)}"
         )
         if meeting.fates is None:
             meeting.fates = {}
 
     @staticmethod
-    def _broadcasters_beside(meeting: Meeting) -> dict[int, Arrival] | None:
-        """The broadcasters of a gloo broadcast that disagree on size beside members that issued another
-        algorithm at its tag (None: not that mix)."""
-        arrivals = meeting.arrivals
-        casts = {r: a for r, a in arrivals.items() if a.payload[0] == "broadcast"}
-        if not casts or len(casts) == len(arrivals) or len({a.payload[1] for a in casts.values()}) < 2:
+    def _mismatched_beside(meeting: Meeting) -> dict[int, Arrival] | None:
+        """The members of a gloo collective's one algorithm that disagree on size beside members that issued
+        another algorithm at its tag (None: not that mix, or more than one algorithm disagreeing on size)."""
+        families: dict[str, dict[int, Arrival]] = {}
+        for r, a in meeting.arrivals.items():
+            families.setdefault(WIRE_FAMILY.get(a.payload[0], a.payload[0]), {})[r] = a
+        if len(families) < 2:
             return None
-        return casts
+        mismatched = [m for m in families.values() if len({a.payload[1] for a in m.values()}) > 1]
+        return mismatched[0] if len(mismatched) == 1 else None
 
     def _on_the_wire(self, meeting: Meeting) -> dict[int, Arrival]:
-        """The arrivals whose messages decide a gloo size mismatch: all of them, or in a broadcast beside
-        another algorithm (``_broadcast_beside_another_algorithm``) the broadcasters only."""
-        beside = self._broadcasters_beside(meeting)
+        """The arrivals whose messages decide a gloo size mismatch: all of them, or beside another algorithm
+        (``_mismatch_beside_another_algorithm``) the members of the algorithm that disagree on size only."""
+        beside = self._mismatched_beside(meeting)
         return meeting.arrivals if beside is None else beside
 
     def _decide(self, meeting: Meeting) -> None:
