@@ -107,16 +107,15 @@ class GlooSockets:
             src = getattr(op, "src", None)
             root = expected.index(src) if src in expected else 0
             peers = [expected[i] for i in direct_peers(op.name, expected.index(rank), len(expected), root)]
-            # a peer that issued another algorithm at the tag (another slot) is not in this one: it closing fails
-            # this rank as a peer that never came would (a barrier beside an all_gather whose member aborted)
-            family = WIRE_FAMILY.get(op.name)
-            arrivals = meeting.arrivals
-            return next(
-                (
-                    p
-                    for p in peers
-                    if p in closed and (p not in arrivals or WIRE_FAMILY.get(arrivals[p].payload[0]) != family)
-                ),
-                None,
-            )
-        return next((p for p in peers if p in closed and p not in meeting.arrivals), None)
+        # a peer that issued another algorithm at the tag (another slot) is not in this one: it closing fails this
+        # rank as a peer that never came would (a barrier beside an all_gather whose member aborted)
+        family = WIRE_FAMILY.get(arrival.payload[0])
+        arrivals = meeting.arrivals
+        return next(
+            (
+                p
+                for p in peers
+                if p in closed and (p not in arrivals or WIRE_FAMILY.get(arrivals[p].payload[0]) != family)
+            ),
+            None,
+        )
