@@ -337,10 +337,11 @@ def _allreduce_segments(nbytes: int, size: int, elem: int) -> tuple[int, int]:
     return seg, -(-max(-(-nbytes // seg), 2 * size) // size) * size
 
 
-def _allreduce_lengths(nbytes: int, size: int, elem: int, first: int, i: int) -> tuple[int, int]:
+def _allreduce_lengths(nbytes: int, size: int, layout: tuple[int, int], first: int, i: int) -> tuple[int, int]:
     """(send, recv) bytes of iteration ``i`` of a ring allreduce phase starting at segment block ``first`` (the
-    reduce-scatter phase of group rank r has first = r + 1, the allgather phase r); 0 or less: nothing posted."""
-    seg, nseg = _allreduce_segments(nbytes, size, elem)
+    reduce-scatter phase of group rank r has first = r + 1, the allgather phase r), for ``nbytes`` laid out as
+    ``_allreduce_segments`` says (``layout``, worked out once per buffer); 0 or less: nothing posted."""
+    seg, nseg = layout
     per = nseg // size
     send_off = ((first * per + i) * seg) % (nseg * seg)
     recv_off = (((first + 1) * per + i) * seg) % (nseg * seg)
@@ -364,7 +365,7 @@ def allreduce_waits(nbytes: int, elem: int, index: int, size: int) -> tuple[int,
     if size <= 1:
         return ()
     nxt, prv = (index + 1) % size, (index - 1) % size
-    sent, got = _allreduce_lengths(nbytes, size, elem, index + 1, 0)
+    sent, got = _allreduce_lengths(nbytes, size, _allreduce_segments(nbytes, size, elem), index + 1, 0)
     if got > 0:
         return (nxt, prv) if sent > 0 else (nxt,)
     return (prv, nxt)  # its first send (or, with neither first segment posted, a later op) comes first
@@ -378,18 +379,15 @@ def _steps(family: str, nbytes: int, index: int, size: int, root: int, elem: int
     steps: list[Step] = []
     if family == "allreduce":
         nxt, prv = (index + 1) % size, (index - 1) % size  # gloo: recvRank = rank + 1, sendRank = rank - 1
-        nseg = _allreduce_segments(nbytes, size, elem)[1]
-
-        def lengths(first: int, i: int) -> tuple[int, int]:
-            return _allreduce_lengths(nbytes, size, elem, first, i)
-
+        layout = _allreduce_segments(nbytes, size, elem)
+        nseg = layout[1]
         for first in (index + 1, index):  # reduce-scatter, then allgather
             for i in range(nseg):
                 if i >= 2:
-                    sent, got = lengths(first, i - 2)
+                    sent, got = _allreduce_lengths(nbytes, size, layout, first, i - 2)
                     steps += [("wait_recv",)] * (got > 0) + [("wait_send",)] * (sent > 0)
                 if i < nseg - 2:
-                    sent, got = lengths(first, i)
+                    sent, got = _allreduce_lengths(nbytes, size, layout, first, i)
                     steps += [("recv", nxt, got)] * (got > 0) + [("send", prv, sent)] * (sent > 0)
     elif family == "broadcast":
         vrank, sends = (index - root) % size, 0
