@@ -109,10 +109,13 @@ class Rendezvous:
                 meeting.problem = problem
                 if meeting.abort_on_mismatch and problem.startswith("size mismatch"):
                     meeting.fates = {}
+        beside = None  # a gloo size mismatch beside another algorithm: its members (``_mismatched_beside``)
         if meeting.problem is not None and meeting.abort_on_mismatch and meeting.kind == "collective":
-            self._mismatch_beside_another_algorithm(meeting)
+            beside = self._mismatched_beside(meeting)
+            if beside is not None:
+                self._mismatch_beside_another_algorithm(meeting, beside)
         if meeting.fates is not None:
-            self._decide(meeting)
+            self._decide(meeting, meeting.arrivals if beside is None else beside)
         elif meeting.problem is None and len(meeting.arrivals) == len(meeting.expected):
             self.complete(meeting, duration(meeting))
         elif self.sockets.closed:
@@ -157,7 +160,7 @@ class Rendezvous:
             )
         return None
 
-    def _mismatch_beside_another_algorithm(self, meeting: Meeting) -> None:
+    def _mismatch_beside_another_algorithm(self, meeting: Meeting, beside: dict[int, Arrival]) -> None:
         """A gloo collective whose members of one algorithm disagree on size while other members issued another
         algorithm at its tag: those members send on another slot, so to the first algorithm they are simply
         missing, and its size mismatch is decided per message as in any gloo size mismatch (``_decide``), not
@@ -165,10 +168,8 @@ class Rendezvous:
         broadcast from 1 of 96 B that rank 2 posts 48 B for: rank 2 aborts, rank 3 loses its ring neighbour 2,
         ranks 0 and 1 hang (4 runs of 4); ranks 0 to 2 all_gather 96, 192 and 96 B while rank 3 runs a barrier:
         rank 2 aborts, ranks 1 (its ring neighbour) and 3 (its barrier peer) lose it, rank 0 hangs. Members of a
-        broadcast naming different roots stay ``Collectives._tree_ready``'s (no fates)."""
-        beside = self._mismatched_beside(meeting)
-        if beside is None:
-            return
+        broadcast naming different roots stay ``Collectives._tree_ready``'s (no fates). ``beside``: the members of
+        the algorithm that disagree on size (``_mismatched_beside``)."""
         casts = list(beside.values())
         if casts[0].payload[0] == "broadcast" and len({a.payload[3] for a in casts}) > 1:
             return
@@ -195,18 +196,13 @@ class Rendezvous:
         mismatched = [m for m in families.values() if len({a.payload[1] for a in m.values()}) > 1]
         return mismatched[0] if len(mismatched) == 1 else None
 
-    def _on_the_wire(self, meeting: Meeting) -> dict[int, Arrival]:
-        """The arrivals whose messages decide a gloo size mismatch: all of them, or beside another algorithm
-        (``_mismatch_beside_another_algorithm``) the members of the algorithm that disagree on size only."""
-        beside = self._mismatched_beside(meeting)
-        return meeting.arrivals if beside is None else beside
-
-    def _decide(self, meeting: Meeting) -> None:
+    def _decide(self, meeting: Meeting, arrivals: dict[int, Arrival]) -> None:
         """gloo enforces sizes per message, not per collective: run the algorithm's messages over the members in
         (``backends.gloo.wire_fates``) and release each rank that completes or aborts; the others keep waiting
         (on a rank not in yet, or until their timeout), and those waiting on a rank that aborts fail when its
-        sockets close (``GlooSockets``). A decided rank keeps its fate: later arrivals only add messages."""
-        arrivals = self._on_the_wire(meeting)
+        sockets close (``GlooSockets``). A decided rank keeps its fate: later arrivals only add messages.
+        ``arrivals``: those whose messages decide it, all of them, or beside another algorithm the members of
+        the algorithm that disagree on size only (``_mismatch_beside_another_algorithm``)."""
         first = next(iter(arrivals.values()))
         if meeting.kind == "p2p":
             src, dst = meeting.key[2], meeting.key[3]
