@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from simnccl.backends import Comm, CommState, lifecycle
-from simnccl.backends.gloo import COMPLETE_COLLISION_RACE, SINGLETON_RACE, STALE_ADDRESS
+from simnccl.backends.gloo import SINGLETON_RACE, STALE_ADDRESS
 from simnccl.c10d import CommPlan, Group, GroupPlan, TorchError
 from simnccl.engine.memory import Memory
 from simnccl.engine.nvls import MulticastSlots
@@ -23,7 +23,7 @@ from simnccl.engine.rendezvous import Rendezvous
 from simnccl.engine.sim import Sim
 from simnccl.engine.sockets import GlooSockets
 from simnccl.engine.state import ProcessAbort, RankRuntime, Waiting, current_device
-from simnccl.engine.store_collisions import CrossWiring, mark_complete_collision
+from simnccl.engine.store_collisions import CrossWiring, LateColliders, mark_complete_collision
 from simnccl.engine.timing import Timing
 from simnccl.meetings import Arrival, Meeting
 from simnccl.ops import Op
@@ -192,9 +192,7 @@ class Comms:
         self.cross_wiring = CrossWiring(registry.members, sim)  # gloo bootstraps two groups joined by group rank
         self._split_results: dict[int, dict[tuple[int, ...], int | Meeting]] = {}
         self._store_timeout: set[tuple[int, int | None]] = set()  # (rank, op index or None: the next bootstrap)
-        # A later group bootstrapping under a name one already bootstrapped with: (name's key, its ranks) -> the
-        # stuck meeting of each member there and when it came (``_collision``)
-        self._late_collisions: dict[tuple[Any, ...], dict[int, tuple[Meeting, float]]] = {}
+        self.late_colliders = LateColliders(sim)  # gloo groups bootstrapping under a name another completed
 
     def fail_store(self, rank: int, at_op: int | None) -> None:
         """Arm a ``store-timeout`` fault: that bootstrap of this rank never gets the unique id."""
@@ -256,7 +254,7 @@ class Comms:
             if rt.rank in meeting.arrivals or meeting.complete:
                 earlier, meeting = meeting, self._collision(meeting, rt, group, op)
                 if comm.impl is Impl.GLOO:
-                    self._late_colliders(earlier, rt, group, meeting)
+                    self.late_colliders.arrive(earlier, rt.rank, group.ranks, meeting)
             armed = (rt.rank, rt.pc) if (rt.rank, rt.pc) in self._store_timeout else (rt.rank, None)
             if armed in self._store_timeout:
                 self._store_timeout.discard(armed)
@@ -473,24 +471,6 @@ class Comms:
         if len(first.payload) == 1:
             stuck.problem += f"; {SINGLETON_RACE}"
         return stuck
-
-    def _late_colliders(self, meeting: Meeting, rt: RankRuntime, group: Group, stuck: Meeting) -> None:
-        """A later gloo group colliding with one that already bootstrapped under its name (``meeting``): when
-        every member of the later group comes at one moment, each writes its own address over the earlier
-        group's key just before it reads its peers', so whether each reads its own group's keys is the order of
-        the store writes, as for groups that bootstrap together (``COMPLETE_COLLISION_RACE``): say so on each
-        member's stuck meeting. Measured (real diff seed92-case29: ranks 0 and 2 leave an all_reduce together
-        and make [0, 2] under the name [1, 3] took, their counter one ahead after a local-synchronization group):
-        passed 4 times in 8, hung 4. A member missing, or coming later (the first reads the earlier group's key
-        before its peer writes), makes the hang certain and is not marked."""
-        earlier = next(iter(meeting.arrivals.values())).payload
-        if not meeting.complete or len(earlier) == 1 or set(group.ranks) == set(earlier):
-            return  # the earlier group never bootstrapped, is one rank's (``SINGLETON_RACE``), or is this one again
-        late = self._late_collisions.setdefault((meeting.key, group.ranks), {})
-        late[rt.rank] = (stuck, self.env.now)
-        if set(late) == set(group.ranks) and len({at for _, at in late.values()}) == 1:
-            for each, _at in late.values():
-                each.problem = f"{each.problem}; {COMPLETE_COLLISION_RACE}"
 
     # ---------------------------------------------------------------- splits
 

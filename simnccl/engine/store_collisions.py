@@ -9,7 +9,8 @@ runs between the wrong ranks, on their data, without an error. The simulator let
 gloo does (``CrossWiring.payload``: the members meet by group rank), keeps which ranks the communicator really
 connects (``connect``), and fails a rank's first op on it with ``backends.gloo.CROSS_WIRED``, a check of the
 simulator's own: real torch raises nothing, so nothing else would ever show the defect. Where a key is written
-twice, ``Rendezvous`` reports the store-key collision; ``mark_complete_collision`` says when its verdict is a race.
+twice, ``Rendezvous`` reports the store-key collision (``Comms`` a later group's under a name already complete);
+``mark_complete_collision`` and ``LateColliders`` say when its verdict is the order of the store writes.
 
 Measured on torch 2.15 gloo (4 processes; ranks 0, 2 and 3 make a local-synchronization group, so their group
 counter runs one ahead of rank 1's; rank 0 then makes [1, 3] before [0, 2], ranks 1 to 3 [0, 2] before [1, 3]):
@@ -28,6 +29,34 @@ from typing import Any
 from simnccl.backends.gloo import COMPLETE_COLLISION_RACE, CROSS_WIRED
 from simnccl.engine.sim import Sim
 from simnccl.meetings import Meeting
+
+
+class LateColliders:
+    """A later gloo group colliding with one that already bootstrapped under its name: when every member of the
+    later group comes at one moment, each writes its own address over the earlier group's key just before it
+    reads its peers', so whether each reads its own group's keys is the order of the store writes, as for groups
+    that bootstrap together (``COMPLETE_COLLISION_RACE``): say so on each member's stuck meeting. Measured (real
+    diff seed92-case29: ranks 0 and 2 leave an all_reduce together and make [0, 2] under the name [1, 3] took,
+    their counter one ahead after a local-synchronization group): passed 4 times in 8, hung 4. A member missing,
+    or coming later (the first reads the earlier group's key before its peer writes), makes the hang certain and
+    is not marked."""
+
+    def __init__(self, sim: Sim) -> None:
+        self._env = sim.env
+        # (the earlier meeting's key, the later group's ranks) -> each member's stuck meeting and when it came
+        self._late: dict[tuple[Any, ...], dict[int, tuple[Meeting, float]]] = {}
+
+    def arrive(self, meeting: Meeting, rank: int, ranks: tuple[int, ...], stuck: Meeting) -> None:
+        """``rank``, bootstrapping ``ranks``, came to ``meeting`` (the name's earlier bootstrap) and waits in
+        ``stuck`` (``Comms._collision``)."""
+        earlier = next(iter(meeting.arrivals.values())).payload
+        if not meeting.complete or len(earlier) == 1 or set(ranks) == set(earlier):
+            return  # the earlier group never bootstrapped, is one rank's (``SINGLETON_RACE``), or is this one again
+        late = self._late.setdefault((meeting.key, ranks), {})
+        late[rank] = (stuck, self._env.now)
+        if set(late) == set(ranks) and len({at for _, at in late.values()}) == 1:
+            for each, _at in late.values():
+                each.problem = f"{each.problem}; {COMPLETE_COLLISION_RACE}"
 
 
 def mark_complete_collision(meeting: Meeting) -> None:
