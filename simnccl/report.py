@@ -269,7 +269,7 @@ def hang_lines(hangs: Sequence[dict[str, Any]]) -> list[str]:
     for (op, kind, seq, group), items in sorted(stuck.items(), key=lambda item: min(h["rank"] for h in item[1])):
         waiting = sorted({r for h in items for r in h.get("waiting_for", ())})
         first = min(items, key=lambda h: h["rank"])
-        waits = f"waiting for {ranks_text(waiting)}" if waiting else "waiting for no rank"
+        waits = waiting_text(waiting)
         lines.append(
             f"hang: {ranks_text(h['rank'] for h in items)} in {op} ({kind} {seq} on group {group!r}), {waits}: "
             f"{first.get('explanation', '')}"
@@ -277,12 +277,16 @@ def hang_lines(hangs: Sequence[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def waiting_text(waiting: Sequence[int]) -> str:
+    """Whom a hang waits for, in words (a size mismatch waits for no rank: every member came)."""
+    return f"waiting for {ranks_text(waiting)}" if waiting else "waiting for no rank"
+
+
 def replaced_timeout_text(hang: Mapping[str, Any]) -> str:
     """Why an error came where a timeout fired: the hang entry torch's error replaced (an error's
     ``replaced_timeout``), in words. Why: torch's text there (a gloo op on a destroyed group's handle, "Process
     group <...> is not initialized in the world group map") names neither the wait nor whom it waited for."""
-    waiting = list(hang.get("waiting_for", ()))
-    whom = f"waiting for {ranks_text(waiting)}" if waiting else "waiting for no rank"
+    whom = waiting_text(list(hang.get("waiting_for", ())))
     timeout = hang.get("timeout_s")
     after = f"after {timeout:g} s " if isinstance(timeout, int | float) else ""
     where = f"{hang.get('kind', '?')} {hang.get('seq', '?')} on group {hang.get('group', '')!r}"

@@ -347,9 +347,9 @@ def _cross_wired_check(sim: Mapping[str, Any], real: Mapping[str, Any]) -> bool:
     if not errors or any(e.get("type") != CROSS_WIRED_TYPE for e in errors):
         return False
     real_ranks = rank_outcomes(real)
+    done = {"status": "done"}
     return all(
-        real_ranks.get(int(e["rank"]), {"status": "done"})["status"] == "done"
-        or real_ranks[int(e["rank"])].get("op") != e.get("op")
+        (ran := real_ranks.get(int(e["rank"]), done))["status"] == "done" or ran.get("op") != e.get("op")
         for e in errors
     )
 
