@@ -40,8 +40,8 @@ GLOO = InitProcessGroup(backend="gloo")
 SIZE = 96
 
 
-def run(programs: list[list[Op]]) -> RunOutcome:
-    return simulate(programs, gpus_per_node=0, ranks_per_node=len(programs))
+def run(programs: list[list[Op]], *, keep_trace: bool = False) -> RunOutcome:
+    return simulate(programs, gpus_per_node=0, ranks_per_node=len(programs), keep_trace=keep_trace)
 
 
 def status(out: RunOutcome, rank: int) -> str:
@@ -785,7 +785,7 @@ def _cross_wired(*tail: list[Op]) -> list[list[Op]]:
 def test_two_groups_of_one_size_whose_group_ranks_differ_bootstrap_cross_wired() -> None:
     # real (seed111-case9, 4 runs of 4, and tests/test_real_gloo_cross_wiring.py): both bootstraps complete, gloo
     # connecting ranks 1 and 2 under '2' and 0 and 3 under '3'. The simulator reported a store-key collision hang.
-    out = simulate(_cross_wired([], [], [], []), gpus_per_node=0, ranks_per_node=4, keep_trace=True)
+    out = run(_cross_wired([], [], [], []), keep_trace=True)
     assert out.verdict == "pass", out.hangs
     wired = sorted((e[1], e[3], tuple(e[4])) for e in _wired(out))
     assert wired == [(0, "3", (0, 3)), (1, "2", (1, 2)), (2, "2", (1, 2)), (3, "3", (0, 3))]
@@ -828,7 +828,7 @@ def test_a_second_writer_of_a_group_rank_a_cross_wired_member_wrote_is_a_collisi
     first, second = NewGroup(ranks=(0, 1, 2), bind="a"), NewGroup(ranks=(3, 4, 5), bind="b")
     late = [GLOO, Compute(seconds=1.0), first, second]
     programs = [[GLOO, first, second], late, late, [GLOO, first, second], [GLOO, second], [GLOO, first, second]]
-    out = simulate(programs, gpus_per_node=0, ranks_per_node=6, keep_trace=True)
+    out = run(programs, keep_trace=True)
     assert out.verdict == "hang"
     assert not _wired(out)
     problems = {h["rank"]: h["explanation"] for h in out.hangs}
@@ -853,7 +853,7 @@ def test_groups_of_different_sizes_under_one_name_stay_a_collision() -> None:
     # a 3-rank and a 2-rank group under one name: gloo's keys do not pair them (unmeasured): a collision, as before
     first, second = NewGroup(ranks=(0, 1, 2), bind="a"), NewGroup(ranks=(3, 4), bind="b")
     programs = [[GLOO, first, second]] * 3 + [[GLOO, second], [GLOO, first, second]]
-    out = simulate(programs, gpus_per_node=0, ranks_per_node=5, keep_trace=True)
+    out = run(programs, keep_trace=True)
     assert out.verdict == "hang"
     assert any("store key collision" in h["explanation"] for h in out.hangs)
     assert not _wired(out)
