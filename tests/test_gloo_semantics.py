@@ -11,7 +11,14 @@ from typing import Any
 
 import pytest
 
-from simnccl.backends.gloo import allreduce_waits, broadcast_leavers, broadcast_needs, direct_peers, wire_mismatch
+from simnccl.backends.gloo import (
+    CROSS_WIRED_TYPE,
+    allreduce_waits,
+    broadcast_leavers,
+    broadcast_needs,
+    direct_peers,
+    wire_mismatch,
+)
 from simnccl.engine import RunOutcome
 from simnccl.explain import explain
 from simnccl.ops import (
@@ -808,7 +815,6 @@ def test_two_groups_of_one_size_whose_group_ranks_differ_bootstrap_cross_wired()
 def test_an_op_on_a_cross_wired_group_is_the_simulator_s_check(ops: list[list[Op]]) -> None:
     # real gloo runs each of these between 1 and 2 and between 0 and 3, on their data, and raises nothing
     # (tests/test_real_gloo_cross_wiring.py): the simulator stops every rank there, naming whom it is wired to
-    from simnccl.backends.gloo import CROSS_WIRED_TYPE
 
     out = run(_cross_wired(*ops))
     assert out.verdict == "fail" and not out.hangs
@@ -876,3 +882,32 @@ def test_real_diff_counts_a_cross_wired_op_as_a_known_gap_not_an_agreement() -> 
     real = {"verdict": "error", "hangs": [], "errors": [failed]}
     comparison = compare_variant("x", "cpu", sim, real, 4, 0.0)
     assert classify(CaseResult(case, comparison)) == "disagree"
+
+
+def test_real_diff_counts_the_data_checks_stops_as_agreement_and_the_ranks_it_could_not_check_as_the_gap() -> None:
+    # The real driver's data check stops a rank whose result holds another rank's data with the simulator's own
+    # check type: where it stopped every rank the simulator stopped, the two agree; where it stopped some (the
+    # receivers of a send/recv) and the others ran on (the senders, nothing came back to them), the known gap.
+    from simnccl.real.compare import compare_variant
+    from simnccl.real.differential import Case, CaseResult, classify, simulate_case
+    from simnccl.real.programs import share_identical
+
+    sends = [Send(group="g", peer=2, size_bytes=SIZE)], [Send(group="g", peer=3, size_bytes=SIZE)]
+    recvs = [Recv(group="g", peer=0, size_bytes=SIZE)], [Recv(group="g", peer=1, size_bytes=SIZE)]
+    programs = _cross_wired(*sends, *recvs)
+    case = Case(0, 0, 4, share_identical([Program(tuple(p)) for p in programs]), ("cross-wired",))
+    sim = simulate_case(case)
+    assert [(e["rank"], e["type"]) for e in sim["errors"]] == [(r, CROSS_WIRED_TYPE) for r in range(4)]
+
+    def real_check(rank: int, error_type: str = CROSS_WIRED_TYPE) -> dict:
+        op = sim["errors"][rank]["op"]
+        return {"rank": rank, "kind": "check", "type": error_type, "op": op, "message": "data check"}
+
+    every = {"verdict": "fail", "hangs": [], "errors": [real_check(r) for r in range(4)]}
+    assert classify(CaseResult(case, compare_variant("x", "cpu", sim, every, 4, 0.0))) == "agree"
+    receivers = {"verdict": "fail", "hangs": [], "errors": [real_check(2), real_check(3)]}
+    comparison = compare_variant("x", "cpu", sim, receivers, 4, 0.0)
+    assert classify(CaseResult(case, comparison)) == "known-gap" and comparison.known_gap == "gloo-cross-wired"
+    # a receiver stopped by anything else at that op is not the gap
+    other = {"verdict": "fail", "hangs": [], "errors": [real_check(2), real_check(3, "ValueError")]}
+    assert classify(CaseResult(case, compare_variant("x", "cpu", sim, other, 4, 0.0))) == "disagree"

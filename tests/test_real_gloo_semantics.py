@@ -12,6 +12,7 @@ import pytest
 
 pytest.importorskip("torch")
 
+from simnccl.backends.gloo import CROSS_WIRED_TYPE
 from simnccl.ops import (
     AllGather,
     AllReduce,
@@ -185,17 +186,41 @@ PROBES: dict[str, list[list[Op]]] = {
         [GLOO, LOCAL_023, EVENS, ODDS],
         [GLOO, LOCAL_023, EVENS, ODDS],
     ],
-    # an all_reduce on those groups runs between the wrong ranks without an error (KNOWN_GAP_PROBES)
+    # an all_reduce on those groups runs between the wrong ranks without an error; the real driver's data check
+    # stops every rank there, as the simulator's check does
     "cross-wired-all-reduce": [
         [GLOO, LOCAL_023, ODDS, EVENS, AllReduce(group="g", size_bytes=SIZE)],
         [GLOO, EVENS, ODDS, AllReduce(group="g", size_bytes=SIZE)],
         [GLOO, LOCAL_023, EVENS, ODDS, AllReduce(group="g", size_bytes=SIZE)],
         [GLOO, LOCAL_023, EVENS, ODDS, AllReduce(group="g", size_bytes=SIZE)],
     ],
+    # the same for data moved, not summed
+    "cross-wired-all-gather": [
+        [GLOO, LOCAL_023, ODDS, EVENS, AllGather(group="g", size_bytes=SIZE)],
+        [GLOO, EVENS, ODDS, AllGather(group="g", size_bytes=SIZE)],
+        [GLOO, LOCAL_023, EVENS, ODDS, AllGather(group="g", size_bytes=SIZE)],
+        [GLOO, LOCAL_023, EVENS, ODDS, AllGather(group="g", size_bytes=SIZE)],
+    ],
+    # each group's rank 0 sends to its rank 1: the receivers get the other group's sender's data (the data
+    # check stops them); nothing comes back to a sender, which real gloo lets go on (KNOWN_GAP_PROBES)
+    "cross-wired-send-recv": [
+        [GLOO, LOCAL_023, ODDS, EVENS, Send(group="g", peer=2, size_bytes=SIZE)],
+        [GLOO, EVENS, ODDS, Send(group="g", peer=3, size_bytes=SIZE)],
+        [GLOO, LOCAL_023, EVENS, ODDS, Recv(group="g", peer=0, size_bytes=SIZE)],
+        [GLOO, LOCAL_023, EVENS, ODDS, Recv(group="g", peer=1, size_bytes=SIZE)],
+    ],
+    # a barrier carries no data: real gloo runs it between the wrong ranks and goes on (KNOWN_GAP_PROBES)
+    "cross-wired-barrier": [
+        [GLOO, LOCAL_023, ODDS, EVENS, Barrier(group="g")],
+        [GLOO, EVENS, ODDS, Barrier(group="g")],
+        [GLOO, LOCAL_023, EVENS, ODDS, Barrier(group="g")],
+        [GLOO, LOCAL_023, EVENS, ODDS, Barrier(group="g")],
+    ],
 }
 # Probes whose difference is a known gap (simnccl.real.compare.KNOWN_GAPS), not an agreement: the simulator's
-# cross-wired check stops the ranks real gloo runs on (the data it gets wrong: tests/test_real_gloo_cross_wiring.py)
-KNOWN_GAP_PROBES = {"cross-wired-all-reduce": "gloo-cross-wired"}
+# cross-wired check stops ranks that real gloo runs on, where nothing comes back for the real driver's data check
+# (simnccl.real.data_check) to read (the data real gloo gets wrong: tests/test_real_gloo_cross_wiring.py)
+KNOWN_GAP_PROBES = {"cross-wired-send-recv": "gloo-cross-wired", "cross-wired-barrier": "gloo-cross-wired"}
 # Probes with a barrier member whose peer dies: real diff compares those by verdict only (BARRIER_PEER_RACE), so
 # the rows, each rank's outcome on both sides, are checked here (5 real runs of 5 alike)
 ROW_BY_ROW_PROBES = {"all-gather-sizes-beside-a-barrier"}
@@ -257,7 +282,7 @@ def test_real_mismatch_outcomes(results: dict[str, CaseResult]) -> None:
     assert [h["rank"] for h in beside["hangs"]] == [0]
     assert [(e["rank"], e["kind"]) for e in beside["errors"]] == [(1, "peer-lost"), (2, "abort"), (3, "peer-lost")]
     assert _real(results["cross-wired-bootstrap"])["verdict"] == "pass"
-    assert _real(results["cross-wired-all-reduce"])["verdict"] == "pass"
+    assert _real(results["cross-wired-barrier"])["verdict"] == "pass"
     partial = _real(results["partial-broadcast"])
     assert partial["verdict"] == "hang"
     assert [h["rank"] for h in partial["hangs"]] == [0]
@@ -266,6 +291,24 @@ def test_real_mismatch_outcomes(results: dict[str, CaseResult]) -> None:
     assert [h["rank"] for h in _real(results["broadcast-two-ranks-name-other-roots"])["hangs"]] == [0, 3]
     assert [h["rank"] for h in _real(results["broadcast-root-names-another-root"])["hangs"]] == [0, 1, 2, 3]
     assert [h["rank"] for h in _real(results["broadcast-both-roots"])["hangs"]] == [0, 1]
+
+
+def test_real_data_check_stops_the_ranks_a_cross_wired_group_fed_wrong_data(results: dict[str, CaseResult]) -> None:
+    # every rank's all_reduce summed the other group's member (each tensor names its sender: data_check)
+    for name in ("cross-wired-all-reduce", "cross-wired-all-gather"):
+        errors = _real(results[name])["errors"]
+        assert [(e["rank"], e["kind"], e["type"]) for e in errors] == [
+            (r, "check", CROSS_WIRED_TYPE) for r in range(4)
+        ], name
+    reduced = {e["rank"]: e["message"] for e in _real(results["cross-wired-all-reduce"])["errors"]}
+    # rank 2 (group [0, 2]) was wired to rank 1 under name '2'; rank 0 (group [0, 2]) to rank 3 under '3'
+    assert "returned data sent by ranks [1]" in reduced[2] and "of ranks [0, 2]" in reduced[2]
+    assert "returned data sent by ranks [3]" in reduced[0]
+    # the receivers got the other group's sender's data; the senders went on, nothing came back to them
+    sent = _real(results["cross-wired-send-recv"])
+    assert [(e["rank"], e["type"]) for e in sent["errors"]] == [(2, CROSS_WIRED_TYPE), (3, CROSS_WIRED_TYPE)]
+    assert "data sent by ranks [1]" in sent["errors"][0]["message"]
+    assert "data sent by ranks [0]" in sent["errors"][1]["message"]
 
 
 def test_real_timeout_on_a_destroyed_group_is_torchs_value_error(results: dict[str, CaseResult]) -> None:

@@ -15,7 +15,9 @@ where it was) and one after it (outcome, wall times, measurement). What each op 
 * collectives: tensors of ``size_bytes`` of ``dtype`` (rounded up to a multiple of the group size where torch
   needs it); ``all_gather`` is ``all_gather_into_tensor``, ``reduce_scatter`` is ``reduce_scatter_tensor``,
   ``all_to_all`` is ``all_to_all_single``; on a ``NON_GROUP_MEMBER`` handle nothing is called (torch only warns).
-* ``send``/``recv``: unbatched, ``peer`` is a global rank.
+  Every element a rank sends names it and every result is read back (``data_check``): data of a rank outside
+  the group stops the rank with a ``check`` failure (a cross-wired group, which torch runs without an error).
+* ``send``/``recv``: unbatched, ``peer`` is a global rank; the receiver checks the data as above.
 * ``destroy_process_group``: the world handle tears everything down and clears the handles.
 * ``compute``: sleeps ``seconds * compute_scale`` capped at ``compute_cap_s`` (defaults: CPU lane 0, i.e.
   skipped; GPU lane 0.01, capped at 2 s) — recorded in the op's detail.
@@ -73,6 +75,15 @@ from simnccl.ops import (
     Send,
     SetDevice,
     SplitGroup,
+)
+from simnccl.real.data_check import (
+    FOREIGN_DATA,
+    FOREIGN_DATA_TYPE,
+    MOVES,
+    SUMS,
+    foreign_senders,
+    unchecked_reason,
+    value_of,
 )
 from simnccl.real.lanes import lane_policy
 from simnccl.real.measure import Measurer, classify
@@ -174,6 +185,7 @@ class Driver:
         # Each group's members, read while it is registered: torch forgets a destroyed group's (a KeyError in
         # get_process_group_ranks), while a program may still call a collective on its handle, which torch runs.
         self.members: dict[int, list[int]] = {}
+        self.unchecked: dict[tuple[str, str], str | None] = {}  # (dtype, data_check kind) -> why not checked
         self.p2p_seq: dict[tuple[int, int, int], int] = {}
         self.allocations: dict[str, list[Any]] = {}  # alloc tag -> its live tensors
         self.notes: list[str] = []
@@ -218,21 +230,58 @@ class Driver:
         if group is NON_MEMBER:
             return {"handle": handle, "group": NON_MEMBER}
         pg = group if group is not None else self.dist.distributed_c10d._get_default_group()
-        try:
-            name = pg.group_name
-        except Exception:
-            name = ""
-        if id(pg) not in self.members:
-            self.members[id(pg)] = list(self.dist.get_process_group_ranks(pg))
-        return {"handle": handle, "group": name, "members": self.members[id(pg)], "seq": self.seq.get(id(pg), 0) + 1}
+        return {
+            "handle": handle,
+            "group": _group_name(pg),
+            "members": self._members(pg),
+            "seq": self.seq.get(id(pg), 0) + 1,
+        }
 
-    def _tensor(self, size_bytes: int, dtype_name: str, multiple: int = 1) -> Any:
+    def _tensor(self, size_bytes: int, dtype_name: str, multiple: int = 1, kind: str | None = None) -> Any:
+        """The op's input of ``size_bytes``: every element this rank's value for an op of ``kind``
+        (``data_check.value_of``) where the dtype can carry the data check, else ones; ``kind`` None: zeros (an
+        output, or a recv's buffer, whose elements name no rank until written)."""
         torch = self.torch
-        dtype = getattr(torch, dtypes()[dtype_name].torch)  # ops carry known names only (simnccl.ops)
+        dtype = self._dtype(dtype_name)
         itemsize = torch.empty((), dtype=dtype).element_size()
         numel = max(1, math.ceil(size_bytes / itemsize))
         numel = math.ceil(numel / multiple) * multiple
-        return torch.ones(numel, dtype=dtype, device=self._device())
+        if kind is None:
+            return torch.zeros(numel, dtype=dtype, device=self._device())
+        if self._unchecked(dtype, kind) is not None:
+            return torch.ones(numel, dtype=dtype, device=self._device())
+        return torch.full((numel,), value_of(self.spec.rank, kind), dtype=dtype, device=self._device())
+
+    def _dtype(self, dtype_name: str) -> Any:
+        return getattr(self.torch, dtypes()[dtype_name].torch)  # ops carry known names only (simnccl.ops)
+
+    def _unchecked(self, dtype: Any, kind: str) -> str | None:
+        """``data_check.unchecked_reason`` for this world, once per dtype and kind."""
+        key = (str(dtype), kind)
+        if key not in self.unchecked:
+            self.unchecked[key] = unchecked_reason(self.torch, dtype, self.spec.world_size, kind)
+        return self.unchecked[key]
+
+    def _check_data(self, op: Collective | PointToPoint, pg: Any, result: Any, kind: str) -> str:
+        """Raise the data check's failure where ``result`` holds data of a rank outside ``pg`` (``data_check``);
+        else what the op's record says of the check: nothing where it was made, why where it was not."""
+        reason = self._unchecked(result.dtype, kind)
+        if reason is not None:
+            return f"; {reason}"
+        members = self._members(pg)
+        if len(members) == self.spec.world_size:
+            return ""  # the whole world: no rank outside it
+        foreign = foreign_senders(self.torch, result, members, self.spec.world_size, kind)
+        if foreign:
+            message = FOREIGN_DATA.format(op=op.name, name=_group_name(pg), members=members, foreign=foreign)
+            raise CheckFailure(message, type_name=FOREIGN_DATA_TYPE)
+        return ""
+
+    def _members(self, pg: Any) -> list[int]:
+        """A group's members as torch lists them (global ranks), read once per group."""
+        if id(pg) not in self.members:
+            self.members[id(pg)] = list(self.dist.get_process_group_ranks(pg))
+        return self.members[id(pg)]
 
     def _nccl_options(self, options: PgOptions, backend: str | None) -> Any:
         """torch's ProcessGroupNCCL.Options for a PgOptions (GPU lane, NCCL-family backends only)."""
@@ -359,38 +408,48 @@ class Driver:
         pg = group if group is not None else dist.distributed_c10d._get_default_group()
         size = dist.get_world_size(pg)
         self.seq[id(pg)] = self.seq.get(id(pg), 0) + 1
+        torch = self.torch
+        kind = SUMS if isinstance(op, (AllReduce, ReduceScatter)) else MOVES
+        result = None  # the tensor this rank received into: its data is checked (``data_check``)
         if isinstance(op, Barrier):
             dist.barrier(group=group)
         elif isinstance(op, AllReduce):
-            dist.all_reduce(self._tensor(op.size_bytes, op.dtype), group=group)
+            result = self._tensor(op.size_bytes, op.dtype, kind=kind)
+            dist.all_reduce(result, group=group)
         elif isinstance(op, Broadcast):
-            dist.broadcast(self._tensor(op.size_bytes, op.dtype), src=op.src, group=group)
+            result = self._tensor(op.size_bytes, op.dtype, kind=kind)
+            dist.broadcast(result, src=op.src, group=group)
         elif isinstance(op, AllGather):
-            t = self._tensor(op.size_bytes, op.dtype)
-            out = self.torch.empty(t.numel() * size, dtype=t.dtype, device=t.device)
-            dist.all_gather_into_tensor(out, t, group=group)
+            t = self._tensor(op.size_bytes, op.dtype, kind=kind)
+            result = torch.zeros(t.numel() * size, dtype=t.dtype, device=t.device)
+            dist.all_gather_into_tensor(result, t, group=group)
         elif isinstance(op, ReduceScatter):
-            t = self._tensor(op.size_bytes, op.dtype, multiple=size)
-            out = self.torch.empty(t.numel() // size, dtype=t.dtype, device=t.device)
-            dist.reduce_scatter_tensor(out, t, group=group)
+            t = self._tensor(op.size_bytes, op.dtype, multiple=size, kind=kind)
+            result = torch.zeros(t.numel() // size, dtype=t.dtype, device=t.device)
+            dist.reduce_scatter_tensor(result, t, group=group)
         elif isinstance(op, AllToAll):
-            t = self._tensor(op.size_bytes, op.dtype, multiple=size)
-            dist.all_to_all_single(self.torch.empty_like(t), t, group=group)
+            t = self._tensor(op.size_bytes, op.dtype, multiple=size, kind=kind)
+            result = torch.zeros_like(t)
+            dist.all_to_all_single(result, t, group=group)
         else:  # pragma: no cover - every Collective subclass is handled above
             raise TypeError(f"unknown collective {op.name}")
-        return f"seq {self.seq[id(pg)]} on {size} ranks"
+        detail = f"seq {self.seq[id(pg)]} on {size} ranks"
+        return detail if result is None else detail + self._check_data(op, pg, result, kind)
 
     def op_p2p(self, op: PointToPoint) -> str:
         dist = self.dist
         group = self._group(op.group)
         if group is NON_MEMBER:
             return f"not a member of {op.group!r}: torch warns and returns (no call)"
-        t = self._tensor(op.size_bytes, op.dtype)
+        detail = f"{op.name} {{}} bytes, peer {op.peer}"
         if isinstance(op, Send):
+            t = self._tensor(op.size_bytes, op.dtype, kind=MOVES)
             dist.send(t, dst=op.peer, group=group)
-        else:
-            dist.recv(t, src=op.peer, group=group)
-        return f"{op.name} {t.numel() * t.element_size()} bytes, peer {op.peer}"
+            return detail.format(t.numel() * t.element_size())
+        t = self._tensor(op.size_bytes, op.dtype)  # zeros until the peer's data lands
+        dist.recv(t, src=op.peer, group=group)
+        pg = group if group is not None else dist.distributed_c10d._get_default_group()
+        return detail.format(t.numel() * t.element_size()) + self._check_data(op, pg, t, MOVES)
 
     def op_destroy(self, op: DestroyProcessGroup) -> str:
         dist = self.dist
@@ -559,6 +618,14 @@ class Driver:
         final["notes"] = self.notes + self.measurer.notes
         final["t"] = time.time()
         return final
+
+
+def _group_name(pg: Any) -> str:
+    """A process group's name, or "" where torch no longer gives one."""
+    try:
+        return str(pg.group_name)
+    except Exception:
+        return ""
 
 
 def _qualified(exc: BaseException) -> str:

@@ -1,0 +1,67 @@
+"""The real driver's data check (``simnccl.real.data_check``): what each rank's data names, what a result names,
+which element types can carry the check. The real runs that use it: ``tests/test_real_gloo_semantics.py``
+(cross-wired groups, and every other probe, whose data must not be flagged)."""
+
+from __future__ import annotations
+
+import pytest
+
+from simnccl.real.data_check import MOVES, SUMS, largest, senders, value_of
+
+torch = pytest.importorskip("torch")
+
+from simnccl.real.data_check import foreign_senders, unchecked_reason  # noqa: E402
+
+
+def test_a_sum_of_distinct_ranks_is_the_mask_of_the_ranks_summed() -> None:
+    assert [value_of(r, SUMS) for r in range(4)] == [1, 2, 4, 8]
+    assert senders([value_of(1, SUMS) + value_of(2, SUMS)], 4, SUMS) == {1, 2}
+    assert largest(4, SUMS) == 15
+
+
+def test_moved_data_names_its_sender_and_zero_names_no_one() -> None:
+    assert [value_of(r, MOVES) for r in range(3)] == [1, 2, 3]
+    assert senders([0.0, 1.0, 3.0], 3, MOVES) == {0, 2}
+
+
+@pytest.mark.parametrize("value", [-1.0, 0.5, 16.0, 2.5])
+def test_a_value_no_encoding_makes_names_no_one(value: float) -> None:
+    assert senders([value], 4, SUMS) == set()
+    assert senders([value], 4, MOVES) == set()
+
+
+def test_a_result_holding_data_of_a_rank_outside_the_group_names_it() -> None:
+    # rank 2 of group [0, 2], cross-wired: its all_reduce summed ranks 1 and 2
+    result = torch.full((24,), float(value_of(1, SUMS) + value_of(2, SUMS)))
+    assert foreign_senders(torch, result, [0, 2], 4, SUMS) == [1]
+    # an all_gather whose second half came from rank 3
+    gathered = torch.cat([torch.full((4,), float(value_of(0, MOVES))), torch.full((4,), float(value_of(3, MOVES)))])
+    assert foreign_senders(torch, gathered, [0, 2], 4, MOVES) == [3]
+
+
+def test_members_data_partial_sums_and_unwritten_outputs_are_not_flagged() -> None:
+    members = [0, 2]
+    assert foreign_senders(torch, torch.full((8,), 5.0), members, 4, SUMS) == []  # ranks 0 and 2 summed
+    assert foreign_senders(torch, torch.full((8,), 4.0), members, 4, SUMS) == []  # rank 2's own value only
+    assert foreign_senders(torch, torch.zeros(8), members, 4, MOVES) == []
+
+
+@pytest.mark.parametrize(
+    ("dtype", "world", "kind", "checked"),
+    [
+        ("float32", 8, SUMS, True),
+        ("bfloat16", 8, SUMS, True),  # 255: eight significant bits, bfloat16's all
+        ("bfloat16", 9, SUMS, False),
+        ("int8", 7, SUMS, True),
+        ("int8", 8, SUMS, False),  # 255 overflows
+        ("int8", 8, MOVES, True),
+        ("bool", 2, MOVES, False),
+        ("float8_e8m0fnu", 4, SUMS, False),
+        ("complex64", 8, SUMS, True),
+    ],
+)
+def test_which_element_types_carry_the_check(dtype: str, world: int, kind: str, checked: bool) -> None:
+    reason = unchecked_reason(torch, getattr(torch, dtype), world, kind)
+    assert (reason is None) == checked, reason
+    if reason is not None:
+        assert reason.startswith("data not checked:") and str(largest(world, kind)) in reason
