@@ -74,6 +74,12 @@ WIRE_FAMILY = {
     "barrier": "barrier",
 }
 
+
+def wire_family(op_name: str) -> str:
+    """The gloo algorithm ``op_name`` runs (``WIRE_FAMILY``); an op outside it (send, recv) is its own."""
+    return WIRE_FAMILY.get(op_name, op_name)
+
+
 # What a rank waiting on a late peer raises at its timeout (measured on torch 2.15's gloo, 3 ranks, one 8 s late
 # to an all_reduce under timeout=3 s: "unbound_buffer.cc:78] Timed out waiting 3000ms for recv operation to
 # complete" on the waiting rank; a rank whose pending *send* slot is the one that expires prints the same with
@@ -186,7 +192,7 @@ def wire_mismatch(a: tuple[str, int, str], b: tuple[str, int, str]) -> str | Non
     """How two collectives at one tag of a gloo group end: None (they run as one), ``"hang"`` (different
     algorithms: different slots, nobody matches) or ``"abort"`` (one algorithm, different sizes: someone
     receives more than it posted). Payloads are ``(op name, size_bytes, dtype)``; a barrier carries no data."""
-    family_a, family_b = WIRE_FAMILY.get(a[0], a[0]), WIRE_FAMILY.get(b[0], b[0])
+    family_a, family_b = wire_family(a[0]), wire_family(b[0])
     if family_a != family_b:
         return "hang"
     if family_a == "barrier":
@@ -206,7 +212,7 @@ def direct_peers(op_name: str, index: int, size: int, root: int = 0) -> tuple[in
     """
     if size <= 1:
         return ()
-    family = WIRE_FAMILY.get(op_name, op_name)
+    family = wire_family(op_name)
     if family in ("allreduce", "allgather"):
         return tuple(sorted({(index - 1) % size, (index + 1) % size} - {index}))
     if family == "broadcast":
@@ -500,7 +506,7 @@ def wire_fates(scripts: Mapping[int, list[Step]], *, aborts_first: bool = False)
 def mismatch_fates(op_name: str, nbytes: Mapping[int, int], size: int, root: int, elem: int) -> dict[int, Fate]:
     """Each present member's ``Fate`` in a gloo collective whose members (group rank -> its buffer's bytes) disagree
     on size; ``root`` is the broadcast's group root, ``elem`` the element size (allreduce segments by it)."""
-    family = WIRE_FAMILY.get(op_name, op_name)
+    family = wire_family(op_name)
     scripts = {i: _steps(family, n, i, size, root, elem) for i, n in nbytes.items()}
     return wire_fates(scripts, aborts_first=family == "alltoall")
 

@@ -21,10 +21,10 @@ from simnccl.backends.gloo import (
     ALLREDUCE_SIZE_RACE,
     ALLTOALL_SIZE_RACE,
     SIZE_ENFORCE,
-    WIRE_FAMILY,
     Fate,
     mismatch_fates,
     p2p_fates,
+    wire_family,
     wire_mismatch,
 )
 from simnccl.dtypes import element_bytes
@@ -190,7 +190,7 @@ class Rendezvous:
         another algorithm at its tag (None: not that mix, or more than one algorithm disagreeing on size)."""
         families: dict[str, dict[int, Arrival]] = {}
         for r, a in meeting.arrivals.items():
-            families.setdefault(WIRE_FAMILY.get(a.payload[0], a.payload[0]), {})[r] = a
+            families.setdefault(wire_family(a.payload[0]), {})[r] = a
         if len(families) < 2:
             return None
         mismatched = [m for m in families.values() if len({a.payload[1] for a in m.values()}) > 1]
