@@ -10,7 +10,7 @@ from simnccl.real.data_check import MOVES, SUMS, largest, senders, value_of
 
 torch = pytest.importorskip("torch")
 
-from simnccl.real.data_check import foreign_senders, unchecked_reason  # noqa: E402
+from simnccl.real.data_check import foreign_senders, sample, unchecked_reason  # noqa: E402
 
 
 def test_a_sum_of_distinct_ranks_is_the_mask_of_the_ranks_summed() -> None:
@@ -33,17 +33,27 @@ def test_a_value_no_encoding_makes_names_no_one(value: float) -> None:
 def test_a_result_holding_data_of_a_rank_outside_the_group_names_it() -> None:
     # rank 2 of group [0, 2], cross-wired: its all_reduce summed ranks 1 and 2
     result = torch.full((24,), float(value_of(1, SUMS) + value_of(2, SUMS)))
-    assert foreign_senders(torch, result, [0, 2], 4, SUMS) == [1]
+    assert foreign_senders(result, [0, 2], 4, SUMS) == [1]
     # an all_gather whose second half came from rank 3
     gathered = torch.cat([torch.full((4,), float(value_of(0, MOVES))), torch.full((4,), float(value_of(3, MOVES)))])
-    assert foreign_senders(torch, gathered, [0, 2], 4, MOVES) == [3]
+    assert foreign_senders(gathered, [0, 2], 4, MOVES, chunks=2) == [3]
 
 
 def test_members_data_partial_sums_and_unwritten_outputs_are_not_flagged() -> None:
     members = [0, 2]
-    assert foreign_senders(torch, torch.full((8,), 5.0), members, 4, SUMS) == []  # ranks 0 and 2 summed
-    assert foreign_senders(torch, torch.full((8,), 4.0), members, 4, SUMS) == []  # rank 2's own value only
-    assert foreign_senders(torch, torch.zeros(8), members, 4, MOVES) == []
+    assert foreign_senders(torch.full((8,), 5.0), members, 4, SUMS) == []  # ranks 0 and 2 summed
+    assert foreign_senders(torch.full((8,), 4.0), members, 4, SUMS) == []  # rank 2's own value only
+    assert foreign_senders(torch.zeros(8), members, 4, MOVES) == []
+
+
+def test_the_sample_reads_each_members_chunk_at_both_ends_and_nothing_else() -> None:
+    # eight chunks of 1,000 elements: 16 ends and the middle, whatever the size (no copy, no sort)
+    result = torch.arange(8_000, dtype=torch.float32)
+    values = sample(result, chunks=8)
+    assert values == sorted({*(1000.0 * i for i in range(8)), *(1000.0 * i + 999 for i in range(8)), 4000.0})
+    assert sample(torch.full((5,), 3.0)) == [3.0, 3.0, 3.0]
+    assert sample(torch.zeros(0)) == []
+    assert sample(torch.full((4,), 2 + 0j, dtype=torch.complex64)) == [2.0, 2.0, 2.0]
 
 
 @pytest.mark.parametrize(

@@ -87,8 +87,31 @@ def senders(values: Iterable[float], world_size: int, kind: str) -> set[int]:
     return found
 
 
-def foreign_senders(torch: Any, result: Any, members: Collection[int], world_size: int, kind: str) -> list[int]:
-    """The ranks outside ``members`` whose data ``result`` (a tensor this rank received into) holds, in order."""
-    flat = result.detach().to("cpu").reshape(-1)
-    flat = (flat.real if flat.is_complex() else flat).to(torch.float64)  # exact: a checked dtype holds small integers
-    return sorted(senders(torch.unique(flat).tolist(), world_size, kind) - set(members))
+def sample(result: Any, chunks: int = 1) -> list[float]:
+    """Elements of ``result`` (a tensor this rank received into) that name every sender it holds data of: the
+    first and last element of each of its ``chunks`` (an all_gather or all_to_all output holds one per member) and
+    its middle one. Each sender fills its whole tensor with one value, so a chunk is one sender's (or one sum)
+    throughout, and a connection to the wrong rank makes every element of its chunk wrong.
+
+    Why a sample and not ``torch.unique``: on the GPU lane a result can be hundreds of MiB, which a copy to the
+    host and a sort would make seconds and GiBs per op; an element read with ``item()`` allocates nothing on the
+    device, so the lane's memory figures stay the op's own."""
+    flat = result.detach().reshape(-1)
+    count = flat.numel()
+    if count == 0:
+        return []
+    points = {0, count // 2, count - 1}
+    if chunks > 1 and count % chunks == 0:
+        width = count // chunks
+        points.update(i * width for i in range(chunks))
+        points.update(i * width + width - 1 for i in range(chunks))
+    values = []
+    for index in sorted(points):
+        value = flat[index].item()
+        values.append(value.real if isinstance(value, complex) else float(value))
+    return values
+
+
+def foreign_senders(result: Any, members: Collection[int], world_size: int, kind: str, chunks: int = 1) -> list[int]:
+    """The ranks outside ``members`` whose data ``result`` holds (``sample``), in order."""
+    return sorted(senders(sample(result, chunks), world_size, kind) - set(members))

@@ -262,7 +262,7 @@ class Driver:
             self.unchecked[key] = unchecked_reason(self.torch, dtype, self.spec.world_size, kind)
         return self.unchecked[key]
 
-    def _check_data(self, op: Collective | PointToPoint, pg: Any, result: Any, kind: str) -> str:
+    def _check_data(self, op: Collective | PointToPoint, pg: Any, result: Any, kind: str, chunks: int = 1) -> str:
         """Raise the data check's failure where ``result`` holds data of a rank outside ``pg`` (``data_check``);
         else what the op's record says of the check: nothing where it was made, why where it was not."""
         reason = self._unchecked(result.dtype, kind)
@@ -271,7 +271,7 @@ class Driver:
         members = self._members(pg)
         if len(members) == self.spec.world_size:
             return ""  # the whole world: no rank outside it
-        foreign = foreign_senders(self.torch, result, members, self.spec.world_size, kind)
+        foreign = foreign_senders(result, members, self.spec.world_size, kind, chunks)
         if foreign:
             message = FOREIGN_DATA.format(op=op.name, name=_group_name(pg), members=members, foreign=foreign)
             raise CheckFailure(message, type_name=FOREIGN_DATA_TYPE)
@@ -434,7 +434,10 @@ class Driver:
         else:  # pragma: no cover - every Collective subclass is handled above
             raise TypeError(f"unknown collective {op.name}")
         detail = f"seq {self.seq[id(pg)]} on {size} ranks"
-        return detail if result is None else detail + self._check_data(op, pg, result, kind)
+        if result is None:
+            return detail
+        chunks = size if isinstance(op, (AllGather, AllToAll)) else 1  # one chunk per member's data
+        return detail + self._check_data(op, pg, result, kind, chunks)
 
     def op_p2p(self, op: PointToPoint) -> str:
         dist = self.dist
