@@ -6,9 +6,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from simnccl.backends.gloo import BARRIER_PEER_RACE
 from simnccl.real.compare import (
+    INIT_OVERTAKEN_RACE,
     compare_variant,
     error_differences,
+    race,
     real_error_type,
     render_comparison_variant,
 )
@@ -213,3 +216,53 @@ def test_a_rank_stuck_between_ops_on_the_real_side_is_in_another_op() -> None:
     real = _real({"rank": 0, "current": None, "killed": True}, _done(1))
     comparison = compare_variant("v", "cpu", _sim("hang", [], [hang]), real, 2, 0.0)
     assert comparison.reasons == ["rank 0 stuck in another op: simulated #3 barrier() [collective], real <between ops>"]
+
+
+_INIT = "init_process_group(backend='gloo')"
+
+
+def _init_overtaken_sides(sim_op: str = "all_reduce(size_bytes=96)") -> tuple[dict[str, Any], dict[str, Any]]:
+    """The CI failure of 2026-12-06: rank 2 closed after its first collective; on a loaded machine real rank 0
+    lost it inside init_process_group and rank 3 hung bootstrapping, where the simulator had both past init
+    (``sim_op``: where the simulated ranks 0 and 3 stopped)."""
+    sim_lost = {**_sim_error(0, "peer-lost", "RuntimeError"), "op": sim_op}
+    sim_hang = {"rank": 3, "op": sim_op, "op_index": 2, "kind": "collective", "waiting_for": [2]}
+    sim = _sim("error", [sim_lost], [sim_hang])
+    lost = _failed(0, "peer-lost", "RuntimeError", "Connection closed by peer")
+    lost["final"]["op"] = _INIT
+    booting = {"rank": 3, "current": {"op": _INIT, "i": 0, "name": "init_process_group"}, "killed": True}
+    real = _real(lost, _done(1), _done(2), booting)
+    return sim, real
+
+
+def test_a_rank_the_load_stopped_in_gloos_init_where_the_simulator_had_it_past_init_is_a_race() -> None:
+    sim, real = _init_overtaken_sides()
+    assert real["verdict"] == sim["verdict"] == "error"
+    comparison = compare_variant("v", "cpu", sim, real, 4, 0.0)
+    assert comparison.racy and comparison.race == INIT_OVERTAKEN_RACE
+    assert comparison.agree, comparison.reasons  # a race: the verdict is compared, and it matches
+    text = render_comparison_variant(comparison.to_dict(full=True))
+    assert f"~ {INIT_OVERTAKEN_RACE}; only the verdict is compared" in text
+
+
+def test_a_rank_stopped_in_init_on_both_sides_or_done_in_the_simulation_is_no_init_race() -> None:
+    # stopped in init on both sides: compared as usual (it agrees or not on its own)
+    sim, real = _init_overtaken_sides(sim_op=_INIT)
+    assert race(sim, real) is None
+    # the simulated rank finished: a simulated pass is never excused by the real run's load
+    sim, real = _init_overtaken_sides()
+    sim["errors"] = []
+    sim["hangs"] = []
+    sim["verdict"] = "pass"
+    comparison = compare_variant("v", "cpu", sim, real, 4, 0.0)
+    assert race(sim, real) is None and not comparison.racy and not comparison.agree
+
+
+def test_each_race_is_described_as_itself_not_as_a_store_key_collision() -> None:
+    hang = {"rank": 0, "op": "barrier()", "op_index": 1, "kind": "collective", "waiting_for": [1]}
+    sim = _sim("error", [_sim_error(1, "peer-lost", "RuntimeError", f"closed ({BARRIER_PEER_RACE})")], [hang])
+    real = _real(_failed(0, "peer-lost", "RuntimeError"), _failed(1, "peer-lost", "RuntimeError"))
+    comparison = compare_variant("v", "cpu", sim, real, 2, 0.0)
+    assert comparison.race == BARRIER_PEER_RACE
+    text = render_comparison_variant(comparison.to_dict(full=True))
+    assert f"~ {BARRIER_PEER_RACE}; only the verdict is compared" in text and "store-key" not in text
