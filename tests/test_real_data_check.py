@@ -4,6 +4,8 @@ which element types can carry the check. The real runs that use it: ``tests/test
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from simnccl.real.data_check import MOVES, SUMS, largest, senders, value_of
@@ -75,3 +77,43 @@ def test_which_element_types_carry_the_check(dtype: str, world: int, kind: str, 
     assert (reason is None) == checked, reason
     if reason is not None:
         assert reason.startswith("data not checked:") and str(largest(world, kind)) in reason
+
+
+def _driver(rank: int, world_size: int) -> Any:
+    from simnccl.ops import Program
+    from simnccl.real.driver import Driver, Progress, RankSpec
+
+    return Driver(RankSpec(rank=rank, world_size=world_size, program=[]), Program(()), Progress(""))
+
+
+class _Group:
+    """What the driver reads of a process group for the check: its name (members come from its own record)."""
+
+    group_name = "3"
+
+
+def test_the_driver_fills_each_input_with_its_ranks_value_and_each_output_with_zeros() -> None:
+    driver = _driver(rank=2, world_size=4)
+    assert torch.equal(driver._tensor(16, "Float", kind=SUMS), torch.full((4,), 4.0))
+    assert torch.equal(driver._tensor(16, "Float", kind=MOVES), torch.full((4,), 3.0))
+    assert torch.equal(driver._tensor(16, "Float"), torch.zeros(4))
+    assert torch.equal(driver._tensor(4, "Bool", kind=MOVES), torch.ones(4, dtype=torch.bool))  # cannot carry it
+
+
+def test_the_driver_stops_a_rank_whose_result_holds_another_groups_data_and_says_where_it_did_not_check() -> None:
+    from simnccl.ops import AllReduce
+    from simnccl.real.data_check import FOREIGN_DATA_TYPE
+    from simnccl.real.driver import CheckFailure
+
+    driver = _driver(rank=0, world_size=4)
+    group = _Group()
+    driver.members[id(group)] = [0, 2]
+    op = AllReduce(group="g", size_bytes=16)
+    mine = torch.full((4,), float(value_of(0, SUMS) + value_of(2, SUMS)))
+    assert driver._check_data(op, group, mine, SUMS) == ""
+    with pytest.raises(CheckFailure) as caught:
+        driver._check_data(op, group, torch.full((4,), float(value_of(0, SUMS) + value_of(3, SUMS))), SUMS)
+    assert caught.value.type_name == FOREIGN_DATA_TYPE
+    assert "all_reduce on group '3' of ranks [0, 2] returned data sent by ranks [3]" in str(caught.value)
+    unchecked = driver._check_data(op, group, torch.ones(4, dtype=torch.bool), SUMS)
+    assert unchecked.startswith("; data not checked: torch.bool cannot hold 15 exactly")

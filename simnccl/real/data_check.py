@@ -21,8 +21,8 @@ running different algorithms at one tag (an all_reduce beside a reduce_scatter o
 leave partial sums of members, a timing question the simulator models as its own, not a wrong peer.
 
 Where a dtype cannot hold every value exactly (``bool``, ``int8`` beyond 7 ranks, the float8 kinds, ``bfloat16``
-sums beyond 8 ranks), the op's data is not checked, and the op's record says so (``unchecked``), so a result is
-never read as checked when it was not. A barrier and a send carry nothing back to check.
+sums beyond 8 ranks), the op's data is not checked, and the op's record says so (its detail ends ``data not
+checked: ...``, ``unchecked_reason``), so a result is never read as checked when it was not. A barrier and a send carry nothing back to check.
 """
 
 from __future__ import annotations
