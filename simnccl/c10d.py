@@ -13,7 +13,7 @@ import functools
 import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from simnccl.backends import Comm, lifecycle
 from simnccl.ops import PgOptions
@@ -39,10 +39,13 @@ GLOO_HAS_NO_NOCOLOR_SPLIT = (
 class TorchError(Exception):
     """An exception real torch raises on this rank: its Python type name and its exact message."""
 
-    def __init__(self, type_name: str, message: str) -> None:
+    def __init__(self, type_name: str, message: str, facts: dict[str, Any] | None = None) -> None:
         super().__init__(f"{type_name}: {message}")
         self.type_name = type_name
         self.message = message
+        # What a check found, reported beside the message in the rank's error (a cross-wired group's foreign
+        # ranks, compared with what the real run's data showed); None for torch's own errors.
+        self.facts = facts
 
 
 @dataclass(slots=True)

@@ -13,6 +13,7 @@ import pytest
 
 from simnccl.backends.gloo import (
     CROSS_WIRED_TYPE,
+    FOREIGN_RANKS,
     allreduce_waits,
     broadcast_leavers,
     broadcast_needs,
@@ -823,6 +824,8 @@ def test_an_op_on_a_cross_wired_group_is_the_simulator_s_check(ops: list[list[Op
     for error in out.errors:
         assert f"gloo connected this rank to ranks {wires[error['rank']]}" in error["message"]
         assert f"this {error['op'].split('(')[0]} runs between those ranks" in error["message"]
+    # the ranks outside its group it is wired to, beside the text: what real compare checks the real data against
+    assert {e["rank"]: e[FOREIGN_RANKS] for e in out.errors} == {0: [3], 1: [2], 2: [1], 3: [0]}
     text = explain(VariantResult("v", "", "2.15", "2.15.0", "p", {}, "torch-default", out))
     assert text.count("was stopped by simnccl's check at t=") == 4 and "raised" not in text, text
 
@@ -911,3 +914,12 @@ def test_real_diff_counts_the_data_checks_stops_as_agreement_and_the_ranks_it_co
     # a receiver stopped by anything else at that op is not the gap
     other = {"verdict": "fail", "hangs": [], "errors": [real_check(2), real_check(3, "ValueError")]}
     assert classify(CaseResult(case, compare_variant("x", "cpu", sim, other, 4, 0.0))) == "disagree"
+    # the data came from the ranks the simulator wired each receiver to (2 to 1, 3 to 0): agreement on the wiring
+    seen = {"verdict": "fail", "hangs": [], "errors": [{**real_check(2), FOREIGN_RANKS: [1]}, real_check(3)]}
+    seen["errors"][1][FOREIGN_RANKS] = [0]
+    assert classify(CaseResult(case, compare_variant("x", "cpu", sim, seen, 4, 0.0))) == "known-gap"
+    # data from a rank the simulator did not wire it to: the model's wiring is wrong, a disagreement, named
+    seen["errors"][1][FOREIGN_RANKS] = [1]
+    comparison = compare_variant("x", "cpu", sim, seen, 4, 0.0)
+    assert classify(CaseResult(case, comparison)) == "disagree" and comparison.known_gap is None
+    assert "rank 3 cross-wired: simulated to ranks [0] outside its group, real data from [1]" in comparison.reasons

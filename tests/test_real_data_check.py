@@ -101,6 +101,7 @@ def test_the_driver_fills_each_input_with_its_ranks_value_and_each_output_with_z
 
 
 def test_the_driver_stops_a_rank_whose_result_holds_another_groups_data_and_says_where_it_did_not_check() -> None:
+    from simnccl.backends.gloo import FOREIGN_RANKS
     from simnccl.ops import AllReduce
     from simnccl.real.data_check import FOREIGN_DATA_TYPE
     from simnccl.real.driver import CheckFailure
@@ -114,6 +115,7 @@ def test_the_driver_stops_a_rank_whose_result_holds_another_groups_data_and_says
     with pytest.raises(CheckFailure) as caught:
         driver._check_data(op, group, torch.full((4,), float(value_of(0, SUMS) + value_of(3, SUMS))), SUMS)
     assert caught.value.type_name == FOREIGN_DATA_TYPE
+    assert caught.value.facts == {FOREIGN_RANKS: [3]}  # written beside the message into the final record
     assert "all_reduce on group '3' of ranks [0, 2] returned data sent by ranks [3]" in str(caught.value)
     unchecked = driver._check_data(op, group, torch.ones(4, dtype=torch.bool), SUMS)
     assert unchecked.startswith("; data not checked: torch.bool cannot hold 15 exactly")

@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from simnccl.backends.gloo import CROSS_WIRED_TYPE
+from simnccl.backends.gloo import CROSS_WIRED_TYPE, FOREIGN_RANKS
 from simnccl.ops import (
     AllGather,
     AllReduce,
@@ -300,6 +300,12 @@ def test_real_data_check_stops_the_ranks_a_cross_wired_group_fed_wrong_data(resu
         assert [(e["rank"], e["kind"], e["type"]) for e in errors] == [
             (r, "check", CROSS_WIRED_TYPE) for r in range(4)
         ], name
+    # the ranks the data came from, beside the text, are those the simulator wired each rank to (compare checks it)
+    for name in ("cross-wired-all-reduce", "cross-wired-all-gather"):
+        real = {e["rank"]: e[FOREIGN_RANKS] for e in _real(results[name])["errors"]}
+        assert real == {0: [3], 1: [2], 2: [1], 3: [0]}, name
+        simulated = {e["rank"]: e[FOREIGN_RANKS] for e in results[name].comparison.sim["errors"]}
+        assert simulated == real, name
     reduced = {e["rank"]: e["message"] for e in _real(results["cross-wired-all-reduce"])["errors"]}
     # rank 2 (group [0, 2]) was wired to rank 1 under name '2'; rank 0 (group [0, 2]) to rank 3 under '3'
     assert "returned data sent by ranks [1]" in reduced[2] and "of ranks [0, 2]" in reduced[2]

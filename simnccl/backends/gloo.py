@@ -129,6 +129,9 @@ CROSS_WIRED = (
     "between those ranks, on their data, and raises nothing"
 )
 CROSS_WIRED_TYPE = "CrossWiredGroup"
+# The rank error's key for the ranks outside the group whose data the op would carry (the simulator's check) or
+# carried (the real driver's data check): real compare checks the second against the first.
+FOREIGN_RANKS = "foreign_ranks"
 
 # A gloo all_to_all whose members disagree on size: a member that receives more than it posted aborts, and the
 # member that sent too much completes only if every peer's message reached it before that peer died. Measured

@@ -16,7 +16,7 @@ from typing import Any
 import simpy
 
 from simnccl.backends import LIFECYCLES, Comm, CommState
-from simnccl.backends.gloo import CROSS_WIRED_TYPE, broadcast_leavers
+from simnccl.backends.gloo import CROSS_WIRED_TYPE, FOREIGN_RANKS, broadcast_leavers
 from simnccl.c10d import Group, TorchError
 from simnccl.engine.comms import LAZY_PAIR_ATTEMPTS, STALE_PAIR_WHAT, Comms, pair_in_group
 from simnccl.engine.config import WorkloadFailure
@@ -144,9 +144,10 @@ class Collectives:
     def _cross_wired(self, comm: Comm, target: Group, op: Op) -> None:
         """Stop a rank at its first op on a gloo communicator a store-key collision cross-wired
         (``engine.store_collisions``): real gloo would run it between other ranks, on their data, without an error."""
-        text = self.comms.cross_wiring.failure(comm.comm_id, target.name, target.ranks, op.name)
-        if text is not None:
-            raise WorkloadFailure(text, CROSS_WIRED_TYPE)
+        found = self.comms.cross_wiring.failure(comm.comm_id, target.name, target.ranks, op.name)
+        if found is not None:
+            text, foreign = found
+            raise WorkloadFailure(text, CROSS_WIRED_TYPE, facts={FOREIGN_RANKS: foreign})
 
     def _connect(
         self, rt: RankRuntime, group: Group, comm: Comm, op: Op, collective: str, nbytes: int, peer: int | None = None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from simnccl.cluster import Cluster
 from simnccl.faults import NO_FAULTS, FaultSchedule
@@ -26,9 +27,10 @@ class WorkloadFailure(Exception):
     """The workload's own check failed on this rank (vLLM's startup memory check, a ``raise`` op).
     ``type_name``: the exception the real workload raises there, reported as the rank's error type."""
 
-    def __init__(self, message: str, type_name: str = "ValueError") -> None:
+    def __init__(self, message: str, type_name: str = "ValueError", facts: dict[str, Any] | None = None) -> None:
         super().__init__(message)
         self.type_name = type_name
+        self.facts = facts  # what the check found, as the rank's error reports it beside its message (or None)
 
 
 @dataclass(frozen=True, slots=True)

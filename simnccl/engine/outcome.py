@@ -195,6 +195,8 @@ def outcome(
             }
             if rt.replaced_timeout is not None:
                 error["replaced_timeout"] = rt.replaced_timeout
+            if rt.error.facts:
+                error.update(rt.error.facts)
             errors.append(error)
     for rt in ranks:
         if rt.timeout_hang is not None:

@@ -192,7 +192,7 @@ class RankLoop:
         except SimulatedOOM as err:
             self._fail(rt, "oom", oom_error(rt, err))
         except WorkloadFailure as err:
-            self._fail(rt, "check", TorchError(err.type_name, str(err)))
+            self._fail(rt, "check", TorchError(err.type_name, str(err), err.facts))
         except GeneratorExit:  # the process closed (the environment dropped): nothing to report
             raise
         except BaseException as err:

@@ -127,12 +127,14 @@ class CrossWiring:
         self.wires[comm_id] = (ranks, tuple(dict.fromkeys(own)))
         self._record(self._env.now, rank, "cross-wired", name, ranks)
 
-    def failure(self, comm_id: Any, name: str, group: tuple[int, ...], op_name: str) -> str | None:
-        """The check's text for an op on communicator ``comm_id`` of group ``group`` named ``name``, or None
-        where that communicator connects its own group."""
+    def failure(self, comm_id: Any, name: str, group: tuple[int, ...], op_name: str) -> tuple[str, list[int]] | None:
+        """The check's text for an op on communicator ``comm_id`` of group ``group`` named ``name``, and the ranks
+        outside the group that the communicator connects (what a real rank's data shows: ``real.data_check``), or
+        None where that communicator connects its own group."""
         found = self.wires.get(comm_id)
         if found is None:
             return None
         wire, groups = found
         other = next((g for g in groups if g != group), group)
-        return CROSS_WIRED.format(name=name, group=list(group), other=list(other), wire=list(wire), op=op_name)
+        text = CROSS_WIRED.format(name=name, group=list(group), other=list(other), wire=list(wire), op=op_name)
+        return text, sorted(set(wire) - set(group))

@@ -38,6 +38,7 @@ from simnccl.backends.gloo import (
     BARRIER_PEER_RACE,
     COMPLETE_COLLISION_RACE,
     CROSS_WIRED_TYPE,
+    FOREIGN_RANKS,
     SINGLETON_RACE,
     TIMEOUT_TIE_RACE,
 )
@@ -301,6 +302,29 @@ def error_differences(sim: Mapping[str, Any], real: Mapping[str, Any]) -> list[d
     return out
 
 
+def wiring_differences(sim: Mapping[str, Any], real: Mapping[str, Any]) -> list[str]:
+    """A reason per rank that both sides stopped on the cross-wired check where the real data came from a rank
+    the simulator did not wire it to: the simulator names the ranks outside the group that gloo connected
+    (``FOREIGN_RANKS``), the real driver's data check the ranks outside the group whose data reached the rank
+    (a broadcast or recv reads one of them, the other ops all), so the second must be among the first.
+
+    Why: the verdict, the kind and the type agree whatever ranks the model wired; this is what checks the wiring
+    itself, the mechanism ``engine.store_collisions`` models, on every real run that cross-wires."""
+    sim_errors = {int(e["rank"]): e for e in sim.get("errors", [])}
+    out = []
+    for error in real.get("errors", []):
+        rank = int(error["rank"])
+        simulated = sim_errors.get(rank)
+        if simulated is None or FOREIGN_RANKS not in error or FOREIGN_RANKS not in simulated:
+            continue
+        if simulated.get("type") != CROSS_WIRED_TYPE or real_error_type(error) != CROSS_WIRED_TYPE:
+            continue
+        wired, seen = list(simulated[FOREIGN_RANKS]), list(error[FOREIGN_RANKS])
+        if not seen or not set(seen) <= set(wired):
+            out.append(f"rank {rank} cross-wired: simulated to ranks {wired} outside its group, real data from {seen}")
+    return out
+
+
 def status_differences(
     sim_ranks: Mapping[int, Mapping[str, Any]], real_ranks: Mapping[int, Mapping[str, Any]]
 ) -> list[str]:
@@ -366,6 +390,7 @@ def known_gap(sim: Mapping[str, Any], real: Mapping[str, Any]) -> str | None:
         and sim["verdict"] == real["verdict"]
         and not error_differences(sim, real)
         and _statuses(sim) == _statuses(real)  # a rank failed on one side, done on the other: a difference too
+        and not wiring_differences(sim, real)
     ):
         return None
     return next((gap for gap, rule in _GAP_RULES.items() if rule(sim, real)), None)
@@ -401,10 +426,10 @@ KNOWN_GAPS: dict[str, str] = {
 def _cross_wired_check(sim: Mapping[str, Any], real: Mapping[str, Any]) -> bool:
     """Every simulated error is the cross-wired check (``backends.gloo.CROSS_WIRED``); at each, the real rank
     either ran the op (it did not stop there) or stopped there on the data check's error of the same type
-    (``data_check.FOREIGN_DATA_TYPE``), and at least one ran it. The simulator's verdict is ``fail``, never a
-    pass."""
+    (``data_check.FOREIGN_DATA_TYPE``) with data from ranks the simulator wired it to, and at least one ran it.
+    The simulator's verdict is ``fail``, never a pass."""
     errors = sim.get("errors", [])
-    if not errors or any(e.get("type") != CROSS_WIRED_TYPE for e in errors):
+    if not errors or any(e.get("type") != CROSS_WIRED_TYPE for e in errors) or wiring_differences(sim, real):
         return False
     real_errors = {int(e["rank"]): e for e in real.get("errors", [])}
     real_ranks = rank_outcomes(real)
@@ -468,6 +493,7 @@ def compare_variant(
     differing = error_differences(sim, real)
     reasons += [describe_error_difference(found) for found in differing]
     reasons += status_differences(sim_ranks, real_ranks)
+    reasons += wiring_differences(sim, real)
     reasons += stuck_op_differences(sim_ranks, real_ranks)
     ranks = []
     for rank in range(world_size):

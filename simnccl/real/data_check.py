@@ -22,7 +22,8 @@ leave partial sums of members, a timing question the simulator models as its own
 
 Where a dtype cannot hold every value exactly (``bool``, ``int8`` beyond 7 ranks, the float8 kinds, ``bfloat16``
 sums beyond 8 ranks), the op's data is not checked, and the op's record says so (its detail ends ``data not
-checked: ...``, ``unchecked_reason``), so a result is never read as checked when it was not. A barrier and a send carry nothing back to check.
+checked: ...``, ``unchecked_reason``), so a result is never read as checked when it was not. A barrier and a
+send carry nothing back to check.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ from typing import Any
 
 from simnccl.backends.gloo import CROSS_WIRED_TYPE
 
-# The error type a flagged result raises: the simulator's check of the same fact, so the two sides compare alike.
+# The error type a flagged result raises: the simulator's check of the same fact, so the two sides compare alike
+# (the ranks it names go beside the message under the simulator's key, ``backends.gloo.FOREIGN_RANKS``).
 FOREIGN_DATA_TYPE = CROSS_WIRED_TYPE
 
 SUMS = "sums"  # an op whose result is the sum of its members' values

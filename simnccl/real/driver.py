@@ -47,6 +47,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from simnccl.backends.gloo import FOREIGN_RANKS
 from simnccl.dtypes import dtypes
 from simnccl.ops import (
     NCCL_CONFIG_FIELDS,
@@ -100,9 +101,10 @@ class CheckFailure(Exception):
     its ``error_type``), reported as the rank's error type, as the simulator's ``WorkloadFailure`` does: this
     class's own name would say nothing about which check failed and differ from the simulated side."""
 
-    def __init__(self, message: str, type_name: str = "ValueError") -> None:
+    def __init__(self, message: str, type_name: str = "ValueError", facts: dict[str, Any] | None = None) -> None:
         super().__init__(message)
         self.type_name = type_name
+        self.facts = facts  # what the check found, written into the rank's final record beside its message
 
 
 @dataclass
@@ -274,7 +276,7 @@ class Driver:
         foreign = foreign_senders(result, members, self.spec.world_size, kind, chunks)
         if foreign:
             message = FOREIGN_DATA.format(op=op.name, name=_group_name(pg), members=members, foreign=foreign)
-            raise CheckFailure(message, type_name=FOREIGN_DATA_TYPE)
+            raise CheckFailure(message, type_name=FOREIGN_DATA_TYPE, facts={FOREIGN_RANKS: foreign})
         return ""
 
     def _members(self, pg: Any) -> list[int]:
@@ -616,6 +618,8 @@ class Driver:
                 op=op.describe() if op is not None else "",
                 traceback=traceback.format_exc()[-4000:],
             )
+            if isinstance(exc, CheckFailure) and exc.facts:
+                final.update(exc.facts)
             if self.applied is not None:
                 final["decisions"] = [_decision_text(call) for call in self.applied.decisions]
         final["notes"] = self.notes + self.measurer.notes

@@ -25,6 +25,8 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from simnccl.backends.gloo import FOREIGN_RANKS
+
 MIB = 1024 * 1024
 
 # How a failed op is classified (see ``classify``) and how kinds map to a verdict, as the simulator does.
@@ -282,16 +284,17 @@ def build_variant_result(
         status = "done"
         if final.get("status") == "error":
             kind = final.get("kind", "error")
-            errors.append(
-                {
-                    "rank": rank,
-                    "kind": kind,
-                    "type": final.get("type", ""),
-                    "message": final.get("message", ""),
-                    "op": final.get("op", ""),
-                    "time_s": round(final.get("t", started_at) - started_at, 3),
-                }
-            )
+            error = {
+                "rank": rank,
+                "kind": kind,
+                "type": final.get("type", ""),
+                "message": final.get("message", ""),
+                "op": final.get("op", ""),
+                "time_s": round(final.get("t", started_at) - started_at, 3),
+            }
+            if FOREIGN_RANKS in final:  # the data check's finding (``data_check``), as the simulator reports its own
+                error[FOREIGN_RANKS] = list(final[FOREIGN_RANKS])
+            errors.append(error)
             status = kind
         elif not final:
             code = state.get("exit_code")
