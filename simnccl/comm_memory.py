@@ -183,6 +183,9 @@ class CommMemory:
         return self.breakdown.share_resources
 
 
+_ONE_NODE_ONE_RANK = (1,)
+
+
 class Pricer:
     """Breakdowns for one profile on one cluster, cached by everything they depend on."""
 
@@ -196,6 +199,7 @@ class Pricer:
         """``node_of``: a global rank's node; ``nodes_of``: that for a whole member list at once (faster, e.g.
         ``Cluster.nodes_of``), if the caller has it."""
         self.profile = profile
+        self.node_of = node_of
         self.nodes_of = nodes_of if nodes_of is not None else (lambda ranks: [node_of(r) for r in ranks])
         # Ranks per node of a member list, nodes in order of first appearance (``node_counts``: the caller's, if
         # it counts them already, e.g. ``Sim.node_counts``).
@@ -434,6 +438,9 @@ class Pricer:
 
     def _node_sizes(self, ranks: Sequence[int]) -> tuple[int, ...]:
         """The group's ranks per node, in rank order (a node counted where it first appears)."""
+        if len(ranks) == 1:  # a one-rank group (a third of a large startup's calls): nothing to count, nothing kept
+            self.node_of(ranks[0])  # checked as a count would check it
+            return self._layout(_ONE_NODE_ONE_RANK)[0]
         cached = self._sizes.get(id(ranks))
         if cached is not None and cached[0] is ranks:
             return cached[1]

@@ -100,6 +100,9 @@ class _Binding:
 _NO_SLOTS = _Binding(0, frozenset())
 
 
+_ONE = (1,)  # the ranks per node of a one-rank group
+
+
 class MulticastSlots:
     """Per node: the slots in use, and each communicator's binding there (keyed by node and comm id); per rank
     and communicator name: the slots that rank's communicator took on its node at its init (``charged``)."""
@@ -130,6 +133,9 @@ class MulticastSlots:
         # node order, that order's number)
         self._per_node: dict[int, tuple[tuple[int, ...], dict[int, int] | None, int, tuple[int, ...], int]] = {}
         self._layouts: dict[tuple[int, ...], int] = {}  # ranks per node in node order -> its number (a cache key)
+        # A one-rank group's layout needs no count (every third call of a large startup is one: a count and an entry
+        # each were a tenth of making it), only its rank checked as ``Cluster.nodes_of`` checks it.
+        self._world = self.cluster.world_size
         # id(env) -> (env, its NCCL_* part, that part's items interned in _env_items)
         self._envs: dict[int, tuple[Mapping[str, str], dict[str, str], tuple[tuple[str, str], ...]]] = {}
         self._env_items: dict[tuple[tuple[str, str], ...], tuple[tuple[str, str], ...]] = {}
@@ -252,6 +258,9 @@ class MulticastSlots:
     ) -> tuple[tuple[int, ...], dict[int, int] | None, int, tuple[int, ...], int]:
         """``_local``'s count of a member list, whatever the node: (the list, ranks per node (None: one on
         each), nodes spanned, ranks per node in node order, that order's number)."""
+        if len(ranks) == 1 and type(rank := ranks[0]) is int and 0 <= rank < self._world:
+            # a one-rank group: one member on one node, nothing counted or kept
+            return (ranks, None, 1, _ONE, self._layouts.setdefault(_ONE, len(self._layouts)))
         entry = self._per_node.get(id(ranks))
         if entry is None or entry[0] is not ranks:
             counts = self.sim.node_counts(ranks)

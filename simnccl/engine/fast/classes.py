@@ -34,6 +34,7 @@ class RankClasses:
         self._classes: dict[tuple[object, ...], int] = {}  # class key -> its number
         self._by_rank: dict[int, tuple[Any, ...]] = {}  # rank -> (ctx, world, parent, state, class number)
         self._arguments: dict[tuple[object, ...], int] = {}  # a call's planning arguments -> their number
+        self._options: dict[int, object] = {}  # id -> the options object in ``_arguments``' keys, kept alive
         self._templates: dict[tuple[int, int], GroupPlan] = {}  # (class, arguments) -> the first member's plan
         self.planned = 0  # plans made by the rules (one per class and call arguments)
         self.relabelled = 0  # plans made by relabelling a template
@@ -60,7 +61,7 @@ class RankClasses:
 
     def member_plan(self, rt: RankRuntime, op: NewGroup, members: Members, counter: int) -> GroupPlan:
         """``rt``'s plan for ``op``, ``rt`` a member of ``members`` (what ``Planner`` asks for a member)."""
-        return self._plan(rt, op, members, counter, self._number(op), self._name(op, members, counter))
+        return self._plan(rt, op, members, counter, self.arguments_number(op), self._name(op, members, counter))
 
     def member_plans(
         self, ranks: list[RankRuntime], op: NewGroup, members: Members, counter: int
@@ -70,15 +71,21 @@ class RankClasses:
             for rank in members.ranks:
                 yield rank, self.planner.rules_plan(ranks[rank], op, counter, members)
             return
-        number = self._number(op)
+        number = self.arguments_number(op)
         name = self._name(op, members, counter)
         plan = self._plan
         for rank in members.ranks:
             yield rank, plan(ranks[rank], op, members, counter, number, name)
 
-    def _number(self, op: NewGroup) -> int:
-        """The number of the call's planning arguments (everything of the op but its ranks, bind, purpose)."""
-        arguments = (op.backend, op.pg_options, op.use_local_synchronization, op.group_desc, op.device_id, op.timeout_s)
+    def arguments_number(self, op: NewGroup) -> int:
+        """The number of the call's planning arguments (everything of the op but its ranks, bind, purpose).
+
+        The options object by identity, kept alive here (so no other object takes its id): hashing its twenty
+        fields was a microsecond per call, and a large startup makes one call per group. Equal options in two
+        objects get two numbers, so at most a plan more, never a wrong one."""
+        options = op.pg_options
+        self._options.setdefault(id(options), options)
+        arguments = (op.backend, id(options), op.use_local_synchronization, op.group_desc, op.device_id, op.timeout_s)
         return self._arguments.setdefault(arguments, len(self._arguments))
 
     @staticmethod

@@ -126,7 +126,7 @@ class Cohorts:
         self.policy_gate = policy_gate
         self.histories = histories
         self.classes = classes
-        self._probes: dict[tuple[object, ...], GroupPlan] = {}  # rank 0's outsider plans in the current block
+        self._probes: dict[int, GroupPlan] = {}  # arguments number -> rank 0's outsider plan in the current block
         self.program = program
         # Per op of the shared program, whether a cohort may take it (ops are immutable: decided once).
         self.block_starts = tuple(map(starts_block, program.ops)) if program else ()
@@ -539,7 +539,7 @@ class Cohorts:
     def _outsider_probe(self, op: NewGroup, counter: int) -> GroupPlan:
         """Rank 0's plan for a call it is not a member of (whether it raises, whether it is a NOCOLOR split):
         within one block that depends only on the call's arguments, so it is planned once per arguments."""
-        key = (op.backend, op.pg_options, op.use_local_synchronization, op.group_desc, op.device_id, op.timeout_s)
+        key = self.classes.arguments_number(op)
         probe = self._probes.get(key)
         if probe is None:
             probe = self._probes[key] = self.planner.plan_new_group(self.ranks[0], op, counter)
