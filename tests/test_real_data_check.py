@@ -17,45 +17,56 @@ from simnccl.real.data_check import foreign_senders, sample, unchecked_reason  #
 
 def test_a_sum_of_distinct_ranks_is_the_mask_of_the_ranks_summed() -> None:
     assert [value_of(r, SUMS) for r in range(4)] == [1, 2, 4, 8]
-    assert senders([value_of(1, SUMS) + value_of(2, SUMS)], 4, SUMS) == {1, 2}
+    assert senders(value_of(1, SUMS) + value_of(2, SUMS), 4, SUMS) == {1, 2}
     assert largest(4, SUMS) == 15
 
 
 def test_moved_data_names_its_sender_and_zero_names_no_one() -> None:
     assert [value_of(r, MOVES) for r in range(3)] == [1, 2, 3]
-    assert senders([0.0, 1.0, 3.0], 3, MOVES) == {0, 2}
+    assert [senders(v, 3, MOVES) for v in (0.0, 1.0, 3.0)] == [set(), {0}, {2}]
 
 
 @pytest.mark.parametrize("value", [-1.0, 0.5, 16.0, 2.5])
 def test_a_value_no_encoding_makes_names_no_one(value: float) -> None:
-    assert senders([value], 4, SUMS) == set()
-    assert senders([value], 4, MOVES) == set()
+    assert senders(value, 4, SUMS) == set()
+    assert senders(value, 4, MOVES) == set()
 
 
 def test_a_result_holding_data_of_a_rank_outside_the_group_names_it() -> None:
     # rank 2 of group [0, 2], cross-wired: its all_reduce summed ranks 1 and 2
     result = torch.full((24,), float(value_of(1, SUMS) + value_of(2, SUMS)))
-    assert foreign_senders(result, [0, 2], 4, SUMS) == [1]
+    assert foreign_senders(result, 2, [0, 2], 4, SUMS) == [1]
     # an all_gather whose second half came from rank 3
     gathered = torch.cat([torch.full((4,), float(value_of(0, MOVES))), torch.full((4,), float(value_of(3, MOVES)))])
-    assert foreign_senders(gathered, [0, 2], 4, MOVES, chunks=2) == [3]
+    assert foreign_senders(gathered, 0, [0, 2], 4, MOVES, chunks=2) == [3]
 
 
 def test_members_data_partial_sums_and_unwritten_outputs_are_not_flagged() -> None:
     members = [0, 2]
-    assert foreign_senders(torch.full((8,), 5.0), members, 4, SUMS) == []  # ranks 0 and 2 summed
-    assert foreign_senders(torch.full((8,), 4.0), members, 4, SUMS) == []  # rank 2's own value only
-    assert foreign_senders(torch.zeros(8), members, 4, MOVES) == []
+    assert foreign_senders(torch.full((8,), 5.0), 2, members, 4, SUMS) == []  # ranks 0 and 2 summed
+    assert foreign_senders(torch.full((8,), 4.0), 2, members, 4, SUMS) == []  # rank 2's own value only
+    assert foreign_senders(torch.zeros(8), 2, members, 4, MOVES) == []
 
 
-def test_the_sample_reads_each_members_chunk_at_both_ends_and_nothing_else() -> None:
-    # eight chunks of 1,000 elements: 16 ends and the middle, whatever the size (no copy, no sort)
+def test_garbage_without_a_wrong_connections_signature_is_not_read_as_one() -> None:
+    # rank 0's value summed twice (2 = 1 + 1) reads as rank 1's: a misaligned sum of members, not a wrong peer
+    assert foreign_senders(torch.full((8,), 2.0), 0, [0, 2], 4, SUMS) == []
+    # a sum of the wrong size (ranks 0, 1 and 3 for a group of two), or one without the receiver
+    assert foreign_senders(torch.full((8,), 11.0), 0, [0, 2], 4, SUMS) == []
+    assert foreign_senders(torch.full((8,), 10.0), 0, [0, 2], 4, SUMS) == []
+    # a chunk that is not one value throughout (a partly written output)
+    partial = torch.cat([torch.full((4,), float(value_of(3, MOVES))), torch.zeros(4)])
+    assert foreign_senders(partial, 0, [0, 2], 4, MOVES) == []
+
+
+def test_the_sample_reads_each_members_chunk_at_both_ends_and_its_middle() -> None:
+    # eight chunks of 1,000 elements: three elements each, whatever the size (no copy, no sort)
     result = torch.arange(8_000, dtype=torch.float32)
-    values = sample(result, chunks=8)
-    assert values == sorted({*(1000.0 * i for i in range(8)), *(1000.0 * i + 999 for i in range(8)), 4000.0})
-    assert sample(torch.full((5,), 3.0)) == [3.0, 3.0, 3.0]
+    assert sample(result, chunks=8) == [[1000.0 * i, 1000.0 * i + 500, 1000.0 * i + 999] for i in range(8)]
+    assert sample(torch.full((5,), 3.0)) == [[3.0, 3.0, 3.0]]
+    assert sample(torch.full((1,), 3.0)) == [[3.0]]
     assert sample(torch.zeros(0)) == []
-    assert sample(torch.full((4,), 2 + 0j, dtype=torch.complex64)) == [2.0, 2.0, 2.0]
+    assert sample(torch.full((4,), 2 + 0j, dtype=torch.complex64)) == [[2.0, 2.0, 2.0]]
 
 
 @pytest.mark.parametrize(

@@ -15,10 +15,12 @@ The encoding, in global ranks (what the rank's data identifies whatever the grou
 * an op that moves data (``broadcast``, ``all_gather``, ``all_to_all``, ``recv``): rank ``r`` sends ``r + 1``, and an
   output not yet written holds 0 (``torch.zeros``), which names no rank.
 
-A result is flagged only when it names a rank that is **not a member of the group**: data no member sent can reach
-a rank only over a connection to a rank outside the group. Anything else is left alone, on purpose: two members
-running different algorithms at one tag (an all_reduce beside a reduce_scatter of one size, which gloo completes)
-leave partial sums of members, a timing question the simulator models as its own, not a wrong peer.
+A result is flagged only when it names a rank that is **not a member of the group**, with the signature of a wrong
+connection (``foreign_senders``: each chunk one value throughout; a sum of as many distinct ranks as the group
+has, the receiver among them): data no member sent can reach a rank only over a connection to a rank outside the
+group. Anything else is left alone, on purpose: two members running different algorithms at one tag (an
+all_reduce beside a reduce_scatter of one size, which gloo completes), or of different sizes, leave partial or
+misaligned sums of members, a timing question the simulator models as its own, not a wrong peer.
 
 Where a dtype cannot hold every value exactly (``bool``, ``int8`` beyond 7 ranks, the float8 kinds, ``bfloat16``
 sums beyond 8 ranks), the op's data is not checked, and the op's record says so (its detail ends ``data not
@@ -28,7 +30,7 @@ send carry nothing back to check.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+from collections.abc import Collection
 from typing import Any
 
 from simnccl.backends.gloo import CROSS_WIRED_TYPE
@@ -73,27 +75,22 @@ def unchecked_reason(torch: Any, dtype: Any, world_size: int, kind: str) -> str 
     return f"data not checked: {dtype} cannot hold {top} exactly ({kind} of {world_size} ranks)"
 
 
-def senders(values: Iterable[float], world_size: int, kind: str) -> set[int]:
-    """The global ranks that the distinct element values of a result name (values that name none, such as the 0 of
-    an output never written or a value no encoding makes, name no one)."""
-    found: set[int] = set()
-    top = largest(world_size, kind)
-    for value in values:
-        if value != int(value) or value <= 0 or value > top:
-            continue
-        code = int(value)
-        if kind == SUMS:
-            found.update(r for r in range(world_size) if code >> r & 1)
-        else:
-            found.add(code - 1)
-    return found
+def senders(value: float, world_size: int, kind: str) -> set[int]:
+    """The global ranks one element's value names (none for a value no encoding makes, such as the 0 of an output
+    never written)."""
+    if value != int(value) or value <= 0 or value > largest(world_size, kind):
+        return set()
+    code = int(value)
+    if kind == SUMS:
+        return {r for r in range(world_size) if code >> r & 1}
+    return {code - 1}
 
 
-def sample(result: Any, chunks: int = 1) -> list[float]:
-    """Elements of ``result`` (a tensor this rank received into) that name every sender it holds data of: the
-    first and last element of each of its ``chunks`` (an all_gather or all_to_all output holds one per member) and
-    its middle one. Each sender fills its whole tensor with one value, so a chunk is one sender's (or one sum)
-    throughout, and a connection to the wrong rank makes every element of its chunk wrong.
+def sample(result: Any, chunks: int = 1) -> list[list[float]]:
+    """Per chunk of ``result`` (a tensor this rank received into; an all_gather or all_to_all output holds one
+    chunk per member), its first, middle and last element. Each sender fills its whole tensor with one value, so a
+    chunk of a clean result is one sender's value (or one sum) throughout, and a connection to the wrong rank makes
+    every element of its chunk wrong alike.
 
     Why a sample and not ``torch.unique``: on the GPU lane a result can be hundreds of MiB, which a copy to the
     host and a sort would make seconds and GiBs per op; an element read with ``item()`` allocates nothing on the
@@ -102,18 +99,33 @@ def sample(result: Any, chunks: int = 1) -> list[float]:
     count = flat.numel()
     if count == 0:
         return []
-    points = {0, count // 2, count - 1}
-    if chunks > 1 and count % chunks == 0:
-        width = count // chunks
-        points.update(i * width for i in range(chunks))
-        points.update(i * width + width - 1 for i in range(chunks))
-    values = []
-    for index in sorted(points):
-        value = flat[index].item()
-        values.append(value.real if isinstance(value, complex) else float(value))
-    return values
+    if chunks < 1 or count % chunks:
+        chunks = 1
+    width = count // chunks
+    out = []
+    for start in range(0, count, width):
+        values = []
+        for index in sorted({start, start + width // 2, start + width - 1}):
+            value = flat[index].item()
+            values.append(value.real if isinstance(value, complex) else float(value))
+        out.append(values)
+    return out
 
 
-def foreign_senders(result: Any, members: Collection[int], world_size: int, kind: str, chunks: int = 1) -> list[int]:
-    """The ranks outside ``members`` whose data ``result`` holds (``sample``), in order."""
-    return sorted(senders(sample(result, chunks), world_size, kind) - set(members))
+def foreign_senders(
+    result: Any, rank: int, members: Collection[int], world_size: int, kind: str, chunks: int = 1
+) -> list[int]:
+    """The ranks outside ``members`` whose data ``result``, received by global rank ``rank``, holds, in order; none
+    unless the sample (``sample``) has the signature of a wrong connection, so that no other garbage is read as
+    one: every chunk one value throughout, and a sum (``SUMS``) the sum of as many distinct ranks as the group
+    has, this rank among them (a connection to the wrong ranks still sums every connected rank once; a size
+    mismatch between members, a race of its own, leaves partial sums that would not be read as a wrong peer)."""
+    found: set[int] = set()
+    for values in sample(result, chunks):
+        if len(set(values)) != 1:
+            return []
+        named = senders(values[0], world_size, kind)
+        if kind == SUMS and named and (rank not in named or len(named) != len(members)):
+            return []
+        found |= named
+    return sorted(found - set(members))

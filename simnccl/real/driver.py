@@ -273,7 +273,7 @@ class Driver:
         members = self._members(pg)
         if len(members) == self.spec.world_size:
             return ""  # the whole world: no rank outside it
-        foreign = foreign_senders(result, members, self.spec.world_size, kind, chunks)
+        foreign = foreign_senders(result, self.spec.rank, members, self.spec.world_size, kind, chunks)
         if foreign:
             message = FOREIGN_DATA.format(op=op.name, name=_group_name(pg), members=members, foreign=foreign)
             raise CheckFailure(message, type_name=FOREIGN_DATA_TYPE, facts={FOREIGN_RANKS: foreign})
