@@ -197,8 +197,8 @@ def _mentions(sim: Mapping[str, Any], needles: Sequence[str]) -> bool:
 # past init (and not done): gloo's init does not hold a rank until its peers are out of it (a peer's connection is
 # accepted by the kernel before the peer's process gets to it), so a peer that left early (died in its first
 # collective, closed its sockets) overtook a rank the load starved. Every rank called init on both sides (the
-# simulator's got past it), so nothing but timing stops one there. Measured: 3 such failures in 15 runs of
-# tests/test_real_gloo_semantics.py under three times CI's load, none unloaded.
+# simulator's got past it), so nothing but timing stops one there. Seen: once in CI (2026-12-06), and 3 times in
+# 15 runs of the probes of tests/test_real_gloo_semantics.py as they were then, under three times CI's load.
 INIT_OVERTAKEN_RACE = (
     "gloo's init_process_group does not hold a rank until its peers are out of it: a rank still bootstrapping "
     "when a peer left early fails or waits in init_process_group, which the machine's load decides"
