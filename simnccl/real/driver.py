@@ -261,7 +261,9 @@ class Driver:
         """``data_check.unchecked_reason`` for this world, once per dtype and kind."""
         key = (str(dtype), kind)
         if key not in self.unchecked:
-            self.unchecked[key] = unchecked_reason(self.torch, dtype, self.spec.world_size, kind)
+            reason = self.unchecked[key] = unchecked_reason(self.torch, dtype, self.spec.world_size, kind)
+            if reason is not None:
+                self.notes.append(reason)  # the run's report says so, not only the op's record
         return self.unchecked[key]
 
     def _check_data(self, op: Collective | PointToPoint, pg: Any, result: Any, kind: str, chunks: int = 1) -> str:

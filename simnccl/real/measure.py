@@ -219,6 +219,17 @@ def _members_waiting(rank: int, stuck_at: Mapping[int, Mapping[str, Any]], recor
     return [r for r in members if r != rank and (r not in stuck_at or key(stuck_at[r]) != mine)]
 
 
+def _rank_notes(ranks: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The ranks' own notes (their drivers': an element type the data check could not read, NVML missing), each
+    once with the ranks that wrote it, in the order first written: what a rank could not check or measure is the
+    run's to say, not only its JSON's."""
+    by_text: dict[str, list[int]] = {}
+    for rank in ranks:
+        for text in rank.get("notes") or ():
+            by_text.setdefault(str(text), []).append(int(rank["rank"]))
+    return [f"{'rank' if len(r) == 1 else 'ranks'} {', '.join(map(str, r))}: {text}" for text, r in by_text.items()]
+
+
 OP_KIND = {
     "init_process_group": "bootstrap",
     "new_group": "bootstrap",
@@ -384,7 +395,7 @@ def build_variant_result(
         # real-only keys
         "lane": lane,
         "substitutions": list(substitutions),
-        "notes": list(notes),
+        "notes": [*notes, *_rank_notes(ranks_out)],
         "end_reason": reason,
         "settings": dict(settings or {}),
         "ranks": ranks_out,
