@@ -62,7 +62,8 @@ def run(rank, store):
     else:
         dist.recv(value, src=ranks[0], group=group)
         seen["recv"] = value.item()
-    print("SEEN " + json.dumps(seen), flush=True)
+    with open(f"{store}.seen{rank}", "w") as out:  # a file per rank: four processes' prints can interleave
+        out.write(json.dumps(seen))
     dist.destroy_process_group()
 
 
@@ -87,7 +88,9 @@ def test_two_groups_joined_by_group_rank_exchange_each_other_s_data(tmp_path: Pa
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 0, err[-3000:]
-    seen = {s["rank"]: s for s in (json.loads(line[5:]) for line in out.splitlines() if line.startswith("SEEN "))}
+    found = sorted(tmp_path.glob("store.seen*"))
+    assert len(found) == 4, out + err[-3000:]
+    seen = {s["rank"]: s for s in (json.loads(path.read_text()) for path in found)}
     assert sorted(seen) == [0, 1, 2, 3], out + err[-3000:]
     assert {r: (s["name"], s["group"]) for r, s in seen.items()} == {
         0: ("3", [0, 2]),
