@@ -142,6 +142,8 @@ def print_variant(console: Console, variant: VariantResult, *, explain: bool = F
         console.print(Text(f"  {line}", style="red"))
     for line in outcome.faults_unacted:  # the run says nothing of surviving a fault that never struck
         console.print(Text(f"  fault {line}", style="yellow"))
+    for line in outcome.races:  # a verdict the simulated timing decided, which real timing may not
+        console.print(Text(f"  race: {line}", style="yellow"))
     for ok, line in expectation_lines(variant.expectations):
         console.print(Text(f"  {line}", style="" if ok else "red"))
     if explain:

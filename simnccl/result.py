@@ -18,7 +18,9 @@ has ``monitor``: ``{"reason", "detected_at_s", "terminate_at_s", "heartbeat_time
 the process; ``replaced_timeout``, a hang entry, where torch raised the error in place of a timeout: a gloo op
 on a destroyed group's handle), ``slowdowns`` (what each straggler fault cost: ``{"kind": "straggler", "rank", "factor",
 "extra_s"}`` or ``{"kind": "link-straggler", "link", "ranks", "factor", "ops", "extra_s", "groups"}``),
-``faults_unacted`` (each scheduled fault that never struck, described, with why), ``expectations``, ``event_count``,
+``faults_unacted`` (each scheduled fault that never struck, described, with why), ``races`` (a store-write race
+the simulated timing decided one way that no hang or error names: a one-rank gloo group's key written under a
+name another group bootstrapped under; on real gloo the outcome is timing), ``expectations``, ``event_count``,
 ``trace_hash``, ``end_time_s``, ``decisions`` (the policy's plan and one-line explanation per
 group-creation call, as seen by the group's first member; only for a policy other than torch-default).
 """
@@ -196,6 +198,7 @@ class VariantResult:
             "errors": outcome.errors,
             "slowdowns": outcome.slowdowns,
             "faults_unacted": outcome.faults_unacted,
+            "races": outcome.races,
             "expectations": [{"key": e.key, "ok": e.ok, "message": e.message} for e in self.expectations],
             "decisions": self.explanations,
             "event_count": outcome.event_count,

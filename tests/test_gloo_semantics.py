@@ -14,6 +14,7 @@ import pytest
 from simnccl.backends.gloo import (
     CROSS_WIRED_TYPE,
     FOREIGN_RANKS,
+    SINGLETON_RACE,
     allreduce_waits,
     broadcast_leavers,
     broadcast_needs,
@@ -923,3 +924,38 @@ def test_real_diff_counts_the_data_checks_stops_as_agreement_and_the_ranks_it_co
     comparison = compare_variant("x", "cpu", sim, seen, 4, 0.0)
     assert classify(CaseResult(case, comparison)) == "disagree" and comparison.known_gap is None
     assert "rank 3 cross-wired: simulated to ranks [0] outside its group, real data from [1]" in comparison.reasons
+
+
+def test_a_one_rank_groups_key_written_under_a_name_another_group_bootstraps_under_is_a_race() -> None:
+    # real diff seed132-case33: rank 0's counter runs one ahead (a local group of its own), so its [0] takes the
+    # name ranks 1 and 2 bootstrap [1, 2] under, 0.2 s after they came. In the simulated timing they read their
+    # peers' keys first and pass; real rank 1 hung in that bootstrap: the order of the writes decides. No hang or
+    # error carries it, so the run reports it beside the verdict, and real compare compares nothing there.
+    from simnccl.real.compare import racy, verdict_racy
+
+    late = [GLOO, Compute(seconds=0.2), NewGroup(ranks=(0,), use_local_synchronization=True), NewGroup(ranks=(0,))]
+    pair = [GLOO, NewGroup(ranks=(0,)), NewGroup(ranks=(1, 2))]
+    out = run([late, pair, pair], keep_trace=True)
+    assert out.verdict == "pass"
+    assert len(out.races) == 1 and SINGLETON_RACE in out.races[0]
+    assert "rank 0 wrote its one-rank group's key under that name" in out.races[0]
+    assert "ranks [1, 2]" in out.races[0] and "under group name '2'" in out.races[0]
+    assert [e[1:] for e in out.trace if len(e) > 2 and e[2] == "collision-late"] == [(0, "collision-late", "2")]
+    variant = VariantResult("v", "", "2.15", "2.15.0", "p", {}, "torch-default", out)
+    result = variant.to_dict()
+    assert result["races"] == out.races and racy(result) and verdict_racy(result)
+    from rich.console import Console
+
+    from simnccl.report import print_variant
+
+    console = Console(record=True, width=400)
+    print_variant(console, variant)
+    assert f"race: {out.races[0]}" in console.export_text()  # what `simnccl run` prints under the variant
+
+
+def test_no_race_where_no_member_reads_the_key_a_one_rank_group_writes() -> None:
+    # the earlier group under the name is one rank's (it read nothing), or the writer's own group made again
+    first, second = [GLOO, NewGroup(ranks=(1,)), NewGroup(ranks=(0,))], [GLOO, NewGroup(ranks=(1,))]
+    out = run([[GLOO, Compute(seconds=0.2), NewGroup(ranks=(0,), use_local_synchronization=True), *first[1:]], second])
+    assert out.races == []
+    assert run([[GLOO, NewGroup(ranks=(0,))], [GLOO, NewGroup(ranks=(0,))]]).races == []

@@ -231,4 +231,5 @@ def outcome(
         host_ledgers=memory.host_ledgers,
         multicast_slots=nvls.in_use(),
         slots_charged=nvls.charged,
+        races=list(sim.races),
     )

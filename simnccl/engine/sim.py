@@ -129,6 +129,7 @@ class Sim:
         "halted",
         "procs",
         "profile",
+        "races",
         "ranks",
         "release",
         "trace",
@@ -147,6 +148,9 @@ class Sim:
         self.ranks: list[RankRuntime] = []
         self.procs: dict[int, simpy.Process] = {}
         self.halted: BaseException | None = None  # what ends the run at once (``halt``)
+        # Where the run's outcome on real gloo is the order of store writes the simulated timing decided one way
+        # (no hang or error carries it): each said once, reported beside the verdict (``RunOutcome.races``).
+        self.races: list[str] = []
         self._last_counts: tuple[Sequence[int], Counter[int]] = ((), Counter())
 
     def node_counts(self, ranks: Sequence[int]) -> Counter[int]:

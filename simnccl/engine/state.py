@@ -145,6 +145,9 @@ class RunOutcome:
     fr_dumps: dict[int, dict[str, Any]] = field(default_factory=dict)
     slowdowns: list[dict[str, Any]] = field(default_factory=list)  # what each straggler fault cost (Timing)
     faults_unacted: list[str] = field(default_factory=list)  # scheduled faults that never acted, with why
+    # Store-write races the simulated timing decided one way, which no hang or error carries (``Sim.races``): on
+    # real gloo the outcome may differ (real compare compares only the verdict, or nothing, there).
+    races: list[str] = field(default_factory=list)
     meetings: list[Meeting] = field(default_factory=list)  # with keep_trace: every rendezvous (Perfetto trace waits)
     # Pinned host memory NCCL holds, per node ("n0:host"): work FIFOs, host sides of connections, network
     # buffers without GPUDirect RDMA (simnccl.comm_memory; never in the device ledgers). Each is a HostLedger:

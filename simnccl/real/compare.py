@@ -183,9 +183,11 @@ VERDICT_RACE_TEXTS = (SINGLETON_RACE, COMPLETE_COLLISION_RACE, STALE_RACE)
 
 
 def _texts(sim: Mapping[str, Any]) -> list[str]:
-    return [h.get("explanation", "") for h in sim.get("hangs", [])] + [
-        e.get("message", "") for e in sim.get("errors", [])
-    ]
+    return (
+        [h.get("explanation", "") for h in sim.get("hangs", [])]
+        + [e.get("message", "") for e in sim.get("errors", [])]
+        + list(sim.get("races", []))
+    )
 
 
 def _mentions(sim: Mapping[str, Any], needles: Sequence[str]) -> bool:
