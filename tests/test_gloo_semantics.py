@@ -959,3 +959,25 @@ def test_no_race_where_no_member_reads_the_key_a_one_rank_group_writes() -> None
     out = run([[GLOO, Compute(seconds=0.2), NewGroup(ranks=(0,), use_local_synchronization=True), *first[1:]], second])
     assert out.races == []
     assert run([[GLOO, NewGroup(ranks=(0,))], [GLOO, NewGroup(ranks=(0,))]]).races == []
+
+
+def test_real_diff_counts_a_cross_wired_op_its_wired_rank_never_runs_as_the_gap() -> None:
+    # real diff seed135-case36: rank 3, wired to rank 0, broadcasts on its group; rank 0 never runs an op there, so
+    # real rank 3 waits (a hang) where the simulator stops it with the check: the known gap, as long as every
+    # other rank ended alike; a difference elsewhere stays a disagreement.
+    from simnccl.real.compare import compare_variant
+    from simnccl.real.differential import Case, CaseResult, classify, simulate_case
+    from simnccl.real.programs import share_identical
+
+    programs = _cross_wired([], [], [], [AllReduce(group="g", size_bytes=SIZE)])
+    case = Case(0, 0, 4, share_identical([Program(tuple(p)) for p in programs]), ("cross-wired",))
+    sim = simulate_case(case)
+    assert [(e["rank"], e["type"]) for e in sim["errors"]] == [(3, CROSS_WIRED_TYPE)]
+    op = sim["errors"][0]["op"]
+    waiting = {"rank": 3, "op": op, "op_index": 4, "kind": "collective", "waiting_for": [0]}
+    real = {"verdict": "hang", "hangs": [waiting], "errors": []}
+    comparison = compare_variant("x", "cpu", sim, real, 4, 0.0)
+    assert classify(CaseResult(case, comparison)) == "known-gap" and comparison.known_gap == "gloo-cross-wired"
+    elsewhere = {"rank": 1, "op": "<between ops>", "op_index": None, "kind": "", "waiting_for": []}
+    real = {"verdict": "hang", "hangs": [waiting, elsewhere], "errors": []}
+    assert classify(CaseResult(case, compare_variant("x", "cpu", sim, real, 4, 0.0))) == "disagree"
