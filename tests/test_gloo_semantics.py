@@ -961,23 +961,28 @@ def test_no_race_where_no_member_reads_the_key_a_one_rank_group_writes() -> None
     assert run([[GLOO, NewGroup(ranks=(0,))], [GLOO, NewGroup(ranks=(0,))]]).races == []
 
 
-def test_real_diff_counts_a_cross_wired_op_its_wired_rank_never_runs_as_the_gap() -> None:
-    # real diff seed135-case36: rank 3, wired to rank 0, broadcasts on its group; rank 0 never runs an op there, so
-    # real rank 3 waits (a hang) where the simulator stops it with the check: the known gap, as long as every
-    # other rank ended alike; a difference elsewhere stays a disagreement.
+def test_a_cross_wired_op_waits_for_the_ranks_it_is_wired_to_and_agrees_with_real_gloo() -> None:
+    # real diff seed135-case36: rank 3, wired to rank 0, runs an op on its group; rank 0 never runs one there, so
+    # real rank 3 waits (a hang). The simulator stopped it with the check at once (a disagreement); the op now runs
+    # between the wired ranks, so it waits for rank 0 too, its hang naming the wiring, and the check stops a rank
+    # only once the op ran. Compared with that real outcome: agreement; a difference elsewhere is a disagreement.
     from simnccl.real.compare import compare_variant
     from simnccl.real.differential import Case, CaseResult, classify, simulate_case
     from simnccl.real.programs import share_identical
 
     programs = _cross_wired([], [], [], [AllReduce(group="g", size_bytes=SIZE)])
+    out = run(programs)
+    assert out.verdict == "hang" and [(h["rank"], h["waiting_for"]) for h in out.hangs] == [(3, [0])]
+    assert (
+        "groups under name '3' are cross-wired (a store-key collision): gloo connected ranks [0, 3]"
+        in (out.hangs[0]["explanation"])
+    )
     case = Case(0, 0, 4, share_identical([Program(tuple(p)) for p in programs]), ("cross-wired",))
     sim = simulate_case(case)
-    assert [(e["rank"], e["type"]) for e in sim["errors"]] == [(3, CROSS_WIRED_TYPE)]
-    op = sim["errors"][0]["op"]
+    op = sim["hangs"][0]["op"]
     waiting = {"rank": 3, "op": op, "op_index": 4, "kind": "collective", "waiting_for": [0]}
     real = {"verdict": "hang", "hangs": [waiting], "errors": []}
-    comparison = compare_variant("x", "cpu", sim, real, 4, 0.0)
-    assert classify(CaseResult(case, comparison)) == "known-gap" and comparison.known_gap == "gloo-cross-wired"
+    assert classify(CaseResult(case, compare_variant("x", "cpu", sim, real, 4, 0.0))) == "agree"
     elsewhere = {"rank": 1, "op": "<between ops>", "op_index": None, "kind": "", "waiting_for": []}
     real = {"verdict": "hang", "hangs": [waiting, elsewhere], "errors": []}
     assert classify(CaseResult(case, compare_variant("x", "cpu", sim, real, 4, 0.0))) == "disagree"

@@ -114,14 +114,20 @@ class Collectives:
             return
         if comm.impl.is_nccl:
             self.memory.touch(rt, comm.device, op)
-        if self._wires:
-            self._cross_wired(comm, target, op)
+        # On a cross-wired communicator the op runs between the ranks gloo connected (its registry members) and
+        # then the check stops the rank: a rank wired to one that never runs the op waits, as on real gloo.
+        wrong = self._cross_wired(comm, target, op) if self._wires else None
         self._connect(rt, target, comm, op, op.name, op.size_bytes)
         comm.seq += 1
         entry = self._fr_record(rt, target, comm, op.name, op.size_bytes, op.dtype, p2p=False)
         members = self.comms.registry.members.setdefault(comm.comm_id, target.ranks)
         meeting = self.rendezvous.open(("coll", comm.comm_id, comm.seq), "collective", target.name, comm.seq, members)
         meeting.abort_on_mismatch = comm.impl is _GLOO
+        if wrong is not None and meeting.note is None:  # a hang here names the ranks it really waits for, and why
+            meeting.note = (
+                f"groups under name {target.name!r} are cross-wired (a store-key collision): gloo connected ranks "
+                f"{list(members)}, and this op runs between those"
+            )
         # A broadcast's payload names its root (a group rank here, as the backends see it): members naming
         # different roots do not run one broadcast (``Rendezvous._disagreement``), whatever their sizes.
         payload: tuple[Any, ...] = (op.name, op.size_bytes, op.dtype)
@@ -140,14 +146,20 @@ class Collectives:
             f"({trace.time_text(now)}, {rt.rank!r}, {name!r}, {group_name!r}, {seq!r})",
             (now, rt.rank, name, group_name, seq),
         )
+        if wrong is not None:
+            raise wrong
 
-    def _cross_wired(self, comm: Comm, target: Group, op: Op) -> None:
-        """Stop a rank at its first op on a gloo communicator a store-key collision cross-wired
-        (``engine.store_collisions``): real gloo would run it between other ranks, on their data, without an error."""
+    def _cross_wired(self, comm: Comm, target: Group, op: Op) -> WorkloadFailure | None:
+        """The check that stops a rank at an op on a gloo communicator a store-key collision cross-wired
+        (``engine.store_collisions``), or None: real gloo runs it between other ranks, on their data, without an
+        error. A collective raises it once the op ran between the ranks it is wired to (a rank wired to one that
+        never comes waits, as on real gloo: real diff seed135-case36); a send or recv at once (its peer, a global
+        rank of the group, is not translated to the wiring)."""
         found = self.comms.cross_wiring.failure(comm.comm_id, target.name, target.ranks, op.name)
-        if found is not None:
-            text, foreign = found
-            raise WorkloadFailure(text, CROSS_WIRED_TYPE, facts={FOREIGN_RANKS: foreign})
+        if found is None:
+            return None
+        text, foreign = found
+        return WorkloadFailure(text, CROSS_WIRED_TYPE, facts={FOREIGN_RANKS: foreign})
 
     def _connect(
         self, rt: RankRuntime, group: Group, comm: Comm, op: Op, collective: str, nbytes: int, peer: int | None = None
@@ -242,8 +254,9 @@ class Collectives:
         else:
             if not comm.ready:
                 yield from self.comms.init(rt, target, comm, op)
-            if self._wires:
-                self._cross_wired(comm, target, op)
+            wrong = self._cross_wired(comm, target, op) if self._wires else None
+            if wrong is not None:
+                raise wrong
             self._connect(rt, target, comm, op, op.name, op.size_bytes, op.peer)
             channel = comm.comm_id
         n = comm.next_p2p_seq(src, dst)

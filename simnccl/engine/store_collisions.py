@@ -7,8 +7,10 @@ ranks the group was meant to hold. Two groups of one size under one name whose m
 write each key once, so gloo connects the writers: both bootstraps complete, and every later op on the group
 runs between the wrong ranks, on their data, without an error. The simulator lets such a bootstrap complete as
 gloo does (``CrossWiring.payload``: the members meet by group rank), keeps which ranks the communicator really
-connects (``connect``), and fails a rank's first op on it with ``backends.gloo.CROSS_WIRED``, a check of the
-simulator's own: real torch raises nothing, so nothing else would ever show the defect. Where a key is written
+connects (``connect``: an op on it runs between those ranks, so one wired to a rank that never runs it waits),
+and stops a rank at its first op on it with ``backends.gloo.CROSS_WIRED`` (a collective once it ran, a send or
+recv at once), a check of the simulator's own: real torch raises nothing, and only the real driver's data check
+(``real.data_check``) would show the defect. Where a key is written
 twice, ``Rendezvous`` reports the store-key collision (``Comms`` a later group's under a name already complete);
 ``mark_complete_collision`` and ``LateColliders`` say when its verdict is the order of the store writes.
 
