@@ -120,8 +120,9 @@ COMPLETE_COLLISION_RACE = (
 
 # An op on a group whose gloo bootstrap another group of its size joined by group rank under one name, each
 # group-rank key written once (``engine.store_collisions``, measured there): gloo connected the writers, so the op runs
-# between the wrong ranks and raises nothing. The simulator stops the rank there, as a check of its own
-# (``CROSS_WIRED_TYPE``), since nothing in a real run would show it.
+# between the wrong ranks and raises nothing. The simulator stops the rank there (a collective once it ran), as a
+# check of its own (``CROSS_WIRED_TYPE``): real torch shows nothing, only the real driver's data check
+# (``real.data_check``) does.
 CROSS_WIRED = (
     "simnccl check: group {name!r} of ranks {group} bootstrapped under a store name that a group of ranks {other} "
     "also bootstrapped under (diverged group counters), each group-rank key written once, so gloo connected "

@@ -23,7 +23,7 @@ from simnccl.engine.rendezvous import Rendezvous
 from simnccl.engine.sim import Sim
 from simnccl.engine.sockets import GlooSockets
 from simnccl.engine.state import ProcessAbort, RankRuntime, Waiting, current_device
-from simnccl.engine.store_collisions import CrossWiring, LateColliders, mark_complete_collision
+from simnccl.engine.store_collisions import CrossWiring, LateColliders, late_singleton_race, mark_complete_collision
 from simnccl.engine.timing import Timing
 from simnccl.meetings import Arrival, Meeting
 from simnccl.ops import Op
@@ -458,28 +458,9 @@ class Comms:
                 f"{SINGLETON_RACE}"
             )
             self.record(self.env.now, rt.rank, "collision", group.name)
-        elif meeting.complete and meeting.arrivals:
-            first = next(iter(meeting.arrivals.values()))
-            if len(first.payload) > 1 and first.payload != group.ranks:
-                # Another group bootstrapped (or is bootstrapping) under this name, all its members there: in the
-                # simulated timing each read its peers' keys before this write, but real ranks leave
-                # init_process_group apart (gloo's init does not hold them), so whether each read first is the
-                # order of the writes. Seen (real diff seed132-case33: rank 0 wrote [0]'s key 0.2 s after ranks 1
-                # and 2 came to bootstrap [1, 2] under '2'): rank 1 hung in that bootstrap, which the simulator
-                # had complete. (An earlier one-rank group read nothing: no race.)
-                assert meeting.completed_at is not None
-                now = self.env.now
-                when = (
-                    f"while ranks {list(meeting.arrivals)} were bootstrapping ranks {list(first.payload)} under it"
-                    if now < meeting.completed_at
-                    else f"{now - meeting.completed_at:g} s after ranks {list(meeting.arrivals)} bootstrapped "
-                    f"ranks {list(first.payload)} under it"
-                )
-                self.sim.races.append(
-                    f"store key collision under group name {group.name!r}: rank {rt.rank} wrote its one-rank "
-                    f"group's key under that name {when}; {SINGLETON_RACE}"
-                )
-                self.record(now, rt.rank, "collision-late", group.name)
+        elif (race := late_singleton_race(meeting, rt.rank, group.ranks, group.name, self.env.now)) is not None:
+            self.sim.races.append(race)
+            self.record(self.env.now, rt.rank, "collision-late", group.name)
 
     def _collision(self, meeting: Meeting, rt: RankRuntime, group: Group, op: Op) -> Meeting:
         """A second bootstrap under a name already used: a meeting that can never complete, explained."""

@@ -12,7 +12,8 @@ and stops a rank at its first op on it with ``backends.gloo.CROSS_WIRED`` (a col
 recv at once), a check of the simulator's own: real torch raises nothing, and only the real driver's data check
 (``real.data_check``) would show the defect. Where a key is written
 twice, ``Rendezvous`` reports the store-key collision (``Comms`` a later group's under a name already complete);
-``mark_complete_collision`` and ``LateColliders`` say when its verdict is the order of the store writes.
+``mark_complete_collision`` and ``LateColliders`` say when its verdict is the order of the store writes, and
+``late_singleton_race`` when a one-rank group's key lands under a name another group bootstrapped under.
 
 Measured on torch 2.15 gloo (4 processes; ranks 0, 2 and 3 make a local-synchronization group, so their group
 counter runs one ahead of rank 1's; rank 0 then makes [1, 3] before [0, 2], ranks 1 to 3 [0, 2] before [1, 3]):
@@ -28,7 +29,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from simnccl.backends.gloo import COMPLETE_COLLISION_RACE, CROSS_WIRED
+from simnccl.backends.gloo import COMPLETE_COLLISION_RACE, CROSS_WIRED, SINGLETON_RACE
 from simnccl.engine.sim import Sim
 from simnccl.meetings import Meeting
 
@@ -59,6 +60,33 @@ class LateColliders:
         if set(late) == set(ranks) and len({at for _, at in late.values()}) == 1:
             for each, _at in late.values():
                 each.problem = f"{each.problem}; {COMPLETE_COLLISION_RACE}"
+
+
+def late_singleton_race(meeting: Meeting, rank: int, ranks: tuple[int, ...], name: str, now: float) -> str | None:
+    """The race of ``rank`` writing its one-rank group's (``ranks``) key at ``now`` under ``name``, whose
+    bootstrap ``meeting`` another group's members all came to, or None.
+
+    In the simulated timing each of them read its peers' keys before this write, but real ranks leave
+    init_process_group apart (gloo's init does not hold them), so whether each read first is the order of the
+    writes. Seen (real diff seed132-case33: rank 0 wrote [0]'s key 0.2 s after ranks 1 and 2 came to bootstrap
+    [1, 2] under '2'): rank 1 hung in that bootstrap, which the simulator had complete. An earlier one-rank group,
+    or the writer's own group again, read nothing: no race."""
+    if not meeting.complete or not meeting.arrivals:
+        return None
+    first = next(iter(meeting.arrivals.values()))
+    if len(first.payload) == 1 or first.payload == ranks:
+        return None
+    assert meeting.completed_at is not None
+    bootstrappers, theirs = list(meeting.arrivals), list(first.payload)
+    when = (
+        f"while ranks {bootstrappers} were bootstrapping ranks {theirs} under it"
+        if now < meeting.completed_at
+        else f"{now - meeting.completed_at:g} s after ranks {bootstrappers} bootstrapped ranks {theirs} under it"
+    )
+    return (
+        f"store key collision under group name {name!r}: rank {rank} wrote its one-rank group's key under that "
+        f"name {when}; {SINGLETON_RACE}"
+    )
 
 
 def mark_complete_collision(meeting: Meeting) -> None:
