@@ -244,7 +244,7 @@ class Driver:
         (``data_check.value_of``) where the dtype can carry the data check, else ones; ``kind`` None: zeros (an
         output, or a recv's buffer, whose elements name no rank until written)."""
         torch = self.torch
-        dtype = self._dtype(dtype_name)
+        dtype = getattr(torch, dtypes()[dtype_name].torch)  # ops carry known names only (simnccl.ops)
         itemsize = torch.empty((), dtype=dtype).element_size()
         numel = max(1, math.ceil(size_bytes / itemsize))
         numel = math.ceil(numel / multiple) * multiple
@@ -253,9 +253,6 @@ class Driver:
         if self._unchecked(dtype, kind) is not None:
             return torch.ones(numel, dtype=dtype, device=self._device())
         return torch.full((numel,), value_of(self.spec.rank, kind), dtype=dtype, device=self._device())
-
-    def _dtype(self, dtype_name: str) -> Any:
-        return getattr(self.torch, dtypes()[dtype_name].torch)  # ops carry known names only (simnccl.ops)
 
     def _unchecked(self, dtype: Any, kind: str) -> str | None:
         """``data_check.unchecked_reason`` for this world, once per dtype and kind."""
