@@ -41,6 +41,8 @@ from simnccl.ops import (
     SetDevice,
     SplitGroup,
 )
+from simnccl.real.differential import Case
+from simnccl.real.programs import share_identical
 from simnccl.report import error_lines
 from simnccl.result import VariantResult
 from simnccl.testing import simulate
@@ -51,6 +53,12 @@ SIZE = 96
 
 def run(programs: list[list[Op]], *, keep_trace: bool = False) -> RunOutcome:
     return simulate(programs, gpus_per_node=0, ranks_per_node=len(programs), keep_trace=keep_trace)
+
+
+def _case(programs: list[list[Op]], step: str, index: int = 0) -> Case:
+    """``programs`` as a real diff case (seed 0, ``index``), one program object per distinct program, as generated
+    cases share them: what ``simulate_case`` and ``compare_variant`` take."""
+    return Case(0, index, len(programs), share_identical([Program(tuple(p)) for p in programs]), (step,))
 
 
 def status(out: RunOutcome, rank: int) -> str:
@@ -292,15 +300,14 @@ def test_an_all_to_all_size_mismatch_is_compared_as_racy() -> None:
     # peer 5 times and completed once. The simulator reports peer-lost and says the outcome is timing, so
     # ``real diff`` compares only the verdict there.
     from simnccl.real.compare import racy
-    from simnccl.real.differential import Case, simulate_case
-    from simnccl.real.programs import share_identical
+    from simnccl.real.differential import simulate_case
 
     programs = [[GLOO, AllToAll(size_bytes=SIZE * (2 if rank == 2 else 1))] for rank in range(3)]
-    sim = simulate_case(Case(0, 0, 3, share_identical([Program(tuple(p)) for p in programs]), ("a2a",)))
+    sim = simulate_case(_case(programs, "a2a"))
     assert [(e["rank"], e["kind"]) for e in sim["errors"]] == [(0, "abort"), (1, "abort"), (2, "peer-lost")]
     assert racy(sim)
     pair = [[GLOO, AllReduce(size_bytes=SIZE * (2 if rank == 1 else 1))] for rank in range(2)]
-    assert not racy(simulate_case(Case(0, 1, 2, share_identical([Program(tuple(p)) for p in pair]), ("ar",))))
+    assert not racy(simulate_case(_case(pair, "ar", 1)))
 
 
 def test_a_two_member_all_gather_size_mismatch_is_compared_as_racy() -> None:
@@ -309,12 +316,11 @@ def test_a_two_member_all_gather_size_mismatch_is_compared_as_racy() -> None:
     # completing and says the outcome is timing, so ``real diff`` compares only the verdict there; three members
     # are not measured and stay compared rank by rank.
     from simnccl.real.compare import racy
-    from simnccl.real.differential import Case, simulate_case
-    from simnccl.real.programs import share_identical
+    from simnccl.real.differential import simulate_case
 
     def gather(world: int, big: int) -> dict[str, Any]:
         programs = [[GLOO, AllGather(size_bytes=SIZE * (2 if rank == big else 1))] for rank in range(world)]
-        return simulate_case(Case(0, world, world, share_identical([Program(tuple(p)) for p in programs]), ("ag",)))
+        return simulate_case(_case(programs, "ag", world))
 
     two = gather(2, 0)
     assert [(e["rank"], e["kind"]) for e in two["errors"]] == [(1, "abort")]
@@ -332,11 +338,10 @@ def test_a_ring_allreduce_size_mismatch_of_three_or_more_is_compared_as_racy(
     # once; the others aborted or lost a peer every time. The simulator reports the peer lost and says the
     # outcome is timing; two members are not measured and stay compared rank by rank (the all_to_all test).
     from simnccl.real.compare import racy
-    from simnccl.real.differential import Case, simulate_case
-    from simnccl.real.programs import share_identical
+    from simnccl.real.differential import simulate_case
 
     programs = [[GLOO, op(size_bytes=2 * SIZE if rank == 1 else SIZE)] for rank in range(world)]
-    sim = simulate_case(Case(0, 0, world, share_identical([Program(tuple(p)) for p in programs]), ("ring",)))
+    sim = simulate_case(_case(programs, "ring"))
     kinds = {e["rank"]: e["kind"] for e in sim["errors"]}
     assert kinds[1] == "peer-lost" and "abort" in kinds.values()
     assert racy(sim)
@@ -347,16 +352,15 @@ def test_a_barrier_a_member_left_for_good_is_compared_as_racy() -> None:
     # every time, rank 2 loses it 3 times and hangs 3 times. The simulator reports every member losing it and
     # says the outcome is timing, so ``real diff`` compares only the verdict there.
     from simnccl.real.compare import racy
-    from simnccl.real.differential import Case, simulate_case
-    from simnccl.real.programs import share_identical
+    from simnccl.real.differential import simulate_case
 
     programs = [[GLOO, DestroyProcessGroup()]] + [[GLOO, Barrier(), DestroyProcessGroup()]] * 3
-    sim = simulate_case(Case(0, 0, 4, share_identical([Program(tuple(p)) for p in programs]), ("barrier",)))
+    sim = simulate_case(_case(programs, "barrier"))
     assert [(e["rank"], e["kind"]) for e in sim["errors"]] == [(1, "peer-lost"), (2, "peer-lost"), (3, "peer-lost")]
     assert racy(sim)
     # a collective other than a barrier stays compared rank by rank
     reduced = [[GLOO, DestroyProcessGroup()]] + [[GLOO, AllReduce(size_bytes=SIZE), DestroyProcessGroup()]] * 3
-    assert not racy(simulate_case(Case(0, 1, 4, share_identical([Program(tuple(p)) for p in reduced]), ("ar",))))
+    assert not racy(simulate_case(_case(reduced, "ar", 1)))
 
 
 def test_members_timing_out_together_are_compared_as_racy() -> None:
@@ -364,17 +368,16 @@ def test_members_timing_out_together_are_compared_as_racy() -> None:
     # both time out in 4 runs, one of them loses the peer (its closed pairs) in 3. The simulator reports both
     # timing out and says which is timing; one member timing out alone is not racy.
     from simnccl.real.compare import racy
-    from simnccl.real.differential import Case, simulate_case
-    from simnccl.real.programs import share_identical
+    from simnccl.real.differential import simulate_case
 
     group = NewGroup(ranks=(0, 1), bind="g", timeout_s=2.0)
     both = [[GLOO, group, Broadcast(group="g", size_bytes=SIZE, src=r)] for r in range(2)]
-    sim = simulate_case(Case(0, 0, 2, share_identical([Program(tuple(p)) for p in both]), ("both",)))
+    sim = simulate_case(_case(both, "both"))
     ended = {"end_reason": "finished"}  # a real run that went on until the timeouts fired
     assert [h["rank"] for h in sim["hangs"]] == [0, 1] and racy(sim, ended)
     assert not racy(sim, {"end_reason": "no progress for 5s"}), "stopped before any timeout fired: compared"
     alone = [[GLOO, group, AllReduce(group="g", size_bytes=SIZE)], [GLOO, group]]
-    sim = simulate_case(Case(0, 1, 2, share_identical([Program(tuple(p)) for p in alone]), ("alone",)))
+    sim = simulate_case(_case(alone, "alone", 1))
     assert [h["rank"] for h in sim["hangs"]] == [0] and not racy(sim, ended)
 
 
@@ -702,10 +705,8 @@ def test_a_one_rank_group_s_key_colliding_with_a_real_group_is_a_verdict_race() 
     # seed2-case27: rank 1 creates [1] under the name ranks 0 and 2 give [0, 2] (swapped creation order); a
     # one-rank gloo group still writes its key (measured: new_group([0]) adds one store key). Real runs of this
     # program hung once and passed twice: the order of the two writes decides.
-    from simnccl.ops import Program
     from simnccl.real.compare import compare_variant
-    from simnccl.real.differential import Case, CaseResult, classify, simulate_case
-    from simnccl.real.programs import share_identical
+    from simnccl.real.differential import CaseResult, classify, simulate_case
 
     pair, single = NewGroup(ranks=(0, 2), bind="g"), NewGroup(ranks=(1,), bind="g")
     programs = [[GLOO, pair, single, Barrier(group="g")], [GLOO, single, pair, Barrier(group="g")]]
@@ -713,7 +714,7 @@ def test_a_one_rank_group_s_key_colliding_with_a_real_group_is_a_verdict_race() 
     out = run(programs)
     assert out.verdict == "hang"
     assert any("one-rank group's key" in h["explanation"] for h in out.hangs)
-    case = Case(0, 0, 3, share_identical([Program(tuple(p)) for p in programs]), ("singleton",))
+    case = _case(programs, "singleton")
     sim = simulate_case(case)
     for real_verdict in ("pass", "hang"):
         real = {"verdict": real_verdict, "hangs": [], "errors": []}
@@ -730,10 +731,8 @@ def test_a_later_group_complete_under_a_name_taken_before_is_a_verdict_race(toge
     # address over the earlier key just before reading its peer's: real runs passed 4 times in 8 and hung 4.
     # A member coming later reads the earlier group's key before its peer writes: the hang is certain.
     from simnccl.backends.gloo import COMPLETE_COLLISION_RACE
-    from simnccl.ops import Program
     from simnccl.real.compare import verdict_racy
-    from simnccl.real.differential import Case, simulate_case
-    from simnccl.real.programs import share_identical
+    from simnccl.real.differential import simulate_case
 
     local = NewGroup(ranks=(0, 2), bind="l1", use_local_synchronization=True)
     pair, odds = NewGroup(ranks=(0, 2), bind="g2"), NewGroup(ranks=(1, 3), bind="g2")
@@ -744,7 +743,7 @@ def test_a_later_group_complete_under_a_name_taken_before_is_a_verdict_race(toge
     assert out.verdict == "hang" and sorted(h["rank"] for h in out.hangs) == [0, 2]
     assert all("already bootstrapped ranks [1, 3]" in h["explanation"] for h in out.hangs)
     assert all((COMPLETE_COLLISION_RACE in h["explanation"]) is together for h in out.hangs)
-    case = Case(0, 0, 4, share_identical([Program(tuple(p)) for p in programs]), ("late",))
+    case = _case(programs, "late")
     assert verdict_racy(simulate_case(case)) is together
 
 
@@ -754,10 +753,8 @@ def test_a_collision_of_groups_complete_under_one_name_is_a_verdict_race() -> No
     # passed 4 times in 10 and hung 6: a member reads its own group's address or the other's, by the order of the
     # writes. With rank 3 not skipping, [1, 3] lacks a member under that name and the hang is certain.
     from simnccl.backends.gloo import COMPLETE_COLLISION_RACE
-    from simnccl.ops import Program
     from simnccl.real.compare import compare_variant
-    from simnccl.real.differential import Case, CaseResult, classify, simulate_case
-    from simnccl.real.programs import share_identical
+    from simnccl.real.differential import CaseResult, classify, simulate_case
 
     evens, odds = NewGroup(ranks=(0, 2), bind="g"), NewGroup(ranks=(1, 3), bind="g")
     both, odd_only = [GLOO, evens, odds], [GLOO, odds]
@@ -765,7 +762,7 @@ def test_a_collision_of_groups_complete_under_one_name_is_a_verdict_race() -> No
         out = run(programs)
         assert out.verdict == "hang"
         assert any(COMPLETE_COLLISION_RACE in h["explanation"] for h in out.hangs) is race
-        case = Case(0, 0, 4, share_identical([Program(tuple(p)) for p in programs]), ("collision",))
+        case = _case(programs, "collision")
         real = {"verdict": "pass", "hangs": [], "errors": []}
         comparison = compare_variant("collision", "cpu", simulate_case(case), real, 4, 0.0)
         assert classify(CaseResult(case, comparison)) == ("racy" if race else "disagree")
@@ -873,11 +870,10 @@ def test_real_diff_counts_a_cross_wired_op_as_a_known_gap_not_an_agreement() -> 
     # real gloo runs the op (pass); the simulator's verdict is fail. Not an agreement, not a disagreement either:
     # the known gap ``gloo-cross-wired``; a real rank failing at that same op is no longer that gap.
     from simnccl.real.compare import compare_variant
-    from simnccl.real.differential import Case, CaseResult, classify, simulate_case
-    from simnccl.real.programs import share_identical
+    from simnccl.real.differential import CaseResult, classify, simulate_case
 
     programs = _cross_wired(*[[AllReduce(group="g", size_bytes=SIZE)]] * 4)
-    case = Case(0, 0, 4, share_identical([Program(tuple(p)) for p in programs]), ("cross-wired",))
+    case = _case(programs, "cross-wired")
     sim = simulate_case(case)
     assert sim["verdict"] == "fail"
     comparison = compare_variant("x", "cpu", sim, {"verdict": "pass", "hangs": [], "errors": []}, 4, 0.0)
@@ -893,13 +889,12 @@ def test_real_diff_counts_the_data_checks_stops_as_agreement_and_the_ranks_it_co
     # check type: where it stopped every rank the simulator stopped, the two agree; where it stopped some (the
     # receivers of a send/recv) and the others ran on (the senders, nothing came back to them), the known gap.
     from simnccl.real.compare import compare_variant
-    from simnccl.real.differential import Case, CaseResult, classify, simulate_case
-    from simnccl.real.programs import share_identical
+    from simnccl.real.differential import CaseResult, classify, simulate_case
 
     sends = [Send(group="g", peer=2, size_bytes=SIZE)], [Send(group="g", peer=3, size_bytes=SIZE)]
     recvs = [Recv(group="g", peer=0, size_bytes=SIZE)], [Recv(group="g", peer=1, size_bytes=SIZE)]
     programs = _cross_wired(*sends, *recvs)
-    case = Case(0, 0, 4, share_identical([Program(tuple(p)) for p in programs]), ("cross-wired",))
+    case = _case(programs, "cross-wired")
     sim = simulate_case(case)
     assert [(e["rank"], e["type"]) for e in sim["errors"]] == [(r, CROSS_WIRED_TYPE) for r in range(4)]
 
@@ -967,8 +962,7 @@ def test_a_cross_wired_op_waits_for_the_ranks_it_is_wired_to_and_agrees_with_rea
     # between the wired ranks, so it waits for rank 0 too, its hang naming the wiring, and the check stops a rank
     # only once the op ran. Compared with that real outcome: agreement; a difference elsewhere is a disagreement.
     from simnccl.real.compare import compare_variant
-    from simnccl.real.differential import Case, CaseResult, classify, simulate_case
-    from simnccl.real.programs import share_identical
+    from simnccl.real.differential import CaseResult, classify, simulate_case
 
     programs = _cross_wired([], [], [], [AllReduce(group="g", size_bytes=SIZE)])
     out = run(programs)
@@ -977,7 +971,7 @@ def test_a_cross_wired_op_waits_for_the_ranks_it_is_wired_to_and_agrees_with_rea
         "groups under name '3' are cross-wired (a store-key collision): gloo connected ranks [0, 3]"
         in (out.hangs[0]["explanation"])
     )
-    case = Case(0, 0, 4, share_identical([Program(tuple(p)) for p in programs]), ("cross-wired",))
+    case = _case(programs, "cross-wired")
     sim = simulate_case(case)
     op = sim["hangs"][0]["op"]
     waiting = {"rank": 3, "op": op, "op_index": 4, "kind": "collective", "waiting_for": [0]}

@@ -26,7 +26,7 @@ def _sim_error(rank: int, kind: str, type_name: str, message: str = "it failed")
     return {"rank": rank, "kind": kind, "type": type_name, "message": message, "op": "alloc(...)", "time_s": 1.0}
 
 
-def _real(*states: dict[str, Any]) -> dict[str, Any]:
+def _real(*states: dict[str, Any], notes: tuple[str, ...] = ()) -> dict[str, Any]:
     return build_variant_result(
         name="v",
         description="",
@@ -38,6 +38,7 @@ def _real(*states: dict[str, Any]) -> dict[str, Any]:
         rank_states=list(states),
         reason="finished",
         started_at=0.0,
+        notes=notes,
     )
 
 
@@ -266,3 +267,14 @@ def test_each_race_is_described_as_itself_not_as_a_store_key_collision() -> None
     assert comparison.race == BARRIER_PEER_RACE
     text = render_comparison_variant(comparison.to_dict(full=True))
     assert f"~ {BARRIER_PEER_RACE}; only the verdict is compared" in text and "store-key" not in text
+
+
+def test_what_the_ranks_could_not_check_is_a_note_of_the_run_once_with_its_ranks() -> None:
+    # the data check's unchecked element type (simnccl.real.data_check), NVML missing: each rank's notes, gathered
+    skipped = "data not checked: torch.bool cannot hold 3 exactly (moves of 3 ranks)"
+    states = [
+        {"rank": r, "final": {"e": "final", "status": "done", "t": 1.0, "notes": notes}, "exit_code": 0}
+        for r, notes in enumerate(([skipped], [], [skipped, "NVML unavailable (ImportError)"]))
+    ]
+    variant = _real(*states, notes=("the lane's own",))
+    assert variant["notes"] == ["the lane's own", f"ranks 0, 2: {skipped}", "rank 2: NVML unavailable (ImportError)"]

@@ -132,27 +132,3 @@ def test_the_driver_stops_a_rank_whose_result_holds_another_groups_data_and_says
     assert unchecked.startswith("; data not checked: torch.bool cannot hold 15 exactly")
     driver._check_data(op, group, torch.ones(4, dtype=torch.bool), SUMS)
     assert driver.notes == [unchecked[2:]]  # once, for the run's report
-
-
-def test_what_the_ranks_could_not_check_is_a_note_of_the_run_once_with_its_ranks() -> None:
-    from simnccl.real.measure import build_variant_result
-
-    skipped = "data not checked: torch.bool cannot hold 3 exactly (moves of 3 ranks)"
-    states = [
-        {"rank": r, "final": {"e": "final", "status": "done", "t": 1.0, "notes": notes}, "exit_code": 0}
-        for r, notes in enumerate(([skipped], [], [skipped, "NVML unavailable (ImportError)"]))
-    ]
-    variant = build_variant_result(
-        name="v",
-        description="",
-        lane="cpu",
-        policy="torch-default",
-        env={},
-        release="2.15",
-        torch_version="2.15.0",
-        rank_states=states,
-        reason="finished",
-        started_at=0.0,
-        notes=["the lane's own"],
-    )
-    assert variant["notes"] == ["the lane's own", f"ranks 0, 2: {skipped}", "rank 2: NVML unavailable (ImportError)"]
