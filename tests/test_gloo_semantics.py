@@ -802,16 +802,10 @@ def test_two_groups_of_one_size_whose_group_ranks_differ_bootstrap_cross_wired()
     [
         [[AllReduce(group="g", size_bytes=SIZE)]] * 4,
         [[Broadcast(group="g", size_bytes=SIZE, src=0)], [Broadcast(group="g", size_bytes=SIZE, src=1)]] * 2,
-        [
-            [Send(group="g", peer=2, size_bytes=SIZE)],
-            [Send(group="g", peer=3, size_bytes=SIZE)],
-            [Recv(group="g", peer=0, size_bytes=SIZE)],
-            [Recv(group="g", peer=1, size_bytes=SIZE)],
-        ],
     ],
-    ids=["all_reduce", "broadcast", "send-recv"],
+    ids=["all_reduce", "broadcast"],
 )
-def test_an_op_on_a_cross_wired_group_is_the_simulator_s_check(ops: list[list[Op]]) -> None:
+def test_a_collective_on_a_cross_wired_group_is_the_simulator_s_check(ops: list[list[Op]]) -> None:
     # real gloo runs each of these between 1 and 2 and between 0 and 3, on their data, and raises nothing
     # (tests/test_real_gloo_cross_wiring.py): the simulator stops every rank there, naming whom it is wired to
 
@@ -826,6 +820,51 @@ def test_an_op_on_a_cross_wired_group_is_the_simulator_s_check(ops: list[list[Op
     assert {e["rank"]: e[FOREIGN_RANKS] for e in out.errors} == {0: [3], 1: [2], 2: [1], 3: [0]}
     text = explain(VariantResult("v", "", "2.15", "2.15.0", "p", {}, "torch-default", out))
     assert text.count("was stopped by simnccl's check at t=") == 4 and "raised" not in text, text
+
+
+_SENDS = [Send(group="g", peer=2, size_bytes=SIZE)], [Send(group="g", peer=3, size_bytes=SIZE)]
+_RECVS = [Recv(group="g", peer=0, size_bytes=SIZE)], [Recv(group="g", peer=1, size_bytes=SIZE)]
+
+
+def test_a_send_on_a_cross_wired_group_goes_to_the_rank_wired_at_its_peers_group_rank() -> None:
+    # real gloo (tests/test_real_gloo_semantics.py, cross-wired-send-recv): rank 0's send to its group rank 1 (rank 2)
+    # reaches rank 3, wired there under '3', whose recv from its group rank 0 (rank 1) gets it; the same for 1 and 2.
+    # The data check stops the receivers (data of ranks 0 and 1, outside their groups); the senders run on. The
+    # simulator stopped all four at once.
+    out = run(_cross_wired(*_SENDS, *_RECVS), keep_trace=True)
+    assert out.verdict == "fail" and not out.hangs
+    assert [(e["rank"], e["kind"], e["type"]) for e in out.errors] == [(r, "check", CROSS_WIRED_TYPE) for r in (2, 3)]
+    assert {e["rank"]: e[FOREIGN_RANKS] for e in out.errors} == {2: [1], 3: [0]}
+    assert all("this recv runs between those ranks" in e["message"] for e in out.errors)
+    assert [rt.status for rt in out.ranks] == ["done", "done", "error", "error"]
+    # the trace keeps torch's view of each message (the peers named), as the flight recorder does
+    sends = sorted(e[1:] for e in out.trace if len(e) > 2 and e[2] in ("send", "recv"))
+    named = [(0, "send", 0, 2), (1, "send", 1, 3), (2, "recv", 0, 2), (3, "recv", 1, 3)]
+    assert [(e[0], e[1], e[3], e[4]) for e in sends] == named
+
+
+def test_a_message_between_members_of_a_cross_wired_group_is_not_stopped() -> None:
+    # [0, 1, 2] and [3, 4, 5] under one name, ranks 0 and 2 of the first and rank 4 of the second there (group
+    # ranks 0, 2 and 1): gloo connects (0, 4, 2). Rank 0's send to rank 2 reaches rank 2, whose recv from rank 0 gets
+    # it: members of the group, nothing for any check to see. Its send to rank 1 reaches rank 4, whose recv from
+    # rank 3 (group rank 0) gets rank 0's data: rank 4 is stopped, naming rank 0.
+    first, second = NewGroup(ranks=(0, 1, 2), bind="g"), NewGroup(ranks=(3, 4, 5), bind="g")
+    sender = [GLOO, first, Send(group="g", peer=1, size_bytes=SIZE), Send(group="g", peer=2, size_bytes=SIZE)]
+    programs = [sender, [GLOO], [GLOO, first, Recv(group="g", peer=0, size_bytes=SIZE)], [GLOO]]
+    programs += [[GLOO, second, Recv(group="g", peer=3, size_bytes=SIZE)], [GLOO]]
+    out = run(programs, keep_trace=True)
+    assert sorted({(e[1], tuple(e[4])) for e in _wired(out)}) == [(0, (0, 4, 2)), (2, (0, 4, 2)), (4, (0, 4, 2))]
+    assert out.verdict == "fail" and not out.hangs
+    assert [(e["rank"], e["type"], e[FOREIGN_RANKS]) for e in out.errors] == [(4, CROSS_WIRED_TYPE, [0])]
+    assert [rt.status for rt in out.ranks] == ["done", "done", "done", "done", "error", "done"]
+
+
+def test_a_recv_wired_to_a_rank_that_never_sends_waits_for_that_rank() -> None:
+    # rank 3's recv from its group rank 0 is wired to rank 0, which sends nothing: it waits for rank 0, and its hang
+    # names the wiring (rank 1, the peer torch was told, never comes into it)
+    out = run(_cross_wired([], [], [], _RECVS[1]))
+    assert out.verdict == "hang" and [(h["rank"], h["waiting_for"]) for h in out.hangs] == [(3, [0])]
+    assert "gloo connected ranks [0, 3], and this recv goes between ranks 0 and 3" in out.hangs[0]["explanation"]
 
 
 def test_a_second_writer_of_a_group_rank_a_cross_wired_member_wrote_is_a_collision() -> None:
@@ -884,39 +923,40 @@ def test_real_diff_counts_a_cross_wired_op_as_a_known_gap_not_an_agreement() -> 
     assert classify(CaseResult(case, comparison)) == "disagree"
 
 
-def test_real_diff_counts_the_data_checks_stops_as_agreement_and_the_ranks_it_could_not_check_as_the_gap() -> None:
-    # The real driver's data check stops a rank whose result holds another rank's data with the simulator's own
-    # check type: where it stopped every rank the simulator stopped, the two agree; where it stopped some (the
-    # receivers of a send/recv) and the others ran on (the senders, nothing came back to them), the known gap.
+def test_real_diff_compares_a_cross_wired_send_recv_rank_by_rank_and_by_its_wiring() -> None:
+    # The real driver's data check stops a receiver whose data came from outside its group with the simulator's own
+    # check type, and nothing comes back to a sender: where it stopped the receivers the simulator stopped, with
+    # data from the ranks the simulator wired them to, the two agree; where the real receivers ran on (an element
+    # type that cannot carry the check), the known gap; anything else is a disagreement.
     from simnccl.real.compare import compare_variant
     from simnccl.real.differential import CaseResult, classify, simulate_case
 
-    sends = [Send(group="g", peer=2, size_bytes=SIZE)], [Send(group="g", peer=3, size_bytes=SIZE)]
-    recvs = [Recv(group="g", peer=0, size_bytes=SIZE)], [Recv(group="g", peer=1, size_bytes=SIZE)]
-    programs = _cross_wired(*sends, *recvs)
-    case = _case(programs, "cross-wired")
+    case = _case(_cross_wired(*_SENDS, *_RECVS), "cross-wired")
     sim = simulate_case(case)
-    assert [(e["rank"], e["type"]) for e in sim["errors"]] == [(r, CROSS_WIRED_TYPE) for r in range(4)]
+    assert [(e["rank"], e["type"], e[FOREIGN_RANKS]) for e in sim["errors"]] == [
+        (2, CROSS_WIRED_TYPE, [1]),
+        (3, CROSS_WIRED_TYPE, [0]),
+    ]
+    ops = {e["rank"]: e["op"] for e in sim["errors"]}
 
-    def real_check(rank: int, error_type: str = CROSS_WIRED_TYPE) -> dict:
-        op = sim["errors"][rank]["op"]
-        return {"rank": rank, "kind": "check", "type": error_type, "op": op, "message": "data check"}
+    def real(*errors: tuple[int, str, list[int]]) -> dict:
+        made = [
+            {"rank": r, "kind": "check", "type": t, "op": ops[r], "message": "data check", FOREIGN_RANKS: f}
+            for r, t, f in errors
+        ]
+        everyone = [{"rank": r} for r in range(4)]  # a real result lists every rank it ran
+        return {"verdict": "fail" if made else "pass", "hangs": [], "errors": made, "ranks": everyone}
 
-    every = {"verdict": "fail", "hangs": [], "errors": [real_check(r) for r in range(4)]}
-    assert classify(CaseResult(case, compare_variant("x", "cpu", sim, every, 4, 0.0))) == "agree"
-    receivers = {"verdict": "fail", "hangs": [], "errors": [real_check(2), real_check(3)]}
-    comparison = compare_variant("x", "cpu", sim, receivers, 4, 0.0)
-    assert classify(CaseResult(case, comparison)) == "known-gap" and comparison.known_gap == "gloo-cross-wired"
-    # a receiver stopped by anything else at that op is not the gap
-    other = {"verdict": "fail", "hangs": [], "errors": [real_check(2), real_check(3, "ValueError")]}
-    assert classify(CaseResult(case, compare_variant("x", "cpu", sim, other, 4, 0.0))) == "disagree"
-    # the data came from the ranks the simulator wired each receiver to (2 to 1, 3 to 0): agreement on the wiring
-    seen = {"verdict": "fail", "hangs": [], "errors": [{**real_check(2), FOREIGN_RANKS: [1]}, real_check(3)]}
-    seen["errors"][1][FOREIGN_RANKS] = [0]
-    assert classify(CaseResult(case, compare_variant("x", "cpu", sim, seen, 4, 0.0))) == "known-gap"
+    def verdict(real_result: dict) -> str:
+        return classify(CaseResult(case, compare_variant("x", "cpu", sim, real_result, 4, 0.0)))
+
+    assert verdict(real((2, CROSS_WIRED_TYPE, [1]), (3, CROSS_WIRED_TYPE, [0]))) == "agree"
+    ran_on = compare_variant("x", "cpu", sim, real(), 4, 0.0)
+    assert classify(CaseResult(case, ran_on)) == "known-gap" and ran_on.known_gap == "gloo-cross-wired"
+    # a receiver stopped by anything else at that op is neither
+    assert verdict(real((2, CROSS_WIRED_TYPE, [1]), (3, "ValueError", []))) == "disagree"
     # data from a rank the simulator did not wire it to: the model's wiring is wrong, a disagreement, named
-    seen["errors"][1][FOREIGN_RANKS] = [1]
-    comparison = compare_variant("x", "cpu", sim, seen, 4, 0.0)
+    comparison = compare_variant("x", "cpu", sim, real((2, CROSS_WIRED_TYPE, [1]), (3, CROSS_WIRED_TYPE, [1])), 4, 0.0)
     assert classify(CaseResult(case, comparison)) == "disagree" and comparison.known_gap is None
     assert "rank 3 cross-wired: simulated to ranks [0] outside its group, real data from [1]" in comparison.reasons
 

@@ -202,7 +202,7 @@ PROBES: dict[str, list[list[Op]]] = {
         [GLOO, LOCAL_023, EVENS, ODDS, AllGather(group="g", size_bytes=SIZE)],
     ],
     # each group's rank 0 sends to its rank 1: the receivers get the other group's sender's data (the data
-    # check stops them); nothing comes back to a sender, which real gloo lets go on (KNOWN_GAP_PROBES)
+    # check stops them); nothing comes back to a sender, which real gloo lets go on, as the simulator does
     "cross-wired-send-recv": [
         [GLOO, LOCAL_023, ODDS, EVENS, Send(group="g", peer=2, size_bytes=SIZE)],
         [GLOO, EVENS, ODDS, Send(group="g", peer=3, size_bytes=SIZE)],
@@ -220,7 +220,7 @@ PROBES: dict[str, list[list[Op]]] = {
 # Probes whose difference is a known gap (simnccl.real.compare.KNOWN_GAPS), not an agreement: the simulator's
 # cross-wired check stops ranks that real gloo runs on, where nothing comes back for the real driver's data check
 # (simnccl.real.data_check) to read (the data real gloo gets wrong: tests/test_real_gloo_cross_wiring.py)
-KNOWN_GAP_PROBES = {"cross-wired-send-recv": "gloo-cross-wired", "cross-wired-barrier": "gloo-cross-wired"}
+KNOWN_GAP_PROBES = {"cross-wired-barrier": "gloo-cross-wired"}
 # Probes with a barrier member whose peer dies: real diff compares those by verdict only (BARRIER_PEER_RACE), so
 # the rows, each rank's outcome on both sides, are checked here (5 real runs of 5 alike)
 ROW_BY_ROW_PROBES = {"all-gather-sizes-beside-a-barrier"}
@@ -315,6 +315,10 @@ def test_real_data_check_stops_the_ranks_a_cross_wired_group_fed_wrong_data(resu
     assert [(e["rank"], e["type"]) for e in sent["errors"]] == [(2, CROSS_WIRED_TYPE), (3, CROSS_WIRED_TYPE)]
     assert "data sent by ranks [1]" in sent["errors"][0]["message"]
     assert "data sent by ranks [0]" in sent["errors"][1]["message"]
+    # the simulator sends each message to the process gloo connected at the peer's group rank: the same receivers
+    # stopped, with data from the same ranks
+    simulated = {e["rank"]: e[FOREIGN_RANKS] for e in results["cross-wired-send-recv"].comparison.sim["errors"]}
+    assert simulated == {e["rank"]: e[FOREIGN_RANKS] for e in sent["errors"]} == {2: [1], 3: [0]}
 
 
 def test_real_timeout_on_a_destroyed_group_is_torchs_value_error(results: dict[str, CaseResult]) -> None:

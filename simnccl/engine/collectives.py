@@ -153,8 +153,7 @@ class Collectives:
         """The check that stops a rank at an op on a gloo communicator a store-key collision cross-wired
         (``engine.store_collisions``), or None: real gloo runs it between other ranks, on their data, without an
         error. A collective raises it once the op ran between the ranks it is wired to (a rank wired to one that
-        never comes waits, as on real gloo: real diff seed135-case36); a send or recv at once (its peer, a global
-        rank of the group, is not translated to the wiring)."""
+        never comes waits, as on real gloo: real diff seed135-case36); a send or recv is ``_wired_p2p``'s."""
         found = self.comms.cross_wiring.failure(comm.comm_id, target.name, target.ranks, op.name)
         if found is None:
             return None
@@ -249,21 +248,26 @@ class Collectives:
         if not life.communicates:
             return
         src, dst = (rt.rank, op.peer) if isinstance(op, Send) else (op.peer, rt.rank)
+        ends, wrong = (src, dst), None  # the processes the message goes between, and the check's error if any
         if life.p2p_uses_pair_comm(comm, bound=target.bound_device is not None):
             channel = yield from self._pair_comm(rt, target, comm, op)
         else:
             if not comm.ready:
                 yield from self.comms.init(rt, target, comm, op)
-            wrong = self._cross_wired(comm, target, op) if self._wires else None
-            if wrong is not None:
-                raise wrong
             self._connect(rt, target, comm, op, op.name, op.size_bytes, op.peer)
             channel = comm.comm_id
-        n = comm.next_p2p_seq(src, dst)
-        label = f"send {src}->{dst}" if isinstance(op, Send) else f"recv {dst}<-{src}"
+            if self._wires and comm.comm_id in self._wires:
+                ends, wrong = self._wired_p2p(rt, comm, target, op)
+        n = comm.next_p2p_seq(*ends)
+        label = f"send {src}->{dst}" if isinstance(op, Send) else f"recv {dst}<-{src}"  # torch's view: the group's
         entry = self._fr_record(rt, target, comm, label, op.size_bytes, op.dtype, p2p=True)
-        meeting = self.rendezvous.open(("p2p", channel, src, dst, n), "p2p", target.name, n, (src, dst))
+        meeting = self.rendezvous.open(("p2p", channel, *ends, n), "p2p", target.name, n, ends)
         meeting.abort_on_mismatch = comm.impl is _GLOO  # a recv smaller than the send aborts (backends/gloo.py)
+        if ends != (src, dst) and meeting.note is None:  # a hang here names the rank it really waits for, and why
+            meeting.note = (
+                f"groups under name {target.name!r} are cross-wired (a store-key collision): gloo connected ranks "
+                f"{list(self._wires[comm.comm_id][0])}, and this {op.name} goes between ranks {ends[0]} and {ends[1]}"
+            )
         self.rendezvous.arrive(meeting, rt, ("p2p", op.size_bytes, op.dtype), op, duration=self.timing.p2p_s)
         yield from self.rendezvous.wait(rt, meeting, op)
         FlightRecorder.complete(entry, self.env.now)
@@ -272,6 +276,31 @@ class Collectives:
             f"({trace.time_text(now)}, {rt.rank!r}, {name!r}, {group_name!r}, {src!r}, {dst!r}, {n!r})",
             (now, rt.rank, name, group_name, src, dst, n),
         )
+        if wrong is not None:
+            raise wrong
+
+    def _wired_p2p(
+        self, rt: RankRuntime, comm: Comm, target: Group, op: PointToPoint
+    ) -> tuple[tuple[int, int], WorkloadFailure | None]:
+        """A send or recv on a cross-wired gloo communicator: the (source, destination) processes it goes between,
+        and the check's error for a receiver, raised once the recv ran.
+
+        Why: gloo addresses a peer by its group rank, so the message goes to (or comes from) whichever process
+        gloo connected at the peer's group rank (``CrossWiring.wires``), not the peer torch named. Measured on
+        real gloo (``tests/test_real_gloo_semantics.py``, cross-wired-send-recv): each receiver got the other
+        group's sender's data, the real driver's data check stopped it, and the senders ran on, nothing coming back
+        to them. So only a receiver whose data came from a rank outside its group is stopped (the rank, as the
+        data check names it: ``foreign_ranks``); a message between two members of the group, the wrong two or
+        not, carries nothing that shows it."""
+        wire = self._wires[comm.comm_id][0]
+        peer = wire[target.ranks.index(op.peer)]
+        if isinstance(op, Send):
+            return (rt.rank, peer), None
+        if peer in target.ranks:
+            return (peer, rt.rank), None
+        found = self.comms.cross_wiring.failure(comm.comm_id, target.name, target.ranks, op.name)
+        assert found is not None
+        return (peer, rt.rank), WorkloadFailure(found[0], CROSS_WIRED_TYPE, facts={FOREIGN_RANKS: [peer]})
 
     def _lazy_pair_meeting(self, rt: RankRuntime, group: Group, pair_ranks: tuple[int, int]) -> Meeting:
         """``rt``'s bootstrap meeting of an nccl-lazy pair communicator, under the name torch gives it:

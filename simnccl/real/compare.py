@@ -419,8 +419,8 @@ KNOWN_GAPS: dict[str, str] = {
         "an op on a gloo group that another group's members joined by group rank under one store name (each "
         "group-rank key written once): real gloo runs it between the wrong ranks without an error. The real "
         "driver's data check (simnccl.real.data_check) stops a rank whose result holds another rank's data, as "
-        "the simulator's check does; where nothing comes back to check (a barrier, a send) or the dtype cannot "
-        "carry the check, the real rank goes on where the simulator stops it"
+        "the simulator's check does; where nothing comes back to check (a barrier) or the dtype cannot carry the "
+        "check, the real rank goes on where the simulator stops it"
     ),
 }
 
