@@ -52,6 +52,8 @@ SHORT_G = NewGroup(ranks=(0, 1), bind="g", timeout_s=1.0)
 SETTLED = (GLOO, AllReduce(size_bytes=SIZE))
 LOCAL_023 = NewGroup(ranks=(0, 2, 3), bind="l", use_local_synchronization=True)
 ODDS, EVENS = NewGroup(ranks=(1, 3), bind="g"), NewGroup(ranks=(0, 2), bind="g")
+# [0, 1, 2] and [3, 4, 5] under one name, only ranks 0, 2 (group ranks 0, 2) and 4 (group rank 1) there
+LOW, HIGH = NewGroup(ranks=(0, 1, 2), bind="g"), NewGroup(ranks=(3, 4, 5), bind="g")
 
 PROBES: dict[str, list[list[Op]]] = {
     # a peer that destroys its groups closes its sockets: the pending send fails at once
@@ -209,6 +211,16 @@ PROBES: dict[str, list[list[Op]]] = {
         [GLOO, LOCAL_023, EVENS, ODDS, Recv(group="g", peer=0, size_bytes=SIZE)],
         [GLOO, LOCAL_023, EVENS, ODDS, Recv(group="g", peer=1, size_bytes=SIZE)],
     ],
+    # gloo connects (0, 4, 2): rank 0's send to its group rank 1 reaches rank 4, whose recv from its group rank 0
+    # gets rank 0's data (the data check stops it); its send to rank 2 reaches rank 2, a member: nothing to see
+    "cross-wired-send-within-and-across": [
+        [GLOO, LOW, Send(group="g", peer=1, size_bytes=SIZE), Send(group="g", peer=2, size_bytes=SIZE)],
+        [GLOO],
+        [GLOO, LOW, Recv(group="g", peer=0, size_bytes=SIZE)],
+        [GLOO],
+        [GLOO, HIGH, Recv(group="g", peer=3, size_bytes=SIZE)],
+        [GLOO],
+    ],
     # a barrier carries no data: real gloo runs it between the wrong ranks and goes on (KNOWN_GAP_PROBES)
     "cross-wired-barrier": [
         [GLOO, LOCAL_023, ODDS, EVENS, Barrier(group="g")],
@@ -319,6 +331,9 @@ def test_real_data_check_stops_the_ranks_a_cross_wired_group_fed_wrong_data(resu
     # stopped, with data from the same ranks
     simulated = {e["rank"]: e[FOREIGN_RANKS] for e in results["cross-wired-send-recv"].comparison.sim["errors"]}
     assert simulated == {e["rank"]: e[FOREIGN_RANKS] for e in sent["errors"]} == {2: [1], 3: [0]}
+    # a message between two members of a cross-wired group goes through; one from outside is stopped
+    mixed = _real(results["cross-wired-send-within-and-across"])
+    assert [(e["rank"], e["type"], e[FOREIGN_RANKS]) for e in mixed["errors"]] == [(4, CROSS_WIRED_TYPE, [0])]
 
 
 def test_real_timeout_on_a_destroyed_group_is_torchs_value_error(results: dict[str, CaseResult]) -> None:
