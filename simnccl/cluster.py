@@ -226,6 +226,12 @@ class Cluster:
         self._check_rank(rank)
         return rank % self._ranks_per_node
 
+    def placements(self) -> list[tuple[int, int]]:
+        """Every rank's (``node_of``, ``local_rank``), in rank order: one pass where a world's processes are made,
+        not two checked calls per rank."""
+        per_node = self._ranks_per_node
+        return [divmod(rank, per_node) for rank in range(self.world_size)]
+
     def device(self, node: int, index: int) -> Device:
         if isinstance(node, bool) or not isinstance(node, int) or not 0 <= node < self.nodes:
             raise ClusterError(f"node {node!r} out of range; expected 0 <= node < {self.nodes}")

@@ -172,6 +172,14 @@ def test_fewer_ranks_than_gpus_per_node(h100: GpuKind) -> None:
     assert (cluster.node_of(5), cluster.local_rank(5)) == (2, 1)
 
 
+@pytest.mark.parametrize("shape", [(2, 4, None), (3, 8, 2), (1, 2, 5)])
+def test_placements_are_each_ranks_node_and_local_rank(h100: GpuKind, shape: tuple[int, int, int | None]) -> None:
+    nodes, gpus, per_node = shape
+    cluster = Cluster(h100, nodes=nodes, gpus_per_node=gpus, ranks_per_node=per_node)
+    expected = [(cluster.node_of(r), cluster.local_rank(r)) for r in range(cluster.world_size)]
+    assert cluster.placements() == expected and len(expected) == cluster.world_size
+
+
 def test_devices_in_node_then_index_order(h100: GpuKind) -> None:
     cluster = Cluster(h100, nodes=2, gpus_per_node=2)
     assert cluster.devices() == (Device(0, 0), Device(0, 1), Device(1, 0), Device(1, 1))

@@ -93,7 +93,6 @@ class Engine:
         cohorts = Cohorts(sim, shared, rendezvous, comms, memory, groups, planner, gate, histories, classes)
         outsiders = Outsiders(sim, histories, planner, cohorts, injection.op_faults, gate)
         self.fast = fast = FastPaths(outsiders, cohorts, enabled=fast_path)
-        histories.start(sim.ranks)
 
         dispatch: dict[type, Callable[[RankRuntime, Any], Waiting | None]] = {
             SetDevice: memory.op_set_device,

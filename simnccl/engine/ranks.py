@@ -24,6 +24,7 @@ from simnccl.engine.state import AsyncError, Crash, PeerLost, ProcessAbort, Rank
 from simnccl.flight_recorder import FlightRecorder, buffer_size
 from simnccl.memory import SimulatedOOM
 from simnccl.ops import Collective, NewGroup, PointToPoint, Program
+from simnccl.policy import History
 from simnccl.release import Impl
 from simnccl.watchdog import TimeoutAction
 
@@ -56,19 +57,26 @@ def oom_error(rt: RankRuntime, err: SimulatedOOM) -> TorchError:
 
 
 def make_ranks(config: SimConfig, programs: Sequence[Program]) -> list[RankRuntime]:
-    """Every rank's process state: its program, environment (as its launcher sets it), node and recorder."""
+    """Every rank's process state: its program, environment (as its launcher sets it), node and recorder.
+
+    Every rank starts with one empty group-creation history, shared until a rank records into it (copy-on-write:
+    ``engine/fast/histories.py``); the flight recorder's size is read once (no launcher variable sets it). Why:
+    a 131,072-rank world makes this state 131,072 times, and a history and a reading each were half of it."""
     cluster = config.cluster
+    world_size = cluster.world_size
+    if len(programs) != world_size:
+        raise ValueError(f"{len(programs)} programs for a world of {world_size} ranks")
+    torchrun = config.launcher == "torchrun"
+    capacity = buffer_size(config.env)
+    history = History()
     ranks = []
-    for rank in range(cluster.world_size):
-        if len(programs) != cluster.world_size:
-            raise ValueError(f"{len(programs)} programs for a world of {cluster.world_size} ranks")
+    for rank, (node, local) in enumerate(cluster.placements()):
         env = dict(config.env)
-        local = cluster.local_rank(rank)
-        if config.launcher == "torchrun":
-            env.update(LOCAL_RANK=str(local), RANK=str(rank), WORLD_SIZE=str(cluster.world_size))
+        if torchrun:
+            env.update(LOCAL_RANK=str(local), RANK=str(rank), WORLD_SIZE=str(world_size))
         ctx = ProcessContext(
             rank=rank,
-            world_size=cluster.world_size,
+            world_size=world_size,
             local_rank=local,
             device_count=cluster.device_count,
             env=env,
@@ -78,8 +86,10 @@ def make_ranks(config: SimConfig, programs: Sequence[Program]) -> list[RankRunti
                 rank=rank,
                 program=programs[rank],
                 ctx=ctx,
-                node=cluster.node_of(rank),
-                fr=FlightRecorder(rank, capacity=buffer_size(env)),
+                node=node,
+                history=history,
+                history_shared=True,
+                fr=FlightRecorder(rank, capacity=capacity),
             )
         )
     return ranks

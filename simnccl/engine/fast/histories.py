@@ -2,9 +2,10 @@
 
 Why: a policy's request carries the rank's whole history, and a large startup makes thousands of calls per
 rank; copying a history per rank per call is calls x world work. So every rank starts on one shared History
-(copy-on-write), and a policy simnccl has established decides alike on every rank (its built-ins) decides once
-per shared state (``HistoryNode``: class, call count, digest) and call: later ranks in that state take the
-``Step`` (recorded in their ``history_tail``, applied only when their real history is needed).
+(``engine.ranks.make_ranks`` hands every rank the same empty one; copied here when a rank writes), and a
+policy simnccl has established decides alike on every rank (its built-ins) decides once per shared state
+(``HistoryNode``: class, call count, digest) and call: later ranks in that state take the ``Step`` (recorded in
+their ``history_tail``, applied only when their real history is needed).
 
 The policy gate sees ``history``, ``own``, ``recall`` and ``remember``; everything else here is the fast paths'.
 """
@@ -99,12 +100,6 @@ class SharedHistories:
         self.nodes: dict[tuple[Any, int, int], HistoryNode] = {}
         self._classes: dict[tuple[Any, ...], tuple[Any, ...]] = {}
         self._views: dict[HistoryNode, History] = {}  # a state -> one History in it that nobody records into
-
-    def start(self, ranks: list[RankRuntime]) -> None:
-        shared_history = History()  # every rank has seen the same calls until one diverges (copy-on-write)
-        for rt in ranks:
-            rt.history = shared_history
-            rt.history_shared = True
 
     # ---------------------------------------------------------------- the policy gate's interface
 
