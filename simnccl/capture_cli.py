@@ -26,6 +26,7 @@ from simnccl.cli_options import (
     checked_release,
     env_overrides,
     normalise_argv,
+    output_file_problem,
     seconds,
 )
 
@@ -116,6 +117,20 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     return args
 
 
+def check_toml_target(args: argparse.Namespace) -> None:
+    """``--toml PATH`` must be a file the run can write, and not the script it captures or the --json file (the
+    scenario was written over the user's script: exit 0, the script gone)."""
+    if not args.toml:
+        return
+    problem = output_file_problem(args.toml)
+    if problem is not None:
+        raise OverrideError("--toml", problem)
+    target = Path(args.toml).resolve()
+    for flag, other in (("the captured script", args.script), ("--json", args.json)):
+        if other and other != "-" and Path(other).resolve() == target:
+            raise OverrideError("--toml", f"{args.toml!r} is {flag}; give another file for the scenario")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from simnccl.cli_output import Output
     from simnccl.prerequisites import MissingPrerequisite, require_torch
@@ -125,6 +140,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         require_torch("simnccl capture")
         check_json_target(args.json)
+        check_toml_target(args)
         release = checked_release(args.release) or DEFAULT_RELEASE
         gpu = args.gpu or DEFAULT_GPU
         checked_gpu(gpu)

@@ -7,6 +7,7 @@ also exited 1, so a crash looked like a failed expectation. ``guarded(main)`` ma
   one last line saying "please report" with the scenario file(s) the command was running;
 * Ctrl-C (``KeyboardInterrupt``) ends any command with what finished so far and exit 130 (128 + SIGINT);
 * a full disk under its output (``> /dev/full``): exit 2 naming it, as for a ``--json`` file, not a bug report;
+  a path too long for the file system (``ENAMETOOLONG``: every long name is one the user gave) the same;
 * a reader that goes away (``simnccl run ... | head -1``) ends it with exit 141 (128 + SIGPIPE, what a shell
   reports for a command a closed pipe ended): the scenarios after that point never ran, so neither 0 nor 1 is
   true (rich's own answer, SystemExit(1), read as "an expectation failed"). Only a closed stdout or stderr
@@ -41,7 +42,7 @@ from simnccl.limits import DATA_FILE, ENV_PREFIX, LimitError, number_text
 from simnccl.limits import current as current_limits
 from simnccl.policy.plans import UserPolicyError
 from simnccl.runner import RunJournal, journal
-from simnccl.visible_text import visible
+from simnccl.visible_text import one_line, visible
 
 EXIT_BAD_INPUT = 2
 EXIT_SOFTWARE = 70  # sysexits.h EX_SOFTWARE: an internal software error
@@ -76,15 +77,15 @@ def guarded(main_fn: MainFn, *, command: Sequence[str] = ()) -> MainFn:
                     _flush_output()  # a full disk or a closed pipe shows here, inside the guard, not at exit
                     return code
             except LimitError as err:
-                _say(f"error: {err}")
+                _say_error(f"error: {err}")
                 return EXIT_BAD_INPUT
             except OutputError as err:
                 _reap(children_before)
-                _say(f"error: {err}")
+                _say_error(f"error: {err}")
                 return EXIT_BAD_INPUT
             except UserPolicyError as err:  # the user's policy raised or returned no plan: their input, not ours
                 _reap(children_before)
-                _say(f"error: {_where(record, raw)}: {err}")
+                _say_error(f"error: {_where(record, raw)}: {err}")
                 if err.__cause__ is not None:
                     _say("the policy's traceback:")
                     cause = err.__cause__
@@ -109,7 +110,12 @@ def guarded(main_fn: MainFn, *, command: Sequence[str] = ()) -> MainFn:
                 _reap(children_before)
                 if isinstance(err, OSError) and err.errno in _NO_SPACE:  # the machine's, not simnccl's
                     _discard_unwritable_output()
-                    _say(f"error: {_where(record, raw)}: cannot write its output: {err.strerror or err}")
+                    _say_error(f"error: {_where(record, raw)}: cannot write its output: {err.strerror or err}")
+                    _partial_report(record)
+                    return EXIT_BAD_INPUT
+                if isinstance(err, OSError) and err.errno == errno.ENAMETOOLONG:  # a name the user gave, too long
+                    name = visible(str(err.filename)) if err.filename is not None else "a path given"
+                    _say_error(f"error: {_where(record, raw)}: a file name too long for the file system: {name}")
                     _partial_report(record)
                     return EXIT_BAD_INPUT
                 if isinstance(err, BrokenPipeError) and _silence_closed_output():
@@ -190,6 +196,12 @@ def _to_devnull(fd: int) -> None:
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, fd)
     os.close(devnull)
+
+
+def _say_error(line: str) -> None:
+    """An error, on one line whatever the user text in it (a key or a file name with a newline split it in two:
+    ``one_line``)."""
+    _say(one_line(line))
 
 
 def _say(line: str) -> None:

@@ -13,6 +13,7 @@ here imports torch or the engine: ``simnccl capture --help`` builds its parser f
 from __future__ import annotations
 
 import argparse
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -114,6 +115,8 @@ def env_item(text: str) -> tuple[str, str]:
     name, sep, value = text.partition("=")
     if not sep or not name or name != name.strip() or "\x00" in text:
         raise argparse.ArgumentTypeError(f"expected VAR=VALUE, got {text!r}")
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):  # a newline in it printed the report's line as two
+        raise argparse.ArgumentTypeError(f"expected VAR=VALUE with VAR a variable name, got {text!r}")
     return name, value
 
 
@@ -208,20 +211,41 @@ def unwritable_folder(folder: Path) -> str | None:
         return err.strerror or str(err)
 
 
+def output_file_problem(target: str) -> str | None:
+    """Why a file cannot be written at ``target`` (None: it can): a folder there, no folder for it, a folder that
+    refuses a new file (tried: ``unwritable_folder``), a name the file system refuses. A symbolic link is
+    followed, as writing it does: a link into a missing folder or a loop of links cannot be written either.
+    Why all of it up front: a long run must not fail at its very end, and those failures were exit 70."""
+    from pathlib import Path
+
+    if not target:
+        return "expected a file path, got ''"
+    path = Path(target)
+    try:
+        real = path.resolve()  # the file a write through the link would make
+        if real.is_dir():
+            return f"{target!r} is a directory; expected a file to write"
+        if not real.parent.is_dir():
+            where = f" (the link's target {str(real)!r})" if path.is_symlink() else ""
+            return f"no such directory {str(real.parent)!r} for {target!r}{where}"
+        real.exists()  # a name the file system refuses (too long) raises here
+    except RuntimeError as err:  # pathlib's own error for a loop of symbolic links
+        return f"cannot follow {target!r}: {err}"
+    except OSError as err:
+        return f"cannot use {target!r}: {err.strerror or err}"
+    problem = unwritable_folder(real.parent)
+    if problem is not None:
+        return f"cannot write in {str(real.parent)!r} for {target!r}: {problem}"
+    return None
+
+
 def check_json_target(target: str | None) -> None:
     """``--json FILE`` must be writable before anything runs (a long run must not fail at its very end)."""
     if target is None or target == STDOUT:
         return
-    from pathlib import Path
-
-    path = Path(target)
-    if path.is_dir():
-        raise OverrideError("--json", f"{target!r} is a directory; expected a file to write")
-    if not path.parent.is_dir():
-        raise OverrideError("--json", f"no such directory {str(path.parent)!r} for {target!r}")
-    problem = unwritable_folder(path.parent)
+    problem = output_file_problem(target)
     if problem is not None:
-        raise OverrideError("--json", f"cannot write in {str(path.parent)!r} for {target!r}: {problem}")
+        raise OverrideError("--json", problem)
 
 
 def check_fr_dir(target: str | None) -> None:

@@ -30,7 +30,7 @@ from rich.text import Text
 from simnccl.cli_options import STDOUT, OutputError
 from simnccl.interrupt_deferral import deferred_interrupt
 from simnccl.result import SummaryLine, document
-from simnccl.visible_text import visible
+from simnccl.visible_text import one_line, visible
 
 PIPE_WIDTH = 4096  # columns when stdout is not a terminal: wide enough that nothing a command prints wraps
 
@@ -224,8 +224,9 @@ class Output:
             self.err.print(Text(message, style=style))
 
     def error(self, message: str, prefix: str = "error: ") -> None:
+        """One line (``one_line``: a key or a file name with a newline in it split the error in two)."""
         with self._paused():
-            self.err.print(Text.assemble((prefix, "red"), message))
+            self.err.print(Text.assemble((prefix, "red"), one_line(message)))
 
     def add(self, line: SummaryLine) -> None:
         """A variant finished: under --quiet its line is printed now (streamed); always kept for the end. Both or

@@ -30,3 +30,9 @@ def invisible_in(text: str) -> str | None:
     that must stay on one line (a name in a one-line summary)."""
     match = _INVISIBLE.search(text) or re.search("[\n\t]", text)
     return None if match is None else _escaped(match)
+
+
+def one_line(text: str) -> str:
+    """``visible(text)`` with newline and tab escaped too: user text inside a line that must stay one line (an
+    error message, a table cell)."""
+    return visible(text).replace("\n", "\\n").replace("\t", "\\t")

@@ -544,9 +544,22 @@ def test_both_entry_points_exit_2_naming_an_unwritable_toml(entry: list[str], tm
     proc = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr
-    assert (
-        proc.stderr.strip().splitlines()[-1] == f"error: --toml: cannot write {str(toml)!r}: No such file or directory"
-    )
+    # refused up front, before any rank ran (it was refused when the scenario was written, at the end)
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last == f"error: --toml: no such directory {str(toml.parent)!r} for {str(toml)!r}", last
+
+
+def test_the_scenario_is_never_written_over_the_captured_script(capsys, tmp_path: Path) -> None:
+    from simnccl.cli import main
+
+    script = tmp_path / "plain.py"
+    text = "import torch.distributed as dist\ndist.init_process_group('nccl')\n"
+    script.write_text(text, encoding="utf-8")
+    (tmp_path / "alias.py").symlink_to(script)
+    for target in (script, tmp_path / "alias.py"):  # it was: exit 0, the script replaced by the scenario
+        assert main(["capture", "--world", "2", "--toml", str(target), str(script)]) == 2
+        assert "is the captured script; give another file" in capsys.readouterr().err
+        assert script.read_text(encoding="utf-8") == text
 
 
 def test_a_nonzero_exit_status_is_a_failure() -> None:

@@ -349,6 +349,11 @@ def test_resume_skips_the_rows_already_in_the_file(
         ("json", "used_mib", "lots", "rows[0]: used_mib: expected a number, got 'lots'"),
         ("json", "knobs", [1], "rows[0]: knobs: expected a table, got [1]"),
         ("csv", "knobs", "5", "line 2: knobs: expected a table, got 5"),
+        # values no run writes: taken in, printed, and written back (NaN is not JSON) before
+        ("json", "used_mib_max", float("nan"), "rows[0]: used_mib_max: expected a finite number >= 0, got nan"),
+        ("json", "world", -7, "rows[0]: world: expected a finite number >= 0, got -7"),
+        ("json", "verdict", "banana", "rows[0]: verdict 'banana' is not one of pass, fail, hang, error"),
+        ("csv", "verdict", "banana", "line 2: verdict 'banana' is not one of pass, fail, hang, error"),
     ],
 )
 def test_a_resume_file_with_a_wrongly_typed_field_is_refused(
@@ -371,6 +376,66 @@ def test_a_resume_file_with_a_wrongly_typed_field_is_refused(
             writer.writerows(rows)
     code, _, err = sweep(capsys, *MATRIX_2x2, "--jobs", "1", f"--{kind}", str(out), "--resume")
     assert code == 2 and err.startswith("error: ") and message in err and "\n" not in err.strip(), err
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("workload", "\x1b[2Jmegatron", "has workload '\\x1b[2Jmegatron' where its cell has"),
+        ("gpu", "tpu-v9", "has gpu 'tpu-v9' where its cell has 'h100-80gb'"),
+        ("policy", "torch-default", "has policy 'torch-default' where its cell has 'legacy'"),
+        ("verdict", "hang", "is ok with verdict 'hang', which its checks do not accept"),
+    ],
+)
+def test_a_resumed_row_that_is_not_its_cells_result_is_refused(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, field: str, value: str, message: str
+) -> None:
+    """A row's ``cell_id`` is a hash of its cell, not of the row: an edited label, GPU, policy or verdict kept
+    it, and the row was taken in (and printed) as that cell's result."""
+    out = tmp_path / "out.json"
+    assert sweep(capsys, *MATRIX_2x2, "--jobs", "1", "--json", str(out))[0] == 0
+    document = json.loads(out.read_text())
+    document["rows"][1][field] = value
+    out.write_text(json.dumps(document))
+    code, _, err = sweep(capsys, *MATRIX_2x2, "--jobs", "1", "--json", str(out), "--resume")
+    assert code == 2 and err.startswith("error: --resume: row 1 (cell ") and message in err, err
+    assert "\n" not in err.strip() and "\x1b" not in err
+
+
+def test_a_resume_file_nested_too_deep_to_read_is_refused(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    out = tmp_path / "out.json"
+    out.write_text("[" * 100_000 + "]" * 100_000)  # the decoder's recursion: exit 70 before
+    code, _, err = sweep(capsys, *MATRIX_2x2, "--jobs", "1", "--json", str(out), "--resume")
+    assert code == 2 and "nested too deep to read" in err, err
+
+
+def test_user_text_in_the_table_is_printed_on_its_line_with_its_controls_escaped(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    matrix = tmp_path / "m.toml"
+    matrix.write_text(
+        '[[workload]]\ngenerator = "megatron"\nargs = { tp = 2 }\nworld = 2\n'
+        'label = "\\u001b[31mRED\\u202e\\nx"\n[env]\nNCCL_DEBUG = "\\u001b[2J"\n'
+    )
+    code, out, _ = sweep(capsys, str(matrix), "--jobs", "1")
+    assert code == 0
+    row = out.splitlines()[2]
+    assert "\\x1b[31mRED\\u202e\\nx" in row and "NCCL_DEBUG=\\x1b[2J" in row and "\x1b" not in out, out
+
+
+def test_the_json_and_the_csv_file_must_be_two_files(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    (tmp_path / "alias").symlink_to(out)
+    for csv_target in (out, tmp_path / "alias"):
+        code, _, err = sweep(capsys, *MATRIX_2x2, "--json", str(out), "--csv", str(csv_target))
+        assert code == 2 and "is the --json file too" in err and not out.exists(), err
+
+
+def test_one_scenario_file_under_two_spellings_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    scenario = REPO / "simnccl" / "scenarios" / "pytorch-199957.toml"
+    spelt = scenario.parent / ".." / "scenarios" / scenario.name
+    code, _, err = sweep(capsys, "--scenario", str(scenario), "--scenario", str(spelt), "--dry-run")
+    assert code == 2 and "are the same file: variant" in err, err
 
 
 def test_resume_runs_stopped_and_crashed_cells_again(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
@@ -516,6 +581,20 @@ BAD_FLAGS = [
     (["--workload", "vllm tp=2", "--cell-timeout", "0"], "--cell-timeout: expected a positive number"),
     (["--workload", "vllm tp=2", "--jobs", "0"], "--jobs: expected 1 to 1024 processes"),
     (["--workload", "vllm tp=2", "--scheduler", "localhost"], "--scheduler: expected a scheduler address"),
+    # each passed the check and crashed the client (exit 70): a port that is no number, none, another protocol
+    *[
+        (["--workload", "vllm tp=2", "--scheduler", address], "--scheduler: expected a scheduler address tcp://")
+        for address in ("tcp://127.0.0.1:abc", "tcp://127.0.0.1", "tcp://h:70000", "inproc://x", "tls://h:1", "")
+    ],
+    # two spellings of one config, one policy, one file: the same simulations twice
+    (
+        ["--workload", "vllm tp=2", "--policy", "budget(2048)", "--policy", "budget(2048.0)"],
+        "--policy: 'budget(2048)' and 'budget(2048.0)' are the same",
+    ),
+    (["--workload", "megatron tp=2 world=2", "--workload", "megatron tp=2 pp=1 world=2"], "--workload: 'megatron"),
+    # --env's own error, named by --env (it said "--matrix: axes.env", a flag that does not exist)
+    (["--workload", "vllm tp=2", "--env", "NCCL_MAX_NCHANNELS=abc"], "error: --env: NCCL_MAX_NCHANNELS: expected"),
+    (["--workload", "vllm tp=2", "--json", "-", "--csv", "-"], "--csv: only one of --json and --csv"),
     (["--workload", "vllm tp=2", "--scheduler", "tcp://h:1", "--jobs", "2"], "--jobs: choose one of"),
     (["--workload", "vllm tp=2", "--resume"], "--resume: needs the sweep's file"),
     (["--workload", "vllm tp=2", "--csv", "x.csv", "--resume", "--overwrite"], "--overwrite: choose one of"),
@@ -553,6 +632,14 @@ BAD_TOML = [
         "axes.env[0].NCCL_MAX_NCHANNEL: unknown environment knob",
     ),
     ('[[scenario]]\nfile = "missing.toml"\n', "m.toml: scenario[0]: "),
+    # a value that is not a table (exit 70), and empty or false values, taken as "not given" (exit 0)
+    ('env = 5\n[[workload]]\ngenerator = "vllm"\nargs = { tp = 2 }\n', "m.toml: env: expected a table"),
+    ('[[workload]]\ngenerator = "vllm"\nargs = { tp = 2 }\n[axes]\npolicy = []\n', "axes.policy: expected at least"),
+    ('[[workload]]\ngenerator = "vllm"\nargs = { tp = 2 }\n[axes]\nrelease = ""\n', "axes.release: expected a list"),
+    ('[[workload]]\ngenerator = "vllm"\nargs = { tp = 2 }\n[axes]\ngpu = 0\n', "axes.gpu: expected a list"),
+    ('[[workload]]\ngenerator = "vllm"\nargs = { tp = 2 }\n[check]\nverdict = {}\n', "check.verdict: expected a"),
+    # user text in an error stays on its one line, its control characters shown as escapes
+    ('[sweep]\n"\\u001b[31mK\\nx" = 1\n', "m.toml: sweep.\\x1b[31mK\\nx: unknown key"),
     ("[axes\n", "m.toml: not valid TOML"),
 ]
 
@@ -606,6 +693,22 @@ def test_an_output_that_is_not_a_regular_file_is_refused_and_left_as_it_was(
     code, _, err = sweep(capsys, "--workload", "vllm tp=2", flag, str(fifo))
     assert code == 2 and f"{flag}: " in err and "is not a regular file" in err, err
     assert stat.S_ISFIFO(fifo.lstat().st_mode)
+
+
+@pytest.mark.parametrize("kind", ["dangling", "loop", "long"])
+def test_an_output_path_that_cannot_be_written_is_refused_before_any_cell(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, kind: str
+) -> None:
+    """A link into a folder that is not there, a loop of links, a name longer than the file system takes: each
+    failed when the first row was written (exit 70)."""
+    path = tmp_path / ("x" * 300 if kind == "long" else "out.json")
+    if kind == "dangling":
+        path.symlink_to(tmp_path / "missing" / "out.json")
+    elif kind == "loop":
+        path.symlink_to(path)
+    code, _, err = sweep(capsys, *MATRIX_2x2, "--json", str(path))
+    expected = {"dangling": "no such directory", "loop": "cannot follow", "long": "File name too long"}[kind]
+    assert code == 2 and err.startswith("error: --json: ") and expected in err and err.count("\n") == 1, err
 
 
 def test_an_output_behind_a_symbolic_link_is_written_through_the_link(

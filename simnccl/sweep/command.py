@@ -18,10 +18,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from simnccl.cli_options import env_item
+from simnccl.cli_options import env_item, output_file_problem
 from simnccl.cli_output import PipeAwareConsole
 from simnccl.policy.plans import UserPolicyError
-from simnccl.sweep.cell import Cell, expand
+from simnccl.sweep.cell import WORKLOAD, Cell, blank_row, expand
 from simnccl.sweep.executors import Executor, ExecutorError, check_address, run_cells
 from simnccl.sweep.matrix import (
     DEFAULT_CELL_TIMEOUT_S,
@@ -33,6 +33,7 @@ from simnccl.sweep.matrix import (
 )
 from simnccl.sweep.store import (
     DONE_STATUSES,
+    IDENTITY_FIELDS,
     Row,
     StoreError,
     append_csv,
@@ -45,6 +46,7 @@ from simnccl.sweep.store import (
     write_csv,
     write_json,
 )
+from simnccl.visible_text import one_line
 
 EXIT_OK, EXIT_CHECK_FAILED, EXIT_BAD_INPUT, EXIT_BUG, EXIT_INTERRUPTED = 0, 1, 2, 70, 130
 STDOUT = "-"
@@ -144,11 +146,12 @@ def add_sweep_parser(sub: Any) -> argparse.ArgumentParser:
 
 
 def _executor(args: argparse.Namespace, cells: int) -> Executor:
-    chosen = [flag for flag, given in (("--scheduler", args.scheduler), ("--dask-local", args.dask_local)) if given]
+    given = (("--scheduler", args.scheduler), ("--dask-local", args.dask_local))
+    chosen = [flag for flag, value in given if value is not None]
     if len(chosen) > 1 or (chosen and args.jobs is not None):
         both = [*chosen, *(["--jobs"] if args.jobs is not None else [])]
         raise SweepInputError(both[1], f"choose one of {', '.join(both)} (where the cells run)")
-    if args.scheduler:
+    if args.scheduler is not None:
         try:
             return Executor("dask", scheduler=check_address(args.scheduler))
         except ValueError as err:
@@ -181,9 +184,10 @@ def _check_distinct(cells: Sequence[Cell]) -> None:
 def _target(value: str | None, flag: str) -> Path | None:
     if value is None or value == STDOUT:
         return None
+    problem = output_file_problem(value)
+    if problem is not None:
+        raise SweepInputError(flag, problem)
     path = Path(value)
-    if path.is_dir():
-        raise SweepInputError(flag, f"{value!r} is a directory; expected a file to write")
     if path.exists() and not path.is_file():
         # the output is replaced whole (a temporary file renamed over it): over a device or a FIFO that rename
         # replaced the node itself (run as root, --csv /dev/zero left /dev/zero a CSV file)
@@ -192,8 +196,6 @@ def _target(value: str | None, flag: str) -> Path | None:
             f"{value!r} is not a regular file (a device, a FIFO or a socket); a sweep rewrites its output file "
             f"whole, so give a file path, or '{STDOUT}' for standard output",
         )
-    if not path.parent.is_dir():
-        raise SweepInputError(flag, f"no such directory {str(path.parent)!r} for {value!r}")
     return path
 
 
@@ -266,11 +268,37 @@ def _resume_rows(
             notes.append(f"{len(gone)} row(s) of cells no longer in the matrix left {path}; kept in {kept}")
         for row in file_rows:
             rows.setdefault(row["cell_id"], row)
+    for cid, row in rows.items():
+        cell = wanted.get(cid)
+        problem = None if cell is None else _row_mismatch(row, cell)
+        if problem is not None:
+            raise SweepInputError(
+                "--resume",
+                f"row {row['index']} (cell {cid}) {problem}: the file was edited or damaged, and resuming would "
+                "keep a result its cell did not give; pass --overwrite to start over",
+            )
     again = [cid for cid, row in rows.items() if cid in wanted and row["status"] not in DONE_STATUSES]
     if again:
         notes.append(f"{len(again)} stopped or crashed cell(s) run again")
     done = {cid: {**row, "index": wanted[cid].index} for cid, row in rows.items() if cid in wanted and cid not in again}
     return done, notes, keep
+
+
+_IDENTITY = tuple(key for key in IDENTITY_FIELDS if key not in ("index", "cell_id"))  # what a cell computes
+
+
+def _row_mismatch(row: Row, cell: Cell) -> str | None:
+    """How a row read back disagrees with the cell its ``cell_id`` names (None: it does not): a field of what
+    the cell computes that differs, or an ``ok`` workload row whose verdict the cell's checks do not accept.
+    Why: the id is a hash of the cell, not of the row, so an edited label, GPU or verdict kept its id and was
+    taken in as that cell's result (and printed)."""
+    blank = blank_row(cell)
+    for key in _IDENTITY:
+        if row[key] != blank[key]:
+            return f"has {key} {row[key]!r} where its cell has {blank[key]!r}"
+    if cell.kind == WORKLOAD and row["status"] == "ok" and row["verdict"] not in cell.checks.verdicts:
+        return f"is ok with verdict {row['verdict']!r}, which its checks do not accept"
+    return None
 
 
 def _kept_path(path: Path, file_hash: str | None) -> Path:
@@ -324,16 +352,14 @@ def render_table(rows: Sequence[Row], only_not_ok: bool = False) -> str:
         if only_not_ok and row["status"] == "ok":
             continue
         env = " ".join(f"{k}={v}" for k, v in row["env"].items()) or "-"
+        text = [one_line(str(row[key])) for key in ("workload", "policy", "release", "gpu")]
         lines.append(
             (
                 str(row["index"]),
-                row["workload"],
-                row["policy"],
-                row["release"],
-                row["gpu"],
-                env,
-                row["status"],
-                row["verdict"] or "-",
+                *text,
+                one_line(env),
+                one_line(str(row["status"])),
+                one_line(str(row["verdict"] or "-")),
                 _fmt(row["comms"]),
                 _fmt(row["nccl_mib"]),
                 _fmt(row["used_mib_max"]),
@@ -350,7 +376,9 @@ def render_table(rows: Sequence[Row], only_not_ok: bool = False) -> str:
         if n == 0:
             text.append("  ".join("-" * w for w in widths))
     notes = [
-        f"  #{r['index']} {r['status']}: {r['check']}" for r in sorted(rows, key=lambda r: r["index"]) if r["check"]
+        f"  #{r['index']} {one_line(str(r['status']))}: {one_line(str(r['check']))}"
+        for r in sorted(rows, key=lambda r: r["index"])
+        if r["check"]
     ]
     return "\n".join(text + (["", *notes] if notes else [])) + "\n"
 
@@ -424,12 +452,14 @@ def run_sweep(args: argparse.Namespace, out: TextIO | None = None, err: TextIO |
         if args.json == STDOUT and args.csv == STDOUT:
             raise SweepInputError("--csv", "only one of --json and --csv can go to stdout")
         json_path, csv_path = _target(args.json, "--json"), _target(args.csv, "--csv")
+        if json_path is not None and csv_path is not None and json_path.resolve() == csv_path.resolve():
+            raise SweepInputError("--csv", f"{args.csv!r} is the --json file too; give the two different files")
         executor = _executor(args, count)
         cells = list(expand(matrix))  # the count was checked against --max-cells before this
         _check_distinct(cells)
         done, notes, keep = _resume_rows(args, json_path, csv_path, matrix, cells)
     except SweepInputError as error:
-        err.write(f"error: {error}\n")
+        err.write(f"error: {one_line(str(error))}\n")
         return EXIT_BAD_INPUT
     if args.dry_run:
         _print_cells(cells, done, out, err)
@@ -437,7 +467,7 @@ def run_sweep(args: argparse.Namespace, out: TextIO | None = None, err: TextIO |
     try:
         _keep_copies(keep)
     except SweepInputError as error:
-        err.write(f"error: {error}\n")
+        err.write(f"error: {one_line(str(error))}\n")
         return EXIT_BAD_INPUT
     todo = [cell for cell in cells if cell.cell_id not in done]
     files = _Files(json_path, csv_path, matrix.to_dict(), matrix.fingerprint(), len(cells), done)
@@ -455,7 +485,7 @@ def run_sweep(args: argparse.Namespace, out: TextIO | None = None, err: TextIO |
             files.add(row)
             progress.advance(files.not_ok)
     except ExecutorError as error:
-        err.write(f"error: {error}\n")
+        err.write(f"error: {one_line(str(error))}\n")
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         interrupted = True
@@ -524,7 +554,7 @@ def _print_cells(cells: Sequence[Cell], done: Mapping[str, Row], out: TextIO, er
         env = " ".join(f"{k}={v}" for k, v in sorted(cell.env.items()))
         state = "done" if cell.cell_id in done else "to run"
         fields = (cell.index, cell.cell_id, cell.label, cell.policy, cell.release, cell.gpu, env, state)
-        out.write("\t".join(map(str, fields)) + "\n")
+        out.write("\t".join(one_line(str(f)) for f in fields) + "\n")
     err.write(f"simnccl sweep: {len(cells)} cells, {len(done)} done, {len(cells) - len(done)} to run (dry run)\n")
 
 

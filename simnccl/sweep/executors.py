@@ -24,7 +24,9 @@ from simnccl.sweep.store import Row
 
 DASK_CONNECT_TIMEOUT_S = 30.0
 DASK_WORKER_WAIT_S = 60.0
-_ADDRESS = re.compile(r"(tcp|tls|inproc|ucx|ws|wss)://[^\s/]+\Z")
+# tcp://HOST:PORT, what ``dask scheduler`` prints (the other protocols need setup a flag cannot carry: TLS its
+# certificates, UCX its library, inproc a scheduler in this very process)
+_ADDRESS = re.compile(r"tcp://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):([0-9]{1,5})\Z")
 
 
 class ExecutorError(RuntimeError):
@@ -52,8 +54,9 @@ class Executor:
 
 
 def check_address(address: str) -> str:
-    if not _ADDRESS.match(address):
-        raise ValueError(f"expected a scheduler address such as tcp://host:8786, got {address!r}")
+    match = _ADDRESS.match(address)
+    if match is None or not 1 <= int(match.group(2)) <= 65535:
+        raise ValueError(f"expected a scheduler address tcp://HOST:PORT (PORT 1 to 65535), got {address!r}")
     return address
 
 

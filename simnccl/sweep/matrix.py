@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import re
 import tomllib
 from collections.abc import Iterable, Mapping, Sequence
@@ -38,6 +39,7 @@ from simnccl.env_knobs import NO_SCENARIO_DECLARES, env_problem
 from simnccl.limits import current as current_limits
 from simnccl.limits import exceeded, file_problem, nesting_depth
 from simnccl.policy import PolicyError, get_policy
+from simnccl.policy.specs import describe_policy
 from simnccl.profiles import ProfileError, find_profile
 from simnccl.release import RELEASES
 from simnccl.scenario import VERDICTS, Scenario, ScenarioError, load_scenario
@@ -73,6 +75,8 @@ class WorkloadEntry:
     generator: str
     knobs: Mapping[str, Any]
     world: int
+    # the generator's whole config, defaults included (JSON): two spellings of one config share it
+    config_key: str = field(default="", compare=False)
 
     def to_dict(self) -> dict[str, Any]:
         return {"label": self.label, "generator": self.generator, "knobs": dict(self.knobs), "world": self.world}
@@ -86,6 +90,7 @@ class ScenarioEntry:
     sha256: str
     variants: tuple[str, ...]
     scenario: Scenario = field(compare=False, repr=False)
+    resolved: str = field(default="", compare=False)  # the file itself: two spellings of its path share it
 
     def to_dict(self) -> dict[str, Any]:
         return {"file": self.path, "sha256": self.sha256, "variants": list(self.variants)}
@@ -294,7 +299,8 @@ def check_workload(
     given = {k: v for k, v in knobs.items() if k in raw[1]}
     shown = " ".join(f"{k}={','.join(map(str, v)) if isinstance(v, list) else v}" for k, v in given.items())
     text = f"{name} {shown}".strip() + (f" world={size}" if natural is None else "")
-    return WorkloadEntry(label or text, name, knobs, size)
+    whole = json.dumps({k: _jsonable(v) for k, v in config.items()}, sort_keys=True, default=str)
+    return WorkloadEntry(label or text, name, knobs, size, f"{name} {whole} world={size}")
 
 
 def check_scenario(path_text: str, variants: Sequence[str] | None, where: str, base: Path | None) -> ScenarioEntry:
@@ -309,7 +315,16 @@ def check_scenario(path_text: str, variants: Sequence[str] | None, where: str, b
     except ScenarioError as err:
         raise SweepInputError(where, str(err)) from None
     sha = hashlib.sha256(path.read_bytes()).hexdigest()[:16]
-    return ScenarioEntry(str(path_text), sha, chosen, scenario)
+    return ScenarioEntry(str(path_text), sha, chosen, scenario, os.path.realpath(path))
+
+
+def policy_key(spec: str) -> str:
+    """What a policy spec names, whatever its spelling (``budget(2048)`` and ``budget(2048.0)`` are one policy):
+    its description as a file would keep it, else the spec itself."""
+    try:
+        return json.dumps(describe_policy(get_policy(spec)), sort_keys=True)
+    except Exception:  # a policy that cannot be described is compared by its spec (check_policy loaded it)
+        return spec
 
 
 def check_policy(spec: str, where: str) -> str:
@@ -322,7 +337,9 @@ def check_policy(spec: str, where: str) -> str:
     return spec
 
 
-def check_env(env: Mapping[str, Any], where: str) -> dict[str, str]:
+def check_env(env: Any, where: str) -> dict[str, str]:
+    if not isinstance(env, Mapping):
+        raise SweepInputError(where, f'expected a table of VAR = "value", got {env!r}')
     out = {}
     for name, value in env.items():
         if not isinstance(name, str) or not _ENV_NAME.match(name):
@@ -356,6 +373,20 @@ def _unique(values: Sequence[Any], where: str) -> tuple[Any, ...]:
     return tuple(seen)
 
 
+def _unique_by(values: Sequence[Any], key: Any, where: str, shown: str = "") -> tuple[Any, ...]:
+    """``values``, refused where two name the same thing by ``key`` (two spellings of one policy, one config,
+    one file) though their texts differ: each is one set of cells, and two would be the same simulations twice."""
+    seen: dict[str, Any] = {}
+    for value in values:
+        if key(value) in seen:
+            first = seen[key(value)]
+            a, b = (getattr(first, shown), getattr(value, shown)) if shown else (first, value)
+            said = f"{a!r} is given twice" if a == b else f"{a!r} and {b!r} are the same"
+            raise SweepInputError(where, f"{said}: each value of an axis is one set of cells")
+        seen[key(value)] = value
+    return tuple(values)
+
+
 def _check_profiles(matrix: Matrix, where: dict[str, str]) -> None:
     """Every GPU x release pair of the workload cells has its built-in profile; every env set parses on it."""
     if not matrix.workloads:
@@ -376,6 +407,10 @@ def _check_profiles(matrix: Matrix, where: dict[str, str]) -> None:
                 profile = find_profile(gpu, release)
             except ProfileError as err:
                 raise SweepInputError(f"{where['gpu']}/{where['release']}", str(err)) from None
+            try:  # the variables set in every cell alone first: an error there is theirs, not the axis'
+                profile.check_env(matrix.env)
+            except ProfileError as err:
+                raise SweepInputError(where["fixed"], str(err)) from None
             for env in matrix.env_sets:
                 try:
                     profile.check_env({**matrix.env, **env})
@@ -430,6 +465,8 @@ def build_matrix(args: Any, data: Mapping[str, Any] | None, source: str, base: P
     _only(check, {"verdict", "max_used_mib"}, source, "check.")
 
     def pick(flag_value: Any, flag: str, table: Mapping[str, Any], key: str, prefix: str) -> tuple[Any, str]:
+        """The flag's value, else the table's (an empty or false value there is given, and checked: only an
+        absent key is "not given"), else None."""
         if flag_value not in (None, []):
             return flag_value, flag
         if key in table:
@@ -451,14 +488,24 @@ def build_matrix(args: Any, data: Mapping[str, Any] | None, source: str, base: P
     if not workloads and not scenarios:
         raise SweepInputError("--workload", "the matrix has no cells: give --workload/--scenario or a matrix file")
     _unique([w.label for w in workloads], "--workload" if args.workload else f"{source}: workload")
+    _unique_by(workloads, lambda w: w.config_key, "--workload" if args.workload else f"{source}: workload", "label")
     _unique([s.path for s in scenarios], "--scenario" if args.scenario else f"{source}: scenario")
+    variants_seen: dict[tuple[str, str], str] = {}
+    for entry in scenarios:  # one file under two spellings of its path: the same variants twice
+        for name in entry.variants:
+            first = variants_seen.setdefault((entry.resolved, name), entry.path)
+            if first != entry.path:
+                raise SweepInputError(
+                    "--scenario" if args.scenario else f"{source}: scenario",
+                    f"{first!r} and {entry.path!r} are the same file: variant {name!r} would be simulated twice",
+                )
 
     policies, policy_where = pick(args.policy, "--policy", axes, "policy", "axes.")
-    policies = [check_policy(p, policy_where) for p in _list(policies, policy_where, str)] if policies else []
+    policies = [] if policies is None else [check_policy(p, policy_where) for p in _list(policies, policy_where, str)]
     releases, release_where = pick(args.release, "--release", axes, "release", "axes.")
-    releases = _list(releases, release_where, str) if releases else [DEFAULT_RELEASE]
+    releases = [DEFAULT_RELEASE] if releases is None else _list(releases, release_where, str)
     gpus, gpu_where = pick(args.gpu, "--gpu", axes, "gpu", "axes.")
-    gpus = _list(gpus, gpu_where, str) if gpus else [DEFAULT_GPU]
+    gpus = [DEFAULT_GPU] if gpus is None else _list(gpus, gpu_where, str)
     if args.env_set:
         env_where = "--env-set"
         env_sets = [parse_env_set(text, env_where) for text in _list(args.env_set, env_where, str)]
@@ -473,7 +520,7 @@ def build_matrix(args: Any, data: Mapping[str, Any] | None, source: str, base: P
         fixed_where = f"{source}: env"
         fixed = check_env(data.get("env", {}), fixed_where)
     verdicts, verdict_where = pick(args.accept_verdict, "--accept-verdict", check, "verdict", "check.")
-    verdicts = _list(verdicts, verdict_where, str) if verdicts else ["pass"]
+    verdicts = ["pass"] if verdicts is None else _list(verdicts, verdict_where, str)
     for verdict in verdicts:
         if verdict not in VERDICTS:
             raise SweepInputError(verdict_where, f"unknown verdict {verdict!r}; expected one of {', '.join(VERDICTS)}")
@@ -484,7 +531,7 @@ def build_matrix(args: Any, data: Mapping[str, Any] | None, source: str, base: P
     matrix = Matrix(
         workloads=tuple(workloads),
         scenarios=tuple(scenarios),
-        policies=_unique(policies, policy_where),
+        policies=_unique_by(policies, policy_key, policy_where),
         releases=_unique(releases, release_where),
         gpus=_unique(gpus, gpu_where),
         env=fixed,
@@ -492,7 +539,7 @@ def build_matrix(args: Any, data: Mapping[str, Any] | None, source: str, base: P
         gpus_per_node=gpus_per_node,
         checks=Checks(_unique(verdicts, verdict_where), None if cap is None else float(cap)),
     )
-    _check_profiles(matrix, {"gpu": gpu_where, "release": release_where, "env": env_where})
+    _check_profiles(matrix, {"gpu": gpu_where, "release": release_where, "env": env_where, "fixed": fixed_where})
     count = matrix.cell_count()
     if count > max_cells:
         raise SweepInputError(

@@ -18,6 +18,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import os
 import sys
 import tempfile
@@ -28,6 +29,7 @@ from typing import Any
 from simnccl import __version__
 from simnccl.cost import ROWS
 from simnccl.limits import file_problem
+from simnccl.scenario import VERDICTS
 
 SCHEMA = "simnccl.sweep"
 SCHEMA_VERSION = 1
@@ -87,7 +89,8 @@ def _atomic_write(path: Path, text: str) -> None:
     """Write to a temporary file beside ``path`` and rename it: an interrupted sweep leaves the old file whole.
     A symbolic link is written through (its target is replaced, the link stays a link)."""
     path = path.resolve()
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    # a short name of its own: one made from a long file name can be past what the file system takes
+    fd, tmp = tempfile.mkstemp(prefix=".simnccl-sweep-", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8", newline="") as handle:
             handle.write(text)
@@ -176,11 +179,17 @@ def _row_problem(row: Mapping[str, Any]) -> str | None:
             kinds: tuple[type, ...] = (int,) if key in _INT_FIELDS else (int, float)
             if value is not None and (isinstance(value, bool) or not isinstance(value, kinds)):
                 return f"{key}: expected {'an integer' if kinds == (int,) else 'a number'}, got {value!r}"
+            if value is not None and not (math.isfinite(value) and value >= 0):  # counts, MiB, seconds
+                return f"{key}: expected a finite number >= 0, got {value!r}"
         elif key in _JSON_FIELDS:
             if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
                 return f"{key}: expected a table, got {value!r}"
         elif not isinstance(value, str):
             return f"{key}: expected text, got {value!r}"
+    if row["status"] not in STATUSES:
+        return f"unknown status {row['status']!r}"
+    if row["verdict"] not in VERDICTS and (row["verdict"] or row["status"] in DONE_STATUSES):
+        return f"verdict {row['verdict']!r} is not one of {', '.join(VERDICTS)}"
     return None
 
 
@@ -207,7 +216,7 @@ def read_csv(path: Path) -> tuple[str | None, list[Row]]:
             for n, raw in enumerate(reader, start=2):
                 try:
                     full = {k: _typed(k, raw[k] or "") for k in CSV_FIELDS}
-                except (ValueError, TypeError) as err:
+                except (ValueError, TypeError, RecursionError) as err:
                     raise StoreError(f"{path}: line {n}: unreadable row ({err})") from None
                 if full["schema_version"] != SCHEMA_VERSION:
                     raise StoreError(
@@ -216,8 +225,6 @@ def read_csv(path: Path) -> tuple[str | None, list[Row]]:
                 problem = _row_problem(full)
                 if problem is not None:
                     raise StoreError(f"{path}: line {n}: {problem}")
-                if full["status"] not in STATUSES:
-                    raise StoreError(f"{path}: line {n}: unknown status {full['status']!r}")
                 hashes.add(full.pop("matrix_hash"))
                 full.pop("schema_version")
                 rows.append(full)
@@ -235,6 +242,8 @@ def read_json(path: Path) -> tuple[str | None, Mapping[str, Any] | None, list[Ro
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise StoreError(f"{path}: cannot read a sweep JSON document: {err}") from None
+    except RecursionError:  # the decoder recurses once per level of nesting: no sweep document is that deep
+        raise StoreError(f"{path}: not a sweep JSON document (nested too deep to read)") from None
     if not isinstance(data, dict) or data.get("schema") != SCHEMA:
         raise StoreError(f'{path}: not a simnccl sweep JSON document (no "schema": "{SCHEMA}")')
     if data.get("schema_version") != SCHEMA_VERSION:
@@ -246,6 +255,4 @@ def read_json(path: Path) -> tuple[str | None, Mapping[str, Any] | None, list[Ro
         problem = _row_problem(row)
         if problem is not None:
             raise StoreError(f"{path}: rows[{n}]: {problem}")
-        if row["status"] not in STATUSES:
-            raise StoreError(f"{path}: row {row.get('index')}: unknown status {row['status']!r}")
     return data.get("matrix_hash"), data.get("matrix"), [{k: r[k] for k in FIELDS} for r in rows]
