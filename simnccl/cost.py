@@ -47,6 +47,7 @@ from simnccl.cli_options import OverrideError, add_common, check_env, check_json
 from simnccl.cluster import Cluster, ClusterError, get_gpu_kind
 from simnccl.cost_runs import ColumnRunner, Finished, default_jobs, gc_paused, progress_reported
 from simnccl.engine import Engine, EngineGuardError, RunOutcome, SimConfig
+from simnccl.limits import current as current_limits
 from simnccl.memory import comm_holdings
 from simnccl.ops import NewGroup, Program, SplitGroup
 from simnccl.plain_table import plain_table
@@ -496,8 +497,9 @@ def _knob_flags(workload: str, knobs: Mapping[str, Any]) -> str:
 
 def build_cluster(gpu: str, world: int, gpus_per_node: int) -> Cluster:
     """Whole nodes of ``gpus_per_node`` GPUs (one node when the world is smaller); public for the benchmark."""
-    if gpus_per_node < 1:
-        raise CostError(f"--gpus-per-node: expected a positive integer, got {gpus_per_node}")
+    limit = current_limits().max_world_size  # GPUs in one cluster: one node holds at most that many
+    if not 1 <= gpus_per_node <= limit:
+        raise CostError(f"--gpus-per-node: expected an integer in [1, {limit}] (max_world_size), got {gpus_per_node}")
     per_node = min(gpus_per_node, world)
     if world % per_node:
         raise CostError(f"a world of {world} ranks is not whole nodes of {gpus_per_node} GPUs (--gpus-per-node)")

@@ -21,6 +21,7 @@ from rich.text import Text
 
 from simnccl.memory import to_mib
 from simnccl.result import ScenarioResult, SummaryLine, VariantResult
+from simnccl.visible_text import one_line
 
 MAX_GROUP_ROWS = 24
 MAX_DEVICE_COLUMNS = 4  # more devices than this: one min/typical/max table instead of a column per device
@@ -111,9 +112,9 @@ def print_result(result: ScenarioResult, console: Console | None = None, *, expl
 def print_variant(console: Console, variant: VariantResult, *, explain: bool = False) -> None:
     outcome = variant.outcome
     style = VERDICT_STYLE.get(outcome.verdict, "")
-    env = " ".join(f"{k}={v}" for k, v in sorted(variant.env.items())) or "(default env)"
+    env = one_line(" ".join(f"{k}={v}" for k, v in sorted(variant.env.items()))) or "(default env)"
     if variant.policy != "torch-default":
-        env += f"  policy {variant.policy}"
+        env += f"  policy {one_line(variant.policy)}"
     console.print(
         Text.assemble(
             (variant.name, "bold"),

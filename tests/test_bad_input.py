@@ -927,3 +927,67 @@ def test_the_python_harness_bounds_the_cluster_before_making_anything(cluster: d
     with pytest.raises(ValueError, match="exceeds the limit max_world_size = 65536") as raised:
         simulate([SetDevice(), InitProcessGroup(backend="nccl")], **cluster)
     assert shown in str(raised.value)
+
+
+# ---------------------------------------------------------------------------------------------- found by fuzzing
+
+
+def test_a_newline_in_a_key_or_a_file_name_keeps_the_error_on_one_line(capsys, write_scenario, tmp_path) -> None:
+    # the key's ESC was escaped, its newline split the error in two
+    text = TINY.replace('name = "tiny"', 'name = "tiny"\n"bad\\nkey" = 1')
+    code, _, err = _run_raw(capsys, str(write_scenario(text)))
+    assert code == 2 and "scenario.bad\\nkey: unknown key" in err and err.count("\n") == 1, err
+    code, _, err = _run_raw(capsys, str(tmp_path / "missing\nZ.toml"))
+    assert code == 2 and "missing\\nZ.toml: no such file" in err and err.count("\n") == 1, err
+
+
+def _run_raw(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(["run", *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize(
+    ("step", "key", "expected"),
+    [
+        # a typo changed what the nccl-lazy-p2p policy decides, silently
+        ('{ op = "new_group", ranks = [0, 1], traffic = "bogus" }', "traffic", "expected one of collectives, p2p"),
+        # [[expect]] quotes a checkpoint's name: a newline in it printed the expectation as two
+        ('{ op = "checkpoint", name = "a\\nINJECTED" }', "name", "without control characters, got \\n"),
+        ('{ op = "checkpoint", name = "x", on_ranks = [0, 0, 1] }', "on_ranks", "rank(s) [0] listed more than once"),
+    ],
+)
+def test_step_fields_fuzzing_found_unchecked_are_exit_2(capsys, write_scenario, step, key, expected) -> None:
+    _bad(capsys, write_scenario, _steps(*BASE_STEPS, step), f"workload.steps[2].{key}", expected)
+
+
+def test_an_expectation_over_no_variant_is_exit_2(capsys, write_scenario) -> None:
+    # it checked nothing and passed (verdict = "hang" on a run that passes: exit 0)
+    extra = '[[expect]]\nvariants = []\nverdict = "hang"\n'
+    _bad(capsys, write_scenario, TINY + extra, "expect[0].variants", "expected at least one variant")
+
+
+def test_an_env_name_that_is_no_variable_name_is_exit_2(capsys, write_scenario) -> None:
+    text = TINY.replace('release = "2.15"', 'release = "2.15"\nenv = { "MY\\nVAR" = "v" }')
+    _bad(capsys, write_scenario, text, "torch.env.MY\\nVAR", "expected an environment variable name")
+    scenario = str(SCENARIOS_DIR / "pytorch-199957.toml")
+    with pytest.raises(SystemExit) as stopped:  # argparse's own exit 2
+        main(["run", scenario, "--env", "X\nY=1"])
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2 and "--env: expected VAR=VALUE with VAR a variable name" in err, err
+
+
+def test_an_env_value_with_a_newline_is_printed_on_the_variant_s_line(capsys, write_scenario) -> None:
+    text = TINY.replace('release = "2.15"', 'release = "2.15"\nenv = { NCCL_DEBUG = "INFO\\nFAKE-LINE" }')
+    code, out, _ = _run_raw(capsys, str(write_scenario(text)))
+    assert code == 0 and "NCCL_DEBUG=INFO\\nFAKE-LINE" in out and "\nFAKE-LINE" not in out, out
+
+
+def test_a_file_name_too_long_for_the_file_system_is_bad_input(capsys) -> None:
+    def opens_a_long_name(argv: object) -> int:
+        open("x" * 300 + ".py")  # noqa: SIM115 - raises before anything is opened
+        return 0
+
+    assert guarded(opens_a_long_name)([]) == 2
+    err = capsys.readouterr().err
+    assert "a file name too long for the file system: xxx" in err and "internal error" not in err, err

@@ -182,6 +182,10 @@ def test_boolean_knobs_and_lists(capsys) -> None:
             ["--workload", "megatron", "--tp", "8", "--pp", "4", "--dp", "4096"],
             "error: --tp 8 --pp 4 --dp 4096: a world of 131072 ranks exceeds the limit max_world_size = 65536",
         ),
+        (  # no upper bound: a node of 10**20 GPUs went on to be simulated (exit 0)
+            ["--workload", "vllm", "--tp", "2", "--gpus-per-node", "100000000000000000000"],
+            "error: --gpus-per-node: expected an integer in [1, 65536] (max_world_size), got 100000000000000000000",
+        ),
         (  # a world given outright is named so (the message said "arguments")
             ["--workload", "deepspeed", "--world", "1000000000"],
             "error: --world: a world of 1000000000 ranks exceeds the limit max_world_size = 65536",

@@ -50,6 +50,8 @@ def read_expectations(
     for i, raw in enumerate(top.get("expect", list, [], what="an array of tables [[expect]]")):
         reader = Reader(source, f"expect[{i}]", raw)
         names = str_list(reader, "variants", "a list of variant names")
+        if names is not None and not names:  # checked nothing, and passed
+            raise reader.error("variants", "expected at least one variant (omit the key for every variant)")
         names = list(variant_names) if names is None else list(names)
         for n in names:
             if n not in variant_names:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -16,6 +17,8 @@ from simnccl.limits import exceeded, number_text
 from simnccl.scenario.model import ScenarioError
 from simnccl.table_keys import key_problem
 from simnccl.visible_text import invisible_in
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
 class Reader:
@@ -74,6 +77,8 @@ class Reader:
         """An environment table: string values, and knob names torch or NCCL read (simnccl.env_knobs)."""
         value = self.get(name, dict, {}, what="a table of strings")
         for k, v in value.items():
+            if not _ENV_NAME.match(k):  # a name with a newline in it printed as two lines of the report
+                raise ScenarioError(self.source, f"{self.key(name)}.{k}", "expected an environment variable name")
             message = unknown_knob_message(k, extra_knobs or ())
             if message is None and isinstance(v, str):
                 message = value_problem(k, v)

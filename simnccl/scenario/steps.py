@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
@@ -31,8 +32,10 @@ from simnccl.ops import (
     retired_field,
     type_name_problem,
 )
+from simnccl.policy.plans import TRAFFIC_KINDS
 from simnccl.release import RELEASES, ReleaseError, resolve_backend
 from simnccl.scenario.reader import Reader, brief, finite, kind_of, ranks_in_world
+from simnccl.visible_text import invisible_in
 
 _OPTION_FIELDS = {f.name for f in fields(PgOptions)}
 
@@ -91,6 +94,9 @@ def _step(reader: Reader, world_size: int) -> _Step:
     if on_ranks is not None:
         if not on_ranks:
             raise reader.error("on_ranks", "expected at least one rank (omit the key for every rank)")
+        twice = sorted(r for r, times in Counter(on_ranks).items() if times > 1)
+        if twice:
+            raise reader.error("on_ranks", f"rank(s) {brief(twice)} listed more than once")
         bad = [r for r in on_ranks if r < 0 or r >= world_size]
         if bad:
             raise reader.error("on_ranks", f"ranks {brief(bad)} are outside the world of {world_size}")
@@ -253,6 +259,10 @@ def _check_field(reader: Reader, key: str, name: str, value: Any, world_size: in
         return value
     if name == "error_type" and (problem := type_name_problem(value)) is not None:
         raise reader.error(key, problem)
+    if name == "traffic" and value not in TRAFFIC_KINDS:  # a typo would change what a policy decides, silently
+        raise reader.error(key, f"expected one of {', '.join(TRAFFIC_KINDS)}, got {brief(value)}")
+    if name == "label" and (bad := invisible_in(value)) is not None:  # a checkpoint's name: [[expect]] quotes it
+        raise reader.error(key, f"expected a name on one line without control characters, got {bad} in {brief(value)}")
     if name == "dtype" and not dtypes.is_known(value):
         raise reader.error(key, f"expected one of {dtypes.expected_text()}, got {brief(value)}")
     if name == "src":
