@@ -12,6 +12,7 @@ process that only legacy's heartbeat monitor could end is told with the monitor'
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from typing import Any
 
@@ -150,6 +151,11 @@ def explain(variant: VariantResult) -> str:
             return f"{variant.name}: every rank finished its program, but more slowly than it could: " + " ".join(slow)
         return f"{variant.name}: every rank finished its program; nothing to explain."
     paragraphs: list[str] = list(slow)
+    # Ranks that ended alike (the same way, time, op and message but for the rank's own number) are told once:
+    # 65,536 ranks raising one error on one op were 65,536 sentences (8.5 MB on one line), where `simnccl run`
+    # prints a line. Messages that differ otherwise (whom a cross-wired rank is wired to) stay sentences of their own.
+    # (the sentence before and after the message, the message) -> (rank, its message)
+    alike: dict[tuple[str, str, str], list[tuple[int, str]]] = {}
     for error in outcome.errors:
         if error["kind"] in ("timeout", "heartbeat"):
             continue
@@ -161,11 +167,17 @@ def explain(variant: VariantResult) -> str:
         ended = "died" if error["kind"] in ("crash", "abort") else "raised"
         if error["type"] == CROSS_WIRED_TYPE:
             ended = "was stopped by simnccl's check"
-        when = f"Rank {error['rank']} {ended} at t={error['time_s']:.3f} s in {error['op']}"
-        text = f"{when}: {error['type']}: {first}."
+        head = f"{ended} at t={error['time_s']:.3f} s in {error['op']}: {error['type']}: "
+        tail = "."
         if error.get("replaced_timeout"):  # the wait it ended is no hang entry: tell it here
-            text += f" torch {replaced_timeout_text(error['replaced_timeout'])}."
-        paragraphs.append(text)
+            tail += f" torch {replaced_timeout_text(error['replaced_timeout'])}."
+        own = re.sub(rf"\brank {error['rank']}\b", "rank R", first, flags=re.IGNORECASE)
+        alike.setdefault((head, tail, own), []).append((error["rank"], first))
+    for (head, tail, _), said in alike.items():
+        rank, message = min(said)
+        if len(said) > 1:
+            message += f" (rank {rank}'s message; the others' alike)"
+        paragraphs.append(f"{_ranks([r for r, _ in said]).capitalize()} {head}{message}{tail}")
     graphs = WaitForGraph.by_segment(outcome.hangs)
     for graph in graphs.values():
         paragraphs.extend(_cycle(graph, cycle) for cycle in graph.cycles() if cycle.circular)

@@ -150,3 +150,16 @@ def test_simnccl_explain_command_names_the_cycle(capsys: pytest.CaptureFixture[s
     out = " ".join(capsys.readouterr().out.split())  # undo the console's wrapping
     assert code == 0
     assert "Circular wait between ranks 0, 2: rank 0 waits for rank 2 in new_group(ranks=[2, 3], bind='tp')" in out
+
+
+def test_explain_tells_ranks_that_ended_alike_once() -> None:
+    # 8 ranks' all_reduce on a handle nobody bound: one sentence naming them all (65,536 ranks wrote 65,536
+    # sentences, 8.5 MB on one line, where `simnccl run` prints a line)
+    from simnccl.ops import AllReduce, InitProcessGroup, SetDevice
+    from simnccl.result import VariantResult
+    from simnccl.testing import simulate
+
+    out = simulate([SetDevice(), InitProcessGroup(), AllReduce(group="w", size_bytes=4)], nodes=1, gpus_per_node=8)
+    assert out.verdict == "error" and len(out.errors) == 8
+    text = explain(VariantResult("v", "", "2.15", "2.15.0", "p", {}, "torch-default", out))
+    assert text.count(" raised at t=") == 1 and "Ranks 0-7 raised at t=" in text, text
