@@ -116,7 +116,6 @@ def guarded(main_fn: MainFn, *, command: Sequence[str] = ()) -> MainFn:
                 if isinstance(err, OSError) and err.errno == errno.ENAMETOOLONG:  # a name the user gave, too long
                     name = visible(str(err.filename)) if err.filename is not None else "a path given"
                     _say_error(f"error: {_where(record, raw)}: a file name too long for the file system: {name}")
-                    _partial_report(record)
                     return EXIT_BAD_INPUT
                 if isinstance(err, BrokenPipeError) and _silence_closed_output():
                     _say(f"stopped: the output was closed (broken pipe) during simnccl {' '.join(raw)}")

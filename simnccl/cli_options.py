@@ -220,6 +220,8 @@ def output_file_problem(target: str) -> str | None:
 
     if not target:
         return "expected a file path, got ''"
+    if target.endswith("/"):  # pathlib drops the slash, and the file would be written where a folder was named
+        return f"{target!r} names a folder (it ends in '/'); expected a file to write"
     path = Path(target)
     try:
         real = path.resolve()  # the file a write through the link would make

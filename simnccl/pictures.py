@@ -14,7 +14,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from simnccl.cli_options import unwritable_folder
+from simnccl.cli_options import STDOUT, output_file_problem
 from simnccl.prerequisites import MissingPrerequisite, require_matplotlib
 from simnccl.result import ScenarioResult
 
@@ -74,9 +74,23 @@ def check_pictures(args: argparse.Namespace) -> None:
             raise PictureError(f"{option} {path}: the folder {folder} does not exist")
         if path.exists() and not path.is_file():
             raise PictureError(f"{option} {path}: exists and is not a regular file")
-        problem = unwritable_folder(folder)
+        problem = output_file_problem(str(path))
         if problem is not None:
-            raise PictureError(f"{option} {path}: cannot write in the folder {folder}: {problem}")
+            raise PictureError(f"{option} {path}: {problem}")
+    # one file each: --trace t.json --json t.json wrote the trace, then the document over it (exit 0)
+    named: dict[Path, str] = {}
+    json_target = getattr(args, "json", None)
+    for option, value in (
+        ("--json", None if json_target in (None, STDOUT) else Path(json_target)),
+        ("--plot", getattr(args, "plot", None)),
+        ("--trace", getattr(args, "trace", None)),
+        ("--memory-snapshot", getattr(args, "memory_snapshot", None)),
+    ):
+        if value is None:
+            continue
+        first = named.setdefault(value.resolve(), option)
+        if first != option:
+            raise PictureError(f"{option} {value}: the file {first} writes too; give each output its own file")
     if getattr(args, "plot", None) is not None:
         try:
             require_matplotlib(f"simnccl {args.command} --plot")

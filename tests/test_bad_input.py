@@ -991,3 +991,13 @@ def test_a_file_name_too_long_for_the_file_system_is_bad_input(capsys) -> None:
     assert guarded(opens_a_long_name)([]) == 2
     err = capsys.readouterr().err
     assert "a file name too long for the file system: xxx" in err and "internal error" not in err, err
+    assert err.count("\n") == 1, err  # the error alone: nothing ran to report on
+
+
+def test_two_outputs_on_one_file_or_a_file_named_as_a_folder_are_exit_2(capsys, tmp_path) -> None:
+    scenario = str(SCENARIOS_DIR / "idle-world-group.toml")
+    out = tmp_path / "t.json"
+    code, _, err = _run_raw(capsys, scenario, "--trace", str(out), "--json", str(out))
+    assert code == 2 and "the file --json writes too" in err and not out.exists(), err  # the trace was overwritten
+    code, _, err = _run_raw(capsys, scenario, "--json", f"{tmp_path}/x.json/")
+    assert code == 2 and "names a folder (it ends in '/')" in err and err.count("\n") == 1, err

@@ -339,6 +339,58 @@ def test_replay_refuses_a_case_whose_free_has_mib_naming_empty_cache(
     assert str(path) in err and "free op: mib:" in err and "op 'empty_cache'" in err
 
 
+def _edited_case(tmp_path: Path, edit: object) -> Path:
+    """A valid 2-rank case (init, a group, an all_reduce on it) with ``edit(data)`` applied to its JSON."""
+    program = [SetDevice(), InitProcessGroup(), NewGroup(ranks=(0, 1), bind="g"), AllReduce(group="g")]
+    path = SimCase(programs=share_identical([program, program])).dump(tmp_path / "case.json")
+    data = json.loads(path.read_text(encoding="utf-8"))
+    edit(data)  # type: ignore[operator]
+    path.write_text(json.dumps(data), encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        # each crashed the replay (exit 70) or ran something the file does not say
+        (lambda d: d.update(env=None), "env: expected an object of strings"),
+        (lambda d: d.update(gpu="tpu-v9"), "gpu: unknown GPU kind 'tpu-v9'"),
+        (lambda d: d.update(release="9.9"), "release: expected one of"),
+        (lambda d: d.update(nodes="\x1b[31mRED"), "nodes: expected an integer >= 1, got '\\x1b[31mRED'"),
+        (lambda d: d.update(programs=[]), "programs: expected 1 to 2 lists of ops"),
+        (lambda d: d["programs"][0][2].update(ranks=[None, 1]), "programs[0][2].ranks: expected a list of integers"),
+        (lambda d: d["programs"][0][3].update(size_bytes=-1), "programs[0][3].size_bytes: expected a non-negative"),
+        (lambda d: d["programs"][0][3].update(size_bytes=float("nan")), "programs[0][3].size_bytes: expected an"),
+        (lambda d: d["programs"][0][3].update(op="teleport"), "programs[0][3]: expected an op object"),
+        (lambda d: d.update(rank_program=[0, -1]), "rank_program: expected 2 indexes (one per rank) in 0..0"),
+        (lambda d: d.update(note=5), "note: expected text"),
+    ],
+)
+def test_replay_refuses_a_case_file_field_it_cannot_replay(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], edit: object, message: str
+) -> None:
+    path = _edited_case(tmp_path, edit)
+    assert replay.main([str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {path}: ") and message in err and err.count("\n") == 1, err
+
+
+def test_replay_prints_a_case_file_s_text_with_its_controls_escaped(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = _edited_case(tmp_path, lambda d: d.update(note="\x1b[2Jline\nnext \u202e"))
+    assert replay.main([str(path), "--simulate-only"]) == 0
+    out = capsys.readouterr().out
+    assert "note: \\x1b[2Jline\\nnext \\u202e" in out and "\x1b" not in out, out
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000, encoding="utf-8")  # the decoder's recursion: exit 70 before
+    assert replay.main([str(deep)]) == 2
+    assert "nested too deep to read" in capsys.readouterr().err
+    test = _edited_case(tmp_path, lambda d: d.update(failure={"test": "\x1b[31mRED::t"}))
+    assert replay.main([str(test)]) == 2  # pytest was run on it and echoed it raw
+    assert "failure.test: expected a pytest node id" in capsys.readouterr().err
+
+
 # ---------------------------------------------------------------------- a team's own policy, as a user meets it
 
 TEAM_SUITE = textwrap.dedent(

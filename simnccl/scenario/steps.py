@@ -174,6 +174,12 @@ def _fill(value: Any, i: int, rank: int | None) -> Any:
 _FIELD_ALIASES: dict[tuple[str, str], str] = {("checkpoint", "name"): "label"}
 
 
+def build_op(reader: Reader, op_type: type[Op], raw: Mapping[str, Any], world_size: int, limits: InputLimits) -> Op:
+    """An op from its fields as a file gives them (no ``{i}``/``{rank}`` left to fill), checked as a step's op is:
+    what a saved case's op is checked with (``simnccl.testing.case_file``)."""
+    return _build_op(reader, op_type, raw, 0, None, world_size, limits)
+
+
 def _build_op(
     reader: Reader,
     op_type: type[Op],

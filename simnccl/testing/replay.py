@@ -30,6 +30,8 @@ from simnccl import __version__
 from simnccl.engine import Limits, RunOutcome
 from simnccl.ops import NO_OPTIONS, OP_TYPES, Op, PgOptions, retired_field
 from simnccl.policy import PolicyError, describe_policy, policy_from_description, policy_label
+from simnccl.testing.case_file import check_case
+from simnccl.visible_text import invisible_in, one_line
 
 SCHEMA = "simnccl-case/1"
 
@@ -179,8 +181,10 @@ class SimCase:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> SimCase:
-        if data.get("schema") != SCHEMA:
-            raise ValueError(f"not a simnccl case (schema {data.get('schema')!r}, expected {SCHEMA!r})")
+        if not isinstance(data, Mapping) or data.get("schema") != SCHEMA:
+            schema = data.get("schema") if isinstance(data, Mapping) else None
+            raise ValueError(f"not a simnccl case (schema {schema!r}, expected {SCHEMA!r})")
+        check_case(data)  # every field, as a scenario's: a bad file is exit 2 naming its key, not a crash
         distinct = [tuple(op_from_dict(d) for d in ops) for ops in data["programs"]]
         return cls(
             programs=tuple(distinct[i] for i in data["rank_program"]),
@@ -519,7 +523,10 @@ def _read_case(path: Path) -> Any:
     problem = file_problem(path, current_limits().max_file_bytes)
     if problem is not None:
         raise ValueError(problem)
-    return json.loads(path.read_text(encoding="utf-8"))
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except RecursionError:  # the decoder recurses once per level of nesting: no case file is that deep
+        raise ValueError("not a simnccl case (nested too deep to read)") from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -547,22 +554,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.policy:
             case = case.with_(policy=args.policy)
     except (OSError, ValueError, KeyError, TypeError, PolicyError) as error:
-        print(f"error: {args.case}: {error}", file=sys.stderr)
+        print(one_line(f"error: {args.case}: {error}"), file=sys.stderr)
         return EXIT_BAD_INPUT
     if args.snippet:
         print(case.snippet())
         return EXIT_OK
     failure = data.get("failure") if isinstance(data.get("failure"), Mapping) else {}
     print(
-        f"{args.case}: {case.world_size} ranks on {case.nodes}x{case.gpus_per_node} {case.gpu}, torch {case.release}, "
-        f"env {dict(case.env)}, policy {policy_label(case.policy)}"
+        one_line(
+            f"{args.case}: {case.world_size} ranks on {case.nodes}x{case.gpus_per_node} {case.gpu}, "
+            f"torch {case.release}, env {dict(case.env)}, policy {policy_label(case.policy)}"
+        )
     )
     if case.note:
-        print(f"note: {case.note}")
+        print(f"note: {one_line(case.note)}")
     try:
         outcome = case.run()
     except PolicyError as error:
-        print(f"error: {args.case}: {error}", file=sys.stderr)
+        print(one_line(f"error: {args.case}: {error}"), file=sys.stderr)
         return EXIT_BAD_INPUT
     print(describe(outcome))
     if args.simulate_only:
@@ -572,7 +581,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             results = recheck(case, outcome, notes)
         except (ValueError, TypeError) as error:
-            print(f"error: {args.case}: {error}", file=sys.stderr)
+            print(one_line(f"error: {args.case}: {error}"), file=sys.stderr)
             return EXIT_BAD_INPUT
         for name, ok, explanation in results:
             print(f"check {name}: {'ok' if ok else 'FAILS'}: {explanation}")
@@ -583,6 +592,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_STILL_FAILS if failing else EXIT_OK
     test = failure.get("test")
     if isinstance(test, str) and test:
+        if invisible_in(test) is not None:  # a pytest node id is one line of plain text; pytest echoes it raw
+            said = f"error: {args.case}: failure.test: expected a pytest node id, got {test!r}"
+            print(one_line(said), file=sys.stderr)
+            return EXIT_BAD_INPUT
         return _rerun_test(test, failure)
     # An old case file, or one written by hand: the only check known is that a valid program passes.
     print("no recorded check: judging the verdict (a valid program must pass)")
@@ -628,14 +641,14 @@ def _rerun_test(test: str, failure: Mapping[str, Any]) -> int:
     try:
         done = subprocess.run(command, cwd=cwd, env=env, timeout=CASE_WALL_S * 20, check=False)
     except subprocess.TimeoutExpired:
-        print(f"error: {test} still running after {CASE_WALL_S * 20:g} s", file=sys.stderr)
+        print(one_line(f"error: {test} still running after {CASE_WALL_S * 20:g} s"), file=sys.stderr)
         return EXIT_STILL_FAILS
     if done.returncode == 0:
         print(f"{test} passes now")
         return EXIT_OK
     if done.returncode == 1:
         return EXIT_STILL_FAILS
-    print(f"error: pytest could not run {test} (exit {done.returncode})", file=sys.stderr)
+    print(one_line(f"error: pytest could not run {test} (exit {done.returncode})"), file=sys.stderr)
     return EXIT_BAD_INPUT
 
 
