@@ -323,7 +323,7 @@ def policy_key(spec: str) -> str:
     its description as a file would keep it, else the spec itself."""
     try:
         return json.dumps(describe_policy(get_policy(spec)), sort_keys=True)
-    except Exception:  # a policy that cannot be described is compared by its spec (check_policy loaded it)
+    except (PolicyError, TypeError, ValueError):  # one that cannot be described: compared by its spec (loaded)
         return spec
 
 
