@@ -129,3 +129,18 @@ def test_the_semantic_digest_names_communicators_by_what_they_are() -> None:
     assert gate._semantic_digest(_Outcome(), [], renumbered, {5: "3:nccl2", 7: "5:nccl2"}) == digest
     assert gate._semantic_digest(_Outcome(), [], renumbered, {5: "5:nccl2", 7: "3:nccl2"}) != digest
     assert gate._semantic_digest(_Outcome(), [], renumbered) != gate._semantic_digest(_Outcome(), [], events)
+
+
+def test_the_gate_draws_without_the_literals_of_the_modules_loaded() -> None:
+    # hypothesis draws now and then from the literals of "local" modules loaded (an editable simnccl checkout is
+    # one), read once per process: loading simnccl.workloads before the draw, or adding strings to simnccl,
+    # changed the cases the gate drew under one seed. While the gate draws, that pool is empty and no pool filled
+    # earlier is used; afterwards both are as they were.
+    from hypothesis.internal.conjecture import providers
+
+    real, cache = providers._get_local_constants, providers.CONSTANTS_CACHE
+    with gate._without_local_constants():
+        pool = providers._get_local_constants()
+        assert not (pool.integers or pool.floats or pool.strings or pool.bytes)
+        assert providers.CONSTANTS_CACHE is not cache and len(providers.CONSTANTS_CACHE) == 0
+    assert providers._get_local_constants is real and providers.CONSTANTS_CACHE is cache
