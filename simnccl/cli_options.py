@@ -13,7 +13,6 @@ here imports torch or the engine: ``simnccl capture --help`` builds its parser f
 from __future__ import annotations
 
 import argparse
-import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -115,7 +114,9 @@ def env_item(text: str) -> tuple[str, str]:
     name, sep, value = text.partition("=")
     if not sep or not name or name != name.strip() or "\x00" in text:
         raise argparse.ArgumentTypeError(f"expected VAR=VALUE, got {text!r}")
-    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):  # a newline in it printed the report's line as two
+    from simnccl.env_knobs import is_env_name  # imported where used, as env_overrides does
+
+    if not is_env_name(name):  # a newline in it printed the report's line as two
         raise argparse.ArgumentTypeError(f"expected VAR=VALUE with VAR a variable name, got {text!r}")
     return name, value
 

@@ -18,6 +18,15 @@ from functools import cache
 from typing import Any
 
 CHECKED_PREFIXES = ("TORCH_", "PYTORCH_", "NCCL_")
+# What an environment variable's name may be (a shell's rule): a scenario's, a sweep's and --env's names alike.
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def is_env_name(name: object) -> bool:
+    """Whether ``name`` can name an environment variable (a newline or a space in one split a report's line)."""
+    return isinstance(name, str) and _ENV_NAME.fullmatch(name) is not None
+
+
 DATA_FILE = "simnccl/data/env_knobs.toml"
 
 

@@ -1001,3 +1001,10 @@ def test_two_outputs_on_one_file_or_a_file_named_as_a_folder_are_exit_2(capsys, 
     assert code == 2 and "the file --json writes too" in err and not out.exists(), err  # the trace was overwritten
     code, _, err = _run_raw(capsys, scenario, "--json", f"{tmp_path}/x.json/")
     assert code == 2 and "names a folder (it ends in '/')" in err and err.count("\n") == 1, err
+
+
+def test_a_rank_listed_twice_in_a_long_list_is_found_in_one_pass(capsys, write_scenario) -> None:
+    # the duplicates were found by counting each rank in the whole list (about 3.6e9 steps for this one)
+    ranks = ", ".join(map(str, [*range(60_000), 7]))
+    steps = (*BASE_STEPS, f'{{ op = "checkpoint", name = "x", on_ranks = [{ranks}] }}')
+    _bad(capsys, write_scenario, _steps(*steps, cluster="nodes = 30000"), "workload.steps[2].on_ranks", "[7] listed")

@@ -10,7 +10,7 @@ Every ``Collective`` op (``simnccl.ops``) comes here: a new one needs a class th
 
 from __future__ import annotations
 
-from collections.abc import Generator, Mapping
+from collections.abc import Generator, Mapping, Sequence
 from typing import Any
 
 import simpy
@@ -34,6 +34,15 @@ _GLOO = Impl.GLOO  # a module constant: an enum member looked up on its class co
 # The collectives torch 2.15 runs on a destroyed group's handle: none of them asks the unregistered group for a rank
 # or its backend (broadcast's src, send/recv's peer and barrier's device do, and raise ValueError).
 _RUN_AFTER_DESTROY = (AllReduce, AllGather, ReduceScatter, AllToAll)
+
+
+def _wired_note(name: str, wire: Sequence[int], runs: str) -> str:
+    """What a wait on a cross-wired gloo communicator says of itself: the ranks gloo connected, and what runs there
+    (a collective's and a send's or recv's, one text)."""
+    return (
+        f"groups under name {name!r} are cross-wired (a store-key collision): gloo connected ranks {list(wire)}, "
+        f"and {runs}"
+    )
 
 
 class Collectives:
@@ -124,10 +133,7 @@ class Collectives:
         meeting = self.rendezvous.open(("coll", comm.comm_id, comm.seq), "collective", target.name, comm.seq, members)
         meeting.abort_on_mismatch = comm.impl is _GLOO
         if wrong is not None and meeting.note is None:  # a hang here names the ranks it really waits for, and why
-            meeting.note = (
-                f"groups under name {target.name!r} are cross-wired (a store-key collision): gloo connected ranks "
-                f"{list(members)}, and this op runs between those"
-            )
+            meeting.note = _wired_note(target.name, members, "this op runs between those")
         # A broadcast's payload names its root (a group rank here, as the backends see it): members naming
         # different roots do not run one broadcast (``Rendezvous._disagreement``), whatever their sizes.
         payload: tuple[Any, ...] = (op.name, op.size_bytes, op.dtype)
@@ -264,10 +270,8 @@ class Collectives:
         meeting = self.rendezvous.open(("p2p", channel, *ends, n), "p2p", target.name, n, ends)
         meeting.abort_on_mismatch = comm.impl is _GLOO  # a recv smaller than the send aborts (backends/gloo.py)
         if ends != (src, dst) and meeting.note is None:  # a hang here names the rank it really waits for, and why
-            meeting.note = (
-                f"groups under name {target.name!r} are cross-wired (a store-key collision): gloo connected ranks "
-                f"{list(self._wires[comm.comm_id][0])}, and this {op.name} goes between ranks {ends[0]} and {ends[1]}"
-            )
+            between = f"this {op.name} goes between ranks {ends[0]} and {ends[1]}"
+            meeting.note = _wired_note(target.name, self._wires[comm.comm_id][0], between)
         self.rendezvous.arrive(meeting, rt, ("p2p", op.size_bytes, op.dtype), op, duration=self.timing.p2p_s)
         yield from self.rendezvous.wait(rt, meeting, op)
         FlightRecorder.complete(entry, self.env.now)

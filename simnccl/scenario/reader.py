@@ -8,17 +8,15 @@ from __future__ import annotations
 
 import difflib
 import math
-import re
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from simnccl.env_knobs import unknown_knob_message, value_problem
+from simnccl.env_knobs import is_env_name, unknown_knob_message, value_problem
 from simnccl.limits import exceeded, number_text
 from simnccl.scenario.model import ScenarioError
 from simnccl.table_keys import key_problem
 from simnccl.visible_text import invisible_in
-
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
 class Reader:
@@ -77,7 +75,7 @@ class Reader:
         """An environment table: string values, and knob names torch or NCCL read (simnccl.env_knobs)."""
         value = self.get(name, dict, {}, what="a table of strings")
         for k, v in value.items():
-            if not _ENV_NAME.match(k):  # a name with a newline in it printed as two lines of the report
+            if not is_env_name(k):  # a name with a newline in it printed as two lines of the report
                 raise ScenarioError(self.source, f"{self.key(name)}.{k}", "expected an environment variable name")
             message = unknown_knob_message(k, extra_knobs or ())
             if message is None and isinstance(v, str):
@@ -193,6 +191,6 @@ def ranks_in_world(reader: Reader, key: str, ranks: Sequence[int], world_size: i
     bad = [r for r in ranks if not 0 <= r < world_size]
     if bad:
         raise reader.error(key, f"ranks {brief(bad)} are outside the world of {world_size} (0..{world_size - 1})")
-    duplicates = sorted({r for r in ranks if ranks.count(r) > 1}) if len(set(ranks)) != len(ranks) else []
+    duplicates = sorted(r for r, times in Counter(ranks).items() if times > 1)  # once: 65,536 ranks may be listed
     if duplicates:
         raise reader.error(key, f"rank(s) {brief(duplicates)} listed more than once")

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
@@ -94,12 +93,7 @@ def _step(reader: Reader, world_size: int) -> _Step:
     if on_ranks is not None:
         if not on_ranks:
             raise reader.error("on_ranks", "expected at least one rank (omit the key for every rank)")
-        twice = sorted(r for r, times in Counter(on_ranks).items() if times > 1)
-        if twice:
-            raise reader.error("on_ranks", f"rank(s) {brief(twice)} listed more than once")
-        bad = [r for r in on_ranks if r < 0 or r >= world_size]
-        if bad:
-            raise reader.error("on_ranks", f"ranks {brief(bad)} are outside the world of {world_size}")
+        ranks_in_world(reader, "on_ranks", on_ranks, world_size)  # as a group's ranks: in the world, each once
     raw_fields = {k: v for k, v in reader.table.items() if k not in ("op", "repeat", "on_ranks")}
     reader.used.update(raw_fields)
     per_rank = any(isinstance(v, str) and "{rank}" in v for v in raw_fields.values())

@@ -26,7 +26,6 @@ import hashlib
 import json
 import math
 import os
-import re
 import tomllib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -35,7 +34,7 @@ from typing import Any
 
 from simnccl.cluster import ClusterError, get_gpu_kind
 from simnccl.cost import CostError, parse_knobs
-from simnccl.env_knobs import NO_SCENARIO_DECLARES, env_problem
+from simnccl.env_knobs import NO_SCENARIO_DECLARES, env_problem, is_env_name
 from simnccl.limits import current as current_limits
 from simnccl.limits import exceeded, file_problem, nesting_depth
 from simnccl.policy import PolicyError, get_policy
@@ -56,7 +55,6 @@ MAX_CELLS_CEILING = 1_000_000  # what --max-cells may be raised to: a bigger swe
 MAX_AXIS_VALUES = 1_000  # per axis: validation itself stays bounded
 MAX_WORLD = 1 << 20
 MAX_CELL_TIMEOUT_S = 7 * 24 * 3600.0
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
 class SweepInputError(ValueError):
@@ -342,7 +340,7 @@ def check_env(env: Any, where: str) -> dict[str, str]:
         raise SweepInputError(where, f'expected a table of VAR = "value", got {env!r}')
     out = {}
     for name, value in env.items():
-        if not isinstance(name, str) or not _ENV_NAME.match(name):
+        if not is_env_name(name):
             raise SweepInputError(where, f"expected an environment variable name, got {name!r}")
         if not isinstance(value, str) or "\x00" in value:
             raise SweepInputError(f"{where}.{name}", f"expected a string value, got {value!r}")
