@@ -67,6 +67,13 @@ def guarded(main_fn: MainFn, *, command: Sequence[str] = ()) -> MainFn:
 
     @functools.wraps(main_fn)
     def run(argv: Sequence[str] | None = None) -> int:
+        code = _run(argv)
+        if _end_without_teardown.is_set():
+            _flush_output()
+            os._exit(code)
+        return code
+
+    def _run(argv: Sequence[str] | None) -> int:
         raw = [*command, *(sys.argv[1:] if argv is None else argv)]
         children_before = _children()
         with journal() as record:
@@ -133,6 +140,21 @@ def guarded(main_fn: MainFn, *, command: Sequence[str] = ()) -> MainFn:
                 return EXIT_SOFTWARE
 
     return run
+
+
+_end_without_teardown = threading.Event()
+
+
+def end_without_teardown() -> None:
+    """Once this command's exit code is known, end the process with ``os._exit`` (after flushing its output),
+    skipping the interpreter's teardown.
+
+    Why: a rank under torchrun (``simnccl.real.torchrun_mode``) keeps torch's process groups referenced to the end,
+    and torch 2.15's C++ teardown of them at interpreter exit can abort the process ("terminate called without
+    an active exception", SIGABRT), seen in CI once in hundreds of runs, after the rank had written its report.
+    torchrun then failed a run that had passed. The local launcher's ranks end with ``os._exit`` for the same
+    reason; every file the command writes is closed by then."""
+    _end_without_teardown.set()
 
 
 def _print_traceback(error: BaseException) -> None:

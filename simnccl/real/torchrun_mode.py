@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from simnccl.cli_guard import end_without_teardown
 from simnccl.real.lanes import check_gpu_lane
 from simnccl.real.launch import (
     RankWatch,
@@ -68,6 +69,7 @@ def torchrun_main(
     gpu, profile, gpu_notes = rank_gpu(variant, settings.lane)
     notes = [*notes, *gpu_notes]
     started = time.time()
+    end_without_teardown()  # from here on torch's groups live to the end: see why there
     base, _, _ = next(dist.rendezvous("env://", rank, world, timeout=datetime.timedelta(seconds=settings.timeout_s)))
     control = dist.PrefixStore("real/control", base)
     spec = RankSpec(
