@@ -85,6 +85,15 @@ class PgOptions:
     nvls_ctas: int | None = None
     traffic_class: int | None = None
 
+    def __post_init__(self) -> None:
+        """Each field set is of the type torch's field holds (``check_option``). Why here: a policy or a test that
+        builds ``PgOptions(lazy_init="False")`` was simulated as lazy (any non-empty text is true), where torch's
+        pybind field refuses the text."""
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is not f.default and value != f.default:
+                check_option(f.name, value)
+
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) != f.default}
 

@@ -212,6 +212,45 @@ def test_same_membership_compares_every_handle_on_every_rank() -> None:
     assert inv.membership(partial)[2]["g"] == -100  # NON_GROUP_MEMBER
 
 
+def test_same_membership_refuses_handles_it_would_not_compare() -> None:
+    """A misspelt handle (``"TP"`` for ``"tp"``) and an empty list were "agreed on", never compared: ok."""
+    a = case([*START, NewGroup(ranks=(0, 1), bind="tp")]).run()
+    b = case([*START, NewGroup(ranks=(0,), bind="tp")]).run()
+    assert not inv.same_membership(a, b, handles=["tp"])
+    with pytest.raises(ValueError, match="handles: 'TP' bound on no rank of either run; bound: tp"):
+        inv.same_membership(a, b, handles=["TP"])
+    with pytest.raises(ValueError, match="handles: empty, so nothing would be compared"):
+        inv.same_membership(a, b, handles=[])
+    with pytest.raises(TypeError, match="got the string 'tp'"):
+        inv.same_membership(a, b, handles="tp")
+    assert "agree on handle(s) tp" in inv.same_membership(a, a, handles=["tp"]).explanation
+
+
+def test_within_budget_refuses_a_budget_it_cannot_state() -> None:
+    out = case([*START, Checkpoint(CHECKPOINT_INIT), Checkpoint(CHECKPOINT_GROUPS)]).run()
+    for budget, per, message in [
+        (1000, 0, "per_group_mib: expected a per-group cost > 0"),
+        (float("inf"), 231, "budget_mib: expected a finite number of MiB >= 0, got inf"),
+        (float("nan"), 231, "budget_mib: expected a finite number of MiB >= 0, got nan"),
+        (1000, -1, "per_group_mib: expected a finite number of MiB >= 0, got -1"),
+    ]:
+        with pytest.raises(ValueError) as raised:
+            inv.within_budget(out, budget_mib=budget, per_group_mib=per, group_bytes=1)
+        assert message in str(raised.value)
+
+
+def test_lazy_unused_takes_the_programs_as_simulate_does() -> None:
+    """One op list (what ``simulate`` takes for every rank) failed on its first op; fewer lists than ranks raised
+    IndexError, more passed with the extra ones unchecked."""
+    program = [*START, NewGroup(ranks=(0, 1), bind="g"), AllReduce()]
+    out = case(program).run(policy="lazy-init")
+    assert inv.lazy_unused_allocate_nothing(out, program)
+    assert inv.lazy_unused_allocate_nothing(out, [program, program])
+    for programs in ([program], [program] * 3):
+        with pytest.raises(ValueError, match=f"programs: {len(programs)} op lists for a run of 2 ranks"):
+            inv.lazy_unused_allocate_nothing(out, programs)
+
+
 def test_dedupe_binds_a_duplicate_handle_to_identical_members() -> None:
     program = [*START, NewGroup(ranks=(0, 1), bind="a"), NewGroup(ranks=(0, 1), bind="b"), AllReduce(group="b")]
     c = case(program)

@@ -364,6 +364,10 @@ def _edited_case(tmp_path: Path, edit: object) -> Path:
         (lambda d: d["programs"][0][3].update(op="teleport"), "programs[0][3]: expected an op object"),
         (lambda d: d.update(rank_program=[0, -1]), "rank_program: expected 2 indexes (one per rank) in 0..0"),
         (lambda d: d.update(note=5), "note: expected text"),
+        # a scenario's spelling passed the check, then the loader raised a raw TypeError (exit 70)
+        (lambda d: d["programs"][0][3].update(size_mib=4), "programs[0][3]: 'size_mib': unknown field for op"),
+        (lambda d: d["programs"][0][2].update(lazy_init=True), "programs[0][2]: 'lazy_init': unknown field for op"),
+        (lambda d: d["programs"][0][3].update(pg_options={}), "programs[0][3]: 'pg_options': unknown field for op"),
     ],
 )
 def test_replay_refuses_a_case_file_field_it_cannot_replay(

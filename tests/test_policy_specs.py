@@ -115,6 +115,48 @@ def test_a_malformed_decision_is_the_policys_error(policy: object, message: str)
     assert message in str(raised.value) and "rank 0" in str(raised.value)
 
 
+def test_decision_options_outside_nccls_range_are_the_policys_error() -> None:
+    """``max_ctas=-3`` (the right type) stopped the simulation on the NCCL model's error, naming no policy."""
+    with pytest.raises(
+        UserPolicyError, match=r"policy 'options-out-of-range': on_group returned pg_options.max_ctas=-3"
+    ):
+        simulate(FOUR, gpus_per_node=4, policy=user_policies.OptionsOutOfRange())
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"backend": 5}, "on_init returned backend=5; expected a backend name or None"),
+        ({"pg_options": None}, "on_init returned pg_options=None; expected a PgOptions"),
+        ({"env": None}, "on_init returned env=None; expected a mapping"),
+        ({"env": {5: "1"}}, "on_init returned env entry 5: '1'; expected names and values that are strings"),
+        ({"env": {"TORCH_DIST_USE_NCCL2": 0}}, "on_init returned env entry 'TORCH_DIST_USE_NCCL2': 0; expected names"),
+        ({"env": {"NCCL_FOOBAR": "1"}}, "on_init returned env entry NCCL_FOOBAR='1'; unknown environment knob"),
+        ({"env": {"RANK": "7"}}, "on_init returned env entry RANK='7'; RANK is set per rank by the launcher"),
+        ({"device_id": True}, "on_init returned device_id=True; expected a device index"),
+    ],
+)
+def test_a_malformed_init_plan_is_the_policys_error(changes: dict[str, object], message: str) -> None:
+    """Each reached the engine, which failed on it as a bug in simnccl, or (an env entry a scenario is refused for)
+    was taken in silently: ``TORCH_DIST_USE_NCCL2 = 0`` as a number was ignored, torch's default simulated."""
+    policy = user_policies.InitPlanOf(changes=tuple(changes.items()))
+    with pytest.raises(UserPolicyError) as raised:
+        simulate(FOUR, gpus_per_node=4, policy=policy)
+    assert f"policy 'init-plan-of': {message}" in str(raised.value) and "rank 0 of 4" in str(raised.value)
+
+
+def test_a_policy_class_is_taken_as_an_import_spec_takes_it() -> None:
+    """A class passed the checks and then ran with its hooks unbound: the error blamed the user's on_init."""
+    by_class = simulate(FOUR, gpus_per_node=4, policy=user_policies.LazyAbove)  # type: ignore[arg-type]
+    by_instance = simulate(FOUR, gpus_per_node=4, policy=user_policies.LazyAbove())
+    assert by_class.verdict == "pass" and by_class.trace_hash == by_instance.trace_hash
+
+
+def test_a_policy_whose_name_raises_is_refused_naming_that() -> None:
+    with pytest.raises(PolicyError, match=r"reading its 'name' raised RuntimeError\('name not configured'\)"):
+        get_policy(user_policies.NameRaises())  # type: ignore[arg-type]
+
+
 def test_a_decision_subclass_cannot_hide_members_that_disagree() -> None:
     out = simulate(FOUR, gpus_per_node=4, policy=user_policies.HidesDisagreementInKey())
     assert out.verdict == "error" and any(e["type"] == "PolicyInconsistency" for e in out.errors), out.errors

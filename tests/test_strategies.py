@@ -398,3 +398,39 @@ def test_cluster_shapes_keep_the_world_bounds_a_test_states() -> None:
     for low, high in ((5, 2), (17, 20), (0, 0), (2, "8")):
         with pytest.raises(InvalidArgument):
             _node_shapes(low, high)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("strategy", "message"),
+    [
+        (lambda: cases(max_ops=1), "cases(): max_ops=1 is too few for a program with 0 families: at least 5"),
+        (lambda: cases(max_ops=10, min_families=6), "max_ops=10 is too few for a program with 6 families: at least 11"),
+        (lambda: cases(min_families=3, max_families=1), "cases(): min_families=3 > max_families=1"),
+        (lambda: cases(max_uses=-1), "cases(): max_uses: expected an integer >= 0, got -1"),
+        (lambda: layouts(0), "cases(): world: expected an integer >= 1, got 0"),
+        (lambda: policies(max_parts=0), "policies(max_parts=...): expected an integer >= 1, got 0"),
+        (lambda: policies(max_parts=2.5), "policies(max_parts=...): expected an integer >= 1, got 2.5"),
+        (lambda: strategies.envs(knobs=["NCCL_NVLS_ENABLE"]), "envs(knobs=...): expected a list of the knobs"),
+        (lambda: strategies.envs(knobs="TORCH_DIST_USE_NCCL2"), "got 'TORCH_DIST_USE_NCCL2'"),
+        (lambda: cases(env="x"), "cases(env=...): expected a dict of strings"),
+        (lambda: mutants("skip_new_group", max_world=1), "needs a world of at least 2 ranks; max_world=1"),
+    ],
+)
+def test_a_bound_a_strategy_cannot_keep_is_refused(strategy: Callable[[], Any], message: str) -> None:
+    """Each was overridden silently (``max_ops=1`` drew five-op programs, ``min_families > max_families`` raised
+    the max, ``max_parts=0`` drew one part) or crashed (KeyError, AttributeError, hypothesis' Unsatisfiable)."""
+    from hypothesis.errors import InvalidArgument
+
+    with pytest.raises(InvalidArgument) as raised:
+        _drawn(strategy(), 1)
+    assert message in str(raised.value)
+
+
+def test_a_gpu_kind_simnccl_does_not_know_is_refused_when_drawn() -> None:
+    with pytest.raises(ValueError, match="h100"):
+        _drawn(strategies.clusters(gpu="h100"), 1)
+
+
+def test_a_mutant_raises_a_minimum_world_below_what_its_mutation_needs() -> None:
+    drawn = _drawn(mutants("skip_new_group", min_world=1, max_world=2), 20)
+    assert drawn and all(case.world_size == 2 for case, _mutation in drawn)

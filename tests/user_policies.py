@@ -356,3 +356,38 @@ class OnlyRank0NamesADevice(BasePolicy):
 
     def on_group(self, request: GroupRequest, decision: GroupDecision) -> GroupDecision:
         return replace(decision, device_id=0) if request.rank == 0 else decision
+
+
+@dataclass(frozen=True)
+class OptionsOutOfRange(BasePolicy):
+    """Options of the right types, outside NCCL's range: the simulation stopped on the NCCL model's error."""
+
+    name: str = "options-out-of-range"
+
+    def on_group(self, request: GroupRequest, decision: GroupDecision) -> GroupDecision:
+        return replace(decision, pg_options=replace(decision.pg_options, max_ctas=-3))
+
+
+@dataclass(frozen=True)
+class InitPlanOf(BasePolicy):
+    """An ``on_init`` whose plan changes the fields given (as a test builds each malformed plan)."""
+
+    name: str = "init-plan-of"
+    changes: tuple[tuple[str, object], ...] = ()
+
+    def on_init(self, request: InitRequest) -> InitPlan:
+        return replace(super().on_init(request), **dict(self.changes))
+
+
+class NameRaises:
+    """A policy (by its hooks) whose ``name`` property raises."""
+
+    @property
+    def name(self) -> str:
+        raise RuntimeError("name not configured")
+
+    def on_init(self, request: InitRequest) -> InitPlan:
+        return InitPlan(request.backend, request.device_id, request.pg_options)
+
+    def on_group(self, request: GroupRequest, decision: GroupDecision) -> GroupDecision:
+        return decision

@@ -42,6 +42,16 @@ class Limits:
     wall_s: float = 900.0
     max_sim_time_s: float = 30 * 24 * 3600.0
 
+    def __post_init__(self) -> None:
+        """Each guard a positive number. Why: ``wall_s=nan`` compared false with every elapsed time and so turned
+        the guard off, silently; a text failed deep in the run loop."""
+        if isinstance(self.max_ops, bool) or not isinstance(self.max_ops, int) or self.max_ops < 1:
+            raise ValueError(f"Limits.max_ops: expected an integer >= 1, got {self.max_ops!r}")
+        for name in ("wall_s", "max_sim_time_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+                raise ValueError(f"Limits.{name}: expected a number of seconds > 0, got {value!r}")
+
 
 @dataclass(frozen=True, slots=True)
 class SimConfig:

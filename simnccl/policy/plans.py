@@ -7,11 +7,14 @@ these types; they import neither simpy nor torch (DESIGN rule 2).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
-from typing import Protocol, TypeVar
+from typing import NoReturn, Protocol, TypeVar
 
+from simnccl.env_knobs import NO_SCENARIO_DECLARES, env_problem
+from simnccl.nccl.knobs import nccl_config_problem
 from simnccl.ops import NO_OPTIONS, PgOptions
 from simnccl.release import RELEASES, ReleaseError, resolve_backend
 
@@ -357,14 +360,62 @@ def _asked(policy: Policy, hook: str, call: Callable[[], T], expected: type, con
 
 
 def ask_init(policy: Policy, request: InitRequest) -> InitPlan:
-    """``policy.on_init(request)``; a user's policy that raises or returns no ``InitPlan`` is ``UserPolicyError``."""
-    return _asked(
+    """``policy.on_init(request)``; a user's policy that raises, returns no ``InitPlan`` or a malformed one
+    (``init_plan_problem``) is ``UserPolicyError``."""
+    plan = _asked(
         policy,
         "on_init",
         lambda: policy.on_init(request),
         InitPlan,
         lambda: f"rank {request.rank} of {request.world_size}, init_process_group(backend={request.backend!r})",
     )
+    same = plan.backend is request.backend and plan.pg_options is request.pg_options and plan.env == {}
+    if same and plan.device_id is request.device_id and type(plan.explanation) is str:
+        return plan  # the common answer: the request's own arguments, checked where they were given
+    problem = init_plan_problem(request, plan)
+    if problem is not None:
+        _refuse(policy, f"on_init returned {problem} (rank {request.rank} of {request.world_size})")
+    return plan
+
+
+def _refuse(policy: Policy, what: str) -> NoReturn:
+    """A malformed answer: the user's error (``UserPolicyError``), or a bug in a built-in policy."""
+    if not is_user_policy(policy):
+        raise AssertionError(f"built-in policy {_policy_name(policy)!r}: {what}")
+    raise UserPolicyError(f"policy {_policy_name(policy)!r}: {what}")
+
+
+def init_plan_problem(request: InitRequest, plan: InitPlan) -> str | None:
+    """What is wrong with an ``InitPlan``'s fields (None: nothing): wrong types, a backend torch does not know, an
+    environment entry a scenario's env table is refused for (``env_knobs.env_problem``).
+
+    Why: such a plan reached the engine, which failed on it as a bug in simnccl; and an env entry a file is
+    refused for (``NCCL_FOOBAR``, ``RANK``, ``TORCH_DIST_USE_NCCL2 = 0`` as a number) was taken in silently."""
+    if plan.backend is not None and not isinstance(plan.backend, str):
+        return f"backend={plan.backend!r}; expected a backend name or None"
+    if not isinstance(plan.pg_options, PgOptions):
+        return f"pg_options={plan.pg_options!r}; expected a PgOptions (dataclasses.replace the one it was given)"
+    device = plan.device_id
+    if device is not None and (isinstance(device, bool) or not isinstance(device, int | str)):
+        return f"device_id={device!r}; expected a device index, a device string or None"
+    if not isinstance(plan.explanation, str):
+        return f"explanation={plan.explanation!r}; expected text"
+    if plan.pg_options is not request.pg_options and (problem := options_problem(plan.pg_options)) is not None:
+        return problem
+    if not isinstance(plan.env, Mapping):
+        return f"env={plan.env!r}; expected a mapping of variable names to strings"
+    for name, value in plan.env.items():
+        if not isinstance(name, str) or not isinstance(value, str):
+            return f"env entry {name!r}: {value!r}; expected names and values that are strings"
+        problem = env_problem(name, value, (), NO_SCENARIO_DECLARES)
+        if problem is not None:
+            return f"env entry {name}={value!r}; {problem}"
+    if plan.backend != request.backend and request.release in RELEASES:
+        try:
+            resolve_backend(RELEASES[request.release], plan.backend, {**request.env, **plan.env})
+        except ReleaseError as err:
+            return f"backend={plan.backend!r}; {err}"
+    return None
 
 
 def ask_group(policy: Policy, request: GroupRequest, decision: GroupDecision) -> GroupDecision:
@@ -395,17 +446,14 @@ def decide_group(policy: Policy, request: GroupRequest) -> GroupDecision:
         and d.device_id is None
         and d.backend == request.backend
         and type(d.pg_options) is PgOptions
+        and (d.pg_options is request.pg_options or options_problem(d.pg_options) is None)
         and type(d.use_local_synchronization) is bool
     )
     if not plain:
         problem = decision_problem(request, d)
         if problem is not None:
-            if not is_user_policy(policy):
-                raise AssertionError(f"built-in policy {_policy_name(policy)!r}: {problem}")
-            raise UserPolicyError(
-                f"policy {_policy_name(policy)!r}: on_group returned {problem} (rank {request.rank}, "
-                f"{request.kind}(ranks={list(request.ranks)}))"
-            )
+            where = f"rank {request.rank}, {request.kind}(ranks={list(request.ranks)})"
+            _refuse(policy, f"on_group returned {problem} ({where})")
         if type(d) is not GroupDecision or not d.explanation:
             d = GroupDecision(
                 d.backend,
@@ -441,11 +489,25 @@ def decision_problem(request: GroupRequest, decision: GroupDecision) -> str | No
         )
     if not isinstance(d.explanation, str):
         return f"explanation={d.explanation!r}; expected text"
+    if d.pg_options is not request.pg_options and (problem := options_problem(d.pg_options)) is not None:
+        return problem
     if d.backend != request.backend and request.release in RELEASES:
         try:
             resolve_backend(RELEASES[request.release], d.backend, request.env)
         except ReleaseError as err:
             return f"backend={d.backend!r}; {err}"
+    return None
+
+
+@functools.lru_cache(maxsize=4096)
+def options_problem(options: PgOptions) -> str | None:
+    """A ``PgOptions`` field set outside NCCL's range (``nccl_config_problem``: ``max_ctas=-3``), or None. Its
+    types were checked when it was made (so equal options are equally valid: cached by value, as a policy makes
+    the same options again for every call)."""
+    for name, value in options.to_dict().items():
+        problem = nccl_config_problem(name, value)
+        if problem is not None:
+            return f"pg_options.{name}={value!r}; {problem}"
     return None
 
 

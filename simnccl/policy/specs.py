@@ -54,6 +54,8 @@ def get_policy(spec: str | Policy) -> Policy:
     ``"acme-safe+lazy-single-rank"`` (an entry-point name). Raises ``PolicyError`` with a one-line reason.
     """
     if not isinstance(spec, str):
+        if inspect.isclass(spec):  # as an import spec naming a class: instantiated (its hooks are methods)
+            return _instantiate(spec, spec.__qualname__)
         return _checked(spec, repr(spec))
     if len(spec) > MAX_SPEC_CHARS:
         raise PolicyError(f"policy spec of {len(spec)} characters: longer than the limit of {MAX_SPEC_CHARS}")
@@ -166,13 +168,17 @@ def _instantiate(obj: object, where: str) -> Policy:
 def _checked(obj: object, where: str) -> Policy:
     if not _looks_like_policy(obj):
         raise PolicyError(f"policy {where}: {type(obj).__name__} object has no on_group/on_init: not a policy")
-    if not isinstance(getattr(obj, "name", None), str):
+    try:
+        name = getattr(obj, "name", None)
+    except Exception as error:  # a property of the user's that raises: their error, named
+        raise PolicyError(f"policy {where}: reading its 'name' raised {error!r}") from None
+    if not isinstance(name, str):
         raise PolicyError(f"policy {where}: a policy needs a 'name' string attribute (BasePolicy has one)")
-    if obj.name in BUILTIN and type(obj) is not BUILTIN[obj.name]:  # type: ignore[attr-defined]
+    if name in BUILTIN and type(obj) is not BUILTIN[name]:
         # A subclass of BasePolicy that sets ``name = "mine"`` without @dataclass keeps BasePolicy's field value:
         # its results would be reported under the built-in's name (and beside the built-in's own column).
         raise PolicyError(
-            f"policy {where}: {type(obj).__qualname__} is named {obj.name!r}, a built-in policy's name, so reports "
+            f"policy {where}: {type(obj).__qualname__} is named {name!r}, a built-in policy's name, so reports "
             'would show its results as the built-in\'s; give it its own name: a field `name: str = "..."` in a '
             "@dataclass(frozen=True) subclass of BasePolicy"
         )

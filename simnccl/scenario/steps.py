@@ -9,7 +9,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from simnccl import dtypes
@@ -33,6 +33,7 @@ from simnccl.ops import (
 )
 from simnccl.policy.plans import TRAFFIC_KINDS
 from simnccl.release import RELEASES, ReleaseError, resolve_backend
+from simnccl.scenario.model import ScenarioError
 from simnccl.scenario.reader import Reader, brief, finite, kind_of, ranks_in_world
 from simnccl.visible_text import invisible_in
 
@@ -198,13 +199,7 @@ def _build_op(
             continue
         name = _FIELD_ALIASES.get((op_type.name, key), key)
         if name in _OPTION_FIELDS and "pg_options" in allowed:
-            try:
-                options[name] = check_option(name, value)
-            except ValueError as err:
-                raise reader.error(key, str(err).removeprefix(f"{name}: ")) from None
-            problem = nccl_config_problem(name, options[name])
-            if problem is not None:
-                raise reader.error(key, problem)
+            options[name] = _check_option(reader, key, name, value)
             continue
         if name not in allowed or name == "pg_options":
             expected = sorted(_REVERSE_ALIASES.get((op_type.name, k), k) for k in allowed if k != "pg_options")
@@ -218,11 +213,7 @@ def _build_op(
         )
     if options:
         kwargs["pg_options"] = PgOptions(**options)
-    if op_type in (NewGroup, SplitGroup, InitProcessGroup) and kwargs.get("backend") is not None:
-        try:
-            resolve_backend(RELEASES["2.15"], kwargs["backend"], {})
-        except ReleaseError as err:
-            raise reader.error("backend", str(err)) from None
+    _check_backend(reader, op_type, kwargs.get("backend"))
     if op_type is SplitGroup and "split_ranks" not in kwargs:
         raise reader.error("split_ranks", "missing; expected a list of lists of parent ranks")
     if op_type is EmptyCache and "mib" not in kwargs:
@@ -237,10 +228,87 @@ def _build_op(
 
 
 _REVERSE_ALIASES = {(op, field): key for (op, key), field in _FIELD_ALIASES.items()}
+_OP_CLASSES = frozenset(OP_TYPES.values())
 
 
-def _check_field(reader: Reader, key: str, name: str, value: Any, world_size: int, limits: InputLimits) -> Any:
-    """Ranges of op fields whose values are sizes, times or ranks (the type is already checked)."""
+def check_op(op: object, source: str, where: str, limits: InputLimits) -> Op:
+    """An op object of a program given in Python (``simnccl.testing.simulate``) through the checks a step's op
+    passes, field by field (``ScenarioError``, a ValueError, naming ``source``, ``where`` and the field), but for
+    its ranks; returned with lists of ranks made tuples (``NewGroup(ranks=[0, 1])`` is natural Python).
+
+    Why: the dataclasses take any value, and the Python API ran what a file is refused for: a size of NaN spun
+    until the wall-clock guard, a negative one passed, ``traffic="P2P"`` changed what a policy decides, a string
+    where a number goes crashed deep in the engine. The ranks (``ranks``, ``src``, ``peer``, ``split_ranks``)
+    are left to the simulated torch, which raises for them at the call as torch does: a program may test that."""
+    op_type = type(op)
+    plan = _FIELD_PLANS.get(op_type)
+    if plan is None:
+        if op_type not in _OP_CLASSES:
+            raise ScenarioError(
+                source, where, f"expected an op of simnccl.ops ({', '.join(OP_TYPES)}), got {kind_of(op)} {brief(op)}"
+            )
+        plan = _FIELD_PLANS[op_type] = tuple((f.name, f.default, str(f.type)) for f in fields(op_type))
+    reader = Reader(source, where, {})
+    as_tuples: dict[str, Any] = {}
+    for name, default, text in plan:
+        value = getattr(op, name)
+        if value is default:  # most fields of most ops (NO_OPTIONS included): nothing to check
+            continue
+        if name == "pg_options":
+            if not isinstance(value, PgOptions):
+                raise reader.error(name, f"expected a PgOptions, got {kind_of(value)} {brief(value)}")
+            for option, setting in value.to_dict().items():  # its types are checked when it is made
+                _check_option(reader, f"pg_options.{option}", option, setting)
+            continue
+        if value == default and type(value) is type(default):
+            continue
+        lists = False
+        if text.startswith("tuple") and value is not None:
+            nested = name == "split_ranks"
+            sequences = (list, tuple)
+            if not isinstance(value, sequences) or (nested and not all(isinstance(v, sequences) for v in value)):
+                wanted = "a list of lists of integers" if nested else "a list of integers"
+                raise reader.error(name, f"expected {wanted}, got {kind_of(value)} {brief(value)}")
+            lists = not isinstance(value, tuple) or (nested and not all(isinstance(v, tuple) for v in value))
+            value = [list(v) for v in value] if nested else list(value)
+        checked = _coerce(reader, name, value, text) if value is not None or "None" not in text else None
+        _check_field(reader, name, name, checked, 0, limits, ranks=False)
+        if name == "backend":
+            _check_backend(reader, op_type, checked)
+        if lists:
+            as_tuples[name] = checked  # ``_coerce`` made them tuples
+    return replace(op, **as_tuples) if as_tuples else op  # type: ignore[type-var]
+
+
+_FIELD_PLANS: dict[type, tuple[tuple[str, Any, str], ...]] = {}  # op type -> (field, default, annotation) each
+
+
+def _check_option(reader: Reader, key: str, name: str, value: Any) -> Any:
+    """One ``pg_options`` field: torch's type for it (``check_option``) and NCCL's range (``nccl_config_problem``)."""
+    try:
+        value = check_option(name, value)
+    except ValueError as err:
+        raise reader.error(key, str(err).removeprefix(f"{name}: ")) from None
+    problem = nccl_config_problem(name, value)
+    if problem is not None:
+        raise reader.error(key, problem)
+    return value
+
+
+def _check_backend(reader: Reader, op_type: type[Op], backend: Any) -> None:
+    """A group-making op's backend is one torch knows (a name any release resolves)."""
+    if op_type in (NewGroup, SplitGroup, InitProcessGroup) and backend is not None:
+        try:
+            resolve_backend(RELEASES["2.15"], backend, {})
+        except ReleaseError as err:
+            raise reader.error("backend", str(err)) from None
+
+
+def _check_field(
+    reader: Reader, key: str, name: str, value: Any, world_size: int, limits: InputLimits, *, ranks: bool = True
+) -> Any:
+    """Ranges of op fields whose values are sizes, times or ranks (the type is already checked); ``ranks``:
+    whether ranks are checked against the world (a file's are; ``check_op`` leaves them to the simulated torch)."""
     if value is None:
         return value
     if name == "size_bytes":
@@ -265,11 +333,13 @@ def _check_field(reader: Reader, key: str, name: str, value: Any, world_size: in
         raise reader.error(key, f"expected a name on one line without control characters, got {bad} in {brief(value)}")
     if name == "dtype" and not dtypes.is_known(value):
         raise reader.error(key, f"expected one of {dtypes.expected_text()}, got {brief(value)}")
-    if name == "src":
+    if not ranks:
+        pass
+    elif name == "src":
         ranks_in_world(reader, key, (value,), world_size)
-    if name == "ranks":
+    elif name == "ranks":
         ranks_in_world(reader, key, value, world_size)
-    if name == "split_ranks":
+    elif name == "split_ranks":
         if not value:
             raise reader.error(key, "expected at least one split (a list of parent ranks)")
         for index, split in enumerate(value):

@@ -11,6 +11,7 @@ key, whatever is wrong with it.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import fields
 from typing import Any
 
 from simnccl.cluster import ClusterError, get_gpu_kind
@@ -101,6 +102,13 @@ def _check_op(op: Any, where: str, world: int) -> None:
     retired = retired_field(op["op"], op)  # a field an older simnccl wrote: named with what replaced it
     if retired is not None:
         raise CaseFileError(f"{where}: {op['op']} op: {retired[0]}: {retired[1]}")
+    known = {f.name for f in fields(OP_TYPES[op["op"]])}
+    unknown = [k for k in op if k != "op" and k not in known]
+    if unknown:  # a scenario's spelling (size_mib, a checkpoint's name, an option at the top): not a case's
+        raise CaseFileError(
+            f"{where}: {brief(unknown[0])}: unknown field for op {op['op']!r} in a case file (written as "
+            f"Op.to_dict writes it); expected one of {', '.join(sorted(known))}"
+        )
     raw = {k: v for k, v in op.items() if k not in ("op", "pg_options")}
     options = op.get("pg_options", {})
     if not isinstance(options, dict):

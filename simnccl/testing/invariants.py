@@ -269,6 +269,11 @@ def within_budget(
     overhead is the world's, not a group's: where a lazy default group leaves it to the first group creation,
     it is not counted as growth.
     """
+    for name, value in (("budget_mib", budget_mib), ("per_group_mib", per_group_mib)):
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+            raise ValueError(f"{name}: expected a finite number of MiB >= 0, got {value!r}")
+    if per_group_mib == 0:
+        raise ValueError("per_group_mib: expected a per-group cost > 0 (floor(budget / per) groups are eager)")
     allowed_groups = math.floor(budget_mib / per_group_mib + 1e-9)
     allowed = allowed_groups * group_bytes
     start = outcome.checkpoints.get(before, {})
@@ -315,8 +320,9 @@ def _used_handles(programs: Sequence[Sequence[Op]], rank: int) -> set[str]:
 
 
 @_replayable
-def lazy_unused_allocate_nothing(outcome: RunOutcome, programs: Sequence[Sequence[Op]]) -> Verdict:
-    """Under ``lazy-init``, a group that never communicates allocates nothing on any member.
+def lazy_unused_allocate_nothing(outcome: RunOutcome, programs: Sequence[Op] | Sequence[Sequence[Op]]) -> Verdict:
+    """Under ``lazy-init``, a group that never communicates allocates nothing on any member. ``programs``: what
+    ``simulate`` was given (one op list for every rank, or one per rank).
 
     A group is unused on a rank when no handle the rank uses (in a collective or send/recv) is bound to it
     on that rank (a dedupe policy may bind two handles to one group); the default group counts too, since
@@ -326,6 +332,7 @@ def lazy_unused_allocate_nothing(outcome: RunOutcome, programs: Sequence[Sequenc
     A ``split_group`` child is no such group: ncclCommSplit makes its communicator at the call, whatever
     ``lazy_init`` says (``simnccl.c10d.plan_split_group``), so no policy can leave it unallocated.
     """
+    programs = _per_rank(programs, len(outcome.ranks))
     split_handles = {op.bind for program in programs for op in program if isinstance(op, SplitGroup) and op.bind}
     unused: dict[int, dict[str, Group]] = {}
     for rt in outcome.ranks:
@@ -390,9 +397,22 @@ def same_membership(
     names: tuple[str, str] = ("reference", "other"),
 ) -> Verdict:
     """Two runs of one program (e.g. under two policies) bind every handle to the same members on every rank
-    (a dedupe policy's reuse binds an identical group, so it passes too)."""
+    (a dedupe policy's reuse binds an identical group, so it passes too). ``handles``: only these; each must be
+    bound on some rank of either run (ValueError otherwise: a misspelt handle was "agreed on", never compared)."""
     a, b = membership(reference), membership(other)
-    wanted = set(handles) if handles is not None else None
+    wanted = None
+    if handles is not None:
+        if isinstance(handles, str):
+            raise TypeError(f"handles: expected a list of handle names, got the string {handles!r}")
+        wanted = set(handles)
+        bound = {key for run in (a, b) for held in run.values() for key in held}
+        if not wanted:
+            raise ValueError("handles: empty, so nothing would be compared; give None to compare every handle")
+        unknown = sorted(map(repr, wanted - bound))
+        if unknown:
+            raise ValueError(
+                f"handles: {', '.join(unknown)} bound on no rank of either run; bound: {', '.join(sorted(bound))}"
+            )
     bad = []
     for rank in sorted(set(a) | set(b)):
         ha, hb = a.get(rank, {}), b.get(rank, {})
@@ -405,7 +425,8 @@ def same_membership(
                 )
     if bad:
         return _fail("; ".join(bad[:6]))
-    return _ok(f"{len(a)} rank(s) agree on every handle")
+    which = "every handle" if wanted is None else f"handle(s) {', '.join(sorted(wanted))}"
+    return _ok(f"{len(a)} rank(s) agree on {which}")
 
 
 def _members(value: object) -> str:
@@ -440,3 +461,13 @@ def handles_created(programs: Sequence[Sequence[Op]]) -> list[str]:
             if isinstance(op, NewGroup) and op.bind and op.bind not in seen:
                 seen.append(op.bind)
     return seen
+
+
+def _per_rank(programs: Sequence[Op] | Sequence[Sequence[Op]], world_size: int) -> Sequence[Sequence[Op]]:
+    """One op list per rank from what ``simulate`` takes (one list for every rank, or one per rank); a count of
+    lists other than the run's ranks is a ValueError (a rank without its list went unchecked)."""
+    if programs and isinstance(programs[0], Op):
+        return [programs] * world_size  # type: ignore[list-item]
+    if len(programs) != world_size:
+        raise ValueError(f"programs: {len(programs)} op lists for a run of {world_size} ranks")
+    return programs  # type: ignore[return-value]

@@ -28,13 +28,14 @@ from __future__ import annotations
 import argparse
 import os
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from simnccl import __version__
+from simnccl.limits import current as current_limits
 from simnccl.testing import replay
 
 try:  # hypothesis is a test extra: without it the plugin still gives fixtures, markers and replay dumps
@@ -405,9 +406,13 @@ def _as_case(program: Any, kwargs: dict[str, Any], op_type: type) -> replay.SimC
     user's own) is kept as it is: the case file records how to rebuild it."""
     if set(kwargs) - _CASE_KWARGS:
         return None
-    if not program:
+    if not program or not isinstance(program, list | tuple):
         return None
     nodes, per_node = kwargs.get("nodes", 1), kwargs.get("gpus_per_node", 2)
+    env = kwargs.get("env")
+    sizes_ok = all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in (nodes, per_node))
+    if not sizes_ok or nodes * per_node > current_limits().max_world_size or not isinstance(env, Mapping | None):
+        return None  # ``simulate`` says what is wrong, before anything is made for the world
     if isinstance(program[0], op_type):
         shared = tuple(program)
         programs = (shared,) * (nodes * per_node)

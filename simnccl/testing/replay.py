@@ -94,6 +94,10 @@ class SimCase:
     note: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
+        for name in ("nodes", "gpus_per_node"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}: expected an integer >= 1, got {value!r}")
         if len(self.programs) != self.world_size:
             raise ValueError(f"{len(self.programs)} programs for a world of {self.world_size} ranks")
 

@@ -47,7 +47,7 @@ check the simulator *finds* the defect and *names* the culprit (see ``simnccl.te
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -55,7 +55,7 @@ from hypothesis import reject
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
-from simnccl.cluster import gpu_kinds
+from simnccl.cluster import get_gpu_kind, gpu_kinds
 from simnccl.ops import MIB, WORLD
 from simnccl.policy import BUILTIN, ComposedPolicy, get_policy
 from simnccl.release import RELEASES
@@ -228,6 +228,8 @@ def clusters(draw: st.DrawFn, *, min_world: int = 1, max_world: int = 8, gpu: st
 
 def draw_cluster(draw: st.DrawFn, *, min_world: int = 1, max_world: int = 8, gpu: str | None = None) -> ClusterSpec:
     """One choice: the node count, GPUs per node and (unless given) the GPU kind together."""
+    if gpu is not None and gpu not in GPU_KINDS:
+        get_gpu_kind(gpu)  # a kind simnccl knows but does not draw is fine; an unknown one is its error, here
     shapes = _node_shapes(min_world, max_world)
     kinds = GPU_KINDS if gpu is None else (gpu,)
     shape, kind = _choose(draw, len(shapes), len(kinds))
@@ -266,6 +268,10 @@ def envs(draw: st.DrawFn, knobs: Sequence[str] = tuple(ENV_KNOBS)) -> dict[str, 
 
 def draw_env(draw: st.DrawFn, knobs: Sequence[str] = tuple(ENV_KNOBS)) -> dict[str, str]:
     """One choice for all the knobs (each unset -- its first option -- or one of its values)."""
+    if isinstance(knobs, str) or not all(isinstance(k, str) and k in ENV_KNOBS for k in knobs):
+        shown = repr(knobs) if isinstance(knobs, str) else ", ".join(repr(k) for k in knobs if k not in ENV_KNOBS)
+        drawn = ", ".join(ENV_KNOBS)
+        raise InvalidArgument(f"envs(knobs=...): expected a list of the knobs it draws ({drawn}); got {shown}")
     options = [(None, *ENV_KNOBS[knob]) for knob in knobs]
     picked = _choose(draw, *map(len, options))
     return {knob: values[i] for knob, values, i in zip(knobs, options, picked, strict=True) if i}  # type: ignore[misc]
@@ -292,6 +298,8 @@ def policies(draw: st.DrawFn, *, max_parts: int = 3, custom: Sequence[Any] = (),
 
 
 def draw_policy(draw: st.DrawFn, *, max_parts: int = 3, custom: Sequence[Any] = (), builtins: bool = True) -> Any:
+    if isinstance(max_parts, bool) or not isinstance(max_parts, int) or max_parts < 1:
+        raise InvalidArgument(f"policies(max_parts=...): expected an integer >= 1, got {max_parts!r}")
     pool: tuple[Any, ...] = (*(SINGLE_POLICIES if builtins else ()), *custom)
     if not pool:
         raise ValueError("policies(): no policies to draw from (builtins=False and no custom ones)")
@@ -523,7 +531,7 @@ def layouts(
     world: int,
     *,
     max_ops: int = 30,
-    max_families: int = 5,
+    max_families: int | None = None,
     min_families: int = 0,
     max_uses: int = 12,
     p2p: bool = True,
@@ -558,12 +566,41 @@ def layouts(
     )
 
 
+DEFAULT_MAX_FAMILIES = 5  # a layout's families when ``max_families`` is not given (more if ``min_families`` asks)
+
+
+def _check_layout_bounds(
+    world: int, max_ops: int, min_families: int, max_families: int, max_uses: int, use_all: bool
+) -> None:
+    """The bounds a layout is drawn within, each one it can keep (``InvalidArgument`` otherwise): a bound it
+    could not keep was overridden silently (``max_ops=1`` drew five-op programs)."""
+    for name, value, least in (
+        ("world", world, 1),
+        ("max_ops", max_ops, 0),
+        ("min_families", min_families, 0),
+        ("max_families", max_families, 0),
+        ("max_uses", max_uses, 0),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise InvalidArgument(f"cases(): {name}: expected an integer >= {least}, got {value!r}")
+    if min_families > max_families:
+        raise InvalidArgument(f"cases(): min_families={min_families} > max_families={max_families}")
+    # the prologue, two checkpoints, and with use_all the world's all_reduce, plus each family's one call at
+    # least (and its all_reduce with use_all)
+    least_ops = 5 + (1 if use_all else 0) + min_families * (2 if use_all else 1)
+    if max_ops < least_ops:
+        raise InvalidArgument(
+            f"cases(): max_ops={max_ops} is too few for a program with {min_families} famil"
+            f"{'y' if min_families == 1 else 'ies'}{' used by all' if use_all else ''}: at least {least_ops}"
+        )
+
+
 def draw_layout(
     draw: st.DrawFn,
     world: int,
     *,
     max_ops: int = 30,
-    max_families: int = 5,
+    max_families: int | None = None,
     min_families: int = 0,
     max_uses: int = 12,
     p2p: bool = True,
@@ -579,8 +616,11 @@ def draw_layout(
     (two with ``timing``), the use count, one per use (two for a send/recv pair, a compute or a split)."""
     if timeouts_may_fire and not timing:
         raise InvalidArgument("cases(): timeouts_may_fire=True needs timing=True (timing=False draws no timeout)")
+    if max_families is None:  # not given: up to five, or as many as the minimum asks
+        max_families = max(min_families, DEFAULT_MAX_FAMILIES) if isinstance(min_families, int) else min_families
+    _check_layout_bounds(world, max_ops, min_families, max_families, max_uses, use_all)
     shapes = mesh_shapes(world)
-    counts = _family_counts(min_families, max(min_families, max_families))
+    counts = _family_counts(min_families, max_families)
     init_menu = _timeout_menu(INIT_TIMEOUTS_S, timeouts_may_fire) if timing else (None,)
     # Two choices whatever the world: one whose size follows the world (the mesh shape), one that does not (the
     # family count, 31 values, and the init timeout). Why: when shrinking changes the cluster, a choice
@@ -761,6 +801,11 @@ def draw_case(
         chosen_env = {knob: values[i] for knob, values, i in zip(knobs, options, picked[1:], strict=True) if i}
     else:
         chosen_env = _value(draw, env)
+        if not isinstance(chosen_env, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in chosen_env.items()
+        ):
+            wanted = "a dict of strings (or a strategy of them)"
+            raise InvalidArgument(f"cases(env=...): expected {wanted}, got {chosen_env!r}")
     chosen_policy = draw_policy(draw) if policy is None else _value(draw, policy)
     layout = draw_layout(draw, cluster.world_size, **layout_options)
     programs = layout.render()
@@ -815,7 +860,13 @@ def mutants(draw: st.DrawFn, kind: str | st.SearchStrategy[str] | None = None, *
         options["min_world"] = 3
         if case_options.get("policy") is None:
             options["policy"] = _MEMBER_ONLY_POLICY
+    needed = options["min_world"]
     options.update({k: v for k, v in case_options.items() if v is not None})
+    if options.get("max_world", 8) < needed:
+        raise InvalidArgument(
+            f"mutants({mutation_kind!r}): needs a world of at least {needed} ranks; max_world={options['max_world']!r}"
+        )
+    options["min_world"] = max(options["min_world"], needed)
     base = draw_case(draw, **options)
     targets = mutations.targets(mutation_kind, base.programs)
     if not targets:
