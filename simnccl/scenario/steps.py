@@ -333,9 +333,16 @@ def _check_field(
         raise reader.error(key, f"expected a name on one line without control characters, got {bad} in {brief(value)}")
     if name == "dtype" and not dtypes.is_known(value):
         raise reader.error(key, f"expected one of {dtypes.expected_text()}, got {brief(value)}")
-    if not ranks:
-        pass
-    elif name == "src":
+    if ranks:
+        _check_ranks(reader, key, name, value, world_size)
+    if name in ("device", "device_id") and isinstance(value, int) and value < 0:
+        raise reader.error(key, f"expected a device index >= 0, got {value}")
+    return value
+
+
+def _check_ranks(reader: Reader, key: str, name: str, value: Any, world_size: int) -> None:
+    """A file's ranks (``src``, ``ranks``, ``split_ranks``): in the world, each once, no split empty."""
+    if name == "src":
         ranks_in_world(reader, key, (value,), world_size)
     elif name == "ranks":
         ranks_in_world(reader, key, value, world_size)
@@ -346,9 +353,6 @@ def _check_field(
             if not split:
                 raise reader.error(key, f"split {index} is empty; expected at least one parent rank")
             ranks_in_world(reader, key, split, world_size)
-    if name in ("device", "device_id") and isinstance(value, int) and value < 0:
-        raise reader.error(key, f"expected a device index >= 0, got {value}")
-    return value
 
 
 def _coerce(reader: Reader, key: str, value: Any, annotation: str) -> Any:
