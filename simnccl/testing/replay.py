@@ -320,6 +320,8 @@ _JUDGED: list[tuple[RunOutcome, SimCase, object] | None] = [None]  # the simulat
 _FAILED_CHECKS: list[dict[str, Any]] = []  # invariants that failed on _JUDGED's outcome, in call order
 _EXPLANATIONS: list[str] = []  # what those checks said (to find them in the test's failure)
 _EXAMPLE: list[object] = [None]  # the hypothesis example the records above belong to (None: a plain test)
+_COUNTED: dict[int, SimCase] = {}  # the generated cases this example counted, by identity
+_COUNTED_MAX = 1024
 
 
 def generated(case: SimCase) -> SimCase:
@@ -332,14 +334,21 @@ def generated(case: SimCase) -> SimCase:
 
 def _count_simulation(case: SimCase, policy: object) -> None:
     """Count simulations, and distinct generated cases simulated (a case run under several policies counts once,
-    a case written by hand not at all: ``generated``)."""
+    however the test interleaves them with other runs; a case written by hand not at all: ``generated``).
+
+    Why per example and not "unlike the last one": a test that ran a drawn case under three policies with a
+    baseline (``case.with_(policy=None)``) between them counted the case three times, and
+    ``--simnccl-min-programs`` passed on a third of the programs it asked for."""
     COUNTS["simulations"] += 1
-    if _LAST[0] is not case and getattr(case, "_generated", False):
-        COUNTS["programs"] += 1
     example = _current_example()
     if example is not _EXAMPLE[0]:  # what an earlier example simulated and failed is not this example's failure
         _forget_simulations()
         _EXAMPLE[0] = example
+    if getattr(case, "_generated", False) and id(case) not in _COUNTED:
+        if len(_COUNTED) >= _COUNTED_MAX:  # outside hypothesis every test is one "example": keep it bounded
+            _COUNTED.clear()
+        _COUNTED[id(case)] = case  # held, so its id is not another case's while it is remembered
+        COUNTS["programs"] += 1
     _LAST[0], _LAST[1] = case, policy
     _LAST_OUTCOME[0] = None
 
@@ -361,6 +370,7 @@ def _remember(outcome: RunOutcome, case: SimCase, policy: object) -> None:
 
 def _forget_simulations() -> None:
     _RECENT.clear()
+    _COUNTED.clear()
     _JUDGED[0] = None
     _FAILED_CHECKS.clear()
     _EXPLANATIONS.clear()
