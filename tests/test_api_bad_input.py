@@ -173,3 +173,9 @@ def test_used_mib_names_the_checkpoints_a_run_passed() -> None:
         used_mib(out, "after-init")
     with pytest.raises(TypeError, match="expected the RunOutcome simulate returned"):
         used_mib(None, "after_init")  # type: ignore[arg-type]
+
+
+def test_the_cluster_fixture_is_bounded_as_simulate_is(simnccl_cluster: object) -> None:
+    with pytest.raises(ValueError, match="a cluster of 2000000000 ranks exceeds the limit max_world_size"):
+        simnccl_cluster(nodes=10**9)  # type: ignore[operator]
+    assert simnccl_cluster(nodes=2).world_size == 4  # type: ignore[operator]

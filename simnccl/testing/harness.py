@@ -61,12 +61,8 @@ def simulate(
     for value, kind, what in ((limits, Limits, "limits"), (faults, FaultSchedule, "faults")):
         if value is not None and not isinstance(value, kind):
             raise TypeError(f"{what}: expected a {kind.__name__} or None, got {type(value).__name__}")
-    cluster = Cluster(get_gpu_kind(gpu), nodes, gpus_per_node, ranks_per_node)
     input_limits = current_limits()
-    limit = input_limits.max_world_size
-    for count, what in ((cluster.world_size, "ranks"), (cluster.nodes * cluster.gpus_per_node, "GPUs")):
-        if count > limit:
-            raise ValueError(exceeded("max_world_size", f"a cluster of {count} {what}", limit))
+    cluster = bounded_cluster(gpu, nodes, gpus_per_node, ranks_per_node, input_limits)
     per_rank = _programs(program, cluster.world_size, input_limits)
     chosen = get_profile(profile) if profile else find_profile(gpu, release)
     config = SimConfig(
@@ -81,6 +77,19 @@ def simulate(
         faults=faults or NO_FAULTS,
     )
     return Engine(config, keep_trace=keep_trace).run()
+
+
+def bounded_cluster(
+    gpu: str, nodes: int, gpus_per_node: int, ranks_per_node: int | None, limits: InputLimits | None = None
+) -> Cluster:
+    """The cluster, its ranks and GPUs bounded by ``max_world_size`` before anything is made for each (a
+    ``ValueError`` naming the limit): what ``simulate`` and the ``simnccl_cluster`` fixture make."""
+    cluster = Cluster(get_gpu_kind(gpu), nodes, gpus_per_node, ranks_per_node)
+    limit = (limits or current_limits()).max_world_size
+    for count, what in ((cluster.world_size, "ranks"), (cluster.nodes * cluster.gpus_per_node, "GPUs")):
+        if count > limit:
+            raise ValueError(exceeded("max_world_size", f"a cluster of {count} {what}", limit))
+    return cluster
 
 
 def used_mib(outcome: RunOutcome, checkpoint: str) -> dict[str, float]:

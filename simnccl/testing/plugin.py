@@ -372,13 +372,15 @@ def simnccl_seed(request: pytest.FixtureRequest) -> int | None:
 
 @pytest.fixture(scope="session")
 def simnccl_cluster() -> Callable[..., Any]:
-    """``simnccl_cluster(gpu="h100-80gb", nodes=1, gpus_per_node=2, ranks_per_node=None)`` -> Cluster."""
-    from simnccl.cluster import Cluster, get_gpu_kind
+    """``simnccl_cluster(gpu="h100-80gb", nodes=1, gpus_per_node=2, ranks_per_node=None)`` -> Cluster, bounded by
+    ``max_world_size`` as ``simulate``'s is (``nodes=10**9`` made a cluster whose ``placements()`` took the machine)."""
+    from simnccl.cluster import Cluster
+    from simnccl.testing.harness import bounded_cluster
 
     def make(
         gpu: str = "h100-80gb", nodes: int = 1, gpus_per_node: int = 2, ranks_per_node: int | None = None
     ) -> Cluster:
-        return Cluster(get_gpu_kind(gpu), nodes, gpus_per_node, ranks_per_node)
+        return bounded_cluster(gpu, nodes, gpus_per_node, ranks_per_node)
 
     return make
 
