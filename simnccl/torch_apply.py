@@ -95,6 +95,7 @@ from simnccl.policy import (
     reused_group_among,
 )
 from simnccl.profiles import Profile, find_profile, get_profile
+from simnccl.release import RELEASES
 from simnccl.tags import check_traffic, current_tags
 
 __all__ = [
@@ -283,14 +284,15 @@ class Applied:
             return original(*args, **kwargs)  # torch raises its own error
         bound = _SIGNATURES["new_group"].bind(*args, **kwargs)
         given = bound.arguments
+        _kept_once(given, "ranks")
         rank = dist.get_rank()
         world_size = dist.get_world_size()
         members = _members(given.get("ranks"), world_size, given.get("sort_ranks", True))
         if members is None:
-            return original(*args, **kwargs)  # invalid ranks: torch raises before a policy could matter
+            return original(*bound.args, **bound.kwargs)  # invalid ranks: torch raises before a policy could matter
         local_sync = bool(given.get("use_local_synchronization", False))
         if local_sync and rank not in members:
-            return original(*args, **kwargs)  # returns NON_GROUP_MEMBER before anything a policy changes
+            return original(*bound.args, **bound.kwargs)  # NON_GROUP_MEMBER before anything a policy changes
         caller_backend = given.get("backend")
         default_backend = str(c10d._world.pg_map[c10d._get_default_group()][0])
         request_backend = _resolved(str(c10d.Backend(caller_backend)) if caller_backend else default_backend)
@@ -398,11 +400,12 @@ class Applied:
             return original(*args, **kwargs)
         bound = _SIGNATURES["split_group"].bind(*args, **kwargs)
         given = bound.arguments
+        _kept_once(given, "split_ranks")
         default_pg = c10d._get_default_group()
         parent = given.get("parent_pg") or default_pg
         splits = _global_splits(parent, given.get("split_ranks"), default_pg.size())
         if splits is None:
-            return original(*args, **kwargs)  # torch raises its own error
+            return original(*bound.args, **bound.kwargs)  # torch raises its own error
         rank = dist.get_rank()
         own = next((i for i, split in enumerate(splits) if rank in split), None)
         caller_backend = given.get("backend")
@@ -473,7 +476,11 @@ def install(
     global _INSTALLED
     if not dist.is_available():
         raise ApplyError("torch.distributed is not available in this torch build")
-    resolved = get_policy(policy) if isinstance(policy, str) else policy
+    resolved = get_policy(policy)  # an object or a class is checked as a loaded spec is (PolicyError)
+    if release is not None and release not in RELEASES:
+        raise ApplyError(f"apply(release={release!r}): expected one of {', '.join(RELEASES)}")
+    if profile is not None and not isinstance(profile, Profile | str | os.PathLike):
+        raise ApplyError(f"apply(profile={profile!r}): expected a Profile, a built-in profile name or a file path")
     key = release_key() if release is None else release
     with _LOCK:
         if _INSTALLED is not None:
@@ -602,8 +609,36 @@ def _init_device(device_id: int | str | None) -> Any:
     return torch.device(device_id)
 
 
-def _group_device(index: int) -> torch.device:
-    """``new_group`` takes a ``torch.device``; an index is on the default group's device type."""
+def _kept_once(given: dict[str, Any], name: str) -> None:
+    """Argument ``name`` as a list when the caller passed a one-pass iterable (``map(int, ranks)``, a generator):
+    the policy's reading of it must not leave torch an exhausted one. Why: ``new_group(map(int, ["0"]))``, which
+    torch takes, raised "Group rank must be specified" under the no-op policy. For ``split_ranks``, each split
+    too."""
+    value = given.get(name)
+    if value is None or isinstance(value, list | tuple):
+        return
+    try:
+        kept = list(value)
+    except TypeError:
+        return  # not iterable: torch raises its own error for it
+    if name == "split_ranks":
+        kept = [s if isinstance(s, list | tuple) else list(s) if _iterable(s) else s for s in kept]
+    given[name] = kept
+
+
+def _iterable(value: object) -> bool:
+    try:
+        iter(value)  # type: ignore[call-overload]
+    except TypeError:
+        return False
+    return True
+
+
+def _group_device(index: int | str) -> torch.device:
+    """``new_group`` takes a ``torch.device``; an index is on the default group's device type, a string is a
+    device torch names (``"cuda:0"``: a decision may give either, as the simulator takes either)."""
+    if isinstance(index, str):
+        return torch.device(index)
     bound = c10d._get_default_group().bound_device_id
     if bound is not None:
         return torch.device(bound.type, index)

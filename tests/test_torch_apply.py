@@ -23,6 +23,7 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 from typing import Any
@@ -508,3 +509,61 @@ def test_a_policy_that_raises_in_on_init_is_named_under_apply(tmp_path: Path) ->
     )
     assert done.returncode == 0, done.stderr
     assert "named: policy 'raises-on-init': on_init raised KeyError: 'MASTER_ADDR'" in done.stdout, done.stdout
+
+
+def test_apply_checks_its_arguments_and_leaves_torch_what_the_caller_passed(tmp_path: Path) -> None:
+    """Three faults a fuzzing round found: ``apply(object())`` failed on a missing attribute and a policy the
+    simulator refuses (no hook overridden) ran as torch's defaults; ``new_group(map(int, ["0"]))``, which torch
+    takes, reached torch exhausted under the no-op policy; a decision's ``device_id="cuda:0"``, which the
+    simulator takes, crashed ``apply`` in simnccl."""
+    script = tmp_path / "apply_arguments.py"
+    script.write_text(
+        textwrap.dedent(
+            """\
+            import torch.distributed as dist
+            import user_policies
+            from simnccl.policy import PolicyError
+            from simnccl.testing import simulate
+            from simnccl.ops import InitProcessGroup, NewGroup
+            from simnccl.torch_apply import ApplyError, apply
+
+            for bad in (object(), user_policies.WrongHookName()):
+                try:
+                    apply(bad)
+                except PolicyError as err:
+                    print("refused policy:", type(bad).__name__)
+            for kwargs in ({"release": "banana"}, {"profile": 123}):
+                try:
+                    apply("torch-default", **kwargs)
+                except ApplyError as err:
+                    print("refused:", err)
+            with apply("torch-default") as applied:
+                dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
+                group = dist.new_group(map(int, ["0"]))
+                print("one-pass ranks:", dist.get_process_group_ranks(group))
+                dist.destroy_process_group()
+            program = [InitProcessGroup(backend="gloo"), NewGroup(ranks=(0,), bind="g")]
+            print("simulated:", simulate(program, gpus_per_node=1, policy=user_policies.DeviceString()).verdict)
+            with apply(user_policies.DeviceString()) as applied:
+                dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
+                dist.new_group([0])
+                print("device string:", applied.decisions[-1].decision.device_id)
+                dist.destroy_process_group()
+            """
+        )
+    )
+    tests = Path(__file__).resolve().parent
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        env=dict(_env(), PYTHONPATH=f"{tests.parent}{os.pathsep}{tests}"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert lines[:2] == ["refused policy: object", "refused policy: WrongHookName"], done.stdout
+    assert "refused: apply(release='banana'): expected one of" in lines[2], done.stdout
+    assert "refused: apply(profile=123): expected a Profile" in lines[3], done.stdout
+    assert lines[4:] == ["one-pass ranks: [0]", "simulated: pass", "device string: cuda:0"], done.stdout

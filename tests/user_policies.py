@@ -391,3 +391,13 @@ class NameRaises:
 
     def on_group(self, request: GroupRequest, decision: GroupDecision) -> GroupDecision:
         return decision
+
+
+@dataclass(frozen=True)
+class DeviceString(BasePolicy):
+    """Binds each group to the rank's device by name (``"cuda:0"``), which decisions may give as well as an index."""
+
+    name: str = "device-string"
+
+    def on_group(self, request: GroupRequest, decision: GroupDecision) -> GroupDecision:
+        return replace(decision, device_id=f"cuda:{request.rank}")
