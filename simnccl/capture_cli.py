@@ -29,6 +29,7 @@ from simnccl.cli_options import (
     output_file_problem,
     seconds,
 )
+from simnccl.visible_text import invisible_in, visible
 
 DEFAULT_TIMEOUT_S = 120.0
 MODES = ("fork", "inline")
@@ -141,6 +142,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         require_torch("simnccl capture")
         check_json_target(args.json)
         check_toml_target(args)
+        bad = invisible_in(args.name)  # the scenario's name: a file with one is refused by `simnccl run`
+        if not args.name.strip() or bad is not None:
+            wanted = "a name on one line without control characters"
+            raise OverrideError("--name", f"expected {wanted}, got '{visible(args.name)}'")
         release = checked_release(args.release) or DEFAULT_RELEASE
         gpu = args.gpu or DEFAULT_GPU
         checked_gpu(gpu)

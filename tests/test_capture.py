@@ -360,6 +360,9 @@ def test_cli_runs_a_module_with_its_own_arguments(tmp_path: Path, monkeypatch: p
         (["--world", "2", "missing_script.py"], "no such script 'missing_script.py'"),
         (["--world", "0", str(EXAMPLES), "mesh2d"], "world_size: expected an integer >= 1, got 0"),
         (["--world", "2", "--release", "3.0", str(EXAMPLES), "mesh2d"], "unknown torch release '3.0'"),
+        # the scenario it writes would be refused by `simnccl run` (it was written, exit 0)
+        (["--world", "2", "--name", "evil\n[x]\x1b", str(EXAMPLES), "mesh2d"], "--name: expected a name on one"),
+        (["--world", "2", "--name", " ", str(EXAMPLES), "mesh2d"], "--name: expected a name on one line"),
     ],
 )
 def test_cli_bad_input_is_a_clear_message_not_a_traceback(argv: list[str], message: str, capsys) -> None:
@@ -415,6 +418,15 @@ def test_cli_code_that_raises_names_the_rank_and_the_error(tmp_path: Path, capsy
         ({"world_size": 2, "jobs": 10**5}, "jobs: 100000 ranks at a time exceeds the limit max_capture_jobs = 64"),
         ({"world_size": 2, "env": {"WORLD_SIZE": "8"}}, "env: WORLD_SIZE is set by the capture for each rank"),
         ({"world_size": 2, "env": {"RANK": "0", "NCCL_DEBUG": "INFO"}}, "env: RANK is set by the capture"),
+        # each crashed (AttributeError) or failed in rank 0 as "the captured code raised" (a fuzzing round)
+        ({"world_size": 2, "env": [("NCCL_DEBUG", "WARN")]}, "env: expected a mapping of variable names"),
+        ({"world_size": 2, "env": {1: "x"}}, "env: expected variable names and string values, got 1: 'x'"),
+        ({"world_size": 2, "env": {"NCCL_DEBUG": 1}}, "env: expected variable names and string values"),
+        ({"world_size": 2, "env": {"A=B": "x"}}, "env: expected variable names and string values, got 'A=B'"),
+        ({"world_size": 2, "backend": "bogus"}, "backend: unknown backend name 'bogus'"),
+        ({"world_size": 2, "final_checkpoint": 5}, "final_checkpoint: expected a name on one line"),
+        ({"world_size": 2, "final_checkpoint": "a\nb"}, "final_checkpoint: expected a name on one line"),
+        ({"world_size": 2, "mode": []}, "mode: expected one of fork, inline"),
     ],
 )
 def test_bad_arguments_raise_capture_error(kwargs: dict[str, Any], message: str) -> None:

@@ -26,14 +26,15 @@ from simnccl.capture.result import (
 from simnccl.capture_cli import DEFAULT_TIMEOUT_S, MODES, world_problem
 from simnccl.cli_options import seconds_problem
 from simnccl.cluster import ClusterError, get_gpu_kind
-from simnccl.env_knobs import LAUNCHER_VARIABLES, env_problem
+from simnccl.env_knobs import LAUNCHER_VARIABLES, env_problem, is_env_name
 from simnccl.limits import current as current_limits
 from simnccl.limits import exceeded
 from simnccl.ops import (
     InitProcessGroup,
     Program,
 )
-from simnccl.release import ReleaseError, get_release
+from simnccl.release import ReleaseError, get_release, resolve_backend
+from simnccl.visible_text import invisible_in
 
 
 def capture(
@@ -96,6 +97,11 @@ def capture(
         get_release(release)
     except ReleaseError as err:
         raise CaptureError(f"release: {err}") from None
+    if env is not None and not isinstance(env, Mapping):
+        raise CaptureError(f"env: expected a mapping of variable names to strings, got {type(env).__name__}")
+    for name, value in (env or {}).items():  # set in each rank's os.environ: text, under a variable's name
+        if not isinstance(name, str) or not isinstance(value, str) or not is_env_name(name):
+            raise CaptureError(f"env: expected variable names and string values, got {name!r}: {value!r}")
     # (env_problem below refuses these too; this says it in the capture's words, naming every one given)
     clash = [name for name in LAUNCHER_VARIABLES if name in (env or {})]
     if clash:
@@ -109,9 +115,20 @@ def capture(
         )
         if problem is not None:
             raise CaptureError(f"env: {name}: {problem}")
+    if backend is not None:  # one torch knows: else every rank failed as "the captured code raised"
+        try:
+            resolve_backend(get_release(release), backend, dict(env or {}))
+        except ReleaseError as err:
+            raise CaptureError(f"backend: {err}") from None
+    if final_checkpoint is not None and (
+        not isinstance(final_checkpoint, str) or not final_checkpoint.strip() or invisible_in(final_checkpoint)
+    ):
+        raise CaptureError(
+            f"final_checkpoint: expected a name on one line without control characters, got {final_checkpoint!r}"
+        )
     if device_type not in ("cuda", "cpu"):
         raise CaptureError(f"device_type: expected 'cuda' or 'cpu', got {device_type!r}")
-    chosen = mode or ("fork" if hasattr(os, "fork") else "inline")
+    chosen = mode if mode is not None else ("fork" if hasattr(os, "fork") else "inline")
     if chosen not in MODES:
         raise CaptureError(f"mode: expected one of {', '.join(MODES)}, got {mode!r}")
     if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1):
