@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import NoReturn, Protocol, TypeVar
 
-from simnccl.env_knobs import NO_SCENARIO_DECLARES, env_problem
+from simnccl.env_knobs import NO_SCENARIO_DECLARES, env_problem, is_env_name
 from simnccl.nccl.knobs import nccl_config_problem
 from simnccl.ops import NO_OPTIONS, PgOptions
 from simnccl.release import RELEASES, ReleaseError, resolve_backend
@@ -405,8 +405,8 @@ def init_plan_problem(request: InitRequest, plan: InitPlan) -> str | None:
     if not isinstance(plan.env, Mapping):
         return f"env={plan.env!r}; expected a mapping of variable names to strings"
     for name, value in plan.env.items():
-        if not isinstance(name, str) or not isinstance(value, str):
-            return f"env entry {name!r}: {value!r}; expected names and values that are strings"
+        if not isinstance(name, str) or not isinstance(value, str) or not is_env_name(name):
+            return f"env entry {name!r}: {value!r}; expected variable names and values that are strings"
         problem = env_problem(name, value, (), NO_SCENARIO_DECLARES)
         if problem is not None:
             return f"env entry {name}={value!r}; {problem}"

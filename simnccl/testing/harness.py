@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 
 from simnccl.cluster import Cluster, get_gpu_kind
 from simnccl.engine import Engine, Limits, RunOutcome, SimConfig
-from simnccl.env_knobs import env_problem
+from simnccl.env_knobs import env_problem, is_env_name
 from simnccl.faults import NO_FAULTS, FaultSchedule
 from simnccl.limits import InputLimits, exceeded
 from simnccl.limits import current as current_limits
@@ -53,6 +53,8 @@ def simulate(
     for name, value in (env or {}).items():
         if not isinstance(name, str) or not isinstance(value, str):  # torch and NCCL read text: 0 is not "0"
             raise TypeError(f"env: expected names and values that are strings, got {name!r}: {value!r}")
+        if not is_env_name(name):
+            raise ValueError(f"env: {name!r}: expected an environment variable's name (letters, digits, '_')")
         problem = env_problem(name, value, extra_env_knobs, "name a newer one in extra_env_knobs")
         if problem is not None:
             raise ValueError(f"env: {name}: {problem}")
