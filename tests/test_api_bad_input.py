@@ -180,3 +180,10 @@ def test_the_cluster_fixture_is_bounded_as_simulate_is(simnccl_cluster: object) 
     with pytest.raises(ValueError, match="a cluster of 2000000000 ranks exceeds the limit max_world_size"):
         simnccl_cluster(nodes=10**9)  # type: ignore[operator]
     assert simnccl_cluster(nodes=2).world_size == 4  # type: ignore[operator]
+
+
+def test_the_scenario_fixture_names_a_bad_path_or_variant_list(simnccl_scenario: object) -> None:
+    with pytest.raises(TypeError, match="simnccl_scenario: path: expected a scenario file's path, got int"):
+        simnccl_scenario(5)  # type: ignore[operator]
+    with pytest.raises(TypeError, match="simnccl_scenario: variants: expected a list of variant names, got 'a'"):
+        simnccl_scenario("scenario.toml", "a")  # type: ignore[operator]

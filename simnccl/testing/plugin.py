@@ -453,6 +453,10 @@ def simnccl_scenario() -> Callable[..., Any]:
     from simnccl.scenario import load_scenario
 
     def run(path: str | os.PathLike[str], variants: list[str] | None = None, **options: Any) -> Any:
+        if not isinstance(path, str | os.PathLike):
+            raise TypeError(f"simnccl_scenario: path: expected a scenario file's path, got {type(path).__name__}")
+        if variants is not None and (isinstance(variants, str) or not all(isinstance(v, str) for v in variants)):
+            raise TypeError(f"simnccl_scenario: variants: expected a list of variant names, got {variants!r}")
         return run_scenario(load_scenario(path), variants, **options)
 
     return run
