@@ -610,28 +610,23 @@ def _init_device(device_id: int | str | None) -> Any:
 
 
 def _kept_once(given: dict[str, Any], name: str) -> None:
-    """Argument ``name`` as a list when the caller passed a one-pass iterable (``map(int, ranks)``, a generator):
+    """Argument ``name`` as a list when the caller passed a one-pass iterator (``map(int, ranks)``, a generator):
     the policy's reading of it must not leave torch an exhausted one. Why: ``new_group(map(int, ["0"]))``, which
-    torch takes, raised "Group rank must be specified" under the no-op policy. For ``split_ranks``, each split
-    too."""
+    torch takes, raised "Group rank must be specified" under the no-op policy. Anything that can be read twice
+    (a list, a range, an array) reaches torch as given; for ``split_ranks``, each split the same way."""
     value = given.get(name)
-    if value is None or isinstance(value, list | tuple):
-        return
-    try:
-        kept = list(value)
-    except TypeError:
-        return  # not iterable: torch raises its own error for it
-    if name == "split_ranks":
-        kept = [s if isinstance(s, list | tuple) else list(s) if _iterable(s) else s for s in kept]
-    given[name] = kept
+    if _one_pass(value):
+        value = given[name] = list(value)
+    if name == "split_ranks" and isinstance(value, list | tuple) and any(map(_one_pass, value)):
+        given[name] = [list(split) if _one_pass(split) else split for split in value]
 
 
-def _iterable(value: object) -> bool:
+def _one_pass(value: object) -> bool:
+    """Whether ``value`` is an iterator: reading it once leaves nothing for the next reader."""
     try:
-        iter(value)  # type: ignore[call-overload]
+        return iter(value) is value  # type: ignore[call-overload]
     except TypeError:
         return False
-    return True
 
 
 def _group_device(index: int | str) -> torch.device:

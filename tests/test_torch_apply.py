@@ -567,3 +567,23 @@ def test_apply_checks_its_arguments_and_leaves_torch_what_the_caller_passed(tmp_
     assert "refused: apply(release='banana'): expected one of" in lines[2], done.stdout
     assert "refused: apply(profile=123): expected a Profile" in lines[3], done.stdout
     assert lines[4:] == ["one-pass ranks: [0]", "simulated: pass", "device string: cuda:0"], done.stdout
+
+
+def test_only_one_pass_iterators_are_read_into_lists() -> None:
+    """What can be read twice reaches torch as the caller gave it; an iterator (and each split that is one) as the
+    list it held, so the policy's reading of it leaves torch the same ranks."""
+    from simnccl.torch_apply import _kept_once
+
+    given: dict[str, Any] = {"ranks": map(int, ["0", "1"])}
+    _kept_once(given, "ranks")
+    assert given["ranks"] == [0, 1]
+    kept = range(2)
+    given = {"ranks": kept}
+    _kept_once(given, "ranks")
+    assert given["ranks"] is kept
+    given = {"split_ranks": (iter([0, 1]), [2, 3])}
+    _kept_once(given, "split_ranks")
+    assert given["split_ranks"] == [[0, 1], [2, 3]]
+    given = {"split_ranks": (s for s in ([0], [1]))}
+    _kept_once(given, "split_ranks")
+    assert given["split_ranks"] == [[0], [1]]
