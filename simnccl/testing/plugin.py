@@ -99,24 +99,23 @@ def seed_value(text: str) -> int:
     """``--simnccl-seed``: a whole number >= 0. Why not any integer: hypothesis seeds Python's ``random`` with the
     seed's absolute value, so ``-1`` drew exactly what ``1`` draws, and a nightly job passing "another seed" did
     not get other examples."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 0 (-N draws what N draws), got {text!r}")
-    return value
+    return _whole_number(text, "a whole number >= 0 (-N draws what N draws)")
 
 
 def program_count(text: str) -> int:
     """``--simnccl-min-programs`` / ``SIMNCCL_MIN_PROGRAMS``: a whole number >= 0. A bad value is a usage error,
     not a traceback at plugin load (the environment variable was read with a bare ``int()``) nor a silent -1."""
+    return _whole_number(text, "a whole number of programs >= 0")
+
+
+def _whole_number(text: str, wanted: str) -> int:
+    """``text`` as an integer >= 0, else argparse's usage error saying ``expected {wanted}``."""
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number of programs >= 0, got {text!r}") from None
+        value = -1
     if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a whole number of programs >= 0, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected {wanted}, got {text!r}")
     return value
 
 
