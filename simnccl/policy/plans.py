@@ -391,16 +391,8 @@ def init_plan_problem(request: InitRequest, plan: InitPlan) -> str | None:
 
     Why: such a plan reached the engine, which failed on it as a bug in simnccl; and an env entry a file is
     refused for (``NCCL_FOOBAR``, ``RANK``, ``TORCH_DIST_USE_NCCL2 = 0`` as a number) was taken in silently."""
-    if plan.backend is not None and not isinstance(plan.backend, str):
-        return f"backend={plan.backend!r}; expected a backend name or None"
-    if not isinstance(plan.pg_options, PgOptions):
-        return f"pg_options={plan.pg_options!r}; expected a PgOptions (dataclasses.replace the one it was given)"
-    device = plan.device_id
-    if device is not None and (isinstance(device, bool) or not isinstance(device, int | str)):
-        return f"device_id={device!r}; expected a device index, a device string or None"
-    if not isinstance(plan.explanation, str):
-        return f"explanation={plan.explanation!r}; expected text"
-    if plan.pg_options is not request.pg_options and (problem := options_problem(plan.pg_options)) is not None:
+    problem = _arguments_problem(plan, request.pg_options)
+    if problem is not None:
         return problem
     if not isinstance(plan.env, Mapping):
         return f"env={plan.env!r}; expected a mapping of variable names to strings"
@@ -410,11 +402,33 @@ def init_plan_problem(request: InitRequest, plan: InitPlan) -> str | None:
         problem = env_problem(name, value, (), NO_SCENARIO_DECLARES)
         if problem is not None:
             return f"env entry {name}={value!r}; {problem}"
-    if plan.backend != request.backend and request.release in RELEASES:
+    return _backend_problem(plan.backend, request.backend, request.release, {**request.env, **plan.env})
+
+
+def _arguments_problem(answer: InitPlan | GroupDecision, asked: PgOptions) -> str | None:
+    """What is wrong with the fields an ``InitPlan`` and a ``GroupDecision`` share (None: nothing): their types,
+    and options outside NCCL's range where they are not the ones the call was made with (``asked``)."""
+    if answer.backend is not None and not isinstance(answer.backend, str):
+        return f"backend={answer.backend!r}; expected a backend name or None"
+    if not isinstance(answer.pg_options, PgOptions):
+        return f"pg_options={answer.pg_options!r}; expected a PgOptions (dataclasses.replace the one it was given)"
+    device = answer.device_id
+    if device is not None and (isinstance(device, bool) or not isinstance(device, int | str)):
+        return f"device_id={device!r}; expected a device index, a device string or None"
+    if not isinstance(answer.explanation, str):
+        return f"explanation={answer.explanation!r}; expected text"
+    if answer.pg_options is not asked and (problem := options_problem(answer.pg_options)) is not None:
+        return problem
+    return None
+
+
+def _backend_problem(backend: str | None, asked: str | None, release: str, env: Mapping[str, str]) -> str | None:
+    """A backend an answer changed to that this release does not know (under ``env``), or None."""
+    if backend != asked and release in RELEASES:
         try:
-            resolve_backend(RELEASES[request.release], plan.backend, {**request.env, **plan.env})
+            resolve_backend(RELEASES[release], backend, env)
         except ReleaseError as err:
-            return f"backend={plan.backend!r}; {err}"
+            return f"backend={backend!r}; {err}"
     return None
 
 
@@ -474,29 +488,17 @@ def decision_problem(request: GroupRequest, decision: GroupDecision) -> str | No
     other ranks was ignored by the simulator (it binds the call's own ranks) while ``simnccl.torch_apply`` binds the
     group it names, so the simulation passed what production breaks."""
     d = decision
-    if d.backend is not None and not isinstance(d.backend, str):
-        return f"backend={d.backend!r}; expected a backend name or None"
-    if not isinstance(d.pg_options, PgOptions):
-        return f"pg_options={d.pg_options!r}; expected a PgOptions (dataclasses.replace the one it was given)"
     if not isinstance(d.use_local_synchronization, bool):
         return f"use_local_synchronization={d.use_local_synchronization!r}; expected True or False"
-    if d.device_id is not None and (isinstance(d.device_id, bool) or not isinstance(d.device_id, int | str)):
-        return f"device_id={d.device_id!r}; expected a device index, a device string or None"
     if d.reuse is not None and (not isinstance(d.reuse, tuple) or d.reuse != request.ranks):
         return (
             f"reuse={d.reuse!r}; a reuse names the call's own ranks {request.ranks} (an earlier identical group "
             "with them is returned), never another group"
         )
-    if not isinstance(d.explanation, str):
-        return f"explanation={d.explanation!r}; expected text"
-    if d.pg_options is not request.pg_options and (problem := options_problem(d.pg_options)) is not None:
+    problem = _arguments_problem(d, request.pg_options)
+    if problem is not None:
         return problem
-    if d.backend != request.backend and request.release in RELEASES:
-        try:
-            resolve_backend(RELEASES[request.release], d.backend, request.env)
-        except ReleaseError as err:
-            return f"backend={d.backend!r}; {err}"
-    return None
+    return _backend_problem(d.backend, request.backend, request.release, request.env)
 
 
 @functools.lru_cache(maxsize=4096)
