@@ -40,6 +40,9 @@ class Meeting:
     fates: dict[int, Any] | None = None
     completed_at: float | None = None
     result: Any = None
+    # an NCCL bootstrap: global rank -> the GPU its communicator is on (``n0:cuda:0``), as NCCL's peer info
+    # exchange carries it (``engine.shared_gpus``)
+    devices: dict[int, str] | None = None
 
     @property
     def complete(self) -> bool:

@@ -27,10 +27,22 @@ from simnccl.engine.state import RankRuntime, Waiting, current_device, fire_once
 from simnccl.engine.timing import Timing
 from simnccl.flight_recorder import RECORDING_IMPLS, Entry, FlightRecorder, numel
 from simnccl.meetings import Meeting
-from simnccl.ops import AllGather, AllReduce, AllToAll, Broadcast, Collective, Op, PointToPoint, ReduceScatter, Send
+from simnccl.ops import (
+    AllGather,
+    AllReduce,
+    AllToAll,
+    Barrier,
+    Broadcast,
+    Collective,
+    Op,
+    PointToPoint,
+    ReduceScatter,
+    Send,
+)
 from simnccl.release import Impl
 
 _GLOO = Impl.GLOO  # a module constant: an enum member looked up on its class costs ~0.1 us, asked per collective
+_LEGACY = Impl.LEGACY
 # The collectives torch 2.15 runs on a destroyed group's handle: none of them asks the unregistered group for a rank
 # or its backend (broadcast's src, send/recv's peer and barrier's device do, and raise ValueError).
 _RUN_AFTER_DESTROY = (AllReduce, AllGather, ReduceScatter, AllToAll)
@@ -67,7 +79,9 @@ class Collectives:
         comm = group.comm_for(device_type)
         if comm is None:
             raise TorchError("RuntimeError", f"No backend type associated with device type {device_type}")
-        if device_type == "cuda" and comm.impl.is_nccl:
+        # A barrier makes its own tensor on the device the backend uses (torch 2.15's ``barrier``: a bound device,
+        # else legacy's first used device or its guess), so it never meets the check below.
+        if device_type == "cuda" and comm.impl.is_nccl and type(op) is not Barrier:
             current = current_device(rt)
             if comm.device is not None and comm.device != current:
                 if comm.impl is Impl.LEGACY:
@@ -117,6 +131,10 @@ class Collectives:
             raise TorchError("ValueError", f"Global rank {op.src} is not part of group {target.name!r}")
         comm = self._usable_comm(rt, target, op)
         life = LIFECYCLES[comm.impl]
+        if type(op) is Barrier and comm.device is None and comm.impl is _LEGACY:
+            # Legacy's barrier on a group no collective has used yet, without a bound device: torch 2.15's
+            # ``guessDeviceId`` (the ``barrier`` docstring's rule 4), not the current device.
+            comm.device = rt.rank % self.memory.cluster.device_count
         if not comm.ready and not target.destroyed:  # a destroyed gloo group's pairs stay connected (_group_of)
             yield from self.comms.init(rt, target, comm, op)
         if not life.communicates:
@@ -368,8 +386,11 @@ class Collectives:
                 assert pair is not None  # a pair meeting
                 what = STALE_PAIR_WHAT.format(lo=pair[0], hi=pair[1])
                 yield from self.comms.read_stale(rt, group, comm, meeting, writer, what)
+        self.comms.note_device(meeting, rt, comm)  # the pair's communicator is on the group's GPU
         self.rendezvous.arrive(meeting, rt, (lo, hi), op, duration=self.timing.bootstrap_s)
         yield from self.rendezvous.wait(rt, meeting, op)
+        if meeting.devices is not None:  # two members: checked outright (their contexts come with the pair's memory)
+            self.comms.refuse_shared_gpu(rt, pair_ranks, meeting.devices, comm)
         pair_id = self.comms.registry.id_for(meeting)
         comm.add_pair(peer, pair_id)
         pair = Comm(

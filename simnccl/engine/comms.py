@@ -20,6 +20,7 @@ from simnccl.c10d import CommPlan, Group, GroupPlan, TorchError
 from simnccl.engine.memory import Memory
 from simnccl.engine.nvls import MulticastSlots
 from simnccl.engine.rendezvous import Rendezvous
+from simnccl.engine.shared_gpus import SharedGpus
 from simnccl.engine.sim import Sim
 from simnccl.engine.sockets import GlooSockets
 from simnccl.engine.state import ProcessAbort, RankRuntime, Waiting, current_device
@@ -193,6 +194,7 @@ class Comms:
         self._split_results: dict[int, dict[tuple[int, ...], int | Meeting]] = {}
         self._store_timeout: set[tuple[int, int | None]] = set()  # (rank, op index or None: the next bootstrap)
         self.late_colliders = LateColliders(sim)  # gloo groups bootstrapping under a name another completed
+        self.shared_gpus = SharedGpus(sim.profile.nccl_version)  # two members of a communicator on one GPU
 
     def fail_store(self, rank: int, at_op: int | None) -> None:
         """Arm a ``store-timeout`` fault: that bootstrap of this rank never gets the unique id."""
@@ -266,6 +268,8 @@ class Comms:
                 if stale is not None:
                     yield from self.read_stale(rt, group, comm, meeting, stale)
             payload = group.ranks  # or, gloo, the first group's: one that another joins by group rank
+            if comm.impl.is_nccl:
+                self.note_device(meeting, rt, comm)
             if comm.impl is Impl.GLOO and meeting.problem is None and meeting.arrivals:
                 payload = self.cross_wiring.payload(meeting, rt.rank, group.ranks)
             self.rendezvous.arrive(meeting, rt, payload, op, duration=self.timing.bootstrap_s)
@@ -277,10 +281,11 @@ class Comms:
                 self._ready(rt, group, comm, op)  # then its members are the ranks that met, not this group's
                 self.cross_wiring.connect(meeting, rt.rank, group.name, comm.comm_id)
                 return
-        else:
-            if comm.impl is Impl.GLOO:
-                self._gloo_singleton(rt, group, op)
-            comm.comm_id = self.registry.new_id()
+            self._ready(rt, group, comm, op, meeting.devices)
+            return
+        if comm.impl is Impl.GLOO:
+            self._gloo_singleton(rt, group, op)
+        comm.comm_id = self.registry.new_id()
         self._ready(rt, group, comm, op)
 
     def stale_writer(self, rt: RankRuntime, group: Group, is_nccl: bool) -> int | None:
@@ -372,14 +377,32 @@ class Comms:
         if comm.device is not None:
             self.memory.touch(rt, comm.device, op)
 
-    def _ready(self, rt: RankRuntime, group: Group, comm: Comm, op: Op) -> None:
-        """What follows a communicator's init on one member, once it has its identity."""
+    def _ready(self, rt: RankRuntime, group: Group, comm: Comm, op: Op, devices: dict[int, str] | None = None) -> None:
+        """What follows a communicator's init on one member, once it has its identity. ``devices``: each member's
+        GPU, where its bootstrap exchanged them (an NCCL communicator of two or more members)."""
         assert comm.comm_id is not None
         self.registry.members[comm.comm_id] = group.ranks
+        if devices is not None and self.memory.gpus_shared:
+            self.refuse_shared_gpu(rt, group.ranks, devices, comm)
         self.abort_if_cudamallocasync(rt, comm)
         self.nvls.reserve(rt, comm, group, self.registry.members)
         comm.state = CommState.READY
         self.memory.init_comm(rt, comm, group, op)
+
+    def note_device(self, meeting: Meeting, rt: RankRuntime, comm: Comm) -> None:
+        """An NCCL member arriving at its bootstrap brings its GPU (NCCL's peer info carries its bus id)."""
+        if comm.device is None:
+            return
+        devices = meeting.devices
+        if devices is None:
+            devices = meeting.devices = {}
+        devices[rt.rank] = self.memory.ledger(rt, comm.device).device
+
+    def refuse_shared_gpu(self, rt: RankRuntime, members: tuple[int, ...], devices: dict[int, str], comm: Comm) -> None:
+        """Raise what NCCL's init raises on ``rt`` when members of ``comm`` share a GPU (``engine.shared_gpus``)."""
+        error = self.shared_gpus.failure(rt.rank, members, devices, rt.ctx.env, comm.impl)
+        if error is not None:
+            raise error
 
     def can_bootstrap_together(self, plan: GroupPlan, incarnation: int) -> bool:
         """Whether a cohort block may take this member plan's bootstrap (``arrive_together``, then
@@ -410,8 +433,10 @@ class Comms:
         first, comm = joining[0][1], joining[0][2]
         key = bootstrap_key(store_name(first), comm.impl.is_nccl, 0)  # a block takes the first incarnation's only
         meeting = self.rendezvous.open(key, "bootstrap", first.name, 0, first.ranks)
-        for rt, group, _comm, at in joining:
+        for rt, group, member_comm, at in joining:
             meeting.arrivals[rt.rank] = Arrival(rt.rank, at, group.ranks, op)
+            if member_comm.impl.is_nccl:
+                self.note_device(meeting, rt, member_comm)
         if len(meeting.arrivals) == len(meeting.expected):
             self.rendezvous.complete(meeting, self.timing.bootstrap_s(meeting))
         return meeting
@@ -419,7 +444,7 @@ class Comms:
     def finish_together(self, rt: RankRuntime, group: Group, comm: Comm, meeting: Meeting, op: Op) -> None:
         """What ``init`` does for one member after its completed bootstrap meeting (``bootstrap_together``)."""
         comm.comm_id = self.registry.id_for(meeting)
-        self._ready(rt, group, comm, op)
+        self._ready(rt, group, comm, op, meeting.devices)
 
     @staticmethod
     def creates_alone(plan: GroupPlan, comm_plan: CommPlan) -> bool:

@@ -129,6 +129,10 @@ class Memory:
         self.pricer = Pricer(self.profile, self.cluster.node_of, self.cluster.nodes_of, sim.node_counts)
         self._oom_at_init: set[int] = set()  # ranks whose next init charge fails (injected fault)
         self._collective_devices: set[tuple[int, int]] = set()  # (rank, device): its first collective was paid
+        # Whether two ranks have made a CUDA context on one device: until then no NCCL communicator can have two
+        # members on one GPU, and ``engine.shared_gpus`` looks at no member list.
+        self.gpus_shared = False
+        self._context_of: dict[str, int] = {}  # device -> the first rank that made a context on it
 
     def fail_next_init(self, rank: int) -> None:
         """Arm an ``oom-at-init`` fault: this rank's next communicator init runs out of memory."""
@@ -151,6 +155,8 @@ class Memory:
         ledger = self.ledger(rt, index)
         if index not in rt.contexts:
             rt.contexts.add(index)
+            if self._context_of.setdefault(ledger.device, rt.rank) != rt.rank:
+                self.gpus_shared = True
             ledger.allocate(
                 Owner("cuda_context", rt.rank),
                 self.cluster.gpu.cuda_context_bytes,
