@@ -16,6 +16,7 @@ from typing import Any
 
 from simnccl.cli_guard import guarded
 from simnccl.cli_options import (
+    STDOUT,
     OutputError,
     OverrideError,
     UsageParser,
@@ -149,6 +150,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return real_main(raw[1:])
     parser = _parser()
     args, extra = parser.parse_known_args(normalise_argv(raw))
+    from simnccl.cli_output import document_owns_stdout
+
+    json_target = getattr(args, "json", None)
+    to_stdout = (STDOUT in (json_target, getattr(args, "csv", None)) and not getattr(args, "dry_run", False)) or (
+        args.command == "sweep" and isinstance(json_target, str) and json_target.endswith(".toml")  # its matrix
+    )
+    with document_owns_stdout(to_stdout):
+        return _command(parser, args, extra)
+
+
+def _command(parser: argparse.ArgumentParser, args: argparse.Namespace, extra: list[str]) -> int:
     if args.command == "cost":
         from simnccl import cost
 

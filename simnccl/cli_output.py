@@ -60,19 +60,82 @@ class PipeAwareConsole(Console):
         )
 
 
-def write_all_to_stdout(text: str) -> None:
-    """``text`` on stdout, every byte or an error. Under ``PYTHONUNBUFFERED=1`` (common in CI containers) stdout's
-    binary layer is the raw file, and its text layer drops what a partial ``write`` left over without a word: a
-    JSON document larger than a pipe's buffer, cut short by a reader that went away (or a signal mid-write),
-    ended the command with exit 0 and half a document. Written here in a loop over the binary layer instead,
-    the rest is written or raises (``BrokenPipeError``: the guard's exit 141)."""
-    sys.stdout.flush()
-    buffer = getattr(sys.stdout, "buffer", None)
-    if buffer is None:  # a text-only stream (a test's stand-in): it writes all or raises
-        sys.stdout.write(text)
-        sys.stdout.flush()
+# Where the document goes while ``document_owns_stdout`` holds stdout: its own file (a descriptor) or, for a
+# stdout without one, the stream object itself; and the stream a caller may still hold as "stdout".
+_DOCUMENT: list[tuple[int | TextIO, TextIO] | None] = [None]
+
+
+@contextlib.contextmanager
+def document_owns_stdout(active: bool) -> Iterator[None]:
+    """While a command whose JSON (or CSV) document goes to stdout runs, whatever else writes to stdout writes to
+    stderr: a user's policy that prints, a worker or rank process it starts (they inherit the file), C code. The
+    document alone reaches stdout (``write_all_to_stdout``).
+
+    Why: a policy hook's ``print`` put 72 lines before ``simnccl run --json -``'s document, and the command
+    exited 0 with stdout no JSON reader could parse. A stdout without a file of its own (a test's stand-in) is
+    swapped for stderr as a Python object only."""
+    if not active:
+        yield
         return
-    data = memoryview(text.encode(sys.stdout.encoding or "utf-8"))
+    real = sys.stdout
+    if real is None:  # started with stdout closed (``>&-``): the document has nowhere to go
+        raise OutputError("stdout is closed, so the document has nowhere to go; give --json (or --csv) a FILE")
+    try:
+        real.flush()
+        fd, err_fd = real.fileno(), sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):
+        sys.stdout = sys.stderr
+        _DOCUMENT[0] = (real, real)
+        try:
+            yield
+        finally:
+            _DOCUMENT[0] = None
+            sys.stdout = real
+        return
+    saved = os.dup(fd)
+    os.dup2(err_fd, fd)
+    _DOCUMENT[0] = (saved, real)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError, ValueError):
+            real.flush()  # what the run printed, to stderr, before stdout is stdout again
+        _DOCUMENT[0] = None
+        os.dup2(saved, fd)
+        os.close(saved)
+
+
+def document_stream() -> TextIO:
+    """The stream a command writes its document to: stdout, also while ``document_owns_stdout`` points the
+    process's stdout elsewhere (write the document with ``write_all_to_stdout(text, document_stream())``)."""
+    held = _DOCUMENT[0]
+    return sys.stdout if held is None else held[1]
+
+
+def write_all_to_stdout(text: str, stream: TextIO | None = None) -> None:
+    """``text`` on stdout (or ``stream``), every byte or an error. Under ``PYTHONUNBUFFERED=1`` (common in CI
+    containers) stdout's binary layer is the raw file, and its text layer drops what a partial ``write`` left
+    over without a word: a JSON document larger than a pipe's buffer, cut short by a reader that went away (or a
+    signal mid-write), ended the command with exit 0 and half a document. Written here in a loop over the binary
+    layer instead, the rest is written or raises (``BrokenPipeError``: the guard's exit 141). While
+    ``document_owns_stdout`` holds stdout's file, the document is written to it there."""
+    out = sys.stdout if stream is None else stream
+    held = _DOCUMENT[0]
+    if held is not None and (stream is None or stream is held[1]):
+        target, out = held
+        if isinstance(target, int):
+            out.flush()
+            data = memoryview(text.encode(out.encoding or "utf-8"))
+            while data:
+                data = data[os.write(target, data) :]
+            return
+    out.flush()
+    buffer = getattr(out, "buffer", None)
+    if buffer is None:  # a text-only stream (a test's stand-in): it writes all or raises
+        out.write(text)
+        out.flush()
+        return
+    data = memoryview(text.encode(out.encoding or "utf-8"))
     while data:
         written = buffer.write(data)
         if written is None:  # a non-blocking stdout that is full: wait for the reader

@@ -342,6 +342,14 @@ def test_a_100_by_100_matrix_is_refused_before_it_is_expanded(capsys, write_scen
     _bad(capsys, write_scenario, TINY + extra, "matrix", "10000 variants", "max_variants = 256")
 
 
+@pytest.mark.parametrize("value", ["INFO\\nWARN", "INFO\\u001b[31m", "INFO\\r"])
+def test_a_matrix_value_that_would_break_its_variants_one_line_name_is_exit_2(capsys, write_scenario, value) -> None:
+    """A matrix value names its variant (``NCCL_DEBUG=INFO``): a newline in one split the summary's one line per
+    variant in two, as a [[variants]] name with one would have (which the reader refuses)."""
+    extra = f'[matrix]\nenv = {{ NCCL_DEBUG = ["WARN", "{value}"] }}\n'
+    _bad(capsys, write_scenario, TINY + extra, "matrix.env.NCCL_DEBUG", "on one line without control characters")
+
+
 def test_a_matrix_beside_variants_names_the_configured_limit(capsys, write_scenario) -> None:
     """It named the room the [[variants]] left (``max_variants = 254``) as if it were the limit."""
     values = ", ".join(f'"{i}"' for i in range(255))

@@ -497,3 +497,72 @@ def test_fr_dir_writes_the_layout_its_help_names(capsys: pytest.CaptureFixture[s
     assert sorted(p.name for p in (tmp_path / "hang-missing-rank-nccl2-default").iterdir()) == [
         f"rank_{r}" for r in range(4)
     ]
+
+
+# ------------------------------------------------------------------------------------ stdout is the document's
+
+_PRINTING_POLICY = """
+import dataclasses
+from simnccl.policy import BasePolicy
+
+print("IMPORT NOISE")
+
+@dataclasses.dataclass(frozen=True)
+class Prints(BasePolicy):
+    name: str = "prints"
+
+    def on_group(self, request, decision):
+        print("HOOK NOISE")
+        return decision
+"""
+
+
+def _cli(tmp_path: Path, *argv: str, **kwargs) -> subprocess.CompletedProcess[str]:  # type: ignore[no-untyped-def]
+    (tmp_path / "noisy_policy.py").write_text(_PRINTING_POLICY)
+    env = {**__import__("os").environ, "PYTHONPATH": str(tmp_path)}
+    return subprocess.run(
+        [sys.executable, "-m", "simnccl.cli", *argv], text=True, timeout=300, cwd=REPO, env=env, **kwargs
+    )
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["run", "--policy", "noisy_policy:Prints", "--variant", "legacy", "--json", "-"],
+        ["sweep", "--workload", "vllm tp=2", "--policy", "noisy_policy:Prints", "--jobs", "2", "--json", "-"],
+        ["sweep", "--workload", "vllm tp=2", "--policy", "noisy_policy:Prints", "--jobs", "1", "--csv", "-"],
+    ],
+    ids=["run", "sweep-worker-processes", "sweep-csv"],
+)
+def test_what_a_policy_prints_goes_to_stderr_when_the_document_takes_stdout(tmp_path: Path, argv: list[str]) -> None:
+    """A policy that prints (at import, in a hook, in a sweep's worker process) once put its lines before the
+    document, and the command exited 0 with stdout no reader could parse."""
+    proc = _cli(tmp_path, *argv, capture_output=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "NOISE" not in proc.stdout
+    assert "HOOK NOISE" in proc.stderr
+    if "--csv" in argv:
+        assert proc.stdout.splitlines()[0].startswith("#") or "," in proc.stdout.splitlines()[0]
+    else:
+        document = json.loads(proc.stdout)
+        assert document["results"] if argv[0] == "run" else document["rows"]
+
+
+def test_a_closed_stdout_with_the_document_on_it_is_bad_input(tmp_path: Path) -> None:
+    proc = _cli(
+        tmp_path,
+        "run",
+        "--variant",
+        "legacy",
+        "--json",
+        "-",
+        stdout=None,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        close_fds=True,
+        preexec_fn=lambda: __import__("os").close(1),
+    )
+    assert proc.returncode == EXIT_BAD_INPUT, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "error: stdout is closed, so the document has nowhere to go; give --json (or --csv) a FILE"
+    )

@@ -77,6 +77,12 @@ def test_bad_specs_are_refused_with_one_line(spec: str, message: str) -> None:
             "    def on_group(self, request, decision):\n        return decision\n",
             "P() raised SystemExit(3)",
         ),
+        (  # an Exception in the constructor: the CLI once ended it as simnccl's own bug (exit 70)
+            "from dataclasses import dataclass\nfrom simnccl.policy import BasePolicy\n"
+            "@dataclass(frozen=True)\nclass P(BasePolicy):\n    name: str = 'p'\n"
+            "    def __post_init__(self):\n        raise RuntimeError('ctor boom')\n",
+            "P() raised RuntimeError('ctor boom')",
+        ),
     ],
 )
 def test_a_policy_module_that_exits_or_raises_a_base_exception_is_refused(

@@ -238,6 +238,12 @@ def test_profiles_are_frozen(tmp_path: Path) -> None:
         ("process_mib = 50", "process_mib = -50", "comm.process_mib"),
         ("p2p_latency_s = 1e-5", "p2p_latency_s = -1e-5", "timing.p2p_latency_s"),
         ("bus_bandwidth_gbps = 100.0", "bus_bandwidth_gbps = 0.0", "timing.bus_bandwidth_gbps"),
+        # past the input limits: 1e308 MiB overflowed converting to bytes (exit 70); a bandwidth of 1e-320 GB/s
+        # "hung" every collective; a step longer than the longest simulated run
+        ("process_mib = 50", "process_mib = 1e308", "comm.process_mib"),
+        ("comm_fixed_mib = 1.5", "comm_fixed_mib = 1048577", "comm.comm_fixed_mib"),
+        ("bus_bandwidth_gbps = 100.0", "bus_bandwidth_gbps = 1e-320", "timing.bus_bandwidth_gbps"),
+        ("comm_init_s = 0.1", "comm_init_s = 1e300", "timing.comm_init_s"),
         # unknown names
         ('gpu = "h100-96gb"', 'gpu = "h800"', "gpu"),
         ('releases = ["2.15"]', 'releases = ["2.17"]', "releases[0]"),

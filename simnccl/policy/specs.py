@@ -158,9 +158,11 @@ def _instantiate(obj: object, where: str) -> Policy:
                 "name a module-level instance instead"
             ) from None
         except BaseException as error:
-            if isinstance(error, Exception) or not policy_raised(error):
-                raise  # an Exception is reported as the class's own error, where the caller loads it
-            raise PolicyError(f"policy {where}: {obj.__qualname__}() raised {error!r}") from None
+            # Its own failure, named, as a failed import is: every caller (--policy, a scenario's policy keys,
+            # [matrix], simulate) then reports bad input, where a bare RuntimeError crashed the CLI (exit 70).
+            if not policy_raised(error):
+                raise
+            raise PolicyError(f"policy {where}: {obj.__qualname__}() raised {error!r}") from error
         return _checked(instance, where)
     return _checked(obj, where)
 

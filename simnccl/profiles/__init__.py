@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import importlib.resources
+import math
 import os
 import tomllib
 from collections.abc import Mapping
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from simnccl.cluster import ClusterError, GpuKind, get_gpu_kind, gpu_kinds
+from simnccl.limits import current as current_limits
 from simnccl.nccl.constants import NcclInputError
 from simnccl.nccl.hardware import Topology, parse_topology, topology_for
 from simnccl.nccl.knobs import settings_from
@@ -158,7 +160,9 @@ class _Reader:
             raise self.fail(key, "a non-empty string", value)
         return value.strip()
 
-    def number(self, key: str, value: Any, *, positive: bool = False) -> float:
+    def number(
+        self, key: str, value: Any, *, positive: bool = False, maximum: float = math.inf, minimum: float = 0.0
+    ) -> float:
         # bool is an int subclass: `init_mib = true` must not read as 1.
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise self.fail(key, "a number", value)
@@ -166,6 +170,8 @@ class _Reader:
             raise self.fail(key, "a finite number", value)
         if value < 0 or (positive and value == 0):
             raise self.fail(key, "a positive number" if positive else "a non-negative number", value)
+        if value > maximum or value < minimum:  # e.g. 1e308 MiB overflowed converting to bytes (exit 70)
+            raise self.fail(key, f"a number from {_plain(minimum)} to {_plain(maximum)}", value)
         return float(value)
 
     def integer(self, key: str, value: Any, minimum: int) -> int:
@@ -176,9 +182,15 @@ class _Reader:
         return value
 
 
+def _plain(x: float) -> str:
+    """A bound as a person reads it: 1048576, not 1.04858e+06."""
+    return f"{x:.0f}" if math.isfinite(x) and x == int(x) and abs(x) < 1e15 else f"{x:g}"
+
+
 def _parse_comm(r: _Reader, value: Any) -> FixedOverheads:
     table = r.table("comm", value, _COMM_KEYS, _COMM_KEYS)
-    return FixedOverheads(**{name: r.number(f"comm.{name}", table[name]) for name in _COMM_KEYS})
+    most = current_limits().max_alloc_mib  # no overhead larger than the largest allocation a scenario may make
+    return FixedOverheads(**{name: r.number(f"comm.{name}", table[name], maximum=most) for name in _COMM_KEYS})
 
 
 def _parse_topology(r: _Reader, gpu: str, value: Any) -> dict[str, Any]:
@@ -200,13 +212,18 @@ def _parse_topology(r: _Reader, gpu: str, value: Any) -> dict[str, Any]:
 
 def _parse_timing(r: _Reader, value: Any) -> Timing:
     table = r.table("timing", value, _TIMING_KEYS, _TIMING_KEYS)
-    # Bandwidth divides message sizes: zero would mean an infinite collective.
-    return Timing(
-        **{
-            name: r.number(f"timing.{name}", table[name], positive=name == "bus_bandwidth_gbps")
-            for name in _TIMING_KEYS
-        }
-    )
+    limits = current_limits()
+    # Bandwidth divides message sizes: zero would mean an infinite collective, and one so small that the largest
+    # message a scenario may send outlasts the longest simulated run is no machine's (1e-320 "hung" every
+    # collective). Every step's seconds stay within that run.
+    slowest = limits.max_message_mib * 2**20 / 1e9 / limits.max_sim_time_s
+    bounds = {
+        name: {"positive": True, "minimum": slowest}
+        if name == "bus_bandwidth_gbps"
+        else {"maximum": limits.max_sim_time_s}
+        for name in _TIMING_KEYS
+    }
+    return Timing(**{name: r.number(f"timing.{name}", table[name], **bounds[name]) for name in _TIMING_KEYS})
 
 
 def _parse_derivation(r: _Reader, value: Any, comm: FixedOverheads, topology: Mapping[str, Any]) -> dict[str, str]:

@@ -24,6 +24,7 @@ from simnccl.profiles import Profile, ProfileError, find_profile, get_profile
 from simnccl.release import RELEASES
 from simnccl.scenario.model import ScenarioError, Variant
 from simnccl.scenario.reader import Reader, brief, str_list
+from simnccl.visible_text import invisible_in
 
 ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]*")  # what torch and NCCL read: upper case, as written
 
@@ -72,6 +73,13 @@ def matrix_variants(reader: Reader, base: MatrixBase, room: int) -> list[Variant
             problem = value_problem(var, value)
             if problem is not None:
                 raise ScenarioError(reader.source, key, problem)
+            bad = invisible_in(value)  # the value names its variant ("NCCL_DEBUG=INFO"): one line, as a name is
+            if bad is not None:
+                raise ScenarioError(
+                    reader.source,
+                    key,
+                    f"expected a value on one line without control characters, got {bad} in {brief(value)}",
+                )
         axes.append((var, values))
     reader.finish()
     if "release" not in reader.table and "policy" not in reader.table and not env_axes:

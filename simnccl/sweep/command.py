@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from simnccl.cli_options import env_item, output_file_problem
-from simnccl.cli_output import PipeAwareConsole
+from simnccl.cli_output import PipeAwareConsole, document_stream, write_all_to_stdout
 from simnccl.policy.plans import UserPolicyError
 from simnccl.sweep.cell import WORKLOAD, Cell, blank_row, expand
 from simnccl.sweep.executors import Executor, ExecutorError, check_address, run_cells
@@ -439,7 +439,7 @@ def exit_code(rows: Sequence[Row]) -> int:
 
 
 def run_sweep(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
-    out, err = out or sys.stdout, err or sys.stderr
+    out, err = out or document_stream(), err or sys.stderr
     if args.json and args.json.endswith(".toml") and args.matrix is None:  # `sweep --json matrix.toml`
         args.matrix, args.json = args.json, STDOUT
     try:
@@ -559,9 +559,9 @@ def _print_cells(cells: Sequence[Cell], done: Mapping[str, Row], out: TextIO, er
 
 
 def _emit(args: argparse.Namespace, out: TextIO, files: _Files) -> None:
-    if args.json == STDOUT:
-        out.write(json_text(files.document()))
+    if args.json == STDOUT:  # the document alone on stdout (``cli_output.document_owns_stdout``)
+        write_all_to_stdout(json_text(files.document()), out)
     elif args.csv == STDOUT:
-        out.write(csv_text(files.ordered(), files.matrix_hash))
+        write_all_to_stdout(csv_text(files.ordered(), files.matrix_hash), out)
     else:
         out.write(render_table(files.ordered(), only_not_ok=args.quiet))
