@@ -99,6 +99,16 @@ def guarded(main_fn: MainFn, *, command: Sequence[str] = ()) -> MainFn:
                     _to_stderr(lambda: _print_traceback(cause))
                 _partial_report(record)
                 return EXIT_BAD_INPUT
+            except MemoryError:
+                # The machine's memory, not a defect: sizes within every limit can still be too much for this
+                # machine. Said in one line (the traceback's frames, and what they held, are gone by now);
+                # before, a second MemoryError while printing the traceback ended the command with exit 1.
+                _reap(children_before)
+                _say_error(
+                    f"error: {_where(record, raw)}: ran out of memory (MemoryError): the input's sizes are within "
+                    f"the limits ({DATA_FILE}) but too large for this machine's memory; make them smaller"
+                )
+                return EXIT_BAD_INPUT
             except KeyboardInterrupt:
                 _reap(children_before)
                 _say(f"interrupted (Ctrl-C): simnccl {' '.join(raw)}")

@@ -34,6 +34,7 @@ class InputLimits:
     max_world_size: int
     max_program_ops: int
     max_expanded_ops: int
+    max_built_ops: int
     max_variants: int
     max_faults: int
     max_recoveries: int

@@ -771,6 +771,25 @@ def test_a_closed_stderr_keeps_the_errors_own_exit_code(raised: str, code: int) 
     assert proc.returncode == code, proc.stdout
 
 
+def test_running_out_of_memory_is_one_line_and_exit_2(capsys) -> None:
+    """A workload within every limit (65,536 ranks, a {rank} step repeated 300 times) ran out of memory while
+    expanding, and the command ended with exit 1 (a failed check, to a script) and bare MemoryError tracebacks."""
+
+    def command(argv: object) -> int:
+        raise MemoryError
+
+    assert guarded(command)(["run"]) == 2
+    err = capsys.readouterr().err
+    assert "ran out of memory (MemoryError)" in err and "Traceback" not in err
+
+
+def test_per_rank_templated_op_objects_are_bounded_before_they_are_built(capsys, write_scenario) -> None:
+    """That workload: 19.7 M op objects (~600 B each) passed max_expanded_ops (20 M references)."""
+    step = '{ op = "checkpoint", name = "c{rank}-{i}", repeat = 300 }'
+    text = _steps(*BASE_STEPS, step, gpus=8, cluster="nodes = 8192")
+    _bad(capsys, write_scenario, text, "workload.steps", "19660802 op objects", "max_built_ops = 2000000")
+
+
 def test_a_broken_pipe_that_is_not_the_output_is_a_bug(capsys) -> None:
     """Only a closed stdout or stderr is the reader going away: a pipe to a worker process that broke is a
     defect like any other (exit 70, the traceback), not a quiet 141."""

@@ -114,6 +114,9 @@ def _expand(workload: Reader, steps: list[_Step], world_size: int, limits: Input
     common_length = sum(steps[i].repeat for i in everyone)
     common_per_rank = any(steps[i].per_rank for i in everyone)
     total = 0
+    # Op objects built: a step's ops once, a {rank}-templated step's once per rank it reaches.
+    built = sum(st.repeat for st in steps if not st.per_rank)
+    common_built = sum(steps[i].repeat for i in everyone if steps[i].per_rank)
     seen: set[tuple[int, ...]] = set()
     for rank in range(world_size):
         own = tuple(reached.get(rank, ()))
@@ -124,9 +127,13 @@ def _expand(workload: Reader, steps: list[_Step], world_size: int, limits: Input
         if common_per_rank or any(steps[i].per_rank for i in own) or own not in seen:
             seen.add(own)
             total += length
+        built += common_built + sum(steps[i].repeat for i in own if steps[i].per_rank)
     if total > limits.max_expanded_ops:
         shown = f"{total} ops over the distinct programs of {world_size} ranks"
         raise workload.error("steps", exceeded("max_expanded_ops", shown, limits.max_expanded_ops))
+    if built > limits.max_built_ops:
+        shown = f"{built} op objects ({{rank}}-templated steps make one per rank)"
+        raise workload.error("steps", exceeded("max_built_ops", shown, limits.max_built_ops))
     for st in steps:
         if not st.per_rank:
             st.ops = tuple(
