@@ -771,6 +771,29 @@ def test_a_closed_stderr_keeps_the_errors_own_exit_code(raised: str, code: int) 
     assert proc.returncode == code, proc.stdout
 
 
+@pytest.mark.parametrize(
+    ("step", "shown"),
+    [
+        ('{ op = "all_reduce", group = "wrold" }', "all_reduce's group 'wrold'"),
+        ('{ op = "split_group", parent = "tp", split_ranks = [[0], [1]] }', "split_group's parent 'tp'"),
+        ('{ op = "destroy_process_group", group = "g{i}", repeat = 2 }', "destroy_process_group's group 'g0'"),
+    ],
+)
+def test_a_group_handle_no_step_binds_is_bad_input(capsys, write_scenario, step: str, shown: str) -> None:
+    """A typo'd handle ran, failed every rank with NameError and ended as a failed expectation (exit 1)."""
+    _bad(capsys, write_scenario, _steps(*BASE_STEPS, step), "workload.steps", shown, "no step binds", "world")
+
+
+def test_a_handle_bound_on_some_ranks_only_is_still_the_programs_business(capsys, write_scenario) -> None:
+    steps = (
+        *BASE_STEPS,
+        '{ op = "new_group", ranks = [0], bind = "solo", on_ranks = [0] }',
+        '{ op = "barrier", group = "solo" }',
+    )
+    code, _, err = _run(capsys, str(write_scenario(_steps(*steps))))
+    assert code != 2, err  # simulated: rank 1 never bound "solo" (torch's NameError there), not a load error
+
+
 def test_running_out_of_memory_is_one_line_and_exit_2(capsys) -> None:
     """A workload within every limit (65,536 ranks, a {rank} step repeated 300 times) ran out of memory while
     expanding, and the command ended with exit 1 (a failed check, to a script) and bare MemoryError tracebacks."""

@@ -113,7 +113,11 @@ def parse_scenario(data: Mapping[str, Any], source: str, base_dir: Path | None =
     check_env(source, "torch.env", base_profile, base_env)
 
     workload = Reader(source, "workload", top.get("workload", dict))
-    programs = read_programs(workload, cluster.world_size, limits)
+    # [recovery] binds its own groups (``simnccl.recovery``: the replica and dp groups every restart makes)
+    recovering = "recovery" in top.table
+    if recovering:
+        from simnccl.recovery.config import DP, REPLICA
+    programs = read_programs(workload, cluster.world_size, limits, (REPLICA, DP) if recovering else ())
     workload.finish()
 
     raw_variants = top.get("variants", list, [], what="an array of tables [[variants]]")

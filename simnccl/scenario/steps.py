@@ -18,6 +18,7 @@ from simnccl.nccl.knobs import nccl_config_problem
 from simnccl.ops import (
     MIB,
     OP_TYPES,
+    WORLD,
     Collective,
     EmptyCache,
     InitProcessGroup,
@@ -40,7 +41,11 @@ from simnccl.visible_text import invisible_in
 _OPTION_FIELDS = {f.name for f in fields(PgOptions)}
 
 
-def read_programs(workload: Reader, world_size: int, limits: InputLimits) -> tuple[Program, ...]:
+def read_programs(
+    workload: Reader, world_size: int, limits: InputLimits, bound_elsewhere: tuple[str, ...] = ()
+) -> tuple[Program, ...]:
+    """Every rank's Program, from the framework generator or the steps. ``bound_elsewhere``: handles another
+    section binds (``[recovery]``'s groups), which the steps may use without binding."""
     if "generator" in workload.table:
         # A framework startup (simnccl.workloads): the framework's own knobs in, every rank's Program out,
         # on the cluster's world; bad knobs are reported as workload.args.<key>.
@@ -63,7 +68,40 @@ def read_programs(workload: Reader, world_size: int, limits: InputLimits) -> tup
     if not raw_steps:
         raise workload.error("steps", "expected at least one step")
     steps = [_step(Reader(workload.source, f"workload.steps[{i}]", raw), world_size) for i, raw in enumerate(raw_steps)]
-    return _expand(workload, steps, world_size, limits)
+    programs = _expand(workload, steps, world_size, limits)
+    _check_handles(workload, programs, bound_elsewhere)
+    return programs
+
+
+def _check_handles(workload: Reader, programs: tuple[Program, ...], bound_elsewhere: tuple[str, ...]) -> None:
+    """Every group handle a step uses is bound by some step, on some rank (or is ``world``).
+
+    Why: a handle no step binds anywhere can only be a typo (``group = "wrold"``); it ran, failed every rank with
+    NameError and ended as a failed expectation (exit 1). A handle bound on other ranks only is the program's
+    own business (torch's ``NON_GROUP_MEMBER`` there), so it stays a simulated failure."""
+    bound: set[str] = {WORLD, *bound_elsewhere}
+    distinct = {id(p): p for p in programs}.values()
+    used: dict[str, str] = {}
+    seen: set[int] = set()
+    for program in distinct:
+        for op in program.ops:
+            if id(op) in seen:
+                continue
+            seen.add(id(op))
+            bind = getattr(op, "bind", None)
+            if bind is not None:
+                bound.add(bind)
+            for field_name in ("group", "parent"):
+                handle = getattr(op, field_name, None)
+                if isinstance(handle, str):
+                    used.setdefault(handle, f"{op.name}'s {field_name}")
+    unbound = sorted(h for h in used if h not in bound)
+    if unbound:
+        handle = unbound[0]
+        known = ", ".join(sorted(bound)[:20]) + (", ..." if len(bound) > 20 else "")
+        raise workload.error(
+            "steps", f"{used[handle]} {brief(handle)} is a group handle no step binds; the bound handles: {known}"
+        )
 
 
 @dataclass(slots=True)
