@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import functools
+import io
 import os
 import select
 import signal
@@ -75,6 +76,7 @@ def guarded(main_fn: MainFn, *, command: Sequence[str] = ()) -> MainFn:
 
     def _run(argv: Sequence[str] | None) -> int:
         raw = [*command, *(sys.argv[1:] if argv is None else argv)]
+        _open_closed_streams()
         children_before = _children()
         with journal() as record:
             try:
@@ -246,12 +248,32 @@ def _say(line: str) -> None:
 
 
 def _to_stderr(write: Callable[[], None]) -> None:
-    """``write()`` to stderr, or nothing when stderr's reader has gone (``_silence_closed_output``)."""
+    """``write()`` to stderr, or nothing when stderr's reader has gone (``_silence_closed_output``) or it cannot
+    take it (``2>/dev/full``: the line is lost, the error's exit code is not; it ended as exit 1)."""
     try:
         write()
     except BrokenPipeError:
         if not _silence_closed_output():
             raise
+    except OSError as err:
+        if err.errno not in _NO_SPACE and err.errno != errno.EIO:
+            raise
+        _discard_unwritable_output()
+
+
+class ClosedStdout(io.TextIOWrapper):
+    """What a command started with stdout closed (``>&-``) writes its text to: nowhere. A document meant for stdout
+    is bad input there instead (``cli_output.document_owns_stdout``)."""
+
+
+def _open_closed_streams() -> None:
+    """A process started with stdout or stderr closed has ``None`` there, and every write to it crashed the
+    command (exit 70, or exit 1 when the crash could not be reported either). Text to a closed stream goes
+    nowhere; the exit code still says how the command ended."""
+    if sys.stderr is None:
+        sys.stderr = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 - the process's stderr from now on
+    if sys.stdout is None:
+        sys.stdout = ClosedStdout(open(os.devnull, "wb"), encoding="utf-8")  # noqa: SIM115 - likewise
 
 
 def _where(record: RunJournal, argv: Sequence[str]) -> str:

@@ -78,7 +78,7 @@ def document_owns_stdout(active: bool) -> Iterator[None]:
         yield
         return
     real = sys.stdout
-    if real is None:  # started with stdout closed (``>&-``): the document has nowhere to go
+    if real is None or type(real).__name__ == "ClosedStdout":  # started with stdout closed (``>&-``, cli_guard)
         raise OutputError("stdout is closed, so the document has nowhere to go; give --json (or --csv) a FILE")
     try:
         real.flush()

@@ -1058,3 +1058,45 @@ def test_a_rank_listed_twice_in_a_long_list_is_found_in_one_pass(capsys, write_s
     ranks = ", ".join(map(str, [*range(60_000), 7]))
     steps = (*BASE_STEPS, f'{{ op = "checkpoint", name = "x", on_ranks = [{ranks}] }}')
     _bad(capsys, write_scenario, _steps(*steps, cluster="nodes = 30000"), "workload.steps[2].on_ranks", "[7] listed")
+
+
+def _closed(argv: list[str], *, stdout: object = subprocess.DEVNULL, close: int | None = None, full_stderr=False):  # type: ignore[no-untyped-def]
+    """``simnccl ARGV`` with fd ``close`` closed (``>&-``, ``2>&-``) or stderr on /dev/full."""
+    stderr = open("/dev/full", "w") if full_stderr else subprocess.DEVNULL  # noqa: SIM115 - closed below
+    try:
+        return subprocess.run(
+            [sys.executable, "-m", "simnccl.cli", *argv],
+            stdout=stdout,
+            stderr=stderr,
+            timeout=300,
+            preexec_fn=(lambda: os.close(close)) if close is not None else None,
+        )
+    finally:
+        if full_stderr:
+            stderr.close()
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+@pytest.mark.parametrize(
+    ("argv", "how", "code"),
+    [
+        (["run", "--variant", "legacy"], "stderr-closed", 0),
+        (["run", "--variant", "legacy"], "stdout-closed", 0),
+        (["validate"], "stdout-closed", 1),  # its own verdict (two published points miss its goal), not a crash
+        (["run", "--gpu", "tpu-v9"], "stderr-full", 2),
+        (["run", "--gpu", "tpu-v9"], "stderr-closed", 2),
+        (["cost", "--workload", "vllm", "--tp", "0"], "stderr-full", 2),
+    ],
+)
+def test_a_closed_or_full_standard_stream_keeps_the_commands_own_exit_code(
+    argv: list[str], how: str, code: int
+) -> None:
+    """Started with stderr closed (``2>&-``) a sweep exited 1; with stdout closed, sweep and validate crashed
+    (exit 70); bad input with stderr on a full disk exited 1. What cannot be written is dropped; the code stays."""
+    if how == "stderr-closed":
+        proc = _closed(argv, close=2)
+    elif how == "stdout-closed":
+        proc = _closed(argv, close=1, stdout=None)
+    else:
+        proc = _closed(argv, full_stderr=True)
+    assert proc.returncode == code
