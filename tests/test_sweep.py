@@ -350,8 +350,13 @@ def test_resume_skips_the_rows_already_in_the_file(
         ("json", "knobs", [1], "rows[0]: knobs: expected a table, got [1]"),
         ("csv", "knobs", "5", "line 2: knobs: expected a table, got 5"),
         # values no run writes: taken in, printed, and written back (NaN is not JSON) before
-        ("json", "used_mib_max", float("nan"), "rows[0]: used_mib_max: expected a finite number >= 0, got nan"),
-        ("json", "world", -7, "rows[0]: world: expected a finite number >= 0, got -7"),
+        (
+            "json",
+            "used_mib_max",
+            float("nan"),
+            "rows[0]: used_mib_max: expected a finite number from 0 to 2**63, got nan",
+        ),
+        ("json", "world", -7, "rows[0]: world: expected a finite number from 0 to 2**63, got -7"),
         ("json", "verdict", "banana", "rows[0]: verdict 'banana' is not one of pass, fail, hang, error"),
         ("csv", "verdict", "banana", "line 2: verdict 'banana' is not one of pass, fail, hang, error"),
     ],
@@ -385,6 +390,7 @@ def test_a_resume_file_with_a_wrongly_typed_field_is_refused(
         ("gpu", "tpu-v9", "has gpu 'tpu-v9' where its cell has 'h100-80gb'"),
         ("policy", "torch-default", "has policy 'torch-default' where its cell has 'legacy'"),
         ("verdict", "hang", "is ok with verdict 'hang', which its checks do not accept"),
+        ("check", "peak used 9,999.0 MiB/device > 5,000.0", "is ok with a failed check 'peak used 9,999.0"),
     ],
 )
 def test_a_resumed_row_that_is_not_its_cells_result_is_refused(
@@ -400,6 +406,60 @@ def test_a_resumed_row_that_is_not_its_cells_result_is_refused(
     code, _, err = sweep(capsys, *MATRIX_2x2, "--jobs", "1", "--json", str(out), "--resume")
     assert code == 2 and err.startswith("error: --resume: row 1 (cell ") and message in err, err
     assert "\n" not in err.strip() and "\x1b" not in err
+
+
+def test_a_failed_row_edited_to_ok_over_the_cap_is_refused(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """Fuzzing: the failed rows of a sweep with a memory cap, edited to ``ok`` (check text emptied), resumed to
+    exit 0, "4 ok", although each row still showed its device's use over the cap. A row's own figures say it."""
+    matrix = [*MATRIX_2x2, "--max-used-mib", "100"]
+    out = tmp_path / "out.json"
+    assert sweep(capsys, *matrix, "--jobs", "1", "--json", str(out))[0] == 1
+    document = json.loads(out.read_text())
+    failed = [r for r in document["rows"] if r["status"] == "fail"]
+    assert failed
+    for row in failed:
+        row.update(status="ok", check="")
+    out.write_text(json.dumps(document))
+    code, _, err = sweep(capsys, *matrix, "--jobs", "1", "--json", str(out), "--resume")
+    assert code == 2 and "used MiB/device, over the cap of 100.0" in err, err
+
+
+def test_two_rows_for_one_cell_are_refused(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """An ``ok`` copy of a failed row put before it silently won: which row is the cell's result?"""
+    out = tmp_path / "out.json"
+    assert sweep(capsys, *MATRIX_2x2, "--jobs", "1", "--json", str(out))[0] == 0
+    document = json.loads(out.read_text())
+    document["rows"].insert(0, dict(document["rows"][2]))
+    out.write_text(json.dumps(document))
+    code, _, err = sweep(capsys, *MATRIX_2x2, "--jobs", "1", "--json", str(out), "--resume")
+    assert code == 2 and f"has two rows for cell {document['rows'][0]['cell_id']}" in err, err
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda text: text.replace('"index": 1,', '"index": 1' + "0" * 400 + ","), "expected a finite number"),
+        (lambda text: text.replace('"index": 1,', '"index": 1' + "0" * 5000 + ","), "cannot read a sweep JSON"),
+    ],
+    ids=["index-of-401-digits", "index-of-5001-digits"],
+)
+def test_a_resume_file_that_crashed_the_reader_is_bad_input(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, edit, message: str | None
+) -> None:
+    """OverflowError in math.isfinite, int() past 4,300 digits, a TypeError on a non-text matrix hash: exit 70."""
+    out = tmp_path / "out.json"
+    assert sweep(capsys, *MATRIX_2x2, "--jobs", "1", "--json", str(out))[0] == 0
+    out.write_text(edit(out.read_text()))
+    code, _, err = sweep(capsys, *MATRIX_2x2, "--jobs", "1", "--json", str(out), "--resume", "--accept-matrix-change")
+    assert code == 2 and message in err, err
+
+
+@pytest.mark.parametrize("file_hash", [12345, {"a": 1}, None, "not/a hash"])
+def test_a_kept_files_name_never_takes_a_hash_that_is_not_one(file_hash: object) -> None:
+    """A number there raised TypeError (exit 70) once the rows of cells left the matrix were kept aside."""
+    from simnccl.sweep.command import _kept_path
+
+    assert _kept_path(Path("out.json"), file_hash).name == "out.matrix-unknown.json"  # type: ignore[arg-type]
 
 
 def test_a_resume_file_nested_too_deep_to_read_is_refused(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

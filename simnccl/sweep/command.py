@@ -266,7 +266,15 @@ def _resume_rows(
                 )
             keep.append((path, kept))
             notes.append(f"{len(gone)} row(s) of cells no longer in the matrix left {path}; kept in {kept}")
+        in_file: set[str] = set()
         for row in file_rows:
+            if row["cell_id"] in in_file:  # which of the two is the cell's result? (the first one silently won)
+                raise SweepInputError(
+                    "--resume",
+                    f"{path} has two rows for cell {row['cell_id']}: the file was edited or damaged; pass "
+                    "--overwrite to start over",
+                )
+            in_file.add(row["cell_id"])
             rows.setdefault(row["cell_id"], row)
     for cid, row in rows.items():
         cell = wanted.get(cid)
@@ -298,6 +306,13 @@ def _row_mismatch(row: Row, cell: Cell) -> str | None:
             return f"has {key} {row[key]!r} where its cell has {blank[key]!r}"
     if cell.kind == WORKLOAD and row["status"] == "ok" and row["verdict"] not in cell.checks.verdicts:
         return f"is ok with verdict {row['verdict']!r}, which its checks do not accept"
+    if row["status"] == "ok" and row.get("check"):
+        return f"is ok with a failed check {row['check']!r}"
+    cap = cell.checks.max_used_mib if cell.kind == WORKLOAD else None
+    used = row.get("used_mib_max")
+    if row["status"] == "ok" and cap is not None and isinstance(used, int | float) and used > cap:
+        # the run's peak is at least what it used at its checkpoint: a row over the cap cannot have passed it
+        return f"is ok with {used:,.1f} used MiB/device, over the cap of {cap:,.1f}"
     return None
 
 
@@ -305,7 +320,7 @@ def _kept_path(path: Path, file_hash: str | None) -> Path:
     """Where the file as it was is kept when a changed matrix leaves some of its rows out: beside it, named after
     the matrix it was written for (``out.json`` -> ``out.matrix-<hash>.json``). A hash that is not one (a
     damaged or hand-edited file) is not put in a file name."""
-    tag = file_hash if file_hash and re.fullmatch(r"[0-9a-f]{1,64}", file_hash) else "unknown"
+    tag = file_hash if isinstance(file_hash, str) and re.fullmatch(r"[0-9a-f]{1,64}", file_hash) else "unknown"
     return path.with_name(f"{path.stem}.matrix-{tag}{path.suffix}")
 
 

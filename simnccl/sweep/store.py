@@ -18,7 +18,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import math
 import os
 import sys
 import tempfile
@@ -167,6 +166,15 @@ def _typed(key: str, text: str) -> Any:
     return text
 
 
+_LARGEST = 2**63  # no count, MiB or seconds figure of a row comes near it
+
+
+def brief_number(value: float) -> str:
+    """A number as an error quotes it: one of 400 digits in full made a 400-character message."""
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:20]}...({len(text)} characters)"
+
+
 def _row_problem(row: Mapping[str, Any]) -> str | None:
     """What is wrong with the types of a row read back (None: nothing), as this module writes them: integers,
     numbers, the ``knobs`` and ``env`` tables, text; a number may be missing (None).
@@ -179,8 +187,9 @@ def _row_problem(row: Mapping[str, Any]) -> str | None:
             kinds: tuple[type, ...] = (int,) if key in _INT_FIELDS else (int, float)
             if value is not None and (isinstance(value, bool) or not isinstance(value, kinds)):
                 return f"{key}: expected {'an integer' if kinds == (int,) else 'a number'}, got {value!r}"
-            if value is not None and not (math.isfinite(value) and value >= 0):  # counts, MiB, seconds
-                return f"{key}: expected a finite number >= 0, got {value!r}"
+            # counts, MiB, seconds; compared, never converted: math.isfinite(10**400) raised OverflowError (exit 70)
+            if value is not None and not 0 <= value <= _LARGEST:
+                return f"{key}: expected a finite number from 0 to 2**63, got {brief_number(value)}"
         elif key in _JSON_FIELDS:
             if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
                 return f"{key}: expected a table, got {value!r}"
@@ -240,7 +249,7 @@ def read_json(path: Path) -> tuple[str | None, Mapping[str, Any] | None, list[Ro
     _regular(path)
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+    except (OSError, ValueError) as err:  # ValueError: undecodable, not JSON, or an integer of 5,000 digits
         raise StoreError(f"{path}: cannot read a sweep JSON document: {err}") from None
     except RecursionError:  # the decoder recurses once per level of nesting: no sweep document is that deep
         raise StoreError(f"{path}: not a sweep JSON document (nested too deep to read)") from None
