@@ -4,6 +4,7 @@ past their limit. And property campaigns on several pytest-xdist gateways with t
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import os
@@ -900,3 +901,51 @@ def test_a_cell_whose_rank_raised_with_an_empty_message_says_why_by_its_type() -
 
     out = simulate([[InitProcessGroup(backend="gloo")], [InitProcessGroup(backend="gloo"), Raise()]])
     assert _why(out) == " (rank 1: AssertionError)"
+
+
+@pytest.mark.parametrize("answer", ["nothing", "garbage"])
+def test_an_address_that_is_not_a_dask_scheduler_is_bad_input_in_bounded_time(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, answer: str
+) -> None:
+    """Fuzzing: a port that takes the connection and never answers hung ``--scheduler`` with no end (Dask's
+    connect timeout does not cover its handshake); one that answers garbage raised ValueError (exit 70)."""
+    import socket
+    import threading
+
+    from simnccl.sweep import executors
+
+    monkeypatch.setattr(executors, "DASK_CONNECT_TIMEOUT_S", 2.0)
+    monkeypatch.setattr(executors, "DASK_CONNECT_GRACE_S", 1.0)
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def serve() -> None:
+        server.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                continue
+            held.append(conn)
+            if answer == "garbage":
+                with contextlib.suppress(OSError):
+                    conn.sendall(b"\xff" * 65536)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        port = server.getsockname()[1]
+        start = time.monotonic()
+        code, _, err = sweep(capsys, "--workload", "vllm tp=2", "--scheduler", f"tcp://127.0.0.1:{port}")
+        assert time.monotonic() - start < 30
+    finally:
+        stop.set()
+        thread.join()
+        for conn in held:
+            conn.close()
+        server.close()
+    assert code == 2, err
+    assert err.splitlines()[-1].startswith(f"error: --scheduler tcp://127.0.0.1:{port}: "), err

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import re
+import threading
 import traceback
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
@@ -23,6 +24,7 @@ from simnccl.sweep.cell import Cell, blank_row, run_cell
 from simnccl.sweep.store import Row
 
 DASK_CONNECT_TIMEOUT_S = 30.0
+DASK_CONNECT_GRACE_S = 5.0  # beyond Dask's own timeout, before a connection that never answers is given up
 DASK_WORKER_WAIT_S = 60.0
 # tcp://HOST:PORT, what ``dask scheduler`` prints (the other protocols need setup a flag cannot carry: TLS its
 # certificates, UCX its library, inproc a scheduler in this very process)
@@ -112,16 +114,47 @@ def _dask() -> Any:
     return distributed
 
 
+def _connect(distributed: Any, address: str, where: str) -> Any:
+    """A Client of the scheduler at ``address``, or ExecutorError within ``DASK_CONNECT_TIMEOUT_S`` (and a few
+    seconds more) whatever answers there.
+
+    Why a deadline of its own: Dask's connect timeout does not cover its handshake, so an address that accepts
+    the connection and never answers (a firewall, another service) hung the sweep with no end; one that answers
+    with something else raised ValueError or struct.error from Dask's frame reader (exit 70). Neither is a Dask
+    scheduler: bad input."""
+    box: dict[str, Any] = {}
+
+    def attempt() -> None:
+        try:
+            box["client"] = distributed.Client(address, timeout=DASK_CONNECT_TIMEOUT_S)
+        except Exception as err:  # whatever the other end made Dask raise
+            box["error"] = err
+
+    thread = threading.Thread(target=attempt, name="simnccl-dask-connect", daemon=True)
+    thread.start()
+    thread.join(DASK_CONNECT_TIMEOUT_S + DASK_CONNECT_GRACE_S)
+    if thread.is_alive():  # left behind, a daemon: the command ends without it
+        raise ExecutorError(
+            f"{where}: the address took the connection but no Dask scheduler answered within "
+            f"{DASK_CONNECT_TIMEOUT_S + DASK_CONNECT_GRACE_S:g} s"
+        )
+    if "error" in box:
+        err = box["error"]
+        if isinstance(err, OSError | TimeoutError):
+            raise ExecutorError(f"{where}: cannot reach the scheduler: {err}") from None
+        raise ExecutorError(
+            f"{where}: what answered there is not a Dask scheduler: {type(err).__name__}: {err}"
+        ) from None
+    return box["client"]
+
+
 def _run_dask(cells: Sequence[Cell], executor: Executor, timeout_s: float) -> Iterator[Row]:
     distributed = _dask()
     cluster = None
     where = f"--scheduler {executor.scheduler}" if executor.scheduler else f"--dask-local {executor.dask_local}"
     try:
         if executor.scheduler:
-            try:
-                client = distributed.Client(executor.scheduler, timeout=DASK_CONNECT_TIMEOUT_S)
-            except (OSError, TimeoutError) as err:
-                raise ExecutorError(f"{where}: cannot reach the scheduler: {err}") from None
+            client = _connect(distributed, executor.scheduler, where)
         else:
             import dask
 
