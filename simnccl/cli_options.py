@@ -246,6 +246,11 @@ def check_json_target(target: str | None) -> None:
     """``--json FILE`` must be writable before anything runs (a long run must not fail at its very end)."""
     if target is None or target == STDOUT:
         return
+    if target.endswith((".py", ".toml")):
+        # an input's name where FILE goes (``--json train.py``): the document would overwrite the user's file
+        raise OverrideError(
+            "--json", f"{target!r} names a script or a scenario, not the JSON file; name a .json file for the document"
+        )
     problem = output_file_problem(target)
     if problem is not None:
         raise OverrideError("--json", problem)

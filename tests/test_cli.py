@@ -576,3 +576,19 @@ def test_every_commands_document_reaches_stdout_while_it_owns_stdout(tmp_path: P
     proc = _cli(tmp_path, *argv, capture_output=True)
     assert proc.returncode in (0, 1), proc.stderr  # validate: 1 while two published points miss its goal
     assert json.loads(proc.stdout)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["validate"], ["run", "--variant", "legacy"], ["explain"], ["cost", "--workload", "vllm", "--tp", "2"]],
+    ids=["validate", "run", "explain", "cost"],
+)
+def test_json_never_writes_over_a_script(tmp_path: Path, argv: list[str]) -> None:
+    """``--help`` says a script right after ``--json`` is an input; only capture read it so, and the other
+    commands wrote their document over the user's ``train.py``."""
+    script = tmp_path / "train.py"
+    script.write_text("print('the user's training script')\n")
+    proc = _cli(tmp_path, *argv, "--json", str(script), capture_output=True)
+    assert proc.returncode == 2, proc.stderr
+    assert "names a script or a scenario, not the JSON file" in proc.stderr
+    assert script.read_text() == "print('the user's training script')\n"
