@@ -949,3 +949,50 @@ def test_an_address_that_is_not_a_dask_scheduler_is_bad_input_in_bounded_time(
         server.close()
     assert code == 2, err
     assert err.splitlines()[-1].startswith(f"error: --scheduler tcp://127.0.0.1:{port}: "), err
+
+
+_SLEEPING_POLICY = """
+import time
+from dataclasses import dataclass
+from simnccl.policy import BasePolicy
+
+@dataclass(frozen=True)
+class Sleeps(BasePolicy):
+    name: str = "sleeps"
+
+    def on_group(self, request, decision):
+        time.sleep(600)
+        return decision
+"""
+
+
+def test_sigint_to_the_sweeps_own_process_does_not_wait_for_its_running_cells(tmp_path: Path) -> None:
+    """``kill -INT`` to the sweep alone (a terminal's Ctrl-C reaches its whole process group) waited for every
+    running cell to end, up to its wall-clock limit: 57 s with --cell-timeout 60, ~10 min by default."""
+    import signal
+
+    (tmp_path / "sleepy.py").write_text(_SLEEPING_POLICY)
+    out = tmp_path / "out.json"
+    argv = ["sweep", "--workload", "vllm tp=2", "--workload", "vllm tp=1", "--policy", "sleepy:Sleeps", "--jobs", "2"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "simnccl.cli", *argv, "--json", str(out)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(tmp_path)},
+    )
+    assert proc.stderr is not None
+    first = proc.stderr.readline()  # "simnccl sweep: 2 cells ... on 2 local processes": the pool is starting
+    assert "2 cells" in first, first
+    time.sleep(3)  # the workers take their cells and sleep in the policy
+    proc.send_signal(signal.SIGINT)
+    start = time.monotonic()
+    try:
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130
+    assert time.monotonic() - start < 20
+    assert "--resume continues from the output file" in proc.stderr.read()

@@ -9,6 +9,7 @@ a missing ``distributed`` is a missing prerequisite (exit 2, naming the extra to
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import threading
@@ -87,7 +88,9 @@ def run_cells(cells: Sequence[Cell], executor: Executor, timeout_s: float) -> It
 
 
 def _run_pool(cells: Sequence[Cell], jobs: int, timeout_s: float) -> Iterator[Row]:
-    with ProcessPoolExecutor(max_workers=max(1, min(jobs, len(cells))), mp_context=get_context("spawn")) as pool:
+    pool = ProcessPoolExecutor(max_workers=max(1, min(jobs, len(cells))), mp_context=get_context("spawn"))
+    finished = False
+    try:
         futures: dict[Future[Row], Cell] = {pool.submit(run_cell, cell, timeout_s): cell for cell in cells}
         try:
             for future in as_completed(futures):
@@ -98,6 +101,29 @@ def _run_pool(cells: Sequence[Cell], jobs: int, timeout_s: float) -> Iterator[Ro
         finally:
             for future in futures:
                 future.cancel()
+        finished = True
+    finally:
+        if finished:
+            pool.shutdown(wait=True)
+        else:
+            _stop_workers(pool)
+
+
+def _stop_workers(pool: ProcessPoolExecutor) -> None:
+    """End a pool whose sweep stopped early (Ctrl-C, or the reader of its rows went away) without waiting for its
+    running cells. Why: ``kill -INT`` to the sweep's own process (not its whole process group, as a terminal's
+    Ctrl-C is) waited for every running cell to end, up to its wall-clock limit (found: 57 s, up to ~10 min by
+    default), since leaving the pool's block waits for its workers."""
+    workers = list((getattr(pool, "_processes", None) or {}).values())  # CPython's own record of them
+    pool.shutdown(wait=False, cancel_futures=True)
+    for worker in workers:
+        with contextlib.suppress(OSError, ValueError):
+            worker.terminate()
+    for worker in workers:
+        with contextlib.suppress(OSError, ValueError, AssertionError):
+            worker.join(timeout=5)
+            if worker.is_alive():
+                worker.kill()
 
 
 def _simnccl_version() -> str:
