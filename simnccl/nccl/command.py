@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import TextIO
 
 from simnccl.cli_options import STDOUT, add_output_options, check_json_target
-from simnccl.cli_output import document_stream, write_all_to_stdout
 from simnccl.nccl import UNMEASURED_ASSUMPTIONS
 from simnccl.nccl.constants import NcclInputError
 from simnccl.nccl.validation import MEDIAN_TOLERANCE, POINT_TOLERANCE, Table, validation_table
@@ -98,6 +97,8 @@ def _goal_line(table: Table) -> str:
 
 def run_validate(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
     """Run ``simnccl validate``; returns the exit code."""
+    from simnccl.cli_output import document_stream  # here: the model's import stays free of simpy (rich's too)
+
     out = out or document_stream()  # stdout, also while the document owns it (cli_output)
     err = err or sys.stderr
     target = getattr(args, "json", None)
@@ -115,6 +116,8 @@ def run_validate(args: argparse.Namespace, out: TextIO | None = None, err: TextI
     target = getattr(args, "json", None)
     document = {**table.to_dict(), "ok": table.goal_met}  # "ok" as in every simnccl command's document
     if target in (True, STDOUT):  # True: a caller's namespace from before --json took a FILE
+        from simnccl.cli_output import write_all_to_stdout
+
         write_all_to_stdout(json.dumps(document, indent=2) + "\n", out)
         return EXIT_OK if table.goal_met else EXIT_GOAL_MISSED
     if getattr(args, "quiet", False):
