@@ -205,43 +205,57 @@ def run_scenarios(args: argparse.Namespace) -> int:
     records: list[dict[str, Any]] = []
     results = []
     ok = True
-    with out.progress(sum(len(s.variants) for s in scenarios), "variants") as bar:
-        for scenario in scenarios:
-            if scenario.faults.faults or scenario.faults.seed is not None:
-                # The schedule is the run's identity: print it before anything runs (testing-practices §1).
-                out.note(f"{scenario.name}: {scenario.faults.describe()}", always=True)
-            out.show(lambda console, s=scenario: print_header(console, s.name, s.source, s.seed))
+    finished_names: dict[int, set[str]] = {}  # id(scenario) -> its variants that finished
+    try:
+        with out.progress(sum(len(s.variants) for s in scenarios), "variants") as bar:
+            for scenario in scenarios:
+                if scenario.faults.faults or scenario.faults.seed is not None:
+                    # The schedule is the run's identity: print it before anything runs (testing-practices §1).
+                    out.note(f"{scenario.name}: {scenario.faults.describe()}", always=True)
+                out.show(lambda console, s=scenario: print_header(console, s.name, s.source, s.seed))
 
-            def finished(variant: VariantResult, scenario_name: str = scenario.name) -> None:
-                bar.advance(f"{scenario_name}: {variant.name}")
-                if explaining:
-                    out.print(explain_variant(variant))
-                else:
-                    out.show(lambda console: print_variant(console, variant, explain=args.explain))
-                    if args.fr_dir and variant.outcome.fr_dumps:
-                        folder = Path(args.fr_dir) / _safe(f"{scenario_name}-{variant.name}")
-                        try:
-                            write_dumps(variant.outcome.fr_dumps, folder)
-                        except OSError as err:  # checked up front; a disk that fills or a folder removed since
-                            raise OutputError(f"--fr-dir: cannot write {str(folder)!r}: {err.strerror}") from None
-                        out.note(f"flight-recorder dumps: {folder}")
-                out.add(variant_summary(scenario_name, variant))
+                def finished(variant: VariantResult, scenario_name: str = scenario.name, this: Any = scenario) -> None:
+                    bar.advance(f"{scenario_name}: {variant.name}")
+                    if explaining:
+                        out.print(explain_variant(variant))
+                    else:
+                        out.show(lambda console: print_variant(console, variant, explain=args.explain))
+                        if args.fr_dir and variant.outcome.fr_dumps:
+                            folder = Path(args.fr_dir) / _safe(f"{scenario_name}-{variant.name}")
+                            try:
+                                write_dumps(variant.outcome.fr_dumps, folder)
+                            except OSError as err:  # checked up front; a disk that fills or a folder removed since
+                                raise OutputError(f"--fr-dir: cannot write {str(folder)!r}: {err.strerror}") from None
+                            out.note(f"flight-recorder dumps: {folder}")
+                    out.add(variant_summary(scenario_name, variant))
+                    finished_names.setdefault(id(this), set()).add(variant.name)
 
-            try:
-                result = run_scenario(
-                    scenario,
-                    on_variant=finished,
-                    keep_trace=needs_trace(args),
-                    allow=getattr(args, "allow", frozenset()),
-                )
-            except EngineGuardError as error:
-                out.error(stopped_at_a_limit(error, scenario.source))
-                return EXIT_BAD_INPUT
-            if not explaining:
-                out.show(lambda console, r=result: print_footer(console, r))
-            records.append(_explained(result, explain_variant) if explaining else result.to_dict())
-            results.append(result)
-            ok = ok and result.ok
+                try:
+                    result = run_scenario(
+                        scenario,
+                        on_variant=finished,
+                        keep_trace=needs_trace(args),
+                        allow=getattr(args, "allow", frozenset()),
+                    )
+                except EngineGuardError as error:
+                    out.error(stopped_at_a_limit(error, scenario.source))
+                    return EXIT_BAD_INPUT
+                if not explaining:
+                    out.show(lambda console, r=result: print_footer(console, r))
+                records.append(_explained(result, explain_variant) if explaining else result.to_dict())
+                results.append(result)
+                ok = ok and result.ok
+    except KeyboardInterrupt:
+        # What finished, in the document too (--json FILE was not written, --json - left stdout empty): each
+        # variant not finished is a summary line that is not ok, so the document never reads as passing.
+        if out.json_target is not None:
+            for scenario in scenarios:
+                done = finished_names.get(id(scenario), set())
+                missing = [v.name for v in scenario.variants if v.name not in done]
+                if missing:
+                    out.not_finished(scenario.name, missing)
+            out.finish(records, show_summary=False)
+        raise  # simnccl.cli_guard: exit 130 and the journal's lines
     try:
         write_pictures(args, results, out.err)
     except PictureError as error:  # user paths and "simnccl[plots]": printed literally, never as markup

@@ -8,6 +8,7 @@ limits are checked before anything is expanded or simulated).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -1100,3 +1101,57 @@ def test_a_closed_or_full_standard_stream_keeps_the_commands_own_exit_code(
     else:
         proc = _closed(argv, full_stderr=True)
     assert proc.returncode == code
+
+
+_SLEEPY = """
+import time
+from dataclasses import dataclass
+from simnccl.policy import BasePolicy
+
+@dataclass(frozen=True)
+class Sleeps(BasePolicy):
+    name: str = "sleeps"
+
+    def on_init(self, request):
+        print("asleep", flush=True)
+        time.sleep(600)
+        return super().on_init(request)
+"""
+
+
+@pytest.mark.parametrize("target", ["file", "stdout"])
+def test_ctrl_c_during_run_still_writes_the_document_of_what_finished(tmp_path: Path, target: str) -> None:
+    """Ctrl-C ended ``run --json FILE`` with 130 and the partial report on stderr, but no document: the file was
+    never written (``--json -``: stdout empty), unlike cost and real. Now the document holds what finished, each
+    variant not finished is a summary line that is not ok, and its ``ok`` is false."""
+    (tmp_path / "sleepy.py").write_text(_SLEEPY)
+    scenario = tmp_path / "s.toml"
+    scenario.write_text(
+        TINY.replace(
+            "[workload]",
+            "[[variants]]\nname = 'fast'\n\n[[variants]]\nname = 'slow'\npolicy = 'sleepy:Sleeps'\n\n[workload]",
+            1,
+        )
+        + '\n[[expect]]\nverdict = "pass"\n'
+    )
+    out = tmp_path / "out.json"
+    json_args = ["--json", str(out)] if target == "file" else ["--json", "-"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "simnccl", "run", str(scenario), *json_args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(tmp_path)},
+    )
+    # The policy's print: on stdout beside the text, on stderr while the document owns stdout.
+    talks = proc.stdout if target == "file" else proc.stderr
+    assert talks is not None
+    while "asleep" not in (line := talks.readline()):  # the fast variant's text comes first
+        assert line, "the policy never ran"
+    proc.send_signal(signal.SIGINT)
+    stdout, err = communicate_or_kill(proc, 60)
+    assert proc.returncode == 130, err
+    document = json.loads(out.read_text() if target == "file" else stdout)
+    assert document["ok"] is False
+    summary = {line["variant"]: line for line in document["summary"]}
+    assert summary["fast"]["ok"] and summary["slow"]["verdict"] == "interrupted" and not summary["slow"]["ok"]
