@@ -180,6 +180,18 @@ def test_each_rank_may_name_its_own_device_but_not_only_some() -> None:
     assert out.verdict == "error" and any(e["type"] == "PolicyInconsistency" for e in out.errors), out.errors
 
 
+def test_a_device_the_node_lacks_is_cudas_invalid_ordinal_on_the_rank() -> None:
+    """On 2.14 (legacy, an unbound default group) the group's eager init uses the device the decision names: CUDA
+    says "invalid device ordinal". The simulator's own ClusterError escaped instead, naming neither rank nor call."""
+    program = [SetDevice(), InitProcessGroup(backend="nccl"), NewGroup(ranks=(0, 1), bind="g"), AllReduce(group="g")]
+    out = simulate(program, gpus_per_node=2, release="2.14", policy=user_policies.DeviceTheNodeLacks())
+    assert out.verdict == "error"
+    assert {(e["rank"], e["type"], e["message"]) for e in out.errors} == {
+        (r, "torch.AcceleratorError", "CUDA error: invalid device ordinal") for r in (0, 1)
+    }
+    assert all(e["op"].startswith("new_group(") for e in out.errors)
+
+
 def test_ctrl_c_in_a_policy_is_not_relabelled() -> None:
     """Only the policy's own failures become policy errors: Ctrl-C still interrupts (exit 130 on the CLI)."""
     with pytest.raises(KeyboardInterrupt):

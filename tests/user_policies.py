@@ -401,3 +401,13 @@ class DeviceString(BasePolicy):
 
     def on_group(self, request: GroupRequest, decision: GroupDecision) -> GroupDecision:
         return replace(decision, device_id=f"cuda:{request.rank}")
+
+
+@dataclass(frozen=True)
+class DeviceTheNodeLacks(BasePolicy):
+    """Names device 99 on a node of a few GPUs (a local rank taken for a global one, say)."""
+
+    name: str = "device-the-node-lacks"
+
+    def on_group(self, request: GroupRequest, decision: GroupDecision) -> GroupDecision:
+        return replace(decision, device_id=99)
