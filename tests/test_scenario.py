@@ -487,6 +487,10 @@ def test_unknown_workload_generator(write_scenario) -> None:
         ('checkpoint = "a"\nused_mib = 1\ntolerance_pct = -1\n', "tolerance_pct", "non-negative"),
         ('verdict = "pass"\ntolerance_mib = 3\n', "tolerance_mib", "only meaningful with used_mib"),
         ('checkpoint = "a"\nused_mib = 1\ndevices = [0]\n', "devices", "device keys"),
+        # keys that change nothing without their partner looked like checks and measured nothing (fuzzing)
+        ('verdict = "pass"\ndevices = ["n0:cuda:1"]\n', "devices", "only meaningful with used_mib"),
+        ('verdict = "pass"\ncheckpoint = "after_init"\n', "checkpoint", "only meaningful with used_mib"),
+        ('verdict = "pass"\ntolerance_s = 0.5\n', "tolerance_s", "only meaningful with detected_at_s, error_at_s"),
     ],
 )
 def test_expect_tolerance_and_devices_are_checked(write_scenario, extra, key, fragment) -> None:

@@ -70,7 +70,7 @@ def read_expectations(
             error_contains=reader.get("error_contains", str, None),
             hang_ranks=reader.int_list("hang_ranks", None),
             detected_at_s=opt_number(reader, "detected_at_s", 0),
-            tolerance_s=_default(opt_number(reader, "tolerance_s", 0), 1e-6),
+            tolerance_s=_default(tolerance_s := opt_number(reader, "tolerance_s", 0), 1e-6),
             key=f"expect[{i}]",
             committed_steps=opt_count(reader, "committed_steps"),
             lost_steps=opt_count(reader, "lost_steps"),
@@ -93,9 +93,14 @@ def read_expectations(
             raise ScenarioError(
                 source, f"expect[{i}]", "asserts nothing; expected used_mib, verdict, error_contains or hang_ranks"
             )
-        for tol in ("tolerance_pct", "tolerance_mib"):
-            if getattr(exp, tol) is not None and exp.used_mib is None:
-                raise reader.error(tol, "only meaningful with used_mib")
+        # A key that changes nothing without its partner is refused, as tolerance_pct alone is: an [[expect]] that
+        # gives devices, a checkpoint or tolerance_s alone looked like a check and measured nothing.
+        for key in ("tolerance_pct", "tolerance_mib", "devices", "checkpoint"):
+            if getattr(exp, key) and exp.used_mib is None:
+                raise reader.error(key, "only meaningful with used_mib")
+        timed = (exp.detected_at_s, exp.error_at_s, exp.fault_detected_at_s)
+        if tolerance_s is not None and all(t is None for t in timed):
+            raise reader.error("tolerance_s", "only meaningful with detected_at_s, error_at_s or fault_detected_at_s")
         if exp.tolerance_pct is not None and exp.tolerance_mib is not None:
             raise reader.error("tolerance_mib", "give tolerance_pct or tolerance_mib, not both")
         for key in ("checkpoint", "baseline"):
