@@ -1155,3 +1155,18 @@ def test_ctrl_c_during_run_still_writes_the_document_of_what_finished(tmp_path: 
     assert document["ok"] is False
     summary = {line["variant"]: line for line in document["summary"]}
     assert summary["fast"]["ok"] and summary["slow"]["verdict"] == "interrupted" and not summary["slow"]["ok"]
+
+
+@pytest.mark.parametrize(
+    ("step", "key", "shown"),
+    [
+        ('{ op = "checkpoint", name = "c", repeat = 2 }', "workload.steps", "checkpoint 'c' is met twice"),
+        ('{ op = "all_reduce", size_mib = 4, size_bytes = 16 }', "workload.steps[2].size_mib", "not both"),
+    ],
+)
+def test_a_step_whose_meaning_one_key_silently_overrode_is_bad_input(
+    capsys, write_scenario, step: str, key: str, shown: str
+) -> None:
+    """Found by fuzzing: an [[expect]] at a label met twice measured the last one; of size_mib and size_bytes one
+    silently won."""
+    _bad(capsys, write_scenario, _steps(*BASE_STEPS, step), key, shown)

@@ -19,6 +19,7 @@ from simnccl.ops import (
     MIB,
     OP_TYPES,
     WORLD,
+    Checkpoint,
     Collective,
     EmptyCache,
     InitProcessGroup,
@@ -69,12 +70,13 @@ def read_programs(
         raise workload.error("steps", "expected at least one step")
     steps = [_step(Reader(workload.source, f"workload.steps[{i}]", raw), world_size) for i, raw in enumerate(raw_steps)]
     programs = _expand(workload, steps, world_size, limits)
-    _check_handles(workload, programs, bound_elsewhere)
+    _check_names(workload, programs, bound_elsewhere)
     return programs
 
 
-def _check_handles(workload: Reader, programs: tuple[Program, ...], bound_elsewhere: tuple[str, ...]) -> None:
-    """Every group handle a step uses is bound by some step, on some rank (or is ``world``).
+def _check_names(workload: Reader, programs: tuple[Program, ...], bound_elsewhere: tuple[str, ...]) -> None:
+    """Every group handle a step uses is bound by some step, on some rank (or is ``world``), and no rank's program
+    meets one checkpoint label twice.
 
     Why: a handle no step binds anywhere can only be a typo (``group = "wrold"``); it ran, failed every rank with
     NameError and ended as a failed expectation (exit 1). A handle bound on other ranks only is the program's
@@ -95,6 +97,13 @@ def _check_handles(workload: Reader, programs: tuple[Program, ...], bound_elsewh
                 handle = getattr(op, field_name, None)
                 if isinstance(handle, str):
                     used.setdefault(handle, f"{op.name}'s {field_name}")
+    for program in distinct:  # an [[expect]] at a label met twice measured the last one, silently
+        labels = [op.label for op in program.ops if type(op) is Checkpoint]
+        if len(labels) != len(set(labels)):
+            twice = next(label for label in labels if labels.count(label) > 1)
+            raise workload.error(
+                "steps", f"checkpoint {brief(twice)} is met twice in one rank's program; give each its own name"
+            )
     unbound = sorted(h for h in used if h not in bound)
     if unbound:
         handle = unbound[0]
@@ -234,6 +243,8 @@ def _build_op(
     allowed = {f.name: f for f in fields(op_type)}
     kwargs: dict[str, Any] = {}
     options: dict[str, Any] = {}
+    if "size_mib" in raw and "size_bytes" in raw:  # one silently won
+        raise reader.error("size_mib", "give size_mib or size_bytes, not both")
     for key, value in raw.items():
         value = _fill(value, i, rank)
         if key == "size_mib" and issubclass(op_type, (Collective, PointToPoint)):
