@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from simnccl.table_keys import check_keys
+from simnccl.visible_text import brief
 
 BYTES_PER_MIB = 1024 * 1024
 
@@ -119,7 +120,7 @@ def get_gpu_kind(key: str) -> GpuKind:
     try:
         return kinds[key]
     except KeyError:
-        raise ClusterError(f"unknown GPU kind {key!r}; expected one of {', '.join(kinds)}") from None
+        raise ClusterError(f"unknown GPU kind {brief(key)}; expected one of {', '.join(kinds)}") from None
 
 
 def _check_int(owner: str, name: str, value: Any, minimum: int) -> None:

@@ -10,6 +10,7 @@ character is printed as its Python escape (``\\x1b``, ``\\u202e``) instead, so w
 from __future__ import annotations
 
 import re
+from typing import Any
 
 # C0 controls but tab and newline, DEL and the C1 controls, zero-width and direction marks, the line and
 # paragraph separators, the bidirectional embeddings, overrides and isolates, the word joiner and friends, BOM.
@@ -36,3 +37,13 @@ def one_line(text: str) -> str:
     """``visible(text)`` with newline and tab escaped too: user text inside a line that must stay one line (an
     error message, a table cell)."""
     return visible(text).replace("\n", "\\n").replace("\t", "\\t")
+
+
+def brief(value: Any, width: int = 120) -> str:
+    """``repr(value)`` cut to ``width`` characters: an error message must stay one readable line (a GPU name of a
+    million characters, an integer of 400 digits read back from a file, were quoted whole)."""
+    try:
+        text = repr(value)
+    except ValueError:  # an integer past Python's int-to-text digit limit
+        return "an integer of thousands of digits"
+    return text if len(text) <= width else f"{text[: width - 5]}...{text[-2:]}"

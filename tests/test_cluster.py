@@ -251,3 +251,10 @@ def test_a_misspelt_kind_key_is_refused_with_the_nearest_key() -> None:
         "kinds.toml: [x].totl_mib: unknown key; expected one of cuda_context_mib, cuda_context_source, display, "
         "topology, total_mib, total_source; did you mean 'total_mib'?"
     )
+
+
+def test_an_unknown_gpu_kind_is_quoted_briefly() -> None:
+    """A GPU name of a million characters (``--gpu``, a sweep's matrix) was quoted whole in the one-line error."""
+    with pytest.raises(ClusterError) as raised:
+        get_gpu_kind("x" * 10**6)
+    assert len(str(raised.value)) < 400 and "unknown GPU kind 'xxx" in str(raised.value)

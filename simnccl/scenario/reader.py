@@ -16,7 +16,10 @@ from simnccl.env_knobs import is_env_name, unknown_knob_message, value_problem
 from simnccl.limits import exceeded, number_text
 from simnccl.scenario.model import ScenarioError
 from simnccl.table_keys import key_problem
-from simnccl.visible_text import invisible_in
+from simnccl.visible_text import (
+    brief,
+    invisible_in,
+)
 
 
 class Reader:
@@ -176,15 +179,6 @@ def opt_count(reader: Reader, key: str) -> int | None:
     if value is not None and value < 0:
         raise reader.error(key, f"expected an integer >= 0, got {value}")
     return value
-
-
-def brief(value: Any, width: int = 120) -> str:
-    """``repr(value)`` cut to ``width`` characters: an error message must stay one readable line."""
-    try:
-        text = repr(value)
-    except ValueError:  # an integer past Python's int-to-text digit limit
-        return "an integer of thousands of digits"
-    return text if len(text) <= width else f"{text[: width - 5]}...{text[-2:]}"
 
 
 def ranks_in_world(reader: Reader, key: str, ranks: Sequence[int], world_size: int) -> None:

@@ -29,6 +29,7 @@ from simnccl import __version__
 from simnccl.cost import ROWS
 from simnccl.limits import file_problem
 from simnccl.scenario import VERDICTS
+from simnccl.visible_text import brief
 
 SCHEMA = "simnccl.sweep"
 SCHEMA_VERSION = 1
@@ -169,12 +170,6 @@ def _typed(key: str, text: str) -> Any:
 _LARGEST = 2**63  # no count, MiB or seconds figure of a row comes near it
 
 
-def brief_number(value: float) -> str:
-    """A number as an error quotes it: one of 400 digits in full made a 400-character message."""
-    text = repr(value)
-    return text if len(text) <= 40 else f"{text[:20]}...({len(text)} characters)"
-
-
 def _row_problem(row: Mapping[str, Any]) -> str | None:
     """What is wrong with the types of a row read back (None: nothing), as this module writes them: integers,
     numbers, the ``knobs`` and ``env`` tables, text; a number may be missing (None).
@@ -189,7 +184,7 @@ def _row_problem(row: Mapping[str, Any]) -> str | None:
                 return f"{key}: expected {'an integer' if kinds == (int,) else 'a number'}, got {value!r}"
             # counts, MiB, seconds; compared, never converted: math.isfinite(10**400) raised OverflowError (exit 70)
             if value is not None and not 0 <= value <= _LARGEST:
-                return f"{key}: expected a finite number from 0 to 2**63, got {brief_number(value)}"
+                return f"{key}: expected a finite number from 0 to 2**63, got {brief(value, 40)}"
         elif key in _JSON_FIELDS:
             if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
                 return f"{key}: expected a table, got {value!r}"
