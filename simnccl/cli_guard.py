@@ -26,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import functools
-import io
 import os
 import select
 import signal
@@ -38,7 +37,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from simnccl.cli_options import OutputError
+from simnccl.cli_options import ClosedStdout, OutputError
 from simnccl.limits import DATA_FILE, ENV_PREFIX, LimitError, number_text
 from simnccl.limits import current as current_limits
 from simnccl.policy.plans import UserPolicyError
@@ -259,11 +258,6 @@ def _to_stderr(write: Callable[[], None]) -> None:
         if err.errno not in _NO_SPACE and err.errno != errno.EIO:
             raise
         _discard_unwritable_output()
-
-
-class ClosedStdout(io.TextIOWrapper):
-    """What a command started with stdout closed (``>&-``) writes its text to: nowhere. A document meant for stdout
-    is bad input there instead (``cli_output.document_owns_stdout``)."""
 
 
 def _open_closed_streams() -> None:

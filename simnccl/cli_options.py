@@ -13,6 +13,7 @@ here imports torch or the engine: ``simnccl capture --help`` builds its parser f
 from __future__ import annotations
 
 import argparse
+import io
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -50,6 +51,11 @@ class UsageParser(argparse.ArgumentParser):
 class OutputError(Exception):
     """An output file could not be written (a full disk, a folder gone, no permission): exit 2 naming the flag
     and the file, not an internal error (exit 70)."""
+
+
+class ClosedStdout(io.TextIOWrapper):
+    """What a command started with stdout closed (``>&-``) writes its text to: nowhere (``cli_guard`` puts it
+    there). A document meant for stdout is bad input instead (``cli_output.document_owns_stdout``)."""
 
 
 class OverrideError(ValueError):

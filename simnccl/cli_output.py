@@ -27,7 +27,7 @@ from rich.console import Console, RenderableType
 from rich.segment import Segment
 from rich.text import Text
 
-from simnccl.cli_options import STDOUT, OutputError
+from simnccl.cli_options import STDOUT, ClosedStdout, OutputError
 from simnccl.interrupt_deferral import deferred_interrupt
 from simnccl.result import SummaryLine, document
 from simnccl.visible_text import one_line, visible
@@ -78,7 +78,7 @@ def document_owns_stdout(active: bool) -> Iterator[None]:
         yield
         return
     real = sys.stdout
-    if real is None or type(real).__name__ == "ClosedStdout":  # started with stdout closed (``>&-``, cli_guard)
+    if real is None or isinstance(real, ClosedStdout):  # started with stdout closed (``>&-``)
         raise OutputError("stdout is closed, so the document has nowhere to go; give --json (or --csv) a FILE")
     try:
         real.flush()
