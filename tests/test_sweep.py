@@ -996,3 +996,19 @@ def test_sigint_to_the_sweeps_own_process_does_not_wait_for_its_running_cells(tm
     assert proc.returncode == 130
     assert time.monotonic() - start < 20
     assert "--resume continues from the output file" in proc.stderr.read()
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--workload", "megatron tp=2 tp=4"], "knob 'tp' is given twice"),
+        (["--workload", "vllm tp=2", "--env-set", "NCCL_DEBUG=INFO NCCL_DEBUG=WARN"], "NCCL_DEBUG is given twice"),
+        (["--workload", "vllm world=-8"], "world: expected an integer in [1, 1048576], got -8"),
+    ],
+)
+def test_a_value_given_twice_or_out_of_range_in_a_flag_says_so(
+    capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    """Found by fuzzing: the last of two values silently won; world=-8 was "expected an integer"."""
+    code, _, err = sweep(capsys, *argv, "--dry-run")
+    assert code == 2 and message in err, err

@@ -36,13 +36,14 @@ from simnccl.cluster import ClusterError, get_gpu_kind
 from simnccl.cost import CostError, parse_knobs
 from simnccl.env_knobs import NO_SCENARIO_DECLARES, env_problem, is_env_name
 from simnccl.limits import current as current_limits
-from simnccl.limits import exceeded, file_problem, nesting_depth
+from simnccl.limits import exceeded, file_problem, nesting_depth, number_text
 from simnccl.policy import PolicyError, get_policy
 from simnccl.policy.specs import describe_policy
 from simnccl.profiles import ProfileError, find_profile
 from simnccl.release import RELEASES
 from simnccl.scenario import VERDICTS, Scenario, ScenarioError, load_scenario
 from simnccl.table_keys import key_problem
+from simnccl.visible_text import brief
 from simnccl.workloads import GENERATORS, WorkloadError
 
 DEFAULT_GPU = "h100-80gb"
@@ -206,7 +207,7 @@ def _number(value: Any, where: str, low: float, high: float, integer: bool = Fal
     ok = isinstance(value, int) if integer else isinstance(value, int | float)
     if not ok or isinstance(value, bool) or not math.isfinite(value) or not low <= value <= high:
         kind = "an integer" if integer else "a number"
-        raise SweepInputError(where, f"expected {kind} in [{low:g}, {high:g}], got {value!r}")
+        raise SweepInputError(where, f"expected {kind} in [{number_text(low)}, {number_text(high)}], got {value!r}")
     return value
 
 
@@ -244,13 +245,19 @@ def _workload_from_flag(text: str) -> tuple[str, dict[str, Any], int | None, str
         raise SweepInputError(where, f"unknown workload generator {name!r}; expected one of {', '.join(GENERATORS)}")
     world = None
     flags = []
+    named: set[str] = set()
     for token in rest:
         key, sep, value = token.partition("=")
+        if key in named:  # "megatron tp=2 tp=4": which one was meant? (the last silently won)
+            raise SweepInputError(where, f"knob {key!r} is given twice")
+        named.add(key)
         if key == "world" and sep:
             try:
-                world = _number(int(value), f"{where}: world", 1, MAX_WORLD, integer=True)
+                number = int(value)
             except ValueError:
-                raise SweepInputError(f"{where}: world", f"expected an integer, got {value!r}") from None
+                raise SweepInputError(f"{where}: world", f"expected an integer, got {brief(value)}") from None
+            # outside the try: its range error (a ValueError too) read as "expected an integer" for world=-8
+            world = _number(number, f"{where}: world", 1, MAX_WORLD, integer=True)
             continue
         flags.append(f"--{token}")
     try:
@@ -358,6 +365,8 @@ def parse_env_set(text: str, where: str) -> dict[str, str]:
         name, sep, value = item.partition("=")
         if not sep:
             raise SweepInputError(where, f"expected VAR=VALUE items, got {item!r}")
+        if name in env:  # the last silently won
+            raise SweepInputError(where, f"{name} is given twice")
         env[name] = value
     return check_env(env, where)
 
