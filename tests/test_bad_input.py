@@ -1170,3 +1170,15 @@ def test_a_step_whose_meaning_one_key_silently_overrode_is_bad_input(
     """Found by fuzzing: an [[expect]] at a label met twice measured the last one; of size_mib and size_bytes one
     silently won."""
     _bad(capsys, write_scenario, _steps(*BASE_STEPS, step), key, shown)
+
+
+@pytest.mark.parametrize(
+    ("matrix", "key"),
+    [
+        ('release = ["2.15", "2.15"]', "matrix.release"),
+        ('env = { NCCL_DEBUG = ["INFO", "INFO"] }', "matrix.env.NCCL_DEBUG"),
+    ],
+)
+def test_a_matrix_value_given_twice_is_named_as_such(capsys, write_scenario, matrix: str, key: str) -> None:
+    """It made two variants of one name, reported as "also defined in [[variants]]" in a file that had none."""
+    _bad(capsys, write_scenario, TINY + f"[matrix]\n{matrix}\n", key, "is given twice")

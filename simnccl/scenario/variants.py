@@ -42,6 +42,14 @@ class MatrixBase:
     extra_knobs: tuple[str, ...]
 
 
+def _distinct(source: str, key: str, values: Sequence[str]) -> None:
+    """An axis names each value once: a value given twice made two variants of one name, reported as "also
+    defined in [[variants]]" in a file that had none."""
+    twice = next((v for i, v in enumerate(values) if v in values[:i]), None)
+    if twice is not None:
+        raise ScenarioError(source, key, f"{brief(twice)} is given twice; each value of an axis is one variant")
+
+
 def matrix_variants(reader: Reader, base: MatrixBase, room: int) -> list[Variant]:
     """``[matrix]``: the cartesian product of ``release``, ``policy`` and each ``env`` variable's values.
 
@@ -57,6 +65,7 @@ def matrix_variants(reader: Reader, base: MatrixBase, room: int) -> list[Variant
         values = reader.get(key, list, [getattr(base, key)], what="a list of strings")
         if not values or not all(isinstance(v, str) for v in values):
             raise reader.error(key, f"expected a non-empty list of strings, got {brief(values)}")
+        _distinct(reader.source, f"matrix.{key}", values)
         for value in values:
             if key == "release" and value not in RELEASES:
                 raise reader.error(key, f"unknown torch release {brief(value)}; expected one of {', '.join(RELEASES)}")
@@ -69,6 +78,7 @@ def matrix_variants(reader: Reader, base: MatrixBase, room: int) -> list[Variant
         if not isinstance(values, list) or not values or not all(isinstance(v, str) for v in values):
             raise ScenarioError(reader.source, key, f"expected a non-empty list of strings, got {brief(values)}")
         check_knob(reader.source, key, var, base.extra_knobs)
+        _distinct(reader.source, key, values)
         for value in values:
             problem = value_problem(var, value)
             if problem is not None:
