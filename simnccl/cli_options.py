@@ -275,6 +275,10 @@ def check_fr_dir(target: str | None) -> None:
     parent = next((p for p in (path, *path.parents) if p.exists()), None)
     if parent is not None and not parent.is_dir():
         raise OverrideError("--fr-dir", f"{str(parent)!r} is not a folder, so {target!r} cannot be made")
+    if parent is not None:  # a folder nobody may write in (read-only, no permission) failed only after the run
+        problem = unwritable_folder(parent)
+        if problem is not None:
+            raise OverrideError("--fr-dir", f"cannot write in {str(parent)!r}: {problem}")
 
 
 # ---------------------------------------------------------------------------------------------- overrides

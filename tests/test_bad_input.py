@@ -1182,3 +1182,11 @@ def test_a_step_whose_meaning_one_key_silently_overrode_is_bad_input(
 def test_a_matrix_value_given_twice_is_named_as_such(capsys, write_scenario, matrix: str, key: str) -> None:
     """It made two variants of one name, reported as "also defined in [[variants]]" in a file that had none."""
     _bad(capsys, write_scenario, TINY + f"[matrix]\n{matrix}\n", key, "is given twice")
+
+
+@pytest.mark.skipif(not Path("/proc/self").exists(), reason="needs /proc (a folder no one can write in)")
+def test_fr_dir_in_a_folder_no_one_can_write_is_exit_2_before_anything_runs(capsys) -> None:
+    """Found by fuzzing: it was found only when the dumps were written, after the simulation had run."""
+    code, out, err = _run(capsys, str(SCENARIOS_DIR / "hang-missing-rank.toml"), "--fr-dir", "/proc/simnccl-dumps")
+    assert code == 2 and "--fr-dir: cannot write in '/proc'" in err, err
+    assert "hang-missing-rank" not in out  # nothing ran
