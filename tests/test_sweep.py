@@ -813,6 +813,14 @@ def test_a_scheduler_that_does_not_answer_exits_2_naming_it(
     assert code == 2 and "error: --scheduler tcp://127.0.0.1:1: cannot reach the scheduler" in err
 
 
+def test_a_refused_connection_is_said_at_once_not_after_dasks_timeout(capsys: pytest.CaptureFixture[str]) -> None:
+    """Dask retried a refused connection for its whole timeout (30 s) before the one line (found by fuzzing)."""
+    start = time.monotonic()
+    code, _, err = sweep(capsys, "--workload", "vllm tp=2", "--scheduler", "tcp://127.0.0.1:1")
+    assert code == 2 and "cannot reach the scheduler: Connection refused" in err, err
+    assert time.monotonic() - start < 10
+
+
 def test_importing_simnccl_and_its_cli_does_not_import_dask() -> None:
     probe = "import sys, simnccl, simnccl.cli, simnccl.sweep; print(sorted({m.split('.')[0] for m in sys.modules}))"
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
+import socket
 import threading
 import traceback
 from collections.abc import Iterator, Sequence
@@ -148,6 +149,13 @@ def _connect(distributed: Any, address: str, where: str) -> Any:
     the connection and never answers (a firewall, another service) hung the sweep with no end; one that answers
     with something else raised ValueError or struct.error from Dask's frame reader (exit 70). Neither is a Dask
     scheduler: bad input."""
+    match = _ADDRESS.match(address)
+    if match is not None:  # nothing listening answers at once: Dask retried it for its whole timeout (30 s)
+        host = match.group(1).strip("[]")
+        try:
+            socket.create_connection((host, int(match.group(2))), timeout=DASK_CONNECT_TIMEOUT_S).close()
+        except OSError as err:
+            raise ExecutorError(f"{where}: cannot reach the scheduler: {err.strerror or err}") from None
     box: dict[str, Any] = {}
 
     def attempt() -> None:
