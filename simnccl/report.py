@@ -347,7 +347,10 @@ def _print_decisions(console: Console, variant: VariantResult) -> None:
         table.add_column(column)
     for d in variant.explanations:
         ranks = d["ranks"] if isinstance(d["ranks"], str) else ",".join(map(str, d["ranks"]))
-        table.add_row(Text(d["call"]), ranks, Text(d["plan"]), Text(d["explanation"]))
+        # one_line: a policy's explanation with a newline made the cell two lines, and an ESC, escaped only when
+        # printed, pushed it past its border (its width was measured before)
+        cells = (one_line(d["call"]), one_line(ranks), one_line(d["plan"]), one_line(d["explanation"]))
+        table.add_row(*(Text(c) for c in cells))
     console.print(table)
 
 

@@ -592,3 +592,22 @@ def test_json_never_writes_over_a_script(tmp_path: Path, argv: list[str]) -> Non
     assert proc.returncode == 2, proc.stderr
     assert "names a script or a scenario, not the JSON file" in proc.stderr
     assert script.read_text() == "print('the user's training script')\n"
+
+
+def test_a_policys_explanation_stays_one_line_in_its_explain_table_cell(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A newline in an explanation made its cell two lines, and an ESC (escaped only when printed) pushed the cell
+    past its border (found by fuzzing)."""
+    (tmp_path / "talky_policy.py").write_text(
+        "import dataclasses\nfrom simnccl.policy import BasePolicy\n\n"
+        "@dataclasses.dataclass(frozen=True)\nclass Talky(BasePolicy):\n    name: str = 'talky'\n\n"
+        "    def on_group(self, request, decision):\n"
+        "        return dataclasses.replace(decision, explanation='first\\nsecond \\x1b[31mred')\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    code, out, err = _run(capsys, "--variant", "legacy", "--policy", "talky_policy:Talky", "--explain")
+    assert code in (0, 1), err
+    rows = [line for line in out.splitlines() if "first" in line]
+    assert rows and all("first\\nsecond \\x1b[31mred" in row for row in rows), out
+    assert "\x1b" not in out and not any(line.strip().startswith("second") for line in out.splitlines())
