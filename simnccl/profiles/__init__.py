@@ -28,6 +28,7 @@ from typing import Any
 
 from simnccl.cluster import ClusterError, GpuKind, get_gpu_kind, gpu_kinds
 from simnccl.limits import current as current_limits
+from simnccl.limits import number_text
 from simnccl.nccl.constants import NcclInputError
 from simnccl.nccl.hardware import Topology, parse_topology, topology_for
 from simnccl.nccl.knobs import settings_from
@@ -171,7 +172,7 @@ class _Reader:
         if value < 0 or (positive and value == 0):
             raise self.fail(key, "a positive number" if positive else "a non-negative number", value)
         if value > maximum or value < minimum:  # e.g. 1e308 MiB overflowed converting to bytes (exit 70)
-            raise self.fail(key, f"a number from {_plain(minimum)} to {_plain(maximum)}", value)
+            raise self.fail(key, f"a number from {number_text(minimum)} to {number_text(maximum)}", value)
         return float(value)
 
     def integer(self, key: str, value: Any, minimum: int) -> int:
@@ -180,11 +181,6 @@ class _Reader:
         if value < minimum:
             raise self.fail(key, f"an integer >= {minimum}", value)
         return value
-
-
-def _plain(x: float) -> str:
-    """A bound as a person reads it: 1048576, not 1.04858e+06."""
-    return f"{x:.0f}" if math.isfinite(x) and x == int(x) and abs(x) < 1e15 else f"{x:g}"
 
 
 def _parse_comm(r: _Reader, value: Any) -> FixedOverheads:
