@@ -67,10 +67,12 @@ def knob_enabled(env: Mapping[str, str]) -> bool:
 class SharedGpus:
     """The check, for one run's NCCL version."""
 
-    __slots__ = ("knob_era", "nccl_version")
+    __slots__ = ("_last", "knob_era", "nccl_version")
 
     def __init__(self, nccl_version: str) -> None:
         self.nccl_version = nccl_version
+        # the last bootstrap's member list, its GPUs, and the GPUs two or more of them hold (``_crowded``)
+        self._last: tuple[tuple[int, ...], Mapping[int, str], dict[str, list[tuple[int, int]]]] | None = None
         try:
             self.knob_era = NcclVersion.parse(nccl_version).feature("multi_rank_gpu_knob_since")
         except NcclInputError:
@@ -84,16 +86,35 @@ class SharedGpus:
         mine = devices.get(rank)
         if mine is None:
             return None
+        crowded = self._crowded(members, devices)
         if self.knob_era:
-            if knob_enabled(env) or len(set(devices.values())) == len(devices):
+            if not crowded or knob_enabled(env):
                 return None
             warn = WARN_MULTI_RANK
         else:
-            other = next((i for i, r in enumerate(members) if r != rank and devices.get(r) == mine), None)
-            if other is None:
+            sharing = crowded.get(mine)
+            if sharing is None:
                 return None
-            warn = WARN_DUPLICATE.format(rank=members.index(rank), other=other, device=mine)
+            me = next(position for position, r in sharing if r == rank)
+            other = next(position for position, r in sharing if r != rank)
+            warn = WARN_DUPLICATE.format(rank=me, other=other, device=mine)
         if impl is Impl.LEGACY:
             text = LEGACY_TEXT.format(usage=INVALID_USAGE, version=self.nccl_version, warn=warn)
             return TorchError("torch.distributed.DistBackendError", text)
         return TorchError("RuntimeError", NCCL2_TEXT.format(usage=INVALID_USAGE, warn=warn))
+
+    def _crowded(self, members: tuple[int, ...], devices: Mapping[int, str]) -> dict[str, list[tuple[int, int]]]:
+        """Each GPU two or more members hold, with their (communicator rank, global rank), in communicator-rank
+        order. Counted once per bootstrap, not per member: every member asks, and counting the whole member list
+        for each was quadratic in the communicator's size."""
+        last = self._last
+        if last is not None and last[0] is members and last[1] is devices:
+            return last[2]
+        by_gpu: dict[str, list[tuple[int, int]]] = {}
+        for position, member in enumerate(members):
+            gpu = devices.get(member)
+            if gpu is not None:
+                by_gpu.setdefault(gpu, []).append((position, member))
+        crowded = {gpu: held for gpu, held in by_gpu.items() if len(held) > 1}
+        self._last = (members, devices, crowded)
+        return crowded
