@@ -268,8 +268,7 @@ class Comms:
                 if stale is not None:
                     yield from self.read_stale(rt, group, comm, meeting, stale)
             payload = group.ranks  # or, gloo, the first group's: one that another joins by group rank
-            if comm.impl.is_nccl:
-                self.note_device(meeting, rt, comm)
+            self.note_device(meeting, rt, comm)
             if comm.impl is Impl.GLOO and meeting.problem is None and meeting.arrivals:
                 payload = self.cross_wiring.payload(meeting, rt.rank, group.ranks)
             self.rendezvous.arrive(meeting, rt, payload, op, duration=self.timing.bootstrap_s)
@@ -390,8 +389,9 @@ class Comms:
         self.memory.init_comm(rt, comm, group, op)
 
     def note_device(self, meeting: Meeting, rt: RankRuntime, comm: Comm) -> None:
-        """An NCCL member arriving at its bootstrap brings its GPU (NCCL's peer info carries its bus id)."""
-        if comm.device is None:
+        """An NCCL member arriving at its bootstrap brings its GPU (NCCL's peer info carries its bus id); other
+        backends' bootstraps carry none."""
+        if not comm.impl.is_nccl or comm.device is None:
             return
         devices = meeting.devices
         if devices is None:
@@ -435,8 +435,7 @@ class Comms:
         meeting = self.rendezvous.open(key, "bootstrap", first.name, 0, first.ranks)
         for rt, group, member_comm, at in joining:
             meeting.arrivals[rt.rank] = Arrival(rt.rank, at, group.ranks, op)
-            if member_comm.impl.is_nccl:
-                self.note_device(meeting, rt, member_comm)
+            self.note_device(meeting, rt, member_comm)
         if len(meeting.arrivals) == len(meeting.expected):
             self.rendezvous.complete(meeting, self.timing.bootstrap_s(meeting))
         return meeting

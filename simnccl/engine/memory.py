@@ -99,9 +99,6 @@ class SharedEntries:
         return last[2]
 
 
-INVALID_ORDINAL = ("torch.AcceleratorError", "CUDA error: invalid device ordinal")  # any use of a device past the count
-
-
 class Memory:
     def __init__(self, sim: Sim, rendezvous: Rendezvous) -> None:
         self.sim = sim
@@ -151,9 +148,9 @@ class Memory:
         ledger = self._device_ledgers.get(key)
         if ledger is None:
             if isinstance(index, int) and not 0 <= index < self.cluster.device_count:
-                # A device the node does not have, reached by a call that takes one (a policy's device_id on an
-                # unbound default group): what CUDA answers there, not the simulator's own ClusterError
-                raise TorchError(INVALID_ORDINAL[0], INVALID_ORDINAL[1])
+                # A device the node does not have, reached by a call that takes one (set_device, a policy's
+                # device_id on an unbound default group): what CUDA answers, not the simulator's own ClusterError
+                raise TorchError("torch.AcceleratorError", "CUDA error: invalid device ordinal")
             ledger = self._device_ledgers[key] = self.ledgers[self.cluster.device(rt.node, index).key]
         return ledger
 
@@ -456,10 +453,8 @@ class Memory:
     def op_set_device(self, rt: RankRuntime, op: SetDevice) -> Waiting:
         yield from self.rendezvous.settle(rt)
         index = rt.ctx.local_rank if op.device is None else op.device
-        if index < 0 or index >= self.cluster.device_count:
-            raise TorchError(*INVALID_ORDINAL)
+        self.touch(rt, index, op)  # a device the node lacks: CUDA's invalid device ordinal (``ledger``)
         rt.current_device = index
-        self.touch(rt, index, op)
 
     def op_memory_check(self, rt: RankRuntime, op: MemoryCheck) -> Waiting:
         yield from self.rendezvous.settle(rt)

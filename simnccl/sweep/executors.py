@@ -90,7 +90,6 @@ def run_cells(cells: Sequence[Cell], executor: Executor, timeout_s: float) -> It
 
 def _run_pool(cells: Sequence[Cell], jobs: int, timeout_s: float) -> Iterator[Row]:
     pool = ProcessPoolExecutor(max_workers=max(1, min(jobs, len(cells))), mp_context=get_context("spawn"))
-    finished = False
     try:
         futures: dict[Future[Row], Cell] = {pool.submit(run_cell, cell, timeout_s): cell for cell in cells}
         try:
@@ -102,12 +101,10 @@ def _run_pool(cells: Sequence[Cell], jobs: int, timeout_s: float) -> Iterator[Ro
         finally:
             for future in futures:
                 future.cancel()
-        finished = True
-    finally:
-        if finished:
-            pool.shutdown(wait=True)
-        else:
-            _stop_workers(pool)
+    except BaseException:  # Ctrl-C, or the reader of the rows went away (GeneratorExit): stopped early
+        _stop_workers(pool)
+        raise
+    pool.shutdown(wait=True)
 
 
 def _stop_workers(pool: ProcessPoolExecutor) -> None:
