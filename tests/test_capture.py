@@ -847,3 +847,28 @@ def test_every_variable_the_capture_sets_per_rank_is_one_env_may_not_set() -> No
     env = spec.rank_env(3)
     assert set(env) - set(LAUNCHER_VARIABLES) == {"NCCL_DEBUG", "TORCH_FR_BUFFER_SIZE"}
     assert (env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"], env["NCCL_DEBUG"]) == ("3", "1", "4", "INFO")
+
+
+@pytest.mark.parametrize("mode", ["inline", "fork"])
+def test_init_of_the_fake_backend_without_rank_or_world_fails_where_real_torch_does(mode: str) -> None:
+    """torch 2.15 takes no rendezvous for ``init_process_group("fake")``: rank and world stay -1, and its
+    FakeProcessGroup refuses them at init (checked on real torch). The stand-in must fail at the same call."""
+
+    def startup() -> None:
+        dist.init_process_group("fake")
+        dist.new_group([0, 1])
+
+    with pytest.raises(
+        cap.CaptureError,
+        match=r"rank 0: the captured code raised RuntimeError: Cannot init process group where rank \(-1\) >= "
+        r"world_size \(-1\)",
+    ):
+        cap.capture(startup, 2, mode=mode)
+    assert not dist.is_initialized()
+
+
+def test_init_of_the_fake_backend_with_rank_and_world_is_captured() -> None:
+    run = cap.capture(
+        lambda: dist.init_process_group("fake", rank=int(os.environ["RANK"]), world_size=2), 2, mode="inline"
+    )
+    assert run.programs[0].ops[0] == InitProcessGroup(backend="fake")

@@ -244,6 +244,13 @@ def _creator(name: str, release_key: str, world_size: int, gpus_per_node: int) -
     release = get_release(release_key)
 
     def create(opts: Any, backend_options: Any) -> StandInBackend:
+        if name == "fake" and not 0 <= opts.group_rank < opts.group_size:
+            # torch's FakeProcessGroup constructor checks this (fake_pg's ``init_process_group("fake")`` with no
+            # rank or world reaches it with -1 and -1: torch 2.15 takes no rendezvous for "fake"). Without it the
+            # capture recorded a world of -1 ranks and failed later, at a call real torch never reaches.
+            raise RuntimeError(
+                f"Cannot init process group where rank ({opts.group_rank}) >= world_size ({opts.group_size})"
+            )
         # The rank's environment now (its env, plus the knobs a policy set before init_process_group).
         impl = release.impl_for_name(name, os.environ)
         binds = _binds_device(release, DeviceBackend("cuda", name, impl))
