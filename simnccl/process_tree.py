@@ -149,3 +149,31 @@ def has_exited(pid: int) -> bool:
         return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
     except ChildProcessError:
         return True
+
+
+def how_it_ended(pid: int, wait_s: float) -> str | None:
+    """How ``pid``, a child of this process, ended ("exited with status 3", "was killed by signal 11 (SIGSEGV)"),
+    waiting up to ``wait_s`` for it to end; None if it is still running then, or is not ours. Nothing is reaped
+    (``WNOWAIT``): whoever owns the child reaps it as before, so its pid cannot be reused in between.
+
+    Why: a captured rank that closed its result pipe without a result crashed or exited; which one, and with
+    what, is the first thing a user needs to find why (a segfault in a C extension, an ``os._exit``)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return None
+        if info is not None:
+            break
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.01)
+    if info.si_code == os.CLD_EXITED:
+        return f"exited with status {info.si_status}"
+    try:
+        name = f" ({signal.Signals(info.si_status).name})"
+    except ValueError:
+        name = ""
+    dumped = ", core dumped" if info.si_code == os.CLD_DUMPED else ""
+    return f"was killed by signal {info.si_status}{name}{dumped}"

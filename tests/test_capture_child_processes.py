@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -202,3 +203,31 @@ def _running(pid: int) -> bool:
             return False
         time.sleep(0.05)
     return True
+
+
+@pytest.mark.parametrize("preload", [True, False], ids=["fork-server", "direct"])
+@pytest.mark.parametrize(
+    ("ending", "said"),
+    [
+        (
+            "import faulthandler\n    faulthandler.disable()\n    os.kill(os.getpid(), signal.SIGSEGV)\n",
+            r"it was killed by signal 11 \(SIGSEGV\)",
+        ),
+        ("os.kill(os.getpid(), signal.SIGKILL)\n", r"it was killed by signal 9 \(SIGKILL\)"),
+        ("os._exit(3)\n", r"it exited with status 3"),
+        ("os._exit(0)\n", r"it exited with status 0"),
+    ],
+    ids=["SIGSEGV", "SIGKILL", "exit-3", "exit-0"],
+)
+def test_a_rank_that_ends_without_a_result_is_reported_with_how_it_ended(
+    tmp_path: Path, preload: bool, ending: str, said: str
+) -> None:
+    """A crash in the captured code (a C extension's segfault) or an ``os._exit`` leaves no result: the error
+    says which it was. With a fork server the rank is the server's child, and the server is asked."""
+    path = write(tmp_path, "ends.py", "import signal\nif r == 1:\n    " + ending + "dist.new_group([0, 1])\n")
+    target = cap.script_target(None, str(path), [], preload=preload)
+    with no_child_left_behind(), pytest.raises(cap.CaptureError) as caught:
+        cap.capture(target, 2, timeout_s=20, jobs=1)
+    first = str(caught.value).splitlines()[0]
+    assert first.startswith("rank 1: the capture process died without a result; "), first
+    assert re.search(said, first), first

@@ -6,13 +6,14 @@ capturing process as it was, so the ranks can then be forked from it plainly (ea
 It also keeps a user's process free of whatever the captured script imports.
 
 Protocol (a ``SOCK_SEQPACKET`` socket pair, one pickled tuple per message): the server answers its start with
-``("ready", modules)`` or ``("refused", why)``; then, for each ``("fork", rank, log_path)`` carrying the write
-end of that rank's result pipe (``socket.send_fds``), it forks the rank (``ranks._rank_child``) and answers
-``("forked", pid)``; ``("release", pid)`` kills and reaps a rank. The capturing process keeps every decision
-(which rank runs, each rank's deadline, killing an overrunning one) and reads each result pipe itself, exactly
-as for ranks it forks directly. On end of input (the capturer closed the socket, or died: the server has
-``PR_SET_PDEATHSIG``) or SIGTERM (``simnccl``'s Ctrl-C guard) the server kills and reaps every rank still
-running, and every process re-parented to it (it is a child subreaper), then exits; ranks die with the server
+``("ready", modules)`` or ``("refused", why)``; then, for each ``("fork", rank, log_path)`` carrying the write end of
+that rank's result pipe (``socket.send_fds``), it forks the rank (``ranks._rank_child``) and answers ``("forked",
+pid)``; ``("release", pid)`` kills and reaps a rank; ``("ended", pid)``, asked for a rank that closed its result pipe
+without a result, is answered ``("ended", how)`` (``process_tree.how_it_ended``: only the rank's parent can tell). The
+capturing process keeps every decision (which rank runs, each rank's deadline, killing an overrunning one) and reads
+each result pipe itself, exactly as for ranks it forks directly. On end of input (the capturer closed the socket, or
+died: the server has ``PR_SET_PDEATHSIG``) or SIGTERM (``simnccl``'s Ctrl-C guard) the server kills and reaps every rank
+still running, and every process re-parented to it (it is a child subreaper), then exits; ranks die with the server
 (their own ``PR_SET_PDEATHSIG``).
 """
 
@@ -30,6 +31,7 @@ from typing import Any, NoReturn
 from simnccl.capture.environment import _installed
 from simnccl.capture.heap import prepare_to_fork
 from simnccl.capture.ranks import (
+    ENDED_GRACE_S,
     _DirectForks,
     _forked_child,
     _kill_and_reap,
@@ -42,7 +44,7 @@ from simnccl.capture.ranks import (
 from simnccl.capture.recorder import _Recorder, built_calls
 from simnccl.capture.result import CaptureError
 from simnccl.capture.script import RANK_VARIABLES, PreloadRefused, ScriptTarget
-from simnccl.process_tree import become_subreaper, kill_descendants
+from simnccl.process_tree import become_subreaper, how_it_ended, kill_descendants
 
 MESSAGE_BYTES = 1 << 16  # every message is a short tuple
 SERVER_EXIT_S = 10.0  # how long the server gets to reap its ranks and exit once told to, before SIGKILL
@@ -75,6 +77,15 @@ class ForkServer:
     def release(self, pid: int) -> None:
         with contextlib.suppress(OSError):
             self.sock.send(pickle.dumps(("release", pid)))
+
+    def how_it_ended(self, pid: int) -> str | None:
+        """How a rank ended (``process_tree.how_it_ended``): asked of the server, the rank's parent."""
+        try:
+            self.sock.send(pickle.dumps(("ended", pid)))
+            reply = _receive(self.sock)
+        except OSError:
+            return None
+        return reply[1] if reply is not None and reply[0] == "ended" else None
 
     def close(self) -> None:
         """End the server (it reaps its ranks first) and reap it; SIGKILL after ``SERVER_EXIT_S``."""
@@ -192,6 +203,8 @@ def _serve(spec: _Spec, target: ScriptTarget, sock: socket.socket, log_path: str
             elif request[0] == "release":
                 _kill_and_reap(request[1])
                 children.discard(request[1])
+            elif request[0] == "ended":
+                sock.send(pickle.dumps(("ended", how_it_ended(request[1], ENDED_GRACE_S))))
     except _Stop:
         pass
     except BaseException:

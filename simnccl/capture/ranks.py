@@ -35,11 +35,22 @@ from simnccl.capture_cli import DEFAULT_TIMEOUT_S
 from simnccl.ops import (
     Checkpoint,
 )
-from simnccl.process_tree import become_subreaper, descendants, has_children, has_exited, kill_descendants, subreaper
+from simnccl.process_tree import (
+    become_subreaper,
+    descendants,
+    has_children,
+    has_exited,
+    how_it_ended,
+    kill_descendants,
+    subreaper,
+)
 
 MASTER_PORT = "29500"
 STARTUP_CHECKPOINT = "startup"  # before a captured step: what startup left on each device
 STEP_CHECKPOINT = "step1"  # after it: step 1's tensors and the communicators it created
+# How long a rank that closed its result pipe without a result gets to end, for its exit status to be reported: it
+# closes the pipe by ending, so at once, unless the captured code closed the pipe's descriptor itself.
+ENDED_GRACE_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -411,6 +422,9 @@ class _DirectForks:
     def release(self, pid: int) -> None:
         _kill_and_reap(pid)
 
+    def how_it_ended(self, pid: int) -> str | None:
+        return how_it_ended(pid, ENDED_GRACE_S)
+
     def close(self) -> None:
         return None
 
@@ -467,7 +481,8 @@ def _warnings_silenced() -> Iterator[None]:
 def _run_forked(spec: _Spec, jobs: int, log_dir: str, forks: Any = None) -> list[RankCapture]:
     """Every rank in its own forked child, at most ``jobs`` at a time, each under ``spec.timeout_s``.
 
-    ``forks`` starts and stops the children (``spawn(rank, log) -> (pid, fd)``, ``release(pid)``, ``close()``):
+    ``forks`` starts and stops the children (``spawn(rank, log) -> (pid, fd)``, ``release(pid)``, ``close()``,
+    ``how_it_ended(pid)`` for a rank that closed its result pipe without a result):
     ``_DirectForks`` (default) from this process, or a fork server (``simnccl.capture.forkserver``) holding the
     target's imports. Runs inside ``_intercepted()``: the children inherit the wrapped functions, and scan
     nothing themselves. Results are merged as each child finishes (``_Results``).
@@ -528,8 +543,10 @@ def _run_forked(spec: _Spec, jobs: int, log_dir: str, forks: Any = None) -> list
                         if size is None or len(data) < size:
                             continue
                     done(fd)  # at end of input, or once the whole frame is in (see done)
-                    if not data:
-                        failed(rank, f"rank {rank}: the capture process died without a result{_log_tail(log)}")
+                    if not data:  # asked before it is released (``finished``): how it ended, not how we ended it
+                        ended = forks.how_it_ended(pid)
+                        why = f"; it {ended}" if ended else ""
+                        failed(rank, f"rank {rank}: the capture process died without a result{why}{_log_tail(log)}")
                         continue
                     try:
                         results.add(rank, bytes(data), pid)
