@@ -204,6 +204,8 @@ def parse_knobs(generator: Generator, extra: Sequence[str]) -> dict[str, object]
         if param is None:
             known = " ".join(f"--{p.name.replace('_', '-')}" for p in generator.params)
             raise CostError(f"unknown option {token} for workload {generator.name!r}; its knobs are: {known}")
+        if param.name in knobs:  # ``--tp 2 --tp 4``, ``--moe --no-moe``: which one was meant is the user's to say
+            raise CostError(f"--{param.name.replace('_', '-')} is given twice; give each framework knob once")
         if negated:
             knobs[param.name] = False
             i += 1

@@ -71,6 +71,48 @@ def _actions(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
     return {flag: action for action in parser._actions for flag in action.option_strings}
 
 
+# ---------------------------------------------------------------------------------------------- given twice
+
+
+def test_every_option_of_every_command_that_takes_one_value_refuses_a_second() -> None:
+    """argparse keeps the last of ``--world 4 --world 8``; every command refuses it instead (``_StoreOnce``),
+    argument groups and the capture and real commands included."""
+    one_value = 0
+    for command, parser in command_parsers().items():
+        for action in parser._actions:
+            if action.option_strings and isinstance(action, argparse._StoreAction):
+                assert type(action).__name__ == "_StoreOnce", f"{command} {action.option_strings[0]}"
+                one_value += 1
+    assert one_value > 50  # the walk saw the commands' options, not an empty list
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["run", str(TINY), "--seed", "1", "--seed", "2"],
+        ["run", str(TINY), "--release=2.15", "--release", "2.14"],
+        ["cost", "--workload", "megatron", "--world", "8", "--world", "16"],
+        ["sweep", "--cell-timeout", "5", "--cell-timeout", "6"],
+        ["validate", "--json", "a.json", "--json", "b.json"],
+        ["capture", "--world", "2", "--world", "4", "x.py"],
+        ["real", "run", "--timeout", "3", "--timeout", "4"],
+    ],
+    ids=lambda argv: " ".join(argv[:2]),
+)
+def test_a_one_value_option_given_twice_is_bad_input(capsys: pytest.CaptureFixture[str], argv: list[str]) -> None:
+    with pytest.raises(SystemExit) as stopped:
+        main(argv)
+    assert stopped.value.code == EXIT_BAD_INPUT
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert re.search(r"error: argument --[a-z-]+: given twice; give it once \(see simnccl [a-z ]+ --help\)$", line)
+
+
+def test_the_same_option_in_two_parses_is_not_given_twice() -> None:
+    parser = command_parsers()["run"]
+    for _ in range(2):
+        assert parser.parse_args([str(TINY), "--seed", "3"]).seed == 3
+
+
 # ---------------------------------------------------------------------------------------------- parity
 
 

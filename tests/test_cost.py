@@ -13,7 +13,7 @@ import pytest
 from conftest import at_a_terminal, communicate_or_kill
 
 from simnccl import cost
-from simnccl.cli import main
+from simnccl.cli import EXIT_BAD_INPUT, main
 from simnccl.comm_memory import one_node_mib
 from simnccl.engine import Engine
 from simnccl.profiles import find_profile
@@ -129,6 +129,15 @@ def test_every_framework_has_a_cost_table(capsys) -> None:
         assert default["checkpoint"] == checkpoint, name
         assert typical(default, "comms") == comms, name
         assert column(payload, "dedupe")["summary"]["comms"]["max"] <= comms, name
+
+
+@pytest.mark.parametrize(
+    "knobs", [["--tp", "2", "--tp", "4"], ["--tp=2", "--tp", "4"], ["--gloo", "--no-gloo"], ["--no-gloo", "--no-gloo"]]
+)
+def test_a_framework_knob_given_twice_is_bad_input(capsys, knobs: list[str]) -> None:
+    assert main(["cost", "--workload", "megatron", *knobs]) == EXIT_BAD_INPUT
+    name = "--tp" if "2" in "".join(knobs) else "--gloo"
+    assert f"{name} is given twice; give each framework knob once" in capsys.readouterr().err
 
 
 def test_boolean_knobs_and_lists(capsys) -> None:
