@@ -653,15 +653,19 @@ def test_inherited_knobs_the_simulator_cannot_run_are_set_apart() -> None:
         "NCCL_TYPO_KNOB": "1",
         "TORCH_NCCL_ASYNC_ERROR_HANDLING": "9",  # outside the range simnccl reads
         "GLOO_DEVICE_TRANSPORT": "TCP",
+        "NCCL_NCHANNELS_PER_NET_PEER": "abc",  # a known knob whose value NCCL's memory model cannot read
     }
     runs = simulated_knobs(inherited)
     assert runs == {"NCCL_BUFFSIZE": "8388608", "GLOO_DEVICE_TRANSPORT": "TCP"}
     assert {k: v for k, v in inherited.items() if k not in runs} == {
         "NCCL_TYPO_KNOB": "1",
         "TORCH_NCCL_ASYNC_ERROR_HANDLING": "9",
+        "NCCL_NCHANNELS_PER_NET_PEER": "abc",
     }
     assert inherited_note(inherited, runs) is not None
-    assert "ran without NCCL_TYPO_KNOB, TORCH_NCCL_ASYNC_ERROR_HANDLING (" in str(inherited_note(inherited, runs))
+    assert "ran without NCCL_TYPO_KNOB, TORCH_NCCL_ASYNC_ERROR_HANDLING, NCCL_NCHANNELS_PER_NET_PEER (" in str(
+        inherited_note(inherited, runs)
+    )
     assert str(inherited_note(runs, runs)).endswith("the simulated side ran with them too")
     assert "simulated side" not in str(inherited_note(inherited))  # a real run alone has no simulated side
 

@@ -105,8 +105,23 @@ def inherited_knobs(process_env: Mapping[str, str], variant_env: Mapping[str, st
 def simulated_knobs(inherited: Mapping[str, str] | None) -> dict[str, str]:
     """The knobs of ``inherited`` the simulated side of a comparison runs too: those simnccl knows and whose value
     it can use (``env_problem``). Why: the real ranks run them all; a simulated side without them compares, or
-    calibrates, a different configuration (the others are named by ``inherited_note``)."""
-    return {name: value for name, value in (inherited or {}).items() if env_problem(name, value) is None}
+    calibrates, a different configuration (the others are named by ``inherited_note``).
+
+    A value is usable when ``env_problem`` finds none and NCCL's memory model, which prices every communicator
+    under it, reads it (``settings_from``): an ``NCCL_BUFFSIZE=abc`` exported in the shell passed the first and
+    stopped the simulated side with an internal error."""
+    from simnccl.nccl import NcclInputError, settings_from
+
+    usable: dict[str, str] = {}
+    for name, value in (inherited or {}).items():
+        if env_problem(name, value) is not None:
+            continue
+        try:
+            settings_from({**usable, name: value})
+        except NcclInputError:
+            continue
+        usable[name] = value
+    return usable
 
 
 def _listed(knobs: Mapping[str, str], values: bool = True) -> str:
