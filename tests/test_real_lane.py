@@ -927,6 +927,35 @@ def test_compare_on_the_cpu_lane_fails_a_policy_whose_members_disagree(tmp_path:
     assert not marked_processes(mark)
 
 
+def test_a_policy_error_both_sides_raise_alike_agrees(tmp_path: Path) -> None:
+    """A policy's reuse of a group no one made fails every rank with torch_apply's ApplyError, real and simulated.
+    The simulator named it "ApplyError" and the real side "simnccl.torch_apply.ApplyError": compare said DISAGREE
+    (exit 1) where both failed alike."""
+    scenario = tmp_path / "two.toml"
+    scenario.write_text(_TWO_RANKS)
+    env_path = f"{REPO}{os.pathsep}{REPO / 'tests'}"
+    mark = uuid.uuid4().hex
+    done = subprocess.run(
+        [PYTHON, "-m", "simnccl.real", "compare", str(scenario), "--policy", "user_policies:ReusesAGroupNeverMade"],
+        cwd=REPO,
+        env=dict(os.environ, REAL_TEST_MARK=mark, PYTHONPATH=env_path),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "sim error | real error" in done.stdout and "ALL AGREE" in done.stdout
+    assert not marked_processes(mark)
+
+
+def test_the_simulators_apply_error_is_named_as_the_real_driver_names_it() -> None:
+    from simnccl.engine.policy_gate import APPLY_ERROR_TYPE
+    from simnccl.real.driver import _qualified
+    from simnccl.torch_apply import ApplyError
+
+    assert _qualified(ApplyError("x")) == APPLY_ERROR_TYPE
+
+
 def test_under_torchrun_a_run_of_several_variants_is_refused(tmp_path: Path) -> None:
     """torchrun mode ran the first variant only and reported PASS (exit 0) for the run."""
     scenario = tmp_path / "two.toml"

@@ -281,6 +281,19 @@ class ReusesOtherRanks(BasePolicy):
         return decision
 
 
+@dataclass(frozen=True)
+class ReusesAGroupNeverMade(BasePolicy):
+    """Wrong: answers the first call on ranks (0, 1) with a reuse of a group (0, 1) no one made. Every rank fails
+    alike there, in the simulation and under ``torch_apply`` (ApplyError)."""
+
+    name: str = "reuses-a-group-never-made"
+
+    def on_group(self, request: GroupRequest, decision: GroupDecision) -> GroupDecision:
+        if request.ranks == (0, 1):
+            return replace(decision, reuse=(0, 1), explanation="reuse (0, 1)")
+        return decision
+
+
 @dataclass(frozen=True, slots=True)
 class _AlwaysAgreeing(GroupDecision):
     def key(self) -> tuple[object, ...]:

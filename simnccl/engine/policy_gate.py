@@ -39,6 +39,11 @@ from simnccl.policy import (
 if TYPE_CHECKING:
     from simnccl.engine.fast.histories import SharedHistories
 
+# The error ``simnccl.torch_apply`` raises where a policy reuses a group this process no longer holds, named as the
+# real tier's driver names a rank's exception (module and class: ``simnccl.real.compare.real_error_type``), so that
+# the two sides of a comparison that fail alike agree (a bare "ApplyError" here read as a different error).
+APPLY_ERROR_TYPE = "simnccl.torch_apply.ApplyError"
+
 
 def rewritten(op: NewGroup, decision: GroupDecision) -> NewGroup:
     """The op with a (non-reuse) policy decision applied: what torch receives."""
@@ -318,7 +323,7 @@ class PolicyGate:
         existing = self.identical_group(rt, ranks, backend, decision.pg_options)
         if existing is None:
             raise TorchError(
-                "ApplyError",
+                APPLY_ERROR_TYPE,
                 f"policy {self.policy.name!r} reuses group {list(ranks)} ({decision.explanation}), but this process "
                 "holds no live group with those ranks (destroyed)",
             )
