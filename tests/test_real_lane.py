@@ -906,22 +906,29 @@ _TWO_RANKS = TINY.replace('name = "tiny"', 'name = "two-ranks"').replace(
 )
 
 
-def test_compare_on_the_cpu_lane_fails_a_policy_whose_members_disagree(tmp_path: Path) -> None:
-    """The CPU lane hands gloo the policy's plans without NCCL options: a policy that sets lazy_init on the
-    last member only looked alike on every rank, passed in gloo and in the simulation of it, and compare said
-    ALL AGREE (exit 0) for a policy that hangs NCCL. ``simnccl run`` reports it; so does compare now."""
+def _compare_two_ranks(tmp_path: Path, policy: str) -> tuple[subprocess.CompletedProcess[str], str]:
+    """``simnccl real compare`` of ``_TWO_RANKS`` under ``policy`` (from tests/), in a process of its own: what
+    it did, and the mark its ranks carry (``marked_processes``)."""
     scenario = tmp_path / "two.toml"
     scenario.write_text(_TWO_RANKS)
     env_path = f"{REPO}{os.pathsep}{REPO / 'tests'}"
     mark = uuid.uuid4().hex
     done = subprocess.run(
-        [PYTHON, "-m", "simnccl.real", "compare", str(scenario), "--policy", "user_policies:LastMemberLazy"],
+        [PYTHON, "-m", "simnccl.real", "compare", str(scenario), "--policy", policy],
         cwd=REPO,
         env=dict(os.environ, REAL_TEST_MARK=mark, PYTHONPATH=env_path),
         capture_output=True,
         text=True,
         timeout=240,
     )
+    return done, mark
+
+
+def test_compare_on_the_cpu_lane_fails_a_policy_whose_members_disagree(tmp_path: Path) -> None:
+    """The CPU lane hands gloo the policy's plans without NCCL options: a policy that sets lazy_init on the
+    last member only looked alike on every rank, passed in gloo and in the simulation of it, and compare said
+    ALL AGREE (exit 0) for a policy that hangs NCCL. ``simnccl run`` reports it; so does compare now."""
+    done, mark = _compare_two_ranks(tmp_path, "user_policies:LastMemberLazy")
     assert done.returncode == 1, done.stdout + done.stderr
     assert "DISAGREEMENT" in done.stdout and "the policy's members disagree under NCCL" in done.stdout
     assert not marked_processes(mark)
@@ -931,18 +938,7 @@ def test_a_policy_error_both_sides_raise_alike_agrees(tmp_path: Path) -> None:
     """A policy's reuse of a group no one made fails every rank with torch_apply's ApplyError, real and simulated.
     The simulator named it "ApplyError" and the real side "simnccl.torch_apply.ApplyError": compare said DISAGREE
     (exit 1) where both failed alike."""
-    scenario = tmp_path / "two.toml"
-    scenario.write_text(_TWO_RANKS)
-    env_path = f"{REPO}{os.pathsep}{REPO / 'tests'}"
-    mark = uuid.uuid4().hex
-    done = subprocess.run(
-        [PYTHON, "-m", "simnccl.real", "compare", str(scenario), "--policy", "user_policies:ReusesAGroupNeverMade"],
-        cwd=REPO,
-        env=dict(os.environ, REAL_TEST_MARK=mark, PYTHONPATH=env_path),
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
+    done, mark = _compare_two_ranks(tmp_path, "user_policies:ReusesAGroupNeverMade")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "sim error | real error" in done.stdout and "ALL AGREE" in done.stdout
     assert not marked_processes(mark)
