@@ -906,7 +906,7 @@ _TWO_RANKS = TINY.replace('name = "tiny"', 'name = "two-ranks"').replace(
 )
 
 
-def _compare_two_ranks(tmp_path: Path, policy: str) -> tuple[subprocess.CompletedProcess[str], str]:
+def _compare_two_ranks(tmp_path: Path, policy: str, *flags: str) -> tuple[subprocess.CompletedProcess[str], str]:
     """``simnccl real compare`` of ``_TWO_RANKS`` under ``policy`` (from tests/), in a process of its own: what
     it did, and the mark its ranks carry (``marked_processes``)."""
     scenario = tmp_path / "two.toml"
@@ -914,7 +914,7 @@ def _compare_two_ranks(tmp_path: Path, policy: str) -> tuple[subprocess.Complete
     env_path = f"{REPO}{os.pathsep}{REPO / 'tests'}"
     mark = uuid.uuid4().hex
     done = subprocess.run(
-        [PYTHON, "-m", "simnccl.real", "compare", str(scenario), "--policy", policy],
+        [PYTHON, "-m", "simnccl.real", "compare", str(scenario), "--policy", policy, *flags],
         cwd=REPO,
         env=dict(os.environ, REAL_TEST_MARK=mark, PYTHONPATH=env_path),
         capture_output=True,
@@ -941,6 +941,16 @@ def test_a_policy_error_both_sides_raise_alike_agrees(tmp_path: Path) -> None:
     done, mark = _compare_two_ranks(tmp_path, "user_policies:ReusesAGroupNeverMade")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "sim error | real error" in done.stdout and "ALL AGREE" in done.stdout
+    assert not marked_processes(mark)
+
+
+def test_json_to_stdout_is_the_document_alone_when_the_real_ranks_policy_prints(tmp_path: Path) -> None:
+    """``real compare --json -`` with a policy that prints on the real ranks: its lines went to stdout before the
+    document (exit 0, no JSON reader could parse it). They go to stderr, as under every other command."""
+    done, mark = _compare_two_ranks(tmp_path, "user_policies:PrintsOnStdout", "--json", "-")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert json.loads(done.stdout)["command"] == "real compare"
+    assert "prints-on-stdout: rank 1 init" in done.stderr
     assert not marked_processes(mark)
 
 

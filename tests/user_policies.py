@@ -282,6 +282,17 @@ class ReusesOtherRanks(BasePolicy):
 
 
 @dataclass(frozen=True)
+class PrintsOnStdout(BasePolicy):
+    """Harmless but chatty: prints a line on stdout at every init, in whatever process runs it (a real rank)."""
+
+    name: str = "prints-on-stdout"
+
+    def on_init(self, request: InitRequest) -> InitPlan:
+        print(f"prints-on-stdout: rank {request.rank} init", flush=True)
+        return super().on_init(request)
+
+
+@dataclass(frozen=True)
 class ReusesAGroupNeverMade(BasePolicy):
     """Wrong: answers the first call on ranks (0, 1) with a reuse of a group (0, 1) no one made. Every rank fails
     alike there, in the simulation and under ``torch_apply`` (ApplyError)."""

@@ -123,11 +123,19 @@ def real_parsers() -> dict[str, argparse.ArgumentParser]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from simnccl.cli_options import normalise_argv
+    from simnccl.cli_options import STDOUT, normalise_argv
+    from simnccl.cli_output import document_owns_stdout
+
+    args = _parser().parse_args(normalise_argv(list(sys.argv[1:] if argv is None else argv)))
+    # ``--json -``: the document alone on stdout, whatever a policy or a rank process prints (as every command)
+    with document_owns_stdout(args.command in ("run", "compare", "diff") and args.json == STDOUT):
+        return _command(args)
+
+
+def _command(args: argparse.Namespace) -> int:
     from simnccl.cli_output import Output
     from simnccl.prerequisites import MissingPrerequisite, require_torch
 
-    args = _parser().parse_args(normalise_argv(list(sys.argv[1:] if argv is None else argv)))
     out = Output(f"real {args.command}", args)
     try:
         require_torch("simnccl real")
