@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from simnccl.cli_options import (
+    STDOUT,
     OutputError,
     OverrideError,
     UsageParser,
@@ -121,9 +122,9 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
 def check_toml_target(args: argparse.Namespace) -> None:
     """``--toml PATH`` must be a file the run can write, and not the script it captures or the --json file (the
     scenario was written over the user's script: exit 0, the script gone)."""
-    if not args.toml:
+    if args.toml is None:
         return
-    problem = output_file_problem(args.toml)
+    problem = output_file_problem(args.toml) if args.toml else "expected a file to write the scenario to, got ''"
     if problem is not None:
         raise OverrideError("--toml", problem)
     target = Path(args.toml).resolve()
@@ -133,10 +134,18 @@ def check_toml_target(args: argparse.Namespace) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from simnccl.cli_output import document_owns_stdout
+
+    args = parse(list(sys.argv[1:] if argv is None else argv))
+    # ``--json -``: the document alone on stdout, whatever a policy or the captured code prints (as every command)
+    with document_owns_stdout(args.json == STDOUT):
+        return _command(args)
+
+
+def _command(args: argparse.Namespace) -> int:
     from simnccl.cli_output import Output
     from simnccl.prerequisites import MissingPrerequisite, require_torch
 
-    args = parse(list(sys.argv[1:] if argv is None else argv))
     out = Output("capture", args)
     try:
         require_torch("simnccl capture")
@@ -162,7 +171,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         if args.module is not None:
-            if importlib.util.find_spec(args.module) is None:
+            try:  # a relative name (``.foo``) raises rather than answering None
+                found = importlib.util.find_spec(args.module)
+            except (ImportError, ValueError) as err:
+                raise CaptureError(f"-m {args.module!r}: {err} (expected an importable module)") from None
+            if found is None:
                 raise CaptureError(f"no module named {args.module!r} (expected an importable module for -m)")
         elif not Path(args.script).is_file():
             raise CaptureError(f"no such script {args.script!r} (expected a Python file, or -m MODULE)")

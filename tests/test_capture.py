@@ -363,6 +363,10 @@ def test_cli_runs_a_module_with_its_own_arguments(tmp_path: Path, monkeypatch: p
         # the scenario it writes would be refused by `simnccl run` (it was written, exit 0)
         (["--world", "2", "--name", "evil\n[x]\x1b", str(EXAMPLES), "mesh2d"], "--name: expected a name on one"),
         (["--world", "2", "--name", " ", str(EXAMPLES), "mesh2d"], "--name: expected a name on one line"),
+        # a relative module name: importlib raises where it answers None for a missing one (exit 70)
+        (["--world", "2", "-m", ".foo"], "-m '.foo': no package specified"),
+        # an empty --toml wrote nothing and said nothing (exit 0)
+        (["--world", "2", "--toml", "", str(EXAMPLES), "mesh2d"], "--toml: expected a file to write the scenario"),
     ],
 )
 def test_cli_bad_input_is_a_clear_message_not_a_traceback(argv: list[str], message: str, capsys) -> None:
@@ -872,3 +876,13 @@ def test_init_of_the_fake_backend_with_rank_and_world_is_captured() -> None:
         lambda: dist.init_process_group("fake", rank=int(os.environ["RANK"]), world_size=2), 2, mode="inline"
     )
     assert run.programs[0].ops[0] == InitProcessGroup(backend="fake")
+
+
+def test_cli_json_to_stdout_is_the_document_alone_when_a_policy_prints(capsys: pytest.CaptureFixture) -> None:
+    """``capture --simulate --json -`` under a policy that prints: its lines went to stdout before the document
+    (exit 0, no JSON reader could parse it). They go to stderr, as under every other command."""
+    argv = ["--world", "2", "--simulate", "--policy", "user_policies:PrintsOnStdout", "--json", "-"]
+    assert cap.main([*argv, str(EXAMPLES), "mesh2d", "--dp", "1", "--tp", "2"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["command"] == "capture"
+    assert "prints-on-stdout: rank 0 init" in err
