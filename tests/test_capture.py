@@ -886,3 +886,15 @@ def test_cli_json_to_stdout_is_the_document_alone_when_a_policy_prints(capsys: p
     out, err = capsys.readouterr()
     assert json.loads(out)["command"] == "capture"
     assert "prints-on-stdout: rank 0 init" in err
+
+
+def test_a_group_desc_outside_ascii_round_trips_through_the_scenario_toml() -> None:
+    """``json.dumps`` wrote "tp😀" as a surrogate pair TOML forbids: the scenario was refused by ``simnccl run``
+    and ``--simulate`` ended in an internal error (exit 70)."""
+    import tomllib
+
+    desc = 'tp😀 "q" \\ é\x7f\t'
+    run = cap.capture(lambda: (dist.init_process_group("nccl"), dist.new_group([0, 1], group_desc=desc)), 2)
+    steps = tomllib.loads(run.to_scenario_toml())["workload"]["steps"]
+    assert [s["group_desc"] for s in steps if s["op"] == "new_group"] == [desc]
+    assert run.simulate().verdict == "pass"

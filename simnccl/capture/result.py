@@ -6,7 +6,6 @@ checked for replay — and none of it needs the torch machinery that produced it
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -388,10 +387,34 @@ def _toml(value: Any) -> str:
     if isinstance(value, int | float):
         return repr(value)
     if isinstance(value, str):
-        return json.dumps(value)
+        return _toml_string(value)
     if isinstance(value, list | tuple):
         return "[" + ", ".join(_toml(v) for v in value) + "]"
     raise TypeError(f"cannot write {value!r} to TOML")  # pragma: no cover - ops hold plain values only
+
+
+_TOML_ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f", "\r": "\\r"}
+
+
+def _toml_string(text: str) -> str:
+    """``text`` as a TOML basic string: other characters as they are, control characters (and DEL) escaped.
+
+    Why not ``json.dumps``: it writes a character outside the Basic Multilingual Plane (``group_desc="tp😀"``) as
+    a surrogate pair, ``\\ud83d\\ude00``, which TOML forbids: the scenario written was refused by ``simnccl run``,
+    and ``--simulate`` ended in an internal error. A lone surrogate is no character TOML can hold: refused."""
+    out = ['"']
+    for ch in text:
+        code = ord(ch)
+        if ch in _TOML_ESCAPES:
+            out.append(_TOML_ESCAPES[ch])
+        elif code < 0x20 or code == 0x7F:
+            out.append(f"\\u{code:04x}")
+        elif 0xD800 <= code <= 0xDFFF:
+            raise CaptureError(f"the captured value {text!r} holds a lone surrogate, which a TOML scenario cannot hold")
+        else:
+            out.append(ch)
+    out.append('"')
+    return "".join(out)
 
 
 def _step(op: Op, on_ranks: Sequence[int] | None) -> str:
