@@ -589,6 +589,33 @@ def test_a_nonzero_exit_status_is_a_failure() -> None:
         cap.capture(exits, 2)
 
 
+@pytest.mark.parametrize("mode", ["inline", "fork"])
+@pytest.mark.parametrize(("code", "fails"), [(0, None), (256, None), (3, "3"), (259, "3"), ("bye", "1 \\(bye\\)")])
+def test_sys_exit_in_the_startup_or_the_step_is_read_as_python_exits(mode: str, code: Any, fails: str | None) -> None:
+    """``sys.exit(code)`` ends a real process with Python's status: ``code & 0xFF`` (``sys.exit(256)`` exits 0), 1
+    for a message. In the step as in the startup: a step's ``sys.exit(0)`` left ``capture()`` (inline, it ended
+    the capturing process with exit 0 and no report)."""
+
+    def startup() -> None:
+        dist.init_process_group("nccl")
+
+    def step(state: Any) -> None:
+        dist.new_group([0, 1])
+        sys.exit(code)
+
+    def exits() -> None:
+        startup()
+        sys.exit(code)
+
+    for target, kwargs in ((exits, {}), (startup, {"step": step})):
+        if fails is None:
+            run = cap.capture(target, 2, mode=mode, **kwargs)
+            assert all(isinstance(p.ops[0], InitProcessGroup) for p in run.programs)
+        else:
+            with pytest.raises(cap.CaptureError, match=rf"rank \d: the captured code exited with status {fails}"):
+                cap.capture(target, 2, mode=mode, **kwargs)
+
+
 _BINDS_AT_IMPORT = '''
 """Binds torch's group functions at import, as DeviceMesh and user modules do."""
 from torch.distributed import init_process_group, new_group

@@ -115,12 +115,13 @@ def _run_rank_compact(spec: _Spec, rank: int) -> RankCapture:
                 try:
                     state = spec.target()
                 except SystemExit as exit_:  # a script ending with sys.exit(0) finished normally
-                    if exit_.code not in (None, 0) and os.getpid() == rank_pid:
-                        raise CaptureError(f"rank {rank}: the captured code exited with status {exit_.code}") from None
-                    _exit_unless_the_rank(rank_pid, exit_)
+                    _exited(rank, rank_pid, exit_)
                 _exit_unless_the_rank(rank_pid, None)  # before the step: a forked helper runs no step
                 if spec.step is not None:
-                    _run_step(spec.step, state, recorder)
+                    try:
+                        _run_step(spec.step, state, recorder)
+                    except SystemExit as exit_:  # as the startup's: inline, it ended the capturing process (exit 0)
+                        _exited(rank, rank_pid, exit_)
             except BaseException as err:
                 _exit_unless_the_rank(rank_pid, err)
                 raise
@@ -142,6 +143,28 @@ def _run_rank_compact(spec: _Spec, rank: int) -> RankCapture:
     return RankCapture(rank, tuple(recorder.ops), tuple(recorder.calls), tuple(recorder.notes))
 
 
+def _exited(rank: int, rank_pid: int, exit_: SystemExit) -> None:
+    """The captured code called ``sys.exit``: a status of 0 is a normal end; another is the rank's failure, with
+    the status Python would exit with (``exit_status``: ``sys.exit(256)`` exits 0). In a process the captured code
+    forked, it ends that process (``_exit_unless_the_rank``)."""
+    status = exit_status(exit_)
+    if status and os.getpid() == rank_pid:
+        said = f" ({exit_.code})" if isinstance(exit_.code, str) else ""
+        raise CaptureError(f"rank {rank}: the captured code exited with status {status}{said}") from None
+    _exit_unless_the_rank(rank_pid, exit_)
+
+
+def exit_status(exit_: SystemExit) -> int:
+    """The status Python exits with for ``exit_``: an integer code modulo 256, 0 for None, 1 for anything else
+    (a message, which Python prints)."""
+    code = exit_.code
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    return 1
+
+
 def _exit_unless_the_rank(rank_pid: int, outcome: BaseException | None) -> None:
     """End this process here, as Python would end it, unless it is the rank (pid ``rank_pid``) itself.
 
@@ -157,11 +180,9 @@ def _exit_unless_the_rank(rank_pid: int, outcome: BaseException | None) -> None:
         return
     status = 0
     if isinstance(outcome, SystemExit):
-        if isinstance(outcome.code, int):
-            status = outcome.code & 0xFF
-        elif outcome.code is not None:  # sys.exit("message"): printed, status 1
+        status = exit_status(outcome)
+        if outcome.code is not None and not isinstance(outcome.code, int):  # sys.exit("message"): printed
             print(outcome.code, file=sys.stderr)
-            status = 1
     elif outcome is not None:
         traceback.print_exception(outcome)
         status = 1
