@@ -925,3 +925,25 @@ def test_a_group_desc_outside_ascii_round_trips_through_the_scenario_toml() -> N
     steps = tomllib.loads(run.to_scenario_toml())["workload"]["steps"]
     assert [s["group_desc"] for s in steps if s["op"] == "new_group"] == [desc]
     assert run.simulate().verdict == "pass"
+
+
+@pytest.mark.parametrize("mode", ["inline", "fork"])
+def test_a_split_that_leaves_ranks_out_gives_them_a_non_member(mode: str) -> None:
+    """torch documents ``split_ranks=[[0, 1]]`` on 4 ranks as valid: ranks 2 and 3 get ``NON_GROUP_MEMBER`` (gloo's
+    and NCCL's split answer nullptr). The stand-in's None crashed the rank (SIGSEGV; inline, the whole process)."""
+    got = []
+
+    def startup() -> None:
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+        dist.init_process_group("nccl", device_id=torch.device("cuda", int(os.environ["LOCAL_RANK"])))
+        group = dist.split_group(split_ranks=[[0, 1]])
+        got.append(group is dist.GroupMember.NON_GROUP_MEMBER)
+        if group is not dist.GroupMember.NON_GROUP_MEMBER:
+            dist.all_reduce(torch.zeros(1, device="cuda"), group=group)
+
+    run = cap.capture(startup, 4, mode=mode)
+    splits = [[op for op in p.ops if isinstance(op, SplitGroup)] for p in run.programs]
+    assert all(len(s) == 1 and s[0].split_ranks == ((0, 1),) for s in splits)
+    if mode == "inline":
+        assert got == [False, False, True, True]
+    assert run.simulate().verdict == "pass"

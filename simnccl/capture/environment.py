@@ -6,7 +6,7 @@ import contextlib
 import importlib
 import importlib.util
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -79,6 +79,22 @@ class _FakeCuda:
         ]
 
 
+def _split_without_nonmembers(split_group: Callable[..., Any]) -> Callable[..., Any]:
+    """``ProcessGroup.split_group`` answering None, as torch's C++ does, for a rank outside ``ranks``.
+
+    Why: torch hands a rank in no split its first split's ranks (``split_ranks=[[0, 1]]`` on ranks 2 and 3, a
+    valid call torch documents), and ``ProcessGroup::splitGroup`` then asks each backend to split; gloo's and
+    NCCL's answer nullptr, and ``split_group`` returns ``NON_GROUP_MEMBER``. A Python backend's None is not
+    converted to nullptr: the stand-in's answer crashed the process (SIGSEGV)."""
+
+    def split(self: Any, ranks: Sequence[int], *args: Any, **kwargs: Any) -> Any:
+        if self.rank() not in ranks:
+            return None
+        return split_group(self, ranks, *args, **kwargs)
+
+    return split
+
+
 def _fake_rendezvous(url: str, *args: Any, **kwargs: Any) -> Iterator[tuple[Any, int, int]]:
     """A rendezvous that needs no peer: rank and world from the URL's query or the environment."""
     from urllib.parse import parse_qs, urlparse
@@ -120,6 +136,7 @@ def _installed(
     saved_handlers = dict(rendezvous._rendezvous_handlers)
     fake_cuda = _FakeCuda(recorder, gpus_per_node, gpu)
     patches = fake_cuda.patches() if cuda else []
+    patches.append((c10d.ProcessGroup, "split_group", _split_without_nonmembers(c10d.ProcessGroup.split_group)))
     originals = [(obj, attr, getattr(obj, attr)) for obj, attr, _ in patches]
     types = {"nccl": c10d.ProcessGroup.BackendType.NCCL, "gloo": c10d.ProcessGroup.BackendType.GLOO}
     try:
