@@ -278,3 +278,15 @@ def test_what_the_ranks_could_not_check_is_a_note_of_the_run_once_with_its_ranks
     ]
     variant = _real(*states, notes=("the lane's own",))
     assert variant["notes"] == ["the lane's own", f"ranks 0, 2: {skipped}", "rank 2: NVML unavailable (ImportError)"]
+
+
+def test_a_workloads_own_check_quoting_a_race_does_not_make_the_variant_racy() -> None:
+    """A ``raise`` op's message is the user's text: one quoting the words the simulator uses for a gloo race made
+    compare excuse the variant as racy ("ALL AGREE", exit 0) where the two sides disagreed."""
+    from simnccl.backends.gloo import SINGLETON_RACE
+    from simnccl.real.compare import racy, verdict_racy
+
+    quoting = _sim("fail", [_sim_error(1, "check", "AssertionError", f"framework check: {SINGLETON_RACE}")])
+    assert not verdict_racy(quoting) and not racy(quoting)
+    said = _sim("hang", [], [{"rank": 0, "kind": "bootstrap", "explanation": f"collision; {SINGLETON_RACE}"}])
+    assert verdict_racy(said)  # the simulator's own words still name the race
