@@ -548,14 +548,22 @@ def test_what_a_policy_prints_goes_to_stderr_when_the_document_takes_stdout(tmp_
         assert document["results"] if argv[0] == "run" else document["rows"]
 
 
-def test_a_closed_stdout_with_the_document_on_it_is_bad_input(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["run", "--variant", "legacy", "--json", "-"],
+        # capture and real: dispatched before the other commands' stdout handling, they exited 0, the document lost
+        ["capture", "--world", "2", "--json", "-", str(REPO / "tests" / "capture_examples.py"), "mesh2d"],
+        ["real", "run", "--json", "-", "tiny.toml"],
+    ],
+    ids=["run", "capture", "real-run"],
+)
+def test_a_closed_stdout_with_the_document_on_it_is_bad_input(tmp_path: Path, argv: list[str]) -> None:
+    (tmp_path / "tiny.toml").write_text(TINY)
+    argv = [str(tmp_path / a) if a == "tiny.toml" else a for a in argv]
     proc = _cli(
         tmp_path,
-        "run",
-        "--variant",
-        "legacy",
-        "--json",
-        "-",
+        *argv,
         stdout=None,
         stderr=subprocess.PIPE,
         stdin=subprocess.DEVNULL,
