@@ -413,6 +413,13 @@ def apply_overrides(scenario: Any, args: argparse.Namespace) -> Any:
     if len(policies) == 1:
         variants = [replace(v, policy=policies[0]) for v in variants]
     elif policies:
+        from simnccl.limits import current as current_limits
+        from simnccl.limits import exceeded
+
+        product = len(variants) * len(policies)  # checked before it is taken, as a [matrix]'s is
+        if product > current_limits().max_variants:
+            counted = f"{len(variants)} variant(s) x {len(policies)} policies = {product} variants"
+            raise OverrideError("--policy", exceeded("max_variants", counted, current_limits().max_variants))
         renamed = {v.name: [f"{v.name},policy={p}" for p in policies] for v in variants}
         variants = [replace(v, name=f"{v.name},policy={p}", policy=p) for v in variants for p in policies]
     expectations = tuple(

@@ -510,3 +510,16 @@ def test_the_replays_usage_error_is_one_line_too(capsys: pytest.CaptureFixture[s
     prog = "python -m simnccl.testing.replay"
     assert exited.value.code == EXIT_BAD_INPUT and err.startswith(f"{prog}: error: unrecognized arguments: --bogus")
     assert err.count("\n") == 1 and "usage:" not in err, err
+
+
+def test_policies_given_past_the_variant_limit_are_refused_before_anything_runs(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """Each ``--policy`` of several is one variant per scenario variant: 300 of them ran 300 variants (the real
+    tier a real run each) past ``max_variants``, which a [matrix]'s product is held to before it is taken."""
+    scenario = tmp_path / "tiny.toml"
+    scenario.write_text(TINY)
+    policies = [flag for n in range(1, 301) for flag in ("--policy", f"budget({n})")]
+    code, _, err = _main(capsys, "run", str(scenario), *policies)
+    assert code == EXIT_BAD_INPUT
+    assert "--policy: 1 variant(s) x 300 policies = 300 variants exceeds the limit max_variants = 256" in err
