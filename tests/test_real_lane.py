@@ -152,6 +152,22 @@ def test_a_world_past_the_launchers_limit_is_refused_not_an_internal_error(comma
     assert "internal error" not in done.stderr
 
 
+def test_a_world_past_the_launchers_limit_is_refused_before_the_simulated_side_runs(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``real compare`` simulated the whole scenario before its real side refused it: minutes and 17 GB for a
+    65,536-rank scenario within every input limit, then exit 2 (or killed for memory)."""
+    from simnccl.real import __main__ as real_main
+    from simnccl.real import compare
+
+    def simulated(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the simulated side ran")
+
+    monkeypatch.setattr(compare, "compare_scenario", simulated)
+    assert real_main.main(["compare", str(REPO / "scenarios/megatron-tp8-pp2-dp2-4nodes.toml")]) == 2
+    assert "32 ranks exceed the real tier's limit of 16 local processes" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("command", ["run", "compare"])
 def test_a_user_policy_that_raises_on_the_real_ranks_is_bad_input(command: str, tmp_path: Path) -> None:
     """A user's policy that raises is a defect of the user's input: ``simnccl run`` exits 2 naming the policy,

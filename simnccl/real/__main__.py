@@ -28,7 +28,7 @@ from simnccl.cli_options import (
 )
 from simnccl.interrupt_deferral import deferred_interrupt
 from simnccl.real.lanes import LANES, LaneError
-from simnccl.real.launch import RunSettings
+from simnccl.real.launch import RunSettings, check_local_world
 from simnccl.result import SummaryLine
 from simnccl.scenario import ScenarioError, load_scenario
 
@@ -164,6 +164,7 @@ def _command(args: argparse.Namespace) -> int:
                 "segments); the real tier cannot run it: use `simnccl run`",
             )
         settings = _settings(args)
+        check_local_world(len(scenario.programs), settings)  # before the simulated side of a comparison runs
         if args.command == "run":
             return _run(scenario, settings, args, out)
         return _compare(scenario, settings, args, out)

@@ -158,6 +158,19 @@ def inherited_note(knobs: Mapping[str, str], simulated: Mapping[str, str] | None
     )
 
 
+def check_local_world(world: int, settings: RunSettings) -> None:
+    """Raise LaneError (exit 2) for a world this machine's launcher cannot run: one local process per rank, at
+    most ``settings.max_ranks``. Asked before anything runs: ``real compare`` simulated a 65,536-rank scenario
+    (17 GB, minutes) before its real side refused it."""
+    if world > settings.max_ranks:
+        raise LaneError(
+            f"{world} ranks exceed the real tier's limit of {settings.max_ranks} local processes (one per rank, "
+            f"on this machine): run a scenario with at most {settings.max_ranks} ranks here, or launch it under "
+            "torchrun (`torchrun --nproc-per-node N -m simnccl.real run FILE`): one process per rank, across "
+            "machines"
+        )
+
+
 def compute_problem(programs: Sequence[Program], settings: RunSettings, *, stall_watched: bool = True) -> str | None:
     """Why these settings would stop the run as hung while it only computes, or None.
 
@@ -319,13 +332,7 @@ class Launcher:
 
         ``gpu``, ``profile``: the simnccl GPU kind and profile file each rank hands ``apply`` (``rank_gpu``)."""
         world = len(programs)
-        if world > settings.max_ranks:  # a lane that cannot run here: exit 2 (it was an internal error, exit 70)
-            raise LaneError(
-                f"{world} ranks exceed the real tier's limit of {settings.max_ranks} local processes (one per rank, "
-                f"on this machine): run a scenario with at most {settings.max_ranks} ranks here, or launch it under "
-                "torchrun (`torchrun --nproc-per-node N -m simnccl.real run FILE`): one process per rank, across "
-                "machines"
-            )
+        check_local_world(world, settings)
         problem = compute_problem(programs, settings)
         if problem is not None:  # the run would be stopped as hung by its own settings: exit 2, not a hang (1)
             raise LaneError(problem)
