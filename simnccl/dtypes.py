@@ -24,6 +24,7 @@ class Dtype:
     name: str  # the c10 ScalarType name: "Float"
     torch: str  # the torch attribute: "float32"
     bytes: int  # element size
+    gloo: bool = True  # whether gloo's collectives take it (they raise "Invalid scalar type" where not)
 
 
 @functools.cache
@@ -31,7 +32,15 @@ def dtypes() -> dict[str, Dtype]:
     """Every known dtype by name, in the data file's order (read once)."""
     resource = importlib.resources.files("simnccl") / "data" / DATA_FILE
     table = tomllib.loads(resource.read_text(encoding="utf-8"))
-    return {name: Dtype(name, str(entry["torch"]), int(entry["bytes"])) for name, entry in table.items()}
+    return {
+        name: Dtype(name, str(entry["torch"]), int(entry["bytes"]), bool(entry.get("gloo", True)))
+        for name, entry in table.items()
+    }
+
+
+def gloo_refuses(name: str) -> bool:
+    """Whether gloo's collectives raise "Invalid scalar type" for a tensor of ``name`` (``dtypes.toml``)."""
+    return not dtypes()[name].gloo
 
 
 def is_known(name: object) -> bool:

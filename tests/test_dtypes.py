@@ -63,3 +63,62 @@ def test_capture_records_every_listed_dtype_by_its_name() -> None:
 
     for entry in dtypes.dtypes().values():
         assert _dtype(torch.empty(0, dtype=getattr(torch, entry.torch))) == entry.name
+
+
+def test_the_gloo_flag_is_what_real_gloo_does_with_each_dtype(tmp_path) -> None:
+    """``gloo = false`` exactly where torch's gloo raises "Invalid scalar type" (a one-rank gloo world, in a
+    process of its own: an all_reduce and an all_gather of each listed dtype)."""
+    pytest.importorskip("torch")
+    import json
+    import subprocess
+    import sys
+
+    probe = (
+        "import json, sys, torch, torch.distributed as dist\n"
+        "dist.init_process_group('gloo', init_method='file://' + sys.argv[1], rank=0, world_size=1)\n"
+        "out = {}\n"
+        "for name, attr in json.loads(sys.argv[2]).items():\n"
+        "    said = []\n"
+        "    for run in (lambda t: dist.all_reduce(t), lambda t: dist.all_gather([torch.zeros_like(t)], t)):\n"
+        "        try:\n"
+        "            run(torch.zeros(4, dtype=getattr(torch, attr)))\n"
+        "            said.append('ok')\n"
+        "        except RuntimeError as err:\n"
+        "            said.append(str(err))\n"
+        "    out[name] = said\n"
+        "print(json.dumps(out))\n"
+    )
+    table = {name: entry.torch for name, entry in dtypes.dtypes().items()}
+    done = subprocess.run(
+        [sys.executable, "-c", probe, str(tmp_path / "store"), json.dumps(table)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    measured = json.loads(done.stdout.splitlines()[-1])
+    for name, said in measured.items():
+        expected = ["Invalid scalar type"] * 2 if dtypes.gloo_refuses(name) else ["ok", "ok"]
+        assert said == expected, name
+    assert sum(dtypes.gloo_refuses(n) for n in table) == 9
+
+
+@pytest.mark.parametrize("backend", ["gloo", "nccl"])
+def test_a_gloo_collective_of_a_type_gloo_refuses_raises_on_the_rank(backend: str) -> None:
+    """Real gloo raises "Invalid scalar type" for an int16 or float8 all_reduce, on every rank that calls it; the
+    simulator said pass. NCCL's list is not modelled: the same program on NCCL passes here."""
+    from simnccl.ops import InitProcessGroup, SetDevice
+    from simnccl.testing import simulate
+
+    program = [SetDevice(), InitProcessGroup(backend=backend), AllReduce(size_bytes=64, dtype="Short")]
+    out = simulate(program, nodes=1, gpus_per_node=2, release="2.15")
+    if backend == "nccl":
+        assert out.verdict == "pass"
+        return
+    assert out.verdict == "error"
+    assert [(e["rank"], e["type"], e["message"]) for e in out.errors] == [
+        (0, "RuntimeError", "Invalid scalar type"),
+        (1, "RuntimeError", "Invalid scalar type"),
+    ]
+    fine = simulate([*program[:2], AllReduce(size_bytes=64, dtype="BFloat16")], nodes=1, gpus_per_node=2)
+    assert fine.verdict == "pass"

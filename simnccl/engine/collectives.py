@@ -18,6 +18,7 @@ import simpy
 from simnccl.backends import LIFECYCLES, Comm, CommState
 from simnccl.backends.gloo import CROSS_WIRED_TYPE, FOREIGN_RANKS, broadcast_leavers
 from simnccl.c10d import Group, TorchError
+from simnccl.dtypes import gloo_refuses
 from simnccl.engine.comms import LAZY_PAIR_ATTEMPTS, STALE_PAIR_WHAT, Comms, pair_in_group
 from simnccl.engine.config import WorkloadFailure
 from simnccl.engine.memory import Memory
@@ -141,6 +142,9 @@ class Collectives:
             return
         if comm.impl.is_nccl:
             self.memory.touch(rt, comm.device, op)
+        elif comm.impl is _GLOO and type(op) is not Barrier and gloo_refuses(op.dtype):
+            # ProcessGroupGloo's dispatch on the tensor's type, on the rank, before anything is sent (dtypes.toml)
+            raise TorchError("RuntimeError", "Invalid scalar type")
         # On a cross-wired communicator the op runs between the ranks gloo connected (its registry members) and
         # then the check stops the rank: a rank wired to one that never runs the op waits, as on real gloo.
         wrong = self._cross_wired(comm, target, op) if self._wires else None
