@@ -197,3 +197,26 @@ def test_nccl_lazys_pair_counter_survives_the_reinit() -> None:
     assert "/1/p2p-0-1-0/nccl_storekey_0" in out.errors[0]["message"]
     [hang] = [h for h in out.hangs if h["rank"] == 0]
     assert hang["group"] == "1/p2p-0-1-1" and "LazyBackend::nextPairAttempt" in hang["explanation"]
+
+
+@pytest.mark.parametrize("destroyed", [True, False], ids=["after-destroy", "before-init"])
+def test_an_op_on_the_default_group_when_there_is_none_raises_torchs_value_error(destroyed: bool) -> None:
+    """torch's ``_get_default_group``: before ``init_process_group`` or after ``destroy_process_group()``, an op on
+    the default group raises ValueError. The simulator said NameError ("group handle 'world' was never bound")."""
+    from simnccl.engine.state import DEFAULT_GROUP_MISSING
+    from simnccl.ops import AllReduce, DestroyProcessGroup, InitProcessGroup, SetDevice
+
+    steps = [SetDevice(), InitProcessGroup(backend="nccl"), DestroyProcessGroup()] if destroyed else [SetDevice()]
+    out = simulate([*steps, AllReduce(size_bytes=8)], nodes=1, gpus_per_node=2, release="2.15")
+    assert {(e["type"], e["message"]) for e in out.errors} == {("ValueError", DEFAULT_GROUP_MISSING)}
+
+
+def test_the_default_groups_absence_is_said_in_torchs_words() -> None:
+    torch = pytest.importorskip("torch")
+    import torch.distributed as dist
+
+    from simnccl.engine.state import DEFAULT_GROUP_MISSING
+
+    with pytest.raises(ValueError) as before:
+        dist.all_reduce(torch.zeros(1))
+    assert str(before.value) == DEFAULT_GROUP_MISSING

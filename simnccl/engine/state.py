@@ -19,7 +19,7 @@ from simnccl.faults import Fault
 from simnccl.flight_recorder import FlightRecorder
 from simnccl.meetings import Meeting
 from simnccl.memory import DeviceLedger
-from simnccl.ops import Op, Program
+from simnccl.ops import WORLD, Op, Program
 from simnccl.policy import History
 from simnccl.watchdog import TimeoutAction
 
@@ -172,11 +172,18 @@ def require_world(rt: RankRuntime) -> Group:
     return rt.world
 
 
+# torch 2.15's ``_get_default_group`` where no default group exists (distributed_c10d.py): what an op on the
+# default group raises before ``init_process_group`` or after ``destroy_process_group()``.
+DEFAULT_GROUP_MISSING = "Default process group has not been initialized, please make sure to call init_process_group."
+
+
 def resolve(rt: RankRuntime, handle: str) -> Group | int:
     """The group a program handle names on this rank (or NON_GROUP_MEMBER)."""
     try:
         target = rt.handles[handle]
     except KeyError:
+        if handle == WORLD:  # torch's default group (``group=None``): none before init, none after its destroy
+            raise TorchError("ValueError", DEFAULT_GROUP_MISSING) from None
         raise TorchError("NameError", f"group handle {handle!r} was never bound on rank {rt.rank}") from None
     if isinstance(target, Group) and target.destroyed:
         raise TorchError("ValueError", "Invalid process group specified")
