@@ -947,3 +947,55 @@ def test_a_split_that_leaves_ranks_out_gives_them_a_non_member(mode: str) -> Non
     if mode == "inline":
         assert got == [False, False, True, True]
     assert run.simulate().verdict == "pass"
+
+
+def _init_with(**kwargs: Any) -> Any:
+    def startup() -> None:
+        dist.init_process_group("nccl", **kwargs)
+        dist.new_group([0, 1])
+
+    return startup
+
+
+@pytest.mark.parametrize("mode", ["inline", "fork"])
+@pytest.mark.parametrize(
+    ("startup", "failure"),
+    [
+        # every process rank 0: real ranks collide on the store's port or wait for rank 1 forever
+        (_init_with(rank=0, world_size=2), r"rank 1: init_process_group made this process rank 0 of a world of 2"),
+        # a world the capture does not run: real torch's rendezvous waits for 6 ranks that never come
+        (_init_with(world_size=8), r"rank 0: init_process_group made this process rank 0 of a world of 8, but it"),
+        # torch's tcp:// rendezvous needs a rank and a world in its URL or arguments
+        (_init_with(init_method="tcp://127.0.0.1:29511"), r"rank 0: .*tcp:// rendezvous: rank parameter missing"),
+    ],
+    ids=["rank-0-everywhere", "world-8-of-2", "tcp-without-rank"],
+)
+def test_a_rendezvous_real_torch_would_not_complete_fails_the_capture(mode: str, startup: Any, failure: str) -> None:
+    """The stand-in rendezvous took a rank and world from wherever it found one (0 and 1 at worst), and nothing
+    compared them with the rank captured: each of these was captured and simulated as a pass."""
+    with pytest.raises(cap.CaptureError, match=failure):
+        cap.capture(startup, 2, mode=mode)
+
+
+def test_env_rendezvous_without_rank_fails_as_torchs_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    def startup() -> None:
+        del os.environ["RANK"]
+        dist.init_process_group("nccl")
+
+    with pytest.raises(cap.CaptureError, match="env:// rendezvous: environment variable RANK expected, but not set"):
+        cap.capture(startup, 2, mode="inline")
+
+
+def test_a_rendezvous_given_each_processs_own_rank_and_world_is_captured() -> None:
+    run = cap.capture(_own_rank, 2)
+    assert all(isinstance(p.ops[0], InitProcessGroup) for p in run.programs)
+
+
+def _own_rank() -> None:
+    dist.init_process_group(
+        "nccl",
+        init_method="tcp://127.0.0.1:29512",
+        rank=int(os.environ["RANK"]),
+        world_size=int(os.environ["WORLD_SIZE"]),
+    )
+    dist.new_group([0, 1])

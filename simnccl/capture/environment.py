@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import importlib
 import importlib.util
-import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -95,14 +94,9 @@ def _split_without_nonmembers(split_group: Callable[..., Any]) -> Callable[..., 
     return split
 
 
-def _fake_rendezvous(url: str, *args: Any, **kwargs: Any) -> Iterator[tuple[Any, int, int]]:
-    """A rendezvous that needs no peer: rank and world from the URL's query or the environment."""
-    from urllib.parse import parse_qs, urlparse
-
-    query = {k: v[0] for k, v in parse_qs(urlparse(url).query).items()}
-    rank = int(query.get("rank", os.environ.get("RANK", "0")))
-    world = int(query.get("world_size", os.environ.get("WORLD_SIZE", "1")))
-    yield _fake_store(), rank, world
+def _peerless_store(*args: Any, **kwargs: Any) -> Any:
+    """What a rendezvous makes instead of its store (``_create_c10d_store``, ``FileStore``): ``_fake_store``."""
+    return _fake_store()
 
 
 def _fake_store() -> Any:
@@ -137,6 +131,10 @@ def _installed(
     fake_cuda = _FakeCuda(recorder, gpus_per_node, gpu)
     patches = fake_cuda.patches() if cuda else []
     patches.append((c10d.ProcessGroup, "split_group", _split_without_nonmembers(c10d.ProcessGroup.split_group)))
+    # torch's own env://, tcp:// and file:// rendezvous, with its checks (env:// without RANK, tcp:// without a
+    # rank: torch's ValueError), each making a store that needs no peer instead of its TCPStore or FileStore.
+    # Handlers of our own had taken a rank and world from wherever they found one, 0 and 1 at worst.
+    patches += [(rendezvous, "_create_c10d_store", _peerless_store), (rendezvous, "FileStore", _peerless_store)]
     originals = [(obj, attr, getattr(obj, attr)) for obj, attr, _ in patches]
     types = {"nccl": c10d.ProcessGroup.BackendType.NCCL, "gloo": c10d.ProcessGroup.BackendType.GLOO}
     try:
@@ -148,8 +146,6 @@ def _installed(
                 devices=["cpu", "cuda"],
                 _backend_type=types.get(name),
             )
-        for scheme in ("env", "tcp", "file"):
-            rendezvous._rendezvous_handlers[scheme] = _fake_rendezvous
         for obj, attr, value in patches:
             setattr(obj, attr, value)
         set_active(recorder)

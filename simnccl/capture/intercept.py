@@ -19,6 +19,7 @@ from torch.distributed import distributed_c10d as c10d
 
 from simnccl.capture import nonmember
 from simnccl.capture.recorder import _Recorder, active
+from simnccl.capture.result import CaptureError
 from simnccl.capture.values import _backend_name, _device, _options, _plain, _seconds
 from simnccl.ops import (
     WORLD,
@@ -262,12 +263,29 @@ def _world_size() -> int:
 def _leave(rec: _Recorder, name: str, handle: str | None, result: Any) -> None:
     """Bind the group torch returned (or the default group it created) to its handle."""
     if name == "init_process_group" and dist.is_initialized():
+        _check_world(rec)
         rec.bind(c10d._get_default_group(), WORLD)
         if rec.checkpoints:
             rec.append(Checkpoint("after_init"))
     elif handle is not None and type(result) is not int and isinstance(result, c10d.ProcessGroup):
         # (NON_GROUP_MEMBER is an int; torch's ProcessGroup isinstance check is a Python-level metaclass hook)
         rec.bind(result, handle)
+
+
+def _check_world(rec: _Recorder) -> None:
+    """The default group is this rank's place in the world the capture runs, or the captured code fails here.
+
+    Why: a rank and world given to ``init_process_group`` (``rank=0`` on every process, ``world_size=8`` under
+    ``--world 2``) are what torch's rendezvous waits for. Real ranks then hang in it, waiting for ranks that never
+    come, or fail on a port another rank holds; the stand-in's rendezvous needs no peer, and the capture went on
+    to record a world the run does not have, which simulated as a pass."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if rec.world_size and (rank, world) != (rec.rank, rec.world_size):
+        raise CaptureError(
+            f"rank {rec.rank}: init_process_group made this process rank {rank} of a world of {world}, but it is "
+            f"rank {rec.rank} of the {rec.world_size} ranks captured: real torch would wait in its rendezvous for "
+            "ranks that never come (give each process its own rank, and the world the capture runs)"
+        )
 
 
 # new_group's arguments a Call keeps, in the order it lists them

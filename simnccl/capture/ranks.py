@@ -98,7 +98,7 @@ def _run_rank(spec: _Spec, rank: int) -> RankCapture:
 def _run_rank_compact(spec: _Spec, rank: int) -> RankCapture:
     """``_run_rank`` with the ops and calls as the recorder holds them (compact ``new_group`` entries, see
     ``_Recorder.record_new_group``): what a forked rank sends, for the parent to build once per distinct list."""
-    recorder = _Recorder(rank, rank % spec.gpus_per_node, spec.checkpoints)
+    recorder = _Recorder(rank, rank % spec.gpus_per_node, spec.checkpoints, spec.world_size)
     rank_pid = os.getpid()  # the rank; a process the captured code forks is not (see _exit_unless_the_rank)
     saved_env = dict(os.environ)
     saved_hook = sys.excepthook  # init_process_group installs a "[rankN]" excepthook; keep the process's own

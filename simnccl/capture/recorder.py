@@ -35,8 +35,9 @@ class _Recorder:
     ``built_calls`` turn them into the Ops and Calls they stand for.
     """
 
-    def __init__(self, rank: int, local_rank: int, checkpoints: bool) -> None:
+    def __init__(self, rank: int, local_rank: int, checkpoints: bool, world_size: int = 0) -> None:
         self.rank = rank
+        self.world_size = world_size  # the capture's world (0: not known, as in the fork server's preload)
         self.local_rank = local_rank
         self.checkpoints = checkpoints
         self.ops: list[Op | tuple[Any, ...]] = []  # a tuple: a compact new_group (record_new_group)
