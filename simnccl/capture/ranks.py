@@ -21,7 +21,6 @@ import time
 import traceback
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, NoReturn
 
 import torch
@@ -32,6 +31,7 @@ from simnccl.capture.heap import frozen_heap, prepare_to_fork, rank_collector
 from simnccl.capture.recorder import TooManyOps, _Recorder, built_calls, built_ops
 from simnccl.capture.result import Call, CaptureError, RankCapture
 from simnccl.capture_cli import DEFAULT_TIMEOUT_S
+from simnccl.file_tail import tail_text
 from simnccl.ops import (
     Checkpoint,
 )
@@ -451,10 +451,7 @@ class _DirectForks:
 
 
 def _log_tail(path: str, lines: int = 15) -> str:
-    try:
-        text = Path(path).read_text(errors="replace")
-    except OSError:
-        return ""
+    text = tail_text(path, 8000)  # the last lines, without reading a rank's whole output
     tail = text.strip().splitlines()[-lines:]
     return ("\n  output:\n    " + "\n    ".join(tail)) if tail else ""
 

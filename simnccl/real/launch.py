@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from simnccl.env_knobs import CHECKED_PREFIXES, env_problem
+from simnccl.file_tail import tail_text
 from simnccl.ops import Compute, Program
 from simnccl.policy import UserPolicyError
 from simnccl.real.lanes import LaneError, check_gpu_lane, comparability, cpu_programs, cpu_substitutions
@@ -262,10 +263,7 @@ class RankWatch:
             self.final = record
 
     def log_tail(self) -> str:
-        try:
-            return self.log.read_text(errors="replace")[-4000:]
-        except OSError:
-            return ""
+        return tail_text(self.log, 4000)
 
 
 class Launcher:

@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from simnccl.file_tail import tail_text
 from simnccl.prerequisites import MissingPrerequisite
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -109,10 +110,7 @@ class Zygote:
             self._lock.notify_all()
 
     def log_tail(self, n: int = 4000) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")[-n:]
-        except OSError:
-            return ""
+        return tail_text(self.log_path, n)
 
     def spawn(self, spec: Mapping[str, Any], log: Path, tag: str, timeout_s: float = 30.0) -> int:
         self._send({"cmd": "spawn", "tag": tag, "spec": dict(spec), "log": str(log)})
