@@ -134,3 +134,28 @@ def test_gpu_check_scenarios_load(tmp_path: Path) -> None:
         scenario = load_scenario(path)
         assert len(scenario.programs) == world
         assert {v.name for v in scenario.variants} >= {"nccl2-default", "legacy", "lazy-init", "lazy-single-rank"}
+
+
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [
+        (["--out", "{file}", "--ranks", "2"], "real: --out: cannot write the scenarios to"),
+        (["--out", "/proc/no-such-folder", "--ranks", "2"], "real: --out: cannot write the scenarios to"),
+        (["--out", "{dir}", "--ranks", "10000000"], "real: --ranks: expected an integer in [1, 16]"),
+        (["--out", "{dir}", "--ranks", "-3"], "real: --ranks: expected an integer in [1, 16]"),
+        (["--out", "{dir}", "--ranks", "0"], "real: --ranks: expected an integer in [1, 16]"),
+    ],
+    ids=["out-is-a-file", "out-unwritable", "ranks-huge", "ranks-negative", "ranks-zero"],
+)
+def test_gpu_scenarios_bad_input_is_one_line_exit_2(tmp_path: Path, capsys, flags: list[str], said: str) -> None:
+    """An --out that is a file was an internal error (exit 70); --ranks 10000000 wrote an 88 MB scenario (exit 0);
+    --ranks -3 blamed a missing GPU."""
+    from simnccl.real.__main__ import main
+
+    (tmp_path / "file").write_text("")
+    profile = Path(find_profile("h200-141gb", "2.15").path)
+    argv = [f.format(file=tmp_path / "file", dir=tmp_path / "out") for f in flags]
+    assert main(["gpu-scenarios", "--profile", str(profile), *argv]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(said)
+    assert not (tmp_path / "out").exists()

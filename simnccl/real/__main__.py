@@ -365,6 +365,13 @@ def _gpu_scenarios(args: argparse.Namespace) -> int:
     from simnccl.real.calibrate import write_gpu_scenarios
     from simnccl.real.lanes import NO_CUDA, visible_gpus
 
+    limit = RunSettings().max_ranks  # one local process per GPU, as the GPU lane runs them
+    if args.ranks is not None and not 1 <= args.ranks <= limit:
+        print(
+            f"real: --ranks: expected an integer in [1, {limit}] (the GPU lane's local processes), got {args.ranks}",
+            file=sys.stderr,
+        )
+        return 2
     ranks = args.ranks or min(visible_gpus(), 2)
     if ranks < 1:
         print(f"real: {NO_CUDA}", file=sys.stderr)
@@ -375,7 +382,12 @@ def _gpu_scenarios(args: argparse.Namespace) -> int:
         print(f"real: {err}", file=sys.stderr)
         return 2
     release = profile.releases[0]
-    for path in write_gpu_scenarios(Path(args.out), args.gpu_kind or profile.gpu, Path(args.profile), ranks, release):
+    try:
+        written = write_gpu_scenarios(Path(args.out), args.gpu_kind or profile.gpu, Path(args.profile), ranks, release)
+    except OSError as err:  # an --out that is a file, or a folder no one can make or write in: bad input
+        print(f"real: --out: cannot write the scenarios to {args.out!r}: {err.strerror or err}", file=sys.stderr)
+        return 2
+    for path in written:
         print(path)
     return 0
 
