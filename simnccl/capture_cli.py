@@ -105,7 +105,7 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     """Everything after ``-m MODULE`` (or after the script) belongs to the captured code, as with python -m."""
     parser = capture_parser()
     raw = normalise_argv(argv, (".toml", ".py"), stop=lambda token: token == "-m" or token.endswith(".py"))
-    if "-m" in raw:
+    if "-m" in raw and not _script_before(parser, raw, raw.index("-m")):
         at = raw.index("-m")
         head, module, rest = raw[:at], raw[at + 1 : at + 2], raw[at + 2 :]
         args = parser.parse_args([*head, "-m", *module])
@@ -117,6 +117,25 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     if args.module is not None and args.script is not None:
         args.args = [args.script, *args.args]
     return args
+
+
+def _script_before(parser: argparse.ArgumentParser, raw: Sequence[str], at: int) -> bool:
+    """Whether a script path comes before ``raw[at]`` (a ``-m``): then that ``-m`` is one of the script's own
+    arguments (``train.py -m llama``), not ours. Options and their values are skipped as the parser reads them.
+    Why: ``-m`` was looked for anywhere, and a script's ``-m llama`` was taken away from it without a word."""
+    actions = parser._option_string_actions
+    i = 0
+    while i < at:
+        token = raw[i]
+        if not token.startswith("-") or token == "-":
+            return True
+        action = actions.get(token.split("=", 1)[0])
+        i += 1
+        if action is None or "=" in token or i >= at:
+            continue
+        if action.nargs is None or (action.nargs == "?" and not raw[i].startswith("-")):  # its value: skipped
+            i += 1
+    return False
 
 
 def check_toml_target(args: argparse.Namespace) -> None:

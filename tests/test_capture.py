@@ -999,3 +999,24 @@ def _own_rank() -> None:
         world_size=int(os.environ["WORLD_SIZE"]),
     )
     dist.new_group([0, 1])
+
+
+@pytest.mark.parametrize(
+    ("argv", "module", "script", "args"),
+    [
+        (["--world", "2", "train.py", "-m", "llama", "--tp", "4"], None, "train.py", ["-m", "llama", "--tp", "4"]),
+        (["--world", "2", "-m", "pkg.train", "--tp", "4"], "pkg.train", None, ["--tp", "4"]),
+        (["--world", "2", "--json", "out.json", "-m", "pkg.train", "x"], "pkg.train", None, ["x"]),
+        (["--world", "2", "--json", "-m", "pkg.train"], "pkg.train", None, []),
+        (["--world=2", "--simulate", "train.py", "-m", "x"], None, "train.py", ["-m", "x"]),
+    ],
+)
+def test_a_scripts_own_dash_m_stays_the_scripts(
+    argv: list[str], module: str | None, script: str | None, args: list[str]
+) -> None:
+    """Everything after the script belongs to the captured code: ``-m`` was looked for anywhere, and a script's
+    own ``-m llama`` was taken from it (captured with the wrong arguments, exit 0)."""
+    from simnccl.capture_cli import parse
+
+    parsed = parse(argv)
+    assert (parsed.module, parsed.script, parsed.args) == (module, script, args)
