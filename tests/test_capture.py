@@ -431,6 +431,10 @@ def test_cli_code_that_raises_names_the_rank_and_the_error(tmp_path: Path, capsy
         ({"world_size": 2, "final_checkpoint": 5}, "final_checkpoint: expected a name on one line"),
         ({"world_size": 2, "final_checkpoint": "a\nb"}, "final_checkpoint: expected a name on one line"),
         ({"world_size": 2, "mode": []}, "mode: expected one of fork, inline"),
+        # an AttributeError, an OverflowError, and every rank failing as "the captured code raised" (fuzzing)
+        ({"world_size": 2, "backend": 5}, "backend: expected a backend name such as 'nccl' or 'gloo', got 5"),
+        ({"world_size": 2, "timeout_s": 10**400}, "timeout_s: expected a positive number of seconds, got an integer"),
+        ({"world_size": 2, "env": {"FOO": "a\x00b"}}, "env: expected variable names and string values, got 'FOO'"),
     ],
 )
 def test_bad_arguments_raise_capture_error(kwargs: dict[str, Any], message: str) -> None:

@@ -100,7 +100,8 @@ def capture(
     if env is not None and not isinstance(env, Mapping):
         raise CaptureError(f"env: expected a mapping of variable names to strings, got {type(env).__name__}")
     for name, value in (env or {}).items():  # set in each rank's os.environ: text, under a variable's name
-        if not isinstance(name, str) or not isinstance(value, str) or not is_env_name(name):
+        if not isinstance(name, str) or not isinstance(value, str) or not is_env_name(name) or "\x00" in value:
+            # (a NUL byte cannot be in an environment: every rank failed setting it, blamed on the captured code)
             raise CaptureError(f"env: expected variable names and string values, got {name!r}: {value!r}")
     # (env_problem below refuses these too; this says it in the capture's words, naming every one given)
     clash = [name for name in LAUNCHER_VARIABLES if name in (env or {})]
@@ -116,6 +117,8 @@ def capture(
         if problem is not None:
             raise CaptureError(f"env: {name}: {problem}")
     if backend is not None:  # one torch knows: else every rank failed as "the captured code raised"
+        if not isinstance(backend, str):
+            raise CaptureError(f"backend: expected a backend name such as 'nccl' or 'gloo', got {backend!r}")
         try:
             resolve_backend(get_release(release), backend, dict(env or {}))
         except ReleaseError as err:
@@ -137,7 +140,10 @@ def capture(
         raise CaptureError(f"jobs: {exceeded('max_capture_jobs', f'{jobs} ranks at a time', limit)}")
     if isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float):
         raise CaptureError(f"timeout_s: expected a positive number of seconds, got {timeout_s!r}")
-    timeout_problem = seconds_problem(float(timeout_s))
+    try:
+        timeout_problem = seconds_problem(float(timeout_s))
+    except OverflowError:  # an integer past float's range (10**400): no wall-clock limit either
+        timeout_problem = f"expected a positive number of seconds, got an integer of {len(str(timeout_s))} digits"
     if timeout_problem is not None:
         raise CaptureError(f"timeout_s: {timeout_problem}")
     policy = _plain_policy(policy)
