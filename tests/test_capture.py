@@ -1024,3 +1024,14 @@ def test_a_scripts_own_dash_m_stays_the_scripts(
 
     parsed = parse(argv)
     assert (parsed.module, parsed.script, parsed.args) == (module, script, args)
+
+
+def test_a_send_to_a_rank_outside_the_world_is_the_ranks_error_not_the_stand_ins() -> None:
+    """The stand-in's own IndexError ("list index out of range") was reported as the captured code's error."""
+
+    def startup() -> None:
+        dist.init_process_group("nccl")
+        dist.send(torch.zeros(1), 99)
+
+    with pytest.raises(cap.CaptureError, match=r"rank 0: the captured code raised ValueError: Invalid peer rank 99"):
+        cap.capture(startup, 2, mode="inline")

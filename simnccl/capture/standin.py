@@ -208,6 +208,8 @@ class StandInBackend(C10dBackend):
         return self._done(None)
 
     def _p2p(self, op_type: type[Op], name: str, tensors: list[torch.Tensor], peer: int) -> Any:
+        if not 0 <= peer < len(self._global):  # a peer outside the group: the rank's error, as the simulator says
+            raise ValueError(f"Invalid peer rank {peer} for {name}: the group has {len(self._global)} ranks")
         self._lazy = False
         recorder = active()
         if recorder is not None:
