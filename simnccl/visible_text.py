@@ -47,3 +47,12 @@ def brief(value: Any, width: int = 120) -> str:
     except ValueError:  # an integer past Python's int-to-text digit limit
         return "an integer of thousands of digits"
     return text if len(text) <= width else f"{text[: width - 5]}...{text[-2:]}"
+
+
+def error_text(err: BaseException) -> str:
+    """``str(err)``, or what can be said of it where its ``__str__`` raises: user code's exception is reported
+    whatever it does, and a report that raised in its place blamed simnccl for the user's error."""
+    try:
+        return str(err)
+    except Exception as inner:
+        return f"<{type(err).__name__} whose str() raised {type(inner).__name__}>"

@@ -1035,3 +1035,17 @@ def test_a_send_to_a_rank_outside_the_world_is_the_ranks_error_not_the_stand_ins
 
     with pytest.raises(cap.CaptureError, match=r"rank 0: the captured code raised ValueError: Invalid peer rank 99"):
         cap.capture(startup, 2, mode="inline")
+
+
+@pytest.mark.parametrize("mode", ["inline", "fork"])
+def test_an_exception_whose_str_raises_is_reported_as_the_captured_codes(mode: str) -> None:
+    class Odd(Exception):
+        def __str__(self) -> str:
+            raise RuntimeError("no text")
+
+    def startup() -> None:
+        dist.init_process_group("nccl")
+        raise Odd()
+
+    with pytest.raises(cap.CaptureError, match=r"rank 0: the captured code raised Odd: <Odd whose str\(\) raised"):
+        cap.capture(startup, 2, mode=mode, jobs=1)

@@ -59,6 +59,7 @@ from simnccl.capture.cuda_allocator import Block, CachingAllocator
 from simnccl.capture.cuda_generator import PhiloxStateGenerator
 from simnccl.cluster import GpuKind
 from simnccl.ops import MIB, Alloc, EmptyCache, Op
+from simnccl.visible_text import error_text
 
 TENSOR_TAG = "tensors"  # the ledger phase the captured tensor memory is charged under
 _CPU = torch.device("cpu")
@@ -530,7 +531,7 @@ COVERED = (
 
 def driver_call_message(err: BaseException, rank: int) -> str | None:
     """A clear refusal for an error that means the code reached a CUDA call the fake devices do not cover."""
-    text = str(err)
+    text = error_text(err)
     if not any(marker in text for marker in _DRIVER_ERRORS):
         return None
     import traceback

@@ -44,6 +44,7 @@ from simnccl.process_tree import (
     kill_descendants,
     subreaper,
 )
+from simnccl.visible_text import error_text
 
 MASTER_PORT = "29500"
 STARTUP_CHECKPOINT = "startup"  # before a captured step: what startup left on each device
@@ -217,8 +218,11 @@ def _policy_applied(policy: str | None, release: str) -> Iterator[None]:
 
 
 def _describe_failure(rank: int, err: BaseException) -> str:
-    text = "".join(traceback.format_exception(type(err), err, err.__traceback__)[-6:]).rstrip()
-    return f"rank {rank}: the captured code raised {type(err).__name__}: {err}\n{text}"
+    try:
+        text = "".join(traceback.format_exception(type(err), err, err.__traceback__)[-6:]).rstrip()
+    except Exception:
+        text = ""
+    return f"rank {rank}: the captured code raised {type(err).__name__}: {error_text(err)}\n{text}"
 
 
 def _set_pdeathsig() -> None:
