@@ -1049,3 +1049,42 @@ def test_an_exception_whose_str_raises_is_reported_as_the_captured_codes(mode: s
 
     with pytest.raises(cap.CaptureError, match=r"rank 0: the captured code raised Odd: <Odd whose str\(\) raised"):
         cap.capture(startup, 2, mode=mode, jobs=1)
+
+
+@pytest.mark.parametrize("mode", ["inline", "fork"])
+def test_what_runs_after_the_last_line_is_captured_as_python_runs_it(mode: str) -> None:
+    """A real process joins its non-daemon threads, then runs its exit handlers (last registered first), before
+    it ends; a collective there is part of the run. The rank's result was sent as soon as its code returned: a
+    rank-0-only all_reduce from an exit handler (a hang on real GPUs) was dropped and the capture passed."""
+    import atexit
+    import threading
+
+    def startup() -> None:
+        dist.init_process_group("gloo")
+        rank = dist.get_rank()
+        late = threading.Thread(target=lambda: (time.sleep(0.05), dist.new_group([0, 1], group_desc="thread")))
+        late.start()
+        atexit.register(dist.new_group, [0, 1], group_desc="first-registered")
+        if rank == 0:
+            atexit.register(dist.all_reduce, torch.zeros(1))
+
+    run = cap.capture(startup, 2, mode=mode)
+    descs = [[op.group_desc for op in p.ops if isinstance(op, NewGroup)] for p in run.programs]
+    assert descs == [["thread", "first-registered"]] * 2
+    assert [sum(isinstance(op, AllReduce) for op in p.ops) for p in run.programs] == [1, 0]
+    assert run.simulate().verdict == "hang"
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the thread's error, printed
+@pytest.mark.parametrize("mode", ["inline", "fork"])
+def test_a_thread_that_reaches_the_gpu_less_cuda_fails_the_capture(mode: str) -> None:
+    """The fake CUDA serves the rank's main thread only: a thread's CUDA tensor raised there, the thread died with
+    its collective, and the capture passed a program a real run hangs in."""
+    import threading
+
+    def startup() -> None:
+        dist.init_process_group("nccl")
+        threading.Thread(target=lambda: dist.all_reduce(torch.ones(1, device="cuda"))).start()
+
+    with pytest.raises(cap.CaptureError, match=r"rank \d: a thread the captured code started reached CUDA"):
+        cap.capture(startup, 2, mode=mode, jobs=1)

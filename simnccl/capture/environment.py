@@ -153,6 +153,8 @@ def _installed(
             try:
                 yield
             except Exception as err:
+                if isinstance(err, CaptureError):  # said already (``process_end``: a thread that reached CUDA)
+                    raise
                 message = driver_call_message(err, recorder.rank) if cuda else None
                 if message is None:
                     raise

@@ -26,6 +26,7 @@ from typing import Any, NoReturn
 import torch
 import torch.distributed as dist
 
+from simnccl.capture import process_end
 from simnccl.capture.environment import DEFAULT_GPU, _installed
 from simnccl.capture.heap import frozen_heap, prepare_to_fork, rank_collector
 from simnccl.capture.recorder import TooManyOps, _Recorder, built_calls, built_ops
@@ -108,6 +109,7 @@ def _run_rank_compact(spec: _Spec, rank: int) -> RankCapture:
         with (
             _installed(recorder, spec.release, spec.world_size, spec.gpus_per_node, spec.cuda, spec.gpu),
             _policy_applied(spec.policy, spec.release),
+            process_end.collected() as end,
         ):
             if spec.init_backend is not None:
                 dist.init_process_group(backend=spec.init_backend)
@@ -123,6 +125,8 @@ def _run_rank_compact(spec: _Spec, rank: int) -> RankCapture:
                         _run_step(spec.step, state, recorder)
                     except SystemExit as exit_:  # as the startup's: inline, it ended the capturing process (exit 0)
                         _exited(rank, rank_pid, exit_)
+                _exit_unless_the_rank(rank_pid, None)
+                end.finish(rank)  # its threads joined and its exit handlers run, as Python ends a process
             except BaseException as err:
                 _exit_unless_the_rank(rank_pid, err)
                 raise
