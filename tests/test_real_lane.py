@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -508,7 +509,14 @@ def test_gloo_size_overflow_aborts_and_is_an_error_on_both(launcher: Launcher) -
 # ---------------------------------------------------------------------------------------------- torchrun
 
 
-def _run_two_ranks_under_torchrun(tmp_path: Path, pythonpath: str) -> tuple[subprocess.CompletedProcess, str, Path]:
+_TWO_RANK_STEPS = """\
+  { op = "new_group", ranks = [0, 1], bind = "tp" },
+  { op = "all_reduce", group = "tp", size_mib = 1 },"""
+
+
+def _run_two_ranks_under_torchrun(
+    tmp_path: Path, pythonpath: str, steps: str = _TWO_RANK_STEPS, *flags: str
+) -> tuple[subprocess.CompletedProcess, str, Path]:
     """``torchrun --standalone --nproc-per-node 2 -m simnccl.real run`` on a two-rank scenario, with
     ``NCCL_DEBUG=WARN`` exported around torchrun; the completed torchrun, its processes' mark and the report."""
     torchrun = Path(PYTHON).with_name("torchrun")
@@ -528,8 +536,9 @@ release = "2.15"
 steps = [
   { op = "set_device" },
   { op = "init_process_group", backend = "nccl" },
-  { op = "new_group", ranks = [0, 1], bind = "tp" },
-  { op = "all_reduce", group = "tp", size_mib = 1 },
+"""
+        + steps
+        + """
   { op = "checkpoint", name = "end" },
 ]
 """,
@@ -551,6 +560,7 @@ steps = [
             str(scenario),
             "--json",
             str(out),
+            *flags,
         ],
         cwd=REPO,
         env=env,
@@ -573,6 +583,19 @@ def test_run_under_torchrun(tmp_path: Path) -> None:
     # TORCH_NCCL_ASYNC_ERROR_HANDLING=1)
     assert variant["inherited_env"]["NCCL_DEBUG"] == "WARN"
     assert [n for n in variant["notes"] if "NCCL_DEBUG=WARN" in n and "inherited" in n]
+
+
+def test_a_run_under_torchrun_stopped_past_its_timeout_exits_1_and_says_its_wall_time(tmp_path: Path) -> None:
+    """Rank 0 alone in an all_reduce: the watchdog reports the hang and the ranks exit 1 (a failed run). They
+    exited 124, none of simnccl's codes, and the report's figure said "? s wall"."""
+    steps = '  { op = "all_reduce", size_mib = 1, on_ranks = [0] },'
+    done, mark, out = _run_two_ranks_under_torchrun(tmp_path, str(REPO), steps, "--timeout", "8")
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "124" not in re.findall(r"exitcode\s*:\s*(\d+)", done.stderr)
+    (report,) = json.loads(out.read_text())["results"]
+    (variant,) = report["variants"]
+    assert variant["verdict"] == "hang" and isinstance(variant["wall_s"], float)
+    assert marked_processes(mark) == []
 
 
 def test_a_torchrun_rank_ends_without_the_interpreters_teardown(tmp_path: Path) -> None:

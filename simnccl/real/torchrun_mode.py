@@ -130,7 +130,9 @@ def torchrun_main(
         else:  # let rank 0 read our state before torchrun stops the world on our exit
             control_wait(control, ["report"], 10.0)
         sys.stdout.flush()
-        os._exit(124)
+        # A run stopped past its timeout did not pass: exit 1, the report's own code for a hang. (It was 124,
+        # timeout(1)'s code, which is none of simnccl's; torchrun names whichever code in its failure report.)
+        os._exit(1)
 
     threading.Thread(target=watchdog, name="real-watchdog", daemon=True).start()
     progress = Progress("", extra=publish)
@@ -202,6 +204,7 @@ def _torchrun_report(
         settings=settings.to_dict(),
     )
     result["inherited_env"] = dict(inherited)
+    result["wall_s"] = round(time.time() - started, 3)  # as the local launcher's results say it ("? s wall")
     report = run_document(scenario, settings.lane, [result])
     from simnccl.real.report import render_run
 
