@@ -55,8 +55,12 @@ MainFn = Callable[[Sequence[str] | None], int]
 
 
 class CommandTimeout(BaseException):
-    """The command ran past ``max_wall_s``. A BaseException, so no ``except Exception`` (in simnccl or in a
-    user's policy) can swallow it on the way out."""
+    """The command (or ``what`` of it: ``wall_clock``) ran past ``max_wall_s``. A BaseException, so no ``except
+    Exception`` (in simnccl or in a user's policy) can swallow it on the way out."""
+
+    def __init__(self, what: str = "the command") -> None:
+        super().__init__(what)
+        self.what = what
 
 
 def guarded(main_fn: MainFn, *, command: Sequence[str] = ()) -> MainFn:
@@ -80,7 +84,7 @@ def guarded(main_fn: MainFn, *, command: Sequence[str] = ()) -> MainFn:
         with journal() as record:
             try:
                 wall_s = None if raw[:1] and raw[0] in OWN_TIMEOUTS else current_limits().max_wall_s
-                with _wall_clock(wall_s):
+                with wall_clock(wall_s):
                     code = main_fn(argv)
                     _flush_output()  # a full disk or a closed pipe shows here, inside the guard, not at exit
                     return code
@@ -115,11 +119,12 @@ def guarded(main_fn: MainFn, *, command: Sequence[str] = ()) -> MainFn:
                 _say(f"interrupted (Ctrl-C): simnccl {' '.join(raw)}")
                 _partial_report(record)
                 return EXIT_INTERRUPTED
-            except CommandTimeout:
+            except CommandTimeout as err:
                 _reap(children_before)
                 where = _where(record, raw)
+                limit = current_limits().max_wall_s if wall_s is None else wall_s  # (``wall_clock`` inside a command)
                 _say(
-                    f"error: {where}: the command ran past its wall-clock limit max_wall_s = {number_text(wall_s)} s "
+                    f"error: {where}: {err.what} ran past its wall-clock limit max_wall_s = {number_text(limit)} s "
                     f"({DATA_FILE}; to raise it for one run, set {ENV_PREFIX}MAX_WALL_S)"
                 )
                 _partial_report(record)
@@ -295,16 +300,17 @@ def _partial_report(record: RunJournal) -> None:
 
 
 @contextlib.contextmanager
-def _wall_clock(seconds: float | None) -> Iterator[None]:
-    """Raise CommandTimeout after ``seconds`` of wall time (POSIX main thread; elsewhere no limit).
+def wall_clock(seconds: float | None, what: str = "the command") -> Iterator[None]:
+    """Raise CommandTimeout(``what``) after ``seconds`` of wall time (POSIX main thread; elsewhere no limit).
 
-    A timer already running (an enclosing alarm) is put back afterwards with the time it had left."""
+    A timer already running (an enclosing alarm) is put back afterwards with the time it had left. The commands
+    that bound their own time (``OWN_TIMEOUTS``) use it for what their own limits do not cover."""
     if seconds is None or not hasattr(signal, "setitimer") or threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def fire(signum: int, frame: Any) -> None:
-        raise CommandTimeout
+        raise CommandTimeout(what)
 
     previous_handler = signal.signal(signal.SIGALRM, fire)
     started = time.monotonic()

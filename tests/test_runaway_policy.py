@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import user_policies
+from conftest import TINY
 
 import simnccl.testing.replay as replay
 from simnccl.ops import AllReduce, InitProcessGroup, NewGroup, SetDevice
@@ -47,3 +48,33 @@ def test_a_property_case_whose_policy_never_returns_fails_once_and_asks_no_other
     with pytest.raises(UserPolicyError, match=r"on_group raised CaseTimeout: .*still simulating after 1 s"):
         case.run()
     assert user_policies.LOOPS_ENTERED == [0]
+
+
+def test_the_simulated_side_of_a_comparison_is_held_to_the_wall_clock_limit(tmp_path: Path) -> None:
+    """``real`` bounds its own runs (``--timeout`` for the real ranks), so the command's limit was off for it, and a
+    policy that never returns in the simulating process made ``real compare`` run until killed."""
+    pytest.importorskip("torch")
+    scenario = tmp_path / "tiny.toml"
+    after_init = '{ op = "checkpoint", name = "after_init" },'
+    scenario.write_text(TINY.replace(after_init, after_init + '\n  { op = "new_group", ranks = [0, 1], bind = "g" },'))
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "simnccl",
+            "real",
+            "compare",
+            "-q",
+            str(scenario),
+            "--policy",
+            "user_policies:LoopsForever",
+        ],
+        cwd=TESTS,
+        env={**os.environ, "SIMNCCL_LIMIT_MAX_WALL_S": "3"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "the simulated side of the comparison ran past its wall-clock limit max_wall_s = 3 s" in done.stderr

@@ -42,7 +42,9 @@ from simnccl.backends.gloo import (
     SINGLETON_RACE,
     TIMEOUT_TIE_RACE,
 )
+from simnccl.cli_guard import wall_clock
 from simnccl.engine.comms import STALE_RACE
+from simnccl.limits import current as current_limits
 from simnccl.ops import Program
 from simnccl.real.lanes import lane_policy
 from simnccl.real.launch import (
@@ -591,12 +593,16 @@ def compare_scenario(
     comparisons = []
     try:
         for variant in chosen:
-            sim = simulate(scenario, variant, settings.lane, programs, launcher.inherited_env(variant.env))
+            # The simulated side under the commands' wall-clock limit: ``--timeout`` bounds the real ranks only,
+            # and a policy that never returns in this process made the comparison run until killed.
+            with wall_clock(current_limits().max_wall_s, "the simulated side of the comparison"):
+                sim = simulate(scenario, variant, settings.lane, programs, launcher.inherited_env(variant.env))
             # raises a user policy's error on the real ranks: the simulation asked it first, not with the real env
             real = run_variant_real(launcher, scenario, variant, programs, settings, substitutions, notes)
             comparison = compare_variant(variant.name, settings.lane, sim, real, len(programs), tolerance_pct)
             if settings.lane == "cpu":
-                disagreement = policy_disagreement(scenario, variant)
+                with wall_clock(current_limits().max_wall_s, "the simulated side of the comparison"):
+                    disagreement = policy_disagreement(scenario, variant)
                 if disagreement is not None:
                     comparison.reasons.append(disagreement)
                     comparison.agree = False
