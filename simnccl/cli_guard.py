@@ -115,9 +115,10 @@ def guarded(main_fn: MainFn, *, command: Sequence[str] = ()) -> MainFn:
                 )
                 return EXIT_BAD_INPUT
             except KeyboardInterrupt:
-                _reap(children_before)
-                _say(f"interrupted (Ctrl-C): simnccl {' '.join(raw)}")
-                _partial_report(record)
+                with _interrupts_ignored():  # more Ctrl-C while this one is handled: no traceback from the reaping
+                    _reap(children_before)
+                    _say(f"interrupted (Ctrl-C): simnccl {' '.join(raw)}")
+                    _partial_report(record)
                 return EXIT_INTERRUPTED
             except CommandTimeout as err:
                 _reap(children_before)
@@ -297,6 +298,20 @@ def _partial_report(record: RunJournal) -> None:
         _say(f"  {line}")
     if not record.scenarios and not record.lines:
         _say("  nothing had finished")
+
+
+@contextlib.contextmanager
+def _interrupts_ignored() -> Iterator[None]:
+    """SIGINT ignored in the block (main thread only), the previous handler put back after it. Why: a user who
+    pressed Ctrl-C several times got a KeyboardInterrupt traceback from the reaping of the first one's children."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 @contextlib.contextmanager

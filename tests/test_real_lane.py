@@ -828,6 +828,34 @@ def _start_hung_run(tmp_path: Path, *options: str, **popen: Any) -> tuple[subpro
     return subprocess.Popen(command, cwd=REPO, env=env, **popen), mark
 
 
+def test_ctrl_c_pressed_again_and_again_ends_with_130_no_traceback_and_no_folder(tmp_path: Path) -> None:
+    """Five SIGINTs 50 ms apart in a running ``real run``: the later ones landed in the first one's cleanup (the
+    launcher waiting for its zygote, the guard reaping), a KeyboardInterrupt traceback came out, and the run's
+    $TMPDIR/real-* folder was left behind."""
+    import signal as signals
+
+    proc, mark = _start_hung_run(tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not _all_past_init(tmp_path, 4):
+            time.sleep(0.1)
+        assert _all_past_init(tmp_path, 4)
+        for _ in range(5):
+            proc.send_signal(signals.SIGINT)
+            time.sleep(0.05)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+        proc.wait(30)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err, err
+    assert list(tmp_path.glob("real-*")) == []
+    deadline = time.monotonic() + 10
+    while marked_processes(mark) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert marked_processes(mark) == []
+
+
 def _kill_launcher_mid_run(tmp_path: Path, *options: str) -> None:
     """Start a hung run, SIGKILL its launcher once the launcher, its zygote and 4 ranks are up and every rank is
     past its init (so each has written its progress file), and wait until every process it started is gone

@@ -304,11 +304,15 @@ class Launcher:
         return None if self._zygote is None else self._zygote.proc.pid
 
     def close(self) -> None:
-        if self._zygote is not None:
-            self._zygote.close()
+        """Stop the zygote and remove the work folder: the folder also when the stop is interrupted (a second
+        Ctrl-C while the first one's cleanup waits for the zygote left $TMPDIR/real-*/run0001 behind)."""
+        try:
+            if self._zygote is not None:
+                self._zygote.close()
+        finally:
             self._zygote = None
-        if self._own_dir and not self._keep:
-            shutil.rmtree(self.work_dir, ignore_errors=True)
+            if self._own_dir and not self._keep:
+                shutil.rmtree(self.work_dir, ignore_errors=True)
 
     def run_programs(
         self,
