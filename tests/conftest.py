@@ -167,3 +167,16 @@ def marked_processes(mark: str) -> list[int]:
         except OSError:
             continue
     return found
+
+
+def ended_by_ctrl_c(proc: subprocess.Popen[str], timeout: float = 120) -> str:
+    """Wait for ``proc``, which was sent SIGINT (killed if it outlives ``timeout``): it exited 130, with no
+    traceback. Its stderr."""
+    try:
+        _, err = proc.communicate(timeout=timeout)
+    finally:
+        proc.kill()
+        proc.wait(30)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err, err
+    return err
