@@ -1088,3 +1088,24 @@ def test_a_thread_that_reaches_the_gpu_less_cuda_fails_the_capture(mode: str) ->
 
     with pytest.raises(cap.CaptureError, match=r"rank \d: a thread the captured code started reached CUDA"):
         cap.capture(startup, 2, mode=mode, jobs=1)
+
+
+def test_inline_a_keyboard_interrupt_the_code_raises_is_its_failure_and_ctrl_c_stays_ctrl_c() -> None:
+    """Inline, the captured code's own ``raise KeyboardInterrupt`` ended the command as if the user had pressed
+    Ctrl-C (exit 130, "interrupted"); fork mode reports it as the code's failure (exit 2). A SIGINT stays one."""
+    import signal
+
+    def raises() -> None:
+        dist.init_process_group("nccl")
+        raise KeyboardInterrupt
+
+    def pressed() -> None:
+        dist.init_process_group("nccl")
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(5)
+
+    with pytest.raises(cap.CaptureError, match="rank 0: the captured code raised KeyboardInterrupt"):
+        cap.capture(raises, 2, mode="inline")
+    with pytest.raises(KeyboardInterrupt):
+        cap.capture(pressed, 2, mode="inline")
+    assert not dist.is_initialized()

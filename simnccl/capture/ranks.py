@@ -17,6 +17,7 @@ import select
 import signal
 import struct
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator, Mapping
@@ -622,15 +623,43 @@ def _run_inline(spec: _Spec) -> list[RankCapture]:
     out = []
     for rank in range(spec.world_size):
         try:
-            with _deadline(spec.timeout_s, rank), _ending_what_it_starts():
+            with _deadline(spec.timeout_s, rank), _ending_what_it_starts(), _ctrl_c_told_apart() as pressed:
                 out.append(_run_rank(spec, rank))
         except CaptureError:
             raise
         except TooManyOps as err:
             raise CaptureError(str(err)) from None
+        except KeyboardInterrupt as err:
+            if pressed:
+                raise
+            # the captured code's own ``raise KeyboardInterrupt``: its failure (exit 2, as in fork mode), not a
+            # Ctrl-C the user pressed (exit 130, "interrupted")
+            raise CaptureError(_describe_failure(rank, err)) from None
         except Exception as err:
             raise CaptureError(_describe_failure(rank, err)) from None
     return out
+
+
+@contextlib.contextmanager
+def _ctrl_c_told_apart() -> Iterator[list[bool]]:
+    """While an inline rank runs, a SIGINT is noted (the list holds True) before Python's handler raises its
+    KeyboardInterrupt, so one the captured code raises itself can be told from one the user pressed."""
+    pressed: list[bool] = []
+    previous = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is not threading.main_thread() or not callable(previous):
+        pressed.append(True)  # cannot tell: every KeyboardInterrupt counts as pressed, as before
+        yield pressed
+        return
+
+    def noted(signum: int, frame: Any) -> None:
+        pressed.append(True)
+        previous(signum, frame)
+
+    signal.signal(signal.SIGINT, noted)
+    try:
+        yield pressed
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 @contextlib.contextmanager
