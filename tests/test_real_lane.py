@@ -169,6 +169,19 @@ def test_a_world_past_the_launchers_limit_is_refused_before_the_simulated_side_r
     assert "32 ranks exceed the real tier's limit of 16 local processes" in capsys.readouterr().err
 
 
+def test_under_torchrun_a_world_past_the_local_limit_is_torchruns_to_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The local launcher's limit (16 processes on this machine) is not torchrun's: its world spans machines."""
+    from simnccl.real import __main__ as real_main
+    from simnccl.real import torchrun_mode
+
+    reached: list[int] = []
+    monkeypatch.setattr(torchrun_mode, "torchrun_main", lambda scenario, *args: reached.append(len(scenario.programs)))
+    for name, value in {"RANK": "0", "WORLD_SIZE": "32", "MASTER_ADDR": "127.0.0.1"}.items():
+        monkeypatch.setenv(name, value)
+    real_main.main(["run", str(REPO / "scenarios/megatron-tp8-pp2-dp2-4nodes.toml"), "--variant", "legacy"])
+    assert reached == [32]
+
+
 @pytest.mark.parametrize("command", ["run", "compare"])
 def test_a_user_policy_that_raises_on_the_real_ranks_is_bad_input(command: str, tmp_path: Path) -> None:
     """A user's policy that raises is a defect of the user's input: ``simnccl run`` exits 2 naming the policy,

@@ -164,7 +164,10 @@ def _command(args: argparse.Namespace) -> int:
                 "segments); the real tier cannot run it: use `simnccl run`",
             )
         settings = _settings(args)
-        check_local_world(len(scenario.programs), settings)  # before the simulated side of a comparison runs
+        from simnccl.real.torchrun_mode import under_torchrun
+
+        if args.command == "compare" or not under_torchrun():  # (torchrun's world spans machines: its own check)
+            check_local_world(len(scenario.programs), settings)  # before the simulated side of a comparison runs
         if args.command == "run":
             return _run(scenario, settings, args, out)
         return _compare(scenario, settings, args, out)
