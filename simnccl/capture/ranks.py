@@ -27,9 +27,9 @@ from typing import Any, NoReturn
 import torch
 import torch.distributed as dist
 
-from simnccl.capture import process_end
 from simnccl.capture.environment import DEFAULT_GPU, _installed
 from simnccl.capture.heap import frozen_heap, prepare_to_fork, rank_collector
+from simnccl.capture.process_end import collected as process_end_collected
 from simnccl.capture.recorder import TooManyOps, _Recorder, built_calls, built_ops
 from simnccl.capture.result import Call, CaptureError, RankCapture
 from simnccl.capture_cli import DEFAULT_TIMEOUT_S
@@ -110,7 +110,7 @@ def _run_rank_compact(spec: _Spec, rank: int) -> RankCapture:
         with (
             _installed(recorder, spec.release, spec.world_size, spec.gpus_per_node, spec.cuda, spec.gpu),
             _policy_applied(spec.policy, spec.release),
-            process_end.collected() as end,
+            process_end_collected() as end,
         ):
             if spec.init_backend is not None:
                 dist.init_process_group(backend=spec.init_backend)
