@@ -607,7 +607,8 @@ def test_a_run_under_torchrun_stopped_past_its_timeout_exits_1_and_says_its_wall
     assert "124" not in re.findall(r"exitcode\s*:\s*(\d+)", done.stderr)
     (report,) = json.loads(out.read_text())["results"]
     (variant,) = report["variants"]
-    assert variant["verdict"] == "hang" and isinstance(variant["wall_s"], float)
+    # a hang, or gloo's own timeout error when the load lets it fire before the watchdog: never a pass
+    assert variant["verdict"] in ("hang", "error") and isinstance(variant["wall_s"], float)
     assert marked_processes(mark) == []
 
 
