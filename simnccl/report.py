@@ -307,7 +307,10 @@ def error_lines(errors: Sequence[dict[str, Any]]) -> list[str]:
     for (kind, op, type_name), items in sorted(alike.items(), key=lambda item: min(e["rank"] for e in item[1])):
         first = min(items, key=lambda e: e["rank"])
         message = str(first.get("message") or "")
-        last_line = message.splitlines()[-1] if message else ""
+        lines_of = message.splitlines()
+        last_line = lines_of[-1] if lines_of else ""
+        if len(lines_of) > 1:  # the most specific line of torch's errors; the rest is not hidden without a word
+            last_line += f" (the last of its {len(lines_of)} lines; --json has them all)"
         if len(items) > 1:
             last_line += f" (rank {first['rank']}'s message; the others' alike)"
         lines.append(f"{kind}: {ranks_text(e['rank'] for e in items)} in {op}: {type_name}: {last_line}")

@@ -619,3 +619,21 @@ def test_a_policys_explanation_stays_one_line_in_its_explain_table_cell(
     rows = [line for line in out.splitlines() if "first" in line]
     assert rows and all("first\\nsecond \\x1b[31mred" in row for row in rows), out
     assert "\x1b" not in out and not any(line.strip().startswith("second") for line in out.splitlines())
+
+
+def test_a_multi_line_error_message_is_one_line_that_says_lines_were_left_out() -> None:
+    """The report's error line is the message's last line (torch's most specific): a ``raise`` op's message of
+    several lines lost its headline without a word."""
+    from simnccl.report import error_lines
+
+    errors = [
+        {"rank": r, "kind": "check", "type": "AssertionError", "message": "headline\ndetail", "op": "raise(...)"}
+        for r in (0, 1)
+    ]
+    (line,) = error_lines(errors)
+    assert line == (
+        "check: ranks 0-1 in raise(...): AssertionError: detail (the last of its 2 lines; --json has them all) "
+        "(rank 0's message; the others' alike)"
+    )
+    single = [{**errors[0], "message": "one line"}]
+    assert error_lines(single) == ["check: rank 0 in raise(...): AssertionError: one line"]
