@@ -106,6 +106,21 @@ def test_a_script_is_imported_once_by_the_fork_server_and_captures_what_plain_fo
     assert [p.ops[-2].ranks for p in served.programs] == [(r,) for r in range(8)]  # each rank's own RANK
 
 
+def test_exit_handlers_an_import_registers_run_in_every_rank_preloaded_or_not(script) -> None:
+    """A module that registers an exit handler at import: a real process runs it at exit. Imported by the fork
+    server, the handler was registered there, and no rank ran it; each rank importing the module itself did."""
+    registers = COUNTED + (
+        "import atexit\nimport torch.distributed as dist\n"
+        'atexit.register(lambda: dist.new_group([0, 1], group_desc="at-exit"))\n'
+    )
+    path, count = script("atexit", registers)
+    served = cap.capture(cap.script_target(None, str(path), []), 2)
+    assert importers(count) == 1 and served.notes == ()  # preloaded
+    plain = cap.capture(cap.script_target(None, str(path), [], preload=False), 2)
+    assert [p.ops for p in served.programs] == [p.ops for p in plain.programs]
+    assert all(any(getattr(op, "group_desc", None) == "at-exit" for op in p.ops) for p in served.programs)
+
+
 def test_a_module_reading_rank_at_import_is_imported_by_every_rank(script) -> None:
     reads_rank = COUNTED + 'RANK_AT_IMPORT = int(os.environ.get("RANK", "-1"))\n'
     path, count = script("rankread", reads_rank)

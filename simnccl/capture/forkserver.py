@@ -30,6 +30,7 @@ from typing import Any, NoReturn
 
 from simnccl.capture.environment import _installed
 from simnccl.capture.heap import prepare_to_fork
+from simnccl.capture.process_end import collected, preloaded_handlers
 from simnccl.capture.ranks import (
     ENDED_GRACE_S,
     _DirectForks,
@@ -222,8 +223,9 @@ def _preload(spec: _Spec, target: ScriptTarget) -> list[str]:  # pragma: no cove
     environment = {**os.environ, **spec.rank_env(0)}  # what a rank's os.environ holds, as _run_rank sets it
     shared = {k: v for k, v in environment.items() if k not in RANK_VARIABLES}
     recorder = _Recorder(0, 0, False)
-    with _installed(recorder, spec.release, spec.world_size, spec.gpus_per_node, spec.cuda):
+    with _installed(recorder, spec.release, spec.world_size, spec.gpus_per_node, spec.cuda), collected() as end:
         modules = target.preload_in(shared)
+    preloaded_handlers(end.handlers)  # the exit handlers its imports registered: every forked rank runs them
     if recorder.calls:
         names = ", ".join(sorted({c.name for c in built_calls(recorder.calls)}))
         raise PreloadRefused(f"importing them called {names}, which each rank must do itself")

@@ -23,13 +23,23 @@ from simnccl.capture.fake_devices import driver_call_message
 from simnccl.capture.result import CaptureError
 
 _OWN_PREFIXES = ("torch", "simnccl")  # modules whose exit handlers are the process's, not the captured code's
+Handler = tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]
+# The exit handlers the script's imports registered in the fork server's preload (``preloaded_handlers``): each rank
+# it forks starts with them, as a process that imported the modules itself registers them (``--no-preload``).
+_PRELOADED: list[Handler] = []
+
+
+def preloaded_handlers(handlers: list[Handler]) -> None:
+    """Keep ``handlers`` (registered while the fork server imported the script's modules) for every rank forked
+    after it."""
+    _PRELOADED[:] = handlers
 
 
 class ProcessEnd:
     """The rank's exit handlers and the threads alive before it, for ``finish``."""
 
     def __init__(self) -> None:
-        self.handlers: list[tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]] = []
+        self.handlers: list[Handler] = list(_PRELOADED)
         self.threads_before = set(threading.enumerate())
         self.thread_errors: list[BaseException] = []  # what the rank's threads raised (printed as Python does)
 
