@@ -56,3 +56,12 @@ def error_text(err: BaseException) -> str:
         return str(err)
     except Exception as inner:
         return f"<{type(err).__name__} whose str() raised {type(inner).__name__}>"
+
+
+def repr_text(value: Any) -> str:
+    """``repr(value)``, or what can be said of it where its ``__repr__`` raises (``error_text``'s twin for a
+    user's object a message shows)."""
+    try:
+        return repr(value)
+    except Exception as inner:
+        return f"<{type(value).__name__} whose repr() raised {type(inner).__name__}>"

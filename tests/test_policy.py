@@ -519,3 +519,41 @@ def test_a_policy_cannot_write_into_the_history_it_is_shown() -> None:
     copied.record(call, decide_group(BasePolicy(), call))
     assert (history.calls, copied.calls) == (1, 2) and history.eager_by_rank == {0: 1, 1: 1}
     assert copied.eager_by_rank == {0: 2, 1: 2} and copied.digest != history.digest
+
+
+def test_a_policy_whose_exception_or_answer_cannot_be_shown_is_still_the_policys_error() -> None:
+    """A user's exception whose ``__str__`` raises (or an answer whose ``__repr__`` does) made the message raise in
+    its place: ``simnccl run`` exited 70, a simnccl bug, for the user's policy."""
+    from dataclasses import dataclass
+
+    from simnccl.ops import InitProcessGroup, NewGroup, SetDevice
+    from simnccl.policy import BasePolicy, UserPolicyError
+    from simnccl.testing import simulate
+
+    class Unshowable(Exception):
+        def __str__(self) -> str:
+            raise RuntimeError("no text")
+
+    class Opaque:
+        def __repr__(self) -> str:
+            raise RuntimeError("no text")
+
+    @dataclass(frozen=True)
+    class RaisesUnshowable(BasePolicy):
+        name: str = "raises-unshowable"
+
+        def on_group(self, request, decision):  # type: ignore[no-untyped-def]
+            raise Unshowable()
+
+    @dataclass(frozen=True)
+    class AnswersOpaque(BasePolicy):
+        name: str = "answers-opaque"
+
+        def on_group(self, request, decision):  # type: ignore[no-untyped-def]
+            return Opaque()
+
+    program = [SetDevice(), InitProcessGroup(), NewGroup(ranks=(0, 1))]
+    with pytest.raises(UserPolicyError, match=r"on_group raised Unshowable: <Unshowable whose str\(\) raised"):
+        simulate(program, nodes=1, gpus_per_node=2, policy=RaisesUnshowable())
+    with pytest.raises(UserPolicyError, match=r"on_group returned <Opaque whose repr\(\) raised RuntimeError>"):
+        simulate(program, nodes=1, gpus_per_node=2, policy=AnswersOpaque())

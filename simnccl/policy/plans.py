@@ -17,6 +17,7 @@ from simnccl.env_knobs import NO_SCENARIO_DECLARES, env_problem, is_env_name
 from simnccl.nccl.knobs import nccl_config_problem
 from simnccl.ops import NO_OPTIONS, PgOptions
 from simnccl.release import RELEASES, ReleaseError, resolve_backend
+from simnccl.visible_text import error_text, repr_text
 
 T = TypeVar("T")
 
@@ -344,8 +345,8 @@ def _asked(policy: Policy, hook: str, call: Callable[[], T], expected: type, con
     except BaseException as err:
         if not policy_raised(err) or not is_user_policy(policy):
             raise
-        raise UserPolicyError(
-            f"policy {_policy_name(policy)!r}: {hook} raised {type(err).__name__}: {err} ({context()})"
+        raise UserPolicyError(  # (error_text: a user's exception whose __str__ raises is still the policy's)
+            f"policy {_policy_name(policy)!r}: {hook} raised {type(err).__name__}: {error_text(err)} ({context()})"
         ) from err
     if not isinstance(answer, expected):
         how = {
@@ -353,7 +354,7 @@ def _asked(policy: Policy, hook: str, call: Callable[[], T], expected: type, con
             "on_group": "return the decision it was given, changed with dataclasses.replace",
         }[hook]
         raise UserPolicyError(
-            f"policy {_policy_name(policy)!r}: {hook} returned {answer!r}; expected "
+            f"policy {_policy_name(policy)!r}: {hook} returned {repr_text(answer)}; expected "
             f"{'an' if expected.__name__[0] in 'AEIOU' else 'a'} {expected.__name__} ({how})"
         )
     return answer
