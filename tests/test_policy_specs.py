@@ -528,3 +528,18 @@ def test_init_plans_must_agree_except_for_each_ranks_own_device() -> None:
     assert errors and "planned init_process_group differently" in errors[0]["message"]
     assert "TORCH_DIST_USE_NCCL2=0" in errors[0]["message"]
     assert simulate(program, gpus_per_node=4, policy=user_policies.OwnDevice()).verdict == "pass"
+
+
+def test_a_policy_module_whose_exception_cannot_be_shown_is_still_bad_input(tmp_path, monkeypatch) -> None:
+    """Its import raised an exception whose ``__repr__`` (and ``__str__``) raise: the message raised in its place."""
+    from simnccl.policy import PolicyError, get_policy
+
+    (tmp_path / "unshowable_policy.py").write_text(
+        "class Odd(Exception):\n"
+        "    def __str__(self):\n        raise RuntimeError('x')\n"
+        "    def __repr__(self):\n        raise RuntimeError('x')\n"
+        "raise Odd()\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(PolicyError, match=r"importing 'unshowable_policy' failed: <Odd whose repr\(\) raised"):
+        get_policy("unshowable_policy:X")

@@ -36,6 +36,7 @@ from typing import Any
 
 from simnccl.policy.builtins import BUILTIN, BasePolicy, BudgetPolicy, ComposedPolicy
 from simnccl.policy.plans import Policy, PolicyError, policy_raised
+from simnccl.visible_text import repr_text
 
 ENTRY_POINT_GROUP = "simnccl.policies"
 MAX_SPEC_CHARS = 2_000  # a spec is a short line; anything longer is not a policy name (untrusted input)
@@ -88,7 +89,9 @@ def _part(raw: str, spec: str) -> Policy:
         except BaseException as error:  # the user's module failed to import: say which and why, in one line
             if not policy_raised(error):
                 raise
-            raise PolicyError(f"policy {raw!r} (entry point {entry.value!r}): import failed: {error!r}") from None
+            raise PolicyError(
+                f"policy {raw!r} (entry point {entry.value!r}): import failed: {repr_text(error)}"
+            ) from None
         return _instantiate(loaded, f"{raw} (entry point {entry.value})")
     known = ", ".join([*BUILTIN, "budget(MiB)", "budget(MiB,per_group_MiB)", *entry_point_names()])
     raise PolicyError(
@@ -112,7 +115,7 @@ def _from_import_spec(raw: str) -> Policy:
     except BaseException as error:
         if not policy_raised(error):
             raise
-        raise PolicyError(f"policy {raw!r}: importing {module_name!r} failed: {error!r}") from None
+        raise PolicyError(f"policy {raw!r}: importing {module_name!r} failed: {repr_text(error)}") from None
     return _instantiate(_attribute(module, module_name, attribute, f"policy {raw!r}"), raw)
 
 
@@ -162,7 +165,7 @@ def _instantiate(obj: object, where: str) -> Policy:
             # [matrix], simulate) then reports bad input, where a bare RuntimeError crashed the CLI (exit 70).
             if not policy_raised(error):
                 raise
-            raise PolicyError(f"policy {where}: {obj.__qualname__}() raised {error!r}") from error
+            raise PolicyError(f"policy {where}: {obj.__qualname__}() raised {repr_text(error)}") from error
         return _checked(instance, where)
     return _checked(obj, where)
 
@@ -173,7 +176,7 @@ def _checked(obj: object, where: str) -> Policy:
     try:
         name = getattr(obj, "name", None)
     except Exception as error:  # a property of the user's that raises: their error, named
-        raise PolicyError(f"policy {where}: reading its 'name' raised {error!r}") from None
+        raise PolicyError(f"policy {where}: reading its 'name' raised {repr_text(error)}") from None
     if not isinstance(name, str):
         raise PolicyError(f"policy {where}: a policy needs a 'name' string attribute (BasePolicy has one)")
     if name in BUILTIN and type(obj) is not BUILTIN[name]:
@@ -361,7 +364,7 @@ def _load_from_file(module_name: str, path: Path) -> Any:
         del sys.modules[module_name]
         if not policy_raised(error):
             raise
-        raise PolicyError(f"policy module {module_name!r} from {path}: import failed: {error!r}") from None
+        raise PolicyError(f"policy module {module_name!r} from {path}: import failed: {repr_text(error)}") from None
     return module
 
 
