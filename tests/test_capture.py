@@ -1109,3 +1109,23 @@ def test_inline_a_keyboard_interrupt_the_code_raises_is_its_failure_and_ctrl_c_s
     with pytest.raises(KeyboardInterrupt):
         cap.capture(pressed, 2, mode="inline")
     assert not dist.is_initialized()
+
+
+def test_inline_the_captured_codes_os_exit_ends_the_rank_not_the_capture() -> None:
+    """Inline, the rank is this process: ``os._exit(0)`` ended ``simnccl capture --simulate`` with exit 0 and no
+    output. It is reported as fork mode reports a rank that ended without a result; a process the captured code
+    forks still exits for real."""
+
+    def exits() -> None:
+        dist.init_process_group("nccl")
+        child = os.fork()
+        if child == 0:
+            os._exit(7)  # the forked helper's own exit, for real
+        _, status = os.waitpid(child, 0)
+        assert os.waitstatus_to_exitcode(status) == 7
+        if dist.get_rank() == 1:
+            os._exit(0)
+
+    with pytest.raises(cap.CaptureError, match=r"rank 1: the capture process died without a result; it exited with "):
+        cap.capture(exits, 2, mode="inline")
+    assert os._exit.__module__ == "posix" and not dist.is_initialized()

@@ -623,8 +623,19 @@ def _run_inline(spec: _Spec) -> list[RankCapture]:
     out = []
     for rank in range(spec.world_size):
         try:
-            with _deadline(spec.timeout_s, rank), _ending_what_it_starts(), _ctrl_c_told_apart() as pressed:
+            with (
+                _deadline(spec.timeout_s, rank),
+                _ending_what_it_starts(),
+                _ctrl_c_told_apart() as pressed,
+                _os_exit_is_the_ranks(),
+            ):
                 out.append(_run_rank(spec, rank))
+        except _RankExited as exited:
+            # as fork mode reports a rank that ended without a result (``how_it_ended``)
+            raise CaptureError(
+                f"rank {rank}: the capture process died without a result; it exited with status {exited.status} "
+                "(the captured code called os._exit)"
+            ) from None
         except CaptureError:
             raise
         except TooManyOps as err:
@@ -638,6 +649,36 @@ def _run_inline(spec: _Spec) -> list[RankCapture]:
         except Exception as err:
             raise CaptureError(_describe_failure(rank, err)) from None
     return out
+
+
+class _RankExited(BaseException):
+    """The captured code called ``os._exit(status)`` in an inline rank (``_os_exit_is_the_ranks``)."""
+
+    def __init__(self, status: int) -> None:
+        super().__init__(status)
+        self.status = status
+
+
+@contextlib.contextmanager
+def _os_exit_is_the_ranks() -> Iterator[None]:
+    """While an inline rank runs, the captured code's ``os._exit`` ends the rank, not the capturing process.
+
+    Why: inline, the rank is this process, and ``os._exit(0)`` ended ``simnccl capture --simulate`` with exit 0
+    and no output, nothing simulated. A process the captured code forks still exits for real (its pid is not
+    ours). A BaseException, so the captured code's ``except Exception`` cannot swallow it."""
+    me = os.getpid()
+    real_exit = os._exit
+
+    def rank_exit(status: int) -> NoReturn:
+        if os.getpid() != me:
+            real_exit(status)
+        raise _RankExited(status)
+
+    os._exit = rank_exit  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        os._exit = real_exit
 
 
 @contextlib.contextmanager
