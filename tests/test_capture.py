@@ -1129,3 +1129,14 @@ def test_inline_the_captured_codes_os_exit_ends_the_rank_not_the_capture() -> No
     with pytest.raises(cap.CaptureError, match=r"rank 1: the capture process died without a result; it exited with "):
         cap.capture(exits, 2, mode="inline")
     assert os._exit.__module__ == "posix" and not dist.is_initialized()
+
+
+def test_an_init_that_fails_in_its_rendezvous_leaves_torchs_group_counter_as_it_was() -> None:
+    """torch counts the default group's name before its rendezvous: a failed init left the counter one on, and the
+    next capture in this process (a user's test suite) named every group one further on."""
+    from torch.distributed import distributed_c10d as c10d
+
+    before = c10d._world.group_count
+    with pytest.raises(cap.CaptureError, match="rank parameter missing"):
+        cap.capture(_init_with(init_method="tcp://127.0.0.1:29511"), 2, mode="inline")
+    assert c10d._world.group_count == before

@@ -26,6 +26,7 @@ from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
+from torch.distributed import distributed_c10d as c10d
 
 from simnccl.capture.environment import DEFAULT_GPU, _installed
 from simnccl.capture.heap import frozen_heap, prepare_to_fork, rank_collector
@@ -105,6 +106,9 @@ def _run_rank_compact(spec: _Spec, rank: int) -> RankCapture:
     rank_pid = os.getpid()  # the rank; a process the captured code forks is not (see _exit_unless_the_rank)
     saved_env = dict(os.environ)
     saved_hook = sys.excepthook  # init_process_group installs a "[rankN]" excepthook; keep the process's own
+    # torch's group counter: an init that failed in its rendezvous had already counted its group, and the next
+    # rank (inline) or capture in this process named its groups one further on
+    saved_group_count = c10d._world.group_count
     os.environ.update(spec.rank_env(rank))
     try:
         with (
@@ -143,6 +147,8 @@ def _run_rank_compact(spec: _Spec, rank: int) -> RankCapture:
             from torch.distributed import device_mesh
 
             device_mesh._mesh_resources.__init__()  # type: ignore[misc]
+        if not dist.is_initialized():
+            c10d._world.group_count = saved_group_count
         os.environ.clear()
         os.environ.update(saved_env)
         sys.excepthook = saved_hook
