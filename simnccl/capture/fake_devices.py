@@ -529,11 +529,18 @@ COVERED = (
 )
 
 
+def reached_the_driver(err: BaseException) -> bool:
+    """Whether ``err`` means the code reached a CUDA call the fake devices do not cover (the real driver's
+    answer on a machine without one)."""
+    text = error_text(err)
+    return any(marker in text for marker in _DRIVER_ERRORS)
+
+
 def driver_call_message(err: BaseException, rank: int) -> str | None:
     """A clear refusal for an error that means the code reached a CUDA call the fake devices do not cover."""
-    text = error_text(err)
-    if not any(marker in text for marker in _DRIVER_ERRORS):
+    if not reached_the_driver(err):
         return None
+    text = error_text(err)
     import traceback
 
     frames = traceback.format_exception(type(err), err, err.__traceback__)

@@ -19,7 +19,7 @@ import traceback
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from simnccl.capture.fake_devices import driver_call_message
+from simnccl.capture.fake_devices import reached_the_driver
 from simnccl.capture.result import CaptureError
 
 _OWN_PREFIXES = ("torch", "simnccl")  # modules whose exit handlers are the process's, not the captured code's
@@ -67,7 +67,7 @@ class ProcessEnd:
         stand-ins serve the rank's main thread (torch's dispatch modes are per thread), and a thread that died
         there took its collectives with it (a real run would have made them: a pass where it hangs)."""
         for err in self.thread_errors:
-            if driver_call_message(err, 0) is not None:
+            if reached_the_driver(err):
                 raise CaptureError(
                     f"rank {rank}: a thread the captured code started reached CUDA ({type(err).__name__}); "
                     "simnccl's GPU-less CUDA stands in on the rank's main thread only, so what that thread does "

@@ -229,10 +229,7 @@ def _policy_applied(policy: str | None, release: str) -> Iterator[None]:
 
 
 def _describe_failure(rank: int, err: BaseException) -> str:
-    try:
-        text = "".join(traceback.format_exception(type(err), err, err.__traceback__)[-6:]).rstrip()
-    except Exception:
-        text = ""
+    text = "".join(traceback.format_exception(type(err), err, err.__traceback__)[-6:]).rstrip()
     return f"rank {rank}: the captured code raised {type(err).__name__}: {error_text(err)}\n{text}"
 
 
@@ -577,9 +574,7 @@ def _run_forked(spec: _Spec, jobs: int, log_dir: str, forks: Any = None) -> list
                             continue
                     done(fd)  # at end of input, or once the whole frame is in (see done)
                     if not data:  # asked before it is released (``finished``): how it ended, not how we ended it
-                        ended = forks.how_it_ended(pid)
-                        why = f"; it {ended}" if ended else ""
-                        failed(rank, f"rank {rank}: the capture process died without a result{why}{_log_tail(log)}")
+                        failed(rank, f"{_no_result(rank, forks.how_it_ended(pid))}{_log_tail(log)}")
                         continue
                     try:
                         results.add(rank, bytes(data), pid)
@@ -636,12 +631,9 @@ def _run_inline(spec: _Spec) -> list[RankCapture]:
                 _os_exit_is_the_ranks(),
             ):
                 out.append(_run_rank(spec, rank))
-        except _RankExited as exited:
-            # as fork mode reports a rank that ended without a result (``how_it_ended``)
-            raise CaptureError(
-                f"rank {rank}: the capture process died without a result; it exited with status {exited.status} "
-                "(the captured code called os._exit)"
-            ) from None
+        except _RankExited as exited:  # as fork mode reports a rank that ended without a result
+            ended = f"exited with status {exited.status} (the captured code called os._exit)"
+            raise CaptureError(_no_result(rank, ended)) from None
         except CaptureError:
             raise
         except TooManyOps as err:
@@ -655,6 +647,12 @@ def _run_inline(spec: _Spec) -> list[RankCapture]:
         except Exception as err:
             raise CaptureError(_describe_failure(rank, err)) from None
     return out
+
+
+def _no_result(rank: int, ended: str | None) -> str:
+    """The failure of a rank that ended without a result, and how it ended where that is known
+    (``process_tree.how_it_ended``'s words: "exited with status 3", "was killed by signal 11 (SIGSEGV)")."""
+    return f"rank {rank}: the capture process died without a result" + (f"; it {ended}" if ended else "")
 
 
 class _RankExited(BaseException):
