@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -593,15 +594,13 @@ def compare_scenario(
     comparisons = []
     try:
         for variant in chosen:
-            # The simulated side under the commands' wall-clock limit: ``--timeout`` bounds the real ranks only,
-            # and a policy that never returns in this process made the comparison run until killed.
-            with wall_clock(current_limits().max_wall_s, "the simulated side of the comparison"):
+            with _simulated_side():
                 sim = simulate(scenario, variant, settings.lane, programs, launcher.inherited_env(variant.env))
             # raises a user policy's error on the real ranks: the simulation asked it first, not with the real env
             real = run_variant_real(launcher, scenario, variant, programs, settings, substitutions, notes)
             comparison = compare_variant(variant.name, settings.lane, sim, real, len(programs), tolerance_pct)
             if settings.lane == "cpu":
-                with wall_clock(current_limits().max_wall_s, "the simulated side of the comparison"):
+                with _simulated_side():
                     disagreement = policy_disagreement(scenario, variant)
                 if disagreement is not None:
                     comparison.reasons.append(disagreement)
@@ -621,6 +620,13 @@ def compare_scenario(
         "ok": all(c.agree for c in comparisons),
         "variants": [c.to_dict(full=True) for c in comparisons],
     }
+
+
+def _simulated_side() -> AbstractContextManager[None]:
+    """The simulated side of a comparison under the commands' wall-clock limit (``max_wall_s``): ``--timeout``
+    bounds the real ranks only, and a policy that never returns in this process made the comparison run until
+    killed."""
+    return wall_clock(current_limits().max_wall_s, "the simulated side of the comparison")
 
 
 def policy_disagreement(scenario: Scenario, variant: Variant) -> str | None:
