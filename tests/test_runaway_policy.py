@@ -21,19 +21,24 @@ TESTS = Path(__file__).resolve().parent
 PROGRAM = (SetDevice(), InitProcessGroup(), NewGroup(ranks=(0, 1, 2, 3), bind="g"), AllReduce(group="g"))
 
 
-@pytest.mark.parametrize("command", [["run", "-q"], ["cost", "--workload", "vllm", "--tp", "2", "--jobs", "1", "-q"]])
-def test_the_commands_wall_clock_stops_a_policy_that_never_returns(command: list[str]) -> None:
-    """Before: the limit's alarm fired once, inside rank 0's call; rank 1 entered the same loop and the command
-    never ended (run, and cost in one process)."""
-    done = subprocess.run(
-        [sys.executable, "-m", "simnccl", *command, "--policy", "user_policies:LoopsForever"],
+def _under_a_3_s_limit(*argv: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """``python -m simnccl ARGV`` run from tests/ (its policies importable) with ``max_wall_s`` at 3 s."""
+    return subprocess.run(
+        [sys.executable, "-m", "simnccl", *argv],
         cwd=TESTS,
         env={**os.environ, "SIMNCCL_LIMIT_MAX_WALL_S": "3"},
         capture_output=True,
         text=True,
-        timeout=90,
+        timeout=timeout,
         check=False,
     )
+
+
+@pytest.mark.parametrize("command", [["run", "-q"], ["cost", "--workload", "vllm", "--tp", "2", "--jobs", "1", "-q"]])
+def test_the_commands_wall_clock_stops_a_policy_that_never_returns(command: list[str]) -> None:
+    """Before: the limit's alarm fired once, inside rank 0's call; rank 1 entered the same loop and the command
+    never ended (run, and cost in one process)."""
+    done = _under_a_3_s_limit(*command, "--policy", "user_policies:LoopsForever", timeout=90)
     assert done.returncode == 2, done.stderr
     assert "ran past its wall-clock limit max_wall_s = 3 s" in done.stderr
     assert done.stderr.count("loops-forever: rank") == 1, done.stderr  # rank 0, stopped; no one after it
@@ -57,24 +62,6 @@ def test_the_simulated_side_of_a_comparison_is_held_to_the_wall_clock_limit(tmp_
     scenario = tmp_path / "tiny.toml"
     after_init = '{ op = "checkpoint", name = "after_init" },'
     scenario.write_text(TINY.replace(after_init, after_init + '\n  { op = "new_group", ranks = [0, 1], bind = "g" },'))
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "simnccl",
-            "real",
-            "compare",
-            "-q",
-            str(scenario),
-            "--policy",
-            "user_policies:LoopsForever",
-        ],
-        cwd=TESTS,
-        env={**os.environ, "SIMNCCL_LIMIT_MAX_WALL_S": "3"},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    done = _under_a_3_s_limit("real", "compare", "-q", str(scenario), "--policy", "user_policies:LoopsForever")
     assert done.returncode == 2, done.stderr
     assert "the simulated side of the comparison ran past its wall-clock limit max_wall_s = 3 s" in done.stderr
