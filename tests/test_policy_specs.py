@@ -301,6 +301,7 @@ def test_a_user_policy_that_raises_or_answers_nothing_is_a_user_policy_error(pol
         # a part before another: was "policy 'returns-nothing+dedupe': on_group raised AttributeError"
         ("user_policies:ReturnsNothing+dedupe", "policy 'returns-nothing': on_group returned None; expected a"),
         ("user_policies:ExitsOnGroup", "on_group raised SystemExit: 0"),  # once: exit 0, nothing printed
+        ("user_policies:OsExitsOnGroup", "on_group called os._exit(0), which would have ended"),  # once: exit 0
         ("user_policies:RaisesBaseExceptionOnInit", "on_init raised PolicyAbort: unwind"),  # once: exit 1
     ],
 )

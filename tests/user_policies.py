@@ -5,6 +5,7 @@ Imported by spec (``user_policies:Name``) with ``tests/`` on ``sys.path`` (pytes
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -122,6 +123,33 @@ class ExitsOnGroup(BasePolicy):
 
     def on_group(self, request: GroupRequest, decision: GroupDecision) -> GroupDecision:
         sys.exit(0)
+
+
+@dataclass(frozen=True)
+class OsExitsOnGroup(BasePolicy):
+    """A policy that calls ``os._exit(0)`` in a hook: it ended ``simnccl run`` (and a pytest session) with exit 0
+    and no report. Run only in a child process: without simnccl's guard it ends the process it runs in."""
+
+    name: str = "os-exits-on-group"
+
+    def on_group(self, request: GroupRequest, decision: GroupDecision) -> GroupDecision:
+        os._exit(0)
+
+
+@dataclass(frozen=True)
+class ForksOnGroup(BasePolicy):
+    """A policy whose hook forks a child that leaves with ``os._exit(0)``: the child exits for real."""
+
+    name: str = "forks-on-group"
+
+    def on_group(self, request: GroupRequest, decision: GroupDecision) -> GroupDecision:
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0)
+        _, status = os.waitpid(pid, 0)
+        if os.waitstatus_to_exitcode(status) != 0:
+            raise RuntimeError(f"the forked child ended with status {status}")
+        return decision
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,7 @@ from simnccl.file_tail import tail_text
 from simnccl.ops import (
     Checkpoint,
 )
+from simnccl.os_exit import os_exit_raises
 from simnccl.process_tree import (
     become_subreaper,
     descendants,
@@ -663,26 +664,13 @@ class _RankExited(BaseException):
         self.status = status
 
 
-@contextlib.contextmanager
-def _os_exit_is_the_ranks() -> Iterator[None]:
+def _os_exit_is_the_ranks() -> contextlib.AbstractContextManager[None]:
     """While an inline rank runs, the captured code's ``os._exit`` ends the rank, not the capturing process.
 
     Why: inline, the rank is this process, and ``os._exit(0)`` ended ``simnccl capture --simulate`` with exit 0
-    and no output, nothing simulated. A process the captured code forks still exits for real (its pid is not
-    ours). A BaseException, so the captured code's ``except Exception`` cannot swallow it."""
-    me = os.getpid()
-    real_exit = os._exit
-
-    def rank_exit(status: int) -> NoReturn:
-        if os.getpid() != me:
-            real_exit(status)
-        raise _RankExited(status)
-
-    os._exit = rank_exit  # type: ignore[assignment]
-    try:
-        yield
-    finally:
-        os._exit = real_exit
+    and no output, nothing simulated. A process the captured code forks still exits for real (``simnccl.os_exit``).
+    A BaseException, so the captured code's ``except Exception`` cannot swallow it."""
+    return os_exit_raises(_RankExited)
 
 
 @contextlib.contextmanager

@@ -47,7 +47,9 @@ from simnccl.ops import (
     SetDevice,
     SplitGroup,
 )
+from simnccl.os_exit import os_exit_raises
 from simnccl.policy import BasePolicy, History, Policy
+from simnccl.policy.plans import PolicyCalledExit
 
 
 class Engine:
@@ -125,14 +127,17 @@ class Engine:
     def run(self) -> RunOutcome:
         """Run to a verdict. The cyclic GC is paused meanwhile: a large startup allocates millions of
         long-lived objects, and repeated full collections over them made run time grow faster than the
-        work (measured: benchmarks/engine.py); nothing the engine builds needs cycle collection to finish."""
+        work (measured: benchmarks/engine.py); nothing the engine builds needs cycle collection to finish.
+        A user's policy hook runs with ``os._exit`` raising (``simnccl.os_exit``): its failure, not the end of the
+        process with no report."""
         self.guard.start()
         gc_was_enabled = gc.isenabled()
         gc.disable()
         try:
-            self.loop.start()
-            self.injection.start()
-            self.watchdogs.run()
+            with os_exit_raises(PolicyCalledExit):
+                self.loop.start()
+                self.injection.start()
+                self.watchdogs.run()
             result = outcome(self.sim, self.watchdogs.report, self.memory, self.nvls, self.timing, self.fr_dumps)
             result.faults_unacted = self.injection.unacted()
             if self.sim.trace.keep:  # a Perfetto trace draws the waits: every rendezvous, in opening order

@@ -317,6 +317,20 @@ def is_user_policy(policy: object) -> bool:
     return any(is_user_policy(part) for part in parts)
 
 
+class PolicyCalledExit(BaseException):
+    """A user's policy code called ``os._exit(status)`` while simnccl ran it in its own process
+    (``simnccl.os_exit``): reported as the policy's failure, where it had ended the process with no report."""
+
+    def __init__(self, status: int) -> None:
+        super().__init__(status)
+        self.status = status
+
+    def __str__(self) -> str:
+        return f"os._exit({self.status}) called"
+
+    __repr__ = __str__
+
+
 def policy_raised(err: BaseException) -> bool:
     """Whether ``err``, raised while a user's policy code ran (its import, its constructor, a hook), is the policy's
     failure. Every ``Exception`` is, and so are ``sys.exit()``, ``GeneratorExit`` and a ``BaseException`` of the
@@ -325,7 +339,7 @@ def policy_raised(err: BaseException) -> bool:
 
     Why: ``except Exception`` let a hook's ``sys.exit(0)`` end ``simnccl run`` with exit 0 and no report at all, a
     run that checked nothing reported as passing, and a BaseException of the policy's exit 1, a failed check."""
-    if isinstance(err, Exception):
+    if isinstance(err, Exception | PolicyCalledExit):
         return True
     return not isinstance(err, KeyboardInterrupt) and type(err).__module__.split(".")[0] != "simnccl"
 
@@ -345,6 +359,11 @@ def _asked(policy: Policy, hook: str, call: Callable[[], T], expected: type, con
     except BaseException as err:
         if not policy_raised(err) or not is_user_policy(policy):
             raise
+        if isinstance(err, PolicyCalledExit):
+            raise UserPolicyError(
+                f"policy {_policy_name(policy)!r}: {hook} called os._exit({err.status}), which would have ended the "
+                f"simulating process with no report ({context()})"
+            ) from None
         raise UserPolicyError(  # (error_text: a user's exception whose __str__ raises is still the policy's)
             f"policy {_policy_name(policy)!r}: {hook} raised {type(err).__name__}: {error_text(err)} ({context()})"
         ) from err

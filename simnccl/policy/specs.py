@@ -34,8 +34,9 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from simnccl.os_exit import os_exit_raises
 from simnccl.policy.builtins import BUILTIN, BasePolicy, BudgetPolicy, ComposedPolicy
-from simnccl.policy.plans import Policy, PolicyError, policy_raised
+from simnccl.policy.plans import Policy, PolicyCalledExit, PolicyError, policy_raised
 from simnccl.visible_text import repr_text
 
 ENTRY_POINT_GROUP = "simnccl.policies"
@@ -53,7 +54,13 @@ def get_policy(spec: str | Policy) -> Policy:
 
     ``"legacy"``, ``"dedupe+lazy-single-rank"``, ``"budget(2048,231.1)"``, ``"acme.policies:SafePolicy"``,
     ``"acme-safe+lazy-single-rank"`` (an entry-point name). Raises ``PolicyError`` with a one-line reason.
+    The policy's module and constructor run with ``os._exit`` raising (``simnccl.os_exit``).
     """
+    with os_exit_raises(PolicyCalledExit):
+        return _get_policy(spec)
+
+
+def _get_policy(spec: str | Policy) -> Policy:
     if not isinstance(spec, str):
         if inspect.isclass(spec):  # as an import spec naming a class: instantiated (its hooks are methods)
             return _instantiate(spec, spec.__qualname__)
@@ -307,6 +314,11 @@ def _module_file(cls: type) -> str | None:
 
 def policy_from_description(description: str | Mapping[str, Any] | None) -> Policy | None:
     """The inverse of ``describe_policy``; ``PolicyError`` when it cannot be rebuilt here."""
+    with os_exit_raises(PolicyCalledExit):
+        return _policy_from_description(description)
+
+
+def _policy_from_description(description: str | Mapping[str, Any] | None) -> Policy | None:
     if description is None:
         return None
     if isinstance(description, str):
@@ -317,7 +329,7 @@ def policy_from_description(description: str | Mapping[str, Any] | None) -> Poli
         parts = description["compose"]
         if not isinstance(parts, list) or not parts or len(parts) > MAX_PARTS:
             raise PolicyError(f"policy description: 'compose' must be a list of 1 to {MAX_PARTS} parts")
-        return ComposedPolicy(tuple(policy_from_description(p) for p in parts))  # type: ignore[misc]
+        return ComposedPolicy(tuple(_policy_from_description(p) for p in parts))  # type: ignore[misc]
     spec = description.get("import")
     if not isinstance(spec, str) or not _IMPORT_SPEC.match(spec):
         raise PolicyError("policy description: 'import' must be 'package.module:Name'")
