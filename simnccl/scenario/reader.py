@@ -188,3 +188,14 @@ def ranks_in_world(reader: Reader, key: str, ranks: Sequence[int], world_size: i
     duplicates = sorted(r for r, times in Counter(ranks).items() if times > 1)  # once: 65,536 ranks may be listed
     if duplicates:
         raise reader.error(key, f"rank(s) {brief(duplicates)} listed more than once")
+
+
+def first_repeat(values: Sequence[Any]) -> tuple[Any] | None:
+    """``(value,)`` for the first value given again later in ``values``, or None when each is given once.
+
+    Why one function: a scenario's ``[matrix]`` axes and a sweep's axes both refuse a value given twice (a
+    variant or a set of cells made twice under one name); equality, not hashing, as a value may be a table."""
+    for i, value in enumerate(values):
+        if value in values[:i]:
+            return (value,)
+    return None

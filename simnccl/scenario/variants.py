@@ -23,7 +23,7 @@ from simnccl.policy import PolicyError, get_policy
 from simnccl.profiles import Profile, ProfileError, find_profile, get_profile
 from simnccl.release import RELEASES
 from simnccl.scenario.model import ScenarioError, Variant
-from simnccl.scenario.reader import Reader, brief, str_list
+from simnccl.scenario.reader import Reader, brief, first_repeat, str_list
 from simnccl.visible_text import invisible_in
 
 ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]*")  # what torch and NCCL read: upper case, as written
@@ -45,9 +45,9 @@ class MatrixBase:
 def _distinct(source: str, key: str, values: Sequence[str]) -> None:
     """An axis names each value once: a value given twice made two variants of one name, reported as "also
     defined in [[variants]]" in a file that had none."""
-    twice = next((v for i, v in enumerate(values) if v in values[:i]), None)
+    twice = first_repeat(values)
     if twice is not None:
-        raise ScenarioError(source, key, f"{brief(twice)} is given twice; each value of an axis is one variant")
+        raise ScenarioError(source, key, f"{brief(twice[0])} is given twice; each value of an axis is one variant")
 
 
 def matrix_variants(reader: Reader, base: MatrixBase, room: int) -> list[Variant]:

@@ -42,6 +42,7 @@ from simnccl.policy.specs import describe_policy
 from simnccl.profiles import ProfileError, find_profile
 from simnccl.release import RELEASES
 from simnccl.scenario import VERDICTS, Scenario, ScenarioError, load_scenario
+from simnccl.scenario.reader import first_repeat
 from simnccl.table_keys import key_problem
 from simnccl.visible_text import brief
 from simnccl.workloads import GENERATORS, WorkloadError
@@ -372,12 +373,10 @@ def parse_env_set(text: str, where: str) -> dict[str, str]:
 
 
 def _unique(values: Sequence[Any], where: str) -> tuple[Any, ...]:
-    seen: list[Any] = []
-    for value in values:
-        if value in seen:
-            raise SweepInputError(where, f"{value!r} is given twice: each value of an axis is one set of cells")
-        seen.append(value)
-    return tuple(seen)
+    twice = first_repeat(values)
+    if twice is not None:
+        raise SweepInputError(where, f"{twice[0]!r} is given twice: each value of an axis is one set of cells")
+    return tuple(values)
 
 
 def _unique_by(values: Sequence[Any], key: Any, where: str, shown: str = "") -> tuple[Any, ...]:
