@@ -220,3 +220,29 @@ def test_the_default_groups_absence_is_said_in_torchs_words() -> None:
     with pytest.raises(ValueError) as before:
         dist.all_reduce(torch.zeros(1))
     assert str(before.value) == DEFAULT_GROUP_MISSING
+
+
+@pytest.mark.parametrize("before", ["init-destroy", "nothing"], ids=["second-destroy", "before-init"])
+def test_destroying_the_world_when_there_is_none_raises_torchs_assertion(before: str) -> None:
+    """torch's ``destroy_process_group()`` checks that ``GroupMember.WORLD`` is not None: a second destroy (an
+    exit hook after an explicit teardown) or one before init raises on every rank. The simulator said pass."""
+    from simnccl.engine.state import NO_GROUP_TO_DESTROY
+    from simnccl.ops import DestroyProcessGroup, InitProcessGroup, SetDevice
+
+    steps = [SetDevice(), InitProcessGroup(backend="gloo"), DestroyProcessGroup()] if before == "init-destroy" else []
+    out = simulate([*steps, DestroyProcessGroup()], nodes=1, gpus_per_node=2, release="2.15")
+    assert out.verdict == "error"
+    assert [(e["rank"], e["type"], e["message"]) for e in out.errors] == [
+        (rank, "AssertionError", NO_GROUP_TO_DESTROY) for rank in (0, 1)
+    ]
+
+
+def test_destroying_the_world_when_there_is_none_is_said_in_torchs_words() -> None:
+    pytest.importorskip("torch")
+    import torch.distributed as dist
+
+    from simnccl.engine.state import NO_GROUP_TO_DESTROY
+
+    with pytest.raises(AssertionError) as raised:
+        dist.destroy_process_group()
+    assert str(raised.value) == NO_GROUP_TO_DESTROY

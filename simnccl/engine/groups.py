@@ -16,7 +16,7 @@ from simnccl.engine.policy_gate import PolicyGate
 from simnccl.engine.rendezvous import Rendezvous
 from simnccl.engine.sim import Sim
 from simnccl.engine.sockets import GlooSockets
-from simnccl.engine.state import RankRuntime, Waiting, ranks_digest, require_world, resolve
+from simnccl.engine.state import NO_GROUP_TO_DESTROY, RankRuntime, Waiting, ranks_digest, require_world, resolve
 from simnccl.engine.watchdogs import Watchdogs
 from simnccl.ops import WORLD, DestroyProcessGroup, InitProcessGroup, NewGroup, SplitGroup
 
@@ -138,14 +138,15 @@ class Groups:
     def op_destroy(self, rt: RankRuntime, op: DestroyProcessGroup) -> Waiting:
         yield from self.rendezvous.settle(rt)
         if op.group == WORLD:
+            if rt.world is None:  # before init, or a second destroy: torch finds no WORLD to destroy
+                raise TorchError("AssertionError", NO_GROUP_TO_DESTROY)
             groups = list(rt.groups)
-            if self.sockets.used and rt.world is not None:
+            if self.sockets.used:
                 # gloo has no shutdown: a ProcessGroupGloo closes its sockets when freed. torch drops its last
                 # reference to the default group here; subgroups live on in the program's handles (frameworks
                 # keep them in globals, and so does real.driver), so peers waiting on those keep waiting.
                 self.sockets.close(rt, list(rt.world.comms.values()))
-            if rt.world is not None:
-                rt.incarnation += 1  # a re-init's bootstraps reuse this incarnation's names (counter reset)
+            rt.incarnation += 1  # a re-init's bootstraps reuse this incarnation's names (counter reset)
             rt.world = None
             rt.handles.clear()
             rt.counter = 1
