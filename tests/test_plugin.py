@@ -206,24 +206,61 @@ def test_program_count_is_summed_over_xdist_workers(pytester: pytest.Pytester) -
         textwrap.dedent(
             """\
             import pytest
-            from simnccl.ops import InitProcessGroup, SetDevice
+            from simnccl.ops import Checkpoint, InitProcessGroup, SetDevice
             from simnccl.testing.replay import SimCase, generated
 
             @pytest.mark.parametrize("n", range(4))
             def test_five_programs(n):
-                for _ in range(5):  # as a strategy draws them (only drawn cases count)
-                    case = generated(SimCase(programs=((SetDevice(), InitProcessGroup()),) * 2))
+                for i in range(5):  # as a strategy draws them (only drawn cases count)
+                    ops = (SetDevice(), InitProcessGroup(), Checkpoint(label=f"{n}.{i}"))
+                    case = generated(SimCase(programs=(ops,) * 2))
                     case.run()
                     case.run(policy="lazy-init")  # the same program again: one program, two simulations
+                    generated(SimCase(programs=(ops,) * 2)).run()  # drawn again, the same content: counted once
             """
         )
     )
     result = run(pytester, "-n", "2")
     result.assert_outcomes(passed=4)
-    result.stdout.fnmatch_lines(["simnccl: 20 generated programs simulated (40 simulations)*"])
+    result.stdout.fnmatch_lines(["simnccl: 20 generated programs simulated (60 simulations)*"])
     short = run(pytester, "-n", "2", "--simnccl-min-programs", "21")
     assert short.ret == pytest.ExitCode.TESTS_FAILED
     short.stdout.fnmatch_lines(["simnccl: only 20 generated programs simulated, fewer than 21"])
+
+
+def test_a_program_every_worker_draws_counts_once(pytester: pytest.Pytester) -> None:
+    """``--dist each`` runs every test on every worker: derandomized, each draws the same examples. Counted per
+    worker, two workers' 5 programs made 10 and met ``--simnccl-min-programs 10``."""
+    pytester.makepyfile(
+        textwrap.dedent(
+            """\
+            from simnccl.ops import Checkpoint, InitProcessGroup, SetDevice
+            from simnccl.testing.replay import SimCase, generated
+
+            def test_five_programs():
+                for i in range(5):
+                    ops = (SetDevice(), InitProcessGroup(), Checkpoint(label=str(i)))
+                    generated(SimCase(programs=(ops,) * 2)).run()
+            """
+        )
+    )
+    result = run(pytester, "-n", "2", "--dist", "each", "--simnccl-min-programs", "10")
+    result.assert_outcomes(passed=2)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(["simnccl: 5 generated programs simulated (10 simulations)*"])
+
+
+@pytest.mark.parametrize("xdist", [(), ("-n", "2")], ids=["serial", "xdist"])
+def test_a_shortfall_keeps_an_interrupted_sessions_own_exit_status(pytester: pytest.Pytester, xdist: tuple) -> None:
+    """A collection error interrupts a serial session (exit 2; xdist's controller goes on and exits 1); with
+    ``--simnccl-min-programs`` the serial one exited 1, a crash read as failed tests. The session exits as it
+    would without the option, and the shortfall is still said."""
+    pytester.makepyfile(test_fine="def test_fine():\n    pass\n", test_broken="import no_such_module_xyz\n")
+    without = run(pytester, *xdist)
+    result = run(pytester, *xdist, "--simnccl-min-programs", "5")
+    assert without.ret == (pytest.ExitCode.TESTS_FAILED if xdist else pytest.ExitCode.INTERRUPTED)
+    assert result.ret == without.ret, result.stdout.str()
+    result.stdout.fnmatch_lines(["simnccl: only 0 generated programs simulated, fewer than 5"])
 
 
 @pytest.mark.parametrize(("where", "value"), [("flag", "-1"), ("flag", "many"), ("env", "abc"), ("env", "-5")])

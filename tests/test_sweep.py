@@ -878,13 +878,14 @@ def test_property_campaign_on_several_xdist_gateways_sums_the_program_count(pyte
             import os
 
             import pytest
-            from simnccl.ops import InitProcessGroup, SetDevice
+            from simnccl.ops import Checkpoint, InitProcessGroup, SetDevice
             from simnccl.testing.replay import SimCase, generated
 
             @pytest.mark.parametrize("n", range(9))
             def test_programs(n):
-                for _ in range(n + 1):
-                    generated(SimCase(programs=((SetDevice(), InitProcessGroup()),) * 2)).run()  # as drawn
+                for i in range(n + 1):
+                    ops = (SetDevice(), InitProcessGroup(), Checkpoint(label=f"{n}.{i}"))  # each its own program
+                    generated(SimCase(programs=(ops,) * 2)).run()  # as drawn
                 with open(f"ran-on-{os.environ['PYTEST_XDIST_WORKER']}", "a") as handle:
                     handle.write(f"{n}\\n")
             """

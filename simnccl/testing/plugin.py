@@ -229,7 +229,8 @@ def pytest_report_header(config: pytest.Config) -> str:
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
     replay.reset_last_case()
-    _state["counts_before_test"] = dict(replay.COUNTS)
+    replay.test_started()
+    _state["simulations_before_test"] = replay.COUNTS["simulations"]
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -239,7 +240,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     if report.when == "call" and report.skipped:
         # An expected failure (or a test that skipped itself) checked nothing the session can count on: what it
         # simulated, its shrinking too, is taken back, so --simnccl-min-programs is met by tests that ran.
-        replay.COUNTS.update(_state.get("counts_before_test") or {})
+        replay.take_back_test_counts(_state.get("simulations_before_test", 0))
     if report.when != "call" or not report.failed:
         return
     # Nothing here may raise: an exception in this hook is an INTERNALERROR that, under xdist, loses the
@@ -327,13 +328,17 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     workeroutput = getattr(config, "workeroutput", None)
     if workeroutput is not None:  # an xdist worker: hand the counts to the controller
         workeroutput["simnccl_counts"] = dict(replay.COUNTS)
+        workeroutput["simnccl_programs"] = b"".join(sorted(replay.DISTINCT_PROGRAMS))  # 8 bytes each
         workeroutput["simnccl_profile"] = active_profile()
         return
     minimum = _min_programs(config)
     programs = _totals()["programs"]
     if minimum and programs < minimum and session.testscollected:
         _state["shortfall"] = f"simnccl: only {programs} generated programs simulated, fewer than {minimum}"
-        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        # A shortfall fails a session that passed; any other status is kept: an interrupted session, a collection
+        # error or pytest's own crash (2, 3) made to look like failed tests (1) was a crash read as a failed check.
+        if session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -342,15 +347,20 @@ def pytest_testnodedown(node: Any, error: Any) -> None:
     counts = output.get("simnccl_counts")
     if counts:
         _state["worker_counts"].append(counts)
+    programs = output.get("simnccl_programs")
+    if isinstance(programs, bytes):
+        _state.setdefault("worker_programs", set()).update(programs[i : i + 8] for i in range(0, len(programs), 8))
     if output.get("simnccl_profile"):
         _state.setdefault("worker_profiles", set()).add(output["simnccl_profile"])
 
 
 def _totals() -> dict[str, int]:
+    """Simulations summed over this process and every worker; programs counted once per content over them all
+    (two gateways drawing one case count it once: ``replay.case_digest``)."""
     total = dict(replay.COUNTS)
     for counts in _state["worker_counts"]:
-        for key, value in counts.items():
-            total[key] = total.get(key, 0) + value
+        total["simulations"] = total.get("simulations", 0) + counts.get("simulations", 0)
+    total["programs"] = len(replay.DISTINCT_PROGRAMS | _state.get("worker_programs", set()))
     return total
 
 
