@@ -585,6 +585,40 @@ def test_the_report_names_the_case_the_failed_check_judged(pytester: pytest.Pyte
     assert json.loads(own.read_text())["failure"]["checks"] == []
 
 
+def test_tests_whose_ids_make_one_safe_name_keep_their_own_case_files(pytester: pytest.Pytester) -> None:
+    """``test[tp 2]`` and ``test[tp/2]`` both wrote ``..._test_tp_2_.json``: each failure printed the same replay
+    command, and the file held the last one's case."""
+    pytester.makepyfile(
+        test_collide=textwrap.dedent(
+            """\
+            import pytest
+            from simnccl.ops import AllReduce, InitProcessGroup, SetDevice
+            from simnccl.testing import invariants as inv
+            from simnccl.testing.replay import SimCase
+
+            START = (SetDevice(), InitProcessGroup(backend="nccl"))
+
+            @pytest.mark.parametrize("label", ["tp 2", "tp/2"])
+            def test_hangs(label):
+                program = START + (AllReduce(size_bytes=8 if label == "tp 2" else 16),)
+                out = SimCase(programs=(program, START)).run()
+                assert (v := inv.passes(out)), v.explanation
+            """
+        )
+    )
+    result = run(pytester)
+    result.assert_outcomes(failed=2)
+    files = [
+        Path(x.split()[-1]) for x in result.outlines if x.startswith("# replay: python -m simnccl.testing.replay ")
+    ]
+    assert len(set(files)) == 2, files
+    sizes = {json.loads(path.read_text())["failure"]["test"]: SimCase.load(path).programs[0][-1] for path in files}
+    assert sizes == {
+        "test_collide.py::test_hangs[tp 2]": AllReduce(size_bytes=8),
+        "test_collide.py::test_hangs[tp/2]": AllReduce(size_bytes=16),
+    }
+
+
 def test_a_replay_that_passes_a_different_simulation_is_not_a_pass(pytester: pytest.Pytester) -> None:
     """A policy that reads the process's state failed in the test and passes in the replay's fresh process. The
     replay said "the recorded check(s) pass now", exit 0: a failure that vanished. The trace hash the plugin

@@ -26,6 +26,7 @@ What it gives a suite:
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import re
 from collections.abc import Callable, Iterator, Mapping
@@ -317,10 +318,14 @@ def _attach(report: pytest.TestReport, title: str, text: str) -> None:
 
 
 def _failure_path(item: pytest.Item) -> Path:
+    """The test's case file: its node id made safe for a file name, and a digest of the whole id. Why the digest:
+    ``test[tp 2]`` and ``test[tp/2]`` (and ids that differ only before their last 150 characters) made one
+    name, and the replay printed for one test's failure ran the other test's case."""
     safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", item.nodeid)[-150:]
+    digest = hashlib.blake2b(item.nodeid.encode(), digest_size=4).hexdigest()
     cache = getattr(item.config, "cache", None)
     base = cache.mkdir("simnccl-failures") if cache is not None else Path(".simnccl-failures")
-    return Path(base) / f"{safe}.json"
+    return Path(base) / f"{safe}-{digest}.json"
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
