@@ -161,6 +161,22 @@ def test_hypothesis_profile_option_wins(pytester: pytest.Pytester, ci_machine: b
     run(pytester, "--hypothesis-profile", "simnccl-thorough").assert_outcomes(passed=1)
 
 
+def test_naming_hypothesis_own_profile_on_the_command_line_is_a_choice(
+    pytester: pytest.Pytester, ci_machine: bool
+) -> None:
+    """``--hypothesis-profile default`` (``ci`` on a CI machine: the name hypothesis loads by itself) looked like
+    nobody's choice, and importing the strategies loaded simnccl's ``ci`` over it (100 examples where the user's
+    ``default`` asks for more)."""
+    own = "ci" if ci_machine else "default"
+    pytester.makepyfile(
+        "from hypothesis import settings\n"
+        "import simnccl.testing.strategies\n"
+        "def test_profile():\n"
+        f"    assert settings.get_current_profile_name() == {own!r}\n"
+    )
+    run(pytester, "--hypothesis-profile", own).assert_outcomes(passed=1)
+
+
 FAILING = textwrap.dedent(
     """\
     import pytest

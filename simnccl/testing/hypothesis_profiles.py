@@ -60,8 +60,18 @@ def hypothesis_own_profile() -> str:
     return "ci" if is_in_ci() else "default"
 
 
+# Set by the pytest plugin while a session names its profile with ``--hypothesis-profile``: a choice even when the
+# name is the one hypothesis would load by itself (``default``, or ``ci`` on a CI machine).
+CHOSEN_ON_THE_COMMAND_LINE = [False]
+
+
 def untouched() -> bool:
-    """True while nobody (a conftest, ``--hypothesis-profile``, simnccl) has chosen a profile for the session."""
+    """True while nobody (a conftest, ``--hypothesis-profile``, simnccl) has chosen a profile for the session.
+
+    Why the flag: ``--hypothesis-profile default`` (or ``ci`` with ``CI`` set) looked like nobody's choice, and
+    the session ran simnccl's ``ci`` profile instead, with fewer examples than the user's ``default`` asked for."""
+    if CHOSEN_ON_THE_COMMAND_LINE[0]:
+        return False
     return settings.get_current_profile_name() == hypothesis_own_profile()
 
 

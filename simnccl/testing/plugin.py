@@ -42,6 +42,7 @@ from simnccl.testing import replay
 try:  # hypothesis is a test extra: without it the plugin still gives fixtures, markers and replay dumps
     from hypothesis import settings
 
+    from simnccl.testing import hypothesis_profiles
     from simnccl.testing.hypothesis_profiles import (
         PROFILE_ENV,
         PROFILES,
@@ -55,6 +56,7 @@ except ImportError:  # pragma: no cover - exercised only in an environment witho
     settings = None  # type: ignore[assignment]
     PROFILE_ENV, PROFILES = "SIMNCCL_HYPOTHESIS_PROFILE", {}
     load_profile = register_profiles = seeded = untouched = freeze_local_constants = None  # type: ignore[assignment]
+    hypothesis_profiles = None  # type: ignore[assignment]
 
 __all__ = ["PROFILES", "PROFILE_ENV", "is_registered", "load_profile", "register_profiles"]
 
@@ -152,6 +154,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
     # As found, before this plugin or hypothesis' own changes them (pytest_unconfigure gives them back).
     _state["restore"] = (settings.get_current_profile_name(), core.global_force_seed)
+    hypothesis_profiles.CHOSEN_ON_THE_COMMAND_LINE[0] = _option(config, "hypothesis_profile") is not None
     # Registered always; loaded only when asked for, so a session that merely has simnccl installed keeps its
     # own hypothesis settings (importing simnccl.testing.strategies loads ``ci`` if nothing else was loaded).
     register_profiles()
@@ -214,6 +217,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     profile, seed = restore
     settings.load_profile(profile)
     core.global_force_seed = seed
+    hypothesis_profiles.CHOSEN_ON_THE_COMMAND_LINE[0] = False
 
 
 def registered_name_for_session() -> str:
