@@ -4,6 +4,7 @@ the replayable failure report, the program count summed over xdist workers, and 
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -655,6 +656,108 @@ def test_a_replay_that_passes_a_different_simulation_is_not_a_pass(pytester: pyt
     done = pytester.run(sys.executable, "-m", "simnccl.testing.replay", str(path))
     assert done.ret == 0, done.stdout.str()
     done.stdout.fnmatch_lines(["note: the failure was recorded by simnccl 0.0.0*", "the recorded check(s) pass now"])
+
+
+def test_a_replay_after_the_policy_was_fixed_passes(pytester: pytest.Pytester) -> None:
+    """Fixing the policy changes the simulation, so its trace hash is not the recorded one: the replay said "not
+    deterministic", exit 1, after every fix. The policy's source, recorded with the failure, tells a fix apart."""
+    module = pytester.makepyfile(test_flag=PROCESS_DEPENDENT.replace('os.environ.get("TEAM_FLAG") == "1" and ', ""))
+    result = run(pytester)
+    result.assert_outcomes(failed=1)
+    line = next(x for x in result.outlines if x.startswith("# replay: python -m simnccl.testing.replay "))
+    path = Path(line.split()[-1])
+    assert list(json.loads(path.read_text())["failure"]["policy_sources"]) == [str(module.resolve())]
+    done = pytester.run(sys.executable, "-m", "simnccl.testing.replay", str(path))
+    assert done.ret == 1, done.stdout.str()  # unchanged: still fails
+    module.write_text(module.read_text().replace("request.rank == 1", "request.rank == 99"))  # the fix
+    done = pytester.run(sys.executable, "-m", "simnccl.testing.replay", str(path))
+    assert done.ret == 0, done.stdout.str()
+    done.stdout.fnmatch_lines(
+        ["note: the policy's source changed since the failure*", "the recorded check(s) pass now"]
+    )
+
+
+def test_a_replay_refuses_a_policy_module_of_the_same_name_from_another_folder(pytester: pytest.Pytester) -> None:
+    """Replayed from another project's folder, whose module of the same name holds a correct policy of the same
+    name, the case was judged with that one: ``--simulate-only`` said pass (exit 0) for the policy that failed."""
+    pytester.makepyfile(test_flag=PROCESS_DEPENDENT.replace('os.environ.get("TEAM_FLAG") == "1" and ', ""))
+    result = run(pytester)
+    result.assert_outcomes(failed=1)
+    line = next(x for x in result.outlines if x.startswith("# replay: python -m simnccl.testing.replay "))
+    path = Path(line.split()[-1]).resolve()
+    other = pytester.mkdir("other")
+    (other / "test_flag.py").write_text(PROCESS_DEPENDENT)  # the same names; the flag is unset there: correct
+    for extra in ((), ("--simulate-only",)):
+        done = subprocess.run(
+            [sys.executable, "-m", "simnccl.testing.replay", str(path), *extra],
+            cwd=other,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert done.returncode == 2, (extra, done.stdout, done.stderr)
+        assert f"module 'test_flag' here is {(other / 'test_flag.py').resolve()}, not " in done.stderr
+
+
+def test_the_rerun_selects_a_test_the_suites_own_marker_filter_leaves_out(pytester: pytest.Pytester) -> None:
+    """``addopts = -m 'not slow'``, a ``slow`` test run with ``-m slow`` failing on its own assertion: the replay's
+    rerun deselected it (pytest exit 5) and the replay exited 2, "could not run"."""
+    pytester.makeini("[pytest]\naddopts = -m 'not slow'\nmarkers =\n    slow: slow\n")
+    pytester.makepyfile(
+        test_slow=textwrap.dedent(
+            """\
+            import pytest
+            from simnccl.ops import InitProcessGroup, SetDevice
+            from simnccl.testing.replay import SimCase
+
+            @pytest.mark.slow
+            def test_own_assertion():
+                assert SimCase(programs=((SetDevice(), InitProcessGroup()),) * 2).run().verdict == "hang"
+            """
+        )
+    )
+    result = run(pytester, "-m", "slow")
+    result.assert_outcomes(failed=1)
+    line = next(x for x in result.outlines if x.startswith("# replay: python -m simnccl.testing.replay "))
+    done = pytester.run(sys.executable, "-m", "simnccl.testing.replay", line.split()[-1])
+    assert done.ret == 1, done.stdout.str() + done.stderr.str()
+    done.stdout.fnmatch_lines(["*1 failed*"])
+
+
+@pytest.mark.parametrize("derandomize", [False, True])
+def test_a_rerun_that_passes_is_a_pass_only_where_it_draws_the_same_examples(
+    pytester: pytest.Pytester, derandomize: bool
+) -> None:
+    """The failure was the test's own assertion, so the replay runs the test again. Drawing at random (``dev``,
+    ``thorough``, no seed), a rerun that passed said "passes now", exit 0, for a test that failed one time in 30."""
+    pytester.makepyfile(
+        test_once=textwrap.dedent(
+            f"""\
+            import os
+            from hypothesis import given, settings, HealthCheck
+            from simnccl.testing.strategies import cases
+
+            @settings(derandomize={derandomize}, database=None, max_examples=3, suppress_health_check=list(HealthCheck))
+            @given(cases(max_world=2, max_ops=6, policy="torch-default"))
+            def test_fails_the_first_time(case):
+                case.run()
+                if not os.path.exists("failed-once"):
+                    open("failed-once", "w").close()
+                    assert False, "the first example fails"
+            """
+        )
+    )
+    result = run(pytester, "-p", "no:randomly")
+    result.assert_outcomes(failed=1)
+    line = next(x for x in result.outlines if x.startswith("# replay: python -m simnccl.testing.replay "))
+    done = pytester.run(sys.executable, "-m", "simnccl.testing.replay", line.split()[-1])
+    if derandomize:
+        assert done.ret == 0, done.stdout.str()
+        done.stdout.fnmatch_lines(["*passes now"])
+    else:
+        assert done.ret == 1, done.stdout.str()
+        done.stdout.fnmatch_lines(["*passed this time, but it draws its examples at random*"])
 
 
 def test_a_failed_memory_property_replays_as_a_failure(pytester: pytest.Pytester) -> None:

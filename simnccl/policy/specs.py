@@ -358,6 +358,14 @@ def _import_class(spec: str, file: object) -> Any:
                 "run from the folder that holds it or install its package"
             ) from None
         module = _load_from_file(module_name, Path(file))
+    here = getattr(module, "__file__", None)
+    if isinstance(file, str) and Path(file).is_file() and here and Path(here).resolve() != Path(file).resolve():
+        # Another project's module of the same name (run from another folder): replaying the case with it judged
+        # another policy, and said pass for the one that failed.
+        raise PolicyError(
+            f"policy {spec}: module {module_name!r} here is {Path(here).resolve()}, not {file}, where the case "
+            "was recorded; run from the folder the test ran in, or name the policy with --policy"
+        )
     return _attribute(module, module_name, qualname, f"policy {spec}")
 
 

@@ -38,6 +38,7 @@ import pytest
 from simnccl import __version__
 from simnccl.limits import current as current_limits
 from simnccl.testing import replay
+from simnccl.testing.replay import policy_sources
 
 try:  # hypothesis is a test extra: without it the plugin still gives fixtures, markers and replay dumps
     from hypothesis import settings
@@ -282,6 +283,9 @@ def _failure_section(item: pytest.Item, failure_text: str) -> tuple[str | None, 
         "simnccl_version": __version__,
         # what chose the examples, so a test re-run by the replay draws the ones that failed
         "rerun_args": _seed_args(item.config),
+        "examples_reproducible": _examples_reproducible(item),
+        # the user's policy modules as they were, so a replay can tell a fix from a case that is not deterministic
+        "policy_sources": policy_sources(case.policy),
     }
     try:
         snippet = case.snippet()
@@ -295,6 +299,19 @@ def _failure_section(item: pytest.Item, failure_text: str) -> tuple[str | None, 
     command = f"python -m simnccl.testing.replay {path}"
     checks = ", ".join(n["check"] for n in failure["checks"]) or "the test's own assertion (re-runs the test)"
     return title, f"{snippet}\n\n# failed check: {checks}\n# replay: {command}\n", command
+
+
+def _examples_reproducible(item: pytest.Item) -> bool:
+    """Whether running the test again draws the examples it drew (a derandomized profile or a forced seed), so a
+    re-run that passes means the failure is gone. Why: under ``dev`` or ``thorough`` without a seed the replay's
+    re-run drew new random examples and said "passes now" (exit 0) for a test that failed one time in 30."""
+    if settings is None or hypothesis_profiles.forced_seed() is not None:
+        return True
+    test = getattr(item, "obj", None)
+    if not getattr(test, "is_hypothesis_test", False):
+        return True
+    used = getattr(test, "_hypothesis_internal_use_settings", None) or settings.default
+    return bool(getattr(used, "derandomize", False))
 
 
 def _seed_args(config: pytest.Config) -> list[str]:

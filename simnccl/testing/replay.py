@@ -30,7 +30,7 @@ from typing import Any
 from simnccl import __version__
 from simnccl.engine import Limits, RunOutcome
 from simnccl.ops import NO_OPTIONS, OP_TYPES, Op, PgOptions, retired_field
-from simnccl.policy import PolicyError, describe_policy, policy_from_description, policy_label
+from simnccl.policy import PolicyError, describe_policy, get_policy, policy_from_description, policy_label
 from simnccl.testing.case_file import check_case
 from simnccl.visible_text import invisible_in, one_line
 
@@ -653,11 +653,57 @@ def main(argv: Sequence[str] | None = None) -> int:
     return EXIT_OK if outcome.verdict == "pass" else EXIT_STILL_FAILS
 
 
+def policy_sources(policy: object) -> dict[str, str]:
+    """The source file of each of a user's policy classes in ``policy`` (a spec, an object, a composition), with
+    a digest of its content: what the plugin records of a failure, so the replay can tell that the policy was
+    changed since (a fix) from a case that is not deterministic. Built-in policies are simnccl's own: none."""
+    try:
+        resolved = get_policy(policy) if isinstance(policy, str) else policy
+    except PolicyError:
+        return {}
+    sources: dict[str, str] = {}
+    todo, seen = [resolved], 0
+    while todo and seen < 64:  # a composition's parts, a wrapper's inner policy; bounded
+        part, seen = todo.pop(), seen + 1
+        if type(part).__module__.split(".")[0] == "simnccl":
+            todo.extend(getattr(part, "parts", None) or ((part.inner,) if hasattr(part, "inner") else ()))
+            continue
+        path = getattr(sys.modules.get(type(part).__module__), "__file__", None)
+        digest = _file_digest(path) if isinstance(path, str) else None
+        if digest is not None:
+            sources[str(Path(path).resolve())] = digest  # type: ignore[arg-type]
+    return sources
+
+
+def _file_digest(path: str) -> str | None:
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+def _policy_changed(failure: Mapping[str, Any]) -> list[str]:
+    """The recorded policy source files whose content is not what it was when the test failed."""
+    recorded = failure.get("policy_sources")
+    if not isinstance(recorded, Mapping):
+        return []
+    return [path for path, digest in recorded.items() if isinstance(path, str) and _file_digest(path) != digest]
+
+
 def _diverged(failure: Mapping[str, Any], outcome: RunOutcome) -> bool:
     """Whether this simulation differs from the failing one the plugin recorded (its trace hash), by the same
-    simnccl: then the case is not deterministic, and "passes now" would hide a failure that comes and goes."""
+    simnccl and the same policy source: then the case is not deterministic, and "passes now" would hide a
+    failure that comes and goes. A policy whose source changed since explains the difference (the user's fix:
+    the replay said "not deterministic", exit 1, after every fix)."""
     recorded = failure.get("trace_hash")
     if not isinstance(recorded, str) or recorded == outcome.trace_hash:
+        return False
+    changed = _policy_changed(failure)
+    if changed:
+        print(
+            f"note: the policy's source changed since the failure ({', '.join(changed)}): this simulation differs "
+            "from the failing one as a change to the policy makes it"
+        )
         return False
     if failure.get("simnccl_version") != __version__:
         print(
@@ -687,7 +733,9 @@ def _rerun_test(test: str, failure: Mapping[str, Any]) -> int:
         env["SIMNCCL_HYPOTHESIS_PROFILE"] = profile
     rerun_args = failure.get("rerun_args")
     seeded = [str(a) for a in rerun_args] if isinstance(rerun_args, list) else []
-    command = [sys.executable, "-m", "pytest", "-p", "no:xdist", "-p", "no:randomly", "-q", *seeded, test]
+    # ``-m ""``: the node id alone selects the test, whatever marker filter the suite's addopts apply (a test
+    # marked ``slow`` under ``addopts = -m 'not slow'`` was run with ``-m slow`` and failed; its rerun ran nothing)
+    command = [sys.executable, "-m", "pytest", "-p", "no:xdist", "-p", "no:randomly", "-q", "-m", "", *seeded, test]
     print(f"the failure was the test's own assertion: re-running {test} ({' '.join(command[2:])})", flush=True)
     try:
         done = subprocess.run(command, cwd=cwd, env=env, timeout=CASE_WALL_S * 20, check=False)
@@ -695,6 +743,13 @@ def _rerun_test(test: str, failure: Mapping[str, Any]) -> int:
         print(one_line(f"error: {test} still running after {CASE_WALL_S * 20:g} s"), file=sys.stderr)
         return EXIT_STILL_FAILS
     if done.returncode == 0:
+        if failure.get("examples_reproducible") is False:
+            print(
+                f"{test} passed this time, but it draws its examples at random (its profile is not derandomized and "
+                "no seed was given): the failing example need not have been drawn again. Not known to pass; run it "
+                "under a seed (--hypothesis-seed N) or a derandomized profile to replay a failure. Exit 1."
+            )
+            return EXIT_STILL_FAILS
         print(f"{test} passes now")
         return EXIT_OK
     if done.returncode == 1:
