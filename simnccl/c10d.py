@@ -604,6 +604,39 @@ def legacy_split_has_parent_comm(parent_comm: Comm) -> bool:
     return parent_comm.impl is not Impl.LEGACY or parent_comm.ready
 
 
+# torch 2.15's two size checks of a split (distributed_c10d.py l.6975, then C++ ProcessGroup::splitGroup): against
+# init_process_group's world, then against the parent group's size (a RuntimeError, though its text says world).
+SPLIT_LARGER_THAN_WORLD = "the split group's size should be less or equal to the world_size set by init_process_group"
+SPLIT_LARGER_THAN_PARENT = "the split group's size should be no larger than the world_size set by init_process_group"
+
+
+class SplitNamesNoProcess(TorchError):
+    """A member's split lists group ranks its parent does not have (a subgroup's split given global ranks): torch
+    checks only the split's size, and the backend's split makes a child of that size. On gloo no process ever
+    joins the child's full mesh for those ranks, so its members wait in the bootstrap until the split's timeout
+    (measured on 2.15 gloo: new_group([0, 1]) split by [[0, 2]] in a world of 3: rank 0 waits, then
+    DistStoreError "wait timeout"): the engine blocks the rank there (``Groups.op_split_group``). What NCCL's
+    ncclCommSplit does with a color its other ranks never take is not measured here: the rank fails, saying so.
+    A TorchError, so a cohort that meets one leaves the call to the rank-by-rank path."""
+
+    def __init__(self, outside: list[int], parent_size: int, *, is_nccl: bool) -> None:
+        self.outside = outside
+        self.parent_size = parent_size
+        self.is_nccl = is_nccl
+        what = f"split ranks {outside} name no rank of the parent group of size {parent_size}"
+        if is_nccl:
+            super().__init__("SimulatorLimit", f"{what}: what NCCL's split makes of them is not modelled")
+        else:
+            super().__init__("DistStoreError", f"{what}: no process joins the child's bootstrap for them")
+
+    def explanation(self) -> str:
+        return (
+            f"split ranks {self.outside} name no rank of the parent group of size {self.parent_size} (split_ranks "
+            "are ranks of the parent group): no process joins the child's gloo full mesh for them, so its members "
+            "wait in the bootstrap until the split's timeout"
+        )
+
+
 def plan_split_group(
     release: Release,
     ctx: ProcessContext,
@@ -642,12 +675,18 @@ def plan_split_group(
     for split in split_ranks:
         if not split:
             raise TorchError("ValueError", "the split group cannot be empty")
+        if len(split) > ctx.world_size:
+            raise TorchError("ValueError", SPLIT_LARGER_THAN_WORLD)
         if len(set(split)) != len(split):
             raise TorchError("ValueError", "the split group cannot have duplicate ranks")
         if my_parent_rank in split:
             mine = split
             break
     _check_lazy_init_supported(release, options)
+    # C++ ``ProcessGroup::splitGroup``, on every rank with the split it was handed (a rank in none: the first):
+    # its size against the *parent's* size, before the parent's backend is asked anything
+    if len(mine if mine is not None else split_ranks[0]) > len(parent.ranks):
+        raise TorchError("RuntimeError", SPLIT_LARGER_THAN_PARENT)
     check_split_parent_initialized(parent)
     # l.6964: the backend's default (``_get_default_timeout`` of the parent's backend *name*), never the parent's
     # own timeout: a child of a 7200 s nccl world times out at 600 s (real gloo: parent 7 s, child 30 min).
@@ -668,10 +707,8 @@ def plan_split_group(
             nocolor_split_on=parent_comm if collective else None,
         )
     outside = [r for r in mine if not 0 <= r < len(parent.ranks)]
-    if outside:  # torch hands them to the backend's C++ split, whose error is not modelled: never an IndexError here
-        raise TorchError(
-            "ValueError", f"split ranks {outside} are not ranks of the parent group of size {len(parent.ranks)}"
-        )
+    if outside:
+        raise SplitNamesNoProcess(outside, len(parent.ranks), is_nccl=parent_comm.impl.is_nccl)
     members = tuple(parent.ranks[r] for r in mine)
     child_impl = Impl.NCCL2 if parent_comm.impl is Impl.NCCL_LAZY else parent_comm.impl
     device = parent.bound_device

@@ -471,8 +471,9 @@ def test_split_ranks_out_of_range_is_exit_2(capsys, write_scenario, splits: str)
     _bad(capsys, write_scenario, steps, "workload.steps[2].split_ranks")
 
 
-def test_split_ranks_outside_a_smaller_parent_is_a_torch_error_not_an_index_error(write_scenario) -> None:
-    """c10d: a rank valid in the world but not in the parent group is torch's error on that rank."""
+def test_split_ranks_outside_a_smaller_nccl_parent_fail_the_rank_saying_it_is_not_modelled(write_scenario) -> None:
+    """A rank valid in the world but not in the parent group: NCCL's split of it is not measured (no GPU here), so
+    the rank fails saying so, never an IndexError, never a pass (gloo's wait: tests/test_c10d.py)."""
     steps = _steps(
         *BASE_STEPS,
         '{ op = "new_group", ranks = [0, 1], bind = "pair" }',
@@ -481,7 +482,12 @@ def test_split_ranks_outside_a_smaller_parent_is_a_torch_error_not_an_index_erro
     )
     (variant,) = runner.run_scenario(load_scenario(write_scenario(steps)), allow=frozenset({"error"})).variants
     assert variant.verdict == "error"
-    assert any("not ranks of the parent group of size 2" in e["message"] for e in variant.outcome.errors)
+    errors = {e["rank"]: (e["type"], e["message"]) for e in variant.outcome.errors}
+    assert errors[0] == (
+        "SimulatorLimit",
+        "split ranks [3] name no rank of the parent group of size 2: what NCCL's split makes of them is not modelled",
+    )
+    assert errors[2] == ("ValueError", "Global rank 2 is not part of the parent group -100")  # torch's, outside
 
 
 def test_the_checkpoint_field_is_reported_as_the_user_wrote_it(capsys, write_scenario) -> None:

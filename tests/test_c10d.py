@@ -8,6 +8,8 @@ import pytest
 
 from simnccl.backends import Comm, CommState
 from simnccl.c10d import (
+    SPLIT_LARGER_THAN_PARENT,
+    SPLIT_LARGER_THAN_WORLD,
     Group,
     ProcessContext,
     TorchError,
@@ -367,3 +369,33 @@ def test_local_synchronization_non_members_return_before_the_ranks_are_validated
     if ranks:
         with pytest.raises(TorchError, match="must not contain duplicate entries"):
             new_group(world_group(), ranks, local_sync=True)
+
+
+GLOO_PAIR = [InitProcessGroup(backend="gloo"), NewGroup(ranks=(0, 1), bind="g")]
+
+
+def test_a_gloo_split_naming_a_rank_its_parent_lacks_waits_for_it() -> None:
+    """split_ranks are ranks of the parent: [0, 2] of a 2-rank parent names nobody. torch checks its size only;
+    rank 0 waits in the child's full mesh (real 2.15 gloo: until the split's timeout), rank 1 is in no split. The
+    simulator raised a ValueError of its own (real compare: sim error, real hang)."""
+    split = SplitGroup(parent="g", split_ranks=((0, 2),), bind="s")
+    out = simulate([[*GLOO_PAIR, split], [*GLOO_PAIR, split], GLOO_PAIR], gpus_per_node=3, release="2.15")
+    assert out.verdict == "hang" and out.errors == []
+    assert [h["rank"] for h in out.hangs] == [0]
+    assert "split ranks [2] name no rank of the parent group of size 2" in out.hangs[0]["explanation"]
+
+
+@pytest.mark.parametrize(
+    ("world", "splits", "error"),
+    [
+        # torch's Python check, against init_process_group's world: every rank up to its own split
+        (2, ((0, 1, 2),), ("ValueError", SPLIT_LARGER_THAN_WORLD)),
+        # C++ ProcessGroup::splitGroup's, against the parent group's size, on every parent rank
+        (3, ((0, 1, 2),), ("RuntimeError", SPLIT_LARGER_THAN_PARENT)),
+    ],
+)
+def test_a_split_larger_than_the_world_or_its_parent_raises_torchs_error(world: int, splits, error) -> None:
+    split = SplitGroup(parent="g", split_ranks=splits, bind="s")
+    programs = [[*GLOO_PAIR, split], [*GLOO_PAIR, split], *([GLOO_PAIR] * (world - 2))]
+    out = simulate(programs, gpus_per_node=world, release="2.15")
+    assert {(e["rank"], e["type"], e["message"]) for e in out.errors} == {(r, *error) for r in (0, 1)}

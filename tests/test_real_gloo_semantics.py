@@ -83,6 +83,19 @@ PROBES: dict[str, list[list[Op]]] = {
         [GLOO, NEW_G, SplitGroup(parent="g", split_ranks=((0,), (1,)))],
         [GLOO, NEW_G, SplitGroup(parent="g", split_ranks=((0,), (1,)))],
     ],
+    # split_ranks are ranks of the parent: [0, 2] of a 2-rank parent names a group rank nobody has. torch checks
+    # only the size; rank 0 waits in the child's full mesh for it (until the split's 30 min), rank 1 is in none
+    "split-names-a-rank-outside-its-parent": [
+        [GLOO, NEW_G, SplitGroup(parent="g", split_ranks=((0, 2),))],
+        [GLOO, NEW_G, SplitGroup(parent="g", split_ranks=((0, 2),))],
+        [GLOO, NEW_G],
+    ],
+    # three ranks of a 2-rank parent: C++ splitGroup's size check, a RuntimeError on both parent ranks
+    "split-larger-than-its-parent": [
+        [GLOO, NEW_G, SplitGroup(parent="g", split_ranks=((0, 1, 2),))],
+        [GLOO, NEW_G, SplitGroup(parent="g", split_ranks=((0, 1, 2),))],
+        [GLOO, NEW_G],
+    ],
     # the two parts of family f split their own group by [[0, 1]]: one hashed name, two parent store prefixes
     "splits-of-two-parents-under-one-name": [[GLOO, *FAMILY, SPLIT_F, AllReduce(group="sf", size_bytes=SIZE)]] * 4,
     # a destroyed gloo group keeps its pairs: an all_reduce on its handle runs (both: done; one: it waits), while

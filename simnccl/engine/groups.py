@@ -9,7 +9,15 @@ memberships, not with calls x world.
 
 from __future__ import annotations
 
-from simnccl.c10d import NON_GROUP_MEMBER, Group, GroupPlan, TorchError, plan_init, plan_split_group
+from simnccl.c10d import (
+    NON_GROUP_MEMBER,
+    Group,
+    GroupPlan,
+    SplitNamesNoProcess,
+    TorchError,
+    plan_init,
+    plan_split_group,
+)
 from simnccl.engine.comms import Comms
 from simnccl.engine.planning import Planner
 from simnccl.engine.policy_gate import PolicyGate
@@ -80,18 +88,33 @@ class Groups:
             if decided is None:
                 return None  # every split of the call reused an identical group: no torch call
             op = decided
-        plan = plan_split_group(
-            self.release,
-            rt.ctx,
-            rt.counter,
-            parent,
-            op.split_ranks,
-            op.pg_options,
-            op.group_desc,
-            op.timeout_s,
-            parent_is_default=parent is rt.world,
-        )
+        try:
+            plan = plan_split_group(
+                self.release,
+                rt.ctx,
+                rt.counter,
+                parent,
+                op.split_ranks,
+                op.pg_options,
+                op.group_desc,
+                op.timeout_s,
+                parent_is_default=parent is rt.world,
+            )
+        except SplitNamesNoProcess as err:
+            if err.is_nccl:
+                raise
+            return self._wait_for_no_one(rt, op, err)
         return self._follow(rt, plan, op)
+
+    def _wait_for_no_one(self, rt: RankRuntime, op: SplitGroup, err: SplitNamesNoProcess) -> Waiting:
+        """A gloo split member whose split names ranks no process has (``SplitNamesNoProcess``): it waits in the
+        child's bootstrap for them, and nobody comes. Told as a hang with its reason (the split's own timeout, 30
+        minutes by default, ends the real run with a DistStoreError)."""
+        yield from self.rendezvous.settle(rt)
+        rt.counter += 1
+        meeting = self.rendezvous.open(("no-process", rt.rank, rt.counter), "bootstrap", op.bind or "split", 0, ())
+        meeting.problem = err.explanation()
+        yield from self.rendezvous.wait(rt, meeting, op)
 
     def _follow(self, rt: RankRuntime, plan: GroupPlan, op: NewGroup | SplitGroup) -> Waiting | None:
         """Act on the plan of a new_group or split_group: a member creates the group; a non-member only moves
