@@ -315,7 +315,11 @@ class Driver:
 
     def op_init(self, op: InitProcessGroup) -> str:
         dist = self.dist
-        kwargs: dict[str, Any] = {"store": self.store, "rank": self.spec.rank, "world_size": self.spec.world_size}
+        kwargs: dict[str, Any] = {"rank": self.spec.rank, "world_size": self.spec.world_size}
+        if self.store is None:  # a spawn launcher's rendezvous: a store of this init's own, rank 0 hosting it
+            kwargs["init_method"] = f"tcp://{self.spec.store['host']}:{int(self.spec.store['port'])}"
+        else:
+            kwargs["store"] = self.store
         timeout = self._timeout(op.timeout_s, init=True)
         if timeout is not None:
             kwargs["timeout"] = timeout
@@ -656,10 +660,14 @@ def _decision_text(call: Any) -> dict[str, Any]:
 
 
 def make_store(spec: RankSpec) -> Any:
-    """The rendezvous store: a FileStore (local launcher), a TCPStore, or torchrun's env:// store."""
+    """The rendezvous store: a FileStore (local launcher), a TCPStore, or torchrun's env:// store; None for
+    ``per-init`` (a spawn launcher's: each init_process_group makes its own TCPStore, hosted by rank 0, which
+    ``destroy_process_group`` drops with the default group, as ``init_method="tcp://..."`` does)."""
     import torch.distributed as dist
 
     kind = spec.store.get("kind", "file")
+    if kind == "per-init":
+        return None
     timeout = datetime.timedelta(seconds=spec.store.get("timeout_s", 60.0))
     prefix = spec.store.get("prefix", "real")
     if kind == "file":

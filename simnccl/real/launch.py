@@ -22,6 +22,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import tempfile
 import threading
 import time
@@ -266,6 +267,15 @@ class RankWatch:
         return tail_text(self.log, 4000)
 
 
+def free_port() -> int:
+    """A TCP port on loopback that nothing listens on now (the kernel's pick): where a spawn launcher's rank 0
+    hosts its store. Another process could take it before rank 0 binds it; torch then fails the init saying so
+    (an error of the run, never a pass)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
 class Launcher:
     """Runs worlds of rank processes locally; reuse one for many runs (the zygote starts once)."""
 
@@ -324,6 +334,7 @@ class Launcher:
         profile: str | None = None,
         env: Mapping[str, str] | None = None,
         set_launcher_env: bool = True,
+        store_per_init: bool = False,
         name: str = "run",
         description: str = "",
         release: str = "",
@@ -332,7 +343,11 @@ class Launcher:
     ) -> dict[str, Any]:
         """Run one world (one rank per program) to a verdict; the Result-shaped dict of it.
 
-        ``gpu``, ``profile``: the simnccl GPU kind and profile file each rank hands ``apply`` (``rank_gpu``)."""
+        ``gpu``, ``profile``: the simnccl GPU kind and profile file each rank hands ``apply`` (``rank_gpu``).
+        ``store_per_init``: each init_process_group rendezvous over a store of its own that rank 0 hosts and its
+        destroy drops (a spawn launcher's ``tcp://``), not one store kept for the whole run (torchrun's agent
+        store). Why: a re-init under spawn was compared against the kept store's old keys, and disagreed with a
+        simulator that models spawn right."""
         world = len(programs)
         check_local_world(world, settings)
         problem = compute_problem(programs, settings)
@@ -355,6 +370,10 @@ class Launcher:
         release_file = run_dir / "release"
         lists = programs_to_lists(programs)
         watches = [RankWatch(r, run_dir / f"rank{r}.jsonl", run_dir / f"rank{r}.log") for r in range(world)]
+        if store_per_init:
+            store = {"kind": "per-init", "host": "127.0.0.1", "port": free_port(), "timeout_s": settings.timeout_s}
+        else:
+            store = {"kind": "file", "path": str(run_dir / "store"), "timeout_s": settings.timeout_s}
         started = time.time()
         for rank, watch in enumerate(watches):
             spec = {
@@ -370,7 +389,7 @@ class Launcher:
                 "local_world_size": world,
                 "node": 0,
                 "set_launcher_env": set_launcher_env,
-                "store": {"kind": "file", "path": str(run_dir / "store"), "timeout_s": settings.timeout_s},
+                "store": store,
                 "torch_timeout_s": settings.torch_timeout_s,
                 "init_timeout_s": settings.init_timeout_s,
                 "compute_scale": settings.compute_scale,
@@ -625,6 +644,7 @@ def run_variant_real(
         profile=profile,
         env=variant.env,
         set_launcher_env=scenario.launcher == "torchrun",
+        store_per_init=scenario.launcher == "spawn",
         name=variant.name,
         description=variant.description,
         release=variant.release,
