@@ -47,6 +47,7 @@ from simnccl.cli_options import OverrideError, add_common, check_env, check_json
 from simnccl.cluster import Cluster, ClusterError, get_gpu_kind
 from simnccl.cost_runs import ColumnRunner, Finished, default_jobs, gc_paused, progress_reported
 from simnccl.engine import Engine, EngineGuardError, RunOutcome, SimConfig
+from simnccl.engine.state import device_name, measured_device
 from simnccl.limits import current as current_limits
 from simnccl.memory import comm_holdings
 from simnccl.ops import NewGroup, Program, SplitGroup
@@ -339,11 +340,9 @@ def measure(outcome: RunOutcome, programs: Sequence[Program]) -> tuple[dict[str,
                 continue
             groups += 1
             singletons += group.size == 1
-        device = None
-        if rt.current_device is not None:
-            device = f"n{rt.node}:cuda:{rt.current_device}"
-        snap = snaps.get(device) if device else None
-        ledger = outcome.ledgers.get(device) if device is not None else None
+        device = device_name(rt, measured_device(rt))
+        snap = snaps.get(device)
+        ledger = outcome.ledgers.get(device)
         # Every MiB row of a rank at one moment: the checkpoint where there is one (its communicators too, not
         # the end of run's: they read 1,695.9 NCCL MiB beside 704.6 used when groups came after the checkpoint),
         # else the end of the run; the peak row says how far either is below the run's highest use.

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+from simnccl.engine.outcome import devices_short_of
 from simnccl.memory import to_mib
 from simnccl.result import ExpectationResult, VariantResult
 from simnccl.scenario import Expectation
@@ -142,11 +143,16 @@ def _check_memory(expectation: Expectation, variant: VariantResult) -> list[Expe
         base = variant.checkpoint_used_mib(expectation.baseline)
         if base is None:
             return [ExpectationResult(key, False, f"baseline checkpoint {expectation.baseline!r} was never reached")]
-    devices = list(expectation.devices) or sorted(at)
+    # No devices named: every device of a rank whose program has the checkpoint, those that ended before it too
+    short = devices_short_of(variant.outcome, expectation.checkpoint)
+    devices = list(expectation.devices) or sorted(set(at) | set(short))
     results = []
     for device in devices:
         if device not in at:
-            results.append(ExpectationResult(key, False, f"{device} has no measurement at {expectation.checkpoint!r}"))
+            why = f" (rank {', '.join(map(str, short[device]))} ended before it)" if device in short else ""
+            results.append(
+                ExpectationResult(key, False, f"{device} has no measurement at {expectation.checkpoint!r}{why}")
+            )
             continue
         value = at[device] - (base.get(device, 0.0) if base is not None else 0.0)
         expected = expectation.used_mib

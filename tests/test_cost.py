@@ -492,3 +492,15 @@ def test_the_peak_row_holds_a_communicator_made_after_the_checkpoint(capsys) -> 
     (col,) = cost_json(capsys, *argv)["columns"]
     assert (typical(col, "used_mib"), typical(col, "peak_mib")) == (2561.9, 2792.4)
     assert col["read_at"] == "checkpoint before_memory_check"
+
+
+def test_a_rank_that_never_set_a_device_is_measured_on_cuda_0() -> None:
+    """``cost`` and a sweep's ``--max-used-mib`` read each rank's device only where it called set_device: a gloo
+    or legacy startup that never did read 0 MiB per device, and a 1,000 MiB cap passed 60 GB."""
+    from simnccl.cost import measure
+    from simnccl.ops import Alloc, InitProcessGroup
+    from simnccl.testing import simulate
+
+    out = simulate([InitProcessGroup(backend="gloo"), Alloc(mib=3000)], gpus_per_node=2)
+    per_rank, _ = measure(out, [rt.program for rt in out.ranks])
+    assert min(per_rank["used_mib"]) >= 6000.0  # both ranks' 3,000 MiB went to cuda:0, CUDA's current device

@@ -289,3 +289,59 @@ def test_new_keys_parse_and_count_as_assertions(write_scenario) -> None:
         load_scenario(write_scenario(TINY + "\n[[expect]]\nfr_dump_ranks = ['0']\n"))
     with pytest.raises(ScenarioError, match=r"expect\[0\]\.error_at_s: expected an integer or a number"):
         load_scenario(write_scenario(TINY + "\n[[expect]]\nerror_at_s = 'soon'\n"))
+
+
+# ---------------------------------------------------------------------------------------------- devices measured
+
+NO_SET_DEVICE = """
+[scenario]
+name = "no-set-device"
+[cluster]
+gpu = "h100-80gb"
+nodes = 1
+gpus_per_node = 2
+[torch]
+release = "2.15"
+[workload]
+steps = [
+  { op = "init_process_group", backend = "gloo" },
+  { op = "alloc", mib = 3000 },
+  { op = "checkpoint", label = "x" },
+]
+[[expect]]
+checkpoint = "x"
+used_mib = 0
+tolerance_mib = 0
+"""
+
+
+def test_a_checkpoint_of_ranks_that_never_set_a_device_measures_cuda_0(write_scenario) -> None:
+    """A gloo (or legacy) rank that never called set_device allocates on cuda:0, CUDA's current device, but its
+    checkpoint recorded no device: a memory expectation without ``devices`` checked nothing and passed (exit 0)
+    with 6,000 MiB on cuda:0 where it asked for 0."""
+    (variant,) = run_scenario(load_scenario(write_scenario(NO_SET_DEVICE))).variants
+    used = variant.checkpoint_used_mib("x")
+    assert list(used) == [DEV0] and used[DEV0] >= 6000.0  # both ranks' allocations, and their CUDA contexts
+    assert [(e.ok, e.message) for e in variant.expectations] == [
+        (False, f"n0:cuda:0 at 'x': {used[DEV0]:.1f} MiB used, expected 0 ± 0 MiB")
+    ]
+
+
+def test_without_devices_a_rank_that_ended_before_the_checkpoint_leaves_no_device_out(write_scenario) -> None:
+    """Rank 1 allocates 20,000 MiB and raises before ``x``: its device had no measurement, and an expectation
+    naming no devices read cuda:0 alone and said ok."""
+    text = (
+        NO_SET_DEVICE.replace(
+            '  { op = "init_process_group", backend = "gloo" },',
+            '  { op = "set_device" },\n  { op = "init_process_group", backend = "gloo" },',
+        )
+        .replace(
+            '{ op = "alloc", mib = 3000 },',
+            '{ op = "alloc", mib = 20000, on_ranks = [1] },\n'
+            '  { op = "raise", message = "rank 1 gives up", on_ranks = [1] },',
+        )
+        .replace("used_mib = 0", 'verdict = "fail"\nused_mib = 0')
+    )
+    (variant,) = run_scenario(load_scenario(write_scenario(text))).variants
+    failed = [e.message for e in variant.expectations if not e.ok and DEV1 in e.message]
+    assert failed == ["n0:cuda:1 has no measurement at 'x' (rank 1 ended before it)"]

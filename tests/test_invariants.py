@@ -292,3 +292,42 @@ def test_within_budget_does_not_count_the_process_overhead_a_lazy_default_group_
     verdict = inv.within_budget(out, budget_mib=500, per_group_mib=priced / 2**20, group_bytes=priced)
     assert verdict, verdict.explanation
     assert not inv.within_budget(out, budget_mib=500, per_group_mib=priced / 2**20, group_bytes=priced // 2)
+
+
+def test_within_capacity_fails_a_run_where_a_rank_ran_out_of_memory() -> None:
+    """The allocator raises before a device passes its capacity, so no peak ever does: the check passed a run
+    whose rank 1 asked for 200,000 MiB of an 80 GB device."""
+    from simnccl.ops import Alloc
+
+    base = [SetDevice(), InitProcessGroup()]
+    out = SimCase(programs=share_identical([[*base, AllReduce()], [*base, Alloc(mib=200_000), AllReduce()]])).run()
+    verdict = inv.within_capacity(out)
+    assert not verdict and verdict.explanation.startswith("rank 1: torch.OutOfMemoryError: CUDA out of memory.")
+
+
+def test_within_budget_fails_where_a_rank_ended_before_the_after_checkpoint() -> None:
+    """Rank 1 grows by five eager groups' worth and raises before ``groups``: its device was skipped, and the
+    check said every device grew within the budget."""
+    from simnccl.ops import Raise
+
+    start = [SetDevice(), InitProcessGroup(), Checkpoint(CHECKPOINT_INIT)]
+    groups = [NewGroup(ranks=(0, 1), bind=f"g{i}") for i in range(5)]
+    dies = [*start, *groups, Raise(message="gives up"), Checkpoint(CHECKPOINT_GROUPS)]
+    lives = [*start, *groups, Checkpoint(CHECKPOINT_GROUPS)]
+    out = SimCase(programs=(tuple(lives), tuple(dies)), release="2.15", policy="lazy-init").run()
+    per = inv.eager_group_bytes("h100-80gb", "2.15", {})
+    verdict = inv.within_budget(out, budget_mib=per / 2**20, per_group_mib=per / 2**20, group_bytes=per)
+    assert not verdict
+    assert "n0:cuda:1: no 'groups' checkpoint (rank 1 ended before it)" in verdict.explanation
+
+
+def test_a_gloo_peer_lost_error_blames_the_peer_that_went_away_not_the_rank() -> None:
+    """Rank 1 destroys its groups while rank 0 waits on its recv: rank 0's peer-lost error is a symptom, and the
+    report blamed rank 0 (``names_culprit(out, [0])`` said ok for the victim)."""
+    from simnccl.ops import DestroyProcessGroup
+
+    base = [SetDevice(), InitProcessGroup(backend="gloo")]
+    out = SimCase(programs=((*base, Recv(peer=1, size_bytes=8)), (*base, DestroyProcessGroup()))).run()
+    assert [e["kind"] for e in out.errors] == ["peer-lost"]
+    assert inv.blamed_ranks(out) == {1}
+    assert inv.names_culprit(out, [1]) and not inv.names_culprit(out, [0])

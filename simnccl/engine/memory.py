@@ -22,7 +22,7 @@ from simnccl.comm_memory import Pricer
 from simnccl.engine.config import WorkloadFailure
 from simnccl.engine.rendezvous import Rendezvous
 from simnccl.engine.sim import Sim
-from simnccl.engine.state import GroupRecord, RankRuntime, Snapshot, Waiting, current_device
+from simnccl.engine.state import GroupRecord, RankRuntime, Snapshot, Waiting, current_device, measured_device
 from simnccl.memory import (
     DeviceLedger,
     HostLedger,
@@ -475,14 +475,9 @@ class Memory:
 
     def op_checkpoint(self, rt: RankRuntime, op: Checkpoint) -> Waiting:
         yield from self.rendezvous.settle(rt)
-        index = rt.current_device
-        if index is None and rt.world is not None:
-            index = rt.world.bound_device
         self.record(self.env.now, rt.rank, "checkpoint", op.label)
         per_device = self.checkpoints.setdefault(op.label, {})
-        if index is None:
-            return
-        ledger = self.ledger(rt, index)
+        ledger = self.ledger(rt, measured_device(rt))
         per_device[ledger.device] = Snapshot(
             ledger.device, ledger.used_bytes, ledger.free_bytes, self.env.now, rt.rank, comm_holdings((ledger,))
         )

@@ -14,9 +14,10 @@ from simnccl.engine.comms import bootstrap_group, unique_id_stage
 from simnccl.engine.memory import Memory
 from simnccl.engine.nvls import MulticastSlots
 from simnccl.engine.sim import Sim
-from simnccl.engine.state import Block, RankRuntime, RunOutcome
+from simnccl.engine.state import Block, RankRuntime, RunOutcome, device_name, measured_device
 from simnccl.engine.timing import Timing
 from simnccl.meetings import Meeting
+from simnccl.ops import Checkpoint
 from simnccl.release import Impl
 from simnccl.watchdog import NO_HANDLING, MonitorAction
 
@@ -233,3 +234,22 @@ def outcome(
         slots_charged=nvls.charged,
         races=list(sim.races),
     )
+
+
+def devices_short_of(result: RunOutcome, label: str) -> dict[str, list[int]]:
+    """The devices (by ledger name) of the ranks whose program holds checkpoint ``label`` but that ended before
+    reaching it, each with those ranks. Why: a check of "every device at the checkpoint" read only the devices
+    some rank measured there, so a rank that died or hung on the way (with 20 GB on its device) left its device
+    out, and the check passed on the others."""
+    first: dict[int, int | None] = {}  # per program object: where the label first is
+    short: dict[str, list[int]] = {}
+    for rt in result.ranks:
+        ops = rt.program.ops
+        at = first.get(id(ops), -1)
+        if at == -1:
+            at = first[id(ops)] = next(
+                (i for i, op in enumerate(ops) if type(op) is Checkpoint and op.label == label), None
+            )
+        if at is not None and rt.pc <= at:
+            short.setdefault(device_name(rt, measured_device(rt)), []).append(rt.rank)
+    return short

@@ -197,6 +197,23 @@ def current_device(rt: RankRuntime) -> int:
     return 0 if rt.current_device is None else rt.current_device
 
 
+def measured_device(rt: RankRuntime) -> int:
+    """The device a rank's memory is read on (a checkpoint, ``simnccl cost``): the one it set, else its default
+    group's bound device, else CUDA's current device of a process that never set one, 0 (where its allocations
+    went: ``current_device``). Why not "none": a legacy or gloo rank that never called set_device recorded no
+    device, and a memory expectation, ``used_mib`` and a sweep's cap read nothing: 60 GB on cuda:0 said ok."""
+    if rt.current_device is not None:
+        return rt.current_device
+    if rt.world is not None and rt.world.bound_device is not None:
+        return rt.world.bound_device
+    return 0
+
+
+def device_name(rt: RankRuntime, index: int) -> str:
+    """The name a device's ledger goes by in an outcome ("n0:cuda:1"): node, then the index on it."""
+    return f"n{rt.node}:cuda:{index}"
+
+
 def handle_of(op: Op) -> str:
     """The program's name for the group an op concerns: the handle it binds or the one it uses."""
     return getattr(op, "bind", None) or getattr(op, "group", None) or ""

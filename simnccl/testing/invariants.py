@@ -20,10 +20,12 @@ from simnccl.c10d import NON_GROUP_MEMBER, Group
 from simnccl.comm_memory import Pricer, eager_group_mib
 from simnccl.engine import RunOutcome
 from simnccl.engine.memory import PROCESS_FIRST_COMM, PROCESS_OWNER
+from simnccl.engine.outcome import devices_short_of
 from simnccl.memory import mib_to_bytes
 from simnccl.ops import WORLD, Collective, Compute, InitProcessGroup, NewGroup, Op, PointToPoint, SplitGroup
 from simnccl.profiles import find_profile
 from simnccl.release import DEFAULT_PG_NCCL_TIMEOUT_S, DEFAULT_PG_TIMEOUT_S
+from simnccl.visible_text import one_line
 
 MIB = 2**20
 
@@ -161,11 +163,16 @@ def blamed_ranks(outcome: RunOutcome) -> set[int]:
     * ``rank N`` named by a hang explanation (a size or split mismatch names the rank that disagreed), or
       the subject ``ranks [...]`` of a clause ("ranks [1, 3] already bootstrapped ... under that name").
 
-    Watchdog timeouts are symptoms: every hung rank gets one, so counting them would blame everybody.
+    Watchdog timeouts are symptoms: every hung rank gets one, so counting them would blame everybody. So is a
+    gloo peer-lost error: the peer it names, whose sockets closed (it aborted, or destroyed its groups early), is
+    the one to look at; counting the rank itself made every neighbour of a rank that died a "culprit".
     """
     hung = {h["rank"] for h in outcome.hangs}
-    timed_out = {e["rank"] for e in outcome.errors if e["rank"] in hung or e["kind"] == "timeout"}
+    timed_out = {e["rank"] for e in outcome.errors if e["rank"] in hung or e["kind"] in ("timeout", "peer-lost")}
     named: set[int] = {e["rank"] for e in outcome.errors if e["rank"] not in timed_out}
+    for e in outcome.errors:
+        if e["kind"] == "peer-lost":
+            named.update(int(r) for r in _PEER.findall(str(e["message"])))
     for h in outcome.hangs:
         named.update(h["waiting_for"])
         for clause in str(h["explanation"]).split("; "):
@@ -179,6 +186,7 @@ def blamed_ranks(outcome: RunOutcome) -> set[int]:
 
 
 _RANK = re.compile(r"\brank (\d+)\b")
+_PEER = re.compile(r"\(rank (\d+)\)")  # gloo's "Read error (rank 1): Connection reset by peer" (the closed peer)
 _DIED = re.compile(r"^rank (\d+) (?:died: |raised )")
 _RANKS_SUBJECT = re.compile(r"(?:^|: )ranks \[([0-9, ]+)\]")  # "...: ranks [1, 3] already bootstrapped ..."
 
@@ -201,8 +209,11 @@ def names_culprit(outcome: RunOutcome, culprits: Iterable[int]) -> Verdict:
 
 @_replayable
 def within_capacity(outcome: RunOutcome) -> Verdict:
-    """No device's peak use ever exceeds its capacity, and no device ends with negative or over-full use."""
-    bad = []
+    """No device's peak use ever exceeds its capacity, and no device ends with negative or over-full use; and no
+    rank ran out of memory. Why the last: the simulated allocator raises before a device goes past its capacity
+    (as CUDA's does), so a peak above it never happens, and an OOM was the only way to exceed it: the check passed
+    runs where a rank asked for 200 GB on an 80 GB device."""
+    bad = [f"rank {e['rank']}: {e['type']}: {one_line(e['message'])}" for e in outcome.errors if e["kind"] == "oom"]
     for device, ledger in sorted(outcome.ledgers.items()):
         if ledger.peak_bytes > ledger.total_bytes:
             bad.append(
@@ -280,7 +291,11 @@ def within_budget(
     end = outcome.checkpoints.get(after, {})
     if not end:
         return _fail(f"no checkpoint {after!r} was reached (verdict {outcome.verdict!r})")
-    bad = []
+    bad = [
+        f"{device}: no {after!r} checkpoint (rank {', '.join(map(str, ranks))} ended before it)"
+        for device, ranks in sorted(devices_short_of(outcome, after).items())
+        if device not in end
+    ]
     for device, snap in sorted(end.items()):
         base = start.get(device)
         if base is None:
