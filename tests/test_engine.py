@@ -828,3 +828,40 @@ def test_a_non_member_whose_legacy_parent_holds_only_pair_communicators_dies_in_
     assert (error["rank"], error["kind"], error["type"]) == (2, "abort", "SIGSEGV")
     assert error["message"].startswith("No parent communicator exists for nocolor split")
     assert [rt.status for rt in out.ranks] == ["done", "done", "aborted"]
+
+
+@pytest.mark.parametrize(
+    ("backend", "op", "error"),
+    [
+        ("gloo", Send(peer=0, size_bytes=8), ("ValueError", "SEND_TO_SELF")),
+        ("nccl", Send(peer=0, size_bytes=8), ("ValueError", "SEND_TO_SELF")),
+        ("gloo", Recv(peer=0, size_bytes=8), ("RuntimeError", "RECV_FROM_SELF")),
+        ("nccl", Recv(peer=0, size_bytes=8), ("SimulatorLimit", "a recv from the rank itself on NCCL is not modelled")),
+    ],
+)
+def test_a_send_or_recv_to_the_rank_itself_fails_as_torch_does(backend: str, op, error) -> None:
+    """torch checks only a send's destination against the rank itself (``_check_not_self_rank``); a recv from
+    itself reaches the backend, and gloo has no pair to itself. The simulator raised its own ValueError for both
+    (real compare: DISAGREE on the recv)."""
+    from simnccl.backends import gloo
+    from simnccl.engine import collectives
+
+    texts = {"SEND_TO_SELF": collectives.SEND_TO_SELF, "RECV_FROM_SELF": gloo.RECV_FROM_SELF}
+    out = simulate(
+        [[SetDevice(), InitProcessGroup(backend=backend), op], [SetDevice(), InitProcessGroup(backend=backend)]]
+    )
+    assert [(e["rank"], e["type"], e["message"]) for e in out.errors] == [(0, error[0], texts.get(error[1], error[1]))]
+
+
+def test_a_send_to_the_rank_itself_is_refused_in_torchs_words() -> None:
+    c10d = pytest.importorskip("torch.distributed.distributed_c10d")
+
+    from simnccl.engine.collectives import SEND_TO_SELF
+
+    class Itself:  # all torch's send check reads of the group: the caller's rank in it
+        def rank(self) -> int:
+            return 0
+
+    with pytest.raises(ValueError) as raised:
+        c10d._check_not_self_rank(Itself(), 0, "destination")
+    assert str(raised.value) == SEND_TO_SELF

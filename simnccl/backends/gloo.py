@@ -89,6 +89,13 @@ RECV_TIMED_OUT = (
     "for recv operation to complete"
 )
 
+# A recv from the rank itself (torch checks only send's destination, ``_check_not_self_rank``; irecv allows it):
+# gloo has no pair to itself. Measured on 2.15 gloo: the text then names the pair's addresses, left out here.
+RECV_FROM_SELF = (
+    "[enforce fail at /__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:809] state_ >= CONNECTED. "
+    "1 vs 4. Pair is not connected"
+)
+
 PEER_CLOSED = (
     "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:561] Connection closed by peer "
     "(rank {peer}). This is typically caused by a remote worker crashing. Check the logs of the remote worker "

@@ -16,7 +16,7 @@ from typing import Any
 import simpy
 
 from simnccl.backends import LIFECYCLES, Comm, CommState
-from simnccl.backends.gloo import CROSS_WIRED_TYPE, FOREIGN_RANKS, broadcast_leavers
+from simnccl.backends.gloo import CROSS_WIRED_TYPE, FOREIGN_RANKS, RECV_FROM_SELF, broadcast_leavers
 from simnccl.c10d import Group, TorchError
 from simnccl.dtypes import gloo_refuses
 from simnccl.engine.comms import LAZY_PAIR_ATTEMPTS, STALE_PAIR_WHAT, Comms, pair_in_group
@@ -47,6 +47,9 @@ _LEGACY = Impl.LEGACY
 # The collectives torch 2.15 runs on a destroyed group's handle: none of them asks the unregistered group for a rank
 # or its backend (broadcast's src, send/recv's peer and barrier's device do, and raise ValueError).
 _RUN_AFTER_DESTROY = (AllReduce, AllGather, ReduceScatter, AllToAll)
+
+# torch 2.15's ``_check_not_self_rank(group, group_dst, "destination")`` in send (distributed_c10d.py l.1988)
+SEND_TO_SELF = "Invalid destination rank: destination rank should not be the same as the rank of the current process."
 
 
 def _wired_note(name: str, wire: Sequence[int], runs: str) -> str:
@@ -265,13 +268,20 @@ class Collectives:
         )
 
     def op_p2p(self, rt: RankRuntime, op: PointToPoint) -> Waiting:
+        """A send or recv: torch's checks of the peer, then a members-only meeting of the two ends."""
         yield from self.rendezvous.settle(rt)
         target = self._group_of(rt, op)
         if target is None:
             return
-        if op.peer not in target.ranks or op.peer == rt.rank:
-            raise TorchError("ValueError", f"Invalid peer rank {op.peer} for {op.name} in group {target.name!r}")
+        if op.peer not in target.ranks:  # get_group_rank's (torch names the group object)
+            raise TorchError("ValueError", f"Global rank {op.peer} is not part of group {target.name!r}")
+        if op.peer == rt.rank and isinstance(op, Send):  # torch's _check_not_self_rank: send's destination only
+            raise TorchError("ValueError", SEND_TO_SELF)
         comm = self._usable_comm(rt, target, op)
+        if op.peer == rt.rank:  # a recv from itself reaches the backend (irecv allows src == own rank)
+            if comm.impl is _GLOO:
+                raise TorchError("RuntimeError", RECV_FROM_SELF)
+            raise TorchError("SimulatorLimit", "a recv from the rank itself on NCCL is not modelled")
         life = LIFECYCLES[comm.impl]
         if not life.communicates:
             return
