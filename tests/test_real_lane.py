@@ -44,7 +44,7 @@ from simnccl.ops import (
 from simnccl.policy import get_policy
 from simnccl.real.compare import compare_variant
 from simnccl.real.lanes import NO_CUDA, CpuLanePolicy, LaneError, check_gpu_lane, cpu_programs, cpu_substitutions
-from simnccl.real.launch import INHERITED_PREFIXES, Launcher, RunSettings, compute_problem
+from simnccl.real.launch import INHERITED_PREFIXES, Launcher, RunSettings, compute_notes, compute_problem
 from simnccl.real.report import rank_outcomes
 from simnccl.real.zygote import pid_alive
 
@@ -275,6 +275,21 @@ def test_compute_the_settings_would_stop_as_a_hang_is_named_before_anything_runs
     assert compute_problem(programs, replace(settings, stall_s=0.5), stall_watched=False) is None
     timeout_there = compute_problem(programs, replace(settings, compute_scale=0.1, timeout_s=4.0), stall_watched=False)
     assert timeout_there == timeout
+
+
+def test_compute_the_real_ranks_do_not_sleep_is_said_in_the_notes() -> None:
+    """On the CPU lane compute is not slept by default: a straggler scenario compared "sim hang | real pass" with
+    nothing to say the real ranks were never late."""
+    programs = [Program((Compute(seconds=1.8),)), Program(())]
+    settings = RunSettings.for_lane("cpu")
+    (skipped,) = compute_notes(programs, replace(settings, compute_scale=0.0))
+    assert skipped.startswith("compute steps were not slept (--compute-scale 0)")
+    (scaled,) = compute_notes(programs, replace(settings, compute_scale=0.5))
+    assert scaled.startswith("compute steps slept seconds x 0.5 (--compute-scale), each at most")
+    (capped,) = compute_notes([Program((Compute(seconds=30.0),))], replace(settings, compute_scale=1.0))
+    assert "each at most 2 s" in capped
+    assert compute_notes(programs, replace(settings, compute_scale=1.0)) == []  # slept as written
+    assert compute_notes([Program(())], replace(settings, compute_scale=0.0)) == []  # nothing to sleep
 
 
 def test_a_run_its_own_settings_would_call_hung_is_exit_2(tmp_path: Path) -> None:

@@ -588,7 +588,7 @@ def compare_scenario(
 ) -> dict[str, Any]:
     """Run sim and real on every chosen variant; the comparison report (``ok`` only when all agree)."""
     chosen = [scenario.variant(n) for n in variants] if variants else list(scenario.variants)
-    programs, substitutions, notes = lane_programs(scenario, settings.lane)
+    programs, substitutions, notes = lane_programs(scenario, settings.lane, settings)
     own = launcher is None
     launcher = launcher or Launcher()
     comparisons = []

@@ -206,6 +206,27 @@ def compute_problem(programs: Sequence[Program], settings: RunSettings, *, stall
     return None
 
 
+def compute_notes(programs: Sequence[Program], settings: RunSettings) -> list[str]:
+    """What the real ranks do not sleep of the programs' compute steps, said in the report. Why: on the CPU lane
+    compute is not slept by default, and a comparison of a straggler scenario (a rank late past a timeout) said
+    "sim hang | real pass" with nothing to tell that the real side never waited."""
+    seconds = [op.seconds for program in programs for op in program.ops if isinstance(op, Compute)]
+    if not any(s > 0 for s in seconds):
+        return []
+    scale, cap = settings.compute_scale, settings.compute_cap_s
+    if scale <= 0:
+        return [
+            "compute steps were not slept (--compute-scale 0): the real ranks are never late, so what depends on "
+            "a rank's lateness (a straggler past a timeout) is not compared; pass --compute-scale 1 for that"
+        ]
+    if scale != 1 or any(s * scale > cap for s in seconds):
+        return [
+            f"compute steps slept seconds x {scale:g} (--compute-scale), each at most {cap:g} s: "
+            "timing that depends on a rank's lateness is compared at that scale, not the scenario's"
+        ]
+    return []
+
+
 # ---------------------------------------------------------------------------------------------- one run
 
 
@@ -563,9 +584,12 @@ def installed_release() -> str | None:
 # ---------------------------------------------------------------------------------------------- scenarios
 
 
-def lane_programs(scenario: Scenario, lane: str) -> tuple[tuple[Program, ...], list[str], list[str]]:
-    """(programs, substitutions, notes) a lane runs for a scenario."""
-    notes: list[str] = []
+def lane_programs(
+    scenario: Scenario, lane: str, settings: RunSettings | None = None
+) -> tuple[tuple[Program, ...], list[str], list[str]]:
+    """(programs, substitutions, notes) a lane runs for a scenario; with ``settings``, the notes say what of
+    the compute steps the real ranks do not sleep (``compute_notes``)."""
+    notes: list[str] = compute_notes(scenario.programs, settings) if settings is not None else []
     faults = getattr(scenario, "faults", None)
     if faults is not None and getattr(faults, "faults", None):
         notes.append("faults: the scenario's [faults] are not injected on the real lanes (simulated only)")
@@ -663,7 +687,7 @@ def run_scenario_real(
 ) -> dict[str, Any]:
     """Every chosen variant of a scenario on real torch; the ScenarioResult-shaped dict."""
     chosen = [scenario.variant(n) for n in variants] if variants else list(scenario.variants)
-    programs, substitutions, notes = lane_programs(scenario, settings.lane)
+    programs, substitutions, notes = lane_programs(scenario, settings.lane, settings)
     own = launcher is None
     launcher = launcher or Launcher()
     try:

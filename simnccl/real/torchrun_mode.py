@@ -51,7 +51,7 @@ def torchrun_main(
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    programs, substitutions, notes = lane_programs(scenario, settings.lane)
+    programs, substitutions, notes = lane_programs(scenario, settings.lane, settings)
     if world != len(programs):
         print(f"real: torchrun world of {world} but the scenario has {len(programs)} ranks", file=sys.stderr)
         return 2
