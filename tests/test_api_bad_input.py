@@ -187,11 +187,3 @@ def test_the_scenario_fixture_names_a_bad_path_or_variant_list(simnccl_scenario:
         simnccl_scenario(5)  # type: ignore[operator]
     with pytest.raises(TypeError, match="simnccl_scenario: variants: expected a list of variant names, got 'a'"):
         simnccl_scenario("scenario.toml", "a")  # type: ignore[operator]
-
-
-def test_a_checkpoint_label_met_twice_in_a_ranks_program_is_refused() -> None:
-    """A scenario refuses it; ``simulate`` took it, and ``within_budget``/``used_mib`` read the second moment: a
-    budget of one group passed six eager groups made between an ``init`` and a second ``init``."""
-    program = [SetDevice(), InitProcessGroup(), Checkpoint("init"), NewGroup(ranks=(0, 1)), Checkpoint("init")]
-    with pytest.raises(ValueError, match=r"^program\[1\]: checkpoint 'init' is met twice in one rank's program"):
-        simulate([program[:3], program])

@@ -14,12 +14,11 @@ from simnccl.env_knobs import env_problem, is_env_name
 from simnccl.faults import NO_FAULTS, FaultSchedule
 from simnccl.limits import InputLimits, exceeded
 from simnccl.limits import current as current_limits
-from simnccl.ops import Checkpoint, Op, Program
+from simnccl.ops import Op, Program
 from simnccl.policy import Policy, get_policy
 from simnccl.profiles import find_profile, get_profile
 from simnccl.release import get_release
 from simnccl.scenario.model import LAUNCHERS
-from simnccl.scenario.reader import first_repeat
 from simnccl.scenario.steps import check_op
 
 
@@ -140,11 +139,4 @@ def _program(ops: object, where: str, limits: InputLimits, checked: dict[int, Op
         if same is None:  # one check per op object: a repeated op is one object many times
             same = checked[id(op)] = check_op(op, "simulate", f"{where}[{index}]", limits)
         made.append(same)
-    # As a scenario's steps: a check at a label met twice (used_mib, within_budget) read the last one, silently
-    twice = first_repeat([op.label for op in made if type(op) is Checkpoint])
-    if twice is not None:
-        raise ValueError(
-            f"{where}: checkpoint {twice[0]!r} is met twice in one rank's program; give each its own name (a check "
-            "at a label reads one moment)"
-        )
     return Program(tuple(made))
