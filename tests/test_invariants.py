@@ -331,3 +331,21 @@ def test_a_gloo_peer_lost_error_blames_the_peer_that_went_away_not_the_rank() ->
     assert [e["kind"] for e in out.errors] == ["peer-lost"]
     assert inv.blamed_ranks(out) == {1}
     assert inv.names_culprit(out, [1]) and not inv.names_culprit(out, [0])
+
+
+def test_a_checkpoint_met_twice_is_not_read_as_one_moment() -> None:
+    """``init``, six eager groups, ``groups``, then ``init`` again: within_budget read the second ``init`` and
+    passed a one-group budget; used_mib read the last moment silently (a scenario refuses such a program; a
+    generated one meets its checkpoints c0..c3 more than once by design)."""
+    from simnccl.testing import used_mib
+
+    start = [SetDevice(), InitProcessGroup(), Checkpoint(CHECKPOINT_INIT)]
+    groups = [NewGroup(ranks=(0, 1), bind=f"g{i}") for i in range(6)]
+    program = (*start, *groups, Checkpoint(CHECKPOINT_GROUPS), Checkpoint(CHECKPOINT_INIT))
+    out = SimCase(programs=(program, program), release="2.15").run()
+    per = inv.eager_group_bytes("h100-80gb", "2.15", {})
+    verdict = inv.within_budget(out, budget_mib=per / 2**20, per_group_mib=per / 2**20, group_bytes=per)
+    assert not verdict and "checkpoint 'init' was met more than once by a rank" in verdict.explanation
+    with pytest.raises(ValueError, match="checkpoint 'init' was met more than once by a rank"):
+        used_mib(out, CHECKPOINT_INIT)
+    assert set(used_mib(out, CHECKPOINT_GROUPS)) == {"n0:cuda:0", "n0:cuda:1"}  # met once: read as ever

@@ -140,6 +140,7 @@ class Engine:
                 self.watchdogs.run()
             result = outcome(self.sim, self.watchdogs.report, self.memory, self.nvls, self.timing, self.fr_dumps)
             result.faults_unacted = self.injection.unacted()
+            result.repeated_checkpoints = self.memory.repeated_checkpoints
             if self.sim.trace.keep:  # a Perfetto trace draws the waits: every rendezvous, in opening order
                 result.meetings = self.meetings.all()
             return result

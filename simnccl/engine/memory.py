@@ -111,6 +111,10 @@ class Memory:
             d.key: DeviceLedger(d.key, self.cluster.gpu.total_bytes) for d in self.cluster.devices()
         }
         self.checkpoints: dict[str, dict[str, Snapshot]] = {}
+        # Labels some rank met more than once (a generated program's c0 twice): a check reading one moment at
+        # such a label would read the last, silently (``within_budget``, ``used_mib`` refuse to judge them)
+        self.repeated_checkpoints: set[str] = set()
+        self._met: set[tuple[int, str]] = set()
         self.group_records: dict[tuple[str, RanksKey], GroupRecord] = {}
         # (group name, id(member tuple)) -> (the tuple, the group's record): one entry per group, not per member
         self._record_of_group: dict[tuple[str, int], tuple[tuple[int, ...], GroupRecord]] = {}
@@ -476,6 +480,10 @@ class Memory:
     def op_checkpoint(self, rt: RankRuntime, op: Checkpoint) -> Waiting:
         yield from self.rendezvous.settle(rt)
         self.record(self.env.now, rt.rank, "checkpoint", op.label)
+        met = (rt.rank, op.label)
+        if met in self._met:
+            self.repeated_checkpoints.add(op.label)
+        self._met.add(met)
         per_device = self.checkpoints.setdefault(op.label, {})
         ledger = self.ledger(rt, measured_device(rt))
         per_device[ledger.device] = Snapshot(

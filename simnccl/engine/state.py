@@ -133,7 +133,7 @@ class RunOutcome:
     verdict: str
     ranks: list[RankRuntime]
     ledgers: dict[str, DeviceLedger]
-    checkpoints: dict[str, dict[str, Snapshot]]
+    checkpoints: dict[str, dict[str, Snapshot]]  # label -> device -> its last measurement there
     groups: dict[tuple[str, tuple[int, ...]], GroupRecord]
     hangs: list[dict[str, Any]]
     errors: list[dict[str, Any]]
@@ -157,6 +157,7 @@ class RunOutcome:
     # node at the end ("n0": 20), and per (rank, communicator name) what that communicator took at its init (a
     # communicator that took none is absent: read ``slots_charged.get((rank, name), 0)``).
     multicast_slots: dict[str, int] = field(default_factory=dict)
+    repeated_checkpoints: set[str] = field(default_factory=set)  # labels some rank met more than once
     slots_charged: dict[tuple[int, str], int] = field(default_factory=dict)
 
 

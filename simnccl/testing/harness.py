@@ -102,6 +102,8 @@ def used_mib(outcome: RunOutcome, checkpoint: str) -> dict[str, float]:
     if devices is None:
         passed = ", ".join(map(repr, outcome.checkpoints)) or "none"
         raise KeyError(f"checkpoint {checkpoint!r} was not passed by this run; checkpoints passed: {passed}")
+    if checkpoint in outcome.repeated_checkpoints:  # the last of several moments, read as the one asked for
+        raise ValueError(f"checkpoint {checkpoint!r} was met more than once by a rank: name each moment once")
     return {device: s.used_bytes / 2**20 for device, s in sorted(devices.items())}
 
 

@@ -287,6 +287,9 @@ def within_budget(
         raise ValueError("per_group_mib: expected a per-group cost > 0 (floor(budget / per) groups are eager)")
     allowed_groups = math.floor(budget_mib / per_group_mib + 1e-9)
     allowed = allowed_groups * group_bytes
+    repeated = sorted({before, after} & outcome.repeated_checkpoints)
+    if repeated:  # it read the last of several moments: a budget of one group passed six between 'init's
+        return _fail(f"checkpoint {repeated[0]!r} was met more than once by a rank: name each moment once")
     start = outcome.checkpoints.get(before, {})
     end = outcome.checkpoints.get(after, {})
     if not end:
