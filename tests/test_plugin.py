@@ -602,6 +602,34 @@ def test_the_report_names_the_case_the_failed_check_judged(pytester: pytest.Pyte
     assert json.loads(own.read_text())["failure"]["checks"] == []
 
 
+def test_an_own_assertion_after_a_control_failed_its_check_is_the_tests_own(pytester: pytest.Pytester) -> None:
+    """``if not passes(control): assert mine.verdict == "pass"``: the check failed on the control, simulated
+    last, as the test meant it to; the failure, the test's own assertion about ``mine``, was recorded as the
+    control's failed check, whose replay kept saying "still fails" after the user's policy was fixed."""
+    pytester.makepyfile(
+        test_control=textwrap.dedent(
+            """\
+            from simnccl.ops import AllReduce, InitProcessGroup, SetDevice
+            from simnccl.testing import invariants as inv
+            from simnccl.testing.replay import SimCase
+
+            START = (SetDevice(), InitProcessGroup(backend="nccl"))
+
+            def test_mine_against_a_control():
+                mine = SimCase(programs=(START + (AllReduce(),), START)).run()
+                control = SimCase(programs=(START + (AllReduce(size_bytes=8),), START)).run()
+                if not inv.passes(control):
+                    assert mine.verdict == "pass"
+            """
+        )
+    )
+    result = run(pytester)
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["# failed check: the test's own assertion (re-runs the test)"])
+    line = next(x for x in result.outlines if x.startswith("# replay: python -m simnccl.testing.replay "))
+    assert json.loads(Path(line.split()[-1]).read_text())["failure"]["checks"] == []
+
+
 def test_tests_whose_ids_make_one_safe_name_keep_their_own_case_files(pytester: pytest.Pytester) -> None:
     """``test[tp 2]`` and ``test[tp/2]`` both wrote ``..._test_tp_2_.json``: each failure printed the same replay
     command, and the file held the last one's case."""

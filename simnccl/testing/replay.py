@@ -469,12 +469,14 @@ def failing_case(failure_text: str = "") -> tuple[SimCase | None, RunOutcome | N
     """The case a failed test's report shows: (case with the policy it ran under, its outcome, the failed
     checks to replay on it).
 
-    The simulation the noted failed checks judged, when it is the last one or when ``failure_text`` (the
-    test's failure as printed) quotes what one of those checks said; else the last case simulated, with no
-    check (the test's own assertion, which the replay re-runs). Why the quote: a test may check that a case
-    fails (``assert not passes(out)``) and then fail on its own assertion about another case."""
+    The simulation the noted failed checks judged, when ``failure_text`` (the test's failure as printed) quotes
+    what one of those checks said; else the last case simulated, with no check (the test's own assertion, which
+    the replay re-runs). Why the quote: a test may check that a case fails (``assert not passes(out)``, or
+    ``if not passes(control): assert mine.verdict == "pass"``) and then fail on its own assertion about another
+    case; taken for the last simulation's check, the failure was recorded as that check's, on the control's
+    case, and its replay said "still fails" after the user's policy was fixed."""
     judged = _JUDGED[0]
-    if judged is not None and (judged[0] is _LAST_OUTCOME[0] or _quoted(_EXPLANATIONS, failure_text)):
+    if judged is not None and _quoted(_EXPLANATIONS, failure_text):
         outcome, case, policy = judged
         return (case if policy == case.policy else case.with_(policy=policy)), outcome, failed_checks()
     return last_case(), last_outcome(), []
