@@ -383,7 +383,7 @@ def apply_overrides(scenario: Any, args: argparse.Namespace) -> Any:
     ``--seed`` replaces the seed and draws a generated fault swarm again.
     """
     from simnccl.cluster import Cluster
-    from simnccl.faults import FaultError, FaultSchedule, generate
+    from simnccl.faults import FaultError, FaultSchedule, check_program_faults_distinct, generate
     from simnccl.profiles import ProfileError, find_profile
 
     chosen = _selected(scenario, getattr(args, "variant", None))
@@ -431,11 +431,14 @@ def apply_overrides(scenario: Any, args: argparse.Namespace) -> Any:
         seed = args.seed
         swarm = scenario.fault_swarm
         if swarm is not None:
+            injected = faults.faults[: swarm.injected]
             try:
                 drawn = generate(seed, scenario.programs, classes=swarm.classes, max_faults=swarm.max_faults)
+                # as the file's own seed is checked (scenario.fault_table): a drawn fault beside an injected one
+                # on the same rank reached the engine, an internal error (exit 70) for the same schedule
+                check_program_faults_distinct((*injected, *drawn.faults))
             except FaultError as err:
                 raise OverrideError("--seed", str(err)) from None
-            injected = faults.faults[: swarm.injected]
             faults = FaultSchedule(seed, drawn.classes, injected + drawn.faults)
     return replace(
         scenario,

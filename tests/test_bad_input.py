@@ -1196,3 +1196,24 @@ def test_fr_dir_in_a_folder_no_one_can_write_is_exit_2_before_anything_runs(caps
     code, out, err = _run(capsys, str(SCENARIOS_DIR / "hang-missing-rank.toml"), "--fr-dir", "/proc/simnccl-dumps")
     assert code == 2 and "--fr-dir: cannot write in '/proc'" in err, err
     assert "hang-missing-rank" not in out  # nothing ran
+
+
+def test_a_seed_on_the_command_line_that_draws_a_clashing_fault_is_bad_input(capsys, write_scenario) -> None:
+    """``[faults] seed = 2`` refuses a drawn straggler beside an injected one on the same rank (exit 2); the same
+    draw by ``--seed 2`` (the file's seed 0) reached the engine: exit 70, "a bug in simnccl"."""
+    text = _steps(
+        *BASE_STEPS,
+        '{ op = "new_group", ranks = [0, 1, 2, 3], bind = "tp" }',
+        '{ op = "all_reduce", group = "tp", size_bytes = 32, repeat = 3 }',
+        gpus=4,
+    )
+    text += (
+        '[faults]\nseed = 0\nmax_faults = 6\nclasses = ["straggler", "oom-at-init", "store-timeout"]\n'
+        'inject = [{ kind = "straggler", rank = 0, factor = 2.0 }, { kind = "straggler", rank = 1, factor = 2.0 }]\n'
+    )
+    path = write_scenario(text)
+    allow = ("--allow", "hang,error,fail")
+    clashing = next(seed for seed in range(40) if _run(capsys, str(path), "--seed", str(seed), *allow)[0])
+    code, _, err = _run(capsys, str(path), "--seed", str(clashing), *allow)
+    assert code == 2 and err.startswith("error: --seed: faults straggler rank"), err
+    assert "internal error" not in err
