@@ -315,3 +315,11 @@ def test_get_profile_by_name_and_unknown_name() -> None:
     with pytest.raises(ProfileError) as err:
         get_profile("no-such-profile")
     assert H100_CALIBRATION in str(err.value)
+
+
+def test_a_lower_simulated_time_limit_leaves_the_shipped_profiles_valid(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bandwidth floor was read from this run's limits: SIMNCCL_LIMIT_MAX_SIM_TIME_S=100 made the shipped
+    10 GB/s rtx3060 profile "out of range" and every command exit 2 on an unrelated H100 scenario."""
+    monkeypatch.setenv("SIMNCCL_LIMIT_MAX_SIM_TIME_S", "100")
+    for name, profile in builtin_profiles().items():  # (cached: each file read again, under the override)
+        assert load_profile(profile.path).name == name

@@ -212,6 +212,23 @@ def test_a_cell_past_its_wall_clock_limit_fails_the_sweep_with_exit_1(
     assert "#1" not in out.split("\n\n")[1]  # the other cell is ok: no note
 
 
+def test_a_cell_is_held_to_the_simulated_time_limit_the_user_set(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``run`` stops a run that passes ``SIMNCCL_LIMIT_MAX_SIM_TIME_S`` (exit 2, checked nothing); a sweep kept the
+    engine's default of 30 days and called the same hanging cell ok, its hang detected at 615 s."""
+    from importlib.resources import files
+
+    scenario = str(files("simnccl") / "scenarios" / "hang-missing-rank.toml")
+    argv = ["--scenario", scenario, "--variant", "nccl2-default", "--accept-verdict", "hang"]
+    code, _, _ = sweep(capsys, *argv)
+    assert code == 0  # within the default limit, the hang it accepts
+    monkeypatch.setenv("SIMNCCL_LIMIT_MAX_SIM_TIME_S", "100")
+    code, out, _ = sweep(capsys, *argv)
+    assert code == command.EXIT_CHECK_FAILED
+    assert "simulated time would pass Limits.max_sim_time_s = 100 s" in out
+
+
 def test_the_deadline_interrupts_a_loop_in_a_worker_thread_and_passes_results_through() -> None:
     """Dask runs cells in threads, where no signal arrives: the limit must hold there."""
     seen: dict[str, object] = {}

@@ -23,7 +23,7 @@ from typing import Any
 from simnccl.cost import Column, build_cluster, column_config, measure, summarise
 from simnccl.engine import Engine, EngineGuardError, Limits, RunOutcome
 from simnccl.ops import Program
-from simnccl.runner import run_variant
+from simnccl.runner import default_limits, run_variant
 from simnccl.scenario import Scenario
 from simnccl.sweep.deadline import CellTimeout, call_with_deadline
 from simnccl.sweep.matrix import DEFAULT_POLICY, Checks, Matrix, digest
@@ -195,7 +195,10 @@ def run_cell(cell: Cell, timeout_s: float) -> Row:
     """Simulate one cell under a wall-clock limit of ``timeout_s``; every outcome is a row, nothing raises."""
     row = blank_row(cell)
     simulate = _simulate_workload if cell.kind == WORKLOAD else _simulate_scenario
-    limits = Limits(wall_s=timeout_s)  # the engine's own guard, and the deadline for whatever runs outside it
+    # The engine's own guards as every command sets them (the input limits, SIMNCCL_LIMIT_* included: a sweep
+    # kept the default max_sim_time_s whatever the user set), the cell's timeout as its wall clock, and the
+    # deadline for whatever runs outside the engine
+    limits = replace(default_limits(), wall_s=timeout_s)
     start = time.monotonic()
     try:
         outcome, programs, failed = call_with_deadline(lambda: simulate(cell, limits), timeout_s)
