@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from simnccl.engine.outcome import devices_short_of
-from simnccl.memory import to_mib
+from simnccl.memory import distinct_figures, to_mib
 from simnccl.result import ExpectationResult, VariantResult
 from simnccl.scenario import Expectation
 
@@ -165,11 +165,19 @@ def _check_memory(expectation: Expectation, variant: VariantResult) -> list[Expe
             tol_text = f"± {pct:g}%"
         ok = abs(value - expected) <= allowed + 1e-9
         what = f"above {expectation.baseline!r}" if base is not None else "used"
+        # as many decimals as the tolerance has, and as tell the figure from the one expected: at 0.1 a FAIL read
+        # "704.6 MiB used, expected 704.6 ± 0" and an ok "704.6 MiB used, expected 704.5 ± 0.056"
+        least = _decimals(allowed) if expectation.tolerance_mib is not None else 1
+        shown, _ = distinct_figures(value, expected, least, grouping=False)
         results.append(
             ExpectationResult(
-                key,
-                ok,
-                f"{device} at {expectation.checkpoint!r}: {value:.1f} MiB {what}, expected {expected:g} {tol_text}",
+                key, ok, f"{device} at {expectation.checkpoint!r}: {shown} MiB {what}, expected {expected:g} {tol_text}"
             )
         )
     return results
+
+
+def _decimals(tolerance: float) -> int:
+    """Decimals a figure needs beside this tolerance (at least 1): 0.056 -> 3, 5 -> 1."""
+    text = f"{tolerance:.6f}".rstrip("0")
+    return max(1, len(text.split(".")[1]) if "." in text else 1)

@@ -231,3 +231,15 @@ def vllm_check_message(device: str, free: int, total: int, utilization: float, r
         f"desired GPU memory utilization ({utilization}, {requested / gib:.2f} GiB). Decrease GPU memory "
         f"utilization or reduce GPU memory used by other processes."
     )
+
+
+def distinct_figures(value: float, bound: float, least: int = 1, *, grouping: bool = True) -> tuple[str, str]:
+    """``value`` and ``bound`` as text (thousands separated unless ``grouping`` is off), with the fewest decimals
+    (at least ``least``, at most 6) at which they read differently where they differ. Why: a figure and the cap
+    it was checked against, both shown to 0.1, read "2,719.9 > 2,719.9" and "704.6 used, expected 704.6 ± 0
+    MiB": FAIL beside equal numbers."""
+    sep = "," if grouping else ""
+    decimals = least
+    while decimals < 6 and value != bound and f"{value:{sep}.{decimals}f}" == f"{bound:{sep}.{decimals}f}":
+        decimals += 1
+    return f"{value:{sep}.{decimals}f}", f"{bound:{sep}.{decimals}f}"

@@ -345,3 +345,19 @@ def test_without_devices_a_rank_that_ended_before_the_checkpoint_leaves_no_devic
     (variant,) = run_scenario(load_scenario(write_scenario(text))).variants
     failed = [e.message for e in variant.expectations if not e.ok and DEV1 in e.message]
     assert failed == ["n0:cuda:1 has no measurement at 'x' (rank 1 ended before it)"]
+
+
+@pytest.mark.parametrize(
+    ("measured", "expected", "tolerance", "ok", "shown"),
+    [
+        (704.556, 704.6, 0.0, False, "704.56 MiB used, expected 704.6 ± 0 MiB"),  # at 0.1: "704.6 ... 704.6"
+        (704.556, 704.5, 0.056, True, "704.556 MiB used, expected 704.5 ± 0.056 MiB"),  # at 0.1: "704.6, 704.5"
+        (704.5, 704.5, 0.0, True, "704.5 MiB used, expected 704.5 ± 0 MiB"),
+    ],
+)
+def test_a_memory_message_shows_the_figure_as_precisely_as_its_check(
+    measured: float, expected: float, tolerance: float, ok: bool, shown: str
+) -> None:
+    exp = _exp(checkpoint="init", used_mib=expected, tolerance_mib=tolerance)
+    (result,) = check(exp, _variant({"init": {DEV0: measured}}))
+    assert result.ok is ok and result.message == f"{DEV0} at 'init': {shown}"

@@ -271,6 +271,25 @@ def test_the_used_mib_cap_holds_over_the_whole_run(capsys: pytest.CaptureFixture
     assert "#0 fail: peak used 2,792.4 MiB/device > 2,700.0" in out
 
 
+def test_a_cap_between_the_peak_and_its_rounding_reads_and_resumes_as_it_was_checked(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """vLLM tp=2 peaks at 2,719.889 MiB. Under a cap of 2,719.89 the cell is ok, and its row said 2,719.9
+    (rounded), over the cap: a CI script comparing the two saw a violation beside "ok", and --resume refused the
+    sweep's own file as edited. Under 2,719.88 the message read "2,719.9 > 2,719.9"."""
+    out = tmp_path / "s.json"
+    argv = ["--workload", "vllm tp=2", "--jobs", "1", "--json", str(out)]
+    code, _, err = sweep(capsys, *argv, "--max-used-mib", "2719.89")
+    assert code == 0, err
+    (row,) = read_json(out)[2]
+    assert row["status"] == "ok" and 2719.88 < row["used_mib_max"] <= 2719.89, row
+    code, _, err = sweep(capsys, *argv, "--max-used-mib", "2719.89", "--resume")
+    assert code == 0, err
+    code, text, _ = sweep(capsys, *argv, "--max-used-mib", "2719.88", "--overwrite")
+    assert code == command.EXIT_CHECK_FAILED
+    assert "#0 fail: peak used 2,719.89 MiB/device > 2,719.88" in text
+
+
 def test_scenario_variants_are_cells_and_their_expectations_the_check(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:

@@ -22,6 +22,7 @@ from typing import Any
 
 from simnccl.cost import Column, build_cluster, column_config, measure, summarise
 from simnccl.engine import Engine, EngineGuardError, Limits, RunOutcome
+from simnccl.memory import distinct_figures
 from simnccl.ops import Program
 from simnccl.runner import default_limits, run_variant
 from simnccl.scenario import Scenario
@@ -204,14 +205,19 @@ def run_cell(cell: Cell, timeout_s: float) -> Row:
         outcome, programs, failed = call_with_deadline(lambda: simulate(cell, limits), timeout_s)
         per_rank, checkpoint = measure(outcome, programs)
         for key in FIGURES:
-            if per_rank.get(key):
-                row[key], row[f"{key}_min"], row[f"{key}_max"] = summarise(per_rank[key])
+            values = per_rank.get(key)
+            if values:
+                row[key] = summarise(values)[0]  # the typical value, of figures rounded to 0.1 MiB
+                # the extremes exact (to the byte): rounded, a peak of 2,719.889 MiB was "2,719.9" beside a cap of
+                # 2,719.89 it passed, and --resume refused the sweep's own file as edited
+                row[f"{key}_min"], row[f"{key}_max"] = round(min(values), 6), round(max(values), 6)
         # The cap holds over the whole run: used MiB is read at the startup checkpoint (or the end), and a
         # communicator made after it, or memory freed before the end, left a run over the cap reading as under it.
         cap = cell.checks.max_used_mib
         peak = max(per_rank.get("peak_mib") or [0.0])
         if cap is not None and peak > cap:
-            failed.append(f"peak used {peak:,.1f} MiB/device > {cap:,.1f}")
+            shown, cap_shown = distinct_figures(peak, cap)
+            failed.append(f"peak used {shown} MiB/device > {cap_shown}")
         row.update(
             status="fail" if failed else "ok",
             verdict=outcome.verdict,

@@ -20,6 +20,7 @@ from typing import Any, TextIO
 
 from simnccl.cli_options import env_item, output_file_problem
 from simnccl.cli_output import PipeAwareConsole, document_stream, write_all_to_stdout
+from simnccl.memory import distinct_figures
 from simnccl.policy.plans import UserPolicyError
 from simnccl.sweep.cell import WORKLOAD, Cell, blank_row, expand
 from simnccl.sweep.executors import Executor, ExecutorError, check_address, run_cells
@@ -312,7 +313,8 @@ def _row_mismatch(row: Row, cell: Cell) -> str | None:
     used = row.get("used_mib_max")
     if row["status"] == "ok" and cap is not None and isinstance(used, int | float) and used > cap:
         # the run's peak is at least what it used at its checkpoint: a row over the cap cannot have passed it
-        return f"is ok with {used:,.1f} used MiB/device, over the cap of {cap:,.1f}"
+        shown, cap_shown = distinct_figures(used, cap)
+        return f"is ok with {shown} used MiB/device, over the cap of {cap_shown}"
     return None
 
 
