@@ -290,6 +290,23 @@ def test_a_cap_between_the_peak_and_its_rounding_reads_and_resumes_as_it_was_che
     assert "#0 fail: peak used 2,719.89 MiB/device > 2,719.88" in text
 
 
+def test_a_sweep_resumes_whatever_the_spelling_of_its_scenario_path_and_of_its_accepted_verdicts(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A scenario named relative to another folder, or the accepted verdicts given in another order, made another
+    matrix hash and other cell_ids for the same cells: --resume refused the sweep's own file (exit 2)."""
+    out = tmp_path / "s.json"
+    monkeypatch.chdir(REPO)
+    first = ["--scenario", "scenarios/idle-world-group.toml", "--accept-verdict", "pass", "--accept-verdict", "hang"]
+    code, _, err = sweep(capsys, *first, "--jobs", "1", "--json", str(out))
+    assert code == 0, err
+    monkeypatch.chdir(REPO.parent)
+    again = ["--scenario", f"{REPO.name}/scenarios/idle-world-group.toml", "--accept-verdict", "hang"]
+    code, text, err = sweep(capsys, *again, "--accept-verdict", "pass", "--jobs", "1", "--json", str(out), "--resume")
+    assert code == 0, err
+    assert "0 run in" in text + err  # every cell taken from the file
+
+
 def test_scenario_variants_are_cells_and_their_expectations_the_check(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:

@@ -18,6 +18,7 @@ import traceback
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 from simnccl.cost import Column, build_cluster, column_config, measure, summarise
@@ -63,7 +64,7 @@ class Cell:
             "knobs": dict(self.knobs),
             "world": self.world,
             "gpus_per_node": self.gpus_per_node,
-            "scenario": self.scenario,
+            "scenario": Path(self.scenario).name if self.scenario else self.scenario,  # its content: the sha256
             "scenario_sha256": self.scenario_sha256,
             "variant": self.variant,
             "gpu": self.gpu,

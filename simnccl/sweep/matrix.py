@@ -95,6 +95,11 @@ class ScenarioEntry:
     def to_dict(self) -> dict[str, Any]:
         return {"file": self.path, "sha256": self.sha256, "variants": list(self.variants)}
 
+    def identity(self) -> dict[str, Any]:
+        """What the entry computes: the file's name and content, not how its path was spelled (from another
+        folder, or relative vs absolute, one file made another matrix, and --resume refused its own output)."""
+        return {"file": Path(self.path).name, "sha256": self.sha256, "variants": list(self.variants)}
+
 
 @dataclass(frozen=True, slots=True)
 class Checks:
@@ -104,7 +109,8 @@ class Checks:
     max_used_mib: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"verdicts": list(self.verdicts), "max_used_mib": self.max_used_mib}
+        # sorted: a set of accepted verdicts (given in another order, the matrix hash and every cell_id changed)
+        return {"verdicts": sorted(self.verdicts), "max_used_mib": self.max_used_mib}
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,7 +141,7 @@ class Matrix:
         }
 
     def fingerprint(self) -> str:
-        return digest(self.to_dict())
+        return digest({**self.to_dict(), "scenarios": [s.identity() for s in self.scenarios]})
 
     def cell_count(self) -> int:
         """The number of cells, computed from the axis lengths (nothing expanded)."""
