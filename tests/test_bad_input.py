@@ -1207,12 +1207,14 @@ def test_a_seed_on_the_command_line_that_draws_a_clashing_fault_is_bad_input(cap
         '{ op = "all_reduce", group = "tp", size_bytes = 32, repeat = 3 }',
         gpus=4,
     )
-    text += (
-        '[faults]\nseed = 0\nmax_faults = 6\nclasses = ["straggler", "oom-at-init", "store-timeout"]\n'
-        'inject = [{ kind = "straggler", rank = 0, factor = 2.0 }, { kind = "straggler", rank = 1, factor = 2.0 }]\n'
+    faults = (
+        '[faults]\nseed = {}\nmax_faults = 6\nclasses = ["straggler", "oom-at-init", "store-timeout"]\n'
+        'inject = [{{ kind = "straggler", rank = 0, factor = 2.0 }},\n'
+        '          {{ kind = "straggler", rank = 1, factor = 2.0 }}]\n'
     )
-    path = write_scenario(text)
     allow = ("--allow", "hang,error,fail")
+    loads = (write_scenario(text + faults.format(seed)) for seed in range(40))  # a file its own seed loads
+    path = next(p for p in loads if _run(capsys, str(p), *allow)[0] == 0)
     clashing = next(seed for seed in range(40) if _run(capsys, str(path), "--seed", str(seed), *allow)[0])
     code, _, err = _run(capsys, str(path), "--seed", str(clashing), *allow)
     assert code == 2 and err.startswith("error: --seed: faults straggler rank"), err

@@ -424,3 +424,13 @@ def test_a_fault_that_never_struck_is_reported_with_why(tmp_path, capsys) -> Non
     assert full.faults_unacted == [], "the world's init struck"
     none = simulate([SetDevice()], faults=FaultSchedule(None, (), (Fault("oom-at-init", 1),)))
     assert none.faults_unacted == ["oom-at-init rank 1: never acted (the rank made no communicator after it was armed)"]
+
+
+def test_the_order_the_classes_are_given_in_draws_nothing_else() -> None:
+    """A swarm's classes are a set: ["crash", "stall", "skip"] and ["skip", "stall", "crash"] drew two schedules
+    under one seed, and the header printed both as "classes=crash,skip,stall"."""
+    programs = PROGRAMS
+    for seed in range(20):
+        one = generate(seed, programs, classes=["crash", "stall", "skip"], max_faults=3)
+        other = generate(seed, programs, classes=["skip", "stall", "crash"], max_faults=3)
+        assert one == other, seed
