@@ -865,3 +865,23 @@ def test_a_send_to_the_rank_itself_is_refused_in_torchs_words() -> None:
     with pytest.raises(ValueError) as raised:
         c10d._check_not_self_rank(Itself(), 0, "destination")
     assert str(raised.value) == SEND_TO_SELF
+
+
+def test_a_rank_that_runs_out_at_its_first_collective_holds_no_part_of_that_use() -> None:
+    """Rank 0 runs out of memory at the all_reduce's once-per-process allocation, before its NVLS buffers: its
+    communicator's breakdown had the first use's 64 MiB already, so the report's nccl_paid_mib showed buffers the
+    rank never paid (and ``cost --breakdown`` added them up)."""
+    program = [
+        SetDevice(),
+        InitProcessGroup(backend="nccl"),
+        Alloc(mib=79_000, tag="x"),
+        NewGroup(ranks=(0, 1), bind="g"),
+        AllReduce(group="g", size_bytes=4 * 2**20),
+    ]
+    out = simulate([program, [op for op in program if not isinstance(op, Alloc)]], release="2.15")
+    assert (out.errors[0]["rank"], out.errors[0]["kind"]) == (0, "oom")  # (rank 1 then times out waiting)
+    record = next(r for (name, _), r in out.groups.items() if name == "1")
+    (mine,) = record.members[0]["memory"].values()
+    (theirs,) = record.members[1]["memory"].values()
+    assert set(mine.breakdown.by_paid_at()) == {"init"}
+    assert set(theirs.breakdown.by_paid_at()) == {"init", "first all_reduce (nvls)"}

@@ -229,13 +229,22 @@ class Memory:
             record = self.group_record(group, comm).members.get(rt.rank)
             if record is not None and "memory" in record:
                 record["memory"] = self._shared.memories(record["memory"], comm.group, memory)
+        held = memory.uses, memory.breakdown, memory.exact
         paid = self.pricer.use(memory, collective, nbytes, peer_index)
-        first = (rt.rank, comm.device)
-        if first not in self._collective_devices:  # the profile's once-per-process cost at the first collective
-            self._collective_devices.add(first)
-            self._process_charge(rt, comm, PROCESS_FIRST_COLLECTIVE, self.pricer.process_first_collective_bytes, op)
-        if paid:
-            self._pay(rt, comm, phase, paid, op, group)
+        try:
+            first = (rt.rank, comm.device)
+            if first not in self._collective_devices:  # the profile's once-per-process cost at the first collective
+                self._collective_devices.add(first)
+                charged = self.pricer.process_first_collective_bytes
+                self._process_charge(rt, comm, PROCESS_FIRST_COLLECTIVE, charged, op)
+            if paid:
+                self._pay(rt, comm, phase, paid, op, group)
+        except SimulatedOOM:
+            if paid:  # what ran out was never paid: the communicator holds what it held (its breakdown, the
+                # report's nccl_paid_mib: a rank that died at the first all_reduce showed its NVLS buffers paid)
+                memory.uses, memory.breakdown, memory.exact = held
+                memory.use_keys.discard(self.pricer.use_key(collective, nbytes, peer_index))
+            raise
 
     def _pay(
         self,
