@@ -90,6 +90,12 @@ def run_scenario(args: argparse.Namespace, extra: Sequence[str], out: Any) -> in
         f"({cluster.nodes} node{'s' if cluster.nodes > 1 else ''} x {cluster.gpus_per_node}); "
         f"{len(columns)} column(s)"
     )
+    if args.policy and len(scenario.variants) > 1:
+        # a --policy column runs on the first variant's settings: said, as its env may not be the startup's own
+        # (a file whose first variant is its legacy workaround tested the policy on legacy, with no word of it)
+        base = scenario.variants[0]
+        env = ", ".join(f"{k}={v}" for k, v in sorted(base.env.items())) or "no env"
+        title += f"; --policy columns run on the settings of variant {base.name!r} ({env}, torch {base.release})"
     document = {
         "scenario": scenario.name,
         "source": scenario.source,

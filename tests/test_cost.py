@@ -504,3 +504,13 @@ def test_a_rank_that_never_set_a_device_is_measured_on_cuda_0() -> None:
     out = simulate([InitProcessGroup(backend="gloo"), Alloc(mib=3000)], gpus_per_node=2)
     per_rank, _ = measure(out, [rt.program for rt in out.ranks])
     assert min(per_rank["used_mib"]) >= 6000.0  # both ranks' 3,000 MiB went to cuda:0, CUDA's current device
+
+
+def test_a_policy_column_of_a_scenario_says_whose_settings_it_runs_on(capsys) -> None:
+    """A ``--policy`` column runs on the first variant's settings: for a file whose first variant is its legacy
+    workaround the policy was priced on legacy, and nothing in the text said so."""
+    scenario = str(Path(__file__).resolve().parent.parent / "scenarios" / "lazy-first-step-oom.toml")
+    main(["cost", "--scenario", scenario, "--policy", "dedupe", "--variant", "legacy", "--variant", "dedupe"])
+    title = capsys.readouterr().out.splitlines()[0]
+    said = "--policy columns run on the settings of variant 'legacy' (TORCH_DIST_USE_NCCL2=0, torch 2.15)"
+    assert title.endswith(said), title
