@@ -398,6 +398,10 @@ def test_cluster_shapes_keep_the_world_bounds_a_test_states() -> None:
     for low, high in ((5, 2), (17, 20), (0, 0), (2, "8")):
         with pytest.raises(InvalidArgument):
             _node_shapes(low, high)  # type: ignore[arg-type]
+    # a bound above what any cluster reaches: it drew at most 16 ranks, silently, where a test asked for 10**6
+    for high in (17, 32, 10**6):
+        with pytest.raises(InvalidArgument, match=f"max_world={high}: clusters are 1-2 nodes of 1-8 GPUs"):
+            _node_shapes(1, high)
 
 
 @pytest.mark.parametrize(

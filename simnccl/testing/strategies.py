@@ -245,6 +245,11 @@ def _node_shapes(min_world: int, max_world: int) -> tuple[tuple[int, int], ...]:
     for name, value in (("min_world", min_world), ("max_world", max_world)):
         if isinstance(value, bool) or not isinstance(value, int):
             raise InvalidArgument(f"cases(): {name} must be an integer, got {value!r}")
+    if max_world > 16:  # drew at most 16 ranks while the test said up to max_world: a bound that did not hold
+        raise InvalidArgument(
+            f"cases(): max_world={max_world}: clusters are 1-2 nodes of 1-8 GPUs, at most 16 ranks; for larger "
+            "worlds use a framework workload (simnccl.workloads) or a scenario"
+        )
     out = [
         (nodes, per_node) for nodes in (1, 2) for per_node in range(1, 9) if min_world <= nodes * per_node <= max_world
     ]
