@@ -115,7 +115,10 @@ def guarded(main_fn: MainFn, *, command: Sequence[str] = ()) -> MainFn:
                 )
                 return EXIT_BAD_INPUT
             except KeyboardInterrupt:
-                with _interrupts_ignored():  # more Ctrl-C while this one is handled: no traceback from the reaping
+                # more Ctrl-C while this one is handled: no traceback from the reaping; and where this is the
+                # process's own command (its argv from sys.argv), none until it has exited: one landing after the
+                # handler was put back killed it by SIGINT (-2) after its report, where the report promised 130
+                with _interrupts_ignored(restore=argv is not None):
                     _reap(children_before)
                     _say(f"interrupted (Ctrl-C): simnccl {' '.join(raw)}")
                     _partial_report(record)
@@ -301,9 +304,10 @@ def _partial_report(record: RunJournal) -> None:
 
 
 @contextlib.contextmanager
-def _interrupts_ignored() -> Iterator[None]:
-    """SIGINT ignored in the block (main thread only), the previous handler put back after it. Why: a user who
-    pressed Ctrl-C several times got a KeyboardInterrupt traceback from the reaping of the first one's children."""
+def _interrupts_ignored(*, restore: bool = True) -> Iterator[None]:
+    """SIGINT ignored in the block (main thread only), the previous handler put back after it unless ``restore``
+    is off (the process is ending). Why: a user who pressed Ctrl-C several times got a KeyboardInterrupt traceback
+    from the reaping of the first one's children."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -311,7 +315,8 @@ def _interrupts_ignored() -> Iterator[None]:
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        if restore:
+            signal.signal(signal.SIGINT, previous)
 
 
 @contextlib.contextmanager
