@@ -35,6 +35,12 @@ from simnccl.workloads import GENERATORS
 WORKLOAD, SCENARIO = "workload", "scenario"
 
 
+def scenario_key(path: str) -> str:
+    """A scenario cell's file as its identity names it: the file's name, however its path was spelled (the
+    content is the identity's sha256). One rule for ``Cell.identity`` and the resume check of a row."""
+    return Path(path).name if path else path
+
+
 @dataclass(frozen=True, slots=True)
 class Cell:
     """Everything one simulation needs, as plain values (a scenario cell also carries its parsed Scenario)."""
@@ -64,7 +70,7 @@ class Cell:
             "knobs": dict(self.knobs),
             "world": self.world,
             "gpus_per_node": self.gpus_per_node,
-            "scenario": Path(self.scenario).name if self.scenario else self.scenario,  # its content: the sha256
+            "scenario": scenario_key(self.scenario),  # its content: the sha256
             "scenario_sha256": self.scenario_sha256,
             "variant": self.variant,
             "gpu": self.gpu,

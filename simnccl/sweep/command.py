@@ -22,7 +22,7 @@ from simnccl.cli_options import env_item, output_file_problem
 from simnccl.cli_output import PipeAwareConsole, document_stream, write_all_to_stdout
 from simnccl.memory import distinct_figures
 from simnccl.policy.plans import UserPolicyError
-from simnccl.sweep.cell import WORKLOAD, Cell, blank_row, expand
+from simnccl.sweep.cell import WORKLOAD, Cell, blank_row, expand, scenario_key
 from simnccl.sweep.executors import Executor, ExecutorError, check_address, run_cells
 from simnccl.sweep.matrix import (
     DEFAULT_CELL_TIMEOUT_S,
@@ -305,7 +305,7 @@ def _row_mismatch(row: Row, cell: Cell) -> str | None:
     for key in _IDENTITY:
         ours, theirs = row[key], blank[key]
         if key == "scenario" and isinstance(ours, str) and isinstance(theirs, str):
-            ours, theirs = Path(ours).name, Path(theirs).name  # as the cell's identity: its file, however spelled
+            ours, theirs = scenario_key(ours), scenario_key(theirs)  # as the cell's identity names it
         if ours != theirs:
             return f"has {key} {row[key]!r} where its cell has {blank[key]!r}"
     if cell.kind == WORKLOAD and row["status"] == "ok" and row["verdict"] not in cell.checks.verdicts:
