@@ -53,18 +53,19 @@ def _engine(knobs: dict[str, Any], world: int, policy: str | None, *, shared: bo
 
 def _layout(event: tuple[Any, ...]) -> bool:
     """A record whose form depends on the path (not on what happened): a block's lines and meetings; a
-    member's ``new_group`` line, which a block writes when the split ends and a rank on its own when it
-    arrives; the meeting of a split, which a block takes without one (its allocations and ids stay)."""
+    member's ``new_group`` (or ``split_group``) line, which a block writes when the split ends and a rank on its
+    own when it arrives; the meeting of a split, which a block takes without one (its allocations and ids stay)."""
     if event[1] in ("cohort", "meet"):  # (time, "cohort", call, ...), (time, "meet", kind, key, size)
         return event[1] == "cohort" or event[2] in ("cohort", "split")
-    return len(event) > 2 and event[2] == "new_group"  # (time, rank, "new_group", name, ranks digest)
+    # (time, rank, "new_group" or "split_group", name, ranks digest)
+    return len(event) > 2 and event[2] in ("new_group", "split_group")
 
 
 def _facts(engine: Engine) -> dict[str, Any]:
     outcome = engine.run()
     layout = sum(e[1] == "cohort" for e in outcome.trace)
     events = Counter(_nanoseconds(repr(e)) for e in outcome.trace if not _layout(e))
-    created = Counter((e[1], e[3], e[4]) for e in outcome.trace if _layout(e) and e[2] == "new_group")  # who made what
+    created = Counter((e[1], e[3], e[4]) for e in outcome.trace if _layout(e) and e[1] not in ("cohort", "meet"))
     return {
         "verdict": outcome.verdict,
         "end": round(outcome.end_time_s, 9),
@@ -160,3 +161,45 @@ def test_every_call_is_explained_once_in_call_order_whoever_decides_first() -> N
     assert len(explained) == len(numbers)  # once each
     program = GENERATORS["megatron"](knobs, 16)[0]
     assert len(numbers) == sum(isinstance(op, NewGroup) for op in program.ops)  # every call, reuses included
+
+
+def _split_engine(split_ranks: tuple[tuple[int, ...], ...], *, shared: bool) -> Engine:
+    """Four ranks on one node: init (nccl2, eager), ``split_group(split_ranks)``, an all_reduce on the child."""
+    from simnccl.ops import AllReduce, Checkpoint, InitProcessGroup, SetDevice, SplitGroup
+
+    ops = (
+        SetDevice(),
+        InitProcessGroup(backend="nccl"),
+        SplitGroup(split_ranks=split_ranks, bind="s"),
+        AllReduce(group="s", size_bytes=1024),
+        Checkpoint(label="end"),
+    )
+    shared_program = Program(ops)
+    programs = [shared_program if shared else Program(tuple(replace(op) for op in ops)) for _ in range(4)]
+    cluster = Cluster(get_gpu_kind("h100-80gb"), 1, 4)
+    profile = find_profile(cluster.gpu.key, "2.15")
+    config = SimConfig(cluster=cluster, release=get_release("2.15"), profile=profile, programs=programs)
+    return Engine(config, keep_trace=True)
+
+
+def test_a_split_into_several_children_gives_each_child_its_own_communicator() -> None:
+    """A block gave every child of ``split_group([[0, 1], [2, 3]])`` one identity, so the two children's
+    all_reduces met as one collective (one meeting of [0, 1] where ranks on their own have two)."""
+    mine = _facts(_split_engine(((0, 1), (2, 3)), shared=True))
+    theirs = _facts(_split_engine(((0, 1), (2, 3)), shared=False))
+    assert mine["block_lines"] > 0 and theirs["block_lines"] == 0
+    mine.pop("block_lines"), theirs.pop("block_lines")
+    assert mine == theirs
+    collectives = [e for e in mine["events"].elements() if "'meet', 'collective'" in e]
+    assert len(collectives) == 2, collectives
+
+
+def test_overlapping_splits_leave_a_child_without_its_member_in_a_block_too() -> None:
+    """Each rank takes the first split listing it (torch l.6979): in ``[[0, 1], [1, 2, 3]]`` rank 1 joins
+    [0, 1], so ranks 2 and 3 wait for it in [1, 2, 3] for good (real gloo: a store timeout; found by a user's
+    capture). Ranks on their own hung; a block gave every member its child and passed."""
+    for shared in (True, False):
+        outcome = _split_engine(((0, 1), (1, 2, 3)), shared=shared).run()
+        assert outcome.verdict == "hang", shared
+        assert sorted(h["rank"] for h in outcome.hangs) == [2, 3]
+        assert all("ranks [2, 3] asked for group [1, 2, 3]" in h["explanation"] for h in outcome.hangs)

@@ -79,6 +79,19 @@ def starts_block(op: Op) -> bool:
     return isinstance(op, SplitGroup) and op.parent == WORLD
 
 
+def _colors_complete(plans: dict[int, GroupPlan]) -> bool:
+    """Whether every child of a ``split_group`` has all its members: the ranks whose own split is X are X.
+
+    Why: each rank takes the first split listing it (torch l.6979), so overlapping splits ([[0, 1], [1, 2, 3]])
+    leave a child without a member (rank 1 joins [0, 1]): on the ordinary path its members wait for it for good
+    (``Comms._split_colors``). The block gave every member its child, so such a split passed."""
+    presenters: dict[tuple[int, ...], list[int]] = {}
+    for rank, plan in plans.items():
+        if plan.member:
+            presenters.setdefault(plan.ranks, []).append(rank)
+    return all(sorted(ranks) == sorted(color) for color, ranks in presenters.items())
+
+
 def _is_split(plan: GroupPlan) -> bool:
     """Whether a rank's plan for a call is its part in a split of the default group (a member's child or a
     non-member's NOCOLOR): the world-wide step a block meets at."""
@@ -372,16 +385,16 @@ class Cohorts:
                     clock = max(clock, max(at for at, _pc, _m, _op in late.values()))
                     late.clear()
                 clock += self.sim.profile.timing.split_s
-            child_id = self.comms.registry.new_id() if is_split else None
+            child_ids = self._child_ids(plans) if is_split else {}
             joining: list[tuple[RankRuntime, Group, Comm, float]] = []
             if is_split and self.stamps and self.classes.enabled:
                 # A split: every member is where the block's clock is (``late`` was emptied above).
-                assert child_id is not None and not late
+                assert child_ids and not late
                 stamps = self.split_stamps
                 failures = cohort.failures
                 member = self._apply_member_plan
                 failed = (
-                    stamps.make_members(ranks, plans.items(), op, child_id, pc, clock, member, failures, joining)
+                    stamps.make_members(ranks, plans.items(), op, child_ids, pc, clock, member, failures, joining)
                     or failed
                 )
             else:
@@ -396,7 +409,7 @@ class Cohorts:
                         behind = late.get(rank)
                         self.sim.clock = clock if behind is None else behind[0]  # where this member is
                     try:
-                        joined = self._apply_member_plan(rt, plan, op, child_id)
+                        joined = self._apply_member_plan(rt, plan, op, child_ids.get(plan.ranks))
                     except (TorchError, SimulatedOOM, ProcessAbort) as err:
                         cohort.failures[rank] = (pc, err)  # re-raised in that rank's own process
                         failed = True
@@ -484,6 +497,19 @@ class Cohorts:
             if parent is not None:
                 parent.splits += n
 
+    def _child_ids(self, plans: dict[int, GroupPlan]) -> dict[tuple[int, ...], int]:
+        """One child communicator identity per child of a split call, as ``Comms._split_colors`` numbers them:
+        in the order of each child's lowest member (a ``new_group``'s one child: one). Why: a ``split_group`` of
+        [[0, 1], [2, 3]] gave both children one identity, so their collectives met as one."""
+        ids: dict[tuple[int, ...], int] = {}
+        for rank in sorted(plans):
+            plan = plans[rank]
+            if plan.member and plan.ranks not in ids:
+                ids[plan.ranks] = self.comms.registry.new_id()
+        if not ids:  # a split no rank is a member of: the one identity it always took
+            ids[()] = self.comms.registry.new_id()
+        return ids
+
     def _block_plans(self, op: Op, counter: int) -> dict[int, GroupPlan] | None:
         """Every rank's plan that matters for this op, or None when the op can't be taken as a block.
 
@@ -523,6 +549,8 @@ class Cohorts:
                         op.group_desc,
                         op.timeout_s,
                     )
+                if not _colors_complete(plans):
+                    return None  # a member's split lists a rank that joined an earlier one: the ordinary path's hang
         except TorchError:
             return None
         for rank, plan in plans.items():
