@@ -123,17 +123,20 @@ def _add_allow(parser: argparse.ArgumentParser) -> None:
         "--allow",
         type=_verdicts,
         default=frozenset(),
-        help="verdicts other than pass that are not a failure when no [[expect]] asks for them (e.g. hang,error)",
+        help="verdicts other than pass that are not a failure when no [[expect]] asks for them (e.g. hang,error); "
+        "race: a pass that a race of the simulated timing decided (real runs may fail) is not a failure either",
     )
 
 
 def _verdicts(text: str) -> frozenset[str]:
+    from simnccl.expect import ACCEPTS_RACES
     from simnccl.scenario import VERDICTS
 
+    known = (*VERDICTS, ACCEPTS_RACES)
     chosen = frozenset(v.strip() for v in text.split(",") if v.strip())
-    unknown = sorted(chosen - set(VERDICTS))
+    unknown = sorted(chosen - set(known))
     if unknown:
-        raise argparse.ArgumentTypeError(f"unknown verdict(s) {', '.join(unknown)}; expected {', '.join(VERDICTS)}")
+        raise argparse.ArgumentTypeError(f"unknown verdict(s) {', '.join(unknown)}; expected {', '.join(known)}")
     return chosen
 
 

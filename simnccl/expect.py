@@ -8,13 +8,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from simnccl.engine.outcome import devices_short_of
+from simnccl.engine.outcome import devices_short_of, pass_decided_by_race
 from simnccl.memory import distinct_figures, to_mib
 from simnccl.result import ExpectationResult, VariantResult
 from simnccl.scenario import Expectation
 
 DEFAULT_TOLERANCE_PCT = 1.0
 UNEXPECTED_VERDICT_KEY = "verdict"
+RACE_KEY = "race"
+ACCEPTS_RACES = "race"  # in ``--allow``: a pass a race decided (``pass_decided_by_race``) is not a failure
 
 
 def unexpected_verdict(
@@ -25,8 +27,20 @@ def unexpected_verdict(
     Why: a scenario without ``[[expect]]`` that hangs used to print "all expectations hold" and exit 0, so CI
     could not tell a hang from a pass. A ``verdict`` expectation on the variant (which then checks the verdict
     itself) or ``allow`` (the ``--allow`` flag) asks for it; nothing else does.
+
+    A "pass" that a race decided (``pass_decided_by_race``) fails too, whatever the expectations, unless
+    ``allow`` holds ``race``: the other order of the race fails or hangs on real ranks.
     """
     verdict = variant.verdict
+    raced = pass_decided_by_race(variant.outcome, quote=False)
+    if raced is not None and ACCEPTS_RACES not in allow:
+        races = len(variant.outcome.races)
+        return ExpectationResult(
+            RACE_KEY,
+            False,
+            f"variant {variant.name!r} {raced}: {races} race(s), each printed as 'race:' (\"races\" in --json); "
+            f"if a run that may fail is acceptable, run with --allow {ACCEPTS_RACES}",
+        )
     if verdict == "pass" or verdict in allow or any(e.verdict is not None for e in expectations):
         return None
     return ExpectationResult(

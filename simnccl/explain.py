@@ -17,6 +17,7 @@ from collections import defaultdict
 from typing import Any
 
 from simnccl.backends.gloo import CROSS_WIRED_TYPE
+from simnccl.engine.outcome import pass_decided_by_race
 from simnccl.report import replaced_timeout_text
 from simnccl.result import VariantResult
 from simnccl.waitfor import Cycle, WaitForGraph
@@ -147,6 +148,9 @@ def explain(variant: VariantResult) -> str:
         if recovered:
             finished = f"{variant.name}: every rank finished its program after a recovery: {recovered}"
             return finished + (" It ran more slowly than it could: " + " ".join(slow) if slow else "")
+        raced = pass_decided_by_race(outcome)
+        if raced is not None:
+            return f"{variant.name}: every rank finished its program, but it {raced}"
         if slow:
             return f"{variant.name}: every rank finished its program, but more slowly than it could: " + " ".join(slow)
         return f"{variant.name}: every rank finished its program; nothing to explain."

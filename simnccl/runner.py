@@ -100,7 +100,8 @@ def run_variant(
     allow: frozenset[str] = frozenset(),
 ) -> VariantResult:
     """One variant through the engine, then its expectations. ``allow``: verdicts other than ``pass`` that
-    are not a failure when no expectation asks for them (``--allow hang,error``)."""
+    are not a failure when no expectation asks for them (``--allow hang,error``); ``race`` in it: a pass a race
+    decided is not a failure either (``expect.unexpected_verdict``)."""
     try:
         config = config_for(scenario, variant, limits)
         if scenario.recovery is not None:  # a training loop run segment by segment by the recovery orchestrator

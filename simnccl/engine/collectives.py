@@ -400,6 +400,8 @@ class Collectives:
                 assert pair is not None  # a pair meeting
                 what = STALE_PAIR_WHAT.format(lo=pair[0], hi=pair[1])
                 yield from self.comms.read_stale(rt, group, comm, meeting, writer, what)
+        if meeting.problem is None:
+            self.comms.refuse_on_old_store(rt, meeting.group)
         self.comms.note_device(meeting, rt, comm)  # the pair's communicator is on the group's GPU
         self.rendezvous.arrive(meeting, rt, (lo, hi), op, duration=self.timing.bootstrap_s)
         yield from self.rendezvous.wait(rt, meeting, op)

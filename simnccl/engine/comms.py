@@ -53,6 +53,29 @@ STORE_KEPT = {
     "torchrun": "torchrun's agent store, which outlives destroy_process_group,",
     "spawn": "rank 0's store, up until rank 0 destroys its default group,",
 }
+# A re-init under spawn at the instant rank 0 destroyed the default group whose store it hosts (``spawn_reinit``).
+# Measured on 2.15 gloo (mp.spawn-style, a TCP store rank 0 hosts per init, both ranks re-initialising at once,
+# then a split_group and an all_reduce on it): rank 1 failed in 2 runs of 6 with "DistNetworkError: Failed to recv,
+# got 0 bytes", having reached the old store; in 1 run of 8 more rank 0's new store timed out waiting for rank 1
+# ("1/2 clients joined").
+SPAWN_STORE_RACE = (
+    "under spawn rank 0 hosts the store and its destroy drops it, so whether a rank re-initialising then reaches "
+    "the old store (and fails) or the one rank 0 hosts next is decided by timing"
+)
+SPAWN_REINIT_AT_DESTROY = (
+    "{ranks} re-initialised the default group at {now:g} s, the instant rank 0 destroyed it; " + SPAWN_STORE_RACE + " "
+    "(measured on torch 2.15 gloo, a re-init then a split with no delay: rank 1 reached the old store in 3 runs of "
+    "14, failing with 'DistNetworkError: Failed to recv, got 0 bytes' or leaving rank 0's new store waiting for it)"
+)
+# A bootstrap of a rank whose re-init under spawn connected to rank 0's old store (``spawn_reinit``) that finds
+# no key of the destroyed incarnation to read.
+ON_OLD_STORE = (
+    "rank {rank} re-initialised the default group at {since:g} s, before rank 0 destroyed it: under spawn rank 0 "
+    "hosts the store until its destroy, so this rank's store client connected to the old store, which rank 0's "
+    "destroy drops (a TCPStore client's wait then fails: 'DistNetworkError: Failed to recv, got 0 bytes', "
+    "measured), while rank 0's next store waits for this rank to connect. What this bootstrap of group {name!r} "
+    "reads there is not modelled"
+)
 # NCCL's bootstrap root (bootstrap.cc ``bootstrapRoot``) closes its listening socket once every rank checked in,
 # so a stale unique id names a port nobody listens on: ``sendToRoot``'s ``ncclSocketConnect`` (socket.cc) retries
 # ECONNREFUSED RETRY_REFUSED_TIMES (2e4) times, SLEEP_INT (1 ms) apart, then fails with ncclRemoteError, which
@@ -193,6 +216,7 @@ class Comms:
         self.cross_wiring = CrossWiring(registry.members, sim)  # gloo bootstraps two groups joined by group rank
         self._split_results: dict[int, dict[tuple[int, ...], int | Meeting]] = {}
         self._store_timeout: set[tuple[int, int | None]] = set()  # (rank, op index or None: the next bootstrap)
+        self._spawn_ties: dict[float, tuple[int, list[int]]] = {}  # instant -> (its entry in sim.races, ranks)
         self.late_colliders = LateColliders(sim)  # gloo groups bootstrapping under a name another completed
         self.shared_gpus = SharedGpus(sim.profile.nccl_version)  # two members of a communicator on one GPU
 
@@ -267,6 +291,7 @@ class Comms:
                 stale = self.stale_writer(rt, group, comm.impl.is_nccl)
                 if stale is not None:
                     yield from self.read_stale(rt, group, comm, meeting, stale)
+                self.refuse_on_old_store(rt, group.name)
             payload = group.ranks  # or, gloo, the first group's: one that another joins by group rank
             self.note_device(meeting, rt, comm)
             if comm.impl is Impl.GLOO and meeting.problem is None and meeting.arrivals:
@@ -286,6 +311,45 @@ class Comms:
             self._gloo_singleton(rt, group, op)
         comm.comm_id = self.registry.new_id()
         self._ready(rt, group, comm, op)
+
+    def spawn_reinit(self, rt: RankRuntime) -> None:
+        """A re-init (``rt.incarnation`` > 0) of a rank other than rank 0 under spawn, against the store it reaches.
+
+        Why: rank 0 hosts the store and its destroy drops it. A rank that re-initialises after that connects to
+        rank 0's next store (the ordinary path); one that re-initialises before it connects to the old store, for
+        good (``RankRuntime.on_old_store``): its bootstraps read the destroyed incarnation's keys there
+        (``stale_writer``), and one that finds none is not modelled (``refuse_on_old_store``). At the very instant
+        of rank 0's destroy, which store the rank reaches is timing: reported as a race (``SPAWN_STORE_RACE``)
+        beside whatever the simulated order decided."""
+        rt.on_old_store = None
+        if self.sim.config.launcher != "spawn" or rt.rank == 0:
+            return
+        host = self.sim.ranks[0]
+        now = self.env.now
+        if host.incarnation < rt.incarnation:
+            rt.on_old_store = now
+        elif host.incarnation == rt.incarnation and host.world_destroyed_at == now:
+            self._spawn_tie(rt.rank, now)
+
+    def refuse_on_old_store(self, rt: RankRuntime, name: str) -> None:
+        """A bootstrap on rank 0's old store (``spawn_reinit``) that read no destroyed incarnation's key: what the
+        rank reads there before or after the store goes is not modelled, so a ``SimulatorLimit``, never a pass."""
+        if rt.on_old_store is None:
+            return
+        text = ON_OLD_STORE.format(rank=rt.rank, since=rt.on_old_store, name=name)
+        raise TorchError("SimulatorLimit", text)
+
+    def _spawn_tie(self, rank: int, now: float) -> None:
+        """Report ``rank``'s re-init at rank 0's destroy as a race: one entry per instant, naming every rank."""
+        index, ranks = self._spawn_ties.setdefault(now, (len(self.sim.races), []))
+        ranks.append(rank)
+        who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {ranks}"
+        text = SPAWN_REINIT_AT_DESTROY.format(ranks=who, now=now)
+        if index == len(self.sim.races):
+            self.sim.races.append(text)
+        else:
+            self.sim.races[index] = text
+        self.record(now, rank, "store-race", "default_pg")
 
     def stale_writer(self, rt: RankRuntime, group: Group, is_nccl: bool) -> int | None:
         """The rank whose value from a destroyed incarnation ``rt`` reads in this re-init's bootstrap, or None.

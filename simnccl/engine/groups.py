@@ -63,6 +63,8 @@ class Groups:
         rt.handles[WORLD] = group
         self.watchdogs.default_group_made(rt)  # its watchdog (and heartbeat monitor) start now
         self.record(self.env.now, rt.rank, "init", plan.backend.requested, plan.bound_device)
+        if rt.incarnation:
+            self.comms.spawn_reinit(rt)
         yield from self.comms.create(rt, group, plan, op)
 
     def op_new_group(self, rt: RankRuntime, op: NewGroup) -> Waiting | None:
@@ -170,6 +172,7 @@ class Groups:
                 # keep them in globals, and so does real.driver), so peers waiting on those keep waiting.
                 self.sockets.close(rt, list(rt.world.comms.values()))
             rt.incarnation += 1  # a re-init's bootstraps reuse this incarnation's names (counter reset)
+            rt.world_destroyed_at = self.env.now
             rt.world = None
             rt.handles.clear()
             rt.counter = 1

@@ -253,3 +253,26 @@ def devices_short_of(result: RunOutcome, label: str) -> dict[str, list[int]]:
         if at is not None and rt.pc <= at:
             short.setdefault(device_name(rt, measured_device(rt)), []).append(rt.rank)
     return short
+
+
+# What a check that asks "did it pass" says of a pass that a race decided (``pass_decided_by_race``).
+PASSED_BY_RACE = (
+    "passed only in the simulated order of events, which real runs need not keep (the other order fails or hangs)"
+)
+
+
+def pass_decided_by_race(result: RunOutcome, *, quote: bool = True) -> str | None:
+    """Why the run's "pass" is not one to rely on, or None.
+
+    Why: a race (``RunOutcome.races``) is a store write or connection the simulated timing ordered one way, where
+    real ranks order it either way and the other order fails (each race's text says what was measured). No hang
+    or error carries it, so the verdict is "pass"; a check that called that run safe would be wrong in the user's
+    favour. So every check that asks whether a run passed (``testing.passes``, a scenario variant's verdict, a
+    sweep cell, a replay) fails it, unless the user accepted races (``--allow race``, ``--accept-verdict race``).
+    ``quote``: end with the first race's text (and how many more); without, for a report that prints them."""
+    if result.verdict != "pass" or not result.races:
+        return None
+    if not quote:
+        return PASSED_BY_RACE
+    more = len(result.races) - 1
+    return f"{PASSED_BY_RACE}: race: {result.races[0]}" + (f" (and {more} more race(s))" if more else "")

@@ -44,7 +44,7 @@ from simnccl.backends.gloo import (
     TIMEOUT_TIE_RACE,
 )
 from simnccl.cli_guard import wall_clock
-from simnccl.engine.comms import STALE_RACE
+from simnccl.engine.comms import SPAWN_STORE_RACE, STALE_RACE
 from simnccl.limits import current as current_limits
 from simnccl.ops import Program
 from simnccl.real.lanes import lane_policy
@@ -165,13 +165,16 @@ def stuck(outcomes: Mapping[int, Mapping[str, Any]]) -> list[int]:
 # ... and a gloo all_to_all, two-member all_gather or ring allreduce of three or more of mismatched sizes: whether
 # the member that sent too much completes is timing (each race's measurement stands beside it in backends.gloo);
 # and a gloo barrier a member left for good: whether the others fail or wait is timing (seed27-case3: rank 2 lost
-# its peer in 3 runs of 6 and hung in 3).
+# its peer in 3 runs of 6 and hung in 3). A re-init that reads a destroyed incarnation's store keys, or that
+# comes under spawn at the instant rank 0 destroyed the store's group: which value or store it gets is timing.
 RACE_TEXTS = (
     "store key collision",
     ALLTOALL_SIZE_RACE,
     ALLGATHER_SIZE_RACE,
     ALLREDUCE_SIZE_RACE,
     BARRIER_PEER_RACE,
+    STALE_RACE,
+    SPAWN_STORE_RACE,
 )
 # Members of a gloo operation timing out together: whether each times out or sees a peer's closed socket first is
 # timing (seed3-case41: both timed out in 4 runs of 7, one lost the peer in 3); only where the real run went on
@@ -181,8 +184,9 @@ TIMEOUT_RACE_TEXTS = (TIMEOUT_TIE_RACE,)
 # even whether the colliding bootstraps succeed is decided by the order of the store writes, so not even
 # pass/no-pass is comparable. The engine appends these texts whole. A re-init whose bootstrap reads the
 # destroyed incarnation's value under a reused name (the store outlived the destroy): which value a rank reads
-# is decided by the order of the store writes, so is the verdict.
-VERDICT_RACE_TEXTS = (SINGLETON_RACE, COMPLETE_COLLISION_RACE, STALE_RACE)
+# is decided by the order of the store writes, so is the verdict. A re-init under spawn at the instant rank 0
+# destroyed the default group: which store the rank reaches is timing, so is the verdict.
+VERDICT_RACE_TEXTS = (SINGLETON_RACE, COMPLETE_COLLISION_RACE, STALE_RACE, SPAWN_STORE_RACE)
 
 
 def _texts(sim: Mapping[str, Any]) -> list[str]:
@@ -214,7 +218,9 @@ INIT_OVERTAKEN_RACE = (
 )
 # What the comparison's description says of each race the simulator names (its own text, else this).
 _RACE_NAMES = {
-    "store key collision": "store-key collision: which colliding ranks finish depends on connection order in real gloo"
+    "store key collision": "store-key collision: which colliding ranks finish depends on connection order in real gloo",
+    STALE_RACE: "stale store key: which value a re-initialised group reads depends on the order of the store writes",
+    SPAWN_STORE_RACE: "re-init at rank 0's destroy under spawn: which store a rank reaches is timing",
 }
 
 

@@ -23,6 +23,8 @@ from typing import Any
 
 from simnccl.cost import Column, build_cluster, column_config, measure, summarise
 from simnccl.engine import Engine, EngineGuardError, Limits, RunOutcome
+from simnccl.engine.outcome import pass_decided_by_race
+from simnccl.expect import ACCEPTS_RACES
 from simnccl.memory import distinct_figures
 from simnccl.ops import Program
 from simnccl.runner import default_limits, run_variant
@@ -149,15 +151,24 @@ def _simulate_workload(cell: Cell, limits: Limits) -> tuple[RunOutcome, tuple[Pr
     column = Column(cell.policy, dict(cell.env), None if cell.policy == DEFAULT_POLICY else cell.policy)
     config = replace(column_config(programs, cluster, cell.release, column), limits=limits)
     outcome = Engine(config).run()
-    failed = [] if outcome.verdict in cell.checks.verdicts else [f"verdict {outcome.verdict}{_why(outcome)}"]
-    return outcome, programs, failed
+    return outcome, programs, verdict_failures(outcome, cell.checks)
+
+
+def verdict_failures(outcome: RunOutcome, checks: Checks) -> list[str]:
+    """What a workload cell's verdict fails of ``checks``: a verdict not accepted, or a pass a race decided
+    (``pass_decided_by_race``) where ``race`` is not accepted."""
+    if outcome.verdict not in checks.verdicts:
+        return [f"verdict {outcome.verdict}{_why(outcome)}"]
+    raced = pass_decided_by_race(outcome)
+    return [] if raced is None or ACCEPTS_RACES in checks.verdicts else [f"verdict pass {raced}"]
 
 
 def _simulate_scenario(cell: Cell, limits: Limits) -> tuple[RunOutcome, tuple[Program, ...], list[str]]:
     scenario = cell.payload
     assert scenario is not None, "a scenario cell carries its Scenario"
     variant = replace(scenario.variant(cell.variant), policy=cell.policy, env=dict(cell.env))
-    result = run_variant(scenario, variant, limits=limits)
+    allow = frozenset({ACCEPTS_RACES}) & frozenset(cell.checks.verdicts)
+    result = run_variant(scenario, variant, limits=limits, allow=allow)
     failed = [f"{e.key}: {e.message}" for e in result.expectations if not e.ok]
     return result.outcome, scenario.programs, failed
 

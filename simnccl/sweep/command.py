@@ -95,7 +95,8 @@ def add_sweep_parser(sub: Any) -> argparse.ArgumentParser:
         "--accept-verdict",
         action="append",
         metavar="VERDICT",
-        help="a workload cell is ok with this verdict (repeatable; default pass)",
+        help="a workload cell is ok with this verdict (repeatable; default pass); race: a pass that a race of the "
+        "simulated timing decided (real runs may fail) is ok too, in any cell",
     )
     cells.add_argument(
         "--max-used-mib",

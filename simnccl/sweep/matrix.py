@@ -35,6 +35,7 @@ from typing import Any
 from simnccl.cluster import ClusterError, get_gpu_kind
 from simnccl.cost import CostError, parse_knobs
 from simnccl.env_knobs import NO_SCENARIO_DECLARES, env_problem, is_env_name
+from simnccl.expect import ACCEPTS_RACES
 from simnccl.limits import current as current_limits
 from simnccl.limits import exceeded, file_problem, nesting_depth, number_text
 from simnccl.policy import PolicyError, get_policy
@@ -533,9 +534,10 @@ def build_matrix(args: Any, data: Mapping[str, Any] | None, source: str, base: P
         fixed = check_env(data.get("env", {}), fixed_where)
     verdicts, verdict_where = pick(args.accept_verdict, "--accept-verdict", check, "verdict", "check.")
     verdicts = ["pass"] if verdicts is None else _list(verdicts, verdict_where, str)
+    known = (*VERDICTS, ACCEPTS_RACES)  # race: a pass a race decided is ok (``pass_decided_by_race``)
     for verdict in verdicts:
-        if verdict not in VERDICTS:
-            raise SweepInputError(verdict_where, f"unknown verdict {verdict!r}; expected one of {', '.join(VERDICTS)}")
+        if verdict not in known:
+            raise SweepInputError(verdict_where, f"unknown verdict {verdict!r}; expected one of {', '.join(known)}")
     cap, cap_where = pick(args.max_used_mib, "--max-used-mib", check, "max_used_mib", "check.")
     if cap is not None:
         _number(cap, cap_where, 0, 1e9)

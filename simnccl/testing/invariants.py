@@ -20,7 +20,7 @@ from simnccl.c10d import NON_GROUP_MEMBER, Group
 from simnccl.comm_memory import Pricer, eager_group_mib
 from simnccl.engine import RunOutcome
 from simnccl.engine.memory import PROCESS_FIRST_COMM, PROCESS_OWNER
-from simnccl.engine.outcome import devices_short_of
+from simnccl.engine.outcome import devices_short_of, pass_decided_by_race
 from simnccl.memory import mib_to_bytes
 from simnccl.ops import WORLD, Collective, Compute, InitProcessGroup, NewGroup, Op, PointToPoint, SplitGroup
 from simnccl.profiles import find_profile
@@ -78,9 +78,11 @@ def _error_text(e: Mapping[str, Any]) -> str:
 
 @_replayable
 def passes(outcome: RunOutcome) -> Verdict:
-    """A valid program runs to completion on every rank: verdict ``pass``, no hang, no error."""
+    """A valid program runs to completion on every rank: verdict ``pass``, no hang, no error, and not by a race
+    the simulated timing decided (``pass_decided_by_race``: real runs may take the other order and fail)."""
     if outcome.verdict == "pass" and not outcome.hangs and not outcome.errors:
-        return _ok("every rank finished its program")
+        raced = pass_decided_by_race(outcome)
+        return _ok("every rank finished its program") if raced is None else _fail(raced)
     lines = [f"verdict {outcome.verdict!r}"]
     lines += [_hang_text(h) for h in outcome.hangs[:4]]
     lines += [_error_text(e) for e in outcome.errors[:4]]
@@ -142,8 +144,10 @@ def passes_or_times_out(outcome: RunOutcome, untimed: RunOutcome) -> Verdict:
 
     Why the second run: a deadlock's ranks time out too (their watchdogs file the same errors), so the errors
     alone cannot tell a straggler outlasting a short timeout from a policy that broke the program."""
-    if passes(outcome):
-        return _ok("every rank finished its program")
+    if verdict := passes(outcome):
+        return verdict
+    if (raced := pass_decided_by_race(outcome)) is not None:
+        return _fail(raced)
     other = [e for e in outcome.errors if e["kind"] not in _TIMEOUT_KINDS]
     if other or not outcome.errors:
         lines = [f"verdict {outcome.verdict!r}, not stopped by timeouts alone"]

@@ -29,6 +29,7 @@ from typing import Any
 
 from simnccl import __version__
 from simnccl.engine import Limits, RunOutcome
+from simnccl.engine.outcome import pass_decided_by_race
 from simnccl.ops import NO_OPTIONS, OP_TYPES, Op, PgOptions, retired_field
 from simnccl.policy import PolicyError, describe_policy, get_policy, policy_from_description, policy_label
 from simnccl.testing.case_file import check_case
@@ -556,6 +557,7 @@ def describe(outcome: RunOutcome) -> str:
         )
     for e in outcome.errors:
         lines.append(f"  error: rank {e['rank']} {e['kind']} in {e['op']}: {e['type']}: {e['message']}")
+    lines += [f"  race: {race}" for race in outcome.races]
     for device, ledger in sorted(outcome.ledgers.items()):
         lines.append(
             f"  {device}: used {ledger.used_bytes / 2**20:.1f} MiB, peak {ledger.peak_bytes / 2**20:.1f} MiB "
@@ -628,7 +630,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     print(describe(outcome))
     if args.simulate_only:
-        return EXIT_OK if outcome.verdict == "pass" else EXIT_STILL_FAILS
+        return EXIT_OK if _passes(outcome) else EXIT_STILL_FAILS
     notes = failure.get("checks") or []
     if notes:
         try:
@@ -652,7 +654,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _rerun_test(test, failure)
     # An old case file, or one written by hand: the only check known is that a valid program passes.
     print("no recorded check: judging the verdict (a valid program must pass)")
-    return EXIT_OK if outcome.verdict == "pass" else EXIT_STILL_FAILS
+    return EXIT_OK if _passes(outcome) else EXIT_STILL_FAILS
+
+
+def _passes(outcome: RunOutcome) -> bool:
+    """A pass, and not one a race decided (``pass_decided_by_race``: ``describe`` printed the race)."""
+    return outcome.verdict == "pass" and pass_decided_by_race(outcome) is None
 
 
 def policy_sources(policy: object) -> dict[str, str]:
