@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from simnccl.backends import Comm, lifecycle
+from simnccl.env_knobs import PER_RANK_VARIABLES
 from simnccl.ops import PgOptions
 from simnccl.release import (
     DEFAULT_DEVICE_BACKEND,
@@ -455,7 +456,7 @@ def shares_outsider_plan(device_id: int | None) -> bool:
     return device_id is None
 
 
-_LAUNCHER_RANK_ENV = ("LOCAL_RANK", "RANK")  # differ on every rank; plan_new_group reads LOCAL_RANK's presence only
+_LAUNCHER_RANK_ENV = frozenset(PER_RANK_VARIABLES)  # differ per rank; plan_new_group reads LOCAL_RANK's presence only
 
 
 def member_key(ctx: ProcessContext, world: Group) -> tuple[object, ...]:

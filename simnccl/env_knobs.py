@@ -13,7 +13,7 @@ import difflib
 import importlib.resources
 import re
 import tomllib
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from functools import cache
 from typing import Any
 
@@ -62,9 +62,59 @@ LAUNCHER_VARIABLES = (
     "LOCAL_RANK",
     "LOCAL_WORLD_SIZE",
     "GROUP_RANK",
+    "GROUP_WORLD_SIZE",
+    "ROLE_RANK",
+    "ROLE_NAME",
+    "ROLE_WORLD_SIZE",
     "MASTER_ADDR",
     "MASTER_PORT",
+    "TORCHELASTIC_RESTART_COUNT",
+    "TORCHELASTIC_MAX_RESTARTS",
+    "TORCHELASTIC_RUN_ID",
+    "TORCHELASTIC_USE_AGENT_STORE",
 )
+# Of those, the ones whose value differs from rank to rank (the rest are one value per world): what a rank class
+# (ranks that plan and decide alike) leaves out of its key, or there would be a class per rank.
+PER_RANK_VARIABLES = ("RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK")
+# torchrun's defaults for the store's address (``--master-addr``, ``--master-port``), and its ``--rdzv-id``.
+MASTER_ADDR = "127.0.0.1"
+MASTER_PORT = "29500"
+RUN_ID = "none"
+# torchrun sets this one unless the launching shell did (``os.getenv(..., str(1))``): 1, TearDown.
+ASYNC_ERROR_HANDLING = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
+
+
+def torchrun_env(
+    *, rank: int, local_rank: int, node: int, world_size: int, local_world_size: int, nodes: int, env: Mapping[str, str]
+) -> dict[str, str]:
+    """A worker's environment as torchrun's agent builds it (torch 2.15
+    ``elastic/agent/server/local_elastic_agent.py``, ``_start_workers``): ``env`` (the launching shell's, a
+    scenario's env table) plus every variable the agent sets, one role ("default"), no restart.
+
+    Why all of them: a team's policy reads what its processes see; one that branches on ``LOCAL_WORLD_SIZE``
+    ("groups within a node are free") took a branch in simulation that production never takes, because the
+    simulated ranks saw only RANK, LOCAL_RANK and WORLD_SIZE. The simulator, the capture and the real lane's
+    torchrun ranks all use this."""
+    out = dict(env)
+    out.update(
+        RANK=str(rank),
+        GROUP_RANK=str(node),
+        ROLE_RANK=str(rank),
+        ROLE_NAME="default",
+        LOCAL_RANK=str(local_rank),
+        LOCAL_WORLD_SIZE=str(local_world_size),
+        WORLD_SIZE=str(world_size),
+        GROUP_WORLD_SIZE=str(nodes),
+        ROLE_WORLD_SIZE=str(world_size),
+        MASTER_ADDR=MASTER_ADDR,
+        MASTER_PORT=MASTER_PORT,
+        TORCHELASTIC_RESTART_COUNT="0",
+        TORCHELASTIC_MAX_RESTARTS="0",
+        TORCHELASTIC_RUN_ID=RUN_ID,
+        TORCHELASTIC_USE_AGENT_STORE="True",
+    )
+    out[ASYNC_ERROR_HANDLING] = env.get(ASYNC_ERROR_HANDLING, "1")
+    return out
 
 
 SCENARIO_DECLARES = "declare a newer one with [torch] extra_env_knobs"  # how a scenario file names a newer knob

@@ -880,8 +880,14 @@ def test_every_variable_the_capture_sets_per_rank_is_one_env_may_not_set() -> No
 
     spec = _Spec(examples.device_mesh_2d, 4, 2, "2.15", {"NCCL_DEBUG": "INFO"}, None, True, False, None, 60.0)
     env = spec.rank_env(3)
-    assert set(env) - set(LAUNCHER_VARIABLES) == {"NCCL_DEBUG", "TORCH_FR_BUFFER_SIZE"}
+    # torchrun also sets TORCH_NCCL_ASYNC_ERROR_HANDLING, unless the launching shell (``env``) did
+    assert set(env) - set(LAUNCHER_VARIABLES) == {
+        "NCCL_DEBUG",
+        "TORCH_FR_BUFFER_SIZE",
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+    }
     assert (env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"], env["NCCL_DEBUG"]) == ("3", "1", "4", "INFO")
+    assert (env["LOCAL_WORLD_SIZE"], env["GROUP_RANK"], env["TORCH_NCCL_ASYNC_ERROR_HANDLING"]) == ("2", "1", "1")
 
 
 @pytest.mark.parametrize("mode", ["inline", "fork"])

@@ -34,6 +34,7 @@ from simnccl.capture.process_end import collected as process_end_collected
 from simnccl.capture.recorder import TooManyOps, _Recorder, built_calls, built_ops
 from simnccl.capture.result import Call, CaptureError, RankCapture
 from simnccl.capture_cli import DEFAULT_TIMEOUT_S
+from simnccl.env_knobs import torchrun_env
 from simnccl.file_tail import tail_text
 from simnccl.ops import (
     Checkpoint,
@@ -50,7 +51,6 @@ from simnccl.process_tree import (
 )
 from simnccl.visible_text import error_text
 
-MASTER_PORT = "29500"
 STARTUP_CHECKPOINT = "startup"  # before a captured step: what startup left on each device
 STEP_CHECKPOINT = "step1"  # after it: step 1's tensors and the communicators it created
 # How long a rank that closed its result pipe without a result gets to end, for its exit status to be reported: it
@@ -77,21 +77,19 @@ class _Spec:
     gpu: str = DEFAULT_GPU  # the GPU kind torch.cuda.get_device_properties/mem_get_info describe
 
     def rank_env(self, rank: int) -> dict[str, str]:
-        local = rank % self.gpus_per_node
-        world = {
-            "RANK": str(rank),
-            "WORLD_SIZE": str(self.world_size),
-            "LOCAL_RANK": str(local),
-            "LOCAL_WORLD_SIZE": str(self.gpus_per_node),
-            "GROUP_RANK": str(rank // self.gpus_per_node),
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": MASTER_PORT,
-        }
-        return {
-            "TORCH_FR_BUFFER_SIZE": "0",  # no flight-recorder hooks: nothing to record, less noise
-            **self.env,  # never one of env_knobs.LAUNCHER_VARIABLES (capture() refuses them)
-            **world,
-        }
+        """What torchrun gives the rank (``env_knobs.torchrun_env``, as the simulator's ranks get it) over
+        ``env``, which never holds one of ``env_knobs.LAUNCHER_VARIABLES`` (capture() refuses them)."""
+        per_node = self.gpus_per_node
+        return torchrun_env(
+            rank=rank,
+            local_rank=rank % per_node,
+            node=rank // per_node,
+            world_size=self.world_size,
+            local_world_size=per_node,
+            nodes=-(-self.world_size // per_node),
+            # no flight-recorder hooks: nothing to record, less noise
+            env={"TORCH_FR_BUFFER_SIZE": "0", **self.env},
+        )
 
 
 def _run_rank(spec: _Spec, rank: int) -> RankCapture:

@@ -41,7 +41,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-RANK_VARIABLES = ("RANK", "LOCAL_RANK", "GROUP_RANK")  # the environment torchrun gives each rank its own value of
+from simnccl.env_knobs import PER_RANK_VARIABLES
+
+RANK_VARIABLES = PER_RANK_VARIABLES  # the environment torchrun gives each rank its own value of
 
 
 class PreloadRefused(Exception):

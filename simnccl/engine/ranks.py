@@ -21,6 +21,7 @@ from simnccl.engine.rendezvous import Rendezvous
 from simnccl.engine.sim import Sim
 from simnccl.engine.sockets import GlooSockets
 from simnccl.engine.state import AsyncError, Crash, PeerLost, ProcessAbort, RankRuntime, Waiting
+from simnccl.env_knobs import torchrun_env
 from simnccl.flight_recorder import FlightRecorder, buffer_size
 from simnccl.memory import SimulatedOOM
 from simnccl.ops import Collective, NewGroup, PointToPoint, Program
@@ -70,10 +71,12 @@ def make_ranks(config: SimConfig, programs: Sequence[Program]) -> list[RankRunti
     capacity = buffer_size(config.env)
     history = History()
     ranks = []
+    shape = {"world_size": world_size, "local_world_size": world_size // cluster.nodes, "nodes": cluster.nodes}
     for rank, (node, local) in enumerate(cluster.placements()):
-        env = dict(config.env)
         if torchrun:
-            env.update(LOCAL_RANK=str(local), RANK=str(rank), WORLD_SIZE=str(world_size))
+            env = torchrun_env(rank=rank, local_rank=local, node=node, env=config.env, **shape)
+        else:
+            env = dict(config.env)
         ctx = ProcessContext(
             rank=rank,
             world_size=world_size,

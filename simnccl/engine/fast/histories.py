@@ -19,10 +19,11 @@ from typing import Any
 
 from simnccl.engine.fast.calls import CallTable
 from simnccl.engine.state import RankRuntime
+from simnccl.env_knobs import PER_RANK_VARIABLES
 from simnccl.ops import NewGroup
 from simnccl.policy import GroupDecision, GroupRequest, History
 
-_RANK_ENV = frozenset(("LOCAL_RANK", "RANK"))  # the launcher's per-rank variables; not a policy's business
+_RANK_ENV = frozenset(PER_RANK_VARIABLES)  # the launcher's per-rank variables; not a policy's business
 _REPLAY_MAX = 16  # a longer tail is cheaper to materialise by copying a snapshot than by replaying its records
 _VIEWS_MAX = 64  # shared read-only histories kept for ``view`` (the most recent states): bounds their memory
 
@@ -211,9 +212,10 @@ class SharedHistories:
         return rt.history.calls, rt.history.digest
 
     def _policy_class(self, rt: RankRuntime) -> tuple[Any, ...]:
-        """What a rank-independent policy may decide on besides the call and the history: the environment
-        (less the rank's own LOCAL_RANK and RANK) and the default group's backend name. Ranks of one class
-        with equal histories share decisions; one canonical tuple per class, so nodes compare by identity."""
+        """What a rank-independent policy may decide on besides the call and the history: the environment (less
+        the launcher's per-rank variables: RANK, LOCAL_RANK, GROUP_RANK, ROLE_RANK) and the default group's
+        backend name. Ranks of one class with equal histories share decisions; one canonical tuple per class, so
+        nodes compare by identity."""
         cached = rt.policy_class
         if cached is not None and cached[0] is rt.ctx and cached[1] is rt.world:
             return cached[2]
