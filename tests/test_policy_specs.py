@@ -531,6 +531,20 @@ def test_init_plans_must_agree_except_for_each_ranks_own_device() -> None:
     assert simulate(program, gpus_per_node=4, policy=user_policies.OwnDevice()).verdict == "pass"
 
 
+@pytest.mark.parametrize("release", ["2.14", "2.15"])
+def test_init_plans_must_agree_on_whether_a_device_is_named(release: str) -> None:
+    """A policy naming a device at init on rank 0 alone: on 2.14 (legacy) rank 0 inits its communicator at once
+    and the others at their first collective, and the run hung on a store timeout that named no policy. Named
+    now, as a group's members' plans are (``GroupDecision.key``)."""
+    program = [*START, NewGroup(ranks=(0, 1, 2, 3), bind="g"), AllReduce(group="g")]
+    wrong = simulate(program, gpus_per_node=4, release=release, policy=user_policies.DeviceOnRankZero())
+    errors = [e for e in wrong.errors if e["type"] == "PolicyInconsistency"]
+    assert [e["rank"] for e in errors] == [1, 2, 3]  # each against rank 0's plan
+    error = errors[0]
+    assert "rank 0: backend=nccl, device_id=0 (rank 0 binds cuda:0)" in error["message"], error["message"]
+    assert "rank 1: backend=nccl, device_id=None" in error["message"]
+
+
 def test_a_policy_module_whose_exception_cannot_be_shown_is_still_bad_input(tmp_path, monkeypatch) -> None:
     """Its import raised an exception whose ``__repr__`` (and ``__str__``) raise: the message raised in its place."""
     from simnccl.policy import PolicyError, get_policy

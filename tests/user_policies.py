@@ -93,6 +93,17 @@ class OwnDevice(BasePolicy):
         return InitPlan(request.backend, request.rank, request.pg_options, {}, "device_id = rank")
 
 
+@dataclass(frozen=True)
+class DeviceOnRankZero(BasePolicy):
+    """Wrong: only rank 0 names its device at init (legacy: rank 0 inits at once, the others at first use)."""
+
+    name: str = "device-on-rank-zero"
+
+    def on_init(self, request: InitRequest) -> InitPlan:
+        device = 0 if request.rank == 0 else request.device_id
+        return InitPlan(request.backend, device, request.pg_options, {}, "rank 0 binds cuda:0")
+
+
 class ProtocolOnly(Policy):
     """Wrong: subclasses the ``Policy`` protocol, whose hooks are stubs returning None."""
 

@@ -60,8 +60,11 @@ def unchanged_decision(op: NewGroup) -> GroupDecision:
     return GroupDecision(op.backend, op.pg_options, op.use_local_synchronization, explanation="as requested")
 
 
-def _init_text(plan: InitPlan) -> str:
+def _init_text(plan: InitPlan, device: bool = False) -> str:
+    """The plan in torch's terms; ``device``: with its ``device_id`` (one rank's own: not for every rank's line)."""
     parts = [f"backend={plan.backend or '<default>'}"]
+    if device:
+        parts.append(f"device_id={plan.device_id}")
     if plan.pg_options.to_dict():
         parts.append(f"pg_options={plan.pg_options.to_dict()}")
     parts += [f"{k}={v}" for k, v in sorted(plan.env.items())]
@@ -126,18 +129,22 @@ class PolicyGate:
         return replace(op, backend=plan.backend, device_id=plan.device_id, pg_options=plan.pg_options)
 
     def _check_init_agrees(self, rt: RankRuntime, plan: InitPlan) -> None:
-        """Every rank's ``init_process_group`` plan must agree on the backend, options and environment knobs
-        (``device_id`` is each rank's own): a rank on another backend or another ``TORCH_DIST_USE_NCCL2`` would
-        hang or crash real torch at its first collective."""
+        """Every rank's ``init_process_group`` plan must agree on the backend, options, environment knobs and
+        whether a ``device_id`` is named (which device is each rank's own), as a group's members must
+        (``GroupDecision.key``): a rank on another backend or another ``TORCH_DIST_USE_NCCL2`` would hang or crash
+        real torch at its first collective, and a legacy rank that names a device inits its communicator at once
+        where one that does not waits for its first collective (the run hung on a store timeout, unexplained)."""
         if self._init_plans is None:
             self._init_plans = (rt.rank, plan)
             return
         other, first = self._init_plans
-        if (first.backend, first.pg_options, dict(first.env)) != (plan.backend, plan.pg_options, dict(plan.env)):
+        mine = (plan.backend, plan.pg_options, dict(plan.env), plan.device_id is not None)
+        if (first.backend, first.pg_options, dict(first.env), first.device_id is not None) != mine:
             raise TorchError(
                 "PolicyInconsistency",
                 f"policy {self.policy.name!r} planned init_process_group differently: rank {other}: "
-                f"{_init_text(first)} ({first.explanation or 'as requested'}); rank {rt.rank}: {_init_text(plan)} "
+                f"{_init_text(first, True)} ({first.explanation or 'as requested'}); rank {rt.rank}: "
+                f"{_init_text(plan, True)} "
                 f"({plan.explanation or 'as requested'})",
             )
 
