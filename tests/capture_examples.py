@@ -20,6 +20,7 @@ reads its sizes from the command line and the world from the environment, as und
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 from datetime import timedelta
 
@@ -81,7 +82,7 @@ def device_mesh_2d(dp: int = 2, tp: int = 4) -> None:
     torch.cuda.set_device(_local_rank())
     dist.init_process_group(backend="nccl")
     mesh = init_device_mesh("cuda", (dp, tp), mesh_dim_names=("dp", "tp"))
-    dist.all_reduce(torch.ones(1024), group=mesh.get_group("tp"))
+    dist.all_reduce(torch.ones(1024, device="cuda"), group=mesh.get_group("tp"))  # nccl: cuda tensors only
 
 
 def device_mesh_3d(pp: int = 2, dp: int = 2, tp: int = 2) -> None:
@@ -157,3 +158,56 @@ def device_mesh_after_barrier(dp: int = 2, tp: int = 4) -> None:
     dist.init_process_group(backend="nccl")
     dist.barrier()
     init_device_mesh("cuda", (dp, tp), mesh_dim_names=("dp", "tp"))
+
+
+def caught_rejections() -> None:
+    """Defensive startup code: calls torch rejects before it makes anything, caught, then the group it falls back
+    to (real gloo: exit 0, one group)."""
+    dist.init_process_group("nccl")
+    world = dist.get_world_size()
+    for bad in ([world + 5], [0, 0]):  # out of range, duplicated: torch's ValueError before its group counter
+        with contextlib.suppress(ValueError):
+            dist.new_group(bad)
+    with contextlib.suppress(ValueError):
+        dist.init_process_group("nccl")  # twice: torch's ValueError
+    dist.new_group(list(range(world)))
+
+
+def reinit_cycles(cycles: int = 2) -> None:
+    """A test suite's fixtures: init, an all_reduce, destroy, as many times as there are cases."""
+    torch.cuda.set_device(_local_rank())
+    for _ in range(cycles):
+        dist.init_process_group("nccl")
+        dist.all_reduce(torch.ones(2, device="cuda"))
+        dist.destroy_process_group()
+
+
+def collective_on(backend: str | None, devices: tuple[str, ...] = ("cuda",), device_id: bool = False) -> None:
+    """``init_process_group(backend)`` (None: torch picks), then an all_reduce of a tensor on each of ``devices``."""
+    torch.cuda.set_device(_local_rank())
+    kwargs: dict[str, object] = {} if backend is None else {"backend": backend}
+    if device_id:
+        kwargs["device_id"] = torch.device("cuda", _local_rank())
+    dist.init_process_group(**kwargs)  # type: ignore[arg-type]
+    for device in devices:
+        dist.all_reduce(torch.ones(2, device=device))
+
+
+def object_collectives(broadcast: bool = False) -> None:
+    """vLLM/Megatron-style object collectives on an nccl group: every rank gathers every rank's dict; with
+    ``broadcast``, rank 0's config reaches the others (``broadcast_object_list``)."""
+    torch.cuda.set_device(_local_rank())
+    dist.init_process_group("nccl")
+    gathered: list[object] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, {"rank": dist.get_rank()})
+    if broadcast:
+        config = [{"tp": 2}] if dist.get_rank() == 0 else [None]
+        dist.broadcast_object_list(config, src=0)
+
+
+def monitored(backend: str) -> None:
+    """``monitored_barrier`` on a new group of ``backend`` (real torch: gloo's only)."""
+    torch.cuda.set_device(_local_rank())
+    dist.init_process_group("nccl")
+    group = dist.new_group(backend=backend)
+    dist.monitored_barrier(group=group, timeout=timedelta(seconds=10))

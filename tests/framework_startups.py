@@ -136,11 +136,13 @@ def deepspeed_on_cuda() -> Iterator[None]:
 
 
 class _TiedEmbedding(torch.nn.Module):
-    """A tied layer whose ``weight`` is a plain attribute: nothing for ``PipelineModule.to(cuda:N)`` to move."""
+    """A tied layer whose ``weight`` is a plain attribute: nothing for ``PipelineModule.to(cuda:N)`` to move (nor
+    for ``_broadcast_model`` to broadcast). Made on the rank's GPU, where DeepSpeed's tied weights live: its
+    ``_synchronize_tied_weights`` broadcasts it over an nccl group, which serves cuda only."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.weight = torch.zeros(4)
+        self.weight = torch.zeros(4, device="cuda")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # pragma: no cover - never run
         return x

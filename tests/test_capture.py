@@ -38,6 +38,7 @@ import capture_examples as examples
 from simnccl import capture as cap
 from simnccl.ops import (
     AllGather,
+    Alloc,
     AllReduce,
     AllToAll,
     Barrier,
@@ -242,16 +243,17 @@ def _traffic() -> None:
     rank = dist.get_rank()
     pair = dist.new_group([2, 3], pg_options=options, group_desc="pair", timeout=__import__("datetime").timedelta(9))
     cpu = dist.new_group([0, 1, 2, 3], backend="gloo", use_local_synchronization=True)
-    x = torch.ones(8, dtype=torch.bfloat16)
+    cuda = torch.device("cuda")  # the nccl groups' tensors (nccl serves cuda only); the gloo group's on cpu
+    x = torch.ones(8, dtype=torch.bfloat16, device=cuda)
     dist.broadcast(x, src=0)
-    out = [torch.empty(8, dtype=torch.bfloat16) for _ in range(4)]
+    out = [torch.empty(8, dtype=torch.bfloat16, device=cuda) for _ in range(4)]
     dist.all_gather(out, x)
-    dist.all_gather_into_tensor(torch.empty(32, dtype=torch.bfloat16), x)
-    dist.reduce_scatter_tensor(torch.empty(2, dtype=torch.bfloat16), x)
-    dist.all_to_all_single(torch.empty(8, dtype=torch.bfloat16), x)
+    dist.all_gather_into_tensor(torch.empty(32, dtype=torch.bfloat16, device=cuda), x)
+    dist.reduce_scatter_tensor(torch.empty(2, dtype=torch.bfloat16, device=cuda), x)
+    dist.all_to_all_single(torch.empty(8, dtype=torch.bfloat16, device=cuda), x)
     if rank in (2, 3):
         peer = 5 - rank
-        (dist.send if rank == 2 else dist.recv)(torch.zeros(16, dtype=torch.int64), peer, group=pair)
+        (dist.send if rank == 2 else dist.recv)(torch.zeros(16, dtype=torch.int64, device=cuda), peer, group=pair)
     gathered = [torch.empty(2, dtype=torch.int32) for _ in range(4)]
     dist.all_gather(gathered, torch.tensor([rank, 7], dtype=torch.int32), group=cpu)
     assert gathered[0].tolist() == [rank, 7]  # no communication: every slot holds this rank's own input
@@ -280,7 +282,7 @@ def test_collectives_and_p2p_record_kind_group_bytes_dtype_and_peer(traffic: cap
     )
     cpu = ops[4]
     assert (cpu.backend, cpu.use_local_synchronization, cpu.ranks) == ("gloo", True, (0, 1, 2, 3))
-    traffic_ops = [op for op in ops if not isinstance(op, (SetDevice, InitProcessGroup, NewGroup, Checkpoint))]
+    traffic_ops = [op for op in ops if not isinstance(op, (SetDevice, InitProcessGroup, NewGroup, Checkpoint, Alloc))]
     assert traffic_ops[:5] == [
         Broadcast(size_bytes=16, dtype="BFloat16", src=0),
         AllGather(size_bytes=16, dtype="BFloat16"),
@@ -771,8 +773,8 @@ def test_under_lazy_init_a_mesh_of_a_bound_lazy_default_group_fails_as_real_torc
     ("target", "kwargs", "ops"),
     [
         (examples.device_mesh_after_barrier, {}, ("barrier", "split_group", "split_group")),
-        (examples.device_mesh_2d, {"env": LEGACY_ENV}, ("new_group",) * 6 + ("all_reduce",)),
-        (examples.device_mesh_2d, {"release": "2.14"}, ("new_group",) * 6 + ("all_reduce",)),
+        (examples.device_mesh_2d, {"env": LEGACY_ENV}, ("new_group",) * 6 + ("alloc", "all_reduce")),
+        (examples.device_mesh_2d, {"release": "2.14"}, ("new_group",) * 6 + ("alloc", "all_reduce")),
     ],
     ids=["used-default-group-splits", "legacy-loops-new-group", "2.14-loops-new-group"],
 )
@@ -1037,7 +1039,7 @@ def test_a_send_to_a_rank_outside_the_world_is_the_ranks_error_not_the_stand_ins
 
     def startup() -> None:
         dist.init_process_group("nccl")
-        dist.send(torch.zeros(1), 99)
+        dist.send(torch.zeros(1, device="cuda"), 99)
 
     with pytest.raises(cap.CaptureError, match=r"rank 0: the captured code raised ValueError: Invalid peer rank 99"):
         cap.capture(startup, 2, mode="inline")
@@ -1146,3 +1148,128 @@ def test_an_init_that_fails_in_its_rendezvous_leaves_torchs_group_counter_as_it_
     with pytest.raises(cap.CaptureError, match="rank parameter missing"):
         cap.capture(_init_with(init_method="tcp://127.0.0.1:29511"), 2, mode="inline")
     assert c10d._world.group_count == before
+
+
+def test_a_call_torch_rejected_and_the_code_caught_is_not_recorded() -> None:
+    """``new_group([world + 5])`` caught by the code was recorded as a group: the capture then failed on the
+    Program's own checks (exit 2) where real torch went on, and a group torch never made would be charged."""
+    run = cap.capture(examples.caught_rejections, 2)
+    for rank in range(2):
+        groups = [op for op in run.programs[rank].ops if isinstance(op, NewGroup)]
+        inits = [op for op in run.programs[rank].ops if isinstance(op, InitProcessGroup)]
+        assert [op.ranks for op in groups] == [(0, 1)] and len(inits) == 1
+    notes = " ".join(run.notes)
+    assert "new_group raised ValueError (torch rejected the call): not recorded" in notes
+    assert "init_process_group raised ValueError" in notes
+    assert simulate([list(p.ops) for p in run.programs], gpus_per_node=2).verdict == "pass"
+
+
+def test_a_rejected_call_after_torch_took_a_group_name_is_refused() -> None:
+    """Real gloo (measured): ``new_group(timeout=-5 s)`` raises gloo's "Invalid timeout" after torch's group
+    counter moved on (the next group is named one higher); no Program of the calls that succeeded says so."""
+    from simnccl.capture.intercept import _refuse_renamed, _unrecord
+    from simnccl.capture.recorder import _Recorder
+
+    rec = _Recorder(0, 0, checkpoints=False)
+    rec.ops += [Checkpoint("kept"), Checkpoint("made by the call")]
+    count = dist.distributed_c10d._world.group_count
+    _unrecord(rec, "new_group", (1, 0, count - 1), RuntimeError("Invalid timeout"))
+    assert rec.ops == [Checkpoint("kept")]
+    with pytest.raises(cap.CaptureError, match="after torch took a group name from its counter, and the code went"):
+        _refuse_renamed(rec)  # at the rank's next group call
+
+
+def test_a_reinit_gets_a_checkpoint_of_its_own() -> None:
+    """Each init_process_group added "after_init", so a program that destroys and re-initialises (a test suite's
+    fixtures) met the label twice and the capture, and a scenario written from it, were refused (exit 2)."""
+    run = cap.capture(examples.reinit_cycles, 2)
+    labels = [op.label for op in run.programs[0].ops if isinstance(op, Checkpoint)]
+    assert labels == ["after_init", "after_init_2", "end"]
+    # simulated as re-inits are: under torchrun the agent's store keeps the destroyed incarnation's keys
+    out = simulate([list(p.ops) for p in run.programs], gpus_per_node=2)
+    assert out.verdict == "error" and "stale store key" in out.errors[0]["message"]
+
+
+@pytest.mark.parametrize(
+    ("backend", "devices", "missing"),
+    [
+        ("nccl", ("cpu",), "cpu"),  # torch 2.15's backend_capability: nccl serves cuda only
+        (None, ("cuda", "cpu"), "cpu"),  # "undefined": the accelerator's backend only (BackendConfig)
+        ("cpu:gloo", ("cuda",), "cuda"),
+        ("cuda:nccl", ("cpu",), "cpu"),
+    ],
+)
+def test_a_collective_on_a_device_its_group_has_no_backend_for_fails_as_on_a_gpu_host(
+    backend: str | None, devices: tuple[str, ...], missing: str
+) -> None:
+    """The capture's stand-ins served every device type (its CUDA tensors are CPU tensors underneath), so a CPU
+    tensor's all_reduce on an nccl group captured and simulated as a pass, where a GPU host raises torch's
+    "No backend type associated with device type cpu"; and ``init_process_group()`` failed on its first CUDA
+    collective, which a GPU host runs."""
+    target = functools.partial(examples.collective_on, backend, devices)
+    with pytest.raises(cap.CaptureError, match=f"No backend type associated with device type {missing}"):
+        cap.capture(target, 2)
+
+
+@pytest.mark.parametrize(
+    ("backend", "devices", "recorded"),
+    [
+        (None, ("cuda",), "undefined"),
+        ("cpu:gloo,cuda:nccl", ("cuda", "cpu"), "cpu:gloo,cuda:nccl"),
+        ("gloo", ("cuda", "cpu"), "gloo"),
+        ("nccl", ("cuda",), "nccl"),
+    ],
+)
+def test_a_collective_on_a_device_its_group_serves_is_captured(
+    backend: str | None, devices: tuple[str, ...], recorded: str, tmp_path: Path
+) -> None:
+    run = cap.capture(functools.partial(examples.collective_on, backend, devices), 2)
+    [init] = [op for op in run.programs[0].ops if isinstance(op, InitProcessGroup)]
+    assert init.backend == recorded
+    assert len([op for op in run.programs[0].ops if isinstance(op, AllReduce)]) == len(devices)
+    path = tmp_path / "c.toml"
+    path.write_text(run.to_scenario_toml(), encoding="utf-8")  # a scenario simnccl run reads
+    assert load_scenario(path).programs[0].ops == run.programs[0].ops
+
+
+def test_init_with_only_a_device_id_records_the_backend_torch_picks(tmp_path: Path) -> None:
+    """``init_process_group(device_id=cuda:N)``: torch takes the device type's default backend (l.2632). The
+    capture recorded None, and writing its scenario was an internal error (exit 70)."""
+    run = cap.capture(functools.partial(examples.collective_on, None, ("cuda",), True), 2)
+    [init] = [op for op in run.programs[1].ops if isinstance(op, InitProcessGroup)]
+    assert (init.backend, init.device_id) == ("nccl", 1)
+    path = tmp_path / "c.toml"
+    path.write_text(run.to_scenario_toml(), encoding="utf-8")
+    assert load_scenario(path).programs[1].ops == run.programs[1].ops
+
+
+def test_an_object_collective_on_an_nccl_group_makes_its_tensors_on_the_gpu() -> None:
+    """torch picks an object collective's device from the group's device types, preferring cpu; every stand-in
+    serves cpu, so the capture made them on cpu, where an nccl group (cuda only) has no backend."""
+    run = cap.capture(examples.object_collectives, 2)
+    assert [type(op) for op in run.programs[1].ops if isinstance(op, AllGather)] == [AllGather, AllGather]
+
+
+def test_a_received_broadcast_is_deterministic_and_said_to_be_the_receivers_own() -> None:
+    """``broadcast_object_list`` on a receiver read its sizes from ``torch.empty`` memory: an allocation of
+    94 TB on one run, 139 TB on the next. Zeros now, every run: the receiver cannot unpickle rank 0's objects
+    (which it never has), and a note says why."""
+    failures = []
+    for _ in range(2):
+        with pytest.raises(cap.CaptureError) as failed:
+            cap.capture(functools.partial(examples.object_collectives, True), 2)
+        failures.append(str(failed.value).split("\\n")[0])
+    assert failures[0] == failures[1] and "rank 1: the captured code raised EOFError" in failures[0]
+    assert "a broadcast's receivers kept their own values" in str(failed.value)
+
+
+def test_monitored_barrier_is_a_barrier_of_a_gloo_group_and_torchs_error_elsewhere() -> None:
+    """The stand-ins had no monitoredBarrier, so torch's C++ default refused it on gloo itself ("Backend gloo does
+    not support monitoredBarrier, only GLOO supports monitored barrier"), which real gloo runs."""
+    run = cap.capture(functools.partial(examples.monitored, "gloo"), 2)
+    barriers = [op for op in run.programs[0].ops if isinstance(op, Barrier)]
+    assert len(barriers) == 1 and barriers[0].group != "world"
+    assert "monitored_barrier is recorded as a barrier of its group" in " ".join(run.notes)
+    assert simulate([list(p.ops) for p in run.programs], gpus_per_node=2).verdict == "pass"
+    with pytest.raises(cap.CaptureError, match="No backend type associated with device type cpu"):
+        cap.capture(functools.partial(examples.monitored, "nccl"), 2)  # nccl: no cpu backend at all

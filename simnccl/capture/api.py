@@ -58,12 +58,13 @@ def capture(
     """Run ``target()`` once per simulated rank of a ``world_size`` world and return every rank's Program.
 
     ``gpus_per_node`` (default: the largest divisor of ``world_size`` up to 8) sets ``LOCAL_RANK`` and the
-    CUDA device count. Each rank sees the environment torchrun would give it (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
-    ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``/``MASTER_PORT``) plus ``env``. ``backend``: call
-    ``init_process_group(backend)`` before ``target`` (for code that expects an initialised world); None:
-    the target initialises it. ``release``/``env`` pick the emulated torch release's device binding and
-    backend names (``TORCH_DIST_USE_NCCL2``). ``device_type="cuda"`` stands in for the CUDA queries (``"cpu"``:
-    leave torch.cuda alone). ``checkpoints`` adds ``after_init`` after ``init_process_group``; a
+    CUDA device count. Each rank sees the environment torchrun would give it (``env_knobs.torchrun_env``:
+    ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``, ``MASTER_ADDR`` ...) plus
+    ``env``. ``backend``: call ``init_process_group(backend)`` before ``target`` (for code that expects an
+    initialised world); None: the target initialises it. ``release``/``env`` pick the emulated torch release's
+    device binding and backend names (``TORCH_DIST_USE_NCCL2``). ``device_type="cuda"`` stands in for the CUDA
+    queries (``"cpu"``: leave torch.cuda alone). ``checkpoints`` adds ``after_init`` after
+    ``init_process_group`` (``after_init_2`` after a re-init, and so on); a
     ``final_checkpoint`` is appended after the target returns. ``policy`` (a spec such as ``"lazy-init"``):
     each rank runs under ``simnccl.torch_apply.apply(policy)``, so the Programs are what real torch runs
     under it; the run remembers the release, env and policy its branches depended on (``check_replay``).

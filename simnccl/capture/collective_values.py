@@ -13,7 +13,10 @@ until the rank was killed. With these rules every output is defined and the capt
   the input as it is (one contributor's values, whatever the reduction);
 * ``all_to_all``: every chunk received is the chunk this rank would send to itself (equal splits; otherwise
   zeros);
-* ``scatter`` at a non-root and ``recv``: zeros (nothing about the sender's data is known).
+* ``scatter`` at a non-root and ``recv``: zeros (nothing about the sender's data is known);
+* ``broadcast`` at a receiver: what the receiver holds (its own model's parameters, as seeded alike on every
+  rank; zeros in a buffer torch made with ``empty``, which the capture's placement zero-fills: such memory made
+  ``broadcast_object_list`` read a size of 94 TB on one run and 139 TB on the next). A capture note says so.
 
 The values are not a real run's (no other rank's data exists here); only their determinism, shapes and dtypes
 are relied on.

@@ -11,8 +11,9 @@ from typing import Any
 import torch
 from torch.distributed import distributed_c10d as c10d
 
+from simnccl.capture.backend_devices import cpu_backend, missing_backend, served_device_types
 from simnccl.capture.fake_devices import FakeCuda, driver_call_message
-from simnccl.capture.recorder import _Recorder, set_active
+from simnccl.capture.recorder import _Recorder, active, set_active
 from simnccl.capture.result import CaptureError
 from simnccl.capture.standin import _creator
 from simnccl.cluster import get_gpu_kind
@@ -106,6 +107,61 @@ def _fake_store() -> Any:
     return FakeStore()
 
 
+def _cuda_tensors_routed(original: Callable[..., None]) -> Callable[..., None]:
+    """``BackendConfig.__init__`` that also routes the cpu device type to a group's cuda backend where it has none
+    (``init_process_group()``: the accelerator's only; ``"cuda:nccl"``). Why: the capture's CUDA tensors are CPU
+    tensors underneath, and torch picks a group's backend by that device, so such a group's first collective
+    raised "No backend type associated with device type cpu" where a GPU host runs it. The function mode then
+    checks the device each tensor of a call stands for against the group's real device types
+    (``fake_devices.check_group_devices``), so a real CPU tensor there still fails as it does on a GPU host."""
+
+    def init(self: Any, backend: Any) -> None:
+        original(self, backend)
+        mapping = self.device_backend_map
+        if "cuda" in mapping and "cpu" not in mapping:
+            mapping["cpu"] = mapping["cuda"]
+
+    return init
+
+
+MONITORED_BARRIER = "monitored_barrier is recorded as a barrier of its group (its own timeout is not simulated)"
+
+
+def _monitored_barrier_as_gloo_runs_it(pg: Any, timeout: Any = None, wait_all_ranks: bool = False) -> Any:
+    """``ProcessGroup.monitored_barrier``: its group's cpu backend runs it, and only gloo's can; here a barrier
+    of the group (the stand-ins have no ``monitoredBarrier``, whose C++ default named gloo as the backend that
+    does not support it). On a group whose cpu backend is not gloo, or that has none, torch's error."""
+    registered = c10d._world.pg_map.get(pg)
+    name = None if registered is None else cpu_backend(str(registered[0]))
+    if registered is not None and name is None:
+        raise missing_backend("cpu")
+    if name is not None and name != "gloo":
+        raise RuntimeError(f"Backend {name} does not support monitoredBarrier, only GLOO supports monitored barrier.")
+    recorder = active()
+    if recorder is not None and MONITORED_BARRIER not in recorder.notes:
+        recorder.notes.append(MONITORED_BARRIER)
+    return pg.barrier()
+
+
+def _object_device_as_torch_picks(original: Callable[..., str]) -> Callable[..., str]:
+    """``_get_object_coll_device`` from the device types the group has on a GPU host (``served_device_types``),
+    not the stand-ins' (every stand-in serves cpu and cuda, and torch prefers cpu where a group has it): an
+    ``nccl`` group's ``all_gather_object`` makes its tensors on cuda, as on a GPU host, not on cpu, where they
+    are then refused (``fake_devices.check_group_devices``)."""
+
+    def chooser(group: Any = None) -> str:
+        pg = group or c10d._get_default_group()
+        registered = c10d._world.pg_map.get(pg)
+        serves = None if registered is None else served_device_types(str(registered[0]))
+        if not serves:
+            return original(group)
+        if len(serves) == 1:
+            return next(iter(serves))
+        return "cpu" if "cpu" in serves else sorted(serves)[0]  # torch: cpu where it is among them
+
+    return chooser
+
+
 @contextlib.contextmanager
 def _installed(
     recorder: _Recorder, release: str, world_size: int, gpus_per_node: int, cuda: bool, gpu: str = DEFAULT_GPU
@@ -131,6 +187,11 @@ def _installed(
     fake_cuda = _FakeCuda(recorder, gpus_per_node, gpu)
     patches = fake_cuda.patches() if cuda else []
     patches.append((c10d.ProcessGroup, "split_group", _split_without_nonmembers(c10d.ProcessGroup.split_group)))
+    patches.append((c10d.ProcessGroup, "monitored_barrier", _monitored_barrier_as_gloo_runs_it))
+    if cuda:
+        patches.append((c10d.BackendConfig, "__init__", _cuda_tensors_routed(c10d.BackendConfig.__init__)))
+        chooser = _object_device_as_torch_picks(c10d._get_object_coll_device)
+        patches.append((c10d, "_get_object_coll_device", chooser))
     # torch's own env://, tcp:// and file:// rendezvous, with its checks (env:// without RANK, tcp:// without a
     # rank: torch's ValueError), each making a store that needs no peer instead of its TCPStore or FileStore.
     # Handlers of our own had taken a rank and world from wherever they found one, 0 and 1 at worst.

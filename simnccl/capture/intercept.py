@@ -17,6 +17,7 @@ from typing import Any
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
+from simnccl.c10d import _device_type
 from simnccl.capture import nonmember
 from simnccl.capture.recorder import _Recorder, active
 from simnccl.capture.result import CaptureError
@@ -28,6 +29,7 @@ from simnccl.ops import (
     InitProcessGroup,
     SplitGroup,
 )
+from simnccl.release import DEFAULT_DEVICE_BACKEND
 from simnccl.tags import current_tags
 
 RECORDED_FUNCTIONS = ("init_process_group", "new_group", "split_group", "destroy_process_group")
@@ -134,7 +136,10 @@ def _wrapper(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
             return original(*args, **kwargs)  # torch raises its own error for bad arguments
         ranks = None  # new_group's ranks as torch reads them (``_enter_new_group``), for the shortcut
         _DEPTH += 1
+        recorder.ops.extend(recorder.memory.changes())  # tensors made before the call: kept whatever it does
+        before = (len(recorder.ops), len(recorder.calls), c10d._world.group_count)
         try:
+            _refuse_renamed(recorder)
             try:
                 if name == "new_group":
                     args, kwargs = _ranks_read_once(args, kwargs, arguments)
@@ -147,6 +152,9 @@ def _wrapper(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
             result = nonmember.TORCH if outside is None else outside(arguments, ranks)
             if result is nonmember.TORCH:
                 result = original(*args, **kwargs)
+        except Exception as err:
+            _unrecord(recorder, name, before, err)
+            raise
         finally:
             _DEPTH -= 1
         _leave(recorder, name, handle, result)
@@ -156,6 +164,35 @@ def _wrapper(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
     recorded.__name__ = name
     recorded.__doc__ = original.__doc__
     return recorded
+
+
+def _unrecord(rec: _Recorder, name: str, before: tuple[int, int, int], err: BaseException) -> None:
+    """A call torch raised in did nothing a Program can hold: what it recorded is taken back (code that catches
+    the error goes on as if it never called). Why: ``new_group([9])`` in a world of 4, or a negative timeout,
+    caught by the code, was recorded anyway, and the capture then failed on the Program's own checks (exit 2)
+    where real torch had gone on, or would have charged a group torch never made.
+
+    torch checks a group's arguments before it takes the group's name from its counter; a call that raised after
+    taking it leaves every later group on this rank named one higher, which no Program expresses: refused."""
+    ops, calls, count = before
+    del rec.ops[ops:], rec.calls[calls:]
+    note = f"{name} raised {type(err).__name__} (torch rejected the call): not recorded"
+    if note not in rec.notes:
+        rec.notes.append(note)
+    if c10d._world.group_count != count and rec.renamed is None:
+        # refused at this rank's next group call (``_refuse_renamed``): code that lets the error end the rank
+        # keeps torch's own error, the one real torch shows
+        rec.renamed = (
+            f"rank {rec.rank}: {name} raised {type(err).__name__} after torch took a group name from its counter, "
+            "and the code went on: this rank's later groups are named one higher than any Program of the calls "
+            "that succeeded says"
+        )
+
+
+def _refuse_renamed(rec: _Recorder) -> None:
+    """A group call after one that raised having taken a group name (``_unrecord``): not expressible."""
+    if rec.renamed is not None:
+        raise CaptureError(rec.renamed)
 
 
 def _ranks_read_once(
@@ -179,9 +216,15 @@ def _enter(rec: _Recorder, name: str, args: Mapping[str, Any]) -> str | None:
     """Record the call, before torch runs it; returns the handle its group will be bound to. (``new_group`` goes
     to ``_enter_new_group``, which also returns the ranks the non-member shortcut reuses.)"""
     if name == "init_process_group":
+        device = _device(args.get("device_id"))
+        backend = _backend_name(args.get("backend"))
+        if backend is None:
+            # torch l.2632-2640: a device_id names its device type's default backend, else "undefined" (the
+            # accelerator's only); recorded as torch resolves it (None made the scenario writer fail: exit 70)
+            backend = "undefined" if device is None else DEFAULT_DEVICE_BACKEND[_device_type(device)]
         op = InitProcessGroup(
-            backend=_backend_name(args.get("backend")),
-            device_id=_device(args.get("device_id")),
+            backend=backend,
+            device_id=device,
             timeout_s=_seconds(args.get("timeout")),
             pg_options=_options(args.get("pg_options")),
         )
@@ -266,7 +309,9 @@ def _leave(rec: _Recorder, name: str, handle: str | None, result: Any) -> None:
         _check_world(rec)
         rec.bind(c10d._get_default_group(), WORLD)
         if rec.checkpoints:
-            rec.append(Checkpoint("after_init"))
+            # a re-init (destroy_process_group, then init again) gets its own label: a label met twice fails
+            rec.inits += 1
+            rec.append(Checkpoint("after_init" if rec.inits == 1 else f"after_init_{rec.inits}"))
     elif handle is not None and type(result) is not int and isinstance(result, c10d.ProcessGroup):
         # (NON_GROUP_MEMBER is an int; torch's ProcessGroup isinstance check is a Python-level metaclass hook)
         rec.bind(result, handle)

@@ -133,6 +133,8 @@ def _run_rank_compact(spec: _Spec, rank: int) -> RankCapture:
                 end.finish(rank)  # its threads joined and its exit handlers run, as Python ends a process
             except BaseException as err:
                 _exit_unless_the_rank(rank_pid, err)
+                with contextlib.suppress(AttributeError, TypeError):  # what the rank's failure is told with
+                    err.simnccl_notes = tuple(recorder.notes)  # type: ignore[attr-defined]
                 raise
             _exit_unless_the_rank(rank_pid, None)
             if spec.final_checkpoint is not None:
@@ -228,8 +230,11 @@ def _policy_applied(policy: str | None, release: str) -> Iterator[None]:
 
 
 def _describe_failure(rank: int, err: BaseException) -> str:
+    """The rank's failure, with its traceback's end and the capture's notes from the rank (a broadcast received
+    with no sender's data explains an EOFError in ``broadcast_object_list``)."""
     text = "".join(traceback.format_exception(type(err), err, err.__traceback__)[-6:]).rstrip()
-    return f"rank {rank}: the captured code raised {type(err).__name__}: {error_text(err)}\n{text}"
+    notes = "".join(f"\n  note: {note}" for note in getattr(err, "simnccl_notes", ()) if isinstance(note, str))
+    return f"rank {rank}: the captured code raised {type(err).__name__}: {error_text(err)}\n{text}{notes}"
 
 
 def _set_pdeathsig() -> None:
@@ -489,7 +494,7 @@ def _warm_up() -> None:
         mesh = init_device_mesh("cuda", (2,), mesh_dim_names=("world",))
         mesh._unflatten(0, (1, 2), ("a", "b"), backend_override={"a": "fake"})["a", "b"]._flatten("ab")
         dist.new_group([0], backend="gloo")
-        dist.all_reduce(torch.zeros(1))
+        dist.all_reduce(torch.zeros(1, device="cuda"))  # an nccl group has no cpu backend
         dist.barrier()
 
     spec = _Spec(startup, 2, 2, "2.15", {}, None, True, False, None, DEFAULT_TIMEOUT_S)

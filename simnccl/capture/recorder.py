@@ -48,6 +48,8 @@ class _Recorder:
         # open families: key (desc or backend) -> (handle, union of ranks so far)
         self.families: dict[str, tuple[str, set[int]]] = {}
         self.family_count: dict[str, int] = {}
+        self.inits = 0  # init_process_group calls that made a default group: each one's checkpoint is its own
+        self.renamed: str | None = None  # why a later group call is refused (``intercept._unrecord``)
         self.memory = TensorMemory()  # the rank's emulated CUDA tensors (simnccl.capture.fake_devices)
         self.max_ops = current_limits().max_program_ops  # a Program's bound, checked as the rank records
 

@@ -32,6 +32,15 @@ from simnccl.ops import (
 )
 from simnccl.release import DeviceBackend, Impl, get_release
 
+# What a rank that received a broadcast holds here (``collective_values``: its own values, zeros in what torch made
+# with ``empty``): code that branches on received values takes this rank's branch, not the one rank src's data
+# would take (a config broadcast from rank 0; ``broadcast_object_list`` then unpickles nothing: EOFError).
+BROADCAST_RECEIVED = (
+    "a broadcast's receivers kept their own values (a capture has no other rank's data): code that branches on "
+    "what it received followed the receiver's values, and broadcast_object_list cannot unpickle rank src's "
+    "objects (EOFError)"
+)
+
 
 class StandInBackend(C10dBackend):
     """A torch Backend that records each collective and completes it at once, communicating nothing."""
@@ -126,7 +135,11 @@ class StandInBackend(C10dBackend):
         return self._done(tensors)
 
     def broadcast(self, tensors: list[torch.Tensor], opts: Any) -> Any:
-        self._record(Broadcast, "broadcast", tensors, src=self._global[opts.rootRank])
+        src = self._global[opts.rootRank]
+        self._record(Broadcast, "broadcast", tensors, src=src)
+        recorder = active()
+        if recorder is not None and src != self._global[self.rank()] and BROADCAST_RECEIVED not in recorder.notes:
+            recorder.notes.append(BROADCAST_RECEIVED)
         return self._done(tensors)
 
     def allgather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any) -> Any:
