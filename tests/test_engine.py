@@ -885,3 +885,15 @@ def test_a_rank_that_runs_out_at_its_first_collective_holds_no_part_of_that_use(
     (theirs,) = record.members[1]["memory"].values()
     assert set(mine.breakdown.by_paid_at()) == {"init"}
     assert set(theirs.breakdown.by_paid_at()) == {"init", "first all_reduce (nvls)"}
+
+
+@pytest.mark.parametrize("backend", ["cpu:gloo,cuda:nccl", "cuda:nccl,cpu:gloo", "nccl"])
+def test_a_groups_record_names_its_nccl_communicator_whatever_the_backend_strings_order(backend: str) -> None:
+    """torch treats "cpu:gloo,cuda:nccl" as "cuda:nccl,cpu:gloo"; the record took the first communicator attached,
+    so the groups table said gloo, no split, for a group whose memory is an eager nccl2 split (vLLM's spelling)."""
+    from simnccl.ops import AllReduce, InitProcessGroup, NewGroup, SetDevice
+    from simnccl.testing import simulate
+
+    program = [SetDevice(), InitProcessGroup(backend=backend), NewGroup(ranks=(0, 1), bind="g"), AllReduce(group="g")]
+    out = simulate(program, gpus_per_node=2)
+    assert [(r.name, r.impl, r.via_split) for r in out.groups.values()] == [("0", "nccl2", False), ("1", "nccl2", True)]

@@ -175,7 +175,7 @@ def _group_with_every_option() -> None:
     torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     dist.init_process_group("nccl")
     group = dist.new_group([0, 1], pg_options=_nccl_options_with_every_field(), group_desc="tp")
-    dist.all_reduce(torch.ones(4), group=group)
+    dist.all_reduce(torch.ones(4, device="cuda"), group=group)  # an nccl group serves cuda tensors only
 
 
 @pytest.mark.torch

@@ -301,8 +301,8 @@ def test_legacy_reads_the_deprecated_nccl_aliases_where_the_torch_names_are_unse
     (ProcessGroupNCCL.hpp); they were accepted and ignored, so the run aborted where torch hangs or raises."""
     legacy = {"TORCH_DIST_USE_NCCL2": "0"} if release == "2.15" else {}
 
-    def legacy_run(env):
-        return simulate(PROGRAM, env={**legacy, **env}, faults=STALL, release=release)
+    def legacy_run(env, launcher="spawn"):  # spawn: no launcher sets TORCH_NCCL_ASYNC_ERROR_HANDLING
+        return simulate(PROGRAM, env={**legacy, **env}, faults=STALL, release=release, launcher=launcher)
 
     def rank0(out):
         return [e["kind"] for e in out.errors if e["rank"] == 0]
@@ -313,6 +313,8 @@ def test_legacy_reads_the_deprecated_nccl_aliases_where_the_torch_names_are_unse
     assert "timed out in blocking wait" in error["message"]
     both = legacy_run({"NCCL_ASYNC_ERROR_HANDLING": "0", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3"})
     assert rank0(both) == ["timeout"]  # the TORCH_ name wins: the watchdog aborts
+    # torchrun sets TORCH_NCCL_ASYNC_ERROR_HANDLING=1 unless the launching shell did: the alias never counts there
+    assert rank0(legacy_run({"NCCL_ASYNC_ERROR_HANDLING": "0"}, launcher="torchrun")) == ["timeout"]
 
 
 def test_nccl2_does_not_read_the_deprecated_aliases() -> None:

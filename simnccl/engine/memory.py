@@ -35,8 +35,10 @@ from simnccl.memory import (
 )
 from simnccl.nccl import Part
 from simnccl.ops import Checkpoint, MemoryCheck, Op, Raise, SetDevice
+from simnccl.release import Impl
 
 _new_tuple = tuple.__new__
+_GLOO = Impl.GLOO.value  # a group record's implementation that its NCCL communicator replaces (``group_record``)
 
 # The owner "group" of NCCL's once-per-process overheads: the process holds them, no communicator does.
 PROCESS_OWNER = "(nccl process)"
@@ -439,18 +441,24 @@ class Memory:
                 held.release_owner(owner, time_s=self.env.now, op=op)
 
     def group_record(self, group: Group, comm: Comm) -> GroupRecord:
+        """The group's record; its implementation is its NCCL communicator's where it has one. Why: a
+        ``"cpu:gloo,cuda:nccl"`` group attaches gloo first, and its record said gloo, no split, where the
+        communicator that costs device memory is an eager nccl2 split (``cuda:nccl,cpu:gloo``: nccl2)."""
         ranks = group.ranks
         cached = self._record_of_group.get((group.name, id(ranks)))
         if cached is not None and cached[0] is ranks:
-            return cached[1]
-        key = (group.name, self._ranks_key(ranks))
-        record = self.group_records.get(key)
-        if record is None:
-            record = GroupRecord(group.name, group.desc, ranks, comm.impl.value, comm.via_split)
-            self.group_records[key] = record
-        # A group's name and members never change and records are never replaced: remember its record for
-        # every member that holds this member tuple (a group's members share one).
-        self._record_of_group[(group.name, id(ranks))] = (ranks, record)
+            record = cached[1]
+        else:
+            key = (group.name, self._ranks_key(ranks))
+            record = self.group_records.get(key)
+            if record is None:
+                record = GroupRecord(group.name, group.desc, ranks, comm.impl.value, comm.via_split)
+                self.group_records[key] = record
+            # A group's name and members never change and records are never replaced: remember its record for
+            # every member that holds this member tuple (a group's members share one).
+            self._record_of_group[(group.name, id(ranks))] = (ranks, record)
+        if record.impl == _GLOO and comm.impl.is_nccl:
+            record.impl, record.via_split = comm.impl.value, comm.via_split
         return record
 
     def _ranks_key(self, ranks: tuple[int, ...]) -> RanksKey:
