@@ -22,7 +22,7 @@ engine gate checks it on thousands of simulations, ``tests/test_split_stamps.py`
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from simnccl.backends import Comm, CommState, lifecycle
 from simnccl.c10d import BackendConfig, Group, GroupPlan, TorchError
@@ -145,7 +145,7 @@ class SplitStamps:
         ranks: Sequence[RankRuntime],
         plans: Iterable[tuple[int, GroupPlan]],
         op: NewGroup | SplitGroup,
-        child_ids: Mapping[tuple[int, ...], int],
+        child_of: Callable[[int], int],
         pc: int,
         clock: float,
         ordinary: Ordinary,
@@ -178,7 +178,7 @@ class SplitStamps:
             rt = ranks[rank]
             rt.pc = pc
             sim.clock = clock
-            child_id = child_ids[plan.ranks]
+            child_id = child_of(rank)
             try:
                 # ``_fit``, with the call's shape asked again only where this member's plan is another one's.
                 comm_plans = plan.comms
