@@ -1234,7 +1234,7 @@ def test_a_reinit_under_spawn_at_rank_0s_destroy_is_compared_as_a_race(tmp_path:
     reaches is timing (measured: it reached the old one in 3 runs of 14). The simulator passed it, so
     every failing real run was a DISAGREE (CI failed on it once); it now reports the race and compare compares
     nothing that the race decides, whichever way the real processes went."""
-    from simnccl.engine.comms import SPAWN_STORE_RACE
+    from simnccl.engine.reinit_store import SPAWN_STORE_RACE
     from simnccl.real.compare import compare_scenario
     from simnccl.scenario import load_scenario
 

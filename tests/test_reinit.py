@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 
 from simnccl.engine import RunOutcome
-from simnccl.engine.comms import NCCL_REFUSED_RETRY_S, SPAWN_STORE_RACE, STALE_RACE
+from simnccl.engine.reinit_store import NCCL_REFUSED_RETRY_S, SPAWN_STORE_RACE, STALE_RACE
 from simnccl.ops import (
     WORLD,
     AllReduce,

@@ -19,9 +19,10 @@ from simnccl.backends import LIFECYCLES, Comm, CommState
 from simnccl.backends.gloo import CROSS_WIRED_TYPE, FOREIGN_RANKS, RECV_FROM_SELF, broadcast_leavers
 from simnccl.c10d import Group, TorchError
 from simnccl.dtypes import gloo_refuses
-from simnccl.engine.comms import LAZY_PAIR_ATTEMPTS, STALE_PAIR_WHAT, Comms, pair_in_group
+from simnccl.engine.comms import LAZY_PAIR_ATTEMPTS, Comms, pair_in_group
 from simnccl.engine.config import WorkloadFailure
 from simnccl.engine.memory import Memory
+from simnccl.engine.reinit_store import STALE_PAIR_WHAT
 from simnccl.engine.rendezvous import Rendezvous
 from simnccl.engine.sim import Sim
 from simnccl.engine.state import RankRuntime, Waiting, current_device, fire_once, resolve
@@ -387,21 +388,21 @@ class Collectives:
         pair_ranks = (lo, hi) if group.ranks.index(lo) < group.ranks.index(hi) else (hi, lo)
         if comm.impl is Impl.LEGACY:
             # legacy's key ("<lo>:<hi>") has no counter: its meetings are told apart by the default group's
-            # incarnation only, so a re-init's pair finds the destroyed one's (``Comms.stale_pair_writer``)
+            # incarnation only, so a re-init's pair finds the destroyed one's (``ReinitStore.stale_pair_writer``)
             attempt = rt.incarnation
             key: tuple[Any, ...] = ("pair", group.name, lo, hi, attempt)
             meeting = self.rendezvous.open(key, "bootstrap", f"{group.name}/p2p-{lo}-{hi}-{attempt}", 0, pair_ranks)
         else:
             meeting = self._lazy_pair_meeting(rt, group, pair_ranks)
         if rt.incarnation and comm.impl is Impl.LEGACY and meeting.problem is None:
-            writer = self.comms.stale_pair_writer(rt, group, pair_ranks)
+            writer = self.comms.reinit.stale_pair_writer(rt, group, pair_ranks)
             if writer is not None:
                 pair = pair_in_group(meeting, group.ranks)
                 assert pair is not None  # a pair meeting
                 what = STALE_PAIR_WHAT.format(lo=pair[0], hi=pair[1])
-                yield from self.comms.read_stale(rt, group, comm, meeting, writer, what)
+                yield from self.comms.reinit.read_stale(rt, group, comm, meeting, writer, what)
         if meeting.problem is None:
-            self.comms.refuse_on_old_store(rt, meeting.group)
+            self.comms.reinit.refuse_on_old_store(rt, meeting.group)
         self.comms.note_device(meeting, rt, comm)  # the pair's communicator is on the group's GPU
         self.rendezvous.arrive(meeting, rt, (lo, hi), op, duration=self.timing.bootstrap_s)
         yield from self.rendezvous.wait(rt, meeting, op)

@@ -11,14 +11,12 @@ step takes comes from ``Timing``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
 from simnccl.backends import Comm, CommState, lifecycle
-from simnccl.backends.gloo import SINGLETON_RACE, STALE_ADDRESS
-from simnccl.c10d import CommPlan, Group, GroupPlan, TorchError
+from simnccl.backends.gloo import SINGLETON_RACE
+from simnccl.c10d import CommPlan, Group, GroupPlan
 from simnccl.engine.memory import Memory
 from simnccl.engine.nvls import MulticastSlots
+from simnccl.engine.reinit_store import ReinitStore, bootstrap_key, store_name
 from simnccl.engine.rendezvous import Rendezvous
 from simnccl.engine.shared_gpus import SharedGpus
 from simnccl.engine.sim import Sim
@@ -39,64 +37,6 @@ NOCOLOR_WITHOUT_PARENT = (
     "communicator (this rank's only communicators of the parent group are send/recv pair communicators)"
 )
 
-# A re-init's bootstrap that reads the destroyed incarnation's value under its store key (``Comms.stale_writer``).
-STALE_RACE = (
-    "whether a re-initialised group reads the destroyed incarnation's value or its peer's new one depends on the "
-    "order of the store writes: the outcome is racy (ranks that re-initialise in lockstep may pass)"
-)
-STALE_KEY = (
-    "stale store key: destroy_process_group resets the group counter, so the re-initialised default group and "
-    "its new groups reuse the destroyed incarnation's names, and {store} still holds the value rank {writer} "
-    "wrote under group name {name!r} for the destroyed incarnation's bootstrap ({what}); " + STALE_RACE
-)
-STORE_KEPT = {
-    "torchrun": "torchrun's agent store, which outlives destroy_process_group,",
-    "spawn": "rank 0's store, up until rank 0 destroys its default group,",
-}
-# A re-init under spawn at the instant rank 0 destroyed the default group whose store it hosts (``spawn_reinit``).
-# Measured on 2.15 gloo (mp.spawn-style, a TCP store rank 0 hosts per init, both ranks re-initialising at once,
-# then a split_group and an all_reduce on it): rank 1 failed in 2 runs of 6 with "DistNetworkError: Failed to recv,
-# got 0 bytes", having reached the old store; in 1 run of 8 more rank 0's new store timed out waiting for rank 1
-# ("1/2 clients joined").
-SPAWN_STORE_RACE = (
-    "under spawn rank 0 hosts the store and its destroy drops it, so whether a rank re-initialising then reaches "
-    "the old store (and fails) or the one rank 0 hosts next is decided by timing"
-)
-SPAWN_REINIT_AT_DESTROY = (
-    "{ranks} re-initialised the default group at {now:g} s, the instant rank 0 destroyed it; " + SPAWN_STORE_RACE + " "
-    "(measured on torch 2.15 gloo, a re-init then a split with no delay: rank 1 reached the old store in 3 runs of "
-    "14, failing with 'DistNetworkError: Failed to recv, got 0 bytes' or leaving rank 0's new store waiting for it)"
-)
-# A bootstrap of a rank whose re-init under spawn connected to rank 0's old store (``spawn_reinit``) that finds
-# no key of the destroyed incarnation to read.
-ON_OLD_STORE = (
-    "rank {rank} re-initialised the default group at {since:g} s, before rank 0 destroyed it: under spawn rank 0 "
-    "hosts the store until its destroy, so this rank's store client connected to the old store, which rank 0's "
-    "destroy drops (a TCPStore client's wait then fails: 'DistNetworkError: Failed to recv, got 0 bytes', "
-    "measured), while rank 0's next store waits for this rank to connect. What this bootstrap of group {name!r} "
-    "reads there is not modelled"
-)
-# NCCL's bootstrap root (bootstrap.cc ``bootstrapRoot``) closes its listening socket once every rank checked in,
-# so a stale unique id names a port nobody listens on: ``sendToRoot``'s ``ncclSocketConnect`` (socket.cc) retries
-# ECONNREFUSED RETRY_REFUSED_TIMES (2e4) times, SLEEP_INT (1 ms) apart, then fails with ncclRemoteError, which
-# torch's NCCL check raises as a DistBackendError.
-NCCL_REFUSED_RETRY_S = 2e4 * 1e-3
-NCCL_STALE_ID = (
-    "NCCL error in: ProcessGroupNCCL.cpp, remote process exited or there was a network error, NCCL version "
-    "{version}\nncclRemoteError: A call failed possibly due to a network error or a remote process exiting "
-    "prematurely.\nLast error:\nsocketStartConnect: exceeded retries (20000)\n{stale}"
-)
-STALE_WHAT = {
-    True: "a unique id naming the destroyed communicator's bootstrap root, which no longer listens",
-    False: "its gloo address, whose listener is gone",
-}
-# Legacy ProcessGroupNCCL's unbound send/recv publishes its pair communicator's unique id under getKeySendRecv
-# ("<lo>:<hi>" of group ranks), a key without any counter, so a re-init's pair reuses it whatever it did before.
-STALE_PAIR_WHAT = (
-    "the unique id of the send/recv pair communicator of group ranks {lo} and {hi}, under store key '{lo}:{hi}', "
-    "naming the destroyed communicator's bootstrap root, which no longer listens"
-)
-
 # nccl-lazy names a pair communicator '<group>/p2p-<lo>-<hi>-<n>' of the pair's group ranks, n from
 # LazyBackend::nextPairAttempt: one counter per process, keyed by those two group ranks alone, for every group.
 LAZY_PAIR_ATTEMPTS = (
@@ -109,21 +49,6 @@ LAZY_PAIR_ATTEMPTS = (
     "one, rank {reader} made {second}. Both processes must have made as many nccl-lazy pair communicators for "
     "these group ranks before this one"
 )
-
-
-def bootstrap_key(name: str, is_nccl: bool, incarnation: int) -> tuple[Any, ...]:
-    """The meeting key of a bootstrap under group ``name`` in the rank's ``incarnation`` of the default group.
-    Why the incarnation: a re-init reuses names (destroy resets the group counter) for a new bootstrap, not a
-    collision with the destroyed one's; the first incarnation's key keeps its old shape, and the last element
-    says whether the communicator is an NCCL one (``unique_id_stage``)."""
-    return ("bootstrap", name, is_nccl) if incarnation == 0 else ("bootstrap", name, incarnation, is_nccl)
-
-
-def store_name(group: Group | GroupPlan) -> str:
-    """The name a group's bootstrap is keyed by in the store: its name under its store prefix (a split of a
-    non-default group: the parent's, ``plan_split_group``), so two groups of one name under different parents do
-    not collide."""
-    return group.store_prefix + group.name
 
 
 def unique_id_stage(meeting: Meeting, rank: int, impl: Impl) -> str | None:
@@ -216,7 +141,7 @@ class Comms:
         self.cross_wiring = CrossWiring(registry.members, sim)  # gloo bootstraps two groups joined by group rank
         self._split_results: dict[int, dict[tuple[int, ...], int | Meeting]] = {}
         self._store_timeout: set[tuple[int, int | None]] = set()  # (rank, op index or None: the next bootstrap)
-        self._spawn_ties: dict[float, tuple[int, list[int]]] = {}  # instant -> (its entry in sim.races, ranks)
+        self.reinit = ReinitStore(sim, rendezvous)  # what a re-init finds in the store (a destroyed incarnation's)
         self.late_colliders = LateColliders(sim)  # gloo groups bootstrapping under a name another completed
         self.shared_gpus = SharedGpus(sim.profile.nccl_version)  # two members of a communicator on one GPU
 
@@ -288,10 +213,10 @@ class Comms:
                 meeting = self.rendezvous.open(key, "bootstrap", group.name, 0, group.ranks)
                 meeting.problem = "injected fault: store-timeout — this rank's store never returns the unique id"
             elif rt.incarnation and meeting.problem is None:
-                stale = self.stale_writer(rt, group, comm.impl.is_nccl)
+                stale = self.reinit.stale_writer(rt, group, comm.impl.is_nccl)
                 if stale is not None:
-                    yield from self.read_stale(rt, group, comm, meeting, stale)
-                self.refuse_on_old_store(rt, group.name)
+                    yield from self.reinit.read_stale(rt, group, comm, meeting, stale)
+                self.reinit.refuse_on_old_store(rt, group.name)
             payload = group.ranks  # or, gloo, the first group's: one that another joins by group rank
             self.note_device(meeting, rt, comm)
             if comm.impl is Impl.GLOO and meeting.problem is None and meeting.arrivals:
@@ -311,124 +236,6 @@ class Comms:
             self._gloo_singleton(rt, group, op)
         comm.comm_id = self.registry.new_id()
         self._ready(rt, group, comm, op)
-
-    def spawn_reinit(self, rt: RankRuntime) -> None:
-        """A re-init (``rt.incarnation`` > 0) of a rank other than rank 0 under spawn, against the store it reaches.
-
-        Why: rank 0 hosts the store and its destroy drops it. A rank that re-initialises after that connects to
-        rank 0's next store (the ordinary path); one that re-initialises before it connects to the old store, for
-        good (``RankRuntime.on_old_store``): its bootstraps read the destroyed incarnation's keys there
-        (``stale_writer``), and one that finds none is not modelled (``refuse_on_old_store``). At the very instant
-        of rank 0's destroy, which store the rank reaches is timing: reported as a race (``SPAWN_STORE_RACE``)
-        beside whatever the simulated order decided."""
-        rt.on_old_store = None
-        if self.sim.config.launcher != "spawn" or rt.rank == 0:
-            return
-        host = self.sim.ranks[0]
-        now = self.env.now
-        if host.incarnation < rt.incarnation:
-            rt.on_old_store = now
-        elif host.incarnation == rt.incarnation and host.world_destroyed_at == now:
-            self._spawn_tie(rt.rank, now)
-
-    def refuse_on_old_store(self, rt: RankRuntime, name: str) -> None:
-        """A bootstrap on rank 0's old store (``spawn_reinit``) that read no destroyed incarnation's key: what the
-        rank reads there before or after the store goes is not modelled, so a ``SimulatorLimit``, never a pass."""
-        if rt.on_old_store is None:
-            return
-        text = ON_OLD_STORE.format(rank=rt.rank, since=rt.on_old_store, name=name)
-        raise TorchError("SimulatorLimit", text)
-
-    def _spawn_tie(self, rank: int, now: float) -> None:
-        """Report ``rank``'s re-init at rank 0's destroy as a race: one entry per instant, naming every rank."""
-        index, ranks = self._spawn_ties.setdefault(now, (len(self.sim.races), []))
-        ranks.append(rank)
-        who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {ranks}"
-        text = SPAWN_REINIT_AT_DESTROY.format(ranks=who, now=now)
-        if index == len(self.sim.races):
-            self.sim.races.append(text)
-        else:
-            self.sim.races[index] = text
-        self.record(now, rank, "store-race", "default_pg")
-
-    def stale_writer(self, rt: RankRuntime, group: Group, is_nccl: bool) -> int | None:
-        """The rank whose value from a destroyed incarnation ``rt`` reads in this re-init's bootstrap, or None.
-
-        Why: torch keys a bootstrap by group name ("default_pg/<name>/..."), and a re-init reuses the names. The
-        keys last as long as the store: under torchrun the agent's store outlives every destroy (measured on 2.15
-        with TORCHELASTIC_USE_AGENT_STORE); under spawn rank 0 hosts it and its destroy drops it, so only a rank
-        re-initialising before rank 0 destroyed can read the old incarnation's keys. What is read: NCCL's
-        group rank 0 publishes the unique id and never reads it, the others read group rank 0's key; gloo's
-        every member reads every other member's address. The value read is taken as the old one whatever the
-        arrival order (the new write may come first: a race the harness never resolves in the user's favour)."""
-        index = group.ranks.index(rt.rank)
-        if is_nccl and index == 0:
-            return None
-        if is_nccl:
-            return self._stale_publisher(rt, lambda incarnation: bootstrap_key(store_name(group), True, incarnation))
-        for incarnation in self._kept_incarnations(rt):
-            old = self.rendezvous.meetings.get(bootstrap_key(store_name(group), False, incarnation))
-            if old is None:
-                continue
-            writer = next((r for r in old.arrivals if old.expected.index(r) != index), None)
-            if writer is not None:
-                return writer
-        return None
-
-    def stale_pair_writer(self, rt: RankRuntime, group: Group, pair_ranks: tuple[int, int]) -> int | None:
-        """The rank whose unique id from a destroyed incarnation ``rt`` reads in a re-init's legacy send/recv pair
-        bootstrap (``Collectives._pair_comm``, ``pair_ranks`` in pair-rank order), or None.
-
-        Why: legacy keys the pair's id by getKeySendRecv, "<lo>:<hi>" of group ranks with no counter, under the
-        group's name, so a re-init's pair reads the very key its destroyed incarnation's pair used, for as long
-        as the store keeps it (``stale_writer``). Pair rank 0 publishes and never reads; pair rank 1 reads. (The
-        pair meeting is keyed by legacy's incarnation, ``pair_key``.)"""
-        if rt.rank != pair_ranks[1]:
-            return None
-        lo, hi = sorted(pair_ranks)
-        return self._stale_publisher(rt, lambda incarnation: ("pair", group.name, lo, hi, incarnation))
-
-    def _stale_publisher(self, rt: RankRuntime, key_in: Callable[[int], tuple[Any, ...]]) -> int | None:
-        """The publisher (expected first) of the newest bootstrap, among the incarnations whose keys ``rt``'s store
-        still holds (``_kept_incarnations``), that its publisher reached: the unique id a reader finds under the
-        key. ``key_in``: the bootstrap's meeting key in a given incarnation."""
-        for incarnation in self._kept_incarnations(rt):
-            old = self.rendezvous.meetings.get(key_in(incarnation))
-            if old is not None and old.expected[0] in old.arrivals:
-                return old.expected[0]
-        return None
-
-    def _kept_incarnations(self, rt: RankRuntime) -> range | tuple[int, ...]:
-        """The destroyed incarnations whose store keys ``rt``'s re-init can still read, newest first: under torchrun
-        the agent's store outlives every destroy; under spawn rank 0 hosts the store and its destroy drops it, so
-        only rank 0's current incarnation, while ``rt`` is already past it."""
-        if self.sim.config.launcher == "torchrun":
-            return range(rt.incarnation - 1, -1, -1)
-        host = self.sim.ranks[0].incarnation
-        return (host,) if host < rt.incarnation else ()
-
-    def read_stale(
-        self, rt: RankRuntime, group: Group, comm: Comm, meeting: Meeting, writer: int, what: str | None = None
-    ) -> Waiting:
-        """A re-init's member that read a destroyed incarnation's value (``stale_writer``) fails as torch does.
-
-        gloo: the address is the old ProcessGroupGloo's, whose listener is gone; connection refused comes back
-        at once and gloo's connect loop retries at once, so ``connectFullMesh`` raises within the step (measured
-        on 2.15: well before the timeout). NCCL: the unique id names the old bootstrap root; the connect retries
-        for ``NCCL_REFUSED_RETRY_S`` and ``ncclCommInitRank`` fails; the members that read the new id wait for
-        it in ``ncclCommInitRank`` with no timeout, and their hang report says why (``meeting.note``). ``what``:
-        the value read, where not the group bootstrap's (a send/recv pair's unique id)."""
-        launcher = self.sim.config.launcher
-        store = STORE_KEPT.get(launcher, launcher)
-        what = what or STALE_WHAT[comm.impl.is_nccl]
-        stale = STALE_KEY.format(store=store, writer=writer, name=group.name, what=what)
-        self.record(self.env.now, rt.rank, "stale-key", group.name, writer)
-        meeting.note = meeting.note or stale  # a member that read the new values waits for this one in vain
-        if not comm.impl.is_nccl:
-            raise TorchError("RuntimeError", STALE_ADDRESS.format(peer=writer, stale=stale))
-        yield self.env.timeout(NCCL_REFUSED_RETRY_S)
-        message = NCCL_STALE_ID.format(version=self.sim.profile.nccl_version, stale=stale)
-        raise TorchError("torch.distributed.DistBackendError", message)
 
     def _touch_device(self, rt: RankRuntime, comm: Comm, op: Op) -> None:
         """An NCCL communicator's init binds it to the rank's current device, whose first touch creates the CUDA
@@ -472,7 +279,7 @@ class Comms:
         """Whether a cohort block may take this member plan's bootstrap (``arrive_together``, then
         ``bootstrap_together``): one gloo or NCCL communicator of two or more ranks, under a name no bootstrap
         has used (a collision is the ordinary path's to report), in the first incarnation of the default group
-        (a re-init's may read a destroyed incarnation's keys: ``stale_writer``)."""
+        (a re-init's may read a destroyed incarnation's keys: ``ReinitStore.stale_writer``)."""
         if incarnation or len(plan.comms) != 1 or len(plan.ranks) < 2:
             return False
         comm_plan = plan.comms[0]

@@ -64,7 +64,7 @@ class Groups:
         self.watchdogs.default_group_made(rt)  # its watchdog (and heartbeat monitor) start now
         self.record(self.env.now, rt.rank, "init", plan.backend.requested, plan.bound_device)
         if rt.incarnation:
-            self.comms.spawn_reinit(rt)
+            self.comms.reinit.spawn_reinit(rt)
         yield from self.comms.create(rt, group, plan, op)
 
     def op_new_group(self, rt: RankRuntime, op: NewGroup) -> Waiting | None:

@@ -61,13 +61,13 @@ class RankRuntime:
     counter: int = 1
     # How many default groups this rank destroyed: which incarnation its bootstraps belong to. Why: a re-init
     # reuses the destroyed incarnation's group names (destroy resets the counter), and whether its store still
-    # holds their keys depends on the launcher (``Comms.stale_writer``).
+    # holds their keys depends on the launcher (``ReinitStore.stale_writer``).
     incarnation: int = 0
     # When this rank last destroyed its default group (None: never). Why: under spawn rank 0 hosts the store and
-    # its destroy drops it, so a peer re-initialising at that very instant races the drop (``Comms.spawn_reinit``).
+    # its destroy drops it, so a peer re-initialising at that very instant races the drop (``ReinitStore.spawn_reinit``).
     world_destroyed_at: float | None = None
     # Under spawn, a re-init before rank 0 destroyed the default group connects to rank 0's old store, for good
-    # (``Comms.spawn_reinit``): when this incarnation's init did so, or None.
+    # (``ReinitStore.spawn_reinit``): when this incarnation's init did so, or None.
     on_old_store: float | None = None
     groups: list[Group] = field(default_factory=list)
     block: Block | None = None

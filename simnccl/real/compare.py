@@ -44,7 +44,7 @@ from simnccl.backends.gloo import (
     TIMEOUT_TIE_RACE,
 )
 from simnccl.cli_guard import wall_clock
-from simnccl.engine.comms import SPAWN_STORE_RACE, STALE_RACE
+from simnccl.engine.reinit_store import SPAWN_STORE_RACE, STALE_RACE
 from simnccl.limits import current as current_limits
 from simnccl.ops import Program
 from simnccl.real.lanes import lane_policy
