@@ -9,6 +9,10 @@ cpu". The function mode (``fake_devices``) and the object-collective device (``e
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Callable
+from typing import Any
+
 # torch 2.15's ``Backend.backend_capability`` as torch ships it (distributed_c10d.py l.601-608).
 TORCH_DEVICES = {"gloo": ("cpu", "cuda"), "nccl": ("cuda",), "fake": ("cpu", "cuda"), "ucc": ("cpu", "cuda")}
 
@@ -40,3 +44,57 @@ def cpu_backend(backend: str) -> str | None:
         return pairs.get("cpu")
     served = served_device_types(text)
     return text if served is not None and "cpu" in served else None
+
+
+_UNSEEN = object()
+_SIGNATURES: dict[Any, inspect.Signature | None] = {}  # a c10d function -> its signature (None: it takes no group)
+
+
+def _group_signature(func: Any) -> inspect.Signature | None:
+    signature = _SIGNATURES.get(func, _UNSEEN)
+    if signature is _UNSEEN:
+        try:
+            signature = inspect.signature(func)
+        except (TypeError, ValueError):
+            signature = None
+        if signature is not None and "group" not in signature.parameters:
+            signature = None
+        _SIGNATURES[func] = signature
+    return signature  # type: ignore[return-value]
+
+
+def check_group_devices(func: Any, args: Any, kwargs: Any, placed: Callable[[Any], int | None]) -> None:
+    """A collective or send/recv of ``torch.distributed`` (``func``, called with ``args``/``kwargs``) on a tensor
+    whose device its group has no backend for on a GPU host raises torch's error: a CPU tensor's all_reduce on an
+    ``nccl`` group, a CUDA one on ``cpu:gloo``. ``placed``: the CUDA device a tensor stands for, or None (host).
+
+    Why at the Python call: Python shows each tensor's device, torch's C++ sees every one as cpu, and every
+    stand-in serves both; torch's own calls that bypass Python (DDP's) are consistent by construction. A call of
+    a rank outside its group is left to torch (it returns before it dispatches)."""
+    signature = _group_signature(func)
+    if signature is None:
+        return
+    try:
+        arguments = signature.bind_partial(*args, **kwargs).arguments
+    except TypeError:
+        return  # torch raises its own error for these arguments
+    import torch
+    import torch.distributed.distributed_c10d as c10d
+    from torch.utils._pytree import tree_leaves
+
+    group = arguments.get("group")
+    if group is None:
+        if not c10d.is_initialized():
+            return
+        group = c10d._get_default_group()
+    if not isinstance(group, c10d.ProcessGroup) or c10d._rank_not_in_group(group):
+        return
+    registered = c10d._world.pg_map.get(group)
+    serves = None if registered is None else served_device_types(str(registered[0]))
+    if serves is None:
+        return
+    for tensor in tree_leaves(list(arguments.values())):
+        if isinstance(tensor, torch.Tensor):
+            kind = "cpu" if placed(tensor) is None else "cuda"
+            if kind not in serves:
+                raise missing_backend(kind)

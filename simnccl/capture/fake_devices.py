@@ -41,7 +41,6 @@ the subclass's own dispatch runs with the mode still active and its local tensor
 from __future__ import annotations
 
 import contextlib
-import inspect
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -56,7 +55,7 @@ from torch.utils._python_dispatch import (
 )
 from torch.utils._pytree import tree_leaves
 
-from simnccl.capture.backend_devices import missing_backend, served_device_types
+from simnccl.capture.backend_devices import check_group_devices
 from simnccl.capture.cuda_allocator import Block, CachingAllocator
 from simnccl.capture.cuda_generator import PhiloxStateGenerator
 from simnccl.cluster import GpuKind
@@ -77,7 +76,6 @@ _EMPTY_FACTORIES = frozenset(
     {torch.ops.aten.empty, torch.ops.aten.empty_strided, torch.ops.aten.empty_like, torch.ops.aten.new_empty}
 )
 _C10D = "torch.distributed.distributed_c10d"  # the module of torch.distributed's collectives and send/recv
-_SIGNATURES: dict[Any, inspect.Signature | None] = {}  # a c10d function -> its signature, if it takes a group
 
 
 class TensorMemory:
@@ -312,50 +310,10 @@ class _CudaAsCpu(TorchFunctionMode):
             return None if storage is None else self.memory.device_of(storage)
         return None
 
-    def check_group_devices(self, func: Any, args: Any, kwargs: Any) -> None:
-        """A collective or send/recv of ``torch.distributed`` on a tensor whose device its group has no backend
-        for on a GPU host raises torch's error (``backend_devices``): a CPU tensor's all_reduce on an ``nccl``
-        group, a CUDA one on ``cpu:gloo``. Why here: Python shows each tensor's device (placed: cuda), torch's
-        C++ sees every one as cpu, and every stand-in serves both; torch's own internal calls that bypass Python
-        (DDP's) are consistent by construction and not checked."""
-        signature = _SIGNATURES.get(func, inspect.Signature())
-        if signature is not None and not signature.parameters:
-            try:
-                signature = inspect.signature(func)
-            except (TypeError, ValueError):
-                signature = None
-            if signature is not None and "group" not in signature.parameters:
-                signature = None
-            _SIGNATURES[func] = signature
-        if signature is None:
-            return
-        try:
-            arguments = signature.bind_partial(*args, **kwargs).arguments
-        except TypeError:
-            return  # torch raises its own error for these arguments
-        import torch.distributed.distributed_c10d as c10d
-
-        group = arguments.get("group")
-        if group is None:
-            if not c10d.is_initialized():
-                return
-            group = c10d._get_default_group()
-        if not isinstance(group, c10d.ProcessGroup) or c10d._rank_not_in_group(group):
-            return  # torch returns before it dispatches (a non-member's call, with a warning)
-        registered = c10d._world.pg_map.get(group)
-        serves = None if registered is None else served_device_types(str(registered[0]))
-        if serves is None:
-            return
-        for tensor in tree_leaves(list(arguments.values())):
-            if isinstance(tensor, torch.Tensor):
-                kind = "cpu" if self._placed(tensor) is None else "cuda"
-                if kind not in serves:
-                    raise missing_backend(kind)
-
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         if getattr(func, "__module__", None) == _C10D:
-            self.check_group_devices(func, args, kwargs)
+            check_group_devices(func, args, kwargs, self._placed)
         owner = getattr(func, "__self__", None)
         if owner is _DEVICE_PROPERTY or owner is _IS_CUDA_PROPERTY:
             index = self._placed(args[0])
