@@ -211,3 +211,15 @@ def monitored(backend: str) -> None:
     dist.init_process_group("nccl")
     group = dist.new_group(backend=backend)
     dist.monitored_barrier(group=group, timeout=timedelta(seconds=10))
+
+
+def device_capability(backend: str) -> list[str]:
+    """What torch says a default group of ``backend`` serves (``_device_capability``), as code that picks a device
+    from it reads it; a ``monitored_barrier`` that falls back to ``barrier`` where the group has no CPU backend."""
+    torch.cuda.set_device(_local_rank())
+    dist.init_process_group(backend)
+    try:
+        dist.monitored_barrier(timeout=timedelta(seconds=10))
+    except ValueError:  # torch: "monitored_barrier requires a group with a CPU-capable backend (e.g. GLOO)."
+        dist.barrier()
+    return dist.distributed_c10d._device_capability()

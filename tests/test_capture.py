@@ -1271,5 +1271,21 @@ def test_monitored_barrier_is_a_barrier_of_a_gloo_group_and_torchs_error_elsewhe
     assert len(barriers) == 1 and barriers[0].group != "world"
     assert "monitored_barrier is recorded as a barrier of its group" in " ".join(run.notes)
     assert simulate([list(p.ops) for p in run.programs], gpus_per_node=2).verdict == "pass"
-    with pytest.raises(cap.CaptureError, match="No backend type associated with device type cpu"):
-        cap.capture(functools.partial(examples.monitored, "nccl"), 2)  # nccl: no cpu backend at all
+    with pytest.raises(cap.CaptureError, match=r"monitored_barrier requires a group with a CPU-capable backend"):
+        cap.capture(functools.partial(examples.monitored, "nccl"), 2)  # nccl: no cpu backend at all (ValueError)
+
+
+@pytest.mark.parametrize(("backend", "served"), [("nccl", ["cuda"]), ("cpu:gloo,cuda:nccl", ["cpu", "cuda"])])
+def test_a_group_shows_the_device_types_a_gpu_hosts_torch_gives_it(backend: str, served: list[str]) -> None:
+    """Every stand-in registers for cpu and cuda, so an nccl group's ``_device_types`` showed cpu too: torch then
+    picked the CPU for what it decides from them (``_get_pg_default_device``: DCP's ``broadcast_from_rank0``
+    broadcast CPU tensors over nccl, and the capture refused it), and ``monitored_barrier``'s own check let an
+    nccl group through. Code that catches torch's ValueError there falls back as it does on a GPU host."""
+    seen: list[list[str]] = []
+
+    def target() -> None:
+        seen.append(examples.device_capability(backend))
+
+    run = cap.capture(target, 2, mode="inline")
+    assert [sorted(types) for types in seen] == [served, served]
+    assert any(isinstance(op, Barrier) for op in run.programs[0].ops)

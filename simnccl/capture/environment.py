@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch.distributed import distributed_c10d as c10d
 
-from simnccl.capture.backend_devices import cpu_backend, missing_backend, served_device_types
+from simnccl.capture.backend_devices import cpu_backend, served_device_types
 from simnccl.capture.fake_devices import FakeCuda, driver_call_message
 from simnccl.capture.recorder import _Recorder, active, set_active
 from simnccl.capture.result import CaptureError
@@ -133,14 +133,30 @@ def _monitored_barrier_as_gloo_runs_it(pg: Any, timeout: Any = None, wait_all_ra
     does not support it). On a group whose cpu backend is not gloo, or that has none, torch's error."""
     registered = c10d._world.pg_map.get(pg)
     name = None if registered is None else cpu_backend(str(registered[0]))
-    if registered is not None and name is None:
-        raise missing_backend("cpu")
+    if registered is not None and name is None:  # torch's own check (l.6682) refuses such a group first
+        raise ValueError("monitored_barrier requires a group with a CPU-capable backend (e.g. GLOO).")
     if name is not None and name != "gloo":
         raise RuntimeError(f"Backend {name} does not support monitoredBarrier, only GLOO supports monitored barrier.")
     recorder = active()
     if recorder is not None and MONITORED_BARRIER not in recorder.notes:
         recorder.notes.append(MONITORED_BARRIER)
     return pg.barrier()
+
+
+def _device_types_as_torch_has_them() -> property:
+    """``ProcessGroup._device_types`` as a GPU host's torch has them (``served_device_types``): every stand-in
+    registers for cpu and cuda, so an nccl group showed cpu too, and what torch decides from it went the CPU way
+    (``_get_pg_default_device``: DCP's ``set_model_state_dict(broadcast_from_rank0=True)`` broadcast CPU tensors
+    over nccl; ``monitored_barrier`` accepted an nccl group)."""
+    original = c10d.ProcessGroup._device_types
+
+    def device_types(pg: Any) -> list[Any]:
+        devices = original.__get__(pg)
+        registered = c10d._world.pg_map.get(pg)
+        serves = None if registered is None else served_device_types(str(registered[0]))
+        return devices if serves is None else [device for device in devices if device.type in serves]
+
+    return property(device_types)
 
 
 def _object_device_as_torch_picks(original: Callable[..., str]) -> Callable[..., str]:
@@ -192,6 +208,7 @@ def _installed(
         patches.append((c10d.BackendConfig, "__init__", _cuda_tensors_routed(c10d.BackendConfig.__init__)))
         chooser = _object_device_as_torch_picks(c10d._get_object_coll_device)
         patches.append((c10d, "_get_object_coll_device", chooser))
+        patches.append((c10d.ProcessGroup, "_device_types", _device_types_as_torch_has_them()))
     # torch's own env://, tcp:// and file:// rendezvous, with its checks (env:// without RANK, tcp:// without a
     # rank: torch's ValueError), each making a store that needs no peer instead of its TCPStore or FileStore.
     # Handlers of our own had taken a rank and world from wherever they found one, 0 and 1 at worst.

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+import torch
 from torch.distributed import distributed_c10d as c10d
 
 from simnccl.capture.fake_devices import TensorMemory
@@ -26,6 +27,9 @@ from simnccl.ops import (
 )
 
 UNRECORDED = "unrecorded"  # the handle of a group whose creation was not seen (never silently "world")
+
+
+_STANDIN_DEVICES = (torch.device("cpu"), torch.device("cuda"))  # the device types every stand-in registers for
 
 
 class _Recorder:
@@ -112,10 +116,10 @@ class _Recorder:
         self.groups.append(pg)
         from simnccl.capture.standin import StandInBackend  # the backend module records into this one
 
-        for device in pg._device_types:
+        for device in _STANDIN_DEVICES:  # every stand-in (``_device_types`` shows a GPU host's, not theirs)
             try:
                 backend = pg._get_backend(device)
-            except RuntimeError:  # pragma: no cover - a device type without a backend
+            except RuntimeError:  # a device type without a backend
                 continue
             if isinstance(backend, StandInBackend):
                 backend.handle = handle
