@@ -1289,3 +1289,18 @@ def test_a_group_shows_the_device_types_a_gpu_hosts_torch_gives_it(backend: str,
     run = cap.capture(target, 2, mode="inline")
     assert [sorted(types) for types in seen] == [served, served]
     assert any(isinstance(op, Barrier) for op in run.programs[0].ops)
+
+
+def test_a_functional_collective_on_a_device_its_group_has_no_backend_for_fails_too() -> None:
+    """``funcol.all_reduce`` (``torch.ops._c10d_functional``: DTensor's path) reaches the backend without the
+    Python ``torch.distributed`` call, so a CPU tensor's on an nccl group captured as a pass."""
+    from torch.distributed import _functional_collectives as funcol
+
+    def startup(device: str) -> None:
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+        dist.init_process_group("nccl")
+        funcol.wait_tensor(funcol.all_reduce(torch.ones(4, device=device), "sum", dist.group.WORLD))
+
+    assert cap.capture(functools.partial(startup, "cuda"), 2, mode="inline").programs[0].ops
+    with pytest.raises(cap.CaptureError, match="No backend type associated with device type cpu"):
+        cap.capture(functools.partial(startup, "cpu"), 2, mode="inline")

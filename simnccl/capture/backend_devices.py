@@ -98,3 +98,31 @@ def check_group_devices(func: Any, args: Any, kwargs: Any, placed: Callable[[Any
             kind = "cpu" if placed(tensor) is None else "cuda"
             if kind not in serves:
                 raise missing_backend(kind)
+
+
+def check_functional_devices(func: Any, args: Any, kwargs: Any, placed: Callable[[Any], int | None]) -> None:
+    """``check_group_devices`` for a functional collective (``torch.ops._c10d_functional``: funcol, DTensor's
+    redistributions), which names its group by ``group_name`` and reaches the backend without the Python
+    ``torch.distributed`` call: a CPU tensor's ``funcol.all_reduce`` on an nccl group captured as a pass."""
+    names = [argument.name for argument in func._schema.arguments]
+    if "group_name" not in names:
+        return
+    at = names.index("group_name")
+    name = args[at] if at < len(args) else kwargs.get("group_name")
+    import torch
+    import torch.distributed.distributed_c10d as c10d
+    from torch.utils._pytree import tree_leaves
+
+    try:
+        group = c10d._resolve_process_group(name)
+    except (KeyError, RuntimeError, ValueError):
+        return  # torch raises its own error for a group it does not know
+    registered = c10d._world.pg_map.get(group)
+    serves = None if registered is None else served_device_types(str(registered[0]))
+    if serves is None:
+        return
+    for tensor in tree_leaves([args[:at], [v for k, v in kwargs.items() if k != "group_name"]]):
+        if isinstance(tensor, torch.Tensor):
+            kind = "cpu" if placed(tensor) is None else "cuda"
+            if kind not in serves:
+                raise missing_backend(kind)

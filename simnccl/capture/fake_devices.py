@@ -55,7 +55,7 @@ from torch.utils._python_dispatch import (
 )
 from torch.utils._pytree import tree_leaves
 
-from simnccl.capture.backend_devices import check_group_devices
+from simnccl.capture.backend_devices import check_functional_devices, check_group_devices
 from simnccl.capture.cuda_allocator import Block, CachingAllocator
 from simnccl.capture.cuda_generator import PhiloxStateGenerator
 from simnccl.cluster import GpuKind
@@ -229,6 +229,8 @@ class _Placement(TorchDispatchMode):
             # so the local ops it issues (and their factories, copies and random draws) are placed here.
             return NotImplemented
         kwargs = kwargs or {}
+        if func.namespace == "_c10d_functional":
+            check_functional_devices(func, args, kwargs, self._placed_storage)
         index = self.target
         device = kwargs.get("device")
         if isinstance(device, torch.device) and device.type == "cuda":
@@ -262,6 +264,11 @@ class _Placement(TorchDispatchMode):
                 if storage is not None:
                     self.memory.place(storage, index)
         return out
+
+    def _placed_storage(self, tensor: Any) -> int | None:
+        """The device ``tensor``'s storage is placed on (None: host memory)."""
+        storage = _storage(tensor)
+        return None if storage is None else self.memory.device_of(storage)
 
     @contextlib.contextmanager
     def placing(self, index: int | None) -> Iterator[None]:
