@@ -105,9 +105,10 @@ PEER_CLOSED = (
 # A one-rank ProcessGroupGloo writes its address under the group-rank-0 key of its name (measured: one store key)
 # and waits for nobody; a real group bootstrapping under the same name (diverged counters) reads whichever write
 # came last. Real runs of one program end either way (seed2-case27: a hang once, a pass twice).
-# A re-init's member that read a destroyed incarnation's address (``engine.reinit_store.ReinitStore.stale_writer``): measured
-# on torch 2.15 under torchrun, rank 0 re-initialising 3 s late, rank 1 raised this from connectFullMesh after gloo's
-# connect retries (tcp/helpers.cc retries at once), long before the timeout; "remote" is the old listener's address.
+# A re-init's member that read a destroyed incarnation's address (``engine.reinit_store.ReinitStore.stale_writer``):
+# measured on torch 2.15 under torchrun, rank 0 re-initialising 3 s late, rank 1 raised this from connectFullMesh
+# after gloo's connect retries (tcp/helpers.cc retries at once), long before the timeout; "remote" is the old
+# listener's address.
 STALE_ADDRESS = (
     "Gloo connectFullMesh failed with [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:152] "
     "timed out connecting: SO_ERROR: Connection refused, remote=[rank {peer}'s address in the destroyed "

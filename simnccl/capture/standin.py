@@ -36,9 +36,9 @@ from simnccl.release import DeviceBackend, Impl, get_release
 # with ``empty``): code that branches on received values takes this rank's branch, not the one rank src's data
 # would take (a config broadcast from rank 0; ``broadcast_object_list`` then unpickles nothing: EOFError).
 BROADCAST_RECEIVED = (
-    "a broadcast's receivers kept their own values (a capture has no other rank's data): code that branches on "
-    "what it received followed the receiver's values, and broadcast_object_list cannot unpickle rank src's "
-    "objects (EOFError)"
+    "a broadcast's or scatter's receivers kept their own values (a capture has no other rank's data): code that "
+    "branches on what it received followed the receiver's values, and broadcast_object_list or scatter_object_list "
+    "cannot unpickle the source's objects (EOFError)"
 )
 
 
@@ -137,10 +137,14 @@ class StandInBackend(C10dBackend):
     def broadcast(self, tensors: list[torch.Tensor], opts: Any) -> Any:
         src = self._global[opts.rootRank]
         self._record(Broadcast, "broadcast", tensors, src=src)
+        self._note_received(src)
+        return self._done(tensors)
+
+    def _note_received(self, src: int) -> None:
+        """A receiver of a rooted transfer (``BROADCAST_RECEIVED``), said once."""
         recorder = active()
         if recorder is not None and src != self._global[self.rank()] and BROADCAST_RECEIVED not in recorder.notes:
             recorder.notes.append(BROADCAST_RECEIVED)
-        return self._done(tensors)
 
     def allgather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any) -> Any:
         self._record(AllGather, "all_gather", inputs)
@@ -171,9 +175,11 @@ class StandInBackend(C10dBackend):
 
     def scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any) -> Any:
         # No scatter op in the vocabulary: a rooted one-to-all transfer like a broadcast.
-        self._record(Broadcast, "scatter", outputs, src=self._global[opts.rootRank])
+        src = self._global[opts.rootRank]
+        self._record(Broadcast, "scatter", outputs, src=src)
         for output, chunks in zip(outputs, inputs or [[] for _ in outputs], strict=False):
             values.own_chunk_of_list(output, chunks, self.rank())  # the root's own chunk; zeros elsewhere
+        self._note_received(src)
         return self._done(outputs)
 
     def reduce_scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any) -> Any:

@@ -64,7 +64,8 @@ class RankRuntime:
     # holds their keys depends on the launcher (``ReinitStore.stale_writer``).
     incarnation: int = 0
     # When this rank last destroyed its default group (None: never). Why: under spawn rank 0 hosts the store and
-    # its destroy drops it, so a peer re-initialising at that very instant races the drop (``ReinitStore.spawn_reinit``).
+    # its destroy drops it, so a peer re-initialising at that very instant races the drop
+    # (``ReinitStore.spawn_reinit``).
     world_destroyed_at: float | None = None
     # Under spawn, a re-init before rank 0 destroyed the default group connects to rank 0's old store, for good
     # (``ReinitStore.spawn_reinit``): when this incarnation's init did so, or None.
