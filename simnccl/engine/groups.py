@@ -171,6 +171,9 @@ class Groups:
                 # reference to the default group here; subgroups live on in the program's handles (frameworks
                 # keep them in globals, and so does real.driver), so peers waiting on those keep waiting.
                 self.sockets.close(rt, list(rt.world.comms.values()))
+            # a live subgroup of this incarnation (the program keeps it, and its prefix store of rank 0's store)
+            if any(group is not rt.world and not group.destroyed for group in groups):
+                rt.stores_kept += (rt.incarnation,)
             rt.incarnation += 1  # a re-init's bootstraps reuse this incarnation's names (counter reset)
             rt.world_destroyed_at = self.env.now
             rt.world = None

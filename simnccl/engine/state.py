@@ -70,6 +70,10 @@ class RankRuntime:
     # Under spawn, a re-init before rank 0 destroyed the default group connects to rank 0's old store, for good
     # (``ReinitStore.spawn_reinit``): when this incarnation's init did so, or None.
     on_old_store: float | None = None
+    # The incarnations whose default group this rank destroyed while it held a subgroup of it: under spawn rank 0's
+    # store lives on in that subgroup's prefix store (``ReinitStore._kept_incarnations``). A tuple: one shared
+    # empty one for the 131,072 ranks that never re-initialise.
+    stores_kept: tuple[int, ...] = ()
     groups: list[Group] = field(default_factory=list)
     block: Block | None = None
     pending: list[tuple[Meeting, int]] = field(default_factory=list)

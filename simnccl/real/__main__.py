@@ -357,7 +357,7 @@ def _comparison_line(scenario: str, variant: dict[str, Any]) -> SummaryLine:
         figure += f"; {variant['reasons'][0]}"
     state = "agree" if variant["agree"] else "disagree"
     if variant["agree"] and variant.get("verdict_racy"):  # counted as no disagreement, never as agreement
-        state, figure = "not-compared", figure + "; racy store-key collision: nothing compared"
+        state, figure = "not-compared", figure + f"; racy ({variant.get('race') or 'a race'}): nothing compared"
     return SummaryLine(scenario, variant["name"], state, variant["agree"], figure)
 
 

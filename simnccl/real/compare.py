@@ -710,10 +710,7 @@ def render_comparison_variant(variant: Mapping[str, Any]) -> str:
     for reason in variant["reasons"]:
         lines.append(f"  ! {reason}")
     if variant.get("verdict_racy"):
-        lines.append(
-            "  ~ store-key collision with a one-rank gloo group's key: whether the bootstrap succeeds depends on "
-            "the order of two store writes in real gloo; nothing is compared"
-        )
+        lines.append(f"  ~ {variant.get('race') or 'a race'}: which way it ends is timing; nothing is compared")
     elif variant.get("racy"):
         lines.append(f"  ~ {variant.get('race') or 'a race'}; only the verdict is compared")
     if variant.get("known_gap"):
