@@ -1202,6 +1202,26 @@ def test_a_groups_own_shorter_timeout_wins_over_the_runs_torch_timeout(launcher:
     assert hang["rank"] == 0 and hang["watchdog"].startswith("torch/gloo timeout"), hang
 
 
+_INIT = '  { op = "init_process_group", backend = "gloo" },\n'
+_SPLIT = '  { op = "split_group", split_ranks = [[1, 0]], bind = "s" },\n  { op = "all_reduce", group = "s" },\n'
+
+
+def _compare_spawn_reinit(tmp_path: Path, steps: str, compute_scale: float | None = None) -> dict[str, Any]:
+    """Real compare of a 2-rank gloo scenario under ``launcher = "spawn"`` with these ``steps`` (TOML lines)."""
+    from simnccl.real.compare import compare_scenario
+    from simnccl.scenario import load_scenario
+
+    path = tmp_path / "reinit.toml"
+    path.write_text(
+        '[scenario]\nname = "reinit"\n[cluster]\ngpu = "h100-80gb"\nnodes = 1\ngpus_per_node = 2\n'
+        f'[torch]\nrelease = "2.15"\nlauncher = "spawn"\n[workload]\nsteps = [\n{steps}]\n'
+    )
+    settings = FAST if compute_scale is None else replace(FAST, compute_scale=compute_scale)
+    with Launcher() as fresh:
+        (compared,) = compare_scenario(load_scenario(path), settings, launcher=fresh)["variants"]
+    return compared
+
+
 def test_a_reinit_under_spawn_is_compared_over_spawns_store(tmp_path: Path) -> None:
     """Under spawn each init_process_group rendezvous over a store rank 0 hosts and its destroy drops; the real
     lane kept one file store for the whole run (torchrun's agent store's lifetime), so a re-init followed by a
@@ -1210,21 +1230,8 @@ def test_a_reinit_under_spawn_is_compared_over_spawns_store(tmp_path: Path) -> N
     re-inits a second after its destroy: one that came first would reach rank 0's old store before rank 0 dropped
     it, a race of the real processes (measured: 2 runs of 6 with no delay) that the simulated clock does not have.
     """
-    from simnccl.real.compare import compare_scenario
-    from simnccl.scenario import load_scenario
-
-    path = tmp_path / "reinit.toml"
-    path.write_text(
-        '[scenario]\nname = "reinit"\n[cluster]\ngpu = "h100-80gb"\nnodes = 1\ngpus_per_node = 2\n'
-        '[torch]\nrelease = "2.15"\nlauncher = "spawn"\n[workload]\nsteps = [\n'
-        '  { op = "init_process_group", backend = "gloo" },\n  { op = "destroy_process_group" },\n'
-        '  { op = "compute", seconds = 1.0, on_ranks = [1] },\n'
-        '  { op = "init_process_group", backend = "gloo" },\n'
-        '  { op = "split_group", split_ranks = [[1, 0]], bind = "s" },\n  { op = "all_reduce", group = "s" },\n]\n'
-    )
-    with Launcher() as fresh:
-        report = compare_scenario(load_scenario(path), replace(FAST, compute_scale=1.0), launcher=fresh)
-    (compared,) = report["variants"]
+    late = '  { op = "destroy_process_group" },\n  { op = "compute", seconds = 1.0, on_ranks = [1] },\n'
+    compared = _compare_spawn_reinit(tmp_path, _INIT + late + _INIT + _SPLIT, compute_scale=1.0)
     assert compared["agree"], compared["reasons"]
     assert compared["sim"]["verdict"] == compared["real"]["verdict"] == "pass"
 
@@ -1235,20 +1242,8 @@ def test_a_reinit_under_spawn_at_rank_0s_destroy_is_compared_as_a_race(tmp_path:
     every failing real run was a DISAGREE (CI failed on it once); it now reports the race and compare compares
     nothing that the race decides, whichever way the real processes went."""
     from simnccl.engine.reinit_store import SPAWN_STORE_RACE
-    from simnccl.real.compare import compare_scenario
-    from simnccl.scenario import load_scenario
 
-    path = tmp_path / "reinit.toml"
-    path.write_text(
-        '[scenario]\nname = "reinit"\n[cluster]\ngpu = "h100-80gb"\nnodes = 1\ngpus_per_node = 2\n'
-        '[torch]\nrelease = "2.15"\nlauncher = "spawn"\n[workload]\nsteps = [\n'
-        '  { op = "init_process_group", backend = "gloo" },\n  { op = "destroy_process_group" },\n'
-        '  { op = "init_process_group", backend = "gloo" },\n'
-        '  { op = "split_group", split_ranks = [[1, 0]], bind = "s" },\n  { op = "all_reduce", group = "s" },\n]\n'
-    )
-    with Launcher() as fresh:
-        report = compare_scenario(load_scenario(path), FAST, launcher=fresh)
-    (compared,) = report["variants"]
+    compared = _compare_spawn_reinit(tmp_path, _INIT + '  { op = "destroy_process_group" },\n' + _INIT + _SPLIT)
     assert compared["sim"]["verdict"] == "pass" and SPAWN_STORE_RACE in compared["sim"]["races"][0]
     assert compared["agree"], (compared["reasons"], compared["real"]["verdict"])
     assert compared["verdict_racy"], compared
@@ -1260,21 +1255,13 @@ def test_a_reinit_under_spawn_with_a_subgroup_kept_is_compared_as_a_stale_key_ra
     (exit 0) where real gloo failed in 5 runs of 9: every failing run a DISAGREE. It now reports the stale-key
     error, racy, and compare compares nothing the race decides, however the real processes went."""
     from simnccl.engine.reinit_store import STALE_RACE
-    from simnccl.real.compare import compare_scenario
-    from simnccl.scenario import load_scenario
 
-    path = tmp_path / "kept.toml"
-    path.write_text(
-        '[scenario]\nname = "kept"\n[cluster]\ngpu = "h100-80gb"\nnodes = 1\ngpus_per_node = 2\n'
-        '[torch]\nrelease = "2.15"\nlauncher = "spawn"\n[workload]\nsteps = [\n'
-        '  { op = "init_process_group", backend = "gloo" },\n  { op = "new_group", ranks = [0, 1], bind = "a" },\n'
-        '  { op = "all_reduce", group = "a" },\n  { op = "destroy_process_group" },\n'
-        '  { op = "compute", seconds = 0.5, on_ranks = [1] },\n  { op = "init_process_group", backend = "gloo" },\n'
-        '  { op = "new_group", ranks = [0, 1], bind = "b" },\n  { op = "all_reduce", group = "b" },\n]\n'
+    kept = (
+        '  { op = "new_group", ranks = [0, 1], bind = "a" },\n  { op = "all_reduce", group = "a" },\n'
+        '  { op = "destroy_process_group" },\n  { op = "compute", seconds = 0.5, on_ranks = [1] },\n'
     )
-    with Launcher() as fresh:
-        report = compare_scenario(load_scenario(path), replace(FAST, compute_scale=1.0), launcher=fresh)
-    (compared,) = report["variants"]
+    again = '  { op = "new_group", ranks = [0, 1], bind = "b" },\n  { op = "all_reduce", group = "b" },\n'
+    compared = _compare_spawn_reinit(tmp_path, _INIT + kept + _INIT + again, compute_scale=1.0)
     assert compared["sim"]["verdict"] == "error"
     assert any(STALE_RACE in e["message"] for e in compared["sim"]["errors"])
     assert compared["agree"] and compared["verdict_racy"], (compared["reasons"], compared["real"]["verdict"])
