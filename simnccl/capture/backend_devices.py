@@ -31,6 +31,15 @@ def served_device_types(backend: str) -> frozenset[str] | None:
     return None if devices is None else frozenset(devices)
 
 
+def group_serves(pg: Any) -> frozenset[str] | None:
+    """``served_device_types`` of a process group torch's world knows (None: one it does not, or a backend name
+    not known here)."""
+    import torch.distributed.distributed_c10d as c10d
+
+    registered = c10d._world.pg_map.get(pg)
+    return None if registered is None else served_device_types(str(registered[0]))
+
+
 def missing_backend(kind: str) -> RuntimeError:
     """torch's error for a tensor on a device type its group has no backend for (ProcessGroup::getBackend)."""
     return RuntimeError(f"No backend type associated with device type {kind}")
@@ -89,8 +98,7 @@ def check_group_devices(func: Any, args: Any, kwargs: Any, placed: Callable[[Any
         group = c10d._get_default_group()
     if not isinstance(group, c10d.ProcessGroup) or c10d._rank_not_in_group(group):
         return
-    registered = c10d._world.pg_map.get(group)
-    serves = None if registered is None else served_device_types(str(registered[0]))
+    serves = group_serves(group)
     if serves is None:
         return
     for tensor in tree_leaves(list(arguments.values())):
@@ -117,8 +125,7 @@ def check_functional_devices(func: Any, args: Any, kwargs: Any, placed: Callable
         group = c10d._resolve_process_group(name)
     except (KeyError, RuntimeError, ValueError):
         return  # torch raises its own error for a group it does not know
-    registered = c10d._world.pg_map.get(group)
-    serves = None if registered is None else served_device_types(str(registered[0]))
+    serves = group_serves(group)
     if serves is None:
         return
     for tensor in tree_leaves([args[:at], [v for k, v in kwargs.items() if k != "group_name"]]):

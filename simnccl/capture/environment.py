@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch.distributed import distributed_c10d as c10d
 
-from simnccl.capture.backend_devices import cpu_backend, served_device_types
+from simnccl.capture.backend_devices import cpu_backend, group_serves
 from simnccl.capture.fake_devices import FakeCuda, driver_call_message
 from simnccl.capture.recorder import _Recorder, active, set_active
 from simnccl.capture.result import CaptureError
@@ -113,7 +113,7 @@ def _cuda_tensors_routed(original: Callable[..., None]) -> Callable[..., None]:
     tensors underneath, and torch picks a group's backend by that device, so such a group's first collective
     raised "No backend type associated with device type cpu" where a GPU host runs it. The function mode then
     checks the device each tensor of a call stands for against the group's real device types
-    (``fake_devices.check_group_devices``), so a real CPU tensor there still fails as it does on a GPU host."""
+    (``backend_devices.check_group_devices``), so a real CPU tensor there still fails as it does on a GPU host."""
 
     def init(self: Any, backend: Any) -> None:
         original(self, backend)
@@ -147,35 +147,16 @@ def _device_types_as_torch_has_them() -> property:
     """``ProcessGroup._device_types`` as a GPU host's torch has them (``served_device_types``): every stand-in
     registers for cpu and cuda, so an nccl group showed cpu too, and what torch decides from it went the CPU way
     (``_get_pg_default_device``: DCP's ``set_model_state_dict(broadcast_from_rank0=True)`` broadcast CPU tensors
-    over nccl; ``monitored_barrier`` accepted an nccl group)."""
+    over nccl; ``_get_object_coll_device``: ``all_gather_object``'s tensors on cpu; ``monitored_barrier`` accepted
+    an nccl group)."""
     original = c10d.ProcessGroup._device_types
 
     def device_types(pg: Any) -> list[Any]:
         devices = original.__get__(pg)
-        registered = c10d._world.pg_map.get(pg)
-        serves = None if registered is None else served_device_types(str(registered[0]))
+        serves = group_serves(pg)
         return devices if serves is None else [device for device in devices if device.type in serves]
 
     return property(device_types)
-
-
-def _object_device_as_torch_picks(original: Callable[..., str]) -> Callable[..., str]:
-    """``_get_object_coll_device`` from the device types the group has on a GPU host (``served_device_types``),
-    not the stand-ins' (every stand-in serves cpu and cuda, and torch prefers cpu where a group has it): an
-    ``nccl`` group's ``all_gather_object`` makes its tensors on cuda, as on a GPU host, not on cpu, where they
-    are then refused (``fake_devices.check_group_devices``)."""
-
-    def chooser(group: Any = None) -> str:
-        pg = group or c10d._get_default_group()
-        registered = c10d._world.pg_map.get(pg)
-        serves = None if registered is None else served_device_types(str(registered[0]))
-        if not serves:
-            return original(group)
-        if len(serves) == 1:
-            return next(iter(serves))
-        return "cpu" if "cpu" in serves else sorted(serves)[0]  # torch: cpu where it is among them
-
-    return chooser
 
 
 @contextlib.contextmanager
@@ -206,8 +187,6 @@ def _installed(
     patches.append((c10d.ProcessGroup, "monitored_barrier", _monitored_barrier_as_gloo_runs_it))
     if cuda:
         patches.append((c10d.BackendConfig, "__init__", _cuda_tensors_routed(c10d.BackendConfig.__init__)))
-        chooser = _object_device_as_torch_picks(c10d._get_object_coll_device)
-        patches.append((c10d, "_get_object_coll_device", chooser))
         patches.append((c10d.ProcessGroup, "_device_types", _device_types_as_torch_has_them()))
     # torch's own env://, tcp:// and file:// rendezvous, with its checks (env:// without RANK, tcp:// without a
     # rank: torch's ValueError), each making a store that needs no peer instead of its TCPStore or FileStore.
