@@ -135,11 +135,11 @@ def _wrapper(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
         except TypeError:
             return original(*args, **kwargs)  # torch raises its own error for bad arguments
         ranks = None  # new_group's ranks as torch reads them (``_enter_new_group``), for the shortcut
+        _refuse_renamed(recorder)
         _DEPTH += 1
         recorder.ops.extend(recorder.memory.changes())  # tensors made before the call: kept whatever it does
         before = (len(recorder.ops), len(recorder.calls), c10d._world.group_count)
         try:
-            _refuse_renamed(recorder)
             try:
                 if name == "new_group":
                     args, kwargs = _ranks_read_once(args, kwargs, arguments)
@@ -173,7 +173,8 @@ def _unrecord(rec: _Recorder, name: str, before: tuple[int, int, int], err: Base
     where real torch had gone on, or would have charged a group torch never made.
 
     torch checks a group's arguments before it takes the group's name from its counter; a call that raised after
-    taking it leaves every later group on this rank named one higher, which no Program expresses: refused."""
+    taking it leaves every later group on this rank named one higher, which no Program expresses: the rank's
+    next group call is refused (``_refuse_renamed``)."""
     ops, calls, count = before
     del rec.ops[ops:], rec.calls[calls:]
     note = f"{name} raised {type(err).__name__} (torch rejected the call): not recorded"
