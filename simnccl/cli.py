@@ -129,14 +129,12 @@ def _add_allow(parser: argparse.ArgumentParser) -> None:
 
 
 def _verdicts(text: str) -> frozenset[str]:
-    from simnccl.expect import ACCEPTS_RACES
-    from simnccl.scenario import VERDICTS
+    from simnccl.expect import ACCEPTABLE
 
-    known = (*VERDICTS, ACCEPTS_RACES)
     chosen = frozenset(v.strip() for v in text.split(",") if v.strip())
-    unknown = sorted(chosen - set(known))
+    unknown = sorted(chosen - set(ACCEPTABLE))
     if unknown:
-        raise argparse.ArgumentTypeError(f"unknown verdict(s) {', '.join(unknown)}; expected {', '.join(known)}")
+        raise argparse.ArgumentTypeError(f"unknown verdict(s) {', '.join(unknown)}; expected {', '.join(ACCEPTABLE)}")
     return chosen
 
 

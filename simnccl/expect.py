@@ -11,12 +11,13 @@ from collections.abc import Iterable, Sequence
 from simnccl.engine.outcome import devices_short_of, pass_decided_by_race
 from simnccl.memory import distinct_figures, to_mib
 from simnccl.result import ExpectationResult, VariantResult
-from simnccl.scenario import Expectation
+from simnccl.scenario import VERDICTS, Expectation
 
 DEFAULT_TOLERANCE_PCT = 1.0
 UNEXPECTED_VERDICT_KEY = "verdict"
 RACE_KEY = "race"
 ACCEPTS_RACES = "race"  # in ``--allow``: a pass a race decided (``pass_decided_by_race``) is not a failure
+ACCEPTABLE = (*VERDICTS, ACCEPTS_RACES)  # what ``run --allow`` and ``sweep --accept-verdict`` take
 
 
 def unexpected_verdict(

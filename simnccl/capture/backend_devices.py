@@ -4,7 +4,8 @@ Why a module of its own: the capture registers every stand-in backend for cpu an
 CPU tensors underneath, and torch picks a group's backend by a tensor's C++ device), so torch's own answer to
 "does this group serve that device" is the stand-ins', not a GPU host's. A CPU tensor's all_reduce on an ``nccl``
 group captured and simulated as a pass, where a GPU host raises "No backend type associated with device type
-cpu". The function mode (``fake_devices``) and the object-collective device (``environment``) ask this instead.
+cpu". The capture's function and dispatch modes (``fake_devices``) and its corrected ``ProcessGroup._device_types``
+and ``monitored_barrier`` (``environment``) ask this instead.
 """
 
 from __future__ import annotations
@@ -31,13 +32,19 @@ def served_device_types(backend: str) -> frozenset[str] | None:
     return None if devices is None else frozenset(devices)
 
 
-def group_serves(pg: Any) -> frozenset[str] | None:
-    """``served_device_types`` of a process group torch's world knows (None: one it does not, or a backend name
-    not known here)."""
+def group_backend(pg: Any) -> str | None:
+    """The backend a process group torch's world knows was made with (``_world.pg_map``), or None."""
     import torch.distributed.distributed_c10d as c10d
 
     registered = c10d._world.pg_map.get(pg)
-    return None if registered is None else served_device_types(str(registered[0]))
+    return None if registered is None else str(registered[0])
+
+
+def group_serves(pg: Any) -> frozenset[str] | None:
+    """``served_device_types`` of a process group torch's world knows (None: one it does not, or a backend name
+    not known here)."""
+    backend = group_backend(pg)
+    return None if backend is None else served_device_types(backend)
 
 
 def missing_backend(kind: str) -> RuntimeError:
@@ -87,9 +94,7 @@ def check_group_devices(func: Any, args: Any, kwargs: Any, placed: Callable[[Any
         arguments = signature.bind_partial(*args, **kwargs).arguments
     except TypeError:
         return  # torch raises its own error for these arguments
-    import torch
     import torch.distributed.distributed_c10d as c10d
-    from torch.utils._pytree import tree_leaves
 
     group = arguments.get("group")
     if group is None:
@@ -98,14 +103,7 @@ def check_group_devices(func: Any, args: Any, kwargs: Any, placed: Callable[[Any
         group = c10d._get_default_group()
     if not isinstance(group, c10d.ProcessGroup) or c10d._rank_not_in_group(group):
         return
-    serves = group_serves(group)
-    if serves is None:
-        return
-    for tensor in tree_leaves(list(arguments.values())):
-        if isinstance(tensor, torch.Tensor):
-            kind = "cpu" if placed(tensor) is None else "cuda"
-            if kind not in serves:
-                raise missing_backend(kind)
+    _refuse_unserved(group, list(arguments.values()), placed)
 
 
 def check_functional_devices(func: Any, args: Any, kwargs: Any, placed: Callable[[Any], int | None]) -> None:
@@ -117,18 +115,24 @@ def check_functional_devices(func: Any, args: Any, kwargs: Any, placed: Callable
         return
     at = names.index("group_name")
     name = args[at] if at < len(args) else kwargs.get("group_name")
-    import torch
     import torch.distributed.distributed_c10d as c10d
-    from torch.utils._pytree import tree_leaves
 
     try:
         group = c10d._resolve_process_group(name)
     except (KeyError, RuntimeError, ValueError):
         return  # torch raises its own error for a group it does not know
+    _refuse_unserved(group, [args[:at], [v for k, v in kwargs.items() if k != "group_name"]], placed)
+
+
+def _refuse_unserved(group: Any, values: Any, placed: Callable[[Any], int | None]) -> None:
+    """torch's error for the first tensor in ``values`` whose device ``group`` has no backend for."""
+    import torch
+    from torch.utils._pytree import tree_leaves
+
     serves = group_serves(group)
     if serves is None:
         return
-    for tensor in tree_leaves([args[:at], [v for k, v in kwargs.items() if k != "group_name"]]):
+    for tensor in tree_leaves(values):
         if isinstance(tensor, torch.Tensor):
             kind = "cpu" if placed(tensor) is None else "cuda"
             if kind not in serves:

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch.distributed import distributed_c10d as c10d
 
-from simnccl.capture.backend_devices import cpu_backend, group_serves
+from simnccl.capture.backend_devices import cpu_backend, group_backend, group_serves
 from simnccl.capture.fake_devices import FakeCuda, driver_call_message
 from simnccl.capture.recorder import _Recorder, active, set_active
 from simnccl.capture.result import CaptureError
@@ -131,9 +131,9 @@ def _monitored_barrier_as_gloo_runs_it(pg: Any, timeout: Any = None, wait_all_ra
     """``ProcessGroup.monitored_barrier``: its group's cpu backend runs it, and only gloo's can; here a barrier
     of the group (the stand-ins have no ``monitoredBarrier``, whose C++ default named gloo as the backend that
     does not support it). On a group whose cpu backend is not gloo, or that has none, torch's error."""
-    registered = c10d._world.pg_map.get(pg)
-    name = None if registered is None else cpu_backend(str(registered[0]))
-    if registered is not None and name is None:  # torch's own check (l.6682) refuses such a group first
+    backend = group_backend(pg)
+    name = None if backend is None else cpu_backend(backend)
+    if backend is not None and name is None:  # torch's own check (l.6682) refuses such a group first
         raise ValueError("monitored_barrier requires a group with a CPU-capable backend (e.g. GLOO).")
     if name is not None and name != "gloo":
         raise RuntimeError(f"Backend {name} does not support monitoredBarrier, only GLOO supports monitored barrier.")

@@ -230,7 +230,7 @@ class _Placement(TorchDispatchMode):
             return NotImplemented
         kwargs = kwargs or {}
         if func.namespace == "_c10d_functional":
-            check_functional_devices(func, args, kwargs, self._placed_storage)
+            check_functional_devices(func, args, kwargs, self.placed)
         index = self.target
         device = kwargs.get("device")
         if isinstance(device, torch.device) and device.type == "cuda":
@@ -265,10 +265,15 @@ class _Placement(TorchDispatchMode):
                     self.memory.place(storage, index)
         return out
 
-    def _placed_storage(self, tensor: Any) -> int | None:
-        """The device ``tensor``'s storage is placed on (None: host memory)."""
-        storage = _storage(tensor)
-        return None if storage is None else self.memory.device_of(storage)
+    def placed(self, tensor: Any) -> int | None:
+        """The device ``tensor`` is placed on (a wrapper subclass such as DTensor: its first inner tensor's; None:
+        host memory, or not a tensor)."""
+        if not isinstance(tensor, torch.Tensor):
+            return None
+        for plain in _tensors(tensor):
+            storage = _storage(plain)
+            return None if storage is None else self.memory.device_of(storage)
+        return None
 
     @contextlib.contextmanager
     def placing(self, index: int | None) -> Iterator[None]:
@@ -309,13 +314,8 @@ class _CudaAsCpu(TorchFunctionMode):
         return index
 
     def _placed(self, tensor: Any) -> int | None:
-        """The device ``tensor`` is placed on (a wrapper subclass such as DTensor: its first inner tensor's)."""
-        if not isinstance(tensor, torch.Tensor):
-            return None
-        for plain in _tensors(tensor):
-            storage = _storage(plain)
-            return None if storage is None else self.memory.device_of(storage)
-        return None
+        """The device ``tensor`` is placed on (``_Placement.placed``)."""
+        return self.placement.placed(tensor)
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}

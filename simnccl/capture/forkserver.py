@@ -44,7 +44,8 @@ from simnccl.capture.ranks import (
 )
 from simnccl.capture.recorder import _Recorder, built_calls
 from simnccl.capture.result import CaptureError
-from simnccl.capture.script import RANK_VARIABLES, PreloadRefused, ScriptTarget
+from simnccl.capture.script import PreloadRefused, ScriptTarget
+from simnccl.env_knobs import PER_RANK_VARIABLES
 from simnccl.process_tree import become_subreaper, how_it_ended, kill_descendants
 
 MESSAGE_BYTES = 1 << 16  # every message is a short tuple
@@ -221,7 +222,7 @@ def _preload(spec: _Spec, target: ScriptTarget) -> list[str]:  # pragma: no cove
     """The target's leading imports, inside the world a rank runs in (stand-in backends, fake CUDA), with the
     environment every rank shares; refused when they read per-rank variables or call what a rank records."""
     environment = {**os.environ, **spec.rank_env(0)}  # what a rank's os.environ holds, as _run_rank sets it
-    shared = {k: v for k, v in environment.items() if k not in RANK_VARIABLES}
+    shared = {k: v for k, v in environment.items() if k not in PER_RANK_VARIABLES}
     recorder = _Recorder(0, 0, False)
     with _installed(recorder, spec.release, spec.world_size, spec.gpus_per_node, spec.cuda), collected() as end:
         modules = target.preload_in(shared)

@@ -41,9 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from simnccl.env_knobs import PER_RANK_VARIABLES
-
-RANK_VARIABLES = PER_RANK_VARIABLES  # the environment torchrun gives each rank its own value of
+from simnccl.env_knobs import PER_RANK_VARIABLES  # the environment torchrun gives each rank its own value of
 
 
 class PreloadRefused(Exception):
@@ -126,7 +124,7 @@ class ScriptTarget:
                     if copy is not None:
                         raise PreloadRefused(
                             f"importing {name!r} kept a copy of the environment ({copy}), made without "
-                            f"{'/'.join(RANK_VARIABLES)}, which differ per rank: every rank imports the script's "
+                            f"{'/'.join(PER_RANK_VARIABLES)}, which differ per rank: every rank imports the script's "
                             "modules itself"
                         )
         finally:
@@ -223,7 +221,7 @@ class _WatchedEnviron(os._Environ):  # type: ignore[misc,name-defined]
         self._walks = walks
 
     def __getitem__(self, key: str) -> str:
-        if key in RANK_VARIABLES:
+        if key in PER_RANK_VARIABLES:
             self._reads.add(key)
         return super().__getitem__(key)
 

@@ -18,7 +18,6 @@ import traceback
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
-from pathlib import Path
 from typing import Any
 
 from simnccl.cost import Column, build_cluster, column_config, measure, summarise
@@ -30,17 +29,11 @@ from simnccl.ops import Program
 from simnccl.runner import default_limits, run_variant
 from simnccl.scenario import Scenario
 from simnccl.sweep.deadline import CellTimeout, call_with_deadline
-from simnccl.sweep.matrix import DEFAULT_POLICY, Checks, Matrix, digest
+from simnccl.sweep.matrix import DEFAULT_POLICY, Checks, Matrix, digest, scenario_key
 from simnccl.sweep.store import FIELDS, FIGURES, Row
 from simnccl.workloads import GENERATORS
 
 WORKLOAD, SCENARIO = "workload", "scenario"
-
-
-def scenario_key(path: str) -> str:
-    """A scenario cell's file as its identity names it: the file's name, however its path was spelled (the
-    content is the identity's sha256). One rule for ``Cell.identity`` and the resume check of a row."""
-    return Path(path).name if path else path
 
 
 @dataclass(frozen=True, slots=True)

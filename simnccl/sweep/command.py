@@ -22,7 +22,7 @@ from simnccl.cli_options import env_item, output_file_problem
 from simnccl.cli_output import PipeAwareConsole, document_stream, write_all_to_stdout
 from simnccl.memory import distinct_figures
 from simnccl.policy.plans import UserPolicyError
-from simnccl.sweep.cell import WORKLOAD, Cell, blank_row, expand, scenario_key
+from simnccl.sweep.cell import WORKLOAD, Cell, blank_row, expand
 from simnccl.sweep.executors import Executor, ExecutorError, check_address, run_cells
 from simnccl.sweep.matrix import (
     DEFAULT_CELL_TIMEOUT_S,
@@ -31,6 +31,7 @@ from simnccl.sweep.matrix import (
     SweepInputError,
     build_matrix,
     read_matrix_file,
+    scenario_key,
 )
 from simnccl.sweep.store import (
     DONE_STATUSES,

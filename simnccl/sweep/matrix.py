@@ -35,14 +35,14 @@ from typing import Any
 from simnccl.cluster import ClusterError, get_gpu_kind
 from simnccl.cost import CostError, parse_knobs
 from simnccl.env_knobs import NO_SCENARIO_DECLARES, env_problem, is_env_name
-from simnccl.expect import ACCEPTS_RACES
+from simnccl.expect import ACCEPTABLE
 from simnccl.limits import current as current_limits
 from simnccl.limits import exceeded, file_problem, nesting_depth, number_text
 from simnccl.policy import PolicyError, get_policy
 from simnccl.policy.specs import describe_policy
 from simnccl.profiles import ProfileError, find_profile
 from simnccl.release import RELEASES
-from simnccl.scenario import VERDICTS, Scenario, ScenarioError, load_scenario
+from simnccl.scenario import Scenario, ScenarioError, load_scenario
 from simnccl.scenario.reader import first_repeat
 from simnccl.table_keys import key_problem
 from simnccl.visible_text import brief
@@ -83,6 +83,12 @@ class WorkloadEntry:
         return {"label": self.label, "generator": self.generator, "knobs": dict(self.knobs), "world": self.world}
 
 
+def scenario_key(path: str) -> str:
+    """A scenario's file as a sweep's identities name it: the file's name, however its path was spelled (the
+    content is the identity's sha256). One rule for the matrix, ``Cell.identity`` and the resume check of a row."""
+    return Path(path).name if path else path
+
+
 @dataclass(frozen=True, slots=True)
 class ScenarioEntry:
     """A scenario file (its bytes hashed: an edited file is another matrix) and the variants chosen."""
@@ -99,7 +105,7 @@ class ScenarioEntry:
     def identity(self) -> dict[str, Any]:
         """What the entry computes: the file's name and content, not how its path was spelled (from another
         folder, or relative vs absolute, one file made another matrix, and --resume refused its own output)."""
-        return {"file": Path(self.path).name, "sha256": self.sha256, "variants": list(self.variants)}
+        return {"file": scenario_key(self.path), "sha256": self.sha256, "variants": list(self.variants)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -534,10 +540,10 @@ def build_matrix(args: Any, data: Mapping[str, Any] | None, source: str, base: P
         fixed = check_env(data.get("env", {}), fixed_where)
     verdicts, verdict_where = pick(args.accept_verdict, "--accept-verdict", check, "verdict", "check.")
     verdicts = ["pass"] if verdicts is None else _list(verdicts, verdict_where, str)
-    known = (*VERDICTS, ACCEPTS_RACES)  # race: a pass a race decided is ok (``pass_decided_by_race``)
-    for verdict in verdicts:
-        if verdict not in known:
-            raise SweepInputError(verdict_where, f"unknown verdict {verdict!r}; expected one of {', '.join(known)}")
+    for verdict in verdicts:  # race: a pass a race decided is ok (``pass_decided_by_race``)
+        if verdict not in ACCEPTABLE:
+            expected = ", ".join(ACCEPTABLE)
+            raise SweepInputError(verdict_where, f"unknown verdict {verdict!r}; expected one of {expected}")
     cap, cap_where = pick(args.max_used_mib, "--max-used-mib", check, "max_used_mib", "check.")
     if cap is not None:
         _number(cap, cap_where, 0, 1e9)

@@ -29,7 +29,6 @@ from typing import Any
 
 from simnccl import __version__
 from simnccl.engine import Limits, RunOutcome
-from simnccl.engine.outcome import pass_decided_by_race
 from simnccl.ops import NO_OPTIONS, OP_TYPES, Op, PgOptions, retired_field
 from simnccl.policy import PolicyError, describe_policy, get_policy, policy_from_description, policy_label
 from simnccl.testing.case_file import check_case
@@ -658,8 +657,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _passes(outcome: RunOutcome) -> bool:
-    """A pass, and not one a race decided (``pass_decided_by_race``: ``describe`` printed the race)."""
-    return outcome.verdict == "pass" and pass_decided_by_race(outcome) is None
+    """``invariants.passes``, the check a valid program meets (a pass, not one a race decided: ``describe``
+    printed the race), without recording a failed check: this is the replay's verdict, not a test's."""
+    from simnccl.testing.invariants import passes
+
+    return bool(passes.__wrapped__(outcome))  # type: ignore[attr-defined]
 
 
 def policy_sources(policy: object) -> dict[str, str]:
