@@ -139,7 +139,7 @@ class GroupRecord:
     members: dict[int, dict[str, Any]] = field(default_factory=dict)
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, weakref_slot=True)  # weakref: the replay's record of recent runs must not keep them
 class RunOutcome:
     verdict: str
     ranks: list[RankRuntime]

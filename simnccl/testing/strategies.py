@@ -487,7 +487,9 @@ def _draw_split(
     )
 
 
-@functools.lru_cache(maxsize=4096)
+# A few menus: one is reused within an example only, and a menu is a tuple per entry (4,096 of them kept 234,000
+# tuples alive over a 2,000-case run, walked by every full collection of the cyclic GC).
+@functools.lru_cache(maxsize=32)
 def _use_menu(
     world: int,
     targets: tuple[Family | Split | None, ...],
