@@ -281,6 +281,35 @@ class Recv(PointToPoint):
 
 
 @dataclass(frozen=True, slots=True)
+class BatchIsendIrecv(Op):
+    """``batch_isend_irecv``: every send and recv of the list posted at once on one group, then waited on together
+    (``for req in reqs: req.wait()``). ``sends``/``recvs``: the peers (global ranks), each direction in the list's
+    order, every tensor ``size_bytes`` of ``dtype``.
+
+    Why its own op: the list's order of sends and recvs does not matter (torch's docstring), so a ring exchange
+    that blocking sends and recvs deadlock completes; and on NCCL the batch is coalesced on the group's own
+    communicator, where an unbatched send or recv may make a 2-rank one."""
+
+    name: ClassVar[str] = "batch_isend_irecv"
+    sends: tuple[int, ...] = ()
+    recvs: tuple[int, ...] = ()
+    group: str = WORLD
+    size_bytes: int = 4 * MIB
+    dtype: str = dtypes.DEFAULT
+
+    def __post_init__(self) -> None:
+        _check_dtype(self)
+
+    def items(self) -> tuple[tuple[type[PointToPoint], int], ...]:
+        """(Send or Recv, peer) of each op of the list: the sends, then the recvs."""
+        return (*((Send, peer) for peer in self.sends), *((Recv, peer) for peer in self.recvs))
+
+
+# Ops that run on a group handle and communicate there.
+ON_A_GROUP = (Collective, PointToPoint, BatchIsendIrecv)
+
+
+@dataclass(frozen=True, slots=True)
 class DestroyProcessGroup(Op):
     """``destroy_process_group(group)``; the world handle tears down every group, as torch does."""
 
@@ -416,6 +445,7 @@ OP_TYPES: dict[str, type[Op]] = {
         Barrier,
         Send,
         Recv,
+        BatchIsendIrecv,
         DestroyProcessGroup,
         Compute,
         Alloc,
@@ -441,7 +471,7 @@ class Program:
         return [op.to_dict() for op in self.ops]
 
 
-def _check_dtype(op: Collective | PointToPoint) -> None:
+def _check_dtype(op: Collective | PointToPoint | BatchIsendIrecv) -> None:
     """A collective's or p2p's ``dtype`` must be one torch has (``simnccl.dtypes``): an unknown name simulated as
     a type no member could send, and ran on the real tier as float32."""
     if not dtypes.is_known(op.dtype):

@@ -42,6 +42,7 @@ from simnccl.ops import (
     AllReduce,
     AllToAll,
     Barrier,
+    BatchIsendIrecv,
     Broadcast,
     Checkpoint,
     InitProcessGroup,
@@ -312,6 +313,39 @@ def test_replay_of_the_traffic_capture(traffic: cap.CapturedRun) -> None:
     outcome = traffic.simulate(gpu="h100-80gb")
     assert outcome.verdict == "pass", outcome.errors or outcome.hangs
     assert "traffic" in outcome.checkpoints
+
+
+def _batched_ring(mixed: bool = False) -> None:
+    """A pipeline stage's exchange: send to the next rank, receive from the previous one, in one batch."""
+    dist.init_process_group("nccl")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.cuda.set_device(rank)
+    out, back = torch.ones(256, device="cuda"), torch.empty(256, device="cuda")
+    ops = [dist.P2POp(dist.isend, out, (rank + 1) % world), dist.P2POp(dist.irecv, back, (rank - 1) % world)]
+    for request in dist.batch_isend_irecv(ops):
+        request.wait()
+    if mixed and rank == 0:  # tensors of two sizes in one batch
+        dist.batch_isend_irecv([dist.P2POp(dist.isend, out, 1), dist.P2POp(dist.isend, out[:8], 2)])
+    dist.destroy_process_group()
+
+
+def test_batch_isend_irecv_is_recorded_as_one_batch_and_its_ring_passes() -> None:
+    """Recorded as its sends and recvs one by one, each blocking, the ring was simulated as a hang."""
+    run = cap.capture(_batched_ring, 4, gpus_per_node=4, final_checkpoint=None)
+    for rank, program in enumerate(run.programs):
+        batches = [op for op in program.ops if isinstance(op, BatchIsendIrecv)]
+        assert batches == [BatchIsendIrecv(sends=((rank + 1) % 4,), recvs=((rank - 1) % 4,), size_bytes=1024)]
+        assert not any(isinstance(op, (Send, Recv)) for op in program.ops)
+    outcome = run.simulate(gpu="h100-80gb")
+    assert outcome.verdict == "pass", outcome.hangs or outcome.errors
+
+
+def test_a_batch_of_tensors_of_several_sizes_is_recorded_at_the_largest_with_a_note() -> None:
+    run = cap.capture(functools.partial(_batched_ring, True), 4, gpus_per_node=4, final_checkpoint=None)
+    assert [op for op in run.programs[0].ops if isinstance(op, BatchIsendIrecv)][1] == BatchIsendIrecv(
+        sends=(1, 2), size_bytes=1024
+    )
+    assert any("2 sizes and 1 dtypes is recorded with its largest (1024 bytes)" in note for note in run.notes)
 
 
 # ---------------------------------------------------------------------------------------------- files and CLI

@@ -17,6 +17,7 @@ from simnccl.ops import (
     AllGather,
     AllReduce,
     Barrier,
+    BatchIsendIrecv,
     Broadcast,
     Compute,
     DestroyProcessGroup,
@@ -215,6 +216,24 @@ PROBES: dict[str, list[list[Op]]] = {
         [GLOO, EVENS, ODDS, AllGather(group="g", size_bytes=SIZE)],
         [GLOO, LOCAL_023, EVENS, ODDS, AllGather(group="g", size_bytes=SIZE)],
         [GLOO, LOCAL_023, EVENS, ODDS, AllGather(group="g", size_bytes=SIZE)],
+    ],
+    # batch_isend_irecv posts every send and recv before waiting: a ring completes where blocking ones hang
+    "batch-ring": [
+        [GLOO, BatchIsendIrecv(sends=((r + 1) % 4,), recvs=((r - 1) % 4,), size_bytes=SIZE)] for r in range(4)
+    ],
+    "blocking-ring": [
+        [GLOO, Send(peer=(r + 1) % 3, size_bytes=SIZE), Recv(peer=(r - 1) % 3, size_bytes=SIZE)] for r in range(3)
+    ],
+    # a batch's recv smaller than the send it meets aborts that rank, as an unbatched one does; the others finish
+    "batch-ring-small-recv": [
+        [GLOO, BatchIsendIrecv(sends=(1,), size_bytes=SIZE), BatchIsendIrecv(recvs=(2,), size_bytes=SIZE // 2)],
+        [GLOO, BatchIsendIrecv(sends=(2,), recvs=(0,), size_bytes=SIZE)],
+        [GLOO, BatchIsendIrecv(sends=(0,), recvs=(1,), size_bytes=SIZE)],
+    ],
+    # on gloo a batch's send is an isend: an unbatched recv takes it, and two messages to one peer keep their order
+    "batch-meets-unbatched": [
+        [GLOO, BatchIsendIrecv(sends=(1, 1), recvs=(1,), size_bytes=SIZE)],
+        [GLOO, Send(peer=0, size_bytes=SIZE), Recv(peer=0, size_bytes=SIZE), Recv(peer=0, size_bytes=SIZE)],
     ],
     # each group's rank 0 sends to its rank 1: the receivers get the other group's sender's data (the data
     # check stops them); nothing comes back to a sender, which real gloo lets go on, as the simulator does

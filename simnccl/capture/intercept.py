@@ -24,6 +24,7 @@ from simnccl.capture.result import CaptureError
 from simnccl.capture.values import _backend_name, _device, _options, _plain, _seconds
 from simnccl.ops import (
     WORLD,
+    BatchIsendIrecv,
     Checkpoint,
     DestroyProcessGroup,
     InitProcessGroup,
@@ -103,10 +104,12 @@ def _intercepted() -> Iterator[None]:
     (``sys.setprofile`` would see every call without patching, but costs ~20x on torch's lazy imports of a
     first DeviceMesh build; wrapping costs nothing.)
     """
-    originals = {name: getattr(c10d, name) for name in RECORDED_FUNCTIONS}
-    wrappers = {name: _wrapper(name, fn) for name, fn in originals.items()}
-    wrapper_of = {id(originals[name]): wrappers[name] for name in RECORDED_FUNCTIONS}
-    original_of = {id(wrappers[name]): originals[name] for name in RECORDED_FUNCTIONS}
+    names = (*RECORDED_FUNCTIONS, "batch_isend_irecv")
+    originals = {name: getattr(c10d, name) for name in names}
+    wrappers = {name: _wrapper(name, fn) for name, fn in originals.items() if name in RECORDED_FUNCTIONS}
+    wrappers["batch_isend_irecv"] = _batch_wrapper(originals["batch_isend_irecv"])
+    wrapper_of = {id(originals[name]): wrappers[name] for name in names}
+    original_of = {id(wrappers[name]): originals[name] for name in names}
     patched = _holders(originals.values())
     try:
         for module, attr, value in patched:
@@ -117,6 +120,48 @@ def _intercepted() -> Iterator[None]:
             setattr(module, attr, value)
         for module, attr, wrapper in _holders(wrappers.values()):
             setattr(module, attr, original_of[id(wrapper)])
+
+
+def _batch_wrapper(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``batch_isend_irecv`` recorded as one ``BatchIsendIrecv``: its sends and recvs reach the stand-in one by one
+    (it supports no coalescing, so torch calls each isend/irecv), which keeps them in ``recorder.batch``. Why: as
+    separate blocking sends and recvs, a ring exchange that real NCCL and gloo complete was simulated as a hang."""
+
+    def recorded(*args: Any, **kwargs: Any) -> Any:
+        recorder = active()
+        if recorder is None or recorder.batch is not None:
+            return original(*args, **kwargs)
+        recorder.batch = []
+        try:
+            works = original(*args, **kwargs)
+            items = recorder.batch
+        finally:
+            recorder.batch = None  # torch raised for the list (a bad op, groups that differ): nothing recorded
+        if items:
+            recorder.add(_batch_op(recorder, items), "batch_isend_irecv", {"group": items[0][4]}, items[0][4])
+        return works
+
+    recorded.__wrapped__ = original  # type: ignore[attr-defined]
+    return recorded
+
+
+def _batch_op(recorder: _Recorder, items: Sequence[tuple[bool, int, int, str, str]]) -> BatchIsendIrecv:
+    """The batch's op: one size and one dtype for its tensors, the largest and the first where they differ (with
+    a note: a gloo peer whose recv is smaller than the send it meets aborts, which the simulation then says)."""
+    sizes = {size for _, _, size, _, _ in items}
+    dtypes = list(dict.fromkeys(dtype for _, _, _, dtype, _ in items))
+    if len(sizes) > 1 or len(dtypes) > 1:
+        recorder.notes.append(
+            f"rank {recorder.rank}: a batch_isend_irecv of tensors of {len(sizes)} sizes and {len(dtypes)} dtypes is "
+            f"recorded with its largest ({max(sizes)} bytes) and its first dtype ({dtypes[0]})"
+        )
+    return BatchIsendIrecv(
+        sends=tuple(peer for sends, peer, _, _, _ in items if sends),
+        recvs=tuple(peer for sends, peer, _, _, _ in items if not sends),
+        group=items[0][4],
+        size_bytes=max(sizes),
+        dtype=dtypes[0],
+    )
 
 
 def _wrapper(name: str, original: Callable[..., Any]) -> Callable[..., Any]:

@@ -54,6 +54,9 @@ class _Recorder:
         self.family_count: dict[str, int] = {}
         self.inits = 0  # init_process_group calls that made a default group: each one's checkpoint is its own
         self.renamed: str | None = None  # why a later group call is refused (``intercept._unrecord``)
+        # A batch_isend_irecv in progress: its sends and recvs as the stand-in sees them, recorded as one op at its
+        # end (``intercept._batch_wrapper``): (is a send, peer's global rank, bytes, dtype, group handle) each.
+        self.batch: list[tuple[bool, int, int, str, str]] | None = None
         self.memory = TensorMemory()  # the rank's emulated CUDA tensors (simnccl.capture.fake_devices)
         self.max_ops = current_limits().max_program_ops  # a Program's bound, checked as the rank records
 

@@ -235,6 +235,9 @@ class StandInBackend(C10dBackend):
             dtype = _dtype(tensors[0]) if tensors else "Float"
             peer_rank = self._global[peer]
             _check_bound(recorder, self.handle, name)
+            if recorder.batch is not None:  # one op of a batch_isend_irecv: the batch is recorded at its end
+                recorder.batch.append((op_type is Send, peer_rank, _nbytes(tensors), dtype, self.handle))
+                return self._done(tensors)
             op = op_type(peer=peer_rank, group=self.handle, size_bytes=_nbytes(tensors), dtype=dtype)
             recorder.add(op, name, {"group": self.handle, "peer": peer_rank, "tensors": tensors}, self.handle)
         return self._done(tensors)

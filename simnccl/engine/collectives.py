@@ -34,6 +34,7 @@ from simnccl.ops import (
     AllReduce,
     AllToAll,
     Barrier,
+    BatchIsendIrecv,
     Broadcast,
     Collective,
     Op,
@@ -102,7 +103,7 @@ class Collectives:
         return comm
 
     @staticmethod
-    def _group_of(rt: RankRuntime, op: Collective | PointToPoint) -> Group | None:
+    def _group_of(rt: RankRuntime, op: Collective | PointToPoint | BatchIsendIrecv) -> Group | None:
         """The group the op runs on; None (with torch's warning) where this rank is not a member.
 
         A gloo group this rank destroyed still runs an all_reduce, all_gather, reduce_scatter or all_to_all on
@@ -274,41 +275,113 @@ class Collectives:
         target = self._group_of(rt, op)
         if target is None:
             return
-        if op.peer not in target.ranks:  # get_group_rank's (torch names the group object)
-            raise TorchError("ValueError", f"Global rank {op.peer} is not part of group {target.name!r}")
-        if op.peer == rt.rank and isinstance(op, Send):  # torch's _check_not_self_rank: send's destination only
-            raise TorchError("ValueError", SEND_TO_SELF)
+        sends = isinstance(op, Send)
+        self._check_peer(rt, target, sends, op.peer)
         comm = self._usable_comm(rt, target, op)
-        if op.peer == rt.rank:  # a recv from itself reaches the backend (irecv allows src == own rank)
-            if comm.impl is _GLOO:
-                raise TorchError("RuntimeError", RECV_FROM_SELF)
-            raise TorchError("SimulatorLimit", "a recv from the rank itself on NCCL is not modelled")
+        self._check_self_recv(rt, comm, op.peer)
         life = LIFECYCLES[comm.impl]
         if not life.communicates:
             return
-        src, dst = (rt.rank, op.peer) if isinstance(op, Send) else (op.peer, rt.rank)
-        ends, wrong = (src, dst), None  # the processes the message goes between, and the check's error if any
         if life.p2p_uses_pair_comm(comm, bound=target.bound_device is not None):
             channel = yield from self._pair_comm(rt, target, comm, op)
+            posted = self._post(rt, target, comm, op, sends, op.peer, op.size_bytes, op.dtype, channel)
         else:
             if not comm.ready:
                 yield from self.comms.init(rt, target, comm, op)
-            self._connect(rt, target, comm, op, op.name, op.size_bytes, op.peer)
+            posted = self._post(rt, target, comm, op, sends, op.peer, op.size_bytes, op.dtype)
+        yield from self._finish(rt, target, op, posted)
+
+    def op_batch_p2p(self, rt: RankRuntime, op: BatchIsendIrecv) -> Waiting:
+        """``batch_isend_irecv``: torch's checks of every peer, every send and recv posted (each a meeting of its two
+        ends, as an unbatched one's), then each waited on, in the list's order: a ring exchange completes.
+
+        On NCCL the batch is coalesced on the group's own communicator (reference B.3, B.4: legacy's and nccl-lazy's
+        batched P2P stay on it, unbatched may make a 2-rank one), made at its first use if lazy: torch's docstring
+        asks every member of the group to take part when the batch is the group's first call, and a member that
+        does not leaves the others in the communicator's bootstrap. gloo posts each as its isend/irecv."""
+        yield from self.rendezvous.settle(rt)
+        if not op.sends and not op.recvs:  # torch reads p2p_op_list[0] for the group
+            raise TorchError("IndexError", "list index out of range")
+        target = self._group_of(rt, op)
+        if target is None:
+            return
+        for op_type, peer in op.items():
+            self._check_peer(rt, target, op_type is Send, peer)
+        comm = self._usable_comm(rt, target, op)
+        for peer in op.recvs:
+            self._check_self_recv(rt, comm, peer)
+        if not LIFECYCLES[comm.impl].communicates:
+            return
+        if not comm.ready:
+            yield from self.comms.init(rt, target, comm, op)
+        posted = [
+            self._post(rt, target, comm, op, op_type is Send, peer, op.size_bytes, op.dtype)
+            for op_type, peer in op.items()
+        ]
+        for one in posted:
+            yield from self._finish(rt, target, op, one)
+
+    @staticmethod
+    def _check_peer(rt: RankRuntime, target: Group, sends: bool, peer: int) -> None:
+        if peer not in target.ranks:  # get_group_rank's (torch names the group object)
+            raise TorchError("ValueError", f"Global rank {peer} is not part of group {target.name!r}")
+        if peer == rt.rank and sends:  # torch's _check_not_self_rank: send's destination only
+            raise TorchError("ValueError", SEND_TO_SELF)
+
+    @staticmethod
+    def _check_self_recv(rt: RankRuntime, comm: Comm, peer: int) -> None:
+        if peer == rt.rank:  # a recv from itself reaches the backend (irecv allows src == own rank)
+            if comm.impl is _GLOO:
+                raise TorchError("RuntimeError", RECV_FROM_SELF)
+            raise TorchError("SimulatorLimit", "a recv from the rank itself on NCCL is not modelled")
+
+    def _post(
+        self,
+        rt: RankRuntime,
+        target: Group,
+        comm: Comm,
+        op: PointToPoint | BatchIsendIrecv,
+        sends: bool,
+        peer: int,
+        size_bytes: int,
+        dtype: str,
+        channel: int | None = None,
+    ) -> tuple[Meeting, Entry | None, int, int, int, WorkloadFailure | None]:
+        """A send (``sends``) or recv with ``peer`` posted: its meeting opened and joined. ``channel``: the 2-rank
+        communicator it runs on (connected by ``_pair_comm``), else ``comm``, which it connects here. What
+        ``_finish`` waits on: (meeting, flight recorder entry, source, destination, count, the check's error)."""
+        name = "send" if sends else "recv"
+        src, dst = (rt.rank, peer) if sends else (peer, rt.rank)
+        ends, wrong = (src, dst), None  # the processes the message goes between, and the check's error if any
+        if channel is None:
+            self._connect(rt, target, comm, op, name, size_bytes, peer)
             channel = comm.comm_id
             if self._wires and comm.comm_id in self._wires:
-                ends, wrong = self._wired_p2p(rt, comm, target, op)
+                ends, wrong = self._wired_p2p(rt, comm, target, sends, peer)
         n = comm.next_p2p_seq(*ends)
-        label = f"send {src}->{dst}" if isinstance(op, Send) else f"recv {dst}<-{src}"  # torch's view: the group's
-        entry = self._fr_record(rt, target, comm, label, op.size_bytes, op.dtype, p2p=True)
+        label = f"send {src}->{dst}" if sends else f"recv {dst}<-{src}"  # torch's view: the group's
+        entry = self._fr_record(rt, target, comm, label, size_bytes, dtype, p2p=True)
         meeting = self.rendezvous.open(("p2p", channel, *ends, n), "p2p", target.name, n, ends)
         meeting.abort_on_mismatch = comm.impl is _GLOO  # a recv smaller than the send aborts (backends/gloo.py)
         if ends != (src, dst) and meeting.note is None:  # a hang here names the rank it really waits for, and why
-            between = f"this {op.name} goes between ranks {ends[0]} and {ends[1]}"
+            between = f"this {name} goes between ranks {ends[0]} and {ends[1]}"
             meeting.note = _wired_note(target.name, self._wires[comm.comm_id][0], between)
-        self.rendezvous.arrive(meeting, rt, ("p2p", op.size_bytes, op.dtype), op, duration=self.timing.p2p_s)
+        self.rendezvous.arrive(meeting, rt, ("p2p", size_bytes, dtype), op, duration=self.timing.p2p_s)
+        return meeting, entry, src, dst, n, wrong
+
+    def _finish(
+        self,
+        rt: RankRuntime,
+        target: Group,
+        op: PointToPoint | BatchIsendIrecv,
+        posted: tuple[Meeting, Entry | None, int, int, int, WorkloadFailure | None],
+    ) -> Waiting:
+        """Wait for a posted send or recv (``_post``), then record it."""
+        meeting, entry, src, dst, n, wrong = posted
         yield from self.rendezvous.wait(rt, meeting, op)
         FlightRecorder.complete(entry, self.env.now)
-        now, trace, name, group_name = self.env.now, self.trace, op.name, target.name  # as op_collective's event
+        name = "send" if src == rt.rank else "recv"
+        now, trace, group_name = self.env.now, self.trace, target.name  # as op_collective's event
         trace.record_text(
             f"({trace.time_text(now)}, {rt.rank!r}, {name!r}, {group_name!r}, {src!r}, {dst!r}, {n!r})",
             (now, rt.rank, name, group_name, src, dst, n),
@@ -317,7 +390,7 @@ class Collectives:
             raise wrong
 
     def _wired_p2p(
-        self, rt: RankRuntime, comm: Comm, target: Group, op: PointToPoint
+        self, rt: RankRuntime, comm: Comm, target: Group, sends: bool, peer_rank: int
     ) -> tuple[tuple[int, int], WorkloadFailure | None]:
         """A send or recv on a cross-wired gloo communicator: the (source, destination) processes it goes between,
         and the check's error for a receiver, raised once the recv ran.
@@ -330,12 +403,12 @@ class Collectives:
         data check names it: ``foreign_ranks``); a message between two members of the group, the wrong two or
         not, carries nothing that shows it."""
         wire = self._wires[comm.comm_id][0]
-        peer = wire[target.ranks.index(op.peer)]
-        if isinstance(op, Send):
+        peer = wire[target.ranks.index(peer_rank)]
+        if sends:
             return (rt.rank, peer), None
         if peer in target.ranks:
             return (peer, rt.rank), None
-        found = self.comms.cross_wiring.failure(comm.comm_id, target.name, target.ranks, op.name)
+        found = self.comms.cross_wiring.failure(comm.comm_id, target.name, target.ranks, "recv")
         assert found is not None
         return (peer, rt.rank), WorkloadFailure(found[0], CROSS_WIRED_TYPE, facts={FOREIGN_RANKS: [peer]})
 

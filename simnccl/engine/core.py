@@ -35,6 +35,7 @@ from simnccl.engine.watchdogs import Watchdogs
 from simnccl.faults import apply_to_programs
 from simnccl.ops import (
     Alloc,
+    BatchIsendIrecv,
     Checkpoint,
     Compute,
     DestroyProcessGroup,
@@ -102,6 +103,7 @@ class Engine:
             NewGroup: groups.op_new_group,
             SplitGroup: groups.op_split_group,
             DestroyProcessGroup: groups.op_destroy,
+            BatchIsendIrecv: collectives.op_batch_p2p,
             Compute: timing.op_compute,
             Alloc: allocator.op_alloc,
             Free: allocator.op_free,

@@ -24,7 +24,7 @@ from simnccl.engine.state import AsyncError, Crash, PeerLost, ProcessAbort, Rank
 from simnccl.env_knobs import torchrun_env
 from simnccl.flight_recorder import FlightRecorder, buffer_size
 from simnccl.memory import SimulatedOOM
-from simnccl.ops import Collective, NewGroup, PointToPoint, Program
+from simnccl.ops import ON_A_GROUP, Collective, NewGroup, Program
 from simnccl.policy import History
 from simnccl.release import Impl
 from simnccl.watchdog import TimeoutAction
@@ -109,7 +109,7 @@ def _on_destroyed_group(rt: RankRuntime) -> bool:
     """Whether the rank's current op is a collective or send/recv on the handle of a group it destroyed."""
     ops = rt.program.ops
     op = ops[rt.pc] if rt.pc < len(ops) else None
-    if not isinstance(op, Collective | PointToPoint):
+    if not isinstance(op, ON_A_GROUP):
         return False
     target = rt.handles.get(op.group)
     return isinstance(target, Group) and target.destroyed

@@ -57,6 +57,7 @@ from simnccl.ops import (
     AllReduce,
     AllToAll,
     Barrier,
+    BatchIsendIrecv,
     Broadcast,
     Checkpoint,
     Collective,
@@ -72,6 +73,7 @@ from simnccl.ops import (
     PointToPoint,
     Program,
     Raise,
+    Recv,
     ReduceScatter,
     Send,
     SetDevice,
@@ -459,6 +461,26 @@ class Driver:
         pg = group if group is not None else dist.distributed_c10d._get_default_group()
         return detail.format(t.numel() * t.element_size()) + self._check_data(op, pg, t, MOVES)
 
+    def op_batch_p2p(self, op: BatchIsendIrecv) -> str:
+        """``batch_isend_irecv`` of the op's sends and recvs, in its order, then every request waited on; each recv's
+        data checked as an unbatched recv's is."""
+        dist = self.dist
+        group = self._group(op.group)
+        if group is NON_MEMBER:
+            return f"not a member of {op.group!r}: torch warns and returns (no call)"
+        sent = [self._tensor(op.size_bytes, op.dtype, kind=MOVES) for _ in op.sends]
+        received = [self._tensor(op.size_bytes, op.dtype) for _ in op.recvs]  # zeros until the peers' data lands
+        p2p = [dist.P2POp(dist.isend, t, peer, group) for t, peer in zip(sent, op.sends, strict=True)]
+        p2p += [dist.P2POp(dist.irecv, t, peer, group) for t, peer in zip(received, op.recvs, strict=True)]
+        for request in dist.batch_isend_irecv(p2p):
+            request.wait()
+        pg = group if group is not None else dist.distributed_c10d._get_default_group()
+        checks = "".join(
+            self._check_data(Recv(peer=peer, group=op.group, size_bytes=op.size_bytes, dtype=op.dtype), pg, t, MOVES)
+            for t, peer in zip(received, op.recvs, strict=True)
+        )
+        return f"{len(op.sends)} sends, {len(op.recvs)} recvs" + checks
+
     def op_destroy(self, op: DestroyProcessGroup) -> str:
         dist = self.dist
         if op.group == WORLD:
@@ -542,6 +564,7 @@ class Driver:
             NewGroup: self.op_new_group,
             SplitGroup: self.op_split_group,
             DestroyProcessGroup: self.op_destroy,
+            BatchIsendIrecv: self.op_batch_p2p,
             Compute: self.op_compute,
             Alloc: self.op_alloc,
             Free: self.op_free,
@@ -566,6 +589,9 @@ class Driver:
             if isinstance(op, PointToPoint):
                 src, dst = (self.spec.rank, op.peer) if isinstance(op, Send) else (op.peer, self.spec.rank)
                 record["members"] = [src, dst]
+        elif isinstance(op, BatchIsendIrecv):
+            record.update(self._group_info(op.group))
+            record["members"] = sorted({self.spec.rank, *op.sends, *op.recvs})
         elif isinstance(op, NewGroup):
             record.update(
                 handle=op.bind or "",

@@ -17,10 +17,10 @@ from simnccl.limits import InputLimits, exceeded, number_text
 from simnccl.nccl.knobs import nccl_config_problem
 from simnccl.ops import (
     MIB,
+    ON_A_GROUP,
     OP_TYPES,
     WORLD,
     Checkpoint,
-    Collective,
     EmptyCache,
     InitProcessGroup,
     NewGroup,
@@ -247,7 +247,7 @@ def _build_op(
         raise reader.error("size_mib", "give size_mib or size_bytes, not both")
     for key, value in raw.items():
         value = _fill(value, i, rank)
-        if key == "size_mib" and issubclass(op_type, (Collective, PointToPoint)):
+        if key == "size_mib" and issubclass(op_type, ON_A_GROUP):
             if not isinstance(value, (int, float)) or isinstance(value, bool):
                 raise reader.error(key, f"expected a non-negative number of MiB, got {brief(value)}")
             mib = finite(reader, key, value, 0, limits.max_message_mib, "max_message_mib", " of MiB")
@@ -261,7 +261,7 @@ def _build_op(
             expected = sorted(_REVERSE_ALIASES.get((op_type.name, k), k) for k in allowed if k != "pg_options")
             if "pg_options" in allowed:
                 expected += sorted(_OPTION_FIELDS)
-            if issubclass(op_type, (Collective, PointToPoint)):
+            if issubclass(op_type, ON_A_GROUP):
                 expected.append("size_mib")
             raise reader.error(key, f"unknown field for op {op_type.name!r}; expected one of {', '.join(expected)}")
         kwargs[name] = _check_field(
@@ -383,6 +383,8 @@ def _check_field(
         return value
     if name == "error_type" and (problem := type_name_problem(value)) is not None:
         raise reader.error(key, problem)
+    if name in ("sends", "recvs") and len(value) > limits.max_program_ops:  # a batch's ops count as a program's
+        raise reader.error(key, exceeded("max_program_ops", f"a batch of {len(value)} {name}", limits.max_program_ops))
     if name == "traffic" and value not in TRAFFIC_KINDS:  # a typo would change what a policy decides, silently
         raise reader.error(key, f"expected one of {', '.join(TRAFFIC_KINDS)}, got {brief(value)}")
     if name == "label" and (bad := invisible_in(value)) is not None:  # a checkpoint's name: [[expect]] quotes it
@@ -402,6 +404,10 @@ def _check_ranks(reader: Reader, key: str, name: str, value: Any, world_size: in
         ranks_in_world(reader, key, (value,), world_size)
     elif name == "ranks":
         ranks_in_world(reader, key, value, world_size)
+    elif name in ("sends", "recvs"):  # a batch's peers: one may come twice (two messages to it, in order)
+        for peer in value:
+            if not 0 <= peer < world_size:
+                raise reader.error(key, f"expected ranks in 0..{world_size - 1}, got {peer}")
     elif name == "split_ranks":
         if not value:
             raise reader.error(key, "expected at least one split (a list of parent ranks)")
