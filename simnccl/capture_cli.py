@@ -189,9 +189,12 @@ def _command(args: argparse.Namespace) -> int:
     from simnccl.capture import CaptureError, capture, script_target
 
     try:
+        path = None if args.module else args.script
+        target = script_target(args.module, path, args.args, preload=not args.no_preload)
         if args.module is not None:
             try:  # a relative name (``.foo``) raises rather than answering None
-                found = importlib.util.find_spec(args.module)
+                with target.importing():  # found where ``python -m`` finds it: the working directory first
+                    found = importlib.util.find_spec(args.module)
             except (ImportError, ValueError) as err:
                 raise CaptureError(f"-m {args.module!r}: {err} (expected an importable module)") from None
             if found is None:
@@ -200,7 +203,7 @@ def _command(args: argparse.Namespace) -> int:
             raise CaptureError(f"no such script {args.script!r} (expected a Python file, or -m MODULE)")
         step = None if args.step is None else step_function(args.step, args.module, args.script)
         run = capture(
-            script_target(args.module, None if args.module else args.script, args.args, preload=not args.no_preload),
+            target,
             args.world,
             step=step,
             gpu=gpu,

@@ -389,6 +389,28 @@ def test_cli_runs_a_module_with_its_own_arguments(tmp_path: Path, monkeypatch: p
     assert "3 new_group" in capsys.readouterr().out
 
 
+def test_a_script_imports_a_module_beside_it_and_m_finds_one_in_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    """As ``python train.py`` and ``python -m train`` do; runpy adds neither directory, and a script importing its
+    own helper module failed the capture (exit 2, ModuleNotFoundError) where torchrun runs it."""
+    (tmp_path / "helpers_beside.py").write_text(
+        "import torch.distributed as dist\ndef init():\n    dist.init_process_group('nccl')\n", encoding="utf-8"
+    )
+    (tmp_path / "train_beside.py").write_text(
+        "from helpers_beside import init\ninit()\nimport torch.distributed as dist\ndist.barrier()\n", encoding="utf-8"
+    )
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    for argv in (["--no-preload"], []):
+        assert cap.main(["--world", "2", "--simulate", *argv, str(tmp_path / "train_beside.py")]) == 0, (
+            capsys.readouterr()
+        )
+    monkeypatch.chdir(tmp_path)
+    assert cap.main(["--world", "2", "--simulate", "-m", "train_beside"]) == 0, capsys.readouterr()
+    assert str(tmp_path) not in sys.path and os.getcwd() not in sys.path[:1]
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [

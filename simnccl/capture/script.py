@@ -65,14 +65,28 @@ class ScriptTarget:
         """Run the script; returns the module's globals, which a captured ``step`` receives."""
         saved = sys.argv[:]
         try:
-            if self.module is not None:
-                sys.argv = [self.module, *self.argv]
-                return runpy.run_module(self.module, run_name="__main__", alter_sys=True)
-            assert self.path is not None
-            sys.argv = [self.path, *self.argv]
-            return runpy.run_path(self.path, run_name="__main__")
+            with self.importing():
+                if self.module is not None:
+                    sys.argv = [self.module, *self.argv]
+                    return runpy.run_module(self.module, run_name="__main__", alter_sys=True)
+                assert self.path is not None
+                sys.argv = [self.path, *self.argv]
+                return runpy.run_path(self.path, run_name="__main__")
         finally:
             sys.argv = saved
+
+    @contextlib.contextmanager
+    def importing(self) -> Iterator[None]:
+        """``sys.path`` as ``python script.py`` (the script's directory first) or ``python -m module`` (the working
+        directory first) gives it. Why: ``runpy`` adds neither, and a script importing a module beside it (``from
+        common import init``) failed the capture with ModuleNotFoundError where torchrun runs it."""
+        first = os.getcwd() if self.module is not None else os.path.dirname(os.path.realpath(str(self.path)))
+        sys.path.insert(0, first)
+        try:
+            yield
+        finally:
+            with contextlib.suppress(ValueError):
+                sys.path.remove(first)  # the one inserted: the first equal entry from the front is it
 
     def leading_imports(self) -> list[str]:
         """The modules the script imports before its first own statement, in order (parent packages first).
@@ -81,7 +95,11 @@ class ScriptTarget:
         if ``pkg.mod`` has no attribute ``name``, as Python's own ``from ... import`` does (importing it anyway
         would rebind the attribute to the submodule).
         """
-        source_path = self.path if self.module is None else _module_origin(self.module)
+        if self.module is None:
+            source_path = self.path
+        else:
+            with self.importing():
+                source_path = _module_origin(self.module)
         names: list[str] = []
         if self.module is not None:  # runpy imports the module's parent packages before running it
             parts = self.module.split(".")[:-1]
@@ -108,7 +126,7 @@ class ScriptTarget:
         saved_argv = sys.argv[:]
         sys.argv = [self.module or self.path or "", *self.argv]
         try:
-            with _watched_environment(environment) as (reads, walks):
+            with self.importing(), _watched_environment(environment) as (reads, walks):
                 for name in wanted:
                     before = set(sys.modules)
                     with contextlib.suppress(Exception):  # the rank imports it again and reports the error
