@@ -1206,14 +1206,17 @@ _INIT = '  { op = "init_process_group", backend = "gloo" },\n'
 _SPLIT = '  { op = "split_group", split_ranks = [[1, 0]], bind = "s" },\n  { op = "all_reduce", group = "s" },\n'
 
 
-def _compare_spawn_reinit(tmp_path: Path, steps: str, compute_scale: float | None = None) -> dict[str, Any]:
-    """Real compare of a 2-rank gloo scenario under ``launcher = "spawn"`` with these ``steps`` (TOML lines)."""
+def _compare_spawn_reinit(
+    tmp_path: Path, steps: str, compute_scale: float | None = None, world: int = 2
+) -> dict[str, Any]:
+    """Real compare of a ``world``-rank gloo scenario under ``launcher = "spawn"`` with these ``steps`` (TOML
+    lines)."""
     from simnccl.real.compare import compare_scenario
     from simnccl.scenario import load_scenario
 
     path = tmp_path / "reinit.toml"
     path.write_text(
-        '[scenario]\nname = "reinit"\n[cluster]\ngpu = "h100-80gb"\nnodes = 1\ngpus_per_node = 2\n'
+        f'[scenario]\nname = "reinit"\n[cluster]\ngpu = "h100-80gb"\nnodes = 1\ngpus_per_node = {world}\n'
         f'[torch]\nrelease = "2.15"\nlauncher = "spawn"\n[workload]\nsteps = [\n{steps}]\n'
     )
     settings = FAST if compute_scale is None else replace(FAST, compute_scale=compute_scale)
@@ -1247,6 +1250,20 @@ def test_a_reinit_under_spawn_at_rank_0s_destroy_is_compared_as_a_race(tmp_path:
     assert compared["sim"]["verdict"] == "pass" and SPAWN_STORE_RACE in compared["sim"]["races"][0]
     assert compared["agree"], (compared["reasons"], compared["real"]["verdict"])
     assert compared["verdict_racy"], compared
+
+
+def test_under_spawn_a_bootstrap_after_rank_0_dropped_the_store_is_compared_as_a_lost_peer(tmp_path: Path) -> None:
+    """Rank 0, not a member, destroys the default group at once; ranks 1 and 2 make their group a second later.
+    Real gloo: "DistNetworkError: Broken pipe" on both. The simulator passed it (exit 0): DISAGREE."""
+    late = (
+        '  { op = "compute", seconds = 1.0, on_ranks = [1, 2] },\n'
+        '  { op = "new_group", ranks = [1, 2], bind = "g" },\n'
+        '  { op = "destroy_process_group", on_ranks = [0] },\n'
+        '  { op = "all_reduce", group = "g", on_ranks = [1, 2] },\n'
+    )
+    compared = _compare_spawn_reinit(tmp_path, _INIT + late, compute_scale=1.0, world=3)
+    assert compared["sim"]["verdict"] == compared["real"]["verdict"] == "error"
+    assert compared["agree"], compared["reasons"]
 
 
 def test_a_reinit_under_spawn_with_a_subgroup_kept_is_compared_as_a_stale_key_race(tmp_path: Path) -> None:

@@ -333,3 +333,63 @@ def test_a_subgroup_kept_across_the_destroy_keeps_rank_0s_store_under_spawn(spli
     # the same re-init without the subgroup: rank 0's destroy dropped its store, a fresh one passes
     bare = [[op for op in program if op is not made and getattr(op, "group", None) != "a"] for program in programs]
     assert run(bare, "spawn").verdict == "pass"
+
+
+LEGACY = {"TORCH_DIST_USE_NCCL2": "0"}
+
+
+def _store_gone_programs(backend: str, *, keep: bool = False, late_s: float = 2.0) -> list[list[Op]]:
+    """Rank 0 destroys its default group at once (``keep``: holding a subgroup of it); ranks 1 and 2 make a group
+    of theirs ``late_s`` later, which bootstraps through the store."""
+    init = InitProcessGroup(backend=backend)
+    pair = NewGroup(ranks=(1, 2), bind="g")
+    kept = [NewGroup(ranks=(0, 1, 2), bind="k")] if keep else []
+    return [
+        [SetDevice(), init, *kept, pair, DestroyProcessGroup()],
+        *([SetDevice(), init, *kept, Compute(seconds=late_s), pair, AllReduce(group="g")] for _ in range(2)),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("backend", "env", "op"),
+    [("gloo", {}, "new_group(ranks=[1, 2], bind='g')"), ("nccl", LEGACY, "all_reduce(group='g')")],
+    ids=["gloo", "legacy-nccl"],
+)
+def test_under_spawn_a_bootstrap_after_rank_0_dropped_the_store_fails_as_a_lost_peer(
+    backend: str, env: dict[str, str], op: str
+) -> None:
+    """Real gloo (3 runs of 3, and ``tests/test_real_lane.py``): both raise "DistNetworkError: Broken pipe" from
+    TCPStore::doWait. The simulator passed it (exit 0): only a re-initialised rank was checked against rank 0's
+    store. A lazy NCCL communicator's unique id goes through the same store, at its first collective (nccl2's
+    new_group splits the default group's communicator instead, which needs no store)."""
+    out = simulate(_store_gone_programs(backend), gpus_per_node=3, launcher="spawn", env=env)
+    assert [(e["rank"], e["kind"], e["type"], e["op"]) for e in out.errors] == [
+        (r, "peer-lost", "torch.distributed.DistNetworkError", op) for r in (1, 2)
+    ]
+    assert all(e["message"].startswith("Broken pipe") and "'1'" in e["message"] for e in out.errors)
+    assert simulate(_store_gone_programs(backend), gpus_per_node=3, launcher="torchrun", env=env).verdict == "pass"
+
+
+def test_under_spawn_rank_0_holding_a_subgroup_keeps_its_store() -> None:
+    out = simulate(_store_gone_programs("gloo", keep=True), gpus_per_node=3, launcher="spawn")
+    assert out.verdict == "pass", out.errors
+
+
+def test_under_spawn_ranks_waiting_in_a_bootstrap_fail_when_rank_0_drops_the_store() -> None:
+    """Ranks 1 and 2 wait for rank 0, a member, in the bootstrap of a gloo group when it destroys the default
+    group instead: their TCPStore waits fail then (real: "Broken pipe" or "Failed to recv, got 0 bytes")."""
+    init = InitProcessGroup(backend="gloo")
+    programs = [
+        [init, Compute(seconds=1.0), DestroyProcessGroup()],
+        *([init, NewGroup(ranks=(0, 1, 2), bind="g", use_local_synchronization=True)] for _ in range(2)),
+    ]
+    out = simulate(programs, gpus_per_node=3, launcher="spawn")
+    assert [(e["rank"], e["kind"], e["time_s"]) for e in out.errors] == [(1, "peer-lost", 1.25), (2, "peer-lost", 1.25)]
+    assert not out.hangs
+
+
+def test_under_spawn_a_bootstrap_at_the_instant_rank_0_drops_the_store_is_a_race() -> None:
+    from simnccl.engine.reinit_store import STORE_GONE_RACE
+
+    out = simulate(_store_gone_programs("gloo", late_s=0.0), gpus_per_node=3, launcher="spawn")
+    assert out.verdict == "pass" and out.races == [STORE_GONE_RACE.format(ranks="ranks [1, 2]", now=0.25)]

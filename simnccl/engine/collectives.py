@@ -476,6 +476,8 @@ class Collectives:
                 yield from self.comms.reinit.read_stale(rt, group, comm, meeting, writer, what)
         if meeting.problem is None:
             self.comms.reinit.refuse_on_old_store(rt, meeting.group)
+            if (gone := self.comms.reinit.store_gone(rt, group.name)) is not None:
+                raise gone
         self.comms.note_device(meeting, rt, comm)  # the pair's communicator is on the group's GPU
         self.rendezvous.arrive(meeting, rt, (lo, hi), op, duration=self.timing.bootstrap_s)
         yield from self.rendezvous.wait(rt, meeting, op)

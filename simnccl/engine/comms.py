@@ -27,6 +27,7 @@ from simnccl.engine.timing import Timing
 from simnccl.meetings import Arrival, Meeting
 from simnccl.ops import Op
 from simnccl.release import CUDAMALLOCASYNC_TRACKER, Impl
+from simnccl.watchdog import TimeoutAction
 
 # A legacy parent that passed ``isInitialized()`` on send/recv pair communicators alone has no communicator under the
 # device key: 2.15's ``performNocolorSplit`` logs this (its own text) and calls ``NCCLComm::split`` on the null
@@ -217,6 +218,8 @@ class Comms:
                 if stale is not None:
                     yield from self.reinit.read_stale(rt, group, comm, meeting, stale)
                 self.reinit.refuse_on_old_store(rt, group.name)
+            if meeting.problem is None and (gone := self.reinit.store_gone(rt, group.name)) is not None:
+                raise gone
             payload = group.ranks  # or, gloo, the first group's: one that another joins by group rank
             self.note_device(meeting, rt, comm)
             if comm.impl is Impl.GLOO and meeting.problem is None and meeting.arrivals:
@@ -236,6 +239,30 @@ class Comms:
             self._gloo_singleton(rt, group, op)
         comm.comm_id = self.registry.new_id()
         self._ready(rt, group, comm, op)
+
+    def drop_store(self, host: RankRuntime) -> None:
+        """Rank 0 (``host``) destroys its default group holding no subgroup of it, under spawn: the store it hosted
+        is gone (``ReinitStore.store_dropped``), and the ranks of that incarnation waiting on it in a bootstrap
+        fail now, as their TCPStore wait does (a gloo member, or an NCCL one still waiting for the unique id)."""
+        if self.sim.config.launcher != "spawn" or host.rank != 0:
+            return
+        self.reinit.store_dropped(host.incarnation)
+        for rt in self.sim.ranks[1:]:
+            block = rt.block
+            if rt.incarnation != host.incarnation or rt.status != "blocked" or block is None or rt.timed_out:
+                continue
+            meeting = block.meeting
+            if meeting.kind != "bootstrap" or meeting.complete:
+                continue
+            group = rt.group_named(bootstrap_group(meeting))
+            comm = None if group is None else group.comm_for(self.sim.device_type)
+            if comm is None or not (comm.impl is Impl.GLOO or unique_id_stage(meeting, rt.rank, comm.impl) == "store"):
+                continue
+            gone = self.reinit.store_gone(rt, bootstrap_group(meeting), waiting=True)
+            if gone is not None:
+                self.sim.procs[rt.rank].interrupt(
+                    TimeoutAction("raise", False, 0.0, gone.type_name, gone.message, False, kind="peer-lost")
+                )
 
     def _touch_device(self, rt: RankRuntime, comm: Comm, op: Op) -> None:
         """An NCCL communicator's init binds it to the rank's current device, whose first touch creates the CUDA

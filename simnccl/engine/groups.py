@@ -174,6 +174,8 @@ class Groups:
             # a live subgroup of this incarnation (the program keeps it, and its prefix store of rank 0's store)
             if any(group is not rt.world and not group.destroyed for group in groups):
                 rt.stores_kept += (rt.incarnation,)
+            else:
+                self.comms.drop_store(rt)  # under spawn, rank 0's store goes with it
             rt.incarnation += 1  # a re-init's bootstraps reuse this incarnation's names (counter reset)
             rt.world_destroyed_at = self.env.now
             rt.world = None

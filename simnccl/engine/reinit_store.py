@@ -17,7 +17,7 @@ from simnccl.backends.gloo import STALE_ADDRESS
 from simnccl.c10d import Group, GroupPlan, TorchError
 from simnccl.engine.rendezvous import Rendezvous
 from simnccl.engine.sim import Sim
-from simnccl.engine.state import RankRuntime, Waiting
+from simnccl.engine.state import PeerLost, RankRuntime, Waiting
 from simnccl.meetings import Meeting
 
 # A re-init's bootstrap that reads the destroyed incarnation's value under its store key (``ReinitStore.stale_writer``).
@@ -61,6 +61,31 @@ ON_OLD_STORE = (
     "measured), while rank 0's next store waits for this rank to connect. What this bootstrap of group {name!r} "
     "reads there is not modelled"
 )
+# Under spawn rank 0 hosts the store: its destroy of the default group, holding no subgroup of it, ends it for the
+# ranks still on it, in that incarnation (``ReinitStore.store_gone``). Measured (torch 2.15 gloo, 3 ranks, an
+# mp.spawn-style env:// rendezvous rank 0 hosts): rank 0 destroys at once; ranks 1 and 2 call new_group([1, 2]) 2 s
+# later and both raise "DistNetworkError: Broken pipe" from TCPStore::doWait (3 runs of 3); a rank already waiting
+# in that bootstrap when rank 0 destroys fails the same way.
+STORE_GONE = (
+    "Broken pipe (rank {rank}'s store client is connected to rank 0's store, which rank 0's destroy_process_group "
+    "ended at {at:g} s: under spawn rank 0 hosts the store, and a destroy of the default group that holds no "
+    "subgroup of it drops it; the bootstrap of group {name!r} reads and writes it)"
+)
+STORE_GONE_RACE = (
+    "{ranks} began a bootstrap through rank 0's store at {now:g} s, the instant rank 0's destroy_process_group "
+    "dropped it (spawn): whether the store answers first or is gone is decided by timing"
+)
+DIST_NETWORK_ERROR = "torch.distributed.DistNetworkError"
+
+
+class StoreGone(PeerLost):
+    """A store read or write whose server, rank 0's process's, is gone (``STORE_GONE``): a peer lost under the rank,
+    as the real tier classifies "Broken pipe"."""
+
+    def __init__(self, message: str) -> None:
+        TorchError.__init__(self, DIST_NETWORK_ERROR, message)
+
+
 # NCCL's bootstrap root (bootstrap.cc ``bootstrapRoot``) closes its listening socket once every rank checked in,
 # so a stale unique id names a port nobody listens on: ``sendToRoot``'s ``ncclSocketConnect`` (socket.cc) retries
 # ECONNREFUSED RETRY_REFUSED_TIMES (2e4) times, SLEEP_INT (1 ms) apart, then fails with ncclRemoteError, which
@@ -108,6 +133,31 @@ class ReinitStore:
         self.record = sim.trace.record
         self.rendezvous = rendezvous
         self._spawn_ties: dict[float, tuple[int, list[int]]] = {}  # instant -> (its entry in sim.races, ranks)
+        self._dropped: dict[int, float] = {}  # incarnation -> when rank 0 dropped its store (spawn)
+        self._gone_ties: dict[float, tuple[int, list[int]]] = {}  # as ``_spawn_ties``, for ``store_gone``
+
+    def store_dropped(self, incarnation: int) -> None:
+        """Rank 0 destroyed its default group of ``incarnation`` holding no subgroup of it, under spawn: the store
+        it hosted for that incarnation is gone from now on (``store_gone``)."""
+        self._dropped.setdefault(incarnation, self.env.now)
+
+    def store_gone(self, rt: RankRuntime, name: str, *, waiting: bool = False) -> StoreGone | None:
+        """The error a store read or write of ``rt``'s bootstrap of group ``name`` raises because rank 0 dropped the
+        store ``rt`` is connected to (``store_dropped``); None while the store is there. ``waiting``: the rank is
+        already waiting on it as it goes (it fails then); a bootstrap that begins at the very instant of the drop is
+        a race (reported) and goes on.
+
+        Why: the re-init rules (``spawn_reinit``) covered a rank that re-initialised; a rank still in the destroyed
+        incarnation whose next group needed the store simulated as a pass where real gloo raised (``STORE_GONE``)."""
+        if self.sim.config.launcher != "spawn" or rt.rank == 0 or rt.on_old_store is not None:
+            return None
+        at = self._dropped.get(rt.incarnation)
+        if at is None:
+            return None
+        if at == self.env.now and not waiting:
+            self._tie(self._gone_ties, rt.rank, STORE_GONE_RACE, "store-gone-race", name)
+            return None
+        return StoreGone(STORE_GONE.format(rank=rt.rank, at=at, name=name))
 
     def spawn_reinit(self, rt: RankRuntime) -> None:
         """A re-init (``rt.incarnation`` > 0) of a rank other than rank 0 under spawn, against the store it reaches.
@@ -142,15 +192,20 @@ class ReinitStore:
 
     def _spawn_tie(self, rank: int, now: float) -> None:
         """Report ``rank``'s re-init at rank 0's destroy as a race: one entry per instant, naming every rank."""
-        index, ranks = self._spawn_ties.setdefault(now, (len(self.sim.races), []))
+        self._tie(self._spawn_ties, rank, SPAWN_REINIT_AT_DESTROY, "store-race", "default_pg")
+
+    def _tie(self, ties: dict[float, tuple[int, list[int]]], rank: int, text: str, event: str, name: str) -> None:
+        """A race at rank 0's destroy, reported once per instant with every rank it concerns (``text`` takes them
+        and the instant)."""
+        now = self.env.now
+        index, ranks = ties.setdefault(now, (len(self.sim.races), []))
         ranks.append(rank)
         who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {ranks}"
-        text = SPAWN_REINIT_AT_DESTROY.format(ranks=who, now=now)
         if index == len(self.sim.races):
-            self.sim.races.append(text)
+            self.sim.races.append(text.format(ranks=who, now=now))
         else:
-            self.sim.races[index] = text
-        self.record(now, rank, "store-race", "default_pg")
+            self.sim.races[index] = text.format(ranks=who, now=now)
+        self.record(now, rank, event, name)
 
     def stale_writer(self, rt: RankRuntime, group: Group, is_nccl: bool) -> int | None:
         """The rank whose value from a destroyed incarnation ``rt`` reads in this re-init's bootstrap, or None.
