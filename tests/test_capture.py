@@ -348,6 +348,41 @@ def test_a_batch_of_tensors_of_several_sizes_is_recorded_at_the_largest_with_a_n
     assert any("2 sizes and 1 dtypes is recorded with its largest (1024 bytes)" in note for note in run.notes)
 
 
+def _tensor_on(device: str | None, *, set_device: bool) -> None:
+    """An all_reduce of a tensor on ``device`` (None: the rank's own GPU); ``set_device``: to the rank's GPU."""
+    local = int(os.environ["LOCAL_RANK"])
+    if set_device:
+        torch.cuda.set_device(local)
+    own = torch.device("cuda", local)
+    dist.init_process_group("nccl", device_id=None if set_device else own)
+    dist.all_reduce(torch.zeros(1, device=device or own))
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize(
+    ("device", "set_device", "release", "error"),
+    [
+        # every rank's tensor on cuda:0, each rank's current device its own
+        ("cuda:0", True, "2.14", "Multiple Ranks are using the same GPU"),  # legacy keys its communicator by it
+        ("cuda:0", True, "2.15", "bound to device cuda:1 but an operation was issued on cuda:0"),
+        (None, False, "2.15", None),  # on the bound device, with no set_device (current device 0)
+        (None, False, "2.14", None),
+    ],
+)
+def test_a_collective_runs_on_its_tensors_device_not_the_current_one(
+    device: str | None, set_device: bool, release: str, error: str | None
+) -> None:
+    """The first captured as a pass (the simulator read the current device); the last two as nccl2's or legacy's
+    wrong-device error."""
+    target = functools.partial(_tensor_on, device, set_device=set_device)
+    run = cap.capture(target, 2, final_checkpoint=None, release=release)
+    outcome = run.simulate(gpu="h100-80gb", release=release)
+    if error is None:
+        assert outcome.verdict == "pass", outcome.errors
+    else:
+        assert outcome.verdict != "pass" and any(error in e["message"] for e in outcome.errors), outcome.errors
+
+
 # ---------------------------------------------------------------------------------------------- files and CLI
 
 

@@ -32,6 +32,7 @@ class _FakeCuda:
         self.recorder = recorder
         self.count = gpus_per_node
         self.current: int | None = None
+        recorder.current_device = self.current_index
         # CUDA tensors, RNG, streams and memory statistics on the CPU (simnccl.capture.fake_devices)
         self.tensors = FakeCuda(recorder.memory, gpus_per_node, self.current_index, get_gpu_kind(gpu))
 

@@ -21,6 +21,7 @@ from simnccl.c10d import _device_type
 from simnccl.capture import nonmember
 from simnccl.capture.recorder import _Recorder, active
 from simnccl.capture.result import CaptureError
+from simnccl.capture.standin import _on_tensor_device
 from simnccl.capture.values import _backend_name, _device, _options, _plain, _seconds
 from simnccl.ops import (
     WORLD,
@@ -138,7 +139,10 @@ def _batch_wrapper(original: Callable[..., Any]) -> Callable[..., Any]:
         finally:
             recorder.batch = None  # torch raised for the list (a bad op, groups that differ): nothing recorded
         if items:
-            recorder.add(_batch_op(recorder, items), "batch_isend_irecv", {"group": items[0][4]}, items[0][4])
+            listed = args[0] if args else kwargs.get("p2p_op_list", ())
+            tensors = [p2p.tensor for p2p in listed[:1]]  # torch runs the batch on its first tensor's device
+            with _on_tensor_device(recorder, tensors):
+                recorder.add(_batch_op(recorder, items), "batch_isend_irecv", {"group": items[0][4]}, items[0][4])
         return works
 
     recorded.__wrapped__ = original  # type: ignore[attr-defined]

@@ -7,7 +7,7 @@ stale copy.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -54,6 +54,9 @@ class _Recorder:
         self.family_count: dict[str, int] = {}
         self.inits = 0  # init_process_group calls that made a default group: each one's checkpoint is its own
         self.renamed: str | None = None  # why a later group call is refused (``intercept._unrecord``)
+        # CUDA's current device as the rank's code sees it (``environment._FakeCuda`` sets it): a collective on a
+        # tensor of another device is recorded on that device (``standin._on_tensor_device``)
+        self.current_device: Callable[[], int] = lambda: 0
         # A batch_isend_irecv in progress: its sends and recvs as the stand-in sees them, recorded as one op at its
         # end (``intercept._batch_wrapper``): (is a send, peer's global rank, bytes, dtype, group handle) each.
         self.batch: list[tuple[bool, int, int, str, str]] | None = None

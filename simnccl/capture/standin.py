@@ -5,8 +5,9 @@ Outputs are still written, deterministically (``collective_values``: as if every
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -16,6 +17,7 @@ from torch._C._distributed_c10d import _create_work_from_future
 
 from simnccl.c10d import ProcessContext, _binds_device, nccl_device_fallback
 from simnccl.capture import collective_values as values
+from simnccl.capture.fake_devices import _storage
 from simnccl.capture.recorder import UNRECORDED, _Recorder, active
 from simnccl.capture.values import _dtype, _nbytes
 from simnccl.ops import (
@@ -29,6 +31,7 @@ from simnccl.ops import (
     Recv,
     ReduceScatter,
     Send,
+    SetDevice,
 )
 from simnccl.release import DeviceBackend, Impl, get_release
 
@@ -119,7 +122,8 @@ class StandInBackend(C10dBackend):
         _check_bound(recorder, self.handle, name)
         op = op_type(group=self.handle, size_bytes=_nbytes(tensors), dtype=dtype, **extra)
         args = {"group": self.handle, "tensors": list(tensors), **extra}
-        recorder.add(op, name, args, self.handle)
+        with _on_tensor_device(recorder, tensors):
+            recorder.add(op, name, args, self.handle)
 
     def allreduce(self, tensors: list[torch.Tensor], opts: Any) -> Any:
         self._record(AllReduce, "all_reduce", tensors)
@@ -239,7 +243,8 @@ class StandInBackend(C10dBackend):
                 recorder.batch.append((op_type is Send, peer_rank, _nbytes(tensors), dtype, self.handle))
                 return self._done(tensors)
             op = op_type(peer=peer_rank, group=self.handle, size_bytes=_nbytes(tensors), dtype=dtype)
-            recorder.add(op, name, {"group": self.handle, "peer": peer_rank, "tensors": tensors}, self.handle)
+            with _on_tensor_device(recorder, tensors):
+                recorder.add(op, name, {"group": self.handle, "peer": peer_rank, "tensors": tensors}, self.handle)
         return self._done(tensors)
 
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int) -> Any:
@@ -248,6 +253,34 @@ class StandInBackend(C10dBackend):
     def recv(self, tensors: list[torch.Tensor], src: int, tag: int) -> Any:
         values.zeros(tensors)
         return self._p2p(Recv, "recv", tensors, src)
+
+
+@contextlib.contextmanager
+def _on_tensor_device(recorder: _Recorder, tensors: Sequence[torch.Tensor]) -> Iterator[None]:
+    """Record the op inside as run on its tensors' CUDA device: between a ``set_device`` to it and one back, where it
+    is not the current device.
+
+    Why: torch runs a collective on its tensor's device, not the current one (legacy ProcessGroupNCCL keys its
+    communicator by it; nccl2 checks it against the bound device), and the simulator reads the current device. A
+    tensor on cuda:0 on every rank, each rank's current device its own, captured as a pass where legacy NCCL finds
+    every rank on one GPU; and a tensor on the bound device with no set_device at all (current device 0) as
+    nccl2's wrong-device error. The switch costs what the tensor cost there: the device's CUDA context."""
+    device = _tensor_device(recorder, tensors)
+    current = recorder.current_device()
+    if device is None or device == current:
+        yield
+        return
+    recorder.append(SetDevice(device=None if device == recorder.local_rank else device))
+    yield
+    recorder.append(SetDevice(device=None if current == recorder.local_rank else current))
+
+
+def _tensor_device(recorder: _Recorder, tensors: Sequence[torch.Tensor]) -> int | None:
+    """The CUDA device the first tensor stands for (``fake_devices``), or None (host memory, or none given)."""
+    for tensor in tensors:
+        storage = _storage(tensor)
+        return None if storage is None else recorder.memory.device_of(storage)
+    return None
 
 
 def _check_bound(recorder: _Recorder, handle: str, call: str) -> None:
