@@ -383,6 +383,39 @@ def test_a_collective_runs_on_its_tensors_device_not_the_current_one(
         assert outcome.verdict != "pass" and any(error in e["message"] for e in outcome.errors), outcome.errors
 
 
+def _sets_knobs(per_rank: bool) -> None:
+    """Every rank on cuda:0, NCCL told to allow it in the code; ``per_rank``: NCCL_DEBUG differs by rank."""
+    os.environ["NCCL_MULTI_RANK_GPU_ENABLE"] = "1"
+    if per_rank:
+        os.environ["NCCL_DEBUG"] = "INFO" if os.environ["RANK"] == "0" else "WARN"
+    dist.init_process_group("nccl", device_id=torch.device("cuda", 0))
+    dist.all_reduce(torch.ones(4, device="cuda:0"))
+    dist.destroy_process_group()
+
+
+def test_nccl_knobs_the_code_sets_in_os_environ_are_simulated_with_it() -> None:
+    """NCCL reads them when it makes a communicator; the capture restored the environment after each rank and
+    simulated without them: this rank sharing a GPU failed with NCCL's "Multiple Ranks are using the same GPU"."""
+    run = cap.capture(functools.partial(_sets_knobs, False), 2, final_checkpoint=None)
+    assert run.env.get("NCCL_MULTI_RANK_GPU_ENABLE") == "1"
+    assert any("set NCCL_MULTI_RANK_GPU_ENABLE=1 in os.environ: simulated with it" in n for n in run.notes)
+    assert run.simulate().verdict == "pass"
+    assert 'env = { "NCCL_MULTI_RANK_GPU_ENABLE" = "1" }' in run.to_scenario_toml("knobs")
+    assert "NCCL_MULTI_RANK_GPU_ENABLE" not in os.environ  # the capturing process's own is as it was
+
+
+def test_knobs_the_ranks_set_differently_are_named_and_left_out() -> None:
+    run = cap.capture(functools.partial(_sets_knobs, True), 2, final_checkpoint=None)
+    assert "NCCL_DEBUG" not in run.env and run.env.get("NCCL_MULTI_RANK_GPU_ENABLE") == "1"
+    assert any("NCCL_DEBUG (ranks set it differently)" in n and "simulated without it" in n for n in run.notes)
+
+
+def test_knobs_a_policy_sets_are_the_policys_not_the_codes() -> None:
+    run = cap.capture(examples.device_mesh_2d, 8, policy="share-resources")
+    assert "NCCL_COMM_SPLIT_SHARE_RESOURCES" not in run.env
+    assert not any("in os.environ" in n for n in run.notes)
+
+
 # ---------------------------------------------------------------------------------------------- files and CLI
 
 

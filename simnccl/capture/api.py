@@ -230,11 +230,13 @@ def _assemble(
     unmodelled = unmodelled_options(list(shared.values()))
     if unmodelled:
         notes.append(_unmodelled_text(unmodelled))
+    env = dict(spec.env)
+    notes += _code_set_knobs(env, ranks)
     return CapturedRun(
         world_size=spec.world_size,
         gpus_per_node=spec.gpus_per_node,
         release=spec.release,
-        env=dict(spec.env),
+        env=env,
         programs=programs,
         calls=calls,
         notes=tuple(notes),
@@ -243,6 +245,43 @@ def _assemble(
         policy=spec.policy,
         gpu=spec.gpu,
     )
+
+
+def _code_set_knobs(env: dict[str, str], ranks: Sequence[RankCapture]) -> list[str]:
+    """Put into ``env`` (the run's, which its simulation and written scenario use) the NCCL knobs the captured code
+    set in ``os.environ`` itself (``RankCapture.env_set``) alike on every rank; the notes that say so, and name
+    the ones the ranks set differently or to a value simnccl cannot use (simulated without them).
+
+    Why: the code's own ``os.environ["NCCL_..."] = ...`` before its groups (vLLM sets NCCL_CUMEM_ENABLE so) is
+    what NCCL reads when it makes them; the capture restored the environment after each rank and simulated
+    without it (a rank sharing a GPU with NCCL_MULTI_RANK_GPU_ENABLE=1 set in the script failed)."""
+    from simnccl.env_knobs import value_problem
+
+    per_rank = [dict(r.env_set) for r in ranks]
+    names = sorted({name for changes in per_rank for name in changes})
+    if not names:
+        return []
+    notes, merged, skipped = [], [], []
+    for name in names:
+        values = {changes.get(name, env.get(name)) for changes in per_rank}
+        value = next(iter(values))
+        problem = None if value is None else value_problem(name, value)
+        if len(values) > 1 or problem is not None:
+            skipped.append(f"{name} ({'ranks set it differently' if problem is None else problem})")
+            continue
+        if value is None:
+            env.pop(name, None)
+        else:
+            env[name] = value
+        merged.append(f"{name}={value}" if value is not None else f"{name} removed")
+    if merged:
+        notes.append(
+            f"the captured code set {', '.join(merged)} in os.environ: simulated with it, as NCCL reads it when it "
+            "makes a communicator (a written scenario has it in [torch] env)"
+        )
+    if skipped:
+        notes.append(f"the captured code set {', '.join(skipped)} in os.environ: simulated without it")
+    return notes
 
 
 def _shared_calls(per_rank: Sequence[tuple[Call, ...]]) -> tuple[tuple[Call, ...], ...]:

@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
@@ -34,7 +34,7 @@ from simnccl.capture.process_end import collected as process_end_collected
 from simnccl.capture.recorder import TooManyOps, _Recorder, built_calls, built_ops
 from simnccl.capture.result import Call, CaptureError, RankCapture
 from simnccl.capture_cli import DEFAULT_TIMEOUT_S
-from simnccl.env_knobs import torchrun_env
+from simnccl.env_knobs import known_knobs, torchrun_env
 from simnccl.file_tail import tail_text
 from simnccl.ops import (
     Checkpoint,
@@ -95,7 +95,7 @@ class _Spec:
 def _run_rank(spec: _Spec, rank: int) -> RankCapture:
     """Run the target as ``rank`` in this process and return what it called (the environment is restored)."""
     compact = _run_rank_compact(spec, rank)
-    return RankCapture(rank, built_ops(compact.ops), built_calls(compact.calls), compact.notes)
+    return RankCapture(rank, built_ops(compact.ops), built_calls(compact.calls), compact.notes, compact.env_set)
 
 
 def _run_rank_compact(spec: _Spec, rank: int) -> RankCapture:
@@ -109,10 +109,12 @@ def _run_rank_compact(spec: _Spec, rank: int) -> RankCapture:
     # rank (inline) or capture in this process named its groups one further on
     saved_group_count = c10d._world.group_count
     os.environ.update(spec.rank_env(rank))
+    start_env = dict(os.environ)
+    env_set: tuple[tuple[str, str | None], ...] = ()
     try:
         with (
             _installed(recorder, spec.release, spec.world_size, spec.gpus_per_node, spec.cuda, spec.gpu),
-            _policy_applied(spec.policy, spec.release),
+            _policy_applied(spec.policy, spec.release) as applied,
             process_end_collected() as end,
         ):
             if spec.init_backend is not None:
@@ -137,6 +139,7 @@ def _run_rank_compact(spec: _Spec, rank: int) -> RankCapture:
                     err.simnccl_notes = tuple(recorder.notes)  # type: ignore[attr-defined]
                 raise
             _exit_unless_the_rank(rank_pid, None)
+            env_set = knobs_set_by_code(start_env, () if applied is None else tuple(applied.env_set))
             if spec.final_checkpoint is not None:
                 recorder.append(Checkpoint(spec.final_checkpoint))
             recorder.finish()
@@ -153,7 +156,26 @@ def _run_rank_compact(spec: _Spec, rank: int) -> RankCapture:
         os.environ.clear()
         os.environ.update(saved_env)
         sys.excepthook = saved_hook
-    return RankCapture(rank, tuple(recorder.ops), tuple(recorder.calls), tuple(recorder.notes))
+    return RankCapture(rank, tuple(recorder.ops), tuple(recorder.calls), tuple(recorder.notes), env_set)
+
+
+# Knobs read from the process's environment when a communicator is made (NCCL's, ProcessGroupNCCL's), so code
+# that sets them before its groups changes what they do; torch's others (TORCH_DIST_USE_NCCL2, PYTORCH_*) are read
+# at import or CUDA's initialisation, before the code runs (a late one changes nothing: measured, real torch).
+CODE_SET_PREFIXES = ("NCCL_", "TORCH_NCCL_")
+
+
+def knobs_set_by_code(start: Mapping[str, str], policy_set: Sequence[str]) -> tuple[tuple[str, str | None], ...]:
+    """The knobs simnccl reads (``CODE_SET_PREFIXES``) the rank's code set, changed or removed in ``os.environ``
+    since it started (``start``): (name, value, None if removed), by name; the ones its policy set
+    (``policy_set``) are the policy's, simulated by the policy itself."""
+    known = known_knobs()
+    names = {n for n in (*start, *os.environ) if n.startswith(CODE_SET_PREFIXES) and n in known}
+    return tuple(
+        (name, os.environ.get(name))
+        for name in sorted(names - set(policy_set))
+        if os.environ.get(name) != start.get(name)
+    )
 
 
 def _exited(rank: int, rank_pid: int, exit_: SystemExit) -> None:
@@ -213,7 +235,7 @@ def _run_step(step: Callable[[Any], Any], state: Any, recorder: _Recorder) -> No
 
 
 @contextlib.contextmanager
-def _policy_applied(policy: str | None, release: str) -> Iterator[None]:
+def _policy_applied(policy: str | None, release: str) -> Iterator[Any]:
     """Route the rank's group creation through ``simnccl.torch_apply.apply(policy)`` (production's path).
 
     Installed inside the rank, on top of the recording wrappers: torch's functions as the policy calls them are
@@ -221,12 +243,12 @@ def _policy_applied(policy: str | None, release: str) -> Iterator[None]:
     pg_options such as ``lazy_init``, the groups it reuses instead of creating).
     """
     if policy is None:
-        yield
+        yield None
         return
     from simnccl.torch_apply import apply
 
-    with apply(policy, release=release):
-        yield
+    with apply(policy, release=release) as applied:
+        yield applied
 
 
 def _describe_failure(rank: int, err: BaseException) -> str:
@@ -346,7 +368,7 @@ def _frame(result: RankCapture | str) -> bytes:
     if isinstance(result, str):
         parts = [result.encode("utf-8", "replace")]
     else:
-        parts = [_pickled(part) for part in (result.ops, result.calls, result.notes)]
+        parts = [_pickled(part) for part in (result.ops, result.calls, result.notes, result.env_set)]
     head = _HEAD.pack(not isinstance(result, str), len(parts), os.getpid())
     return head + b"".join(struct.pack("<Q", len(p)) for p in parts) + b"".join(parts)
 
@@ -423,9 +445,13 @@ class _Results:
             at += length
         if not ok:
             raise CaptureError(parts[0].decode("utf-8", "replace"))
-        ops, calls, notes = parts
+        ops, calls, notes, env_set = parts
         self.ranks[rank] = RankCapture(
-            rank, self._shared(ops, built_ops), self._shared(calls, built_calls), self._shared(notes, tuple)
+            rank,
+            self._shared(ops, built_ops),
+            self._shared(calls, built_calls),
+            self._shared(notes, tuple),
+            pickle.loads(env_set),
         )
 
     def _shared(self, part: bytes, build: Callable[[Any], Any]) -> Any:

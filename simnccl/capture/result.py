@@ -163,6 +163,8 @@ class RankCapture:
     ops: tuple[Op, ...]
     calls: tuple[Call, ...]
     notes: tuple[str, ...] = ()
+    # NCCL knobs the code itself set (or removed: None) in os.environ, not its policy (``ranks.knobs_set_by_code``)
+    env_set: tuple[tuple[str, str | None], ...] = ()
 
 
 @dataclass(frozen=True)
