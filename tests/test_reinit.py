@@ -393,3 +393,19 @@ def test_under_spawn_a_bootstrap_at_the_instant_rank_0_drops_the_store_is_a_race
 
     out = simulate(_store_gone_programs("gloo", late_s=0.0), gpus_per_node=3, launcher="spawn")
     assert out.verdict == "pass" and out.races == [STORE_GONE_RACE.format(ranks="ranks [1, 2]", now=0.25)]
+
+
+@pytest.mark.parametrize("timed", [False, True], ids=["at-op", "at-time"])
+def test_under_spawn_rank_0s_store_goes_with_its_process(timed: bool) -> None:
+    """Real gloo, rank 0 crashing before ranks 1 and 2 make their group: rank 1 raised "DistNetworkError: Broken
+    pipe" in new_group. The simulator had both finish, naming rank 0 alone."""
+    from simnccl.faults import Fault, FaultSchedule
+
+    fault = Fault("crash", 0, at_s=0.5) if timed else Fault("crash", 0, at_op=1)
+    programs = [[InitProcessGroup(backend="gloo"), Compute(seconds=1.0), NewGroup(ranks=(1, 2), bind="g")]] * 3
+    faults = FaultSchedule(None, (), (fault,))
+    spawn = simulate(programs, gpus_per_node=3, launcher="spawn", faults=faults)
+    assert [(e["rank"], e["kind"]) for e in spawn.errors] == [(0, "crash"), (1, "peer-lost"), (2, "peer-lost")]
+    assert "went with rank 0's process" in spawn.errors[1]["message"]
+    torchrun = simulate(programs, gpus_per_node=3, launcher="torchrun", faults=faults)
+    assert [(e["rank"], e["kind"]) for e in torchrun.errors] == [(0, "crash")]

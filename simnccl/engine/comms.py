@@ -16,7 +16,13 @@ from simnccl.backends.gloo import SINGLETON_RACE
 from simnccl.c10d import CommPlan, Group, GroupPlan
 from simnccl.engine.memory import Memory
 from simnccl.engine.nvls import MulticastSlots
-from simnccl.engine.reinit_store import ReinitStore, bootstrap_key, store_name
+from simnccl.engine.reinit_store import (
+    DROPPED_BY_DEATH,
+    DROPPED_BY_DESTROY,
+    ReinitStore,
+    bootstrap_key,
+    store_name,
+)
 from simnccl.engine.rendezvous import Rendezvous
 from simnccl.engine.shared_gpus import SharedGpus
 from simnccl.engine.sim import Sim
@@ -240,16 +246,19 @@ class Comms:
         comm.comm_id = self.registry.new_id()
         self._ready(rt, group, comm, op)
 
-    def drop_store(self, host: RankRuntime) -> None:
-        """Rank 0 (``host``) destroys its default group holding no subgroup of it, under spawn: the store it hosted
-        is gone (``ReinitStore.store_dropped``), and the ranks of that incarnation waiting on it in a bootstrap
-        fail now, as their TCPStore wait does (a gloo member, or an NCCL one still waiting for the unique id)."""
+    def drop_store(self, host: RankRuntime, *, died: bool = False) -> None:
+        """Rank 0 (``host``) destroys its default group holding no subgroup of it, or dies (``died``), under spawn:
+        the store it hosted is gone (``ReinitStore.store_dropped``; with the process, every incarnation's it kept),
+        and the ranks on it waiting in a bootstrap fail now, as their TCPStore wait does (a gloo member, or an NCCL
+        one still waiting for the unique id)."""
         if self.sim.config.launcher != "spawn" or host.rank != 0:
             return
-        self.reinit.store_dropped(host.incarnation)
+        dropped = {host.incarnation, *host.stores_kept} if died else {host.incarnation}
+        for incarnation in dropped:
+            self.reinit.store_dropped(incarnation, DROPPED_BY_DEATH if died else DROPPED_BY_DESTROY)
         for rt in self.sim.ranks[1:]:
             block = rt.block
-            if rt.incarnation != host.incarnation or rt.status != "blocked" or block is None or rt.timed_out:
+            if rt.incarnation not in dropped or rt.status != "blocked" or block is None or rt.timed_out:
                 continue
             meeting = block.meeting
             if meeting.kind != "bootstrap" or meeting.complete:

@@ -78,6 +78,7 @@ class Injection:
         if fault.kind in ("crash", "gpu-crash"):
             for victim in self._victims(rt, fault):
                 procs[victim.rank].interrupt(Crash(fault))
+                self.comms.drop_store(victim, died=True)  # under spawn, rank 0's store goes with its process
         elif fault.kind == "nccl-error":
             action = on_async_error(rt.ctx.env, self.watchdogs.world_impl(rt), rank=rt.rank)
             if action.dump:
@@ -137,6 +138,7 @@ class Injection:
             for victim in self._victims(rt, fault):
                 if victim is not rt:
                     self.sim.procs[victim.rank].interrupt(Crash(fault))
+                self.comms.drop_store(victim, died=True)
             raise Crash(fault)
         if fault.kind in ("stall", "watchdog-stuck"):
             yield from self.stall(rt, fault)

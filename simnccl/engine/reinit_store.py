@@ -67,13 +67,15 @@ ON_OLD_STORE = (
 # later and both raise "DistNetworkError: Broken pipe" from TCPStore::doWait (3 runs of 3); a rank already waiting
 # in that bootstrap when rank 0 destroys fails the same way.
 STORE_GONE = (
-    "Broken pipe (rank {rank}'s store client is connected to rank 0's store, which rank 0's destroy_process_group "
-    "ended at {at:g} s: under spawn rank 0 hosts the store, and a destroy of the default group that holds no "
-    "subgroup of it drops it; the bootstrap of group {name!r} reads and writes it)"
+    "Broken pipe (rank {rank}'s store client is connected to rank 0's store, which {how} at {at:g} s: under spawn "
+    "rank 0 hosts the store, which goes with its destroy of the default group (holding no subgroup of it) or with "
+    "its process; the bootstrap of group {name!r} reads and writes it)"
 )
+DROPPED_BY_DESTROY = "rank 0's destroy_process_group ended"
+DROPPED_BY_DEATH = "went with rank 0's process"
 STORE_GONE_RACE = (
-    "{ranks} began a bootstrap through rank 0's store at {now:g} s, the instant rank 0's destroy_process_group "
-    "dropped it (spawn): whether the store answers first or is gone is decided by timing"
+    "{ranks} began a bootstrap through rank 0's store at {now:g} s, the instant it went (spawn: rank 0's destroy of "
+    "the default group or its death): whether the store answers first or is gone is decided by timing"
 )
 DIST_NETWORK_ERROR = "torch.distributed.DistNetworkError"
 
@@ -133,13 +135,13 @@ class ReinitStore:
         self.record = sim.trace.record
         self.rendezvous = rendezvous
         self._spawn_ties: dict[float, tuple[int, list[int]]] = {}  # instant -> (its entry in sim.races, ranks)
-        self._dropped: dict[int, float] = {}  # incarnation -> when rank 0 dropped its store (spawn)
+        self._dropped: dict[int, tuple[float, str]] = {}  # incarnation -> when and how rank 0's store went (spawn)
         self._gone_ties: dict[float, tuple[int, list[int]]] = {}  # as ``_spawn_ties``, for ``store_gone``
 
-    def store_dropped(self, incarnation: int) -> None:
-        """Rank 0 destroyed its default group of ``incarnation`` holding no subgroup of it, under spawn: the store
-        it hosted for that incarnation is gone from now on (``store_gone``)."""
-        self._dropped.setdefault(incarnation, self.env.now)
+    def store_dropped(self, incarnation: int, how: str = DROPPED_BY_DESTROY) -> None:
+        """Rank 0's store of ``incarnation`` is gone from now on, under spawn (``store_gone``): rank 0 destroyed
+        its default group holding no subgroup of it, or its process died (``how``)."""
+        self._dropped.setdefault(incarnation, (self.env.now, how))
 
     def store_gone(self, rt: RankRuntime, name: str, *, waiting: bool = False) -> StoreGone | None:
         """The error a store read or write of ``rt``'s bootstrap of group ``name`` raises because rank 0 dropped the
@@ -151,13 +153,14 @@ class ReinitStore:
         incarnation whose next group needed the store simulated as a pass where real gloo raised (``STORE_GONE``)."""
         if self.sim.config.launcher != "spawn" or rt.rank == 0 or rt.on_old_store is not None:
             return None
-        at = self._dropped.get(rt.incarnation)
-        if at is None:
+        dropped = self._dropped.get(rt.incarnation)
+        if dropped is None:
             return None
+        at, how = dropped
         if at == self.env.now and not waiting:
             self._tie(self._gone_ties, rt.rank, STORE_GONE_RACE, "store-gone-race", name)
             return None
-        return StoreGone(STORE_GONE.format(rank=rt.rank, at=at, name=name))
+        return StoreGone(STORE_GONE.format(rank=rt.rank, how=how, at=at, name=name))
 
     def spawn_reinit(self, rt: RankRuntime) -> None:
         """A re-init (``rt.incarnation`` > 0) of a rank other than rank 0 under spawn, against the store it reaches.
