@@ -151,6 +151,10 @@ def explain(variant: VariantResult) -> str:
         raced = pass_decided_by_race(outcome)
         if raced is not None:
             return f"{variant.name}: every rank finished its program, but it {raced}"
+        unacted = outcome.faults_unacted
+        if unacted:  # the run survived no fault: it was never struck by the ones scheduled
+            faults = "; ".join(unacted)
+            return f"{variant.name}: every rank finished its program, but no scheduled fault acted: {faults}."
         if slow:
             return f"{variant.name}: every rank finished its program, but more slowly than it could: " + " ".join(slow)
         return f"{variant.name}: every rank finished its program; nothing to explain."

@@ -370,6 +370,9 @@ def variant_figure(variant: VariantResult) -> str:
     if outcome.errors:
         kinds = ", ".join(sorted({str(e.get("kind", "error")) for e in outcome.errors}))
         parts.append(f"{ranks_text(e['rank'] for e in outcome.errors)} failed ({kinds})")
+    if outcome.faults_unacted:  # a pass that survived no fault it was meant to: said on the one line -q prints too
+        count = len(outcome.faults_unacted)
+        parts.append(f"{count} fault{'s' if count > 1 else ''} never acted")
     figure = ", ".join(parts)
     failed = next((e for e in variant.expectations if not e.ok), None)
     if failed is not None:

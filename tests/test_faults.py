@@ -426,6 +426,24 @@ def test_a_fault_that_never_struck_is_reported_with_why(tmp_path, capsys) -> Non
     assert none.faults_unacted == ["oom-at-init rank 1: never acted (the rank made no communicator after it was armed)"]
 
 
+def test_a_fault_that_never_struck_is_on_the_one_line_q_prints_and_in_explain(tmp_path, capsys) -> None:
+    """``run -q`` printed "pass ok" and ``explain`` "nothing to explain" for a run no scheduled fault struck."""
+    from simnccl.cli import main
+
+    path = tmp_path / "late.toml"
+    path.write_text(
+        '[scenario]\nname = "late"\n[cluster]\ngpu = "h100-80gb"\ngpus_per_node = 2\n[torch]\nrelease = "2.15"\n'
+        '[workload]\nsteps = [{ op = "set_device" }, { op = "init_process_group" }, { op = "all_reduce" }]\n'
+        '[faults]\ninject = [{ kind = "crash", rank = 1, at_s = 500 }]\n'
+    )
+    assert main(["run", "-q", str(path)]) == 0
+    assert "pass  ok  peak " in (line := capsys.readouterr().out) and line.rstrip().endswith("1 fault never acted")
+    assert main(["explain", str(path)]) == 0
+    assert "every rank finished its program, but no scheduled fault acted: crash rank 1 at t=500s" in (
+        capsys.readouterr().out
+    )
+
+
 def test_the_order_the_classes_are_given_in_draws_nothing_else() -> None:
     """A swarm's classes are a set: ["crash", "stall", "skip"] and ["skip", "stall", "crash"] drew two schedules
     under one seed, and the header printed both as "classes=crash,skip,stall"."""
