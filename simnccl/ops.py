@@ -284,7 +284,8 @@ class Recv(PointToPoint):
 class BatchIsendIrecv(Op):
     """``batch_isend_irecv``: every send and recv of the list posted at once on one group, then waited on together
     (``for req in reqs: req.wait()``). ``sends``/``recvs``: the peers (global ranks), each direction in the list's
-    order, every tensor ``size_bytes`` of ``dtype``.
+    order; every tensor ``size_bytes`` of ``dtype``, or each send's and recv's own (``send_bytes``/``recv_bytes``,
+    one per peer, in order).
 
     Why its own op: the list's order of sends and recvs does not matter (torch's docstring), so a ring exchange
     that blocking sends and recvs deadlock completes; and on NCCL the batch is coalesced on the group's own
@@ -296,13 +297,33 @@ class BatchIsendIrecv(Op):
     group: str = WORLD
     size_bytes: int = 4 * MIB
     dtype: str = dtypes.DEFAULT
+    send_bytes: tuple[int, ...] | None = None
+    recv_bytes: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         _check_dtype(self)
+        problem = self.sizes_problem()
+        if problem is not None:
+            raise ValueError(f"{self.name}: {problem}")
 
-    def items(self) -> tuple[tuple[type[PointToPoint], int], ...]:
-        """(Send or Recv, peer) of each op of the list: the sends, then the recvs."""
-        return (*((Send, peer) for peer in self.sends), *((Recv, peer) for peer in self.recvs))
+    def sizes_problem(self) -> str | None:
+        """Why ``send_bytes``/``recv_bytes`` do not give one size per peer, or None."""
+        for key, sizes, which, peers in (
+            ("send_bytes", self.send_bytes, "sends", self.sends),
+            ("recv_bytes", self.recv_bytes, "recvs", self.recvs),
+        ):
+            if sizes is not None and len(sizes) != len(peers):
+                return f"{key}: expected one size per peer of {which} ({len(peers)}), got {len(sizes)}"
+        return None
+
+    def items(self) -> tuple[tuple[type[PointToPoint], int, int], ...]:
+        """(Send or Recv, peer, bytes) of each op of the list: the sends, then the recvs."""
+        sends = self.send_bytes or (self.size_bytes,) * len(self.sends)
+        recvs = self.recv_bytes or (self.size_bytes,) * len(self.recvs)
+        return (
+            *((Send, peer, size) for peer, size in zip(self.sends, sends, strict=True)),
+            *((Recv, peer, size) for peer, size in zip(self.recvs, recvs, strict=True)),
+        )
 
 
 # Ops that run on a group handle and communicate there.

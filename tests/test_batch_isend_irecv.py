@@ -153,3 +153,35 @@ def test_simulate_takes_lists_of_peers_and_bounds_them(monkeypatch: pytest.Monke
     monkeypatch.setenv("SIMNCCL_LIMIT_MAX_PROGRAM_OPS", "10")
     with pytest.raises(ValueError, match="a batch of 11 recvs exceeds the limit max_program_ops = 10"):
         simulate([InitProcessGroup(backend="gloo"), BatchIsendIrecv(recvs=(1,) * 11)], nodes=1, gpus_per_node=2)
+
+
+def test_each_send_and_recv_may_have_its_own_size_and_its_peer_must_match_it() -> None:
+    """A pipeline stage sends activations one way and gradients the other: a size per op (real gloo agrees on
+    both outcomes: ``tests/test_real_gloo_semantics.py``, batch-sizes-per-op)."""
+    gloo = InitProcessGroup(backend="gloo")
+    head = [gloo, BatchIsendIrecv(sends=(1, 2), send_bytes=(1024, 32))]
+    matched = simulate(
+        [head, [gloo, Recv(peer=0, size_bytes=1024)], [gloo, Recv(peer=0, size_bytes=32)]], gpus_per_node=3
+    )
+    assert matched.verdict == "pass", matched.errors
+    short = simulate(
+        [head, [gloo, Recv(peer=0, size_bytes=1024)], [gloo, Recv(peer=0, size_bytes=16)]], gpus_per_node=3
+    )
+    assert [(e["rank"], e["kind"]) for e in short.errors] == [(2, "abort")]
+    with pytest.raises(ValueError, match=r"send_bytes: expected one size per peer of sends \(1\), got 2"):
+        BatchIsendIrecv(sends=(1,), send_bytes=(1, 2))
+
+
+def test_a_scenario_steps_sizes_per_peer_are_checked(tmp_path: Path) -> None:
+    path = tmp_path / "s.toml"
+    head = '[scenario]\nname = "b"\n[cluster]\ngpu = "h100-80gb"\nnodes = 1\ngpus_per_node = 2\n'
+    head += '[torch]\nrelease = "2.15"\n'
+    step = '[[workload.steps]]\nop = "batch_isend_irecv"\nrecvs = [1]\n'
+    path.write_text(head + step + "recv_bytes = [8, 8]\n", encoding="utf-8")
+    with pytest.raises(ScenarioError, match=r"recv_bytes: expected one size per peer of recvs \(1\), got 2"):
+        load_scenario(path)
+    path.write_text(head + step + "recv_bytes = [-1]\n", encoding="utf-8")
+    with pytest.raises(ScenarioError, match="recv_bytes"):
+        load_scenario(path)
+    path.write_text(head + step + "recv_bytes = [8]\n", encoding="utf-8")
+    assert load_scenario(path).programs[0].ops[-1] == BatchIsendIrecv(recvs=(1,), recv_bytes=(8,))

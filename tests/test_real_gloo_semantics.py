@@ -230,6 +230,17 @@ PROBES: dict[str, list[list[Op]]] = {
         [GLOO, BatchIsendIrecv(sends=(2,), recvs=(0,), size_bytes=SIZE)],
         [GLOO, BatchIsendIrecv(sends=(0,), recvs=(1,), size_bytes=SIZE)],
     ],
+    # each op of a batch with its own size: the peers' matching recvs complete, a shorter one aborts its rank
+    "batch-sizes-per-op": [
+        [GLOO, BatchIsendIrecv(sends=(1, 2), send_bytes=(SIZE, SIZE // 2))],
+        [GLOO, Recv(peer=0, size_bytes=SIZE)],
+        [GLOO, Recv(peer=0, size_bytes=SIZE // 2)],
+    ],
+    "batch-sizes-per-op-short": [
+        [GLOO, BatchIsendIrecv(sends=(1, 2), send_bytes=(SIZE, SIZE // 2))],
+        [GLOO, Recv(peer=0, size_bytes=SIZE)],
+        [GLOO, Recv(peer=0, size_bytes=SIZE // 4)],
+    ],
     # on gloo a batch's send is an isend: an unbatched recv takes it, and two messages to one peer keep their order
     "batch-meets-unbatched": [
         [GLOO, BatchIsendIrecv(sends=(1, 1), recvs=(1,), size_bytes=SIZE)],

@@ -150,21 +150,26 @@ def _batch_wrapper(original: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _batch_op(recorder: _Recorder, items: Sequence[tuple[bool, int, int, str, str]]) -> BatchIsendIrecv:
-    """The batch's op: one size and one dtype for its tensors, the largest and the first where they differ (with
-    a note: a gloo peer whose recv is smaller than the send it meets aborts, which the simulation then says)."""
+    """The batch's op: each send's and recv's own size where they differ (``send_bytes``/``recv_bytes``), one
+    dtype, the first where they differ (with a note: the simulator compares a message's two ends by it)."""
+    sends = [(peer, size) for is_send, peer, size, _, _ in items if is_send]
+    recvs = [(peer, size) for is_send, peer, size, _, _ in items if not is_send]
     sizes = {size for _, _, size, _, _ in items}
     dtypes = list(dict.fromkeys(dtype for _, _, _, dtype, _ in items))
-    if len(sizes) > 1 or len(dtypes) > 1:
+    if len(dtypes) > 1:
         recorder.notes.append(
-            f"rank {recorder.rank}: a batch_isend_irecv of tensors of {len(sizes)} sizes and {len(dtypes)} dtypes is "
-            f"recorded with its largest ({max(sizes)} bytes) and its first dtype ({dtypes[0]})"
+            f"rank {recorder.rank}: a batch_isend_irecv of tensors of {len(dtypes)} dtypes is recorded with its "
+            f"first ({dtypes[0]})"
         )
+    one = len(sizes) == 1
     return BatchIsendIrecv(
-        sends=tuple(peer for sends, peer, _, _, _ in items if sends),
-        recvs=tuple(peer for sends, peer, _, _, _ in items if not sends),
+        sends=tuple(peer for peer, _ in sends),
+        recvs=tuple(peer for peer, _ in recvs),
         group=items[0][4],
         size_bytes=max(sizes),
         dtype=dtypes[0],
+        send_bytes=None if one or not sends else tuple(size for _, size in sends),
+        recv_bytes=None if one or not recvs else tuple(size for _, size in recvs),
     )
 
 

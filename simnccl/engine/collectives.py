@@ -305,7 +305,7 @@ class Collectives:
         target = self._group_of(rt, op)
         if target is None:
             return
-        for op_type, peer in op.items():
+        for op_type, peer, _size in op.items():
             self._check_peer(rt, target, op_type is Send, peer)
         comm = self._usable_comm(rt, target, op)
         for peer in op.recvs:
@@ -315,8 +315,8 @@ class Collectives:
         if not comm.ready:
             yield from self.comms.init(rt, target, comm, op)
         posted = [
-            self._post(rt, target, comm, op, op_type is Send, peer, op.size_bytes, op.dtype)
-            for op_type, peer in op.items()
+            self._post(rt, target, comm, op, op_type is Send, peer, size, op.dtype)
+            for op_type, peer, size in op.items()
         ]
         for one in posted:
             yield from self._finish(rt, target, op, one)

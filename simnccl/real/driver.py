@@ -468,16 +468,20 @@ class Driver:
         group = self._group(op.group)
         if group is NON_MEMBER:
             return f"not a member of {op.group!r}: torch warns and returns (no call)"
-        sent = [self._tensor(op.size_bytes, op.dtype, kind=MOVES) for _ in op.sends]
-        received = [self._tensor(op.size_bytes, op.dtype) for _ in op.recvs]  # zeros until the peers' data lands
-        p2p = [dist.P2POp(dist.isend, t, peer, group) for t, peer in zip(sent, op.sends, strict=True)]
-        p2p += [dist.P2POp(dist.irecv, t, peer, group) for t, peer in zip(received, op.recvs, strict=True)]
+        items = op.items()
+        # a recv's buffer is zeros until the peer's data lands
+        tensors = [self._tensor(size, op.dtype, kind=MOVES if kind is Send else None) for kind, _, size in items]
+        p2p = [
+            dist.P2POp(dist.isend if kind is Send else dist.irecv, t, peer, group)
+            for t, (kind, peer, _) in zip(tensors, items, strict=True)
+        ]
         for request in dist.batch_isend_irecv(p2p):
             request.wait()
         pg = group if group is not None else dist.distributed_c10d._get_default_group()
         checks = "".join(
-            self._check_data(Recv(peer=peer, group=op.group, size_bytes=op.size_bytes, dtype=op.dtype), pg, t, MOVES)
-            for t, peer in zip(received, op.recvs, strict=True)
+            self._check_data(Recv(peer=peer, group=op.group, size_bytes=size, dtype=op.dtype), pg, t, MOVES)
+            for t, (kind, peer, size) in zip(tensors, items, strict=True)
+            if kind is Recv
         )
         return f"{len(op.sends)} sends, {len(op.recvs)} recvs" + checks
 

@@ -280,7 +280,11 @@ def _build_op(
             raise reader.error("peer", "missing; expected the global rank of the other side")
         if not 0 <= peer < world_size:
             raise reader.error("peer", f"expected a rank in 0..{world_size - 1}, got {peer}")
-    return op_type(**kwargs)
+    try:
+        return op_type(**kwargs)
+    except ValueError as err:  # a check the op makes of its fields together (a batch's sizes, one per peer)
+        field_name, _, problem = str(err).removeprefix(f"{op_type.name}: ").partition(": ")
+        raise reader.error(field_name, problem) from None
 
 
 _REVERSE_ALIASES = {(op, field): key for (op, key), field in _FIELD_ALIASES.items()}
@@ -383,8 +387,11 @@ def _check_field(
         return value
     if name == "error_type" and (problem := type_name_problem(value)) is not None:
         raise reader.error(key, problem)
-    if name in ("sends", "recvs") and len(value) > limits.max_program_ops:  # a batch's ops count as a program's
+    if name in ("sends", "recvs", "send_bytes", "recv_bytes") and len(value) > limits.max_program_ops:
+        # a batch's ops count as a program's
         raise reader.error(key, exceeded("max_program_ops", f"a batch of {len(value)} {name}", limits.max_program_ops))
+    if name in ("send_bytes", "recv_bytes"):
+        return tuple(int(finite(reader, key, v, 0, limits.max_message_mib * MIB, "max_message_mib")) for v in value)
     if name == "traffic" and value not in TRAFFIC_KINDS:  # a typo would change what a policy decides, silently
         raise reader.error(key, f"expected one of {', '.join(TRAFFIC_KINDS)}, got {brief(value)}")
     if name == "label" and (bad := invisible_in(value)) is not None:  # a checkpoint's name: [[expect]] quotes it
