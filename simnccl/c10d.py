@@ -382,7 +382,7 @@ def plan_new_group(
     for pair in _distinct_backends(config):
         if pair.impl.is_nccl:
             _check_gpus(pair, ctx)
-        if parent is not None and pair.device_type == "cuda" and parent.impl.is_nccl:
+        if parent is not None and pair.device_type == "cuda" and parent.impl.is_nccl and pair.impl.is_nccl:
             # gloo's creator ignores split_from: its members bootstrap fresh (l.752)
             child_impl = Impl.NCCL2 if parent.impl is Impl.NCCL_LAZY else parent.impl
             shared = _split_share_requested(ctx.env, options)

@@ -399,3 +399,22 @@ def test_a_split_larger_than_the_world_or_its_parent_raises_torchs_error(world: 
     programs = [[*GLOO_PAIR, split], [*GLOO_PAIR, split], *([GLOO_PAIR] * (world - 2))]
     out = simulate(programs, gpus_per_node=world, release="2.15")
     assert {(e["rank"], e["type"], e["message"]) for e in out.errors} == {(r, *error) for r in (0, 1)}
+
+
+def test_a_gloo_group_under_a_bound_2_14_nccl_world_is_gloo_on_both_device_types() -> None:
+    """2.14 finds the default group's NCCL communicator as a split source whatever the new group's backend; gloo's
+    creator ignores it (its members bootstrap fresh). The plan made the gloo group's cuda side an NCCL split child:
+    a CPU-side all_gather of vLLM's cpu group on a rank whose current device was not its bound one failed with
+    legacy's "backend constrained to cuda:1"."""
+    programs = [
+        [
+            InitProcessGroup(backend="cpu:gloo,cuda:nccl", device_id=rank),
+            NewGroup(ranks=(0, 1), bind="g", backend="gloo"),
+            SetDevice(device=0),
+            AllReduce(group="g", size_bytes=8),
+        ]
+        for rank in range(2)
+    ]
+    out = simulate(programs, nodes=1, gpus_per_node=2, release="2.14")
+    assert out.verdict == "pass", out.errors
+    assert {g.impl for g in out.groups.values() if g.name != "0"} == {"gloo"}
