@@ -416,6 +416,65 @@ def test_knobs_a_policy_sets_are_the_policys_not_the_codes() -> None:
     assert not any("in os.environ" in n for n in run.notes)
 
 
+def _in_device_block(block: str, *, set_device: bool) -> None:
+    """An all_reduce inside ``with torch.cuda.device(...)`` (``block``: "0" or "local")."""
+    local = int(os.environ["LOCAL_RANK"])
+    if set_device:
+        torch.cuda.set_device(local)
+    dist.init_process_group("nccl")
+    with torch.cuda.device(0 if block == "0" else local):
+        dist.all_reduce(torch.zeros(1, device="cuda"))
+    if set_device:
+        dist.all_reduce(torch.zeros(1, device="cuda"))  # back on the device before the block
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize(
+    ("block", "set_device", "release", "error"),
+    [
+        ("0", True, "2.14", "Multiple Ranks are using the same GPU"),
+        ("0", True, "2.15", "bound to device cuda:1 but an operation was issued on cuda:0"),
+        ("local", False, "2.15", None),  # nccl2 binds LOCAL_RANK at init; the block's tensors are there
+    ],
+)
+def test_a_with_cuda_device_block_is_recorded_as_set_device(
+    block: str, set_device: bool, release: str, error: str | None
+) -> None:
+    """``with torch.cuda.device(i)`` switched the current device without a record: a block on cuda:0 after
+    set_device(LOCAL_RANK) captured as a pass, one on LOCAL_RANK without set_device as NCCL's error."""
+    target = functools.partial(_in_device_block, block, set_device=set_device)
+    outcome = cap.capture(target, 2, final_checkpoint=None, release=release).simulate(gpu="h100-80gb", release=release)
+    if error is None:
+        assert outcome.verdict == "pass", outcome.errors
+    else:
+        assert any(error in e["message"] for e in outcome.errors), outcome.errors
+
+
+def _knob_around_init(when: str) -> None:
+    """Every rank on cuda:0; NCCL told to allow it ``when``: "after" the first all_reduce made the communicator,
+    or "during" its creation only (set before init_process_group, deleted after)."""
+    if when == "during":
+        os.environ["NCCL_MULTI_RANK_GPU_ENABLE"] = "1"
+    os.environ["NCCL_NVLS_ENABLE"] = "abc"  # NCCL warns and keeps its default
+    dist.init_process_group("nccl", device_id=torch.device("cuda", 0))
+    os.environ.pop("NCCL_MULTI_RANK_GPU_ENABLE", None)
+    dist.all_reduce(torch.ones(4, device="cuda:0"))
+    if when == "after":
+        os.environ["NCCL_MULTI_RANK_GPU_ENABLE"] = "1"
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize(("when", "verdict"), [("during", "pass"), ("after", "error")])
+def test_the_knobs_simulated_are_the_ones_set_as_the_default_group_is_made(when: str, verdict: str) -> None:
+    """The end of the rank's environment was taken: a knob set after the communicator was made passed a run that
+    fails, one set for its creation and deleted failed one that passes. A value simnccl cannot use stopped the
+    simulation (exit 2) where NCCL goes on with its default."""
+    run = cap.capture(functools.partial(_knob_around_init, when), 2, final_checkpoint=None)
+    assert run.simulate().verdict == verdict
+    assert "NCCL_NVLS_ENABLE" not in run.env
+    assert any("NCCL_NVLS_ENABLE=abc (expected an integer" in n and "simulated without it" in n for n in run.notes)
+
+
 # ---------------------------------------------------------------------------------------------- files and CLI
 
 
@@ -477,6 +536,33 @@ def test_a_script_imports_a_module_beside_it_and_m_finds_one_in_the_working_dire
     monkeypatch.chdir(tmp_path)
     assert cap.main(["--world", "2", "--simulate", "-m", "train_beside"]) == 0, capsys.readouterr()
     assert str(tmp_path) not in sys.path and os.getcwd() not in sys.path[:1]
+
+
+def test_a_scripts_directory_serves_its_exit_handlers_its_step_and_shadows_a_loaded_module(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    """The script's directory left sys.path when the script returned: an import in its atexit handler failed,
+    unseen (the handler's barrier unrecorded: a pass where rank 0 alone calls it), and a --step function's import
+    failed the capture. A module beside it named like one the capturing process had loaded (``statistics``)
+    was the loaded one."""
+    (tmp_path / "statistics.py").write_text("def mean(values):\n    return 'own'\n", encoding="utf-8")
+    (tmp_path / "late.py").write_text(
+        "import torch.distributed as dist\ndef finish():\n    if dist.get_rank() == 0:\n        dist.barrier()\n",
+        encoding="utf-8",
+    )
+    (tmp_path / "train_dir.py").write_text(
+        "import atexit, torch.distributed as dist\nfrom statistics import mean\nassert mean([1]) == 'own'\n"
+        "dist.init_process_group('nccl')\n"
+        "def step(state):\n    from late import finish\n    finish()\n"
+        "@atexit.register\ndef end():\n    from late import finish\n    finish()\n",
+        encoding="utf-8",
+    )
+    monkeypatch.chdir(tmp_path.parent)
+    script = str(tmp_path / "train_dir.py")
+    assert cap.main(["--world", "2", "--simulate", "-q", script]) == 1  # rank 0's barrier alone: a hang
+    assert "hang" in capsys.readouterr().out
+    assert cap.main(["--world", "2", "--toml", str(tmp_path / "s.toml"), "--step", f"{script}:step", script]) == 0
+    assert (tmp_path / "s.toml").read_text(encoding="utf-8").count('op = "barrier"') == 2  # the step's and exit's
 
 
 @pytest.mark.parametrize(

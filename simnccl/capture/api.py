@@ -255,8 +255,6 @@ def _code_set_knobs(env: dict[str, str], ranks: Sequence[RankCapture]) -> list[s
     Why: the code's own ``os.environ["NCCL_..."] = ...`` before its groups (vLLM sets NCCL_CUMEM_ENABLE so) is
     what NCCL reads when it makes them; the capture restored the environment after each rank and simulated
     without it (a rank sharing a GPU with NCCL_MULTI_RANK_GPU_ENABLE=1 set in the script failed)."""
-    from simnccl.env_knobs import value_problem
-
     per_rank = [dict(r.env_set) for r in ranks]
     names = sorted({name for changes in per_rank for name in changes})
     if not names:
@@ -265,9 +263,9 @@ def _code_set_knobs(env: dict[str, str], ranks: Sequence[RankCapture]) -> list[s
     for name in names:
         values = {changes.get(name, env.get(name)) for changes in per_rank}
         value = next(iter(values))
-        problem = None if value is None else value_problem(name, value)
+        problem = None if value is None else _unusable(name, value)
         if len(values) > 1 or problem is not None:
-            skipped.append(f"{name} ({'ranks set it differently' if problem is None else problem})")
+            skipped.append(f"{name} (ranks set it differently)" if problem is None else f"{name}={value} ({problem})")
             continue
         if value is None:
             env.pop(name, None)
@@ -282,6 +280,24 @@ def _code_set_knobs(env: dict[str, str], ranks: Sequence[RankCapture]) -> list[s
     if skipped:
         notes.append(f"the captured code set {', '.join(skipped)} in os.environ: simulated without it")
     return notes
+
+
+def _unusable(name: str, value: str) -> str | None:
+    """Why simnccl cannot simulate knob ``name`` at ``value`` (as a run's ``--env`` or a scenario's env table is
+    checked, and as NCCL's memory model parses it), or None. NCCL itself warns of a value it cannot parse and goes on
+    with its default, so such a knob is left out of the run, named, not a refused simulation."""
+    from simnccl.env_knobs import env_problem
+    from simnccl.nccl.constants import NcclInputError
+    from simnccl.nccl.knobs import settings_from
+
+    problem = env_problem(name, value)
+    if problem is not None:
+        return problem
+    try:
+        settings_from({name: value})
+    except NcclInputError as err:
+        return str(err).removeprefix(f"{name}: ")
+    return None
 
 
 def _shared_calls(per_rank: Sequence[tuple[Call, ...]]) -> tuple[tuple[Call, ...], ...]:

@@ -51,10 +51,17 @@ class _FakeCuda:
         return 0 if self.current is None else self.current
 
     def exchange_device(self, index: int) -> int:
-        """``torch.cuda._exchange_device`` (what ``with torch.cuda.device(i)`` calls): switch, return the old."""
+        """``torch.cuda._exchange_device`` (what ``with torch.cuda.device(i)`` calls): switch, return the old.
+
+        A switch to another device is recorded as ``set_device`` is (and the switch back on leaving the block):
+        the simulator reads the current device where torch does (nccl2's binding at init, a barrier's device, the
+        memory a rank's tensors take). Unrecorded, a collective inside the block ran on the device before it."""
         old = self.current_index()
-        if index >= 0:
+        if index >= 0 and index != old:
+            if index >= self.count:
+                raise RuntimeError(f"CUDA error: invalid device ordinal {index} (capturing with {self.count} GPUs)")
             self.current = index
+            self.recorder.append(SetDevice(device=None if index == self.recorder.local_rank else index))
         return old
 
     def patches(self) -> list[tuple[Any, str, Any]]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import operator
+import os
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import timedelta
@@ -189,6 +190,8 @@ def _wrapper(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
         except TypeError:
             return original(*args, **kwargs)  # torch raises its own error for bad arguments
         ranks = None  # new_group's ranks as torch reads them (``_enter_new_group``), for the shortcut
+        if name == "init_process_group" and recorder.env_at_init is None:
+            recorder.env_at_init = dict(os.environ)  # what NCCL's knobs are as the default group is made
         _refuse_renamed(recorder)
         _DEPTH += 1
         recorder.ops.extend(recorder.memory.changes())  # tensors made before the call: kept whatever it does

@@ -113,6 +113,7 @@ def _run_rank_compact(spec: _Spec, rank: int) -> RankCapture:
     env_set: tuple[tuple[str, str | None], ...] = ()
     try:
         with (
+            _script_path(spec.target),
             _installed(recorder, spec.release, spec.world_size, spec.gpus_per_node, spec.cuda, spec.gpu),
             _policy_applied(spec.policy, spec.release) as applied,
             process_end_collected() as end,
@@ -139,7 +140,9 @@ def _run_rank_compact(spec: _Spec, rank: int) -> RankCapture:
                     err.simnccl_notes = tuple(recorder.notes)  # type: ignore[attr-defined]
                 raise
             _exit_unless_the_rank(rank_pid, None)
-            env_set = knobs_set_by_code(start_env, () if applied is None else tuple(applied.env_set))
+            env_set = knobs_set_by_code(
+                start_env, recorder.env_at_init, () if applied is None else tuple(applied.env_set)
+            )
             if spec.final_checkpoint is not None:
                 recorder.append(Checkpoint(spec.final_checkpoint))
             recorder.finish()
@@ -165,17 +168,18 @@ def _run_rank_compact(spec: _Spec, rank: int) -> RankCapture:
 CODE_SET_PREFIXES = ("NCCL_", "TORCH_NCCL_")
 
 
-def knobs_set_by_code(start: Mapping[str, str], policy_set: Sequence[str]) -> tuple[tuple[str, str | None], ...]:
+def knobs_set_by_code(
+    start: Mapping[str, str], at_init: Mapping[str, str] | None, policy_set: Sequence[str]
+) -> tuple[tuple[str, str | None], ...]:
     """The knobs simnccl reads (``CODE_SET_PREFIXES``) the rank's code set, changed or removed in ``os.environ``
-    since it started (``start``): (name, value, None if removed), by name; the ones its policy set
-    (``policy_set``) are the policy's, simulated by the policy itself."""
+    between its start (``start``) and its first ``init_process_group`` (``at_init``; no init: its end): (name,
+    value, None if removed), by name; the ones its policy set (``policy_set``) are the policy's, simulated by the
+    policy itself. Why at init: a knob set after the communicator it would have changed was made changes nothing
+    there, and one set for its creation and deleted after did its work."""
     known = known_knobs()
-    names = {n for n in (*start, *os.environ) if n.startswith(CODE_SET_PREFIXES) and n in known}
-    return tuple(
-        (name, os.environ.get(name))
-        for name in sorted(names - set(policy_set))
-        if os.environ.get(name) != start.get(name)
-    )
+    now = os.environ if at_init is None else at_init
+    names = {n for n in (*start, *now) if n.startswith(CODE_SET_PREFIXES) and n in known}
+    return tuple((name, now.get(name)) for name in sorted(names - set(policy_set)) if now.get(name) != start.get(name))
 
 
 def _exited(rank: int, rank_pid: int, exit_: SystemExit) -> None:
@@ -232,6 +236,13 @@ def _run_step(step: Callable[[Any], Any], state: Any, recorder: _Recorder) -> No
     recorder.append(Checkpoint(STARTUP_CHECKPOINT))
     step(state)
     recorder.append(Checkpoint(STEP_CHECKPOINT))
+
+
+def _script_path(target: Callable[[], Any]) -> contextlib.AbstractContextManager[Any]:
+    """A script target's ``sys.path`` (``ScriptTarget.importing``) for the whole rank: its exit handlers and a
+    ``--step`` import from the script's directory after the script ran (a function target: nothing)."""
+    importing = getattr(target, "importing", None)
+    return importing() if callable(importing) else contextlib.nullcontext()
 
 
 @contextlib.contextmanager

@@ -57,6 +57,9 @@ class _Recorder:
         # CUDA's current device as the rank's code sees it (``environment._FakeCuda`` sets it): a collective on a
         # tensor of another device is recorded on that device (``standin._on_tensor_device``)
         self.current_device: Callable[[], int] = lambda: 0
+        # os.environ as the rank's first init_process_group began (``intercept``): the NCCL knobs its code set
+        # by then are the ones simulated (``ranks.knobs_set_by_code``); None: no init yet
+        self.env_at_init: dict[str, str] | None = None
         # A batch_isend_irecv in progress: its sends and recvs as the stand-in sees them, recorded as one op at its
         # end (``intercept._batch_wrapper``): (is a send, peer's global rank, bytes, dtype, group handle) each.
         self.batch: list[tuple[bool, int, int, str, str]] | None = None

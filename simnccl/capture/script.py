@@ -78,13 +78,21 @@ class ScriptTarget:
     @contextlib.contextmanager
     def importing(self) -> Iterator[None]:
         """``sys.path`` as ``python script.py`` (the script's directory first) or ``python -m module`` (the working
-        directory first) gives it. Why: ``runpy`` adds neither, and a script importing a module beside it (``from
-        common import init``) failed the capture with ModuleNotFoundError where torchrun runs it."""
+        directory first) gives it, and the modules of that directory found there: one named like a module the
+        capturing process imported already (``profile.py`` beside the script: the standard library's is loaded)
+        is out of ``sys.modules`` meanwhile, so the script imports its own, as it would alone.
+
+        Why: ``runpy`` adds neither directory, and a script importing a module beside it (``from common import
+        init``) failed the capture with ModuleNotFoundError where torchrun runs it. The rank runs inside this
+        (``ranks``), so its exit handlers and a ``--step`` import there too."""
         first = os.getcwd() if self.module is not None else os.path.dirname(os.path.realpath(str(self.path)))
         sys.path.insert(0, first)
+        shadowed = {name: sys.modules.pop(name) for name in _shadowed_by(first)}
         try:
             yield
         finally:
+            for name, module in shadowed.items():
+                sys.modules[name] = module  # the capturing process goes on with its own
             with contextlib.suppress(ValueError):
                 sys.path.remove(first)  # the one inserted: the first equal entry from the front is it
 
@@ -162,6 +170,23 @@ def _import(name: str) -> bool:
         return False
     importlib.import_module(f"{module}.{attribute}")
     return True
+
+
+def _shadowed_by(directory: str) -> list[str]:
+    """The loaded top-level modules that a module file or package in ``directory`` would shadow on a fresh
+    interpreter: found on the path (not built in or frozen), from elsewhere."""
+    try:
+        entries = os.listdir(directory)
+    except OSError:
+        return []
+    names = {e[:-3] for e in entries if e.endswith(".py")}
+    names |= {e for e in entries if os.path.isfile(os.path.join(directory, e, "__init__.py"))}
+    found = []
+    for name in sorted(names & set(sys.modules)):
+        origin = getattr(getattr(sys.modules[name], "__spec__", None), "origin", None)
+        if origin and os.path.isabs(origin) and not os.path.realpath(origin).startswith(directory + os.sep):
+            found.append(name)
+    return found
 
 
 def script_target(module: str | None, path: str | None, argv: Sequence[str], *, preload: bool = True) -> ScriptTarget:
