@@ -103,7 +103,7 @@ def test_a_batched_send_meets_an_unbatched_recv_only_on_one_communicator(kind: s
     ("batch", "kind", "error"),
     [
         (BatchIsendIrecv(), "ValueError", None),
-        (BatchIsendIrecv(sends=(0,)), "ValueError", "destination rank should not be the same"),
+        (BatchIsendIrecv(sends=(0,)), "RuntimeError", "Pair is not connected"),  # isend does not check for self
         (BatchIsendIrecv(sends=(1,), recvs=(5,)), "ValueError", "Global rank 5 is not part of group"),
     ],
 )
@@ -185,3 +185,16 @@ def test_a_scenario_steps_sizes_per_peer_are_checked(tmp_path: Path) -> None:
         load_scenario(path)
     path.write_text(head + step + "recv_bytes = [8]\n", encoding="utf-8")
     assert load_scenario(path).programs[0].ops[-1] == BatchIsendIrecv(recvs=(1,), recv_bytes=(8,))
+
+
+@pytest.mark.parametrize(
+    "batch",
+    [BatchIsendIrecv(sends=(1, 0)), BatchIsendIrecv(sends=(1,), recvs=(0,))],
+    ids=["send-to-self", "recv-from-self"],
+)
+def test_a_batch_op_with_the_rank_itself_fails_after_the_ones_before_it_went_out(batch: BatchIsendIrecv) -> None:
+    """Real gloo (``tests/test_real_gloo_semantics.py``): "Pair is not connected" at that op, and rank 1's recv of
+    the earlier send completes. The simulator raised torch's unbatched send's ValueError before posting anything,
+    and rank 1 hung."""
+    out = _run([[batch], [Recv(peer=0)]], "gloo")
+    assert [(e["rank"], e["type"]) for e in out.errors] == [(0, "RuntimeError")] and not out.hangs

@@ -836,7 +836,11 @@ def test_a_non_member_whose_legacy_parent_holds_only_pair_communicators_dies_in_
         ("gloo", Send(peer=0, size_bytes=8), ("ValueError", "SEND_TO_SELF")),
         ("nccl", Send(peer=0, size_bytes=8), ("ValueError", "SEND_TO_SELF")),
         ("gloo", Recv(peer=0, size_bytes=8), ("RuntimeError", "RECV_FROM_SELF")),
-        ("nccl", Recv(peer=0, size_bytes=8), ("SimulatorLimit", "a recv from the rank itself on NCCL is not modelled")),
+        (
+            "nccl",
+            Recv(peer=0, size_bytes=8),
+            ("SimulatorLimit", "a send or recv with the rank itself on NCCL is not modelled"),
+        ),
     ],
 )
 def test_a_send_or_recv_to_the_rank_itself_fails_as_torch_does(backend: str, op, error) -> None:

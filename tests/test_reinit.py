@@ -26,6 +26,7 @@ from simnccl.ops import (
     Recv,
     Send,
     SetDevice,
+    SplitGroup,
 )
 from simnccl.real.compare import racy, verdict_racy
 from simnccl.testing import simulate
@@ -409,3 +410,33 @@ def test_under_spawn_rank_0s_store_goes_with_its_process(timed: bool) -> None:
     assert "went with rank 0's process" in spawn.errors[1]["message"]
     torchrun = simulate(programs, gpus_per_node=3, launcher="torchrun", faults=faults)
     assert [(e["rank"], e["kind"]) for e in torchrun.errors] == [(0, "crash")]
+
+
+def test_under_spawn_a_split_through_rank_0s_dropped_store_hangs() -> None:
+    """Real gloo (2 runs of 2, ``real compare``): ranks 1 and 2 split their group a second after rank 0 destroyed
+    the default group, and both hang in split_group, where a new_group raises at once."""
+    init = InitProcessGroup(backend="gloo")
+    pair = NewGroup(ranks=(1, 2), bind="g")
+    split = SplitGroup(parent="g", split_ranks=((0, 1),), bind="h")
+    programs = [
+        [init, pair, DestroyProcessGroup()],
+        *([init, pair, Compute(seconds=1.0), split, AllReduce(group="h")] for _ in range(2)),
+    ]
+    out = simulate(programs, gpus_per_node=3, launcher="spawn")
+    assert out.verdict == "hang" and {h["rank"] for h in out.hangs} == {1, 2}
+    assert all("waits on a store that never answers: Broken pipe" in h["explanation"] for h in out.hangs)
+
+
+def test_under_spawn_a_destroyed_subgroup_whose_handle_is_kept_keeps_rank_0s_store() -> None:
+    """The program's variable holds the destroyed group, and with it its prefix store of rank 0's store (real gloo,
+    4 runs of 4; with the handle deleted, plain torch raised Broken pipe 2 of 2). It was a false failure."""
+    init = InitProcessGroup(backend="gloo")
+    later = NewGroup(ranks=(1, 2), bind="h", use_local_synchronization=True)
+    programs = [
+        [init, NewGroup(ranks=(0, 1, 2), bind="a"), DestroyProcessGroup(group="a"), DestroyProcessGroup()],
+        *(
+            [init, NewGroup(ranks=(0, 1, 2), bind="a"), Compute(seconds=1.0), later, AllReduce(group="h")]
+            for _ in range(2)
+        ),
+    ]
+    assert simulate(programs, gpus_per_node=3, launcher="spawn").verdict == "pass"

@@ -89,8 +89,9 @@ RECV_TIMED_OUT = (
     "for recv operation to complete"
 )
 
-# A recv from the rank itself (torch checks only send's destination, ``_check_not_self_rank``; irecv allows it):
-# gloo has no pair to itself. Measured on 2.15 gloo: the text then names the pair's addresses, left out here.
+# A recv from the rank itself (torch checks only send's destination, ``_check_not_self_rank``; irecv allows it, and
+# isend and irecv in a batch_isend_irecv): gloo has no pair to itself. Measured on 2.15 gloo (both): the text then
+# names the pair's addresses, left out here.
 RECV_FROM_SELF = (
     "[enforce fail at /__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:809] state_ >= CONNECTED. "
     "1 vs 4. Pair is not connected"

@@ -19,6 +19,7 @@ from simnccl.engine.nvls import MulticastSlots
 from simnccl.engine.reinit_store import (
     DROPPED_BY_DEATH,
     DROPPED_BY_DESTROY,
+    STORE_GONE_SPLIT,
     ReinitStore,
     bootstrap_key,
     store_name,
@@ -31,7 +32,7 @@ from simnccl.engine.state import ProcessAbort, RankRuntime, Waiting, current_dev
 from simnccl.engine.store_collisions import CrossWiring, LateColliders, late_singleton_race, mark_complete_collision
 from simnccl.engine.timing import Timing
 from simnccl.meetings import Arrival, Meeting
-from simnccl.ops import Op
+from simnccl.ops import Op, SplitGroup
 from simnccl.release import CUDAMALLOCASYNC_TRACKER, Impl
 from simnccl.watchdog import TimeoutAction
 
@@ -225,7 +226,9 @@ class Comms:
                     yield from self.reinit.read_stale(rt, group, comm, meeting, stale)
                 self.reinit.refuse_on_old_store(rt, group.name)
             if meeting.problem is None and (gone := self.reinit.store_gone(rt, group.name)) is not None:
-                raise gone
+                if not isinstance(op, SplitGroup):
+                    raise gone
+                meeting = self._store_gone_split(meeting, rt, group, gone.message)
             payload = group.ranks  # or, gloo, the first group's: one that another joins by group rank
             self.note_device(meeting, rt, comm)
             if comm.impl is Impl.GLOO and meeting.problem is None and meeting.arrivals:
@@ -268,10 +271,19 @@ class Comms:
             if comm is None or not (comm.impl is Impl.GLOO or unique_id_stage(meeting, rt.rank, comm.impl) == "store"):
                 continue
             gone = self.reinit.store_gone(rt, bootstrap_group(meeting), waiting=True)
-            if gone is not None:
+            if gone is not None and isinstance(block.op, SplitGroup):
+                meeting.problem = meeting.problem or STORE_GONE_SPLIT.format(gone=gone.message)
+            elif gone is not None:
                 self.sim.procs[rt.rank].interrupt(
                     TimeoutAction("raise", False, 0.0, gone.type_name, gone.message, False, kind="peer-lost")
                 )
+
+    def _store_gone_split(self, meeting: Meeting, rt: RankRuntime, group: Group, gone: str) -> Meeting:
+        """A split's bootstrap through a store rank 0 dropped (``ReinitStore.store_gone``): a wait that never ends
+        (real gloo's split_group hangs there, where new_group's raises), explained."""
+        stuck = self.rendezvous.open(("store-gone", *meeting.key, rt.rank), "bootstrap", group.name, 0, group.ranks)
+        stuck.problem = STORE_GONE_SPLIT.format(gone=gone)
+        return stuck
 
     def _touch_device(self, rt: RankRuntime, comm: Comm, op: Op) -> None:
         """An NCCL communicator's init binds it to the rank's current device, whose first touch creates the CUDA
