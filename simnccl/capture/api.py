@@ -252,9 +252,10 @@ def _code_set_knobs(env: dict[str, str], ranks: Sequence[RankCapture]) -> list[s
     set in ``os.environ`` itself (``RankCapture.env_set``) alike on every rank; the notes that say so, and name
     the ones the ranks set differently or to a value simnccl cannot use (simulated without them).
 
-    Why: the code's own ``os.environ["NCCL_..."] = ...`` before its groups (vLLM sets NCCL_CUMEM_ENABLE so) is
-    what NCCL reads when it makes them; the capture restored the environment after each rank and simulated
-    without it (a rank sharing a GPU with NCCL_MULTI_RANK_GPU_ENABLE=1 set in the script failed)."""
+    Why: the code's own ``os.environ["NCCL_..."] = ...`` before its groups (SGLang's server sets NCCL_CUMEM_ENABLE
+    and NCCL_NVLS_ENABLE to 0 so, in ``_set_envs_and_config``) is what NCCL reads when it makes them; the capture
+    restored the environment after each rank and simulated without it (a rank sharing a GPU with
+    NCCL_MULTI_RANK_GPU_ENABLE=1 set in the script failed)."""
     per_rank = [dict(r.env_set) for r in ranks]
     names = sorted({name for changes in per_rank for name in changes})
     if not names:

@@ -278,7 +278,7 @@ class Collectives:
         sends = isinstance(op, Send)
         self._check_peer(rt, target, sends, op.peer)
         comm = self._usable_comm(rt, target, op)
-        self._check_self_recv(rt, comm, op.peer)
+        self._check_self_peer(rt, comm, op.peer)
         life = LIFECYCLES[comm.impl]
         if not life.communicates:
             return
@@ -316,7 +316,7 @@ class Collectives:
         for op_type, peer, size in op.items():
             # isend and irecv do not check for the rank itself: gloo has no pair to it, and the ops posted before
             # it are out (measured on 2.15 gloo: a peer receiving an earlier send of the batch completes)
-            self._check_self_recv(rt, comm, peer)
+            self._check_self_peer(rt, comm, peer)
             posted.append(self._post(rt, target, comm, op, op_type is Send, peer, size, op.dtype))
         for one in posted:
             yield from self._finish(rt, target, op, one)
@@ -329,7 +329,7 @@ class Collectives:
             raise TorchError("ValueError", SEND_TO_SELF)
 
     @staticmethod
-    def _check_self_recv(rt: RankRuntime, comm: Comm, peer: int) -> None:
+    def _check_self_peer(rt: RankRuntime, comm: Comm, peer: int) -> None:
         """A recv (or a batch's isend) with the rank itself reaches the backend (irecv allows src == own rank)."""
         if peer == rt.rank:
             if comm.impl is _GLOO:
