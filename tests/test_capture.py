@@ -464,15 +464,43 @@ def _knob_around_init(when: str) -> None:
     dist.destroy_process_group()
 
 
-@pytest.mark.parametrize(("when", "verdict"), [("during", "pass"), ("after", "error")])
-def test_the_knobs_simulated_are_the_ones_set_as_the_default_group_is_made(when: str, verdict: str) -> None:
-    """The end of the rank's environment was taken: a knob set after the communicator was made passed a run that
-    fails, one set for its creation and deleted failed one that passes. A value simnccl cannot use stopped the
-    simulation (exit 2) where NCCL goes on with its default."""
+@pytest.mark.parametrize("when", ["during", "after"])
+def test_a_knob_that_changed_after_init_process_group_is_not_guessed_at(when: str) -> None:
+    """NCCL reads its knobs when it makes a communicator: at init for an eager one, at the first collective for a
+    lazy one. The rank's end was taken: a knob set after the communicator was made passed a run that fails. Then
+    the one at init was: a knob set around init only passed legacy's lazy communicator, made when it was gone.
+    A knob whose value changed between the two moments is now named and left out; a value simnccl cannot use
+    stopped the simulation (exit 2), where NCCL goes on with its default."""
     run = cap.capture(functools.partial(_knob_around_init, when), 2, final_checkpoint=None)
-    assert run.simulate().verdict == verdict
-    assert "NCCL_NVLS_ENABLE" not in run.env
+    assert run.simulate().verdict == "error"  # every rank on cuda:0, NCCL not told to allow it
+    assert "NCCL_MULTI_RANK_GPU_ENABLE" not in run.env and "NCCL_NVLS_ENABLE" not in run.env
     assert any("NCCL_NVLS_ENABLE=abc (expected an integer" in n and "simulated without it" in n for n in run.notes)
+    if when == "during":
+        assert any(
+            "NCCL_MULTI_RANK_GPU_ENABLE=1 (changed between init_process_group and the first" in n for n in run.notes
+        )
+
+
+def _set_device_as(device: Any) -> None:
+    torch.cuda.set_device(device)
+
+
+@pytest.mark.parametrize(
+    ("device", "error"),
+    [
+        ("cuda", "Expected a torch.device with a specified index or an integer, but got:cuda"),
+        ("cpu", "Expected a cuda device, but got: cpu"),
+        (-1, None),  # torch's no-op
+    ],
+)
+def test_set_device_takes_what_torch_takes(device: Any, error: str | None) -> None:
+    """The stand-in took "cuda" and "cpu" as device 0, and refused -1, which torch ignores."""
+    if error is None:
+        run = cap.capture(functools.partial(_set_device_as, device), 1, final_checkpoint=None)
+        assert not any(isinstance(op, SetDevice) for op in run.programs[0].ops)
+        return
+    with pytest.raises(cap.CaptureError, match=error):
+        cap.capture(functools.partial(_set_device_as, device), 1, final_checkpoint=None)
 
 
 # ---------------------------------------------------------------------------------------------- files and CLI

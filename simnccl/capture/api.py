@@ -256,17 +256,24 @@ def _code_set_knobs(env: dict[str, str], ranks: Sequence[RankCapture]) -> list[s
     and NCCL_NVLS_ENABLE to 0 so, in ``_set_envs_and_config``) is what NCCL reads when it makes them; the capture
     restored the environment after each rank and simulated without it (a rank sharing a GPU with
     NCCL_MULTI_RANK_GPU_ENABLE=1 set in the script failed)."""
-    per_rank = [dict(r.env_set) for r in ranks]
+    per_rank = [{name: (value, settled) for name, value, settled in r.env_set} for r in ranks]
     names = sorted({name for changes in per_rank for name in changes})
     if not names:
         return []
     notes, merged, skipped = [], [], []
     for name in names:
-        values = {changes.get(name, env.get(name)) for changes in per_rank}
+        values = {changes.get(name, (env.get(name), True))[0] for changes in per_rank}
         value = next(iter(values))
         problem = None if value is None else _unusable(name, value)
-        if len(values) > 1 or problem is not None:
-            skipped.append(f"{name} (ranks set it differently)" if problem is None else f"{name}={value} ({problem})")
+        if not all(changes.get(name, (None, True))[1] for changes in per_rank):
+            problem = (
+                "changed between init_process_group and the first collective: which value NCCL read depends on "
+                "when it made its communicator"
+            )
+        elif len(values) > 1:
+            problem = "ranks set it differently"
+        if problem is not None:
+            skipped.append(f"{name}={value} ({problem})" if len(values) == 1 else f"{name} ({problem})")
             continue
         if value is None:
             env.pop(name, None)

@@ -37,10 +37,14 @@ class _FakeCuda:
         self.tensors = FakeCuda(recorder.memory, gpus_per_node, self.current_index, get_gpu_kind(gpu))
 
     def set_device(self, device: Any) -> None:
-        index = device if isinstance(device, int) else torch.device(device).index
-        if index is None:
-            index = 0
-        if not 0 <= index < self.count:
+        """``torch.cuda.set_device``: its own argument rules (``_get_device_index``: "cuda" with no index and "cpu"
+        raise ValueError, a negative index is a no-op), then the switch, recorded."""
+        from torch.cuda._utils import _get_device_index
+
+        index = _get_device_index(device)
+        if index < 0:
+            return
+        if index >= self.count:
             raise RuntimeError(f"CUDA error: invalid device ordinal {index} (capturing with {self.count} GPUs)")
         self.current = index
         # SetDevice() means "this process's LOCAL_RANK": spelled that way, ranks share one Program.

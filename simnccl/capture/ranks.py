@@ -110,7 +110,7 @@ def _run_rank_compact(spec: _Spec, rank: int) -> RankCapture:
     saved_group_count = c10d._world.group_count
     os.environ.update(spec.rank_env(rank))
     start_env = dict(os.environ)
-    env_set: tuple[tuple[str, str | None], ...] = ()
+    env_set: tuple[tuple[str, str | None, bool], ...] = ()
     try:
         with (
             _script_path(spec.target),
@@ -140,9 +140,8 @@ def _run_rank_compact(spec: _Spec, rank: int) -> RankCapture:
                     err.simnccl_notes = tuple(recorder.notes)  # type: ignore[attr-defined]
                 raise
             _exit_unless_the_rank(rank_pid, None)
-            env_set = knobs_set_by_code(
-                start_env, recorder.env_at_init, () if applied is None else tuple(applied.env_set)
-            )
+            moments = [m for m in (recorder.env_at_init, recorder.env_at_first_op) if m is not None]
+            env_set = knobs_set_by_code(start_env, moments, () if applied is None else tuple(applied.env_set))
             if spec.final_checkpoint is not None:
                 recorder.append(Checkpoint(spec.final_checkpoint))
             recorder.finish()
@@ -169,17 +168,28 @@ CODE_SET_PREFIXES = ("NCCL_", "TORCH_NCCL_")
 
 
 def knobs_set_by_code(
-    start: Mapping[str, str], at_init: Mapping[str, str] | None, policy_set: Sequence[str]
-) -> tuple[tuple[str, str | None], ...]:
-    """The knobs simnccl reads (``CODE_SET_PREFIXES``) the rank's code set, changed or removed in ``os.environ``
-    between its start (``start``) and its first ``init_process_group`` (``at_init``; no init: its end): (name,
-    value, None if removed), by name; the ones its policy set (``policy_set``) are the policy's, simulated by the
-    policy itself. Why at init: a knob set after the communicator it would have changed was made changes nothing
-    there, and one set for its creation and deleted after did its work."""
+    start: Mapping[str, str], moments: Sequence[Mapping[str, str]], policy_set: Sequence[str]
+) -> tuple[tuple[str, str | None, bool], ...]:
+    """The knobs simnccl reads (``CODE_SET_PREFIXES``) the rank's code set in ``os.environ`` since it started
+    (``start``), as they were at the moments NCCL may read them (``moments``: its first ``init_process_group``,
+    where an eager communicator is made, and its first collective, send or recv, where a lazy one is; none: the
+    rank's end): (name, value or None where removed, settled). ``settled`` is False where the value changed
+    between those moments: which one NCCL read depends on when it made its communicator, so the capture does not
+    guess. The ones its policy set (``policy_set``) are the policy's, simulated by the policy itself.
+
+    Why not the rank's end: a knob set after the communicator was made changed nothing; one set for its creation
+    and deleted after did its work; one set around init_process_group only was gone when legacy made its
+    communicator at the first collective."""
     known = known_knobs()
-    now = os.environ if at_init is None else at_init
-    names = {n for n in (*start, *now) if n.startswith(CODE_SET_PREFIXES) and n in known}
-    return tuple((name, now.get(name)) for name in sorted(names - set(policy_set)) if now.get(name) != start.get(name))
+    seen = list(moments) or [os.environ]
+    names = {n for moment in (start, *seen) for n in moment if n.startswith(CODE_SET_PREFIXES) and n in known}
+    out = []
+    for name in sorted(names - set(policy_set)):
+        values = {moment.get(name) for moment in seen}
+        value = seen[0].get(name)
+        if len(values) > 1 or value != start.get(name):
+            out.append((name, value, len(values) == 1))
+    return tuple(out)
 
 
 def _exited(rank: int, rank_pid: int, exit_: SystemExit) -> None:

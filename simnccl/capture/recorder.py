@@ -7,6 +7,7 @@ stale copy.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -60,11 +61,19 @@ class _Recorder:
         # os.environ as the rank's first init_process_group began (``intercept``): the NCCL knobs its code set
         # by then are the ones simulated (``ranks.knobs_set_by_code``); None: no init yet
         self.env_at_init: dict[str, str] | None = None
+        # os.environ as the rank's first collective, send or recv began (``communicating``): where a lazy
+        # communicator is made, and NCCL reads its knobs (most once per process)
+        self.env_at_first_op: dict[str, str] | None = None
         # A batch_isend_irecv in progress: its sends and recvs as the stand-in sees them, recorded as one op at its
         # end (``intercept._batch_wrapper``): (is a send, peer's global rank, bytes, dtype, group handle) each.
         self.batch: list[tuple[bool, int, int, str, str]] | None = None
         self.memory = TensorMemory()  # the rank's emulated CUDA tensors (simnccl.capture.fake_devices)
         self.max_ops = current_limits().max_program_ops  # a Program's bound, checked as the rank records
+
+    def communicating(self) -> None:
+        """The rank issues a collective, send or recv: the environment then is kept, once (``env_at_first_op``)."""
+        if self.env_at_first_op is None:
+            self.env_at_first_op = dict(os.environ)
 
     def add(self, op: Op | None, name: str, args: Mapping[str, Any], handle: str | None = None) -> None:
         self.calls.append(Call(name, {k: _plain(v) for k, v in args.items()}, handle))

@@ -163,8 +163,9 @@ class RankCapture:
     ops: tuple[Op, ...]
     calls: tuple[Call, ...]
     notes: tuple[str, ...] = ()
-    # NCCL knobs the code itself set (or removed: None) in os.environ, not its policy (``ranks.knobs_set_by_code``)
-    env_set: tuple[tuple[str, str | None], ...] = ()
+    # NCCL knobs the code itself set (or removed: None) in os.environ, not its policy, and whether their value held
+    # from its first init_process_group to its first collective (``ranks.knobs_set_by_code``)
+    env_set: tuple[tuple[str, str | None, bool], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -118,6 +118,7 @@ class StandInBackend(C10dBackend):
         recorder = active()
         if recorder is None:
             return
+        recorder.communicating()
         dtype = _dtype(tensors[0]) if tensors else "Float"
         _check_bound(recorder, self.handle, name)
         op = op_type(group=self.handle, size_bytes=_nbytes(tensors), dtype=dtype, **extra)
@@ -226,6 +227,7 @@ class StandInBackend(C10dBackend):
         self._lazy = False
         recorder = active()
         if recorder is not None:
+            recorder.communicating()
             _check_bound(recorder, self.handle, "barrier")
             recorder.add(Barrier(group=self.handle), "barrier", {"group": self.handle}, self.handle)
         return self._done(None)
@@ -236,6 +238,7 @@ class StandInBackend(C10dBackend):
         self._lazy = False
         recorder = active()
         if recorder is not None:
+            recorder.communicating()
             dtype = _dtype(tensors[0]) if tensors else "Float"
             peer_rank = self._global[peer]
             _check_bound(recorder, self.handle, name)
