@@ -593,6 +593,18 @@ def test_a_scripts_directory_serves_its_exit_handlers_its_step_and_shadows_a_loa
     assert (tmp_path / "s.toml").read_text(encoding="utf-8").count('op = "barrier"') == 2  # the step's and exit's
 
 
+def test_a_module_beside_the_script_named_like_one_torch_imports_is_refused(tmp_path: Path, capsys) -> None:
+    """``json.py`` beside the script: run alone, torch's own ``import json`` finds it and ``import torch`` fails.
+    The capturing process had imported torch before the script's directory was on sys.path, so the capture passed
+    (exit 0). It is bad input now (exit 2), named; a name torch does not import (``statistics.py``) is the
+    script's own (``test_a_scripts_directory_serves_...``)."""
+    (tmp_path / "json.py").write_text("VALUE = 1\n", encoding="utf-8")
+    (tmp_path / "train_json.py").write_text("import torch.distributed as dist\n", encoding="utf-8")
+    assert cap.main(["--world", "2", "--simulate", str(tmp_path / "train_json.py")]) == 2
+    err = capsys.readouterr().err
+    assert "json.py beside the script has the name of a module import torch loads" in err
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [

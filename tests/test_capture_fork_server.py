@@ -364,7 +364,7 @@ def test_equal_rank_results_are_kept_once_and_failures_carry_their_message() -> 
 
 
 def test_json_lists_each_distinct_list_of_calls_once_with_its_ranks(script, tmp_path: Path) -> None:
-    path, _ = script("json")
+    path, _ = script("calls_json")  # not json.py: beside itself, it would shadow the json torch imports
     data = cap.capture(cap.script_target(None, str(path), []), 4).to_json()
     assert [entry["ranks"] for entry in data["calls"]] == [[0], [1], [2], [3]]  # each new_group([RANK]) differs
     same = tmp_path / "same.py"

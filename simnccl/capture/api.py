@@ -157,6 +157,9 @@ def capture(
             raise CaptureError(f"policy: {err}") from None
     if dist.is_initialized():
         raise CaptureError("a default process group already exists in this process; destroy it before capturing")
+    shadows = getattr(target, "shadows_torch_imports", None)
+    if callable(shadows) and (found := shadows()):
+        raise CaptureError(found)
     spec = _Spec(
         target=target,
         world_size=world_size,

@@ -32,9 +32,11 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import functools
 import importlib
 import os
 import runpy
+import subprocess
 import sys
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -85,7 +87,7 @@ class ScriptTarget:
         Why: ``runpy`` adds neither directory, and a script importing a module beside it (``from common import
         init``) failed the capture with ModuleNotFoundError where torchrun runs it. The rank runs inside this
         (``ranks``), so its exit handlers and a ``--step`` import there too."""
-        first = os.getcwd() if self.module is not None else os.path.dirname(os.path.realpath(str(self.path)))
+        first = self.directory()
         sys.path.insert(0, first)
         shadowed = {name: sys.modules.pop(name) for name in _shadowed_by(first)}
         try:
@@ -95,6 +97,28 @@ class ScriptTarget:
                 sys.modules[name] = module  # the capturing process goes on with its own
             with contextlib.suppress(ValueError):
                 sys.path.remove(first)  # the one inserted: the first equal entry from the front is it
+
+    def shadows_torch_imports(self) -> str | None:
+        """What is wrong where a module beside the script (``json.py``) is named like one ``import torch`` loads: run
+        alone, torch's own import finds that file first and fails or changes. The capturing process imported torch
+        before the script's directory was on ``sys.path``, so its ranks ran where the real processes cannot: a
+        capture that passed. None where nothing is shadowed so (or where what ``import torch`` loads is unknown)."""
+        directory = self.directory()
+        shadowed = _shadowed_by(directory)
+        loaded = _loaded_by_import_torch() if shadowed else None
+        found = [f"{name}.py" for name in shadowed if loaded is not None and name in loaded]
+        if not found:
+            return None
+        one = len(found) == 1
+        return (
+            f"{', '.join(found)} beside the script {'has' if one else 'have'} the name of a module import torch "
+            f"loads: run alone (python {self.path or '-m ' + str(self.module)}), torch would import "
+            f"{'it' if one else 'them'} from {directory!r}, first on sys.path; rename {'it' if one else 'them'}"
+        )
+
+    def directory(self) -> str:
+        """The directory ``python`` puts first on ``sys.path`` for this target (``importing``)."""
+        return os.getcwd() if self.module is not None else os.path.dirname(os.path.realpath(str(self.path)))
 
     def leading_imports(self) -> list[str]:
         """The modules the script imports before its first own statement, in order (parent packages first).
@@ -187,6 +211,25 @@ def _shadowed_by(directory: str) -> list[str]:
         if origin and os.path.isabs(origin) and not os.path.realpath(origin).startswith(directory + os.sep):
             found.append(name)
     return found
+
+
+@functools.cache
+def _loaded_by_import_torch() -> frozenset[str] | None:
+    """The modules a fresh ``import torch`` loads, asked of a fresh interpreter once per process (a few seconds;
+    only where a module beside a script shadows a loaded one). Why not this process's: what other code loaded
+    since (a test suite, simnccl) is not what the script's own ``import torch`` would. None: could not tell."""
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", "import sys, torch; print(*sorted(sys.modules), sep=chr(10))"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            cwd=os.path.dirname(sys.executable) or None,  # not a directory of the user's that could shadow
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return frozenset(done.stdout.split()) if done.returncode == 0 else None
 
 
 def script_target(module: str | None, path: str | None, argv: Sequence[str], *, preload: bool = True) -> ScriptTarget:
