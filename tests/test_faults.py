@@ -412,6 +412,7 @@ def test_a_fault_that_never_struck_is_reported_with_why(tmp_path, capsys) -> Non
     (variant,) = json.loads((tmp_path / "o.json").read_text())["results"][0]["variants"]
     assert variant["faults_unacted"] == ["crash rank 1 at t=500s: never acted (the rank had ended before then)"]
     assert "fault crash rank 1 at t=500s: never acted" in out
+    assert variant["end_time_s"] < 1  # the run ends with its ranks, not at the time of a fault that never struck
     stalled = simulate(
         [SetDevice(), InitProcessGroup(backend="nccl"), AllReduce()],
         faults=FaultSchedule(None, (), (Fault("stall", 0, at_op=1), Fault("crash", 1, at_op=2))),

@@ -108,7 +108,8 @@ class Injection:
             elif id(fault) in self._struck:
                 continue
             elif fault.at_s is not None:
-                why = "the rank had ended before then" if self.env.now >= fault.at_s else "the run ended before then"
+                ended = self.ranks[fault.rank].status in ("done", "error", "aborted")
+                why = "the rank had ended before then" if ended else "the run ended before then"
             else:
                 why = "the rank never reached that op"
             out.append(f"{fault.describe()}: never acted ({why})")

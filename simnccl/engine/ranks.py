@@ -172,6 +172,7 @@ class RankLoop:
                 rt.pc += 1
             yield from self.rendezvous.settle(rt)
             rt.status = "done"
+            self.sim.ended += 1
             rt.finished_at = self.env.now
             self.record(self.env.now, rt.rank, "done")
         except simpy.Interrupt as interrupt:
@@ -229,6 +230,7 @@ class RankLoop:
                 rt.replaced_timeout, rt.timeout_hang = rt.timeout_hang, None
             kind = "error"
         rt.status = "aborted" if kind == "abort" or abort else "error"
+        self.sim.ended += 1
         rt.error = err
         rt.error_kind = kind
         rt.error_op = rt.program.ops[rt.pc].describe() if rt.pc < len(rt.program.ops) else "<end>"

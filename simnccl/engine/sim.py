@@ -124,6 +124,7 @@ class Sim:
         "cluster",
         "config",
         "device_type",
+        "ended",
         "env",
         "guard",
         "halted",
@@ -147,6 +148,7 @@ class Sim:
         self.clock: float | None = None
         self.ranks: list[RankRuntime] = []
         self.procs: dict[int, simpy.Process] = {}
+        self.ended = 0  # ranks whose process has ended (done, error, aborted): the run's loop stops at all of them
         self.halted: BaseException | None = None  # what ends the run at once (``halt``)
         # Where the run's outcome on real gloo is the order of store writes the simulated timing decided one way
         # (no hang or error carries it): each said once, reported beside the verdict (``RunOutcome.races``).

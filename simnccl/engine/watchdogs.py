@@ -85,6 +85,8 @@ class Watchdogs:
             env = self.env
             if env.peek() == math.inf and next_deadline == math.inf:
                 return
+            if not due and self.sim.ended == len(self.ranks):
+                return  # every rank has ended (see the stepping loop below)
             horizon = self.sim.config.limits.max_sim_time_s
             if min(env.peek(), next_deadline) > horizon:
                 raise EngineGuardError(
@@ -101,7 +103,13 @@ class Watchdogs:
                 step_end = max(step_end, env.peek())
             step = env.step
             shortest = self.min_timeout_s
+            sim, ranks = self.sim, len(self.ranks)
             while env.peek() <= step_end:
+                if sim.ended == ranks:
+                    # Every rank has ended: what is still scheduled (a fault timed for later, a monitor's timer)
+                    # can change nothing, and running to it put the run's end there (a crash at t=500 s that
+                    # never acted made a 0.25 s run end at 500 s).
+                    return
                 step()
                 if self.min_timeout_s < shortest:
                     # A group with a shorter timeout was made inside this step: a wait on it starts no earlier
