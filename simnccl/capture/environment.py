@@ -12,14 +12,11 @@ import torch
 from torch.distributed import distributed_c10d as c10d
 
 from simnccl.capture.backend_devices import cpu_backend, group_backend, group_serves
-from simnccl.capture.fake_devices import FakeCuda, driver_call_message
+from simnccl.capture.fake_devices import FakeCuda, driver_call_message, invalid_ordinal
 from simnccl.capture.recorder import _Recorder, active, set_active
 from simnccl.capture.result import CaptureError
 from simnccl.capture.standin import _creator
 from simnccl.cluster import get_gpu_kind
-from simnccl.ops import (
-    SetDevice,
-)
 from simnccl.release import KNOWN_BACKEND_NAMES
 
 DEFAULT_GPU = "h100-80gb"  # the GPU kind captured code is told it runs on, and CapturedRun.simulate's default
@@ -45,11 +42,9 @@ class _FakeCuda:
         if index < 0:
             return
         if index >= self.count:
-            raise RuntimeError(f"CUDA error: invalid device ordinal {index} (capturing with {self.count} GPUs)")
+            raise invalid_ordinal(index, self.count)
         self.current = index
-        # SetDevice() means "this process's LOCAL_RANK": spelled that way, ranks share one Program.
-        recorded = None if index == self.recorder.local_rank else index
-        self.recorder.add(SetDevice(device=recorded), "set_device", {"device": index})
+        self.recorder.add(self.recorder.set_device_op(index), "set_device", {"device": index})
 
     def current_index(self) -> int:
         return 0 if self.current is None else self.current
@@ -63,9 +58,9 @@ class _FakeCuda:
         old = self.current_index()
         if index >= 0 and index != old:
             if index >= self.count:
-                raise RuntimeError(f"CUDA error: invalid device ordinal {index} (capturing with {self.count} GPUs)")
+                raise invalid_ordinal(index, self.count)
             self.current = index
-            self.recorder.append(SetDevice(device=None if index == self.recorder.local_rank else index))
+            self.recorder.append(self.recorder.set_device_op(index))
         return old
 
     def patches(self) -> list[tuple[Any, str, Any]]:

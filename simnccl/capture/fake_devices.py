@@ -192,6 +192,22 @@ def _tensors(value: Any) -> Iterator[torch.Tensor]:
                 yield leaf
 
 
+def placed_device(memory: TensorMemory, tensor: Any) -> int | None:
+    """The CUDA device ``memory`` placed ``tensor`` on (a wrapper subclass such as DTensor: its first inner
+    tensor's; None: host memory, or not a tensor)."""
+    if not isinstance(tensor, torch.Tensor):
+        return None
+    for plain in _tensors(tensor):
+        storage = _storage(plain)
+        return None if storage is None else memory.device_of(storage)
+    return None
+
+
+def invalid_ordinal(index: int, count: int) -> RuntimeError:
+    """CUDA's error for a device index past the node's GPUs (the capture's own count)."""
+    return RuntimeError(f"CUDA error: invalid device ordinal {index} (capturing with {count} GPUs)")
+
+
 def _storage(tensor: torch.Tensor) -> Any:
     try:
         return tensor.untyped_storage()
@@ -266,14 +282,8 @@ class _Placement(TorchDispatchMode):
         return out
 
     def placed(self, tensor: Any) -> int | None:
-        """The device ``tensor`` is placed on (a wrapper subclass such as DTensor: its first inner tensor's; None:
-        host memory, or not a tensor)."""
-        if not isinstance(tensor, torch.Tensor):
-            return None
-        for plain in _tensors(tensor):
-            storage = _storage(plain)
-            return None if storage is None else self.memory.device_of(storage)
-        return None
+        """The device ``tensor`` is placed on (``placed_device``)."""
+        return placed_device(self.memory, tensor)
 
     @contextlib.contextmanager
     def placing(self, index: int | None) -> Iterator[None]:
@@ -310,7 +320,7 @@ class _CudaAsCpu(TorchFunctionMode):
             index = parsed.index
         index = self.current() if index is None else index
         if not 0 <= index < self.count:
-            raise RuntimeError(f"CUDA error: invalid device ordinal {index} (capturing with {self.count} GPUs)")
+            raise invalid_ordinal(index, self.count)
         return index
 
     def _placed(self, tensor: Any) -> int | None:

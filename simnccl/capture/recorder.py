@@ -25,6 +25,7 @@ from simnccl.ops import (
     MemoryCheck,
     NewGroup,
     Op,
+    SetDevice,
 )
 
 UNRECORDED = "unrecorded"  # the handle of a group whose creation was not seen (never silently "world")
@@ -69,6 +70,11 @@ class _Recorder:
         self.batch: list[tuple[bool, int, int, str, str]] | None = None
         self.memory = TensorMemory()  # the rank's emulated CUDA tensors (simnccl.capture.fake_devices)
         self.max_ops = current_limits().max_program_ops  # a Program's bound, checked as the rank records
+
+    def set_device_op(self, index: int) -> SetDevice:
+        """``set_device(index)`` as a Program holds it: ``SetDevice()`` means "this process's LOCAL_RANK", so ranks
+        that each set their own device share one Program."""
+        return SetDevice(device=None if index == self.local_rank else index)
 
     def communicating(self) -> None:
         """The rank issues a collective, send or recv: the environment then is kept, once (``env_at_first_op``)."""

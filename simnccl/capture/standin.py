@@ -17,7 +17,7 @@ from torch._C._distributed_c10d import _create_work_from_future
 
 from simnccl.c10d import ProcessContext, _binds_device, nccl_device_fallback
 from simnccl.capture import collective_values as values
-from simnccl.capture.fake_devices import _storage
+from simnccl.capture.fake_devices import placed_device
 from simnccl.capture.recorder import UNRECORDED, _Recorder, active
 from simnccl.capture.values import _dtype, _nbytes
 from simnccl.ops import (
@@ -31,7 +31,6 @@ from simnccl.ops import (
     Recv,
     ReduceScatter,
     Send,
-    SetDevice,
 )
 from simnccl.release import DeviceBackend, Impl, get_release
 
@@ -268,22 +267,14 @@ def _on_tensor_device(recorder: _Recorder, tensors: Sequence[torch.Tensor]) -> I
     tensor on cuda:0 on every rank, each rank's current device its own, captured as a pass where legacy NCCL finds
     every rank on one GPU; and a tensor on the bound device with no set_device at all (current device 0) as
     nccl2's wrong-device error. The switch costs what the tensor cost there: the device's CUDA context."""
-    device = _tensor_device(recorder, tensors)
+    device = placed_device(recorder.memory, tensors[0]) if tensors else None
     current = recorder.current_device()
     if device is None or device == current:
         yield
         return
-    recorder.append(SetDevice(device=None if device == recorder.local_rank else device))
+    recorder.append(recorder.set_device_op(device))
     yield
-    recorder.append(SetDevice(device=None if current == recorder.local_rank else current))
-
-
-def _tensor_device(recorder: _Recorder, tensors: Sequence[torch.Tensor]) -> int | None:
-    """The CUDA device the first tensor stands for (``fake_devices``), or None (host memory, or none given)."""
-    for tensor in tensors:
-        storage = _storage(tensor)
-        return None if storage is None else recorder.memory.device_of(storage)
-    return None
+    recorder.append(recorder.set_device_op(current))
 
 
 def _check_bound(recorder: _Recorder, handle: str, call: str) -> None:
