@@ -14,7 +14,7 @@ from simnccl.engine.comms import Comms
 from simnccl.engine.memory import Memory
 from simnccl.engine.rendezvous import Rendezvous
 from simnccl.engine.sim import Sim
-from simnccl.engine.state import AsyncError, Crash, RankRuntime, Waiting
+from simnccl.engine.state import ENDED_STATUSES, AsyncError, Crash, RankRuntime, Waiting
 from simnccl.engine.timing import Timing
 from simnccl.engine.watchdogs import Watchdogs
 from simnccl.faults import Fault, FaultSchedule, validate
@@ -70,7 +70,7 @@ class Injection:
         assert fault.at_s is not None
         yield self.env.timeout(fault.at_s)
         rt = self.ranks[fault.rank]
-        if rt.status in ("done", "error", "aborted"):
+        if rt.status in ENDED_STATUSES:
             return
         self._struck.add(id(fault))
         self.record(self.env.now, rt.rank, "fault", fault.kind)
@@ -108,7 +108,7 @@ class Injection:
             elif id(fault) in self._struck:
                 continue
             elif fault.at_s is not None:
-                ended = self.ranks[fault.rank].status in ("done", "error", "aborted")
+                ended = self.ranks[fault.rank].status in ENDED_STATUSES
                 why = "the rank had ended before then" if ended else "the run ended before then"
             else:
                 why = "the rank never reached that op"
@@ -125,7 +125,7 @@ class Injection:
             for other in self.ranks
             if other.node == rt.node
             and device in other.contexts | {other.current_device}
-            and other.status not in ("done", "error", "aborted")
+            and other.status not in ENDED_STATUSES
         ] or [rt]
 
     def inject(self, rt: RankRuntime, fault: Fault) -> Waiting:

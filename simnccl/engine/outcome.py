@@ -14,7 +14,7 @@ from simnccl.engine.comms import bootstrap_group, unique_id_stage
 from simnccl.engine.memory import Memory
 from simnccl.engine.nvls import MulticastSlots
 from simnccl.engine.sim import Sim
-from simnccl.engine.state import Block, RankRuntime, RunOutcome, device_name, measured_device
+from simnccl.engine.state import ENDED_STATUSES, Block, RankRuntime, RunOutcome, device_name, measured_device
 from simnccl.engine.timing import Timing
 from simnccl.meetings import Meeting
 from simnccl.ops import Checkpoint
@@ -202,7 +202,7 @@ def outcome(
     for rt in ranks:
         if rt.timeout_hang is not None:
             hangs.append(rt.timeout_hang)
-        elif rt.status not in ("done", "error", "aborted"):
+        elif rt.status not in ENDED_STATUSES:
             hangs.append(report.entry(rt, ranks, settled))  # ranks[r] is rank r
     if any(e["kind"] in ("error", "abort", "crash", "peer-lost") for e in errors):
         verdict = "error"

@@ -186,6 +186,9 @@ def require_world(rt: RankRuntime) -> Group:
 
 # torch 2.15's ``_get_default_group`` where no default group exists (distributed_c10d.py): what an op on the
 # default group raises before ``init_process_group`` or after ``destroy_process_group()``.
+# The statuses a rank ends in: its process returned (``Sim.ended`` counts the ranks that reached one).
+ENDED_STATUSES = ("done", "error", "aborted")
+
 DEFAULT_GROUP_MISSING = "Default process group has not been initialized, please make sure to call init_process_group."
 # torch 2.15's ``destroy_process_group()`` where no default group exists (before init, or a second destroy): its
 # check that the group it would destroy, ``GroupMember.WORLD``, is not None.

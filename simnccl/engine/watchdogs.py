@@ -20,7 +20,7 @@ from simnccl.engine.config import EngineGuardError
 from simnccl.engine.outcome import HangReport
 from simnccl.engine.sim import Sim
 from simnccl.engine.sockets import GlooSockets
-from simnccl.engine.state import RankRuntime, Waiting
+from simnccl.engine.state import ENDED_STATUSES, RankRuntime, Waiting
 from simnccl.engine.timing import Timing
 from simnccl.faults import Fault
 from simnccl.flight_recorder import numel
@@ -268,7 +268,7 @@ class Watchdogs:
         """Legacy's heartbeat monitor acting on its process: detect, dump, wait a heartbeat, terminate. A dump
         signal may replace a later pending action with an earlier one; only the one pending acts."""
         yield self.env.timeout(max(action.detected_at_s - self.env.now, 0.0))
-        if self.monitor_action.get(rt.rank) is not action or rt.status in ("done", "error", "aborted"):
+        if self.monitor_action.get(rt.rank) is not action or rt.status in ENDED_STATUSES:
             return
         if rt.status == "blocked" and rt.timeout_hang is None:  # a running process is not hung (yet)
             entry = self.report.entry(rt, self.ranks)  # ranks[r] is rank r
@@ -290,7 +290,7 @@ class Watchdogs:
         if action.terminate_at_s is None:
             return
         yield self.env.timeout(max(action.terminate_at_s - self.env.now, 0.0))
-        if self.monitor_action.get(rt.rank) is action and rt.status not in ("done", "error", "aborted"):
+        if self.monitor_action.get(rt.rank) is action and rt.status not in ENDED_STATUSES:
             self.sim.procs[rt.rank].interrupt(
                 TimeoutAction("abort", False, 0.0, "SIGABRT", action.message, False, kind="heartbeat")
             )
