@@ -8,6 +8,7 @@ import contextlib
 import csv
 import json
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -227,6 +228,15 @@ def test_a_cell_is_held_to_the_simulated_time_limit_the_user_set(
     code, out, _ = sweep(capsys, *argv)
     assert code == command.EXIT_CHECK_FAILED
     assert "simulated time would pass Limits.max_sim_time_s = 100 s" in out
+
+
+def test_the_deadline_gives_up_on_a_call_blocked_in_c_soon_after_its_limit() -> None:
+    """A policy's ``time.sleep(100)`` takes no exception until it returns: the call is abandoned (reported as
+    stopped) a second after its limit; with ``--cell-timeout 3`` such a cell took 13 s."""
+    start = time.monotonic()
+    with pytest.raises(CellTimeout):
+        call_with_deadline(lambda: time.sleep(60), 0.2)
+    assert time.monotonic() - start < 5  # 10.2 s before; the sleep itself would be 60 s
 
 
 def test_the_deadline_interrupts_a_loop_in_a_worker_thread_and_passes_results_through() -> None:
@@ -1057,7 +1067,11 @@ def test_sigint_to_the_sweeps_own_process_does_not_wait_for_its_running_cells(tm
             proc.wait()
     assert proc.returncode == 130
     assert time.monotonic() - start < 20
-    assert "--resume continues from the output file" in proc.stderr.read()
+    err = proc.stderr.read()
+    assert "--resume continues from the output file" in err
+    # The summary counts the cells that ran, not those there were to run ("0/2 cells: ... 2 run" before).
+    summary = re.search(r"(\d+)/2 cells: .*; (\d+) run in ", err)
+    assert summary is not None and summary.group(1) == summary.group(2), err
 
 
 @pytest.mark.parametrize(
@@ -1074,3 +1088,82 @@ def test_a_value_given_twice_or_out_of_range_in_a_flag_says_so(
     """Found by fuzzing: the last of two values silently won; world=-8 was "expected an integer"."""
     code, _, err = sweep(capsys, *argv, "--dry-run")
     assert code == 2 and message in err, err
+
+
+# ------------------------------------------------------------------------- what a resumed row was computed from
+
+SAFE_POLICY = """
+from dataclasses import dataclass
+from simnccl.policy import BasePolicy
+
+@dataclass(frozen=True)
+class Evolving(BasePolicy):
+    name: str = "evolving"
+
+    def on_group(self, request, decision):
+        return decision
+"""
+
+RANK_DEPENDENT_POLICY = """
+from dataclasses import dataclass, replace
+from simnccl.policy import BasePolicy
+
+@dataclass(frozen=True)
+class Evolving(BasePolicy):
+    name: str = "evolving"
+
+    def on_group(self, request, decision):
+        if request.rank % 2 and (decision.backend or request.effective_backend).startswith("nccl"):
+            return replace(decision, pg_options=replace(decision.pg_options, lazy_init=True), explanation="odd")
+        return decision
+"""
+
+
+def test_a_resume_after_the_user_s_policy_changed_never_keeps_its_old_rows(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A CI job caching its sweep file: the policy was safe, then an edit made it decide by rank. Resuming kept
+    # the safe rows and said "2 ok", exit 0 (the policy's code was in no hash), where a fresh sweep fails.
+    module = tmp_path / "team_evolving.py"
+    module.write_text(SAFE_POLICY, encoding="utf-8")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    out = tmp_path / "sweep.json"
+    common = ["--workload", "megatron tp=2 pp=2 dp=2", "--workload", "vllm tp=2", "--policy", "team_evolving:Evolving"]
+    assert sweep(capsys, *common, "--jobs", "1", "--json", str(out))[0] == 0
+    module.write_text(RANK_DEPENDENT_POLICY, encoding="utf-8")
+    monkeypatch.delitem(sys.modules, "team_evolving")  # as a new process imports it
+    code, _, err = sweep(capsys, *common, "--jobs", "1", "--json", str(out), "--resume")
+    assert code == command.EXIT_BAD_INPUT, err
+    assert "was written for another matrix" in err and "policy_sources changed" in err
+    code, _, err = sweep(capsys, *common, "--jobs", "1", "--json", str(out), "--resume", "--accept-matrix-change")
+    assert code == command.EXIT_CHECK_FAILED, err
+    assert "2 cells (0 done, 2 to run)" in err
+    _, _, rows = read_json(out)
+    assert [r["status"] for r in rows] == ["fail", "fail"]
+    assert all("PolicyInconsistency" in r["check"] for r in rows), [r["check"] for r in rows]
+
+
+def test_a_resume_after_a_scenario_s_own_profile_changed_is_another_matrix(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # The scenario file unchanged, the profile it names edited (its per-communicator overhead 0.56 -> 50 MiB):
+    # every variant now fails its expectations, and resuming said "3 ok", exit 0.
+    shipped = REPO / "simnccl" / "scenarios" / "pytorch-199957.toml"
+    text = shipped.read_text(encoding="utf-8")
+    assert "\n[torch]\n" in text
+    (tmp_path / "s.toml").write_text(text.replace("\n[torch]\n", '\n[torch]\nprofile = "prof.toml"\n'), "utf-8")
+    profile = REPO / "simnccl" / "profiles" / "h100-96gb-torch2.15-dev.toml"
+    (tmp_path / "prof.toml").write_text(profile.read_text(encoding="utf-8"), encoding="utf-8")
+    out = tmp_path / "sweep.json"
+    common = ["--scenario", str(tmp_path / "s.toml"), "--jobs", "1", "--json", str(out)]
+    assert sweep(capsys, *common)[0] == 0
+    edited = (
+        (tmp_path / "prof.toml").read_text(encoding="utf-8").replace("comm_fixed_mib = 0.5556", "comm_fixed_mib = 50.0")
+    )
+    assert edited != profile.read_text(encoding="utf-8")
+    (tmp_path / "prof.toml").write_text(edited, encoding="utf-8")
+    code, _, err = sweep(capsys, *common, "--resume")
+    assert code == command.EXIT_BAD_INPUT and "scenarios changed" in err, err
+    code, _, err = sweep(capsys, *common, "--resume", "--accept-matrix-change")
+    assert code == command.EXIT_CHECK_FAILED, err
+    assert [r["status"] for r in read_json(out)[2]] == ["fail", "fail", "fail"]

@@ -26,6 +26,7 @@ from simnccl.engine.outcome import pass_decided_by_race
 from simnccl.expect import ACCEPTS_RACES
 from simnccl.memory import distinct_figures
 from simnccl.ops import Program
+from simnccl.policy.sources import sources_digest
 from simnccl.runner import default_limits, run_variant
 from simnccl.scenario import Scenario
 from simnccl.sweep.deadline import CellTimeout, call_with_deadline
@@ -55,6 +56,7 @@ class Cell:
     scenario: str = ""
     scenario_sha256: str = ""
     variant: str = ""
+    policy_source: str = ""  # a user policy's source digest (``policy.sources``); "" for simnccl's own
     payload: Scenario | None = field(default=None, compare=False, repr=False)
 
     def identity(self) -> dict[str, Any]:
@@ -73,6 +75,8 @@ class Cell:
             "policy": self.policy,
             "env": dict(sorted(self.env.items())),
             "checks": self.checks.to_dict(),
+            # only where there is one: the cells of simnccl's own policies keep the ids they always had
+            **({"policy_source": self.policy_source} if self.policy_source else {}),
         }
 
     @property
@@ -98,6 +102,7 @@ def expand(matrix: Matrix) -> Iterator[Cell]:
                             policy=policy,
                             env={**matrix.env, **env_set},
                             checks=matrix.checks,
+                            policy_source=sources_digest(matrix.policy_sources.get(policy, {})),
                             generator=workload.generator,
                             knobs=workload.knobs,
                             world=workload.world,
@@ -119,6 +124,7 @@ def expand(matrix: Matrix) -> Iterator[Cell]:
                         policy=policy,
                         env={**variant.env, **matrix.env, **env_set},
                         checks=matrix.checks,
+                        policy_source=sources_digest(matrix.policy_sources.get(policy, {})),
                         world=len(scenario.programs),
                         gpus_per_node=scenario.cluster.gpus_per_node,
                         scenario=entry.path,

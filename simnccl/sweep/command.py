@@ -519,7 +519,7 @@ def run_sweep(args: argparse.Namespace, out: TextIO | None = None, err: TextIO |
     _emit(args, out, files)
     err.write(
         f"simnccl sweep: {len(ordered)}/{len(cells)} cells: {counts['ok']} ok, {counts['fail']} failed, "
-        f"{counts['stopped']} stopped, {counts['crash']} crashed; {len(todo)} run in "
+        f"{counts['stopped']} stopped, {counts['crash']} crashed; {len(ordered) - len(done)} run in "
         f"{time.monotonic() - start:.1f} s on {executor.describe()}\n"
     )
     if interrupted:

@@ -10,7 +10,10 @@ bytecode boundary: the engine is pure Python), and again every ``REPEAT_S`` whil
 one delivery can be absorbed: simpy catches whatever a process raises and runs the other ranks on. The
 exception is a BaseException, so neither the engine's nor a policy's ``except Exception`` swallows it. The
 thread runs nothing but the call, so an exception delivered late dies with it; a call that still outlives
-``GIVE_UP_S`` of deliveries is abandoned (a daemon thread) and reported as stopped all the same.
+``GIVE_UP_S`` of deliveries is abandoned (a daemon thread) and reported as stopped all the same. Python code
+takes a delivery within milliseconds; a thread still alive after a second of them is blocked in C (a policy's
+``time.sleep(100)``) and will not take one until it returns, so waiting longer only overran the limit (it was
+10 s: a 3 s limit stopped such a cell after 13 s).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 REPEAT_S = 0.05
-GIVE_UP_S = 10.0
+GIVE_UP_S = 1.0
 
 
 class CellTimeout(BaseException):

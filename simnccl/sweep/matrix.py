@@ -39,6 +39,7 @@ from simnccl.expect import ACCEPTABLE
 from simnccl.limits import current as current_limits
 from simnccl.limits import exceeded, file_problem, nesting_depth, number_text
 from simnccl.policy import PolicyError, get_policy
+from simnccl.policy.sources import file_digest, policy_sources
 from simnccl.policy.specs import describe_policy
 from simnccl.profiles import ProfileError, find_profile
 from simnccl.release import RELEASES
@@ -91,7 +92,8 @@ def scenario_key(path: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class ScenarioEntry:
-    """A scenario file (its bytes hashed: an edited file is another matrix) and the variants chosen."""
+    """A scenario file and the variants chosen. ``sha256`` hashes the file's bytes and, where the chosen variants
+    load any, the user's files they compute from (``scenario_inputs``): an edited file is another matrix."""
 
     path: str
     sha256: str
@@ -133,9 +135,14 @@ class Matrix:
     env_sets: tuple[Mapping[str, str], ...]
     gpus_per_node: int
     checks: Checks
+    # each user policy of ``policies`` -> its source files' digests (``policy.sources``): an edited policy is
+    # another matrix, and its cells other cells (``Cell.policy_source``), so --resume never keeps their old rows
+    policy_sources: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
+        sources = {spec: dict(sorted(files.items())) for spec, files in sorted(self.policy_sources.items()) if files}
         return {
+            **({"policy_sources": sources} if sources else {}),  # absent where no policy is the user's
             "workloads": [w.to_dict() for w in self.workloads],
             "scenarios": [s.to_dict() for s in self.scenarios],
             "policies": list(self.policies),
@@ -333,8 +340,25 @@ def check_scenario(path_text: str, variants: Sequence[str] | None, where: str, b
             scenario.variant(name)
     except ScenarioError as err:
         raise SweepInputError(where, str(err)) from None
-    sha = hashlib.sha256(path.read_bytes()).hexdigest()[:16]
-    return ScenarioEntry(str(path_text), sha, chosen, scenario, os.path.realpath(path))
+    content = hashlib.sha256(path.read_bytes())
+    inputs = scenario_inputs(scenario, chosen)
+    if inputs:
+        content.update(json.dumps(inputs, sort_keys=True).encode())
+    return ScenarioEntry(str(path_text), content.hexdigest()[:16], chosen, scenario, os.path.realpath(path))
+
+
+def scenario_inputs(scenario: Scenario, variants: Sequence[str]) -> dict[str, str]:
+    """The user's files the chosen variants compute from, with a digest of each: a profile file outside simnccl
+    (``profile = "mine.toml"``) and the sources of a user's policy (``policy.sources``). A sweep row holds only
+    while they are what they were (``--resume`` kept a profile's old rows after its overheads changed)."""
+    inputs: dict[str, str] = {}
+    for name in variants:
+        variant = scenario.variant(name)
+        profile = Path(variant.profile.path)
+        if not profile.resolve().is_relative_to(_PACKAGE):  # a built-in profile is versioned with simnccl
+            inputs[str(profile.resolve())] = file_digest(str(profile)) or "unreadable"
+        inputs.update(policy_sources(variant.policy))
+    return inputs
 
 
 def policy_key(spec: str) -> str:
@@ -344,6 +368,9 @@ def policy_key(spec: str) -> str:
         return json.dumps(describe_policy(get_policy(spec)), sort_keys=True)
     except (PolicyError, TypeError, ValueError):  # one that cannot be described: compared by its spec (loaded)
         return spec
+
+
+_PACKAGE = Path(__file__).resolve().parents[1]  # simnccl's own files
 
 
 def check_policy(spec: str, where: str) -> str:
@@ -558,6 +585,7 @@ def build_matrix(args: Any, data: Mapping[str, Any] | None, source: str, base: P
         env_sets=_unique(env_sets, env_where),
         gpus_per_node=gpus_per_node,
         checks=Checks(_unique(verdicts, verdict_where), None if cap is None else float(cap)),
+        policy_sources={spec: policy_sources(spec) for spec in policies},
     )
     _check_profiles(matrix, {"gpu": gpu_where, "release": release_where, "env": env_where, "fixed": fixed_where})
     count = matrix.cell_count()

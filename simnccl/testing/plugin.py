@@ -37,8 +37,8 @@ import pytest
 
 from simnccl import __version__
 from simnccl.limits import current as current_limits
+from simnccl.policy.sources import policy_sources
 from simnccl.testing import replay
-from simnccl.testing.replay import policy_sources
 
 try:  # hypothesis is a test extra: without it the plugin still gives fixtures, markers and replay dumps
     from hypothesis import settings

@@ -31,7 +31,8 @@ from typing import Any
 from simnccl import __version__
 from simnccl.engine import Limits, RunOutcome
 from simnccl.ops import NO_OPTIONS, OP_TYPES, Op, PgOptions, retired_field
-from simnccl.policy import PolicyError, describe_policy, get_policy, policy_from_description, policy_label
+from simnccl.policy import PolicyError, describe_policy, policy_from_description, policy_label
+from simnccl.policy.sources import file_digest
 from simnccl.testing.case_file import check_case
 from simnccl.visible_text import invisible_in, one_line
 
@@ -668,41 +669,12 @@ def _passes(outcome: RunOutcome) -> bool:
     return bool(passes.__wrapped__(outcome))  # type: ignore[attr-defined]
 
 
-def policy_sources(policy: object) -> dict[str, str]:
-    """The source file of each of a user's policy classes in ``policy`` (a spec, an object, a composition), with
-    a digest of its content: what the plugin records of a failure, so the replay can tell that the policy was
-    changed since (a fix) from a case that is not deterministic. Built-in policies are simnccl's own: none."""
-    try:
-        resolved = get_policy(policy) if isinstance(policy, str) else policy
-    except PolicyError:
-        return {}
-    sources: dict[str, str] = {}
-    todo, seen = [resolved], 0
-    while todo and seen < 64:  # a composition's parts, a wrapper's inner policy; bounded
-        part, seen = todo.pop(), seen + 1
-        if type(part).__module__.split(".")[0] == "simnccl":
-            todo.extend(getattr(part, "parts", None) or ((part.inner,) if hasattr(part, "inner") else ()))
-            continue
-        path = getattr(sys.modules.get(type(part).__module__), "__file__", None)
-        digest = _file_digest(path) if isinstance(path, str) else None
-        if digest is not None:
-            sources[str(Path(path).resolve())] = digest  # type: ignore[arg-type]
-    return sources
-
-
-def _file_digest(path: str) -> str | None:
-    try:
-        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-    except OSError:
-        return None
-
-
 def _policy_changed(failure: Mapping[str, Any]) -> list[str]:
     """The recorded policy source files whose content is not what it was when the test failed."""
     recorded = failure.get("policy_sources")
     if not isinstance(recorded, Mapping):
         return []
-    return [path for path, digest in recorded.items() if isinstance(path, str) and _file_digest(path) != digest]
+    return [path for path, digest in recorded.items() if isinstance(path, str) and file_digest(path) != digest]
 
 
 def _diverged(failure: Mapping[str, Any], outcome: RunOutcome) -> bool:
