@@ -35,7 +35,10 @@ class Meeting:
     problem: str | None = None
     note: str | None = None  # why a member it waits for will never come, where that does not stop it completing
     fatal: str | None = None  # a mismatch the backend turns into a process abort (gloo), not a hang
-    abort_on_mismatch: bool = False
+    # a gloo communicator's op: a mismatch aborts the process rather than hanging (backends/gloo.py), a broadcast
+    # is a tree, and it runs at the host's pace (the profile's gloo_* timing figures)
+    on_gloo: bool = False
+    timeout_s: float | None = None  # a store wait's own timeout (engine.init_barrier: the new group's)
     # gloo, members disagreeing on sizes: global rank -> how it leaves (backends.gloo.Fate), decided per arrival
     fates: dict[int, Any] | None = None
     completed_at: float | None = None

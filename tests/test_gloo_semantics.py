@@ -673,6 +673,29 @@ def test_a_broadcast_or_send_on_a_destroyed_group_is_torchs_value_error(op: Op) 
     assert [(e["rank"], e["type"]) for e in out.errors] == [(0, "ValueError")]
 
 
+def test_a_subgroup_kept_past_the_world_s_destroy_still_runs_an_all_reduce() -> None:
+    # Found by a tester: the simulator (and the real driver) dropped every handle at destroy_process_group(), so
+    # the kept subgroup was "never bound" (NameError). Real (2.15 gloo, 4 runs): all_reduce, all_gather and
+    # barrier on it complete after the world's destroy; a broadcast raises ValueError.
+    world_destroy = DestroyProcessGroup()
+    out = run(
+        [[GLOO, G, world_destroy, AllReduce(group="g", size_bytes=SIZE), AllGather(group="g", size_bytes=SIZE)]] * 2
+    )
+    assert out.verdict == "pass", out.errors
+    out = run([[GLOO, G, world_destroy, Broadcast(group="g", size_bytes=SIZE, src=0)]] * 2)
+    assert [e["type"] for e in out.errors] == ["ValueError", "ValueError"]
+
+
+def test_a_barrier_on_a_destroyed_gloo_group_runs_on_a_cpu_only_host_and_raises_beside_a_gpu() -> None:
+    # torch 2.15's barrier asks the group for its device only where an accelerator is present
+    # (``device.type == "cpu" or _get_object_coll_device(group)``). Found by a tester: the simulator raised on a
+    # CPU-only cluster, where real gloo (CPU build, 5 runs) completes the barrier.
+    programs = [[GLOO, G, DESTROY_G, Barrier(group="g")]] * 2
+    assert run(programs).verdict == "pass"
+    beside_gpus = simulate(programs, gpus_per_node=2)
+    assert [e["type"] for e in beside_gpus.errors] == ["ValueError", "ValueError"]
+
+
 # ------------------------------------------------------------------------------------------- bound gloo world
 
 
@@ -1020,3 +1043,37 @@ def test_a_cross_wired_op_waits_for_the_ranks_it_is_wired_to_and_agrees_with_rea
     elsewhere = {"rank": 1, "op": "<between ops>", "op_index": None, "kind": "", "waiting_for": []}
     real = {"verdict": "hang", "hangs": [waiting, elsewhere], "errors": []}
     assert classify(CaseResult(case, compare_variant("x", "cpu", sim, real, 4, 0.0))) == "disagree"
+
+
+@pytest.mark.parametrize("op", [AllReduce, ReduceScatter])
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_an_empty_all_reduce_returns_at_once_and_leaves_its_peers_waiting(op: type, ranks: int) -> None:
+    # Found by a tester: simnccl crashed (exit 70, ZeroDivisionError laying out gloo's ring segments of 0 bytes).
+    # Real (torch 2.15 gloo, 2 and 3 ranks, 3 runs of 3): gloo's allreduce of no elements returns at once
+    # (allreduce.cc: elements == 0), so rank 0 goes on; the others wait for its segments until their timeout.
+    programs = [[GLOO, op(size_bytes=0), Barrier()]] + [[GLOO, op(size_bytes=64)] for _ in range(ranks - 1)]
+    out = run(programs)
+    assert out.verdict == "hang"
+    where = {h["rank"]: h["op"] for h in out.hangs}
+    assert where[0] == "barrier()"
+    assert all(where[r].startswith(op.name) for r in range(1, ranks))
+
+
+@pytest.mark.parametrize(
+    ("ranks", "size", "verdict"),
+    [(3, 64, "error"), (2, 64, "pass"), (3, 96, "pass")],
+    ids=["3-ranks-segments-differ", "2-ranks-segments-agree", "3-ranks-96-bytes-segments-agree"],
+)
+def test_an_all_reduce_of_equal_bytes_in_types_of_different_widths_is_decided_by_its_segments(
+    ranks: int, size: int, verdict: str
+) -> None:
+    # gloo's ring cuts segments by element count (roundUp(ceil(bytes / 2n), element size)): 64 bytes on 3 ranks
+    # are segments of 12 bytes of Float and 16 of Double, and a rank receives more than it posted. Found by a
+    # tester: the simulator passed (it compared total bytes); real gloo, 3 runs of 3: one rank SIGABRT, the
+    # others "Connection reset by peer". On 2 ranks, and for 96 bytes on 3, the segments agree: both pass.
+    floats = [GLOO, AllReduce(size_bytes=size, dtype="Float")]
+    programs = [floats] * (ranks - 1) + [[GLOO, AllReduce(size_bytes=size, dtype="Double")]]
+    out = run(programs)
+    assert out.verdict == verdict, (out.errors, out.hangs)
+    if verdict == "error":
+        assert "abort" in {e["kind"] for e in out.errors}

@@ -270,6 +270,18 @@ PROBES: dict[str, list[list[Op]]] = {
         [GLOO, HIGH, Recv(group="g", peer=3, size_bytes=SIZE)],
         [GLOO],
     ],
+    # an all_reduce's ring cuts segments by element count: 64 bytes of Float and of Double on 3 ranks make
+    # segments of 12 and 16 bytes, and a rank receives more than it posted (tests/test_gloo_semantics.py)
+    "all-reduce-type-widths": [
+        [GLOO, AllReduce(size_bytes=64, dtype="Float")],
+        [GLOO, AllReduce(size_bytes=64, dtype="Float")],
+        [GLOO, AllReduce(size_bytes=64, dtype="Double")],
+    ],
+    # the program's subgroup outlives the world's destroy: an all_reduce on it still runs
+    "subgroup-after-world-destroy": [
+        [GLOO, NEW_G, DestroyProcessGroup(), AllReduce(group="g", size_bytes=SIZE)],
+        [GLOO, NEW_G, DestroyProcessGroup(), AllReduce(group="g", size_bytes=SIZE)],
+    ],
     # a barrier carries no data: real gloo runs it between the wrong ranks and goes on (KNOWN_GAP_PROBES)
     "cross-wired-barrier": [
         [GLOO, LOCAL_023, ODDS, EVENS, Barrier(group="g")],
@@ -284,7 +296,7 @@ PROBES: dict[str, list[list[Op]]] = {
 KNOWN_GAP_PROBES = {"cross-wired-barrier": "gloo-cross-wired"}
 # Probes with a barrier member whose peer dies: real diff compares those by verdict only (BARRIER_PEER_RACE), so
 # the rows, each rank's outcome on both sides, are checked here (5 real runs of 5 alike)
-ROW_BY_ROW_PROBES = {"all-gather-sizes-beside-a-barrier"}
+ROW_BY_ROW_PROBES = {"all-gather-sizes-beside-a-barrier", "all-reduce-type-widths"}
 
 
 @pytest.fixture(scope="module")

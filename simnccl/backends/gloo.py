@@ -62,6 +62,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from simnccl.backends.base import Lifecycle
+from simnccl.dtypes import element_bytes
 from simnccl.release import Impl, Release
 
 # The gloo algorithm (and so the slot prefix) each torch collective runs on ProcessGroupGloo.
@@ -203,14 +204,22 @@ def barrier_race(op_name: str) -> str:
 
 def wire_mismatch(a: tuple[str, int, str], b: tuple[str, int, str]) -> str | None:
     """How two collectives at one tag of a gloo group end: None (they run as one), ``"hang"`` (different
-    algorithms: different slots, nobody matches) or ``"abort"`` (one algorithm, different sizes: someone
-    receives more than it posted). Payloads are ``(op name, size_bytes, dtype)``; a barrier carries no data."""
+    algorithms: different slots, nobody matches) or ``"abort"`` (one algorithm, different sizes: the messages
+    decide, ``mismatch_fates``, and someone may receive more than it posted). Payloads are ``(op name,
+    size_bytes, dtype)``; a barrier carries no data. An all_reduce's ring cuts its segments by element count, so
+    equal sizes of types of different widths are decided by the messages too: on 3 ranks 64 bytes of Float
+    and of Double make segments of 12 and 16 bytes, and a rank aborts (found by a tester: the simulator passed;
+    real gloo, 3 runs of 3: one rank SIGABRT, the others "Connection reset by peer"); on 2 ranks they agree."""
     family_a, family_b = wire_family(a[0]), wire_family(b[0])
     if family_a != family_b:
         return "hang"
     if family_a == "barrier":
         return None
-    return "abort" if a[1] != b[1] else None
+    if a[1] != b[1]:
+        return "abort"
+    if family_a == "allreduce" and a[1] and element_bytes(a[2]) != element_bytes(b[2]):
+        return "abort"
+    return None
 
 
 def direct_peers(op_name: str, index: int, size: int, root: int = 0) -> tuple[int, ...]:
@@ -381,7 +390,7 @@ def allreduce_waits(nbytes: int, elem: int, index: int, size: int) -> tuple[int,
     or after ranks 1 and 3 entered: rank 1 (recv from 2) fails, rank 3 (send to 2, recv from 0) hangs, either
     way; rank 3 destroying while 0-2 wait: rank 2 (recv from 3) fails, rank 0 (recv from 1, which sends, then
     its send to 3) fails, rank 1 waits."""
-    if size <= 1:
+    if size <= 1 or nbytes == 0:  # an empty buffer: gloo returns at once, waiting on no one
         return ()
     nxt, prv = (index + 1) % size, (index - 1) % size
     sent, got = _allreduce_lengths(nbytes, size, _allreduce_segments(nbytes, size, elem), index + 1, 0)
@@ -396,7 +405,9 @@ def _steps(family: str, nbytes: int, index: int, size: int, root: int, elem: int
     allgather.cc ring, alltoall.cc): every size a rank sends or posts derives from its own buffer only, which is
     why members that disagree can complete, abort or wait, each on its own."""
     steps: list[Step] = []
-    if family == "allreduce":
+    if family == "allreduce" and nbytes == 0:
+        pass  # gloo's allreduce of no elements returns at once, posting nothing (allreduce.cc: elements == 0)
+    elif family == "allreduce":
         nxt, prv = (index + 1) % size, (index - 1) % size  # gloo: recvRank = rank + 1, sendRank = rank - 1
         layout = _allreduce_segments(nbytes, size, elem)
         nseg = layout[1]
@@ -516,11 +527,14 @@ def wire_fates(scripts: Mapping[int, list[Step]], *, aborts_first: bool = False)
     return fates
 
 
-def mismatch_fates(op_name: str, nbytes: Mapping[int, int], size: int, root: int, elem: int) -> dict[int, Fate]:
+def mismatch_fates(
+    op_name: str, nbytes: Mapping[int, int], size: int, root: int, elem: Mapping[int, int]
+) -> dict[int, Fate]:
     """Each present member's ``Fate`` in a gloo collective whose members (group rank -> its buffer's bytes) disagree
-    on size; ``root`` is the broadcast's group root, ``elem`` the element size (allreduce segments by it)."""
+    on size; ``root`` is the broadcast's group root, ``elem`` each member's element size (allreduce segments by
+    it)."""
     family = wire_family(op_name)
-    scripts = {i: _steps(family, n, i, size, root, elem) for i, n in nbytes.items()}
+    scripts = {i: _steps(family, n, i, size, root, elem[i]) for i, n in nbytes.items()}
     return wire_fates(scripts, aborts_first=family == "alltoall")
 
 

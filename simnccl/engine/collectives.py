@@ -102,20 +102,21 @@ class Collectives:
                 )
         return comm
 
-    @staticmethod
-    def _group_of(rt: RankRuntime, op: Collective | PointToPoint | BatchIsendIrecv) -> Group | None:
+    def _group_of(self, rt: RankRuntime, op: Collective | PointToPoint | BatchIsendIrecv) -> Group | None:
         """The group the op runs on; None (with torch's warning) where this rank is not a member.
 
         A gloo group this rank destroyed still runs an all_reduce, all_gather, reduce_scatter or all_to_all on
         its handle: torch 2.15's destroy_process_group(pg) unregisters pg and calls its shutdown, which leaves a
         ProcessGroupGloo's pairs connected, and those collectives never look the group up (measured: both members
         all_reduce after the destroy and complete; one does and waits for the other). NCCL's shutdown tears its
-        communicators down (unmeasured here: it stays torch's ValueError)."""
+        communicators down (unmeasured here: it stays torch's ValueError). A barrier looks the group up for its
+        device only on a host with an accelerator (``device.type == "cpu" or _get_object_coll_device(group)``):
+        on a CPU-only cluster it runs too (found by a tester; measured on the CPU build, 5 runs)."""
         handle = rt.handles.get(op.group)
         if (
             isinstance(handle, Group)
             and handle.destroyed
-            and type(op) in _RUN_AFTER_DESTROY
+            and (type(op) in _RUN_AFTER_DESTROY or (type(op) is Barrier and self.device_type == "cpu"))
             and handle.comms
             and all(c.impl is _GLOO and c.comm_id is not None for c in handle.comms.values())
         ):
@@ -158,7 +159,7 @@ class Collectives:
         entry = self._fr_record(rt, target, comm, op.name, op.size_bytes, op.dtype, p2p=False)
         members = self.comms.registry.members.setdefault(comm.comm_id, target.ranks)
         meeting = self.rendezvous.open(("coll", comm.comm_id, comm.seq), "collective", target.name, comm.seq, members)
-        meeting.abort_on_mismatch = comm.impl is _GLOO
+        meeting.on_gloo = comm.impl is _GLOO
         if wrong is not None and meeting.note is None:  # a hang here names the ranks it really waits for, and why
             meeting.note = _wired_note(target.name, members, "this op runs between those")
         # A broadcast's payload names its root (a group rank here, as the backends see it): members naming
@@ -167,10 +168,12 @@ class Collectives:
         if type(op) is Broadcast:
             payload = (*payload, target.ranks.index(op.src))
         self.rendezvous.arrive(meeting, rt, payload, op, duration=self.timing.collective_s)
-        if meeting.abort_on_mismatch and isinstance(op, Broadcast) and len(members) > 2:
+        if meeting.on_gloo and isinstance(op, Broadcast) and len(members) > 2:
             yield from self._wait_tree(rt, meeting, op)
         else:
             yield from self.rendezvous.wait(rt, meeting, op)
+        if meeting.on_gloo:  # a message near the timeout: the real host decides (``Timing.gloo_deadline``)
+            self.timing.note_gloo_margin(meeting, op, target.timeout_s)
         FlightRecorder.complete(entry, self.env.now)
         # The event's text from parts (``Trace.record_text``): the clock's repr is shared by the members that leave
         # a meeting together, and the repr of the whole tuple was a twentieth of a collective.
@@ -363,7 +366,7 @@ class Collectives:
         label = f"send {src}->{dst}" if sends else f"recv {dst}<-{src}"  # torch's view: the group's
         entry = self._fr_record(rt, target, comm, label, size_bytes, dtype, p2p=True)
         meeting = self.rendezvous.open(("p2p", channel, *ends, n), "p2p", target.name, n, ends)
-        meeting.abort_on_mismatch = comm.impl is _GLOO  # a recv smaller than the send aborts (backends/gloo.py)
+        meeting.on_gloo = comm.impl is _GLOO  # a recv smaller than the send aborts (backends/gloo.py)
         if ends != (src, dst) and meeting.note is None:  # a hang here names the rank it really waits for, and why
             between = f"this {name} goes between ranks {ends[0]} and {ends[1]}"
             meeting.note = _wired_note(target.name, self._wires[comm.comm_id][0], between)
@@ -380,6 +383,8 @@ class Collectives:
         """Wait for a posted send or recv (``_post``), then record it."""
         meeting, entry, src, dst, n, wrong = posted
         yield from self.rendezvous.wait(rt, meeting, op)
+        if meeting.on_gloo:  # a message near the timeout: the real host decides (``Timing.gloo_deadline``)
+            self.timing.note_gloo_margin(meeting, op, target.timeout_s)
         FlightRecorder.complete(entry, self.env.now)
         name = "send" if src == rt.rank else "recv"
         now, trace, group_name = self.env.now, self.trace, target.name  # as op_collective's event

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from simnccl.engine import init_barrier
 from simnccl.engine.comms import bootstrap_group, unique_id_stage
 from simnccl.engine.memory import Memory
 from simnccl.engine.nvls import MulticastSlots
@@ -150,6 +151,11 @@ class HangReport:
             if rt.rank in self.broken:
                 return None, "under NoHandling the watchdog only logs the error and any timeout; nothing ends the op"
             return None, "a stalled process issues nothing that could time out"
+        if meeting.kind == init_barrier.KIND:
+            return init_barrier.detected_after(meeting), (
+                "TORCH_DIST_INIT_BARRIER=1: torch's store-based barrier after new_group raises DistStoreError at the "
+                "end of the first store wait (10 s + 1 s per thousand ranks) past the group's timeout"
+            )
         if meeting.kind in ("split", "split-color"):
             return (
                 None,

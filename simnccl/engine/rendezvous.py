@@ -41,7 +41,7 @@ def root_mismatch(meeting: Meeting, first: Arrival, this: Arrival) -> str:
     whose child waits on another parent never completes its send (``broadcast_leavers`` says who gets out).
     NCCL: its ring or tree is laid out from the root each rank names, so ranks wait for data that is never sent;
     not measured on NCCL (no GPU lane run yet), reported as a hang of the members still in it."""
-    backend = "gloo" if meeting.abort_on_mismatch else "NCCL"
+    backend = "gloo" if meeting.on_gloo else "NCCL"
     return (
         f"broadcast root mismatch at sequence number {meeting.seq} of group {meeting.group!r}: rank {first.rank} "
         f"issued {first.op.describe()}, rank {this.rank} issued {this.op.describe()} — {backend} lays the "
@@ -107,10 +107,10 @@ class Rendezvous:
             problem = None if agree else self._disagreement(meeting, first, arrival)
             if problem:
                 meeting.problem = problem
-                if meeting.abort_on_mismatch and problem.startswith("size mismatch"):
+                if meeting.on_gloo and problem.startswith("size mismatch"):
                     meeting.fates = {}
         beside = None  # a gloo size mismatch beside another algorithm: its members (``_mismatched_beside``)
-        if meeting.problem is not None and meeting.abort_on_mismatch and meeting.kind == "collective":
+        if meeting.problem is not None and meeting.on_gloo and meeting.kind == "collective":
             beside = self._mismatched_beside(meeting)
             if beside is not None:
                 self._mismatch_beside_another_algorithm(meeting, beside)
@@ -136,7 +136,7 @@ class Rendezvous:
         a, b = first.payload, this.payload
         if a[0] == b[0] == "broadcast" and a[3:] != b[3:]:
             return root_mismatch(meeting, first, this)
-        if meeting.abort_on_mismatch:  # gloo: what the wire does, not what the user meant (backends/gloo.py)
+        if meeting.on_gloo:  # gloo: what the wire does, not what the user meant (backends/gloo.py)
             how = wire_mismatch(a, b)
             if how is None:
                 return None
@@ -147,13 +147,13 @@ class Rendezvous:
                     "algorithms send on different slots, so neither receives the other's messages: both wait "
                     "until the timeout"
                 )
-        if a[0] != b[0] and not meeting.abort_on_mismatch:
+        if a[0] != b[0] and not meeting.on_gloo:
             return (
                 f"operation mismatch at sequence number {meeting.seq} of group {meeting.group!r}: "
                 f"rank {first.rank} issued {first.op.describe()}, rank {this.rank} issued {this.op.describe()}"
             )
         if a[0] != "split" and a[1:] != b[1:]:
-            race = _size_race(a[0], b[0], len(meeting.expected)) if meeting.abort_on_mismatch else ""
+            race = _size_race(a[0], b[0], len(meeting.expected)) if meeting.on_gloo else ""
             return (
                 f"size mismatch at sequence number {meeting.seq} of group {meeting.group!r}: "
                 f"rank {first.rank} {a[0]} of {a[1]} bytes ({a[2]}), rank {this.rank} {b[1]} bytes ({b[2]}){race}"
@@ -215,7 +215,7 @@ class Rendezvous:
                 {expected.index(r): a.payload[1] for r, a in arrivals.items()},
                 len(expected),
                 expected.index(src) if src in expected else 0,
-                element_bytes(first.payload[2]),
+                {expected.index(r): element_bytes(a.payload[2]) for r, a in arrivals.items()},
             )
             fates = {
                 expected[i]: Fate(f.kind, None if f.peer is None else expected[f.peer], f.got, f.posted)

@@ -16,7 +16,10 @@ from simnccl.engine.sim import Sim
 from simnccl.engine.state import RankRuntime, Waiting
 from simnccl.faults import Fault
 from simnccl.meetings import Meeting
-from simnccl.ops import Compute
+from simnccl.ops import AllReduce, AllToAll, Barrier, Collective, Compute, Op, ReduceScatter
+from simnccl.profiles import gloo_spread
+
+_SEGMENTED = (AllReduce, ReduceScatter, Barrier)  # gloo's ring all_reduce: no one wait is for the whole message
 
 
 @dataclass(slots=True, eq=False)
@@ -44,6 +47,9 @@ class Timing:
         self.ranks = sim.ranks
         self.record = sim.trace.record
         self.figures = sim.profile.timing  # the profile's timing figures
+        self.races = sim.races
+        self.spread = gloo_spread()
+        self._raced: set[int] = set()  # ids of gloo meetings whose timeout was left to the host (recorded once)
         self.rendezvous = rendezvous
         self.slow: dict[int, float] = {}  # rank straggler -> its slowdown factor
         self.slow_extra_s: dict[int, float] = {}  # rank straggler -> local seconds it added
@@ -66,20 +72,90 @@ class Timing:
         return self.figures.split_s
 
     def collective_s(self, meeting: Meeting) -> float:
+        """Latency plus a ring's bus bytes over the bus bandwidth: NCCL's figures, or on a gloo communicator the
+        host's (``gloo_*``: gloo moves CPU tensors over TCP, at a small fraction of NVLink's pace)."""
         timing = self.figures
+        if meeting.on_gloo:
+            latency, gbps = timing.gloo_collective_latency_s, timing.gloo_bus_bandwidth_gbps
+        else:
+            latency, gbps = timing.collective_latency_s, timing.bus_bandwidth_gbps
         size = next(iter(meeting.arrivals.values())).payload[1]
         n = len(meeting.expected)
         if n <= 1:
-            return timing.collective_latency_s
+            return latency
         bus_bytes = 2 * (n - 1) / n * size
-        seconds = timing.collective_latency_s + bus_bytes / (timing.bus_bandwidth_gbps * 1e9)
+        seconds = latency + bus_bytes / (gbps * 1e9)
         return self._over_links(meeting, seconds) if self.slow_links else seconds
 
     def p2p_s(self, meeting: Meeting) -> float:
+        """Latency plus the message over the bandwidth (gloo: the host's figures, as ``collective_s``)."""
         timing = self.figures
+        if meeting.on_gloo:
+            latency, gbps = timing.gloo_p2p_latency_s, timing.gloo_p2p_bandwidth_gbps
+        else:
+            latency, gbps = timing.p2p_latency_s, timing.bus_bandwidth_gbps
         size = next(iter(meeting.arrivals.values())).payload[1]
-        seconds = timing.p2p_latency_s + size / (timing.bus_bandwidth_gbps * 1e9)
+        seconds = latency + size / (gbps * 1e9)
         return self._over_links(meeting, seconds) if self.slow_links else seconds
+
+    def gloo_deadline(self, meeting: Meeting, op: Op, since_s: float, timeout_s: float) -> float | None:
+        """When a rank waiting since ``since_s`` in a gloo collective or send/recv times out; None: it does not.
+
+        gloo's timeout bounds each wait for one message, not the operation. Measured (torch 2.15 CPU, 2 ranks on
+        loopback, 1 run each): a 1 GiB all_reduce under a 0.05 s timeout completes in 2.3 s (its ring moves
+        small segments); a 2 GiB send/recv under 0.3 s times out on both sides at 0.31 s; a 1 GiB broadcast,
+        all_gather and all_to_all_single under 0.2 s time out. So: while a member is missing, the wait is for
+        it (``since + timeout``). Once every member is in, an all_reduce (a reduce_scatter is one on gloo, a
+        barrier one of a few bytes) never outlasts it; the other ops time out where one message (a send's,
+        a broadcast's or all_gather's whole input, an all_to_all's share) takes longer than the timeout.
+
+        The model's pace is one host's, idle: where a message's time is within ``spread`` (gloo_transport.toml) of
+        the timeout, on either side, a real host's pace and load decide, so the run is recorded as decided by a
+        race (a pass that no check takes for one), whichever way the simulation went."""
+        deadline = since_s + timeout_s
+        if meeting.problem is not None or len(meeting.arrivals) < len(meeting.expected):
+            return deadline
+        ready = max(meeting.ready_time(), since_s)
+        if ready >= deadline:
+            return deadline
+        message_s = self._gloo_message_s(meeting, op)
+        if message_s is None:
+            return None
+        self.note_gloo_margin(meeting, op, timeout_s)
+        return ready + timeout_s if message_s > timeout_s else None
+
+    def _gloo_message_s(self, meeting: Meeting, op: Op) -> float | None:
+        """The modelled seconds of the longest single message a member of this gloo op waits for; None for an
+        all_reduce's ring (no one wait is for a whole message)."""
+        timing = self.figures
+        if meeting.kind == "p2p":
+            nbytes = max(arrival.payload[1] for arrival in meeting.arrivals.values())
+            return nbytes / (timing.gloo_p2p_bandwidth_gbps * 1e9)
+        if isinstance(op, _SEGMENTED):
+            return None
+        size = op.size_bytes if isinstance(op, Collective) else 0
+        nbytes = size / len(meeting.expected) if isinstance(op, AllToAll) else size
+        return nbytes / (timing.gloo_bus_bandwidth_gbps * 1e9)
+
+    def note_gloo_margin(self, meeting: Meeting, op: Op, timeout_s: float) -> None:
+        """Record the run as decided by a race where one message of this gloo op takes within ``spread`` of the
+        group's timeout (``gloo_deadline``); once per op, whether its members completed or timed out."""
+        if id(meeting) in self._raced:
+            return
+        message_s = self._gloo_message_s(meeting, op)
+        if message_s is None or not timeout_s / self.spread < message_s < timeout_s * self.spread:
+            return
+        self._raced.add(id(meeting))
+        self.races.append(
+            f"a gloo {op.name} message of {round(message_s * self._gbps(meeting) * 1e9):,} bytes in group "
+            f"{meeting.group!r} takes ~{message_s:.3g} s at the modelled host pace, within a factor "
+            f"{self.spread:g} of the group's {timeout_s:g} s timeout: whether it times out is decided by the real "
+            "host's pace and load (measured on one 2-core host: from 1/3 to over 2.4x the model's time)"
+        )
+
+    def _gbps(self, meeting: Meeting) -> float:
+        timing = self.figures
+        return timing.gloo_p2p_bandwidth_gbps if meeting.kind == "p2p" else timing.gloo_bus_bandwidth_gbps
 
     def _over_links(self, meeting: Meeting, seconds: float) -> float:
         """A communicator with a member on each end of a slowed link runs at that link's pace: the slowest

@@ -15,6 +15,7 @@ from typing import Any
 
 from simnccl.backends.gloo import TIMEOUT_TIE_RACE
 from simnccl.c10d import Group
+from simnccl.engine import init_barrier
 from simnccl.engine.comms import bootstrap_group, pair_in_group, unique_id_stage
 from simnccl.engine.config import EngineGuardError
 from simnccl.engine.outcome import HangReport
@@ -46,6 +47,7 @@ class Watchdogs:
         self.ranks = sim.ranks
         self.record = sim.trace.record
         self.sockets = sockets
+        self.timing = timing
         self.min_timeout_s = DEFAULT_PG_NCCL_TIMEOUT_S
         self.monitor_start: dict[int, float] = {}  # rank -> when its default group (and its watchdog) was made
         self.stuck: dict[int, MonitorAction | None] = {}  # watchdog-stuck ranks -> what their monitor does
@@ -128,6 +130,11 @@ class Watchdogs:
             if rt.status != "blocked" or rt.timed_out or rt.block is None or rt.rank in self.sockets.peer_lost:
                 continue
             block = rt.block
+            if block.meeting.kind == init_barrier.KIND:
+                barrier = block.meeting
+                action = init_barrier.timeout_action(rt.rank, barrier, rt.world)
+                due.append((block.since_s + init_barrier.detected_after(barrier), rt, action))
+                continue
             group = rt.group_named(bootstrap_group(block.meeting))
             if group is None:
                 continue
@@ -165,6 +172,11 @@ class Watchdogs:
                 )
             else:
                 wait_s = group.timeout_s
+                if comm.impl is Impl.GLOO and meeting.kind in ("collective", "p2p"):
+                    deadline = self.timing.gloo_deadline(meeting, op, block.since_s, wait_s)
+                    if deadline is None:
+                        continue  # every member is in, and no one message outlasts the timeout
+                    wait_s = deadline - block.since_s
                 action = on_timeout(
                     comm.impl,
                     meeting.kind,

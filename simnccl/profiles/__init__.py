@@ -86,7 +86,11 @@ class FixedOverheads:
 
 @dataclass(frozen=True, slots=True)
 class Timing:
-    """Simulated seconds per step. ``bus_bandwidth_gbps`` is NCCL-tests bus bandwidth in GB/s."""
+    """Simulated seconds per step. ``bus_bandwidth_gbps`` is NCCL-tests bus bandwidth in GB/s.
+
+    The ``gloo_*`` figures time a gloo communicator's collectives and send/recvs: gloo moves CPU tensors over TCP
+    at the host's pace, not the GPU's. A profile may set them (measured on its host); where it does not, they
+    are ``simnccl/data/gloo_transport.toml``'s (``gloo_defaults``)."""
 
     comm_init_s: float
     split_s: float
@@ -95,10 +99,30 @@ class Timing:
     bus_bandwidth_gbps: float
     p2p_latency_s: float
     cuda_context_s: float
+    gloo_collective_latency_s: float
+    gloo_bus_bandwidth_gbps: float
+    gloo_p2p_latency_s: float
+    gloo_p2p_bandwidth_gbps: float
 
 
 _COMM_KEYS = tuple(f.name for f in fields(FixedOverheads))
 _TIMING_KEYS = tuple(f.name for f in fields(Timing))
+_GLOO_TIMING_KEYS = tuple(name for name in _TIMING_KEYS if name.startswith("gloo_"))
+_REQUIRED_TIMING_KEYS = tuple(name for name in _TIMING_KEYS if name not in _GLOO_TIMING_KEYS)
+_BANDWIDTH_KEYS = ("bus_bandwidth_gbps", "gloo_bus_bandwidth_gbps", "gloo_p2p_bandwidth_gbps")
+GLOO_DATA_FILE = "gloo_transport.toml"
+
+
+@functools.cache
+def gloo_defaults() -> dict[str, float]:
+    """The shipped gloo figures (``[gloo]`` of ``simnccl/data/gloo_transport.toml``, read once and checked as a
+    profile's are), keyed as a profile's ``[timing]`` names them."""
+    resource = importlib.resources.files("simnccl") / "data" / GLOO_DATA_FILE
+    r = _Reader(str(resource))
+    names = {key.removeprefix("gloo_"): key for key in _GLOO_TIMING_KEYS}
+    table = r.table("gloo", tomllib.loads(resource.read_text(encoding="utf-8")).get("gloo"), (*names,), (*names,))
+    bounds = _timing_bounds()
+    return {key: r.number(f"gloo.{name}", table[name], **bounds[key]) for name, key in names.items()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,8 +230,27 @@ def _parse_topology(r: _Reader, gpu: str, value: Any) -> dict[str, Any]:
     return dict(value)
 
 
+@functools.cache
+def gloo_spread() -> float:
+    """``[margin] spread`` of ``simnccl/data/gloo_transport.toml``: the factor within which a gloo message's modelled
+    time and its timeout leave the real outcome to the host (``engine.timing.Timing.gloo_deadline``)."""
+    resource = importlib.resources.files("simnccl") / "data" / GLOO_DATA_FILE
+    r = _Reader(str(resource))
+    table = r.table(
+        "margin", tomllib.loads(resource.read_text(encoding="utf-8")).get("margin"), ("spread",), ("spread",)
+    )
+    return r.number("margin.spread", table["spread"], minimum=1.0, maximum=1000.0)
+
+
 def _parse_timing(r: _Reader, value: Any) -> Timing:
-    table = r.table("timing", value, _TIMING_KEYS, _TIMING_KEYS)
+    table = r.table("timing", value, _TIMING_KEYS, _REQUIRED_TIMING_KEYS)
+    bounds = _timing_bounds()
+    figures = {name: r.number(f"timing.{name}", table[name], **bounds[name]) for name in table}
+    return Timing(**{**gloo_defaults(), **figures})
+
+
+def _timing_bounds() -> dict[str, dict[str, Any]]:
+    """Each timing figure's sanity bounds (``Reader.number``'s keywords)."""
     # The data file's limits, not this run's overrides: a sanity bound on a machine's figures, not a run's budget
     # (SIMNCCL_LIMIT_MAX_SIM_TIME_S=100 made a shipped 10 GB/s profile "out of range" and every run exit 2; the
     # engine's own guard holds a run to the limits the user set).
@@ -216,13 +259,10 @@ def _parse_timing(r: _Reader, value: Any) -> Timing:
     # message a scenario may send outlasts the longest simulated run is no machine's (1e-320 "hung" every
     # collective). Every step's seconds stay within that run.
     slowest = limits.max_message_mib * 2**20 / 1e9 / limits.max_sim_time_s
-    bounds = {
-        name: {"positive": True, "minimum": slowest}
-        if name == "bus_bandwidth_gbps"
-        else {"maximum": limits.max_sim_time_s}
+    return {
+        name: {"positive": True, "minimum": slowest} if name in _BANDWIDTH_KEYS else {"maximum": limits.max_sim_time_s}
         for name in _TIMING_KEYS
     }
-    return Timing(**{name: r.number(f"timing.{name}", table[name], **bounds[name]) for name in _TIMING_KEYS})
 
 
 def _parse_derivation(r: _Reader, value: Any, comm: FixedOverheads, topology: Mapping[str, Any]) -> dict[str, str]:

@@ -489,7 +489,7 @@ class Driver:
         dist = self.dist
         if op.group == WORLD:
             dist.destroy_process_group()
-            self.handles.clear()
+            self.handles.pop(WORLD, None)  # the program's subgroups live on in its variables, as in torch
             self.seq.clear()
             return "destroyed every group"
         group = self._group(op.group)

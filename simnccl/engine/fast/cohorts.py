@@ -32,6 +32,7 @@ from simnccl.c10d import (
     split_source,
     world_ranks,
 )
+from simnccl.engine import init_barrier
 from simnccl.engine.comms import Comms
 from simnccl.engine.fast.classes import RankClasses
 from simnccl.engine.fast.histories import SharedHistories
@@ -314,6 +315,8 @@ class Cohorts:
         world = rt.world
         if world is None or rt.pending or rt.counter != cohort.counter:
             return False
+        if init_barrier.wanted(rt.ctx.env):
+            return False  # each call ends in torch's store-based barrier: the ordinary path has it
         if self.policy_gate.active:
             history = cohort.history
             assert history is not None

@@ -27,6 +27,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from simnccl.c10d import NON_GROUP_MEMBER, Group, TorchError, outsider_key, shares_outsider_plan
+from simnccl.engine import init_barrier
 from simnccl.engine.fast.calls import OutsiderEntry
 from simnccl.engine.fast.cohorts import Cohorts
 from simnccl.engine.fast.histories import HistoryNode, SharedHistories, Span, Step
@@ -103,6 +104,8 @@ class Outsiders:
         in which ranks run are unchanged. Each call taken counts for the guard as it would there.
         Returns whether any call was taken.
         """
+        if init_barrier.wanted(rt.ctx.env):
+            return False  # every new_group call ends in a barrier this rank must reach: none needs nothing
         program = rt.program
         start = rt.pc
         cohorts = self.cohorts
