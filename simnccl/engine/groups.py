@@ -30,6 +30,8 @@ from simnccl.engine.watchdogs import Watchdogs
 from simnccl.meetings import Meeting
 from simnccl.ops import WORLD, DestroyProcessGroup, InitProcessGroup, NewGroup, SplitGroup
 
+_BARRIER_KNOB = init_barrier.KNOB
+
 
 def _no_time(_meeting: Meeting) -> float:
     return 0.0  # a store round trip: no time the model resolves
@@ -82,7 +84,11 @@ class Groups:
             op = decided
         plan = self.planner.plan_new_group(rt, op, rt.counter)
         work = self._follow(rt, plan, op)
-        if init_barrier.wanted(rt.ctx.env) and (plan.member or not op.use_local_synchronization):
+        if (
+            _BARRIER_KNOB in rt.ctx.env
+            and init_barrier.wanted(rt.ctx.env)
+            and (plan.member or not op.use_local_synchronization)
+        ):
             return self._store_barrier(rt, work, plan, op)
         return work
 

@@ -39,6 +39,8 @@ from simnccl.watchdog import (
     unique_id_wait_s,
 )
 
+_STORE_BARRIER = init_barrier.KIND  # (a global, not an attribute lookup, in the per-rank loop)
+
 
 class Watchdogs:
     def __init__(self, sim: Sim, sockets: GlooSockets, timing: Timing) -> None:
@@ -130,7 +132,7 @@ class Watchdogs:
             if rt.status != "blocked" or rt.timed_out or rt.block is None or rt.rank in self.sockets.peer_lost:
                 continue
             block = rt.block
-            if block.meeting.kind == init_barrier.KIND:
+            if block.meeting.kind == _STORE_BARRIER:
                 barrier = block.meeting
                 action = init_barrier.timeout_action(rt.rank, barrier, rt.world)
                 due.append((block.since_s + init_barrier.detected_after(barrier), rt, action))

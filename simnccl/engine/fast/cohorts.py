@@ -315,7 +315,7 @@ class Cohorts:
         world = rt.world
         if world is None or rt.pending or rt.counter != cohort.counter:
             return False
-        if init_barrier.wanted(rt.ctx.env):
+        if init_barrier.KNOB in rt.ctx.env and init_barrier.wanted(rt.ctx.env):
             return False  # each call ends in torch's store-based barrier: the ordinary path has it
         if self.policy_gate.active:
             history = cohort.history

@@ -104,7 +104,7 @@ class Outsiders:
         in which ranks run are unchanged. Each call taken counts for the guard as it would there.
         Returns whether any call was taken.
         """
-        if init_barrier.wanted(rt.ctx.env):
+        if init_barrier.KNOB in rt.ctx.env and init_barrier.wanted(rt.ctx.env):
             return False  # every new_group call ends in a barrier this rank must reach: none needs nothing
         program = rt.program
         start = rt.pc
