@@ -702,7 +702,9 @@ BAD_FLAGS = [
     (["--workload", "vllm tp=2", "--env-set", "TORCH_DIST_USE_NCL2=0"], "--env-set.TORCH_DIST_USE_NCL2: unknown"),
     (["--workload", "vllm tp=2", "--env", "RANK=1"], "--env.RANK: RANK is set per rank by the launcher"),
     (["--workload", "vllm tp=2", "--accept-verdict", "fine"], "--accept-verdict: unknown verdict 'fine'"),
-    (["--workload", "vllm tp=2", "--cell-timeout", "0"], "--cell-timeout: expected a positive number"),
+    # one range, said as checked (it said "in [0, 604800]" for -1 and refused 0 with another message)
+    (["--workload", "vllm tp=2", "--cell-timeout", "0"], "--cell-timeout: expected a number of seconds in (0, 604"),
+    (["--workload", "vllm tp=2", "--cell-timeout", "-1"], "--cell-timeout: expected a number of seconds in (0, 604"),
     (["--workload", "vllm tp=2", "--jobs", "0"], "--jobs: expected 1 to 1024 processes"),
     (["--workload", "vllm tp=2", "--scheduler", "localhost"], "--scheduler: expected a scheduler address"),
     # each passed the check and crashed the client (exit 70): a port that is no number, none, another protocol
@@ -1167,3 +1169,18 @@ def test_a_resume_after_a_scenario_s_own_profile_changed_is_another_matrix(
     code, _, err = sweep(capsys, *common, "--resume", "--accept-matrix-change")
     assert code == command.EXIT_CHECK_FAILED, err
     assert [r["status"] for r in read_json(out)[2]] == ["fail", "fail", "fail"]
+
+
+@pytest.mark.parametrize("flag", [["--dask-local", "2"], ["--scheduler", "tcp://127.0.0.1:8786"]])
+def test_a_dask_sweep_without_dask_is_a_missing_prerequisite_even_in_a_dry_run(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, flag: list[str]
+) -> None:
+    # Found by a tester: --dry-run said exit 0 to a sweep that cannot run, and the real run printed its "on a local
+    # Dask cluster" banner before the error (two lines on stderr)
+    monkeypatch.setattr(executors, "dask_installed", lambda: False)
+    for extra in (["--dry-run"], []):
+        code, _, err = sweep(capsys, "--workload", "vllm tp=2", *flag, *extra)
+        assert code == command.EXIT_BAD_INPUT
+        assert (
+            err == f"error: {flag[0]}: Dask is not installed; install the sweep extra: pip install 'simnccl[sweep]'\n"
+        )

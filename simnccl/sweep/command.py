@@ -22,6 +22,7 @@ from simnccl.cli_options import env_item, output_file_problem
 from simnccl.cli_output import PipeAwareConsole, document_stream, write_all_to_stdout
 from simnccl.memory import distinct_figures
 from simnccl.policy.plans import UserPolicyError
+from simnccl.sweep import executors
 from simnccl.sweep.cell import WORKLOAD, Cell, blank_row, expand
 from simnccl.sweep.executors import Executor, ExecutorError, check_address, run_cells
 from simnccl.sweep.matrix import (
@@ -154,6 +155,8 @@ def _executor(args: argparse.Namespace, cells: int) -> Executor:
     if len(chosen) > 1 or (chosen and args.jobs is not None):
         both = [*chosen, *(["--jobs"] if args.jobs is not None else [])]
         raise SweepInputError(both[1], f"choose one of {', '.join(both)} (where the cells run)")
+    if chosen and not executors.dask_installed():  # found by a tester: --dry-run said exit 0
+        raise SweepInputError(chosen[0], executors.DASK_MISSING)
     if args.scheduler is not None:
         try:
             return Executor("dask", scheduler=check_address(args.scheduler))

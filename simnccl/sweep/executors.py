@@ -10,6 +10,7 @@ a missing ``distributed`` is a missing prerequisite (exit 2, naming the extra to
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import logging
 import re
 import socket
@@ -130,11 +131,20 @@ def _simnccl_version() -> str:
     return version
 
 
+DASK_MISSING = "Dask is not installed; install the sweep extra: pip install 'simnccl[sweep]'"
+
+
+def dask_installed() -> bool:
+    """Whether ``distributed`` can be imported (asked without importing it): a sweep checks before it lists or
+    runs anything, so ``--dry-run`` does not say yes to a sweep that cannot run."""
+    return importlib.util.find_spec("distributed") is not None
+
+
 def _dask() -> Any:
     try:
         import distributed
     except ImportError:
-        raise ExecutorError("Dask is not installed; install the sweep extra: pip install 'simnccl[sweep]'") from None
+        raise ExecutorError(DASK_MISSING) from None
     return distributed
 
 

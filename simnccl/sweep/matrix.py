@@ -523,9 +523,11 @@ def build_matrix(args: Any, data: Mapping[str, Any] | None, source: str, base: P
     gpus_per_node = _number(DEFAULT_GPUS_PER_NODE if gpn is None else gpn, gpn_where, 1, 1024, integer=True)
     timeout, timeout_where = pick(args.cell_timeout, "--cell-timeout", sweep, "cell_timeout_s", "sweep.")
     timeout_s = DEFAULT_CELL_TIMEOUT_S if timeout is None else timeout
-    _number(timeout_s, timeout_where, 0, MAX_CELL_TIMEOUT_S)
-    if timeout_s <= 0:
-        raise SweepInputError(timeout_where, f"expected a positive number of seconds, got {timeout_s!r}")
+    finite = isinstance(timeout_s, int | float) and not isinstance(timeout_s, bool) and math.isfinite(timeout_s)
+    if not (finite and 0 < timeout_s <= MAX_CELL_TIMEOUT_S):  # one range, said as checked ([0, ...] refused 0)
+        raise SweepInputError(
+            timeout_where, f"expected a number of seconds in (0, {number_text(MAX_CELL_TIMEOUT_S)}], got {timeout_s!r}"
+        )
     max_cells, max_where = pick(args.max_cells, "--max-cells", sweep, "max_cells", "sweep.")
     max_cells = _number(DEFAULT_MAX_CELLS if max_cells is None else max_cells, max_where, 1, MAX_CELLS_CEILING, True)
 
