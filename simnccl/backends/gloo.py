@@ -406,8 +406,8 @@ def _steps(family: str, nbytes: int, index: int, size: int, root: int, elem: int
     why members that disagree can complete, abort or wait, each on its own."""
     steps: list[Step] = []
     if family == "allreduce" and nbytes == 0:
-        pass  # gloo's allreduce of no elements returns at once, posting nothing (allreduce.cc: elements == 0)
-    elif family == "allreduce":
+        return steps  # gloo's allreduce of no elements returns at once, posting nothing (allreduce.cc)
+    if family == "allreduce":
         nxt, prv = (index + 1) % size, (index - 1) % size  # gloo: recvRank = rank + 1, sendRank = rank - 1
         layout = _allreduce_segments(nbytes, size, elem)
         nseg = layout[1]

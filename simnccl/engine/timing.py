@@ -118,44 +118,41 @@ class Timing:
         ready = max(meeting.ready_time(), since_s)
         if ready >= deadline:
             return deadline
-        message_s = self._gloo_message_s(meeting, op)
-        if message_s is None:
+        message = self._gloo_message(meeting, op)
+        if message is None:
             return None
         self.note_gloo_margin(meeting, op, timeout_s)
-        return ready + timeout_s if message_s > timeout_s else None
+        return ready + timeout_s if message[1] > timeout_s else None
 
-    def _gloo_message_s(self, meeting: Meeting, op: Op) -> float | None:
-        """The modelled seconds of the longest single message a member of this gloo op waits for; None for an
-        all_reduce's ring (no one wait is for a whole message)."""
+    def _gloo_message(self, meeting: Meeting, op: Op) -> tuple[float, float] | None:
+        """(bytes, modelled seconds) of the longest single message a member of this gloo op waits for; None for
+        an all_reduce's ring (no one wait is for a whole message)."""
         timing = self.figures
         if meeting.kind == "p2p":
             nbytes = max(arrival.payload[1] for arrival in meeting.arrivals.values())
-            return nbytes / (timing.gloo_p2p_bandwidth_gbps * 1e9)
+            return nbytes, nbytes / (timing.gloo_p2p_bandwidth_gbps * 1e9)
         if isinstance(op, _SEGMENTED):
             return None
         size = op.size_bytes if isinstance(op, Collective) else 0
         nbytes = size / len(meeting.expected) if isinstance(op, AllToAll) else size
-        return nbytes / (timing.gloo_bus_bandwidth_gbps * 1e9)
+        return nbytes, nbytes / (timing.gloo_bus_bandwidth_gbps * 1e9)
 
     def note_gloo_margin(self, meeting: Meeting, op: Op, timeout_s: float) -> None:
         """Record the run as decided by a race where one message of this gloo op takes within ``spread`` of the
         group's timeout (``gloo_deadline``); once per op, whether its members completed or timed out."""
         if id(meeting) in self._raced:
             return
-        message_s = self._gloo_message_s(meeting, op)
-        if message_s is None or not timeout_s / self.spread < message_s < timeout_s * self.spread:
+        message = self._gloo_message(meeting, op)
+        if message is None or not timeout_s / self.spread < message[1] < timeout_s * self.spread:
             return
         self._raced.add(id(meeting))
+        nbytes, seconds = message
         self.races.append(
-            f"a gloo {op.name} message of {round(message_s * self._gbps(meeting) * 1e9):,} bytes in group "
-            f"{meeting.group!r} takes ~{message_s:.3g} s at the modelled host pace, within a factor "
-            f"{self.spread:g} of the group's {timeout_s:g} s timeout: whether it times out is decided by the real "
-            "host's pace and load (measured on one 2-core host: from 1/3 to over 2.4x the model's time)"
+            f"a gloo {op.name} message of {round(nbytes):,} bytes in group {meeting.group!r} takes ~{seconds:.3g} s "
+            f"at the modelled host pace, within a factor {self.spread:g} of the group's {timeout_s:g} s timeout: "
+            "whether it times out is decided by the real host's pace and load (measured on one 2-core host: from "
+            "1/3 to 4.7x the model's time)"
         )
-
-    def _gbps(self, meeting: Meeting) -> float:
-        timing = self.figures
-        return timing.gloo_p2p_bandwidth_gbps if meeting.kind == "p2p" else timing.gloo_bus_bandwidth_gbps
 
     def _over_links(self, meeting: Meeting, seconds: float) -> float:
         """A communicator with a member on each end of a slowed link runs at that link's pace: the slowest

@@ -114,15 +114,30 @@ GLOO_DATA_FILE = "gloo_transport.toml"
 
 
 @functools.cache
-def gloo_defaults() -> dict[str, float]:
-    """The shipped gloo figures (``[gloo]`` of ``simnccl/data/gloo_transport.toml``, read once and checked as a
-    profile's are), keyed as a profile's ``[timing]`` names them."""
+def _gloo_data() -> tuple[_Reader, dict[str, Any]]:
+    """``simnccl/data/gloo_transport.toml``, read once: a reader naming the file in errors, and its tables."""
     resource = importlib.resources.files("simnccl") / "data" / GLOO_DATA_FILE
-    r = _Reader(str(resource))
+    return _Reader(str(resource)), tomllib.loads(resource.read_text(encoding="utf-8"))
+
+
+@functools.cache
+def gloo_defaults() -> dict[str, float]:
+    """The shipped gloo figures (``[gloo]`` of the data file, checked as a profile's are), keyed as a profile's
+    ``[timing]`` names them."""
+    r, data = _gloo_data()
     names = {key.removeprefix("gloo_"): key for key in _GLOO_TIMING_KEYS}
-    table = r.table("gloo", tomllib.loads(resource.read_text(encoding="utf-8")).get("gloo"), (*names,), (*names,))
+    table = r.table("gloo", data.get("gloo"), (*names,), (*names,))
     bounds = _timing_bounds()
     return {key: r.number(f"gloo.{name}", table[name], **bounds[key]) for name, key in names.items()}
+
+
+@functools.cache
+def gloo_spread() -> float:
+    """``[margin] spread`` of the data file: the factor within which a gloo message's modelled time and its
+    timeout leave the real outcome to the host (``engine.timing.Timing.gloo_deadline``)."""
+    r, data = _gloo_data()
+    table = r.table("margin", data.get("margin"), ("spread",), ("spread",))
+    return r.number("margin.spread", table["spread"], minimum=1.0, maximum=1000.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,18 +243,6 @@ def _parse_topology(r: _Reader, gpu: str, value: Any) -> dict[str, Any]:
     except NcclInputError as err:
         raise ProfileError(str(err)) from None
     return dict(value)
-
-
-@functools.cache
-def gloo_spread() -> float:
-    """``[margin] spread`` of ``simnccl/data/gloo_transport.toml``: the factor within which a gloo message's modelled
-    time and its timeout leave the real outcome to the host (``engine.timing.Timing.gloo_deadline``)."""
-    resource = importlib.resources.files("simnccl") / "data" / GLOO_DATA_FILE
-    r = _Reader(str(resource))
-    table = r.table(
-        "margin", tomllib.loads(resource.read_text(encoding="utf-8")).get("margin"), ("spread",), ("spread",)
-    )
-    return r.number("margin.spread", table["spread"], minimum=1.0, maximum=1000.0)
 
 
 def _parse_timing(r: _Reader, value: Any) -> Timing:
