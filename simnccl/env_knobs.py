@@ -143,9 +143,11 @@ def unknown_knob_message(name: str, extra: Iterable[str] = (), declare: str = SC
     if name in known_knobs() or name in extra:
         return None
     known = known_knobs() | extra
-    same_prefix = sorted(k for k in known if k.split("_", 1)[0] == name.split("_", 1)[0])
-    nearest = difflib.get_close_matches(name, same_prefix, n=1, cutoff=0.6)
-    hint = f"did you mean {nearest[0]}?" if nearest else "no known knob is close"
+    # compared after the shared prefix: "NCCL_" alone made NCCL_FOOBAR "close" to NCCL_IB_OOO_RQ (found by a tester)
+    prefix, _, rest = name.partition("_")
+    same_prefix = {k.partition("_")[2]: k for k in known if k.partition("_")[0] == prefix}
+    nearest = difflib.get_close_matches(rest, sorted(same_prefix), n=1, cutoff=0.6)
+    hint = f"did you mean {same_prefix[nearest[0]]}?" if nearest else "no known knob is close"
     return (
         f"unknown environment knob {name!r}: {hint} (known {'/'.join(CHECKED_PREFIXES)}* names: {DATA_FILE}; {declare})"
     )

@@ -409,6 +409,20 @@ def test_an_unknown_env_knob_names_the_nearest_known_one(capsys, write_scenario)
 
 
 @pytest.mark.parametrize(
+    ("name", "hint"),
+    [
+        ("NCCL_FOOBAR", "no known knob is close"),  # was "did you mean NCCL_IB_OOO_RQ?": the prefix alone matched
+        ("NCCL_NVLS_ENABL", "did you mean NCCL_NVLS_ENABLE?"),
+        ("PYTORCH_CUDA_ALLOC_CONFF", "did you mean PYTORCH_CUDA_ALLOC_CONF?"),
+    ],
+)
+def test_the_nearest_knob_is_judged_on_the_name_after_its_prefix(name: str, hint: str) -> None:
+    from simnccl.env_knobs import unknown_knob_message
+
+    assert f"unknown environment knob {name!r}: {hint} (" in (unknown_knob_message(name) or "")
+
+
+@pytest.mark.parametrize(
     "table",
     [
         '[[variants]]\nname = "v"\nenv = { NCCL_MAX_NCHANNEL = "4" }\n',
