@@ -1,4 +1,4 @@
-"""Measure gloo's all_reduce and send/recv times on this host and fit the simulator's gloo timing figures.
+"""Measure gloo's all_reduce, send/recv and bootstrap times on this host and fit the simulator's gloo timing figures.
 
 Run (imports torch; a few minutes on 2 cores, nothing else running)::
 
@@ -20,7 +20,10 @@ The fit, the same model the simulator evaluates:
 * ``collective_latency_s``: the median all_reduce time of the smallest message (4 bytes) over the worlds;
 * ``bus_bandwidth_gbps``: ring bus bytes ``2 (n - 1) / n x size`` over ``(time - latency)``, least squares
   through the origin over every message of at least 1 MiB of every world;
-* ``p2p_latency_s`` and ``p2p_bandwidth_gbps``: the same for the send/recv.
+* ``p2p_latency_s`` and ``p2p_bandwidth_gbps``: the same for the send/recv;
+* ``bootstrap_per_peer_s``: a ``new_group(backend="gloo")`` of the whole world, ``--repeats`` times after one
+  warm-up (the slowest rank's wall time, median), least squares through the origin against ``world - 1``: gloo's
+  full mesh connects each rank to every peer.
 
 Every size's measured time, the model's and the error are printed, so the reader sees where the two lines fit and
 where they do not. The last lines are the data file's ``[gloo]`` values.
@@ -83,6 +86,16 @@ def _rank_main(rank: int, world: int, port: int, sizes: Sequence[int], repeats: 
                 if i:  # the first is the warm-up (a first all_reduce of a size connects and allocates)
                     times.append(float(elapsed.item()))
             rows.append((kind, size, statistics.median(times)))
+    times = []
+    for i in range(repeats + 1):  # a gloo communicator's bootstrap: every rank connects to every other
+        dist.barrier()
+        start = time.perf_counter()
+        dist.new_group(list(range(world)), backend="gloo")
+        elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+        if i:
+            times.append(float(elapsed.item()))
+    rows.append(("bootstrap", 0, statistics.median(times)))
     if rank == 0:
         out.put(rows)  # type: ignore[attr-defined]
     dist.destroy_process_group()
@@ -126,6 +139,13 @@ def fit(results: dict[int, list[tuple[str, int, float]]], kind: str) -> tuple[fl
     return latency, 1.0 / seconds_per_byte / 1e9
 
 
+def fit_bootstrap(results: dict[int, list[tuple[str, int, float]]]) -> float:
+    """Seconds per peer of a gloo bootstrap: least squares through the origin of the slowest rank's
+    ``new_group`` time against its peers (``world - 1``: gloo connects every pair)."""
+    points = [(world - 1, t) for world, rows in results.items() for k, _, t in rows if k == "bootstrap"]
+    return sum(p * t for p, t in points) / sum(p * p for p, _ in points)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--worlds", default="2,4", help="world sizes, comma-separated (each at least 2)")
@@ -141,8 +161,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     results = {w: measure(w, sizes, args.repeats, args.timeout) for w in worlds}
     figures = {kind: fit(results, kind) for kind in ("all_reduce", "p2p")}
     print(f"{'world':>5} {'op':>10} {'bytes':>11} {'measured_s':>11} {'model_s':>11} {'error':>7}")
+    per_peer = fit_bootstrap(results)
     for world, rows in results.items():
         for kind, size, seconds in rows:
+            if kind == "bootstrap":
+                model = per_peer * (world - 1)
+                print(f"{world:>5} {kind:>10} {'-':>11} {seconds:>11.6f} {model:>11.6f} {model / seconds - 1:>+7.1%}")
+                continue
             latency, gbps = figures[kind]
             model = latency + _bus_bytes(kind, world, size) / (gbps * 1e9)
             print(f"{world:>5} {kind:>10} {size:>11,} {seconds:>11.6f} {model:>11.6f} {model / seconds - 1:>+7.1%}")
@@ -151,6 +176,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"bus_bandwidth_gbps = {c_bw:.3g}")
     print(f"p2p_latency_s = {p_lat:.3g}")
     print(f"p2p_bandwidth_gbps = {p_bw:.3g}")
+    print(f"bootstrap_per_peer_s = {per_peer:.3g}")
     return 0
 
 

@@ -28,8 +28,12 @@ from simnccl.ops import (
     SetDevice,
     SplitGroup,
 )
+from simnccl.profiles import gloo_defaults
 from simnccl.real.compare import racy, verdict_racy
 from simnccl.testing import simulate
+
+# A gloo bootstrap of three ranks: each connects to its two peers (simnccl/data/gloo_transport.toml).
+GLOO_BOOTSTRAP_3_S = 2 * gloo_defaults()["gloo_bootstrap_per_peer_s"]
 
 
 def reinit(backend: str, *, late: float = 0.0, late_before_destroy: bool = False) -> list[list[Op]]:
@@ -385,7 +389,9 @@ def test_under_spawn_ranks_waiting_in_a_bootstrap_fail_when_rank_0_drops_the_sto
         *([init, NewGroup(ranks=(0, 1, 2), bind="g", use_local_synchronization=True)] for _ in range(2)),
     ]
     out = simulate(programs, gpus_per_node=3, launcher="spawn")
-    assert [(e["rank"], e["kind"], e["time_s"]) for e in out.errors] == [(1, "peer-lost", 1.25), (2, "peer-lost", 1.25)]
+    lost_at = 1.0 + GLOO_BOOTSTRAP_3_S
+    errors = [(e["rank"], e["kind"], e["time_s"]) for e in out.errors]
+    assert errors == [(1, "peer-lost", lost_at), (2, "peer-lost", lost_at)]
     assert not out.hangs
 
 
@@ -393,7 +399,7 @@ def test_under_spawn_a_bootstrap_at_the_instant_rank_0_drops_the_store_is_a_race
     from simnccl.engine.reinit_store import STORE_GONE_RACE
 
     out = simulate(_store_gone_programs("gloo", late_s=0.0), gpus_per_node=3, launcher="spawn")
-    assert out.verdict == "pass" and out.races == [STORE_GONE_RACE.format(ranks="ranks [1, 2]", now=0.25)]
+    assert out.verdict == "pass" and out.races == [STORE_GONE_RACE.format(ranks="ranks [1, 2]", now=GLOO_BOOTSTRAP_3_S)]
 
 
 @pytest.mark.parametrize("timed", [False, True], ids=["at-op", "at-time"])

@@ -233,12 +233,16 @@ class Comms:
             self.note_device(meeting, rt, comm)
             if comm.impl is Impl.GLOO and meeting.problem is None and meeting.arrivals:
                 payload = self.cross_wiring.payload(meeting, rt.rank, group.ranks)
-            self.rendezvous.arrive(meeting, rt, payload, op, duration=self.timing.bootstrap_s)
+            gloo = comm.impl is Impl.GLOO
+            duration = self.timing.gloo_bootstrap_s if gloo else self.timing.bootstrap_s
+            self.rendezvous.arrive(meeting, rt, payload, op, duration=duration)
             if comm.impl is Impl.GLOO:
                 mark_complete_collision(meeting)
             yield from self.rendezvous.wait(rt, meeting, op)
+            if gloo:  # a connection near the timeout: the real host decides (``Timing.gloo_bootstrap_deadline``)
+                self.timing.note_gloo_bootstrap_margin(meeting, group.timeout_s)
             comm.comm_id = self.registry.id_for(meeting)
-            if comm.impl is Impl.GLOO and self.cross_wiring.joined(meeting):
+            if gloo and self.cross_wiring.joined(meeting):
                 self._ready(rt, group, comm, op)  # then its members are the ranks that met, not this group's
                 self.cross_wiring.connect(meeting, rt.rank, group.name, comm.comm_id)
                 return
@@ -356,11 +360,14 @@ class Comms:
             meeting.arrivals[rt.rank] = Arrival(rt.rank, at, group.ranks, op)
             self.note_device(meeting, rt, member_comm)
         if len(meeting.arrivals) == len(meeting.expected):
-            self.rendezvous.complete(meeting, self.timing.bootstrap_s(meeting))
+            duration = self.timing.gloo_bootstrap_s if comm.impl is Impl.GLOO else self.timing.bootstrap_s
+            self.rendezvous.complete(meeting, duration(meeting))
         return meeting
 
     def finish_together(self, rt: RankRuntime, group: Group, comm: Comm, meeting: Meeting, op: Op) -> None:
         """What ``init`` does for one member after its completed bootstrap meeting (``bootstrap_together``)."""
+        if comm.impl is Impl.GLOO:
+            self.timing.note_gloo_bootstrap_margin(meeting, group.timeout_s)
         comm.comm_id = self.registry.id_for(meeting)
         self._ready(rt, group, comm, op, meeting.devices)
 

@@ -41,6 +41,15 @@ class SlowLink:
         return f"between the GPUs of ranks {a} and {b} on node {self.nodes[0]}"
 
 
+def _all_in_at(meeting: Meeting, since_s: float, timeout_s: float) -> float | None:
+    """When every member of a gloo meeting was in, for a member waiting since ``since_s``; None where its wait is
+    for a member that is missing (or the meeting failed), or came past ``since + timeout``: it times out then."""
+    if meeting.problem is not None or len(meeting.arrivals) < len(meeting.expected):
+        return None
+    ready = max(meeting.ready_time(), since_s)
+    return ready if ready < since_s + timeout_s else None
+
+
 class Timing:
     def __init__(self, sim: Sim, rendezvous: Rendezvous) -> None:
         self.env = sim.env
@@ -67,6 +76,37 @@ class Timing:
 
     def bootstrap_s(self, meeting: Meeting) -> float:
         return self.figures.comm_init_s
+
+    def gloo_bootstrap_s(self, meeting: Meeting) -> float:
+        """A gloo communicator's bootstrap: each member connects to every other (gloo's full mesh), a measured
+        figure per peer (``gloo_bootstrap_per_peer_s``), not the GPU profile's NCCL ``comm_init_s``."""
+        return self.figures.gloo_bootstrap_per_peer_s * (len(meeting.expected) - 1)
+
+    def gloo_bootstrap_deadline(self, meeting: Meeting, since_s: float, timeout_s: float) -> float | None:
+        """When a member waiting since ``since_s`` in a gloo bootstrap times out; None: it does not.
+
+        While a member is missing, the wait is for its address (``since + timeout``). Once every member is in,
+        each connection to a peer is its own wait, bounded by the timeout: the bootstrap times out only where one
+        peer's connection takes longer than it (a mesh of hundreds of ranks may take longer than the timeout in
+        all), and near it the host's pace decides (recorded as a race, as ``gloo_deadline``)."""
+        ready = _all_in_at(meeting, since_s, timeout_s)
+        if ready is None:
+            return since_s + timeout_s
+        self.note_gloo_bootstrap_margin(meeting, timeout_s)
+        return ready + timeout_s if self.figures.gloo_bootstrap_per_peer_s > timeout_s else None
+
+    def note_gloo_bootstrap_margin(self, meeting: Meeting, timeout_s: float) -> None:
+        """Record the run as decided by a race where one peer's connection in this gloo bootstrap takes within
+        ``spread`` of the group's timeout (``gloo_bootstrap_deadline``); once per bootstrap, however it ended."""
+        per_peer = self.figures.gloo_bootstrap_per_peer_s
+        if id(meeting) in self._raced or not timeout_s / self.spread < per_peer < timeout_s * self.spread:
+            return
+        self._raced.add(id(meeting))
+        self.races.append(
+            f"a gloo bootstrap of group {meeting.group!r} connects each peer in ~{per_peer:.3g} s at the modelled "
+            f"host pace, within a factor {self.spread:g} of the group's {timeout_s:g} s timeout: whether it times "
+            "out is decided by the real host's pace and load"
+        )
 
     def split_s(self, meeting: Meeting) -> float:
         return self.figures.split_s
@@ -112,12 +152,9 @@ class Timing:
         The model's pace is one host's, idle: where a message's time is within ``spread`` (gloo_transport.toml) of
         the timeout, on either side, a real host's pace and load decide, so the run is recorded as decided by a
         race (a pass that no check takes for one), whichever way the simulation went."""
-        deadline = since_s + timeout_s
-        if meeting.problem is not None or len(meeting.arrivals) < len(meeting.expected):
-            return deadline
-        ready = max(meeting.ready_time(), since_s)
-        if ready >= deadline:
-            return deadline
+        ready = _all_in_at(meeting, since_s, timeout_s)
+        if ready is None:
+            return since_s + timeout_s
         message = self._gloo_message(meeting, op)
         if message is None:
             return None

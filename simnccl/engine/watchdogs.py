@@ -165,12 +165,15 @@ class Watchdogs:
                 joined = 1 + sum(1 for r in group.ranks if r != rt.rank and r in meeting.arrivals)
                 wait_s, action = on_store_host_wait(joined=joined, world=group.size, timeout_s=group.timeout_s)
             elif comm.impl is Impl.GLOO and meeting.kind == "bootstrap":
-                wait_s = group.timeout_s
+                deadline = self.timing.gloo_bootstrap_deadline(meeting, block.since_s, group.timeout_s)
+                if deadline is None:
+                    continue  # every member is in, and no one peer's connection outlasts the timeout
+                wait_s = deadline - block.since_s
                 # gloo waits for each other member's address in group-rank order: the first that never came
                 others = [r for r in group.ranks if r != rt.rank]
                 peer = next((r for r in others if r not in meeting.arrivals), others[0])
                 action = on_gloo_bootstrap_wait(
-                    group=group.name, default=group is rt.world, peer=group.ranks.index(peer), timeout_s=wait_s
+                    group=group.name, default=group is rt.world, peer=group.ranks.index(peer), timeout_s=group.timeout_s
                 )
             else:
                 wait_s = group.timeout_s

@@ -88,9 +88,9 @@ class FixedOverheads:
 class Timing:
     """Simulated seconds per step. ``bus_bandwidth_gbps`` is NCCL-tests bus bandwidth in GB/s.
 
-    The ``gloo_*`` figures time a gloo communicator's collectives and send/recvs: gloo moves CPU tensors over TCP
-    at the host's pace, not the GPU's. A profile may set them (measured on its host); where it does not, they
-    are ``simnccl/data/gloo_transport.toml``'s (``gloo_defaults``)."""
+    The ``gloo_*`` figures time a gloo communicator's bootstrap, collectives and send/recvs: gloo connects and
+    moves CPU tensors over TCP at the host's pace, not the GPU's. A profile may set them (measured on its host);
+    where it does not, they are ``simnccl/data/gloo_transport.toml``'s (``gloo_defaults``)."""
 
     comm_init_s: float
     split_s: float
@@ -103,6 +103,7 @@ class Timing:
     gloo_bus_bandwidth_gbps: float
     gloo_p2p_latency_s: float
     gloo_p2p_bandwidth_gbps: float
+    gloo_bootstrap_per_peer_s: float
 
 
 _COMM_KEYS = tuple(f.name for f in fields(FixedOverheads))
