@@ -132,6 +132,8 @@ def _verdicts(text: str) -> frozenset[str]:
     from simnccl.expect import ACCEPTABLE
 
     chosen = frozenset(v.strip() for v in text.split(",") if v.strip())
+    if not chosen:  # "--allow ''" from an unset shell variable allowed nothing, silently
+        raise argparse.ArgumentTypeError(f"expected one or more of {', '.join(ACCEPTABLE)}, comma-separated")
     unknown = sorted(chosen - set(ACCEPTABLE))
     if unknown:
         raise argparse.ArgumentTypeError(f"unknown verdict(s) {', '.join(unknown)}; expected {', '.join(ACCEPTABLE)}")

@@ -8,6 +8,7 @@ raise. The values live in ``simnccl/data/limits.toml`` with the reason for each;
 
 from __future__ import annotations
 
+import difflib
 import importlib.resources
 import math
 import os
@@ -54,25 +55,43 @@ _INTEGER = {f.name: f.type == "int" for f in fields(InputLimits)}
 
 
 @cache
-def _defaults() -> dict[str, Any]:
+def _tables() -> tuple[dict[str, Any], dict[str, Any]]:
+    """``[limits]`` and ``[ceilings]`` of the data file."""
     text = (importlib.resources.files("simnccl") / "data" / "limits.toml").read_text(encoding="utf-8")
-    table = tomllib.loads(text)["limits"]
+    data = tomllib.loads(text)
     names = {f.name for f in fields(InputLimits)}
-    if set(table) != names:  # pragma: no cover - a packaging defect, not bad input
-        raise AssertionError(f"{DATA_FILE}: keys {sorted(table)} differ from {sorted(names)}")
-    return table
+    for table in ("limits", "ceilings"):
+        if set(data[table]) != names:  # pragma: no cover - a packaging defect, not bad input
+            raise AssertionError(f"{DATA_FILE}: [{table}] keys {sorted(data[table])} differ from {sorted(names)}")
+    return data["limits"], data["ceilings"]
+
+
+def _defaults() -> dict[str, Any]:
+    return _tables()[0]
 
 
 def current(environ: Mapping[str, str] | None = None) -> InputLimits:
-    """The data file's limits with this process's ``SIMNCCL_LIMIT_*`` overrides applied."""
+    """The data file's limits with this process's ``SIMNCCL_LIMIT_*`` overrides applied. A variable of the prefix
+    that names no limit is refused (a CI job that set ``SIMNCCL_LIMIT_MAX_WROLD_SIZE=3`` to hold its runs small ran
+    without it), as is a value past the limit's ceiling (``[ceilings]``)."""
     env = os.environ if environ is None else environ
     values = dict(_defaults())
+    for var in env:
+        if var.startswith(ENV_PREFIX) and var[len(ENV_PREFIX) :].lower() not in values:
+            raise LimitError(_unknown_limit(var, values))
     for name in values:
         raw = env.get(ENV_PREFIX + name.upper())
         if raw is None:
             continue
         values[name] = _parse_override(name, raw, integer=_INTEGER[name])
     return InputLimits(**values)
+
+
+def _unknown_limit(var: str, names: Mapping[str, Any]) -> str:
+    known = {ENV_PREFIX + name.upper(): name for name in names}
+    close = difflib.get_close_matches(var, list(known), n=1, cutoff=0.85)
+    hint = f"did you mean {close[0]}?" if close else f"the limits are {', '.join(sorted(known))}"
+    return f"environment {var!r}: no such limit; {hint}"
 
 
 def _parse_override(name: str, raw: str, *, integer: bool) -> int | float:
@@ -82,8 +101,12 @@ def _parse_override(name: str, raw: str, *, integer: bool) -> int | float:
     except ValueError:
         kind = "a positive integer" if integer else "a positive number"
         raise LimitError(f"environment {var}: expected {kind}, got {raw!r}") from None
-    if not (math.isfinite(value) and value > 0):
-        raise LimitError(f"environment {var}: expected a positive finite value, got {raw!r}")
+    ceiling = _tables()[1][name]
+    if not (math.isfinite(value) and 0 < value <= ceiling):
+        raise LimitError(
+            f"environment {var}: expected a positive value up to {number_text(ceiling)} (its ceiling in "
+            f"{DATA_FILE}), got {raw!r}"
+        )
     return value
 
 

@@ -146,8 +146,9 @@ def check_option(key: str, value: Any) -> Any:
     if key not in OPTION_FIELDS:
         raise ValueError(f"unknown pg_options field {key!r}; expected one of {', '.join(OPTION_FIELDS)}")
     kind = _OPTION_KINDS.get(key, int)
-    ok = isinstance(value, kind) and (kind is bool or not isinstance(value, bool))
-    if not ok:
+    # The exact type (a bool is no integer here): a subclass's own ``__eq__`` would make options that differ
+    # compare equal in the members-agree check (``GroupDecision.key``).
+    if type(value) is not kind:
         text = {bool: "a boolean", int: "an integer", str: "a string"}[kind]
         raise ValueError(f"{key}: expected {text}, got {type(value).__name__} {value!r}")
     return value

@@ -377,6 +377,33 @@ def test_a_malformed_limit_override_is_exit_2(capsys, write_scenario, monkeypatc
     assert code == 2 and "SIMNCCL_LIMIT_MAX_WORLD_SIZE: expected a positive integer" in err
 
 
+@pytest.mark.parametrize(
+    ("var", "value", "message"),
+    [
+        # found by a tester: a misspelt limit was ignored, so a CI job ran without the limit it set
+        ("SIMNCCL_LIMIT_MAX_WROLD_SIZE", "3", "no such limit; did you mean SIMNCCL_LIMIT_MAX_WORLD_SIZE?"),
+        ("SIMNCCL_LIMIT_LOTS", "3", "no such limit; the limits are SIMNCCL_LIMIT_MAX_ALLOC_MIB, "),
+        # found by a tester: the OS's interval timer overflowed (an internal error, exit 70)
+        ("SIMNCCL_LIMIT_MAX_WALL_S", "1e11", "expected a positive value up to 31536000 (its ceiling in"),
+        ("SIMNCCL_LIMIT_MAX_NESTING_DEPTH", "100000", "expected a positive value up to 512"),
+        ("SIMNCCL_LIMIT_MAX_WORLD_SIZE", "99999999999999999999999", "expected a positive value up to 1048576"),
+    ],
+)
+def test_a_limit_override_naming_no_limit_or_past_its_ceiling_is_exit_2(
+    capsys, write_scenario, monkeypatch, var: str, value: str, message: str
+) -> None:
+    monkeypatch.setenv(var, value)
+    code, _, err = _run(capsys, str(write_scenario(TINY)))
+    assert code == 2 and message in err and var in err and "Traceback" not in err, err
+
+
+def test_every_limit_has_a_ceiling_above_it() -> None:
+    from simnccl.limits import _tables
+
+    limits, ceilings = _tables()
+    assert all(ceilings[name] >= value for name, value in limits.items())
+
+
 def test_a_limit_override_raises_the_limit(write_scenario, monkeypatch) -> None:
     monkeypatch.setenv("SIMNCCL_LIMIT_MAX_WORLD_SIZE", "70000")
     assert current_limits().max_world_size == 70000
@@ -466,6 +493,35 @@ def test_an_integer_knob_with_a_value_simnccl_cannot_use_is_exit_2(capsys, write
         'release = "2.15"', f'release = "2.15"\nenv = {{ TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC = "{value}" }}'
     )
     _bad(capsys, write_scenario, text, "torch.env.TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC", "expected an integer in 1..")
+
+
+@pytest.mark.parametrize(
+    ("extra", "key", "message"),
+    [
+        # found by a tester: a key given with a false value (0, []) was taken as not given
+        ('verdict = "pass"\ntolerance_pct = 0\n', "expect[0].tolerance_pct", "only meaningful with used_mib"),
+        ('verdict = "pass"\ndevices = []\n', "expect[0].devices", "only meaningful with used_mib"),
+        ('verdict = "pass"\ntolerance_mib = 0\n', "expect[0].tolerance_mib", "only meaningful with used_mib"),
+        (
+            'checkpoint = "after_init"\nused_mib = 1\ndevices = []\n',
+            "expect[0].devices",
+            "expected at least one device (omit the key for every device)",
+        ),
+        # a tolerance no measurement can leave: the check cannot fail
+        (
+            'checkpoint = "after_init"\nused_mib = 1\ntolerance_pct = 1e300\n',
+            "expect[0].tolerance_pct",
+            "expected less than 100 (percent), got 1e+300",
+        ),
+        (
+            'checkpoint = "after_init"\nused_mib = 1\ntolerance_mib = 1e308\n',
+            "expect[0].tolerance_mib",
+            "expected less than one GPU's memory",
+        ),
+    ],
+)
+def test_an_expectation_that_checks_nothing_is_exit_2(capsys, write_scenario, extra: str, key: str, message: str):
+    _bad(capsys, write_scenario, TINY + "[[expect]]\n" + extra, key, message)
 
 
 def test_tolerance_pct_with_tolerance_mib_is_exit_2(capsys, write_scenario) -> None:
@@ -567,6 +623,14 @@ def test_allow_rejects_an_unknown_verdict(capsys, write_scenario) -> None:
     with pytest.raises(SystemExit) as exit_info:
         main(["run", str(write_scenario(HANG)), "--allow", "hnag"])
     assert exit_info.value.code == 2
+
+
+@pytest.mark.parametrize("value", ["", ",", " , "])
+def test_allow_rejects_an_empty_list(capsys, write_scenario, value: str) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["run", str(write_scenario(HANG)), "--allow", value])
+    assert exit_info.value.code == 2
+    assert "expected one or more of" in capsys.readouterr().err
 
 
 def test_explain_exits_as_run_does_on_expectations(capsys, write_scenario) -> None:

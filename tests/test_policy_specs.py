@@ -172,6 +172,70 @@ def test_a_decision_subclass_cannot_hide_members_that_disagree() -> None:
     assert out.verdict == "error" and any(e["type"] == "PolicyInconsistency" for e in out.errors), out.errors
 
 
+@pytest.mark.parametrize(
+    ("policy", "message"),
+    [
+        (user_policies.HidesLazyInOptionsEquality(), "expected a PgOptions, not a subclass"),
+        (user_policies.HidesGlooInBackendEquality(), "expected a backend name or None (a str, not a subclass)"),
+    ],
+)
+def test_an_answer_whose_own_equality_hides_a_disagreement_is_the_policys_error(policy: object, message: str) -> None:
+    """Found by a tester: odd ranks lazy (or on gloo) in a subclass whose ``__eq__`` is always true. The members
+    "agreed", the engine applied rank 0's eager NCCL answer on every rank, and the run passed what production hangs
+    on (eager on one rank, lazy on the other)."""
+    with pytest.raises(UserPolicyError) as raised:
+        simulate(FOUR, gpus_per_node=4, policy=policy)  # type: ignore[arg-type]
+    assert message in str(raised.value)
+
+
+@pytest.mark.parametrize("release", ["2.15", "2.14"])
+def test_a_rank_may_name_its_own_device_as_a_cuda_string(release: str) -> None:
+    """Found by a tester: ``device_id="cuda:<local rank>"`` (torch_apply hands torch ``torch.device`` of it) was a
+    false AssertionError against a bound default group (the string compared with the bound index), and on legacy
+    (2.14, or TORCH_DIST_USE_NCCL2=0) an internal error, exit 70."""
+    group = [NewGroup(ranks=(0, 1), bind="g"), AllReduce(group="g")]
+    unbound = [[SetDevice(), InitProcessGroup(backend="nccl"), *group]] * 2
+    bound = [[SetDevice(), InitProcessGroup(backend="nccl", device_id=f"cuda:{r}"), *group] for r in range(2)]
+    for programs in (unbound, bound) if release == "2.15" else (unbound,):  # 2.14 binds no device
+        named = simulate(programs, gpus_per_node=2, release=release, policy=user_policies.BindsOwnDeviceByName())
+        indexed = simulate(programs, gpus_per_node=2, release=release, policy=user_policies.BindsOwnDevice())
+        assert named.verdict == indexed.verdict == "pass", named.errors
+        assert named.trace_hash == indexed.trace_hash
+
+
+def test_a_device_string_without_an_index_is_the_policys_error() -> None:
+    policy = user_policies.DeviceOf(device="cuda")
+    with pytest.raises(UserPolicyError, match=r"device_id='cuda'; a group's device string names its CUDA device"):
+        simulate(FOUR, gpus_per_node=4, policy=policy)
+
+
+def test_a_policy_that_makes_a_used_group_fake_fails_where_it_communicates() -> None:
+    """Found by a tester: every group ``fake`` passed (the fake backend returns at once) and ``cost`` priced the
+    groups at nothing; production would run on without communicating."""
+    out = simulate(FOUR, gpus_per_node=4, policy=user_policies.FakesEveryGroup())
+    assert out.verdict == "error"
+    assert {(e["type"], e["op"]) for e in out.errors} == {("PolicyFakeBackend", "all_reduce(group='h')")}
+    assert "made group [0, 1, 2, 3] (4 ranks, asked for backend nccl) 'fake'" in out.errors[0]["message"]
+
+
+def test_a_policy_may_make_an_unused_or_one_rank_group_fake() -> None:
+    unused = [*START, NewGroup(ranks=(0, 1, 2, 3), bind="g"), NewGroup(ranks=(0,), bind="one"), AllReduce()]
+    assert simulate(unused, gpus_per_node=4, policy=user_policies.FakesEveryGroup()).verdict == "pass"
+    assert simulate(unused, gpus_per_node=4, policy="skip-single-rank").verdict == "pass"
+
+
+def test_a_policy_that_makes_a_group_tagged_for_traffic_fake_fails_at_its_creation() -> None:
+    """A startup may never use a group it makes for training (vLLM's TP groups): the program's ``traffic`` tag says
+    it will communicate there."""
+    tagged = [*START, NewGroup(ranks=(0, 1, 2, 3), bind="g", traffic="p2p")]
+    out = simulate(tagged, gpus_per_node=4, policy=user_policies.FakesEveryGroup())
+    assert out.verdict == "error"
+    assert {(e["type"], e["op"].split("(")[0]) for e in out.errors} == {("PolicyFakeBackend", "new_group")}
+    assert "tags it traffic='p2p'" in out.errors[0]["message"]
+    untagged = [*START, NewGroup(ranks=(0, 1, 2, 3), bind="g", traffic="none")]
+    assert simulate(untagged, gpus_per_node=4, policy=user_policies.FakesEveryGroup()).verdict == "pass"
+
+
 def test_each_rank_may_name_its_own_device_but_not_only_some() -> None:
     """``device_id=local_rank`` differs on every rank by nature (it was reported as members disagreeing); whether
     a device is named must agree."""

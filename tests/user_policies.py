@@ -11,6 +11,7 @@ import sys
 import time
 from dataclasses import dataclass, replace
 
+from simnccl.ops import PgOptions
 from simnccl.policy import BasePolicy, DedupePolicy, GroupDecision, GroupRequest, InitPlan, InitRequest, Policy
 
 
@@ -474,3 +475,73 @@ class DeviceTheNodeLacks(BasePolicy):
 
     def on_group(self, request: GroupRequest, decision: GroupDecision) -> GroupDecision:
         return replace(decision, device_id=99)
+
+
+@dataclass(frozen=True, eq=False)
+class _EqualToAnyOptions(PgOptions):
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, PgOptions)
+
+    def __hash__(self) -> int:
+        return 0
+
+
+class _EqualToAnyName(str):
+    def __eq__(self, other: object) -> bool:
+        return True
+
+    def __hash__(self) -> int:
+        return 0
+
+
+@dataclass(frozen=True)
+class HidesLazyInOptionsEquality(BasePolicy):
+    """Wrong (found by a tester): odd ranks go lazy, in options whose ``__eq__`` says every rank's are equal."""
+
+    name: str = "hides-lazy-in-options-equality"
+
+    def on_group(self, request: GroupRequest, decision: GroupDecision) -> GroupDecision:
+        return replace(decision, pg_options=_EqualToAnyOptions(lazy_init=request.rank % 2 == 1), explanation="odd")
+
+
+@dataclass(frozen=True)
+class HidesGlooInBackendEquality(BasePolicy):
+    """Wrong (found by a tester): odd ranks on gloo, named by a str whose ``__eq__`` is always true."""
+
+    name: str = "hides-gloo-in-backend-equality"
+
+    def on_group(self, request: GroupRequest, decision: GroupDecision) -> GroupDecision:
+        backend = _EqualToAnyName("gloo" if request.rank % 2 else "nccl")
+        return replace(decision, backend=backend, explanation="odd: gloo")
+
+
+@dataclass(frozen=True)
+class BindsOwnDeviceByName(BasePolicy):
+    """Correct: each rank names its own device as torch code often does, ``"cuda:<local rank>"``."""
+
+    name: str = "binds-own-device-by-name"
+
+    def on_group(self, request: GroupRequest, decision: GroupDecision) -> GroupDecision:
+        return replace(decision, device_id=f"cuda:{request.env.get('LOCAL_RANK', request.rank)}", explanation="own")
+
+
+@dataclass(frozen=True)
+class FakesEveryGroup(BasePolicy):
+    """Wrong (found by a tester): every new group on the ``fake`` backend, which moves no data; ``cost`` priced
+    it at nothing and the startup passed."""
+
+    name: str = "fakes-every-group"
+
+    def on_group(self, request: GroupRequest, decision: GroupDecision) -> GroupDecision:
+        return replace(decision, backend="fake", explanation="fake")
+
+
+@dataclass(frozen=True)
+class DeviceOf(BasePolicy):
+    """Every group's ``device_id`` set to ``device``, as given."""
+
+    name: str = "device-of"
+    device: object = None
+
+    def on_group(self, request: GroupRequest, decision: GroupDecision) -> GroupDecision:
+        return replace(decision, device_id=self.device, explanation="device")  # type: ignore[arg-type]

@@ -79,12 +79,30 @@ class Collectives:
         # (group, lo, hi[, incarnation]) -> {rank: (its attempt, its meeting)}: the nccl-lazy pair each rank opened
         self._lazy_pairs: dict[tuple[Any, ...], dict[int, tuple[int, Meeting]]] = {}
         self._tree_released: dict[int, set[int]] = {}  # id(gloo broadcast) -> members already released
+        self.policy_faked = sim.policy_faked
+        self.policy_name = getattr(sim.config.policy, "name", "")
+
+    def refuse_policy_fake(self, group: Group, op: Op) -> None:
+        """An op that communicates on a group of several ranks a policy turned to the ``fake`` backend (the program
+        asked for another): what ends the rank. Why not run it as torch does: torch's FakeProcessGroup returns at
+        once without moving a byte, so the simulated startup passed, and ``cost`` priced the group at nothing,
+        while production silently communicates nothing there. A policy may make a group fake only where no op
+        of the program communicates on it (one rank's, or one never used)."""
+        asked = self.policy_faked[group.ranks]
+        raise TorchError(
+            "PolicyFakeBackend",
+            f"policy {self.policy_name!r} made group {list(group.ranks)} ({group.size} ranks, asked for backend "
+            f"{asked}) 'fake', and the program runs {op.name} on it: the fake backend moves no data (torch's "
+            "FakeProcessGroup returns at once), so production would go on without communicating",
+        )
 
     def _usable_comm(self, rt: RankRuntime, group: Group, op: Op) -> Comm:
         device_type = self.device_type
         comm = group.comm_for(device_type)
         if comm is None:
             raise TorchError("RuntimeError", f"No backend type associated with device type {device_type}")
+        if comm.impl is Impl.FAKE and self.policy_faked and group.ranks in self.policy_faked:
+            self.refuse_policy_fake(group, op)
         # A barrier makes its own tensor on the device the backend uses (torch 2.15's ``barrier``: a bound device,
         # else legacy's first used device or its guess), so it never meets the check below.
         if device_type == "cuda" and comm.impl.is_nccl and type(op) is not Barrier:

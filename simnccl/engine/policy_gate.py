@@ -46,13 +46,18 @@ APPLY_ERROR_TYPE = "simnccl.torch_apply.ApplyError"
 
 
 def rewritten(op: NewGroup, decision: GroupDecision) -> NewGroup:
-    """The op with a (non-reuse) policy decision applied: what torch receives."""
+    """The op with a (non-reuse) policy decision applied: what torch receives. A device string (``"cuda:1"``,
+    which ``decision_problem`` admits) is its index: ``simnccl.torch_apply`` hands torch ``torch.device("cuda:1")``,
+    equal to a default group bound to that device, as the index is here."""
+    device_id = decision.device_id
+    if isinstance(device_id, str):
+        device_id = int(device_id.removeprefix("cuda:"))
     return replace(
         op,
         backend=decision.backend,
         pg_options=decision.pg_options,
         use_local_synchronization=decision.use_local_synchronization,
-        device_id=decision.device_id if decision.device_id is not None else op.device_id,
+        device_id=device_id if device_id is not None else op.device_id,
     )
 
 
@@ -276,6 +281,8 @@ class PolicyGate:
         seen = self._decisions.get(key)
         if seen is None:
             self._decisions[key] = (rt.rank, decision)
+        if decision.backend == "fake" and request.backend != "fake" and len(request.ranks) > 1:
+            self._faked(request)
         if key not in self._explained and (self.verified or (request.member and request.ranks[0] == rt.rank)):
             entry = {
                 "call": f"new_group #{request.history.calls + 1}",
@@ -294,6 +301,21 @@ class PolicyGate:
                 f"policy {self.policy.name!r} planned differently for group {list(request.ranks)} "
                 f"(group-creation call #{request.history.calls + 1}): rank {other}: {first.describe()} "
                 f"({first.explanation}); rank {rt.rank}: {decision.describe()} ({decision.explanation})",
+            )
+
+    def _faked(self, request: GroupRequest) -> None:
+        """A policy turned a group of several ranks to the ``fake`` backend, which moves no data: remembered, so
+        an op that communicates on it fails (``Collectives.refuse_policy_fake``); where the program tags the group
+        as one it will communicate on (``traffic``), the call fails now, as the startup may never use it."""
+        asked = request.backend or "the default group's"
+        self.sim.policy_faked[request.ranks] = asked
+        if request.traffic in ("collectives", "p2p"):
+            raise TorchError(
+                "PolicyFakeBackend",
+                f"policy {self.policy.name!r} made group {list(request.ranks)} ({len(request.ranks)} ranks, asked "
+                f"for backend {asked}) 'fake', and the program tags it traffic={request.traffic!r}: the fake backend "
+                "moves no data (torch's FakeProcessGroup returns at once), so production would go on without "
+                "communicating",
             )
 
     def order_explanations(self) -> None:

@@ -128,6 +128,7 @@ class Sim:
         "env",
         "guard",
         "halted",
+        "policy_faked",
         "procs",
         "profile",
         "races",
@@ -153,6 +154,10 @@ class Sim:
         # Where the run's outcome on real gloo is the order of store writes the simulated timing decided one way
         # (no hang or error carries it): each said once, reported beside the verdict (``RunOutcome.races``).
         self.races: list[str] = []
+        # Member lists of groups a policy turned to the ``fake`` backend from the one the program asked for
+        # (``PolicyGate.check_consistent``), with that backend: an op that communicates on one fails the run
+        # (``Collectives.refuse_policy_fake``).
+        self.policy_faked: dict[tuple[int, ...], str] = {}
         self._last_counts: tuple[Sequence[int], Counter[int]] = ((), Counter())
 
     def node_counts(self, ranks: Sequence[int]) -> Counter[int]:

@@ -8,6 +8,7 @@ these types; they import neither simpy nor torch (DESIGN rule 2).
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
@@ -417,7 +418,7 @@ def init_plan_problem(request: InitRequest, plan: InitPlan) -> str | None:
     if not isinstance(plan.env, Mapping):
         return f"env={plan.env!r}; expected a mapping of variable names to strings"
     for name, value in plan.env.items():
-        if not isinstance(name, str) or not isinstance(value, str) or not is_env_name(name):
+        if type(name) is not str or type(value) is not str or not is_env_name(name):
             return f"env entry {name!r}: {value!r}; expected variable names and values that are strings"
         problem = env_problem(name, value, (), NO_SCENARIO_DECLARES)
         if problem is not None:
@@ -428,13 +429,19 @@ def init_plan_problem(request: InitRequest, plan: InitPlan) -> str | None:
 def _arguments_problem(answer: InitPlan | GroupDecision, asked: PgOptions) -> str | None:
     """What is wrong with the fields an ``InitPlan`` and a ``GroupDecision`` share (None: nothing): their types,
     and options outside NCCL's range where they are not the ones the call was made with (``asked``)."""
-    if answer.backend is not None and not isinstance(answer.backend, str):
-        return f"backend={answer.backend!r}; expected a backend name or None"
-    if not isinstance(answer.pg_options, PgOptions):
-        return f"pg_options={answer.pg_options!r}; expected a PgOptions (dataclasses.replace the one it was given)"
+    # Exact types, not subclasses: the members-agree check compares answers with ``==``, and a subclass's own
+    # ``__eq__`` (equal to anything) made a rank's gloo or lazy answer "agree" with another's eager NCCL one; the
+    # engine then applied the first rank's answer on both, and the run passed what production hangs on.
+    if answer.backend is not None and type(answer.backend) is not str:
+        return f"backend={answer.backend!r}; expected a backend name or None (a str, not a subclass)"
+    if type(answer.pg_options) is not PgOptions:
+        return (
+            f"pg_options={answer.pg_options!r}; expected a PgOptions, not a subclass (dataclasses.replace the one "
+            "it was given)"
+        )
     device = answer.device_id
-    if device is not None and (isinstance(device, bool) or not isinstance(device, int | str)):
-        return f"device_id={device!r}; expected a device index, a device string or None"
+    if device is not None and type(device) not in (int, str):
+        return f"device_id={device!r}; expected a device index (an int), a device string or None"
     if not isinstance(answer.explanation, str):
         return f"explanation={answer.explanation!r}; expected text"
     if answer.pg_options is not asked and (problem := options_problem(answer.pg_options)) is not None:
@@ -478,7 +485,7 @@ def decide_group(policy: Policy, request: GroupRequest) -> GroupDecision:
         and d.explanation
         and d.reuse is None
         and d.device_id is None
-        and d.backend == request.backend
+        and (d.backend is request.backend or (type(d.backend) is str and d.backend == request.backend))
         and type(d.pg_options) is PgOptions
         and (d.pg_options is request.pg_options or options_problem(d.pg_options) is None)
         and type(d.use_local_synchronization) is bool
@@ -500,6 +507,9 @@ def decide_group(policy: Policy, request: GroupRequest) -> GroupDecision:
     return d
 
 
+_CUDA_DEVICE = re.compile(r"cuda:[0-9]{1,6}")
+
+
 def decision_problem(request: GroupRequest, decision: GroupDecision) -> str | None:
     """What is wrong with a decision's fields for this call (None: nothing): wrong types, a backend torch does not
     know, or a reuse of other ranks than the call's.
@@ -510,7 +520,9 @@ def decision_problem(request: GroupRequest, decision: GroupDecision) -> str | No
     d = decision
     if not isinstance(d.use_local_synchronization, bool):
         return f"use_local_synchronization={d.use_local_synchronization!r}; expected True or False"
-    if d.reuse is not None and (not isinstance(d.reuse, tuple) or d.reuse != request.ranks):
+    if d.reuse is not None and (
+        type(d.reuse) is not tuple or any(type(r) is not int for r in d.reuse) or d.reuse != request.ranks
+    ):
         return (
             f"reuse={d.reuse!r}; a reuse names the call's own ranks {request.ranks} (an earlier identical group "
             "with them is returned), never another group"
@@ -518,6 +530,8 @@ def decision_problem(request: GroupRequest, decision: GroupDecision) -> str | No
     problem = _arguments_problem(d, request.pg_options)
     if problem is not None:
         return problem
+    if type(d.device_id) is str and not _CUDA_DEVICE.fullmatch(d.device_id):
+        return f"device_id={d.device_id!r}; a group's device string names its CUDA device with an index ('cuda:N')"
     return _backend_problem(d.backend, request.backend, request.release, request.env)
 
 

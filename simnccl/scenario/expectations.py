@@ -94,10 +94,22 @@ def read_expectations(
                 source, f"expect[{i}]", "asserts nothing; expected used_mib, verdict, error_contains or hang_ranks"
             )
         # A key that changes nothing without its partner is refused, as tolerance_pct alone is: an [[expect]] that
-        # gives devices, a checkpoint or tolerance_s alone looked like a check and measured nothing.
+        # gives devices, a checkpoint or tolerance_s alone looked like a check and measured nothing. Given is given:
+        # ``tolerance_pct = 0`` and ``devices = []`` alone were taken (a test of the value, not of the key).
         for key in ("tolerance_pct", "tolerance_mib", "devices", "checkpoint"):
-            if getattr(exp, key) and exp.used_mib is None:
+            if key in raw and exp.used_mib is None:
                 raise reader.error(key, "only meaningful with used_mib")
+        if "devices" in raw and not exp.devices:
+            raise reader.error("devices", "expected at least one device (omit the key for every device)")
+        # A tolerance as wide as the whole check passes whatever was used: 100 % of the expected figure, or the
+        # memory of one GPU of the cluster (``tolerance_pct = 1e300`` made ``used_mib = 1`` a check that cannot fail).
+        if exp.tolerance_pct is not None and exp.tolerance_pct >= 100:
+            raise reader.error("tolerance_pct", f"expected less than 100 (percent), got {exp.tolerance_pct!r}")
+        if exp.tolerance_mib is not None and exp.tolerance_mib >= cluster.gpu.total_mib:
+            raise reader.error(
+                "tolerance_mib",
+                f"expected less than one GPU's memory ({cluster.gpu.total_mib:g} MiB), got {exp.tolerance_mib!r}",
+            )
         timed = (exp.detected_at_s, exp.error_at_s, exp.fault_detected_at_s)
         if tolerance_s is not None and all(t is None for t in timed):
             raise reader.error("tolerance_s", "only meaningful with detected_at_s, error_at_s or fault_detected_at_s")
