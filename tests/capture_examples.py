@@ -223,3 +223,31 @@ def device_capability(backend: str) -> list[str]:
     except ValueError:  # torch: "monitored_barrier requires a group with a CPU-capable backend (e.g. GLOO)."
         dist.barrier()
     return dist.distributed_c10d._device_capability()
+
+
+def rooted_calls(kind: str) -> None:
+    """gloo's rooted collectives as a startup might call them (found by a tester: the capture recorded reduce as an
+    all_reduce, gather as an all_gather, scatter as a broadcast and monitored_barrier as a barrier, so ranks naming
+    different roots, or mixing reduce with all_reduce, passed where real gloo times out, 3 runs of 3)."""
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    t = torch.ones(4)
+    if kind == "same-roots":
+        dist.reduce(t, dst=1)
+        dist.gather(t, [torch.zeros(4) for _ in range(world)] if rank == 2 else None, dst=2)
+        dist.scatter(t, [torch.ones(4) for _ in range(world)] if rank == 0 else None, src=0)
+        dist.monitored_barrier(timeout=timedelta(seconds=10))
+    elif kind == "reduce-own-root":
+        dist.reduce(t, dst=rank)
+    elif kind == "gather-own-root":
+        dist.gather(t, [torch.zeros(4) for _ in range(world)], dst=rank)
+    elif kind == "reduce-vs-all-reduce":
+        dist.reduce(t, dst=0) if rank == 0 else dist.all_reduce(t)
+    elif kind == "scatter-vs-broadcast":
+        if rank == 0:
+            dist.scatter(t, [torch.ones(4) for _ in range(world)], src=0)
+        else:
+            dist.broadcast(t, src=0)
+    elif kind == "monitored-vs-barrier":
+        dist.monitored_barrier(timeout=timedelta(seconds=10)) if rank == 0 else dist.barrier()
+    dist.destroy_process_group()

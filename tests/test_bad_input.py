@@ -1297,3 +1297,17 @@ def test_a_seed_on_the_command_line_that_draws_a_clashing_fault_is_bad_input(cap
     code, _, err = _run(capsys, str(path), "--seed", str(clashing), *allow)
     assert code == 2 and err.startswith("error: --seed: faults straggler rank"), err
     assert "internal error" not in err
+
+
+@pytest.mark.parametrize(
+    ("step", "key", "message"),
+    [
+        ('{ op = "all_reduce", call = "gather", root = 1 }', "call", "expected one of reduce (or none), got 'gather'"),
+        ('{ op = "all_reduce", call = "reduce" }', "root", "reduce needs its root, a global rank >= 0, got None"),
+        ('{ op = "all_gather", call = "gather", root = 2 }', "root", "ranks [2] are outside the world of 2"),
+        ('{ op = "all_reduce", root = 1 }', "root", "only a call of reduce, gather names one, got 1"),
+        ('{ op = "barrier", call = "reduce" }', "call", "expected one of monitored_barrier (or none)"),
+    ],
+)
+def test_a_collectives_torch_call_and_root_are_checked(capsys, write_scenario, step: str, key: str, message: str):
+    _bad(capsys, write_scenario, _steps(*BASE_STEPS, step), f"workload.steps[2].{key}", message)

@@ -1518,8 +1518,8 @@ def test_monitored_barrier_is_a_barrier_of_a_gloo_group_and_torchs_error_elsewhe
     not support monitoredBarrier, only GLOO supports monitored barrier"), which real gloo runs."""
     run = cap.capture(functools.partial(examples.monitored, "gloo"), 2)
     barriers = [op for op in run.programs[0].ops if isinstance(op, Barrier)]
-    assert len(barriers) == 1 and barriers[0].group != "world"
-    assert "monitored_barrier is recorded as a barrier of its group" in " ".join(run.notes)
+    assert len(barriers) == 1 and barriers[0].group != "world" and barriers[0].call == "monitored_barrier"
+    assert "monitored_barrier is simulated as a barrier of its group that only monitored" in " ".join(run.notes)
     assert simulate([list(p.ops) for p in run.programs], gpus_per_node=2).verdict == "pass"
     with pytest.raises(cap.CaptureError, match=r"monitored_barrier requires a group with a CPU-capable backend"):
         cap.capture(functools.partial(examples.monitored, "nccl"), 2)  # nccl: no cpu backend at all (ValueError)

@@ -277,6 +277,19 @@ PROBES: dict[str, list[list[Op]]] = {
         [GLOO, AllReduce(size_bytes=64, dtype="Float")],
         [GLOO, AllReduce(size_bytes=64, dtype="Double")],
     ],
+    # reduce, gather, scatter and monitored_barrier with one root (ops.CALLS): they run
+    "called-collectives": [
+        [
+            GLOO,
+            AllReduce(call="reduce", root=1, size_bytes=SIZE),
+            AllGather(call="gather", root=2, size_bytes=SIZE),
+            Broadcast(call="scatter", src=0, size_bytes=SIZE),
+            Barrier(call="monitored_barrier"),
+        ]
+    ]
+    * 3,
+    # each rank names itself the reduce's root (a capture recorded it as an all_reduce, and passed)
+    "reduce-different-roots": [[GLOO, AllReduce(call="reduce", root=r, size_bytes=SIZE)] for r in range(3)],
     # the program's subgroup outlives the world's destroy: an all_reduce on it still runs
     "subgroup-after-world-destroy": [
         [GLOO, NEW_G, DestroyProcessGroup(), AllReduce(group="g", size_bytes=SIZE)],

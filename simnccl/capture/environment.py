@@ -131,7 +131,10 @@ def _cuda_tensors_routed(original: Callable[..., None]) -> Callable[..., None]:
     return init
 
 
-MONITORED_BARRIER = "monitored_barrier is recorded as a barrier of its group (its own timeout is not simulated)"
+MONITORED_BARRIER = (
+    "monitored_barrier is simulated as a barrier of its group that only monitored barriers meet (its own timeout "
+    "is not simulated)"
+)
 
 
 def _monitored_barrier_as_gloo_runs_it(pg: Any, timeout: Any = None, wait_all_ranks: bool = False) -> Any:
@@ -145,9 +148,15 @@ def _monitored_barrier_as_gloo_runs_it(pg: Any, timeout: Any = None, wait_all_ra
     if name is not None and name != "gloo":
         raise RuntimeError(f"Backend {name} does not support monitoredBarrier, only GLOO supports monitored barrier.")
     recorder = active()
-    if recorder is not None and MONITORED_BARRIER not in recorder.notes:
+    if recorder is None:
+        return pg.barrier()
+    if MONITORED_BARRIER not in recorder.notes:
         recorder.notes.append(MONITORED_BARRIER)
-    return pg.barrier()
+    recorder.barrier_call = "monitored_barrier"  # on real gloo it is rank 0's sends and recvs, not gloo's barrier
+    try:
+        return pg.barrier()
+    finally:
+        recorder.barrier_call = ""
 
 
 def _device_types_as_torch_has_them() -> property:

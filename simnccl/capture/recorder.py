@@ -49,6 +49,9 @@ class _Recorder:
         self.ops: list[Op | tuple[Any, ...]] = []  # a tuple: a compact new_group (record_new_group)
         self.calls: list[Call | tuple[dict[str, Any], str]] = []
         self.notes: list[str] = []
+        # The torch call the next barrier the stand-in records stands for (``ops.CALLS``): monitored_barrier runs
+        # its group's barrier, which must be recorded as the monitored one it is.
+        self.barrier_call = ""
         self.handles: dict[int, str] = {}  # id(ProcessGroup) -> handle
         self.groups: list[Any] = []  # keep the ProcessGroups alive so ids stay unique
         # open families: key (desc or backend) -> (handle, union of ranks so far)

@@ -134,8 +134,9 @@ class StandInBackend(C10dBackend):
         return self._done(tensors)
 
     def reduce(self, tensors: list[torch.Tensor], opts: Any) -> Any:
-        # No reduce op in the vocabulary: same members and payload as an all-reduce.
-        self._record(AllReduce, "reduce", tensors)
+        # Run as an all-reduce (same members and payload), recorded as the reduce it is, with its root: ranks that
+        # name different roots, or mix it with an all_reduce, do not run one collective (``ops.CALLS``).
+        self._record(AllReduce, "reduce", tensors, call="reduce", root=self._global[opts.rootRank])
         return self._done(tensors)
 
     def broadcast(self, tensors: list[torch.Tensor], opts: Any) -> Any:
@@ -171,16 +172,16 @@ class StandInBackend(C10dBackend):
         return self._done(outputs)
 
     def gather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any) -> Any:
-        # No gather op in the vocabulary: same members and per-rank payload as an all-gather.
-        self._record(AllGather, "gather", inputs)
+        # Run as an all-gather (same members and per-rank payload), recorded as the gather it is, with its root.
+        self._record(AllGather, "gather", inputs, call="gather", root=self._global[opts.rootRank])
         for slots, tensor in zip(outputs, inputs, strict=False):  # the root's slots (empty elsewhere)
             values.gather_into_slots(slots, tensor)
         return self._done(outputs)
 
     def scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any) -> Any:
-        # No scatter op in the vocabulary: a rooted one-to-all transfer like a broadcast.
+        # Run as a broadcast (a rooted one-to-all transfer), recorded as the scatter it is.
         src = self._global[opts.rootRank]
-        self._record(Broadcast, "scatter", outputs, src=src)
+        self._record(Broadcast, "scatter", outputs, src=src, call="scatter")
         for output, chunks in zip(outputs, inputs or [[] for _ in outputs], strict=False):
             values.own_chunk_of_list(output, chunks, self.rank())  # the root's own chunk; zeros elsewhere
         self._note_received(src)
@@ -228,7 +229,8 @@ class StandInBackend(C10dBackend):
         if recorder is not None:
             recorder.communicating()
             _check_bound(recorder, self.handle, "barrier")
-            recorder.add(Barrier(group=self.handle), "barrier", {"group": self.handle}, self.handle)
+            call = recorder.barrier_call
+            recorder.add(Barrier(group=self.handle, call=call), call or "barrier", {"group": self.handle}, self.handle)
         return self._done(None)
 
     def _p2p(self, op_type: type[Op], name: str, tensors: list[torch.Tensor], peer: int) -> Any:

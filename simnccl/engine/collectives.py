@@ -63,6 +63,18 @@ def _wired_note(name: str, wire: Sequence[int], runs: str) -> str:
     )
 
 
+def _called(op: Collective, call: str, target: Group, payload: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A collective's payload as the torch call it stands for: the call's name where the op's was, and its root as
+    a group rank (a broadcast's already is). torch turns a root outside the group into a group rank first, and
+    raises there (``_canonicalize_group_rank``), as for a broadcast's ``src``."""
+    root = getattr(op, "root", None)
+    if root is None:
+        return (call, *payload[1:])
+    if root not in target.ranks:
+        raise TorchError("ValueError", f"Global rank {root} is not part of group {target.name!r}")
+    return (call, op.size_bytes, op.dtype, target.ranks.index(root))
+
+
 class Collectives:
     def __init__(self, sim: Sim, rendezvous: Rendezvous, comms: Comms, memory: Memory, timing: Timing) -> None:
         self.env = sim.env
@@ -185,8 +197,11 @@ class Collectives:
         payload: tuple[Any, ...] = (op.name, op.size_bytes, op.dtype)
         if type(op) is Broadcast:
             payload = (*payload, target.ranks.index(op.src))
+        call = getattr(op, "call", "")
+        if call:  # the torch call it stands for (``ops.CALLS``) and its root: members must name the same
+            payload = _called(op, call, target, payload)
         self.rendezvous.arrive(meeting, rt, payload, op, duration=self.timing.collective_s)
-        if meeting.on_gloo and isinstance(op, Broadcast) and len(members) > 2:
+        if meeting.on_gloo and payload[0] == "broadcast" and len(members) > 2:
             yield from self._wait_tree(rt, meeting, op)
         else:
             yield from self.rendezvous.wait(rt, meeting, op)
@@ -259,7 +274,7 @@ class Collectives:
         expected = meeting.expected
         position = {r: i for i, r in enumerate(expected)}
         # Each broadcaster's root as it named it (members that disagree each run their own root's tree).
-        roots = {position[r]: a.payload[3] for r, a in meeting.arrivals.items() if type(a.op) is Broadcast}
+        roots = {position[r]: a.payload[3] for r, a in meeting.arrivals.items() if a.payload[0] == "broadcast"}
         leavers = broadcast_leavers(roots, len(expected))
         return [rank for rank in sorted(waits) if rank not in released and position[rank] in leavers]
 
@@ -269,7 +284,7 @@ class Collectives:
         broadcast arrival carries one payload (a size mismatch among them is gloo's per-message ``fates``, also
         beside members of another algorithm; with members naming different roots as well it is left to hang
         rather than guessed)."""
-        payloads = {a.payload[:3] for a in meeting.arrivals.values() if type(a.op) is Broadcast}
+        payloads = {a.payload[:3] for a in meeting.arrivals.values() if a.payload[0] == "broadcast"}
         return len(payloads) == 1  # the root aside: members naming different roots are ``_tree_ready``'s
 
     def _fr_record(

@@ -34,6 +34,8 @@ from simnccl.engine.state import Block, PeerLost, ProcessAbort, RankRuntime, Wai
 from simnccl.meetings import Arrival, Meeting, MeetingRegistry
 from simnccl.ops import Op
 
+_ROOTED = ("broadcast", "scatter", "reduce", "gather")  # payloads whose fourth item is the root, a group rank
+
 
 def root_mismatch(meeting: Meeting, first: Arrival, this: Arrival) -> str:
     """Why a broadcast whose members named different roots is not one broadcast. gloo (measured): each member
@@ -43,9 +45,10 @@ def root_mismatch(meeting: Meeting, first: Arrival, this: Arrival) -> str:
     not measured on NCCL (no GPU lane run yet), reported as a hang of the members still in it."""
     backend = "gloo" if meeting.on_gloo else "NCCL"
     return (
-        f"broadcast root mismatch at sequence number {meeting.seq} of group {meeting.group!r}: rank {first.rank} "
-        f"issued {first.op.describe()}, rank {this.rank} issued {this.op.describe()} — {backend} lays the "
-        "broadcast out from the root each rank names, so ranks wait for data their parent never sends them"
+        f"{first.payload[0]} root mismatch at sequence number {meeting.seq} of group {meeting.group!r}: rank "
+        f"{first.rank} issued {first.op.describe()}, rank {this.rank} issued {this.op.describe()} — {backend} lays "
+        f"the {first.payload[0]} out from the root each rank names, so ranks wait for data "
+        + ("their parent never sends them" if first.payload[0] == "broadcast" else "that is never sent them")
     )
 
 
@@ -134,7 +137,7 @@ class Rendezvous:
                 )
             return None
         a, b = first.payload, this.payload
-        if a[0] == b[0] == "broadcast" and a[3:] != b[3:]:
+        if a[0] == b[0] and a[0] in _ROOTED and a[3:] != b[3:]:
             return root_mismatch(meeting, first, this)
         if meeting.on_gloo:  # gloo: what the wire does, not what the user meant (backends/gloo.py)
             how = wire_mismatch(a, b)

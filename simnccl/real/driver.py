@@ -418,7 +418,10 @@ class Driver:
         torch = self.torch
         kind = SUMS if isinstance(op, (AllReduce, ReduceScatter)) else MOVES
         result = None  # the tensor this rank received into: its data is checked (``data_check``)
-        if isinstance(op, Barrier):
+        call = getattr(op, "call", "")
+        if call:  # the torch call the op stands for (``ops.CALLS``), run as such; its data is not checked
+            self._called(op, call, group, size)
+        elif isinstance(op, Barrier):
             dist.barrier(group=group)
         elif isinstance(op, AllReduce):
             result = self._tensor(op.size_bytes, op.dtype, kind=kind)
@@ -445,6 +448,26 @@ class Driver:
             return detail
         chunks = size if isinstance(op, (AllGather, AllToAll)) else 1  # one chunk per member's data
         return detail + self._check_data(op, pg, result, kind, chunks)
+
+    def _called(self, op: Collective, call: str, group: Any, size: int) -> None:
+        """``reduce``, ``gather``, ``scatter`` or ``monitored_barrier``, as a captured program recorded it."""
+        dist, torch = self.dist, self.torch
+        if call == "monitored_barrier":
+            dist.monitored_barrier(group=group)
+            return
+        t = self._tensor(op.size_bytes, op.dtype, kind=MOVES)
+        if call == "reduce":
+            dist.reduce(t, dst=op.root, group=group)  # type: ignore[attr-defined]
+        elif call == "gather":
+            root = op.root  # type: ignore[attr-defined]
+            outputs = [torch.zeros_like(t) for _ in range(size)] if dist.get_rank() == root else None
+            dist.gather(t, outputs, dst=root, group=group)
+        elif call == "scatter":
+            src = op.src  # type: ignore[attr-defined]
+            chunks = [torch.zeros_like(t) for _ in range(size)] if dist.get_rank() == src else None
+            dist.scatter(t, chunks, src=src, group=group)
+        else:  # pragma: no cover - ops.CALLS names every call
+            raise TypeError(f"unknown call {call}")
 
     def op_p2p(self, op: PointToPoint) -> str:
         dist = self.dist

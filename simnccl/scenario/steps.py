@@ -406,8 +406,8 @@ def _check_field(
 
 
 def _check_ranks(reader: Reader, key: str, name: str, value: Any, world_size: int) -> None:
-    """A file's ranks (``src``, ``ranks``, ``split_ranks``): in the world, each once, no split empty."""
-    if name == "src":
+    """A file's ranks (``src``, ``root``, ``ranks``, ``split_ranks``): in the world, each once, no split empty."""
+    if name in ("src", "root"):
         ranks_in_world(reader, key, (value,), world_size)
     elif name == "ranks":
         ranks_in_world(reader, key, value, world_size)

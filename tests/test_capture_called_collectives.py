@@ -1,0 +1,53 @@
+"""Captured reduce, gather, scatter and monitored_barrier keep the torch call they are (``ops.CALLS``).
+
+The capture ran each as its nearest op (an all_reduce, an all_gather, a broadcast, a barrier) and recorded it so,
+which dropped what gloo matches on: the call's algorithm and its root. Ranks that named different roots, or mixed
+reduce with all_reduce, scatter with broadcast, monitored_barrier with barrier, then passed in the simulator where
+real gloo times out (found by a tester, torch 2.15 CPU, 3 ranks: 3 runs of 3 for roots, scatter/broadcast and
+monitored/plain barrier; 1 of 1 for reduce/all_reduce and gather/all_gather). The same calls with one root still
+run as their ops do; ``tests/test_real_gloo_semantics.py`` checks both on real gloo.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+
+pytest.importorskip("torch")
+
+import capture_examples as examples
+
+from simnccl import capture as cap
+from simnccl.ops import AllGather, AllReduce, Barrier, Broadcast
+
+
+def _captured(kind: str) -> cap.CapturedRun:
+    return cap.capture(functools.partial(examples.rooted_calls, kind), 3, gpus_per_node=3, final_checkpoint=None)
+
+
+def test_rooted_calls_are_recorded_with_their_call_and_root() -> None:
+    run = _captured("same-roots")
+    ops = [op for op in run.programs[0].ops if isinstance(op, (AllReduce, AllGather, Broadcast, Barrier))]
+    assert ops == [
+        AllReduce(size_bytes=16, call="reduce", root=1),
+        AllGather(size_bytes=16, call="gather", root=2),
+        Broadcast(size_bytes=16, src=0, call="scatter"),
+        Barrier(call="monitored_barrier"),
+    ]
+    assert run.simulate().verdict == "pass"
+
+
+@pytest.mark.parametrize(
+    "kind",
+    ["reduce-own-root", "gather-own-root", "reduce-vs-all-reduce", "scatter-vs-broadcast", "monitored-vs-barrier"],
+)
+def test_ranks_that_call_different_rooted_collectives_do_not_pass(kind: str) -> None:
+    out = _captured(kind).simulate()
+    assert out.verdict == "hang", out.errors
+    assert {h["rank"] for h in out.hangs} == {0, 1, 2}
+
+
+def test_a_root_mismatch_is_explained_as_one() -> None:
+    out = _captured("reduce-own-root").simulate()
+    assert "reduce root mismatch at sequence number 1" in str(out.hangs)
