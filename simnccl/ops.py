@@ -321,9 +321,13 @@ class PointToPoint(Op):
     group: str = WORLD
     size_bytes: int = 4 * MIB
     dtype: str = dtypes.DEFAULT
+    # torch's ``tag``: gloo matches a recv to a send by it (one with another tag never completes); NCCL ignores it
+    tag: int = 0
 
     def __post_init__(self) -> None:
         _check_dtype(self)
+        if self.tag and (type(self.tag) is not int or not -(2**63) <= self.tag < 2**63):
+            raise ValueError(f"{self.name}: tag: expected an integer (a 64-bit one), got {self.tag!r}")
 
 
 @dataclass(frozen=True, slots=True)

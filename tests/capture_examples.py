@@ -251,3 +251,14 @@ def rooted_calls(kind: str) -> None:
     elif kind == "monitored-vs-barrier":
         dist.monitored_barrier(timeout=timedelta(seconds=10)) if rank == 0 else dist.barrier()
     dist.destroy_process_group()
+
+
+def tagged_p2p(recv_tag: int) -> None:
+    """Rank 0 sends with tag 1, rank 1 receives with ``recv_tag`` (gloo matches by tag; the capture dropped it)."""
+    dist.init_process_group("gloo")
+    t = torch.ones(4)
+    if dist.get_rank() == 0:
+        dist.send(t, 1, tag=1)
+    else:
+        dist.recv(t, 0, tag=recv_tag)
+    dist.destroy_process_group()

@@ -19,7 +19,7 @@ pytest.importorskip("torch")
 import capture_examples as examples
 
 from simnccl import capture as cap
-from simnccl.ops import AllGather, AllReduce, Barrier, Broadcast
+from simnccl.ops import AllGather, AllReduce, Barrier, Broadcast, Recv, Send
 
 
 def _captured(kind: str) -> cap.CapturedRun:
@@ -51,3 +51,13 @@ def test_ranks_that_call_different_rooted_collectives_do_not_pass(kind: str) -> 
 def test_a_root_mismatch_is_explained_as_one() -> None:
     out = _captured("reduce-own-root").simulate()
     assert "reduce root mismatch at sequence number 1" in str(out.hangs)
+
+
+@pytest.mark.parametrize(("recv_tag", "verdict"), [(1, "pass"), (2, "hang")])
+def test_a_captured_send_and_recv_keep_their_tags(recv_tag: int, verdict: str) -> None:
+    """gloo matches a recv to a send by its tag (real, 2 ranks: tags 1 and 2 time out on both sides, 3 runs of 3);
+    the capture dropped the tag and the simulation passed."""
+    run = cap.capture(functools.partial(examples.tagged_p2p, recv_tag), 2, gpus_per_node=2, final_checkpoint=None)
+    assert Send(peer=1, size_bytes=16, tag=1) in run.programs[0].ops
+    assert Recv(peer=0, size_bytes=16, tag=recv_tag) in run.programs[1].ops
+    assert run.simulate().verdict == verdict

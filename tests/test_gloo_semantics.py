@@ -1077,3 +1077,20 @@ def test_an_all_reduce_of_equal_bytes_in_types_of_different_widths_is_decided_by
     assert out.verdict == verdict, (out.errors, out.hangs)
     if verdict == "error":
         assert "abort" in {e["kind"] for e in out.errors}
+
+
+def test_a_gloo_recv_of_another_tag_than_the_send_never_completes() -> None:
+    """Found by a tester (torch 2.15 gloo, 2 ranks, 3 runs of 3): ``send(tag=1)`` against ``recv(tag=2)`` times out
+    on both sides; the capture dropped the tag and the simulator passed. NCCL ignores tags."""
+    from simnccl.ops import Recv, Send, SetDevice
+    from simnccl.testing import simulate
+
+    gloo = InitProcessGroup(backend="gloo")
+    send, recv = Send(peer=1, size_bytes=16, tag=1), Recv(peer=0, size_bytes=16, tag=2)
+    out = simulate([[gloo, send], [gloo, recv]], gpus_per_node=0, ranks_per_node=2)
+    assert out.verdict == "hang" and {(e["rank"], e["kind"]) for e in out.errors} == {(0, "timeout"), (1, "timeout")}
+    assert "gloo send/recv tag mismatch between ranks" in str(out.hangs)
+    same = simulate([[gloo, send], [gloo, Recv(peer=0, size_bytes=16, tag=1)]], gpus_per_node=0, ranks_per_node=2)
+    assert same.verdict == "pass"
+    nccl = [SetDevice(), InitProcessGroup(backend="nccl")]
+    assert simulate([[*nccl, send], [*nccl, recv]], gpus_per_node=2).verdict == "pass"

@@ -290,6 +290,9 @@ PROBES: dict[str, list[list[Op]]] = {
     * 3,
     # each rank names itself the reduce's root (a capture recorded it as an all_reduce, and passed)
     "reduce-different-roots": [[GLOO, AllReduce(call="reduce", root=r, size_bytes=SIZE)] for r in range(3)],
+    # gloo matches a recv to a send by its tag: another tag never completes (a capture dropped tags, and passed)
+    "p2p-tag-mismatch": [[GLOO, Send(peer=1, size_bytes=SIZE, tag=1)], [GLOO, Recv(peer=0, size_bytes=SIZE, tag=2)]],
+    "p2p-same-tag": [[GLOO, Send(peer=1, size_bytes=SIZE, tag=7)], [GLOO, Recv(peer=0, size_bytes=SIZE, tag=7)]],
     # the program's subgroup outlives the world's destroy: an all_reduce on it still runs
     "subgroup-after-world-destroy": [
         [GLOO, NEW_G, DestroyProcessGroup(), AllReduce(group="g", size_bytes=SIZE)],

@@ -233,7 +233,7 @@ class StandInBackend(C10dBackend):
             recorder.add(Barrier(group=self.handle, call=call), call or "barrier", {"group": self.handle}, self.handle)
         return self._done(None)
 
-    def _p2p(self, op_type: type[Op], name: str, tensors: list[torch.Tensor], peer: int) -> Any:
+    def _p2p(self, op_type: type[Op], name: str, tensors: list[torch.Tensor], peer: int, tag: int = 0) -> Any:
         if not 0 <= peer < len(self._global):  # a peer outside the group: the rank's error, as the simulator says
             raise ValueError(f"Invalid peer rank {peer} for {name}: the group has {len(self._global)} ranks")
         self._lazy = False
@@ -246,17 +246,17 @@ class StandInBackend(C10dBackend):
             if recorder.batch is not None:  # one op of a batch_isend_irecv: the batch is recorded at its end
                 recorder.batch.append((op_type is Send, peer_rank, _nbytes(tensors), dtype, self.handle))
                 return self._done(tensors)
-            op = op_type(peer=peer_rank, group=self.handle, size_bytes=_nbytes(tensors), dtype=dtype)
+            op = op_type(peer=peer_rank, group=self.handle, size_bytes=_nbytes(tensors), dtype=dtype, tag=tag)
             with _on_tensor_device(recorder, tensors):
                 recorder.add(op, name, {"group": self.handle, "peer": peer_rank, "tensors": tensors}, self.handle)
         return self._done(tensors)
 
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int) -> Any:
-        return self._p2p(Send, "send", tensors, dst)
+        return self._p2p(Send, "send", tensors, dst, tag)
 
     def recv(self, tensors: list[torch.Tensor], src: int, tag: int) -> Any:
         values.zeros(tensors)
-        return self._p2p(Recv, "recv", tensors, src)
+        return self._p2p(Recv, "recv", tensors, src, tag)
 
 
 @contextlib.contextmanager

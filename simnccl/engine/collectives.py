@@ -403,7 +403,9 @@ class Collectives:
         if ends != (src, dst) and meeting.note is None:  # a hang here names the rank it really waits for, and why
             between = f"this {name} goes between ranks {ends[0]} and {ends[1]}"
             meeting.note = _wired_note(target.name, self._wires[comm.comm_id][0], between)
-        self.rendezvous.arrive(meeting, rt, ("p2p", size_bytes, dtype), op, duration=self.timing.p2p_s)
+        tag = getattr(op, "tag", 0)  # an unbatched send/recv's (``Rendezvous._disagreement``: gloo matches by it)
+        payload = ("p2p", size_bytes, dtype, tag) if tag else ("p2p", size_bytes, dtype)
+        self.rendezvous.arrive(meeting, rt, payload, op, duration=self.timing.p2p_s)
         return meeting, entry, src, dst, n, wrong
 
     def _finish(

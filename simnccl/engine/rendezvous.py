@@ -137,6 +137,15 @@ class Rendezvous:
                 )
             return None
         a, b = first.payload, this.payload
+        if meeting.kind == "p2p" and a[3:] != b[3:]:  # their tags (``Collectives._post``)
+            if meeting.on_gloo:
+                return (
+                    f"gloo send/recv tag mismatch between ranks {first.rank} and {this.rank} of group "
+                    f"{meeting.group!r}: rank {first.rank} issued {first.op.describe()}, rank {this.rank} issued "
+                    f"{this.op.describe()} — gloo matches a recv to a send by its tag, so neither completes: both "
+                    "wait until the timeout"
+                )
+            a, b = a[:3], b[:3]  # NCCL ignores the tag
         if a[0] == b[0] and a[0] in _ROOTED and a[3:] != b[3:]:
             return root_mismatch(meeting, first, this)
         if meeting.on_gloo:  # gloo: what the wire does, not what the user meant (backends/gloo.py)

@@ -477,10 +477,10 @@ class Driver:
         detail = f"{op.name} {{}} bytes, peer {op.peer}"
         if isinstance(op, Send):
             t = self._tensor(op.size_bytes, op.dtype, kind=MOVES)
-            dist.send(t, dst=op.peer, group=group)
+            dist.send(t, dst=op.peer, group=group, tag=op.tag)
             return detail.format(t.numel() * t.element_size())
         t = self._tensor(op.size_bytes, op.dtype)  # zeros until the peer's data lands
-        dist.recv(t, src=op.peer, group=group)
+        dist.recv(t, src=op.peer, group=group, tag=op.tag)
         pg = group if group is not None else dist.distributed_c10d._get_default_group()
         return detail.format(t.numel() * t.element_size()) + self._check_data(op, pg, t, MOVES)
 
