@@ -262,3 +262,14 @@ def tagged_p2p(recv_tag: int) -> None:
     else:
         dist.recv(t, 0, tag=recv_tag)
     dist.destroy_process_group()
+
+
+def recv_from_any() -> None:
+    """Rank 0 receives from whoever sends (``recv`` without ``src``: gloo runs it)."""
+    dist.init_process_group("gloo")
+    t = torch.ones(4)
+    if dist.get_rank() == 0:
+        dist.recv(t)
+    else:
+        dist.send(t, 0)
+    dist.destroy_process_group()

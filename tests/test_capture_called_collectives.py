@@ -61,3 +61,10 @@ def test_a_captured_send_and_recv_keep_their_tags(recv_tag: int, verdict: str) -
     assert Send(peer=1, size_bytes=16, tag=1) in run.programs[0].ops
     assert Recv(peer=0, size_bytes=16, tag=recv_tag) in run.programs[1].ops
     assert run.simulate().verdict == verdict
+
+
+def test_a_recv_from_any_rank_says_what_the_capture_lacks() -> None:
+    """Real gloo runs ``recv(t)`` without ``src`` (3 runs of 3); the capture said torch's "Backend gloo does not
+    support recvAnysource", which blamed the code for what simnccl lacks."""
+    with pytest.raises(cap.CaptureError, match="simnccl capture cannot record a recv without src"):
+        cap.capture(examples.recv_from_any, 2, gpus_per_node=2, final_checkpoint=None)
