@@ -236,6 +236,7 @@ CALLS: dict[str, tuple[str, ...]] = {
     "barrier": ("monitored_barrier",),
 }
 ROOTED_CALLS = ("reduce", "gather")  # calls that name their root in ``root`` (scatter's is the op's ``src``)
+PADDED = -1  # a padded gather's size in its meeting's payload (``AllGather.padded``): the members' largest
 
 
 def _check_called(op: Any) -> None:
@@ -281,11 +282,14 @@ class Broadcast(Collective):
 
 @dataclass(frozen=True, slots=True)
 class AllGather(Collective):
-    """``call="gather"`` with ``root`` (its ``dst``): torch's ``gather``, run as an all_gather."""
+    """``call="gather"`` with ``root`` (its ``dst``): torch's ``gather``, run as an all_gather. ``padded``: the
+    pickled objects of ``all_gather_object``/``gather_object``, each rank's padded by torch to the members' largest
+    (so members may record different sizes and still run one gather; ``size_bytes`` is this rank's own)."""
 
     name: ClassVar[str] = "all_gather"
     call: str = ""
     root: int | None = None
+    padded: bool = False
 
     __post_init__ = _check_called
 

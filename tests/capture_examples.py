@@ -273,3 +273,13 @@ def recv_from_any() -> None:
     else:
         dist.send(t, 0)
     dist.destroy_process_group()
+
+
+def object_gathers_of_different_sizes() -> None:
+    """Each rank's object pickles to its own size (DCP's planning gathers such): torch pads them to the largest."""
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    obj = {"rank": rank, "pad": "x" * 100 * rank}
+    dist.all_gather_object([None] * world, obj)
+    dist.gather_object(obj, [None] * world if rank == 0 else None, dst=0)
+    dist.destroy_process_group()

@@ -1,4 +1,5 @@
-"""Captured reduce, gather, scatter and monitored_barrier keep the torch call they are (``ops.CALLS``).
+"""Captured reduce, gather, scatter and monitored_barrier keep the torch call they are (``ops.CALLS``); send/recv
+keep their tags; object gathers are padded as torch pads them.
 
 The capture ran each as its nearest op (an all_reduce, an all_gather, a broadcast, a barrier) and recorded it so,
 which dropped what gloo matches on: the call's algorithm and its root. Ranks that named different roots, or mixed
@@ -68,3 +69,30 @@ def test_a_recv_from_any_rank_says_what_the_capture_lacks() -> None:
     support recvAnysource", which blamed the code for what simnccl lacks."""
     with pytest.raises(cap.CaptureError, match="simnccl capture cannot record a recv without src"):
         cap.capture(examples.recv_from_any, 2, gpus_per_node=2, final_checkpoint=None)
+
+
+def test_object_gathers_of_objects_of_different_sizes_run() -> None:
+    """torch pads each rank's pickled object to the largest (the size gather finds it); the stand-in fills that
+    gather with the rank's own size, so each rank recorded its own, and the simulator failed what real gloo runs
+    (a tester: objects of 34 and 134 bytes, 3 runs of 3 passed)."""
+    run = cap.capture(examples.object_gathers_of_different_sizes, 3, gpus_per_node=3, final_checkpoint=None)
+    padded = [[op for op in p.ops if isinstance(op, AllGather) and op.padded] for p in run.programs]
+    assert [len(ops) for ops in padded] == [2, 2, 2]
+    assert len({ops[0].size_bytes for ops in padded}) == 3  # each rank's own size
+    assert all(ops[1].call == "gather" and ops[1].root == 0 for ops in padded)
+    assert run.simulate().verdict == "pass"
+
+
+def test_a_padded_gather_takes_the_time_of_the_largest_object() -> None:
+    from simnccl.ops import InitProcessGroup
+    from simnccl.profiles import gloo_defaults
+    from simnccl.testing import simulate
+
+    gloo = InitProcessGroup(backend="gloo")
+    sizes = (2**20, 8 * 2**20)
+    programs = [[gloo, AllGather(size_bytes=s, dtype="Byte", padded=True)] for s in sizes]
+    start = simulate([[gloo]] * 2, gpus_per_node=0, ranks_per_node=2).end_time_s
+    taken = simulate(programs, gpus_per_node=0, ranks_per_node=2).end_time_s - start
+    figures = gloo_defaults()
+    expected = figures["gloo_collective_latency_s"] + max(sizes) / (figures["gloo_bus_bandwidth_gbps"] * 1e9)
+    assert taken == pytest.approx(expected)

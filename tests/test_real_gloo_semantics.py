@@ -38,6 +38,7 @@ from simnccl.real.zygote import pid_alive
 pytestmark = pytest.mark.real
 
 GLOO = InitProcessGroup(backend="gloo")
+ROOT_0 = {"call": "gather", "root": 0, "dtype": "Byte"}
 SIZE = 96
 BCAST = Broadcast(size_bytes=SIZE, src=0)
 SPLIT = SplitGroup(split_ranks=((0, 1),), bind="s")
@@ -290,6 +291,11 @@ PROBES: dict[str, list[list[Op]]] = {
     * 3,
     # each rank names itself the reduce's root (a capture recorded it as an all_reduce, and passed)
     "reduce-different-roots": [[GLOO, AllReduce(call="reduce", root=r, size_bytes=SIZE)] for r in range(3)],
+    # all_gather_object/gather_object of objects of different sizes: torch pads them to the largest
+    "padded-object-gathers": [
+        [GLOO, AllGather(size_bytes=size, dtype="Byte", padded=True), AllGather(**ROOT_0, size_bytes=size, padded=True)]
+        for size in (40, 140, 90)
+    ],
     # gloo matches a recv to a send by its tag: another tag never completes (a capture dropped tags, and passed)
     "p2p-tag-mismatch": [[GLOO, Send(peer=1, size_bytes=SIZE, tag=1)], [GLOO, Recv(peer=0, size_bytes=SIZE, tag=2)]],
     "p2p-same-tag": [[GLOO, Send(peer=1, size_bytes=SIZE, tag=7)], [GLOO, Recv(peer=0, size_bytes=SIZE, tag=7)]],

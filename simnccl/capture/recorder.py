@@ -52,6 +52,9 @@ class _Recorder:
         # The torch call the next barrier the stand-in records stands for (``ops.CALLS``): monitored_barrier runs
         # its group's barrier, which must be recorded as the monitored one it is.
         self.barrier_call = ""
+        # Inside all_gather_object or gather_object (``environment._object_gather``): the gather of the pickled
+        # objects (bytes) is recorded ``padded``, as torch pads every rank's to the largest.
+        self.padding = False
         self.handles: dict[int, str] = {}  # id(ProcessGroup) -> handle
         self.groups: list[Any] = []  # keep the ProcessGroups alive so ids stay unique
         # open families: key (desc or backend) -> (handle, union of ranks so far)

@@ -120,6 +120,8 @@ class StandInBackend(C10dBackend):
         recorder.communicating()
         dtype = _dtype(tensors[0]) if tensors else "Float"
         _check_bound(recorder, self.handle, name)
+        if recorder.padding and op_type is AllGather and dtype == "Byte":
+            extra = {**extra, "padded": True}  # an object collective's data: each rank's padded to the largest
         op = op_type(group=self.handle, size_bytes=_nbytes(tensors), dtype=dtype, **extra)
         args = {"group": self.handle, "tensors": list(tensors), **extra}
         with _on_tensor_device(recorder, tensors):

@@ -30,6 +30,7 @@ from simnccl.engine.timing import Timing
 from simnccl.flight_recorder import RECORDING_IMPLS, Entry, FlightRecorder, numel
 from simnccl.meetings import Meeting
 from simnccl.ops import (
+    PADDED,
     AllGather,
     AllReduce,
     AllToAll,
@@ -72,7 +73,7 @@ def _called(op: Collective, call: str, target: Group, payload: tuple[Any, ...]) 
         return (call, *payload[1:])
     if root not in target.ranks:
         raise TorchError("ValueError", f"Global rank {root} is not part of group {target.name!r}")
-    return (call, op.size_bytes, op.dtype, target.ranks.index(root))
+    return (call, payload[1], op.dtype, target.ranks.index(root))
 
 
 class Collectives:
@@ -195,6 +196,8 @@ class Collectives:
         # A broadcast's payload names its root (a group rank here, as the backends see it): members naming
         # different roots do not run one broadcast (``Rendezvous._disagreement``), whatever their sizes.
         payload: tuple[Any, ...] = (op.name, op.size_bytes, op.dtype)
+        if type(op) is AllGather and op.padded:  # each member's size is the members' largest (``Timing``)
+            payload = (op.name, PADDED, op.dtype)
         if type(op) is Broadcast:
             payload = (*payload, target.ranks.index(op.src))
         call = getattr(op, "call", "")

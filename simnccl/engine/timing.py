@@ -16,7 +16,7 @@ from simnccl.engine.sim import Sim
 from simnccl.engine.state import RankRuntime, Waiting
 from simnccl.faults import Fault
 from simnccl.meetings import Meeting
-from simnccl.ops import AllReduce, AllToAll, Barrier, Collective, Compute, Op, ReduceScatter
+from simnccl.ops import PADDED, AllReduce, AllToAll, Barrier, Collective, Compute, Op, ReduceScatter
 from simnccl.profiles import gloo_spread
 
 _SEGMENTED = (AllReduce, ReduceScatter, Barrier)  # gloo's ring all_reduce: no one wait is for the whole message
@@ -120,6 +120,8 @@ class Timing:
         else:
             latency, gbps = timing.collective_latency_s, timing.bus_bandwidth_gbps
         size = next(iter(meeting.arrivals.values())).payload[1]
+        if size == PADDED:  # torch pads each member's object to the largest
+            size = max(arrival.op.size_bytes for arrival in meeting.arrivals.values())  # type: ignore[attr-defined]
         n = len(meeting.expected)
         if n <= 1:
             return latency

@@ -419,7 +419,9 @@ class Driver:
         kind = SUMS if isinstance(op, (AllReduce, ReduceScatter)) else MOVES
         result = None  # the tensor this rank received into: its data is checked (``data_check``)
         call = getattr(op, "call", "")
-        if call:  # the torch call the op stands for (``ops.CALLS``), run as such; its data is not checked
+        if getattr(op, "padded", False):  # an object collective's data: torch pads each rank's to the largest
+            self._object_gather(op, group, size)
+        elif call:  # the torch call the op stands for (``ops.CALLS``), run as such; its data is not checked
             self._called(op, call, group, size)
         elif isinstance(op, Barrier):
             dist.barrier(group=group)
@@ -448,6 +450,18 @@ class Driver:
             return detail
         chunks = size if isinstance(op, (AllGather, AllToAll)) else 1  # one chunk per member's data
         return detail + self._check_data(op, pg, result, kind, chunks)
+
+    def _object_gather(self, op: Collective, group: Any, size: int) -> None:
+        """A padded gather (``AllGather.padded``) as torch makes it: ``all_gather_object`` (or ``gather_object``) of
+        an object this rank's size, whose own size gather lets torch pad every rank's to the largest."""
+        dist = self.dist
+        obj = bytes(op.size_bytes)
+        if getattr(op, "call", "") == "gather":
+            root = op.root  # type: ignore[attr-defined]
+            gathered = [None] * size if dist.get_rank() == root else None
+            dist.gather_object(obj, gathered, dst=root, group=group)
+        else:
+            dist.all_gather_object([None] * size, obj, group=group)
 
     def _called(self, op: Collective, call: str, group: Any, size: int) -> None:
         """``reduce``, ``gather``, ``scatter`` or ``monitored_barrier``, as a captured program recorded it."""
