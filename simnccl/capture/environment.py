@@ -205,7 +205,7 @@ def _installed(
     The call wrappers are not installed here but once per ``capture()`` (``_intercepted``): they record into
     whichever recorder this makes active.
     """
-    import torch.testing._internal.distributed.fake_pg  # noqa: F401 - registers "fake" first, so ours wins
+    import torch.testing._internal.distributed.fake_pg  # registers "fake" first, so ours wins
 
     rendezvous = importlib.import_module("torch.distributed.rendezvous")
     backend_cls = c10d.Backend
