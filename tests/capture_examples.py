@@ -283,3 +283,19 @@ def object_gathers_of_different_sizes() -> None:
     dist.all_gather_object([None] * world, obj)
     dist.gather_object(obj, [None] * world if rank == 0 else None, dst=0)
     dist.destroy_process_group()
+
+
+def gloo_refused(kind: str) -> None:
+    """Calls ProcessGroupGloo refuses on the calling rank (torch 2.15: every rank raises)."""
+    dist.init_process_group("gloo")
+    world = dist.get_world_size()
+    t = torch.ones(4)
+    if kind == "premul-sum":
+        dist.all_reduce(t, op=dist._make_nccl_premul_sum(2.0))
+    elif kind == "band-float":
+        dist.all_reduce(t, op=dist.ReduceOp.BAND)
+    elif kind == "band-int":
+        dist.all_reduce(torch.ones(4, dtype=torch.int32), op=dist.ReduceOp.BAND)
+    elif kind == "all-gather-list":
+        dist.all_gather([torch.zeros(4) for _ in range(world + 1)], t)
+    dist.destroy_process_group()

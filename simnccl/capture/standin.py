@@ -127,15 +127,49 @@ class StandInBackend(C10dBackend):
         with _on_tensor_device(recorder, tensors):
             recorder.add(op, name, args, self.handle)
 
+    def _gloo_refuses(self, opts: Any, tensors: Sequence[torch.Tensor]) -> None:
+        """What ProcessGroupGloo refuses on the calling rank before anything is sent (its reduce function's
+        checks): the stand-in completed such a call, and the capture passed what real gloo raises on (a tester,
+        torch 2.15 CPU: every rank's error, 3 runs of 3; the texts are real gloo's)."""
+        if self._name != "gloo":
+            return
+        kind = getattr(getattr(opts, "reduceOp", None), "op", None)
+        ops = torch.distributed.ReduceOp
+        if kind == ops.PREMUL_SUM:
+            raise RuntimeError("Cannot use ReduceOp.PREMUL_SUM with Gloo")
+        bitwise = {ops.BAND: "BAND", ops.BOR: "BOR", ops.BXOR: "BXOR"}
+        if kind in bitwise and any(t.is_floating_point() or t.is_complex() for t in tensors):
+            raise RuntimeError(f"Cannot use ReduceOp.{bitwise[kind]} with non-integral dtype")
+
+    def _gloo_gather_lists(self, outputs: Sequence[Sequence[torch.Tensor]], *, coalesced: bool = False) -> None:
+        """ProcessGroupGloo's allgather checks each output list holds one tensor per member; its
+        allgather_coalesced, that there is one output list per member (real gloo's texts)."""
+        if self._name != "gloo":
+            return
+        size = self.size()
+        if coalesced:
+            if len(outputs) != size:
+                raise RuntimeError("ProcessGroupGloo::allgather_coalesced: output lists should be equal to world size")
+            return
+        for index, slots in enumerate(outputs):
+            if len(slots) != size:
+                raise RuntimeError(
+                    f"ProcessGroupGloo::allgather: invalid output tensor list at index {index} (expected length "
+                    f"{size}, got {len(slots)})"
+                )
+
     def allreduce(self, tensors: list[torch.Tensor], opts: Any) -> Any:
+        self._gloo_refuses(opts, tensors)
         self._record(AllReduce, "all_reduce", tensors)
         return self._done(tensors)
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any) -> Any:
+        self._gloo_refuses(opts, tensors)
         self._record(AllReduce, "all_reduce_coalesced", tensors)
         return self._done(tensors)
 
     def reduce(self, tensors: list[torch.Tensor], opts: Any) -> Any:
+        self._gloo_refuses(opts, tensors)
         # Run as an all-reduce (same members and payload), recorded as the reduce it is, with its root: ranks that
         # name different roots, or mix it with an all_reduce, do not run one collective (``ops.CALLS``).
         self._record(AllReduce, "reduce", tensors, call="reduce", root=self._global[opts.rootRank])
@@ -154,13 +188,18 @@ class StandInBackend(C10dBackend):
             recorder.notes.append(BROADCAST_RECEIVED)
 
     def allgather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any) -> Any:
+        self._gloo_gather_lists(outputs)
+        return self._allgather(outputs, inputs)
+
+    def _allgather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor]) -> Any:
         self._record(AllGather, "all_gather", inputs)
         for slots, tensor in zip(outputs, inputs, strict=False):
             values.gather_into_slots(slots, tensor)
         return self._done(outputs)
 
     def allgather_coalesced(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any) -> Any:
-        return self.allgather(outputs, inputs, opts)
+        self._gloo_gather_lists(outputs, coalesced=True)
+        return self._allgather(outputs, inputs)
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any) -> Any:
         self._record(AllGather, "all_gather_into_tensor", [input])
