@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from simnccl.backends import Comm, lifecycle
-from simnccl.env_knobs import PER_RANK_VARIABLES
+from simnccl.env_knobs import PER_RANK_VARIABLES, cvar_bool
 from simnccl.ops import PgOptions
 from simnccl.release import (
     DEFAULT_DEVICE_BACKEND,
@@ -247,6 +247,9 @@ def _distinct_backends(config: BackendConfig) -> list[DeviceBackend]:
     return list(seen.values())
 
 
+GLOO_LAZY_KNOB = "TORCH_GLOO_LAZY_INIT"
+
+
 def _fresh_comm_plan(
     release: Release, pair: DeviceBackend, bound: int | None, options: PgOptions, ctx: ProcessContext
 ) -> CommPlan:
@@ -255,6 +258,8 @@ def _fresh_comm_plan(
     ``device`` None means unbound: legacy then binds the device of the first collective's tensor.
     """
     eager = lifecycle(pair.impl).eager_at_creation(release, bound=bound is not None, lazy_init=options.lazy_init)
+    if pair.impl is Impl.GLOO and cvar_bool(ctx.env, GLOO_LAZY_KNOB):
+        eager = False  # ProcessGroupGloo's lazyInit: its address written now, its pairs connected at first use
     return CommPlan(pair=pair, eager=eager, split_from=None, shared=False, device=bound, lazy_init=options.lazy_init)
 
 

@@ -41,8 +41,27 @@ def known_knobs() -> frozenset[str]:
     return frozenset(name for names in _data()["names"].values() for name in names)
 
 
+CVAR_TRUE = ("y", "yes", "1", "t", "true")
+CVAR_FALSE = ("n", "no", "0", "f", "false")
+
+
+@cache
+def _boolean_knobs() -> frozenset[str]:
+    return frozenset(_data()["boolean_values"]["names"])
+
+
+def cvar_bool(env: Mapping[str, str], name: str, default: bool = False) -> bool:
+    """A boolean knob as torch's ``getCvarBool`` reads it (``value_problem`` refused any other value first)."""
+    value = env.get(name)
+    return default if value is None else value.lower() in CVAR_TRUE
+
+
 def value_problem(name: str, value: str) -> str | None:
-    """None when simnccl can use ``value`` for knob ``name``; else what it expected (integer knobs only)."""
+    """None when simnccl can use ``value`` for knob ``name``; else what it expected (integer and boolean knobs)."""
+    if name in _boolean_knobs():
+        if value.lower() in CVAR_TRUE or value.lower() in CVAR_FALSE:
+            return None
+        return f"expected one of {', '.join(CVAR_TRUE + CVAR_FALSE)} (torch's getCvarBool), got {value[:40]!r}"
     bounds = _data()["integer_values"].get(name)
     if bounds is None:
         return None

@@ -79,6 +79,9 @@ class Comm:
     # its breakdown per NCCL mechanism, NVLS multicast slots, the uses connected so far. None until init.
     parent: Comm | None = None
     memory: CommMemory | None = None
+    # A lazy gloo communicator's bootstrap meeting, where its member published its address when the group was
+    # made (``engine.comms.Comms.publish``); its first use waits there. None otherwise.
+    published: Any = None
 
     @property
     def ready(self) -> bool:

@@ -109,7 +109,10 @@ def _harmless(comm_plan: CommPlan) -> bool:
     """A communicator made at a call without any effect that takes time or can fail: lazy (made at first use)
     or a fake backend's. Only such calls may come before a block's first split, where each rank is on its own
     time (a failure there would be raised at the wrong time)."""
-    return comm_plan.split_from is None and (not comm_plan.eager or comm_plan.pair.impl is Impl.FAKE)
+    if comm_plan.split_from is not None:
+        return False
+    # a lazy gloo communicator writes its address to the store at creation (``Comms.publish``): not local
+    return (not comm_plan.eager and comm_plan.pair.impl is not Impl.GLOO) or comm_plan.pair.impl is Impl.FAKE
 
 
 def common_program(programs: Sequence[Program]) -> Program | None:
@@ -569,6 +572,8 @@ class Cohorts:
             comms = plan.comms
             if len(comms) == 1 and comms[0].split_from is not None:
                 continue  # a split child (most members of a block): nothing fresh to bootstrap, no list made
+            if any(not c.eager and c.pair.impl is Impl.GLOO for c in comms):
+                return None  # a lazy gloo communicator publishes its address at creation: the ordinary path's
             fresh = [c for c in comms if c.eager and c.split_from is None]
             if not fresh or all(self.comms.creates_alone(plan, c) for c in fresh):
                 continue

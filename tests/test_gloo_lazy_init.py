@@ -1,0 +1,127 @@
+"""``TORCH_GLOO_LAZY_INIT=1``: a gloo communicator writes its address to the store when its group is made and
+connects at first use (ProcessGroupGloo's ``lazyInit``, read with torch's ``getCvarBool``).
+
+Before, the knob was accepted and ignored: a ``new_group`` that one rank never calls and nobody uses hung in the
+simulator's eager bootstrap, where real gloo passes (found by a tester). Measured on torch 2.15 CPU (3 ranks,
+``/tmp`` experiments, 1 run each, and ``real compare`` below): ``new_group`` returns in 1-7 ms; an unused group a
+rank skips passes; a group a rank skips that the others all_reduce on raises ``DistStoreError: wait timeout after
+3000ms, keys: /default_pg/0//1//cpu//0/2`` on them at the group's 3 s timeout, from the all_reduce (eager: from
+``new_group``); a rank 2 s late to a lazy group is waited for; a send/recv on a group every rank made runs.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from simnccl.ops import AllReduce, Barrier, Compute, InitProcessGroup, NewGroup, Op, Recv, Send
+from simnccl.profiles import gloo_defaults
+from simnccl.testing import simulate
+
+GLOO = InitProcessGroup(backend="gloo")
+LAZY = {"TORCH_GLOO_LAZY_INIT": "1"}
+G3 = NewGroup(ranks=(0, 1, 2), bind="g", timeout_s=3.0)
+REDUCE = AllReduce(group="g", size_bytes=16)
+
+
+def _run(programs: list[list[Op]], env: dict[str, str] | None = LAZY, *, distinct: bool = False):
+    if distinct:  # ranks on their own path (no cohort blocks): the same outcome
+        programs = [[replace(op) for op in p] for p in programs]
+    return simulate(programs, gpus_per_node=0, ranks_per_node=len(programs), env=env or {})
+
+
+def test_an_unused_lazy_group_a_rank_never_makes_passes() -> None:
+    programs = [[GLOO, G3, Barrier()], [GLOO, G3, Barrier()], [GLOO, Barrier()]]
+    assert _run(programs).verdict == "pass"
+    eager = _run(programs, env=None)
+    assert eager.verdict == "hang" and eager.errors[0]["type"] == "torch.distributed.DistStoreError"
+
+
+@pytest.mark.parametrize("distinct", [False, True])
+def test_the_first_use_of_a_lazy_group_a_rank_never_made_raises_the_store_wait(distinct: bool) -> None:
+    programs = [[GLOO, G3, REDUCE], [GLOO, G3, REDUCE], [GLOO, Compute(seconds=15.0)]]
+    out = _run(programs, distinct=distinct)
+    errors = [(e["rank"], e["type"], e["message"], e["op"]) for e in out.errors]
+    text = "wait timeout after 3000ms, keys: /default_pg/0//1//cpu//0/2"
+    op = "all_reduce(group='g', size_bytes=16)"
+    assert errors == [(r, "torch.distributed.DistStoreError", text, op) for r in (0, 1)]
+    assert [e["time_s"] for e in out.errors] == [3.0, 3.0]  # the world is lazy too: unused, never connected
+
+
+def test_a_lazy_group_waits_for_a_late_member_at_first_use() -> None:
+    late = [GLOO, Compute(seconds=2.0), G3, REDUCE]
+    out = _run([[GLOO, G3, REDUCE], [GLOO, G3, REDUCE], late])
+    assert out.verdict == "pass" and out.end_time_s > 2.0
+
+
+def test_a_lazy_group_is_made_without_waiting() -> None:
+    programs = [[GLOO, Compute(seconds=1.0), G3], [GLOO, G3], [GLOO, G3]]
+    lazy, eager = _run(programs), _run(programs, env=None)
+    assert [rt.finished_at for rt in lazy.ranks] == pytest.approx([1.0, 0.0, 0.0])
+    per_peer = gloo_defaults()["gloo_bootstrap_per_peer_s"]
+    assert [rt.finished_at for rt in eager.ranks] == pytest.approx([1.0 + 4 * per_peer] * 3)  # world's, then g's
+
+
+def test_a_send_recv_on_a_lazy_group_every_rank_made_runs() -> None:
+    programs = [[GLOO, G3, Send(group="g", peer=1, size_bytes=16)], [GLOO, G3, Recv(group="g", peer=0, size_bytes=16)]]
+    assert _run([*programs, [GLOO, G3]]).verdict == "pass"
+
+
+@pytest.mark.parametrize("value", ["1", "true", "YES", "t", "y"])
+def test_torchs_true_values_make_gloo_lazy(value: str) -> None:
+    programs = [[GLOO, G3, Barrier()], [GLOO, G3, Barrier()], [GLOO, Barrier()]]
+    assert _run(programs, env={"TORCH_GLOO_LAZY_INIT": value}).verdict == "pass"
+    assert _run(programs, env={"TORCH_GLOO_LAZY_INIT": value.replace("1", "0")[:0] or "0"}).verdict == "hang"
+
+
+def test_a_value_torch_cannot_read_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"TORCH_GLOO_LAZY_INIT: expected one of y, yes, 1, t, true, n, no, 0"):
+        _run([[GLOO]] * 2, env={"TORCH_GLOO_LAZY_INIT": "maybe"})
+
+
+SCENARIO = """\
+[scenario]
+name = "gloo-lazy"
+[cluster]
+gpu = "h100-80gb"
+nodes = 1
+gpus_per_node = 0
+ranks_per_node = 3
+[torch]
+release = "2.15"
+[workload]
+steps = [
+  { op = "init_process_group", backend = "gloo" },
+  { op = "new_group", ranks = [0, 1, 2], bind = "g", timeout_s = 3, on_ranks = [0, 1] },
+  { op = "new_group", ranks = [0, 1], bind = "p", timeout_s = 3 },
+  { op = "send", group = "p", peer = 1, size_bytes = 64, on_ranks = [0] },
+  { op = "recv", group = "p", peer = 0, size_bytes = 64, on_ranks = [1] },
+  { op = "barrier" },
+]
+[[variants]]
+name = "lazy"
+env = { TORCH_GLOO_LAZY_INIT = "1" }
+[[variants]]
+name = "eager"
+"""
+
+
+@pytest.mark.real
+def test_real_gloo_agrees_lazy_and_eager(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    path = tmp_path / "gloo-lazy.toml"
+    path.write_text(SCENARIO, encoding="utf-8")
+    done = subprocess.run(
+        [sys.executable, "-m", "simnccl", "real", "compare", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "gloo-lazy  lazy  agree  ok  sim pass | real pass" in done.stdout
+    assert "gloo-lazy  eager  agree  ok  sim hang | real hang" in done.stdout
