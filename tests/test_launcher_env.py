@@ -89,15 +89,13 @@ def test_a_spawned_rank_sees_none_of_them() -> None:
 
 
 def test_a_policy_reading_local_world_size_takes_its_branch_in_simulation() -> None:
-    out = simulate(
-        [*PROGRAM[:3], AllReduce(group="g", size_bytes=1024), PROGRAM[3]],
-        gpus_per_node=2,
-        policy=IntraNodeFree(),
-        keep_trace=True,
-    )
+    out = simulate(PROGRAM, gpus_per_node=2, policy=IntraNodeFree(), keep_trace=True)
     assert out.verdict == "pass"
     [record] = [r for k, r in out.groups.items() if k[0] == "1"]
     assert record.impl == "fake", record
+    # and where the program communicates on that group, the fake backend moves nothing: the run fails
+    used = simulate([*PROGRAM[:3], AllReduce(group="g", size_bytes=1024)], gpus_per_node=2, policy=IntraNodeFree())
+    assert {e["type"] for e in used.errors} == {"PolicyFakeBackend"}
 
 
 def test_per_rank_variables_are_those_that_differ_per_rank() -> None:
