@@ -76,8 +76,11 @@ def current(environ: Mapping[str, str] | None = None) -> InputLimits:
     without it), as is a value past the limit's ceiling (``[ceilings]``)."""
     env = os.environ if environ is None else environ
     values = dict(_defaults())
+    upper = {name.upper() for name in values}
     for var in env:
-        if var.startswith(ENV_PREFIX) and var[len(ENV_PREFIX) :].lower() not in values:
+        # names are exact, as the variables read below: SIMNCCL_LIMIT_max_world_size was taken for a limit and not
+        # read
+        if var.startswith(ENV_PREFIX) and var[len(ENV_PREFIX) :] not in upper:
             raise LimitError(_unknown_limit(var, values))
     for name in values:
         raw = env.get(ENV_PREFIX + name.upper())
@@ -89,7 +92,7 @@ def current(environ: Mapping[str, str] | None = None) -> InputLimits:
 
 def _unknown_limit(var: str, names: Mapping[str, Any]) -> str:
     known = {ENV_PREFIX + name.upper(): name for name in names}
-    close = difflib.get_close_matches(var, list(known), n=1, cutoff=0.85)
+    close = difflib.get_close_matches(var.upper(), list(known), n=1, cutoff=0.85)
     hint = f"did you mean {close[0]}?" if close else f"the limits are {', '.join(sorted(known))}"
     return f"environment {var!r}: no such limit; {hint}"
 

@@ -325,13 +325,15 @@ class PointToPoint(Op):
     group: str = WORLD
     size_bytes: int = 4 * MIB
     dtype: str = dtypes.DEFAULT
-    # torch's ``tag``: gloo matches a recv to a send by it (one with another tag never completes); NCCL ignores it
+    # torch's ``tag``: gloo matches a recv to a send by it (one with another tag never completes) and refuses a
+    # negative one on the rank (``Collectives.op_p2p``); NCCL ignores it
     tag: int = 0
 
     def __post_init__(self) -> None:
         _check_dtype(self)
-        if self.tag and (type(self.tag) is not int or not -(2**63) <= self.tag < 2**63):
-            raise ValueError(f"{self.name}: tag: expected an integer (a 64-bit one), got {self.tag!r}")
+        if self.tag and (type(self.tag) is not int or not -(2**31) <= self.tag < 2**31):
+            # torch hands the tag to a C++ int: past it, pybind's TypeError at the call, not a program torch runs
+            raise ValueError(f"{self.name}: tag: expected an integer in -2147483648..2147483647, got {self.tag!r}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -299,3 +299,24 @@ def gloo_refused(kind: str) -> None:
     elif kind == "all-gather-list":
         dist.all_gather([torch.zeros(4) for _ in range(world + 1)], t)
     dist.destroy_process_group()
+
+
+def gloo_list_checks(kind: str) -> None:
+    """Lists ProcessGroupGloo checks on the calling rank (torch 2.15: the root, or every rank, raises)."""
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    t = torch.ones(4)
+    if kind == "gather-list":
+        dist.gather(t, [torch.zeros(4) for _ in range(world + 1)] if rank == 0 else None, dst=0)
+    elif kind == "scatter-list":
+        dist.scatter(t, [torch.ones(4) for _ in range(world + 1)] if rank == 0 else None, src=0)
+    elif kind == "all-gather-sizes":
+        dist.all_gather([torch.zeros(4), torch.zeros(8)], t)
+    elif kind == "negative-tag":
+        dist.send(t, 1, tag=-1) if rank == 0 else dist.recv(t, 0, tag=-1)
+    elif kind == "batch-tag":
+        peer = 1 - rank
+        ops = [dist.P2POp(dist.isend, t, peer, tag=1), dist.P2POp(dist.irecv, torch.zeros(4), peer, tag=1)]
+        for work in dist.batch_isend_irecv(ops):
+            work.wait()
+    dist.destroy_process_group()

@@ -383,6 +383,8 @@ def test_a_malformed_limit_override_is_exit_2(capsys, write_scenario, monkeypatc
         # found by a tester: a misspelt limit was ignored, so a CI job ran without the limit it set
         ("SIMNCCL_LIMIT_MAX_WROLD_SIZE", "3", "no such limit; did you mean SIMNCCL_LIMIT_MAX_WORLD_SIZE?"),
         ("SIMNCCL_LIMIT_LOTS", "3", "no such limit; the limits are SIMNCCL_LIMIT_MAX_ALLOC_MIB, "),
+        # found by a tester: a name in another case was taken as a limit's and never read
+        ("SIMNCCL_LIMIT_max_world_size", "1", "no such limit; did you mean SIMNCCL_LIMIT_MAX_WORLD_SIZE?"),
         # found by a tester: the OS's interval timer overflowed (an internal error, exit 70)
         ("SIMNCCL_LIMIT_MAX_WALL_S", "1e11", "expected a positive value up to 31536000 (its ceiling in"),
         ("SIMNCCL_LIMIT_MAX_NESTING_DEPTH", "100000", "expected a positive value up to 512"),
@@ -1307,6 +1309,7 @@ def test_a_seed_on_the_command_line_that_draws_a_clashing_fault_is_bad_input(cap
         ('{ op = "all_gather", call = "gather", root = 2 }', "root", "ranks [2] are outside the world of 2"),
         ('{ op = "all_reduce", root = 1 }', "root", "only a call of reduce, gather names one, got 1"),
         ('{ op = "barrier", call = "reduce" }', "call", "expected one of monitored_barrier (or none)"),
+        ('{ op = "send", peer = 1, tag = 2147483648 }', "tag", "expected an integer in -2147483648..2147483647"),
     ],
 )
 def test_a_collectives_torch_call_and_root_are_checked(capsys, write_scenario, step: str, key: str, message: str):

@@ -120,3 +120,20 @@ def test_what_gloo_refuses_on_the_calling_rank_is_refused_in_the_capture(kind: s
 def test_a_bitwise_reduction_of_integers_runs_on_gloo() -> None:
     run = cap.capture(functools.partial(examples.gloo_refused, "band-int"), 2, gpus_per_node=2, final_checkpoint=None)
     assert run.simulate().verdict == "pass"
+
+
+@pytest.mark.parametrize(
+    ("kind", "message"),
+    [
+        ("gather-list", "ProcessGroupGloo::gather: Incorrect output list size 3. Output list size should be 2"),
+        ("scatter-list", "ProcessGroupGloo::scatter: Incorrect input list size 3. Input list size should be 2"),
+        ("all-gather-sizes", "ProcessGroupGloo::allgather: invalid tensor size at index 1 (expected (4), got (8))"),
+        ("negative-tag", "Tag must be nonnegative"),
+        ("batch-tag", "simnccl capture cannot record the tag of a batch_isend_irecv op"),
+    ],
+)
+def test_what_gloo_checks_of_lists_and_tags_is_checked_in_the_capture(kind: str, message: str) -> None:
+    """Found by a tester: each passed the capture; real gloo raises (3 runs of 3; its texts), and a batch's tags
+    would be dropped (a simulated batch has none)."""
+    with pytest.raises(cap.CaptureError, match=re.escape(message)):
+        cap.capture(functools.partial(examples.gloo_list_checks, kind), 2, gpus_per_node=2, final_checkpoint=None)

@@ -1094,3 +1094,57 @@ def test_a_gloo_recv_of_another_tag_than_the_send_never_completes() -> None:
     assert same.verdict == "pass"
     nccl = [SetDevice(), InitProcessGroup(backend="nccl")]
     assert simulate([[*nccl, send], [*nccl, recv]], gpus_per_node=2).verdict == "pass"
+
+
+def test_a_negative_gloo_tag_is_refused_on_the_rank() -> None:
+    """ProcessGroupGloo refuses a negative tag on the calling rank (found by a tester: it passed; real gloo, 2 ranks,
+    3 runs of 3: both raise "Tag must be nonnegative")."""
+    from simnccl.ops import Recv, Send
+    from simnccl.testing import simulate
+
+    gloo = InitProcessGroup(backend="gloo")
+    out = simulate(
+        [[gloo, Send(peer=1, size_bytes=16, tag=-1)], [gloo, Recv(peer=0, size_bytes=16, tag=-1)]],
+        gpus_per_node=0,
+        ranks_per_node=2,
+    )
+    assert {(e["rank"], e["type"], e["message"]) for e in out.errors} == {
+        (r, "RuntimeError", "Tag must be nonnegative") for r in (0, 1)
+    }
+
+
+@pytest.mark.parametrize(
+    ("call", "sizes", "verdict"),
+    [
+        ("gather", (32, 16), "pass"),
+        ("gather", (16, 32), "error"),
+        ("scatter", (16, 32), "pass"),
+        ("scatter", (32, 16), "error"),
+    ],
+)
+def test_a_gloo_gather_or_scatter_of_different_sizes_is_decided_per_message(call, sizes, verdict) -> None:
+    """Each message is one member's buffer: a smaller one than the recv posted completes it, a larger one aborts the
+    receiver (found by a tester: every size difference hung; real compare agrees on all four, root rank 0)."""
+    from simnccl.ops import AllGather, Broadcast
+    from simnccl.testing import simulate
+
+    gloo = InitProcessGroup(backend="gloo")
+
+    def op(size: int):
+        if call == "gather":
+            return AllGather(call="gather", root=0, size_bytes=size)
+        return Broadcast(call="scatter", src=0, size_bytes=size)
+
+    out = simulate([[gloo, op(size)] for size in sizes], gpus_per_node=0, ranks_per_node=2)
+    assert out.verdict == verdict, (out.errors, out.hangs)
+
+
+def test_a_monitored_barrier_needs_a_gloo_cpu_backend() -> None:
+    """torch raises on a group without a CPU backend (a capture did; a file's monitored barrier on NCCL passed)."""
+    from simnccl.ops import SetDevice
+    from simnccl.testing import simulate
+
+    out = simulate([SetDevice(), InitProcessGroup(backend="nccl"), Barrier(call="monitored_barrier")], gpus_per_node=2)
+    assert {(e["type"], e["message"]) for e in out.errors} == {
+        ("ValueError", "monitored_barrier requires a group with a CPU-capable backend (e.g. GLOO).")
+    }

@@ -203,9 +203,11 @@ def test_a_rank_may_name_its_own_device_as_a_cuda_string(release: str) -> None:
         assert named.trace_hash == indexed.trace_hash
 
 
-def test_a_device_string_without_an_index_is_the_policys_error() -> None:
-    policy = user_policies.DeviceOf(device="cuda")
-    with pytest.raises(UserPolicyError, match=r"device_id='cuda'; a group's device string names its CUDA device"):
+@pytest.mark.parametrize("device", ["cuda", "cuda:01", "cpu:0"])
+def test_a_device_string_torch_cannot_take_is_the_policys_error(device: str) -> None:
+    """``torch.device("cuda:01")`` raises "Invalid device string" (found by a tester: it was accepted)."""
+    policy = user_policies.DeviceOf(device=device)
+    with pytest.raises(UserPolicyError, match=rf"device_id='{device}'; a group's device string names its CUDA device"):
         simulate(FOUR, gpus_per_node=4, policy=policy)
 
 
@@ -216,6 +218,24 @@ def test_a_policy_that_makes_a_used_group_fake_fails_where_it_communicates() -> 
     assert out.verdict == "error"
     assert {(e["type"], e["op"]) for e in out.errors} == {("PolicyFakeBackend", "all_reduce(group='h')")}
     assert "made group [0, 1, 2, 3] (4 ranks, asked for backend nccl) 'fake'" in out.errors[0]["message"]
+
+
+@pytest.mark.parametrize("backend", ["FAKE", "cpu:fake", "cpu:fake,cuda:fake"])
+def test_every_spelling_of_fake_is_caught(backend: str) -> None:
+    """Found by a tester: torch lower-cases a backend name and reads a device map, so "FAKE" and "cpu:fake" make
+    a fake group (real gloo: the all_reduce left the data as it was, 3 runs of 3) and passed the check."""
+    gloo = [InitProcessGroup(backend="gloo"), NewGroup(ranks=(0, 1), bind="g"), AllReduce(group="g")]
+    out = simulate(gloo, gpus_per_node=0, ranks_per_node=2, policy=user_policies.FakesAs(backend=backend))
+    assert {e["type"] for e in out.errors} == {"PolicyFakeBackend"}, out.errors
+
+
+@pytest.mark.parametrize("backend", ["fake", "FAKE"])
+def test_a_policy_that_makes_the_default_group_fake_fails_where_it_communicates(backend: str) -> None:
+    program = [InitProcessGroup(backend="gloo"), AllReduce()]
+    out = simulate(program, gpus_per_node=0, ranks_per_node=2, policy=user_policies.FakesTheWorld(backend=backend))
+    assert {e["type"] for e in out.errors} == {"PolicyFakeBackend"}, out.errors
+    quiet = [InitProcessGroup(backend="gloo")]
+    assert simulate(quiet, gpus_per_node=0, ranks_per_node=2, policy=user_policies.FakesTheWorld()).verdict == "pass"
 
 
 def test_a_policy_may_make_an_unused_or_one_rank_group_fake() -> None:

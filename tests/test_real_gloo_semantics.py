@@ -296,6 +296,15 @@ PROBES: dict[str, list[list[Op]]] = {
         [GLOO, AllGather(size_bytes=size, dtype="Byte", padded=True), AllGather(**ROOT_0, size_bytes=size, padded=True)]
         for size in (40, 140, 90)
     ],
+    # gather and scatter of different sizes: a message smaller than the recv completes, a larger one aborts
+    **{
+        f"{call}-{a}-{b}": [[GLOO, op(size_bytes=a)], [GLOO, op(size_bytes=b)]]
+        for call, op in (
+            ("gather", lambda **kw: AllGather(call="gather", root=0, **kw)),
+            ("scatter", lambda **kw: Broadcast(call="scatter", src=0, **kw)),
+        )
+        for a, b in ((32, 16), (16, 32))
+    },
     # gloo matches a recv to a send by its tag: another tag never completes (a capture dropped tags, and passed)
     "p2p-tag-mismatch": [[GLOO, Send(peer=1, size_bytes=SIZE, tag=1)], [GLOO, Recv(peer=0, size_bytes=SIZE, tag=2)]],
     "p2p-same-tag": [[GLOO, Send(peer=1, size_bytes=SIZE, tag=7)], [GLOO, Recv(peer=0, size_bytes=SIZE, tag=7)]],

@@ -545,3 +545,26 @@ class DeviceOf(BasePolicy):
 
     def on_group(self, request: GroupRequest, decision: GroupDecision) -> GroupDecision:
         return replace(decision, device_id=self.device, explanation="device")  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class FakesAs(BasePolicy):
+    """Wrong (found by a tester): every new group's backend set to ``backend``, a spelling of fake ("FAKE",
+    "cpu:fake") that a test of ``== "fake"`` let through."""
+
+    name: str = "fakes-as"
+    backend: str = "fake"
+
+    def on_group(self, request: GroupRequest, decision: GroupDecision) -> GroupDecision:
+        return replace(decision, backend=self.backend, explanation="fake")
+
+
+@dataclass(frozen=True)
+class FakesTheWorld(BasePolicy):
+    """Wrong (found by a tester): the default group made fake by ``on_init``."""
+
+    name: str = "fakes-the-world"
+    backend: str = "fake"
+
+    def on_init(self, request: InitRequest) -> InitPlan:
+        return replace(super().on_init(request), backend=self.backend, explanation="fake world")

@@ -76,9 +76,9 @@ WIRE_FAMILY = {
 }
 
 
-# Calls (``ops.CALLS``) whose messages ``mismatch_fates`` does not run: a size mismatch among them hangs (a failure
-# either way) rather than being guessed message by message.
-_NO_MESSAGE_MODEL = frozenset({"reduce", "gather", "scatter"})
+# Calls (``ops.CALLS``) whose messages ``mismatch_fates`` does not run: a size mismatch among them hangs rather than
+# being guessed message by message (gather and scatter are run: each message is one member's buffer).
+_NO_MESSAGE_MODEL = frozenset({"reduce"})
 
 
 def wire_family(op_name: str) -> str:
@@ -446,6 +446,18 @@ def _steps(family: str, nbytes: int, index: int, size: int, root: int, elem: int
                 steps += [("wait_send",), ("wait_recv",)]
             steps += [("send", (index + 1) % size, chunks[i & 1]), ("recv", (index - 1) % size, chunks[i & 1])]
         steps += [("wait_send",), ("wait_recv",)] * min(2, (size - 1) * 2)
+    elif family == "gather":  # gloo's gather: each member sends its buffer to the root, which posts one per member
+        if index != root:
+            steps += [("send", root, nbytes), ("wait_send",)]
+        else:
+            steps += [("recv", peer, nbytes) for peer in range(size) if peer != root]
+            steps += [("wait_recv",)] * (size - 1)
+    elif family == "scatter":  # gloo's scatter: the root sends each member a chunk of its own size
+        if index != root:
+            steps += [("recv", root, nbytes), ("wait_recv",)]
+        else:
+            steps += [("send", peer, nbytes) for peer in range(size) if peer != root]
+            steps += [("wait_send",)] * (size - 1)
     elif family == "alltoall":
         chunk = nbytes // size
         for i in range(1, size):

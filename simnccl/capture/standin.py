@@ -44,6 +44,11 @@ BROADCAST_RECEIVED = (
 )
 
 
+def _shape_text(shape: Sequence[int]) -> str:
+    """A shape as ProcessGroupGloo prints one in its errors: ``(4)``, ``(2, 3)``."""
+    return "(" + ", ".join(str(n) for n in shape) + ")"
+
+
 class StandInBackend(C10dBackend):
     """A torch Backend that records each collective and completes it at once, communicating nothing."""
 
@@ -141,7 +146,13 @@ class StandInBackend(C10dBackend):
         if kind in bitwise and any(t.is_floating_point() or t.is_complex() for t in tensors):
             raise RuntimeError(f"Cannot use ReduceOp.{bitwise[kind]} with non-integral dtype")
 
-    def _gloo_gather_lists(self, outputs: Sequence[Sequence[torch.Tensor]], *, coalesced: bool = False) -> None:
+    def _gloo_gather_lists(
+        self,
+        outputs: Sequence[Sequence[torch.Tensor]],
+        inputs: Sequence[torch.Tensor] = (),
+        *,
+        coalesced: bool = False,
+    ) -> None:
         """ProcessGroupGloo's allgather checks each output list holds one tensor per member; its
         allgather_coalesced, that there is one output list per member (real gloo's texts)."""
         if self._name != "gloo":
@@ -157,6 +168,12 @@ class StandInBackend(C10dBackend):
                     f"ProcessGroupGloo::allgather: invalid output tensor list at index {index} (expected length "
                     f"{size}, got {len(slots)})"
                 )
+            for slot_index, slot in enumerate(slots):
+                if inputs and slot.shape != inputs[index].shape:
+                    raise RuntimeError(
+                        f"ProcessGroupGloo::allgather: invalid tensor size at index {slot_index} (expected "
+                        f"{_shape_text(inputs[index].shape)}, got {_shape_text(slot.shape)})"
+                    )
 
     def allreduce(self, tensors: list[torch.Tensor], opts: Any) -> Any:
         self._gloo_refuses(opts, tensors)
@@ -188,7 +205,7 @@ class StandInBackend(C10dBackend):
             recorder.notes.append(BROADCAST_RECEIVED)
 
     def allgather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any) -> Any:
-        self._gloo_gather_lists(outputs)
+        self._gloo_gather_lists(outputs, inputs)
         return self._allgather(outputs, inputs)
 
     def _allgather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor]) -> Any:
@@ -214,6 +231,11 @@ class StandInBackend(C10dBackend):
 
     def gather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any) -> Any:
         # Run as an all-gather (same members and per-rank payload), recorded as the gather it is, with its root.
+        if self._name == "gloo" and outputs and len(outputs[0]) != self.size():  # the root's list, gloo's check
+            raise RuntimeError(
+                f"ProcessGroupGloo::gather: Incorrect output list size {len(outputs[0])}. Output list size should be "
+                f"{self.size()}, same as size of the process group."
+            )
         self._record(AllGather, "gather", inputs, call="gather", root=self._global[opts.rootRank])
         for slots, tensor in zip(outputs, inputs, strict=False):  # the root's slots (empty elsewhere)
             values.gather_into_slots(slots, tensor)
@@ -221,6 +243,11 @@ class StandInBackend(C10dBackend):
 
     def scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any) -> Any:
         # Run as a broadcast (a rooted one-to-all transfer), recorded as the scatter it is.
+        if self._name == "gloo" and inputs and len(inputs[0]) != self.size():  # the root's list, gloo's check
+            raise RuntimeError(
+                f"ProcessGroupGloo::scatter: Incorrect input list size {len(inputs[0])}. Input list size should be "
+                f"{self.size()}, same as size of the process group."
+            )
         src = self._global[opts.rootRank]
         self._record(Broadcast, "scatter", outputs, src=src, call="scatter")
         for output, chunks in zip(outputs, inputs or [[] for _ in outputs], strict=False):
@@ -277,6 +304,8 @@ class StandInBackend(C10dBackend):
     def _p2p(self, op_type: type[Op], name: str, tensors: list[torch.Tensor], peer: int, tag: int = 0) -> Any:
         if not 0 <= peer < len(self._global):  # a peer outside the group: the rank's error, as the simulator says
             raise ValueError(f"Invalid peer rank {peer} for {name}: the group has {len(self._global)} ranks")
+        if tag < 0 and self._name == "gloo":  # ProcessGroupGloo's own check (real gloo: every such rank raises)
+            raise RuntimeError("Tag must be nonnegative")
         self._lazy = False
         recorder = active()
         if recorder is not None:
@@ -284,6 +313,11 @@ class StandInBackend(C10dBackend):
             dtype = _dtype(tensors[0]) if tensors else "Float"
             peer_rank = self._global[peer]
             _check_bound(recorder, self.handle, name)
+            if recorder.batch is not None and tag:
+                raise NotImplementedError(
+                    "simnccl capture cannot record the tag of a batch_isend_irecv op (a simulated batch has none; "
+                    "gloo matches its sends and recvs by tag): capture this code with untagged P2POps"
+                )
             if recorder.batch is not None:  # one op of a batch_isend_irecv: the batch is recorded at its end
                 recorder.batch.append((op_type is Send, peer_rank, _nbytes(tensors), dtype, self.handle))
                 return self._done(tensors)

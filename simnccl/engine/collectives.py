@@ -64,10 +64,26 @@ def _wired_note(name: str, wire: Sequence[int], runs: str) -> str:
     )
 
 
+def _check_monitored(target: Group) -> None:
+    """torch 2.15's ``monitored_barrier`` runs on the group's CPU backend, which must be gloo (l.6682): a group
+    without one raises ValueError, another backend's RuntimeError (a capture raised these; a file's
+    ``call = "monitored_barrier"`` on an NCCL group passed: found by a tester)."""
+    cpu = target.comm_for("cpu")
+    if cpu is None:
+        raise TorchError("ValueError", "monitored_barrier requires a group with a CPU-capable backend (e.g. GLOO).")
+    if cpu.impl is not _GLOO:
+        raise TorchError(
+            "RuntimeError",
+            f"Backend {cpu.impl.cpp_name} does not support monitoredBarrier, only GLOO supports monitored barrier.",
+        )
+
+
 def _called(op: Collective, call: str, target: Group, payload: tuple[Any, ...]) -> tuple[Any, ...]:
     """A collective's payload as the torch call it stands for: the call's name where the op's was, and its root as
     a group rank (a broadcast's already is). torch turns a root outside the group into a group rank first, and
     raises there (``_canonicalize_group_rank``), as for a broadcast's ``src``."""
+    if call == "monitored_barrier":
+        _check_monitored(target)
     root = getattr(op, "root", None)
     if root is None:
         return (call, *payload[1:])
@@ -317,6 +333,8 @@ class Collectives:
         sends = isinstance(op, Send)
         self._check_peer(rt, target, sends, op.peer)
         comm = self._usable_comm(rt, target, op)
+        if op.tag < 0 and comm.impl is _GLOO:  # ProcessGroupGloo's own check, on the rank (real: 3 runs of 3)
+            raise TorchError("RuntimeError", "Tag must be nonnegative")
         self._check_self_peer(rt, comm, op.peer)
         life = LIFECYCLES[comm.impl]
         if not life.communicates:

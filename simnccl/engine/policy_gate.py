@@ -61,6 +61,15 @@ def rewritten(op: NewGroup, decision: GroupDecision) -> NewGroup:
     )
 
 
+def names_fake(backend: str | None) -> bool:
+    """Whether a backend string makes a communicator ``fake`` on some device: ``"fake"``, ``"FAKE"`` (torch
+    lower-cases a name), ``"cpu:fake"``, ``"cpu:fake,cuda:nccl"`` (a policy's "FAKE" and "cpu:fake" got past a
+    test of ``== "fake"``: found by a tester)."""
+    if not isinstance(backend, str):
+        return False
+    return any(part.rpartition(":")[2].strip() == "fake" for part in backend.lower().split(","))
+
+
 def unchanged_decision(op: NewGroup) -> GroupDecision:
     return GroupDecision(op.backend, op.pg_options, op.use_local_synchronization, explanation="as requested")
 
@@ -118,7 +127,9 @@ class PolicyGate:
             ),
         )
         self._check_init_agrees(rt, plan)
-        if plan.env:
+        if names_fake(plan.backend) and not names_fake(op.backend) and rt.ctx.world_size > 1:
+            # the default group made fake: a collective on it fails (``Collectives.refuse_policy_fake``)
+            self.sim.policy_faked[tuple(range(rt.ctx.world_size))] = op.backend or "the default"
             rt.ctx = replace(rt.ctx, env={**rt.ctx.env, **plan.env})
         if rt.rank == 0:
             self.explanations.append(
@@ -281,7 +292,7 @@ class PolicyGate:
         seen = self._decisions.get(key)
         if seen is None:
             self._decisions[key] = (rt.rank, decision)
-        if decision.backend == "fake" and request.backend != "fake" and len(request.ranks) > 1:
+        if names_fake(decision.backend) and not names_fake(request.backend) and len(request.ranks) > 1:
             self._faked(request)
         if key not in self._explained and (self.verified or (request.member and request.ranks[0] == rt.rank)):
             entry = {

@@ -222,11 +222,16 @@ class Rendezvous:
         else:
             expected = meeting.expected
             src = getattr(first.op, "src", expected[0])
+            payload = first.payload
+            if payload[0] in _ROOTED and len(payload) > 3:
+                root = payload[3]  # the root as a group rank (a gather's is no ``src``)
+            else:
+                root = expected.index(src) if src in expected else 0
             by_index = mismatch_fates(
-                first.payload[0],
+                payload[0],
                 {expected.index(r): a.payload[1] for r, a in arrivals.items()},
                 len(expected),
-                expected.index(src) if src in expected else 0,
+                root,
                 {expected.index(r): element_bytes(a.payload[2]) for r, a in arrivals.items()},
             )
             fates = {

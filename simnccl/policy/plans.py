@@ -507,7 +507,7 @@ def decide_group(policy: Policy, request: GroupRequest) -> GroupDecision:
     return d
 
 
-_CUDA_DEVICE = re.compile(r"cuda:[0-9]{1,6}")
+_CUDA_DEVICE = re.compile(r"cuda:(0|[1-9][0-9]{0,5})")  # torch.device refuses "cuda:01"
 
 
 def decision_problem(request: GroupRequest, decision: GroupDecision) -> str | None:
