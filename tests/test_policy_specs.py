@@ -214,7 +214,7 @@ def test_a_device_string_torch_cannot_take_is_the_policys_error(device: str) -> 
 def test_a_policy_that_makes_a_used_group_fake_fails_where_it_communicates() -> None:
     """Found by a tester: every group ``fake`` passed (the fake backend returns at once) and ``cost`` priced the
     groups at nothing; production would run on without communicating."""
-    out = simulate(FOUR, gpus_per_node=4, policy=user_policies.FakesEveryGroup())
+    out = simulate(FOUR, gpus_per_node=4, policy=user_policies.FakesAs())
     assert out.verdict == "error"
     assert {(e["type"], e["op"]) for e in out.errors} == {("PolicyFakeBackend", "all_reduce(group='h')")}
     assert "made group [0, 1, 2, 3] (4 ranks, asked for backend nccl) 'fake'" in out.errors[0]["message"]
@@ -240,7 +240,7 @@ def test_a_policy_that_makes_the_default_group_fake_fails_where_it_communicates(
 
 def test_a_policy_may_make_an_unused_or_one_rank_group_fake() -> None:
     unused = [*START, NewGroup(ranks=(0, 1, 2, 3), bind="g"), NewGroup(ranks=(0,), bind="one"), AllReduce()]
-    assert simulate(unused, gpus_per_node=4, policy=user_policies.FakesEveryGroup()).verdict == "pass"
+    assert simulate(unused, gpus_per_node=4, policy=user_policies.FakesAs()).verdict == "pass"
     assert simulate(unused, gpus_per_node=4, policy="skip-single-rank").verdict == "pass"
 
 
@@ -248,12 +248,12 @@ def test_a_policy_that_makes_a_group_tagged_for_traffic_fake_fails_at_its_creati
     """A startup may never use a group it makes for training (vLLM's TP groups): the program's ``traffic`` tag says
     it will communicate there."""
     tagged = [*START, NewGroup(ranks=(0, 1, 2, 3), bind="g", traffic="p2p")]
-    out = simulate(tagged, gpus_per_node=4, policy=user_policies.FakesEveryGroup())
+    out = simulate(tagged, gpus_per_node=4, policy=user_policies.FakesAs())
     assert out.verdict == "error"
     assert {(e["type"], e["op"].split("(")[0]) for e in out.errors} == {("PolicyFakeBackend", "new_group")}
     assert "tags it traffic='p2p'" in out.errors[0]["message"]
     untagged = [*START, NewGroup(ranks=(0, 1, 2, 3), bind="g", traffic="none")]
-    assert simulate(untagged, gpus_per_node=4, policy=user_policies.FakesEveryGroup()).verdict == "pass"
+    assert simulate(untagged, gpus_per_node=4, policy=user_policies.FakesAs()).verdict == "pass"
 
 
 def test_each_rank_may_name_its_own_device_but_not_only_some() -> None:

@@ -526,17 +526,6 @@ class BindsOwnDeviceByName(BasePolicy):
 
 
 @dataclass(frozen=True)
-class FakesEveryGroup(BasePolicy):
-    """Wrong (found by a tester): every new group on the ``fake`` backend, which moves no data; ``cost`` priced
-    it at nothing and the startup passed."""
-
-    name: str = "fakes-every-group"
-
-    def on_group(self, request: GroupRequest, decision: GroupDecision) -> GroupDecision:
-        return replace(decision, backend="fake", explanation="fake")
-
-
-@dataclass(frozen=True)
 class DeviceOf(BasePolicy):
     """Every group's ``device_id`` set to ``device``, as given."""
 
@@ -549,8 +538,8 @@ class DeviceOf(BasePolicy):
 
 @dataclass(frozen=True)
 class FakesAs(BasePolicy):
-    """Wrong (found by a tester): every new group's backend set to ``backend``, a spelling of fake ("FAKE",
-    "cpu:fake") that a test of ``== "fake"`` let through."""
+    """Wrong (found by testers): every new group's backend set to ``backend``: fake groups move no data, and
+    production would run on without communicating ("FAKE" and "cpu:fake" got past a test of ``== "fake"``)."""
 
     name: str = "fakes-as"
     backend: str = "fake"
