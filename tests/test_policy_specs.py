@@ -642,3 +642,11 @@ def test_a_policy_module_whose_exception_cannot_be_shown_is_still_bad_input(tmp_
     monkeypatch.syspath_prepend(str(tmp_path))
     with pytest.raises(PolicyError, match=r"importing 'unshowable_policy' failed: <Odd whose repr\(\) raised"):
         get_policy("unshowable_policy:X")
+
+
+def test_an_init_plans_environment_takes_effect() -> None:
+    """The legacy policy's ``TORCH_DIST_USE_NCCL2=0`` makes the default group legacy (a change to the init gate once
+    dropped the plan's env: the engine gate's 722 differing cases caught it)."""
+    program = [SetDevice(), InitProcessGroup(), NewGroup(ranks=(0,), bind="c")]
+    out = simulate(program, gpus_per_node=1, policy="legacy")
+    assert {record.impl for record in out.groups.values()} == {"legacy"}

@@ -130,6 +130,7 @@ class PolicyGate:
         if names_fake(plan.backend) and not names_fake(op.backend) and rt.ctx.world_size > 1:
             # the default group made fake: a collective on it fails (``Collectives.refuse_policy_fake``)
             self.sim.policy_faked[tuple(range(rt.ctx.world_size))] = op.backend or "the default"
+        if plan.env:
             rt.ctx = replace(rt.ctx, env={**rt.ctx.env, **plan.env})
         if rt.rank == 0:
             self.explanations.append(
