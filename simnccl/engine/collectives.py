@@ -22,6 +22,7 @@ from simnccl.dtypes import gloo_refuses
 from simnccl.engine.comms import LAZY_PAIR_ATTEMPTS, Comms, pair_in_group
 from simnccl.engine.config import WorkloadFailure
 from simnccl.engine.memory import Memory
+from simnccl.engine.policy_gate import policy_fake_error
 from simnccl.engine.reinit_store import STALE_PAIR_WHAT
 from simnccl.engine.rendezvous import Rendezvous
 from simnccl.engine.sim import Sim
@@ -47,6 +48,7 @@ from simnccl.release import Impl
 
 _GLOO = Impl.GLOO  # a module constant: an enum member looked up on its class costs ~0.1 us, asked per collective
 _LEGACY = Impl.LEGACY
+_FAKE = Impl.FAKE
 # The collectives torch 2.15 runs on a destroyed group's handle: none of them asks the unregistered group for a rank
 # or its backend (broadcast's src, send/recv's peer and barrier's device do, and raise ValueError).
 _RUN_AFTER_DESTROY = (AllReduce, AllGather, ReduceScatter, AllToAll)
@@ -87,9 +89,15 @@ def _called(op: Collective, call: str, target: Group, payload: tuple[Any, ...]) 
     root = getattr(op, "root", None)
     if root is None:
         return (call, *payload[1:])
+    return (call, payload[1], op.dtype, _root_index(root, target))
+
+
+def _root_index(root: int, target: Group) -> int:
+    """A rooted collective's root as a group rank: torch 2.15 turns it into one first (``_canonicalize_group_rank``
+    -> ``get_group_rank``), which raises for a root outside the group, before any backend is involved."""
     if root not in target.ranks:
         raise TorchError("ValueError", f"Global rank {root} is not part of group {target.name!r}")
-    return (call, payload[1], op.dtype, target.ranks.index(root))
+    return target.ranks.index(root)
 
 
 class Collectives:
@@ -111,27 +119,16 @@ class Collectives:
         self.policy_faked = sim.policy_faked
         self.policy_name = getattr(sim.config.policy, "name", "")
 
-    def refuse_policy_fake(self, group: Group, op: Op) -> None:
-        """An op that communicates on a group of several ranks a policy turned to the ``fake`` backend (the program
-        asked for another): what ends the rank. Why not run it as torch does: torch's FakeProcessGroup returns at
-        once without moving a byte, so the simulated startup passed, and ``cost`` priced the group at nothing,
-        while production silently communicates nothing there. A policy may make a group fake only where no op
-        of the program communicates on it (one rank's, or one never used)."""
-        asked = self.policy_faked[group.ranks]
-        raise TorchError(
-            "PolicyFakeBackend",
-            f"policy {self.policy_name!r} made group {list(group.ranks)} ({group.size} ranks, asked for backend "
-            f"{asked}) 'fake', and the program runs {op.name} on it: the fake backend moves no data (torch's "
-            "FakeProcessGroup returns at once), so production would go on without communicating",
-        )
-
     def _usable_comm(self, rt: RankRuntime, group: Group, op: Op) -> Comm:
         device_type = self.device_type
         comm = group.comm_for(device_type)
         if comm is None:
             raise TorchError("RuntimeError", f"No backend type associated with device type {device_type}")
-        if comm.impl is Impl.FAKE and self.policy_faked and group.ranks in self.policy_faked:
-            self.refuse_policy_fake(group, op)
+        if self.policy_faked and comm.impl is _FAKE and group.ranks in self.policy_faked:
+            # torch's FakeProcessGroup returns at once without moving a byte: the simulated startup passed, and
+            # ``cost`` priced the group at nothing, while production silently communicates nothing there
+            asked = self.policy_faked[group.ranks]
+            raise policy_fake_error(self.policy_name, group.ranks, asked, f"the program runs {op.name} on it")
         # A barrier makes its own tensor on the device the backend uses (torch 2.15's ``barrier``: a bound device,
         # else legacy's first used device or its guess), so it never meets the check below.
         if device_type == "cuda" and comm.impl.is_nccl and type(op) is not Barrier:
@@ -179,10 +176,7 @@ class Collectives:
         target = self._group_of(rt, op)
         if target is None:
             return
-        if type(op) is Broadcast and op.src not in target.ranks:
-            # torch 2.15's broadcast first turns src into a group rank (_canonicalize_group_rank ->
-            # get_group_rank), which raises for a source outside the group, before any backend is involved
-            raise TorchError("ValueError", f"Global rank {op.src} is not part of group {target.name!r}")
+        src = _root_index(op.src, target) if type(op) is Broadcast else None
         comm = self._usable_comm(rt, target, op)
         life = LIFECYCLES[comm.impl]
         if type(op) is Barrier and comm.device is None and comm.impl is _LEGACY:
@@ -214,8 +208,8 @@ class Collectives:
         payload: tuple[Any, ...] = (op.name, op.size_bytes, op.dtype)
         if type(op) is AllGather and op.padded:  # each member's size is the members' largest (``Timing``)
             payload = (op.name, PADDED, op.dtype)
-        if type(op) is Broadcast:
-            payload = (*payload, target.ranks.index(op.src))
+        if src is not None:
+            payload = (*payload, src)
         call = getattr(op, "call", "")
         if call:  # the torch call it stands for (``ops.CALLS``) and its root: members must name the same
             payload = _called(op, call, target, payload)

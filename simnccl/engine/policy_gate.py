@@ -35,6 +35,7 @@ from simnccl.policy import (
     decides_alike_on_every_rank,
     reused_group_among,
 )
+from simnccl.release import Impl, ReleaseError, resolve_backend
 
 if TYPE_CHECKING:
     from simnccl.engine.fast.histories import SharedHistories
@@ -61,13 +62,16 @@ def rewritten(op: NewGroup, decision: GroupDecision) -> NewGroup:
     )
 
 
-def names_fake(backend: str | None) -> bool:
-    """Whether a backend string makes a communicator ``fake`` on some device: ``"fake"``, ``"FAKE"`` (torch
-    lower-cases a name), ``"cpu:fake"``, ``"cpu:fake,cuda:nccl"`` (a policy's "FAKE" and "cpu:fake" got past a
-    test of ``== "fake"``: found by a tester)."""
-    if not isinstance(backend, str):
-        return False
-    return any(part.rpartition(":")[2].strip() == "fake" for part in backend.lower().split(","))
+def policy_fake_error(policy: str, ranks: tuple[int, ...], asked: str, use: str) -> TorchError:
+    """What ends a rank where a policy turned a group of several ranks (``ranks``, asked for backend ``asked``) to
+    the ``fake`` backend and the program communicates there (``use``): the gate's, at a group tagged for traffic,
+    and the collectives', at an op on it. A policy may make a group fake only where nothing communicates."""
+    return TorchError(
+        "PolicyFakeBackend",
+        f"policy {policy!r} made group {list(ranks)} ({len(ranks)} ranks, asked for backend {asked}) 'fake', and "
+        f"{use}: the fake backend moves no data (torch's FakeProcessGroup returns at once), so production would go "
+        "on without communicating",
+    )
 
 
 def unchanged_decision(op: NewGroup) -> GroupDecision:
@@ -127,8 +131,8 @@ class PolicyGate:
             ),
         )
         self._check_init_agrees(rt, plan)
-        if names_fake(plan.backend) and not names_fake(op.backend) and rt.ctx.world_size > 1:
-            # the default group made fake: a collective on it fails (``Collectives.refuse_policy_fake``)
+        faked = rt.ctx.world_size > 1 and self._makes_fake(plan.backend, rt)
+        if faked and not self._makes_fake(op.backend, rt):  # the default group made fake: an op on it fails
             self.sim.policy_faked[tuple(range(rt.ctx.world_size))] = op.backend or "the default"
         if plan.env:
             rt.ctx = replace(rt.ctx, env={**rt.ctx.env, **plan.env})
@@ -293,7 +297,11 @@ class PolicyGate:
         seen = self._decisions.get(key)
         if seen is None:
             self._decisions[key] = (rt.rank, decision)
-        if names_fake(decision.backend) and not names_fake(request.backend) and len(request.ranks) > 1:
+        if (
+            self._makes_fake(decision.backend, rt)
+            and not self._makes_fake(request.backend, rt)
+            and len(request.ranks) > 1
+        ):
             self._faked(request)
         if key not in self._explained and (self.verified or (request.member and request.ranks[0] == rt.rank)):
             entry = {
@@ -317,18 +325,25 @@ class PolicyGate:
 
     def _faked(self, request: GroupRequest) -> None:
         """A policy turned a group of several ranks to the ``fake`` backend, which moves no data: remembered, so
-        an op that communicates on it fails (``Collectives.refuse_policy_fake``); where the program tags the group
+        an op that communicates on it fails (``Collectives._usable_comm``); where the program tags the group
         as one it will communicate on (``traffic``), the call fails now, as the startup may never use it."""
         asked = request.backend or "the default group's"
         self.sim.policy_faked[request.ranks] = asked
         if request.traffic in ("collectives", "p2p"):
-            raise TorchError(
-                "PolicyFakeBackend",
-                f"policy {self.policy.name!r} made group {list(request.ranks)} ({len(request.ranks)} ranks, asked "
-                f"for backend {asked}) 'fake', and the program tags it traffic={request.traffic!r}: the fake backend "
-                "moves no data (torch's FakeProcessGroup returns at once), so production would go on without "
-                "communicating",
-            )
+            use = f"the program tags it traffic={request.traffic!r}"
+            raise policy_fake_error(self.policy.name, request.ranks, asked, use)
+
+    def _makes_fake(self, backend: str | None, rt: RankRuntime) -> bool:
+        """Whether torch's reading of a backend string (``release.resolve_backend``, the one parser: "FAKE" is
+        lower-cased, "cpu:fake" is a device map) puts the fake backend on some device. A string it refuses is
+        torch's error at the call, not a fake group (a policy's "FAKE" and "cpu:fake" got past ``== "fake"``)."""
+        if backend is None:
+            return False
+        try:
+            config = resolve_backend(self.release, backend, rt.ctx.env, has_cuda=rt.ctx.device_count > 0)
+        except ReleaseError:
+            return False
+        return any(pair.impl is Impl.FAKE for pair in config.pairs)
 
     def order_explanations(self) -> None:
         """The explanations in call order (``init_process_group`` first), whatever order ranks decided in."""

@@ -156,7 +156,7 @@ class Sim:
         self.races: list[str] = []
         # Member lists of groups a policy turned to the ``fake`` backend from the one the program asked for
         # (``PolicyGate.check_consistent``), with that backend: an op that communicates on one fails the run
-        # (``Collectives.refuse_policy_fake``).
+        # (``Collectives._usable_comm``, ``policy_gate.policy_fake_error``).
         self.policy_faked: dict[tuple[int, ...], str] = {}
         self._last_counts: tuple[Sequence[int], Counter[int]] = ((), Counter())
 

@@ -99,14 +99,20 @@ class Timing:
         """Record the run as decided by a race where one peer's connection in this gloo bootstrap takes within
         ``spread`` of the group's timeout (``gloo_bootstrap_deadline``); once per bootstrap, however it ended."""
         per_peer = self.figures.gloo_bootstrap_per_peer_s
-        if id(meeting) in self._raced or not timeout_s / self.spread < per_peer < timeout_s * self.spread:
-            return
+        if self._near(meeting, per_peer, timeout_s):
+            self.races.append(
+                f"a gloo bootstrap of group {meeting.group!r} connects each peer in ~{per_peer:.3g} s at the modelled "
+                f"host pace, within a factor {self.spread:g} of the group's {timeout_s:g} s timeout: whether it "
+                "times out is decided by the real host's pace and load"
+            )
+
+    def _near(self, meeting: Meeting, seconds: float, timeout_s: float) -> bool:
+        """Whether ``seconds`` of one wait of a gloo meeting lie within ``spread`` of its timeout, on either side, the
+        first time it is asked for that meeting (a race is recorded once per meeting)."""
+        if id(meeting) in self._raced or not timeout_s / self.spread < seconds < timeout_s * self.spread:
+            return False
         self._raced.add(id(meeting))
-        self.races.append(
-            f"a gloo bootstrap of group {meeting.group!r} connects each peer in ~{per_peer:.3g} s at the modelled "
-            f"host pace, within a factor {self.spread:g} of the group's {timeout_s:g} s timeout: whether it times "
-            "out is decided by the real host's pace and load"
-        )
+        return True
 
     def split_s(self, meeting: Meeting) -> float:
         return self.figures.split_s
@@ -180,11 +186,10 @@ class Timing:
         """Record the run as decided by a race where one message of this gloo op takes within ``spread`` of the
         group's timeout (``gloo_deadline``); once per op, whether its members completed or timed out."""
         if id(meeting) in self._raced:
-            return
+            return  # recorded already (the message is not worked out again)
         message = self._gloo_message(meeting, op)
-        if message is None or not timeout_s / self.spread < message[1] < timeout_s * self.spread:
+        if message is None or not self._near(meeting, message[1], timeout_s):
             return
-        self._raced.add(id(meeting))
         nbytes, seconds = message
         self.races.append(
             f"a gloo {op.name} message of {round(nbytes):,} bytes in group {meeting.group!r} takes ~{seconds:.3g} s "
