@@ -291,7 +291,17 @@ class AllGather(Collective):
     root: int | None = None
     padded: bool = False
 
-    __post_init__ = _check_called
+    def __post_init__(self) -> None:
+        _check_called(self)
+        if type(self.padded) is not bool:
+            raise ValueError(f"all_gather: padded: expected true or false, got {self.padded!r}")
+        if self.padded and self.dtype != "Byte":
+            # What pads is torch's object gather, whose tensors are bytes: a padded Float gather would be a tensor
+            # gather of unequal sizes, which gloo aborts and the simulation would have let pass.
+            raise ValueError(
+                "all_gather: padded: only the pickled objects of all_gather_object/gather_object are padded, "
+                f'and they are bytes (dtype "Byte"), got dtype {self.dtype!r}'
+            )
 
 
 @dataclass(frozen=True, slots=True)

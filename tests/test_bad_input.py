@@ -27,6 +27,7 @@ from simnccl.cli_guard import EXIT_INTERRUPTED, EXIT_OUTPUT_CLOSED, EXIT_SOFTWAR
 from simnccl.engine import Engine, EngineGuardError, Limits
 from simnccl.faults import Fault, FaultSchedule
 from simnccl.limits import current as current_limits
+from simnccl.ops import AllGather
 from simnccl.report import print_result
 from simnccl.scenario import ScenarioError, load_scenario
 
@@ -1314,3 +1315,15 @@ def test_a_seed_on_the_command_line_that_draws_a_clashing_fault_is_bad_input(cap
 )
 def test_a_collectives_torch_call_and_root_are_checked(capsys, write_scenario, step: str, key: str, message: str):
     _bad(capsys, write_scenario, _steps(*BASE_STEPS, step), f"workload.steps[2].{key}", message)
+
+
+@pytest.mark.parametrize("dtype", ["", ', dtype = "Float"', ', dtype = "Half"'])
+def test_a_padded_gather_of_anything_but_bytes_is_bad_input(capsys, write_scenario, dtype: str) -> None:
+    """``padded`` stands for torch's object gathers, whose tensors are bytes; a padded Float gather of unequal
+    sizes passed in the simulation, a gather gloo aborts as a tensor gather (and the real tier ran it as an
+    object gather, so nothing compared the two)."""
+    step = f'{{ op = "all_gather", size_bytes = 16, padded = true{dtype} }}'
+    _bad(capsys, write_scenario, _steps(*BASE_STEPS, step), "workload.steps[2].padded", 'dtype "Byte"')
+    with pytest.raises(ValueError, match='dtype "Byte"'):
+        AllGather(size_bytes=16, padded=True)
+    assert AllGather(size_bytes=16, dtype="Byte", padded=True).padded  # the object gather itself is accepted
