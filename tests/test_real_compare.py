@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from simnccl.backends.gloo import BARRIER_PEER_RACE
+import pytest
+
+from simnccl.backends.gloo import BARRIER_PEER_RACE, SINGLETON_RACE
 from simnccl.real.compare import (
     INIT_OVERTAKEN_RACE,
     compare_variant,
@@ -222,6 +224,13 @@ def test_a_rank_stuck_between_ops_on_the_real_side_is_in_another_op() -> None:
 _INIT = "init_process_group(backend='gloo')"
 
 
+def _init_overtaken_states() -> list[dict[str, Any]]:
+    lost = _failed(0, "peer-lost", "RuntimeError", "Connection closed by peer")
+    lost["final"]["op"] = _INIT
+    booting = {"rank": 3, "current": {"op": _INIT, "i": 0, "name": "init_process_group"}, "killed": True}
+    return [lost, _done(1), _done(2), booting]
+
+
 def _init_overtaken_sides(sim_op: str = "all_reduce(size_bytes=96)") -> tuple[dict[str, Any], dict[str, Any]]:
     """The CI failure of 2026-12-06: rank 2 closed after its first collective; on a loaded machine real rank 0
     lost it inside init_process_group and rank 3 hung bootstrapping, where the simulator had both past init
@@ -229,21 +238,63 @@ def _init_overtaken_sides(sim_op: str = "all_reduce(size_bytes=96)") -> tuple[di
     sim_lost = {**_sim_error(0, "peer-lost", "RuntimeError"), "op": sim_op}
     sim_hang = {"rank": 3, "op": sim_op, "op_index": 2, "kind": "collective", "waiting_for": [2]}
     sim = _sim("error", [sim_lost], [sim_hang])
-    lost = _failed(0, "peer-lost", "RuntimeError", "Connection closed by peer")
-    lost["final"]["op"] = _INIT
-    booting = {"rank": 3, "current": {"op": _INIT, "i": 0, "name": "init_process_group"}, "killed": True}
-    real = _real(lost, _done(1), _done(2), booting)
-    return sim, real
+    return sim, _real(*_init_overtaken_states())
 
 
 def test_a_rank_the_load_stopped_in_gloos_init_where_the_simulator_had_it_past_init_is_a_race() -> None:
     sim, real = _init_overtaken_sides()
     assert real["verdict"] == sim["verdict"] == "error"
     comparison = compare_variant("v", "cpu", sim, real, 4, 0.0)
-    assert comparison.racy and comparison.race == INIT_OVERTAKEN_RACE
-    assert comparison.agree, comparison.reasons  # a race: the verdict is compared, and it matches
+    assert comparison.race == INIT_OVERTAKEN_RACE and comparison.excused == [0, 3]
+    assert not comparison.racy  # ranks 1 and 2 are compared as they are, not only the verdict
+    assert comparison.agree, comparison.reasons
     text = render_comparison_variant(comparison.to_dict(full=True))
-    assert f"~ {INIT_OVERTAKEN_RACE}; only the verdict is compared" in text
+    assert f"~ {INIT_OVERTAKEN_RACE}: rank(s) [0, 3] compared as the simulation has them" in text
+    assert "hang [bootstrap] at #0 init_process_group" in text  # the table shows what the real rank did
+
+
+def test_an_init_race_excuses_its_overtaken_ranks_only() -> None:
+    """The race stood for the whole variant: only the verdict was compared, so another rank's difference (here
+    rank 1, simulated done, real failed) was excused with it."""
+    sim, real = _init_overtaken_sides()
+    real = _real(*[_failed(1, "error", "RuntimeError") if s["rank"] == 1 else s for s in _init_overtaken_states()])
+    comparison = compare_variant("v", "cpu", sim, real, 4, 0.0)
+    assert comparison.race == INIT_OVERTAKEN_RACE and comparison.excused == [0, 3]
+    assert not comparison.agree and any("ranks that did not finish" in r for r in comparison.reasons)
+
+
+def test_ranks_that_all_stopped_in_init_are_no_race_whatever_the_simulator_names() -> None:
+    """Found by a tester: one real rank frozen (SIGSTOP, as a starved rank) as it started, so neither got out of
+    init_process_group; the simulator had rank 0 hang in an all_reduce alone and rank 1 finish. The init race
+    excused it (ALL AGREE, exit 0). Nothing overtook anyone: compared as they are."""
+    sim = _sim("hang", [], [{"rank": 0, "op": "all_reduce(size_bytes=64)", "op_index": 1, "kind": "collective"}])
+    booting = [
+        {"rank": r, "current": {"op": _INIT, "i": 0, "name": "init_process_group"}, "killed": True} for r in (0, 1)
+    ]
+    real = _real(*booting)
+    assert race(sim, real) is None
+    comparison = compare_variant("v", "cpu", sim, real, 2, 0.0)
+    assert not comparison.agree and not comparison.racy and comparison.excused == []
+
+
+@pytest.mark.parametrize("said", [f"store key collision under name '1'; {SINGLETON_RACE}", "store key collision"])
+def test_a_race_cannot_excuse_ranks_that_never_got_out_of_their_first_init(said: str) -> None:
+    """Found by a tester: GLOO_SOCKET_IFNAME naming no interface failed every real rank in init_process_group, and
+    a simulated store-key race in a later new_group made the variant NOT COMPARED (racy): ALL AGREE, exit 0.
+    Every race compare excuses happens in or after a group's bootstrap; a rank that never got out of init was
+    stopped by something else."""
+    hang = {"rank": 0, "op": "new_group(ranks=[0])", "op_index": 2, "kind": "bootstrap", "explanation": said}
+    sim = _sim("hang", [], [hang])
+    failing = [_failed(r, "error", "RuntimeError", "no interface") for r in (0, 1)]
+    for state in failing:
+        state["final"]["op"] = _INIT
+    real = _real(*failing)
+    comparison = compare_variant("v", "cpu", sim, real, 2, 0.0)
+    assert comparison.race is not None and not comparison.racy and not comparison.verdict_racy
+    assert not comparison.agree
+    assert "rank(s) [0, 1] did not get out of init_process_group" in comparison.reasons[0]
+    text = render_comparison_variant(comparison.to_dict(full=True))
+    assert "DISAGREE" in text and "NOT COMPARED" not in text
 
 
 def test_a_rank_stopped_in_init_on_both_sides_or_done_in_the_simulation_is_no_init_race() -> None:
@@ -262,8 +313,10 @@ def test_a_rank_stopped_in_init_on_both_sides_or_done_in_the_simulation_is_no_in
 def test_each_race_is_described_as_itself_not_as_a_store_key_collision() -> None:
     hang = {"rank": 0, "op": "barrier()", "op_index": 1, "kind": "collective", "waiting_for": [1]}
     sim = _sim("error", [_sim_error(1, "peer-lost", "RuntimeError", f"closed ({BARRIER_PEER_RACE})")], [hang])
-    real = _real(_failed(0, "peer-lost", "RuntimeError"), _failed(1, "peer-lost", "RuntimeError"))
-    comparison = compare_variant("v", "cpu", sim, real, 2, 0.0)
+    failed = [_failed(r, "peer-lost", "RuntimeError") for r in (0, 1)]
+    for state in failed:
+        state["final"]["op"] = "barrier()"
+    comparison = compare_variant("v", "cpu", sim, _real(*failed), 2, 0.0)
     assert comparison.race == BARRIER_PEER_RACE
     text = render_comparison_variant(comparison.to_dict(full=True))
     assert f"~ {BARRIER_PEER_RACE}; only the verdict is compared" in text and "store-key" not in text

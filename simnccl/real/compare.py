@@ -131,6 +131,7 @@ class VariantComparison:
     blocked_agree: bool = False  # the same ranks did not finish
     finished_agree: bool = False  # both passed, or neither did
     known_gap: str | None = None  # a verdict difference explained by KNOWN_GAPS
+    excused: list[int] = field(default_factory=list)  # ranks an init race compares as the simulation has them
 
     def to_dict(self, full: bool = False) -> dict[str, Any]:
         out = {
@@ -143,6 +144,7 @@ class VariantComparison:
             "verdict_racy": self.verdict_racy,
             "blocked_agree": self.blocked_agree,
             "known_gap": self.known_gap,
+            "excused": self.excused,
             "sim_verdict": self.sim["verdict"],
             "real_verdict": self.real["verdict"],
             "ranks": self.ranks,
@@ -239,7 +241,7 @@ def race(sim: Mapping[str, Any], real: Mapping[str, Any] | None = None) -> str |
         return None
     if real.get("end_reason") == "finished" and _mentions(sim, TIMEOUT_RACE_TEXTS):
         return TIMEOUT_TIE_RACE
-    return INIT_OVERTAKEN_RACE if _init_overtaken(sim, real) else None
+    return INIT_OVERTAKEN_RACE if overtaken_in_init(sim, real) else None
 
 
 def racy(sim: Mapping[str, Any], real: Mapping[str, Any] | None = None) -> bool:
@@ -247,23 +249,70 @@ def racy(sim: Mapping[str, Any], real: Mapping[str, Any] | None = None) -> bool:
     return race(sim, real) is not None
 
 
-def _init_overtaken(sim: Mapping[str, Any], real: Mapping[str, Any]) -> bool:
-    """A real rank lost a peer, or hung bootstrapping, in init_process_group, where the simulated one got past
-    init and did not finish either (``INIT_OVERTAKEN_RACE``): a simulated pass is never excused."""
+def overtaken_in_init(sim: Mapping[str, Any], real: Mapping[str, Any]) -> list[int]:
+    """The real ranks that lost a peer, or hung bootstrapping, in init_process_group, where the simulated one got
+    past init and did not finish either (``INIT_OVERTAKEN_RACE``): a simulated pass is never excused. Only where a
+    peer did get out of its first init in the real run (the peer that left early and overtook them): where none did,
+    nothing overtook anyone, and ranks that all stopped in init (a frozen or starved machine, a network setting
+    that fails every bootstrap) are compared as they are."""
+    real_ranks = rank_outcomes(real)
+    if all(stopped_in_first_init(real, rank, ran) for rank, ran in real_ranks.items()):
+        return []
     sim_ranks = rank_outcomes(sim)
-    for rank, ran in rank_outcomes(real).items():
+    overtaken = []
+    for rank, ran in real_ranks.items():
         if not str(ran.get("op", "")).startswith("init_process_group"):
             continue
         if (ran["status"], ran.get("kind")) not in (("error", "peer-lost"), ("hang", "bootstrap")):
             continue
         simulated = sim_ranks.get(rank)
-        if (
-            simulated is not None
-            and simulated["status"] != "done"
-            and not str(simulated.get("op", "")).startswith("init_process_group")
-        ):
-            return True
-    return False
+        if simulated is not None and simulated["status"] != "done" and _past_init(simulated):
+            overtaken.append(rank)
+    return overtaken
+
+
+def _past_init(outcome: Mapping[str, Any]) -> bool:
+    """Whether a rank's outcome (``rank_outcomes``) is past init_process_group: done, or stopped in another op."""
+    return outcome["status"] == "done" or not str(outcome.get("op", "")).startswith("init_process_group")
+
+
+def stopped_in_first_init(real: Mapping[str, Any], rank: int, outcome: Mapping[str, Any]) -> bool:
+    """Whether a real rank did not finish and never got out of its first init_process_group: it stopped in one, or
+    between ops, and its op records (the driver's, where the result has them) show no init_process_group ended.
+
+    Why: every race compare excuses happens in or after a group's bootstrap, which needs the world's store and
+    the default group first; a rank that never got that far was stopped by something else (a frozen process, a
+    child that failed to start, ``GLOO_SOCKET_IFNAME`` naming no interface), which no race explains."""
+    if outcome["status"] == "done":
+        return False
+    op = str(outcome.get("op", ""))
+    if op and not op.startswith(("init_process_group", "<between ops>")):
+        return False
+    records = next((r.get("ops") for r in real.get("ranks") or [] if r.get("rank") == rank), None)
+    if records:
+        return not any(r.get("name") == "init_process_group" and r.get("outcome") == "ok" for r in records)
+    return op.startswith("init_process_group") or not op or op.startswith("<between ops>")
+
+
+def never_initialised(sim: Mapping[str, Any], real: Mapping[str, Any], world_size: int) -> list[int]:
+    """The ranks the real run stopped before the end of their first init_process_group (``stopped_in_first_init``)
+    where the simulated rank got past it: no race excuses them (a race's comparison compares them as usual)."""
+    sim_ranks = rank_outcomes(sim, world_size)
+    return [
+        rank
+        for rank, ran in rank_outcomes(real, world_size).items()
+        if stopped_in_first_init(real, rank, ran) and _past_init(sim_ranks[rank])
+    ]
+
+
+def _as_simulated(real: dict[str, Any], sim: Mapping[str, Any], ranks: Sequence[int]) -> dict[str, Any]:
+    """The real result with ``ranks``' errors and hangs replaced by the simulation's: an init race's overtaken ranks,
+    compared as the simulation has them while every other rank is compared as it is."""
+    view = dict(real)
+    for key in ("errors", "hangs"):
+        kept = [e for e in real.get(key, []) if int(e["rank"]) not in ranks]
+        view[key] = sorted(kept + [e for e in sim.get(key, []) if int(e["rank"]) in ranks], key=lambda e: e["rank"])
+    return view
 
 
 def verdict_racy(sim: Mapping[str, Any]) -> bool:
@@ -499,11 +548,23 @@ def compare_variant(
     order. A simulated error that replaced a timeout counts as the hang it was where the real rank is stuck
     (``stuck_until_timeout``)."""
     sim = stuck_until_timeout(sim, real)
+    found_race = race(sim, real)
+    shown = real
+    excused: list[int] = []
+    if found_race == INIT_OVERTAKEN_RACE:  # only its overtaken ranks are excused, each as the simulation has it
+        excused = overtaken_in_init(sim, real)
+        real = _as_simulated(real, sim, excused)
+    stranded = never_initialised(sim, real, world_size)
+    # A race compares less (the verdict, or nothing) than the ranks; it cannot excuse a rank no race reached.
+    is_racy = found_race is not None and found_race != INIT_OVERTAKEN_RACE and not stranded
     sim_ranks = rank_outcomes(sim, world_size)
     real_ranks = rank_outcomes(real, world_size)
-    found_race = race(sim, real)
-    is_racy = found_race is not None
     reasons = []
+    if stranded and found_race is not None:
+        reasons.append(
+            f"rank(s) {stranded} did not get out of init_process_group in the real run, where the simulation got "
+            f"past it: no race explains that (the simulator names: {found_race})"
+        )
     if sim["verdict"] != real["verdict"]:
         reasons.append(f"verdict: simulated {sim['verdict']}, real {real['verdict']}")
     blocked_sim, blocked_real = unfinished(sim_ranks), unfinished(real_ranks)
@@ -517,13 +578,14 @@ def compare_variant(
     reasons += wiring_differences(sim, real)
     reasons += stuck_op_differences(sim_ranks, real_ranks)
     ranks = []
+    seen = rank_outcomes(shown, world_size)  # what the real run did, an excused rank's included
     for rank in range(world_size):
         s, r = sim_ranks[rank], real_ranks[rank]
         ranks.append(
             {
                 "rank": rank,
                 "sim": describe_outcome(s),
-                "real": describe_outcome(r),
+                "real": describe_outcome(seen[rank]),
                 "same_status": s["status"] == r["status"],
                 "same_op": s.get("op_index") == r.get("op_index"),
                 "same_error": all(found["rank"] != rank for found in differing),
@@ -538,9 +600,10 @@ def compare_variant(
                     f"checkpoint {row['checkpoint']} {row['device']}: simulated {row['sim_mib']} MiB, measured "
                     f"{row['real_mib']} MiB ({row['error_pct']}% > {tolerance_pct}%)"
                 )
-    comparison = VariantComparison(name, lane, sim, real, False, reasons, ranks, memory)
+    comparison = VariantComparison(name, lane, sim, shown, False, reasons, ranks, memory)
     comparison.racy = is_racy
     comparison.race = found_race
+    comparison.excused = excused
     comparison.verdict_racy = is_racy and verdict_racy(sim)
     comparison.blocked_agree = blocked_sim == blocked_real
     comparison.finished_agree = (sim["verdict"] == "pass") == (real["verdict"] == "pass")
@@ -713,6 +776,10 @@ def render_comparison_variant(variant: Mapping[str, Any]) -> str:
         lines.append(f"  ~ {variant.get('race') or 'a race'}: which way it ends is timing; nothing is compared")
     elif variant.get("racy"):
         lines.append(f"  ~ {variant.get('race') or 'a race'}; only the verdict is compared")
+    elif variant.get("excused"):
+        lines.append(
+            f"  ~ {variant.get('race') or 'a race'}: rank(s) {variant['excused']} compared as the simulation has them"
+        )
     if variant.get("known_gap"):
         lines.append(f"  ~ known gap {variant['known_gap']}: {KNOWN_GAPS[variant['known_gap']]}")
     return "\n".join(lines)
