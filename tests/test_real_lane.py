@@ -1096,11 +1096,24 @@ def test_a_racy_variant_is_not_reported_as_agreeing() -> None:
     assert _closing_line(False, [variant]) == "DISAGREEMENT"
 
 
-def test_a_torch_that_does_not_import_is_a_missing_prerequisite(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("body", "shown"),
+    [
+        ("raise ImportError('libtorch_cuda.so: cannot open shared object file')\n", "libtorch_cuda.so"),
+        # Found by a tester: an import that ends the process (as OpenBLAS does under ``ulimit -v``) raised nothing
+        # the log names, and the run ended as a bug in simnccl (exit 70) naming a log already removed.
+        (
+            "import sys\nprint('OpenBLAS error: Memory allocation still failed', file=sys.stderr)\nsys.exit(1)\n",
+            "OpenBLAS",
+        ),
+        ("import sys\nsys.exit(0)\n", "exit code 0"),
+    ],
+)
+def test_a_torch_that_does_not_import_is_a_missing_prerequisite(tmp_path: Path, body: str, shown: str) -> None:
     """A broken torch install stopped the rank zygote and was reported as a bug in simnccl (exit 70)."""
     broken = tmp_path / "site" / "torch"
     broken.mkdir(parents=True)
-    (broken / "__init__.py").write_text("raise ImportError('libtorch_cuda.so: cannot open shared object file')\n")
+    (broken / "__init__.py").write_text(body)
     scenario = tmp_path / "two.toml"
     scenario.write_text(_TWO_RANKS)
     env = dict(os.environ, PYTHONPATH=f"{tmp_path / 'site'}{os.pathsep}{REPO}")
@@ -1108,7 +1121,7 @@ def test_a_torch_that_does_not_import_is_a_missing_prerequisite(tmp_path: Path) 
         [PYTHON, "-m", "simnccl.real", "run", str(scenario)], env=env, capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 2, done.stdout + done.stderr
-    assert "needs a PyTorch that imports" in done.stderr and "libtorch_cuda.so" in done.stderr
+    assert "needs a PyTorch that imports" in done.stderr and shown in done.stderr
     assert "internal error" not in done.stderr and "Traceback" not in done.stderr
 
 

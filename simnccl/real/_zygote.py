@@ -132,9 +132,14 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher decides when we stop
     out = os.dup(1)
     os.dup2(2, 1)  # stray prints (torch warnings) must not corrupt the protocol
-    # The expensive part, done once: torch, torch.distributed, the policy routing and the driver.
+    # The expensive part, done once: torch, torch.distributed, the policy routing and the driver. The launcher
+    # hears when torch's import starts and ends: a process that ends in between is the machine's torch or its
+    # limits (a broken install, ``ulimit -v``), a missing prerequisite, not a bug of simnccl's.
+    _emit(out, {"importing": "torch"})
     import torch
     import torch.distributed  # noqa: F401
+
+    _emit(out, {"imported": "torch"})
 
     import simnccl.real.driver
     import simnccl.torch_apply  # noqa: F401

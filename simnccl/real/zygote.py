@@ -68,6 +68,7 @@ class Zygote:
         self.exited: dict[int, tuple[int, float]] = {}
         self._spawned: dict[str, int] = {}
         self.ready = False
+        self.importing_torch = False  # between the zygote's "importing" and "imported" lines
         self._reader = threading.Thread(target=self._read, name="zygote-reader", daemon=True)
         self._reader.start()
         deadline = time.monotonic() + start_timeout_s
@@ -75,13 +76,24 @@ class Zygote:
             while not self.ready:
                 if self.proc.poll() is not None or time.monotonic() > deadline:
                     exited = self.proc.poll() is not None
+                    settle = time.monotonic() + 2.0
+                    while exited and self._reader.is_alive() and time.monotonic() < settle:
+                        self._lock.wait(0.05)  # the reader takes in what it wrote before it ended (EOF ends it)
                     tail = self.log_tail()
                     self.close()
                     broken = torch_import_failure(tail) if exited else None
                     if broken is not None:  # the machine's torch, not simnccl: a missing prerequisite (exit 2)
                         raise MissingPrerequisite(
                             f"simnccl real needs a PyTorch that imports (torch>=2.15); importing it failed: {broken}; "
-                            "reinstall it: pip install 'simnccl[real]'"
+                            "reinstall it (pip install 'simnccl[real]') or raise the process's limits (ulimit -v)"
+                        )
+                    if exited and self.importing_torch:  # it ended inside ``import torch``, with no error of its own
+                        last = next((ln.strip() for ln in reversed(tail.splitlines()) if ln.strip()), "no message")
+                        raise MissingPrerequisite(
+                            f"simnccl real needs a PyTorch that imports (torch>=2.15); importing it ended the rank "
+                            f"helper process (exit code {self.proc.returncode}; its last words: {last[:300]}): "
+                            "a broken install (pip install 'simnccl[real]') or the process's limits (ulimit -v) "
+                            "can do that"
                         )
                     raise LaunchError(f"the rank zygote did not start; see {self.log_path}:\n{tail}")
                 self._lock.wait(0.1)
@@ -96,6 +108,10 @@ class Zygote:
             with self._lock:
                 if "ready" in msg:
                     self.ready = True
+                elif "importing" in msg:
+                    self.importing_torch = True
+                elif "imported" in msg:
+                    self.importing_torch = False
                 elif "spawned" in msg:
                     pid = int(msg["spawned"])
                     self._spawned[str(msg["tag"])] = pid
