@@ -5,7 +5,10 @@ also exited 1, so a crash looked like a failed expectation. ``guarded(main)`` ma
 
 * an uncaught exception is a bug in simnccl: exit 70 (``EX_SOFTWARE`` from sysexits.h), the traceback, and
   one last line saying "please report" with the scenario file(s) the command was running;
-* Ctrl-C (``KeyboardInterrupt``) ends any command with what finished so far and exit 130 (128 + SIGINT);
+* Ctrl-C (``KeyboardInterrupt``) ends any command with what finished so far and exit 130 (128 + SIGINT); so
+  does SIGTERM, what ``timeout``, CI runners and batch schedulers send (it is handed on as a SIGINT: the same
+  report, the same ``--json`` document of what finished), except in a process torchrun started (its agent
+  stops its workers with SIGTERM and owns what they report);
 * a full disk under its output (``> /dev/full``): exit 2 naming it, as for a ``--json`` file, not a bug report;
   a path too long for the file system (``ENAMETOOLONG``: every long name is one the user gave) the same;
 * a reader that goes away (``simnccl run ... | head -1``) ends it with exit 141 (128 + SIGPIPE, what a shell
@@ -80,6 +83,8 @@ def guarded(main_fn: MainFn, *, command: Sequence[str] = ()) -> MainFn:
     def _run(argv: Sequence[str] | None) -> int:
         raw = [*command, *(sys.argv[1:] if argv is None else argv)]
         _open_closed_streams()
+        if argv is None:  # the process's own command (not a call from a test or a user's code)
+            _terminate_as_interrupt()
         children_before = _children()
         with journal() as record:
             try:
@@ -120,7 +125,8 @@ def guarded(main_fn: MainFn, *, command: Sequence[str] = ()) -> MainFn:
                 # handler was put back killed it by SIGINT (-2) after its report, where the report promised 130
                 with _interrupts_ignored(restore=argv is not None):
                     _reap(children_before)
-                    _say(f"interrupted (Ctrl-C): simnccl {' '.join(raw)}")
+                    how = "SIGTERM" if _terminated.is_set() else "Ctrl-C"
+                    _say(f"interrupted ({how}): simnccl {' '.join(raw)}")
                     _partial_report(record)
                 return EXIT_INTERRUPTED
             except CommandTimeout as err:
@@ -301,6 +307,30 @@ def _partial_report(record: RunJournal) -> None:
         _say(f"  {line}")
     if not record.scenarios and not record.lines:
         _say("  nothing had finished")
+
+
+_terminated = threading.Event()  # a SIGTERM was handed on as the interrupt (``_terminate_as_interrupt``)
+
+
+def _terminate_as_interrupt() -> None:
+    """SIGTERM handed on as a SIGINT to this process, so it ends as Ctrl-C ends it: the report of what finished,
+    the ``--json`` document, exit 130, through every path that holds or ignores SIGINT while it writes or reaps.
+
+    Why: ``timeout 600 simnccl real compare ...``, a CI job's time limit and a batch scheduler's preemption send
+    SIGTERM, which ended the command at once with status 143: no summary and no document, even of the variants
+    that had finished. Not in a process torchrun started (``TORCHELASTIC_RUN_ID``): its agent stops the workers
+    with SIGTERM when one fails and owns the report; nor off the main thread, nor where SIGTERM is not at its
+    default (a parent chose to ignore it, or the embedding program handles it)."""
+    if threading.current_thread() is not threading.main_thread() or "TORCHELASTIC_RUN_ID" in os.environ:
+        return
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return
+
+    def handed_on(_signum: int, _frame: object) -> None:
+        _terminated.set()
+        os.kill(os.getpid(), signal.SIGINT)
+
+    signal.signal(signal.SIGTERM, handed_on)
 
 
 @contextlib.contextmanager

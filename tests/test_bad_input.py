@@ -1206,11 +1206,12 @@ class Sleeps(BasePolicy):
 """
 
 
-@pytest.mark.parametrize("target", ["file", "stdout"])
-def test_ctrl_c_during_run_still_writes_the_document_of_what_finished(tmp_path: Path, target: str) -> None:
+@pytest.mark.parametrize(("target", "sent"), [("file", "SIGINT"), ("stdout", "SIGINT"), ("file", "SIGTERM")])
+def test_ctrl_c_during_run_still_writes_the_document_of_what_finished(tmp_path: Path, target: str, sent: str) -> None:
     """Ctrl-C ended ``run --json FILE`` with 130 and the partial report on stderr, but no document: the file was
     never written (``--json -``: stdout empty), unlike cost and real. Now the document holds what finished, each
-    variant not finished is a summary line that is not ok, and its ``ok`` is false."""
+    variant not finished is a summary line that is not ok, and its ``ok`` is false. SIGTERM (``timeout``, a CI
+    job's limit) ended it with status 143 and nothing at all (found by a tester): now it ends as Ctrl-C does."""
     (tmp_path / "sleepy.py").write_text(_SLEEPY)
     scenario = tmp_path / "s.toml"
     scenario.write_text(
@@ -1235,9 +1236,10 @@ def test_ctrl_c_during_run_still_writes_the_document_of_what_finished(tmp_path: 
     assert talks is not None
     while "asleep" not in (line := talks.readline()):  # the fast variant's text comes first
         assert line, "the policy never ran"
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(getattr(signal, sent))
     stdout, err = communicate_or_kill(proc, 60)
     assert proc.returncode == 130, err
+    assert f"interrupted ({'SIGTERM' if sent == 'SIGTERM' else 'Ctrl-C'})" in err, err
     document = json.loads(out.read_text() if target == "file" else stdout)
     assert document["ok"] is False
     summary = {line["variant"]: line for line in document["summary"]}
