@@ -6,7 +6,8 @@ simulator's eager bootstrap, where real gloo passes (found by a tester). Measure
 ``/tmp`` experiments, 1 run each, and ``real compare`` below): ``new_group`` returns in 1-7 ms; an unused group a
 rank skips passes; a group a rank skips that the others all_reduce on raises ``DistStoreError: wait timeout after
 3000ms, keys: /default_pg/0//1//cpu//0/2`` on them at the group's 3 s timeout, from the all_reduce (eager: from
-``new_group``); a rank 2 s late to a lazy group is waited for; a send/recv on a group every rank made runs.
+``new_group``); a rank 2 s late to a lazy group is waited for; a send/recv on a group every rank made runs, and
+one between two ranks of a group the third never makes runs too (the pair connects alone).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from simnccl.ops import AllReduce, Barrier, Compute, InitProcessGroup, NewGroup, Op, Recv, Send
+from simnccl.ops import AllReduce, Barrier, BatchIsendIrecv, Compute, InitProcessGroup, NewGroup, Op, Recv, Send
 from simnccl.profiles import gloo_defaults
 from simnccl.testing import simulate
 
@@ -71,6 +72,38 @@ def test_a_send_recv_on_a_lazy_group_every_rank_made_runs() -> None:
     assert _run([*programs, [GLOO, G3]]).verdict == "pass"
 
 
+SEND = Send(group="g", peer=1, size_bytes=16)
+RECV = Recv(group="g", peer=0, size_bytes=16)
+
+
+@pytest.mark.parametrize("distinct", [False, True])
+def test_a_send_recv_on_a_lazy_group_a_member_never_made_runs_between_the_pair(distinct: bool) -> None:
+    """gloo's lazy context connects a send/recv's pair alone: ranks 0 and 1 of a group of three that rank 2 never
+    makes complete (real gloo, 3 ranks; ``real compare`` below). The simulator waited for rank 2's address until
+    the timeout (a hang real gloo does not have), with the peer 1 s late too."""
+    late = [GLOO, Compute(seconds=1.0), G3, RECV, Send(group="g", peer=0, size_bytes=16)]
+    out = _run([[GLOO, G3, SEND, Recv(group="g", peer=1, size_bytes=16)], late, [GLOO]], distinct=distinct)
+    assert out.verdict == "pass" and out.end_time_s == pytest.approx(1.0, abs=0.01)
+
+
+def test_a_batch_on_a_lazy_group_a_member_never_made_runs_between_its_peers() -> None:
+    ring = [BatchIsendIrecv(group="g", sends=(peer,), recvs=(peer,), size_bytes=16) for peer in (1, 0)]
+    assert _run([[GLOO, G3, ring[0]], [GLOO, G3, ring[1]], [GLOO]]).verdict == "pass"
+
+
+def test_a_send_to_a_peer_that_never_made_the_lazy_group_waits_for_its_address() -> None:
+    out = _run([[GLOO, G3, SEND], [GLOO], [GLOO, G3]])
+    assert out.verdict == "hang"
+    assert [(e["rank"], e["type"], e["time_s"]) for e in out.errors] == [(0, "torch.distributed.DistStoreError", 3.0)]
+
+
+def test_a_collective_after_a_lazy_pairs_send_recv_still_waits_for_every_member() -> None:
+    programs = [[GLOO, G3, SEND, REDUCE], [GLOO, G3, RECV, REDUCE], [GLOO, Compute(seconds=10.0)]]
+    out = _run(programs)
+    assert out.verdict == "hang" and sorted(e["rank"] for e in out.errors) == [0, 1]
+    assert all(e["op"] == "all_reduce(group='g', size_bytes=16)" for e in out.errors)
+
+
 @pytest.mark.parametrize("value", ["1", "true", "YES", "t", "y"])
 def test_torchs_true_values_make_gloo_lazy(value: str) -> None:
     programs = [[GLOO, G3, Barrier()], [GLOO, G3, Barrier()], [GLOO, Barrier()]]
@@ -108,20 +141,54 @@ env = { TORCH_GLOO_LAZY_INIT = "1" }
 [[variants]]
 name = "eager"
 """
+# A send/recv pair of a lazy group of three that rank 2 never makes, rank 1 a second late.
+PAIR_SCENARIO = """\
+[scenario]
+name = "gloo-lazy-pair"
+[cluster]
+gpu = "h100-80gb"
+nodes = 1
+gpus_per_node = 0
+ranks_per_node = 3
+[torch]
+release = "2.15"
+env = { TORCH_GLOO_LAZY_INIT = "1" }
+[workload]
+steps = [
+  { op = "init_process_group", backend = "gloo" },
+  { op = "compute", seconds = 1.0, on_ranks = [1] },
+  { op = "new_group", ranks = [0, 1, 2], bind = "g", timeout_s = 4, on_ranks = [0, 1] },
+  { op = "send", group = "g", peer = 1, size_bytes = 64, on_ranks = [0] },
+  { op = "recv", group = "g", peer = 0, size_bytes = 64, on_ranks = [1] },
+  { op = "batch_isend_irecv", group = "g", sends = [1], recvs = [1], size_bytes = 64, on_ranks = [0] },
+  { op = "batch_isend_irecv", group = "g", sends = [0], recvs = [0], size_bytes = 64, on_ranks = [1] },
+]
+"""
 
 
 @pytest.mark.real
-def test_real_gloo_agrees_lazy_and_eager(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("text", "agreed"),
+    [
+        (
+            SCENARIO,
+            ["gloo-lazy  lazy  agree  ok  sim pass | real pass", "gloo-lazy  eager  agree  ok  sim hang | real hang"],
+        ),
+        (PAIR_SCENARIO, ["gloo-lazy-pair  default  agree  ok  sim pass | real pass"]),
+    ],
+    ids=["lazy-and-eager", "lazy-pair"],
+)
+def test_real_gloo_agrees_lazy_and_eager(tmp_path: Path, text: str, agreed: list[str]) -> None:
     pytest.importorskip("torch")
     path = tmp_path / "gloo-lazy.toml"
-    path.write_text(SCENARIO, encoding="utf-8")
+    path.write_text(text, encoding="utf-8")
     done = subprocess.run(
-        [sys.executable, "-m", "simnccl", "real", "compare", str(path)],
+        [sys.executable, "-m", "simnccl", "real", "compare", str(path), "--compute-scale", "1"],
         capture_output=True,
         text=True,
         timeout=300,
         check=False,
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "gloo-lazy  lazy  agree  ok  sim pass | real pass" in done.stdout
-    assert "gloo-lazy  eager  agree  ok  sim hang | real hang" in done.stdout
+    for line in agreed:
+        assert line in done.stdout, done.stdout

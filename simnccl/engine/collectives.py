@@ -337,7 +337,9 @@ class Collectives:
             channel = yield from self._pair_comm(rt, target, comm, op)
             posted = self._post(rt, target, comm, op, sends, op.peer, op.size_bytes, op.dtype, channel)
         else:
-            if not comm.ready:
+            if comm.published is not None:  # a lazy gloo communicator: the pair connects alone
+                yield from self.comms.connect_lazy_pair(rt, target, comm, op, op.peer)
+            elif not comm.ready:
                 yield from self.comms.init(rt, target, comm, op)
             posted = self._post(rt, target, comm, op, sends, op.peer, op.size_bytes, op.dtype)
         yield from self._finish(rt, target, op, posted)
@@ -361,7 +363,11 @@ class Collectives:
         comm = self._usable_comm(rt, target, op)
         if not LIFECYCLES[comm.impl].communicates:
             return
-        if not comm.ready:
+        for peer in dict.fromkeys(peer for _op_type, peer, _size in op.items()):
+            if comm.published is None:  # not a lazy gloo communicator, or its whole bootstrap is done
+                break
+            yield from self.comms.connect_lazy_pair(rt, target, comm, op, peer)  # gloo posts each as its own
+        if not comm.ready and comm.published is None:
             yield from self.comms.init(rt, target, comm, op)
         posted = []
         for op_type, peer, size in op.items():

@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Generator
 from typing import Any
 
+import simpy
+
 from simnccl.backends import Comm, CommState, lifecycle
 from simnccl.backends.gloo import SINGLETON_RACE
 from simnccl.c10d import CommPlan, Group, GroupPlan
@@ -155,6 +157,9 @@ class Comms:
         self.reinit = ReinitStore(sim, rendezvous)  # what a re-init finds in the store (a destroyed incarnation's)
         self.late_colliders = LateColliders(sim)  # gloo groups bootstrapping under a name another completed
         self.shared_gpus = SharedGpus(sim.profile.nccl_version)  # two members of a communicator on one GPU
+        # (id(lazy gloo bootstrap meeting), rank) -> the first sends/recvs waiting for that rank's address
+        self._address_waits: dict[tuple[int, int], list[simpy.Event]] = {}
+        self._lazy_pairs: set[tuple[int, int, int]] = set()  # (id(meeting), rank, peer) connected by a send/recv
 
     def fail_store(self, rank: int, at_op: int | None) -> None:
         """Arm a ``store-timeout`` fault: that bootstrap of this rank never gets the unique id."""
@@ -242,6 +247,31 @@ class Comms:
         comm.comm_id = self.registry.new_id()
         self._ready(rt, group, comm, op)
 
+    def connect_lazy_pair(self, rt: RankRuntime, group: Group, comm: Comm, op: Op, peer: int) -> Waiting:
+        """A send's or recv's use of a lazy gloo communicator (``TORCH_GLOO_LAZY_INIT``) not connected yet: gloo's
+        lazy context connects the pair alone, with the peer's address, so the rank waits for the peer to have made
+        the group, not for every member (``init``: a collective's first use). Measured (torch 2.15 CPU, 3 ranks,
+        ``/tmp`` experiment): ranks 0 and 1 make a group of [0, 1, 2] that rank 2 never makes and send/recv on it:
+        both complete; the simulator had them wait for rank 2 until the timeout. The communicator stays
+        unconnected: its first collective still waits for every member's address.
+
+        Where the bootstrap met a problem or another group by group rank (a store-key collision, ``cross_wiring``),
+        or is complete, the whole bootstrap is finished as before."""
+        meeting = comm.published
+        assert meeting is not None
+        if meeting.complete or meeting.problem is not None or self.cross_wiring.joined(meeting):
+            yield from self.init(rt, group, comm, op)
+            return
+        if peer not in meeting.arrivals:
+            address = self.env.event()
+            self._address_waits.setdefault((id(meeting), peer), []).append(address)
+            yield from self.rendezvous.wait(rt, meeting, op, own=address)
+        comm.comm_id = self.registry.id_for(meeting)  # the pair's channel: both ends name the same meeting
+        pair = (id(meeting), rt.rank, peer)
+        if pair not in self._lazy_pairs:  # one peer's connection, at gloo's measured pace (``gloo_bootstrap_s``)
+            self._lazy_pairs.add(pair)
+            yield self.env.timeout(self.timing.figures.gloo_bootstrap_per_peer_s)
+
     def _arrive_bootstrap(self, rt: RankRuntime, group: Group, comm: Comm, op: Op) -> Generator[Any, Any, Meeting]:
         """This member's arrival at its communicator's bootstrap meeting (what it writes to the store)."""
         key = bootstrap_key(store_name(group), comm.impl.is_nccl, rt.incarnation)
@@ -274,6 +304,9 @@ class Comms:
         self.rendezvous.arrive(meeting, rt, payload, op, duration=duration)
         if comm.impl is Impl.GLOO:
             mark_complete_collision(meeting)
+            for address in self._address_waits.pop((id(meeting), rt.rank), ()):  # pairs waiting for this address
+                if not address.triggered:
+                    address.succeed()
         return meeting
 
     def _finish_bootstrap(self, rt: RankRuntime, group: Group, comm: Comm, op: Op, meeting: Meeting) -> Waiting:
