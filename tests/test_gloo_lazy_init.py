@@ -116,9 +116,8 @@ def test_a_value_torch_cannot_read_is_refused() -> None:
         _run([[GLOO]] * 2, env={"TORCH_GLOO_LAZY_INIT": "maybe"})
 
 
-SCENARIO = """\
-[scenario]
-name = "gloo-lazy"
+# Three ranks on one node without GPUs, torch 2.15: the head of both scenarios below.
+_CLUSTER = """\
 [cluster]
 gpu = "h100-80gb"
 nodes = 1
@@ -126,7 +125,14 @@ gpus_per_node = 0
 ranks_per_node = 3
 [torch]
 release = "2.15"
-[workload]
+"""
+SCENARIO = (
+    """\
+[scenario]
+name = "gloo-lazy"
+"""
+    + _CLUSTER
+    + """[workload]
 steps = [
   { op = "init_process_group", backend = "gloo" },
   { op = "new_group", ranks = [0, 1, 2], bind = "g", timeout_s = 3, on_ranks = [0, 1] },
@@ -141,18 +147,15 @@ env = { TORCH_GLOO_LAZY_INIT = "1" }
 [[variants]]
 name = "eager"
 """
+)
 # A send/recv pair of a lazy group of three that rank 2 never makes, rank 1 a second late.
-PAIR_SCENARIO = """\
+PAIR_SCENARIO = (
+    """\
 [scenario]
 name = "gloo-lazy-pair"
-[cluster]
-gpu = "h100-80gb"
-nodes = 1
-gpus_per_node = 0
-ranks_per_node = 3
-[torch]
-release = "2.15"
-env = { TORCH_GLOO_LAZY_INIT = "1" }
+"""
+    + _CLUSTER
+    + """env = { TORCH_GLOO_LAZY_INIT = "1" }
 [workload]
 steps = [
   { op = "init_process_group", backend = "gloo" },
@@ -164,6 +167,7 @@ steps = [
   { op = "batch_isend_irecv", group = "g", sends = [0], recvs = [0], size_bytes = 64, on_ranks = [1] },
 ]
 """
+)
 
 
 @pytest.mark.real
