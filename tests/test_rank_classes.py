@@ -21,11 +21,13 @@ from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
 from simnccl.c10d import Members, TorchError, validate_ranks
+from simnccl.cluster import Cluster, get_gpu_kind
 from simnccl.engine import Engine, RunOutcome, SimConfig
 from simnccl.faults import NO_FAULTS, Fault, FaultSchedule
 from simnccl.ops import AllReduce, Checkpoint, InitProcessGroup, NewGroup, Program, SetDevice
 from simnccl.policy import BasePolicy, GroupDecision, GroupRequest
-from simnccl.release import MISMATCHED_BOUND_DEVICE
+from simnccl.profiles import find_profile
+from simnccl.release import MISMATCHED_BOUND_DEVICE, get_release
 from simnccl.testing.replay import SimCase
 from simnccl.testing.strategies import cases
 
@@ -188,6 +190,65 @@ def test_a_rank_dependent_policy_falls_back_to_per_rank_planning_and_its_mismatc
     assert cohorts and all(c.broken for c in cohorts)  # no block under an unverified policy: each rank decides
     assert outcome.verdict == "error"
     assert {e["type"] for e in outcome.errors} == {"PolicyInconsistency"}
+    assert _facts(engine, outcome) == _facts(*_run(config, classes=False, fast_path=False))
+
+
+@dataclass(frozen=True)
+class OwnDevices(BasePolicy):
+    """Each rank binds its multi-rank groups to its own GPU (``device_id`` = its local rank); rank 0 alone asks
+    ``deviating`` of group [0, 1, 2, 3] (a member disagreement), or, with ``lazy_every``, groups are lazy on
+    every other call of the history (members agree)."""
+
+    name: str = "own-devices"
+    deviating: str = ""
+    lazy_every: bool = False
+
+    def on_group(self, request: GroupRequest, decision: GroupDecision) -> GroupDecision:
+        if len(request.ranks) > 1:
+            decision = replace(decision, device_id=request.rank % 8, explanation="its own device")
+        if self.deviating and request.rank == 0 and request.ranks == (0, 1, 2, 3):
+            options = replace(decision.pg_options, **{self.deviating: True})
+            decision = replace(decision, pg_options=options, explanation="rank 0 differs")
+        if self.lazy_every and request.history.calls % 2 == 0:
+            decision = replace(decision, pg_options=replace(decision.pg_options, lazy_init=True))
+        return decision
+
+
+_OWN_DEVICE_OPS = (
+    SetDevice(),
+    InitProcessGroup(backend="nccl"),
+    NewGroup(ranks=(0, 2, 4, 6), bind="a"),
+    NewGroup(ranks=(1, 3, 5, 7), bind="a"),
+    NewGroup(ranks=(0, 1, 2, 3), bind="b"),
+    NewGroup(ranks=(4, 5, 6, 7), bind="b"),
+    AllReduce(group="a"),
+    AllReduce(group="b"),
+    Checkpoint(label="end"),
+)
+
+
+@pytest.mark.parametrize(
+    ("policy", "verdict"),
+    [(OwnDevices(deviating="is_high_priority_stream"), "error"), (OwnDevices(lazy_every=True), "pass")],
+    ids=["a-member-disagrees", "members-agree"],
+)
+def test_a_policy_binding_each_rank_its_own_device_is_checked_as_the_per_rank_path_checks_it(
+    policy: OwnDevices, verdict: str
+) -> None:
+    """Found by a tester: a shared decision a rank turned down (its device differs) was in its history twice,
+    once as taken and once as recorded, so its call numbers ran one ahead of the other members': the fast path
+    passed a disagreement the per-rank path reports (PolicyInconsistency), and hung where it passes."""
+    config = SimConfig(
+        cluster=Cluster(get_gpu_kind("h100-80gb"), 1, 8),
+        release=get_release("2.15"),
+        profile=find_profile("h100-80gb", "2.15"),
+        programs=[Program(_OWN_DEVICE_OPS)] * 8,
+        policy=policy,
+    )
+    engine, outcome = _run(config, classes=True)
+    assert outcome.verdict == verdict
+    if verdict == "error":
+        assert {e["type"] for e in outcome.errors} == {"PolicyInconsistency"}
     assert _facts(engine, outcome) == _facts(*_run(config, classes=False, fast_path=False))
 
 

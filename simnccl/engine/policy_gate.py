@@ -239,8 +239,9 @@ class PolicyGate:
         request, decision = self._own_decision(rt, op, members.ranks)
         self.check_consistent(rt, request, decision)
         if self.shares and not self.verified:
-            step, slot = self.histories.recall(rt, op)
+            step, slot = self.histories.recall(rt, op, take=False)
             if step is not None and step.decision.device_id == decision.device_id:  # each binds its own device
+                self.histories.take(rt, step)
                 return self.effective_op(rt, op, members, step.decision, step.effective)
         history = self.histories.own(rt)
         history.record(request, decision)

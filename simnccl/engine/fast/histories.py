@@ -159,18 +159,29 @@ class SharedHistories:
         rt.hnode = None
         return rt.history
 
-    def recall(self, rt: RankRuntime, op: NewGroup) -> tuple[Step | None, Slot | None]:
-        """The decision already made for this call from the rank's state, taken (the rank moves past it); else
-        where to ``remember`` the one about to be made. Only for decisions that may be shared (the gate's
-        ``shares``)."""
+    def recall(self, rt: RankRuntime, op: NewGroup, *, take: bool = True) -> tuple[Step | None, Slot | None]:
+        """The decision already made for this call from the rank's state, taken (the rank moves past it) unless
+        ``take`` is off; else where to ``remember`` the one about to be made. Only for decisions that may be
+        shared (the gate's ``shares``).
+
+        ``take=False``: for a caller that may turn the step down (a user's policy binding each rank its own
+        device): a step taken and then turned down was in the rank's history twice, once in its tail and once as
+        recorded, so the members-agree check compared call numbers that differ and passed a real disagreement
+        (found by a tester: the fast path said pass where the per-rank path raised PolicyInconsistency)."""
         node = self.node(rt)
         op_key = self.calls.op_key(rt.program, op)
         step = node.steps.get(op_key)
         if step is not None:
-            rt.history_tail.append(step)
-            rt.hnode = step.after
+            if take:
+                self.take(rt, step)
             return step, None
         return None, (node, op_key)
+
+    @staticmethod
+    def take(rt: RankRuntime, step: Step) -> None:
+        """The rank moves past a step ``recall`` found: its decision is the rank's next call in its history."""
+        rt.history_tail.append(step)
+        rt.hnode = step.after
 
     def remember(
         self,
