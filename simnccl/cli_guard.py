@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from simnccl.cli_options import ClosedStdout, OutputError
+from simnccl.interrupt_deferral import interruption, terminate_as_interrupt
 from simnccl.limits import DATA_FILE, ENV_PREFIX, LimitError, number_text
 from simnccl.limits import current as current_limits
 from simnccl.policy.plans import UserPolicyError
@@ -84,7 +85,7 @@ def guarded(main_fn: MainFn, *, command: Sequence[str] = ()) -> MainFn:
         raw = [*command, *(sys.argv[1:] if argv is None else argv)]
         _open_closed_streams()
         if argv is None:  # the process's own command (not a call from a test or a user's code)
-            _terminate_as_interrupt()
+            terminate_as_interrupt()
         children_before = _children()
         with journal() as record:
             try:
@@ -125,8 +126,7 @@ def guarded(main_fn: MainFn, *, command: Sequence[str] = ()) -> MainFn:
                 # handler was put back killed it by SIGINT (-2) after its report, where the report promised 130
                 with _interrupts_ignored(restore=argv is not None):
                     _reap(children_before)
-                    how = "SIGTERM" if _terminated.is_set() else "Ctrl-C"
-                    _say(f"interrupted ({how}): simnccl {' '.join(raw)}")
+                    _say(f"interrupted ({interruption()}): simnccl {' '.join(raw)}")
                     _partial_report(record)
                 return EXIT_INTERRUPTED
             except CommandTimeout as err:
@@ -307,30 +307,6 @@ def _partial_report(record: RunJournal) -> None:
         _say(f"  {line}")
     if not record.scenarios and not record.lines:
         _say("  nothing had finished")
-
-
-_terminated = threading.Event()  # a SIGTERM was handed on as the interrupt (``_terminate_as_interrupt``)
-
-
-def _terminate_as_interrupt() -> None:
-    """SIGTERM handed on as a SIGINT to this process, so it ends as Ctrl-C ends it: the report of what finished,
-    the ``--json`` document, exit 130, through every path that holds or ignores SIGINT while it writes or reaps.
-
-    Why: ``timeout 600 simnccl real compare ...``, a CI job's time limit and a batch scheduler's preemption send
-    SIGTERM, which ended the command at once with status 143: no summary and no document, even of the variants
-    that had finished. Not in a process torchrun started (``TORCHELASTIC_RUN_ID``): its agent stops the workers
-    with SIGTERM when one fails and owns the report; nor off the main thread, nor where SIGTERM is not at its
-    default (a parent chose to ignore it, or the embedding program handles it)."""
-    if threading.current_thread() is not threading.main_thread() or "TORCHELASTIC_RUN_ID" in os.environ:
-        return
-    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
-        return
-
-    def handed_on(_signum: int, _frame: object) -> None:
-        _terminated.set()
-        os.kill(os.getpid(), signal.SIGINT)
-
-    signal.signal(signal.SIGTERM, handed_on)
 
 
 @contextlib.contextmanager

@@ -28,7 +28,7 @@ from rich.segment import Segment
 from rich.text import Text
 
 from simnccl.cli_options import STDOUT, ClosedStdout, OutputError
-from simnccl.interrupt_deferral import deferred_interrupt
+from simnccl.interrupt_deferral import deferred_interrupt, interruption
 from simnccl.result import SummaryLine, document
 from simnccl.visible_text import one_line, visible
 
@@ -304,7 +304,7 @@ class Output:
         """Ctrl-C: each of ``names`` (variants, columns, cases) is a summary line that is not ok, so the document's
         ``ok`` is false (an interrupted run never reads as passing); returns the marks for its result record."""
         for name in names:
-            self.add(SummaryLine(label, name, "interrupted", False, "not finished (Ctrl-C)"))
+            self.add(SummaryLine(label, name, "interrupted", False, f"not finished ({interruption()})"))
         return {"interrupted": True, "not_finished": list(names)}
 
     # ------------------------------------------------------------------------------------------ progress

@@ -48,6 +48,7 @@ from simnccl.cluster import Cluster, ClusterError, get_gpu_kind
 from simnccl.cost_runs import ColumnRunner, Finished, default_jobs, gc_paused, progress_reported
 from simnccl.engine import Engine, EngineGuardError, RunOutcome, SimConfig
 from simnccl.engine.state import device_name, measured_device
+from simnccl.interrupt_deferral import interruption
 from simnccl.limits import current as current_limits
 from simnccl.memory import comm_holdings
 from simnccl.ops import NewGroup, Program, SplitGroup
@@ -481,7 +482,7 @@ def render(results: Sequence[ColumnResult], missing: Sequence[str] = ()) -> str:
         lines.append("(died), (hung): the figures when the run stopped there, not the startup's whole cost")
     lines += [f"  {n}" for n in notes]
     if missing:
-        lines.append(f"interrupted (Ctrl-C): not finished: {', '.join(missing)}")
+        lines.append(f"interrupted ({interruption()}): not finished: {', '.join(missing)}")
     return "\n".join(lines)
 
 

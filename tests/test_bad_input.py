@@ -1246,6 +1246,30 @@ def test_ctrl_c_during_run_still_writes_the_document_of_what_finished(tmp_path: 
     assert summary["fast"]["ok"] and summary["slow"]["verdict"] == "interrupted" and not summary["slow"]["ok"]
 
 
+def test_sigterm_still_stops_a_command_started_with_sigint_ignored(tmp_path: Path) -> None:
+    """A background job of a non-interactive shell starts with SIGINT ignored: handed on as a SIGINT there, a
+    SIGTERM was dropped and nothing but SIGKILL stopped the command (found by a tester). It ends as before."""
+    (tmp_path / "sleepy.py").write_text(_SLEEPY)
+    scenario = tmp_path / "s.toml"
+    scenario.write_text(
+        TINY.replace("[workload]", "[[variants]]\nname = 'slow'\npolicy = 'sleepy:Sleeps'\n\n[workload]", 1)
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "simnccl", "run", str(scenario)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(tmp_path)},
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )
+    assert proc.stdout is not None
+    while "asleep" not in (line := proc.stdout.readline()):
+        assert line, "the policy never ran"
+    proc.send_signal(signal.SIGTERM)
+    communicate_or_kill(proc, 60)
+    assert proc.returncode == -signal.SIGTERM
+
+
 @pytest.mark.parametrize(
     ("step", "key", "shown"),
     [
