@@ -224,11 +224,33 @@ def test_a_rank_stuck_between_ops_on_the_real_side_is_in_another_op() -> None:
 _INIT = "init_process_group(backend='gloo')"
 
 
+def _records(*names_and_outcomes: tuple[str, str | None]) -> list[dict[str, Any]]:
+    """The driver's op records of a rank: each op it started, ``outcome`` "ok" where it ended (None: it did not)."""
+    ops = []
+    for i, (name, outcome) in enumerate(names_and_outcomes):
+        record: dict[str, Any] = {"i": i, "name": name, "op": _INIT if name == "init_process_group" else name}
+        if outcome is not None:
+            record["outcome"] = outcome
+        ops.append(record)
+    return ops
+
+
+_IN_INIT = ("init_process_group", None)
+_PAST_INIT = ("init_process_group", "ok")
+
+
+def _stuck_in_init(rank: int, *before: tuple[str, str | None]) -> dict[str, Any]:
+    """A real rank killed while bootstrapping in init_process_group (its ``before`` ops ended)."""
+    current = {"op": _INIT, "i": len(before), "name": "init_process_group"}
+    return {"rank": rank, "current": current, "killed": True, "ops": _records(*before, _IN_INIT)}
+
+
 def _init_overtaken_states() -> list[dict[str, Any]]:
     lost = _failed(0, "peer-lost", "RuntimeError", "Connection closed by peer")
     lost["final"]["op"] = _INIT
-    booting = {"rank": 3, "current": {"op": _INIT, "i": 0, "name": "init_process_group"}, "killed": True}
-    return [lost, _done(1), _done(2), booting]
+    lost["ops"] = _records(_IN_INIT)
+    done = [{**_done(rank), "ops": _records(_PAST_INIT, ("all_reduce", "ok"))} for rank in (1, 2)]
+    return [lost, *done, _stuck_in_init(3)]
 
 
 def _init_overtaken_sides(sim_op: str = "all_reduce(size_bytes=96)") -> tuple[dict[str, Any], dict[str, Any]]:
@@ -275,6 +297,48 @@ def test_ranks_that_all_stopped_in_init_are_no_race_whatever_the_simulator_names
     assert race(sim, real) is None
     comparison = compare_variant("v", "cpu", sim, real, 2, 0.0)
     assert not comparison.agree and not comparison.racy and comparison.excused == []
+
+
+_AR = "all_reduce(size_bytes=64)"
+
+
+def _hung_in_all_reduce(*ranks: int, index: int = 1) -> list[dict[str, Any]]:
+    return [{"rank": r, "op": _AR, "op_index": index, "kind": "collective", "waiting_for": []} for r in ranks]
+
+
+def test_the_init_race_needs_a_peer_that_got_out_of_the_same_init() -> None:
+    """Found by a tester (each was ALL AGREE, exit 0): the peer that overtook the stuck ranks was any rank done
+    or stopped elsewhere — one that never called init_process_group, one that failed before it, or the ranks'
+    own earlier init in a re-init program where both hung in the second."""
+    never_called = {**_done(2), "ops": _records(("compute", "ok"))}
+    failed_before = _failed(2, "error", "RuntimeError", "boom")
+    failed_before["final"]["op"] = "compute(seconds=0.1)"
+    failed_before["ops"] = _records(("compute", None))
+    for third in (never_called, failed_before):
+        sim = _sim("hang", [], _hung_in_all_reduce(0, 1))
+        real = _real(_stuck_in_init(0), _stuck_in_init(1), third)
+        comparison = compare_variant("v", "cpu", sim, real, 3, 0.0)
+        assert comparison.excused == [] and not comparison.agree, comparison.reasons
+    # a re-init: init, all_reduce, destroy, init; both ranks stuck in the second init, none got out of it
+    earlier = (_PAST_INIT, ("all_reduce", "ok"), ("destroy_process_group", "ok"))
+    sim = _sim("hang", [], _hung_in_all_reduce(0, 1, index=4))
+    comparison = compare_variant(
+        "v", "cpu", sim, _real(_stuck_in_init(0, *earlier), _stuck_in_init(1, *earlier)), 2, 0.0
+    )
+    assert comparison.race is None and not comparison.agree
+
+
+def test_an_excused_ranks_own_outcome_does_not_decide_the_verdict_compared() -> None:
+    """Found by a tester: real rank 1 finished early and rank 0 lost it inside init (real verdict error); the
+    simulation has rank 0 hang in an all_reduce rank 1 skips (verdict hang). Rank 0 is excused, and the verdict
+    compared is that of what is compared, not the excused rank's real one."""
+    lost = _failed(0, "peer-lost", "RuntimeError", "Connection closed by peer")
+    lost["final"]["op"] = _INIT
+    lost["ops"] = _records(_IN_INIT)
+    real = _real(lost, {**_done(1), "ops": _records(_PAST_INIT)})
+    comparison = compare_variant("v", "cpu", _sim("hang", [], _hung_in_all_reduce(0)), real, 2, 0.0)
+    assert comparison.excused == [0] and comparison.agree, comparison.reasons
+    assert comparison.real["verdict"] == "error"  # shown as the real run ended
 
 
 @pytest.mark.parametrize("said", [f"store key collision under name '1'; {SINGLETON_RACE}", "store key collision"])

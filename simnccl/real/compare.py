@@ -252,13 +252,15 @@ def racy(sim: Mapping[str, Any], real: Mapping[str, Any] | None = None) -> bool:
 def overtaken_in_init(sim: Mapping[str, Any], real: Mapping[str, Any]) -> list[int]:
     """The real ranks that lost a peer, or hung bootstrapping, in init_process_group, where the simulated one got
     past init and did not finish either (``INIT_OVERTAKEN_RACE``): a simulated pass is never excused. Only where a
-    peer did get out of its first init in the real run (the peer that left early and overtook them): where none did,
-    nothing overtook anyone, and ranks that all stopped in init (a frozen or starved machine, a network setting
-    that fails every bootstrap) are compared as they are."""
+    real peer got out of that very init (the same call of the program: its n-th init_process_group, by the
+    driver's op records) — the peer that left early and overtook the rank. Where none did, nothing overtook
+    anyone: ranks all stuck in one init (a frozen or starved machine, a network setting that fails every
+    bootstrap, a re-init no one got out of) are compared as they are; so is a rank whose records do not say
+    which init it is in. Found by a tester: a peer that never called init, or failed before it, or a rank's own
+    earlier init, counted as the peer that got out."""
     real_ranks = rank_outcomes(real)
-    if all(stopped_in_first_init(real, rank, ran) for rank, ran in real_ranks.items()):
-        return []
     sim_ranks = rank_outcomes(sim)
+    calls = {rank: _init_calls(real, rank) for rank in real_ranks}
     overtaken = []
     for rank, ran in real_ranks.items():
         if not str(ran.get("op", "")).startswith("init_process_group"):
@@ -266,9 +268,23 @@ def overtaken_in_init(sim: Mapping[str, Any], real: Mapping[str, Any]) -> list[i
         if (ran["status"], ran.get("kind")) not in (("error", "peer-lost"), ("hang", "bootstrap")):
             continue
         simulated = sim_ranks.get(rank)
-        if simulated is not None and simulated["status"] != "done" and _past_init(simulated):
+        if simulated is None or simulated["status"] == "done" or not _past_init(simulated):
+            continue
+        started, ended = calls[rank]
+        if started > ended and any(done >= started for peer, (_, done) in calls.items() if peer != rank):
             overtaken.append(rank)
     return overtaken
+
+
+def _records(real: Mapping[str, Any], rank: int) -> list[Mapping[str, Any]]:
+    """The driver's op records of a real rank (each op it started, with ``outcome`` once it ended), or none."""
+    return next((r.get("ops") for r in real.get("ranks") or [] if r.get("rank") == rank), None) or []
+
+
+def _init_calls(real: Mapping[str, Any], rank: int) -> tuple[int, int]:
+    """(init_process_group calls the real rank started, those of them that ended), by the driver's op records."""
+    inits = [r for r in _records(real, rank) if r.get("name") == "init_process_group"]
+    return len(inits), sum(1 for r in inits if r.get("outcome") == "ok")
 
 
 def _past_init(outcome: Mapping[str, Any]) -> bool:
@@ -288,7 +304,7 @@ def stopped_in_first_init(real: Mapping[str, Any], rank: int, outcome: Mapping[s
     op = str(outcome.get("op", ""))
     if op and not op.startswith(("init_process_group", "<between ops>")):
         return False
-    records = next((r.get("ops") for r in real.get("ranks") or [] if r.get("rank") == rank), None)
+    records = _records(real, rank)
     if records:
         return not any(r.get("name") == "init_process_group" and r.get("outcome") == "ok" for r in records)
     return op.startswith("init_process_group") or not op or op.startswith("<between ops>")
@@ -312,6 +328,8 @@ def _as_simulated(real: dict[str, Any], sim: Mapping[str, Any], ranks: Sequence[
     for key in ("errors", "hangs"):
         kept = [e for e in real.get(key, []) if int(e["rank"]) not in ranks]
         view[key] = sorted(kept + [e for e in sim.get(key, []) if int(e["rank"]) in ranks], key=lambda e: e["rank"])
+    if ranks:  # the verdict of what is compared: an excused rank's own outcome decided the real one (a tester's)
+        view["verdict"] = verdict_of(view["errors"], view["hangs"])
     return view
 
 
