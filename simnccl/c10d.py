@@ -727,7 +727,8 @@ def plan_split_group(
     splits = legacy_split_has_parent_comm(parent_comm)
     comm = CommPlan(
         pair=DeviceBackend(pair.device_type, pair.name, child_impl),
-        eager=True,
+        # a gloo child under TORCH_GLOO_LAZY_INIT returns at once, as its parent did (``Comms.publish``)
+        eager=not (child_impl is Impl.GLOO and cvar_bool(ctx.env, GLOO_LAZY_KNOB)),
         split_from=parent_comm if collective and splits else None,
         shared=splits and _split_share_requested(ctx.env, options),
         device=device,

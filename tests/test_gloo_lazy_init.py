@@ -19,7 +19,19 @@ from pathlib import Path
 
 import pytest
 
-from simnccl.ops import AllReduce, Barrier, BatchIsendIrecv, Compute, InitProcessGroup, NewGroup, Op, Recv, Send
+from simnccl.backends.gloo import LAZY_SPLIT_NEVER_CONNECTS
+from simnccl.ops import (
+    AllReduce,
+    Barrier,
+    BatchIsendIrecv,
+    Compute,
+    InitProcessGroup,
+    NewGroup,
+    Op,
+    Recv,
+    Send,
+    SplitGroup,
+)
 from simnccl.profiles import gloo_defaults
 from simnccl.testing import simulate
 
@@ -104,6 +116,23 @@ def test_a_collective_after_a_lazy_pairs_send_recv_still_waits_for_every_member(
     assert all(e["op"] == "all_reduce(group='g', size_bytes=16)" for e in out.errors)
 
 
+SPLIT = SplitGroup(split_ranks=((0, 1, 2),), bind="s", timeout_s=3.0)
+
+
+def test_a_split_group_child_returns_at_once_and_never_connects() -> None:
+    """Measured on torch 2.15 gloo (``real compare`` below): under the knob, ``split_group`` returns at once and
+    the child's first all_reduce or send/recv times out on every member. The simulator raised "does not
+    support splitting" at the split (the lazy parent was not connected yet), which real gloo never says; gloo
+    always supports splitting (found by a tester)."""
+    used = _run([[GLOO, SPLIT, AllReduce(group="s", size_bytes=16)]] * 3)
+    assert used.verdict == "hang" and sorted(h["rank"] for h in used.hangs) == [0, 1, 2]
+    assert all(h["op"] == "all_reduce(group='s', size_bytes=16)" for h in used.hangs)
+    assert LAZY_SPLIT_NEVER_CONNECTS in used.hangs[0]["explanation"]
+    unused = _run([[GLOO, SPLIT, Compute(seconds=1.0)], [GLOO, SPLIT], [GLOO]])
+    assert unused.verdict == "pass" and [rt.finished_at for rt in unused.ranks] == pytest.approx([1.0, 0.0, 0.0])
+    assert _run([[GLOO, SPLIT, AllReduce(group="s", size_bytes=16)]] * 3, env=None).verdict == "pass"
+
+
 @pytest.mark.parametrize("value", ["1", "true", "YES", "t", "y"])
 def test_torchs_true_values_make_gloo_lazy(value: str) -> None:
     programs = [[GLOO, G3, Barrier()], [GLOO, G3, Barrier()], [GLOO, Barrier()]]
@@ -148,25 +177,30 @@ env = { TORCH_GLOO_LAZY_INIT = "1" }
 name = "eager"
 """
 )
+
+
+def _lazy_scenario(name: str, *steps: str) -> str:
+    """A scenario of the three ranks under ``TORCH_GLOO_LAZY_INIT=1``, its default group gloo, then ``steps``."""
+    lines = ['  { op = "init_process_group", backend = "gloo" },', *(f"  {step}," for step in steps)]
+    head = f'[scenario]\nname = "{name}"\n{_CLUSTER}env = {{ TORCH_GLOO_LAZY_INIT = "1" }}\n'
+    return head + "[workload]\nsteps = [\n" + "\n".join(lines) + "\n]\n"
+
+
 # A send/recv pair of a lazy group of three that rank 2 never makes, rank 1 a second late.
-PAIR_SCENARIO = (
-    """\
-[scenario]
-name = "gloo-lazy-pair"
-"""
-    + _CLUSTER
-    + """env = { TORCH_GLOO_LAZY_INIT = "1" }
-[workload]
-steps = [
-  { op = "init_process_group", backend = "gloo" },
-  { op = "compute", seconds = 1.0, on_ranks = [1] },
-  { op = "new_group", ranks = [0, 1, 2], bind = "g", timeout_s = 4, on_ranks = [0, 1] },
-  { op = "send", group = "g", peer = 1, size_bytes = 64, on_ranks = [0] },
-  { op = "recv", group = "g", peer = 0, size_bytes = 64, on_ranks = [1] },
-  { op = "batch_isend_irecv", group = "g", sends = [1], recvs = [1], size_bytes = 64, on_ranks = [0] },
-  { op = "batch_isend_irecv", group = "g", sends = [0], recvs = [0], size_bytes = 64, on_ranks = [1] },
-]
-"""
+PAIR_SCENARIO = _lazy_scenario(
+    "gloo-lazy-pair",
+    '{ op = "compute", seconds = 1.0, on_ranks = [1] }',
+    '{ op = "new_group", ranks = [0, 1, 2], bind = "g", timeout_s = 4, on_ranks = [0, 1] }',
+    '{ op = "send", group = "g", peer = 1, size_bytes = 64, on_ranks = [0] }',
+    '{ op = "recv", group = "g", peer = 0, size_bytes = 64, on_ranks = [1] }',
+    '{ op = "batch_isend_irecv", group = "g", sends = [1], recvs = [1], size_bytes = 64, on_ranks = [0] }',
+    '{ op = "batch_isend_irecv", group = "g", sends = [0], recvs = [0], size_bytes = 64, on_ranks = [1] }',
+)
+# A split of the world by every rank, then an all_reduce on the child.
+SPLIT_SCENARIO = _lazy_scenario(
+    "gloo-lazy-split",
+    '{ op = "split_group", split_ranks = [[0, 1, 2]], bind = "s", timeout_s = 3 }',
+    '{ op = "all_reduce", group = "s", size_bytes = 64 }',
 )
 
 
@@ -179,8 +213,9 @@ steps = [
             ["gloo-lazy  lazy  agree  ok  sim pass | real pass", "gloo-lazy  eager  agree  ok  sim hang | real hang"],
         ),
         (PAIR_SCENARIO, ["gloo-lazy-pair  default  agree  ok  sim pass | real pass"]),
+        (SPLIT_SCENARIO, ["gloo-lazy-split  default  agree  ok  sim hang | real hang"]),
     ],
-    ids=["lazy-and-eager", "lazy-pair"],
+    ids=["lazy-and-eager", "lazy-pair", "lazy-split"],
 )
 def test_real_gloo_agrees_lazy_and_eager(tmp_path: Path, text: str, agreed: list[str]) -> None:
     pytest.importorskip("torch")

@@ -61,7 +61,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from simnccl.backends.base import Lifecycle
+from simnccl.backends.base import Comm, Lifecycle
 from simnccl.dtypes import element_bytes
 from simnccl.release import Impl, Release
 
@@ -321,12 +321,28 @@ def broadcast_leavers(roots: Mapping[int, int], size: int) -> frozenset[int]:
     return frozenset(i for i in roots if has_data.get(i) and all(c in roots and parent(c) == i for c in children(i)))
 
 
+# torch 2.15 under TORCH_GLOO_LAZY_INIT: a gloo split_group returns at once, and its child never connects.
+# Measured (CPU, 3 ranks, ``real run``): split_group of the world by all three, then an all_reduce on the child:
+# rank 0 "Timed out waiting 3000ms for recv operation to complete" at the child's 3 s timeout, ranks 1 and 2
+# "Connect timeout" at 15 s; a send/recv between two of them: both stuck until the run's stall detector.
+LAZY_SPLIT_NEVER_CONNECTS = (
+    "TORCH_GLOO_LAZY_INIT: a gloo split_group child never connects (torch 2.15: split_group returns at once, and "
+    "the child's first collective or send/recv times out on every member: recv timeout, Connect timeout)"
+)
+
+
 class GlooLifecycle(Lifecycle):
     impl = Impl.GLOO
     allocates_gpu_memory = False
     split_is_collective = False
 
     def eager_at_creation(self, release: Release, *, bound: bool, lazy_init: bool) -> bool:
+        return True
+
+    def supports_splitting(self, comm: Comm) -> bool:
+        # ProcessGroupGloo::supportsSplitting is always true: its split connects the child's own mesh and asks
+        # nothing of the parent's, so a lazy parent (TORCH_GLOO_LAZY_INIT) not connected yet splits too (found
+        # by a tester: the simulator raised "does not support splitting" where real gloo split).
         return True
 
 

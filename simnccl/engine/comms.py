@@ -17,7 +17,7 @@ from typing import Any
 import simpy
 
 from simnccl.backends import Comm, CommState, lifecycle
-from simnccl.backends.gloo import SINGLETON_RACE
+from simnccl.backends.gloo import LAZY_SPLIT_NEVER_CONNECTS, SINGLETON_RACE
 from simnccl.c10d import CommPlan, Group, GroupPlan
 from simnccl.engine.memory import Memory
 from simnccl.engine.nvls import MulticastSlots
@@ -240,6 +240,14 @@ class Comms:
         all_reduce raises the store's wait timeout after the group's timeout, naming the missing rank's key, as the
         eager bootstrap does in ``new_group``; a send/recv on a group every rank made runs between the pair."""
         self.sockets.used = True
+        if group.size > 1 and isinstance(op, SplitGroup):  # a meeting of its own, which its problem keeps open
+            meeting = self.rendezvous.open(
+                ("gloo-lazy-split", group.name, rt.rank, rt.incarnation), "bootstrap", group.name, 0, group.ranks
+            )
+            meeting.problem = LAZY_SPLIT_NEVER_CONNECTS
+            self.rendezvous.arrive(meeting, rt, group.ranks, op, duration=self.timing.gloo_bootstrap_s)
+            comm.published = meeting
+            return
         if group.size > 1:
             comm.published = yield from self._arrive_bootstrap(rt, group, comm, op)
             return
