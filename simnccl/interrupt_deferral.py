@@ -1,4 +1,5 @@
-"""Ctrl-C held back until a line of output is whole: ``deferred_interrupt``.
+"""Ctrl-C held back until a line of output is whole (``deferred_interrupt``), and SIGTERM taken as a Ctrl-C
+(``terminate_as_interrupt``), so both reach the one interrupt path that holds and reports.
 
 Why: a ``KeyboardInterrupt`` is raised between any two bytecodes, and a write is several. rich's console
 writes its buffer, flushes it, and only then empties it; a Ctrl-C that lands between the flush and the
