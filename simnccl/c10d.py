@@ -250,6 +250,12 @@ def _distinct_backends(config: BackendConfig) -> list[DeviceBackend]:
 GLOO_LAZY_KNOB = "TORCH_GLOO_LAZY_INIT"
 
 
+def _lazy_gloo(impl: Impl, ctx: ProcessContext) -> bool:
+    """Whether a communicator of ``impl`` is ProcessGroupGloo's lazyInit (``TORCH_GLOO_LAZY_INIT``): its address
+    written when its group is made, its pairs connected at first use (``Comms.publish``)."""
+    return impl is Impl.GLOO and cvar_bool(ctx.env, GLOO_LAZY_KNOB)
+
+
 def _fresh_comm_plan(
     release: Release, pair: DeviceBackend, bound: int | None, options: PgOptions, ctx: ProcessContext
 ) -> CommPlan:
@@ -258,8 +264,8 @@ def _fresh_comm_plan(
     ``device`` None means unbound: legacy then binds the device of the first collective's tensor.
     """
     eager = lifecycle(pair.impl).eager_at_creation(release, bound=bound is not None, lazy_init=options.lazy_init)
-    if pair.impl is Impl.GLOO and cvar_bool(ctx.env, GLOO_LAZY_KNOB):
-        eager = False  # ProcessGroupGloo's lazyInit: its address written now, its pairs connected at first use
+    if _lazy_gloo(pair.impl, ctx):
+        eager = False
     return CommPlan(pair=pair, eager=eager, split_from=None, shared=False, device=bound, lazy_init=options.lazy_init)
 
 
@@ -727,8 +733,7 @@ def plan_split_group(
     splits = legacy_split_has_parent_comm(parent_comm)
     comm = CommPlan(
         pair=DeviceBackend(pair.device_type, pair.name, child_impl),
-        # a gloo child under TORCH_GLOO_LAZY_INIT returns at once, as its parent did (``Comms.publish``)
-        eager=not (child_impl is Impl.GLOO and cvar_bool(ctx.env, GLOO_LAZY_KNOB)),
+        eager=not _lazy_gloo(child_impl, ctx),  # a lazy gloo child returns at once, as its parent did
         split_from=parent_comm if collective and splits else None,
         shared=splits and _split_share_requested(ctx.env, options),
         device=device,

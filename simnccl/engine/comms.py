@@ -235,10 +235,11 @@ class Comms:
 
     def publish(self, rt: RankRuntime, group: Group, comm: Comm, op: Op) -> Waiting:
         """A lazy gloo communicator (``TORCH_GLOO_LAZY_INIT``) made: the member writes its address to the store and
-        goes on; its first use waits for the other members' (``init``). Measured (torch 2.15 CPU, 3 ranks):
-        ``new_group`` returns in milliseconds; a group a rank never makes passes if unused, and its first
-        all_reduce raises the store's wait timeout after the group's timeout, naming the missing rank's key, as the
-        eager bootstrap does in ``new_group``; a send/recv on a group every rank made runs between the pair."""
+        goes on; its first collective waits for the other members' (``init``), a send/recv for its peer's only
+        (``connect_lazy_pair``). Measured (torch 2.15 CPU, 3 ranks): ``new_group`` returns in milliseconds; a group
+        a rank never makes passes if unused, and its first all_reduce raises the store's wait timeout after the
+        group's timeout, naming the missing rank's key, as the eager bootstrap does in ``new_group``. A split child
+        publishes on a meeting of its own that never completes (``LAZY_SPLIT_NEVER_CONNECTS``)."""
         self.sockets.used = True
         if group.size > 1 and isinstance(op, SplitGroup):  # a meeting of its own, which its problem keeps open
             meeting = self.rendezvous.open(
