@@ -304,7 +304,10 @@ def _simulate(run: Any, args: argparse.Namespace, gpu: str, out: Any) -> Any:
 
     try:
         scenario = parse_scenario(tomllib.loads(run.to_scenario_toml(args.name, gpu=gpu)), f"<captured {args.name}>")
-        only = argparse.Namespace(policy=args.policy, seed=args.seed, variant=args.variant)
+        # Captured under one policy: the file replays its decisions (``as-captured``); naming it again would ask
+        # the policy about its own output (``CapturedRun.replay_policy``)
+        policies = None if run.policy is not None else args.policy
+        only = argparse.Namespace(policy=policies, seed=args.seed, variant=args.variant)
         scenario = apply_overrides(scenario, only)
     except (ScenarioError, OverrideError) as err:
         out.error(str(err))

@@ -149,6 +149,21 @@ def tagged_pipeline_groups() -> None:
     dist.new_group(list(range(world)))
 
 
+def megatron_style_loops(tp: int = 2) -> None:
+    """Every rank creates every tp group, then every dp group (``new_group`` loops, as Megatron does), then an
+    all_reduce on its own two."""
+    torch.cuda.set_device(_local_rank())
+    dist.init_process_group("nccl")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    mine = []
+    for ranks in [list(range(i, i + tp)) for i in range(0, world, tp)] + [list(range(j, world, tp)) for j in range(tp)]:
+        group = dist.new_group(ranks)
+        if rank in ranks:
+            mine.append(group)
+    for group in mine:
+        dist.all_reduce(torch.ones(1024, device="cuda"), group=group)
+
+
 def device_mesh_after_barrier(dp: int = 2, tp: int = 4) -> None:
     """A barrier on the default group, then ``init_device_mesh``: a lazy_init default group is initialised
     (and so a split source) by then, so DeviceMesh's split_group works under ``lazy-init`` too."""

@@ -1000,13 +1000,44 @@ def test_recaptured_under_legacy_the_mesh_loops_new_group_and_passes(mesh_2d_215
         names = [op.name for op in run.programs[0].ops]
         assert "split_group" not in names and names.count("new_group") == 6, settings
         assert run.simulate(**settings).verdict == "pass", settings
-    assert cap.capture(examples.device_mesh_2d, 8, policy="legacy").to_scenario_toml().count('policy = "legacy"') == 1
+    legacy_toml = cap.capture(examples.device_mesh_2d, 8, policy="legacy").to_scenario_toml()
+    assert legacy_toml.count('policy = "as-captured(legacy)"') == 1
 
 
-def test_a_policy_capture_replayed_without_it_is_refused_when_the_policy_set_the_branches() -> None:
+def test_a_policy_capture_replays_as_decided_and_refuses_another_policy() -> None:
+    # Its Programs are legacy's decisions: replayed as captured (its env knob included) with no policy named,
+    # legacy or as-captured(legacy); another policy would be asked about legacy's output, so it is refused.
     run = cap.capture(examples.device_mesh_2d, 8, policy="legacy")
-    with pytest.raises(cap.BranchMismatch, match=r"made under torch 2\.15, policy legacy as torch 2\.15, no policy"):
-        run.simulate()
+    hashes = {run.simulate(policy=p).trace_hash for p in (None, "legacy", "as-captured(legacy)")}
+    assert len(hashes) == 1
+    assert run.simulate().verdict == "pass"
+    with pytest.raises(cap.BranchMismatch, match=r"made under policy 'legacy' as policy 'dedupe': its Programs"):
+        run.simulate(policy="dedupe")
+
+
+def test_a_policy_that_is_not_idempotent_is_not_asked_again_about_its_own_capture(tmp_path: Path) -> None:
+    # The upper half of the ranks made lazy groups, the lower half eager ones: real torch hangs. Replayed under
+    # the policy again, the upper half flipped back to eager and the startup passed (a false pass).
+    policy = "user_policies:FlipsLazyOnUpperHalf"
+    run = cap.capture(examples.megatron_style_loops, 4, policy=policy)
+    lazy = {
+        rank: [op.pg_options.lazy_init for op in p.ops if op.name == "new_group"] for rank, p in enumerate(run.programs)
+    }
+    assert lazy == {0: [False] * 4, 1: [False] * 4, 2: [True] * 4, 3: [True] * 4}
+    outcome = run.simulate()
+    assert outcome.verdict == "error", outcome
+    assert {e["rank"] for e in outcome.errors} == {2, 3}
+    assert all(e["type"] == "PolicyInconsistency" for e in outcome.errors)
+    toml = tmp_path / "flip.toml"
+    toml.write_text(run.to_scenario_toml(), encoding="utf-8")
+    ran = subprocess.run(
+        [sys.executable, "-m", "simnccl", "run", "-q", str(toml)],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=Path(__file__).parent,  # where user_policies is importable, as the user's own module is in theirs
+    )
+    assert ran.returncode == 1 and "error" in ran.stdout, ran.stdout + ran.stderr
 
 
 def test_under_lazy_init_a_mesh_of_a_bound_lazy_default_group_fails_as_real_torch_does() -> None:
@@ -1054,7 +1085,7 @@ def test_cli_captures_under_a_single_policy_and_env(tmp_path: Path, capsys: pyte
     assert cap.main([*argv, "--toml", str(toml), str(EXAMPLES), "mesh2d"]) == 0
     out = capsys.readouterr().out
     assert "captured under torch 2.15, TORCH_DIST_USE_NCCL2=0, policy lazy-init" in out and "6 new_group" in out
-    assert 'policy = "lazy-init"' in toml.read_text()
+    assert 'policy = "as-captured(lazy-init)"' in toml.read_text()
 
 
 def test_cli_single_lazy_init_policy_on_a_bound_mesh_names_torchs_reason(capsys: pytest.CaptureFixture) -> None:

@@ -47,6 +47,20 @@ class LastMemberLazy(BasePolicy):
 
 
 @dataclass(frozen=True)
+class FlipsLazyOnUpperHalf(BasePolicy):
+    """Wrong, and not idempotent: ranks in the upper half of the world flip lazy_init (eager becomes lazy), so
+    members disagree; asked again about its own decision, it flips it back (a replay must not ask it twice)."""
+
+    name: str = "flips-lazy-on-upper-half"
+
+    def on_group(self, request: GroupRequest, decision: GroupDecision) -> GroupDecision:
+        if request.rank < request.world_size // 2:
+            return decision
+        options = decision.pg_options
+        return replace(decision, pg_options=replace(options, lazy_init=not options.lazy_init), explanation="flip")
+
+
+@dataclass(frozen=True)
 class SkewedDedupe(DedupePolicy):
     """Wrong, and a subclass of a built-in: odd ranks never dedupe."""
 

@@ -89,7 +89,8 @@ takes ``split_group``; legacy and 2.14 leave it unbound, so DeviceMesh loops ``n
 those settings and what they decided (``BranchSettings``: in the summary, the JSON and the TOML's header), and
 ``simulate``/``--simulate`` under settings that decide differently raise ``BranchMismatch`` saying how to
 re-capture, instead of replaying calls real torch would not make. ``capture(..., policy=...)`` runs each rank
-under ``simnccl.torch_apply.apply(policy)``, so the Programs hold the policy's decisions; the stand-in models
+under ``simnccl.torch_apply.apply(policy)``, so the Programs hold the policy's decisions (replayed as decided:
+``as-captured(policy)``, ``simnccl.policy.as_captured``, never asked of the policy again); the stand-in models
 nccl2's ``supportsSplitting`` (a ``lazy_init`` group is no split source until its first collective), so a
 lazy-init DeviceMesh over an unused bound default group fails in capture with torch's own error, as on a GPU.
 

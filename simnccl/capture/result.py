@@ -18,6 +18,7 @@ from simnccl.ops import (
     Op,
     Program,
 )
+from simnccl.policy.as_captured import SPEC_PREFIX as AS_CAPTURED
 from simnccl.release import DeviceBackend, ReleaseError, get_release
 
 
@@ -30,6 +31,11 @@ NO_POLICY = "torch-default"  # the scenario files' name for "no policy"
 
 def _plain_policy(policy: str | None) -> str | None:
     return None if policy in (None, "", NO_POLICY) else policy
+
+
+def as_captured_spec(policy: str) -> str:
+    """The spec replaying a capture made under ``policy`` as it decided (``simnccl.policy.as_captured``)."""
+    return policy if policy.replace(" ", "").startswith(AS_CAPTURED) else f"{AS_CAPTURED}{policy})"
 
 
 class BranchMismatch(CaptureError, ValueError):
@@ -206,6 +212,7 @@ class CapturedRun:
         from simnccl.testing import simulate
 
         self.check_replay(release=release, env=env, policy=policy)
+        policy = self.replay_policy(policy)
         if self.world_size % self.gpus_per_node:
             raise CaptureError(
                 f"cannot replay a world of {self.world_size} on nodes of {self.gpus_per_node} GPUs: "
@@ -224,19 +231,37 @@ class CapturedRun:
 
     def captured_under(self) -> BranchSettings:
         """What the captured code could branch on, under the settings it was captured with."""
-        return branch_settings(self.release, self.env, self.policy, _first_init(self.programs))
+        return branch_settings(self.release, self.env, self.replay_policy(None), _first_init(self.programs))
+
+    def replay_policy(self, policy: str | None) -> str | None:
+        """The policy a replay runs under: ``policy`` for a capture made without one (its Programs are the code's
+        own calls); for one made under a policy, ``as-captured(...)`` of it (its Programs are that policy's
+        decisions: asking it again about its own output would re-decide them; ``check_replay`` refuses any
+        other policy)."""
+        if self.policy is None:
+            return _plain_policy(policy)
+        return as_captured_spec(self.policy)
 
     def check_replay(
         self, *, release: str | None = None, env: Mapping[str, str] | None = None, policy: str | None = None
     ) -> None:
         """Raise ``BranchMismatch`` when replaying under these settings would not be what real torch runs.
 
-        ``None`` keeps the capture's own release/env; ``policy=None`` replays without a policy (the Programs
-        already hold what the capture's policy decided).
+        ``None`` keeps the capture's own release/env; a capture made under a policy replays as it decided
+        (``replay_policy``) with ``policy`` None, that policy or ``as-captured(...)`` of it, and refuses another:
+        its Programs are that policy's decisions, not the code's requests another policy could decide.
         """
         rel = release or self.release
         env_ = dict(self.env if env is None else env)
         policy = _plain_policy(policy)
+        if self.policy is not None and policy not in (None, self.policy, as_captured_spec(self.policy)):
+            raise BranchMismatch(
+                f"refusing to simulate a capture made under policy {self.policy!r} as policy {policy!r}: its "
+                f"Programs hold the calls {self.policy!r} decided, not the ones the code asked for, so another "
+                f"policy would be asked about {self.policy!r}'s output; re-capture under {policy!r} for an honest "
+                f"answer: capture(..., policy={policy!r}) or simnccl capture --policy {policy}"
+            )
+        policy = self.replay_policy(policy)
         wanted = branch_settings(rel, env_, policy, _first_init(self.programs))
         have = self.captured_under()
         if wanted == have:
@@ -303,8 +328,8 @@ class CapturedRun:
             "[scenario]",
             f"name = {_toml(name)}",
         ]
-        if self.policy is not None:  # the Programs hold its decisions; running it again keeps replays honest
-            lines.append(f"policy = {_toml(self.policy)}")
+        if self.policy is not None:  # the Programs hold its decisions: replayed as decided, with its env knobs
+            lines.append(f"policy = {_toml(as_captured_spec(self.policy))}")
         if description:
             lines.append(f"description = {_toml(description)}")
         lines += [

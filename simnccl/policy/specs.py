@@ -8,6 +8,9 @@ A spec is parts joined with ``+`` (each refines the decision of the ones before 
 * a name registered by an installed package under the entry-point group ``simnccl.policies``
   (``[project.entry-points."simnccl.policies"] acme-safe = "acme.policies:SafePolicy"``).
 
+A whole spec may also be ``as-captured(SPEC)``: a capture's Programs made under ``SPEC``, replayed as decided
+(``simnccl.policy.as_captured``; what ``simnccl capture --toml`` writes).
+
 Why this shape: a team's own policy must be first-class wherever a built-in is (DESIGN rule 10), and it must
 survive a round trip through a file: a failing property test dumps its case, and ``python -m
 simnccl.testing.replay`` rebuilds the same policy in a fresh process. ``describe_policy`` gives a JSON-able
@@ -35,6 +38,8 @@ from pathlib import Path
 from typing import Any
 
 from simnccl.os_exit import os_exit_raises
+from simnccl.policy.as_captured import SPEC_PREFIX as AS_CAPTURED
+from simnccl.policy.as_captured import AsCaptured
 from simnccl.policy.builtins import BUILTIN, BasePolicy, BudgetPolicy, ComposedPolicy
 from simnccl.policy.plans import Policy, PolicyCalledExit, PolicyError, policy_raised
 from simnccl.visible_text import repr_text
@@ -67,7 +72,13 @@ def _get_policy(spec: str | Policy) -> Policy:
         return _checked(spec, repr(spec))
     if len(spec) > MAX_SPEC_CHARS:
         raise PolicyError(f"policy spec of {len(spec)} characters: longer than the limit of {MAX_SPEC_CHARS}")
-    raw_parts = spec.replace(" ", "").split("+")
+    compact = spec.replace(" ", "")
+    if compact.startswith(AS_CAPTURED) and compact.endswith(")"):  # a capture's calls, replayed as decided
+        inner = _get_policy(compact[len(AS_CAPTURED) : -1])
+        if isinstance(inner, AsCaptured):
+            raise PolicyError(f"policy spec {spec!r}: as-captured(...) inside as-captured(...) means nothing more")
+        return AsCaptured(inner)
+    raw_parts = compact.split("+")
     if len(raw_parts) > MAX_PARTS:
         raise PolicyError(f"policy spec with {len(raw_parts)} parts: more than the limit of {MAX_PARTS}")
     parts = [_part(raw, spec) for raw in raw_parts]
@@ -259,6 +270,9 @@ def describe_policy(policy: str | Policy | None) -> str | dict[str, Any] | None:
     """
     if policy is None or isinstance(policy, str):
         return policy
+    if isinstance(policy, AsCaptured):
+        inner = describe_policy(policy.inner)
+        return f"{AS_CAPTURED}{inner})" if isinstance(inner, str) else {"as_captured": inner}
     if isinstance(policy, ComposedPolicy):
         parts = [describe_policy(part) for part in policy.parts]
         if all(isinstance(part, str) for part in parts):
@@ -325,6 +339,11 @@ def _policy_from_description(description: str | Mapping[str, Any] | None) -> Pol
         return get_policy(description)
     if not isinstance(description, Mapping):
         raise PolicyError(f"policy description: expected a spec string or a table, got {type(description).__name__}")
+    if "as_captured" in description:
+        inner = _policy_from_description(description["as_captured"])
+        if inner is None or isinstance(inner, AsCaptured):
+            raise PolicyError("policy description: 'as_captured' must describe one policy, not another as_captured")
+        return AsCaptured(inner)
     if "compose" in description:
         parts = description["compose"]
         if not isinstance(parts, list) or not parts or len(parts) > MAX_PARTS:
