@@ -320,12 +320,26 @@ def env_overrides(
 
     if not declare:
         declare = NO_SCENARIO_DECLARES if extra_knobs is None else SCENARIO_DECLARES + " in the scenario file"
-    env = dict(getattr(args, "env", None) or [])
+    pairs = getattr(args, "env", None) or []
+    twice = repeated_env(pairs)
+    if twice is not None:
+        raise OverrideError("--env", twice)
+    env = dict(pairs)
     for name, value in env.items():
         problem = env_problem(name, value, extra_knobs or (), declare)
         if problem is not None:
             raise OverrideError("--env", f"{name}: {problem}")
     return env
+
+
+def repeated_env(pairs: Sequence[tuple[str, str]]) -> str | None:
+    """Why ``--env`` pairs are refused, or None: one variable given two values (which one was meant is the user's
+    to say, not the last one kept, as for every one-value flag); the same value twice says nothing new."""
+    seen: dict[str, str] = {}
+    for name, value in pairs:
+        if seen.setdefault(name, value) != value:
+            return f"{name} is given twice ({seen[name]!r} and {value!r}); give it once"
+    return None
 
 
 def checked_policies(specs: Sequence[str] | None) -> list[str]:

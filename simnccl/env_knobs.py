@@ -57,7 +57,11 @@ def cvar_bool(env: Mapping[str, str], name: str, default: bool = False) -> bool:
 
 
 def value_problem(name: str, value: str) -> str | None:
-    """None when simnccl can use ``value`` for knob ``name``; else what it expected (integer and boolean knobs)."""
+    """None when simnccl can use ``value`` for knob ``name``; else what it expected (integer and boolean knobs; and
+    for every variable, a value a process environment can hold: no NUL, which ``os.environ`` refuses, so a real
+    rank died on it where the simulation ran)."""
+    if "\x00" in value:
+        return "a NUL character in the value: no process environment can hold one"
     if name in _boolean_knobs():
         if value.lower() in CVAR_TRUE or value.lower() in CVAR_FALSE:
             return None

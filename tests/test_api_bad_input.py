@@ -91,6 +91,7 @@ def test_ranks_are_left_to_the_simulated_torch_and_lists_of_ranks_are_taken() ->
         ({"env": {5: "1"}}, TypeError, "env: expected names and values that are strings"),
         ({"env": "TORCH_DIST_USE_NCCL2=0"}, TypeError, "env: expected a mapping"),
         ({"env": {"A=B": "1"}}, ValueError, "env: 'A=B': expected an environment variable's name"),
+        ({"env": {"NCCL_DEBUG": "WA\x00RN"}}, ValueError, "env: NCCL_DEBUG: a NUL character in the value"),
         ({"launcher": "torchrn"}, ValueError, "launcher: expected one of torchrun, spawn, got 'torchrn'"),
         ({"launcher": None}, ValueError, "launcher: expected one of torchrun, spawn"),
         ({"limits": 5}, TypeError, "limits: expected a Limits or None, got int"),

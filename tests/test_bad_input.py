@@ -438,6 +438,22 @@ def test_an_unknown_env_knob_names_the_nearest_known_one(capsys, write_scenario)
     _bad(capsys, write_scenario, text, "torch.env.TORCH_DIST_USE_NCL2", "did you mean TORCH_DIST_USE_NCCL2?")
 
 
+def test_a_message_past_its_limit_is_said_in_the_limits_unit(capsys, write_scenario) -> None:
+    # The size is in bytes, max_message_mib in MiB: the message said "exceeds the limit max_message_mib =
+    # 1099511627776", the limit in bytes under the name of the one in MiB.
+    step = '  { op = "all_reduce", size_bytes = 99999999999999999999 },\n]'
+    text = TINY.replace("\n]", "\n" + step, 1)
+    message = "99999999999999999999 bytes (95367431640625 MiB) exceeds the limit max_message_mib = 1048576 ("
+    _bad(capsys, write_scenario, text, "workload.steps[3].size_bytes", message)
+
+
+def test_a_nul_in_an_env_value_is_bad_input(capsys, write_scenario) -> None:
+    # No process environment holds one: a real rank died on it (ValueError: embedded null byte) where the
+    # simulation had passed.
+    text = TINY.replace('release = "2.15"', 'release = "2.15"\nenv = { NCCL_DEBUG = "WA\\u0000RN" }')
+    _bad(capsys, write_scenario, text, "torch.env.NCCL_DEBUG", "a NUL character in the value")
+
+
 @pytest.mark.parametrize(
     ("name", "hint"),
     [

@@ -145,6 +145,20 @@ def test_environment_wins_over_the_config_like_nccl() -> None:
     assert settings_from({"NCCL_MAX_CTAS": "1000"}).max_ctas == 64
 
 
+@pytest.mark.parametrize(("text", "value"), [("4", 4), (" 4\n", 4), ("010", 8), ("0x10", 16), ("+3", 3), ("-0", 0)])
+def test_integer_knobs_read_as_nccls_strtoll_reads_them(text: str, value: int) -> None:
+    assert settings_from({"NCCL_MAX_CTAS": text}, {"max_ctas": 16}).max_ctas == (value if value > 0 else 16)
+
+
+# Each is a number to Python's int(text, 0) but not to NCCL's strtoll(text, NULL, 0), which reads "0b1" and "0o1"
+# as 0 (it stops at the letter) and finds no digit in a non-ASCII one: run as Python read them, NCCL_RUNTIME_CONNECT
+# "0b1" simulated lazy connection while NCCL connected at init (a false pass of the startup memory check).
+@pytest.mark.parametrize("text", ["0b1", "0o1", "\u0661", "1e3", "08", "0x", "", "1_0", "99999999999999999999"])
+def test_integer_knobs_nccl_would_read_otherwise_are_refused(text: str) -> None:
+    with pytest.raises(NcclInputError, match="NCCL_RUNTIME_CONNECT: expected an integer >= 0"):
+        settings_from({"NCCL_RUNTIME_CONNECT": text})
+
+
 @pytest.mark.parametrize(
     ("env", "options", "needle"),
     [

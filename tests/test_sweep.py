@@ -720,6 +720,10 @@ BAD_FLAGS = [
     (["--workload", "megatron tp=2 world=2", "--workload", "megatron tp=2 pp=1 world=2"], "--workload: 'megatron"),
     # --env's own error, named by --env (it said "--matrix: axes.env", a flag that does not exist)
     (["--workload", "vllm tp=2", "--env", "NCCL_MAX_NCHANNELS=abc"], "error: --env: NCCL_MAX_NCHANNELS: expected"),
+    (
+        ["--workload", "vllm tp=2", "--env", "NCCL_DEBUG=INFO", "--env", "NCCL_DEBUG=WARN"],
+        "error: --env: NCCL_DEBUG is given twice ('INFO' and 'WARN')",
+    ),
     (["--workload", "vllm tp=2", "--json", "-", "--csv", "-"], "--csv: only one of --json and --csv"),
     (["--workload", "vllm tp=2", "--scheduler", "tcp://h:1", "--jobs", "2"], "--jobs: choose one of"),
     (["--workload", "vllm tp=2", "--resume"], "--resume: needs the sweep's file"),

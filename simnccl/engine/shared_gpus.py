@@ -37,6 +37,7 @@ from collections.abc import Mapping
 
 from simnccl.c10d import TorchError
 from simnccl.nccl import NcclInputError, NcclVersion
+from simnccl.nccl.knobs import strtoll_prefix
 from simnccl.release import Impl
 
 WARN_DUPLICATE = "Duplicate GPU detected : rank {rank} and rank {other} both on CUDA device {device}"
@@ -59,9 +60,9 @@ def knob_enabled(env: Mapping[str, str]) -> bool:
     if raw is None:
         return False
     try:
-        return int(str(raw).strip(), 0) != 0
+        return strtoll_prefix(str(raw))[0] != 0  # NCCL reads the leading integer and ignores the rest
     except ValueError:
-        return False  # NCCL warns and keeps the default
+        return False  # out of range: NCCL warns and keeps the default
 
 
 class SharedGpus:

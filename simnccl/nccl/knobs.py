@@ -22,6 +22,7 @@ whether the driver and container allow cuMem; false turns cuMem, and with it run
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -68,13 +69,54 @@ class NcclSettings:
         return self.algo.get(function, self.algo.get("*"))
 
 
+# NCCL reads an integer knob with ``strtoll(value, NULL, 0)`` (``ncclLoadParam``): C whitespace, a sign, then
+# ``0x``/``0X`` and hex digits, ``0`` and octal digits, or decimal digits, all ASCII; it stops at the first other
+# character and ignores the rest, and an out-of-range value (ERANGE) keeps the default.
+_C_SPACE = " \t\n\v\f\r"
+_STRTOLL = re.compile(
+    rf"[{_C_SPACE}]*(?P<sign>[+-]?)(?:0[xX](?P<hex>[0-9a-fA-F]+)|(?P<oct>0[0-7]*)|(?P<dec>[1-9][0-9]*))"
+)
+_INT64_MAX = 2**63 - 1
+
+
+def strtoll_prefix(text: str) -> tuple[int, bool]:
+    """``text`` as NCCL's ``strtoll(text, NULL, 0)`` reads it: (value, whether it read all of it but trailing C
+    whitespace). No digits read: (0, False), as strtoll returns 0. Out of int64's range: ValueError (NCCL keeps the
+    knob's default there)."""
+    match = _STRTOLL.match(text)
+    if match is None:
+        return 0, False
+    if match.group("hex") is not None:
+        value = int(match.group("hex"), 16)
+    elif match.group("oct") is not None:
+        value = int(match.group("oct"), 8)
+    else:
+        value = int(match.group("dec"), 10)
+    value = -value if match.group("sign") == "-" else value
+    if not -_INT64_MAX - 1 <= value <= _INT64_MAX:
+        raise ValueError(f"{text!r} is out of int64's range")
+    return value, text[match.end() :].strip(_C_SPACE) == ""
+
+
+def nccl_int(text: str) -> int:
+    """An integer knob's value where NCCL would read all of it as that integer (``strtoll_prefix``); ValueError
+    for anything NCCL would read otherwise than it looks (``0b1`` and ``1e3`` are 0 and 1 to NCCL, ``08`` is 0, a
+    non-ASCII digit is no digit): refused, not guessed. ``010`` is 8, as NCCL reads it."""
+    value, whole = strtoll_prefix(text)
+    if not whole:
+        raise ValueError(f"{text!r} is not an integer as NCCL reads one (strtoll, base 0)")
+    return value
+
+
 def _int(key: str, raw: Any, minimum: int) -> int:
     if isinstance(raw, bool):
         raise NcclInputError(f"{key}: expected an integer >= {minimum}, got {raw!r}")
     try:
-        value = int(str(raw).strip(), 0) if isinstance(raw, str) else int(raw)
+        value = nccl_int(raw) if isinstance(raw, str) else int(raw)
     except (TypeError, ValueError):
-        raise NcclInputError(f"{key}: expected an integer >= {minimum}, got {raw!r}") from None
+        raise NcclInputError(
+            f"{key}: expected an integer >= {minimum} (decimal, 0x hex or 0 octal, as NCCL reads it), got {raw!r}"
+        ) from None
     if isinstance(raw, float) and raw != value:
         raise NcclInputError(f"{key}: expected an integer >= {minimum}, got {raw!r}")
     if value < minimum:

@@ -127,8 +127,11 @@ def finite(
     maximum: float | None = None,
     limit: str = "",
     unit: str = "",
+    units: tuple[str, str, float] | None = None,
 ) -> float:
     """``value`` as a float: finite, >= ``minimum`` and, when given, <= ``maximum`` (the limit ``limit``).
+    ``units``: (the value's unit, the limit's, how many of the first make one of the second) where they differ (a
+    size in bytes under a limit in MiB), so the message states the limit in its own unit and the value in both.
 
     Non-finite numbers (TOML's ``inf``/``nan``, or an integer past float range) are never a size or a time."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -145,11 +148,18 @@ def finite(
     if maximum is not None and number > maximum:
         raise reader.error(
             key,
-            exceeded(limit, f"{number_text(value)}{unit}", maximum)
+            exceeded(limit, _past_limit(value, unit, units), maximum / (units[2] if units else 1))
             if limit
             else f"expected at most {number_text(maximum)}",
         )
     return number
+
+
+def _past_limit(value: float, unit: str, units: tuple[str, str, float] | None) -> str:
+    if units is None:
+        return f"{number_text(value)}{unit}"
+    own, theirs, per = units
+    return f"{number_text(value)} {own} ({number_text(value / per)} {theirs})"
 
 
 def unknown_name(what: str, name: str, known: Iterable[str]) -> str:

@@ -364,6 +364,9 @@ def _check_backend(reader: Reader, op_type: type[Op], backend: Any) -> None:
             raise reader.error("backend", str(err)) from None
 
 
+BYTES_IN_MIB = ("bytes", "MiB", MIB)  # a message's size is given in bytes, its limit (max_message_mib) in MiB
+
+
 def _check_field(
     reader: Reader, key: str, name: str, value: Any, world_size: int, limits: InputLimits, *, ranks: bool = True
 ) -> Any:
@@ -372,7 +375,8 @@ def _check_field(
     if value is None:
         return value
     if name == "size_bytes":
-        return int(finite(reader, key, value, 0, limits.max_message_mib * MIB, "max_message_mib"))
+        most = limits.max_message_mib * MIB
+        return int(finite(reader, key, value, 0, most, "max_message_mib", " of bytes", BYTES_IN_MIB))
     if name == "seconds":
         return finite(reader, key, value, 0, limits.max_sim_time_s, "max_sim_time_s", " of seconds")
     if name == "timeout_s":
@@ -391,7 +395,8 @@ def _check_field(
         # a batch's ops count as a program's
         raise reader.error(key, exceeded("max_program_ops", f"a batch of {len(value)} {name}", limits.max_program_ops))
     if name in ("send_bytes", "recv_bytes"):
-        return tuple(int(finite(reader, key, v, 0, limits.max_message_mib * MIB, "max_message_mib")) for v in value)
+        most = limits.max_message_mib * MIB
+        return tuple(int(finite(reader, key, v, 0, most, "max_message_mib", " of bytes", BYTES_IN_MIB)) for v in value)
     if name == "traffic" and value not in TRAFFIC_KINDS:  # a typo would change what a policy decides, silently
         raise reader.error(key, f"expected one of {', '.join(TRAFFIC_KINDS)}, got {brief(value)}")
     if name == "label" and (bad := invisible_in(value)) is not None:  # a checkpoint's name: [[expect]] quotes it

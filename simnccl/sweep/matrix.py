@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from simnccl.cli_options import repeated_env
 from simnccl.cluster import ClusterError, get_gpu_kind
 from simnccl.cost import CostError, parse_knobs
 from simnccl.env_knobs import NO_SCENARIO_DECLARES, env_problem, is_env_name
@@ -563,6 +564,9 @@ def build_matrix(args: Any, data: Mapping[str, Any] | None, source: str, base: P
         env_sets = [check_env(e, f"{env_where}[{i}]") for i, e in enumerate(raw_sets)]
     if args.env:
         fixed_where = "--env"
+        twice = repeated_env(args.env)
+        if twice is not None:
+            raise SweepInputError(fixed_where, twice)
         fixed = check_env(dict(args.env), fixed_where)
     else:
         fixed_where = f"{source}: env"
