@@ -164,6 +164,16 @@ def megatron_style_loops(tp: int = 2) -> None:
         dist.all_reduce(torch.ones(1024, device="cuda"), group=group)
 
 
+def sets_nccl2_knob(on_ranks: tuple[int, ...] | None = None) -> None:
+    """Sets ``TORCH_DIST_USE_NCCL2=0`` in ``os.environ`` on ``on_ranks`` (None: every rank) before its first
+    init_process_group, which real torch reads at the first use of "nccl"."""
+    if on_ranks is None or int(os.environ["RANK"]) in on_ranks:
+        os.environ["TORCH_DIST_USE_NCCL2"] = "0"
+    torch.cuda.set_device(_local_rank())
+    dist.init_process_group("nccl")
+    dist.all_reduce(torch.ones(16, device="cuda"))
+
+
 def device_mesh_after_barrier(dp: int = 2, tp: int = 4) -> None:
     """A barrier on the default group, then ``init_device_mesh``: a lazy_init default group is initialised
     (and so a split source) by then, so DeviceMesh's split_group works under ``lazy-init`` too."""

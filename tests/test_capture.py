@@ -1015,6 +1015,21 @@ def test_a_policy_capture_replays_as_decided_and_refuses_another_policy() -> Non
         run.simulate(policy="dedupe")
 
 
+def test_code_that_picks_legacy_for_itself_is_refused_not_captured_as_nccl2() -> None:
+    # Real torch reads TORCH_DIST_USE_NCCL2 at the first use of "nccl": rank 1 alone picked legacy among nccl2
+    # peers, and the capture (emulating torch from the environment the ranks started with) passed it as nccl2.
+    with pytest.raises(
+        cap.CaptureError, match=r"set TORCH_DIST_USE_NCCL2=0 in os.environ .* on rank\(s\) 1: .* picks legacy"
+    ) as one:
+        cap.capture(functools.partial(examples.sets_nccl2_knob, (1,)), 4)
+    assert "cannot make groups together on real torch" in str(one.value)
+    with pytest.raises(cap.CaptureError, match=r"rank\(s\) 0-3: .*capture again with it in the environment") as every:
+        cap.capture(examples.sets_nccl2_knob, 4)
+    assert "--env TORCH_DIST_USE_NCCL2=0" in str(every.value)
+    run = cap.capture(examples.sets_nccl2_knob, 4, env={"TORCH_DIST_USE_NCCL2": "0"})  # as the refusal says
+    assert run.simulate().verdict == "pass" and "default group nccl, unbound" in str(run.captured_under())
+
+
 def test_a_policy_that_is_not_idempotent_is_not_asked_again_about_its_own_capture(tmp_path: Path) -> None:
     # The upper half of the ranks made lazy groups, the lower half eager ones: real torch hangs. Replayed under
     # the policy again, the upper half flipped back to eager and the startup passed (a false pass).

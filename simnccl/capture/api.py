@@ -13,13 +13,14 @@ import torch.distributed as dist
 from simnccl.capture.divergence import divergence_note
 from simnccl.capture.environment import DEFAULT_GPU
 from simnccl.capture.intercept import _intercepted
-from simnccl.capture.ranks import _run_forked, _run_inline, _Spec
+from simnccl.capture.ranks import BRANCH_KNOBS, _run_forked, _run_inline, _Spec
 from simnccl.capture.result import (
     Call,
     CapturedRun,
     CaptureError,
     RankCapture,
     _plain_policy,
+    _ranks_text,
     _unmodelled_text,
     unmodelled_options,
 )
@@ -234,6 +235,7 @@ def _assemble(
     if unmodelled:
         notes.append(_unmodelled_text(unmodelled))
     env = dict(spec.env)
+    _refuse_branch_knobs(spec.release, env, ranks)
     notes += _code_set_knobs(env, ranks)
     return CapturedRun(
         world_size=spec.world_size,
@@ -248,6 +250,49 @@ def _assemble(
         policy=spec.policy,
         gpu=spec.gpu,
     )
+
+
+def _refuse_branch_knobs(release: str, env: Mapping[str, str], ranks: Sequence[RankCapture]) -> None:
+    """CaptureError where the captured code chose another NCCL implementation for itself than the capture emulated:
+    it set ``TORCH_DIST_USE_NCCL2`` (``ranks.BRANCH_KNOBS``) before its first init_process_group, which real torch
+    reads at the first use of "nccl" (legacy or nccl2), while the capture's ranks ran under the environment they
+    started with. Why refused, not noted: the Programs are then another branch of the code than production takes,
+    and a rank that picked legacy among nccl2 peers passed as one of them (helper's finding: exit 0)."""
+    rel = get_release(release)
+    started = rel.nccl_impl(env)
+    changed: dict[tuple[str, str | None], list[int]] = {}
+    for capture in ranks:
+        for name, value, _ in capture.env_set:
+            if name not in BRANCH_KNOBS:
+                continue
+            if _chosen(rel, env, name, value) != started:
+                changed.setdefault((name, value), []).append(capture.rank)
+    if not changed:
+        return
+    (name, value), where = next(iter(changed.items()))
+    setting = f"set {name}={value}" if value is not None else f"removed {name}"
+    everyone = len(changed) == 1 and len(where) == len(ranks)
+    fix = (
+        f"capture again with it in the environment every rank starts with (--env {name}={value}, "
+        f"capture(env={{{name!r}: {value!r}}}))"
+        if everyone and value is not None
+        else "ranks that pick different NCCL implementations cannot make groups together on real torch: set it "
+        "alike on every rank, then capture with it in the environment (--env)"
+    )
+    raise CaptureError(
+        f"the captured code {setting} in os.environ before its first init_process_group on rank(s) "
+        f"{_ranks_text(where)}: real torch reads it at the first use of 'nccl' in the process, and it picks "
+        f"{_chosen(rel, env, name, value)} there, not the {started} this capture emulated from the environment the "
+        f"ranks started with; {fix}"
+    )
+
+
+def _chosen(rel: Any, env: Mapping[str, str], name: str, value: str | None) -> Any:
+    """The implementation "nccl" picks with ``name`` set to ``value`` (None: removed) in ``env``."""
+    changed = {k: v for k, v in env.items() if k != name}
+    if value is not None:
+        changed[name] = value
+    return rel.nccl_impl(changed)
 
 
 def _code_set_knobs(env: dict[str, str], ranks: Sequence[RankCapture]) -> list[str]:

@@ -141,7 +141,9 @@ def _run_rank_compact(spec: _Spec, rank: int) -> RankCapture:
                 raise
             _exit_unless_the_rank(rank_pid, None)
             moments = [m for m in (recorder.env_at_init, recorder.env_at_first_op) if m is not None]
-            env_set = knobs_set_by_code(start_env, moments, () if applied is None else tuple(applied.env_set))
+            policy_set = () if applied is None else tuple(applied.env_set)
+            env_set = knobs_set_by_code(start_env, moments, policy_set)
+            env_set += branch_knobs_set_by_code(start_env, recorder.env_at_init, policy_set)
             if spec.final_checkpoint is not None:
                 recorder.append(Checkpoint(spec.final_checkpoint))
             recorder.finish()
@@ -162,8 +164,9 @@ def _run_rank_compact(spec: _Spec, rank: int) -> RankCapture:
 
 
 # Knobs read from the process's environment when a communicator is made (NCCL's, ProcessGroupNCCL's), so code
-# that sets them before its groups changes what they do; torch's others (TORCH_DIST_USE_NCCL2, PYTORCH_*) are read
-# at import or CUDA's initialisation, before the code runs (a late one changes nothing: measured, real torch).
+# that sets them before its groups changes what they do; torch's PYTORCH_* are read at import or CUDA's
+# initialisation, before the code runs (a late one changes nothing: measured, real torch), and TORCH_DIST_USE_NCCL2
+# at the first use of "nccl" (``BRANCH_KNOBS``).
 CODE_SET_PREFIXES = ("NCCL_", "TORCH_NCCL_")
 
 
@@ -190,6 +193,26 @@ def knobs_set_by_code(
         if len(values) > 1 or value != start.get(name):
             out.append((name, value, len(values) == 1))
     return tuple(out)
+
+
+# Knobs torch reads once, at the first use of "nccl" in the process (``_register_builtin_nccl_backend``: legacy or
+# nccl2), which a capture emulates from the environment the rank started with.
+BRANCH_KNOBS = ("TORCH_DIST_USE_NCCL2",)
+
+
+def branch_knobs_set_by_code(
+    start: Mapping[str, str], at_init: Mapping[str, str] | None, policy_set: Sequence[str]
+) -> tuple[tuple[str, str | None, bool], ...]:
+    """The ``BRANCH_KNOBS`` the rank's code set (or removed) in ``os.environ`` before its first init_process_group
+    (``at_init``; None: it made none), as (name, value, True); not the ones its policy set. One set after it changes
+    nothing: torch had read it."""
+    if at_init is None:
+        return ()
+    return tuple(
+        (name, at_init.get(name), True)
+        for name in BRANCH_KNOBS
+        if name not in policy_set and at_init.get(name) != start.get(name)
+    )
 
 
 def _exited(rank: int, rank_pid: int, exit_: SystemExit) -> None:
