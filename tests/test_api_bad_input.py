@@ -38,7 +38,7 @@ START = [SetDevice(), InitProcessGroup()]
     ("op", "message"),
     [
         (AllReduce(size_bytes=math.nan), "program[2].size_bytes: expected an integer, got a number nan"),  # type: ignore[arg-type]
-        (AllReduce(size_bytes=-1), "program[2].size_bytes: expected a non-negative number, got -1"),
+        (AllReduce(size_bytes=-1), "program[2].size_bytes: expected a non-negative number of bytes, got -1"),
         (AllReduce(size_bytes="4"), "program[2].size_bytes: expected an integer, got a string '4'"),  # type: ignore[arg-type]
         (Send(peer=1, size_bytes=-1), "program[2].size_bytes: expected a non-negative number"),
         (Alloc(mib=-1000), "program[2].mib: expected a non-negative number of MiB, got -1000"),

@@ -435,7 +435,9 @@ def test_capture_json_document_and_quiet(capsys: pytest.CaptureFixture[str]) -> 
     (record,) = doc["results"]
     assert record["capture"]["world_size"] == 4
     assert record["simulated"]["seed"] == 5
-    assert [v["policy"] for v in record["simulated"]["variants"]] == ["dedupe"]
+    assert [v["policy"] for v in record["simulated"]["variants"]] == [
+        "as-captured(dedupe)"
+    ]  # its decisions, replayed as made
     assert [line["variant"] for line in doc["summary"]] == ["default"]
     code, out, err = _main(capsys, "capture", "--world", "4", "--quiet", script, *knobs)
     assert code == EXIT_OK, err
