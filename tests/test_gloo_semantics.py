@@ -673,6 +673,35 @@ def test_a_broadcast_or_send_on_a_destroyed_group_is_torchs_value_error(op: Op) 
     assert [(e["rank"], e["type"]) for e in out.errors] == [(0, "ValueError")]
 
 
+REDUCE_G = AllReduce(group="g", size_bytes=SIZE, call="reduce", root=0)
+GATHER_G = AllGather(group="g", size_bytes=SIZE, call="gather", root=0)
+MONITORED_G = Barrier(group="g", call="monitored_barrier")
+
+
+@pytest.mark.parametrize(
+    ("op", "world_destroyed", "says"),
+    [
+        (REDUCE_G, False, "is not initialized in the world group map"),
+        (GATHER_G, False, "is not initialized in the world group map"),
+        (MONITORED_G, False, "is not initialized in the world group map"),
+        (REDUCE_G, True, "is not registered, please create group with torch.distributed.new_group API"),
+        (GATHER_G, True, "Default process group has not been initialized"),
+        (MONITORED_G, True, "is not initialized in the world group map"),
+    ],
+    ids=str,
+)
+def test_a_call_that_looks_its_destroyed_group_up_is_torchs_value_error(
+    op: Op, world_destroyed: bool, says: str
+) -> None:
+    # Found by a tester (real 2.15 gloo, 2 ranks, each case compared: sim pass | real error): a reduce's or
+    # gather's root and a monitored_barrier's backend are looked up in the unregistered group, where the
+    # all_reduce, all_gather and barrier they are simulated as run on its pairs.
+    destroy = DestroyProcessGroup() if world_destroyed else DESTROY_G
+    out = run([[GLOO, G, destroy, op]] * 2)
+    assert [(e["rank"], e["type"]) for e in out.errors] == [(0, "ValueError"), (1, "ValueError")], out.errors
+    assert says in out.errors[0]["message"]
+
+
 def test_a_subgroup_kept_past_the_world_s_destroy_still_runs_an_all_reduce() -> None:
     # Found by a tester: the simulator (and the real driver) dropped every handle at destroy_process_group(), so
     # the kept subgroup was "never bound" (NameError). Real (2.15 gloo, 4 runs): all_reduce, all_gather and

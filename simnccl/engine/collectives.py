@@ -26,7 +26,16 @@ from simnccl.engine.policy_gate import policy_fake_error
 from simnccl.engine.reinit_store import STALE_PAIR_WHAT
 from simnccl.engine.rendezvous import Rendezvous
 from simnccl.engine.sim import Sim
-from simnccl.engine.state import RankRuntime, Waiting, current_device, fire_once, resolve
+from simnccl.engine.state import (
+    DEFAULT_GROUP_MISSING,
+    GROUP_NOT_REGISTERED,
+    UNREGISTERED_GROUP,
+    RankRuntime,
+    Waiting,
+    current_device,
+    fire_once,
+    resolve,
+)
 from simnccl.engine.timing import Timing
 from simnccl.flight_recorder import RECORDING_IMPLS, Entry, FlightRecorder, numel
 from simnccl.meetings import Meeting
@@ -50,7 +59,8 @@ _GLOO = Impl.GLOO  # a module constant: an enum member looked up on its class co
 _LEGACY = Impl.LEGACY
 _FAKE = Impl.FAKE
 # The collectives torch 2.15 runs on a destroyed group's handle: none of them asks the unregistered group for a rank
-# or its backend (broadcast's src, send/recv's peer and barrier's device do, and raise ValueError).
+# or its backend (broadcast's src, send/recv's peer and barrier's device do, and raise ValueError; so do the calls
+# they may stand for: reduce's and gather's root, monitored_barrier's backend, ``_unregistered``).
 _RUN_AFTER_DESTROY = (AllReduce, AllGather, ReduceScatter, AllToAll)
 
 # torch 2.15's ``_check_not_self_rank(group, group_dst, "destination")`` in send (distributed_c10d.py l.1988)
@@ -64,6 +74,17 @@ def _wired_note(name: str, wire: Sequence[int], runs: str) -> str:
         f"groups under name {name!r} are cross-wired (a store-key collision): gloo connected ranks {list(wire)}, "
         f"and {runs}"
     )
+
+
+def _unregistered(rt: RankRuntime, call: str) -> str:
+    """What torch 2.15 raises (ValueError) for a ``call`` (reduce, gather, monitored_barrier) on a group this rank
+    destroyed: unlike the op it stands for, each looks the group up first — reduce's and gather's root through
+    ``get_group_rank``, monitored_barrier its backend through ``get_backend`` — and finds it unregistered.
+    Measured (gloo, 2 ranks, one run each): the subgroup destroyed, all three say it is not in the world group map;
+    the world destroyed, reduce says the group is not registered, gather that no default group exists."""
+    if rt.world is not None or call == "monitored_barrier":
+        return UNREGISTERED_GROUP
+    return GROUP_NOT_REGISTERED if call == "reduce" else DEFAULT_GROUP_MISSING
 
 
 def _check_monitored(target: Group) -> None:
@@ -157,6 +178,8 @@ class Collectives:
         device only on a host with an accelerator (``device.type == "cpu" or _get_object_coll_device(group)``):
         on a CPU-only cluster it runs too (found by a tester; measured on the CPU build, 5 runs)."""
         handle = rt.handles.get(op.group)
+        if isinstance(handle, Group) and handle.destroyed and getattr(op, "call", ""):
+            raise TorchError("ValueError", _unregistered(rt, op.call))  # type: ignore[union-attr]
         if (
             isinstance(handle, Group)
             and handle.destroyed

@@ -20,7 +20,17 @@ from simnccl.engine.injection import Injection
 from simnccl.engine.rendezvous import Rendezvous
 from simnccl.engine.sim import Sim
 from simnccl.engine.sockets import GlooSockets
-from simnccl.engine.state import AsyncError, Crash, PeerLost, ProcessAbort, RankRuntime, Waiting
+from simnccl.engine.state import (
+    DEFAULT_GROUP_MISSING,
+    GROUP_NOT_REGISTERED,
+    UNREGISTERED_GROUP,
+    AsyncError,
+    Crash,
+    PeerLost,
+    ProcessAbort,
+    RankRuntime,
+    Waiting,
+)
 from simnccl.env_knobs import torchrun_env
 from simnccl.flight_recorder import FlightRecorder, buffer_size
 from simnccl.memory import SimulatedOOM
@@ -96,13 +106,6 @@ def make_ranks(config: SimConfig, programs: Sequence[Program]) -> list[RankRunti
             )
         )
     return ranks
-
-
-# get_backend's error for a group torch no longer knows (l.2212-2215); the real text names the group's repr.
-UNREGISTERED_GROUP = (
-    "Process group <torch.distributed.distributed_c10d.ProcessGroup object> is not initialized in the world group "
-    "map. Please initialize the group first."
-)
 
 
 def _on_destroyed_group(rt: RankRuntime) -> bool:
@@ -216,7 +219,9 @@ class RankLoop:
             raise
 
     def _fail(self, rt: RankRuntime, kind: str, err: TorchError, *, abort: bool = False) -> None:
-        if not abort and kind in ("timeout", "peer-lost", "error") and _on_destroyed_group(rt):
+        destroyed = not abort and kind in ("timeout", "peer-lost", "error") and _on_destroyed_group(rt)
+        # not where torch's lookup of the group raised, with the default group gone, before any logger ran
+        if destroyed and err.message not in (DEFAULT_GROUP_MISSING, GROUP_NOT_REGISTERED):
             # torch 2.15's @_exception_logger builds its log record with get_backend(kwargs["group"]), which
             # raises this for a destroyed (unregistered) group in place of the op's own error (measured: a gloo
             # all_reduce, all_gather_into_tensor, reduce_scatter_tensor or all_to_all_single on a destroyed 2 s

@@ -190,6 +190,16 @@ def require_world(rt: RankRuntime) -> Group:
 ENDED_STATUSES = ("done", "error", "aborted")
 
 DEFAULT_GROUP_MISSING = "Default process group has not been initialized, please make sure to call init_process_group."
+# get_backend's error for a group torch no longer knows (l.2212-2215); the real text names the group's repr.
+UNREGISTERED_GROUP = (
+    "Process group <torch.distributed.distributed_c10d.ProcessGroup object> is not initialized in the world group "
+    "map. Please initialize the group first."
+)
+# get_group_rank's error for a group torch no longer knows (l.1846-1849): a reduce's root after the world's destroy.
+GROUP_NOT_REGISTERED = (
+    "Group <torch.distributed.distributed_c10d.ProcessGroup object> is not registered, please create group with "
+    "torch.distributed.new_group API"
+)
 # torch 2.15's ``destroy_process_group()`` where no default group exists (before init, or a second destroy): its
 # check that the group it would destroy, ``GroupMember.WORLD``, is not None.
 NO_GROUP_TO_DESTROY = "Process group cannot be None"
