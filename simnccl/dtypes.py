@@ -25,6 +25,7 @@ class Dtype:
     torch: str  # the torch attribute: "float32"
     bytes: int  # element size
     gloo: bool = True  # whether gloo's collectives take it (they raise "Invalid scalar type" where not)
+    gloo_gather: bool = True  # whether gloo's gather takes it (torch hands it a complex tensor as it is)
 
 
 @functools.cache
@@ -33,14 +34,22 @@ def dtypes() -> dict[str, Dtype]:
     resource = importlib.resources.files("simnccl") / "data" / DATA_FILE
     table = tomllib.loads(resource.read_text(encoding="utf-8"))
     return {
-        name: Dtype(name, str(entry["torch"]), int(entry["bytes"]), bool(entry.get("gloo", True)))
+        name: Dtype(
+            name,
+            str(entry["torch"]),
+            int(entry["bytes"]),
+            bool(entry.get("gloo", True)),
+            bool(entry.get("gloo_gather", entry.get("gloo", True))),
+        )
         for name, entry in table.items()
     }
 
 
-def gloo_refuses(name: str) -> bool:
-    """Whether gloo's collectives raise "Invalid scalar type" for a tensor of ``name`` (``dtypes.toml``)."""
-    return not dtypes()[name].gloo
+def gloo_refuses(name: str, call: str = "") -> bool:
+    """Whether gloo's collectives raise "Invalid scalar type" for a tensor of ``name`` (``dtypes.toml``); ``call``:
+    the torch call a collective stands for ("gather": torch hands it complex tensors as they are)."""
+    entry = dtypes()[name]
+    return not (entry.gloo_gather if call == "gather" else entry.gloo)
 
 
 def is_known(name: object) -> bool:

@@ -66,8 +66,9 @@ def test_capture_records_every_listed_dtype_by_its_name() -> None:
 
 
 def test_the_gloo_flag_is_what_real_gloo_does_with_each_dtype(tmp_path) -> None:
-    """``gloo = false`` exactly where torch's gloo raises "Invalid scalar type" (a one-rank gloo world, in a
-    process of its own: an all_reduce and an all_gather of each listed dtype)."""
+    """``gloo = false`` exactly where torch's gloo raises "Invalid scalar type", and ``gloo_gather = false`` where
+    its gather alone does (a one-rank gloo world, in a process of its own: an all_reduce, an all_gather and a
+    gather of each listed dtype)."""
     pytest.importorskip("torch")
     import json
     import subprocess
@@ -79,7 +80,11 @@ def test_the_gloo_flag_is_what_real_gloo_does_with_each_dtype(tmp_path) -> None:
         "out = {}\n"
         "for name, attr in json.loads(sys.argv[2]).items():\n"
         "    said = []\n"
-        "    for run in (lambda t: dist.all_reduce(t), lambda t: dist.all_gather([torch.zeros_like(t)], t)):\n"
+        "    for run in (\n"
+        "        lambda t: dist.all_reduce(t),\n"
+        "        lambda t: dist.all_gather([torch.zeros_like(t)], t),\n"
+        "        lambda t: dist.gather(t, [torch.zeros_like(t)], dst=0),\n"
+        "    ):\n"
         "        try:\n"
         "            run(torch.zeros(4, dtype=getattr(torch, attr)))\n"
         "            said.append('ok')\n"
@@ -98,9 +103,30 @@ def test_the_gloo_flag_is_what_real_gloo_does_with_each_dtype(tmp_path) -> None:
     assert done.returncode == 0, done.stderr
     measured = json.loads(done.stdout.splitlines()[-1])
     for name, said in measured.items():
-        expected = ["Invalid scalar type"] * 2 if dtypes.gloo_refuses(name) else ["ok", "ok"]
+        expected = ["Invalid scalar type" if dtypes.gloo_refuses(name, call) else "ok" for call in ("", "", "gather")]
         assert said == expected, name
     assert sum(dtypes.gloo_refuses(n) for n in table) == 9
+    assert sum(dtypes.gloo_refuses(n, "gather") for n in table) == 12  # and the three complex types
+
+
+def test_a_gloo_gather_of_a_complex_tensor_raises_where_its_all_gather_passes() -> None:
+    """Found by a tester (real 2.15 gloo, 2 ranks, 3 runs): a ComplexFloat gather raised "Invalid scalar type" on
+    both ranks; the simulator passed it (torch's gather does not pass complex tensors as real ones)."""
+    from simnccl.ops import AllGather, InitProcessGroup
+    from simnccl.testing import simulate
+
+    init = InitProcessGroup(backend="gloo")
+    gather = simulate(
+        [init, AllGather(size_bytes=64, dtype="ComplexFloat", call="gather", root=0)], gpus_per_node=0, ranks_per_node=2
+    )
+    assert [(e["rank"], e["message"]) for e in gather.errors] == [
+        (0, "Invalid scalar type"),
+        (1, "Invalid scalar type"),
+    ]
+    assert (
+        simulate([init, AllGather(size_bytes=64, dtype="ComplexFloat")], gpus_per_node=0, ranks_per_node=2).verdict
+        == "pass"
+    )
 
 
 @pytest.mark.parametrize("backend", ["gloo", "nccl"])

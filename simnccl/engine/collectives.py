@@ -212,7 +212,7 @@ class Collectives:
             return
         if comm.impl.is_nccl:
             self.memory.touch(rt, comm.device, op)
-        elif comm.impl is _GLOO and type(op) is not Barrier and gloo_refuses(op.dtype):
+        elif comm.impl is _GLOO and type(op) is not Barrier and gloo_refuses(op.dtype, getattr(op, "call", "")):
             # ProcessGroupGloo's dispatch on the tensor's type, on the rank, before anything is sent (dtypes.toml)
             raise TorchError("RuntimeError", "Invalid scalar type")
         # On a cross-wired communicator the op runs between the ranks gloo connected (its registry members) and
