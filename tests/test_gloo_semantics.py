@@ -673,6 +673,19 @@ def test_a_broadcast_or_send_on_a_destroyed_group_is_torchs_value_error(op: Op) 
     assert [(e["rank"], e["type"]) for e in out.errors] == [(0, "ValueError")]
 
 
+def test_a_monitored_barrier_waits_the_backends_default_timeout_not_the_groups() -> None:
+    # Found by a tester (real 2.15 gloo, 3 runs): a peer 1.5 s late to a monitored_barrier on a group of timeout
+    # 1 s passes; torch's monitored_barrier(timeout=None) waits _get_default_timeout(get_backend(group)), 30
+    # minutes for gloo. The simulator timed rank 0 out at the group's 1 s. A plain barrier keeps the group's.
+    group = NewGroup(ranks=(0, 1), bind="g", timeout_s=1.0)
+    for call, verdict in (("monitored_barrier", "pass"), ("", "hang")):
+        barrier = Barrier(group="g", call=call)
+        out = run([[GLOO, group, barrier], [GLOO, group, Compute(seconds=1.5), barrier]])
+        assert out.verdict == verdict, (call, out.hangs, out.errors)
+    late = run([[GLOO, group, Barrier(group="g", call="monitored_barrier")], [GLOO, group, Compute(seconds=1801.0)]])
+    assert late.verdict == "hang" and late.hangs[0]["timeout_s"] == 1800.0, late.hangs
+
+
 REDUCE_G = AllReduce(group="g", size_bytes=SIZE, call="reduce", root=0)
 GATHER_G = AllGather(group="g", size_bytes=SIZE, call="gather", root=0)
 MONITORED_G = Barrier(group="g", call="monitored_barrier")
