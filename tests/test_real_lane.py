@@ -1295,3 +1295,42 @@ def test_a_reinit_under_spawn_with_a_subgroup_kept_is_compared_as_a_stale_key_ra
     assert compared["sim"]["verdict"] == "error"
     assert any(STALE_RACE in e["message"] for e in compared["sim"]["errors"])
     assert compared["agree"] and compared["verdict_racy"], (compared["reasons"], compared["real"]["verdict"])
+
+
+_ZERO_BYTES = (
+    '  { op = "all_gather", size_bytes = 0 },\n  { op = "broadcast", size_bytes = 0, src = 0 },\n'
+    '  { op = "reduce_scatter", size_bytes = 0 },\n  { op = "all_to_all", size_bytes = 0 },\n'
+    '  { op = "send", peer = 1, size_bytes = 0, on_ranks = [0] },\n'
+    '  { op = "recv", peer = 0, size_bytes = 0, on_ranks = [1] },\n'
+    '  { op = "all_reduce", call = "reduce", root = 0, size_bytes = 0 },\n'
+    '  { op = "all_gather", call = "gather", root = 0, size_bytes = 0 },\n'
+)
+# One rank's all_reduce of nothing returns at once (gloo sends nothing); its peer's of 64 bytes waits for it.
+_ONE_EMPTY = (
+    '  { op = "all_reduce", size_bytes = 0, on_ranks = [0] },\n'
+    '  { op = "all_reduce", size_bytes = 64, on_ranks = [1] },\n  { op = "barrier" },\n'
+)
+
+
+@pytest.mark.parametrize(("steps", "verdict"), [(_ZERO_BYTES, "pass"), (_ONE_EMPTY, "hang")], ids=["all", "one"])
+def test_an_op_of_zero_bytes_is_an_empty_tensor_on_the_real_side(
+    tmp_path: Path, launcher: Launcher, steps: str, verdict: str
+) -> None:
+    """Found by a tester: the driver sent at least one element, so a rank's all_reduce of 0 bytes beside a peer's of
+    64 aborted on the real side (a size mismatch) where real torch, given an empty tensor, returns at once and
+    leaves the peer waiting, as the simulator has it (measured with an empty tensor directly): DISAGREE."""
+    from simnccl.real.compare import compare_scenario
+    from simnccl.scenario import load_scenario
+
+    path = tmp_path / "zero.toml"
+    path.write_text(
+        '[scenario]\nname = "zero"\n[cluster]\ngpu = "h100-80gb"\nnodes = 1\ngpus_per_node = 0\nranks_per_node = 2\n'
+        '[torch]\nrelease = "2.15"\n[workload]\nsteps = [\n  { op = "init_process_group", backend = "gloo" },\n'
+        f"{steps}]\n"
+    )
+    # torch's own timeout as the command has it: FAST's 3 s timed the waiting peer out, and gloo's timeout closes
+    # its pairs (the other rank then fails as peer-lost), which is not what this compares
+    settings = RunSettings.for_lane("cpu", stall_s=5.0, timeout_s=40.0)
+    (compared,) = compare_scenario(load_scenario(path), settings, launcher=launcher)["variants"]
+    assert compared["sim"]["verdict"] == compared["real"]["verdict"] == verdict, compared["reasons"]
+    assert compared["agree"], compared["reasons"]

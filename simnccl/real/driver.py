@@ -248,7 +248,7 @@ class Driver:
         torch = self.torch
         dtype = getattr(torch, dtypes()[dtype_name].torch)  # ops carry known names only (simnccl.ops)
         itemsize = torch.empty((), dtype=dtype).element_size()
-        numel = max(1, math.ceil(size_bytes / itemsize))
+        numel = math.ceil(size_bytes / itemsize)  # 0 bytes: an empty tensor, as the op says (gloo then sends nothing)
         numel = math.ceil(numel / multiple) * multiple
         if kind is None:
             return torch.zeros(numel, dtype=dtype, device=self._device())
