@@ -294,6 +294,8 @@ def replaced_timeout_text(hang: Mapping[str, Any]) -> str:
     after = f"after {timeout:g} s " if isinstance(timeout, int | float) else ""
     where = f"{hang.get('kind', '?')} {hang.get('seq', '?')} on group {hang.get('group', '')!r}"
     why = hang.get("explanation") or ""
+    if hang.get("ended_by"):  # a peer's gloo timeout closed the pairs it waited on: its own never fired
+        return f"raised while in {where}, {whom}, when {hang['ended_by']}"
     return f"raised in place of its timeout, {after}in {where}, {whom}" + (f": {why}" if why else "")
 
 

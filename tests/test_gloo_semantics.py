@@ -62,10 +62,21 @@ def _case(programs: list[list[Op]], step: str, index: int = 0) -> Case:
 
 
 def status(out: RunOutcome, rank: int) -> str:
-    """hang (a wait that ended, if at all, in the gloo timeout) | the error kind of ``rank`` | done."""
+    """hang (a wait that ended, if at all, in the gloo timeout: its own, or a peer's that closed the pairs it
+    waited on, ``replaced_timeout.ended_by``) | the error kind of ``rank`` | done."""
     if any(h["rank"] == rank for h in out.hangs):
         return "hang"
-    return next((e["kind"] for e in out.errors if e["rank"] == rank), "done")
+    error = next((e for e in out.errors if e["rank"] == rank), None)
+    if error is not None and (error.get("replaced_timeout") or {}).get("ended_by"):
+        return "hang"
+    return "done" if error is None else error["kind"]
+
+
+def stuck(out: RunOutcome) -> list[dict[str, Any]]:
+    """Every wait that ended, if at all, in a gloo timeout (``status`` "hang"): the hangs, and the waits a peer's
+    timeout ended by closing its pairs, by rank."""
+    ended = [e["replaced_timeout"] for e in out.errors if (e.get("replaced_timeout") or {}).get("ended_by")]
+    return sorted([*out.hangs, *ended], key=lambda h: h["rank"])
 
 
 # ------------------------------------------------------------------------------------------- closed peers
@@ -164,7 +175,7 @@ def test_a_partial_broadcast_completes_where_the_tree_does_not_need_the_missing_
         ]
     )
     assert [status(out, r) for r in range(4)] == ["hang", "hang", "done", "done"]
-    assert next(h for h in out.hangs if h["rank"] == 1)["op"].startswith("recv")
+    assert next(h for h in stuck(out) if h["rank"] == 1)["op"].startswith("recv")
 
 
 def test_a_member_running_another_algorithm_at_the_broadcast_s_tag_is_missing_to_the_tree() -> None:
@@ -172,7 +183,7 @@ def test_a_member_running_another_algorithm_at_the_broadcast_s_tag_is_missing_to
     # the root hangs in its send to 2, ranks 1 and 3 complete the broadcast and hang in the next all_to_all
     bcast, a2a = Broadcast(size_bytes=SIZE, src=0), AllToAll(size_bytes=SIZE)
     out = run([[GLOO, bcast, a2a], [GLOO, bcast, a2a], [GLOO, a2a], [GLOO, bcast, a2a]])
-    assert {h["rank"]: h["op"].split("(")[0] for h in out.hangs} == {
+    assert {h["rank"]: h["op"].split("(")[0] for h in stuck(out)} == {
         0: "broadcast",
         1: "all_to_all",
         2: "all_to_all",
@@ -182,7 +193,7 @@ def test_a_member_running_another_algorithm_at_the_broadcast_s_tag_is_missing_to
     # parent, waits on it; the root and rank 3 complete
     bcast = Broadcast(size_bytes=SIZE, src=1)
     out = run([[GLOO, a2a], [GLOO, bcast, a2a], [GLOO, bcast, a2a], [GLOO, bcast, a2a]])
-    assert {h["rank"]: h["op"].split("(")[0] for h in out.hangs} == {
+    assert {h["rank"]: h["op"].split("(")[0] for h in stuck(out)} == {
         0: "all_to_all",
         1: "all_to_all",
         2: "broadcast",
@@ -210,7 +221,7 @@ def test_broadcasters_of_different_sizes_beside_another_algorithm_end_by_their_m
         ]
     )
     assert [status(out, r) for r in range(4)] == ["hang", "hang", "abort", "peer-lost"]
-    assert {h["rank"]: h["op"].split("(")[0] for h in out.hangs} == {0: other.name, 1: "broadcast"}
+    assert {h["rank"]: h["op"].split("(")[0] for h in stuck(out)} == {0: other.name, 1: "broadcast"}
 
 
 def test_a_size_mismatch_beside_another_algorithm_ends_by_its_messages() -> None:
@@ -676,14 +687,50 @@ def test_a_broadcast_or_send_on_a_destroyed_group_is_torchs_value_error(op: Op) 
 def test_a_monitored_barrier_waits_the_backends_default_timeout_not_the_groups() -> None:
     # Found by a tester (real 2.15 gloo, 3 runs): a peer 1.5 s late to a monitored_barrier on a group of timeout
     # 1 s passes; torch's monitored_barrier(timeout=None) waits _get_default_timeout(get_backend(group)), 30
-    # minutes for gloo. The simulator timed rank 0 out at the group's 1 s. A plain barrier keeps the group's.
+    # minutes for gloo. The simulator timed rank 0 out at the group's 1 s. A plain barrier keeps the group's (rank
+    # 0 times out, closing its pairs: the late rank 1 fails as peer-lost, an error).
     group = NewGroup(ranks=(0, 1), bind="g", timeout_s=1.0)
-    for call, verdict in (("monitored_barrier", "pass"), ("", "hang")):
+    for call, verdict in (("monitored_barrier", "pass"), ("", "error")):
         barrier = Barrier(group="g", call=call)
         out = run([[GLOO, group, barrier], [GLOO, group, Compute(seconds=1.5), barrier]])
         assert out.verdict == verdict, (call, out.hangs, out.errors)
     late = run([[GLOO, group, Barrier(group="g", call="monitored_barrier")], [GLOO, group, Compute(seconds=1801.0)]])
     assert late.verdict == "hang" and late.hangs[0]["timeout_s"] == 1800.0, late.hangs
+
+
+@pytest.mark.parametrize(
+    "op",
+    [AllReduce(size_bytes=SIZE), Broadcast(size_bytes=SIZE, src=0), Barrier(), AllGather(size_bytes=SIZE)],
+    ids=lambda op: op.name,
+)
+def test_a_rank_late_past_its_peers_gloo_timeout_fails_as_peer_lost_not_done(op: Op) -> None:
+    # Found by a tester (real 2.15 gloo, 2 ranks, 2 runs each; all_reduce, broadcast, barrier alike): rank 0 times
+    # out at 1 s, and gloo closes every pair of its context before torch raises; rank 1, 1.8 s late, fails with
+    # "Connection closed by peer" at its op. The simulator completed rank 1's op with a rank that had left it.
+    init = InitProcessGroup(backend="gloo", timeout_s=1.0)
+    out = run([[init, op], [init, Compute(seconds=1.8), op]])
+    assert [(e["rank"], e["kind"]) for e in out.errors] == [(0, "timeout"), (1, "peer-lost")], out.errors
+    assert "Connection closed by peer (rank 0)" in out.errors[1]["message"]
+    assert out.errors[1]["time_s"] == pytest.approx(1.8, abs=0.01)
+
+
+def test_a_peer_still_waiting_when_another_member_times_out_fails_as_peer_lost_then() -> None:
+    # real (a tester's s19, 2 runs): rank 1 made g with a 2 s timeout, rank 0 with the default; each receives from
+    # the other, so both wait: rank 1 times out at 2 s and closes its pairs, and rank 0 fails then with
+    # "Connection closed by peer" instead of waiting its 30 minutes. What rank 0 waited for stays with its error
+    # (``ended_by``): a real run stopped before that timeout saw it stuck.
+    out = run(
+        [
+            [GLOO, NewGroup(ranks=(0, 1), bind="g"), Recv(peer=1, group="g", size_bytes=SIZE)],
+            [GLOO, NewGroup(ranks=(0, 1), bind="g", timeout_s=2.0), Recv(peer=0, group="g", size_bytes=SIZE)],
+        ]
+    )
+    assert [(e["rank"], e["kind"]) for e in out.errors] == [(0, "peer-lost"), (1, "timeout")], out.errors
+    lost = out.errors[0]
+    assert lost["time_s"] == pytest.approx(2.0, abs=0.05)
+    assert lost["replaced_timeout"]["waiting_for"] == [1]
+    assert lost["replaced_timeout"]["ended_by"] == "rank 1's timeout closed its gloo pairs"
+    assert status(out, 0) == "hang"
 
 
 REDUCE_G = AllReduce(group="g", size_bytes=SIZE, call="reduce", root=0)

@@ -35,8 +35,12 @@ FileStore (pinned in the simulator by ``tests/test_gloo_semantics.py``, on real 
   (all_reduce, reduce_scatter), which waits on its recv from ``rank + 1`` before its send to ``rank - 1`` (two
   buffers), keeps waiting on a live recv peer that never sends while its send peer is closed, before or after it
   entered (``allreduce_waits``); allgather sends and receives on one buffer, so either neighbour fails it. A rank
-  that is merely idle or failed with a Python exception keeps its sockets open. A gloo timeout also closes the
-  rank's pair, not modelled: the simulator reports a timeout as the hang it ends.
+  that is merely idle or failed with a Python exception keeps its sockets open. A gloo timeout closes every pair
+  of the rank's context before torch raises (``context_->signalException``): the rank leaves the operation, a
+  member still waiting on it directly fails then as peer-lost, and one arriving later does too, never completing
+  the operation with it (measured by a tester, 2-3 ranks, 2 runs each; ``Watchdogs._gloo_timeout_closes``). The
+  timed-out rank is reported as the hang it ends; a member its close failed keeps the wait it was in
+  (``replaced_timeout`` with ``ended_by``), which a real run stopped before that timeout saw as stuck.
 * **Partial collectives.** gloo collectives are point-to-point algorithms. Rings (all_reduce, reduce_scatter,
   all_gather), the dissemination barrier and all_to_all need every member, but broadcast is a binomial tree: with
   a member missing, the ranks whose parent chain and children are all in complete (``broadcast_needs``). A

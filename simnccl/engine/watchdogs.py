@@ -13,6 +13,7 @@ import math
 from dataclasses import replace
 from typing import Any
 
+from simnccl.backends import Comm
 from simnccl.backends.gloo import TIMEOUT_TIE_RACE
 from simnccl.c10d import Group
 from simnccl.engine import init_barrier
@@ -26,6 +27,7 @@ from simnccl.engine.timing import Timing
 from simnccl.faults import Fault
 from simnccl.flight_recorder import numel
 from simnccl.limits import number_text
+from simnccl.meetings import Meeting
 from simnccl.ops import Barrier
 from simnccl.release import DEFAULT_PG_NCCL_TIMEOUT_S, Impl
 from simnccl.watchdog import (
@@ -82,9 +84,13 @@ class Watchdogs:
             if guard.work & 0x3FF == 0:
                 guard.check()
             due = self._due_timeouts()
+            closing = []
             for at, rt, action in due:
                 if at <= self.env.now:
-                    self._fire(rt, action, at)
+                    closing.append(self._fire(rt, action, at))
+            for closed in closing:  # after every timeout due now fired: members timing out together each time out
+                if closed is not None:
+                    self._close_at_timeout(*closed)
             due = [d for d in due if d[0] > self.env.now]
             next_deadline = due[0][0] if due else math.inf
             env = self.env
@@ -217,7 +223,10 @@ class Watchdogs:
         where an injected store fault (``faulted``) is what it waits on."""
         return self.sim.config.launcher == "spawn" and rt.rank == 0 and group is rt.world and not faulted
 
-    def _fire(self, rt: RankRuntime, action: TimeoutAction, at: float) -> None:
+    def _fire(self, rt: RankRuntime, action: TimeoutAction, at: float) -> tuple[RankRuntime, tuple[Comm, ...]] | None:
+        """The timeout acts on ``rt``; what it closes, for ``run`` to close once every timeout due now has
+        fired: a gloo collective's or send/recv's timeout closes the rank's pairs of that communicator
+        (``_gloo_timeout_closes``)."""
         rt.timed_out = True
         rt.unhealthy = rt.unhealthy or action.unhealthy
         entry = self.report.entry(rt, self.ranks)  # ranks[r] is rank r
@@ -233,8 +242,42 @@ class Watchdogs:
         if leaves and meeting is not None and not meeting.complete:
             # It left the bootstrap: a member arriving later must not complete the communicator with it.
             meeting.arrivals.pop(rt.rank, None)
+        closes = self._gloo_timeout_closes(rt, action, meeting)
         if action.outcome in ("abort", "raise"):
             self.sim.procs[rt.rank].interrupt(action)
+        return closes
+
+    def _close_at_timeout(self, rt: RankRuntime, comms: tuple[Comm, ...]) -> None:
+        """Close ``rt``'s pairs of ``comms`` after its timeout; each member that fails for it as peer-lost keeps
+        the wait it was in (``replaced_timeout``, with ``ended_by``): a real run stopped before that timeout (the
+        stall detector, under a default 30-minute timeout) saw the member stuck there, and compares it so
+        (``real.compare.stuck_until_timeout``)."""
+        before = set(self.sockets.peer_lost)
+        self.sockets.close(rt, comms)
+        for member in sorted(self.sockets.peer_lost - before):
+            other = self.ranks[member]
+            entry = self.report.entry(other, self.ranks)
+            entry["ended_by"] = f"rank {rt.rank}'s timeout closed its gloo pairs"
+            other.replaced_timeout = entry
+
+    def _gloo_timeout_closes(
+        self, rt: RankRuntime, action: TimeoutAction, meeting: Meeting | None
+    ) -> tuple[RankRuntime, tuple[Comm, ...]] | None:
+        """A gloo collective or send/recv that timed out leaves its operation, and gloo closes every pair of the
+        rank's context before torch raises (``context_->signalException`` in gloo's ``tcp/unbound_buffer.cc``):
+        a member still waiting on it directly fails with "Connection closed by peer", and one arriving later does
+        too, never completing the operation with a rank that left it. Found by a tester (real 2.15 gloo, 2-3
+        ranks, 2 runs each): a rank late past its peer's timeout completed its all_reduce in the simulator (done)
+        where real gloo failed it as peer-lost; peers still waiting hung instead of failing."""
+        if action.outcome != "raise" or meeting is None or meeting.kind not in ("collective", "p2p"):
+            return None
+        group = rt.group_named(bootstrap_group(meeting))
+        comm = None if group is None else group.comm_for(self.sim.device_type)
+        if comm is None or comm.impl is not Impl.GLOO:
+            return None
+        if not meeting.complete:
+            meeting.arrivals.pop(rt.rank, None)
+        return rt, (comm,)
 
     # ---------------------------------------------------------------- dumps and heartbeat monitors
 
