@@ -164,14 +164,19 @@ def megatron_style_loops(tp: int = 2) -> None:
         dist.all_reduce(torch.ones(1024, device="cuda"), group=group)
 
 
-def sets_nccl2_knob(on_ranks: tuple[int, ...] | None = None) -> None:
-    """Sets ``TORCH_DIST_USE_NCCL2=0`` in ``os.environ`` on ``on_ranks`` (None: every rank) before its first
-    init_process_group, which real torch reads at the first use of "nccl"."""
+def sets_nccl2_knob(on_ranks: tuple[int, ...] | None = None, gloo_first: bool = False) -> None:
+    """Sets ``TORCH_DIST_USE_NCCL2=0`` in ``os.environ`` on ``on_ranks`` (None: every rank) before its first use
+    of "nccl", where real torch reads it: its init_process_group, or (``gloo_first``) an nccl group after a gloo
+    default group."""
+    if gloo_first:
+        dist.init_process_group("gloo")
     if on_ranks is None or int(os.environ["RANK"]) in on_ranks:
         os.environ["TORCH_DIST_USE_NCCL2"] = "0"
     torch.cuda.set_device(_local_rank())
-    dist.init_process_group("nccl")
-    dist.all_reduce(torch.ones(16, device="cuda"))
+    group = dist.new_group(list(range(int(os.environ["WORLD_SIZE"]))), backend="nccl") if gloo_first else None
+    if not gloo_first:
+        dist.init_process_group("nccl")
+    dist.all_reduce(torch.ones(16, device="cuda"), group=group)
 
 
 def device_mesh_after_barrier(dp: int = 2, tp: int = 4) -> None:

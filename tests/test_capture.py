@@ -1026,6 +1026,9 @@ def test_code_that_picks_legacy_for_itself_is_refused_not_captured_as_nccl2() ->
     with pytest.raises(cap.CaptureError, match=r"rank\(s\) 0-3: .*capture again with it in the environment") as every:
         cap.capture(examples.sets_nccl2_knob, 4)
     assert "--env TORCH_DIST_USE_NCCL2=0" in str(every.value)
+    # after a gloo default group, "nccl" is first used by the nccl group: torch reads it there (found by a tester)
+    with pytest.raises(cap.CaptureError, match=r"before its first use of 'nccl' on rank\(s\) 1: "):
+        cap.capture(functools.partial(examples.sets_nccl2_knob, (1,), gloo_first=True), 4)
     run = cap.capture(examples.sets_nccl2_knob, 4, env={"TORCH_DIST_USE_NCCL2": "0"})  # as the refusal says
     assert run.simulate().verdict == "pass" and "default group nccl, unbound" in str(run.captured_under())
 

@@ -254,7 +254,7 @@ def _assemble(
 
 def _refuse_branch_knobs(release: str, env: Mapping[str, str], ranks: Sequence[RankCapture]) -> None:
     """CaptureError where the captured code chose another NCCL implementation for itself than the capture emulated:
-    it set ``TORCH_DIST_USE_NCCL2`` (``ranks.BRANCH_KNOBS``) before its first init_process_group, which real torch
+    it set ``TORCH_DIST_USE_NCCL2`` (``ranks.BRANCH_KNOBS``) before its first call naming "nccl", where real torch
     reads at the first use of "nccl" (legacy or nccl2), while the capture's ranks ran under the environment they
     started with. Why refused, not noted: the Programs are then another branch of the code than production takes,
     and a rank that picked legacy among nccl2 peers passed as one of them (helper's finding: exit 0)."""
@@ -280,7 +280,7 @@ def _refuse_branch_knobs(release: str, env: Mapping[str, str], ranks: Sequence[R
         "alike on every rank, then capture with it in the environment (--env)"
     )
     raise CaptureError(
-        f"the captured code {setting} in os.environ before its first init_process_group on rank(s) "
+        f"the captured code {setting} in os.environ before its first use of 'nccl' on rank(s) "
         f"{_ranks_text(where)}: real torch reads it at the first use of 'nccl' in the process, and it picks "
         f"{_chosen(rel, env, name, value)} there, not the {started} this capture emulated from the environment the "
         f"ranks started with; {fix}"

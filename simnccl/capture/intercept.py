@@ -174,6 +174,17 @@ def _batch_op(recorder: _Recorder, items: Sequence[tuple[bool, int, int, str, st
     )
 
 
+def _names_nccl(name: str, backend: object) -> bool:
+    """Whether this call uses torch's backend name "nccl" (its first use registers it, reading
+    TORCH_DIST_USE_NCCL2: legacy or nccl2): an init_process_group without a backend (the accelerator's default on
+    the GPU host a capture emulates), or a backend string naming it (``"nccl"``, ``"cpu:gloo,cuda:nccl"``)."""
+    if backend is None:
+        return name == "init_process_group"
+    if not isinstance(backend, str):
+        return False
+    return "nccl" in (part.rpartition(":")[2].strip().lower() for part in backend.split(","))
+
+
 def _wrapper(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
     """A stand-in for torch's ``name`` that records entry into the active recorder and binds the result."""
     bind = _BINDERS[name].bind
@@ -192,6 +203,8 @@ def _wrapper(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
         ranks = None  # new_group's ranks as torch reads them (``_enter_new_group``), for the shortcut
         if name == "init_process_group" and recorder.env_at_init is None:
             recorder.env_at_init = dict(os.environ)  # what NCCL's knobs are as the default group is made
+        if recorder.env_at_nccl is None and _names_nccl(name, arguments.get("backend")):
+            recorder.env_at_nccl = dict(os.environ)  # where torch reads TORCH_DIST_USE_NCCL2, once a process
         _refuse_renamed(recorder)
         _DEPTH += 1
         recorder.ops.extend(recorder.memory.changes())  # tensors made before the call: kept whatever it does

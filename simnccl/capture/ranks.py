@@ -143,7 +143,7 @@ def _run_rank_compact(spec: _Spec, rank: int) -> RankCapture:
             moments = [m for m in (recorder.env_at_init, recorder.env_at_first_op) if m is not None]
             policy_set = () if applied is None else tuple(applied.env_set)
             env_set = knobs_set_by_code(start_env, moments, policy_set)
-            env_set += branch_knobs_set_by_code(start_env, recorder.env_at_init, policy_set)
+            env_set += branch_knobs_set_by_code(start_env, recorder.env_at_nccl, policy_set)
             if spec.final_checkpoint is not None:
                 recorder.append(Checkpoint(spec.final_checkpoint))
             recorder.finish()
@@ -201,17 +201,17 @@ BRANCH_KNOBS = ("TORCH_DIST_USE_NCCL2",)
 
 
 def branch_knobs_set_by_code(
-    start: Mapping[str, str], at_init: Mapping[str, str] | None, policy_set: Sequence[str]
+    start: Mapping[str, str], at_nccl: Mapping[str, str] | None, policy_set: Sequence[str]
 ) -> tuple[tuple[str, str | None, bool], ...]:
-    """The ``BRANCH_KNOBS`` the rank's code set (or removed) in ``os.environ`` before its first init_process_group
-    (``at_init``; None: it made none), as (name, value, True); not the ones its policy set. One set after it changes
-    nothing: torch had read it."""
-    if at_init is None:
+    """The ``BRANCH_KNOBS`` the rank's code set (or removed) in ``os.environ`` before its first call naming
+    "nccl" (``at_nccl``, the recorder's ``env_at_nccl``; None: it made none), as (name, value, True); not the ones
+    its policy set. One set after it changes nothing: torch had read it."""
+    if at_nccl is None:
         return ()
     return tuple(
-        (name, at_init.get(name), True)
+        (name, at_nccl.get(name), True)
         for name in BRANCH_KNOBS
-        if name not in policy_set and at_init.get(name) != start.get(name)
+        if name not in policy_set and at_nccl.get(name) != start.get(name)
     )
 
 

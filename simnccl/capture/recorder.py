@@ -68,6 +68,9 @@ class _Recorder:
         # os.environ as the rank's first init_process_group began (``intercept``): the NCCL knobs its code set
         # by then are the ones simulated (``ranks.knobs_set_by_code``); None: no init yet
         self.env_at_init: dict[str, str] | None = None
+        # os.environ as the rank's first call naming torch's "nccl" backend began (``intercept._names_nccl``):
+        # where torch reads TORCH_DIST_USE_NCCL2 (``ranks.branch_knobs_set_by_code``); None: no such call
+        self.env_at_nccl: dict[str, str] | None = None
         # os.environ as the rank's first collective, send or recv began (``communicating``): where a lazy
         # communicator is made, and NCCL reads its knobs (most once per process)
         self.env_at_first_op: dict[str, str] | None = None
