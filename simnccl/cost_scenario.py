@@ -15,6 +15,7 @@ from typing import Any
 
 from simnccl.cli_options import OverrideError, check_env, check_json_target, env_overrides
 from simnccl.cost import EXIT_BAD_INPUT, Column, CostError, check_policy, only_columns, report
+from simnccl.policy.as_captured import replayed_as
 from simnccl.scenario import Scenario, ScenarioError, load_scenario
 
 
@@ -42,7 +43,11 @@ def scenario_columns(
         if any(c.name == spec for c in columns):
             continue
         check_policy(spec)
-        columns.append(Column(spec, {**base.env, **extra}, spec, base.release, base.profile))
+        try:  # a capture's steps (as-captured) are replayed, never decided again by another policy
+            replayed = replayed_as(base.policy, spec)
+        except ValueError as err:
+            raise CostError(f"--policy: {err}") from None
+        columns.append(Column(spec, {**base.env, **extra}, replayed, base.release, base.profile))
     columns = only_columns(columns, only)
     for column in columns:
         assert column.profile is not None

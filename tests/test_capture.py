@@ -1048,14 +1048,43 @@ def test_a_policy_that_is_not_idempotent_is_not_asked_again_about_its_own_captur
     assert all(e["type"] == "PolicyInconsistency" for e in outcome.errors)
     toml = tmp_path / "flip.toml"
     toml.write_text(run.to_scenario_toml(), encoding="utf-8")
-    ran = subprocess.run(
-        [sys.executable, "-m", "simnccl", "run", "-q", str(toml)],
-        capture_output=True,
-        text=True,
-        check=False,
-        cwd=Path(__file__).parent,  # where user_policies is importable, as the user's own module is in theirs
+    with_variant = tmp_path / "flip-variant.toml"
+    with_variant.write_text(
+        run.to_scenario_toml() + '\n[[variants]]\nname = "d"\npolicy = "dedupe"\n', encoding="utf-8"
     )
-    assert ran.returncode == 1 and "error" in ran.stdout, ran.stdout + ran.stderr
+
+    def simnccl(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "simnccl", *argv],
+            capture_output=True,
+            text=True,
+            check=False,
+            cwd=Path(__file__).parent,  # where user_policies is importable, as the user's own module is in theirs
+        )
+
+    for argv in (["run", "-q", str(toml)], ["run", "-q", str(toml), "--policy", policy]):
+        ran = simnccl(*argv)
+        assert ran.returncode == 1 and "error" in ran.stdout, (argv, ran.stdout + ran.stderr)
+    # another policy on the capture's steps would decide the policy's decisions again (found by a tester: exit 0)
+    for argv in (
+        ["run", "-q", str(toml), "--policy", "dedupe"],
+        ["run", "-q", str(with_variant)],
+        ["cost", "--scenario", str(toml), "--policy", "dedupe"],
+        ["sweep", "--scenario", str(toml), "--policy", "dedupe", "--dry-run"],
+    ):
+        ran = simnccl(*argv)
+        assert ran.returncode == 2, (argv, ran.stdout + ran.stderr)
+        assert "the steps were captured under policy 'user_policies:FlipsLazyOnUpperHalf'" in ran.stderr, argv
+
+
+def test_a_capture_under_a_policy_object_replays_and_writes_as_one_under_its_spec() -> None:
+    # Found by a tester: capture(..., policy=obj) then simulate() raised AttributeError (the replay took a spec)
+    import user_policies
+
+    run = cap.capture(examples.megatron_style_loops, 4, policy=user_policies.FlipsLazyOnUpperHalf())
+    assert run.simulate().verdict == "error"
+    assert 'policy = "as-captured(user_policies:FlipsLazyOnUpperHalf)"' in run.to_scenario_toml()
+    json.dumps(run.to_json())  # the policy described as data
 
 
 def test_under_lazy_init_a_mesh_of_a_bound_lazy_default_group_fails_as_real_torch_does() -> None:

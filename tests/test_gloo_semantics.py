@@ -714,6 +714,16 @@ def test_a_rank_late_past_its_peers_gloo_timeout_fails_as_peer_lost_not_done(op:
     assert out.errors[1]["time_s"] == pytest.approx(1.8, abs=0.01)
 
 
+def test_members_timing_out_together_are_reported_waiting_for_the_rank_that_never_came() -> None:
+    # Found by a tester: the timed-out rank left the operation as it fired, before the next member's hang entry
+    # was built, so ranks 0-2 read as waiting for each other ("waiting for ranks 0-1, 3")
+    init = InitProcessGroup(backend="gloo", timeout_s=1.0)
+    gather = AllGather(size_bytes=SIZE)
+    out = run([[init, gather]] * 3 + [[init, Compute(seconds=2.0), gather]])
+    assert {h["rank"]: h["waiting_for"] for h in out.hangs} == {0: [3], 1: [3], 2: [3]}
+    assert [(e["rank"], e["kind"]) for e in out.errors if e["kind"] != "timeout"] == [(3, "peer-lost")]
+
+
 def test_a_peer_still_waiting_when_another_member_times_out_fails_as_peer_lost_then() -> None:
     # real (a tester's s19, 2 runs): rank 1 made g with a 2 s timeout, rank 0 with the default; each receives from
     # the other, so both wait: rank 1 times out at 2 s and closes its pairs, and rank 0 fails then with
@@ -1134,12 +1144,14 @@ def test_a_cross_wired_op_waits_for_the_ranks_it_is_wired_to_and_agrees_with_rea
     assert classify(CaseResult(case, compare_variant("x", "cpu", sim, real, 4, 0.0))) == "disagree"
 
 
-@pytest.mark.parametrize("op", [AllReduce, ReduceScatter])
+@pytest.mark.parametrize("op", [AllReduce, ReduceScatter, AllGather])
 @pytest.mark.parametrize("ranks", [2, 3])
 def test_an_empty_all_reduce_returns_at_once_and_leaves_its_peers_waiting(op: type, ranks: int) -> None:
     # Found by a tester: simnccl crashed (exit 70, ZeroDivisionError laying out gloo's ring segments of 0 bytes).
     # Real (torch 2.15 gloo, 2 and 3 ranks, 3 runs of 3): gloo's allreduce of no elements returns at once
     # (allreduce.cc: elements == 0), so rank 0 goes on; the others wait for its segments until their timeout.
+    # All_gather alike (a tester, 2 and 3 ranks, 2 runs each, once the real driver sent an empty tensor): the
+    # simulator had the empty rank abort on its peer's message.
     programs = [[GLOO, op(size_bytes=0), Barrier()]] + [[GLOO, op(size_bytes=64)] for _ in range(ranks - 1)]
     out = run(programs)
     assert out.verdict == "hang"

@@ -19,6 +19,7 @@ from simnccl.ops import (
     Program,
 )
 from simnccl.policy.as_captured import SPEC_PREFIX as AS_CAPTURED
+from simnccl.policy.as_captured import AsCaptured
 from simnccl.release import DeviceBackend, ReleaseError, get_release
 
 
@@ -33,9 +34,64 @@ def _plain_policy(policy: str | None) -> str | None:
     return None if policy in (None, "", NO_POLICY) else policy
 
 
-def as_captured_spec(policy: str) -> str:
-    """The spec replaying a capture made under ``policy`` as it decided (``simnccl.policy.as_captured``)."""
-    return policy if policy.replace(" ", "").startswith(AS_CAPTURED) else f"{AS_CAPTURED}{policy})"
+def as_captured_spec(policy: Any) -> Any:
+    """The policy replaying a capture made under ``policy`` as it decided (``simnccl.policy.as_captured``): a spec
+    for a spec, an ``AsCaptured`` for a policy object (``capture(..., policy=obj)``)."""
+    if isinstance(policy, str):
+        return policy if policy.replace(" ", "").startswith(AS_CAPTURED) else f"{AS_CAPTURED}{policy})"
+    from simnccl.policy import PolicyError, get_policy
+
+    if isinstance(policy, AsCaptured):
+        return policy
+    try:
+        return AsCaptured(get_policy(policy))
+    except PolicyError as err:
+        raise CaptureError(f"policy: {err}") from None
+
+
+def _spec_of(description: Any) -> str | None:
+    """The spec a policy description (``describe_policy``) stands for, or None: a class by its import spec where
+    it has no fields of its own to keep, compositions and as-captured replays of such parts."""
+    if isinstance(description, str):
+        return description
+    if not isinstance(description, Mapping):
+        return None
+    if "as_captured" in description:
+        inner = _spec_of(description["as_captured"])
+        return None if inner is None else f"{AS_CAPTURED}{inner})"
+    if "compose" in description:
+        parts = [_spec_of(part) for part in description["compose"]]
+        return None if any(part is None for part in parts) else "+".join(parts)  # type: ignore[arg-type]
+    spec = description.get("import")
+    return spec if isinstance(spec, str) and not description.get("fields") else None
+
+
+def _described(policy: Any) -> Any:
+    """A policy object as JSON data (``describe_policy``), or its repr where nothing can rebuild it."""
+    from simnccl.policy import PolicyError
+    from simnccl.policy.specs import describe_policy
+
+    try:
+        return describe_policy(policy)
+    except PolicyError:
+        return repr(policy)
+
+
+def _policy_spec(policy: Any) -> str:
+    """``policy`` (a spec, or an object) as a scenario file names it; CaptureError where no spec names it."""
+    from simnccl.policy import PolicyError
+    from simnccl.policy.specs import describe_policy
+
+    try:
+        described = _spec_of(describe_policy(policy))
+    except PolicyError as err:
+        raise CaptureError(f"policy: {err}") from None
+    if described is None:
+        raise CaptureError(
+            f"policy {getattr(policy, 'name', policy)!r}: a scenario file names a policy by its spec, and this one has "
+            "none (an object with fields of its own); capture under its spec ('package.module:Name') to write one"
+        )
+    return described
 
 
 class BranchMismatch(CaptureError, ValueError):
@@ -302,7 +358,7 @@ class CapturedRun:
             "gpus_per_node": self.gpus_per_node,
             "release": self.release,
             "env": dict(self.env),
-            "policy": self.policy,
+            "policy": self.policy if self.policy is None or isinstance(self.policy, str) else _described(self.policy),
             "captured_under": self.captured_under().to_dict(),
             "programs": [
                 {"ranks": ranks, "ops": program.to_list()} for program, ranks in _program_ranks(self.programs)
@@ -329,7 +385,7 @@ class CapturedRun:
             f"name = {_toml(name)}",
         ]
         if self.policy is not None:  # the Programs hold its decisions: replayed as decided, with its env knobs
-            lines.append(f"policy = {_toml(as_captured_spec(self.policy))}")
+            lines.append(f"policy = {_toml(_policy_spec(as_captured_spec(self.policy)))}")
         if description:
             lines.append(f"description = {_toml(description)}")
         lines += [

@@ -223,7 +223,9 @@ class Watchdogs:
         where an injected store fault (``faulted``) is what it waits on."""
         return self.sim.config.launcher == "spawn" and rt.rank == 0 and group is rt.world and not faulted
 
-    def _fire(self, rt: RankRuntime, action: TimeoutAction, at: float) -> tuple[RankRuntime, tuple[Comm, ...]] | None:
+    def _fire(
+        self, rt: RankRuntime, action: TimeoutAction, at: float
+    ) -> tuple[RankRuntime, tuple[Comm, ...], Meeting] | None:
         """The timeout acts on ``rt``; what it closes, for ``run`` to close once every timeout due now has
         fired: a gloo collective's or send/recv's timeout closes the rank's pairs of that communicator
         (``_gloo_timeout_closes``)."""
@@ -247,11 +249,15 @@ class Watchdogs:
             self.sim.procs[rt.rank].interrupt(action)
         return closes
 
-    def _close_at_timeout(self, rt: RankRuntime, comms: tuple[Comm, ...]) -> None:
-        """Close ``rt``'s pairs of ``comms`` after its timeout; each member that fails for it as peer-lost keeps
-        the wait it was in (``replaced_timeout``, with ``ended_by``): a real run stopped before that timeout (the
-        stall detector, under a default 30-minute timeout) saw the member stuck there, and compares it so
+    def _close_at_timeout(self, rt: RankRuntime, comms: tuple[Comm, ...], meeting: Meeting) -> None:
+        """``rt`` leaves ``meeting`` and closes its pairs of ``comms`` after its timeout (once every timeout due
+        then fired and was reported: a member timing out with it is reported waiting for the ranks that never
+        came, not for it); each member that fails for it as peer-lost keeps the wait it was in
+        (``replaced_timeout``, with ``ended_by``): a real run stopped before that timeout (the stall detector,
+        under a default 30-minute timeout) saw the member stuck there, and compares it so
         (``real.compare.stuck_until_timeout``)."""
+        if not meeting.complete:
+            meeting.arrivals.pop(rt.rank, None)
         before = set(self.sockets.peer_lost)
         self.sockets.close(rt, comms)
         for member in sorted(self.sockets.peer_lost - before):
@@ -262,7 +268,7 @@ class Watchdogs:
 
     def _gloo_timeout_closes(
         self, rt: RankRuntime, action: TimeoutAction, meeting: Meeting | None
-    ) -> tuple[RankRuntime, tuple[Comm, ...]] | None:
+    ) -> tuple[RankRuntime, tuple[Comm, ...], Meeting] | None:
         """A gloo collective or send/recv that timed out leaves its operation, and gloo closes every pair of the
         rank's context before torch raises (``context_->signalException`` in gloo's ``tcp/unbound_buffer.cc``):
         a member still waiting on it directly fails with "Connection closed by peer", and one arriving later does
@@ -275,9 +281,7 @@ class Watchdogs:
         comm = None if group is None else group.comm_for(self.sim.device_type)
         if comm is None or comm.impl is not Impl.GLOO:
             return None
-        if not meeting.complete:
-            meeting.arrivals.pop(rt.rank, None)
-        return rt, (comm,)
+        return rt, (comm,), meeting
 
     # ---------------------------------------------------------------- dumps and heartbeat monitors
 

@@ -46,3 +46,34 @@ class AsCaptured:
     def on_group(self, request: GroupRequest, decision: GroupDecision) -> GroupDecision:
         """The recorded call as it stands: it is ``inner``'s decision already."""
         return decision
+
+
+def captured_policy(spec: str) -> str | None:
+    """The policy an ``as-captured(...)`` spec replays a capture of (its inner spec); None for any other spec
+    (``as-captured(a)+b(c)`` too: its parentheses do not enclose the rest)."""
+    compact = spec.replace(" ", "")
+    if not (compact.startswith(SPEC_PREFIX) and compact.endswith(")")):
+        return None
+    inner = compact[len(SPEC_PREFIX) : -1]
+    depth = 0
+    for char in inner:
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        if depth < 0:
+            return None
+    return inner if depth == 0 else None
+
+
+def replayed_as(captured: str, other: str) -> str:
+    """The policy a run of a capture's steps (its policy ``captured``, an ``as-captured(...)`` spec) takes where
+    ``other`` is asked for in its place (``--policy``, a variant's ``policy``): ``captured`` itself where ``other``
+    names it or the policy it replays; ``ValueError`` for any other, which would be asked about that policy's
+    decisions as if they were the code's requests (a policy that is not idempotent turns them back: a false
+    pass). Found by a tester: ``simnccl run captured.toml --policy SPEC`` swapped the replay for the policy."""
+    inner = captured_policy(captured)
+    if inner is None or other.replace(" ", "") in (captured.replace(" ", ""), inner):
+        return captured if inner is not None else other
+    raise ValueError(
+        f"the steps were captured under policy {inner!r} (policy = {captured!r}): they are its decisions, not the "
+        f"code's requests, and policy {other!r} would decide them again; capture the code again under it "
+        f"(simnccl capture --policy {other} ...)"
+    )

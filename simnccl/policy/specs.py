@@ -39,7 +39,7 @@ from typing import Any
 
 from simnccl.os_exit import os_exit_raises
 from simnccl.policy.as_captured import SPEC_PREFIX as AS_CAPTURED
-from simnccl.policy.as_captured import AsCaptured
+from simnccl.policy.as_captured import AsCaptured, captured_policy
 from simnccl.policy.builtins import BUILTIN, BasePolicy, BudgetPolicy, ComposedPolicy
 from simnccl.policy.plans import Policy, PolicyCalledExit, PolicyError, policy_raised
 from simnccl.visible_text import repr_text
@@ -73,8 +73,9 @@ def _get_policy(spec: str | Policy) -> Policy:
     if len(spec) > MAX_SPEC_CHARS:
         raise PolicyError(f"policy spec of {len(spec)} characters: longer than the limit of {MAX_SPEC_CHARS}")
     compact = spec.replace(" ", "")
-    if compact.startswith(AS_CAPTURED) and compact.endswith(")"):  # a capture's calls, replayed as decided
-        inner = _get_policy(compact[len(AS_CAPTURED) : -1])
+    replayed = captured_policy(compact)
+    if replayed is not None:  # a capture's calls, replayed as decided
+        inner = _get_policy(replayed)
         if isinstance(inner, AsCaptured):
             raise PolicyError(f"policy spec {spec!r}: as-captured(...) inside as-captured(...) means nothing more")
         return AsCaptured(inner)
@@ -114,7 +115,7 @@ def _part(raw: str, spec: str) -> Policy:
     known = ", ".join([*BUILTIN, "budget(MiB)", "budget(MiB,per_group_MiB)", *entry_point_names()])
     raise PolicyError(
         f"unknown policy {raw!r} in {spec!r}; expected one of {known}, an import spec 'package.module:Name', "
-        "joined with '+'"
+        "joined with '+' (or a whole spec as-captured(SPEC): a capture's steps, replayed)"
     )
 
 

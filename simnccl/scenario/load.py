@@ -82,6 +82,24 @@ def load_scenario(path: str | Path) -> Scenario:
         raise
 
 
+def _check_captured_replays(source: str, policy: str, variants: list[Variant], listed: int) -> None:
+    """Where the steps are a capture's (a policy ``as-captured(X)``, what ``simnccl capture --toml`` writes), every
+    variant replays them so: a variant under another policy would decide X's decisions again
+    (``simnccl.policy.as_captured.replayed_as``). ``listed``: how many variants came from ``[[variants]]`` (the
+    rest are the matrix's)."""
+    from simnccl.policy.as_captured import captured_policy, replayed_as
+
+    captured = next((p for p in (policy, *(v.policy for v in variants)) if captured_policy(p) is not None), None)
+    if captured is None:
+        return
+    for i, variant in enumerate(variants):
+        try:
+            replayed_as(captured, variant.policy)
+        except ValueError as err:
+            key = f"variants[{i}].policy" if i < listed else "matrix.policy"
+            raise ScenarioError(source, key, f"variant {variant.name!r}: {err}") from None
+
+
 def exceeded_depth(limits: InputLimits) -> str:
     return exceeded("max_nesting_depth", "the nesting", limits.max_nesting_depth)
 
@@ -162,6 +180,7 @@ def parse_scenario(data: Mapping[str, Any], source: str, base_dir: Path | None =
             variants.append(variant)
     if not variants:
         variants.append(Variant("default", "", release, base_profile, base_env, policy))
+    _check_captured_replays(source, policy, variants, len(raw_variants))
 
     recovery = top.get("recovery", dict, None, what="a table ([recovery])")
     checkpoints = checkpoint_labels(programs)

@@ -26,6 +26,7 @@ from simnccl.engine.outcome import pass_decided_by_race
 from simnccl.expect import ACCEPTS_RACES
 from simnccl.memory import distinct_figures
 from simnccl.ops import Program
+from simnccl.policy.as_captured import replayed_as
 from simnccl.policy.sources import sources_digest
 from simnccl.runner import default_limits, run_variant
 from simnccl.scenario import Scenario
@@ -121,7 +122,7 @@ def expand(matrix: Matrix) -> Iterator[Cell]:
                         label=f"{scenario.name}:{name}",
                         gpu=scenario.cluster.gpu.key,
                         release=variant.release,
-                        policy=policy,
+                        policy=replayed_as(variant.policy, policy),  # a capture's own policy: its replay
                         env={**variant.env, **matrix.env, **env_set},
                         checks=matrix.checks,
                         policy_source=sources_digest(matrix.policy_sources.get(policy, {})),

@@ -40,6 +40,7 @@ from simnccl.expect import ACCEPTABLE
 from simnccl.limits import current as current_limits
 from simnccl.limits import exceeded, file_problem, nesting_depth, number_text
 from simnccl.policy import PolicyError, get_policy
+from simnccl.policy.as_captured import replayed_as
 from simnccl.policy.sources import file_digest, policy_sources
 from simnccl.policy.specs import describe_policy
 from simnccl.profiles import ProfileError, find_profile
@@ -551,6 +552,13 @@ def build_matrix(args: Any, data: Mapping[str, Any] | None, source: str, base: P
 
     policies, policy_where = pick(args.policy, "--policy", axes, "policy", "axes.")
     policies = [] if policies is None else [check_policy(p, policy_where) for p in _list(policies, policy_where, str)]
+    for entry in scenarios:  # a capture's steps (as-captured) are replayed, never decided again by another policy
+        for name in entry.variants:
+            for policy in policies:
+                try:
+                    replayed_as(entry.scenario.variant(name).policy, policy)
+                except ValueError as err:
+                    raise SweepInputError(policy_where, f"{entry.path}: variant {name!r}: {err}") from None
     releases, release_where = pick(args.release, "--release", axes, "release", "axes.")
     releases = [DEFAULT_RELEASE] if releases is None else _list(releases, release_where, str)
     gpus, gpu_where = pick(args.gpu, "--gpu", axes, "gpu", "axes.")
