@@ -317,13 +317,18 @@ class AllToAll(Collective):
 @dataclass(frozen=True, slots=True)
 class Barrier(Collective):
     """``call="monitored_barrier"``: torch's ``monitored_barrier`` (gloo: rank 0 hears from every rank), run as a
-    barrier."""
+    barrier, waiting ``timeout_s`` (its ``timeout``; None: torch's default for the group's backend, 30 minutes for
+    gloo), not the group's timeout."""
 
     name: ClassVar[str] = "barrier"
     size_bytes: int = 4
     call: str = ""
+    timeout_s: float | None = None
 
-    __post_init__ = _check_called
+    def __post_init__(self) -> None:
+        _check_called(self)
+        if self.timeout_s is not None and self.call != "monitored_barrier":
+            raise ValueError(f"barrier: timeout_s: only a monitored_barrier has one, got {self.timeout_s!r}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -1597,6 +1597,7 @@ def test_monitored_barrier_is_a_barrier_of_a_gloo_group_and_torchs_error_elsewhe
     run = cap.capture(functools.partial(examples.monitored, "gloo"), 2)
     barriers = [op for op in run.programs[0].ops if isinstance(op, Barrier)]
     assert len(barriers) == 1 and barriers[0].group != "world" and barriers[0].call == "monitored_barrier"
+    assert barriers[0].timeout_s == 10.0  # its own timeout (the code's timedelta), simulated as its wait's
     assert "monitored_barrier is simulated as a barrier of its group that only monitored" in " ".join(run.notes)
     assert simulate([list(p.ops) for p in run.programs], gpus_per_node=2).verdict == "pass"
     with pytest.raises(cap.CaptureError, match=r"monitored_barrier requires a group with a CPU-capable backend"):

@@ -696,6 +696,14 @@ def test_a_monitored_barrier_waits_the_backends_default_timeout_not_the_groups()
         assert out.verdict == verdict, (call, out.hangs, out.errors)
     late = run([[GLOO, group, Barrier(group="g", call="monitored_barrier")], [GLOO, group, Compute(seconds=1801.0)]])
     assert late.verdict == "hang" and late.hangs[0]["timeout_s"] == 1800.0, late.hangs
+    # its own timeout (monitored_barrier(timeout=...), what a capture records) is its wait's, however long the
+    # group's: 1 s under a group of 60 s times the late peer out (real gloo: an error on both ranks, 1 run)
+    slow_group = NewGroup(ranks=(0, 1), bind="g", timeout_s=60.0)
+    own = Barrier(group="g", call="monitored_barrier", timeout_s=1.0)
+    out = run([[GLOO, slow_group, own], [GLOO, slow_group, Compute(seconds=1.5), own]])
+    assert [(e["rank"], e["kind"]) for e in out.errors] == [(0, "timeout"), (1, "peer-lost")], out.errors
+    with pytest.raises(ValueError, match="only a monitored_barrier has one"):
+        Barrier(group="g", timeout_s=1.0)
 
 
 @pytest.mark.parametrize(

@@ -133,8 +133,8 @@ def _cuda_tensors_routed(original: Callable[..., None]) -> Callable[..., None]:
 
 
 MONITORED_BARRIER = (
-    "monitored_barrier is simulated as a barrier of its group that only monitored barriers meet (its own timeout "
-    "is not simulated)"
+    "monitored_barrier is simulated as a barrier of its group that only monitored barriers meet, waiting its own "
+    "timeout"
 )
 
 
@@ -154,10 +154,13 @@ def _monitored_barrier_as_gloo_runs_it(pg: Any, timeout: Any = None, wait_all_ra
     if MONITORED_BARRIER not in recorder.notes:
         recorder.notes.append(MONITORED_BARRIER)
     recorder.barrier_call = "monitored_barrier"  # on real gloo it is rank 0's sends and recvs, not gloo's barrier
+    # torch resolved it before this call (l.6687: the backend's default where none was given): the wait's own
+    recorder.barrier_timeout_s = timeout.total_seconds() if hasattr(timeout, "total_seconds") else None
     try:
         return pg.barrier()
     finally:
         recorder.barrier_call = ""
+        recorder.barrier_timeout_s = None
 
 
 def _object_gather(gather: Callable[..., Any]) -> Callable[..., Any]:

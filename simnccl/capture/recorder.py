@@ -52,6 +52,7 @@ class _Recorder:
         # The torch call the next barrier the stand-in records stands for (``ops.CALLS``): monitored_barrier runs
         # its group's barrier, which must be recorded as the monitored one it is.
         self.barrier_call = ""
+        self.barrier_timeout_s: float | None = None  # a monitored_barrier's own timeout, while it runs
         # Inside all_gather_object or gather_object (``environment._object_gather``): the gather of the pickled
         # objects (bytes) is recorded ``padded``, as torch pads every rank's to the largest.
         self.padding = False

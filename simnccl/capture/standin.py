@@ -298,7 +298,8 @@ class StandInBackend(C10dBackend):
             recorder.communicating()
             _check_bound(recorder, self.handle, "barrier")
             call = recorder.barrier_call
-            recorder.add(Barrier(group=self.handle, call=call), call or "barrier", {"group": self.handle}, self.handle)
+            op = Barrier(group=self.handle, call=call, timeout_s=recorder.barrier_timeout_s if call else None)
+            recorder.add(op, call or "barrier", {"group": self.handle}, self.handle)
         return self._done(None)
 
     def _p2p(self, op_type: type[Op], name: str, tensors: list[torch.Tensor], peer: int, tag: int = 0) -> Any:

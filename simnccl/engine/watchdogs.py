@@ -54,6 +54,12 @@ class Watchdogs:
         self.sockets = sockets
         self.timing = timing
         self.min_timeout_s = DEFAULT_PG_NCCL_TIMEOUT_S
+        # a monitored_barrier's own timeout bounds the steps as a group's does (one of 1 s under a group's 60 s
+        # started and ended inside a step, and passed); read once per distinct program
+        programs = {id(rt.program): rt.program for rt in sim.ranks}.values()
+        own = [op.timeout_s for p in programs for op in p.ops if type(op) is Barrier and op.timeout_s]
+        if own:
+            self.min_timeout_s = min(self.min_timeout_s, *own)
         self.monitor_start: dict[int, float] = {}  # rank -> when its default group (and its watchdog) was made
         self.stuck: dict[int, MonitorAction | None] = {}  # watchdog-stuck ranks -> what their monitor does
         self.monitor_action: dict[int, MonitorAction] = {}  # rank -> the heartbeat-monitor action now pending
@@ -188,7 +194,7 @@ class Watchdogs:
                     # torch 2.15's monitored_barrier(timeout=None) waits _get_default_timeout(get_backend(group)),
                     # not the group's own (l.6687-6688): 30 minutes for gloo. Found by a tester: a peer 1.5 s late
                     # under a 1 s group timeout passed on real gloo (3 runs), the simulator timed it out.
-                    wait_s = self.sim.release.default_timeout_s(group.backend.requested)
+                    wait_s = op.timeout_s or self.sim.release.default_timeout_s(group.backend.requested)
                 if comm.impl is Impl.GLOO and meeting.kind in ("collective", "p2p"):
                     deadline = self.timing.gloo_deadline(meeting, op, block.since_s, wait_s)
                     if deadline is None:

@@ -467,7 +467,10 @@ class Driver:
         """``reduce``, ``gather``, ``scatter`` or ``monitored_barrier``, as a captured program recorded it."""
         dist, torch = self.dist, self.torch
         if call == "monitored_barrier":
-            dist.monitored_barrier(group=group)
+            seconds = getattr(op, "timeout_s", None)
+            dist.monitored_barrier(
+                group=group, timeout=None if seconds is None else datetime.timedelta(seconds=seconds)
+            )
             return
         t = self._tensor(op.size_bytes, op.dtype, kind=MOVES)
         if call == "reduce":
