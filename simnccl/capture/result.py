@@ -289,11 +289,11 @@ class CapturedRun:
         """What the captured code could branch on, under the settings it was captured with."""
         return branch_settings(self.release, self.env, self.replay_policy(None), _first_init(self.programs))
 
-    def replay_policy(self, policy: str | None) -> str | None:
+    def replay_policy(self, policy: Any) -> Any:
         """The policy a replay runs under: ``policy`` for a capture made without one (its Programs are the code's
-        own calls); for one made under a policy, ``as-captured(...)`` of it (its Programs are that policy's
-        decisions: asking it again about its own output would re-decide them; ``check_replay`` refuses any
-        other policy)."""
+        own calls); for one made under a policy, ``as-captured(...)`` of it (an ``AsCaptured`` of a policy
+        object): its Programs are that policy's decisions, and asking it again about its own output would
+        re-decide them (``check_replay`` refuses any other policy)."""
         if self.policy is None:
             return _plain_policy(policy)
         return as_captured_spec(self.policy)
