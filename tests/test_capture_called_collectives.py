@@ -35,7 +35,7 @@ def test_rooted_calls_are_recorded_with_their_call_and_root() -> None:
         AllReduce(size_bytes=16, call="reduce", root=1),
         AllGather(size_bytes=16, call="gather", root=2),
         Broadcast(size_bytes=16, src=0, call="scatter"),
-        Barrier(call="monitored_barrier"),
+        Barrier(call="monitored_barrier", timeout_s=10.0),  # its own timeout, the code's
     ]
     assert run.simulate().verdict == "pass"
 
@@ -46,8 +46,12 @@ def test_rooted_calls_are_recorded_with_their_call_and_root() -> None:
 )
 def test_ranks_that_call_different_rooted_collectives_do_not_pass(kind: str) -> None:
     out = _captured(kind).simulate()
-    assert out.verdict == "hang", out.errors
-    assert {h["rank"] for h in out.hangs} == {0, 1, 2}
+    # stuck until a timeout: each rank's own, or (monitored-vs-barrier) rank 0's 10 s one, whose gloo timeout
+    # closes its pairs: ranks 1 and 2 then fail as peer-lost, keeping the wait they were in (``ended_by``)
+    ended = {e["rank"] for e in out.errors if (e.get("replaced_timeout") or {}).get("ended_by")}
+    assert out.verdict == ("error" if ended else "hang"), out.errors
+    assert {h["rank"] for h in out.hangs} | ended == {0, 1, 2}
+    assert bool(ended) == (kind == "monitored-vs-barrier")
 
 
 def test_a_root_mismatch_is_explained_as_one() -> None:
