@@ -255,9 +255,10 @@ def _assemble(
 def _refuse_branch_knobs(release: str, env: Mapping[str, str], ranks: Sequence[RankCapture]) -> None:
     """CaptureError where the captured code chose another NCCL implementation for itself than the capture emulated:
     it set ``TORCH_DIST_USE_NCCL2`` (``ranks.BRANCH_KNOBS``) before its first call naming "nccl", where real torch
-    reads at the first use of "nccl" (legacy or nccl2), while the capture's ranks ran under the environment they
-    started with. Why refused, not noted: the Programs are then another branch of the code than production takes,
-    and a rank that picked legacy among nccl2 peers passed as one of them (helper's finding: exit 0)."""
+    reads it (legacy or nccl2), while the capture's ranks ran under the environment they started with. Why
+    refused, not noted: the Programs are then another branch of the code than production takes, and a rank that
+    picked legacy among nccl2 peers passed as one of them (found by a tester: exit 0). One set to a value that
+    picks the same implementation changes nothing, and is left out (``_code_set_knobs``)."""
     rel = get_release(release)
     started = rel.nccl_impl(env)
     changed: dict[tuple[str, str | None], list[int]] = {}
@@ -304,7 +305,9 @@ def _code_set_knobs(env: dict[str, str], ranks: Sequence[RankCapture]) -> list[s
     and NCCL_NVLS_ENABLE to 0 so, in ``_set_envs_and_config``) is what NCCL reads when it makes them; the capture
     restored the environment after each rank and simulated without it (a rank sharing a GPU with
     NCCL_MULTI_RANK_GPU_ENABLE=1 set in the script failed)."""
-    per_rank = [{name: (value, settled) for name, value, settled in r.env_set} for r in ranks]
+    per_rank = [
+        {name: (value, settled) for name, value, settled in r.env_set if name not in BRANCH_KNOBS} for r in ranks
+    ]
     names = sorted({name for changes in per_rank for name in changes})
     if not names:
         return []
