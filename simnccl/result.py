@@ -16,8 +16,9 @@ expectation held) and ``variants``. Each variant: ``name``, ``verdict``
 has ``monitor``: ``{"reason", "detected_at_s", "terminate_at_s", "heartbeat_timeout_s"}``), ``unhealthy_ranks``
 (the sticky health-check mark a watchdog abort leaves), ``errors`` (``kind`` "heartbeat" when the monitor ended
 the process; ``replaced_timeout``, a hang entry, where torch raised the error in place of a timeout: a gloo op
-on a destroyed group's handle; or, with ``ended_by``, the wait a peer's gloo timeout ended by closing its pairs), ``slowdowns`` (what each straggler fault cost: ``{"kind": "straggler", "rank", "factor",
-"extra_s"}`` or ``{"kind": "link-straggler", "link", "ranks", "factor", "ops", "extra_s", "groups"}``),
+on a destroyed group's handle; or, with ``ended_by``, the wait a peer's gloo timeout ended by closing its
+pairs), ``slowdowns`` (what each straggler fault cost: ``{"kind": "straggler", "rank", "factor", "extra_s"}``
+or ``{"kind": "link-straggler", "link", "ranks", "factor", "ops", "extra_s", "groups"}``),
 ``faults_unacted`` (each scheduled fault that never struck, described, with why), ``races`` (a store-write race
 the simulated timing decided one way that no hang or error names: a one-rank gloo group's key written under a
 name another group bootstrapped under; on real gloo the outcome is timing), ``expectations``, ``event_count``,
