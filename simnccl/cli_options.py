@@ -387,17 +387,16 @@ def check_env(profile: Any, env: Mapping[str, str], flag: str = "--env") -> None
         raise OverrideError(flag, str(err)) from None
 
 
-def _check_captured_replays(variants: Sequence[Any], policies: Sequence[str]) -> None:
-    """``--policy`` on a capture's steps (a variant whose policy is ``as-captured(...)``): only the policy they
-    were captured under, which keeps the replay (``simnccl.policy.as_captured.replayed_as``); any other is exit 2."""
+def _policy_of(variant: Any, policy: str) -> str:
+    """The policy ``--policy`` gives ``variant``: itself, or on a capture's steps (a variant whose policy is
+    ``as-captured(...)``) the replay where it names the policy they were captured under
+    (``simnccl.policy.as_captured.replayed_as``); any other is exit 2."""
     from simnccl.policy.as_captured import replayed_as
 
-    for variant in variants:
-        for policy in policies:
-            try:
-                replayed_as(variant.policy, policy)
-            except ValueError as err:
-                raise OverrideError("--policy", f"variant {variant.name!r}: {err}") from None
+    try:
+        return replayed_as(variant.policy, policy)
+    except ValueError as err:
+        raise OverrideError("--policy", f"variant {variant.name!r}: {err}") from None
 
 
 def apply_overrides(scenario: Any, args: argparse.Namespace) -> Any:
@@ -411,7 +410,6 @@ def apply_overrides(scenario: Any, args: argparse.Namespace) -> Any:
     """
     from simnccl.cluster import Cluster
     from simnccl.faults import FaultError, FaultSchedule, check_program_faults_distinct, generate
-    from simnccl.policy.as_captured import replayed_as
     from simnccl.profiles import ProfileError, find_profile
 
     chosen = _selected(scenario, getattr(args, "variant", None))
@@ -438,10 +436,8 @@ def apply_overrides(scenario: Any, args: argparse.Namespace) -> Any:
         check_env(profile, v_env)
         variants.append(replace(variant, release=v_release, profile=profile, env=v_env))
     renamed: dict[str, list[str]] = {v.name: [v.name] for v in variants}
-    if policies:
-        _check_captured_replays(variants, policies)
     if len(policies) == 1:
-        variants = [replace(v, policy=replayed_as(v.policy, policies[0])) for v in variants]
+        variants = [replace(v, policy=_policy_of(v, policies[0])) for v in variants]
     elif policies:
         from simnccl.limits import current as current_limits
         from simnccl.limits import exceeded
@@ -452,7 +448,7 @@ def apply_overrides(scenario: Any, args: argparse.Namespace) -> Any:
             raise OverrideError("--policy", exceeded("max_variants", counted, current_limits().max_variants))
         renamed = {v.name: [f"{v.name},policy={p}" for p in policies] for v in variants}
         variants = [
-            replace(v, name=f"{v.name},policy={p}", policy=replayed_as(v.policy, p)) for v in variants for p in policies
+            replace(v, name=f"{v.name},policy={p}", policy=_policy_of(v, p)) for v in variants for p in policies
         ]
     expectations = tuple(
         replace(e, variants=tuple(n for name in e.variants for n in renamed.get(name, ())))

@@ -19,7 +19,7 @@ from simnccl.ops import (
     Program,
 )
 from simnccl.policy.as_captured import SPEC_PREFIX as AS_CAPTURED
-from simnccl.policy.as_captured import AsCaptured
+from simnccl.policy.as_captured import AsCaptured, captured_policy
 from simnccl.release import DeviceBackend, ReleaseError, get_release
 
 
@@ -38,7 +38,7 @@ def as_captured_spec(policy: Any) -> Any:
     """The policy replaying a capture made under ``policy`` as it decided (``simnccl.policy.as_captured``): a spec
     for a spec, an ``AsCaptured`` for a policy object (``capture(..., policy=obj)``)."""
     if isinstance(policy, str):
-        return policy if policy.replace(" ", "").startswith(AS_CAPTURED) else f"{AS_CAPTURED}{policy})"
+        return policy if captured_policy(policy) is not None else f"{AS_CAPTURED}{policy})"
     from simnccl.policy import PolicyError, get_policy
 
     if isinstance(policy, AsCaptured):
