@@ -469,16 +469,45 @@ def test_a_knob_that_changed_after_init_process_group_is_not_guessed_at(when: st
     """NCCL reads its knobs when it makes a communicator: at init for an eager one, at the first collective for a
     lazy one. The rank's end was taken: a knob set after the communicator was made passed a run that fails. Then
     the one at init was: a knob set around init only passed legacy's lazy communicator, made when it was gone.
-    A knob whose value changed between the two moments is now named and left out; a value simnccl cannot use
-    stopped the simulation (exit 2), where NCCL goes on with its default."""
-    run = cap.capture(functools.partial(_knob_around_init, when), 2, final_checkpoint=None)
+    A knob the simulation reads whose value changed between the two moments is refused (exit 2): simnccl simulates
+    one value for the run; a value simnccl cannot use stopped the simulation (exit 2), where NCCL goes on with its
+    default, so it is named and left out."""
+    target = functools.partial(_knob_around_init, when)
+    if when == "during":
+        with pytest.raises(cap.CaptureError, match=r"changed NCCL_MULTI_RANK_GPU_ENABLE in os.environ between init"):
+            cap.capture(target, 2, final_checkpoint=None)
+        return
+    run = cap.capture(target, 2, final_checkpoint=None)
     assert run.simulate().verdict == "error"  # every rank on cuda:0, NCCL not told to allow it
     assert "NCCL_MULTI_RANK_GPU_ENABLE" not in run.env and "NCCL_NVLS_ENABLE" not in run.env
     assert any("NCCL_NVLS_ENABLE=abc (expected an integer" in n and "simulated without it" in n for n in run.notes)
-    if when == "during":
-        assert any(
-            "NCCL_MULTI_RANK_GPU_ENABLE=1 (changed between init_process_group and the first" in n for n in run.notes
-        )
+
+
+def _connects_at_init_on(ranks: str) -> None:
+    """``NCCL_RUNTIME_CONNECT=0`` (every connection made at init) set by the code on ``ranks``: "0", "all" or
+    "none"."""
+    if ranks == "all" or (ranks == "0" and os.environ["RANK"] == "0"):
+        os.environ["NCCL_RUNTIME_CONNECT"] = "0"
+    dist.init_process_group("nccl", device_id=torch.device("cuda", int(os.environ["LOCAL_RANK"])))
+    dist.all_reduce(torch.ones(4, device="cuda"))
+    dist.destroy_process_group()
+
+
+def test_a_simulated_knob_the_ranks_set_differently_is_refused_not_left_out() -> None:
+    """Rank 0's code set NCCL_RUNTIME_CONNECT=0: its communicators connect everything at init (more memory than its
+    peers'). simnccl simulates one environment for all ranks; it simulated the run without the knob, noted, and
+    passed it: now refused, naming the values by rank. Set alike on every rank, it is simulated with it."""
+    with pytest.raises(cap.CaptureError, match=r"set NCCL_RUNTIME_CONNECT in os.environ differently on different"):
+        cap.capture(functools.partial(_connects_at_init_on, "0"), 4, final_checkpoint=None)
+    try:
+        cap.capture(functools.partial(_connects_at_init_on, "0"), 4, final_checkpoint=None)
+    except cap.CaptureError as err:
+        assert "rank(s) 0: '0'; rank(s) 1-3: not set" in str(err)
+    alike = cap.capture(functools.partial(_connects_at_init_on, "all"), 4, final_checkpoint=None)
+    assert alike.env.get("NCCL_RUNTIME_CONNECT") == "0"
+    default = cap.capture(functools.partial(_connects_at_init_on, "none"), 4, final_checkpoint=None)
+    peaks = [max(ledger.peak_bytes for ledger in run.simulate().ledgers.values()) for run in (alike, default)]
+    assert peaks[0] > peaks[1]  # the knob the refusal is about changes memory
 
 
 def _set_device_as(device: Any) -> None:

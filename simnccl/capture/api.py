@@ -27,7 +27,7 @@ from simnccl.capture.result import (
 from simnccl.capture_cli import DEFAULT_TIMEOUT_S, MODES, world_problem
 from simnccl.cli_options import seconds_problem
 from simnccl.cluster import ClusterError, get_gpu_kind
-from simnccl.env_knobs import LAUNCHER_VARIABLES, env_problem, is_env_name
+from simnccl.env_knobs import LAUNCHER_VARIABLES, SIMULATED_KNOBS, env_problem, is_env_name
 from simnccl.limits import current as current_limits
 from simnccl.limits import exceeded
 from simnccl.ops import (
@@ -299,7 +299,9 @@ def _chosen(rel: Any, env: Mapping[str, str], name: str, value: str | None) -> A
 def _code_set_knobs(env: dict[str, str], ranks: Sequence[RankCapture]) -> list[str]:
     """Put into ``env`` (the run's, which its simulation and written scenario use) the NCCL knobs the captured code
     set in ``os.environ`` itself (``RankCapture.env_set``) alike on every rank; the notes that say so, and name
-    the ones the ranks set differently or to a value simnccl cannot use (simulated without them).
+    the ones simulated without: set to a value simnccl cannot use, or set differently by the ranks (or changed
+    after ``init_process_group``) where the simulation does not read them; one it reads is refused
+    (``_refuse_per_rank_knob``).
 
     Why: the code's own ``os.environ["NCCL_..."] = ...`` before its groups (SGLang's server sets NCCL_CUMEM_ENABLE
     and NCCL_NVLS_ENABLE to 0 so, in ``_set_envs_and_config``) is what NCCL reads when it makes them; the capture
@@ -316,13 +318,18 @@ def _code_set_knobs(env: dict[str, str], ranks: Sequence[RankCapture]) -> list[s
         values = {changes.get(name, (env.get(name), True))[0] for changes in per_rank}
         value = next(iter(values))
         problem = None if value is None else _unusable(name, value)
-        if not all(changes.get(name, (None, True))[1] for changes in per_rank):
+        unsettled = [
+            r.rank for r, changes in zip(ranks, per_rank, strict=True) if not changes.get(name, (None, True))[1]
+        ]
+        if unsettled or len(values) > 1:
+            if name in SIMULATED_KNOBS:
+                _refuse_per_rank_knob(name, env, ranks, per_rank, unsettled)
             problem = (
                 "changed between init_process_group and the first collective: which value NCCL read depends on "
                 "when it made its communicator"
+                if unsettled
+                else "ranks set it differently"
             )
-        elif len(values) > 1:
-            problem = "ranks set it differently"
         if problem is not None:
             skipped.append(f"{name}={value} ({problem})" if len(values) == 1 else f"{name} ({problem})")
             continue
@@ -339,6 +346,41 @@ def _code_set_knobs(env: dict[str, str], ranks: Sequence[RankCapture]) -> list[s
     if skipped:
         notes.append(f"the captured code set {', '.join(skipped)} in os.environ: simulated without it")
     return notes
+
+
+def _refuse_per_rank_knob(
+    name: str,
+    env: Mapping[str, str],
+    ranks: Sequence[RankCapture],
+    per_rank: Sequence[Mapping[str, tuple[str | None, bool]]],
+    unsettled: Sequence[int],
+) -> None:
+    """CaptureError for a knob the simulation reads (``env_knobs.SIMULATED_KNOBS``) that the captured code set to
+    different values on different ranks, or changed between ``init_process_group`` and its first collective.
+
+    Why refused, not simulated without it: simnccl simulates one environment for every rank, and NCCL reads such a
+    knob when it makes each rank's communicators (at init for an eager one, at its first use for a lazy one). Left
+    out, a rank whose code set ``NCCL_RUNTIME_CONNECT=0`` (every connection made at init: gigabytes more) was
+    simulated as its peers and passed (found by a tester: exit 0 with a note)."""
+    if unsettled:
+        raise CaptureError(
+            f"the captured code changed {name} in os.environ between init_process_group and its first collective "
+            f"on rank(s) {_ranks_text(unsettled)}: NCCL reads it when it makes a communicator (at init for an eager "
+            "one, at its first use for a lazy one), and simnccl simulates one value for the whole run; set it once, "
+            "before init_process_group"
+        )
+    by_value: dict[str | None, list[int]] = {}
+    for capture, changes in zip(ranks, per_rank, strict=True):
+        by_value.setdefault(changes.get(name, (env.get(name), True))[0], []).append(capture.rank)
+    values = "; ".join(
+        f"rank(s) {_ranks_text(where)}: {'not set' if value is None else repr(value)}"
+        for value, where in by_value.items()
+    )
+    raise CaptureError(
+        f"the captured code set {name} in os.environ differently on different ranks ({values}): NCCL reads it when it "
+        "makes each rank's communicators, and simnccl simulates one environment for every rank; set it alike on "
+        f"every rank, or take it out of the code and capture with --env {name}=VALUE"
+    )
 
 
 def _unusable(name: str, value: str) -> str | None:

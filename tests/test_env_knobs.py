@@ -1,0 +1,34 @@
+"""The knob lists of ``simnccl.env_knobs`` against the names simnccl's sources read."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import simnccl
+from simnccl.env_knobs import SIMULATED_KNOBS, known_knobs
+
+SOURCES = Path(simnccl.__file__).parent
+# A knob the code reads is named as a string of its own ("NCCL_ALGO" in env); a message that mentions one
+# ("run with NCCL_DEBUG=INFO") names it inside a longer string.
+QUOTED = re.compile(r"""["']((?:TORCH_)?NCCL_[A-Z0-9_]+)["']""")
+
+
+def _quoted_knobs() -> set[str]:
+    names: set[str] = set()
+    for path in SOURCES.rglob("*.py"):
+        names.update(QUOTED.findall(path.read_text(encoding="utf-8")))
+    return names & known_knobs()
+
+
+def test_every_nccl_knob_the_sources_read_is_a_simulated_knob() -> None:
+    """A knob read somewhere but missing from the list would let captured code set it differently per rank and be
+    simulated with one value for all (a pass that real NCCL need not give)."""
+    missing = _quoted_knobs() - SIMULATED_KNOBS
+    assert not missing, f"read by simnccl but not in env_knobs.SIMULATED_KNOBS: {sorted(missing)}"
+
+
+def test_every_simulated_knob_is_one_the_sources_read_and_torch_or_nccl_knows() -> None:
+    assert known_knobs() >= SIMULATED_KNOBS
+    stale = SIMULATED_KNOBS - _quoted_knobs()
+    assert not stale, f"in env_knobs.SIMULATED_KNOBS but named nowhere in simnccl's sources: {sorted(stale)}"
