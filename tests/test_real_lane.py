@@ -70,6 +70,7 @@ def launcher():
         yield shared
     time.sleep(0.1)
     assert not [p for p in shared.all_pids if pid_alive(p)], "a rank process outlived its launcher"
+    assert not [p for p in shared.store_host_pids if pid_alive(p)], "a store host outlived its launcher"
 
 
 # ---------------------------------------------------------------------------------------------- the lane rewrite
@@ -1334,3 +1335,36 @@ def test_an_op_of_zero_bytes_is_an_empty_tensor_on_the_real_side(
     (compared,) = compare_scenario(load_scenario(path), settings, launcher=launcher)["variants"]
     assert compared["sim"]["verdict"] == compared["real"]["verdict"] == verdict, compared["reasons"]
     assert compared["agree"], compared["reasons"]
+
+
+# ---------------------------------------------------------------------------------------------- the run's store
+
+GLOO = InitProcessGroup(backend="gloo")
+
+
+@pytest.mark.parametrize(
+    ("late_s", "op", "verdict"),
+    [
+        (1.6, SplitGroup(split_ranks=((0, 1),), bind="s", timeout_s=1.0), "hang"),
+        (0.8, NewGroup(ranks=(0, 1), bind="s", timeout_s=0.3), "hang"),
+        (0.0, NewGroup(ranks=(0, 1), bind="s", timeout_s=1.0), "pass"),
+    ],
+)
+def test_the_local_launcher_s_store_times_out_as_torchrun_s_agent_store_does(
+    launcher: Launcher, late_s: float, op: NewGroup | SplitGroup, verdict: str
+) -> None:
+    """The ranks rendezvous over a TCPStore a store host holds, as torchrun's workers over their agent's. They used
+    a FileStore, whose waits ran late: a peer 1.6 s late under a 1 s split_group timeout got through, and a 0.3 s
+    timeout became ~1 s, so ``real compare`` disagreed with the simulator (which models torchrun's TCPStore) where
+    both were right. Rank 0 now times out in the op, as the simulator has it (the verdicts tell the stores apart:
+    the FileStore passed both late peers)."""
+    programs = [
+        Program((GLOO, op, AllReduce(group="s", size_bytes=64))),
+        Program((GLOO, Compute(seconds=late_s), op, AllReduce(group="s", size_bytes=64))),
+    ]
+    settings = RunSettings.for_lane("cpu", compute_scale=1.0, timeout_s=40.0, stall_s=5.0)
+    result = launcher.run_programs(programs, settings)
+    assert result["verdict"] == verdict, json.dumps(result)[:2000]
+    if verdict == "hang":
+        hang = next(h for h in result["hangs"] if h["rank"] == 0)
+        assert hang["watchdog"] == "torch/gloo timeout raised in the op", hang

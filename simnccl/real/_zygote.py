@@ -5,7 +5,8 @@ the first op, and the differential test runs dozens of worlds. Forking from a pr
 (but never touched CUDA or created a process group — the same rule ``multiprocessing``'s forkserver relies on)
 starts a rank in milliseconds.
 
-Protocol (JSON lines): stdin ``{"cmd": "spawn", "tag": ..., "spec": {...}, "log": path}`` | ``{"cmd": "keep"}`` |
+Protocol (JSON lines): stdin ``{"cmd": "spawn", "tag": ..., "spec": {...}, "log": path}`` (a rank, or with
+``{"store_host": {...}}`` as its spec the run's store host: ``driver.store_host_main``) | ``{"cmd": "keep"}`` |
 ``{"cmd": "exit"}``; stdout ``{"ready": pid}``, ``{"spawned": pid, "tag": ...}``, ``{"exited": pid, "code": n}``
 (negative: signal).
 
@@ -84,9 +85,12 @@ def _child(spec_json: str, log: str, parent: int) -> None:
         os.dup2(fd, 2)
         os.close(fd)
         os.close(null)
-        from simnccl.real.driver import RankSpec, child_main
+        from simnccl.real.driver import RankSpec, child_main, store_host_main
 
-        code = child_main(RankSpec.from_json(spec_json))
+        spec = json.loads(spec_json)
+        code = (
+            store_host_main(spec["store_host"]) if "store_host" in spec else child_main(RankSpec.from_json(spec_json))
+        )
     except BaseException:
         traceback.print_exc()
     finally:

@@ -7,7 +7,7 @@ Per op the driver writes a progress record *before* starting it (so a launcher t
 where it was) and one after it (outcome, wall times, measurement). What each op does:
 
 * ``set_device``: ``torch.cuda.set_device`` (GPU lane); skipped on the CPU lane.
-* ``init_process_group``: over the launcher's store (FileStore/TCPStore, or torchrun's env:// store), with the
+* ``init_process_group``: over the launcher's store (its store host's TCPStore, or torchrun's env:// store), with the
   run's torch timeout when one is set (CPU lane), or the op's own where that is shorter.
 * ``new_group`` / ``split_group``: handles are bound only on members, like the simulator: a member's result
   overwrites the handle; a non-member's ``NON_GROUP_MEMBER`` never overwrites an existing one.
@@ -730,9 +730,11 @@ def _decision_text(call: Any) -> dict[str, Any]:
 
 
 def make_store(spec: RankSpec) -> Any:
-    """The rendezvous store: a FileStore (local launcher), a TCPStore, or torchrun's env:// store; None for
-    ``per-init`` (a spawn launcher's: each init_process_group makes its own TCPStore, hosted by rank 0, which
-    ``destroy_process_group`` drops with the default group, as ``init_method="tcp://..."`` does)."""
+    """The rendezvous store: the local launcher's agent store (``agent``: a TCPStore its store host holds, every
+    rank a client, reached through torch's env:// rendezvous as a torchrun worker reaches its agent's), a FileStore,
+    a TCPStore, or torchrun's env:// store; None for ``per-init`` (a spawn launcher's: each init_process_group makes
+    its own TCPStore, hosted by rank 0, which ``destroy_process_group`` drops with the default group, as
+    ``init_method="tcp://..."`` does)."""
     import torch.distributed as dist
 
     kind = spec.store.get("kind", "file")
@@ -754,9 +756,39 @@ def make_store(spec: RankSpec) -> Any:
         )
     elif kind == "env":
         store, _, _ = next(dist.rendezvous("env://", spec.rank, spec.world_size, timeout=timeout))
+    elif kind == "agent":  # what torchrun's agent exports to its workers (torch/distributed/rendezvous.py)
+        os.environ["MASTER_ADDR"] = spec.store["host"]
+        os.environ["MASTER_PORT"] = str(int(spec.store["port"]))
+        os.environ["TORCHELASTIC_USE_AGENT_STORE"] = str(True)
+        store, _, _ = next(dist.rendezvous("env://", spec.rank, spec.world_size, timeout=timeout))
     else:
         raise ValueError(f"unknown store kind {kind!r}")
     return dist.PrefixStore(prefix, store)
+
+
+def store_host_main(spec: dict[str, Any]) -> int:
+    """The local launcher's store host, a process of its own as torchrun's agent is: it holds the run's TCPStore
+    (on loopback, a port the kernel picks), writes the port to ``port_file`` (whole, by a rename) and stays until
+    the run's ``release_file`` appears or ``park_max_s`` passes.
+
+    Why not a FileStore (what the launcher used): its waits are polls that ran late, so on the real side a peer
+    1.8 s late under a 1 s ``new_group``/``split_group`` timeout got through, and a 0.3 s timeout became ~1 s: a
+    false DISAGREE with a simulator that models torchrun's TCPStore. Why not rank 0 hosting it: a rank that ends
+    would take its peers' store with it, which torchrun's agent store does not."""
+    import torch.distributed as dist
+
+    store = dist.TCPStore(
+        spec["host"], 0, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=spec["timeout_s"])
+    )
+    partial = spec["port_file"] + ".partial"
+    with open(partial, "w", encoding="utf-8") as out:
+        out.write(str(store.port))
+    os.replace(partial, spec["port_file"])
+    deadline = time.monotonic() + spec["park_max_s"]
+    while time.monotonic() < deadline and not os.path.exists(spec["release_file"]):
+        time.sleep(0.05)
+    del store
+    return 0
 
 
 def prepare_env(spec: RankSpec) -> None:

@@ -1,7 +1,8 @@
 """Launch N rank processes for a scenario variant, watch them, and end every run with a verdict.
 
 Local mode (``python -m simnccl.real run SCENARIO``): a zygote (``simnccl.real._zygote``) that imported torch
-once forks the ranks; they rendezvous over a FileStore in the run folder. Each rank writes a progress record
+once forks the ranks; they rendezvous over a TCPStore a store host of the run holds (forked from the zygote too),
+as torchrun's workers do over their agent's store. Each rank writes a progress record
 *before* every op (``rank<N>.jsonl``), so when the run has to be stopped the report says where each rank was.
 
 A run ends when every rank has reported its final record (done or failed; a rank that finished parks, keeping its
@@ -288,6 +289,11 @@ class RankWatch:
         return tail_text(self.log, 4000)
 
 
+# How long a store host may take to fork from the zygote, make its TCPStore and write the port (milliseconds
+# when well; a loaded 2-core CI runner is given plenty).
+STORE_HOST_START_S = 30.0
+
+
 def free_port() -> int:
     """A TCP port on loopback that nothing listens on now (the kernel's pick): where a spawn launcher's rank 0
     hosts its store. Another process could take it before rank 0 binds it; torch then fails the init saying so
@@ -308,7 +314,8 @@ class Launcher:
         self._runs = 0
         self._keep = False  # a run asked to keep its files: the work folder survives close()
         self._lock = threading.Lock()
-        self.all_pids: list[int] = []
+        self.all_pids: list[int] = []  # every rank process it started
+        self.store_host_pids: list[int] = []  # every run's store host (``_host_store``)
 
     def __enter__(self) -> Launcher:
         return self
@@ -391,10 +398,12 @@ class Launcher:
         release_file = run_dir / "release"
         lists = programs_to_lists(programs)
         watches = [RankWatch(r, run_dir / f"rank{r}.jsonl", run_dir / f"rank{r}.log") for r in range(world)]
+        host_pid = None
         if store_per_init:
             store = {"kind": "per-init", "host": "127.0.0.1", "port": free_port(), "timeout_s": settings.timeout_s}
         else:
-            store = {"kind": "file", "path": str(run_dir / "store"), "timeout_s": settings.timeout_s}
+            host_pid, port = self._host_store(zygote, run_dir, release_file, settings, tag=f"{number}:store")
+            store = {"kind": "agent", "host": "127.0.0.1", "port": port, "timeout_s": settings.timeout_s}
         started = time.time()
         for rank, watch in enumerate(watches):
             spec = {
@@ -424,6 +433,8 @@ class Launcher:
             self.all_pids.append(watch.pid)
         reason = self._watch(watches, zygote, settings, started)
         self._finish(watches, zygote, settings, release_file)
+        if host_pid is not None:
+            self._stop_store_host(zygote, host_pid)
         states = []
         for watch in watches:
             watch.poll()
@@ -463,6 +474,42 @@ class Launcher:
         else:
             shutil.rmtree(run_dir, ignore_errors=True)
         return result
+
+    def _host_store(
+        self, zygote: Zygote, run_dir: Path, release_file: Path, settings: RunSettings, tag: str
+    ) -> tuple[int, int]:
+        """Start the run's store host (``driver.store_host_main``: the TCPStore torchrun's agent would hold) and
+        wait for its port; its pid and the port. It leaves when ``release_file`` appears, as parked ranks do."""
+        port_file = run_dir / "store.port"
+        spec = {
+            "store_host": {
+                "host": "127.0.0.1",
+                "timeout_s": settings.timeout_s,
+                "port_file": str(port_file),
+                "release_file": str(release_file),
+                "park_max_s": settings.timeout_s + 60.0,
+            }
+        }
+        log = run_dir / "store.log"
+        pid = zygote.spawn(spec, log, tag=tag)
+        self.store_host_pids.append(pid)
+        deadline = time.monotonic() + STORE_HOST_START_S
+        while not port_file.exists():
+            if zygote.exit_of(pid) is not None or time.monotonic() > deadline:
+                kill_tree(pid)
+                raise LaunchError(
+                    f"the run's store host (pid {pid}) gave no port within {STORE_HOST_START_S:g} s; its log:\n"
+                    f"{tail_text(log, 4000)}"
+                )
+            time.sleep(0.01)
+        return pid, int(port_file.read_text(encoding="utf-8"))
+
+    @staticmethod
+    def _stop_store_host(zygote: Zygote, pid: int) -> None:
+        """The store host leaves on the run's ``release_file``, once the ranks are gone; killed if it has not."""
+        if not zygote.wait_exits([pid], 5.0):
+            kill_tree(pid)
+            zygote.wait_exits([pid], 10.0)
 
     def _watch(self, watches: list[RankWatch], zygote: Zygote, settings: RunSettings, started: float) -> str:
         deadline = started + settings.timeout_s
