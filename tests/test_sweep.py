@@ -16,12 +16,14 @@ import textwrap
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from importlib.metadata import entry_points
 from pathlib import Path
 
 import pytest
 
 from simnccl.cli import main
+from simnccl.sweep import cell as cell_module
 from simnccl.sweep import command, executors
 from simnccl.sweep.deadline import CellTimeout, call_with_deadline
 from simnccl.sweep.store import CSV_FIELDS, FIELDS, SCHEMA_VERSION, read_csv, read_json, result_of
@@ -1147,6 +1149,84 @@ def test_a_resume_after_the_user_s_policy_changed_never_keeps_its_old_rows(
     _, _, rows = read_json(out)
     assert [r["status"] for r in rows] == ["fail", "fail"]
     assert all("PolicyInconsistency" in r["check"] for r in rows), [r["check"] for r in rows]
+
+
+def test_a_process_running_an_edited_policy_s_old_code_refuses_the_cell_exit_2(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A long-lived process (a Dask worker kept between sweeps) imported the policy, then the file was edited:
+    the digest of the file on disk was the edited one's while the old code ran, and the rows were the old code's
+    under the new identity (found by a tester: exit 0 on a cluster for an edit that fails locally). Now the cell
+    says the code here is stale (exit 2); a process that imports the module afresh runs it."""
+    module = tmp_path / "team_stale.py"
+    module.write_text(SAFE_POLICY, encoding="utf-8")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    common = ["--workload", "megatron tp=2 pp=2 dp=2", "--policy", "team_stale:Evolving", "--jobs", "1"]
+    assert sweep(capsys, *common)[0] == 0  # this process imported it
+    module.write_text(RANK_DEPENDENT_POLICY, encoding="utf-8")
+    code, out, err = sweep(capsys, *common)
+    assert code == command.EXIT_BAD_INPUT, out + err
+    assert "PolicyCodeMismatch" in out + err and "changed after this process" in out + err
+    monkeypatch.delitem(sys.modules, "team_stale")  # imported afresh: the edited code runs, and fails its check
+    assert sweep(capsys, *common)[0] == command.EXIT_CHECK_FAILED
+
+
+def test_a_worker_without_the_planned_policy_files_gives_a_prerequisite_row_not_a_bug(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker in another folder (another policies.py, or none): its rows were another policy's under this
+    cell's identity, or a crash exiting 70. Now a ``PolicyCodeMismatch`` row: exit 2, a missing prerequisite."""
+    module = tmp_path / "team_elsewhere.py"
+    module.write_text(SAFE_POLICY, encoding="utf-8")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    ran: list[cell_module.Cell] = []
+    real_run_cell = cell_module.run_cell
+
+    def recording(cell: cell_module.Cell, timeout_s: float) -> cell_module.Row:
+        ran.append(cell)
+        return real_run_cell(cell, timeout_s)
+
+    monkeypatch.setattr(executors, "run_cell", recording)
+    assert sweep(capsys, "--workload", "vllm tp=2", "--policy", "team_elsewhere:Evolving", "--jobs", "1")[0] == 0
+    planned = next(c for c in ran if c.policy == "team_elsewhere:Evolving")
+    other = cell_module.run_cell(replace(planned, policy_source="0" * 16), 60.0)
+    assert other["status"] == "crash" and other["check"].startswith("PolicyCodeMismatch: "), other["check"]
+    assert "other source files here" in other["check"]
+    missing = cell_module.run_cell(replace(planned, policy="team_nowhere:Evolving"), 60.0)
+    assert missing["check"].startswith("PolicyCodeMismatch: ") and "does not load here" in missing["check"]
+    assert command.exit_code([other, missing]) == command.EXIT_BAD_INPUT
+    assert command.exit_code([other, {**missing, "check": "RuntimeError: boom"}]) == command.EXIT_BUG
+
+
+@pytest.mark.parametrize("where", ["builtin-class", "class-in-another-file"])
+def test_a_resume_after_the_module_that_makes_the_policy_object_changed_never_keeps_its_old_rows(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    """A spec naming an object (``conf:P``) made in the user's file from a class defined elsewhere (simnccl's
+    BudgetPolicy, or the team's class in another module): only the class's file was digested, so raising the
+    object's budget in conf.py (every group eager, over the cap) kept the old "ok" row on --resume, exit 0."""
+    module = tmp_path / f"conf_{where.replace('-', '_')}.py"
+    if where == "builtin-class":
+        make = (
+            "from simnccl.policy.builtins import BudgetPolicy\nP = BudgetPolicy(name='acme', max_mib_per_device={})\n"
+        )
+    else:
+        (tmp_path / "team_budget_classes.py").write_text(
+            "from simnccl.policy.builtins import BudgetPolicy\nclass Team(BudgetPolicy):\n    pass\n", encoding="utf-8"
+        )
+        make = "from team_budget_classes import Team\nP = Team(name='acme', max_mib_per_device={})\n"
+    module.write_text(make.format(0.0), encoding="utf-8")  # every group lazy: under the cap
+    monkeypatch.syspath_prepend(str(tmp_path))
+    out = tmp_path / "sweep.json"
+    common = ["--workload", "vllm tp=2", "--policy", f"{module.stem}:P", "--max-used-mib", "1000", "--jobs", "1"]
+    assert sweep(capsys, *common, "--json", str(out))[0] == 0
+    module.write_text(make.format(100000.0), encoding="utf-8")  # every group eager: over the cap
+    monkeypatch.delitem(sys.modules, module.stem)
+    code, _, err = sweep(capsys, *common, "--json", str(out), "--resume")
+    assert code == command.EXIT_BAD_INPUT, err
+    assert "policy_sources changed" in err
+    code, _, err = sweep(capsys, *common, "--json", str(out), "--resume", "--accept-matrix-change")
+    assert code == command.EXIT_CHECK_FAILED and "1 cells (0 done, 1 to run)" in err, err
 
 
 def test_a_resume_after_a_scenario_s_own_profile_changed_is_another_matrix(

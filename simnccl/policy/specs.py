@@ -119,6 +119,24 @@ def _part(raw: str, spec: str) -> Policy:
     )
 
 
+def spec_modules(spec: str) -> list[str]:
+    """The modules a spec's import parts (``module:Name``) and entry points name, in order: where the objects it
+    loads are made (``policy.sources`` digests their files). A part that names neither gives none."""
+    compact = spec.replace(" ", "")
+    replayed = captured_policy(compact)
+    if replayed is not None:
+        return spec_modules(replayed)
+    modules = []
+    for raw in compact.split("+")[:MAX_PARTS]:
+        match = _IMPORT_SPEC.match(raw)
+        if match is None and raw not in BUILTIN and _EP_NAME.match(raw):
+            entry = _entry_point(raw)
+            match = None if entry is None else _IMPORT_SPEC.match(entry.value.replace(" ", ""))
+        if match is not None:
+            modules.append(match.group("module"))
+    return modules
+
+
 def _from_import_spec(raw: str) -> Policy:
     match = _IMPORT_SPEC.match(raw)
     if match is None:

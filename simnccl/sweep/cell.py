@@ -27,7 +27,9 @@ from simnccl.expect import ACCEPTS_RACES
 from simnccl.memory import distinct_figures
 from simnccl.ops import Program
 from simnccl.policy.as_captured import replayed_as
-from simnccl.policy.sources import sources_digest
+from simnccl.policy.plans import PolicyError
+from simnccl.policy.sources import policy_sources, sources_digest, stale_sources
+from simnccl.policy.specs import get_policy
 from simnccl.runner import default_limits, run_variant
 from simnccl.scenario import Scenario
 from simnccl.sweep.deadline import CellTimeout, call_with_deadline
@@ -210,6 +212,35 @@ def blank_row(cell: Cell) -> Row:
     return row
 
 
+class PolicyCodeMismatch(Exception):
+    """The process running a cell does not run the user's policy code the sweep was planned with: another file
+    (a worker in another folder), an edited file its process imported before the edit (a Dask worker kept between
+    sweeps), or a module it cannot import. A missing prerequisite of that worker (exit 2), not a result: its rows
+    would be the other code's under this cell's identity (found by a tester: a stale worker passed an edited
+    policy that fails locally)."""
+
+
+def _check_policy_code(cell: Cell) -> None:
+    """``PolicyCodeMismatch`` unless this process loads the policy the cell names, from the files it was planned
+    with (``Cell.policy_source``), as they were when it imported them (``policy.sources.stale_sources``)."""
+    try:
+        get_policy(cell.policy)
+    except PolicyError as err:
+        raise PolicyCodeMismatch(f"the policy {cell.policy!r} does not load here: {err}") from None
+    here = sources_digest(policy_sources(cell.policy))
+    if here != cell.policy_source:
+        raise PolicyCodeMismatch(
+            f"the policy {cell.policy!r} has other source files here (digest {here or 'none'}) than where the "
+            f"sweep was planned ({cell.policy_source}): every worker needs the same policy files"
+        )
+    stale = stale_sources(cell.policy)
+    if stale:
+        raise PolicyCodeMismatch(
+            f"the policy {cell.policy!r}: {', '.join(stale)} changed after this process ({socket.gethostname()}, "
+            f"pid {os.getpid()}) imported it, and the old code is what runs here; restart it (Dask: the workers)"
+        )
+
+
 def run_cell(cell: Cell, timeout_s: float) -> Row:
     """Simulate one cell under a wall-clock limit of ``timeout_s``; every outcome is a row, nothing raises."""
     row = blank_row(cell)
@@ -220,6 +251,8 @@ def run_cell(cell: Cell, timeout_s: float) -> Row:
     limits = replace(default_limits(), wall_s=timeout_s)
     start = time.monotonic()
     try:
+        if cell.policy_source:
+            _check_policy_code(cell)
         outcome, programs, failed = call_with_deadline(lambda: simulate(cell, limits), timeout_s)
         per_rank, checkpoint = measure(outcome, programs)
         for key in FIGURES:

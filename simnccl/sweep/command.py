@@ -23,7 +23,7 @@ from simnccl.cli_output import PipeAwareConsole, document_stream, write_all_to_s
 from simnccl.memory import distinct_figures
 from simnccl.policy.plans import UserPolicyError
 from simnccl.sweep import executors
-from simnccl.sweep.cell import WORKLOAD, Cell, blank_row, expand
+from simnccl.sweep.cell import WORKLOAD, Cell, PolicyCodeMismatch, blank_row, expand
 from simnccl.sweep.executors import Executor, ExecutorError, check_address, run_cells
 from simnccl.sweep.matrix import (
     DEFAULT_CELL_TIMEOUT_S,
@@ -445,14 +445,19 @@ class _Progress:
             self._bar.stop()
 
 
+# Crashes that are the user's input or a worker's missing prerequisite (exit 2), not simnccl's bug: a user's policy
+# raising or answering with no plan (``UserPolicyError``, as ``simnccl run`` says), or a worker without the
+# policy code the sweep was planned with (``PolicyCodeMismatch``).
+NOT_A_BUG = (f"{UserPolicyError.__name__}:", f"{PolicyCodeMismatch.__name__}:")
+
+
 def exit_code(rows: Sequence[Row]) -> int:
-    """0 every cell ok; 70 a cell crashed in simnccl; 2 every crash was a user's policy raising or answering
-    with no plan (``UserPolicyError``: their input, as ``simnccl run`` says); 1 a check failed or a cell
-    stopped."""
+    """0 every cell ok; 70 a cell crashed in simnccl; 2 every crash was the user's input or a worker's missing
+    prerequisite (``NOT_A_BUG``); 1 a check failed or a cell stopped."""
     statuses = {row["status"] for row in rows}
     if "crash" in statuses:
         crashes = [row for row in rows if row["status"] == "crash"]
-        if all(str(row.get("check") or "").startswith(f"{UserPolicyError.__name__}:") for row in crashes):
+        if all(str(row.get("check") or "").startswith(NOT_A_BUG) for row in crashes):
             return EXIT_BAD_INPUT
         return EXIT_BUG
     if statuses & {"fail", "stopped"}:
