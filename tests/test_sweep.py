@@ -25,6 +25,7 @@ import pytest
 from simnccl.cli import main
 from simnccl.sweep import cell as cell_module
 from simnccl.sweep import command, executors
+from simnccl.sweep import matrix as matrix_module
 from simnccl.sweep.deadline import CellTimeout, call_with_deadline
 from simnccl.sweep.store import CSV_FIELDS, FIELDS, SCHEMA_VERSION, read_csv, read_json, result_of
 from simnccl.testing.replay import plugin_registered
@@ -1196,6 +1197,23 @@ def test_a_worker_without_the_planned_policy_files_gives_a_prerequisite_row_not_
     assert missing["check"].startswith("PolicyCodeMismatch: ") and "does not load here" in missing["check"]
     assert command.exit_code([other, missing]) == command.EXIT_BAD_INPUT
     assert command.exit_code([other, {**missing, "check": "RuntimeError: boom"}]) == command.EXIT_BUG
+
+
+def test_a_resume_across_a_simnccl_upgrade_runs_every_cell_again(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The model and the built-in policies are simnccl's: a file written by another version was resumed, its rows
+    kept ("1 done, 0 to run", exit 0) and the file relabelled with this version. Now another matrix (exit 2,
+    naming it); with --accept-matrix-change every cell runs again."""
+    out = tmp_path / "sweep.json"
+    common = ["--workload", "vllm tp=2", "--jobs", "1", "--json", str(out)]
+    assert sweep(capsys, *common)[0] == 0
+    monkeypatch.setattr(matrix_module, "__version__", "99.0")
+    monkeypatch.setattr(cell_module, "__version__", "99.0")
+    code, _, err = sweep(capsys, *common, "--resume")
+    assert code == command.EXIT_BAD_INPUT and "simnccl changed" in err, err
+    code, _, err = sweep(capsys, *common, "--resume", "--accept-matrix-change")
+    assert code == 0 and "1 cells (0 done, 1 to run)" in err, err
 
 
 @pytest.mark.parametrize("where", ["builtin-class", "class-in-another-file"])

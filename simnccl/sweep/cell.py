@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any
 
+from simnccl import __version__
 from simnccl.cost import Column, build_cluster, column_config, measure, summarise
 from simnccl.engine import Engine, EngineGuardError, Limits, RunOutcome
 from simnccl.engine.outcome import pass_decided_by_race
@@ -78,6 +79,9 @@ class Cell:
             "policy": self.policy,
             "env": dict(sorted(self.env.items())),
             "checks": self.checks.to_dict(),
+            # the model and the built-in policies are simnccl's: resumed across an upgrade, a cell runs again (a
+            # row of another version was kept and relabelled with this one, found by a tester)
+            "simnccl": __version__,
             # only where there is one: the cells of simnccl's own policies keep the ids they always had
             **({"policy_source": self.policy_source} if self.policy_source else {}),
         }

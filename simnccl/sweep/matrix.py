@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from simnccl import __version__
 from simnccl.cli_options import repeated_env
 from simnccl.cluster import ClusterError, get_gpu_kind
 from simnccl.cost import CostError, parse_knobs
@@ -145,6 +146,8 @@ class Matrix:
         sources = {spec: dict(sorted(files.items())) for spec, files in sorted(self.policy_sources.items()) if files}
         return {
             **({"policy_sources": sources} if sources else {}),  # absent where no policy is the user's
+            # the model and the built-in policies are simnccl's: a row of another version is another result
+            "simnccl": __version__,
             "workloads": [w.to_dict() for w in self.workloads],
             "scenarios": [s.to_dict() for s in self.scenarios],
             "policies": list(self.policies),
