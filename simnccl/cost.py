@@ -47,6 +47,7 @@ from simnccl.cli_options import OverrideError, add_common, check_env, check_json
 from simnccl.cluster import Cluster, ClusterError, get_gpu_kind
 from simnccl.cost_runs import ColumnRunner, Finished, default_jobs, gc_paused, progress_reported
 from simnccl.engine import Engine, EngineGuardError, RunOutcome, SimConfig
+from simnccl.engine.policy_gate import APPLY_ERROR_TYPE
 from simnccl.engine.state import device_name, measured_device
 from simnccl.interrupt_deferral import interruption
 from simnccl.limits import current as current_limits
@@ -418,12 +419,24 @@ def _run_column(
         first = outcome.hangs[0]
         error = f"rank {first['rank']} hangs in {first['op']}"
     result = ColumnResult(column, outcome.verdict, per_rank, wall, checkpoint, error)
-    result.policy_defect = any(e["type"] == "PolicyInconsistency" for e in outcome.errors)
-    if result.policy_defect:
-        result.defect = "its members disagreed (PolicyInconsistency): real torch hangs or crashes"
+    defect = next((POLICY_DEFECTS[e["type"]] for e in outcome.errors if e["type"] in POLICY_DEFECTS), None)
+    if defect is not None:
+        result.policy_defect, result.defect = True, defect
     result.summary = {key: summarise(values) for key, values in per_rank.items() if values}
     result.breakdown = cost_breakdown.breakdown(outcome)
     return result
+
+
+# The errors that are a defect of the column's policy whatever torch's default does on the same startup (exit 1):
+# ``error  ok`` with exit 0 let a CI step that ran ``cost --policy mine`` pass a policy that breaks production
+# wherever the default failed too (found by a tester for PolicyFakeBackend).
+POLICY_DEFECTS = {
+    "PolicyInconsistency": "its members disagreed (PolicyInconsistency): real torch hangs or crashes",
+    "PolicyFakeBackend": "it made a group that communicates 'fake' (PolicyFakeBackend): production would go on "
+    "without communicating",
+    APPLY_ERROR_TYPE: "it reused a group its process no longer holds (ApplyError): simnccl.torch_apply raises there "
+    "in production",
+}
 
 
 def _headline(message: str) -> str:

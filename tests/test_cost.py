@@ -427,6 +427,20 @@ def test_a_policy_that_breaks_a_startup_torch_passes_fails_cost(capsys, monkeypa
         assert by_name["torch-default"]["ok"] and by_name["legacy"]["ok"]
 
 
+def test_a_policy_that_makes_a_communicating_group_fake_fails_cost_even_where_torch_s_default_fails(
+    capsys, monkeypatch
+) -> None:
+    """A PolicyFakeBackend is a defect of the policy (production goes on without communicating) as a
+    PolicyInconsistency is; it was judged only against torch's default, so on a startup the default fails itself
+    (DeepSpeed ZeRO-2 with pipeline parallelism) its line read ``error  ok``, exit 0."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent))
+    argv = ["cost", "--workload", "deepspeed", "--pp", "2", "--dp", "2", "--zero-stage", "2", "--gpu", "h100-80gb"]
+    assert main([*argv, "--jobs", "1", "--policy", "user_policies:EverythingFake", "-q"]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split("  ")[2:4] for line in lines] == [["fail", "ok"], ["fail", "ok"], ["error", "FAIL"]], lines
+    assert "PolicyFakeBackend" in lines[2]
+
+
 def test_torch_hanging_or_dying_under_its_defaults_is_a_finding_not_a_failure(capsys) -> None:
     """The same rule does not judge torch: where torch's default itself dies, a policy column dying too is no
     defect of the policy (exit 0), only its figures are marked."""

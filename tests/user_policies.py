@@ -571,3 +571,13 @@ class FakesTheWorld(BasePolicy):
 
     def on_init(self, request: InitRequest) -> InitPlan:
         return replace(super().on_init(request), backend=self.backend, explanation="fake world")
+
+
+@dataclass(frozen=True)
+class EverythingFake(BasePolicy):
+    """Wrong: every group on the fake backend, those that communicate too (``PolicyFakeBackend``)."""
+
+    name: str = "acme-everything-fake"
+
+    def on_group(self, request, decision):  # type: ignore[no-untyped-def]
+        return replace(decision, backend="fake")
