@@ -1216,6 +1216,19 @@ def test_a_resume_across_a_simnccl_upgrade_runs_every_cell_again(
     assert code == 0 and "1 cells (0 done, 1 to run)" in err, err
 
 
+@pytest.mark.parametrize("policy", ["user_policies:LastMemberLazy", "user_policies:EverythingFake"])
+def test_accepting_error_verdicts_does_not_accept_a_defect_of_the_policy(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, policy: str
+) -> None:
+    """``--accept-verdict error`` takes torch's errors as findings; a PolicyInconsistency or PolicyFakeBackend is
+    the policy breaking production (``cost`` fails it whatever torch's default does), and its cell read ok."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent))
+    argv = ["--workload", "vllm tp=4", "--policy", policy, "--jobs", "1"]
+    code, out, err = sweep(capsys, *argv, "--accept-verdict", "pass", "--accept-verdict", "error")
+    assert code == command.EXIT_CHECK_FAILED, out + err
+    assert "a defect of the policy" in out, out
+
+
 @pytest.mark.parametrize("where", ["builtin-class", "class-in-another-file"])
 def test_a_resume_after_the_module_that_makes_the_policy_object_changed_never_keeps_its_old_rows(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str

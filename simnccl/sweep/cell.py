@@ -21,7 +21,7 @@ from functools import lru_cache
 from typing import Any
 
 from simnccl import __version__
-from simnccl.cost import Column, build_cluster, column_config, measure, summarise
+from simnccl.cost import POLICY_DEFECTS, Column, build_cluster, column_config, measure, summarise
 from simnccl.engine import Engine, EngineGuardError, Limits, RunOutcome
 from simnccl.engine.outcome import pass_decided_by_race
 from simnccl.expect import ACCEPTS_RACES
@@ -161,10 +161,15 @@ def _simulate_workload(cell: Cell, limits: Limits) -> tuple[RunOutcome, tuple[Pr
 
 
 def verdict_failures(outcome: RunOutcome, checks: Checks) -> list[str]:
-    """What a workload cell's verdict fails of ``checks``: a verdict not accepted, or a pass a race decided
-    (``pass_decided_by_race``) where ``race`` is not accepted."""
+    """What a workload cell's verdict fails of ``checks``: a verdict not accepted, a defect of the cell's policy
+    (``cost.POLICY_DEFECTS``: under ``--accept-verdict error`` too, as ``cost`` fails it whatever torch's default
+    does: accepting torch's errors as findings must not accept a policy that breaks production), or a pass a race
+    decided (``pass_decided_by_race``) where ``race`` is not accepted."""
     if outcome.verdict not in checks.verdicts:
         return [f"verdict {outcome.verdict}{_why(outcome)}"]
+    defect = next((e for e in outcome.errors if e["type"] in POLICY_DEFECTS), None)
+    if defect is not None:
+        return [f"a defect of the policy: {POLICY_DEFECTS[defect['type']]} (rank {defect['rank']})"]
     raced = pass_decided_by_race(outcome)
     return [] if raced is None or ACCEPTS_RACES in checks.verdicts else [f"verdict pass {raced}"]
 
