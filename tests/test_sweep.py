@@ -1229,6 +1229,22 @@ def test_accepting_error_verdicts_does_not_accept_a_defect_of_the_policy(
     assert "a defect of the policy" in out, out
 
 
+def test_a_cell_that_kills_its_pool_worker_is_named_and_the_others_give_their_results(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker that dies breaks the whole process pool: every cell not finished failed with BrokenProcessPool,
+    the innocent ones too ("8 of 9 crashed", none named, no "please report"). They run again, each in a process
+    of its own: only the killer's cells crash, the rest are ok, and exit 70 says where to report it."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent))
+    argv = ["--workload", "vllm tp=2", "--workload", "vllm tp=4", "--policy", "torch-default"]
+    code, out, err = sweep(capsys, *argv, "--policy", "user_policies:KillsItsProcess", "--jobs", "2")
+    assert code == command.EXIT_BUG, out + err
+    statuses = [line.split()[7] for line in out.splitlines()[2:6]]
+    assert statuses == ["ok", "crash", "ok", "crash"], out
+    assert out.count("died running this cell alone") == 2, out
+    assert "cell(s) #1, #3 crashed" in err and "please report" in err, err
+
+
 @pytest.mark.parametrize("where", ["builtin-class", "class-in-another-file"])
 def test_a_resume_after_the_module_that_makes_the_policy_object_changed_never_keeps_its_old_rows(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str

@@ -581,3 +581,16 @@ class EverythingFake(BasePolicy):
 
     def on_group(self, request, decision):  # type: ignore[no-untyped-def]
         return replace(decision, backend="fake")
+
+
+@dataclass(frozen=True)
+class KillsItsProcess(BasePolicy):
+    """Wrong: SIGKILLs the process it runs in at its first group. Run only in a child process (a sweep's pool)."""
+
+    name: str = "kills-its-process"
+
+    def on_group(self, request: GroupRequest, decision: GroupDecision) -> GroupDecision:
+        import signal
+
+        os.kill(os.getpid(), signal.SIGKILL)
+        return decision

@@ -533,7 +533,17 @@ def run_sweep(args: argparse.Namespace, out: TextIO | None = None, err: TextIO |
     if interrupted:
         err.write("simnccl sweep: interrupted; --resume continues from the output file\n")
         return EXIT_INTERRUPTED
-    return exit_code(ordered)
+    code = exit_code(ordered)
+    if code == EXIT_BUG:  # exit 70 says "a bug": the rows hold the tracebacks (--json), so say where to send them
+        bugs = [
+            row["index"] for row in ordered if row["status"] == "crash" and not str(row["check"]).startswith(NOT_A_BUG)
+        ]
+        err.write(
+            f"simnccl sweep: cell(s) {', '.join(f'#{i}' for i in bugs)} crashed: a bug in simnccl, or a policy that "
+            "ended its own process; please report it (simnccl issue tracker) with the command and each such row's "
+            "error field (its traceback: --json)\n"
+        )
+    return code
 
 
 class _Files:
