@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from simnccl import limits as input_limits
 from simnccl.engine import Engine, Limits, SimConfig
-from simnccl.expect import check, unexpected_verdict
+from simnccl.expect import check, unacted_faults, unexpected_verdict
 from simnccl.interrupt_deferral import deferred_interrupt
 from simnccl.policy import get_policy
 from simnccl.recovery import run_recovery
@@ -101,7 +101,8 @@ def run_variant(
 ) -> VariantResult:
     """One variant through the engine, then its expectations. ``allow``: verdicts other than ``pass`` that
     are not a failure when no expectation asks for them (``--allow hang,error``); ``race`` in it: a pass a race
-    decided is not a failure either (``expect.unexpected_verdict``)."""
+    decided is not a failure either (``expect.unexpected_verdict``); ``unacted`` in it: nor a scheduled fault that
+    never acted (``expect.unacted_faults``)."""
     try:
         config = config_for(scenario, variant, limits)
         if scenario.recovery is not None:  # a training loop run segment by segment by the recovery orchestrator
@@ -129,6 +130,9 @@ def run_variant(
     unexpected = unexpected_verdict(result, mine, allow)
     if unexpected is not None:
         result.expectations.append(unexpected)
+    unacted = unacted_faults(result, allow)
+    if unacted is not None:
+        result.expectations.append(unacted)
     return result
 
 

@@ -407,7 +407,7 @@ def test_a_fault_that_never_struck_is_reported_with_why(tmp_path, capsys) -> Non
         '[workload]\nsteps = [{ op = "set_device" }, { op = "init_process_group" }, { op = "all_reduce" }]\n'
         '[faults]\ninject = [{ kind = "crash", rank = 1, at_s = 500 }]\n'
     )
-    assert main(["run", str(path), "--json", str(tmp_path / "o.json")]) == 0
+    assert main(["run", str(path), "--json", str(tmp_path / "o.json")]) == 1  # a failed check (--allow unacted)
     out = capsys.readouterr().out
     (variant,) = json.loads((tmp_path / "o.json").read_text())["results"][0]["variants"]
     assert variant["faults_unacted"] == ["crash rank 1 at t=500s: never acted (the rank had ended before then)"]
@@ -437,12 +437,36 @@ def test_a_fault_that_never_struck_is_on_the_one_line_q_prints_and_in_explain(tm
         '[workload]\nsteps = [{ op = "set_device" }, { op = "init_process_group" }, { op = "all_reduce" }]\n'
         '[faults]\ninject = [{ kind = "crash", rank = 1, at_s = 500 }]\n'
     )
-    assert main(["run", "-q", str(path)]) == 0
+    assert main(["run", "-q", str(path), "--allow", "unacted"]) == 0
     assert "pass  ok  peak " in (line := capsys.readouterr().out) and line.rstrip().endswith("1 fault never acted")
-    assert main(["explain", str(path)]) == 0
+    assert main(["explain", str(path), "--allow", "unacted"]) == 0
     assert "every rank finished its program, but no scheduled fault acted: crash rank 1 at t=500s" in (
         capsys.readouterr().out
     )
+
+
+def test_a_fault_that_never_acted_fails_the_run_unless_allowed(tmp_path, capsys) -> None:
+    """It exited 0: the run passed with the fault merely listed, and CI read "survived". Now a failed check in
+    the summary (FAIL), the JSON's ok, and explain's exit, as a pass a race decided is; --allow unacted accepts it."""
+    import json
+
+    from simnccl.cli import main
+
+    path = tmp_path / "late.toml"
+    path.write_text(
+        '[scenario]\nname = "late"\n[cluster]\ngpu = "h100-80gb"\ngpus_per_node = 2\n[torch]\nrelease = "2.15"\n'
+        '[workload]\nsteps = [{ op = "set_device" }, { op = "init_process_group" }, { op = "all_reduce" }]\n'
+        '[faults]\ninject = [{ kind = "crash", rank = 1, at_s = 500 }]\n'
+    )
+    assert main(["run", "-q", str(path)]) == 1
+    line = capsys.readouterr().out
+    assert "pass  FAIL  peak " in line and "unacted: variant 'default': 1 scheduled fault never acted" in line
+    assert main(["run", str(path), "--json", "-"]) == 1
+    document = json.loads(capsys.readouterr().out)
+    assert document["ok"] is False and document["summary"][0]["ok"] is False
+    assert main(["explain", str(path)]) == 1
+    capsys.readouterr()
+    assert main(["run", "-q", str(path), "--allow", "unacted,hang"]) == 0
 
 
 def test_the_order_the_classes_are_given_in_draws_nothing_else() -> None:
