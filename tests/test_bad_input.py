@@ -537,6 +537,14 @@ def test_an_integer_knob_with_a_value_simnccl_cannot_use_is_exit_2(capsys, write
             "expect[0].tolerance_mib",
             "expected less than one GPU's memory",
         ),
+        # found by a tester: a text every message contains, a time tolerance longer than any run
+        ('verdict = "pass"\nerror_contains = ""\n', "expect[0].error_contains", "not a blank one, got ''"),
+        ('verdict = "pass"\nerror_contains = " \\t"\n', "expect[0].error_contains", "not a blank one"),
+        (
+            'verdict = "pass"\nerror_at_s = 0\ntolerance_s = 1e300\n',
+            "expect[0].tolerance_s",
+            "expected less than the longest simulated run (max_sim_time_s, 2,592,000 s), got 1e+300",
+        ),
     ],
 )
 def test_an_expectation_that_checks_nothing_is_exit_2(capsys, write_scenario, extra: str, key: str, message: str):

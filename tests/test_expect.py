@@ -381,3 +381,15 @@ def test_a_fault_that_never_acted_is_a_failed_check_unless_allowed(verdict) -> N
     assert unacted_faults(variant, frozenset({"unacted"})) is None
     assert unacted_faults(variant, frozenset({"race", "hang"})) is not None, "only unacted accepts it"
     assert "unacted" in ACCEPTABLE  # what --allow and sweep's --accept-verdict take
+
+
+def test_a_negative_zero_tolerance_reads_as_zero(write_scenario) -> None:
+    """TOML keeps -0.0's sign: ``tolerance_mib = -0.0`` printed "expected 704.6 ± -0 MiB"."""
+    path = write_scenario(
+        TINY + '[[expect]]\ncheckpoint = "after_init"\nused_mib = 1\ntolerance_mib = -0.0\n'
+        '[[expect]]\ncheckpoint = "after_init"\nused_mib = 1\ntolerance_pct = -0.0\n'
+    )
+    mib, pct = load_scenario(path).expectations
+    assert str(mib.tolerance_mib) == "0.0" and str(pct.tolerance_pct) == "0.0"
+    messages = [r.message for r in check(mib, _variant({"after_init": {DEV0: 2.0}}))]
+    assert messages and all("± 0 MiB" in m for m in messages)
