@@ -124,6 +124,13 @@ def run_variant(
         outcome=outcome,
         explanations=explanations,
     )
+    swarm = scenario.fault_swarm
+    if swarm is not None and len(scenario.faults.faults) == swarm.injected:
+        # The seed's draw came up empty: the run is the fault-free one, which ``expect.unacted_faults`` then fails.
+        outcome.faults_unacted.append(
+            f"swarm seed={scenario.faults.seed}: drew no fault: never acted (its draw of 0..{swarm.max_faults} faults "
+            f"from classes {','.join(scenario.faults.classes) or '-'} came up 0; try another --seed)"
+        )
     mine = [e for e in scenario.expectations if variant.name in e.variants]
     for expectation in mine:
         result.expectations.extend(check(expectation, result))
@@ -147,7 +154,9 @@ def run_scenario(
 ) -> ScenarioResult:
     """``on_variant`` is called with each variant's result as it finishes (the CLI streams its output)."""
     chosen = [scenario.variant(n) for n in variants] if variants else list(scenario.variants)
-    result = ScenarioResult(scenario=scenario.name, source=scenario.source, seed=scenario.seed, variants=[])
+    result = ScenarioResult(
+        scenario=scenario.name, source=scenario.source, seed=scenario.seed, variants=[], faults=scenario.faults
+    )
     record = _JOURNAL.get()
     if record is not None:
         record.scenarios.append(result)

@@ -587,3 +587,46 @@ def test_a_mismatch_that_cannot_change_a_size_is_refused_at_load(tmp_path, op, w
         '[faults]\ninject = [{ kind = "mismatch", rank = 1, at_op = 2 }]\n'
     )
     assert main(["run", str(path)]) == 2
+
+
+def _swarm(tmp_path, faults: str):
+    path = tmp_path / "swarm.toml"
+    path.write_text(
+        '[scenario]\nname = "swarm"\n[cluster]\ngpu = "h100-80gb"\ngpus_per_node = 2\n[torch]\nrelease = "2.15"\n'
+        '[workload]\nsteps = [{ op = "set_device" }, { op = "init_process_group" }, { op = "all_reduce" }]\n'
+        f"[faults]\n{faults}\n"
+    )
+    return path
+
+
+@pytest.mark.parametrize("faults", ["seed = 1\nmax_faults = 0", "seed = 1\nclasses = []"])
+def test_a_swarm_that_can_draw_nothing_is_refused(tmp_path, faults) -> None:
+    """``max_faults = 0`` or ``classes = []`` ran the fault-free run as a fault run, and passed."""
+    from simnccl.cli import main
+
+    assert main(["run", str(_swarm(tmp_path, faults))]) == 2
+
+
+def test_a_swarm_whose_seed_drew_nothing_never_acted_and_its_schedule_is_in_the_json(tmp_path, capsys) -> None:
+    """A seed whose draw came up empty passed with no note, and the JSON had no schedule to tell it by."""
+    import json
+
+    from simnccl.cli import main
+    from simnccl.scenario import load_scenario
+
+    programs = load_scenario(_swarm(tmp_path, "seed = 0")).programs
+    empty = next(s for s in range(100) if not generate(s, programs, classes=["crash"], max_faults=1).faults)
+    drawn = next(s for s in range(100) if generate(s, programs, classes=["crash"], max_faults=1).faults)
+    path = _swarm(tmp_path, f'seed = {empty}\nclasses = ["crash"]\nmax_faults = 1')
+    assert main(["run", str(path), "--json", "-"]) == 1
+    document = json.loads(capsys.readouterr().out)
+    (result,) = document["results"]
+    assert result["fault_schedule"] == {"seed": empty, "classes": ["crash"], "faults": []}
+    (variant,) = result["variants"]
+    assert variant["faults_unacted"] == [
+        f"swarm seed={empty}: drew no fault: never acted (its draw of 0..1 faults from classes crash came up 0; "
+        "try another --seed)"
+    ]
+    assert main(["run", str(path), "--seed", str(drawn), "--json", "-", "--allow", "error,hang,unacted"]) == 0
+    schedule = json.loads(capsys.readouterr().out)["results"][0]["fault_schedule"]
+    assert schedule["seed"] == drawn and len(schedule["faults"]) == 1 and schedule["faults"][0].startswith("crash")
