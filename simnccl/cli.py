@@ -124,7 +124,8 @@ def _add_allow(parser: argparse.ArgumentParser) -> None:
         type=_verdicts,
         default=frozenset(),
         help="verdicts other than pass that are not a failure when no [[expect]] asks for them (e.g. hang,error); "
-        "race: a pass that a race of the simulated timing decided (real runs may fail) is not a failure either",
+        "race: a pass that a race of the simulated timing decided (real runs may fail) is not a failure either; "
+        "unacted: nor a scheduled fault that never acted",
     )
 
 

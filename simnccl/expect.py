@@ -17,7 +17,9 @@ DEFAULT_TOLERANCE_PCT = 1.0
 UNEXPECTED_VERDICT_KEY = "verdict"
 RACE_KEY = "race"
 ACCEPTS_RACES = "race"  # in ``--allow``: a pass a race decided (``pass_decided_by_race``) is not a failure
-ACCEPTABLE = (*VERDICTS, ACCEPTS_RACES)  # what ``run --allow`` and ``sweep --accept-verdict`` take
+UNACTED_KEY = "unacted"
+ACCEPTS_UNACTED = "unacted"  # in ``--allow``: a scheduled fault that never acted (``faults_unacted``) is no failure
+ACCEPTABLE = (*VERDICTS, ACCEPTS_RACES, ACCEPTS_UNACTED)  # what ``run --allow`` and ``sweep --accept-verdict`` take
 
 
 def unexpected_verdict(
@@ -49,6 +51,27 @@ def unexpected_verdict(
         False,
         f"variant {variant.name!r} ended {verdict!r} and no expectation asks for it; if that is what it should do, "
         f'add verdict = "{verdict}" to an [[expect]] for it, or run with --allow {verdict}',
+    )
+
+
+def unacted_faults(variant: VariantResult, allow: frozenset[str] = frozenset()) -> ExpectationResult | None:
+    """A failed entry when a scheduled fault never acted (``RunOutcome.faults_unacted``), unless ``allow`` holds
+    ``unacted``.
+
+    Why: a run proves a policy survives the faults it was given only if they struck. One that never acted (a crash
+    timed after the rank ended, a store-timeout at an op that bootstraps nothing, a swarm that drew none) left the
+    run the fault-free one, which passed and exited 0 with the fault merely listed: CI read "survived". Failed as a
+    pass a race decided is, whatever the verdict: the verdict is not the one the fault was meant to test."""
+    unacted = variant.outcome.faults_unacted
+    if not unacted or ACCEPTS_UNACTED in allow:
+        return None
+    count = f"{len(unacted)} scheduled fault{'s' if len(unacted) > 1 else ''}"
+    return ExpectationResult(
+        UNACTED_KEY,
+        False,
+        f"variant {variant.name!r}: {count} never acted, each printed as 'fault ...: never acted' "
+        f'("faults_unacted" in --json): the run did not test them; if that is acceptable, run with '
+        f"--allow {ACCEPTS_UNACTED}",
     )
 
 

@@ -27,7 +27,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from simnccl.ops import Collective, Compute, NewGroup, Program
+from simnccl.ops import Barrier, Collective, Compute, NewGroup, Op, Program
 
 PROGRAM_FAULTS = ("skip", "mismatch")
 RUNTIME_FAULTS = (
@@ -122,6 +122,10 @@ def validate(fault: Fault, programs: Sequence[Program]) -> None:
         raise FaultError(f"fault {fault.describe()}: rank {fault.rank}'s program has {len(ops)} ops")
     if fault.kind in PROGRAM_FAULTS and (fault.at_op is None or not isinstance(ops[fault.at_op], Collective)):
         raise FaultError(f"fault {fault.describe()}: needs at_op pointing at a collective of that rank")
+    if fault.kind == "mismatch":
+        why = cannot_mismatch(ops[fault.at_op])  # type: ignore[index]
+        if why is not None:
+            raise FaultError(f"fault {fault.describe()}: {why}")
     if fault.kind in STRAGGLER_FAULTS:
         if not (fault.factor >= 1 and math.isfinite(fault.factor)):
             raise FaultError(f"fault {fault.describe()}: a straggler's factor must be a finite number >= 1")
@@ -145,6 +149,19 @@ def validate(fault: Fault, programs: Sequence[Program]) -> None:
     unused = unused_fields(fault.kind, given_fields(fault))
     if unused:
         raise FaultError(f"fault {fault.describe()}: {unused[0]} is not used by a fault of kind {fault.kind!r}")
+
+
+def cannot_mismatch(op: Op) -> str | None:
+    """Why a size ``mismatch`` on ``op`` could change nothing, or None.
+
+    Why refused at load rather than run: the rewrite doubles the op's bytes, and on these the doubled op is the same
+    op, so the run passed with a fault that never acted (found by a tester: trace hash identical to the run
+    without it). A barrier's size is torch's own one-element tensor, which no program sets; 0 bytes doubled is 0."""
+    if isinstance(op, Barrier):
+        return "a barrier has no size a program sets (torch's own one-element tensor): nothing to mismatch"
+    if isinstance(op, Collective) and op.size_bytes == 0:
+        return "the collective moves 0 bytes, and twice 0 is 0: nothing to mismatch"
+    return None
 
 
 def given_fields(fault: Fault) -> tuple[str, ...]:
@@ -243,6 +260,8 @@ def generate(
             at_op = rng.choice(collectives)
             if any(f.kind in PROGRAM_FAULTS and (f.rank, f.at_op) == (rank, at_op) for f in faults):
                 continue  # one rewrite per op (check_program_faults_distinct)
+            if kind == "mismatch" and cannot_mismatch(ops[at_op]) is not None:
+                continue  # validate refuses it; dropped after the draw, so the stream of draws stays as it was
             faults.append(Fault(kind, rank, at_op=at_op))
         elif kind == "straggler":
             factor = round(rng.uniform(1.5, 10.0), 2)  # drawn first: the stream of draws stays as it was

@@ -35,6 +35,7 @@ from typing import Any
 
 from simnccl import __version__
 from simnccl.engine import RunOutcome
+from simnccl.faults import FaultSchedule
 from simnccl.memory import to_mib
 
 # 2: every command writes one document {"schema", "command", "version", "ok", "summary", "results"}
@@ -230,6 +231,7 @@ class ScenarioResult:
     source: str
     seed: int
     variants: list[VariantResult]
+    faults: FaultSchedule | None = None  # the schedule every variant ran (``fault_schedule`` in the JSON)
 
     @property
     def ok(self) -> bool:
@@ -249,8 +251,21 @@ class ScenarioResult:
             "seed": self.seed,
             "trace_hash": self.trace_hash,
             "ok": self.ok,
+            "fault_schedule": _schedule(self.faults),
             "variants": [v.to_dict() for v in self.variants],
         }
+
+
+def _schedule(schedule: FaultSchedule | None) -> dict[str, Any]:
+    """The fault schedule as the run printed it on stderr: a swarm's drawn faults were in no document, so a seed
+    that drew none could not be told from one that drew a fault that acted."""
+    if schedule is None:
+        return {"seed": None, "classes": [], "faults": []}
+    return {
+        "seed": schedule.seed,
+        "classes": list(schedule.classes),
+        "faults": [fault.describe() for fault in schedule.faults],
+    }
 
 
 def _r(value: float | None) -> float | None:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from simnccl import limits as input_limits
 from simnccl.engine import Engine, Limits, SimConfig
-from simnccl.expect import check, unexpected_verdict
+from simnccl.expect import check, unacted_faults, unexpected_verdict
 from simnccl.interrupt_deferral import deferred_interrupt
 from simnccl.policy import get_policy
 from simnccl.recovery import run_recovery
@@ -101,7 +101,8 @@ def run_variant(
 ) -> VariantResult:
     """One variant through the engine, then its expectations. ``allow``: verdicts other than ``pass`` that
     are not a failure when no expectation asks for them (``--allow hang,error``); ``race`` in it: a pass a race
-    decided is not a failure either (``expect.unexpected_verdict``)."""
+    decided is not a failure either (``expect.unexpected_verdict``); ``unacted`` in it: nor a scheduled fault that
+    never acted (``expect.unacted_faults``)."""
     try:
         config = config_for(scenario, variant, limits)
         if scenario.recovery is not None:  # a training loop run segment by segment by the recovery orchestrator
@@ -123,12 +124,22 @@ def run_variant(
         outcome=outcome,
         explanations=explanations,
     )
+    swarm = scenario.fault_swarm
+    if swarm is not None and len(scenario.faults.faults) == swarm.injected:
+        # The seed's draw came up empty: the run is the fault-free one, which ``expect.unacted_faults`` then fails.
+        outcome.faults_unacted.append(
+            f"swarm seed={scenario.faults.seed}: drew no fault: never acted (its draw of 0..{swarm.max_faults} faults "
+            f"from classes {','.join(scenario.faults.classes) or '-'} came up 0; try another --seed)"
+        )
     mine = [e for e in scenario.expectations if variant.name in e.variants]
     for expectation in mine:
         result.expectations.extend(check(expectation, result))
     unexpected = unexpected_verdict(result, mine, allow)
     if unexpected is not None:
         result.expectations.append(unexpected)
+    unacted = unacted_faults(result, allow)
+    if unacted is not None:
+        result.expectations.append(unacted)
     return result
 
 
@@ -143,7 +154,9 @@ def run_scenario(
 ) -> ScenarioResult:
     """``on_variant`` is called with each variant's result as it finishes (the CLI streams its output)."""
     chosen = [scenario.variant(n) for n in variants] if variants else list(scenario.variants)
-    result = ScenarioResult(scenario=scenario.name, source=scenario.source, seed=scenario.seed, variants=[])
+    result = ScenarioResult(
+        scenario=scenario.name, source=scenario.source, seed=scenario.seed, variants=[], faults=scenario.faults
+    )
     record = _JOURNAL.get()
     if record is not None:
         record.scenarios.append(result)

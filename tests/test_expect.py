@@ -361,3 +361,35 @@ def test_a_memory_message_shows_the_figure_as_precisely_as_its_check(
     exp = _exp(checkpoint="init", used_mib=expected, tolerance_mib=tolerance)
     (result,) = check(exp, _variant({"init": {DEV0: measured}}))
     assert result.ok is ok and result.message == f"{DEV0} at 'init': {shown}"
+
+
+# ---------------------------------------------------------------------------------------------- faults that never acted
+
+
+@pytest.mark.parametrize("verdict", ["pass", "error"])
+def test_a_fault_that_never_acted_is_a_failed_check_unless_allowed(verdict) -> None:
+    """A run whose scheduled fault never acted passed (exit 0) with the fault merely listed: CI read "survived"
+    where nothing was tested. It fails as a pass a race decided does, whatever the verdict, unless --allow unacted."""
+    from simnccl.expect import ACCEPTABLE, unacted_faults
+
+    variant = _variant(verdict=verdict)
+    assert unacted_faults(variant) is None, "nothing scheduled, nothing unacted"
+    variant.outcome.faults_unacted = ["crash rank 1 at t=500s: never acted (the rank had ended before then)"]
+    failed = unacted_faults(variant)
+    assert failed is not None and not failed.ok and failed.key == "unacted"
+    assert "1 scheduled fault never acted" in failed.message and "--allow unacted" in failed.message
+    assert unacted_faults(variant, frozenset({"unacted"})) is None
+    assert unacted_faults(variant, frozenset({"race", "hang"})) is not None, "only unacted accepts it"
+    assert "unacted" in ACCEPTABLE  # what --allow and sweep's --accept-verdict take
+
+
+def test_a_negative_zero_tolerance_reads_as_zero(write_scenario) -> None:
+    """TOML keeps -0.0's sign: ``tolerance_mib = -0.0`` printed "expected 704.6 ± -0 MiB"."""
+    path = write_scenario(
+        TINY + '[[expect]]\ncheckpoint = "after_init"\nused_mib = 1\ntolerance_mib = -0.0\n'
+        '[[expect]]\ncheckpoint = "after_init"\nused_mib = 1\ntolerance_pct = -0.0\n'
+    )
+    mib, pct = load_scenario(path).expectations
+    assert str(mib.tolerance_mib) == "0.0" and str(pct.tolerance_pct) == "0.0"
+    messages = [r.message for r in check(mib, _variant({"after_init": {DEV0: 2.0}}))]
+    assert messages and all("± 0 MiB" in m for m in messages)

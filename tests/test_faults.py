@@ -7,7 +7,7 @@ from conftest import TINY
 
 from simnccl.explain import explain
 from simnccl.faults import FAULT_KINDS, Fault, FaultError, FaultSchedule, apply_to_programs, generate
-from simnccl.ops import Alloc, AllReduce, Compute, InitProcessGroup, NewGroup, Program, Recv, Send, SetDevice
+from simnccl.ops import Alloc, AllReduce, Barrier, Compute, InitProcessGroup, NewGroup, Program, Recv, Send, SetDevice
 from simnccl.result import VariantResult
 from simnccl.scenario import ScenarioError, load_scenario
 from simnccl.testing import simulate
@@ -407,7 +407,7 @@ def test_a_fault_that_never_struck_is_reported_with_why(tmp_path, capsys) -> Non
         '[workload]\nsteps = [{ op = "set_device" }, { op = "init_process_group" }, { op = "all_reduce" }]\n'
         '[faults]\ninject = [{ kind = "crash", rank = 1, at_s = 500 }]\n'
     )
-    assert main(["run", str(path), "--json", str(tmp_path / "o.json")]) == 0
+    assert main(["run", str(path), "--json", str(tmp_path / "o.json")]) == 1  # a failed check (--allow unacted)
     out = capsys.readouterr().out
     (variant,) = json.loads((tmp_path / "o.json").read_text())["results"][0]["variants"]
     assert variant["faults_unacted"] == ["crash rank 1 at t=500s: never acted (the rank had ended before then)"]
@@ -437,12 +437,36 @@ def test_a_fault_that_never_struck_is_on_the_one_line_q_prints_and_in_explain(tm
         '[workload]\nsteps = [{ op = "set_device" }, { op = "init_process_group" }, { op = "all_reduce" }]\n'
         '[faults]\ninject = [{ kind = "crash", rank = 1, at_s = 500 }]\n'
     )
-    assert main(["run", "-q", str(path)]) == 0
+    assert main(["run", "-q", str(path), "--allow", "unacted"]) == 0
     assert "pass  ok  peak " in (line := capsys.readouterr().out) and line.rstrip().endswith("1 fault never acted")
-    assert main(["explain", str(path)]) == 0
+    assert main(["explain", str(path), "--allow", "unacted"]) == 0
     assert "every rank finished its program, but no scheduled fault acted: crash rank 1 at t=500s" in (
         capsys.readouterr().out
     )
+
+
+def test_a_fault_that_never_acted_fails_the_run_unless_allowed(tmp_path, capsys) -> None:
+    """It exited 0: the run passed with the fault merely listed, and CI read "survived". Now a failed check in
+    the summary (FAIL), the JSON's ok, and explain's exit, as a pass a race decided is; --allow unacted accepts it."""
+    import json
+
+    from simnccl.cli import main
+
+    path = tmp_path / "late.toml"
+    path.write_text(
+        '[scenario]\nname = "late"\n[cluster]\ngpu = "h100-80gb"\ngpus_per_node = 2\n[torch]\nrelease = "2.15"\n'
+        '[workload]\nsteps = [{ op = "set_device" }, { op = "init_process_group" }, { op = "all_reduce" }]\n'
+        '[faults]\ninject = [{ kind = "crash", rank = 1, at_s = 500 }]\n'
+    )
+    assert main(["run", "-q", str(path)]) == 1
+    line = capsys.readouterr().out
+    assert "pass  FAIL  peak " in line and "unacted: variant 'default': 1 scheduled fault never acted" in line
+    assert main(["run", str(path), "--json", "-"]) == 1
+    document = json.loads(capsys.readouterr().out)
+    assert document["ok"] is False and document["summary"][0]["ok"] is False
+    assert main(["explain", str(path)]) == 1
+    capsys.readouterr()
+    assert main(["run", "-q", str(path), "--allow", "unacted,hang"]) == 0
 
 
 def test_the_order_the_classes_are_given_in_draws_nothing_else() -> None:
@@ -453,3 +477,156 @@ def test_the_order_the_classes_are_given_in_draws_nothing_else() -> None:
         one = generate(seed, programs, classes=["crash", "stall", "skip"], max_faults=3)
         other = generate(seed, programs, classes=["skip", "stall", "crash"], max_faults=3)
         assert one == other, seed
+
+
+# ------------------------------------------------------------------------------- faults that could not act
+
+
+def _unacted(program, *faults: Fault, **kwargs) -> list[str]:
+    return simulate(program, faults=FaultSchedule(None, (), tuple(faults)), **kwargs).faults_unacted
+
+
+TP01 = [*START, NewGroup(ranks=(0, 1), bind="tp"), AllReduce(group="tp")]
+
+
+@pytest.mark.parametrize("kind", ["skip", "mismatch"])
+def test_a_program_fault_on_a_collective_the_rank_is_not_in_never_acted(kind) -> None:
+    """A skip or mismatch of a collective on a group the rank is not a member of rewrote torch's NON_GROUP_MEMBER
+    no-op: the run was the run without the fault (same trace), and nothing said so."""
+    assert _unacted(TP01, Fault(kind, 3, at_op=3), gpus_per_node=4) == [
+        f"{kind} rank 3 at op 3: never acted (the rank is not a member of group 'tp': the collective is torch's "
+        "NON_GROUP_MEMBER no-op)"
+    ]
+    assert _unacted(TP01, Fault(kind, 1, at_op=3), gpus_per_node=4) == [], "a member's op is rewritten"
+
+
+def test_a_mismatch_on_a_group_of_one_never_acted_where_a_skip_does() -> None:
+    """A group of one has no other member to disagree with on the size (the trace was the fault-free one's); a
+    skip there still spares the rank the collective and its communicator, so it acted."""
+    solo = [
+        [*START, NewGroup(ranks=(1,), bind="solo"), *([AllReduce(group="solo")] if r == 1 else [])] for r in range(4)
+    ]
+    assert _unacted(solo, Fault("mismatch", 1, at_op=3), gpus_per_node=4) == [
+        "mismatch rank 1 at op 3: never acted (group 'solo' has one member: no other member to disagree on the size)"
+    ]
+    assert _unacted(solo, Fault("skip", 1, at_op=3), gpus_per_node=4) == []
+
+
+def test_a_program_fault_at_an_op_the_rank_never_reaches_never_acted() -> None:
+    """The rank hung in an earlier collective (its peer crashed there): the mismatch later on was reported by
+    nobody, so a run expecting the crash's error passed as if both had struck."""
+    program = [*START, NewGroup(ranks=(0, 1, 2, 3), bind="tp"), AllReduce(group="tp"), AllReduce(group="tp")]
+    faults = (Fault("crash", 1, at_op=3), Fault("mismatch", 2, at_op=4))
+    assert _unacted(program, *faults, gpus_per_node=4) == [
+        "mismatch rank 2 at op 4: never acted (the rank never reached that op)"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("program", "at_op"),
+    [
+        ([SetDevice(), InitProcessGroup(backend="nccl"), AllReduce()], 0),  # before the process has a communicator
+        ([SetDevice(), InitProcessGroup(backend="gloo"), AllReduce(), AllReduce()], 3),  # a gloo-only world
+    ],
+)
+def test_an_nccl_error_in_a_process_without_an_nccl_communicator_never_acts(program, at_op) -> None:
+    """torch raises "NCCL Async Error" from an NCCL communicator's async error: a process with none cannot. The
+    fault aborted the rank there (a gloo world's peers then lost it), a failure real torch cannot have."""
+    out = simulate(program, faults=FaultSchedule(None, (), (Fault("nccl-error", 1, at_op=at_op),)))
+    assert out.verdict == "pass" and out.errors == []
+    assert out.faults_unacted == [
+        f"nccl-error rank 1 at op {at_op}: never acted (the rank had no NCCL communicator then: no NCCL error can "
+        "surface)"
+    ]
+    timed = simulate(program[:2], faults=FaultSchedule(None, (), (Fault("nccl-error", 1, at_s=0.0),)))
+    assert timed.faults_unacted and "no NCCL communicator" in timed.faults_unacted[0]
+
+
+def test_a_straggler_that_slows_nothing_never_acted() -> None:
+    """A straggler rank with no local work, or a slow link no communicator spans, showed ``ops 0, extra_s 0.0``
+    and passed as if the policy had survived a slow rank or link."""
+    no_compute = [*START, NewGroup(ranks=(0, 1, 2, 3), bind="tp"), AllReduce(group="tp")]
+    assert _unacted(no_compute, Fault("straggler", 1, factor=50.0), gpus_per_node=4) == [
+        "straggler rank 1 x50 slower: never acted (the rank ran no local work it could slow)"
+    ]
+    assert _unacted(BODY, Fault("straggler", 1, factor=4.0), gpus_per_node=4) == [], "its compute ran slower"
+    pairs = [
+        [
+            *START,
+            NewGroup(ranks=(0, 1), bind="a"),
+            NewGroup(ranks=(2, 3), bind="b"),
+            AllReduce(group="a" if r < 2 else "b"),
+        ]
+        for r in range(4)
+    ]
+    assert _unacted(pairs, Fault("link-straggler", 0, factor=100.0, peer=3), gpus_per_node=4) == [
+        "link-straggler link rank 0<->rank 3 x100 slower: never acted (no collective or send/recv it slowed ran "
+        "over that link)"
+    ]
+    assert _unacted(pairs, Fault("link-straggler", 0, factor=100.0, peer=1), gpus_per_node=4) == []
+
+
+@pytest.mark.parametrize(
+    ("op", "why"),
+    [
+        (AllReduce(size_bytes=0), "the collective moves 0 bytes, and twice 0 is 0: nothing to mismatch"),
+        (Barrier(), "a barrier has no size a program sets"),
+    ],
+)
+def test_a_mismatch_that_cannot_change_a_size_is_refused_at_load(tmp_path, op, why) -> None:
+    """Twice 0 bytes is 0, and no program sizes a barrier: the mismatch was the run without it, and passed."""
+    with pytest.raises(FaultError, match=why):
+        apply_to_programs(FaultSchedule(None, (), (Fault("mismatch", 1, at_op=2),)), [Program((*START, op))] * 2)
+    from simnccl.cli import main
+
+    step = '{ op = "barrier" }' if isinstance(op, Barrier) else '{ op = "all_reduce", size_bytes = 0 }'
+    path = tmp_path / "m.toml"
+    path.write_text(
+        '[scenario]\nname = "m"\n[cluster]\ngpu = "h100-80gb"\ngpus_per_node = 2\n[torch]\nrelease = "2.15"\n'
+        f'[workload]\nsteps = [{{ op = "set_device" }}, {{ op = "init_process_group" }}, {step}]\n'
+        '[faults]\ninject = [{ kind = "mismatch", rank = 1, at_op = 2 }]\n'
+    )
+    assert main(["run", str(path)]) == 2
+
+
+def _swarm(tmp_path, faults: str):
+    path = tmp_path / "swarm.toml"
+    path.write_text(
+        '[scenario]\nname = "swarm"\n[cluster]\ngpu = "h100-80gb"\ngpus_per_node = 2\n[torch]\nrelease = "2.15"\n'
+        '[workload]\nsteps = [{ op = "set_device" }, { op = "init_process_group" }, { op = "all_reduce" }]\n'
+        f"[faults]\n{faults}\n"
+    )
+    return path
+
+
+@pytest.mark.parametrize("faults", ["seed = 1\nmax_faults = 0", "seed = 1\nclasses = []"])
+def test_a_swarm_that_can_draw_nothing_is_refused(tmp_path, faults) -> None:
+    """``max_faults = 0`` or ``classes = []`` ran the fault-free run as a fault run, and passed."""
+    from simnccl.cli import main
+
+    assert main(["run", str(_swarm(tmp_path, faults))]) == 2
+
+
+def test_a_swarm_whose_seed_drew_nothing_never_acted_and_its_schedule_is_in_the_json(tmp_path, capsys) -> None:
+    """A seed whose draw came up empty passed with no note, and the JSON had no schedule to tell it by."""
+    import json
+
+    from simnccl.cli import main
+    from simnccl.scenario import load_scenario
+
+    programs = load_scenario(_swarm(tmp_path, "seed = 0")).programs
+    empty = next(s for s in range(100) if not generate(s, programs, classes=["crash"], max_faults=1).faults)
+    drawn = next(s for s in range(100) if generate(s, programs, classes=["crash"], max_faults=1).faults)
+    path = _swarm(tmp_path, f'seed = {empty}\nclasses = ["crash"]\nmax_faults = 1')
+    assert main(["run", str(path), "--json", "-"]) == 1
+    document = json.loads(capsys.readouterr().out)
+    (result,) = document["results"]
+    assert result["fault_schedule"] == {"seed": empty, "classes": ["crash"], "faults": []}
+    (variant,) = result["variants"]
+    assert variant["faults_unacted"] == [
+        f"swarm seed={empty}: drew no fault: never acted (its draw of 0..1 faults from classes crash came up 0; "
+        "try another --seed)"
+    ]
+    assert main(["run", str(path), "--seed", str(drawn), "--json", "-", "--allow", "error,hang,unacted"]) == 0
+    schedule = json.loads(capsys.readouterr().out)["results"][0]["fault_schedule"]
+    assert schedule["seed"] == drawn and len(schedule["faults"]) == 1 and schedule["faults"][0].startswith("crash")

@@ -88,7 +88,7 @@ class Engine:
         groups = Groups(sim, rendezvous, comms, planner, gate, watchdogs, sockets)
         collectives = Collectives(sim, rendezvous, comms, memory, timing)
         self.injection = injection = Injection(
-            sim, config.faults, programs, rendezvous, timing, memory, comms, watchdogs
+            sim, config.faults, programs, rendezvous, timing, memory, comms, watchdogs, originals=config.programs
         )
         # Cohorts need every rank on one Program object and no runtime fault that could stop one rank mid-block.
         shared = None if config.faults.runtime() else common_program(programs)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from simnccl.c10d import Group
 from simnccl.engine.comms import Comms
 from simnccl.engine.memory import Memory
 from simnccl.engine.rendezvous import Rendezvous
@@ -17,8 +18,8 @@ from simnccl.engine.sim import Sim
 from simnccl.engine.state import ENDED_STATUSES, AsyncError, Crash, RankRuntime, Waiting
 from simnccl.engine.timing import Timing
 from simnccl.engine.watchdogs import Watchdogs
-from simnccl.faults import Fault, FaultSchedule, validate
-from simnccl.ops import Program
+from simnccl.faults import PROGRAM_FAULTS, STRAGGLER_FAULTS, Fault, FaultSchedule, validate
+from simnccl.ops import Collective, Program
 from simnccl.watchdog import NO_HANDLING, on_async_error
 
 
@@ -33,6 +34,7 @@ class Injection:
         memory: Memory,
         comms: Comms,
         watchdogs: Watchdogs,
+        originals: Sequence[Program] = (),
     ) -> None:
         self.sim = sim
         self.env = sim.env
@@ -43,8 +45,20 @@ class Injection:
         self.schedule = schedule
         self.memory = memory
         self.comms = comms
+        self.timing = timing
         self.op_faults: dict[tuple[int, int], Fault] = {}  # (rank, op index) -> the fault before that op
         self._struck: set[int] = set()  # ids of the op and timed faults that struck (``unacted``)
+        # ids of the faults that met their op or time and could not act there -> why (``unacted``)
+        self._could_not: dict[int, str] = {}
+        # (rank, op index) -> a program fault (skip, mismatch) and the collective it rewrote (``originals``: the
+        # programs before ``apply_to_programs``, a skip's op being a no-op compute now): the rank meeting that op
+        # tells whether the rewrite changed anything (``program_fault``)
+        self.program_faults: dict[tuple[int, int], tuple[Fault, Collective]] = {}
+        for fault in schedule.faults:
+            if fault.kind in PROGRAM_FAULTS and fault.at_op is not None and fault.rank < len(originals):
+                op = originals[fault.rank].ops[fault.at_op]
+                if isinstance(op, Collective):
+                    self.program_faults[(fault.rank, fault.at_op)] = (fault, op)
         for fault in schedule.runtime():
             validate(fault, programs)
             if fault.kind == "straggler":
@@ -70,7 +84,7 @@ class Injection:
         assert fault.at_s is not None
         yield self.env.timeout(fault.at_s)
         rt = self.ranks[fault.rank]
-        if rt.status in ENDED_STATUSES:
+        if rt.status in ENDED_STATUSES or self._cannot_act(rt, fault):
             return
         self._struck.add(id(fault))
         self.record(self.env.now, rt.rank, "fault", fault.kind)
@@ -87,17 +101,54 @@ class Injection:
         elif fault.kind in ("stall", "watchdog-stuck"):
             procs[rt.rank].interrupt(Crash(fault, stall=True))
 
+    def _cannot_act(self, rt: RankRuntime, fault: Fault) -> bool:
+        """Whether ``fault``, at its op or time, has nothing to act on (recorded with why for ``unacted``).
+
+        Why: an ``nccl-error`` is an error an NCCL communicator reports (ncclCommGetAsyncError, read by the
+        watchdog): a process with none yet (before ``init_process_group``, before a lazy group's first use, or in a
+        gloo-only world) cannot raise "NCCL Async Error", so it aborted a run real torch never aborts there."""
+        if fault.kind != "nccl-error" or _has_nccl_comm(rt):
+            return False
+        self._could_not[id(fault)] = "the rank had no NCCL communicator then: no NCCL error can surface"
+        return True
+
+    def program_fault(self, rt: RankRuntime, fault: Fault, op: Collective) -> None:
+        """``rt`` meets the op a program fault rewrote (``op`` as the program had it): did the rewrite change
+        anything? Not on a rank outside the op's group (torch's NON_GROUP_MEMBER: the collective is a warning and a
+        no-op either way), nor a size mismatch on a group of one (there is no other member to disagree with); a
+        skip on a group of one still spares the rank that collective (its communicator, its time).
+
+        Why: both rewrites were applied before the run and reported nothing, so a skip or mismatch that could not
+        change the run passed as if the policy had survived it."""
+        handle = rt.handles.get(op.group)
+        if handle is not None and not isinstance(handle, Group):
+            why = f"the rank is not a member of group {op.group!r}: the collective is torch's NON_GROUP_MEMBER no-op"
+            self._could_not[id(fault)] = why
+        elif fault.kind == "mismatch" and isinstance(handle, Group) and handle.size == 1:
+            self._could_not[id(fault)] = f"group {op.group!r} has one member: no other member to disagree on the size"
+        else:
+            self._struck.add(id(fault))
+
     def unacted(self) -> list[str]:
         """The scheduled faults that never acted, described, with why: at the end of a run.
 
         Why: a fault that never struck leaves a run that passes as if it had survived it (a crash at t=100 s of a
-        rank that finished at t=50 s, a stall at an op the rank never reached, an oom-at-init with no init left):
-        the schedule printed it, and nothing said it did nothing. Stragglers always act (on whatever ran)."""
+        rank that finished at t=50 s, a stall at an op the rank never reached, an oom-at-init with no init left, a
+        skip of a collective the rank only meets as a non-member, a straggler with no local work or a slow link no
+        communicator spans): the schedule printed it, and nothing said it did nothing."""
         out = []
-        for fault in self.schedule.runtime():
-            if fault.kind in ("straggler", "link-straggler"):
-                continue
-            if fault.kind == "oom-at-init":
+        for fault in self.schedule.faults:
+            if fault.kind in STRAGGLER_FAULTS:
+                if self.timing.straggler_cost_s(fault) > 0:
+                    continue
+                why = (
+                    "the rank ran no local work it could slow"
+                    if fault.kind == "straggler"
+                    else "no collective or send/recv it slowed ran over that link"
+                )
+            elif id(fault) in self._could_not:
+                why = self._could_not[id(fault)]
+            elif fault.kind == "oom-at-init":
                 if not self.memory.init_fault_armed(fault.rank):
                     continue
                 why = "the rank made no communicator after it was armed"
@@ -107,6 +158,8 @@ class Injection:
                 why = "the rank made no bootstrap where it was armed"
             elif id(fault) in self._struck:
                 continue
+            elif fault.kind in PROGRAM_FAULTS:
+                why = "the rank never reached that op"
             elif fault.at_s is not None:
                 ended = self.ranks[fault.rank].status in ENDED_STATUSES
                 why = "the rank had ended before then" if ended else "the run ended before then"
@@ -133,6 +186,8 @@ class Injection:
         where the op would start (``Rendezvous.settle``). A stall there said the rank was stuck since its arrival
         at the split, before the split it was still in had ended."""
         yield from self.rendezvous.settle(rt)
+        if self._cannot_act(rt, fault):
+            return
         self._struck.add(id(fault))
         self.record(self.env.now, rt.rank, "fault", fault.kind, rt.pc)
         if fault.kind in ("crash", "gpu-crash"):
@@ -177,3 +232,14 @@ class Injection:
         else:
             meeting.problem = f"injected fault: {fault.describe()} — the rank stopped issuing ops"
         yield from self.rendezvous.wait(rt, meeting, op)
+
+
+def _has_nccl_comm(rt: RankRuntime) -> bool:
+    """Whether the rank holds a live NCCL communicator (a group's, or a send/recv pair's), which an NCCL error
+    needs to surface."""
+    return any(
+        comm.impl.is_nccl and (comm.ready or bool(comm.pair_comms))
+        for group in rt.groups
+        if not group.destroyed
+        for comm in group.comms.values()
+    )

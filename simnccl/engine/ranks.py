@@ -152,6 +152,7 @@ class RankLoop:
         take_outsider_calls = self.fast.take_outsider_calls
         block_starts = self.fast.block_starts(rt.program)
         op_faults = self.injection.op_faults
+        program_faults = self.injection.program_faults
         tick = self.guard.tick
         try:
             while rt.pc < len(ops):
@@ -163,6 +164,10 @@ class RankLoop:
                     fault = op_faults.get((rt.rank, rt.pc))
                     if fault is not None:
                         yield from self.injection.inject(rt, fault)
+                if program_faults:
+                    rewritten = program_faults.get((rt.rank, rt.pc))
+                    if rewritten is not None:
+                        self.injection.program_fault(rt, *rewritten)
                 if block_starts is not None and block_starts[rt.pc]:
                     yield from self.fast.run_cohort(rt)
                     continue

@@ -254,6 +254,12 @@ class Timing:
 
     # ---------------------------------------------------------------- report
 
+    def straggler_cost_s(self, fault: Fault) -> float:
+        """The seconds a straggler fault added to the run (0: it slowed nothing, ``Injection.unacted``)."""
+        if fault.kind == "straggler":
+            return self.slow_extra_s.get(fault.rank, 0.0)
+        return sum(link.extra_s for link in self.slow_links if link.fault is fault)
+
     def slowdowns(self) -> list[dict[str, Any]]:
         """What each straggler fault cost, so reports name the slow rank or link rather than those who waited."""
         out: list[dict[str, Any]] = []

@@ -7,6 +7,7 @@ import re
 from collections.abc import Sequence
 
 from simnccl.cluster import Cluster
+from simnccl.limits import current as current_limits
 from simnccl.ops import (
     Checkpoint,
     Program,
@@ -63,8 +64,8 @@ def read_expectations(
             checkpoint=reader.get("checkpoint", str, None),
             baseline=reader.get("baseline", str, None),
             used_mib=opt_number(reader, "used_mib", -math.inf),
-            tolerance_pct=opt_number(reader, "tolerance_pct", 0),
-            tolerance_mib=opt_number(reader, "tolerance_mib", 0),
+            tolerance_pct=_unsigned_zero(opt_number(reader, "tolerance_pct", 0)),
+            tolerance_mib=_unsigned_zero(opt_number(reader, "tolerance_mib", 0)),
             devices=str_list(reader, "devices", "a list of device keys such as 'n0:cuda:0'") or (),
             verdict=reader.get("verdict", str, None),
             error_contains=reader.get("error_contains", str, None),
@@ -110,6 +111,20 @@ def read_expectations(
                 "tolerance_mib",
                 f"expected less than one GPU's memory ({cluster.gpu.total_mib:g} MiB), got {exp.tolerance_mib!r}",
             )
+        # Likewise a text every message contains (``error_contains = ""`` or blank found a space in any message, or
+        # "no error or hang" passed for none), and a time tolerance as long as the longest run the engine lets run
+        # (``max_sim_time_s``): any two times of a run are closer, so ``tolerance_s = 1e300`` checked nothing.
+        if exp.error_contains is not None and not exp.error_contains.strip():
+            raise reader.error(
+                "error_contains",
+                f"expected a text to find in an error or hang, not a blank one, got {exp.error_contains!r}",
+            )
+        longest = current_limits().max_sim_time_s
+        if tolerance_s is not None and tolerance_s >= longest:
+            raise reader.error(
+                "tolerance_s",
+                f"expected less than the longest simulated run (max_sim_time_s, {longest:,.0f} s), got {tolerance_s!r}",
+            )
         timed = (exp.detected_at_s, exp.error_at_s, exp.fault_detected_at_s)
         if tolerance_s is not None and all(t is None for t in timed):
             raise reader.error("tolerance_s", "only meaningful with detected_at_s, error_at_s or fault_detected_at_s")
@@ -136,6 +151,11 @@ def _device_exists(cluster: Cluster, key: str) -> bool:
     """``n<node>:cuda:<index>`` names a GPU of the cluster (as the memory ledgers key devices)."""
     match = re.fullmatch(r"n(0|[1-9][0-9]*):cuda:(0|[1-9][0-9]*)", key)
     return match is not None and int(match[1]) < cluster.nodes and int(match[2]) < cluster.gpus_per_node
+
+
+def _unsigned_zero(value: float | None) -> float | None:
+    """``-0.0`` as ``0.0``: TOML keeps the sign, and a tolerance of -0 printed "± -0 MiB" (an exact check)."""
+    return 0.0 if value == 0 else value
 
 
 def _default(value: float | None, default: float) -> float:

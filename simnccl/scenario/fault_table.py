@@ -56,10 +56,16 @@ def read_faults(
     classes = str_list(reader, "classes", "a list of fault classes")
     max_faults = reader.get("max_faults", int, 2)
     reader.finish()
-    if not 0 <= max_faults <= limits.max_faults:
-        message = f"expected an integer >= 0, got {max_faults}"
+    # A swarm that can draw nothing (``max_faults = 0``, ``classes = []``) ran the fault-free run and passed it as a
+    # fault run: refused, as a tolerance that cannot fail is.
+    if not 1 <= max_faults <= limits.max_faults:
+        message = f"expected an integer >= 1 (0 draws no fault: the run would test none), got {max_faults}"
         raise reader.error(
-            "max_faults", message if max_faults < 0 else exceeded("max_faults", max_faults, limits.max_faults)
+            "max_faults", message if max_faults < 1 else exceeded("max_faults", max_faults, limits.max_faults)
+        )
+    if classes is not None and not classes:
+        raise reader.error(
+            "classes", "expected at least one fault class (omit the key to draw the classes from the seed)"
         )
     if seed is None:
         if classes is not None:

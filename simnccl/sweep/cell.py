@@ -24,7 +24,7 @@ from simnccl import __version__
 from simnccl.cost import POLICY_DEFECTS, Column, build_cluster, column_config, measure, summarise
 from simnccl.engine import Engine, EngineGuardError, Limits, RunOutcome
 from simnccl.engine.outcome import pass_decided_by_race
-from simnccl.expect import ACCEPTS_RACES
+from simnccl.expect import ACCEPTS_RACES, ACCEPTS_UNACTED
 from simnccl.memory import distinct_figures
 from simnccl.ops import Program
 from simnccl.policy.as_captured import replayed_as
@@ -178,7 +178,7 @@ def _simulate_scenario(cell: Cell, limits: Limits) -> tuple[RunOutcome, tuple[Pr
     scenario = cell.payload
     assert scenario is not None, "a scenario cell carries its Scenario"
     variant = replace(scenario.variant(cell.variant), policy=cell.policy, env=dict(cell.env))
-    allow = frozenset({ACCEPTS_RACES}) & frozenset(cell.checks.verdicts)
+    allow = frozenset({ACCEPTS_RACES, ACCEPTS_UNACTED}) & frozenset(cell.checks.verdicts)
     result = run_variant(scenario, variant, limits=limits, allow=allow)
     failed = [f"{e.key}: {e.message}" for e in result.expectations if not e.ok]
     return result.outcome, scenario.programs, failed
