@@ -332,7 +332,10 @@ def test_per_rank_templated_steps_count_against_the_expanded_limit(capsys, write
     _bad(capsys, write_scenario, text, "workload.steps", "max_expanded_ops = 100")
 
 
-@pytest.mark.parametrize(("value", "text"), [("-1", "expected an integer >= 0"), ("1000000000", "max_faults = 1000")])
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [("-1", "expected an integer >= 1"), ("0", "0 draws no fault"), ("1000000000", "max_faults = 1000")],
+)
 def test_max_faults_out_of_range_is_exit_2(capsys, write_scenario, value: str, text: str) -> None:
     extra = f"[faults]\nseed = 1\nmax_faults = {value}\n"
     _bad(capsys, write_scenario, _steps(*BASE_STEPS, extra=extra), "faults.max_faults", text)
