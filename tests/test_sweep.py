@@ -1315,3 +1315,19 @@ def test_a_dask_sweep_without_dask_is_a_missing_prerequisite_even_in_a_dry_run(
         assert (
             err == f"error: {flag[0]}: Dask is not installed; install the sweep extra: pip install 'simnccl[sweep]'\n"
         )
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs Linux's /dev/full (every write: ENOSPC)")
+def test_a_sweep_whose_output_cannot_be_written_says_which_cells_finished(tmp_path: Path) -> None:
+    """A sweep whose cells had all finished when its table could not be written (stdout on a full disk) said
+    "nothing had finished"; its rows were in --csv all along."""
+    with open("/dev/full", "w", encoding="utf-8") as full:
+        done = subprocess.run(
+            [sys.executable, "-m", "simnccl", "sweep", "--workload", "vllm tp=2", "--jobs", "1"],
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+        )
+    assert done.returncode == command.EXIT_BAD_INPUT, done.stderr
+    assert "nothing had finished" not in done.stderr and "finished  sweep: 1/1 cells have rows" in done.stderr

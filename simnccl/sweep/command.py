@@ -22,6 +22,7 @@ from simnccl.cli_options import env_item, output_file_problem
 from simnccl.cli_output import PipeAwareConsole, document_stream, write_all_to_stdout
 from simnccl.memory import distinct_figures
 from simnccl.policy.plans import UserPolicyError
+from simnccl.runner import current_journal
 from simnccl.sweep import executors
 from simnccl.sweep.cell import WORKLOAD, Cell, PolicyCodeMismatch, blank_row, expand
 from simnccl.sweep.executors import Executor, ExecutorError, check_address, run_cells
@@ -521,6 +522,12 @@ def run_sweep(args: argparse.Namespace, out: TextIO | None = None, err: TextIO |
         interrupted = True
     finally:
         progress.stop()
+        journal = current_journal()
+        if journal is not None:  # what an output error's report says finished (it said "nothing had finished")
+            journal.lines.append(
+                f"finished  sweep: {len(files.rows)}/{len(cells)} cells have rows ({len(files.rows) - len(done)} run "
+                "now; --csv appends each as it finishes)"
+            )
         files.flush(final=True)
     ordered = files.ordered()
     counts = summary(ordered)
