@@ -216,6 +216,15 @@ def run_scenarios(args: argparse.Namespace) -> int:
                 if scenario.faults.faults or scenario.faults.seed is not None:
                     # The schedule is the run's identity: print it before anything runs (testing-practices §1).
                     out.note(f"{scenario.name}: {scenario.faults.describe()}", always=True)
+                # --variant left these expectations without a variant to check them on: say so, or "all
+                # expectations hold" read as if they had held (found by a tester)
+                unchecked = [f"expect[{i}]" for i, e in enumerate(scenario.expectations) if not e.variants]
+                if unchecked:
+                    out.note(
+                        f"{scenario.name}: {', '.join(unchecked)} not checked: --variant left out every variant "
+                        "it names",
+                        always=True,
+                    )
                 out.show(lambda console, s=scenario: print_header(console, s.name, s.source, s.seed))
 
                 def finished(variant: VariantResult, scenario_name: str = scenario.name, this: Any = scenario) -> None:

@@ -190,6 +190,33 @@ def test_variant_runs_only_that_variant(capsys: pytest.CaptureFixture[str]) -> N
     assert "nccl2-default" not in out and "share-resources" not in out
 
 
+def test_expectations_of_variants_left_out_are_named_as_not_checked(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """``--variant a`` with an expectation only on variant b printed "all expectations hold", exit 0: b's failing
+    expectation was skipped without a word."""
+    path = tmp_path / "two.toml"
+    path.write_text(
+        TINY
+        + """
+[[variants]]
+name = "a"
+[[variants]]
+name = "b"
+[[expect]]
+variants = ["b"]
+checkpoint = "after_init"
+used_mib = 1
+""",
+        encoding="utf-8",
+    )
+    assert main(["run", str(path), "--variant", "a", "-q"]) == EXIT_OK
+    err = capsys.readouterr().err
+    assert "expect[0] not checked: --variant left out every variant it names" in err, err
+    assert main(["run", str(path), "-q"]) == EXIT_EXPECTATIONS  # b's expectation fails where b runs
+    assert "not checked" not in capsys.readouterr().err
+
+
 def test_unknown_variant_exits_2_naming_it(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = _run(capsys, "--variant", "nope")
     assert code == EXIT_BAD_INPUT == 2
