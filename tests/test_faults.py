@@ -566,6 +566,17 @@ def test_a_straggler_that_slows_nothing_never_acted() -> None:
     assert _unacted(pairs, Fault("link-straggler", 0, factor=100.0, peer=1), gpus_per_node=4) == []
 
 
+def test_a_slow_link_masked_by_an_equally_slow_one_on_the_same_ring_acted() -> None:
+    """Two slow links on one communicator: the op runs at the slower one's pace and its extra time is charged to
+    it; the other, as slow (a tie went to the first listed) or less, was reported "never acted (no collective ...
+    ran over that link)", a failed check, though the all_reduce ran over it."""
+    world = [*START, AllReduce(), AllReduce()]
+    links = (Fault("link-straggler", 0, factor=3.0, peer=2), Fault("link-straggler", 2, factor=3.0, peer=4))
+    assert _unacted(world, *links, nodes=3, gpus_per_node=2) == []
+    slower = (Fault("link-straggler", 0, factor=5.0, peer=2), Fault("link-straggler", 2, factor=2.0, peer=4))
+    assert _unacted(world, *slower, nodes=3, gpus_per_node=2) == []
+
+
 @pytest.mark.parametrize(
     ("op", "why"),
     [

@@ -323,6 +323,19 @@ def test_recovery_expectations_say_what_they_compared(write_scenario) -> None:
     assert "MiB of communicators of ranks [2]), expected ['n0:cuda:7']" in failed.message
 
 
+def test_a_recovery_fault_that_never_acted_fails_the_job_as_any_run(write_scenario) -> None:
+    """The combined job's outcome dropped its first segment's faults_unacted: a crash timed after the job's end
+    passed ("all expectations hold", exit 0) as a crash the job had survived."""
+    text = (SCENARIOS_DIR / "crash-replaced.toml").read_text(encoding="utf-8")
+    late = text.replace("at_s = 2.6", "at_s = 5000")
+    assert late != text
+    (variant,) = run_scenario(load_scenario(write_scenario(late))).variants
+    assert variant.outcome.faults_unacted == ["crash rank 2 at t=5000s: never acted (the rank had ended before then)"]
+    assert "unacted" in [e.key for e in variant.expectations if not e.ok]
+    (variant,) = run_scenario(load_scenario(write_scenario(text))).variants
+    assert variant.ok and variant.outcome.faults_unacted == []
+
+
 def test_recovery_expectations_on_a_plain_run_fail_clearly(write_scenario) -> None:
     (variant,) = run_scenario(load_scenario(write_scenario(TINY + "\n[[expect]]\ncommitted_steps = 1\n"))).variants
     assert [e.message for e in variant.expectations] == ["not a recovery run (the scenario has no [recovery] table)"]

@@ -1331,3 +1331,26 @@ def test_a_sweep_whose_output_cannot_be_written_says_which_cells_finished(tmp_pa
         )
     assert done.returncode == command.EXIT_BAD_INPUT, done.stderr
     assert "nothing had finished" not in done.stderr and "finished  sweep: 1/1 cells have rows" in done.stderr
+
+
+def test_a_scenario_cell_s_failed_check_names_the_sweep_s_flag(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """A scenario cell's failed check quoted the run command's remedy, "run with --allow unacted", a flag sweep
+    does not take: it is ``--accept-verdict unacted`` there."""
+    path = tmp_path / "late.toml"
+    path.write_text(
+        '[scenario]\nname = "late"\n[cluster]\ngpu = "h100-80gb"\ngpus_per_node = 2\n[torch]\nrelease = "2.15"\n'
+        '[workload]\nsteps = [{ op = "set_device" }, { op = "init_process_group" }, { op = "all_reduce" }]\n'
+        '[faults]\ninject = [{ kind = "crash", rank = 1, at_s = 500 }]\n',
+        encoding="utf-8",
+    )
+    code, out, err = sweep(capsys, "--scenario", str(path), "--jobs", "1")
+    assert code == command.EXIT_CHECK_FAILED, out + err
+    assert "--accept-verdict unacted" in out and "--allow" not in out, out
+    assert (
+        sweep(
+            capsys, "--scenario", str(path), "--jobs", "1", "--accept-verdict", "pass", "--accept-verdict", "unacted"
+        )[0]
+        == 0
+    )

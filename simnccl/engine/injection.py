@@ -139,7 +139,7 @@ class Injection:
         out = []
         for fault in self.schedule.faults:
             if fault.kind in STRAGGLER_FAULTS:
-                if self.timing.straggler_cost_s(fault) > 0:
+                if self.timing.straggler_acted(fault):
                     continue
                 why = (
                     "the rank ran no local work it could slow"

@@ -32,6 +32,7 @@ class SlowLink:
     ops: int = 0
     extra_s: float = 0.0
     groups: list[str] = field(default_factory=list)
+    spanned: int = 0  # the ops run over it, its own and those a slower link it shares a communicator with set
 
     @property
     def name(self) -> str:
@@ -204,8 +205,10 @@ class Timing:
         that link so ``explain`` can name it."""
         worst: SlowLink | None = None
         for link in self.slow_links:
-            if (worst is None or link.fault.factor > worst.fault.factor) and self.spans(link, meeting.expected):
-                worst = link
+            if self.spans(link, meeting.expected):
+                link.spanned += 1  # it acted, masked or not (``straggler_acted``)
+                if worst is None or link.fault.factor > worst.fault.factor:
+                    worst = link
         if worst is None:
             return seconds
         worst.ops += 1
@@ -254,11 +257,13 @@ class Timing:
 
     # ---------------------------------------------------------------- report
 
-    def straggler_cost_s(self, fault: Fault) -> float:
-        """The seconds a straggler fault added to the run (0: it slowed nothing, ``Injection.unacted``)."""
+    def straggler_acted(self, fault: Fault) -> bool:
+        """Whether a straggler fault slowed anything (``Injection.unacted``): a rank's local work, or an op over the
+        link. A slow link another link as slow or slower on the same communicator masked acted too: it was slow
+        where it ran (a tie went to the link listed first, and the other was reported as never acted)."""
         if fault.kind == "straggler":
-            return self.slow_extra_s.get(fault.rank, 0.0)
-        return sum(link.extra_s for link in self.slow_links if link.fault is fault)
+            return self.slow_extra_s.get(fault.rank, 0.0) > 0
+        return any(link.spanned for link in self.slow_links if link.fault is fault)
 
     def slowdowns(self) -> list[dict[str, Any]]:
         """What each straggler fault cost, so reports name the slow rank or link rather than those who waited."""

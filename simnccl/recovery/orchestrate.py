@@ -271,6 +271,9 @@ def _combine(kept: list[tuple[RunOutcome, float, float]], verdict: str, report: 
         ops_executed=sum(o.ops_executed for o, _, _ in kept),
         trace=trace,
         fr_dumps=fr_dumps,
+        # The faults are the first segment's (``orchestrate``): those that never acted there never acted in the job
+        # (they were dropped here, and a crash timed after the job's end passed as a fault it had survived)
+        faults_unacted=list(kept[0][0].faults_unacted),
         recovery=report,
     )
 

@@ -180,7 +180,8 @@ def _simulate_scenario(cell: Cell, limits: Limits) -> tuple[RunOutcome, tuple[Pr
     variant = replace(scenario.variant(cell.variant), policy=cell.policy, env=dict(cell.env))
     allow = frozenset({ACCEPTS_RACES, ACCEPTS_UNACTED}) & frozenset(cell.checks.verdicts)
     result = run_variant(scenario, variant, limits=limits, allow=allow)
-    failed = [f"{e.key}: {e.message}" for e in result.expectations if not e.ok]
+    # the run command's flag named as the sweep's (``--allow X`` is ``--accept-verdict X`` here)
+    failed = [f"{e.key}: {e.message.replace('--allow ', '--accept-verdict ')}" for e in result.expectations if not e.ok]
     return result.outcome, scenario.programs, failed
 
 
