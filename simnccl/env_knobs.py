@@ -27,12 +27,13 @@ def is_env_name(name: object) -> bool:
     return isinstance(name, str) and _ENV_NAME.fullmatch(name) is not None
 
 
-# The NCCL_* and TORCH_NCCL_* knobs the simulation reads: a value of one changes what simnccl simulates (NCCL's
-# memory model, ProcessGroupNCCL's watchdog, error handling and flight recorder, shared GPUs). Why a list of its
-# own: captured code may set such a knob in os.environ differently on different ranks, and simnccl simulates one
-# environment for every rank, so such a capture is refused (``simnccl.capture.api``) where one of the knobs nothing
-# here reads (NCCL_DEBUG_FILE per rank) is only named. ``tests/test_env_knobs.py`` checks it against the names the
-# code reads (every such quoted name in simnccl's sources is here, and every name here is read).
+# The NCCL_*, TORCH_NCCL_* and TORCH_FR_* knobs the simulation reads: a value of one changes what simnccl
+# simulates (NCCL's memory model, ProcessGroupNCCL's watchdog, error handling and flight recorder, shared GPUs).
+# Why a list of its own: captured code may set such a knob in os.environ differently on different ranks, and
+# simnccl simulates one environment for every rank, so such a capture is refused (``simnccl.capture.api``) where
+# one of the knobs nothing here reads (NCCL_DEBUG_FILE per rank) is only named. ``tests/test_env_knobs.py`` checks
+# it against the names the code reads (every such quoted name in simnccl's sources is here or in
+# ``REPORT_ONLY_KNOBS``, and every name here is read).
 SIMULATED_KNOBS = frozenset(
     {
         "NCCL_ALGO",
@@ -59,8 +60,10 @@ SIMULATED_KNOBS = frozenset(
         "NCCL_WORK_FIFO_BYTES",
         "TORCH_NCCL_ASYNC_ERROR_HANDLING",
         "TORCH_NCCL_BLOCKING_WAIT",
+        "TORCH_FR_BUFFER_SIZE",
+        "TORCH_FR_DUMP_ON_TIMEOUT",
+        "TORCH_FR_WAIT_TIMEOUT_DUMP_MILSEC",
         "TORCH_NCCL_COORD_CHECK_MILSEC",
-        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE",
         "TORCH_NCCL_DUMP_ON_TIMEOUT",
         "TORCH_NCCL_ENABLE_MONITORING",
         "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC",
@@ -68,6 +71,10 @@ SIMULATED_KNOBS = frozenset(
         "TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC",
     }
 )
+
+# Knobs simnccl reads only to name what a report points at (where the flight recorder's dumps go), never to decide
+# what happens: captured code may set them per rank (a dump folder per rank), and is not refused for it.
+REPORT_ONLY_KNOBS = frozenset({"TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"})
 
 DATA_FILE = "simnccl/data/env_knobs.toml"
 

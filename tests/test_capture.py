@@ -410,6 +410,27 @@ def test_knobs_the_ranks_set_differently_are_named_and_left_out() -> None:
     assert any("NCCL_DEBUG (ranks set it differently)" in n and "simulated without it" in n for n in run.notes)
 
 
+def _sets_flight_recorder(per_rank: bool) -> None:
+    """The flight recorder's buffer set by the code (torch reads it at its first ProcessGroupNCCL), and its dump
+    folder per rank when ``per_rank`` (a path only reports name)."""
+    os.environ["TORCH_FR_BUFFER_SIZE"] = "64"
+    if per_rank:
+        os.environ["TORCH_FR_DUMP_TEMP_FILE"] = f"/tmp/fr-{os.environ['RANK']}/trace_"
+    dist.init_process_group("nccl", device_id=torch.device("cuda", int(os.environ["LOCAL_RANK"])))
+    dist.all_reduce(torch.ones(4, device="cuda"))
+    dist.destroy_process_group()
+
+
+def test_flight_recorder_knobs_the_code_sets_are_simulated_with_and_a_per_rank_dump_path_only_named() -> None:
+    """TORCH_FR_* were not among the knobs a capture saw the code set: a flight recorder the code sized was
+    simulated at torch's default. A dump path set per rank changes only where dumps go: named, not refused. (The
+    capture runs its ranks with TORCH_FR_BUFFER_SIZE=0 for itself: a code that sets that very value is not seen.)"""
+    run = cap.capture(functools.partial(_sets_flight_recorder, True), 2, final_checkpoint=None)
+    assert run.env.get("TORCH_FR_BUFFER_SIZE") == "64"
+    assert "TORCH_FR_DUMP_TEMP_FILE" not in run.env
+    assert any("TORCH_FR_DUMP_TEMP_FILE (ranks set it differently)" in n for n in run.notes), run.notes
+
+
 def test_knobs_a_policy_sets_are_the_policys_not_the_codes() -> None:
     run = cap.capture(examples.device_mesh_2d, 8, policy="share-resources")
     assert "NCCL_COMM_SPLIT_SHARE_RESOURCES" not in run.env

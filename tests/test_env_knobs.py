@@ -6,12 +6,13 @@ import re
 from pathlib import Path
 
 import simnccl
-from simnccl.env_knobs import SIMULATED_KNOBS, known_knobs
+from simnccl.capture.ranks import CODE_SET_PREFIXES
+from simnccl.env_knobs import REPORT_ONLY_KNOBS, SIMULATED_KNOBS, known_knobs
 
 SOURCES = Path(simnccl.__file__).parent
 # A knob the code reads is named as a string of its own ("NCCL_ALGO" in env); a message that mentions one
 # ("run with NCCL_DEBUG=INFO") names it inside a longer string.
-QUOTED = re.compile(r"""["']((?:TORCH_)?NCCL_[A-Z0-9_]+)["']""")
+QUOTED = re.compile(r"""["']((?:TORCH_NCCL|TORCH_FR|NCCL)_[A-Z0-9_]+)["']""")
 
 
 def _quoted_knobs() -> set[str]:
@@ -24,7 +25,7 @@ def _quoted_knobs() -> set[str]:
 def test_every_nccl_knob_the_sources_read_is_a_simulated_knob() -> None:
     """A knob read somewhere but missing from the list would let captured code set it differently per rank and be
     simulated with one value for all (a pass that real NCCL need not give)."""
-    missing = _quoted_knobs() - SIMULATED_KNOBS
+    missing = _quoted_knobs() - SIMULATED_KNOBS - REPORT_ONLY_KNOBS
     assert not missing, f"read by simnccl but not in env_knobs.SIMULATED_KNOBS: {sorted(missing)}"
 
 
@@ -32,3 +33,9 @@ def test_every_simulated_knob_is_one_the_sources_read_and_torch_or_nccl_knows() 
     assert known_knobs() >= SIMULATED_KNOBS
     stale = SIMULATED_KNOBS - _quoted_knobs()
     assert not stale, f"in env_knobs.SIMULATED_KNOBS but named nowhere in simnccl's sources: {sorted(stale)}"
+
+
+def test_every_simulated_knob_is_one_a_capture_sees_the_code_set() -> None:
+    """A capture records only the knobs of ``CODE_SET_PREFIXES`` the code sets in os.environ: a simulated knob
+    outside them (TORCH_FR_*, before) was simulated without, whatever the code set."""
+    assert all(name.startswith(CODE_SET_PREFIXES) for name in SIMULATED_KNOBS | REPORT_ONLY_KNOBS)

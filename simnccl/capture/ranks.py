@@ -87,9 +87,18 @@ class _Spec:
             world_size=self.world_size,
             local_world_size=per_node,
             nodes=-(-self.world_size // per_node),
-            # no flight-recorder hooks: nothing to record, less noise
-            env={"TORCH_FR_BUFFER_SIZE": "0", **self.env},
+            env={**CAPTURE_OWN_ENV, **self.env},
         )
+
+
+# What a capture sets in every rank's environment for itself, under what the user gives: no flight-recorder hooks
+# (nothing to record on the stand-in backend, less noise).
+CAPTURE_OWN_ENV = {"TORCH_FR_BUFFER_SIZE": "0"}
+
+
+def _without(env: Mapping[str, str], own: Mapping[str, str]) -> dict[str, str]:
+    """``env`` without the capture's own values (``own``), as the code would see it run alone."""
+    return {k: v for k, v in env.items() if own.get(k) != v}
 
 
 def _run_rank(spec: _Spec, rank: int) -> RankCapture:
@@ -142,7 +151,12 @@ def _run_rank_compact(spec: _Spec, rank: int) -> RankCapture:
             _exit_unless_the_rank(rank_pid, None)
             moments = [m for m in (recorder.env_at_init, recorder.env_at_first_op) if m is not None]
             policy_set = () if applied is None else tuple(applied.env_set)
-            env_set = knobs_set_by_code(start_env, moments, policy_set)
+            # the capture's own knobs, where the user did not set them, are no value of the code's (a code that sets
+            # one to the capture's very value cannot be told from one that leaves it)
+            own = {k: v for k, v in CAPTURE_OWN_ENV.items() if k not in spec.env}
+            env_set = knobs_set_by_code(
+                _without(start_env, own), [_without(moment, own) for moment in moments], policy_set
+            )
             env_set += branch_knobs_set_by_code(start_env, recorder.env_at_nccl, policy_set)
             if spec.final_checkpoint is not None:
                 recorder.append(Checkpoint(spec.final_checkpoint))
@@ -167,7 +181,7 @@ def _run_rank_compact(spec: _Spec, rank: int) -> RankCapture:
 # that sets them before its groups changes what they do; torch's PYTORCH_* are read at import or CUDA's
 # initialisation, before the code runs (a late one changes nothing: measured, real torch), and TORCH_DIST_USE_NCCL2
 # at the first use of "nccl" (``BRANCH_KNOBS``).
-CODE_SET_PREFIXES = ("NCCL_", "TORCH_NCCL_")
+CODE_SET_PREFIXES = ("NCCL_", "TORCH_NCCL_", "TORCH_FR_")  # TORCH_FR_*: the flight recorder, read by the first PG
 
 
 def knobs_set_by_code(
