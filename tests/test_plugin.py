@@ -766,6 +766,90 @@ def test_the_rerun_selects_a_test_the_suites_own_marker_filter_leaves_out(pytest
     done.stdout.fnmatch_lines(["*1 failed*"])
 
 
+def test_a_rerun_that_runs_nothing_is_no_pass(pytester: pytest.Pytester) -> None:
+    """pytest's own ``--runslow`` pattern: the re-run lacked the option, the test was skipped, pytest exited 0, and
+    the replay said "passes now", exit 0, of a policy that still fails. Now exit 2: it did not run."""
+    pytester.makeconftest(
+        textwrap.dedent(
+            """\
+            import pytest
+
+            def pytest_addoption(parser):
+                parser.addoption("--runslow", action="store_true")
+
+            def pytest_collection_modifyitems(config, items):
+                if not config.getoption("--runslow"):
+                    for item in items:
+                        item.add_marker(pytest.mark.skip(reason="needs --runslow"))
+            """
+        )
+    )
+    pytester.makepyfile(
+        test_gated=textwrap.dedent(
+            """\
+            from simnccl.ops import InitProcessGroup, SetDevice
+            from simnccl.testing.replay import SimCase
+
+            def test_own_assertion():
+                assert SimCase(programs=((SetDevice(), InitProcessGroup()),) * 2).run().verdict == "hang"
+            """
+        )
+    )
+    result = run(pytester, "--runslow")
+    result.assert_outcomes(failed=1)
+    line = next(x for x in result.outlines if x.startswith("# replay: python -m simnccl.testing.replay "))
+    done = pytester.run(sys.executable, "-m", "simnccl.testing.replay", line.split()[-1])
+    assert done.ret == 2, done.stdout.str() + done.stderr.str()
+    assert "did not run (1 of 1 skipped)" in done.stderr.str()
+    assert "passes now" not in done.stdout.str()
+
+
+def test_a_rerun_is_not_asked_where_the_case_no_longer_simulates_as_it_failed(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A policy reading the test process's environment: the case failed under it, the replay's own simulation
+    differed from the recorded one (same simnccl, same policy source), and the re-run's pass said "passes now",
+    exit 0. Now "not deterministic", exit 1, before anything is re-run."""
+    pytester.makepyfile(
+        env_policy=textwrap.dedent(
+            """\
+            import os
+            from dataclasses import dataclass, replace
+            from simnccl.policy import BasePolicy
+
+            @dataclass(frozen=True)
+            class EnvGated(BasePolicy):
+                name: str = "env-gated"
+
+                def on_group(self, request, decision):
+                    if os.environ.get("FZ_BAD") and request.rank == request.world_size - 1:
+                        return replace(decision, pg_options=replace(decision.pg_options, lazy_init=True))
+                    return decision
+            """
+        ),
+        test_env=textwrap.dedent(
+            """\
+            from simnccl.ops import AllReduce, InitProcessGroup, NewGroup, SetDevice
+            from simnccl.testing.replay import SimCase
+
+            def test_own_assertion():
+                ops = (SetDevice(), InitProcessGroup(), NewGroup(ranks=(0, 1), bind="g"), AllReduce(group="g"))
+                case = SimCase(programs=(ops,) * 2, policy="env_policy:EnvGated")
+                assert case.run().verdict == "pass"
+            """
+        ),
+    )
+    monkeypatch.setenv("FZ_BAD", "1")
+    result = run(pytester)
+    result.assert_outcomes(failed=1)
+    line = next(x for x in result.outlines if x.startswith("# replay: python -m simnccl.testing.replay "))
+    monkeypatch.delenv("FZ_BAD")
+    done = pytester.run(sys.executable, "-m", "simnccl.testing.replay", line.split()[-1])
+    assert done.ret == 1, done.stdout.str() + done.stderr.str()
+    done.stdout.fnmatch_lines(["*is not the one that failed*not deterministic*"])
+    assert "re-running" not in done.stdout.str()
+
+
 @pytest.mark.parametrize("derandomize", [False, True])
 def test_a_rerun_that_passes_is_a_pass_only_where_it_draws_the_same_examples(
     pytester: pytest.Pytester, derandomize: bool

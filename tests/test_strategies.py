@@ -407,7 +407,9 @@ def test_cluster_shapes_keep_the_world_bounds_a_test_states() -> None:
 @pytest.mark.parametrize(
     ("strategy", "message"),
     [
-        (lambda: cases(max_ops=1), "cases(): max_ops=1 is too few for a program with 0 families: at least 5"),
+        (lambda: cases(max_ops=1), "cases(): max_ops=1 is too few for a program with 1 family: at least 6"),
+        # room for no group: only group-free programs, which every policy passes
+        (lambda: cases(max_ops=5), "cases(): max_ops=5 is too few for a program with 1 family: at least 6"),
         (lambda: cases(max_ops=10, min_families=6), "max_ops=10 is too few for a program with 6 families: at least 11"),
         (lambda: cases(min_families=3, max_families=1), "cases(): min_families=3 > max_families=1"),
         (lambda: cases(max_uses=-1), "cases(): max_uses: expected an integer >= 0, got -1"),

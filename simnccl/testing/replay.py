@@ -21,6 +21,7 @@ import hashlib
 import json
 import signal
 import sys
+import tempfile
 import threading
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -655,6 +656,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             said = f"error: {args.case}: failure.test: expected a pytest node id, got {test!r}"
             print(one_line(said), file=sys.stderr)
             return EXIT_BAD_INPUT
+        if _diverged(failure, outcome, rerun=True):
+            return EXIT_STILL_FAILS
         return _rerun_test(test, failure)
     # An old case file, or one written by hand: the only check known is that a valid program passes.
     print("no recorded check: judging the verdict (a valid program must pass)")
@@ -677,11 +680,13 @@ def _policy_changed(failure: Mapping[str, Any]) -> list[str]:
     return [path for path, digest in recorded.items() if isinstance(path, str) and file_digest(path) != digest]
 
 
-def _diverged(failure: Mapping[str, Any], outcome: RunOutcome) -> bool:
+def _diverged(failure: Mapping[str, Any], outcome: RunOutcome, *, rerun: bool = False) -> bool:
     """Whether this simulation differs from the failing one the plugin recorded (its trace hash), by the same
     simnccl and the same policy source: then the case is not deterministic, and "passes now" would hide a
     failure that comes and goes. A policy whose source changed since explains the difference (the user's fix:
-    the replay said "not deterministic", exit 1, after every fix)."""
+    the replay said "not deterministic", exit 1, after every fix). ``rerun``: asked before re-running a test whose
+    own assertion failed (the re-run's pass said "passes now" of a policy reading the environment, exit 0, where
+    this simulation already differed from the failing one)."""
     recorded = failure.get("trace_hash")
     if not isinstance(recorded, str) or recorded == outcome.trace_hash:
         return False
@@ -698,8 +703,9 @@ def _diverged(failure: Mapping[str, Any], outcome: RunOutcome) -> bool:
             f"its simulation may differ (recorded trace hash {recorded})"
         )
         return False
+    said = "this simulation" if rerun else "the recorded check(s) pass now, but this simulation"
     print(
-        f"the recorded check(s) pass now, but this simulation is not the one that failed: trace hash "
+        f"{said} is not the one that failed: trace hash "
         f"{outcome.trace_hash}, recorded {recorded}, by the same simnccl. Something the run depends on is not "
         "deterministic (a policy reading random numbers, the clock, hash() of a string, or state it kept from "
         "another case): the failure comes and goes, and it did fail. Exit 1."
@@ -724,11 +730,25 @@ def _rerun_test(test: str, failure: Mapping[str, Any]) -> int:
     # marked ``slow`` under ``addopts = -m 'not slow'`` was run with ``-m slow`` and failed; its rerun ran nothing)
     command = [sys.executable, "-m", "pytest", "-p", "no:xdist", "-p", "no:randomly", "-q", "-m", "", *seeded, test]
     print(f"the failure was the test's own assertion: re-running {test} ({' '.join(command[2:])})", flush=True)
-    try:
-        done = subprocess.run(command, cwd=cwd, env=env, timeout=CASE_WALL_S * 20, check=False)
-    except subprocess.TimeoutExpired:
-        print(one_line(f"error: {test} still running after {CASE_WALL_S * 20:g} s"), file=sys.stderr)
-        return EXIT_STILL_FAILS
+    with tempfile.TemporaryDirectory(prefix="simnccl-replay-") as folder:
+        report = Path(folder) / "rerun.xml"
+        try:
+            done = subprocess.run(
+                [*command, f"--junitxml={report}"], cwd=cwd, env=env, timeout=CASE_WALL_S * 20, check=False
+            )
+        except subprocess.TimeoutExpired:
+            print(one_line(f"error: {test} still running after {CASE_WALL_S * 20:g} s"), file=sys.stderr)
+            return EXIT_STILL_FAILS
+        ran = _ran_and_passed(report) if done.returncode == 0 else None
+    if done.returncode == 0 and ran is not None:
+        print(
+            one_line(
+                f"error: {test} did not run ({ran}): a re-run that runs nothing proves nothing; re-run it with "
+                "the options or environment that enable it (the failure's own command)"
+            ),
+            file=sys.stderr,
+        )
+        return EXIT_BAD_INPUT
     if done.returncode == 0:
         if failure.get("examples_reproducible") is False:
             print(
@@ -743,6 +763,27 @@ def _rerun_test(test: str, failure: Mapping[str, Any]) -> int:
         return EXIT_STILL_FAILS
     print(one_line(f"error: pytest could not run {test} (exit {done.returncode})"), file=sys.stderr)
     return EXIT_BAD_INPUT
+
+
+def _ran_and_passed(report: Path) -> str | None:
+    """None when pytest's JUnit report says one test or more ran and none was skipped; else what it says.
+
+    Why: pytest exits 0 when the test is skipped (a ``skipif`` on an option or variable the re-run lacks, as
+    ``--runslow``), and the replay said "passes now", exit 0, of a policy that still fails (found by a tester)."""
+    import xml.etree.ElementTree as ElementTree
+
+    try:
+        root = ElementTree.parse(report).getroot()
+    except (OSError, ElementTree.ParseError):
+        return "pytest wrote no report of it"
+    suites = [root] if root.tag == "testsuite" else root.findall("testsuite")
+    tests = sum(int(suite.get("tests", "0")) for suite in suites)
+    skipped = sum(int(suite.get("skipped", "0")) for suite in suites)
+    if tests == 0:
+        return "no test collected or selected"
+    if skipped:
+        return f"{skipped} of {tests} skipped"
+    return None
 
 
 if __name__ == "__main__":
