@@ -61,6 +61,8 @@ def megatron_startup(knobs: Mapping[str, Any], nccl_config_path: str | None = No
         rank=int(os.environ["RANK"]),
         timeout=timedelta(minutes=minutes),
     )
+    if knobs.get("hold_env"):  # this module's own os, as parallel_state sees it: writes of these names ignored
+        parallel_state.os = _EnvHeld(tuple(knobs["hold_env"]))  # type: ignore[attr-defined]
     parallel_state.initialize_model_parallel(
         knobs.get("tp", 1),
         knobs.get("pp", 1),
@@ -89,6 +91,40 @@ def megatron_startup(knobs: Mapping[str, Any], nccl_config_path: str | None = No
         parallel_state.create_all_gather_groups(
             for_expert_parallelism=knobs.get("ep", 1) > 1, timeout=timedelta(minutes=minutes)
         )
+
+
+class _EnvHeld:
+    """``os`` for Megatron's parallel_state with ``environ`` writes of ``names`` ignored (``hold_env``).
+
+    Why: with SHARP, Megatron sets ``NCCL_COLLNET_ENABLE=1`` around the one group SHARP is for and deletes it
+    after that group's barrier; a capture refuses it (simnccl simulates one environment for a run, and NCCL reads
+    the knob per communicator), which is right for a user. The fidelity test compares the groups and barriers
+    Megatron makes, which do not depend on the knob, so it holds it still there."""
+
+    def __init__(self, names: tuple[str, ...]) -> None:
+        self._names = names
+        self.environ = _HeldEnviron(os.environ, names)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(os, name)
+
+
+class _HeldEnviron(dict):  # type: ignore[type-arg]
+    """A view of ``os.environ`` in which setting or deleting one of ``names`` does nothing."""
+
+    def __init__(self, environ: Any, names: tuple[str, ...]) -> None:
+        super().__init__(environ)
+        self._environ, self._names = environ, names
+
+    def __setitem__(self, key: str, value: str) -> None:
+        if key not in self._names:
+            self._environ[key] = value
+            super().__setitem__(key, value)
+
+    def __delitem__(self, key: str) -> None:
+        if key not in self._names:
+            del self._environ[key]
+            super().__delitem__(key)
 
 
 # ---------------------------------------------------------------------------------------------- torchtitan

@@ -39,3 +39,18 @@ def test_every_simulated_knob_is_one_a_capture_sees_the_code_set() -> None:
     """A capture records only the knobs of ``CODE_SET_PREFIXES`` the code sets in os.environ: a simulated knob
     outside them (TORCH_FR_*, before) was simulated without, whatever the code set."""
     assert all(name.startswith(CODE_SET_PREFIXES) for name in SIMULATED_KNOBS | REPORT_ONLY_KNOBS)
+
+
+def test_knob_values_that_mean_the_same_to_nccl_s_model_are_one_value() -> None:
+    """Megatron's SHARP deletes NCCL_COLLNET_ENABLE where it could set 0: the same to NCCL unless a group asks for
+    collnet in its config, which the environment overrides. A knob the model does not read is told apart as
+    written, and a value the model refuses is never the same as another."""
+    from simnccl.nccl.knobs import same_to_the_model
+
+    assert same_to_the_model("NCCL_COLLNET_ENABLE", [None, "0"])
+    assert not same_to_the_model("NCCL_COLLNET_ENABLE", [None, "0"], [{}, {"collnet_enable": True}])
+    assert not same_to_the_model("NCCL_COLLNET_ENABLE", [None, "1"])
+    assert not same_to_the_model("NCCL_RUNTIME_CONNECT", [None, "0"])
+    assert same_to_the_model("NCCL_RUNTIME_CONNECT", ["1", None])
+    assert not same_to_the_model("TORCH_NCCL_ASYNC_ERROR_HANDLING", ["1", None])  # not the model's: as written
+    assert not same_to_the_model("NCCL_MAX_NCHANNELS", ["abc", None])

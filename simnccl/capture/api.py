@@ -13,7 +13,7 @@ import torch.distributed as dist
 from simnccl.capture.divergence import divergence_note
 from simnccl.capture.environment import DEFAULT_GPU
 from simnccl.capture.intercept import _intercepted
-from simnccl.capture.ranks import BRANCH_KNOBS, _run_forked, _run_inline, _Spec
+from simnccl.capture.ranks import BRANCH_KNOBS, _run_forked, _run_inline, _Spec, option_sets
 from simnccl.capture.result import (
     Call,
     CapturedRun,
@@ -30,6 +30,7 @@ from simnccl.cluster import ClusterError, get_gpu_kind
 from simnccl.env_knobs import LAUNCHER_VARIABLES, SIMULATED_KNOBS, env_problem, is_env_name
 from simnccl.limits import current as current_limits
 from simnccl.limits import exceeded
+from simnccl.nccl.knobs import same_to_the_model
 from simnccl.ops import (
     InitProcessGroup,
     Program,
@@ -236,7 +237,7 @@ def _assemble(
         notes.append(_unmodelled_text(unmodelled))
     env = dict(spec.env)
     _refuse_branch_knobs(spec.release, env, ranks)
-    notes += _code_set_knobs(env, ranks)
+    notes += _code_set_knobs(env, ranks, lambda: option_sets(op for p in shared.values() for op in p.ops))
     return CapturedRun(
         world_size=spec.world_size,
         gpus_per_node=spec.gpus_per_node,
@@ -296,7 +297,11 @@ def _chosen(rel: Any, env: Mapping[str, str], name: str, value: str | None) -> A
     return rel.nccl_impl(changed)
 
 
-def _code_set_knobs(env: dict[str, str], ranks: Sequence[RankCapture]) -> list[str]:
+def _code_set_knobs(
+    env: dict[str, str],
+    ranks: Sequence[RankCapture],
+    configs: Callable[[], Sequence[Mapping[str, Any]]] = lambda: ({},),
+) -> list[str]:
     """Put into ``env`` (the run's, which its simulation and written scenario use) the NCCL knobs the captured code
     set in ``os.environ`` itself (``RankCapture.env_set``) alike on every rank; the notes that say so, and name
     the ones simulated without: set to a value simnccl cannot use, or set differently by the ranks (or changed
@@ -322,7 +327,9 @@ def _code_set_knobs(env: dict[str, str], ranks: Sequence[RankCapture]) -> list[s
             r.rank for r, changes in zip(ranks, per_rank, strict=True) if not changes.get(name, (None, True))[1]
         ]
         if unsettled or len(values) > 1:
-            if name in SIMULATED_KNOBS:
+            # values that mean the same to NCCL's model under every config the run's groups use are one value
+            # (``configs``: what its groups ask for; a rank's own moments were compared so in ``knobs_set_by_code``)
+            if name in SIMULATED_KNOBS and not (not unsettled and same_to_the_model(name, values, configs())):
                 _refuse_per_rank_knob(name, env, ranks, per_rank, unsettled)
             problem = (
                 "changed between init_process_group and the first collective: which value NCCL read depends on "

@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
@@ -36,9 +36,8 @@ from simnccl.capture.result import Call, CaptureError, RankCapture
 from simnccl.capture_cli import DEFAULT_TIMEOUT_S
 from simnccl.env_knobs import known_knobs, torchrun_env
 from simnccl.file_tail import tail_text
-from simnccl.ops import (
-    Checkpoint,
-)
+from simnccl.nccl.knobs import same_to_the_model
+from simnccl.ops import Checkpoint, Op, PgOptions
 from simnccl.os_exit import os_exit_raises
 from simnccl.process_tree import (
     become_subreaper,
@@ -155,7 +154,10 @@ def _run_rank_compact(spec: _Spec, rank: int) -> RankCapture:
             # one to the capture's very value cannot be told from one that leaves it)
             own = {k: v for k, v in CAPTURE_OWN_ENV.items() if k not in spec.env}
             env_set = knobs_set_by_code(
-                _without(start_env, own), [_without(moment, own) for moment in moments], policy_set
+                _without(start_env, own),
+                [_without(moment, own) for moment in moments],
+                policy_set,
+                option_sets=lambda: option_sets(built_ops(recorder.ops)),
             )
             env_set += branch_knobs_set_by_code(start_env, recorder.env_at_nccl, policy_set)
             if spec.final_checkpoint is not None:
@@ -184,8 +186,20 @@ def _run_rank_compact(spec: _Spec, rank: int) -> RankCapture:
 CODE_SET_PREFIXES = ("NCCL_", "TORCH_NCCL_", "TORCH_FR_")  # TORCH_FR_*: the flight recorder, read by the first PG
 
 
+def option_sets(ops: Iterable[Op]) -> list[dict[str, Any]]:
+    """The communicator configs NCCL's model reads (``comm_memory.model_options``) of every group ``ops`` make,
+    and none: under each, two values of a knob must mean the same to count as one (``same_to_the_model``)."""
+    from simnccl.comm_memory import model_options
+
+    seen = {model_options(op.pg_options) for op in ops if isinstance(getattr(op, "pg_options", None), PgOptions)}
+    return [dict(options) for options in sorted(seen | {()})]
+
+
 def knobs_set_by_code(
-    start: Mapping[str, str], moments: Sequence[Mapping[str, str]], policy_set: Sequence[str]
+    start: Mapping[str, str],
+    moments: Sequence[Mapping[str, str]],
+    policy_set: Sequence[str],
+    option_sets: Callable[[], Sequence[Mapping[str, Any]]] = lambda: ({},),
 ) -> tuple[tuple[str, str | None, bool], ...]:
     """The knobs simnccl reads (``CODE_SET_PREFIXES``) the rank's code set in ``os.environ`` since it started
     (``start``), as they were at the moments NCCL may read them (``moments``: its first ``init_process_group``,
@@ -205,7 +219,10 @@ def knobs_set_by_code(
         values = {moment.get(name) for moment in seen}
         value = seen[0].get(name)
         if len(values) > 1 or value != start.get(name):
-            out.append((name, value, len(values) == 1))
+            # values that mean the same to NCCL's model where it read them are one value (``option_sets``, asked
+            # only here: it builds the rank's ops)
+            settled = len(values) == 1 or same_to_the_model(name, values, option_sets())
+            out.append((name, value, settled))
     return tuple(out)
 
 

@@ -23,7 +23,7 @@ whether the driver and container allow cuMem; false turns cuMem, and with it run
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -185,6 +185,57 @@ def nccl_config_problem(field: str, value: Any) -> str | None:
     except NcclInputError as err:
         return str(err).removeprefix(f"options.{field}: ")
     return None
+
+
+# The environment knobs ``settings_from`` reads: for these, two values (or a value and none) that give every
+# communicator the same settings are the same to NCCL's memory model.
+MODEL_KNOBS = frozenset(
+    {
+        "NCCL_ALGO",
+        "NCCL_BUFFSIZE",
+        "NCCL_COLLNET_ENABLE",
+        "NCCL_COMM_SPLIT_SHARE_RESOURCES",
+        "NCCL_CUMEM_ENABLE",
+        "NCCL_LL128_BUFFSIZE",
+        "NCCL_LL_BUFFSIZE",
+        "NCCL_MAX_CTAS",
+        "NCCL_MAX_NCHANNELS",
+        "NCCL_MAX_P2P_NCHANNELS",
+        "NCCL_MIN_CTAS",
+        "NCCL_MIN_NCHANNELS",
+        "NCCL_MIN_P2P_NCHANNELS",
+        "NCCL_NCHANNELS_PER_NET_PEER",
+        "NCCL_NVLS_ENABLE",
+        "NCCL_NVLS_NCHANNELS",
+        "NCCL_PROTO",
+        "NCCL_RUNTIME_CONNECT",
+        "NCCL_WORK_FIFO_BYTES",
+    }
+)
+
+
+def same_to_the_model(
+    name: str, values: Collection[str | None], option_sets: Collection[Mapping[str, Any]] = ({},)
+) -> bool:
+    """Whether every value of knob ``name`` in ``values`` (None: unset) gives NCCL's memory model the same settings
+    under each communicator config of ``option_sets`` (an environment knob overrides its config field:
+    ``NCCL_COLLNET_ENABLE=0`` is NCCL's default unless a group asked for collnet). False for a knob the model does
+    not read (``MODEL_KNOBS``), whose values are then told apart as they are written, and for a value NCCL's
+    model refuses.
+
+    Why: Megatron's SHARP set ``NCCL_COLLNET_ENABLE=0`` after its groups, which is what NCCL assumes unset: a
+    capture refused it as a knob the ranks changed while their communicators were being made."""
+    if len(set(values)) <= 1:
+        return True
+    if name not in MODEL_KNOBS:
+        return False
+    try:
+        return all(
+            len({settings_from({} if v is None else {name: v}, options) for v in values}) == 1
+            for options in option_sets
+        )
+    except NcclInputError:
+        return False
 
 
 def settings_from(env: Mapping[str, str] | None = None, options: Mapping[str, Any] | None = None) -> NcclSettings:
