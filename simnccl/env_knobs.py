@@ -27,37 +27,12 @@ def is_env_name(name: object) -> bool:
     return isinstance(name, str) and _ENV_NAME.fullmatch(name) is not None
 
 
-# The NCCL_*, TORCH_NCCL_* and TORCH_FR_* knobs the simulation reads: a value of one changes what simnccl
-# simulates (NCCL's memory model, ProcessGroupNCCL's watchdog, error handling and flight recorder, shared GPUs).
-# Why a list of its own: captured code may set such a knob in os.environ differently on different ranks, and
-# simnccl simulates one environment for every rank, so such a capture is refused (``simnccl.capture.api``) where
-# one of the knobs nothing here reads (NCCL_DEBUG_FILE per rank) is only named. ``tests/test_env_knobs.py`` checks
-# it against the names the code reads (every such quoted name in simnccl's sources is here or in
-# ``REPORT_ONLY_KNOBS``, and every name here is read).
-SIMULATED_KNOBS = frozenset(
+# The knobs the engine reads itself (``simulated_knobs`` adds NCCL's memory model's).
+_ENGINE_KNOBS = frozenset(
     {
-        "NCCL_ALGO",
         "NCCL_ASYNC_ERROR_HANDLING",
         "NCCL_BLOCKING_WAIT",
-        "NCCL_BUFFSIZE",
-        "NCCL_COLLNET_ENABLE",
-        "NCCL_COMM_SPLIT_SHARE_RESOURCES",
-        "NCCL_CUMEM_ENABLE",
-        "NCCL_LL128_BUFFSIZE",
-        "NCCL_LL_BUFFSIZE",
-        "NCCL_MAX_CTAS",
-        "NCCL_MAX_NCHANNELS",
-        "NCCL_MAX_P2P_NCHANNELS",
-        "NCCL_MIN_CTAS",
-        "NCCL_MIN_NCHANNELS",
-        "NCCL_MIN_P2P_NCHANNELS",
         "NCCL_MULTI_RANK_GPU_ENABLE",
-        "NCCL_NCHANNELS_PER_NET_PEER",
-        "NCCL_NVLS_ENABLE",
-        "NCCL_NVLS_NCHANNELS",
-        "NCCL_PROTO",
-        "NCCL_RUNTIME_CONNECT",
-        "NCCL_WORK_FIFO_BYTES",
         "TORCH_NCCL_ASYNC_ERROR_HANDLING",
         "TORCH_NCCL_BLOCKING_WAIT",
         "TORCH_FR_BUFFER_SIZE",
@@ -71,6 +46,23 @@ SIMULATED_KNOBS = frozenset(
         "TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC",
     }
 )
+
+
+@cache
+def simulated_knobs() -> frozenset[str]:
+    """The NCCL_*, TORCH_NCCL_* and TORCH_FR_* knobs the simulation reads: a value of one changes what simnccl
+    simulates (NCCL's memory model, ``nccl.knobs.MODEL_KNOBS``, imported when asked: the model is not light; and
+    ``_ENGINE_KNOBS``: ProcessGroupNCCL's watchdog, error handling and flight recorder, shared GPUs).
+
+    Why a list of its own: captured code may set such a knob in os.environ differently on different ranks, and
+    simnccl simulates one environment for every rank, so such a capture is refused (``simnccl.capture.api``) where
+    one nothing here reads (NCCL_DEBUG_FILE per rank) is only named. ``tests/test_env_knobs.py`` checks it against
+    the names the code reads (every such quoted name in simnccl's sources is here or in ``REPORT_ONLY_KNOBS``, and
+    every name here is read)."""
+    from simnccl.nccl.knobs import MODEL_KNOBS
+
+    return MODEL_KNOBS | _ENGINE_KNOBS
+
 
 # Knobs simnccl reads only to name what a report points at (where the flight recorder's dumps go), never to decide
 # what happens: captured code may set them per rank (a dump folder per rank), and is not refused for it.

@@ -7,7 +7,9 @@ from pathlib import Path
 
 import simnccl
 from simnccl.capture.ranks import CODE_SET_PREFIXES
-from simnccl.env_knobs import REPORT_ONLY_KNOBS, SIMULATED_KNOBS, known_knobs
+from simnccl.env_knobs import REPORT_ONLY_KNOBS, known_knobs, simulated_knobs
+
+SIMULATED_KNOBS = simulated_knobs()
 
 SOURCES = Path(simnccl.__file__).parent
 # A knob the code reads is named as a string of its own ("NCCL_ALGO" in env); a message that mentions one
@@ -26,13 +28,13 @@ def test_every_nccl_knob_the_sources_read_is_a_simulated_knob() -> None:
     """A knob read somewhere but missing from the list would let captured code set it differently per rank and be
     simulated with one value for all (a pass that real NCCL need not give)."""
     missing = _quoted_knobs() - SIMULATED_KNOBS - REPORT_ONLY_KNOBS
-    assert not missing, f"read by simnccl but not in env_knobs.SIMULATED_KNOBS: {sorted(missing)}"
+    assert not missing, f"read by simnccl but not in env_knobs.simulated_knobs(): {sorted(missing)}"
 
 
 def test_every_simulated_knob_is_one_the_sources_read_and_torch_or_nccl_knows() -> None:
     assert known_knobs() >= SIMULATED_KNOBS
     stale = SIMULATED_KNOBS - _quoted_knobs()
-    assert not stale, f"in env_knobs.SIMULATED_KNOBS but named nowhere in simnccl's sources: {sorted(stale)}"
+    assert not stale, f"in env_knobs.simulated_knobs() but named nowhere in simnccl's sources: {sorted(stale)}"
 
 
 def test_every_simulated_knob_is_one_a_capture_sees_the_code_set() -> None:

@@ -27,7 +27,7 @@ from simnccl.capture.result import (
 from simnccl.capture_cli import DEFAULT_TIMEOUT_S, MODES, world_problem
 from simnccl.cli_options import seconds_problem
 from simnccl.cluster import ClusterError, get_gpu_kind
-from simnccl.env_knobs import LAUNCHER_VARIABLES, SIMULATED_KNOBS, env_problem, is_env_name
+from simnccl.env_knobs import LAUNCHER_VARIABLES, env_problem, is_env_name, simulated_knobs
 from simnccl.limits import current as current_limits
 from simnccl.limits import exceeded
 from simnccl.nccl.knobs import same_to_the_model
@@ -329,7 +329,7 @@ def _code_set_knobs(
         if unsettled or len(values) > 1:
             # values that mean the same to NCCL's model under every config the run's groups use are one value
             # (``configs``: what its groups ask for; a rank's own moments were compared so in ``knobs_set_by_code``)
-            if name in SIMULATED_KNOBS and not (not unsettled and same_to_the_model(name, values, configs())):
+            if name in simulated_knobs() and not (not unsettled and same_to_the_model(name, values, configs())):
                 _refuse_per_rank_knob(name, env, ranks, per_rank, unsettled)
             problem = (
                 "changed between init_process_group and the first collective: which value NCCL read depends on "
@@ -362,7 +362,7 @@ def _refuse_per_rank_knob(
     per_rank: Sequence[Mapping[str, tuple[str | None, bool]]],
     unsettled: Sequence[int],
 ) -> None:
-    """CaptureError for a knob the simulation reads (``env_knobs.SIMULATED_KNOBS``) that the captured code set to
+    """CaptureError for a knob the simulation reads (``env_knobs.simulated_knobs``) that the captured code set to
     different values on different ranks, or changed between ``init_process_group`` and its first collective.
 
     Why refused, not simulated without it: simnccl simulates one environment for every rank, and NCCL reads such a
