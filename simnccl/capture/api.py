@@ -329,7 +329,7 @@ def _code_set_knobs(
         if unsettled or len(values) > 1:
             # values that mean the same to NCCL's model under every config the run's groups use are one value
             # (``configs``: what its groups ask for; a rank's own moments were compared so in ``knobs_set_by_code``)
-            if name in simulated_knobs() and not (not unsettled and same_to_the_model(name, values, configs())):
+            if name in simulated_knobs() and (unsettled or not same_to_the_model(name, values, configs())):
                 _refuse_per_rank_knob(name, env, ranks, per_rank, unsettled)
             problem = (
                 "changed between init_process_group and the first collective: which value NCCL read depends on "
