@@ -260,10 +260,14 @@ def run_cell(cell: Cell, timeout_s: float) -> Row:
     # deadline for whatever runs outside the engine
     limits = replace(default_limits(), wall_s=timeout_s)
     start = time.monotonic()
-    try:
-        if cell.policy_source:
+
+    def checked_simulation() -> tuple[RunOutcome, tuple[Program, ...], list[str]]:
+        if cell.policy_source:  # under the cell's deadline too: it may import the user's module
             _check_policy_code(cell)
-        outcome, programs, failed = call_with_deadline(lambda: simulate(cell, limits), timeout_s)
+        return simulate(cell, limits)
+
+    try:
+        outcome, programs, failed = call_with_deadline(checked_simulation, timeout_s)
         per_rank, checkpoint = measure(outcome, programs)
         for key in FIGURES:
             values = per_rank.get(key)
