@@ -142,6 +142,16 @@ def test_within_capacity_rejects_a_peak_over_the_device() -> None:
     assert not verdict and ledger.device in verdict.explanation
 
 
+def test_within_capacity_on_a_run_that_did_not_pass_says_how_far_it_judged() -> None:
+    """It holds on a run that ended before allocating the rest (found by a tester: every rank raised at its
+    first op, and it said "2 device(s) within capacity"): its text now says so, and ``passes`` fails beside it."""
+    out = case([*START, AllReduce(group="nope")]).run()
+    assert out.verdict != "pass" and not inv.passes(out)
+    verdict = inv.within_capacity(out)
+    assert verdict and f"as far as the run got (it ended {out.verdict})" in verdict.explanation
+    assert "as far as" not in inv.within_capacity(case([*START, *groups(2)]).run()).explanation
+
+
 def test_within_budget_bounds_eager_groups_at_creation() -> None:
     program = [*START, *groups(4), Checkpoint(label=CHECKPOINT_GROUPS)]
     group_bytes = inv.eager_group_bytes("h100-80gb", "2.15", {})
