@@ -20,10 +20,14 @@ ACCEPTS_RACES = "race"  # in ``--allow``: a pass a race decided (``pass_decided_
 UNACTED_KEY = "unacted"
 ACCEPTS_UNACTED = "unacted"  # in ``--allow``: a scheduled fault that never acted (``faults_unacted``) is no failure
 ACCEPTABLE = (*VERDICTS, ACCEPTS_RACES, ACCEPTS_UNACTED)  # what ``run --allow`` and ``sweep --accept-verdict`` take
+ALLOW_FLAG = "--allow"  # what ``run`` and ``explain`` call ``allow``; the remedies name it (``sweep``: its own)
 
 
 def unexpected_verdict(
-    variant: VariantResult, expectations: Sequence[Expectation], allow: frozenset[str] = frozenset()
+    variant: VariantResult,
+    expectations: Sequence[Expectation],
+    allow: frozenset[str] = frozenset(),
+    flag: str = ALLOW_FLAG,
 ) -> ExpectationResult | None:
     """A failed entry when the variant ended other than ``pass`` and nothing asked for that.
 
@@ -32,7 +36,8 @@ def unexpected_verdict(
     itself) or ``allow`` (the ``--allow`` flag) asks for it; nothing else does.
 
     A "pass" that a race decided (``pass_decided_by_race``) fails too, whatever the expectations, unless
-    ``allow`` holds ``race``: the other order of the race fails or hangs on real ranks.
+    ``allow`` holds ``race``: the other order of the race fails or hangs on real ranks. ``flag``: the command's
+    name for ``allow``, which the remedy names (``sweep``: ``--accept-verdict``).
     """
     verdict = variant.verdict
     raced = pass_decided_by_race(variant.outcome, quote=False)
@@ -42,7 +47,7 @@ def unexpected_verdict(
             RACE_KEY,
             False,
             f"variant {variant.name!r} {raced}: {races} race(s), each printed as 'race:' (\"races\" in --json); "
-            f"if a run that may fail is acceptable, run with --allow {ACCEPTS_RACES}",
+            f"if a run that may fail is acceptable, run with {flag} {ACCEPTS_RACES}",
         )
     if verdict == "pass" or verdict in allow or any(e.verdict is not None for e in expectations):
         return None
@@ -50,11 +55,13 @@ def unexpected_verdict(
         UNEXPECTED_VERDICT_KEY,
         False,
         f"variant {variant.name!r} ended {verdict!r} and no expectation asks for it; if that is what it should do, "
-        f'add verdict = "{verdict}" to an [[expect]] for it, or run with --allow {verdict}',
+        f'add verdict = "{verdict}" to an [[expect]] for it, or run with {flag} {verdict}',
     )
 
 
-def unacted_faults(variant: VariantResult, allow: frozenset[str] = frozenset()) -> ExpectationResult | None:
+def unacted_faults(
+    variant: VariantResult, allow: frozenset[str] = frozenset(), flag: str = ALLOW_FLAG
+) -> ExpectationResult | None:
     """A failed entry when a scheduled fault never acted (``RunOutcome.faults_unacted``), unless ``allow`` holds
     ``unacted``.
 
@@ -71,7 +78,7 @@ def unacted_faults(variant: VariantResult, allow: frozenset[str] = frozenset()) 
         False,
         f"variant {variant.name!r}: {count} never acted, each printed as 'fault ...: never acted' "
         f'("faults_unacted" in --json): the run did not test them; if that is acceptable, run with '
-        f"--allow {ACCEPTS_UNACTED}",
+        f"{flag} {ACCEPTS_UNACTED}",
     )
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from simnccl import limits as input_limits
 from simnccl.engine import Engine, Limits, SimConfig
-from simnccl.expect import check, unacted_faults, unexpected_verdict
+from simnccl.expect import ALLOW_FLAG, check, unacted_faults, unexpected_verdict
 from simnccl.interrupt_deferral import deferred_interrupt
 from simnccl.policy import get_policy
 from simnccl.recovery import run_recovery
@@ -98,11 +98,13 @@ def run_variant(
     keep_trace: bool = False,
     limits: Limits | None = None,
     allow: frozenset[str] = frozenset(),
+    allow_flag: str = ALLOW_FLAG,
 ) -> VariantResult:
     """One variant through the engine, then its expectations. ``allow``: verdicts other than ``pass`` that
     are not a failure when no expectation asks for them (``--allow hang,error``); ``race`` in it: a pass a race
     decided is not a failure either (``expect.unexpected_verdict``); ``unacted`` in it: nor a scheduled fault that
-    never acted (``expect.unacted_faults``)."""
+    never acted (``expect.unacted_faults``). ``allow_flag``: the calling command's name for ``allow``, which the
+    failed entries' remedies name."""
     try:
         config = config_for(scenario, variant, limits)
         if scenario.recovery is not None:  # a training loop run segment by segment by the recovery orchestrator
@@ -134,10 +136,10 @@ def run_variant(
     mine = [e for e in scenario.expectations if variant.name in e.variants]
     for expectation in mine:
         result.expectations.extend(check(expectation, result))
-    unexpected = unexpected_verdict(result, mine, allow)
+    unexpected = unexpected_verdict(result, mine, allow, allow_flag)
     if unexpected is not None:
         result.expectations.append(unexpected)
-    unacted = unacted_faults(result, allow)
+    unacted = unacted_faults(result, allow, allow_flag)
     if unacted is not None:
         result.expectations.append(unacted)
     return result

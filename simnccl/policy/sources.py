@@ -28,15 +28,18 @@ def policy_sources(policy: object) -> dict[str, str]:
     return {path: digest for path, (digest, _) in _sources(policy).items()}
 
 
-def stale_sources(policy: object) -> list[str]:
-    """The files of ``policy_sources(policy)`` whose content is not what this process imported: edited since
-    the module holding it was imported here (as this process first saw it, by ``policy_sources`` or this).
+def loaded_sources(policy: object) -> tuple[dict[str, str], list[str]]:
+    """``policy_sources(policy)``, and those of its files whose content is not what this process imported: edited
+    since the module holding it was imported here (as this process first saw it, by ``policy_sources`` or this),
+    in one pass over the files.
 
     Why: a long-lived process (a Dask worker kept between sweeps, a pytest session) imports a user's module once;
     the file edited afterwards has the new digest on disk while the old code runs, so a digest of the files alone
     said "the policy is the edited one" over results of the old one (found by a tester: a sweep on a Dask
     cluster passed a policy whose edit fails locally). A module imported afresh is seen afresh."""
-    return sorted(path for path, (digest, _) in _sources(policy).items() if _FIRST_SEEN[path][1] != digest)
+    sources = _sources(policy)
+    stale = sorted(path for path, (digest, _) in sources.items() if _FIRST_SEEN[path][1] != digest)
+    return {path: digest for path, (digest, _) in sources.items()}, stale
 
 
 # Each user module file this process has seen, with the module object and the file's digest when first seen.

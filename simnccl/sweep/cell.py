@@ -29,7 +29,7 @@ from simnccl.memory import distinct_figures
 from simnccl.ops import Program
 from simnccl.policy.as_captured import replayed_as
 from simnccl.policy.plans import PolicyError
-from simnccl.policy.sources import policy_sources, sources_digest, stale_sources
+from simnccl.policy.sources import loaded_sources, sources_digest
 from simnccl.policy.specs import get_policy
 from simnccl.runner import default_limits, run_variant
 from simnccl.scenario import Scenario
@@ -179,9 +179,8 @@ def _simulate_scenario(cell: Cell, limits: Limits) -> tuple[RunOutcome, tuple[Pr
     assert scenario is not None, "a scenario cell carries its Scenario"
     variant = replace(scenario.variant(cell.variant), policy=cell.policy, env=dict(cell.env))
     allow = frozenset({ACCEPTS_RACES, ACCEPTS_UNACTED}) & frozenset(cell.checks.verdicts)
-    result = run_variant(scenario, variant, limits=limits, allow=allow)
-    # the run command's flag named as the sweep's (``--allow X`` is ``--accept-verdict X`` here)
-    failed = [f"{e.key}: {e.message.replace('--allow ', '--accept-verdict ')}" for e in result.expectations if not e.ok]
+    result = run_variant(scenario, variant, limits=limits, allow=allow, allow_flag="--accept-verdict")
+    failed = [f"{e.key}: {e.message}" for e in result.expectations if not e.ok]
     return result.outcome, scenario.programs, failed
 
 
@@ -232,18 +231,18 @@ class PolicyCodeMismatch(Exception):
 
 def _check_policy_code(cell: Cell) -> None:
     """``PolicyCodeMismatch`` unless this process loads the policy the cell names, from the files it was planned
-    with (``Cell.policy_source``), as they were when it imported them (``policy.sources.stale_sources``)."""
+    with (``Cell.policy_source``), as they were when it imported them (``policy.sources.loaded_sources``)."""
     try:
         get_policy(cell.policy)
     except PolicyError as err:
         raise PolicyCodeMismatch(f"the policy {cell.policy!r} does not load here: {err}") from None
-    here = sources_digest(policy_sources(cell.policy))
+    sources, stale = loaded_sources(cell.policy)
+    here = sources_digest(sources)
     if here != cell.policy_source:
         raise PolicyCodeMismatch(
             f"the policy {cell.policy!r} has other source files here (digest {here or 'none'}) than where the "
             f"sweep was planned ({cell.policy_source}): every worker needs the same policy files"
         )
-    stale = stale_sources(cell.policy)
     if stale:
         raise PolicyCodeMismatch(
             f"the policy {cell.policy!r}: {', '.join(stale)} changed after this process ({socket.gethostname()}, "
