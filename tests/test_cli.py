@@ -7,6 +7,7 @@ import json
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -191,25 +192,12 @@ def test_variant_runs_only_that_variant(capsys: pytest.CaptureFixture[str]) -> N
 
 
 def test_expectations_of_variants_left_out_are_named_as_not_checked(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path
+    capsys: pytest.CaptureFixture[str], write_scenario: Callable[..., Path]
 ) -> None:
     """``--variant a`` with an expectation only on variant b printed "all expectations hold", exit 0: b's failing
     expectation was skipped without a word."""
-    path = tmp_path / "two.toml"
-    path.write_text(
-        TINY
-        + """
-[[variants]]
-name = "a"
-[[variants]]
-name = "b"
-[[expect]]
-variants = ["b"]
-checkpoint = "after_init"
-used_mib = 1
-""",
-        encoding="utf-8",
-    )
+    variants = '[[variants]]\nname = "a"\n[[variants]]\nname = "b"\n'
+    path = write_scenario(TINY + variants + '[[expect]]\nvariants = ["b"]\ncheckpoint = "after_init"\nused_mib = 1\n')
     assert main(["run", str(path), "--variant", "a", "-q"]) == EXIT_OK
     err = capsys.readouterr().err
     assert "expect[0] not checked: --variant left out every variant it names" in err, err
